@@ -1,0 +1,81 @@
+#include "arena.h"
+
+#include <stdlib.h>
+
+#include "util.h"
+
+static const char *class_names[BUF_COUNT] = {
+    [BUF_PARAMS] = "parameter shard",
+    [BUF_GRADS] = "gradient shard",
+    [BUF_GATHERED] = "gathered units",
+    [BUF_GRAD_BUFFERS] = "unit gradient buffers",
+    [BUF_MASTER] = "fp32 master weights",
+    [BUF_ADAM_M] = "Adam m",
+    [BUF_ADAM_V] = "Adam v",
+    [BUF_FP32_GRADS] = "fp32 gradient shard",
+    [BUF_ACT_CKPT] = "activation checkpoints",
+    [BUF_ACTIVATIONS] = "block activations",
+    [BUF_LOGITS] = "logits and loss",
+    [BUF_WORKSPACE] = "workspace",
+};
+
+static const char *space_names[SPACE_COUNT] = {
+    [SPACE_DEVICE] = "device",
+    [SPACE_PINNED] = "pinned host",
+    [SPACE_HOST] = "host",
+};
+
+const char *arena_class_name(enum buf_class c) { return class_names[c]; }
+const char *arena_space_name(enum mem_space s) { return space_names[s]; }
+
+void arena_create(struct arena *a, enum mem_space space, size_t capacity)
+{
+    a->space = space;
+    a->capacity = capacity;
+    a->used = 0;
+    a->base = capacity ? xalloc_aligned(capacity) : NULL;
+}
+
+void arena_destroy(struct arena *a)
+{
+    free(a->base);
+    a->base = NULL;
+    a->capacity = a->used = 0;
+}
+
+void arena_mark_live(struct mem_tracker *t, enum buf_class c, size_t bytes)
+{
+    t->live[c] += bytes;
+    if (t->live[c] > t->peak[c])
+        t->peak[c] = t->live[c];
+    enum mem_space s = t->space_of[c];
+    t->space_live[s] += bytes;
+    if (t->space_live[s] > t->space_peak[s])
+        t->space_peak[s] = t->space_live[s];
+}
+
+void arena_mark_free(struct mem_tracker *t, enum buf_class c, size_t bytes)
+{
+    if (bytes > t->live[c])
+        fail_internal("memory tracker: freeing %zu bytes of %s with %zu live", bytes,
+                      class_names[c], t->live[c]);
+    t->live[c] -= bytes;
+    t->space_live[t->space_of[c]] -= bytes;
+}
+
+void *arena_alloc(struct arena *a, struct mem_tracker *t, enum buf_class c, size_t bytes, int live)
+{
+    size_t n = arena_round(bytes);
+    if (n == 0)
+        return NULL;
+    if (a->used + n > a->capacity)
+        fail_internal("%s arena: %s needs %zu bytes, %zu of %zu left (the memory plan is wrong)",
+                      space_names[a->space], class_names[c], n, a->capacity - a->used, a->capacity);
+    void *p = a->base + a->used;
+    a->used += n;
+    t->space_of[c] = a->space;
+    t->reserved[c] += n;
+    if (live)
+        arena_mark_live(t, c, n);
+    return p;
+}

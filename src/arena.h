@@ -1,0 +1,69 @@
+/*
+ * arena — the only allocator of large buffers (DESIGN §2).
+ *
+ * One arena per memory space, sized from the memory plan and allocated once
+ * before step 1. Buffers are carved out of it at start-up, each tagged with its
+ * buffer class; nothing is allocated inside the step loop. Buffers whose use
+ * comes and goes (gathered units, gradient buffers of units in backward) are
+ * marked live and free around each use, so the tracker records the real peak
+ * per class, which the trainer compares with the plan.
+ *
+ * Owns: the arenas' memory and the per-class counters. Knows nothing about
+ * models or configs; plan.c decides the sizes.
+ */
+#ifndef SHARDLM_ARENA_H
+#define SHARDLM_ARENA_H
+
+#include <stddef.h>
+
+enum mem_space { SPACE_DEVICE = 0, SPACE_PINNED, SPACE_HOST, SPACE_COUNT };
+
+enum buf_class {
+    BUF_PARAMS = 0,    /* parameter shard (the full parameters at stages 0-2) */
+    BUF_GRADS,         /* gradient shard in the parameter dtype (full at stages 0-1) */
+    BUF_GATHERED,      /* units gathered for compute (stage 3) */
+    BUF_GRAD_BUFFERS,  /* full-unit gradient buffers before reduce-scatter (stage 3) */
+    BUF_MASTER,        /* fp32 master weights (when the parameter dtype is not fp32, or offloaded) */
+    BUF_ADAM_M,
+    BUF_ADAM_V,
+    BUF_FP32_GRADS,    /* fp32 gradient shard for the optimizer (mixed precision / offload) */
+    BUF_ACT_CKPT,      /* residual stream kept between forward and backward */
+    BUF_ACTIVATIONS,   /* working activations of the blocks */
+    BUF_LOGITS,        /* logits, probabilities and losses */
+    BUF_WORKSPACE,     /* kernel scratch and backward work buffers */
+    BUF_COUNT
+};
+
+struct arena {
+    enum mem_space space;
+    char *base;
+    size_t capacity;
+    size_t used;
+};
+
+struct mem_tracker {
+    size_t reserved[BUF_COUNT]; /* carved out of an arena */
+    size_t live[BUF_COUNT];     /* in use now */
+    size_t peak[BUF_COUNT];     /* highest live */
+    size_t space_live[SPACE_COUNT], space_peak[SPACE_COUNT];
+    enum mem_space space_of[BUF_COUNT];
+};
+
+const char *arena_class_name(enum buf_class c);
+const char *arena_space_name(enum mem_space s);
+
+void arena_create(struct arena *a, enum mem_space space, size_t capacity);
+void arena_destroy(struct arena *a);
+
+/* Carves bytes (rounded up to 64) out of a; counted as reserved. When live is
+ * nonzero the buffer counts as in use from now on (static buffers); otherwise
+ * the caller marks its uses with arena_mark_live / arena_mark_free. Exceeding
+ * the arena's capacity is an internal error: the plan was wrong. */
+void *arena_alloc(struct arena *a, struct mem_tracker *t, enum buf_class c, size_t bytes, int live);
+void arena_mark_live(struct mem_tracker *t, enum buf_class c, size_t bytes);
+void arena_mark_free(struct mem_tracker *t, enum buf_class c, size_t bytes);
+
+/* Rounding used for every buffer, so the plan can predict it. */
+static inline size_t arena_round(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+#endif

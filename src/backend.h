@@ -1,0 +1,92 @@
+/*
+ * backend — the kernels the model needs, on the "device" (DESIGN §9).
+ *
+ * The CPU backend (backend_cpu.c) computes in fp32 with OpenBLAS sgemm for
+ * every matmul (attention included) and OpenMP for the rest; the CUDA backend
+ * (cuda/) implements the same functions on device pointers. The engine and the
+ * model code call only these functions; they never see BLAS, OpenMP or CUDA.
+ *
+ * Conventions, shared by every backend:
+ *   - row-major tensors; shapes are given in the comment of each function;
+ *     B batch, T sequence, C channels, NH heads, V real vocabulary,
+ *     Vp padded vocabulary, OC output channels;
+ *   - weight and bias gradients are accumulated (+=), so micro-batches add up;
+ *   - input gradients of matmuls and attention are overwritten; layernorm's
+ *     input gradient is accumulated, because its input is the residual stream
+ *     whose gradient already holds the skip connection's share.
+ *   - the statistics of layernorm, the softmax of attention and of the
+ *     cross-entropy, and the loss are fp32 in every precision.
+ */
+#ifndef SHARDLM_BACKEND_H
+#define SHARDLM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Sets thread counts (0: leave the defaults) and reports the backend in one line. */
+void backend_init(int threads);
+const char *backend_name(void);
+
+/* out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC); bias may be NULL. */
+void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                            int N, int C, int OC);
+/* dinp (N, C) = dout @ weight^T (overwritten; skipped when dinp is NULL);
+ * dweight (C, OC) += inp^T @ dout; dbias (OC) += column sums of dout (skipped when NULL). */
+void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, int N, int C, int OC);
+
+/* out (N, OC) = inp (N, C) @ weight^T, weight (OC, C): the LM head tied to wte. */
+void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC);
+/* dinp (N, C) = dout @ weight (overwritten); dweight (OC, C) += dout^T @ inp. */
+void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
+                                        const float *weight, int N, int C, int OC);
+
+/* out, mean, rstd = layernorm(inp (N, C)) * weight + bias, eps 1e-5 as GPT-2. */
+void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                               const float *weight, const float *bias, int N, int C);
+/* dinp += ..., dweight += ..., dbias += ...; scratch: backend_layernorm_scratch(C) floats. */
+void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, const float *mean,
+                                const float *rstd, float *scratch, int N, int C);
+size_t backend_layernorm_scratch(int C);
+
+/* out = tanh-approximated GELU(inp), n elements */
+void backend_gelu_forward(float *out, const float *inp, size_t n);
+/* dinp = GELU'(inp) * dout (overwritten) */
+void backend_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* out (n) = a + b */
+void backend_add(float *out, const float *a, const float *b, size_t n);
+
+/* Causal multi-head self-attention.
+ * qkv (B, T, 3C): q, k, v concatenated as GPT-2's c_attn produces them;
+ * att (B, NH, T, T): softmax probabilities (kept for backward; upper triangle zero);
+ * out (B, T, C). */
+void backend_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+/* dqkv (B, T, 3C) overwritten. scratch: backend_attention_scratch(T) floats. */
+void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                float *scratch, int B, int T, int C, int NH);
+size_t backend_attention_scratch(int T);
+
+/* out (B, T, C) = wte[tokens] + wpe[position] */
+void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                               int B, int T, int C);
+/* dwte[tokens] += dout; dwpe[position] += dout */
+void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                int B, int T, int C);
+
+/* Cross-entropy over the first V of Vp logits per row, fp32.
+ * logits (N, Vp) are replaced by the softmax probabilities (padded columns 0);
+ * losses (N) receive -log p[target]. */
+void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp);
+/* probs (N, Vp) are replaced by dlogits = (probs - onehot(target)) * dloss; padded columns 0. */
+void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
+
+/* Sum of squares in double (for the global gradient norm). */
+double backend_sum_squares(const float *x, size_t n);
+/* 1 when every element is finite, else 0. */
+int backend_all_finite(const float *x, size_t n);
+void backend_scale(float *x, float s, size_t n);
+void backend_zero(float *x, size_t n);
+
+#endif

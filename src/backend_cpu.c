@@ -1,0 +1,365 @@
+/*
+ * CPU backend: OpenBLAS sgemm for every matmul, OpenMP for everything else.
+ *
+ * Debian's libopenblas-openmp runs its threads on the same OpenMP pool as our
+ * parallel loops, so the two never fight over the cores (DESIGN §11); sgemm
+ * calls made inside one of our parallel regions run single-threaded, which is
+ * what the per-head attention loops want.
+ */
+
+
+#include "backend.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "util.h"
+
+#define LAYERNORM_EPS 1e-5f      /* GPT-2's layer_norm_epsilon */
+#define ATTN_ROW_BLOCK 64        /* rows per causal block: skips most of the masked half */
+
+void backend_init(int threads)
+{
+    if (threads > 0) {
+        omp_set_num_threads(threads);
+        openblas_set_num_threads(threads);
+    }
+}
+
+const char *backend_name(void) { return "cpu (OpenBLAS + OpenMP)"; }
+
+void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                            int N, int C, int OC)
+{
+    float beta = 0.0f;
+    if (bias) {
+#pragma omp parallel for
+        for (int i = 0; i < N; i++)
+            memcpy(out + (size_t)i * OC, bias, (size_t)OC * sizeof *out);
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, OC, C, 1.0f, inp, C, weight, OC, beta,
+                out, OC);
+}
+
+void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, int N, int C, int OC)
+{
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC,
+                    0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f,
+                dweight, OC);
+    if (dbias) {
+#pragma omp parallel for
+        for (int o = 0; o < OC; o++) {
+            float sum = 0.0f;
+            for (int i = 0; i < N; i++)
+                sum += dout[(size_t)i * OC + o];
+            dbias[o] += sum;
+        }
+    }
+}
+
+void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+}
+
+void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
+                                        const float *weight, int N, int C, int OC)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+}
+
+void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                               const float *weight, const float *bias, int N, int C)
+{
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float *y = out + (size_t)i * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++)
+            m += x[c];
+        m /= (float)C;
+        float var = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float d = x[c] - m;
+            var += d * d;
+        }
+        var /= (float)C;
+        float s = 1.0f / sqrtf(var + LAYERNORM_EPS);
+        for (int c = 0; c < C; c++)
+            y[c] = (x[c] - m) * s * weight[c] + bias[c];
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, const float *mean,
+                                const float *rstd, float *scratch, int N, int C)
+{
+    /* Input gradient row by row in parallel; the weight and bias gradients are
+     * column sums, reduced per thread into private rows and then added up. */
+    int nthreads = omp_get_max_threads();
+    float *partial = scratch;
+    memset(partial, 0, (size_t)nthreads * 2 * (size_t)C * sizeof *partial);
+#pragma omp parallel
+    {
+        float *dw = partial + (size_t)omp_get_thread_num() * 2 * C;
+        float *db = dw + C;
+#pragma omp for
+        for (int i = 0; i < N; i++) {
+            const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
+            float *dx = dinp + (size_t)i * C;
+            float m = mean[i], s = rstd[i];
+            float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[c] - m) * s;
+                float dnorm = weight[c] * dy[c];
+                dnorm_mean += dnorm;
+                dnorm_norm_mean += dnorm * norm;
+                db[c] += dy[c];
+                dw[c] += norm * dy[c];
+            }
+            dnorm_mean /= (float)C;
+            dnorm_norm_mean /= (float)C;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[c] - m) * s;
+                float dnorm = weight[c] * dy[c];
+                dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+            }
+        }
+    }
+    for (int t = 0; t < nthreads; t++)
+        for (int c = 0; c < C; c++) {
+            dweight[c] += partial[(size_t)t * 2 * C + c];
+            dbias[c] += partial[(size_t)t * 2 * C + C + c];
+        }
+}
+
+size_t backend_layernorm_scratch(int C) { return (size_t)omp_get_max_threads() * 2 * (size_t)C; }
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+
+void backend_gelu_forward(float *out, const float *inp, size_t n)
+{
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float cube = 0.044715f * x * x * x;
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + cube)));
+    }
+}
+
+void backend_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float cube = 0.044715f * x * x * x;
+        float arg = GELU_SCALE * (x + cube);
+        float th = tanhf(arg);
+        float sech2 = 1.0f - th * th;
+        float local = 0.5f * (1.0f + th) + x * 0.5f * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = local * dout[i];
+    }
+}
+
+void backend_add(float *out, const float *a, const float *b, size_t n)
+{
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+size_t backend_attention_scratch(int T) { return (size_t)omp_get_max_threads() * (size_t)T * (size_t)T; }
+
+void backend_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *p = att + ((size_t)b * NH + h) * T * T;
+            float *y = out + (size_t)b * T * C + (size_t)h * hs;
+            /* Scores of rows [i0, i1) against the keys they may see, [0, i1). */
+            for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
+                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hs, scale,
+                            q + (size_t)i0 * C3, C3, k, C3, 0.0f, p + (size_t)i0 * T, T);
+            }
+            for (int i = 0; i < T; i++) {
+                float *row = p + (size_t)i * T;
+                float mx = -INFINITY;
+                for (int j = 0; j <= i; j++)
+                    mx = row[j] > mx ? row[j] : mx;
+                float sum = 0.0f;
+                for (int j = 0; j <= i; j++) {
+                    row[j] = expf(row[j] - mx);
+                    sum += row[j];
+                }
+                float inv = 1.0f / sum;
+                for (int j = 0; j <= i; j++)
+                    row[j] *= inv;
+                for (int j = i + 1; j < T; j++)
+                    row[j] = 0.0f;
+            }
+            for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
+                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1, 1.0f,
+                            p + (size_t)i0 * T, T, v, C3, 0.0f, y + (size_t)i0 * C, C);
+            }
+        }
+}
+
+void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                float *scratch, int B, int T, int C, int NH)
+{
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            float *ds = scratch + (size_t)omp_get_thread_num() * T * T;
+            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + (size_t)b * T * C3 + (size_t)h * hs;
+            float *dk = dq + C, *dv = dq + 2 * C;
+            const float *p = att + ((size_t)b * NH + h) * T * T;
+            const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
+            /* dP = dY V^T over the causal blocks; dV = P^T dY. */
+            for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
+                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hs, 1.0f,
+                            dy + (size_t)i0 * C, C, v, C3, 0.0f, ds + (size_t)i0 * T, T);
+            }
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dy, C, 0.0f,
+                        dv, C3);
+            /* Softmax backward in place, with the 1/sqrt(hs) of the scores folded in. */
+            for (int i = 0; i < T; i++) {
+                const float *prow = p + (size_t)i * T;
+                float *drow = ds + (size_t)i * T;
+                float dot = 0.0f;
+                for (int j = 0; j <= i; j++)
+                    dot += prow[j] * drow[j];
+                for (int j = 0; j <= i; j++)
+                    drow[j] = prow[j] * (drow[j] - dot) * scale;
+                for (int j = i + 1; j < T; j++)
+                    drow[j] = 0.0f;
+            }
+            /* dQ = dS K (causal blocks); dK = dS^T Q. */
+            for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
+                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1, 1.0f,
+                            ds + (size_t)i0 * T, T, k, C3, 0.0f, dq + (size_t)i0 * C3, C3);
+            }
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, q, C3, 0.0f,
+                        dk, C3);
+        }
+}
+
+void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                               int B, int T, int C)
+{
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            float *o = out + ((size_t)b * T + t) * C;
+            const float *we = wte + (size_t)tokens[(size_t)b * T + t] * C;
+            const float *pe = wpe + (size_t)t * C;
+            for (int c = 0; c < C; c++)
+                o[c] = we[c] + pe[c];
+        }
+}
+
+void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                int B, int T, int C)
+{
+    /* Threads own disjoint column ranges, so repeated tokens never race. */
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                const float *d = dout + ((size_t)b * T + t) * C;
+                float *we = dwte + (size_t)tokens[(size_t)b * T + t] * C;
+                float *pe = dwpe + (size_t)t * C;
+                for (int c = c0; c < c1; c++) {
+                    we[c] += d[c];
+                    pe[c] += d[c];
+                }
+            }
+    }
+}
+
+void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)
+{
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        float *row = logits + (size_t)i * Vp;
+        float target_logit = row[targets[i]];
+        float mx = -INFINITY;
+        for (int j = 0; j < V; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        float sum = 0.0f;
+        for (int j = 0; j < V; j++) {
+            row[j] = expf(row[j] - mx);
+            sum += row[j];
+        }
+        float inv = 1.0f / sum;
+        for (int j = 0; j < V; j++)
+            row[j] *= inv;
+        for (int j = V; j < Vp; j++)
+            row[j] = 0.0f;
+        /* log-sum-exp form: exact even when the target's probability underflows */
+        losses[i] = logf(sum) + mx - target_logit;
+    }
+}
+
+void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
+{
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        float *row = probs + (size_t)i * Vp;
+        for (int j = 0; j < V; j++)
+            row[j] *= dloss;
+        row[targets[i]] -= dloss;
+    }
+}
+
+double backend_sum_squares(const float *x, size_t n)
+{
+    double sum = 0.0;
+#pragma omp parallel for simd reduction(+ : sum)
+    for (size_t i = 0; i < n; i++)
+        sum += (double)x[i] * (double)x[i];
+    return sum;
+}
+
+int backend_all_finite(const float *x, size_t n)
+{
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad)
+    for (size_t i = 0; i < n; i++)
+        bad |= !isfinite(x[i]);
+    return !bad;
+}
+
+void backend_scale(float *x, float s, size_t n)
+{
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
+}
+
+void backend_zero(float *x, size_t n) { memset(x, 0, n * sizeof *x); }

@@ -1,0 +1,155 @@
+/*
+ * config — the run's configuration: a JSON file in DeepSpeed's vocabulary
+ * (batch sizes, optimizer, scheduler, fp16/bf16, zero_optimization, clipping)
+ * plus sections of shardlm's own (model, data, train, checkpoint).
+ *
+ * config_load() reads the main file, merges an optional DeepSpeed file
+ * (--deepspeed), applies "--set a.b=c" overrides, then validates everything
+ * before anything else is allocated. Every error names the key path and the
+ * reason and exits with status 2 (fail_input). Keys that DeepSpeed defines but
+ * that change nothing in this engine are accepted with one warning each.
+ *
+ * Batch sizes are resolved against the world size (train_batch_size =
+ * micro × accumulation × world) by config_resolve_batch(), which the trainer
+ * calls once the world size is known.
+ *
+ * The module owns struct config and the JSON document it was read from (kept
+ * for checkpoints as the resolved config). It does not open data or model files.
+ */
+#ifndef SHARDLM_CONFIG_H
+#define SHARDLM_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum dtype { DTYPE_F32 = 0, DTYPE_F16 = 1, DTYPE_BF16 = 2 };
+
+enum sched_type {
+    SCHED_CONSTANT = 0,     /* no "scheduler" section: the optimizer's lr */
+    SCHED_WARMUP_LR,        /* DeepSpeed WarmupLR */
+    SCHED_WARMUP_DECAY_LR,  /* DeepSpeed WarmupDecayLR */
+    SCHED_WARMUP_COSINE_LR, /* DeepSpeed WarmupCosineLR */
+};
+
+enum warmup_type { WARMUP_LOG = 0, WARMUP_LINEAR = 1 };
+
+struct model_config {
+    char type[16];     /* "gpt2" */
+    int n_layer;       /* number of transformer blocks */
+    int n_head;        /* attention heads */
+    int n_embd;        /* channels C */
+    int n_positions;   /* context length (max sequence) */
+    int vocab_size;    /* real vocabulary V */
+    int padded_vocab;  /* V rounded up to a multiple of 128 (derived) */
+    float init_std;    /* std of the normal init of weights (GPT-2: 0.02) */
+    uint64_t init_seed;
+};
+
+struct optimizer_config {
+    char type[16];     /* "AdamW" or "Adam" */
+    float lr;
+    float beta1, beta2;
+    float eps;
+    float weight_decay; /* applied to 2-D weights only */
+    bool adam_w_mode;   /* true: decoupled decay (AdamW); false: L2 added to the gradient */
+};
+
+struct scheduler_config {
+    enum sched_type type;
+    float warmup_min_lr, warmup_max_lr; /* WarmupLR, WarmupDecayLR */
+    int warmup_num_steps;
+    enum warmup_type warmup_type;
+    int total_num_steps;                /* WarmupDecayLR, WarmupCosineLR */
+    float warmup_min_ratio, cos_min_ratio; /* WarmupCosineLR */
+};
+
+struct fp16_config {
+    bool enabled;
+    float loss_scale;          /* 0: dynamic */
+    int initial_scale_power;   /* 16 */
+    int loss_scale_window;     /* 1000 */
+    int hysteresis;            /* 2 */
+    bool consecutive_hysteresis;
+    float min_loss_scale;      /* 1 */
+};
+
+struct zero_config {
+    int stage;                        /* 0..3 */
+    bool offload_optimizer;           /* offload_optimizer.device == "cpu" */
+    bool offload_pin_memory;          /* offload_optimizer.pin_memory */
+    double reduce_bucket_size;        /* elements */
+    double stage3_prefetch_bucket_size; /* elements; 0 disables prefetch */
+    double stage3_max_live_parameters;  /* elements */
+    double stage3_param_persistence_threshold; /* elements */
+    bool overlap_comm;
+    bool contiguous_gradients;
+};
+
+struct act_ckpt_config {
+    bool enabled;
+    int interval;           /* keep every k-th block input, recompute k blocks */
+    bool cpu_checkpointing;
+};
+
+struct data_config {
+    char *train_path;   /* file or glob of .bin shards */
+    char *val_path;     /* file or glob; NULL: no validation */
+    int seq_len;        /* T; defaults to model.n_positions */
+};
+
+struct train_config {
+    int steps;               /* optimizer steps */
+    uint64_t seed;           /* data order and sampling */
+    int eval_every;          /* validation every N steps (0: never) */
+    int eval_batches;        /* micro-batches per validation */
+    int sample_tokens;       /* tokens generated at the end (0: none) */
+    float sample_temperature;
+    char *metrics_path;      /* JSONL file (NULL: none) */
+    int threads;             /* 0: OMP default */
+};
+
+struct checkpoint_config {
+    char *dir;
+    int every;   /* steps (0: only at the end) */
+    int keep;    /* checkpoints kept (0: all) */
+};
+
+struct config {
+    struct model_config model;
+    struct optimizer_config optimizer;
+    struct scheduler_config scheduler;
+    struct fp16_config fp16;
+    bool bf16;
+    enum dtype dtype;          /* derived from fp16/bf16 */
+    struct zero_config zero;
+    struct act_ckpt_config act_ckpt;
+    struct data_config data;
+    struct train_config train;
+    struct checkpoint_config checkpoint;
+
+    /* Batch: any two of the three given; the third derived at resolve time. 0 = not given. */
+    int train_batch_size;
+    int micro_batch;            /* train_micro_batch_size_per_gpu */
+    int grad_accum;             /* gradient_accumulation_steps */
+    float gradient_clipping;    /* 0: off */
+    int steps_per_print;
+    bool wall_clock_breakdown;
+
+    void *json;                 /* the merged json_t document (resolved config) */
+};
+
+/* Reads and validates. deepspeed_path may be NULL; sets is an array of n "a.b=c". */
+void config_load(struct config *cfg, const char *path, const char *deepspeed_path,
+                 const char *const *sets, int n_sets);
+/* Same, from a JSON string (tests). */
+void config_load_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets);
+/* Derives the missing batch number for this world size; inconsistent triples fail. */
+void config_resolve_batch(struct config *cfg, int world);
+/* The resolved configuration as a JSON string (caller frees). */
+char *config_dump(const struct config *cfg);
+void config_free(struct config *cfg);
+
+const char *dtype_name(enum dtype dt);
+int dtype_size(enum dtype dt);
+
+#endif

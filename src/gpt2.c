@@ -1,0 +1,229 @@
+#include "gpt2.h"
+
+#include <string.h>
+
+#include "backend.h"
+#include "util.h"
+
+/* Floats per token stored for one block (see struct block_acts), excluding att. */
+#define BLOCK_FLOATS_PER_TOKEN(C) (15 * (size_t)(C) + 4)
+
+static size_t f32(size_t n) { return arena_round(n * sizeof(float)); }
+
+static size_t scratch_floats(const struct model *m, int T)
+{
+    size_t att = backend_attention_scratch(T), ln = backend_layernorm_scratch(m->cfg.n_embd);
+    return att > ln ? att : ln;
+}
+
+void gpt2_plan(const struct model *m, int B, int T, size_t bytes[BUF_COUNT])
+{
+    const size_t L = (size_t)m->cfg.n_layer, C = (size_t)m->cfg.n_embd, NH = (size_t)m->cfg.n_head;
+    const size_t BT = (size_t)B * (size_t)T, Vp = (size_t)m->cfg.padded_vocab;
+    bytes[BUF_ACT_CKPT] += f32((L + 1) * BT * C);
+    /* per block: ln1 mean rstd qkv att atty res2 ln2 mean rstd fch fch_gelu */
+    size_t per_block = f32(BT * C) + 2 * f32(BT) + f32(BT * 3 * C) + f32((size_t)B * NH * T * T) +
+                       f32(BT * C) + f32(BT * C) + f32(BT * C) + 2 * f32(BT) + 2 * f32(BT * 4 * C);
+    bytes[BUF_ACTIVATIONS] += L * per_block;
+    bytes[BUF_LOGITS] += f32(BT * C) + 2 * f32(BT) + f32(BT * Vp) + f32(BT);
+    bytes[BUF_WORKSPACE] += 3 * f32(BT * C) + f32(BT * 3 * C) + f32(BT * 4 * C) +
+                            f32(scratch_floats(m, T)) + 2 * arena_round(BT * sizeof(int32_t));
+}
+
+void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T,
+                    struct arena arenas[SPACE_COUNT], struct mem_tracker *mem)
+{
+    const size_t L = (size_t)m->cfg.n_layer, C = (size_t)m->cfg.n_embd, NH = (size_t)m->cfg.n_head;
+    const size_t BT = (size_t)B * (size_t)T, Vp = (size_t)m->cfg.padded_vocab;
+    struct arena *dev = &arenas[SPACE_DEVICE];
+    memset(a, 0, sizeof *a);
+    a->B = B;
+    a->T = T;
+#define ALLOC(cls, n) arena_alloc(dev, mem, cls, (n) * sizeof(float), 1)
+    a->resid = ALLOC(BUF_ACT_CKPT, (L + 1) * BT * C);
+    a->blocks = xcalloc(L, sizeof *a->blocks);
+    for (size_t l = 0; l < L; l++) {
+        struct block_acts *ba = &a->blocks[l];
+        ba->ln1 = ALLOC(BUF_ACTIVATIONS, BT * C);
+        ba->ln1_mean = ALLOC(BUF_ACTIVATIONS, BT);
+        ba->ln1_rstd = ALLOC(BUF_ACTIVATIONS, BT);
+        ba->qkv = ALLOC(BUF_ACTIVATIONS, BT * 3 * C);
+        ba->att = ALLOC(BUF_ACTIVATIONS, (size_t)B * NH * T * T);
+        ba->atty = ALLOC(BUF_ACTIVATIONS, BT * C);
+        ba->res2 = ALLOC(BUF_ACTIVATIONS, BT * C);
+        ba->ln2 = ALLOC(BUF_ACTIVATIONS, BT * C);
+        ba->ln2_mean = ALLOC(BUF_ACTIVATIONS, BT);
+        ba->ln2_rstd = ALLOC(BUF_ACTIVATIONS, BT);
+        ba->fch = ALLOC(BUF_ACTIVATIONS, BT * 4 * C);
+        ba->fch_gelu = ALLOC(BUF_ACTIVATIONS, BT * 4 * C);
+    }
+    a->lnf = ALLOC(BUF_LOGITS, BT * C);
+    a->lnf_mean = ALLOC(BUF_LOGITS, BT);
+    a->lnf_rstd = ALLOC(BUF_LOGITS, BT);
+    a->logits = ALLOC(BUF_LOGITS, BT * Vp);
+    a->losses = ALLOC(BUF_LOGITS, BT);
+    a->dresid_a = ALLOC(BUF_WORKSPACE, BT * C);
+    a->dresid_b = ALLOC(BUF_WORKSPACE, BT * C);
+    a->dwork_c = ALLOC(BUF_WORKSPACE, BT * C);
+    a->dwork_3c = ALLOC(BUF_WORKSPACE, BT * 3 * C);
+    a->dwork_4c = ALLOC(BUF_WORKSPACE, BT * 4 * C);
+    a->scratch = ALLOC(BUF_WORKSPACE, scratch_floats(m, T));
+#undef ALLOC
+    a->inputs = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
+    a->targets = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
+}
+
+/* Pointers to one block's tensors inside its flat unit buffer. */
+struct block_params {
+    const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
+    const float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+};
+struct block_grads {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attproj_w, *attproj_b;
+    float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+};
+
+#define BLOCK_VIEW(out, base, ud)                                    \
+    do {                                                            \
+        const struct tensor_desc *td_ = (ud)->tensors;              \
+        (out).ln1_w = (base) + td_[BT_LN1_W].offset;                \
+        (out).ln1_b = (base) + td_[BT_LN1_B].offset;                \
+        (out).qkv_w = (base) + td_[BT_QKV_W].offset;                \
+        (out).qkv_b = (base) + td_[BT_QKV_B].offset;                \
+        (out).attproj_w = (base) + td_[BT_ATTPROJ_W].offset;        \
+        (out).attproj_b = (base) + td_[BT_ATTPROJ_B].offset;        \
+        (out).ln2_w = (base) + td_[BT_LN2_W].offset;                \
+        (out).ln2_b = (base) + td_[BT_LN2_B].offset;                \
+        (out).fc_w = (base) + td_[BT_FC_W].offset;                  \
+        (out).fc_b = (base) + td_[BT_FC_B].offset;                  \
+        (out).fcproj_w = (base) + td_[BT_FCPROJ_W].offset;          \
+        (out).fcproj_b = (base) + td_[BT_FCPROJ_B].offset;          \
+    } while (0)
+
+static void block_forward(const struct model *m, const struct block_params *p, struct block_acts *ba,
+                          const float *x, float *y, int B, int T)
+{
+    const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
+    backend_layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_w, p->ln1_b, N, C);
+    backend_matmul_forward(ba->qkv, ba->ln1, p->qkv_w, p->qkv_b, N, C, 3 * C);
+    backend_attention_forward(ba->atty, ba->att, ba->qkv, B, T, C, NH);
+    backend_matmul_forward(ba->res2, ba->atty, p->attproj_w, p->attproj_b, N, C, C);
+    backend_add(ba->res2, ba->res2, x, (size_t)N * C);
+    backend_layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->res2, p->ln2_w, p->ln2_b, N, C);
+    backend_matmul_forward(ba->fch, ba->ln2, p->fc_w, p->fc_b, N, C, 4 * C);
+    backend_gelu_forward(ba->fch_gelu, ba->fch, (size_t)N * 4 * C);
+    backend_matmul_forward(y, ba->fch_gelu, p->fcproj_w, p->fcproj_b, N, 4 * C, C);
+    backend_add(y, y, ba->res2, (size_t)N * C);
+}
+
+/* dresid holds dL/dy on entry and dL/dx on return. */
+static void block_backward(const struct model *m, const struct block_params *p, struct block_grads *g,
+                           const struct block_acts *ba, const float *x, struct gpt2_acts *a, int B, int T)
+{
+    const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
+    const size_t NC = (size_t)N * C;
+    float *dy = a->dresid_a, *dres2 = a->dresid_b;
+    /* MLP */
+    backend_matmul_backward(a->dwork_4c, g->fcproj_w, g->fcproj_b, dy, ba->fch_gelu, p->fcproj_w, N, 4 * C, C);
+    backend_gelu_backward(a->dwork_4c, ba->fch, a->dwork_4c, (size_t)N * 4 * C);
+    backend_matmul_backward(a->dwork_c, g->fc_w, g->fc_b, a->dwork_4c, ba->ln2, p->fc_w, N, C, 4 * C);
+    memcpy(dres2, dy, NC * sizeof *dres2);
+    backend_layernorm_backward(dres2, g->ln2_w, g->ln2_b, a->dwork_c, ba->res2, p->ln2_w, ba->ln2_mean,
+                               ba->ln2_rstd, a->scratch, N, C);
+    /* attention */
+    backend_matmul_backward(a->dwork_c, g->attproj_w, g->attproj_b, dres2, ba->atty, p->attproj_w, N, C, C);
+    backend_attention_backward(a->dwork_3c, a->dwork_c, ba->qkv, ba->att, a->scratch, B, T, C, NH);
+    backend_matmul_backward(a->dwork_c, g->qkv_w, g->qkv_b, a->dwork_3c, ba->ln1, p->qkv_w, N, C, 3 * C);
+    memcpy(dy, dres2, NC * sizeof *dy);
+    backend_layernorm_backward(dy, g->ln1_w, g->ln1_b, a->dwork_c, x, p->ln1_w, ba->ln1_mean, ba->ln1_rstd,
+                               a->scratch, N, C);
+}
+
+static float *resid_at(const struct gpt2_acts *a, const struct model *m, int l, int B, int T)
+{
+    return a->resid + (size_t)l * B * T * m->cfg.n_embd;
+}
+
+float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_targets)
+{
+    const struct model *m = z->model;
+    const int L = m->cfg.n_layer, C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
+    const int N = B * T, head = model_head_unit(m);
+    if (B > a->B || T > a->T || B * T > a->B * a->T)
+        fail_internal("micro-batch %dx%d exceeds the planned %dx%d", B, T, a->B, a->T);
+
+    const struct unit_desc *eu = &m->units[0];
+    const float *emb = zero_params(z, 0);
+    backend_embedding_forward(resid_at(a, m, 0, B, T), a->inputs, emb + eu->tensors[ET_WTE].offset,
+                              emb + eu->tensors[ET_WPE].offset, B, T, C);
+    zero_release(z, 0);
+
+    for (int l = 0; l < L; l++) {
+        int u = model_block_unit(l);
+        struct block_params p;
+        const float *base = zero_params(z, u);
+        BLOCK_VIEW(p, base, &m->units[u]);
+        block_forward(m, &p, &a->blocks[l], resid_at(a, m, l, B, T), resid_at(a, m, l + 1, B, T), B, T);
+        zero_release(z, u);
+    }
+
+    const float *hp = zero_params(z, head);
+    const struct unit_desc *hu = &m->units[head];
+    backend_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid_at(a, m, L, B, T),
+                              hp + hu->tensors[HT_LNF_W].offset, hp + hu->tensors[HT_LNF_B].offset, N, C);
+    zero_release(z, head);
+    emb = zero_params(z, 0);
+    /* logits (N, Vp) = lnf (N, C) @ wte^T: the LM head tied to the token embedding */
+    backend_matmul_forward_transposed(a->logits, a->lnf, emb + eu->tensors[ET_WTE].offset, N, C, Vp);
+    zero_release(z, 0);
+    if (a->debug_logits)
+        memcpy(a->debug_logits, a->logits, (size_t)N * Vp * sizeof *a->logits);
+    if (!with_targets)
+        return 0.0f;
+    backend_crossentropy_forward(a->losses, a->logits, a->targets, N, V, Vp);
+    double sum = 0.0;
+    for (int i = 0; i < N; i++)
+        sum += a->losses[i];
+    return (float)(sum / N);
+}
+
+void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dloss_scale)
+{
+    const struct model *m = z->model;
+    const int L = m->cfg.n_layer, C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
+    const int N = B * T, head = model_head_unit(m);
+    const struct unit_desc *eu = &m->units[0], *hu = &m->units[head];
+
+    backend_crossentropy_backward(a->logits, a->targets, dloss_scale, N, V, Vp);
+    const float *emb = zero_params(z, 0);
+    float *emb_grad = zero_grads(z, 0);
+    backend_matmul_backward_transposed(a->dwork_c, emb_grad + eu->tensors[ET_WTE].offset, a->logits, a->lnf,
+                                       emb + eu->tensors[ET_WTE].offset, N, C, Vp);
+    zero_release(z, 0);
+
+    const float *hp = zero_params(z, head);
+    float *hg = zero_grads(z, head);
+    backend_zero(a->dresid_a, (size_t)N * C);
+    backend_layernorm_backward(a->dresid_a, hg + hu->tensors[HT_LNF_W].offset, hg + hu->tensors[HT_LNF_B].offset,
+                               a->dwork_c, resid_at(a, m, L, B, T), hp + hu->tensors[HT_LNF_W].offset,
+                               a->lnf_mean, a->lnf_rstd, a->scratch, N, C);
+    zero_grads_done(z, head);
+    zero_release(z, head);
+
+    for (int l = L - 1; l >= 0; l--) {
+        int u = model_block_unit(l);
+        struct block_params p;
+        struct block_grads g;
+        const float *base = zero_params(z, u);
+        float *gbase = zero_grads(z, u);
+        BLOCK_VIEW(p, base, &m->units[u]);
+        BLOCK_VIEW(g, gbase, &m->units[u]);
+        block_backward(m, &p, &g, &a->blocks[l], resid_at(a, m, l, B, T), a, B, T);
+        zero_grads_done(z, u);
+        zero_release(z, u);
+    }
+
+    backend_embedding_backward(emb_grad + eu->tensors[ET_WTE].offset, emb_grad + eu->tensors[ET_WPE].offset,
+                               a->dresid_a, a->inputs, B, T, C);
+    zero_grads_done(z, 0);
+}

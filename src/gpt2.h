@@ -1,0 +1,70 @@
+/*
+ * gpt2 — the GPT-2 forward and backward pass over units (DESIGN §3-4).
+ *
+ * Owns the activation buffers of one micro-batch (B, T) on this rank, carved
+ * out of the device arena at start-up. Gets every parameter and gradient
+ * buffer from the ZeRO engine, one unit at a time, in this order:
+ *   forward   embedding, block 0 .. L-1, head + embedding (tied LM head)
+ *   backward  head + embedding, block L-1 .. 0, embedding
+ * The embedding unit's gradient buffer stays open through the whole backward
+ * (the tied LM head writes to it first, the token embedding last).
+ *
+ * The loss is the mean over every target token of the global batch: each
+ * micro-batch's dlogits carry 1 / (B T accumulation world), so gradients
+ * summed over micro-batches and ranks are those of the global mean.
+ */
+#ifndef SHARDLM_GPT2_H
+#define SHARDLM_GPT2_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arena.h"
+#include "model.h"
+#include "zero.h"
+
+struct block_acts {
+    float *ln1;       /* (B, T, C) */
+    float *ln1_mean;  /* (B, T) */
+    float *ln1_rstd;  /* (B, T) */
+    float *qkv;       /* (B, T, 3C) */
+    float *att;       /* (B, NH, T, T) */
+    float *atty;      /* (B, T, C) attention output before c_proj */
+    float *res2;      /* (B, T, C) residual after attention */
+    float *ln2;       /* (B, T, C) */
+    float *ln2_mean;  /* (B, T) */
+    float *ln2_rstd;  /* (B, T) */
+    float *fch;       /* (B, T, 4C) before GELU */
+    float *fch_gelu;  /* (B, T, 4C) */
+};
+
+struct gpt2_acts {
+    int B, T;                 /* the largest micro-batch these buffers hold */
+    float *resid;             /* (L + 1, B, T, C): input of each block, then the final output */
+    struct block_acts *blocks; /* (L) */
+    float *lnf;               /* (B, T, C) */
+    float *lnf_mean, *lnf_rstd; /* (B, T) */
+    float *logits;            /* (B, T, Vp): logits, then probabilities, then dlogits */
+    float *losses;            /* (B, T) */
+    /* backward work */
+    float *dresid_a, *dresid_b; /* (B, T, C) gradient of the residual stream */
+    float *dwork_c;           /* (B, T, C): dln, datty */
+    float *dwork_3c;          /* (B, T, 3C): dqkv */
+    float *dwork_4c;          /* (B, T, 4C): dfch */
+    float *scratch;           /* attention and layernorm backward scratch */
+    int32_t *inputs, *targets; /* (B, T) */
+    float *debug_logits;      /* when set, forward copies the logits here (tests) */
+};
+
+/* Bytes per buffer class for micro-batch B x T (plan.c adds them up). */
+void gpt2_plan(const struct model *m, int B, int T, size_t bytes[BUF_COUNT]);
+void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T,
+                    struct arena arenas[SPACE_COUNT], struct mem_tracker *mem);
+
+/* Forward over a->inputs (B x T) with targets a->targets; returns the mean loss
+ * of this micro-batch. When targets is NULL only the logits are computed. */
+float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_targets);
+/* Backward after gpt2_forward with targets; dloss_scale = 1 / (B T accum world). */
+void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dloss_scale);
+
+#endif

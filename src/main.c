@@ -1,0 +1,107 @@
+/*
+ * main — the command line: `shardlm COMMAND [options]`, each command parsed
+ * with getopt_long and answering --help.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "train.h"
+#include "util.h"
+
+#define MAX_SETS 256
+
+static void usage_main(FILE *out)
+{
+    fprintf(out,
+            "usage: shardlm COMMAND [options]\n"
+            "\n"
+            "commands:\n"
+            "  train CONFIG     train a model as the config says (see 'shardlm train --help')\n"
+            "  version          print the version\n"
+            "  help             this text\n");
+}
+
+static void usage_train(FILE *out)
+{
+    fprintf(out,
+            "usage: shardlm train CONFIG [options]\n"
+            "\n"
+            "Trains the model of CONFIG (JSON, DeepSpeed keys plus model/data/train/checkpoint sections).\n"
+            "\n"
+            "options:\n"
+            "  --deepspeed FILE     merge a DeepSpeed JSON config (as Hugging Face users pass it)\n"
+            "  --set KEY.PATH=VALUE override a config key (repeatable), e.g. --set train.steps=50\n"
+            "  --dump FILE          write the first step's weights, logits, loss and gradients (tests)\n"
+            "  --dump-final FILE    write the parameters after the last step (tests)\n"
+            "  --quiet              no per-step lines\n"
+            "  -h, --help           this text\n"
+            "\n"
+            "exit status: 0 done; 1 internal error; 2 bad input (config, data, arguments)\n");
+}
+
+static int cmd_train(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"deepspeed", required_argument, NULL, 'd'},
+        {"set", required_argument, NULL, 's'},
+        {"dump", required_argument, NULL, 'D'},
+        {"dump-final", required_argument, NULL, 'F'},
+        {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *deepspeed = NULL;
+    const char *sets[MAX_SETS];
+    int n_sets = 0;
+    struct train_options topt = {0};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'd': deepspeed = optarg; break;
+        case 's':
+            if (n_sets == MAX_SETS)
+                fail_input("too many --set options (at most %d)", MAX_SETS);
+            sets[n_sets++] = optarg;
+            break;
+        case 'D': topt.dump_path = optarg; break;
+        case 'F': topt.dump_final_path = optarg; break;
+        case 'q': topt.quiet = 1; break;
+        case 'h': usage_train(stdout); return EXIT_OK;
+        default: usage_train(stderr); return EXIT_BAD_INPUT;
+        }
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "shardlm: error: train needs exactly one CONFIG file; see 'shardlm train --help'\n");
+        return EXIT_BAD_INPUT;
+    }
+    struct config cfg;
+    config_load(&cfg, argv[optind], deepspeed, sets, n_sets);
+    int status = train_run(&cfg, &topt);
+    config_free(&cfg);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage_main(stderr);
+        return EXIT_BAD_INPUT;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "train") == 0)
+        return cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("shardlm %s\n", SHARDLM_VERSION);
+        return EXIT_OK;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage_main(stdout);
+        return EXIT_OK;
+    }
+    fprintf(stderr, "shardlm: error: unknown command '%s'; see 'shardlm help'\n", cmd);
+    return EXIT_BAD_INPUT;
+}

@@ -1,0 +1,96 @@
+/*
+ * model — what a model is made of: units of flat parameter buffers and the
+ * named tensors inside them (DESIGN §3). Shapes only; no buffers, no kernels.
+ *
+ * A GPT-2 model is n_layer + 2 units:
+ *   unit 0            embedding: wte.weight (Vp, C), wpe.weight (n_positions, C)
+ *   unit 1 .. L       block l-1: h.{l}.ln_1.weight (C) ... h.{l}.mlp.c_proj.bias (C)
+ *   unit L + 1        head: ln_f.weight (C), ln_f.bias (C); the LM head is tied to wte
+ * Tensor names and shapes are those of Hugging Face's GPT2Model; Conv1D weights
+ * are (in, out), input-major, so y = x @ W + b with row-major W.
+ *
+ * Each tensor starts at an offset aligned to MODEL_TENSOR_ALIGN elements inside
+ * its unit, so kernels and the optimizer see aligned rows; the unit's numel
+ * includes those gaps (they hold zeros and get zero gradients).
+ *
+ * The planner (plan.c), the engine (zero.c), checkpoints and import/export all
+ * use this description; nothing else decides where a tensor lives.
+ */
+#ifndef SHARDLM_MODEL_H
+#define SHARDLM_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+#define MODEL_TENSOR_ALIGN 16 /* elements: 64 bytes in fp32, one cache line */
+#define MODEL_MAX_NAME 80
+
+enum unit_kind { UNIT_EMBED, UNIT_BLOCK, UNIT_HEAD };
+
+enum init_kind {
+    INIT_NORMAL,     /* normal(0, init_std) */
+    INIT_NORMAL_RES, /* normal(0, init_std / sqrt(2 n_layer)): projections into the residual stream */
+    INIT_ONES,
+    INIT_ZEROS,
+};
+
+struct tensor_desc {
+    char name[MODEL_MAX_NAME]; /* Hugging Face name, e.g. "h.3.attn.c_attn.weight" */
+    int ndim;
+    int shape[2];
+    size_t offset;             /* elements from the start of the unit */
+    size_t numel;
+    bool decay;                /* weight decay applies (2-D weights only) */
+    enum init_kind init;
+    int id;                    /* index over the whole model (seeds the init) */
+    int rows_valid;            /* rows holding real values (wte: vocab_size of Vp); others stay zero */
+};
+
+/* Offsets of one block's tensors in its unit, in canonical order. */
+enum block_tensor {
+    BT_LN1_W, BT_LN1_B, BT_QKV_W, BT_QKV_B, BT_ATTPROJ_W, BT_ATTPROJ_B,
+    BT_LN2_W, BT_LN2_B, BT_FC_W, BT_FC_B, BT_FCPROJ_W, BT_FCPROJ_B,
+    BT_COUNT
+};
+enum embed_tensor { ET_WTE, ET_WPE, ET_COUNT };
+enum head_tensor { HT_LNF_W, HT_LNF_B, HT_COUNT };
+
+struct unit_desc {
+    enum unit_kind kind;
+    int block;                 /* block index for UNIT_BLOCK, -1 otherwise */
+    char name[32];             /* "embedding", "block 3", "head" */
+    int n_tensors;
+    struct tensor_desc *tensors;
+    size_t numel;              /* elements including alignment gaps */
+};
+
+struct model {
+    struct model_config cfg;
+    int n_units;
+    struct unit_desc *units;
+    size_t n_params;           /* sum of tensor numel (real parameters, no gaps) */
+    size_t n_elements;         /* sum of unit numel */
+};
+
+void model_build(struct model *m, const struct model_config *cfg);
+void model_free(struct model *m);
+
+static inline int model_block_unit(int layer) { return 1 + layer; }
+static inline int model_head_unit(const struct model *m) { return m->cfg.n_layer + 1; }
+
+/* Writes elements [start, start + count) of unit u's initial values into out.
+ * Counter-based: the value of each element depends only on the seed, the
+ * tensor and the element, so any rank can initialise just its shard and every
+ * world size starts from the same weights. */
+void model_init_range(const struct model *m, int u, size_t start, size_t count, float *out);
+
+/* Finds a tensor by name; returns false when absent. */
+bool model_find_tensor(const struct model *m, const char *name, int *unit, int *tensor);
+
+/* Model FLOPs per token for forward+backward (6N + attention), as in the PaLM MFU definition. */
+double model_flops_per_token(const struct model *m, int seq_len);
+
+#endif

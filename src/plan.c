@@ -1,0 +1,52 @@
+#include "plan.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "gpt2.h"
+#include "util.h"
+#include "zero.h"
+
+void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world)
+{
+    memset(p, 0, sizeof *p);
+    zero_plan(m, cfg, world, p->bytes);
+    gpt2_plan(m, cfg->micro_batch, cfg->data.seq_len, p->bytes);
+    for (int c = 0; c < BUF_COUNT; c++) {
+        p->space[c] = SPACE_DEVICE;
+        p->space_total[p->space[c]] += p->bytes[c];
+    }
+}
+
+const char *plan_format_bytes(double bytes, char *buf, size_t n)
+{
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (bytes >= 1024.0 && i < 4) {
+        bytes /= 1024.0;
+        i++;
+    }
+    snprintf(buf, n, i == 0 ? "%.0f %s" : "%.2f %s", bytes, units[i]);
+    return buf;
+}
+
+void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const char *title)
+{
+    char a[32], b[32];
+    log_info("%s", title);
+    log_info("  %-24s %-12s %14s %14s", "buffer", "space", "planned", t ? "peak" : "");
+    for (int c = 0; c < BUF_COUNT; c++) {
+        if (p->bytes[c] == 0 && (!t || t->peak[c] == 0))
+            continue;
+        log_info("  %-24s %-12s %14s %14s", arena_class_name(c), arena_space_name(p->space[c]),
+                 plan_format_bytes((double)p->bytes[c], a, sizeof a),
+                 t ? plan_format_bytes((double)t->peak[c], b, sizeof b) : "");
+    }
+    for (int s = 0; s < SPACE_COUNT; s++) {
+        if (p->space_total[s] == 0)
+            continue;
+        log_info("  %-24s %-12s %14s %14s", "total", arena_space_name(s),
+                 plan_format_bytes((double)p->space_total[s], a, sizeof a),
+                 t ? plan_format_bytes((double)t->space_peak[s], b, sizeof b) : "");
+    }
+}

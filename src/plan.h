@@ -1,0 +1,32 @@
+/*
+ * plan — the memory plan: the bytes of every buffer class on every memory
+ * space of one rank, computed from the config, the model and the world size
+ * before anything is allocated (DESIGN §2). The trainer sizes its arenas from
+ * it; the `plan` command prints it; at the end of a run the measured peaks are
+ * compared with it.
+ *
+ * Owns nothing but the numbers; the formulas live with the modules that
+ * allocate (zero_plan, gpt2_plan), so a buffer and its prediction change together.
+ */
+#ifndef SHARDLM_PLAN_H
+#define SHARDLM_PLAN_H
+
+#include <stddef.h>
+
+#include "arena.h"
+#include "config.h"
+#include "model.h"
+
+struct mem_plan {
+    size_t bytes[BUF_COUNT];
+    enum mem_space space[BUF_COUNT];
+    size_t space_total[SPACE_COUNT];
+};
+
+void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world);
+/* Prints the table; with a tracker, also the measured peak per class. */
+void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const char *title);
+/* Human-readable bytes ("12.3 MiB") into buf. */
+const char *plan_format_bytes(double bytes, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,299 @@
+#include "train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "backend.h"
+#include "data.h"
+#include "dump.h"
+#include "gpt2.h"
+#include "model.h"
+#include "plan.h"
+#include "sched.h"
+#include "util.h"
+#include "zero.h"
+
+/* PyTorch's clip_grad_norm_ adds this to the norm before dividing. */
+#define CLIP_EPS 1e-6
+
+struct trainer {
+    struct config *cfg;
+    const struct train_options *opt;
+    int rank, world;
+    struct model model;
+    struct mem_plan plan;
+    struct mem_tracker mem;
+    struct arena arenas[SPACE_COUNT];
+    struct zero zero;
+    struct gpt2_acts acts;
+    struct dataset train_data, val_data;
+    int have_val;
+    FILE *metrics;
+    long step;              /* optimizer steps done */
+    uint64_t samples_seen;  /* global samples consumed (data position) */
+};
+
+static void trainer_setup(struct trainer *tr)
+{
+    struct config *cfg = tr->cfg;
+    config_resolve_batch(cfg, tr->world);
+    if (!cfg->data.train_path)
+        fail_input("config: 'data.train' is required for training: give the path (or glob) of .bin token shards");
+    model_build(&tr->model, &cfg->model);
+    dataset_open(&tr->train_data, cfg->data.train_path, cfg->data.seq_len, cfg->model.vocab_size, true,
+                 cfg->train.seed, "train data");
+    if (cfg->data.val_path) {
+        dataset_open(&tr->val_data, cfg->data.val_path, cfg->data.seq_len, cfg->model.vocab_size, false,
+                     cfg->train.seed, "validation data");
+        tr->have_val = 1;
+    }
+    plan_compute(&tr->plan, &tr->model, cfg, tr->world);
+    for (int s = 0; s < SPACE_COUNT; s++)
+        arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
+    zero_init(&tr->zero, &tr->model, cfg, tr->rank, tr->world, tr->arenas, &tr->mem);
+    gpt2_acts_init(&tr->acts, &tr->model, cfg->micro_batch, cfg->data.seq_len, tr->arenas, &tr->mem);
+    if (cfg->train.metrics_path && tr->rank == 0) {
+        tr->metrics = fopen(cfg->train.metrics_path, "w");
+        if (!tr->metrics)
+            fail_input("cannot write metrics file '%s': %s (train.metrics)", cfg->train.metrics_path,
+                       strerror(errno));
+    }
+}
+
+static void trainer_teardown(struct trainer *tr)
+{
+    if (tr->metrics)
+        fclose(tr->metrics);
+    dataset_close(&tr->train_data);
+    if (tr->have_val)
+        dataset_close(&tr->val_data);
+    free(tr->acts.blocks);
+    free(tr->zero.units);
+    for (int s = 0; s < SPACE_COUNT; s++)
+        arena_destroy(&tr->arenas[s]);
+    model_free(&tr->model);
+}
+
+static void dump_params(FILE *f, struct trainer *tr, int grads)
+{
+    const struct model *m = &tr->model;
+    char name[MODEL_MAX_NAME + 8];
+    for (int u = 0; u < m->n_units; u++) {
+        const float *base = grads ? tr->zero.units[u].grads : tr->zero.units[u].params;
+        for (int t = 0; t < m->units[u].n_tensors; t++) {
+            const struct tensor_desc *td = &m->units[u].tensors[t];
+            size_t dims[2] = {(size_t)td->shape[0], (size_t)td->shape[1]};
+            snprintf(name, sizeof name, "%s%s", grads ? "grad." : "", td->name);
+            dump_tensor(f, name, td->ndim, dims, base + td->offset);
+        }
+    }
+}
+
+/* The first step's state, before the optimizer touches it: weights, the first
+ * micro-batch's tokens and logits, the step's loss and its full gradients. */
+static void dump_first_step(struct trainer *tr, const int32_t *inputs, const int32_t *targets,
+                            const float *logits, float loss)
+{
+    const struct config *cfg = tr->cfg;
+    const size_t B = (size_t)cfg->micro_batch, T = (size_t)cfg->data.seq_len;
+    FILE *f = dump_open(tr->opt->dump_path);
+    float *tokens = xcalloc(2 * B * T, sizeof *tokens);
+    for (size_t i = 0; i < B * T; i++) {
+        tokens[i] = (float)inputs[i];
+        tokens[B * T + i] = (float)targets[i];
+    }
+    size_t dims[3] = {B, T, (size_t)cfg->model.padded_vocab};
+    dump_tensor(f, "inputs", 2, dims, tokens);
+    dump_tensor(f, "targets", 2, dims, tokens + B * T);
+    dump_tensor(f, "logits", 3, dims, logits);
+    size_t one = 1;
+    dump_tensor(f, "loss", 1, &one, &loss);
+    dump_params(f, tr, 0);
+    dump_params(f, tr, 1);
+    dump_close(f, tr->opt->dump_path);
+    free(tokens);
+}
+
+/* One optimizer step: accumulation over micro-batches, norm, clip, AdamW.
+ * Returns the mean loss over the step's global batch. */
+static float train_step(struct trainer *tr, float lr, double *grad_norm)
+{
+    const struct config *cfg = tr->cfg;
+    const int B = cfg->micro_batch, T = cfg->data.seq_len, accum = cfg->grad_accum;
+    const size_t BT = (size_t)B * T;
+    const float dloss = 1.0f / ((float)B * (float)T * (float)accum * (float)tr->world);
+    const int dumping = tr->opt->dump_path && tr->step == 0;
+    float *dump_logits = NULL;
+    int32_t *dump_tokens = NULL;
+    if (dumping) {
+        dump_logits = xcalloc(BT * cfg->model.padded_vocab, sizeof *dump_logits);
+        dump_tokens = xcalloc(2 * BT, sizeof *dump_tokens);
+    }
+    zero_zero_grads(&tr->zero);
+    double loss_sum = 0.0;
+    for (int micro = 0; micro < accum; micro++) {
+        uint64_t first = tr->samples_seen + (uint64_t)micro * B * tr->world + (uint64_t)tr->rank * B;
+        dataset_read_batch(&tr->train_data, first, B, tr->acts.inputs, tr->acts.targets);
+        tr->acts.debug_logits = dumping && micro == 0 ? dump_logits : NULL;
+        if (dumping && micro == 0) {
+            memcpy(dump_tokens, tr->acts.inputs, BT * sizeof *dump_tokens);
+            memcpy(dump_tokens + BT, tr->acts.targets, BT * sizeof *dump_tokens);
+        }
+        loss_sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1);
+        gpt2_backward(&tr->zero, &tr->acts, B, T, dloss);
+    }
+    tr->acts.debug_logits = NULL;
+    float loss = (float)(loss_sum / accum);
+    if (dumping) {
+        dump_first_step(tr, dump_tokens, dump_tokens + BT, dump_logits, loss);
+        free(dump_logits);
+        free(dump_tokens);
+    }
+    double norm = zero_grad_norm(&tr->zero);
+    *grad_norm = norm;
+    float grad_scale = 1.0f;
+    if (cfg->gradient_clipping > 0.0f) {
+        double coef = cfg->gradient_clipping / (norm + CLIP_EPS);
+        if (coef < 1.0)
+            grad_scale = (float)coef;
+    }
+    zero_optimizer_step(&tr->zero, &cfg->optimizer, lr, grad_scale);
+    tr->samples_seen += (uint64_t)cfg->train_batch_size;
+    tr->step++;
+    return loss;
+}
+
+static float evaluate(struct trainer *tr)
+{
+    const struct config *cfg = tr->cfg;
+    const int B = cfg->micro_batch, T = cfg->data.seq_len;
+    size_t windows = tr->val_data.n_windows;
+    int batches = cfg->train.eval_batches;
+    if ((size_t)batches * B * tr->world > windows)
+        batches = (int)(windows / ((size_t)B * tr->world));
+    if (batches < 1)
+        return NAN;
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        uint64_t first = (uint64_t)i * B * tr->world + (uint64_t)tr->rank * B;
+        dataset_read_batch(&tr->val_data, first, B, tr->acts.inputs, tr->acts.targets);
+        sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1);
+    }
+    return (float)(sum / batches);
+}
+
+/* Samples tokens from the model, starting from a newline; prints bytes when the
+ * vocabulary is byte-level (256), token ids otherwise. */
+static void sample_text(struct trainer *tr)
+{
+    const struct config *cfg = tr->cfg;
+    const int n = cfg->train.sample_tokens, T = cfg->data.seq_len, V = cfg->model.vocab_size;
+    const int Vp = cfg->model.padded_vocab;
+    const float temp = cfg->train.sample_temperature;
+    if (n <= 0)
+        return;
+    int32_t *ctx = xcalloc((size_t)n + 1, sizeof *ctx);
+    double *probs = xcalloc((size_t)V, sizeof *probs);
+    uint64_t rng = cfg->train.seed ^ 0x5A3F1E5ull;
+    int len = 1;
+    ctx[0] = V >= 256 ? '\n' : 0;
+    for (int i = 0; i < n; i++) {
+        int start = len > T ? len - T : 0, t = len - start;
+        memcpy(tr->acts.inputs, ctx + start, (size_t)t * sizeof *ctx);
+        gpt2_forward(&tr->zero, &tr->acts, 1, t, 0);
+        const float *row = tr->acts.logits + (size_t)(t - 1) * Vp;
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j < V; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        for (int j = 0; j < V; j++)
+            sum += probs[j] = exp((row[j] - mx) / (temp > 0 ? temp : 1.0f));
+        double r = rng_uniform(&rng) * sum, acc = 0.0;
+        int next = V - 1;
+        for (int j = 0; j < V; j++) {
+            acc += probs[j];
+            if (r < acc) {
+                next = j;
+                break;
+            }
+        }
+        ctx[len++] = next;
+    }
+    if (tr->rank == 0) {
+        printf("---- sample (%d tokens) ----\n", n);
+        for (int i = 1; i < len; i++) {
+            if (V <= 256)
+                putchar(ctx[i]);
+            else
+                printf("%d ", ctx[i]);
+        }
+        printf("\n---- end of sample ----\n");
+        fflush(stdout);
+    }
+    free(ctx);
+    free(probs);
+}
+
+int train_run(struct config *cfg, const struct train_options *opt)
+{
+    struct trainer tr;
+    memset(&tr, 0, sizeof tr);
+    tr.cfg = cfg;
+    tr.opt = opt;
+    tr.rank = 0;
+    tr.world = 1;
+    backend_init(cfg->train.threads);
+    trainer_setup(&tr);
+
+    const int T = cfg->data.seq_len;
+    const double tokens_per_step = (double)cfg->train_batch_size * T;
+    char buf[32];
+    log_info("shardlm %s | backend %s | world %d | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(),
+             tr.world, cfg->zero.stage, dtype_name(cfg->dtype));
+    log_info("model gpt2: %d layers, %d heads, %d channels, context %d, vocab %d (padded %d): %zu parameters",
+             cfg->model.n_layer, cfg->model.n_head, cfg->model.n_embd, cfg->model.n_positions,
+             cfg->model.vocab_size, cfg->model.padded_vocab, tr.model.n_params);
+    log_info("batch: %d global = %d micro x %d accumulation x %d ranks, %d tokens each; %zu training windows",
+             cfg->train_batch_size, cfg->micro_batch, cfg->grad_accum, tr.world, T, tr.train_data.n_windows);
+    plan_print(&tr.plan, NULL, "memory plan per rank:");
+    (void)buf;
+
+    const float base_lr = cfg->optimizer.lr;
+    for (long s = 0; s < cfg->train.steps; s++) {
+        double t0 = now_seconds(), norm = 0.0;
+        float lr = sched_lr(&cfg->scheduler, base_lr, tr.step);
+        float loss = train_step(&tr, lr, &norm);
+        double dt = now_seconds() - t0;
+        if (!isfinite(loss))
+            fail_input("step %ld: the loss is %f; lower optimizer.params.lr or enable gradient_clipping",
+                       tr.step, loss);
+        if (!opt->quiet)
+            log_info("step %5ld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms", tr.step,
+                     cfg->train.steps, loss, lr, norm, tokens_per_step / dt, dt * 1e3);
+        if (tr.metrics)
+            fprintf(tr.metrics,
+                    "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, "
+                    "\"ms\": %.3f}\n",
+                    tr.step, loss, lr, norm, tokens_per_step / dt, dt * 1e3);
+        if (tr.have_val && cfg->train.eval_every > 0 &&
+            (tr.step % cfg->train.eval_every == 0 || tr.step == cfg->train.steps)) {
+            float vl = evaluate(&tr);
+            log_info("step %5ld | validation loss %.6f", tr.step, vl);
+            if (tr.metrics)
+                fprintf(tr.metrics, "{\"step\": %ld, \"val_loss\": %.9g}\n", tr.step, vl);
+        }
+        if (tr.metrics)
+            fflush(tr.metrics);
+    }
+    if (opt->dump_final_path) {
+        FILE *f = dump_open(opt->dump_final_path);
+        dump_params(f, &tr, 0);
+        dump_close(f, opt->dump_final_path);
+    }
+    sample_text(&tr);
+    plan_print(&tr.plan, &tr.mem, "memory per rank at the end (planned vs peak):");
+    trainer_teardown(&tr);
+    return EXIT_OK;
+}

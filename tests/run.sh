@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs every test and prints the totals; the last line is "N passed, N failed".
+#
+# A test is a C unit-test binary (build/tests/*, from tests/unit/*.c), a shell
+# script tests/t_*.sh, or a Python script tests/t_*.py (run by Debian's
+# /usr/bin/python3, which sees python3-torch). Each prints one line per check,
+# "ok NAME" or "FAIL NAME: why"; the totals count those lines. A test that
+# exits non-zero without printing a FAIL line, or prints no check at all,
+# counts as one failure, so a crash is never a pass.
+#
+# Usage: tests/run.sh [SUBSTRING]   (only tests whose file name contains it)
+# BUILD=build-asan tests/run.sh      runs the sanitizer build's binaries.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export SHARDLM_BIN=${SHARDLM_BIN:-$PWD/$( [ "$BUILD" = build ] && echo bin || echo "$BUILD/bin" )/shardlm}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+filter=${1:-}
+logdir=$BUILD/test-logs
+mkdir -p "$logdir"
+export SHARDLM_TEST_TMP=${SHARDLM_TEST_TMP:-$(mktemp -d /tmp/shardlm-test.XXXXXX)}
+
+tests=()
+for t in "$BUILD"/tests/*; do [ -x "$t" ] && tests+=("$t"); done
+for t in tests/t_*.sh tests/t_*.py; do [ -f "$t" ] && tests+=("$t"); done
+
+passed=0 failed=0
+for t in "${tests[@]}"; do
+  name=$(basename "$t")
+  [ -n "$filter" ] && [[ "$name" != *"$filter"* ]] && continue
+  log=$logdir/$name.log
+  start=$(date +%s)
+  case "$t" in
+    *.sh) timeout 900 bash "$t" >"$log" 2>&1 ;;
+    *.py) timeout 900 /usr/bin/python3 "$t" >"$log" 2>&1 ;;
+    *)    timeout 900 "$t" >"$log" 2>&1 ;;
+  esac
+  rc=$?
+  ok=$(grep -c '^ok ' "$log")
+  bad=$(grep -c '^FAIL ' "$log")
+  if [ "$bad" -eq 0 ] && { [ "$rc" -ne 0 ] || [ "$ok" -eq 0 ]; }; then
+    echo "FAIL $name: exit status $rc after $ok checks" >>"$log"
+    bad=1
+  fi
+  passed=$((passed + ok)); failed=$((failed + bad))
+  printf '%-28s %4d ok %3d failed  (%ds)\n' "$name" "$ok" "$bad" $(( $(date +%s) - start ))
+  if [ "$bad" -ne 0 ]; then
+    grep '^FAIL ' "$log" | head -20 | sed 's/^/    /'
+    echo "    (log: $log; last lines:)"
+    tail -5 "$log" | sed 's/^/    | /'
+  fi
+done
+rm -rf "$SHARDLM_TEST_TMP"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

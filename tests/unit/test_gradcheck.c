@@ -1,0 +1,744 @@
+/*
+ * test_gradcheck — the backward pass of every CPU kernel against central finite
+ * differences in double precision (src/backend_cpu.c).
+ *
+ * The same source, src/backend_cpu.c, is compiled a second time in this file
+ * with float replaced by double and sgemm by dgemm; its functions are renamed
+ * f64_* so that they live beside the real fp32 backend_* linked in from src/.
+ * For each kernel, on a tiny random problem:
+ *   - the objective is L = sum(w * forward(x)) with random weights w;
+ *   - the analytic gradient is the f64 backward with dout = w;
+ *   - the numeric gradient is (L(x + h) - L(x - h)) / 2h for every element of
+ *     every differentiable input (activations, weights and biases);
+ *   - buffers the backward must accumulate into start from random values and
+ *     the increment is what is checked; buffers it must overwrite start from
+ *     OVERWRITE_SENTINEL, so either convention broken fails the check;
+ *   - the fp32 kernels are run on the same (fp32-exact) inputs and must agree
+ *     with the f64 twin, forward and backward.
+ * Lines starting with '#' report the measured errors; they are not checks.
+ */
+#include "backend.h"
+#include "check.h"
+#include "util.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the double-precision twin of src/backend_cpu.c ----------------------
+ * Every header it includes is already included above, so their include guards
+ * keep the macros below away from them (util.h's float helpers stay float). */
+#define float double
+#define cblas_sgemm cblas_dgemm
+#define sqrtf sqrt
+#define expf exp
+#define tanhf tanh
+#define logf log
+#define backend_init f64_init
+#define backend_name f64_name
+#define backend_matmul_forward f64_matmul_forward
+#define backend_matmul_backward f64_matmul_backward
+#define backend_matmul_forward_transposed f64_matmul_forward_transposed
+#define backend_matmul_backward_transposed f64_matmul_backward_transposed
+#define backend_layernorm_forward f64_layernorm_forward
+#define backend_layernorm_backward f64_layernorm_backward
+#define backend_layernorm_scratch f64_layernorm_scratch
+#define backend_gelu_forward f64_gelu_forward
+#define backend_gelu_backward f64_gelu_backward
+#define backend_add f64_add
+#define backend_attention_forward f64_attention_forward
+#define backend_attention_backward f64_attention_backward
+#define backend_attention_scratch f64_attention_scratch
+#define backend_embedding_forward f64_embedding_forward
+#define backend_embedding_backward f64_embedding_backward
+#define backend_crossentropy_forward f64_crossentropy_forward
+#define backend_crossentropy_backward f64_crossentropy_backward
+#define backend_sum_squares f64_sum_squares
+#define backend_all_finite f64_all_finite
+#define backend_scale f64_scale
+#define backend_zero f64_zero
+
+#include "../../src/backend_cpu.c"
+
+#undef float
+#undef cblas_sgemm
+#undef sqrtf
+#undef expf
+#undef tanhf
+#undef logf
+#undef backend_init
+#undef backend_name
+#undef backend_matmul_forward
+#undef backend_matmul_backward
+#undef backend_matmul_forward_transposed
+#undef backend_matmul_backward_transposed
+#undef backend_layernorm_forward
+#undef backend_layernorm_backward
+#undef backend_layernorm_scratch
+#undef backend_gelu_forward
+#undef backend_gelu_backward
+#undef backend_add
+#undef backend_attention_forward
+#undef backend_attention_backward
+#undef backend_attention_scratch
+#undef backend_embedding_forward
+#undef backend_embedding_backward
+#undef backend_crossentropy_forward
+#undef backend_crossentropy_backward
+#undef backend_sum_squares
+#undef backend_all_finite
+#undef backend_scale
+#undef backend_zero
+
+/* ---- tolerances ---------------------------------------------------------- */
+
+/* Central-difference step. The objective's difference is taken output by
+ * output (numeric_gradient), so outputs a step leaves alone cancel exactly;
+ * what remains is the round-off of the outputs it moves, about
+ * 1e-16 * |out| / h each, and the truncation error h^2 * f''' / 6 ~ 1e-13. */
+#define FD_STEP 1e-6
+/* Analytic vs numeric: max over a tensor of |a - n| / max(|n|, GRAD_FLOOR).
+ * Measured: <= 1e-8 relative on every gradient above the floor; a wrong term
+ * in a backward formula is off by 1e-3 .. 1. */
+#define GRAD_TOL 1e-6
+/* Below the floor the error is judged in absolute terms, GRAD_TOL * GRAD_FLOOR
+ * = 1e-8: the round-off of the difference quotient reaches 1e-9 absolute
+ * (attention at T = 70, where a step in one key moves 70 x 4 outputs), which
+ * relative to a gradient of 1e-3 would already read as 1e-6. The gradients
+ * here are O(0.01 .. 1). */
+#define GRAD_FLOOR 1e-2
+/* fp32 kernel vs its f64 twin on identical inputs: max |f - d| / max(|d|, FLOAT_FLOOR).
+ * fp32 round-off is 6e-8 per operation; measured <= 1e-6, the worst on the
+ * longest reductions (attention at T = 70). */
+#define FLOAT_TOL 1e-5
+/* The tensors compared are O(0.1 .. 10); entries below the floor are judged
+ * in absolute terms, since fp32 cancellation makes tiny values meaningless. */
+#define FLOAT_FLOOR 1e-1
+/* Written into buffers a backward must overwrite: accumulating into them
+ * instead would leave an error of this size. */
+#define OVERWRITE_SENTINEL 1000.0
+
+/* ---- helpers ------------------------------------------------------------- */
+
+/* n values uniform in [lo, hi), each exactly representable in fp32 so that the
+ * float and double kernels see identical inputs. */
+static double *random_tensor(size_t n, double lo, double hi, uint64_t *rng)
+{
+    double *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (double)(float)(lo + (hi - lo) * (double)rng_uniform(rng));
+    return x;
+}
+
+static double *filled_tensor(size_t n, double value)
+{
+    double *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = value;
+    return x;
+}
+
+static double *copy_tensor(const double *x, size_t n)
+{
+    double *y = xmalloc(n * sizeof *y);
+    memcpy(y, x, n * sizeof *y);
+    return y;
+}
+
+/* The fp32 copy of x (exact for random_tensor's values). */
+static float *narrow(const double *x, size_t n)
+{
+    float *y = xmalloc(n * sizeof *y);
+    for (size_t i = 0; i < n; i++)
+        y[i] = (float)x[i];
+    return y;
+}
+
+/* after - before in double: what a backward added to a buffer. before may be NULL (zero). */
+static double *increment(const double *after, const double *before, size_t n)
+{
+    double *d = xmalloc(n * sizeof *d);
+    for (size_t i = 0; i < n; i++)
+        d[i] = after[i] - (before ? before[i] : 0.0);
+    return d;
+}
+
+static double *increment_f(const float *after, const double *before, size_t n)
+{
+    double *d = xmalloc(n * sizeof *d);
+    for (size_t i = 0; i < n; i++)
+        d[i] = (double)after[i] - (before ? before[i] : 0.0);
+    return d;
+}
+
+/* max |got - want| / max(|want|, floor); NaN when any entry is NaN. */
+static double max_rel_err(const double *got, const double *want, size_t n, double floor)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double den = fabs(want[i]) > floor ? fabs(want[i]) : floor;
+        double err = fabs(got[i] - want[i]) / den;
+        if (isnan(err))
+            return NAN;
+        worst = err > worst ? err : worst;
+    }
+    return worst;
+}
+
+static double max_abs(const double *x, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        m = fabs(x[i]) > m ? fabs(x[i]) : m;
+    return m;
+}
+
+static double g_worst_grad_err, g_worst_float_err;
+
+static void check_err(const char *what, const char *kernel, const char *tensor, double err, double tol)
+{
+    char name[160];
+    snprintf(name, sizeof name, "%s %s %s", what, kernel, tensor);
+    printf("# %s: max rel err %.2e (tol %.0e)\n", name, err, tol);
+    CHECK(name, err <= tol, "max relative error %.3e > %.0e", err, tol);
+}
+
+/* Analytic gradient against the numeric one. A numeric gradient that is tiny
+ * everywhere would be judged against the floor alone and pass almost anything,
+ * so it must also reach well above the floor somewhere. */
+static void check_gradient(const char *kernel, const char *tensor, const double *analytic,
+                           const double *numeric, size_t n)
+{
+    double err = max_rel_err(analytic, numeric, n, GRAD_FLOOR);
+    g_worst_grad_err = !(err <= g_worst_grad_err) ? err : g_worst_grad_err;
+    check_err("gradcheck", kernel, tensor, err, GRAD_TOL);
+    char name[160];
+    snprintf(name, sizeof name, "gradcheck %s %s is non-trivial", kernel, tensor);
+    CHECK(name, max_abs(numeric, n) > 10 * GRAD_FLOOR, "max |numeric gradient| %.3g", max_abs(numeric, n));
+}
+
+static void check_float(const char *kernel, const char *tensor, const double *got, const double *want, size_t n)
+{
+    double err = max_rel_err(got, want, n, FLOAT_FLOOR);
+    g_worst_float_err = !(err <= g_worst_float_err) ? err : g_worst_float_err;
+    check_err("fp32 matches f64", kernel, tensor, err, FLOAT_TOL);
+}
+
+static void check_float_f(const char *kernel, const char *tensor, const float *got, const double *want, size_t n)
+{
+    double *wide = increment_f(got, NULL, n);
+    check_float(kernel, tensor, wide, want, n);
+    free(wide);
+}
+
+/* ---- numeric gradient ---------------------------------------------------- */
+
+/* L = sum(weight * out), out recomputed by forward(ctx, out) from inputs that ctx points to. */
+struct objective {
+    void (*forward)(void *ctx, double *out);
+    void *ctx;
+    const double *weight; /* (n_out) */
+    size_t n_out;
+};
+
+/* grad (n) = dL/dx by central differences, x (n) being one of the inputs the
+ * objective's forward reads; x is restored exactly. The difference is taken
+ * output by output, so outputs the step leaves unchanged cancel exactly. */
+static void numeric_gradient(double *grad, double *x, size_t n, const struct objective *obj)
+{
+    double *out_plus = xmalloc(obj->n_out * sizeof *out_plus);
+    double *out_minus = xmalloc(obj->n_out * sizeof *out_minus);
+    for (size_t i = 0; i < n; i++) {
+        double saved = x[i];
+        double up = saved + FD_STEP, down = saved - FD_STEP;
+        x[i] = up;
+        obj->forward(obj->ctx, out_plus);
+        x[i] = down;
+        obj->forward(obj->ctx, out_minus);
+        x[i] = saved;
+        double diff = 0.0;
+        for (size_t k = 0; k < obj->n_out; k++)
+            diff += obj->weight[k] * (out_plus[k] - out_minus[k]);
+        grad[i] = diff / (up - down);
+    }
+    free(out_plus);
+    free(out_minus);
+}
+
+static double *numeric(double *x, size_t n, const struct objective *obj)
+{
+    double *grad = xmalloc(n * sizeof *grad);
+    numeric_gradient(grad, x, n, obj);
+    return grad;
+}
+
+/* ---- matmul -------------------------------------------------------------- */
+
+struct matmul_case {
+    int N, C, OC;
+    double *inp;    /* (N, C) */
+    double *weight; /* (C, OC) */
+    double *bias;   /* (OC) or NULL */
+};
+
+static void matmul_objective(void *ctx, double *out)
+{
+    struct matmul_case *m = ctx;
+    f64_matmul_forward(out, m->inp, m->weight, m->bias, m->N, m->C, m->OC);
+}
+
+static void test_matmul(int with_bias, uint64_t *rng)
+{
+    const char *kernel = with_bias ? "matmul+bias" : "matmul";
+    const int N = 3, C = 4, OC = 5;
+    const size_t n_inp = (size_t)N * C, n_w = (size_t)C * OC, n_out = (size_t)N * OC;
+    struct matmul_case m = {N, C, OC, random_tensor(n_inp, -1, 1, rng), random_tensor(n_w, -1, 1, rng),
+                            with_bias ? random_tensor(OC, -1, 1, rng) : NULL};
+    double *w = random_tensor(n_out, -1, 1, rng);
+    double *dweight0 = random_tensor(n_w, -1, 1, rng), *dbias0 = random_tensor(OC, -1, 1, rng);
+
+    /* analytic, f64 */
+    double *out = xmalloc(n_out * sizeof *out);
+    matmul_objective(&m, out);
+    double *dinp = filled_tensor(n_inp, OVERWRITE_SENTINEL);
+    double *dweight = copy_tensor(dweight0, n_w), *dbias = copy_tensor(dbias0, OC);
+    f64_matmul_backward(dinp, dweight, with_bias ? dbias : NULL, w, m.inp, m.weight, N, C, OC);
+    double *dweight_inc = increment(dweight, dweight0, n_w), *dbias_inc = increment(dbias, dbias0, OC);
+
+    /* numeric */
+    struct objective obj = {matmul_objective, &m, w, n_out};
+    double *num_inp = numeric(m.inp, n_inp, &obj), *num_w = numeric(m.weight, n_w, &obj);
+    check_gradient(kernel, "dinp (overwritten)", dinp, num_inp, n_inp);
+    check_gradient(kernel, "dweight (accumulated)", dweight_inc, num_w, n_w);
+    if (with_bias) {
+        double *num_b = numeric(m.bias, OC, &obj);
+        check_gradient(kernel, "dbias (accumulated)", dbias_inc, num_b, OC);
+        free(num_b);
+    } else {
+        /* dbias NULL: skipped, so the buffer we did not pass stays as it was */
+        CHECK("gradcheck matmul dbias NULL is skipped", memcmp(dbias, dbias0, OC * sizeof *dbias) == 0,
+              "dbias changed");
+        /* dinp NULL is skipped too; dweight accumulates a second time */
+        f64_matmul_backward(NULL, dweight, NULL, w, m.inp, m.weight, N, C, OC);
+        double *twice = increment(dweight, dweight0, n_w), *num_w2 = xmalloc(n_w * sizeof *num_w2);
+        for (size_t i = 0; i < n_w; i++)
+            num_w2[i] = 2 * num_w[i];
+        check_gradient(kernel, "dweight after a second backward with dinp NULL", twice, num_w2, n_w);
+        free(twice);
+        free(num_w2);
+    }
+
+    /* fp32 against f64 */
+    float *inp_f = narrow(m.inp, n_inp), *weight_f = narrow(m.weight, n_w);
+    float *bias_f = with_bias ? narrow(m.bias, OC) : NULL, *w_f = narrow(w, n_out);
+    float *out_f = xmalloc(n_out * sizeof *out_f), *dinp_f = narrow(dinp, n_inp);
+    float *dweight_f = narrow(dweight0, n_w), *dbias_f = narrow(dbias0, OC);
+    for (size_t i = 0; i < n_inp; i++)
+        dinp_f[i] = (float)OVERWRITE_SENTINEL;
+    backend_matmul_forward(out_f, inp_f, weight_f, bias_f, N, C, OC);
+    backend_matmul_backward(dinp_f, dweight_f, with_bias ? dbias_f : NULL, w_f, inp_f, weight_f, N, C, OC);
+    check_float_f(kernel, "out", out_f, out, n_out);
+    check_float_f(kernel, "dinp", dinp_f, dinp, n_inp);
+    double *dweight_f_inc = increment_f(dweight_f, dweight0, n_w);
+    check_float(kernel, "dweight", dweight_f_inc, dweight_inc, n_w);
+    if (with_bias) {
+        double *dbias_f_inc = increment_f(dbias_f, dbias0, OC);
+        check_float(kernel, "dbias", dbias_f_inc, dbias_inc, OC);
+        free(dbias_f_inc);
+    }
+
+    free(m.inp), free(m.weight), free(m.bias), free(w), free(dweight0), free(dbias0), free(out);
+    free(dinp), free(dweight), free(dbias), free(dweight_inc), free(dbias_inc), free(num_inp), free(num_w);
+    free(inp_f), free(weight_f), free(bias_f), free(w_f), free(out_f), free(dinp_f), free(dweight_f);
+    free(dbias_f), free(dweight_f_inc);
+}
+
+/* ---- matmul_transposed (the tied LM head) -------------------------------- */
+
+struct matmul_t_case {
+    int N, C, OC;
+    double *inp;    /* (N, C) */
+    double *weight; /* (OC, C) */
+};
+
+static void matmul_t_objective(void *ctx, double *out)
+{
+    struct matmul_t_case *m = ctx;
+    f64_matmul_forward_transposed(out, m->inp, m->weight, m->N, m->C, m->OC);
+}
+
+static void test_matmul_transposed(uint64_t *rng)
+{
+    const char *kernel = "matmul_transposed";
+    const int N = 3, C = 4, OC = 6;
+    const size_t n_inp = (size_t)N * C, n_w = (size_t)OC * C, n_out = (size_t)N * OC;
+    struct matmul_t_case m = {N, C, OC, random_tensor(n_inp, -1, 1, rng), random_tensor(n_w, -1, 1, rng)};
+    double *w = random_tensor(n_out, -1, 1, rng), *dweight0 = random_tensor(n_w, -1, 1, rng);
+
+    double *out = xmalloc(n_out * sizeof *out);
+    matmul_t_objective(&m, out);
+    double *dinp = filled_tensor(n_inp, OVERWRITE_SENTINEL), *dweight = copy_tensor(dweight0, n_w);
+    f64_matmul_backward_transposed(dinp, dweight, w, m.inp, m.weight, N, C, OC);
+    double *dweight_inc = increment(dweight, dweight0, n_w);
+
+    struct objective obj = {matmul_t_objective, &m, w, n_out};
+    double *num_inp = numeric(m.inp, n_inp, &obj), *num_w = numeric(m.weight, n_w, &obj);
+    check_gradient(kernel, "dinp (overwritten)", dinp, num_inp, n_inp);
+    check_gradient(kernel, "dweight (accumulated)", dweight_inc, num_w, n_w);
+
+    float *inp_f = narrow(m.inp, n_inp), *weight_f = narrow(m.weight, n_w), *w_f = narrow(w, n_out);
+    float *out_f = xmalloc(n_out * sizeof *out_f), *dinp_f = narrow(dinp, n_inp), *dweight_f = narrow(dweight0, n_w);
+    for (size_t i = 0; i < n_inp; i++)
+        dinp_f[i] = (float)OVERWRITE_SENTINEL;
+    backend_matmul_forward_transposed(out_f, inp_f, weight_f, N, C, OC);
+    backend_matmul_backward_transposed(dinp_f, dweight_f, w_f, inp_f, weight_f, N, C, OC);
+    check_float_f(kernel, "out", out_f, out, n_out);
+    check_float_f(kernel, "dinp", dinp_f, dinp, n_inp);
+    double *dweight_f_inc = increment_f(dweight_f, dweight0, n_w);
+    check_float(kernel, "dweight", dweight_f_inc, dweight_inc, n_w);
+
+    free(m.inp), free(m.weight), free(w), free(dweight0), free(out), free(dinp), free(dweight);
+    free(dweight_inc), free(num_inp), free(num_w), free(inp_f), free(weight_f), free(w_f), free(out_f);
+    free(dinp_f), free(dweight_f), free(dweight_f_inc);
+}
+
+/* ---- layernorm ----------------------------------------------------------- */
+
+struct layernorm_case {
+    int N, C;
+    double *inp;         /* (N, C) */
+    double *weight;      /* (C) */
+    double *bias;        /* (C) */
+    double *mean, *rstd; /* (N) each, side outputs */
+};
+
+static void layernorm_objective(void *ctx, double *out)
+{
+    struct layernorm_case *l = ctx;
+    f64_layernorm_forward(out, l->mean, l->rstd, l->inp, l->weight, l->bias, l->N, l->C);
+}
+
+static void test_layernorm(uint64_t *rng)
+{
+    const char *kernel = "layernorm";
+    const int N = 3, C = 6;
+    const size_t n_inp = (size_t)N * C;
+    /* rows off zero mean and unit scale, so that mean and rstd both matter */
+    struct layernorm_case l = {N, C, random_tensor(n_inp, -1.5, 2.5, rng), random_tensor(C, 0.5, 1.5, rng),
+                               random_tensor(C, -0.5, 0.5, rng), xmalloc(N * sizeof(double)),
+                               xmalloc(N * sizeof(double))};
+    double *w = random_tensor(n_inp, -1, 1, rng);
+    double *dinp0 = random_tensor(n_inp, -1, 1, rng), *dweight0 = random_tensor(C, -1, 1, rng);
+    double *dbias0 = random_tensor(C, -1, 1, rng);
+
+    double *out = xmalloc(n_inp * sizeof *out);
+    layernorm_objective(&l, out);
+    double *mean = copy_tensor(l.mean, N), *rstd = copy_tensor(l.rstd, N);
+    double *dinp = copy_tensor(dinp0, n_inp), *dweight = copy_tensor(dweight0, C), *dbias = copy_tensor(dbias0, C);
+    double *scratch = xmalloc(f64_layernorm_scratch(C) * sizeof *scratch);
+    f64_layernorm_backward(dinp, dweight, dbias, w, l.inp, l.weight, mean, rstd, scratch, N, C);
+    double *dinp_inc = increment(dinp, dinp0, n_inp), *dweight_inc = increment(dweight, dweight0, C);
+    double *dbias_inc = increment(dbias, dbias0, C);
+
+    struct objective obj = {layernorm_objective, &l, w, n_inp};
+    double *num_inp = numeric(l.inp, n_inp, &obj), *num_w = numeric(l.weight, C, &obj);
+    double *num_b = numeric(l.bias, C, &obj);
+    check_gradient(kernel, "dinp (accumulated)", dinp_inc, num_inp, n_inp);
+    check_gradient(kernel, "dweight (accumulated)", dweight_inc, num_w, C);
+    check_gradient(kernel, "dbias (accumulated)", dbias_inc, num_b, C);
+
+    float *inp_f = narrow(l.inp, n_inp), *weight_f = narrow(l.weight, C), *bias_f = narrow(l.bias, C);
+    float *w_f = narrow(w, n_inp), *out_f = xmalloc(n_inp * sizeof *out_f);
+    float *mean_f = xmalloc(N * sizeof *mean_f), *rstd_f = xmalloc(N * sizeof *rstd_f);
+    float *dinp_f = narrow(dinp0, n_inp), *dweight_f = narrow(dweight0, C), *dbias_f = narrow(dbias0, C);
+    float *scratch_f = xmalloc(backend_layernorm_scratch(C) * sizeof *scratch_f);
+    backend_layernorm_forward(out_f, mean_f, rstd_f, inp_f, weight_f, bias_f, N, C);
+    backend_layernorm_backward(dinp_f, dweight_f, dbias_f, w_f, inp_f, weight_f, mean_f, rstd_f, scratch_f, N, C);
+    check_float_f(kernel, "out", out_f, out, n_inp);
+    check_float_f(kernel, "mean", mean_f, mean, N);
+    check_float_f(kernel, "rstd", rstd_f, rstd, N);
+    double *dinp_f_inc = increment_f(dinp_f, dinp0, n_inp), *dweight_f_inc = increment_f(dweight_f, dweight0, C);
+    double *dbias_f_inc = increment_f(dbias_f, dbias0, C);
+    check_float(kernel, "dinp", dinp_f_inc, dinp_inc, n_inp);
+    check_float(kernel, "dweight", dweight_f_inc, dweight_inc, C);
+    check_float(kernel, "dbias", dbias_f_inc, dbias_inc, C);
+
+    free(l.inp), free(l.weight), free(l.bias), free(l.mean), free(l.rstd), free(w), free(dinp0);
+    free(dweight0), free(dbias0), free(out), free(mean), free(rstd), free(dinp), free(dweight), free(dbias);
+    free(scratch), free(dinp_inc), free(dweight_inc), free(dbias_inc), free(num_inp), free(num_w), free(num_b);
+    free(inp_f), free(weight_f), free(bias_f), free(w_f), free(out_f), free(mean_f), free(rstd_f);
+    free(dinp_f), free(dweight_f), free(dbias_f), free(scratch_f), free(dinp_f_inc), free(dweight_f_inc);
+    free(dbias_f_inc);
+}
+
+/* ---- gelu ---------------------------------------------------------------- */
+
+struct gelu_case {
+    size_t n;
+    double *inp; /* (n) */
+};
+
+static void gelu_objective(void *ctx, double *out)
+{
+    struct gelu_case *g = ctx;
+    f64_gelu_forward(out, g->inp, g->n);
+}
+
+static void test_gelu(uint64_t *rng)
+{
+    const char *kernel = "gelu";
+    const size_t n = 24;
+    /* both tails and the curved middle */
+    struct gelu_case g = {n, random_tensor(n, -4, 4, rng)};
+    double *w = random_tensor(n, -1, 1, rng);
+
+    double *out = xmalloc(n * sizeof *out);
+    gelu_objective(&g, out);
+    double *dinp = filled_tensor(n, OVERWRITE_SENTINEL);
+    f64_gelu_backward(dinp, g.inp, w, n);
+
+    struct objective obj = {gelu_objective, &g, w, n};
+    double *num_inp = numeric(g.inp, n, &obj);
+    check_gradient(kernel, "dinp (overwritten)", dinp, num_inp, n);
+
+    float *inp_f = narrow(g.inp, n), *w_f = narrow(w, n), *out_f = xmalloc(n * sizeof *out_f);
+    float *dinp_f = xmalloc(n * sizeof *dinp_f);
+    for (size_t i = 0; i < n; i++)
+        dinp_f[i] = (float)OVERWRITE_SENTINEL;
+    backend_gelu_forward(out_f, inp_f, n);
+    backend_gelu_backward(dinp_f, inp_f, w_f, n);
+    check_float_f(kernel, "out", out_f, out, n);
+    check_float_f(kernel, "dinp", dinp_f, dinp, n);
+
+    free(g.inp), free(w), free(out), free(dinp), free(num_inp), free(inp_f), free(w_f), free(out_f), free(dinp_f);
+}
+
+/* ---- attention ----------------------------------------------------------- */
+
+struct attention_case {
+    int B, T, C, NH;
+    double *qkv; /* (B, T, 3C) */
+    double *att; /* (B, NH, T, T), side output */
+};
+
+static void attention_objective(void *ctx, double *out)
+{
+    struct attention_case *a = ctx;
+    f64_attention_forward(out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
+}
+
+static void test_attention(int B, int T, int C, int NH, uint64_t *rng)
+{
+    char kernel[64];
+    snprintf(kernel, sizeof kernel, "attention B=%d T=%d C=%d NH=%d", B, T, C, NH);
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
+    /* scores of a few units: softmax rows neither uniform nor one-hot */
+    struct attention_case a = {B, T, C, NH, random_tensor(n_qkv, -1.5, 1.5, rng), xmalloc(n_att * sizeof(double))};
+    double *w = random_tensor(n_out, -1, 1, rng);
+
+    double *out = xmalloc(n_out * sizeof *out);
+    attention_objective(&a, out);
+    double *att = copy_tensor(a.att, n_att);
+    double *dqkv = filled_tensor(n_qkv, OVERWRITE_SENTINEL);
+    double *scratch = xmalloc(f64_attention_scratch(T) * sizeof *scratch);
+    f64_attention_backward(dqkv, w, a.qkv, att, scratch, B, T, C, NH);
+
+    struct objective obj = {attention_objective, &a, w, n_out};
+    double *num_qkv = numeric(a.qkv, n_qkv, &obj);
+    check_gradient(kernel, "dqkv (overwritten)", dqkv, num_qkv, n_qkv);
+
+    float *qkv_f = narrow(a.qkv, n_qkv), *w_f = narrow(w, n_out), *out_f = xmalloc(n_out * sizeof *out_f);
+    float *att_f = xmalloc(n_att * sizeof *att_f), *dqkv_f = xmalloc(n_qkv * sizeof *dqkv_f);
+    float *scratch_f = xmalloc(backend_attention_scratch(T) * sizeof *scratch_f);
+    for (size_t i = 0; i < n_qkv; i++)
+        dqkv_f[i] = (float)OVERWRITE_SENTINEL;
+    backend_attention_forward(out_f, att_f, qkv_f, B, T, C, NH);
+    backend_attention_backward(dqkv_f, w_f, qkv_f, att_f, scratch_f, B, T, C, NH);
+    check_float_f(kernel, "out", out_f, out, n_out);
+    check_float_f(kernel, "att", att_f, att, n_att);
+    check_float_f(kernel, "dqkv", dqkv_f, dqkv, n_qkv);
+
+    free(a.qkv), free(a.att), free(w), free(out), free(att), free(dqkv), free(scratch), free(num_qkv);
+    free(qkv_f), free(w_f), free(out_f), free(att_f), free(dqkv_f), free(scratch_f);
+}
+
+/* ---- embedding ----------------------------------------------------------- */
+
+struct embedding_case {
+    int B, T, C;
+    const int32_t *tokens; /* (B, T) */
+    double *wte;           /* (VOCAB, C) */
+    double *wpe;           /* (MAX_T, C) */
+};
+
+static void embedding_objective(void *ctx, double *out)
+{
+    struct embedding_case *e = ctx;
+    f64_embedding_forward(out, e->tokens, e->wte, e->wpe, e->B, e->T, e->C);
+}
+
+static void test_embedding(uint64_t *rng)
+{
+    const char *kernel = "embedding";
+    /* C = 5 does not split evenly over the threads' column ranges; tokens 3
+     * and 0 repeat (within and across sequences), 2, 4 and 5 never occur, and
+     * wpe has rows past T: their gradients must stay exactly as they were. */
+    enum { B = 2, T = 5, C = 5, VOCAB = 7, MAX_T = 7 };
+    static const int32_t tokens[B * T] = {3, 1, 3, 3, 0, 1, 6, 3, 0, 0};
+    const size_t n_wte = (size_t)VOCAB * C, n_wpe = (size_t)MAX_T * C, n_out = (size_t)B * T * C;
+    struct embedding_case e = {B, T, C, tokens, random_tensor(n_wte, -1, 1, rng), random_tensor(n_wpe, -1, 1, rng)};
+    double *w = random_tensor(n_out, -1, 1, rng);
+    double *dwte0 = random_tensor(n_wte, -1, 1, rng), *dwpe0 = random_tensor(n_wpe, -1, 1, rng);
+
+    double *out = xmalloc(n_out * sizeof *out);
+    embedding_objective(&e, out);
+    double *dwte = copy_tensor(dwte0, n_wte), *dwpe = copy_tensor(dwpe0, n_wpe);
+    f64_embedding_backward(dwte, dwpe, w, tokens, B, T, C);
+    double *dwte_inc = increment(dwte, dwte0, n_wte), *dwpe_inc = increment(dwpe, dwpe0, n_wpe);
+
+    struct objective obj = {embedding_objective, &e, w, n_out};
+    double *num_wte = numeric(e.wte, n_wte, &obj), *num_wpe = numeric(e.wpe, n_wpe, &obj);
+    check_gradient(kernel, "dwte (accumulated, repeated tokens)", dwte_inc, num_wte, n_wte);
+    check_gradient(kernel, "dwpe (accumulated)", dwpe_inc, num_wpe, n_wpe);
+    static const int absent_tokens[] = {2, 4, 5};
+    int untouched = 1;
+    for (int c = 0; c < C; c++) {
+        for (size_t a = 0; a < sizeof absent_tokens / sizeof *absent_tokens; a++)
+            untouched &= dwte[(size_t)absent_tokens[a] * C + c] == dwte0[(size_t)absent_tokens[a] * C + c];
+        for (int t = T; t < MAX_T; t++)
+            untouched &= dwpe[(size_t)t * C + c] == dwpe0[(size_t)t * C + c];
+    }
+    CHECK("gradcheck embedding rows of absent tokens and positions untouched", untouched, "a row changed");
+
+    float *wte_f = narrow(e.wte, n_wte), *wpe_f = narrow(e.wpe, n_wpe), *w_f = narrow(w, n_out);
+    float *out_f = xmalloc(n_out * sizeof *out_f), *dwte_f = narrow(dwte0, n_wte), *dwpe_f = narrow(dwpe0, n_wpe);
+    backend_embedding_forward(out_f, tokens, wte_f, wpe_f, B, T, C);
+    backend_embedding_backward(dwte_f, dwpe_f, w_f, tokens, B, T, C);
+    check_float_f(kernel, "out", out_f, out, n_out);
+    double *dwte_f_inc = increment_f(dwte_f, dwte0, n_wte), *dwpe_f_inc = increment_f(dwpe_f, dwpe0, n_wpe);
+    check_float(kernel, "dwte", dwte_f_inc, dwte_inc, n_wte);
+    check_float(kernel, "dwpe", dwpe_f_inc, dwpe_inc, n_wpe);
+
+    free(e.wte), free(e.wpe), free(w), free(dwte0), free(dwpe0), free(out), free(dwte), free(dwpe);
+    free(dwte_inc), free(dwpe_inc), free(num_wte), free(num_wpe), free(wte_f), free(wpe_f), free(w_f);
+    free(out_f), free(dwte_f), free(dwpe_f), free(dwte_f_inc), free(dwpe_f_inc);
+}
+
+/* ---- crossentropy -------------------------------------------------------- */
+
+struct crossentropy_case {
+    int N, V, Vp;
+    const int32_t *targets; /* (N) */
+    double *logits;         /* (N, Vp), the input */
+    double *work;           /* (N, Vp), the forward overwrites its logits with probabilities */
+};
+
+static void crossentropy_objective(void *ctx, double *losses)
+{
+    struct crossentropy_case *x = ctx;
+    memcpy(x->work, x->logits, (size_t)x->N * x->Vp * sizeof *x->work);
+    f64_crossentropy_forward(losses, x->work, x->targets, x->N, x->V, x->Vp);
+}
+
+static void test_crossentropy(uint64_t *rng)
+{
+    const char *kernel = "crossentropy";
+    enum { N = 4, V = 5, Vp = 8 };
+    static const int32_t targets[N] = {2, 0, 4, 2};
+    const size_t n_logits = (size_t)N * Vp;
+    struct crossentropy_case x = {N, V, Vp, targets, random_tensor(n_logits, -3, 3, rng),
+                                  xmalloc(n_logits * sizeof(double))};
+    /* Padded logits far above the real ones: a forward that let them into the
+     * softmax would change the loss and its gradient completely. */
+    for (int i = 0; i < N; i++)
+        for (int j = V; j < Vp; j++)
+            x.logits[(size_t)i * Vp + j] = 50.0 + j;
+    const double dloss = 0.375; /* the backward takes one dloss for all rows: L = dloss * sum(losses) */
+    double w[N];
+    for (int i = 0; i < N; i++)
+        w[i] = dloss;
+
+    double losses[N];
+    crossentropy_objective(&x, losses);
+    double *probs = copy_tensor(x.work, n_logits);
+    double *dlogits = copy_tensor(probs, n_logits);
+    f64_crossentropy_backward(dlogits, targets, dloss, N, V, Vp);
+
+    struct objective obj = {crossentropy_objective, &x, w, N};
+    double *num_logits = numeric(x.logits, n_logits, &obj);
+    check_gradient(kernel, "dlogits (replaces probs)", dlogits, num_logits, n_logits);
+    int padded_zero = 1;
+    for (int i = 0; i < N; i++)
+        for (int j = V; j < Vp; j++) {
+            size_t k = (size_t)i * Vp + j;
+            padded_zero &= probs[k] == 0.0 && dlogits[k] == 0.0 && num_logits[k] == 0.0;
+        }
+    CHECK("gradcheck crossentropy padded columns: zero probability and zero gradient", padded_zero,
+          "a padded column is non-zero");
+
+    float *logits_f = narrow(x.logits, n_logits), losses_f[N];
+    backend_crossentropy_forward(losses_f, logits_f, targets, N, V, Vp);
+    check_float_f(kernel, "losses", losses_f, losses, N);
+    check_float_f(kernel, "probs", logits_f, probs, n_logits);
+    backend_crossentropy_backward(logits_f, targets, (float)dloss, N, V, Vp);
+    check_float_f(kernel, "dlogits", logits_f, dlogits, n_logits);
+
+    free(x.logits), free(x.work), free(probs), free(dlogits), free(num_logits), free(logits_f);
+}
+
+/* ---- add ----------------------------------------------------------------- */
+
+struct add_case {
+    size_t n;
+    double *a, *b; /* (n) each */
+};
+
+static void add_objective(void *ctx, double *out)
+{
+    struct add_case *s = ctx;
+    f64_add(out, s->a, s->b, s->n);
+}
+
+/* add has no backward kernel: the model passes dout on to both inputs, which
+ * is right only when d(a + b)/da = d(a + b)/db = identity; that is what is checked. */
+static void test_add(uint64_t *rng)
+{
+    const char *kernel = "add";
+    const size_t n = 17;
+    struct add_case s = {n, random_tensor(n, -1, 1, rng), random_tensor(n, -1, 1, rng)};
+    double *w = random_tensor(n, -1, 1, rng), *out = xmalloc(n * sizeof *out);
+    add_objective(&s, out);
+
+    struct objective obj = {add_objective, &s, w, n};
+    double *num_a = numeric(s.a, n, &obj), *num_b = numeric(s.b, n, &obj);
+    check_gradient(kernel, "da = dout", w, num_a, n);
+    check_gradient(kernel, "db = dout", w, num_b, n);
+
+    float *a_f = narrow(s.a, n), *b_f = narrow(s.b, n), *out_f = xmalloc(n * sizeof *out_f);
+    backend_add(out_f, a_f, b_f, n);
+    check_float_f(kernel, "out", out_f, out, n);
+
+    free(s.a), free(s.b), free(w), free(out), free(num_a), free(num_b), free(a_f), free(b_f), free(out_f);
+}
+
+int main(void)
+{
+    uint64_t rng = 0x5eed0fc0ffee1234ull;
+    test_matmul(1, &rng);
+    test_matmul(0, &rng);
+    test_matmul_transposed(&rng);
+    test_layernorm(&rng);
+    test_gelu(&rng);
+    test_attention(2, 5, 8, 2, &rng);  /* T below the row block */
+    test_attention(2, 70, 8, 2, &rng); /* T past ATTN_ROW_BLOCK = 64: a second, partial block */
+    test_embedding(&rng);
+    test_crossentropy(&rng);
+    test_add(&rng);
+    printf("# worst gradcheck error %.2e (tol %.0e), worst fp32-vs-f64 error %.2e (tol %.0e)\n",
+           g_worst_grad_err, GRAD_TOL, g_worst_float_err, FLOAT_TOL);
+    return check_status();
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds the default corpus from the project's own text (README, sources,
+# scripts, configs) and tokenizes it byte by byte into llm.c shards:
+#   build/data/corpus_train.bin, build/data/corpus_val.bin
+# Nothing is downloaded; the corpus is whatever this checkout holds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=build/data
+mkdir -p "$out"
+files=$(ls README.md src/*.c src/*.h tools/*.sh tools/*.py input/*.json 2>/dev/null | LC_ALL=C sort)
+[ -n "$(ls cuda/* jobs/* 2>/dev/null)" ] && files="$files $(ls cuda/* jobs/* 2>/dev/null | LC_ALL=C sort)"
+# shellcheck disable=SC2086
+python3 tools/text_to_bin.py $files --out-dir "$out" --name corpus --val-fraction 0.1 >/dev/null
