@@ -56,15 +56,18 @@ deps:
 
 $(BUILD)/src/%.o: src/%.c $(wildcard src/*.h) Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS) -c $< -o $@
 
 $(BIN)/shardlm: $(OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(LIB_OBJS) tests/unit/check.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -iquote tests/unit $< $(LIB_OBJS) -o $@ $(LDLIBS)
+	@echo "  TEST    $@"
+	@$(CC) $(CFLAGS) -iquote tests/unit $< $(LIB_OBJS) -o $@ $(LDLIBS)
 
 test:
 	@bash tools/deps.sh --test

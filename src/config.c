@@ -126,6 +126,7 @@ static const struct key_spec data_keys[] = {
     {"train", K_STR, F_NULLABLE, NULL, NULL},
     {"val", K_STR, F_NULLABLE, NULL, NULL},
     {"seq_len", K_INT, 0, NULL, NULL},
+    {"shuffle", K_BOOL, 0, NULL, NULL},
     {0},
 };
 
@@ -787,6 +788,7 @@ static void read_data(struct config *cfg, json_t *root)
     d->train_path = read_path(root, "data.train");
     d->val_path = read_path(root, "data.val");
     d->seq_len = read_int(root, "data.seq_len", cfg->model.n_positions, FILL);
+    d->shuffle = read_bool(root, "data.shuffle", true, FILL);
     require_positive("data.seq_len", d->seq_len);
     if (d->seq_len > cfg->model.n_positions)
         fail_input("config: 'data.seq_len' (%d) is larger than 'model.n_positions' (%d): a sequence longer than the "

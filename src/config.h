@@ -95,6 +95,7 @@ struct data_config {
     char *train_path;   /* file or glob of .bin shards */
     char *val_path;     /* file or glob; NULL: no validation */
     int seq_len;        /* T; defaults to model.n_positions */
+    bool shuffle;       /* shuffled window order (default); false: file order, epoch after epoch */
 };
 
 struct train_config {

@@ -34,7 +34,10 @@ static const char *token_type_name(int token_bytes) { return token_bytes == 2 ? 
 
 /* Index of the first token >= vocab_size, or n when all are valid. The common
  * case (all valid) is a vectorizable max over the whole file; only a failing
- * file is scanned a second time for the position to report. */
+ * file is scanned a second time for the position to report. Serial on
+ * purpose: a 100M-token shard takes tens of milliseconds, bounded by page
+ * faults, and an OpenMP region here would hang a process forked after it
+ * (libgomp's thread pool does not survive fork). */
 static size_t first_bad_token(const void *tokens, size_t n, int token_bytes, uint32_t vocab_size)
 {
     uint32_t max_id = 0;
@@ -42,12 +45,10 @@ static size_t first_bad_token(const void *tokens, size_t n, int token_bytes, uin
         const uint16_t *t = tokens;
         if (vocab_size > UINT16_MAX)
             return n; /* every uint16 fits */
-#pragma omp parallel for reduction(max : max_id) schedule(static)
         for (size_t i = 0; i < n; i++)
             max_id = t[i] > max_id ? t[i] : max_id;
     } else {
         const uint32_t *t = tokens;
-#pragma omp parallel for reduction(max : max_id) schedule(static)
         for (size_t i = 0; i < n; i++)
             max_id = t[i] > max_id ? t[i] : max_id;
     }
@@ -169,7 +170,7 @@ void dataset_open(struct dataset *ds, const char *path, int seq_len, int vocab_s
     int rc = glob(path, 0, NULL, &g);
     if (rc == GLOB_NOMATCH) {
         if (has_glob_chars(path))
-            fail_input("no file matches %s '%s'; check the data path in the config", what, path);
+            fail_input("no file matches the %s path '%s'; check the data path in the config", what, path);
         fail_input("cannot open %s '%s': %s; check the data path in the config", what, path, strerror(ENOENT));
     }
     if (rc != 0)
@@ -189,7 +190,7 @@ void dataset_open(struct dataset *ds, const char *path, int seq_len, int vocab_s
     ds->seq_len = seq_len;
     ds->shuffle = shuffle;
     ds->seed = seed;
-    size_t T = (size_t)seq_len, total_tokens = 0;
+    size_t T = (size_t)seq_len, most_tokens = 0;
     for (int i = 0; i < ds->n_files; i++) {
         struct data_file *f = &ds->files[i];
         data_file_open(f, what, vocab_size);
@@ -198,15 +199,15 @@ void dataset_open(struct dataset *ds, const char *path, int seq_len, int vocab_s
         f->n_windows = f->n_tokens > T ? (f->n_tokens - 1) / T : 0;
         f->first_window = ds->n_windows;
         ds->n_windows += f->n_windows;
-        total_tokens += f->n_tokens;
+        most_tokens = f->n_tokens > most_tokens ? f->n_tokens : most_tokens;
         if (f->n_windows == 0 && ds->n_files > 1)
             log_warn("%s '%s' has %zu tokens, fewer than seq_len+1 = %zu: it contributes no samples",
                      what, f->path, f->n_tokens, T + 1);
     }
     if (ds->n_windows == 0)
-        fail_input("%s '%s' has %zu tokens in %d file(s), no file with at least T+1 = %zu tokens: need at least T+1 "
-                   "tokens in one file for one sample; use more data or a shorter model.seq_len",
-                   what, path, total_tokens, ds->n_files, T + 1);
+        fail_input("%s '%s' has no sample: need at least T+1 = %zu tokens in one file (seq_len %d), the largest of "
+                   "its %d file(s) has %zu; use more data or a shorter model.seq_len",
+                   what, path, T + 1, seq_len, ds->n_files, most_tokens);
 }
 
 void dataset_close(struct dataset *ds)

@@ -43,7 +43,7 @@ static void trainer_setup(struct trainer *tr)
     if (!cfg->data.train_path)
         fail_input("config: 'data.train' is required for training: give the path (or glob) of .bin token shards");
     model_build(&tr->model, &cfg->model);
-    dataset_open(&tr->train_data, cfg->data.train_path, cfg->data.seq_len, cfg->model.vocab_size, true,
+    dataset_open(&tr->train_data, cfg->data.train_path, cfg->data.seq_len, cfg->model.vocab_size, cfg->data.shuffle,
                  cfg->train.seed, "train data");
     if (cfg->data.val_path) {
         dataset_open(&tr->val_data, cfg->data.val_path, cfg->data.seq_len, cfg->model.vocab_size, false,

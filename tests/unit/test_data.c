@@ -388,6 +388,7 @@ static void check_error(const char *name, int status, const char *msg, const cha
                         const char *phrase2)
 {
     char check_name[128];
+    printf("# %s: %s", name, msg[0] ? msg : "(no stderr)\n"); /* for the log */
     snprintf(check_name, sizeof check_name, "%s_exit_status", name);
     CHECK(check_name, status == EXIT_BAD_INPUT, "exit status %d, want 2; stderr: %s", status, msg);
     const char *line = strstr(msg, "shardlm: error: ");

@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "check.h"
 #include "util.h"
+#include "fastmath.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -38,6 +39,8 @@
 #define expf exp
 #define tanhf tanh
 #define logf log
+#define fast_expf exp
+#define fast_tanhf tanh
 #define backend_init f64_init
 #define backend_name f64_name
 #define backend_matmul_forward f64_matmul_forward

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""torch_gpt2 — PyTorch reference for shardlm's training throughput.
+
+A plain GPT-2 (the same tensors as src/model.c: wte/wpe, per block ln_1,
+c_attn (C x 3C, bias), c_proj, ln_2, c_fc (C x 4C), c_proj, then ln_f and a
+head tied to wte), trained on random tokens. One timed step is what shardlm's
+train_step does:
+
+    zero_grad -> forward -> cross-entropy -> backward
+              -> clip_grad_norm_(1.0) -> AdamW(foreach=True).step()
+
+Attention is matmul + causal mask + softmax + matmul (torch 1.13 has no
+F.scaled_dot_product_attention); GELU is the tanh approximation. The
+vocabulary given is used as is (the driver passes shardlm's padded vocab,
+so the logits matmul does the same work; targets are drawn below --real-vocab).
+
+Prints one JSON object per step ({"step", "ms", "tokens_per_s"}), then a
+summary line starting with "summary ". Stops early, after at least
+--min-steps steps, when --time-budget seconds are spent.
+
+Run it with the environment the benchmark gives both sides
+(OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, OMP_WAIT_POLICY, OPENBLAS_CORETYPE);
+torch 1.13 here links Debian's libblas.so.3 = OpenBLAS (openmp), so the
+core type applies to it as to shardlm.
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH, T):
+        super().__init__()
+        self.NH = NH
+        self.ln_1 = nn.LayerNorm(C, eps=1e-5)
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.attn_proj = nn.Linear(C, C)
+        self.ln_2 = nn.LayerNorm(C, eps=1e-5)
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.mlp_proj = nn.Linear(4 * C, C)
+        self.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).triu(1), persistent=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        NH, hs = self.NH, C // self.NH
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q = q.view(B, T, NH, hs).transpose(1, 2)
+        k = k.view(B, T, NH, hs).transpose(1, 2)
+        v = v.view(B, T, NH, hs).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        att = att.masked_fill(self.mask[:T, :T], float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.attn_proj(y)
+        x = x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x
+
+
+class GPT2(nn.Module):
+    def __init__(self, L, NH, C, T, V, init_std=0.02):
+        super().__init__()
+        self.wte = nn.Embedding(V, C)
+        self.wpe = nn.Embedding(T, C)
+        self.h = nn.ModuleList([Block(C, NH, T) for _ in range(L)])
+        self.ln_f = nn.LayerNorm(C, eps=1e-5)
+        res_std = init_std / math.sqrt(2 * L)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = res_std if name.endswith("proj.weight") else init_std
+                nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for blk in self.h:
+            x = blk(x)
+        x = self.ln_f(x)
+        logits = x @ self.wte.weight.t()  # tied head
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def flops_per_token(L, C, Vp, T):
+    """src/model.c model_flops_per_token: 6 * matmul params + attention."""
+    return 6.0 * (L * 12.0 * C * C + Vp * C) + 12.0 * L * C * T
+
+
+def openblas_corename():
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")  # already loaded by torch: same handle
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n-layer", type=int, required=True)
+    ap.add_argument("--n-head", type=int, required=True)
+    ap.add_argument("--n-embd", type=int, required=True)
+    ap.add_argument("--seq-len", type=int, required=True)
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--vocab", type=int, required=True, help="vocabulary of the embedding/head (padded)")
+    ap.add_argument("--real-vocab", type=int, default=0, help="targets/inputs are drawn below this")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0") or 0))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--min-steps", type=int, default=4, help="never stop before this many steps")
+    ap.add_argument("--time-budget", type=float, default=0.0, help="seconds; 0 = none")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=1337)
+    args = ap.parse_args()
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    L, NH, C, T, B, V = args.n_layer, args.n_head, args.n_embd, args.seq_len, args.batch, args.vocab
+    RV = args.real_vocab or V
+
+    model = GPT2(L, NH, C, T, V)
+    model.train()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
+    n_params = sum(p.numel() for p in model.parameters())
+
+    gen = torch.Generator().manual_seed(args.seed)
+    seqs = [torch.randint(0, RV, (B, T + 1), generator=gen) for _ in range(4)]
+    batches = [(s[:, :-1].contiguous(), s[:, 1:].contiguous()) for s in seqs]
+
+    t_start = time.perf_counter()
+    times = []
+    for step in range(args.steps):
+        x, y = batches[step % len(batches)]
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        print(json.dumps({"step": step + 1, "loss": round(loss.item(), 6), "ms": round(dt * 1e3, 3),
+                          "tokens_per_s": round(B * T / dt, 1)}), flush=True)
+        if args.time_budget > 0 and step + 1 >= args.min_steps and time.perf_counter() - t_start > args.time_budget:
+            break
+
+    summary = {
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "corename": openblas_corename(),
+        "n_params": n_params, "tokens_per_step": B * T, "flops_per_token": flops_per_token(L, C, V, T),
+        "steps_run": len(times), "ms": [round(t * 1e3, 3) for t in times],
+    }
+    print("summary " + json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
