@@ -23,8 +23,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Sets thread counts (0: leave the defaults) and reports the backend in one line. */
+/* Sets thread counts (0: leave the defaults); call before sizing any scratch buffer. */
 void backend_init(int threads);
+/* Warns once when the backend runs far below what the machine can do. */
+void backend_check_performance(void);
 const char *backend_name(void);
 
 /* out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC); bias may be NULL. */

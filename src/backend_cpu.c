@@ -26,6 +26,10 @@ void backend_init(int threads)
         omp_set_num_threads(threads);
         openblas_set_num_threads(threads);
     }
+}
+
+void backend_check_performance(void)
+{
     /* OpenBLAS releases that predate a CPU fall back to generic SSE3 kernels,
      * several times slower than the AVX2/AVX-512 ones the CPU can run. */
     const char *core = openblas_get_corename();

@@ -88,7 +88,7 @@ static int cmd_train(int argc, char **argv)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        usage_main(stderr);
+        fprintf(stderr, "shardlm: error: no command given; see 'shardlm help' for the usage\n");
         return EXIT_BAD_INPUT;
     }
     const char *cmd = argv[1];

@@ -246,6 +246,7 @@ int train_run(struct config *cfg, const struct train_options *opt)
     tr.world = 1;
     backend_init(cfg->train.threads);
     trainer_setup(&tr);
+    backend_check_performance();
 
     const int T = cfg->data.seq_len;
     const double tokens_per_step = (double)cfg->train_batch_size * T;

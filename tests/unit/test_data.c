@@ -121,6 +121,17 @@ static void test_read_u16(void)
     dataset_close(&ds);
     CHECK("close_zeroes", ds.files == NULL && ds.n_files == 0 && ds.n_windows == 0, "not reset");
 
+    /* n = k*T leaves the last token without a window: 12 tokens, T = 4 -> 2. */
+    const size_t counts[][2] = {{12, 2}, {13, 3}, {5, 1}, {6, 1}, {9, 2}, {4001, 1000}};
+    for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+        write_ramp(path, counts[c][0], 1, 1, 2);
+        dataset_open(&ds, path, 4, 5000, false, 0, "train data");
+        char name[64];
+        snprintf(name, sizeof name, "n_windows_%zu_tokens_T4", counts[c][0]);
+        CHECK(name, ds.n_windows == counts[c][1], "got %zu, want %zu", ds.n_windows, counts[c][1]);
+        dataset_close(&ds);
+    }
+
     /* Largest uint16 id with a vocabulary of exactly 65536. */
     uint32_t top[3] = {65535, 0, 65534};
     data_write_bin(path, top, 3, 2);

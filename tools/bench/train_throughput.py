@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""train_throughput — shardlm vs PyTorch training throughput, side by side.
+
+Driven by tools/bench/train_throughput.sh (which builds bin/shardlm and the
+sgemm probe first). For each shape it runs, with one environment for both:
+
+  * bin/shardlm train <config> --quiet, metrics to a JSONL file (one line per
+    step with "ms" and "tokens_per_s");
+  * tools/bench/torch_gpt2.py, the same model, batch, sequence, vocabulary
+    (shardlm's padded one) and threads, in torch;
+
+drops the first --warmup steps of each, and compares median (and best) step
+times. MFU = tokens/s * model FLOPs per token (src/model.c
+model_flops_per_token) / sgemm peak, the peak measured in this run by
+build/bench/sgemm_peak with the same OpenBLAS, core type and thread count.
+
+The machine may be shared: each run also reports how busy the CPUs were with
+other processes while it ran ("other" = busy jiffies in /proc/stat not spent
+by the benchmarked process, over wall time x CPUs). Numbers taken with
+other > ~10% are contended; rerun or use --rounds.
+"""
+import argparse
+import json
+import os
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+OUT = os.path.join(ROOT, "build", "bench")
+SHARDLM = os.path.join(ROOT, "bin", "shardlm")
+SGEMM = os.path.join(OUT, "sgemm_peak")
+TORCH_PY = os.path.join(ROOT, "tools", "bench", "torch_gpt2.py")
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+SHAPES = {
+    # name: (n_layer, n_head, n_embd, seq_len, batch, vocab)
+    "small": (4, 4, 256, 128, 8, 8192),
+    "124M": (12, 12, 768, 256, 4, 50257),
+}
+
+
+def padded_vocab(v, align=128):
+    return (v + align - 1) // align * align
+
+
+def flops_per_token(L, C, Vp, T):
+    """src/model.c model_flops_per_token."""
+    return 6.0 * (L * 12.0 * C * C + Vp * C) + 12.0 * L * C * T
+
+
+def cpu_busy_jiffies():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+
+
+def run_measured(cmd, env, log_path, poll=None, budget=0.0, min_lines=0):
+    """Runs cmd, returns (rc, wall_s, own_cpu_s, other_frac). If poll (a metrics
+    path) is given, stops the process with SIGTERM once it has >= min_lines
+    step lines and budget seconds have passed (shardlm has no time budget)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    ncpu = os.cpu_count() or 1
+    j0, t0 = cpu_busy_jiffies(), time.monotonic()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        stopped = False
+        while p.poll() is None:
+            time.sleep(0.2)
+            if poll and budget > 0 and not stopped and time.monotonic() - t0 > budget:
+                if count_steps(poll) >= min_lines:
+                    p.send_signal(signal.SIGTERM)
+                    stopped = True
+        rc = p.wait()
+    wall = time.monotonic() - t0
+    j1 = cpu_busy_jiffies()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    other = max(0.0, (j1 - j0) / hz - own) / (wall * ncpu) if wall > 0 else 0.0
+    return (0 if stopped else rc), wall, own, other, stopped
+
+
+def count_steps(path):
+    try:
+        with open(path) as f:
+            return sum(1 for line in f if '"ms"' in line)
+    except OSError:
+        return 0
+
+
+def write_shard(path, n_tokens, vocab, seed):
+    import numpy as np
+    if os.path.exists(path) and os.path.getsize(path) == 1024 + 2 * n_tokens:
+        return
+    rng = np.random.default_rng(seed)
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, n_tokens
+    toks = rng.integers(0, vocab, size=n_tokens, dtype=np.uint16)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(toks.tobytes())
+    os.replace(tmp, path)
+
+
+def sgemm_peak(env, threads):
+    out = subprocess.run([SGEMM, "--threads", str(threads), "--sizes", "1024,2048,3072", "--reps", "3"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    info = dict(line.split(" ", 1) for line in out.strip().splitlines() if not line.startswith("size "))
+    sizes = re.findall(r"size (\d+) gflops ([\d.]+)", out)
+    return float(info["peak_gflops"]), info["corename"], info.get("config", ""), sizes
+
+
+def stats(ms, warmup):
+    kept = ms[warmup:] if len(ms) > warmup else ms[-1:]
+    return statistics.median(kept), min(kept), len(kept)
+
+
+def run_shardlm(shape, L, NH, C, T, B, V, threads, steps, warmup, budget, env, tag):
+    Vp = padded_vocab(V)
+    data = os.path.join(OUT, f"tokens_v{V}.bin")
+    write_shard(data, max(1 << 20, (steps + 2) * B * (T + 1) * 2), V, 1234)
+    cfg = {
+        "model": {"type": "gpt2", "n_layer": L, "n_head": NH, "n_embd": C, "n_positions": T, "vocab_size": V},
+        "data": {"train": data, "val": None, "seq_len": T},
+        "train": {"steps": steps, "eval_every": 0, "sample_tokens": 0, "threads": threads},
+        "train_micro_batch_size_per_gpu": B,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.1}},
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": 0},
+    }
+    cfg_path = os.path.join(OUT, f"cfg_{shape}.json")
+    metrics = os.path.join(OUT, f"metrics_{shape}_{tag}.jsonl")
+    log = os.path.join(OUT, f"shardlm_{shape}_{tag}.log")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    cmd = [SHARDLM, "train", cfg_path, "--set", f"train.metrics={metrics}", "--quiet"]
+    rc, wall, own, other, stopped = run_measured(cmd, env, log, poll=metrics, budget=budget,
+                                                 min_lines=warmup + 2)
+    ms = []
+    if os.path.exists(metrics):
+        with open(metrics) as f:
+            for line in f:
+                d = json.loads(line)
+                if "ms" in d:
+                    ms.append(d["ms"])
+    if rc != 0 or not ms:
+        sys.stderr.write(open(log).read()[-3000:])
+        raise SystemExit(f"shardlm failed on shape {shape} (rc {rc}); log {log}")
+    return {"ms": ms, "wall": wall, "other": other, "cpu_util": own / (wall * threads), "stopped": stopped,
+            "log": log, "metrics": metrics}
+
+
+def run_torch(shape, L, NH, C, T, B, V, threads, steps, warmup, budget, env, tag):
+    Vp = padded_vocab(V)
+    log = os.path.join(OUT, f"torch_{shape}_{tag}.log")
+    cmd = [PYTHON, TORCH_PY, "--n-layer", str(L), "--n-head", str(NH), "--n-embd", str(C), "--seq-len", str(T),
+           "--batch", str(B), "--vocab", str(Vp), "--real-vocab", str(V), "--threads", str(threads),
+           "--steps", str(steps), "--warmup", str(warmup), "--min-steps", str(warmup + 2),
+           "--time-budget", str(budget)]
+    rc, wall, own, other, _ = run_measured(cmd, env, log)
+    summary = None
+    with open(log) as f:
+        for line in f:
+            if line.startswith("summary "):
+                summary = json.loads(line[len("summary "):])
+    if rc != 0 or summary is None:
+        sys.stderr.write(open(log).read()[-3000:])
+        raise SystemExit(f"torch failed on shape {shape} (rc {rc}); log {log}")
+    return {"ms": summary["ms"], "wall": wall, "other": other, "cpu_util": own / (wall * threads),
+            "corename": summary["corename"], "torch": summary["torch"], "torch_threads": summary["threads"],
+            "log": log}
+
+
+def main():
+    ap = argparse.ArgumentParser(description="shardlm vs PyTorch training tokens/s")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "0")) or os.cpu_count())
+    ap.add_argument("--coretype", default=None,
+                    help="OPENBLAS_CORETYPE for both sides (default: the environment's, unset if unset)")
+    ap.add_argument("--steps", type=int, default=10, help="steps per run, warm-up included (default 10)")
+    ap.add_argument("--steps-124m", type=int, default=0, help="steps for the 124M shape (default: --steps)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--batch-124m", type=int, default=4)
+    ap.add_argument("--shapes", default="small,124M", help="comma list of: " + ",".join(SHAPES))
+    ap.add_argument("--budget", type=float, default=120.0,
+                    help="seconds per side per shape; a run past it stops after warm-up + 2 steps (default 120)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternate shardlm/torch this many times; best median wins")
+    ap.add_argument("--json", default=os.path.join(OUT, "train_throughput.json"))
+    args = ap.parse_args()
+
+    os.makedirs(OUT, exist_ok=True)
+    env = dict(os.environ)
+    n = str(args.threads)
+    env.update(OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, OMP_WAIT_POLICY="passive")
+    if args.coretype is not None:
+        if args.coretype in ("", "auto", "none"):
+            env.pop("OPENBLAS_CORETYPE", None)
+        else:
+            env["OPENBLAS_CORETYPE"] = args.coretype
+    coretype_env = env.get("OPENBLAS_CORETYPE", "(unset)")
+
+    shapes = {}
+    for s in args.shapes.split(","):
+        if s not in SHAPES:
+            raise SystemExit(f"unknown shape {s!r}; choose from {', '.join(SHAPES)}")
+        L, NH, C, T, B, V = SHAPES[s]
+        if s == "124M":
+            B = args.batch_124m
+        shapes[s] = (L, NH, C, T, B, V)
+
+    print(f"env: OMP_NUM_THREADS={n} OPENBLAS_NUM_THREADS={n} OMP_WAIT_POLICY=passive "
+          f"OPENBLAS_CORETYPE={coretype_env}  (same for shardlm, torch and sgemm_peak)")
+    with open("/proc/loadavg") as f:
+        print(f"load average before: {' '.join(f.read().split()[:3])} on {os.cpu_count()} CPUs")
+    peak0, core, blascfg, sizes = sgemm_peak(env, args.threads)
+    print(f"sgemm_peak: {', '.join(f'{s}^3 {g}' for s, g in sizes)} GFLOP/s -> {peak0:.1f}; "
+          f"openblas_get_corename() = {core}")
+    print(f"  {blascfg.strip()}")
+
+    results = []
+    for shape, (L, NH, C, T, B, V) in shapes.items():
+        steps = args.steps_124m if shape == "124M" and args.steps_124m else args.steps
+        Vp = padded_vocab(V)
+        fpt = flops_per_token(L, C, Vp, T)
+        best = {"shardlm": None, "torch": None}
+        for r in range(args.rounds):
+            tag = f"r{r}"
+            for side in ("shardlm", "torch"):
+                fn = run_shardlm if side == "shardlm" else run_torch
+                res = fn(shape, L, NH, C, T, B, V, args.threads, steps, args.warmup, args.budget, env, tag)
+                res["median_ms"], res["best_ms"], res["n"] = stats(res["ms"], args.warmup)
+                print(f"  {shape:5s} round {r} {side:7s}: median {res['median_ms']:9.1f} ms  best "
+                      f"{res['best_ms']:9.1f} ms  over {res['n']} steps (+{args.warmup} warm-up)  "
+                      f"cpu {100 * res['cpu_util']:3.0f}% of {n} threads  other procs {100 * res['other']:3.0f}%"
+                      + ("  [stopped at budget]" if res.get("stopped") else ""), flush=True)
+                if side == "torch" and res["corename"] != core:
+                    print(f"  warning: torch's OpenBLAS core is {res['corename']}, sgemm_peak's {core}")
+                if best[side] is None or res["median_ms"] < best[side]["median_ms"]:
+                    best[side] = res
+        tok = B * T
+        s, t = best["shardlm"], best["torch"]
+        results.append({
+            "shape": shape, "n_layer": L, "n_head": NH, "n_embd": C, "seq_len": T, "batch": B, "vocab": V,
+            "padded_vocab": Vp, "flops_per_token": fpt, "tokens_per_step": tok,
+            "shardlm_tok_s": tok / s["median_ms"] * 1e3, "shardlm_best_tok_s": tok / s["best_ms"] * 1e3,
+            "torch_tok_s": tok / t["median_ms"] * 1e3, "torch_best_tok_s": tok / t["best_ms"] * 1e3,
+            "shardlm_ms": s["ms"], "torch_ms": t["ms"], "shardlm_other": s["other"], "torch_other": t["other"],
+            "torch_version": t["torch"], "torch_corename": t["corename"],
+        })
+
+    peak1, _, _, sizes1 = sgemm_peak(env, args.threads)
+    peak = max(peak0, peak1)
+    print(f"sgemm_peak again after the runs: {peak1:.1f} GFLOP/s; MFU uses the higher, {peak:.1f}")
+
+    print()
+    print(f"threads {n}, OPENBLAS_CORETYPE={coretype_env}, OpenBLAS kernel {core}; "
+          f"tok/s = median (best) over steps after {args.warmup} warm-up")
+    hdr = (f"{'shape':<28} {'shardlm tok/s':>20} {'torch tok/s':>20} {'ratio':>6} {'shardlm MFU':>11} "
+           f"{'torch MFU':>9} {'sgemm GF/s':>10}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in results:
+        name = f"{r['shape']} L{r['n_layer']} C{r['n_embd']} B{r['batch']} T{r['seq_len']} V{r['padded_vocab']}"
+        sm = r["shardlm_tok_s"] * r["flops_per_token"] / (peak * 1e9)
+        tm = r["torch_tok_s"] * r["flops_per_token"] / (peak * 1e9)
+        r.update(shardlm_mfu=sm, torch_mfu=tm, ratio=r["shardlm_tok_s"] / r["torch_tok_s"], sgemm_peak_gflops=peak)
+        print(f"{name:<28} {r['shardlm_tok_s']:>9.0f} ({r['shardlm_best_tok_s']:>8.0f}) "
+              f"{r['torch_tok_s']:>9.0f} ({r['torch_best_tok_s']:>8.0f}) {r['ratio']:>5.2f}x "
+              f"{100 * sm:>10.1f}% {100 * tm:>8.1f}% {peak:>10.1f}")
+    contended = [r["shape"] for r in results if max(r["shardlm_other"], r["torch_other"]) > 0.10]
+    if contended:
+        print(f"note: other processes used >10% of the CPUs during {', '.join(contended)}; numbers are contended")
+    target = 1.5
+    verdict = all(r["ratio"] >= target for r in results)
+    print(f"target shardlm >= {target}x torch on every shape: {'met' if verdict else 'NOT met'}")
+    with open(args.json, "w") as f:
+        json.dump({"threads": args.threads, "coretype_env": coretype_env, "corename": core,
+                   "sgemm_peak_gflops": peak, "sgemm_sizes": sizes + sizes1, "results": results}, f, indent=1)
+    print(f"results: {os.path.relpath(args.json, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
