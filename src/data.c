@@ -195,7 +195,8 @@ void dataset_open(struct dataset *ds, const char *path, int seq_len, int vocab_s
         struct data_file *f = &ds->files[i];
         data_file_open(f, what, vocab_size);
         /* Stride T: window j is tokens [j*T, j*T + T + 1), so consecutive
-         * windows share one boundary token and every token is a target once. */
+         * windows share one boundary token and every token after the first
+         * is a target exactly once (but a tail of fewer than T tokens). */
         f->n_windows = f->n_tokens > T ? (f->n_tokens - 1) / T : 0;
         f->first_window = ds->n_windows;
         ds->n_windows += f->n_windows;

@@ -8,12 +8,18 @@
  *   magic 20240801 version 7: uint32 tokens (llm.c's Llama-3 shards)
  * A path may be a glob; the matching files, sorted by name, form one data set.
  *
- * Samples: each file is cut into non-overlapping windows of T+1 tokens
- * (inputs are the first T, targets the last T). Global sample k of the run
- * is window perm_e(k mod S) of epoch e = k / S, where perm_e is a keyed
- * bijection of [0, S) derived from the seed and the epoch: no table in
- * memory, the same order at any world size, and the position is one integer
- * (the checkpoint stores it).
+ * Samples: each file is cut into windows of T+1 tokens at stride T: window j
+ * of a file is tokens [j*T, j*T + T + 1), so consecutive windows share one
+ * boundary token and a file of n tokens has (n - 1) / T windows (0 when
+ * n < T+1). Windows never cross files. Inputs are the first T tokens of a
+ * window, targets the last T. Global sample k of the run is window
+ * perm_e(k mod S) of epoch e = k / S, where perm_e is a keyed bijection of
+ * [0, S) (a Feistel network with cycle walking) derived from the seed and the
+ * epoch: no table in memory, the same order at any world size, and the
+ * position is one integer (the checkpoint stores it).
+ *
+ * A file whose size is not exactly header + count tokens is an input error,
+ * as in llm.c.
  *
  * Validation sets are read in file order without shuffling.
  *

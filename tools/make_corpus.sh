@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=build/data
 mkdir -p "$out"
-files=$(ls README.md src/*.c src/*.h tools/*.sh tools/*.py input/*.json 2>/dev/null | LC_ALL=C sort)
-[ -n "$(ls cuda/* jobs/* 2>/dev/null)" ] && files="$files $(ls cuda/* jobs/* 2>/dev/null | LC_ALL=C sort)"
-# shellcheck disable=SC2086
-python3 tools/text_to_bin.py $files --out-dir "$out" --name corpus --val-fraction 0.1 >/dev/null
+mapfile -t files < <(find README.md src cuda jobs tools input tests -type f \
+  \( -name '*.md' -o -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.sh' -o -name '*.py' -o -name '*.json' \) \
+  2>/dev/null | LC_ALL=C sort)
+python3 tools/text_to_bin.py "${files[@]}" --out-dir "$out" --name corpus --val-fraction 0.1 >/dev/null

@@ -37,18 +37,18 @@ def fail(message):
 
 
 def write_shard(path, tokens):
-    """Writes bytes (each one token) as a uint16 version-1 shard, via a
+    """Writes bytes (each byte one token) as a uint16 version-1 shard, via a
     temporary file so a failed run never leaves a half-written shard."""
     header = [0] * HEADER_INTS
     header[0], header[1], header[2] = MAGIC_LLMC, 1, len(tokens)
-    body = array.array("H", tokens)
-    if sys.byteorder != "little":
-        body.byteswap()
+    # Byte tokens as little-endian uint16: the byte, then a zero high byte.
+    body = bytearray(2 * len(tokens))
+    body[0::2] = tokens
     tmp = path + ".tmp"
     try:
         with open(tmp, "wb") as f:
             f.write(struct.pack("<%di" % HEADER_INTS, *header))
-            f.write(body.tobytes())
+            f.write(body)
         os.replace(tmp, path)
     except OSError as e:
         fail("cannot write '%s': %s; check the output directory and free disk space" % (path, e.strerror))
@@ -80,11 +80,12 @@ def read_shard(path):
 
 def decode(path):
     tokens = read_shard(path)
-    for i, t in enumerate(tokens):
-        if t > 255:
-            fail("'%s': token %d at position %d is not a byte; this shard was not made by the byte-level "
-                 "tokenizer" % (path, t, i))
-    sys.stdout.buffer.write(bytes(tokens))
+    if tokens and max(tokens) > 255:
+        i = next(i for i, t in enumerate(tokens) if t > 255)
+        fail("'%s': token %d at position %d is not a byte; this shard was not made by the byte-level "
+             "tokenizer" % (path, tokens[i], i))
+    # tolist(): bytes(array) would copy the array's raw (2- or 4-byte) items
+    sys.stdout.buffer.write(bytes(tokens.tolist()))
     sys.stdout.buffer.flush()
 
 
