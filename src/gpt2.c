@@ -1,5 +1,6 @@
 #include "gpt2.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
@@ -144,7 +145,61 @@ static float *resid_at(const struct gpt2_acts *a, const struct model *m, int l, 
     return a->resid + (size_t)l * B * T * m->cfg.n_embd;
 }
 
-float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_targets)
+static void add_event(struct zero_pass *p, enum pass_event_kind kind, int unit)
+{
+    p->events[p->n_events].kind = kind;
+    p->events[p->n_events].unit = unit;
+    p->n_events++;
+}
+
+static void forward_events(const struct model *m, struct zero_pass *p)
+{
+    add_event(p, PASS_ACQUIRE, 0);
+    add_event(p, PASS_RELEASE, 0);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        add_event(p, PASS_ACQUIRE, model_block_unit(l));
+        add_event(p, PASS_RELEASE, model_block_unit(l));
+    }
+    add_event(p, PASS_ACQUIRE, model_head_unit(m));
+    add_event(p, PASS_RELEASE, model_head_unit(m));
+    add_event(p, PASS_ACQUIRE, 0);
+}
+
+void gpt2_build_passes(const struct model *m, struct zero_pass *train, struct zero_pass *eval)
+{
+    const int L = m->cfg.n_layer, head = model_head_unit(m);
+    int max_events = 8 * (L + 3);
+    train->name = "train";
+    eval->name = "eval";
+    train->n_events = eval->n_events = 0;
+    train->events = xcalloc((size_t)max_events, sizeof *train->events);
+    eval->events = xcalloc((size_t)max_events, sizeof *eval->events);
+    forward_events(m, eval);
+    add_event(eval, PASS_RELEASE, 0);
+    forward_events(m, train);
+    add_event(train, PASS_GRAD_OPEN, 0);
+    add_event(train, PASS_RELEASE, 0);
+    add_event(train, PASS_ACQUIRE, head);
+    add_event(train, PASS_GRAD_OPEN, head);
+    add_event(train, PASS_GRAD_DONE, head);
+    add_event(train, PASS_RELEASE, head);
+    for (int l = L - 1; l >= 0; l--) {
+        add_event(train, PASS_ACQUIRE, model_block_unit(l));
+        add_event(train, PASS_GRAD_OPEN, model_block_unit(l));
+        add_event(train, PASS_GRAD_DONE, model_block_unit(l));
+        add_event(train, PASS_RELEASE, model_block_unit(l));
+    }
+    add_event(train, PASS_GRAD_DONE, 0);
+}
+
+void gpt2_free_passes(struct zero_pass *train, struct zero_pass *eval)
+{
+    free(train->events);
+    free(eval->events);
+    train->events = eval->events = NULL;
+}
+
+float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_targets, enum gpt2_mode mode)
 {
     const struct model *m = z->model;
     const int L = m->cfg.n_layer, C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
@@ -153,7 +208,7 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
         fail_internal("micro-batch %dx%d exceeds the planned %dx%d", B, T, a->B, a->T);
 
     const struct unit_desc *eu = &m->units[0];
-    const float *emb = zero_params(z, 0);
+    const float *emb = zero_acquire(z, 0);
     backend_embedding_forward(resid_at(a, m, 0, B, T), a->inputs, emb + eu->tensors[ET_WTE].offset,
                               emb + eu->tensors[ET_WPE].offset, B, T, C);
     zero_release(z, 0);
@@ -161,21 +216,24 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
     for (int l = 0; l < L; l++) {
         int u = model_block_unit(l);
         struct block_params p;
-        const float *base = zero_params(z, u);
+        const float *base = zero_acquire(z, u);
         BLOCK_VIEW(p, base, &m->units[u]);
         block_forward(m, &p, &a->blocks[l], resid_at(a, m, l, B, T), resid_at(a, m, l + 1, B, T), B, T);
         zero_release(z, u);
     }
 
-    const float *hp = zero_params(z, head);
+    const float *hp = zero_acquire(z, head);
     const struct unit_desc *hu = &m->units[head];
     backend_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid_at(a, m, L, B, T),
                               hp + hu->tensors[HT_LNF_W].offset, hp + hu->tensors[HT_LNF_B].offset, N, C);
     zero_release(z, head);
-    emb = zero_params(z, 0);
+    emb = zero_acquire(z, 0);
     /* logits (N, Vp) = lnf (N, C) @ wte^T: the LM head tied to the token embedding */
     backend_matmul_forward_transposed(a->logits, a->lnf, emb + eu->tensors[ET_WTE].offset, N, C, Vp);
-    zero_release(z, 0);
+    if (mode == GPT2_TRAIN)
+        a->head_wte = emb + eu->tensors[ET_WTE].offset;
+    else
+        zero_release(z, 0);
     if (a->debug_logits)
         memcpy(a->debug_logits, a->logits, (size_t)N * Vp * sizeof *a->logits);
     if (!with_targets)
@@ -195,35 +253,35 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
     const struct unit_desc *eu = &m->units[0], *hu = &m->units[head];
 
     backend_crossentropy_backward(a->logits, a->targets, dloss_scale, N, V, Vp);
-    const float *emb = zero_params(z, 0);
-    float *emb_grad = zero_grads(z, 0);
+    float *emb_grad = zero_grad_open(z, 0);
     backend_matmul_backward_transposed(a->dwork_c, emb_grad + eu->tensors[ET_WTE].offset, a->logits, a->lnf,
-                                       emb + eu->tensors[ET_WTE].offset, N, C, Vp);
+                                       a->head_wte, N, C, Vp);
+    a->head_wte = NULL;
     zero_release(z, 0);
 
-    const float *hp = zero_params(z, head);
-    float *hg = zero_grads(z, head);
+    const float *hp = zero_acquire(z, head);
+    float *hg = zero_grad_open(z, head);
     backend_zero(a->dresid_a, (size_t)N * C);
     backend_layernorm_backward(a->dresid_a, hg + hu->tensors[HT_LNF_W].offset, hg + hu->tensors[HT_LNF_B].offset,
                                a->dwork_c, resid_at(a, m, L, B, T), hp + hu->tensors[HT_LNF_W].offset,
                                a->lnf_mean, a->lnf_rstd, a->scratch, N, C);
-    zero_grads_done(z, head);
+    zero_grad_done(z, head);
     zero_release(z, head);
 
     for (int l = L - 1; l >= 0; l--) {
         int u = model_block_unit(l);
         struct block_params p;
         struct block_grads g;
-        const float *base = zero_params(z, u);
-        float *gbase = zero_grads(z, u);
+        const float *base = zero_acquire(z, u);
+        float *gbase = zero_grad_open(z, u);
         BLOCK_VIEW(p, base, &m->units[u]);
         BLOCK_VIEW(g, gbase, &m->units[u]);
         block_backward(m, &p, &g, &a->blocks[l], resid_at(a, m, l, B, T), a, B, T);
-        zero_grads_done(z, u);
+        zero_grad_done(z, u);
         zero_release(z, u);
     }
 
     backend_embedding_backward(emb_grad + eu->tensors[ET_WTE].offset, emb_grad + eu->tensors[ET_WPE].offset,
                                a->dresid_a, a->inputs, B, T, C);
-    zero_grads_done(z, 0);
+    zero_grad_done(z, 0);
 }

@@ -54,17 +54,26 @@ struct gpt2_acts {
     float *scratch;           /* attention and layernorm backward scratch */
     int32_t *inputs, *targets; /* (B, T) */
     float *debug_logits;      /* when set, forward copies the logits here (tests) */
+    const float *head_wte;    /* the gathered embedding, from the forward to the backward */
 };
+
+enum gpt2_mode { GPT2_TRAIN, GPT2_EVAL };
+
+/* The two passes of the engine: training (forward + backward) and evaluation. */
+void gpt2_build_passes(const struct model *m, struct zero_pass *train, struct zero_pass *eval);
+void gpt2_free_passes(struct zero_pass *train, struct zero_pass *eval);
 
 /* Bytes per buffer class for micro-batch B x T (plan.c adds them up). */
 void gpt2_plan(const struct model *m, int B, int T, size_t bytes[BUF_COUNT]);
 void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T,
                     struct arena arenas[SPACE_COUNT], struct mem_tracker *mem);
 
-/* Forward over a->inputs (B x T) with targets a->targets; returns the mean loss
- * of this micro-batch. When targets is NULL only the logits are computed. */
-float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_targets);
-/* Backward after gpt2_forward with targets; dloss_scale = 1 / (B T accum world). */
+/* Forward over a->inputs (B x T). With targets (a->targets) it returns the
+ * mean loss of this micro-batch; without, only the logits are computed.
+ * GPT2_TRAIN leaves the embedding acquired for gpt2_backward, which must follow;
+ * the caller brackets forward (+ backward) with zero_begin_pass/zero_end_pass. */
+float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_targets, enum gpt2_mode mode);
+/* Backward after a GPT2_TRAIN forward with targets; dloss_scale = 1 / (B T accum world). */
 void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dloss_scale);
 
 #endif

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm.h"
 #include "config.h"
 #include "train.h"
 #include "util.h"
@@ -78,10 +79,13 @@ static int cmd_train(int argc, char **argv)
         fprintf(stderr, "shardlm: error: train needs exactly one CONFIG file; see 'shardlm train --help'\n");
         return EXIT_BAD_INPUT;
     }
+    struct comm comm;
+    comm_init(&comm, NULL, NULL);
     struct config cfg;
     config_load(&cfg, argv[optind], deepspeed, sets, n_sets);
-    int status = train_run(&cfg, &topt);
+    int status = train_run(&cfg, &comm, &topt);
     config_free(&cfg);
+    comm_finalize(&comm);
     return status;
 }
 

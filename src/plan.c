@@ -10,7 +10,11 @@
 void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world)
 {
     memset(p, 0, sizeof *p);
-    zero_plan(m, cfg, world, p->bytes);
+    p->world = world;
+    struct zero_pass passes[2];
+    gpt2_build_passes(m, &passes[0], &passes[1]);
+    zero_plan(m, cfg, world, passes, 2, p->bytes, p->pool_slots);
+    gpt2_free_passes(&passes[0], &passes[1]);
     gpt2_plan(m, cfg->micro_batch, cfg->data.seq_len, p->bytes);
     for (int c = 0; c < BUF_COUNT; c++) {
         p->space[c] = SPACE_DEVICE;
@@ -45,8 +49,12 @@ void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const cha
     for (int s = 0; s < SPACE_COUNT; s++) {
         if (p->space_total[s] == 0)
             continue;
+        size_t peak = 0;
+        for (int c = 0; t && c < BUF_COUNT; c++)
+            if (p->space[c] == (enum mem_space)s)
+                peak += t->peak[c];
         log_info("  %-24s %-12s %14s %14s", "total", arena_space_name(s),
                  plan_format_bytes((double)p->space_total[s], a, sizeof a),
-                 t ? plan_format_bytes((double)t->space_peak[s], b, sizeof b) : "");
+                 t ? plan_format_bytes((double)peak, b, sizeof b) : "");
     }
 }

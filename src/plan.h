@@ -16,15 +16,20 @@
 #include "arena.h"
 #include "config.h"
 #include "model.h"
+#include "zero.h"
 
 struct mem_plan {
+    int world;
     size_t bytes[BUF_COUNT];
+    int pool_slots[2][ZERO_POOLS]; /* gathered-unit and gradient-buffer slots (zero.h) */
     enum mem_space space[BUF_COUNT];
     size_t space_total[SPACE_COUNT];
 };
 
 void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world);
-/* Prints the table; with a tracker, also the measured peak per class. */
+/* Prints the table; with a tracker, also the measured peak per class. The peak
+ * of a pooled class (gathered units, gradient buffers) is the sum of its
+ * pools' high-water marks: the memory those pools need. */
 void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const char *title);
 /* Human-readable bytes ("12.3 MiB") into buf. */
 const char *plan_format_bytes(double bytes, char *buf, size_t n);

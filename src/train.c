@@ -22,12 +22,14 @@
 struct trainer {
     struct config *cfg;
     const struct train_options *opt;
+    struct comm *comm;
     int rank, world;
     struct model model;
     struct mem_plan plan;
     struct mem_tracker mem;
     struct arena arenas[SPACE_COUNT];
     struct zero zero;
+    struct zero_pass train_pass, eval_pass;
     struct gpt2_acts acts;
     struct dataset train_data, val_data;
     int have_val;
@@ -50,10 +52,12 @@ static void trainer_setup(struct trainer *tr)
                      cfg->train.seed, "validation data");
         tr->have_val = 1;
     }
+    gpt2_build_passes(&tr->model, &tr->train_pass, &tr->eval_pass);
     plan_compute(&tr->plan, &tr->model, cfg, tr->world);
     for (int s = 0; s < SPACE_COUNT; s++)
         arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
-    zero_init(&tr->zero, &tr->model, cfg, tr->rank, tr->world, tr->arenas, &tr->mem);
+    zero_init(&tr->zero, &tr->model, cfg, tr->comm, tr->rank, tr->world, false,
+              (const int(*)[ZERO_POOLS])tr->plan.pool_slots, tr->arenas, &tr->mem);
     gpt2_acts_init(&tr->acts, &tr->model, cfg->micro_batch, cfg->data.seq_len, tr->arenas, &tr->mem);
     if (cfg->train.metrics_path && tr->rank == 0) {
         tr->metrics = fopen(cfg->train.metrics_path, "w");
@@ -71,24 +75,31 @@ static void trainer_teardown(struct trainer *tr)
     if (tr->have_val)
         dataset_close(&tr->val_data);
     free(tr->acts.blocks);
-    free(tr->zero.units);
+    zero_free(&tr->zero);
+    gpt2_free_passes(&tr->train_pass, &tr->eval_pass);
     for (int s = 0; s < SPACE_COUNT; s++)
         arena_destroy(&tr->arenas[s]);
     model_free(&tr->model);
 }
 
+/* Every tensor of the model under its name; all ranks take part, rank 0 writes. */
 static void dump_params(FILE *f, struct trainer *tr, int grads)
 {
     const struct model *m = &tr->model;
     char name[MODEL_MAX_NAME + 8];
     for (int u = 0; u < m->n_units; u++) {
-        const float *base = grads ? tr->zero.units[u].grads : tr->zero.units[u].params;
-        for (int t = 0; t < m->units[u].n_tensors; t++) {
+        float *full = xcalloc(tr->zero.units[u].padded, sizeof *full);
+        if (grads)
+            zero_gather_grads(&tr->zero, u, full);
+        else
+            zero_gather_unit(&tr->zero, u, full);
+        for (int t = 0; f && t < m->units[u].n_tensors; t++) {
             const struct tensor_desc *td = &m->units[u].tensors[t];
             size_t dims[2] = {(size_t)td->shape[0], (size_t)td->shape[1]};
             snprintf(name, sizeof name, "%s%s", grads ? "grad." : "", td->name);
-            dump_tensor(f, name, td->ndim, dims, base + td->offset);
+            dump_tensor(f, name, td->ndim, dims, full + td->offset);
         }
+        free(full);
     }
 }
 
@@ -99,21 +110,24 @@ static void dump_first_step(struct trainer *tr, const int32_t *inputs, const int
 {
     const struct config *cfg = tr->cfg;
     const size_t B = (size_t)cfg->micro_batch, T = (size_t)cfg->data.seq_len;
-    FILE *f = dump_open(tr->opt->dump_path);
+    FILE *f = tr->rank == 0 ? dump_open(tr->opt->dump_path) : NULL;
     float *tokens = xcalloc(2 * B * T, sizeof *tokens);
     for (size_t i = 0; i < B * T; i++) {
         tokens[i] = (float)inputs[i];
         tokens[B * T + i] = (float)targets[i];
     }
     size_t dims[3] = {B, T, (size_t)cfg->model.padded_vocab};
-    dump_tensor(f, "inputs", 2, dims, tokens);
-    dump_tensor(f, "targets", 2, dims, tokens + B * T);
-    dump_tensor(f, "logits", 3, dims, logits);
     size_t one = 1;
-    dump_tensor(f, "loss", 1, &one, &loss);
+    if (f) {
+        dump_tensor(f, "inputs", 2, dims, tokens);
+        dump_tensor(f, "targets", 2, dims, tokens + B * T);
+        dump_tensor(f, "logits", 3, dims, logits);
+        dump_tensor(f, "loss", 1, &one, &loss);
+    }
     dump_params(f, tr, 0);
     dump_params(f, tr, 1);
-    dump_close(f, tr->opt->dump_path);
+    if (f)
+        dump_close(f, tr->opt->dump_path);
     free(tokens);
 }
 
@@ -142,11 +156,16 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm)
             memcpy(dump_tokens, tr->acts.inputs, BT * sizeof *dump_tokens);
             memcpy(dump_tokens + BT, tr->acts.targets, BT * sizeof *dump_tokens);
         }
-        loss_sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1);
+        zero_begin_pass(&tr->zero, &tr->train_pass);
+        loss_sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1, GPT2_TRAIN);
         gpt2_backward(&tr->zero, &tr->acts, B, T, dloss);
+        zero_end_pass(&tr->zero);
     }
     tr->acts.debug_logits = NULL;
-    float loss = (float)(loss_sum / accum);
+    zero_reduce_grads(&tr->zero);
+    /* the step's loss: the mean over every rank's micro-batches */
+    comm_allreduce(tr->comm, &loss_sum, 1, COMM_F64, COMM_SUM, NULL);
+    float loss = (float)(loss_sum / ((double)accum * tr->world));
     if (dumping) {
         dump_first_step(tr, dump_tokens, dump_tokens + BT, dump_logits, loss);
         free(dump_logits);
@@ -180,9 +199,12 @@ static float evaluate(struct trainer *tr)
     for (int i = 0; i < batches; i++) {
         uint64_t first = (uint64_t)i * B * tr->world + (uint64_t)tr->rank * B;
         dataset_read_batch(&tr->val_data, first, B, tr->acts.inputs, tr->acts.targets);
-        sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1);
+        zero_begin_pass(&tr->zero, &tr->eval_pass);
+        sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1, GPT2_EVAL);
+        zero_end_pass(&tr->zero);
     }
-    return (float)(sum / batches);
+    comm_allreduce(tr->comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
+    return (float)(sum / ((double)batches * tr->world));
 }
 
 /* Samples tokens from the model, starting from a newline; prints bytes when the
@@ -203,7 +225,9 @@ static void sample_text(struct trainer *tr)
     for (int i = 0; i < n; i++) {
         int start = len > T ? len - T : 0, t = len - start;
         memcpy(tr->acts.inputs, ctx + start, (size_t)t * sizeof *ctx);
-        gpt2_forward(&tr->zero, &tr->acts, 1, t, 0);
+        zero_begin_pass(&tr->zero, &tr->eval_pass);
+        gpt2_forward(&tr->zero, &tr->acts, 1, t, 0, GPT2_EVAL);
+        zero_end_pass(&tr->zero);
         const float *row = tr->acts.logits + (size_t)(t - 1) * Vp;
         double mx = -INFINITY, sum = 0.0;
         for (int j = 0; j < V; j++)
@@ -219,6 +243,8 @@ static void sample_text(struct trainer *tr)
                 break;
             }
         }
+        /* rank 0's choice, so every rank feeds the same context next */
+        comm_broadcast(tr->comm, &next, 1, COMM_I32, 0, NULL);
         ctx[len++] = next;
     }
     if (tr->rank == 0) {
@@ -236,30 +262,37 @@ static void sample_text(struct trainer *tr)
     free(probs);
 }
 
-int train_run(struct config *cfg, const struct train_options *opt)
+static void log_traffic(struct trainer *tr, const uint64_t bytes[COMM_KINDS], char *json, size_t n)
+{
+    snprintf(json, n, ", \"bytes_allgather\": %llu, \"bytes_reduce_scatter\": %llu, \"bytes_allreduce\": %llu",
+             (unsigned long long)bytes[COMM_ALLGATHER], (unsigned long long)bytes[COMM_REDUCE_SCATTER],
+             (unsigned long long)bytes[COMM_ALLREDUCE]);
+}
+
+int train_run(struct config *cfg, struct comm *comm, const struct train_options *opt)
 {
     struct trainer tr;
     memset(&tr, 0, sizeof tr);
     tr.cfg = cfg;
     tr.opt = opt;
-    tr.rank = 0;
-    tr.world = 1;
+    tr.comm = comm;
+    tr.rank = comm->rank;
+    tr.world = comm->world;
     backend_init(cfg->train.threads);
     trainer_setup(&tr);
     backend_check_performance();
 
     const int T = cfg->data.seq_len;
     const double tokens_per_step = (double)cfg->train_batch_size * T;
-    char buf[32];
-    log_info("shardlm %s | backend %s | world %d | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(),
-             tr.world, cfg->zero.stage, dtype_name(cfg->dtype));
+    char a[32];
+    log_info("shardlm %s | backend %s | %d rank%s | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(), tr.world,
+             tr.world > 1 ? "s" : "", cfg->zero.stage, dtype_name(cfg->dtype));
     log_info("model gpt2: %d layers, %d heads, %d channels, context %d, vocab %d (padded %d): %zu parameters",
              cfg->model.n_layer, cfg->model.n_head, cfg->model.n_embd, cfg->model.n_positions,
              cfg->model.vocab_size, cfg->model.padded_vocab, tr.model.n_params);
-    log_info("batch: %d global = %d micro x %d accumulation x %d ranks, %d tokens each; %zu training windows",
-             cfg->train_batch_size, cfg->micro_batch, cfg->grad_accum, tr.world, T, tr.train_data.n_windows);
+    log_info("batch: %d sequences of %d tokens = %d micro x %d accumulation x %d ranks; %zu training windows",
+             cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.world, tr.train_data.n_windows);
     plan_print(&tr.plan, NULL, "memory plan per rank:");
-    (void)buf;
 
     const float base_lr = cfg->optimizer.lr;
     for (long s = 0; s < cfg->train.steps; s++) {
@@ -267,17 +300,24 @@ int train_run(struct config *cfg, const struct train_options *opt)
         float lr = sched_lr(&cfg->scheduler, base_lr, tr.step);
         float loss = train_step(&tr, lr, &norm);
         double dt = now_seconds() - t0;
+        uint64_t bytes[COMM_KINDS];
+        zero_take_traffic(&tr.zero, bytes);
         if (!isfinite(loss))
-            fail_input("step %ld: the loss is %f; lower optimizer.params.lr or enable gradient_clipping",
-                       tr.step, loss);
-        if (!opt->quiet)
-            log_info("step %5ld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms", tr.step,
-                     cfg->train.steps, loss, lr, norm, tokens_per_step / dt, dt * 1e3);
-        if (tr.metrics)
+            fail_input("step %ld: the loss is %f; lower optimizer.params.lr or enable gradient_clipping", tr.step,
+                       loss);
+        uint64_t total = bytes[COMM_ALLGATHER] + bytes[COMM_REDUCE_SCATTER] + bytes[COMM_ALLREDUCE];
+        if (!opt->quiet && (tr.step % cfg->steps_per_print == 0 || tr.step == 1 || tr.step == cfg->train.steps))
+            log_info("step %5ld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms | sent %s", tr.step,
+                     cfg->train.steps, loss, lr, norm, tokens_per_step / dt, dt * 1e3,
+                     plan_format_bytes((double)total, a, sizeof a));
+        if (tr.metrics) {
+            char traffic[256];
+            log_traffic(&tr, bytes, traffic, sizeof traffic);
             fprintf(tr.metrics,
                     "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, "
-                    "\"ms\": %.3f}\n",
-                    tr.step, loss, lr, norm, tokens_per_step / dt, dt * 1e3);
+                    "\"ms\": %.3f%s}\n",
+                    tr.step, loss, lr, norm, tokens_per_step / dt, dt * 1e3, traffic);
+        }
         if (tr.have_val && cfg->train.eval_every > 0 &&
             (tr.step % cfg->train.eval_every == 0 || tr.step == cfg->train.steps)) {
             float vl = evaluate(&tr);
@@ -289,12 +329,17 @@ int train_run(struct config *cfg, const struct train_options *opt)
             fflush(tr.metrics);
     }
     if (opt->dump_final_path) {
-        FILE *f = dump_open(opt->dump_final_path);
+        FILE *f = tr.rank == 0 ? dump_open(opt->dump_final_path) : NULL;
         dump_params(f, &tr, 0);
-        dump_close(f, opt->dump_final_path);
+        if (f)
+            dump_close(f, opt->dump_final_path);
     }
     sample_text(&tr);
+    zero_note_pool_peaks(&tr.zero);
     plan_print(&tr.plan, &tr.mem, "memory per rank at the end (planned vs peak):");
+    if (tr.world > 1)
+        log_info("communication on rank 0: %.2f s in collectives, %.2f s of it exposed (compute waited)",
+                 comm->busy_seconds, comm->wait_seconds);
     trainer_teardown(&tr);
     return EXIT_OK;
 }

@@ -1,20 +1,35 @@
 /*
- * zero — the ZeRO engine: where every unit's parameters, gradients and
+ * zero — the ZeRO engine: where each unit's parameters, gradients and
  * optimizer state live on this rank, and the collectives that move them
  * (DESIGN §3-4).
  *
- * The model code asks for a unit's full parameters just before it computes
- * with them (zero_params) and says when it is done (zero_release); in backward
- * it asks for a full-unit gradient buffer (zero_grads) and hands it back once
- * the unit's backward is complete (zero_grads_done), which reduces it into this
- * rank's gradient shard. Which of these are copies, collectives or plain
- * pointers depends on the stage; the model code is the same for all.
+ * The model code walks a pass, a fixed list of events it declared up front
+ * (struct zero_pass): acquire a unit's full parameters, release them, open a
+ * full-unit gradient buffer, hand it back. The engine follows the same list to
+ * prefetch: when a unit is acquired it starts the all-gathers of the next units
+ * of the pass, up to stage3_prefetch_bucket_size elements ahead and
+ * stage3_max_live_parameters gathered at once. A gradient handed back is
+ * reduce-scattered asynchronously while the next unit's backward runs; at most
+ * one reduce-scatter is in flight.
  *
- * At the accumulation boundary the trainer calls zero_grad_norm and
- * zero_optimizer_step, which runs AdamW on this rank's shard.
+ * Stages (zero_optimization.stage), for N ranks:
+ *   0  full parameters, gradients, Adam state on every rank; gradients
+ *      all-reduced at the accumulation boundary.
+ *   1  Adam state sharded; gradients all-reduced at the boundary; each rank
+ *      updates its slice; updated parameters all-gathered.
+ *   2  also gradients sharded: reduce-scattered after each micro-batch's
+ *      backward into the accumulated gradient shard.
+ *   3  also parameters sharded: each unit all-gathered before use in forward
+ *      and again in backward.
+ * At stage 3 a unit of at most stage3_param_persistence_threshold elements is
+ * persistent: kept whole on every rank like at stage 2.
  *
- * Owns: the parameter, gradient, master and Adam buffers of every unit (carved
- * from the arenas), the traffic counters. Does not own activations or data.
+ * Gathered units and gradient buffers come from pools, one per unit kind
+ * (embedding, block, head), each with as many slots as a dry run of the
+ * passes needs (zero_plan); the memory plan reserves exactly those slots.
+ *
+ * Owns: every parameter, gradient and Adam buffer (carved from the arenas),
+ * the pools, the traffic counters. Does not own activations or data.
  */
 #ifndef SHARDLM_ZERO_H
 #define SHARDLM_ZERO_H
@@ -25,45 +40,115 @@
 
 #include "adamw.h"
 #include "arena.h"
+#include "comm.h"
 #include "config.h"
 #include "model.h"
 
+enum pass_event_kind { PASS_ACQUIRE, PASS_RELEASE, PASS_GRAD_OPEN, PASS_GRAD_DONE };
+
+struct pass_event {
+    enum pass_event_kind kind;
+    int unit;
+};
+
+struct zero_pass {
+    const char *name;
+    int n_events;
+    struct pass_event *events;
+};
+
+#define ZERO_POOLS 3 /* one per unit kind */
+
+struct zero_pool {
+    size_t slot_elems;  /* the largest unit of this kind (padded) */
+    int n_slots;        /* reserved (live run) or grown on demand (dry run) */
+    int live;           /* slots in use */
+    int peak;           /* most slots in use at once */
+    float **slots;
+    int *slot_unit;     /* unit using each slot, -1 when free */
+};
+
 struct zero_unit {
-    size_t numel;     /* elements of the unit (model.c, with alignment gaps) */
-    size_t padded;    /* numel rounded up to a multiple of world * MODEL_TENSOR_ALIGN */
-    size_t shard;     /* padded / world: elements this rank owns */
-    size_t shard_begin; /* first element of this rank's slice */
-    float *params;    /* full parameters (stages 0-2 and this build) */
-    float *grads;     /* full gradients, accumulated over micro-batches */
-    float *adam_m;    /* this rank's shard */
-    float *adam_v;
+    size_t numel;       /* elements of the unit (model.c, with alignment gaps) */
+    size_t padded;      /* numel rounded up to a multiple of world * MODEL_TENSOR_ALIGN */
+    size_t shard;       /* padded / world */
+    bool sharded;       /* stage 3 and not persistent: only this rank's shard is stored */
+    size_t opt_begin;   /* the range of the unit this rank's optimizer updates */
+    size_t opt_count;
+    float *params;      /* whole unit (replicated), or NULL when sharded */
+    float *param_shard; /* this rank's shard when sharded */
+    float *grads;       /* whole-unit gradients, stages 0-1 */
+    float *grad_shard;  /* accumulated gradient shard, stages 2-3 */
+    float *adam_m, *adam_v; /* opt_count elements */
+    /* runtime state of the current pass */
+    int refs;           /* acquires not yet released */
+    int gather_slot;    /* pool slot holding the gathered unit, -1 when none */
+    bool gather_pending;
+    struct comm_request gather_req;
+    int grad_slot;      /* pool slot of the open or reducing gradient buffer */
+    bool rs_pending;
+    struct comm_request rs_req;
 };
 
 struct zero {
     const struct model *model;
+    struct comm *comm;
     int stage, rank, world;
+    bool dry;                     /* planning: no memory, no communication */
+    double prefetch_elems;        /* stage3_prefetch_bucket_size */
+    double max_live_elems;        /* stage3_max_live_parameters */
     struct zero_unit *units;
+    struct zero_pool gather_pools[ZERO_POOLS];
+    struct zero_pool grad_pools[ZERO_POOLS];
+    size_t live_gathered_elems;   /* gathered or being gathered */
+    const struct zero_pass *pass;
+    int cursor;
+    int rs_unit;                  /* unit whose reduce-scatter is in flight, -1 none */
     struct mem_tracker *mem;
-    long adam_steps;  /* optimizer steps taken (for bias correction) */
+    long adam_steps;              /* optimizer steps taken (bias correction) */
+    uint64_t traffic[COMM_KINDS]; /* bytes sent since zero_take_traffic */
 };
 
-/* Carves every buffer out of the arenas and initialises the parameters. */
-void zero_init(struct zero *z, const struct model *m, const struct config *cfg, int rank, int world,
-               struct arena arenas[SPACE_COUNT], struct mem_tracker *mem);
+/* Lays out the units and, unless dry, carves every buffer out of the arenas
+ * (pool slots as planned) and initialises the parameters. */
+void zero_init(struct zero *z, const struct model *m, const struct config *cfg, struct comm *comm, int rank,
+               int world, bool dry, const int planned_slots[2][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
+               struct mem_tracker *mem);
+void zero_free(struct zero *z);
 
-const float *zero_params(struct zero *z, int unit);
+/* Bytes of each buffer class on this rank, and the pool slots they contain,
+ * from a dry run of the passes. */
+void zero_plan(const struct model *m, const struct config *cfg, int world, const struct zero_pass *passes,
+               int n_passes, size_t bytes[BUF_COUNT], int slots[2][ZERO_POOLS]);
+
+void zero_begin_pass(struct zero *z, const struct zero_pass *pass);
+/* Waits for outstanding reduce-scatters; checks the pass was walked to its end. */
+void zero_end_pass(struct zero *z);
+
+const float *zero_acquire(struct zero *z, int unit);
 void zero_release(struct zero *z, int unit);
-float *zero_grads(struct zero *z, int unit);
-void zero_grads_done(struct zero *z, int unit);
+float *zero_grad_open(struct zero *z, int unit);
+void zero_grad_done(struct zero *z, int unit);
 
 /* Clears the gradients at the start of an optimizer step. */
 void zero_zero_grads(struct zero *z);
-/* Global L2 norm of the gradients (all ranks). */
+/* At the accumulation boundary: makes every rank's gradients final (stages 0-1 all-reduce). */
+void zero_reduce_grads(struct zero *z);
+/* Global L2 norm of the gradients (all ranks agree). */
 double zero_grad_norm(struct zero *z);
-/* AdamW on this rank's shard; grad_scale multiplies every gradient first (unscale and clip). */
+/* AdamW on this rank's range; grad_scale multiplies every gradient first
+ * (unscale and clip); then the updated parameters are all-gathered where the
+ * stage keeps them whole. */
 void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, float lr, float grad_scale);
 
-/* Bytes of each buffer class this engine needs on this rank (used by plan.c). */
-void zero_plan(const struct model *m, const struct config *cfg, int world, size_t bytes[BUF_COUNT]);
+/* Records each pool's high-water mark as its class's peak in the tracker. */
+void zero_note_pool_peaks(struct zero *z);
+/* Copies the full gradients of unit u into out (all ranks must call; after zero_reduce_grads). */
+void zero_gather_grads(struct zero *z, int u, float *out);
+
+/* Reads and clears the bytes sent per collective kind. */
+void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS]);
+/* Copies the full value of unit u's parameters into out (all ranks must call). */
+void zero_gather_unit(struct zero *z, int u, float *out);
 
 #endif

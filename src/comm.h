@@ -1,0 +1,74 @@
+/*
+ * comm — collectives between ranks (DESIGN §9): all-gather, reduce-scatter,
+ * all-reduce (sum, max), broadcast, barrier; each blocking or started
+ * asynchronously and finished with comm_wait.
+ *
+ * The MPI implementation (comm_mpi.c) moves host buffers. One communication
+ * thread per rank owns every MPI call of the training loop and runs the
+ * requests in the order they were started, so an all-gather started before a
+ * block's compute really progresses during it (Open MPI's non-blocking
+ * collectives only progress inside MPI calls). The order of requests is the
+ * same on every rank because the program is, which is what MPI needs.
+ *
+ * A request not finished after comm timeout seconds (SHARDLM_COMM_TIMEOUT,
+ * default 600) aborts the job: a dead or stuck rank never leaves the others
+ * waiting forever. Any fail_input/fail_internal on a rank aborts every rank
+ * (MPI_Abort) once comm_init has run.
+ *
+ * comm_wait_seconds and comm_busy_seconds say how much communication was
+ * exposed (the caller blocked) and how long the collectives took; the engine
+ * counts the bytes it moves itself (zero.c), by the formulas of DESIGN §3.
+ *
+ * Owns: MPI initialisation and finalisation, the communication thread. The
+ * engine never includes mpi.h.
+ */
+#ifndef SHARDLM_COMM_H
+#define SHARDLM_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum comm_dtype { COMM_F32 = 0, COMM_F64, COMM_I32, COMM_U16_SUM_F16, COMM_U16_SUM_BF16 };
+enum comm_kind { COMM_ALLGATHER = 0, COMM_REDUCE_SCATTER, COMM_ALLREDUCE, COMM_BROADCAST, COMM_KINDS };
+enum comm_reduce { COMM_SUM = 0, COMM_MAX };
+
+struct comm_request {
+    volatile int done;
+    int active;
+};
+
+struct comm {
+    int rank, world;           /* in the job */
+    int local_rank, local_world; /* on this node (device selection) */
+    double wait_seconds;       /* time spent blocked in comm_wait (exposed communication) */
+    double busy_seconds;       /* time the communication thread spent in collectives */
+    void *impl;
+};
+
+/* Starts MPI (or runs as one process when launched without mpirun/srun). */
+void comm_init(struct comm *c, int *argc, char ***argv);
+void comm_finalize(struct comm *c);
+
+size_t comm_dtype_size(enum comm_dtype dt);
+
+/* recv (world x count) = concatenation of every rank's send (count). send may
+ * point into recv at this rank's slot (in place). */
+void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype dt,
+                    struct comm_request *req);
+/* recv (count) = sum over ranks of their send[rank*count .. (rank+1)*count). */
+void comm_reduce_scatter(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype dt,
+                         struct comm_request *req);
+/* buf (count) reduced in place over ranks. */
+void comm_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_reduce op,
+                    struct comm_request *req);
+void comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype dt, int root,
+                    struct comm_request *req);
+void comm_barrier(struct comm *c);
+
+/* req == NULL in the calls above: blocking. Otherwise the call returns at once
+ * and comm_wait(req) finishes it; buffers must stay untouched until then. */
+void comm_wait(struct comm *c, struct comm_request *req);
+
+const char *comm_kind_name(enum comm_kind k);
+
+#endif

@@ -1,0 +1,296 @@
+/*
+ * comm over MPI on host buffers, with one communication thread per rank.
+ *
+ * MPI is initialised with MPI_THREAD_SERIALIZED: during training only the
+ * communication thread calls MPI, one request at a time, in submission order.
+ * The main thread calls MPI only to start, to finish and to abort.
+ */
+#include "comm.h"
+
+#include <errno.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "util.h"
+
+#define COMM_QUEUE_LEN 256
+#define COMM_TIMEOUT_DEFAULT 600 /* seconds a request may take before the job is aborted */
+
+struct comm_op {
+    enum comm_kind kind;
+    enum comm_reduce reduce;
+    enum comm_dtype dtype;
+    const void *send;
+    void *recv;
+    size_t count;
+    int root;
+    struct comm_request *req;
+};
+
+struct comm_mpi {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;     /* signalled on submit, on completion, on shutdown */
+    struct comm_op queue[COMM_QUEUE_LEN];
+    int head, tail, count;
+    int shutdown;
+    int thread_started;
+    double timeout;
+    struct comm *owner;
+};
+
+static int g_world_for_abort = 1;
+
+static void abort_hook(int status)
+{
+    if (g_world_for_abort > 1)
+        MPI_Abort(MPI_COMM_WORLD, status);
+    exit(status);
+}
+
+size_t comm_dtype_size(enum comm_dtype dt)
+{
+    switch (dt) {
+    case COMM_F32: return 4;
+    case COMM_F64: return 8;
+    case COMM_I32: return 4;
+    default: return 2;
+    }
+}
+
+static MPI_Datatype mpi_type(enum comm_dtype dt)
+{
+    switch (dt) {
+    case COMM_F32: return MPI_FLOAT;
+    case COMM_F64: return MPI_DOUBLE;
+    case COMM_I32: return MPI_INT;
+    default: break;
+    }
+    fail_internal("comm: half-precision collectives are not available in this build");
+}
+
+static int mpi_count(size_t count)
+{
+    if (count > (size_t)INT32_MAX)
+        fail_internal("comm: %zu elements in one collective exceed MPI's int count", count);
+    return (int)count;
+}
+
+static void mpi_check(int rc, const char *what)
+{
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        fail_internal("MPI %s failed: %s", what, msg);
+    }
+}
+
+static void run_op(struct comm *c, const struct comm_op *op)
+{
+    int n = mpi_count(op->count);
+    MPI_Datatype t = mpi_type(op->dtype);
+    switch (op->kind) {
+    case COMM_ALLGATHER: {
+        size_t slot = (size_t)c->rank * op->count * comm_dtype_size(op->dtype);
+        const void *send = op->send == (char *)op->recv + slot ? MPI_IN_PLACE : op->send;
+        mpi_check(MPI_Allgather(send, n, t, op->recv, n, t, MPI_COMM_WORLD), "all-gather");
+        break;
+    }
+    case COMM_REDUCE_SCATTER:
+        mpi_check(MPI_Reduce_scatter_block(op->send, op->recv, n, t, MPI_SUM, MPI_COMM_WORLD), "reduce-scatter");
+        break;
+    case COMM_ALLREDUCE:
+        mpi_check(MPI_Allreduce(MPI_IN_PLACE, op->recv, n, t, op->reduce == COMM_MAX ? MPI_MAX : MPI_SUM,
+                                MPI_COMM_WORLD),
+                  "all-reduce");
+        break;
+    case COMM_BROADCAST:
+        mpi_check(MPI_Bcast(op->recv, n, t, op->root, MPI_COMM_WORLD), "broadcast");
+        break;
+    default:
+        mpi_check(MPI_Barrier(MPI_COMM_WORLD), "barrier");
+        break;
+    }
+}
+
+static void *comm_thread_main(void *arg)
+{
+    struct comm_mpi *m = arg;
+    struct comm *c = m->owner;
+    pthread_mutex_lock(&m->lock);
+    for (;;) {
+        while (m->count == 0 && !m->shutdown)
+            pthread_cond_wait(&m->cond, &m->lock);
+        if (m->count == 0 && m->shutdown)
+            break;
+        struct comm_op op = m->queue[m->head];
+        pthread_mutex_unlock(&m->lock);
+        double t0 = now_seconds();
+        run_op(c, &op);
+        double dt = now_seconds() - t0;
+        pthread_mutex_lock(&m->lock);
+        c->busy_seconds += dt;
+        m->head = (m->head + 1) % COMM_QUEUE_LEN;
+        m->count--;
+        op.req->done = 1;
+        pthread_cond_broadcast(&m->cond);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+void comm_init(struct comm *c, int *argc, char ***argv)
+{
+    memset(c, 0, sizeof *c);
+    int provided = 0;
+    mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "init");
+    if (provided < MPI_THREAD_SERIALIZED)
+        fail_internal("this MPI library offers no MPI_THREAD_SERIALIZED support (got level %d); "
+                      "shardlm needs it for its communication thread",
+                      provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->world);
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &c->local_rank);
+    MPI_Comm_size(local, &c->local_world);
+    MPI_Comm_free(&local);
+    g_world_for_abort = c->world;
+    util_set_rank(c->rank, c->world);
+    util_set_abort_hook(abort_hook);
+
+    struct comm_mpi *m = xcalloc(1, sizeof *m);
+    c->impl = m;
+    m->owner = c;
+    const char *t = getenv("SHARDLM_COMM_TIMEOUT");
+    m->timeout = t && atof(t) > 0 ? atof(t) : COMM_TIMEOUT_DEFAULT;
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_cond_init(&m->cond, NULL);
+    if (c->world > 1) {
+        if (pthread_create(&m->thread, NULL, comm_thread_main, m) != 0)
+            fail_internal("cannot start the communication thread: %s", strerror(errno));
+        m->thread_started = 1;
+    }
+}
+
+void comm_finalize(struct comm *c)
+{
+    struct comm_mpi *m = c->impl;
+    if (m->thread_started) {
+        pthread_mutex_lock(&m->lock);
+        m->shutdown = 1;
+        pthread_cond_broadcast(&m->cond);
+        pthread_mutex_unlock(&m->lock);
+        pthread_join(m->thread, NULL);
+    }
+    pthread_cond_destroy(&m->cond);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+    c->impl = NULL;
+    util_set_abort_hook(NULL);
+    MPI_Finalize();
+}
+
+/* One rank: the collectives are copies (or nothing). */
+static void run_single(const struct comm_op *op)
+{
+    size_t bytes = op->count * comm_dtype_size(op->dtype);
+    if ((op->kind == COMM_ALLGATHER || op->kind == COMM_REDUCE_SCATTER) && op->send != op->recv)
+        memmove(op->recv, op->send, bytes);
+}
+
+static void submit(struct comm *c, struct comm_op op, struct comm_request *req)
+{
+    struct comm_mpi *m = c->impl;
+    struct comm_request local = {0};
+    if (!req)
+        req = &local;
+    req->done = 0;
+    req->active = 1;
+    op.req = req;
+    if (c->world == 1) {
+        run_single(&op);
+        req->done = 1;
+    } else {
+        pthread_mutex_lock(&m->lock);
+        while (m->count == COMM_QUEUE_LEN)
+            pthread_cond_wait(&m->cond, &m->lock);
+        m->queue[m->tail] = op;
+        m->tail = (m->tail + 1) % COMM_QUEUE_LEN;
+        m->count++;
+        pthread_cond_broadcast(&m->cond);
+        pthread_mutex_unlock(&m->lock);
+    }
+    if (req == &local)
+        comm_wait(c, req);
+}
+
+void comm_wait(struct comm *c, struct comm_request *req)
+{
+    if (!req->active)
+        return;
+    struct comm_mpi *m = c->impl;
+    if (!req->done) {
+        double t0 = now_seconds();
+        struct timespec deadline;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += (time_t)m->timeout;
+        pthread_mutex_lock(&m->lock);
+        while (!req->done) {
+            int rc = pthread_cond_timedwait(&m->cond, &m->lock, &deadline);
+            if (rc == ETIMEDOUT && !req->done) {
+                pthread_mutex_unlock(&m->lock);
+                fail_internal("a collective did not finish within %.0f s: another rank has probably died or "
+                              "hangs (SHARDLM_COMM_TIMEOUT sets the limit)",
+                              m->timeout);
+            }
+        }
+        pthread_mutex_unlock(&m->lock);
+        c->wait_seconds += now_seconds() - t0;
+    }
+    req->active = 0;
+}
+
+void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype dt,
+                    struct comm_request *req)
+{
+    struct comm_op op = {.kind = COMM_ALLGATHER, .dtype = dt, .send = send, .recv = recv, .count = count};
+    submit(c, op, req);
+}
+
+void comm_reduce_scatter(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype dt,
+                         struct comm_request *req)
+{
+    struct comm_op op = {.kind = COMM_REDUCE_SCATTER, .dtype = dt, .send = send, .recv = recv, .count = count};
+    submit(c, op, req);
+}
+
+void comm_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt, enum comm_reduce reduce,
+                    struct comm_request *req)
+{
+    struct comm_op op = {.kind = COMM_ALLREDUCE, .reduce = reduce, .dtype = dt, .recv = buf, .count = count};
+    submit(c, op, req);
+}
+
+void comm_broadcast(struct comm *c, void *buf, size_t count, enum comm_dtype dt, int root,
+                    struct comm_request *req)
+{
+    struct comm_op op = {.kind = COMM_BROADCAST, .dtype = dt, .recv = buf, .count = count, .root = root};
+    submit(c, op, req);
+}
+
+void comm_barrier(struct comm *c)
+{
+    struct comm_op op = {.kind = COMM_KINDS, .dtype = COMM_I32};
+    submit(c, op, NULL);
+}
+
+const char *comm_kind_name(enum comm_kind k)
+{
+    static const char *names[COMM_KINDS] = {"all-gather", "reduce-scatter", "all-reduce", "broadcast"};
+    return k < COMM_KINDS ? names[k] : "barrier";
+}
