@@ -44,6 +44,12 @@ SHAPES = {
 }
 
 
+# OpenBLAS core names (driver/others/dynamic.c), to spot one in shardlm's log.
+CORE_RE = (r"\b(Prescott|Core2|Penryn|Dunnington|Nehalem|Sandybridge|Haswell|SkylakeX|Cooperlake|SapphireRapids|"
+           r"Zen|Barcelona|Bulldozer|Piledriver|Steamroller|Excavator|Atom|Katmai|Coppermine|Northwood|Banias|"
+           r"Opteron|Athlon|Nano)\b")
+
+
 def padded_vocab(v, align=128):
     return (v + align - 1) // align * align
 
@@ -157,8 +163,12 @@ def run_shardlm(shape, L, NH, C, T, B, V, threads, steps, warmup, budget, env, t
     if rc != 0 or not ms:
         sys.stderr.write(open(log).read()[-3000:])
         raise SystemExit(f"shardlm failed on shape {shape} (rc {rc}); log {log}")
+    # The kernel shardlm ran, if its log names one (it warns "OpenBLAS chose its generic 'Prescott'
+    # kernels"); otherwise it ran what sgemm_peak ran (same library, same environment).
+    with open(log) as f:
+        m = re.search(CORE_RE, f.read())
     return {"ms": ms, "wall": wall, "other": other, "cpu_util": own / (wall * threads), "stopped": stopped,
-            "log": log, "metrics": metrics}
+            "log": log, "metrics": metrics, "kernel_warning": m.group(1) if m else None}
 
 
 def run_torch(shape, L, NH, C, T, B, V, threads, steps, warmup, budget, env, tag):
@@ -245,6 +255,10 @@ def main():
                       + ("  [stopped at budget]" if res.get("stopped") else ""), flush=True)
                 if side == "torch" and res["corename"] != core:
                     print(f"  warning: torch's OpenBLAS core is {res['corename']}, sgemm_peak's {core}")
+                if side == "shardlm" and res["kernel_warning"] and res["kernel_warning"] != core:
+                    print(f"  warning: shardlm reports OpenBLAS core {res['kernel_warning']}, sgemm_peak's {core}")
+                if side == "shardlm" and res["kernel_warning"]:
+                    print(f"  (shardlm's log names OpenBLAS core {res['kernel_warning']})")
                 if best[side] is None or res["median_ms"] < best[side]["median_ms"]:
                     best[side] = res
         tok = B * T
@@ -256,6 +270,7 @@ def main():
             "torch_tok_s": tok / t["median_ms"] * 1e3, "torch_best_tok_s": tok / t["best_ms"] * 1e3,
             "shardlm_ms": s["ms"], "torch_ms": t["ms"], "shardlm_other": s["other"], "torch_other": t["other"],
             "torch_version": t["torch"], "torch_corename": t["corename"],
+            "shardlm_corename": s["kernel_warning"] or core,
         })
 
     peak1, _, _, sizes1 = sgemm_peak(env, args.threads)

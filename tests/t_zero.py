@@ -1,0 +1,584 @@
+#!/usr/bin/env python3
+"""t_zero — the ZeRO engine across world sizes and stages (DESIGN §2-4, §9).
+
+Every run goes through `mpirun -np N --oversubscribe bin/shardlm train ...`.
+
+Error measure, per tensor: rel(a, b) = max|a - b| / max|b| (b: the N=1 stage-0
+run), per step for losses: |a - b| / |b|.
+
+Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
+  sizes.*       unit sizes computed here (model.c's layout rules, padding to
+                N*16) reproduce the binary's planned "parameter shard" bytes
+  inv.*         one tiny model, train_batch_size 24 = micro 2 x accum 24/(2N),
+                20 steps, clipping on, N = 1..4 x stage 0..3 (+ stage 3 with a
+                persistence threshold): per-step loss and final parameters
+                equal the N=1 stage-0 run within 1e-5
+  traffic.*     bytes_allgather / bytes_reduce_scatter / bytes_allreduce of
+                every step equal DESIGN §3's formulas exactly
+  mem.*         planned shard bytes of every stage equal the formulas (exact,
+                as the binary formats them); planned == peak for every class;
+                a parameter-dominated model at stage 3 N=4 peaks at <= 1/3 of
+                its stage-0 total
+  pad.*         C=8, N=4: the head unit's shards 2 and 3 are pure padding;
+                training runs and matches N=1
+  bad.*         inconsistent batch triple: exit 2, message names train_batch_size
+  fault.*       rank 1 of 3 killed with SIGKILL mid-run: mpirun and the other
+                ranks exit non-zero within 60 s
+  comm.*        stage 3 runs print "communication on rank 0" and exit 0
+
+Environment: SHARDLM_BIN (default bin/shardlm under the repo root),
+SHARDLM_TEST_TMP (scratch directory; default a fresh temporary directory).
+"""
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from dumpfile import read_dump  # noqa: E402
+
+BIN = os.environ.get("SHARDLM_BIN") or os.path.join(ROOT, "bin", "shardlm")
+OWN_TMP = None if os.environ.get("SHARDLM_TEST_TMP") else tempfile.mkdtemp(prefix="shardlm-zero.")
+TMP = os.path.join(os.environ.get("SHARDLM_TEST_TMP") or OWN_TMP, "t_zero")
+os.makedirs(TMP, exist_ok=True)
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+
+ALIGN = 16  # MODEL_TENSOR_ALIGN
+TOL = 1e-5
+
+failures = 0
+
+
+def check(name, cond, details=""):
+    global failures
+    if cond:
+        print(f"ok {name}", flush=True)
+    else:
+        failures += 1
+        print(f"FAIL {name}: {details}", flush=True)
+
+
+def note(msg):
+    print(f"# {msg}", flush=True)
+
+
+def rel(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if not a.size:
+        return 0.0
+    e = float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-30)
+    return e if math.isfinite(e) else float("inf")
+
+
+# ---- sizes (src/model.c, src/zero.c, src/arena.h) ----------------------------------------
+def round_up(x, m):
+    return (x + m - 1) // m * m
+
+
+def unit_layout(L, C, V, npos):
+    """[(unit name, numel, [(tensor, offset, numel)])] in unit order, as model.c lays them out."""
+    Vp = round_up(V, 128)
+
+    def unit(name, tensors):
+        n, out = 0, []
+        for tname, numel in tensors:
+            off = round_up(n, ALIGN)
+            out.append((tname, off, numel))
+            n = off + numel
+        return (name, round_up(n, ALIGN), out)
+
+    units = [unit("embedding", [("wte.weight", Vp * C), ("wpe.weight", npos * C)])]
+    for l in range(L):
+        units.append(unit(f"block {l}", [
+            (f"h.{l}.ln_1.weight", C), (f"h.{l}.ln_1.bias", C),
+            (f"h.{l}.attn.c_attn.weight", C * 3 * C), (f"h.{l}.attn.c_attn.bias", 3 * C),
+            (f"h.{l}.attn.c_proj.weight", C * C), (f"h.{l}.attn.c_proj.bias", C),
+            (f"h.{l}.ln_2.weight", C), (f"h.{l}.ln_2.bias", C),
+            (f"h.{l}.mlp.c_fc.weight", C * 4 * C), (f"h.{l}.mlp.c_fc.bias", 4 * C),
+            (f"h.{l}.mlp.c_proj.weight", 4 * C * C), (f"h.{l}.mlp.c_proj.bias", C)]))
+    units.append(unit("head", [("ln_f.weight", C), ("ln_f.bias", C)]))
+    return units
+
+
+def unit_numels(L, C, V, npos):
+    return [u[1] for u in unit_layout(L, C, V, npos)]
+
+
+def padded(numel, N):
+    return round_up(numel, N * ALIGN)
+
+
+def arena_round(nbytes):
+    return round_up(nbytes, 64)
+
+
+def expected_state_bytes(numels, N, stage, threshold=0):
+    """Planned bytes of the parameter, gradient and Adam classes on one rank (zero.c's zero_plan)."""
+    params = grads = adam = 0
+    for n in numels:
+        p = padded(n, N)
+        s = p // N
+        sharded = stage == 3 and n > threshold
+        params += arena_round(4 * (s if sharded else p))
+        grads += arena_round(4 * (p if stage <= 1 else s))
+        adam += arena_round(4 * (p if stage == 0 else s))
+    return {"parameter shard": params, "gradient shard": grads, "Adam m": adam, "Adam v": adam}
+
+
+def expected_traffic(numels, N, stage, accum, threshold=0):
+    """Bytes one rank sends per optimizer step, DESIGN §3 (ring formulas), as integers."""
+    ag = rs = ar = 0
+    for n in numels:
+        p = padded(n, N)
+        s = p // N
+        if stage == 0:
+            ar += 2 * (N - 1) * p * 4 // N
+        elif stage == 1:
+            ar += 2 * (N - 1) * p * 4 // N
+            ag += (N - 1) * s * 4
+        elif stage == 2 or (stage == 3 and n <= threshold):
+            rs += accum * (N - 1) * s * 4
+            ag += (N - 1) * s * 4
+        else:
+            rs += accum * (N - 1) * s * 4
+            ag += 2 * accum * (N - 1) * s * 4
+    return {"bytes_allgather": ag, "bytes_reduce_scatter": rs, "bytes_allreduce": ar}
+
+
+def format_bytes(b):
+    """plan.c's plan_format_bytes."""
+    units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    i = 0
+    b = float(b)
+    while b >= 1024.0 and i < 4:
+        b /= 1024.0
+        i += 1
+    return f"{b:.0f} {units[i]}" if i == 0 else f"{b:.2f} {units[i]}"
+
+
+def parse_bytes(s):
+    num, unit = s.split()
+    return float(num) * {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 ** 4}[unit]
+
+
+MEM_CLASSES = ["parameter shard", "gradient shard", "gathered units", "unit gradient buffers", "Adam m", "Adam v",
+               "activation checkpoints", "block activations", "logits and loss", "workspace", "total"]
+SIZE = r"(\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB))"
+
+
+def parse_memory(out):
+    """(plan, end): {class: planned} from the start-up plan, {class: (planned, peak)} from the end table."""
+    plan, end = {}, {}
+    section = None
+    for line in out.splitlines():
+        if line.startswith("memory plan per rank"):
+            section = "plan"
+            continue
+        if line.startswith("memory per rank at the end"):
+            section = "end"
+            continue
+        if section is None or not line.startswith("  "):
+            if section is not None and not line.startswith("  "):
+                section = None
+            continue
+        m = re.match(r"^  (.+?)\s{2,}(device|pinned host|host)\s+" + SIZE + r"(?:\s+" + SIZE + r")?\s*$", line)
+        if not m:
+            continue
+        name = m.group(1).strip()
+        if section == "plan":
+            plan[name] = m.group(3)
+        else:
+            end[name] = (m.group(3), m.group(4))
+    return plan, end
+
+
+# ---- data and runs ----------------------------------------------------------------------------
+def write_shard(path, tokens):
+    header = np.zeros(256, dtype="<i4")
+    header[0], header[1], header[2] = 20240520, 1, len(tokens)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype="<u2").tobytes())
+
+
+V = 100
+T = 16
+N_WINDOWS = 150  # < 20 steps x 24 sequences: the runs wrap around the shard
+rng = np.random.default_rng(4242)
+DATA = os.path.join(TMP, "train.bin")
+write_shard(DATA, rng.integers(0, V, size=N_WINDOWS * T + 1))
+
+
+def make_config(name, model, tbs, micro, accum, steps, stage, threshold=0, prefetch=13000, max_live=1000000000,
+                seq_len=T, metrics=True):
+    cfg = {
+        "model": dict(model, vocab_size=V),
+        "data": {"train": DATA, "seq_len": seq_len, "shuffle": False},
+        "train": {"steps": steps, "seed": 1234, "eval_every": 0, "sample_tokens": 0},
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.1}},
+        "zero_optimization": {"stage": stage, "stage3_prefetch_bucket_size": prefetch,
+                              "stage3_max_live_parameters": max_live,
+                              "stage3_param_persistence_threshold": threshold},
+    }
+    if tbs is not None:
+        cfg["train_batch_size"] = tbs
+    if accum is not None:
+        cfg["gradient_accumulation_steps"] = accum
+    if metrics:
+        cfg["train"]["metrics"] = os.path.join(TMP, name + ".jsonl")
+    path = os.path.join(TMP, name + ".json")
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    return path
+
+
+class Run:
+    def __init__(self, name, rc, out, rows, final, secs):
+        self.name, self.rc, self.out, self.rows, self.final, self.secs = name, rc, out, rows, final, secs
+
+
+def mpirun_cmd(N, cfg, *extra):
+    return ["mpirun", "-np", str(N), "--oversubscribe", BIN, "train", cfg, "--quiet"] + list(extra)
+
+
+def run(name, N, cfg, steps=None, timeout=120, final=True):
+    """Runs shardlm; checks run.NAME (exit 0, metrics for every step) and returns a Run or None."""
+    fpath = os.path.join(TMP, name + ".final")
+    mpath = os.path.join(TMP, name + ".jsonl")
+    for p in (fpath, mpath):
+        if os.path.exists(p):
+            os.remove(p)
+    cmd = mpirun_cmd(N, cfg, *(["--dump-final", fpath] if final else []))
+    t0 = time.time()
+    try:
+        r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        check(f"run.{name}", False, f"{' '.join(cmd)}: {e}")
+        return None
+    secs = time.time() - t0
+    out = r.stdout.decode(errors="replace")
+    if r.returncode != 0:
+        tail = out.strip().splitlines()[-6:]
+        check(f"run.{name}", False, f"exit status {r.returncode}: {' | '.join(tail)}")
+        return None
+    rows = []
+    if os.path.exists(mpath):
+        with open(mpath) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        rows = [row for row in rows if "loss" in row]
+    if steps is not None:
+        ok = [row.get("step") for row in rows] == list(range(1, steps + 1))
+        if not ok:
+            check(f"run.{name}", False, f"metrics steps {[row.get('step') for row in rows]}, expected 1..{steps}")
+            return None
+    return Run(name, r.returncode, out, rows, read_dump(fpath) if final else None, secs)
+
+
+# ---- 1-3: invariance, traffic, memory -------------------------------------------------------------
+INV_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 16}
+INV_STEPS = 20
+INV_TBS, INV_MICRO = 24, 2
+INV_NUMELS = unit_numels(2, 32, V, 16)
+# embedding 4608 and head 64 elements persistent, blocks (12704) sharded
+INV_THRESHOLD = 5000
+
+
+def check_sizes(runs):
+    # model.c: n_params = sum of tensor sizes; the binary prints it
+    layout = unit_layout(2, 32, V, 16)
+    n_params = sum(t[2] for u in layout for t in u[2])
+    r = runs.get((1, 0))
+    if r is not None:
+        m = re.search(r"\): (\d+) parameters", r.out)
+        check("sizes.n_params", m is not None and int(m.group(1)) == n_params,
+              f"binary says {m.group(1) if m else '?'}, computed {n_params}")
+    bad = []
+    for (N, stage), r in sorted(runs.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        if r is None or not isinstance(stage, int):
+            continue
+        plan, _ = parse_memory(r.out)
+        exp = expected_state_bytes(INV_NUMELS, N, stage)
+        got = plan.get("parameter shard")
+        if got != format_bytes(exp["parameter shard"]):
+            bad.append(f"N={N} stage {stage}: printed {got}, computed {exp['parameter shard']} B "
+                       f"= {format_bytes(exp['parameter shard'])}")
+    check("sizes.planned_parameter_bytes", not bad, "; ".join(bad[:4]))
+    psi = {N: sum(padded(n, N) for n in INV_NUMELS) for N in (1, 2, 3, 4)}
+    note(f"unit numels {INV_NUMELS}; Psi_N = {psi}")
+
+
+def check_invariance(runs, base):
+    for (N, stage), r in sorted(runs.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        if r is None or (N, stage) == (1, 0):
+            continue
+        name = f"inv.N{N}_stage{stage}"
+        bl = np.array([row["loss"] for row in base.rows])
+        rl = np.array([row["loss"] for row in r.rows])
+        el = float(np.max(np.abs(rl - bl) / np.abs(bl)))
+        check(name + ".loss", el <= TOL, f"max per-step rel err {el:.3e}; {rl.tolist()} vs {bl.tolist()}")
+        errs = {n: rel(r.final.get(n, np.zeros(0)), base.final[n]) for n in base.final}
+        worst = max(errs, key=errs.get)
+        missing = [n for n in base.final if n not in r.final]
+        check(name + ".final_params", not missing and errs[worst] <= TOL,
+              f"worst {worst} rel err {errs[worst]:.3e}" + (f"; missing {missing[:3]}" if missing else ""))
+        note(f"{name}: loss rel err {el:.2e}, final params worst {worst} {errs[worst]:.2e} ({r.secs:.1f} s)")
+
+
+def check_traffic(runs):
+    for (N, stage), r in sorted(runs.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        if r is None:
+            continue
+        threshold = INV_THRESHOLD if stage == "3p" else 0
+        st = 3 if stage == "3p" else stage
+        accum = INV_TBS // (INV_MICRO * N)
+        exp = expected_traffic(INV_NUMELS, N, st, accum, threshold)
+        bad = [(row["step"], {k: row.get(k) for k in exp}) for row in r.rows
+               if any(row.get(k) != v for k, v in exp.items())]
+        check(f"traffic.N{N}_stage{stage}", not bad,
+              f"expected {exp} every step; step {bad[0][0] if bad else ''} logged {bad[0][1] if bad else ''}")
+        if N == 4 or stage == "3p":
+            note(f"traffic N={N} stage {stage} (accum {accum}): {exp}")
+
+
+def check_memory_tables(runs):
+    for (N, stage), r in sorted(runs.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+        if r is None:
+            continue
+        plan, end = parse_memory(r.out)
+        name = f"mem.N{N}_stage{stage}"
+        missing = [c for c in ["parameter shard", "gradient shard", "Adam m", "Adam v", "activation checkpoints",
+                               "block activations", "logits and loss", "workspace", "total"] if c not in end]
+        if stage in (3, "3p") and N > 1:
+            missing += [c for c in ["gathered units", "unit gradient buffers"] if c not in end]
+        unequal = [f"{c}: planned {p} peak {k}" for c, (p, k) in end.items() if p != k]
+        differs = [f"{c}: start {plan.get(c)} end {p}" for c, (p, k) in end.items() if plan.get(c) != p]
+        check(name + ".planned_eq_peak", not missing and not unequal and not differs,
+              f"missing {missing}; {unequal[:3]}; {differs[:3]}")
+        threshold = INV_THRESHOLD if stage == "3p" else 0
+        exp = expected_state_bytes(INV_NUMELS, N, 3 if stage == "3p" else stage, threshold)
+        bad = [f"{c}: printed {end.get(c, ('-',))[0]}, computed {b} B = {format_bytes(b)}"
+               for c, b in exp.items() if end.get(c, (None,))[0] != format_bytes(b)]
+        check(name + ".state_bytes", not bad, "; ".join(bad))
+        if (N, stage) == (4, 3):
+            note(f"{name}: computed {exp}; printed " + ", ".join(f"{c} {end.get(c)}" for c in exp))
+
+
+def check_memory_ratio():
+    """A model dominated by its parameters: stage 3 at N=4 needs <= 1/3 of stage 0's memory."""
+    model = {"n_layer": 8, "n_head": 2, "n_embd": 64, "n_positions": 16}
+    totals = {}
+    for stage in (0, 3):
+        cfg = make_config(f"ratio_s{stage}", model, None, 1, 1, 1, stage, prefetch=50000, max_live=100000,
+                          seq_len=4, metrics=False)
+        r = run(f"ratio_s{stage}", 4, cfg, final=False)
+        if r is None:
+            return
+        _, end = parse_memory(r.out)
+        if "total" not in end:
+            check(f"mem.ratio_s{stage}_table", False, "no total line in the memory table")
+            return
+        unequal = [f"{c}: planned {p} peak {k}" for c, (p, k) in end.items() if p != k]
+        check(f"mem.ratio_s{stage}.planned_eq_peak", not unequal, "; ".join(unequal))
+        totals[stage] = parse_bytes(end["total"][1])
+        note(f"ratio model stage {stage} N=4: " + ", ".join(f"{c} {v[1]}" for c, v in end.items()))
+    ratio = totals[3] / totals[0]
+    check("mem.stage3_peak_le_third_of_stage0", ratio <= 1 / 3,
+          f"stage 3 peak {totals[3]:.0f} B / stage 0 peak {totals[0]:.0f} B = {ratio:.3f} > 1/3")
+    note(f"mem ratio: stage 3 N=4 peak total {format_bytes(totals[3])} / stage 0 {format_bytes(totals[0])} "
+         f"= {ratio:.3f}")
+
+
+def invariance_suite():
+    runs = {}
+    for N in (1, 2, 3, 4):
+        for stage in (0, 1, 2, 3, "3p"):
+            if stage == "3p" and N == 1:
+                continue
+            st = 3 if stage == "3p" else stage
+            th = INV_THRESHOLD if stage == "3p" else 0
+            name = f"inv_N{N}_s{stage}"
+            cfg = make_config(name, INV_MODEL, INV_TBS, INV_MICRO, None, INV_STEPS, st, threshold=th)
+            runs[(N, stage)] = run(name, N, cfg, steps=INV_STEPS)
+    base = runs.get((1, 0))
+    if base is None:
+        check("inv.baseline", False, "the N=1 stage-0 run failed; nothing to compare with")
+    else:
+        check_invariance(runs, base)
+    check_sizes(runs)
+    check_traffic(runs)
+    check_memory_tables(runs)
+    s3 = [(N, r) for (N, stage), r in runs.items() if stage == 3 and N > 1]
+    bad = [f"N={N}: {'run failed' if r is None else 'no communication line'}" for N, r in s3
+           if r is None or "communication on rank 0" not in r.out]
+    check("comm.stage3_prints_communication", len(s3) == 3 and not bad, "; ".join(bad))
+    return runs
+
+
+# ---- 4a: shards of pure padding ------------------------------------------------------------------
+def check_padding_shards():
+    # C=8: the head unit is ln_f.weight at 0..7 and ln_f.bias at 16..23 (alignment 16), numel 32,
+    # padded to 64 at N=4: shard 16 each, so ranks 2 and 3 own nothing but padding
+    model = {"n_layer": 1, "n_head": 2, "n_embd": 8, "n_positions": 16}
+    head = unit_layout(1, 8, V, 16)[-1]
+    note(f"pad: head unit numel {head[1]}, padded at N=4 {padded(head[1], 4)}, shard {padded(head[1], 4) // 4}, "
+         f"tensors {head[2]}")
+    res = {}
+    for N in (1, 4):
+        for stage in (2, 3):
+            name = f"pad_N{N}_s{stage}"
+            cfg = make_config(name, model, 8, 2, None, 10, stage, prefetch=100)
+            res[(N, stage)] = run(name, N, cfg, steps=10)
+    base = res.get((1, 2))
+    for stage in (2, 3):
+        r = res.get((4, stage))
+        if r is None or base is None:
+            check(f"pad.N4_stage{stage}", False, "a run failed")
+            continue
+        bl = np.array([row["loss"] for row in base.rows])
+        rl = np.array([row["loss"] for row in r.rows])
+        el = float(np.max(np.abs(rl - bl) / np.abs(bl)))
+        errs = {n: rel(r.final.get(n, np.zeros(0)), base.final[n]) for n in base.final}
+        worst = max(errs, key=errs.get)
+        check(f"pad.N4_stage{stage}", el <= TOL and errs[worst] <= TOL,
+              f"loss rel err {el:.3e}, worst param {worst} {errs[worst]:.3e}")
+        note(f"pad N=4 stage {stage}: loss rel err {el:.2e}, worst param {worst} {errs[worst]:.2e}, "
+             f"ln_f.bias {errs.get('ln_f.bias', float('nan')):.2e}")
+        _, end = parse_memory(r.out)
+        unequal = [f"{c}: planned {p} peak {k}" for c, (p, k) in end.items() if p != k]
+        check(f"pad.N4_stage{stage}.planned_eq_peak", end and not unequal, "; ".join(unequal) or "no table")
+
+
+# ---- 4b: inconsistent batch triple -----------------------------------------------------------------
+def check_bad_batch():
+    cfg = make_config("bad_batch", INV_MODEL, 24, 2, 3, 2, 3)  # 2 x 3 x N != 24 for N = 1, 2
+    for N in (1, 2):
+        cmd = mpirun_cmd(N, cfg)
+        try:
+            r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+        except subprocess.TimeoutExpired:
+            check(f"bad.batch_triple_N{N}", False, "timed out")
+            continue
+        err = r.stderr.decode(errors="replace")
+        lines = [line for line in err.splitlines() if "error" in line]
+        ok = r.returncode == 2 and lines and all("train_batch_size" in line for line in lines)
+        check(f"bad.batch_triple_N{N}", ok, f"exit status {r.returncode} (want 2); error lines {lines[:2]}")
+        if lines:
+            note(f"bad N={N}: {lines[0]}")
+
+
+# ---- 4c: a rank killed mid-run -----------------------------------------------------------------------
+def rank_pids(cfg_path, parent):
+    """{rank: pid} of the shardlm processes running cfg_path (found through /proc)."""
+    found = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if cfg_path.encode() not in argv or not argv[0].endswith(b"shardlm"):
+                continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+        if ppid == parent and b"OMPI_COMM_WORLD_RANK" in env:
+            found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(d)
+    return found
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def check_killed_rank():
+    name = "fault"
+    cfg = make_config(name, INV_MODEL, None, 2, 1, 100000, 3)
+    mpath = os.path.join(TMP, name + ".jsonl")
+    if os.path.exists(mpath):
+        os.remove(mpath)
+    p = subprocess.Popen(mpirun_cmd(3, cfg), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        steps = 0
+        while time.time() < deadline and p.poll() is None:
+            if os.path.exists(mpath):
+                with open(mpath) as f:
+                    steps = sum(1 for line in f if '"loss"' in line)
+            if steps >= 3:
+                break
+            time.sleep(0.05)
+        pids = rank_pids(cfg, p.pid)
+        if steps < 3 or sorted(pids) != [0, 1, 2]:
+            check("fault.setup", False, f"{steps} steps logged, rank pids {pids}, mpirun status {p.poll()}")
+            return
+        os.kill(pids[1], signal.SIGKILL)
+        t_kill = time.time()
+        try:
+            p.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            pass
+        waited = time.time() - t_kill
+        rc = p.poll()
+        others_alive = [r for r in (0, 2) if alive(pids[r])]
+        out = p.stdout.read().decode(errors="replace") if rc is not None else ""
+        check("fault.mpirun_exits_nonzero", rc is not None and rc != 0 and waited <= 60,
+              f"mpirun status {rc} after {waited:.1f} s (want non-zero within 60 s)")
+        check("fault.other_ranks_exit", not others_alive, f"ranks {others_alive} still running {waited:.1f} s "
+              f"after rank 1 was killed")
+        note(f"fault: rank 1 (pid {pids[1]}) killed after {steps} steps; mpirun exited with {rc} after "
+             f"{waited:.2f} s; last output: {' | '.join(out.strip().splitlines()[-3:])}")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def main():
+    if not os.access(BIN, os.X_OK):
+        check("binary", False, f"{BIN} is not an executable; run 'make all' or set SHARDLM_BIN")
+        return
+    t0 = time.time()
+    invariance_suite()
+    note(f"invariance/traffic/memory suite: {time.time() - t0:.1f} s")
+    check_memory_ratio()
+    check_padding_shards()
+    check_bad_batch()
+    check_killed_rank()
+    note(f"total {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as e:  # a crash is a failure with its reason, never a silent pass
+        import traceback
+        traceback.print_exc()
+        check("t_zero", False, f"{type(e).__name__}: {e}")
+    if OWN_TMP:
+        import shutil
+        shutil.rmtree(OWN_TMP, ignore_errors=True)
+    sys.exit(1 if failures else 0)
