@@ -15,6 +15,9 @@
  * waiting forever. Any fail_input/fail_internal on a rank aborts every rank
  * (MPI_Abort) once comm_init has run.
  *
+ * SHARDLM_BENCH=compute-only turns every collective into a no-op, so that the
+ * overlap benchmark can time compute alone (results are then wrong).
+ *
  * comm_wait_seconds and comm_busy_seconds say how much communication was
  * exposed (the caller blocked) and how long the collectives took; the engine
  * counts the bytes it moves itself (zero.c), by the formulas of DESIGN §3.
@@ -42,6 +45,7 @@ struct comm {
     int local_rank, local_world; /* on this node (device selection) */
     double wait_seconds;       /* time spent blocked in comm_wait (exposed communication) */
     double busy_seconds;       /* time the communication thread spent in collectives */
+    int skip;                  /* SHARDLM_BENCH=compute-only: collectives do nothing (benchmarks) */
     void *impl;
 };
 

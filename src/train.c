@@ -33,6 +33,7 @@ struct trainer {
     struct gpt2_acts acts;
     struct dataset train_data, val_data;
     int have_val;
+    int comm_only;          /* SHARDLM_BENCH=comm-only: passes walked without compute */
     FILE *metrics;
     long step;              /* optimizer steps done */
     uint64_t samples_seen;  /* global samples consumed (data position) */
@@ -156,6 +157,10 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm)
             memcpy(dump_tokens, tr->acts.inputs, BT * sizeof *dump_tokens);
             memcpy(dump_tokens + BT, tr->acts.targets, BT * sizeof *dump_tokens);
         }
+        if (tr->comm_only) {
+            zero_replay_pass(&tr->zero, &tr->train_pass);
+            continue;
+        }
         zero_begin_pass(&tr->zero, &tr->train_pass);
         loss_sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1, GPT2_TRAIN);
         gpt2_backward(&tr->zero, &tr->acts, B, T, dloss);
@@ -179,7 +184,8 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm)
         if (coef < 1.0)
             grad_scale = (float)coef;
     }
-    zero_optimizer_step(&tr->zero, &cfg->optimizer, lr, grad_scale);
+    if (!tr->comm_only)
+        zero_optimizer_step(&tr->zero, &cfg->optimizer, lr, grad_scale);
     tr->samples_seen += (uint64_t)cfg->train_batch_size;
     tr->step++;
     return loss;
@@ -278,6 +284,8 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     tr.comm = comm;
     tr.rank = comm->rank;
     tr.world = comm->world;
+    const char *bench = getenv("SHARDLM_BENCH");
+    tr.comm_only = bench && strcmp(bench, "comm-only") == 0;
     backend_init(cfg->train.threads);
     trainer_setup(&tr);
     backend_check_performance();
@@ -302,7 +310,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         double dt = now_seconds() - t0;
         uint64_t bytes[COMM_KINDS];
         zero_take_traffic(&tr.zero, bytes);
-        if (!isfinite(loss))
+        if (!isfinite(loss) && !tr.comm_only && !comm->skip)
             fail_input("step %ld: the loss is %f; lower optimizer.params.lr or enable gradient_clipping", tr.step,
                        loss);
         uint64_t total = bytes[COMM_ALLGATHER] + bytes[COMM_REDUCE_SCATTER] + bytes[COMM_ALLREDUCE];

@@ -441,7 +441,7 @@ void zero_note_pool_peaks(struct zero *z)
 
 /* ---- the plan ------------------------------------------------------------------ */
 
-static void replay(struct zero *z, const struct zero_pass *pass)
+void zero_replay_pass(struct zero *z, const struct zero_pass *pass)
 {
     zero_begin_pass(z, pass);
     for (int e = 0; e < pass->n_events; e++) {
@@ -463,7 +463,7 @@ void zero_plan(const struct model *m, const struct config *cfg, int world, const
     struct zero z;
     zero_init(&z, m, cfg, NULL, 0, world, true, NULL, NULL, NULL);
     for (int p = 0; p < n_passes; p++)
-        replay(&z, &passes[p]);
+        zero_replay_pass(&z, &passes[p]);
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z.units[u];
         bytes[BUF_PARAMS] += f32_bytes(zu->sharded ? zu->shard : zu->padded);

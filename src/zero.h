@@ -146,6 +146,11 @@ void zero_note_pool_peaks(struct zero *z);
 /* Copies the full gradients of unit u into out (all ranks must call; after zero_reduce_grads). */
 void zero_gather_grads(struct zero *z, int u, float *out);
 
+/* Walks a whole pass without computing: every gather, reduce-scatter and
+ * buffer of a real pass, none of the kernels (the plan's dry run, and the
+ * "communication alone" measurement of the overlap benchmark). */
+void zero_replay_pass(struct zero *z, const struct zero_pass *pass);
+
 /* Reads and clears the bytes sent per collective kind. */
 void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS]);
 /* Copies the full value of unit u's parameters into out (all ranks must call). */
