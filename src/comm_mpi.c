@@ -146,6 +146,11 @@ static void *comm_thread_main(void *arg)
 void comm_init(struct comm *c, int *argc, char ***argv)
 {
     memset(c, 0, sizeof *c);
+    /* The communication thread shares the cores with the compute threads:
+     * Open MPI's progress loop must yield while it waits for a peer instead of
+     * spinning a core away from the compute (measured: 450 ms per step with
+     * yield against 770 ms without, 2 ranks on 2 cores). A user's setting wins. */
+    setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
     int provided = 0;
     mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "init");
     if (provided < MPI_THREAD_SERIALIZED)

@@ -268,6 +268,16 @@ static void sample_text(struct trainer *tr)
     free(probs);
 }
 
+/* The last metrics line: planned and peak bytes per buffer class, exact. */
+static void write_memory_json(struct trainer *tr)
+{
+    fprintf(tr->metrics, "{\"memory\": {");
+    for (int k = 0; k < BUF_COUNT; k++)
+        fprintf(tr->metrics, "%s\"%s\": {\"space\": \"%s\", \"planned\": %zu, \"peak\": %zu}", k ? ", " : "",
+                arena_class_name(k), arena_space_name(tr->plan.space[k]), tr->plan.bytes[k], tr->mem.peak[k]);
+    fprintf(tr->metrics, "}}\n");
+}
+
 static void log_traffic(struct trainer *tr, const uint64_t bytes[COMM_KINDS], char *json, size_t n)
 {
     snprintf(json, n, ", \"bytes_allgather\": %llu, \"bytes_reduce_scatter\": %llu, \"bytes_allreduce\": %llu",
@@ -344,6 +354,15 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     }
     sample_text(&tr);
     zero_note_pool_peaks(&tr.zero);
+    /* Every rank's peaks, worst case: the table shows what the largest rank needed. */
+    double peaks[BUF_COUNT];
+    for (int k = 0; k < BUF_COUNT; k++)
+        peaks[k] = (double)tr.mem.peak[k];
+    comm_allreduce(comm, peaks, BUF_COUNT, COMM_F64, COMM_MAX, NULL);
+    for (int k = 0; k < BUF_COUNT; k++)
+        tr.mem.peak[k] = (size_t)peaks[k];
+    if (tr.metrics)
+        write_memory_json(&tr);
     plan_print(&tr.plan, &tr.mem, "memory per rank at the end (planned vs peak):");
     if (tr.world > 1)
         log_info("communication on rank 0: %.2f s in collectives, %.2f s of it exposed (compute waited)",
