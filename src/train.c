@@ -52,6 +52,11 @@ static void trainer_setup(struct trainer *tr)
         dataset_open(&tr->val_data, cfg->data.val_path, cfg->data.seq_len, cfg->model.vocab_size, false,
                      cfg->train.seed, "validation data");
         tr->have_val = 1;
+        if (tr->val_data.n_windows < (size_t)cfg->micro_batch * tr->world)
+            fail_input("validation data '%s' has %zu sequences of %d tokens, fewer than one micro-batch on every "
+                       "rank (%d x %d); give a larger validation set or drop data.val",
+                       cfg->data.val_path, tr->val_data.n_windows, cfg->data.seq_len + 1, cfg->micro_batch,
+                       tr->world);
     }
     gpt2_build_passes(&tr->model, &tr->train_pass, &tr->eval_pass);
     plan_compute(&tr->plan, &tr->model, cfg, tr->world);
@@ -191,26 +196,27 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm)
     return loss;
 }
 
+/* Validation loss over the first eval_batches x train_batch_size sequences of
+ * the validation set (fewer if it is smaller), the same sequences at any world
+ * size: rank r takes micro-batch slots r, r + N, ... of each group of N. */
 static float evaluate(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
     const int B = cfg->micro_batch, T = cfg->data.seq_len;
-    size_t windows = tr->val_data.n_windows;
-    int batches = cfg->train.eval_batches;
-    if ((size_t)batches * B * tr->world > windows)
-        batches = (int)(windows / ((size_t)B * tr->world));
-    if (batches < 1)
-        return NAN;
+    const size_t group = (size_t)B * tr->world;
+    size_t groups = (size_t)cfg->train.eval_batches * cfg->grad_accum;
+    if (groups * group > tr->val_data.n_windows)
+        groups = tr->val_data.n_windows / group;
     double sum = 0.0;
-    for (int i = 0; i < batches; i++) {
-        uint64_t first = (uint64_t)i * B * tr->world + (uint64_t)tr->rank * B;
+    for (size_t i = 0; i < groups; i++) {
+        uint64_t first = (uint64_t)(i * group) + (uint64_t)tr->rank * B;
         dataset_read_batch(&tr->val_data, first, B, tr->acts.inputs, tr->acts.targets);
         zero_begin_pass(&tr->zero, &tr->eval_pass);
         sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1, GPT2_EVAL);
         zero_end_pass(&tr->zero);
     }
     comm_allreduce(tr->comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
-    return (float)(sum / ((double)batches * tr->world));
+    return (float)(sum / ((double)groups * tr->world));
 }
 
 /* Samples tokens from the model, starting from a newline; prints bytes when the
@@ -339,9 +345,11 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         if (tr.have_val && cfg->train.eval_every > 0 &&
             (tr.step % cfg->train.eval_every == 0 || tr.step == cfg->train.steps)) {
             float vl = evaluate(&tr);
+            zero_take_traffic(&tr.zero, bytes); /* validation's gathers are not the step's */
             log_info("step %5ld | validation loss %.6f", tr.step, vl);
             if (tr.metrics)
-                fprintf(tr.metrics, "{\"step\": %ld, \"val_loss\": %.9g}\n", tr.step, vl);
+                fprintf(tr.metrics, "{\"step\": %ld, \"val_loss\": %.9g, \"val_bytes_allgather\": %llu}\n", tr.step,
+                        vl, (unsigned long long)bytes[COMM_ALLGATHER]);
         }
         if (tr.metrics)
             fflush(tr.metrics);

@@ -8,22 +8,29 @@ run), per step for losses: |a - b| / |b|.
 
 Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
   sizes.*       unit sizes computed here (model.c's layout rules, padding to
-                N*16) reproduce the binary's planned "parameter shard" bytes
-  inv.*         one tiny model, train_batch_size 24 = micro 2 x accum 24/(2N),
-                20 steps, clipping on, N = 1..4 x stage 0..3 (+ stage 3 with a
-                persistence threshold): per-step loss and final parameters
-                equal the N=1 stage-0 run within 1e-5
+                N*16) reproduce the binary's parameter count and its planned
+                "parameter shard" bytes
+  inv.*         one tiny model (2 layers, C=32, vocab 100, T=16),
+                train_batch_size 24 = micro 2 x accum 24/(2N), 20 steps,
+                clipping on, N = 1..4 x stage 0, 1, 2, 3, 3p (stage 3 with
+                the embedding and head persistent), 3a (every unit
+                persistent): per-step loss and grad norm, and final
+                parameters equal the N=1 stage-0 run within 1e-5 (the key
+                slice of c_attn.bias by size only, see compare_params)
   traffic.*     bytes_allgather / bytes_reduce_scatter / bytes_allreduce of
-                every step equal DESIGN §3's formulas exactly
-  mem.*         planned shard bytes of every stage equal the formulas (exact,
-                as the binary formats them); planned == peak for every class;
-                a parameter-dominated model at stage 3 N=4 peaks at <= 1/3 of
-                its stage-0 total
+                every step equal DESIGN §3's formulas exactly, also with
+                validation passes between the steps
+  mem.*         the shard classes' planned bytes equal the formulas exactly
+                (metrics file's memory line) and as printed; planned == peak
+                for every class; the printed table shows the metrics' bytes;
+                a parameter-dominated model (24 layers, C=64, B=1, T=4) at
+                stage 3 N=4 peaks at <= 1/3 of its stage-0 total
   pad.*         C=8, N=4: the head unit's shards 2 and 3 are pure padding;
                 training runs and matches N=1
-  bad.*         inconsistent batch triple: exit 2, message names train_batch_size
-  fault.*       rank 1 of 3 killed with SIGKILL mid-run: mpirun and the other
-                ranks exit non-zero within 60 s
+  bad.*         inconsistent batch triple (N=1 and N=2): exit 2, every error
+                line names train_batch_size
+  fault.*       rank 1 of 3 killed with SIGKILL mid-run: mpirun exits
+                non-zero and the other ranks are gone within 60 s
   comm.*        stage 3 runs print "communication on rank 0" and exit 0
 
 Environment: SHARDLM_BIN (default bin/shardlm under the repo root),
@@ -169,13 +176,6 @@ def format_bytes(b):
     return f"{b:.0f} {units[i]}" if i == 0 else f"{b:.2f} {units[i]}"
 
 
-def parse_bytes(s):
-    num, unit = s.split()
-    return float(num) * {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 ** 4}[unit]
-
-
-MEM_CLASSES = ["parameter shard", "gradient shard", "gathered units", "unit gradient buffers", "Adam m", "Adam v",
-               "activation checkpoints", "block activations", "logits and loss", "workspace", "total"]
 SIZE = r"(\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB))"
 
 
@@ -190,9 +190,9 @@ def parse_memory(out):
         if line.startswith("memory per rank at the end"):
             section = "end"
             continue
-        if section is None or not line.startswith("  "):
-            if section is not None and not line.startswith("  "):
-                section = None
+        # lines that do not match are skipped, not taken as the table's end: mpirun forwards stderr
+        # (e.g. the OpenBLAS warning) separately from stdout, so it can land inside a table
+        if section is None:
             continue
         m = re.match(r"^  (.+?)\s{2,}(device|pinned host|host)\s+" + SIZE + r"(?:\s+" + SIZE + r")?\s*$", line)
         if not m:
@@ -249,8 +249,10 @@ def make_config(name, model, tbs, micro, accum, steps, stage, threshold=0, prefe
 
 
 class Run:
-    def __init__(self, name, rc, out, rows, final, secs):
+    def __init__(self, name, rc, out, rows, final, secs, memory, val_rows):
         self.name, self.rc, self.out, self.rows, self.final, self.secs = name, rc, out, rows, final, secs
+        self.memory = memory      # {class: {"planned": bytes, "peak": bytes}} from the metrics' last line
+        self.val_rows = val_rows
 
 
 def mpirun_cmd(N, cfg, *extra):
@@ -273,21 +275,25 @@ def run(name, N, cfg, steps=None, timeout=120, final=True):
         return None
     secs = time.time() - t0
     out = r.stdout.decode(errors="replace")
+    with open(os.path.join(TMP, name + ".out"), "w") as f:
+        f.write(out)
     if r.returncode != 0:
         tail = out.strip().splitlines()[-6:]
         check(f"run.{name}", False, f"exit status {r.returncode}: {' | '.join(tail)}")
         return None
-    rows = []
+    rows, memory, val_rows = [], None, []
     if os.path.exists(mpath):
         with open(mpath) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-        rows = [row for row in rows if "loss" in row]
+            all_rows = [json.loads(line) for line in f if line.strip()]
+        rows = [row for row in all_rows if "loss" in row]
+        val_rows = [row for row in all_rows if "val_loss" in row]
+        memory = next((row["memory"] for row in all_rows if "memory" in row), None)
     if steps is not None:
         ok = [row.get("step") for row in rows] == list(range(1, steps + 1))
         if not ok:
             check(f"run.{name}", False, f"metrics steps {[row.get('step') for row in rows]}, expected 1..{steps}")
             return None
-    return Run(name, r.returncode, out, rows, read_dump(fpath) if final else None, secs)
+    return Run(name, r.returncode, out, rows, read_dump(fpath) if final else None, secs, memory, val_rows)
 
 
 # ---- 1-3: invariance, traffic, memory -------------------------------------------------------------
@@ -295,8 +301,9 @@ INV_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": 16}
 INV_STEPS = 20
 INV_TBS, INV_MICRO = 24, 2
 INV_NUMELS = unit_numels(2, 32, V, 16)
-# embedding 4608 and head 64 elements persistent, blocks (12704) sharded
-INV_THRESHOLD = 5000
+# stage variants: "3p": embedding (4608) and head (64 elements) persistent, blocks (12704) sharded;
+# "3a": every unit persistent (stage 3 then moves what stage 2 moves)
+VARIANTS = {0: (0, 0), 1: (1, 0), 2: (2, 0), 3: (3, 0), "3p": (3, 5000), "3a": (3, 10 ** 9)}
 
 
 def check_sizes(runs):
@@ -323,6 +330,44 @@ def check_sizes(runs):
     note(f"unit numels {INV_NUMELS}; Psi_N = {psi}")
 
 
+KEY_NOISE = 1e-3
+
+
+def compare_params(name, got, want, C):
+    """NAME.final_params: rel(got, want) <= TOL for every tensor, where c_attn.bias is judged on its query
+    and value slices; NAME.key_bias_is_noise: the key slice of c_attn.bias stays below KEY_NOISE x the
+    tensor's scale in both runs.
+
+    The loss does not depend on the key bias (softmax is invariant to adding q.b_k to every score of a
+    row), so its exact gradient is 0 and what the runs compute is fp32 rounding noise, which depends on
+    the summation order (world size, stage). AdamW normalises that noise into updates of about 1e-4 lr
+    per step with an arbitrary sign: two correct runs agree on it no better than on noise (measured:
+    |b_k| ~ 8e-6 and run-to-run differences of the same size, 2.8e-4 of max|c_attn.bias| = 0.035), so
+    it is compared by its size, separately and by name, not by value."""
+    errs = {}
+    key_bad = []
+    for n in want:
+        a, b = got.get(n), want[n]
+        if a is None:
+            errs[n] = float("inf")
+            continue
+        if n.endswith("attn.c_attn.bias"):
+            keep = np.r_[0:C, 2 * C:3 * C]
+            errs[n] = rel(np.asarray(a)[keep], np.asarray(b)[keep])
+            scale = float(np.max(np.abs(b)))
+            for which, arr in (("this run", a), ("baseline", b)):
+                k = float(np.max(np.abs(np.asarray(arr)[C:2 * C])))
+                if not k <= KEY_NOISE * scale:
+                    key_bad.append(f"{n} key slice max |b_k| {k:.3e} in {which} > {KEY_NOISE:.0e} x {scale:.3e}")
+        else:
+            errs[n] = rel(a, b)
+    worst = max(errs, key=errs.get)
+    check(name + ".final_params", errs[worst] <= TOL, f"worst {worst} rel err {errs[worst]:.3e}")
+    check(name + ".key_bias_is_noise", not key_bad, "; ".join(key_bad))
+    note(f"{name}: final params worst {worst} {errs[worst]:.2e}")
+    return errs
+
+
 def check_invariance(runs, base):
     for (N, stage), r in sorted(runs.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         if r is None or (N, stage) == (1, 0):
@@ -332,27 +377,26 @@ def check_invariance(runs, base):
         rl = np.array([row["loss"] for row in r.rows])
         el = float(np.max(np.abs(rl - bl) / np.abs(bl)))
         check(name + ".loss", el <= TOL, f"max per-step rel err {el:.3e}; {rl.tolist()} vs {bl.tolist()}")
-        errs = {n: rel(r.final.get(n, np.zeros(0)), base.final[n]) for n in base.final}
-        worst = max(errs, key=errs.get)
-        missing = [n for n in base.final if n not in r.final]
-        check(name + ".final_params", not missing and errs[worst] <= TOL,
-              f"worst {worst} rel err {errs[worst]:.3e}" + (f"; missing {missing[:3]}" if missing else ""))
-        note(f"{name}: loss rel err {el:.2e}, final params worst {worst} {errs[worst]:.2e} ({r.secs:.1f} s)")
+        bn = np.array([row["grad_norm"] for row in base.rows])
+        rn = np.array([row["grad_norm"] for row in r.rows])
+        en = float(np.max(np.abs(rn - bn) / np.abs(bn)))
+        check(name + ".grad_norm", en <= TOL, f"max per-step rel err {en:.3e}; {rn.tolist()} vs {bn.tolist()}")
+        compare_params(name, r.final, base.final, INV_MODEL["n_embd"])
+        note(f"{name}: loss rel err {el:.2e}, grad norm rel err {en:.2e} ({r.secs:.1f} s)")
 
 
 def check_traffic(runs):
     for (N, stage), r in sorted(runs.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         if r is None:
             continue
-        threshold = INV_THRESHOLD if stage == "3p" else 0
-        st = 3 if stage == "3p" else stage
+        st, threshold = VARIANTS[stage]
         accum = INV_TBS // (INV_MICRO * N)
         exp = expected_traffic(INV_NUMELS, N, st, accum, threshold)
         bad = [(row["step"], {k: row.get(k) for k in exp}) for row in r.rows
                if any(row.get(k) != v for k, v in exp.items())]
         check(f"traffic.N{N}_stage{stage}", not bad,
               f"expected {exp} every step; step {bad[0][0] if bad else ''} logged {bad[0][1] if bad else ''}")
-        if N == 4 or stage == "3p":
+        if N == 4 or stage in ("3p", "3a"):
             note(f"traffic N={N} stage {stage} (accum {accum}): {exp}")
 
 
@@ -368,35 +412,59 @@ def check_memory_tables(runs):
             missing += [c for c in ["gathered units", "unit gradient buffers"] if c not in end]
         unequal = [f"{c}: planned {p} peak {k}" for c, (p, k) in end.items() if p != k]
         differs = [f"{c}: start {plan.get(c)} end {p}" for c, (p, k) in end.items() if plan.get(c) != p]
-        check(name + ".planned_eq_peak", not missing and not unequal and not differs,
+        check(name + ".table_planned_eq_peak", not missing and not unequal and not differs,
               f"missing {missing}; {unequal[:3]}; {differs[:3]}")
-        threshold = INV_THRESHOLD if stage == "3p" else 0
-        exp = expected_state_bytes(INV_NUMELS, N, 3 if stage == "3p" else stage, threshold)
+        st, threshold = VARIANTS[stage]
+        exp = expected_state_bytes(INV_NUMELS, N, st, threshold)
         bad = [f"{c}: printed {end.get(c, ('-',))[0]}, computed {b} B = {format_bytes(b)}"
                for c, b in exp.items() if end.get(c, (None,))[0] != format_bytes(b)]
-        check(name + ".state_bytes", not bad, "; ".join(bad))
+        check(name + ".table_state_bytes", not bad, "; ".join(bad))
+        # exact bytes: the metrics file's last line
+        mem = r.memory
+        if mem is None:
+            check(name + ".exact", False, "no {\"memory\": ...} line in the metrics file")
+            continue
+        unequal = [f"{c}: planned {v['planned']} peak {v['peak']}" for c, v in mem.items()
+                   if v["planned"] != v["peak"]]
+        check(name + ".exact_planned_eq_peak", not unequal, "; ".join(unequal))
+        bad = [f"{c}: planned {mem.get(c, {}).get('planned')}, computed {b}" for c, b in exp.items()
+               if mem.get(c, {}).get("planned") != b]
+        check(name + ".exact_state_bytes", not bad, "; ".join(bad))
+        # the printed table shows the same numbers
+        shown = dict(end)
+        total = sum(v["planned"] for v in mem.values())
+        want = {c: format_bytes(v["planned"]) for c, v in mem.items() if v["planned"] or v["peak"]}
+        want["total"] = format_bytes(total)
+        off = [f"{c}: table {shown.get(c, ('-',))[0]}, metrics {w}" for c, w in want.items()
+               if shown.get(c, (None,))[0] != w]
+        check(name + ".table_matches_metrics", not off, "; ".join(off[:4]))
         if (N, stage) == (4, 3):
-            note(f"{name}: computed {exp}; printed " + ", ".join(f"{c} {end.get(c)}" for c in exp))
+            note(f"{name}: computed {exp}; metrics " + ", ".join(f"{c} {mem.get(c)}" for c in exp))
 
 
 def check_memory_ratio():
     """A model dominated by its parameters: stage 3 at N=4 needs <= 1/3 of stage 0's memory."""
-    model = {"n_layer": 8, "n_head": 2, "n_embd": 64, "n_positions": 16}
+    model = {"n_layer": 24, "n_head": 2, "n_embd": 64, "n_positions": 16}
     totals = {}
     for stage in (0, 3):
         cfg = make_config(f"ratio_s{stage}", model, None, 1, 1, 1, stage, prefetch=50000, max_live=100000,
-                          seq_len=4, metrics=False)
+                          seq_len=4)
         r = run(f"ratio_s{stage}", 4, cfg, final=False)
         if r is None:
             return
-        _, end = parse_memory(r.out)
-        if "total" not in end:
-            check(f"mem.ratio_s{stage}_table", False, "no total line in the memory table")
+        if r.memory is None:
+            check(f"mem.ratio_s{stage}", False, "no memory line in the metrics file")
             return
-        unequal = [f"{c}: planned {p} peak {k}" for c, (p, k) in end.items() if p != k]
+        unequal = [f"{c}: planned {v['planned']} peak {v['peak']}" for c, v in r.memory.items()
+                   if v["planned"] != v["peak"]]
         check(f"mem.ratio_s{stage}.planned_eq_peak", not unequal, "; ".join(unequal))
-        totals[stage] = parse_bytes(end["total"][1])
-        note(f"ratio model stage {stage} N=4: " + ", ".join(f"{c} {v[1]}" for c, v in end.items()))
+        exp = expected_state_bytes(unit_numels(24, 64, V, 16), 4, stage)
+        bad = [f"{c}: planned {r.memory.get(c, {}).get('planned')}, computed {b}" for c, b in exp.items()
+               if r.memory.get(c, {}).get("planned") != b]
+        check(f"mem.ratio_s{stage}.exact_state_bytes", not bad, "; ".join(bad))
+        totals[stage] = sum(v["peak"] for v in r.memory.values())
+        note(f"ratio model stage {stage} N=4: " + ", ".join(f"{c} {v['peak']}" for c, v in r.memory.items()
+                                                             if v["peak"]) + f"; total {totals[stage]}")
     ratio = totals[3] / totals[0]
     check("mem.stage3_peak_le_third_of_stage0", ratio <= 1 / 3,
           f"stage 3 peak {totals[3]:.0f} B / stage 0 peak {totals[0]:.0f} B = {ratio:.3f} > 1/3")
@@ -407,11 +475,10 @@ def check_memory_ratio():
 def invariance_suite():
     runs = {}
     for N in (1, 2, 3, 4):
-        for stage in (0, 1, 2, 3, "3p"):
-            if stage == "3p" and N == 1:
+        for stage in VARIANTS:
+            if stage in ("3p", "3a") and N == 1:
                 continue
-            st = 3 if stage == "3p" else stage
-            th = INV_THRESHOLD if stage == "3p" else 0
+            st, th = VARIANTS[stage]
             name = f"inv_N{N}_s{stage}"
             cfg = make_config(name, INV_MODEL, INV_TBS, INV_MICRO, None, INV_STEPS, st, threshold=th)
             runs[(N, stage)] = run(name, N, cfg, steps=INV_STEPS)
@@ -428,6 +495,29 @@ def invariance_suite():
            if r is None or "communication on rank 0" not in r.out]
     check("comm.stage3_prints_communication", len(s3) == 3 and not bad, "; ".join(bad))
     return runs
+
+
+def check_traffic_with_validation():
+    """Validation passes between steps gather units too (stage 3); the bytes logged for a step must be
+    that step's alone (the formula), whatever ran between steps."""
+    name = "valtraffic"
+    N, steps, accum = 2, 6, INV_TBS // (INV_MICRO * 2)
+    cfg_path = make_config(name, INV_MODEL, INV_TBS, INV_MICRO, None, steps, 3)
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["data"]["val"] = DATA
+    cfg["train"].update(eval_every=2, eval_batches=2)
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    r = run(name, N, cfg_path, steps=steps, final=False)
+    if r is None:
+        return
+    exp = expected_traffic(INV_NUMELS, N, 3, accum)
+    bad = [(row["step"], {k: row.get(k) for k in exp}) for row in r.rows
+           if any(row.get(k) != v for k, v in exp.items())]
+    check("traffic.with_validation", len(r.val_rows) == 3 and not bad,
+          f"{len(r.val_rows)} validations; expected {exp} every step; logged "
+          + "; ".join(f"step {s_}: {b}" for s_, b in bad[:3]))
 
 
 # ---- 4a: shards of pure padding ------------------------------------------------------------------
@@ -453,12 +543,10 @@ def check_padding_shards():
         bl = np.array([row["loss"] for row in base.rows])
         rl = np.array([row["loss"] for row in r.rows])
         el = float(np.max(np.abs(rl - bl) / np.abs(bl)))
-        errs = {n: rel(r.final.get(n, np.zeros(0)), base.final[n]) for n in base.final}
-        worst = max(errs, key=errs.get)
-        check(f"pad.N4_stage{stage}", el <= TOL and errs[worst] <= TOL,
-              f"loss rel err {el:.3e}, worst param {worst} {errs[worst]:.3e}")
-        note(f"pad N=4 stage {stage}: loss rel err {el:.2e}, worst param {worst} {errs[worst]:.2e}, "
-             f"ln_f.bias {errs.get('ln_f.bias', float('nan')):.2e}")
+        check(f"pad.N4_stage{stage}.loss", el <= TOL, f"loss rel err {el:.3e}")
+        errs = compare_params(f"pad.N4_stage{stage}", r.final, base.final, 8)
+        note(f"pad N=4 stage {stage}: loss rel err {el:.2e}, ln_f.weight {errs.get('ln_f.weight', -1):.2e}, "
+             f"ln_f.bias {errs.get('ln_f.bias', -1):.2e}")
         _, end = parse_memory(r.out)
         unequal = [f"{c}: planned {p} peak {k}" for c, (p, k) in end.items() if p != k]
         check(f"pad.N4_stage{stage}.planned_eq_peak", end and not unequal, "; ".join(unequal) or "no table")
@@ -475,7 +563,7 @@ def check_bad_batch():
             check(f"bad.batch_triple_N{N}", False, "timed out")
             continue
         err = r.stderr.decode(errors="replace")
-        lines = [line for line in err.splitlines() if "error" in line]
+        lines = [line for line in err.splitlines() if line.startswith("shardlm") and "error" in line]
         ok = r.returncode == 2 and lines and all("train_batch_size" in line for line in lines)
         check(f"bad.batch_triple_N{N}", ok, f"exit status {r.returncode} (want 2); error lines {lines[:2]}")
         if lines:
@@ -513,14 +601,38 @@ def alive(pid):
         return False
 
 
+def raise_priority():
+    try:
+        old = (os.sched_getscheduler(0), os.sched_getparam(0))
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+        return old
+    except (OSError, AttributeError):
+        note("fault: could not raise the poller's priority; the kill may come late on a loaded machine")
+        return None
+
+
+def restore_priority(old):
+    if old is not None:
+        try:
+            os.sched_setscheduler(0, old[0], old[1])
+        except OSError:
+            pass
+
+
 def check_killed_rank():
     name = "fault"
-    cfg = make_config(name, INV_MODEL, None, 2, 1, 100000, 3)
+    cfg = make_config(name, INV_MODEL, None, 2, 1, 100000000, 3)  # never ends on its own
     mpath = os.path.join(TMP, name + ".jsonl")
     if os.path.exists(mpath):
         os.remove(mpath)
     p = subprocess.Popen(mpirun_cmd(3, cfg), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
+    # On this 2-core machine three oversubscribed ranks spin (sched_yield) in their collectives, and a
+    # normal-priority poller that sleeps was measured to wait up to 60 s on the run queue (Linux 6.18,
+    # EEVDF) before it ran again, so the kill came late and the wait measured the scheduler. The poller
+    # (this thread only, after the ranks were started so they do not inherit it) runs at real-time
+    # priority where allowed; it sleeps almost all the time.
+    prio = raise_priority()
     try:
         deadline = time.time() + 60
         steps = 0
@@ -555,6 +667,7 @@ def check_killed_rank():
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        restore_priority(prio)
 
 
 def main():
@@ -564,6 +677,7 @@ def main():
     t0 = time.time()
     invariance_suite()
     note(f"invariance/traffic/memory suite: {time.time() - t0:.1f} s")
+    check_traffic_with_validation()
     check_memory_ratio()
     check_padding_shards()
     check_bad_batch()

@@ -82,6 +82,11 @@ static int cmp(const void *a, const void *b)
 
 __attribute__((destructor)) static void report(void)
 {
+    /* Processes that made no calls (helpers the traced program forks or
+     * spawns, e.g. Open MPI's singleton daemon) write nothing, so they
+     * cannot overwrite the real report. */
+    if (n_keys == 0)
+        return;
     const char *path = getenv("SGEMM_TRACE_OUT");
     FILE *f = path ? fopen(path, "w") : stderr;
     if (!f)

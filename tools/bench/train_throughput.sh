@@ -2,7 +2,17 @@
 # Training throughput, shardlm against PyTorch, side by side in one run.
 #
 #   bash tools/bench/train_throughput.sh [--threads N] [--coretype X] [--steps N]
-#        [--shapes small,124M] [--batch-124m B] [--budget S] [--rounds R] [--no-build]
+#        [--shapes small,124M] [--batch-124m B] [--steps-124m N] [--budget S]
+#        [--rounds R] [--wait-quiet S] [--no-build]
+#
+#   --threads N     threads for both sides (default: all CPUs)
+#   --coretype X    OPENBLAS_CORETYPE=X for both sides and sgemm_peak ("none" unsets it)
+#   --steps N       steps per run, the first 2 (--warmup) not counted (default 10)
+#   --budget S      seconds per side and shape; past it a run stops after warm-up + 2
+#                   steps (default 120; keeps the Prescott-kernel 124M run in time)
+#   --rounds R      alternate shardlm/torch R times per shape, keep each side's best median
+#   --wait-quiet S  before each run wait up to S s for the CPUs to be idle (default 20,
+#                   90 s in all): the machine may be shared with other jobs
 #
 # Builds bin/shardlm (make all) and build/bench/sgemm_peak, then runs
 # tools/bench/train_throughput.py: for each shape a full training step
