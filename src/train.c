@@ -181,6 +181,10 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm)
         free(dump_logits);
         free(dump_tokens);
     }
+    if (zero_grads_overflow(&tr->zero))
+        fail_input("step %ld: the gradients hold inf or NaN (loss %g); lower optimizer.params.lr, enable "
+                   "gradient_clipping, or check the data",
+                   tr->step + 1, loss);
     double norm = zero_grad_norm(&tr->zero);
     *grad_norm = norm;
     float grad_scale = 1.0f;

@@ -350,6 +350,15 @@ void zero_reduce_grads(struct zero *z)
         comm_wait(z->comm, &z->units[u].rs_req);
 }
 
+bool zero_grads_overflow(struct zero *z)
+{
+    int32_t bad = 0;
+    for (int u = 0; u < z->model->n_units && !bad; u++)
+        bad = !backend_all_finite(opt_grads(&z->units[u]), z->units[u].opt_count);
+    comm_allreduce(z->comm, &bad, 1, COMM_I32, COMM_MAX, NULL);
+    return bad != 0;
+}
+
 double zero_grad_norm(struct zero *z)
 {
     double sum = 0.0;

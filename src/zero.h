@@ -134,6 +134,8 @@ void zero_grad_done(struct zero *z, int unit);
 void zero_zero_grads(struct zero *z);
 /* At the accumulation boundary: makes every rank's gradients final (stages 0-1 all-reduce). */
 void zero_reduce_grads(struct zero *z);
+/* Whether any rank's gradients hold an inf or a NaN (all-reduce MAX of the flags). */
+bool zero_grads_overflow(struct zero *z);
 /* Global L2 norm of the gradients (all ranks agree). */
 double zero_grad_norm(struct zero *z);
 /* AdamW on this rank's range; grad_scale multiplies every gradient first
