@@ -90,5 +90,7 @@ double backend_sum_squares(const float *x, size_t n);
 int backend_all_finite(const float *x, size_t n);
 void backend_scale(float *x, float s, size_t n);
 void backend_zero(float *x, size_t n);
+/* Copies bytes between any two memory spaces (device, pinned host). */
+void backend_copy(void *dst, const void *src, size_t bytes);
 
 #endif

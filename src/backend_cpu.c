@@ -387,3 +387,5 @@ void backend_scale(float *x, float s, size_t n)
 }
 
 void backend_zero(float *x, size_t n) { memset(x, 0, n * sizeof *x); }
+
+void backend_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }

@@ -6,9 +6,6 @@
 #include "backend.h"
 #include "util.h"
 
-/* Floats per token stored for one block (see struct block_acts), excluding att. */
-#define BLOCK_FLOATS_PER_TOKEN(C) (15 * (size_t)(C) + 4)
-
 static size_t f32(size_t n) { return arena_round(n * sizeof(float)); }
 
 static size_t scratch_floats(const struct model *m, int T)
@@ -17,22 +14,34 @@ static size_t scratch_floats(const struct model *m, int T)
     return att > ln ? att : ln;
 }
 
-void gpt2_plan(const struct model *m, int B, int T, size_t bytes[BUF_COUNT])
+static int n_segments(int L, int interval) { return (L + interval - 1) / interval; }
+
+/* Bytes of one set of block activations (struct block_acts). */
+static size_t block_set_bytes(size_t BT, size_t C, size_t B, size_t NH, size_t T)
+{
+    return f32(BT * C) + 2 * f32(BT) + f32(BT * 3 * C) + f32(B * NH * T * T) + f32(BT * C) + f32(BT * C) +
+           f32(BT * C) + 2 * f32(BT) + 2 * f32(BT * 4 * C);
+}
+
+void gpt2_plan(const struct model *m, int B, int T, int interval, size_t bytes[BUF_COUNT])
 {
     const size_t L = (size_t)m->cfg.n_layer, C = (size_t)m->cfg.n_embd, NH = (size_t)m->cfg.n_head;
     const size_t BT = (size_t)B * (size_t)T, Vp = (size_t)m->cfg.padded_vocab;
-    bytes[BUF_ACT_CKPT] += f32((L + 1) * BT * C);
-    /* per block: ln1 mean rstd qkv att atty res2 ln2 mean rstd fch fch_gelu */
-    size_t per_block = f32(BT * C) + 2 * f32(BT) + f32(BT * 3 * C) + f32((size_t)B * NH * T * T) +
-                       f32(BT * C) + f32(BT * C) + f32(BT * C) + 2 * f32(BT) + 2 * f32(BT * 4 * C);
-    bytes[BUF_ACTIVATIONS] += L * per_block;
+    const size_t set = block_set_bytes(BT, C, (size_t)B, NH, (size_t)T);
+    if (interval > 0) {
+        bytes[BUF_ACT_CKPT] += (size_t)n_segments((int)L, interval) * f32(BT * C);
+        bytes[BUF_ACTIVATIONS] += (size_t)interval * set + ((size_t)interval + 1) * f32(BT * C) + f32(BT * C);
+    } else {
+        bytes[BUF_ACT_CKPT] += L * f32(BT * C);
+        bytes[BUF_ACTIVATIONS] += L * set + f32(BT * C);
+    }
     bytes[BUF_LOGITS] += f32(BT * C) + 2 * f32(BT) + f32(BT * Vp) + f32(BT);
-    bytes[BUF_WORKSPACE] += 3 * f32(BT * C) + f32(BT * 3 * C) + f32(BT * 4 * C) +
-                            f32(scratch_floats(m, T)) + 2 * arena_round(BT * sizeof(int32_t));
+    bytes[BUF_WORKSPACE] += 3 * f32(BT * C) + f32(BT * 3 * C) + f32(BT * 4 * C) + f32(scratch_floats(m, T)) +
+                            2 * arena_round(BT * sizeof(int32_t));
 }
 
-void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T,
-                    struct arena arenas[SPACE_COUNT], struct mem_tracker *mem)
+void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, int interval,
+                    enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT], struct mem_tracker *mem)
 {
     const size_t L = (size_t)m->cfg.n_layer, C = (size_t)m->cfg.n_embd, NH = (size_t)m->cfg.n_head;
     const size_t BT = (size_t)B * (size_t)T, Vp = (size_t)m->cfg.padded_vocab;
@@ -40,11 +49,24 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T,
     memset(a, 0, sizeof *a);
     a->B = B;
     a->T = T;
+    a->interval = interval;
+    a->n_sets = interval > 0 ? interval : (int)L;
 #define ALLOC(cls, n) arena_alloc(dev, mem, cls, (n) * sizeof(float), 1)
-    a->resid = ALLOC(BUF_ACT_CKPT, (L + 1) * BT * C);
-    a->blocks = xcalloc(L, sizeof *a->blocks);
-    for (size_t l = 0; l < L; l++) {
-        struct block_acts *ba = &a->blocks[l];
+    /* Kept inputs first: without checkpointing they are every block's input. */
+    if (interval > 0) {
+        int segs = n_segments((int)L, interval);
+        a->ckpt = xcalloc((size_t)segs, sizeof *a->ckpt);
+        for (int s = 0; s < segs; s++)
+            a->ckpt[s] = arena_alloc(&arenas[ckpt_space], mem, BUF_ACT_CKPT, BT * C * sizeof(float), 1);
+        a->work = xcalloc((size_t)interval + 1, sizeof *a->work);
+    } else {
+        a->resid = xcalloc(L + 1, sizeof *a->resid);
+        for (size_t l = 0; l < L; l++)
+            a->resid[l] = ALLOC(BUF_ACT_CKPT, BT * C);
+    }
+    a->sets = xcalloc((size_t)a->n_sets, sizeof *a->sets);
+    for (int i = 0; i < a->n_sets; i++) {
+        struct block_acts *ba = &a->sets[i];
         ba->ln1 = ALLOC(BUF_ACTIVATIONS, BT * C);
         ba->ln1_mean = ALLOC(BUF_ACTIVATIONS, BT);
         ba->ln1_rstd = ALLOC(BUF_ACTIVATIONS, BT);
@@ -58,6 +80,12 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T,
         ba->fch = ALLOC(BUF_ACTIVATIONS, BT * 4 * C);
         ba->fch_gelu = ALLOC(BUF_ACTIVATIONS, BT * 4 * C);
     }
+    for (int i = 0; interval > 0 && i <= interval; i++)
+        a->work[i] = ALLOC(BUF_ACTIVATIONS, BT * C);
+    a->final = ALLOC(BUF_ACTIVATIONS, BT * C);
+    if (a->resid)
+        a->resid[L] = a->final;
+    a->seg_params = xcalloc((size_t)a->n_sets, sizeof *a->seg_params);
     a->lnf = ALLOC(BUF_LOGITS, BT * C);
     a->lnf_mean = ALLOC(BUF_LOGITS, BT);
     a->lnf_rstd = ALLOC(BUF_LOGITS, BT);
@@ -72,6 +100,16 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T,
 #undef ALLOC
     a->inputs = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
     a->targets = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
+}
+
+void gpt2_acts_free(struct gpt2_acts *a)
+{
+    free(a->sets);
+    free(a->resid);
+    free(a->ckpt);
+    free(a->work);
+    free(a->seg_params);
+    memset(a, 0, sizeof *a);
 }
 
 /* Pointers to one block's tensors inside its flat unit buffer. */
@@ -140,10 +178,20 @@ static void block_backward(const struct model *m, const struct block_params *p, 
                                a->scratch, N, C);
 }
 
-static float *resid_at(const struct gpt2_acts *a, const struct model *m, int l, int B, int T)
+/* Where block l reads its input and writes its output in the forward. */
+static float *block_in(const struct gpt2_acts *a, int l)
 {
-    return a->resid + (size_t)l * B * T * m->cfg.n_embd;
+    return a->interval ? a->work[l % a->interval] : a->resid[l];
 }
+
+static float *block_out(const struct gpt2_acts *a, const struct model *m, int l)
+{
+    if (l == m->cfg.n_layer - 1)
+        return a->final;
+    return a->interval ? a->work[l % a->interval + 1] : a->resid[l + 1];
+}
+
+static struct block_acts *block_set(struct gpt2_acts *a, int l) { return &a->sets[l % a->n_sets]; }
 
 static void add_event(struct zero_pass *p, enum pass_event_kind kind, int unit)
 {
@@ -165,7 +213,7 @@ static void forward_events(const struct model *m, struct zero_pass *p)
     add_event(p, PASS_ACQUIRE, 0);
 }
 
-void gpt2_build_passes(const struct model *m, struct zero_pass *train, struct zero_pass *eval)
+void gpt2_build_passes(const struct model *m, int interval, struct zero_pass *train, struct zero_pass *eval)
 {
     const int L = m->cfg.n_layer, head = model_head_unit(m);
     int max_events = 8 * (L + 3);
@@ -183,11 +231,16 @@ void gpt2_build_passes(const struct model *m, struct zero_pass *train, struct ze
     add_event(train, PASS_GRAD_OPEN, head);
     add_event(train, PASS_GRAD_DONE, head);
     add_event(train, PASS_RELEASE, head);
-    for (int l = L - 1; l >= 0; l--) {
-        add_event(train, PASS_ACQUIRE, model_block_unit(l));
-        add_event(train, PASS_GRAD_OPEN, model_block_unit(l));
-        add_event(train, PASS_GRAD_DONE, model_block_unit(l));
-        add_event(train, PASS_RELEASE, model_block_unit(l));
+    const int k = interval > 0 ? interval : 1;
+    for (int s = n_segments(L, k) - 1; s >= 0; s--) {
+        int l0 = s * k, l1 = l0 + k < L ? l0 + k : L;
+        for (int l = l0; l < l1; l++)
+            add_event(train, PASS_ACQUIRE, model_block_unit(l));
+        for (int l = l1 - 1; l >= l0; l--) {
+            add_event(train, PASS_GRAD_OPEN, model_block_unit(l));
+            add_event(train, PASS_GRAD_DONE, model_block_unit(l));
+            add_event(train, PASS_RELEASE, model_block_unit(l));
+        }
     }
     add_event(train, PASS_GRAD_DONE, 0);
 }
@@ -208,23 +261,29 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
         fail_internal("micro-batch %dx%d exceeds the planned %dx%d", B, T, a->B, a->T);
 
     const struct unit_desc *eu = &m->units[0];
+    const size_t NC = (size_t)N * C;
     const float *emb = zero_acquire(z, 0);
-    backend_embedding_forward(resid_at(a, m, 0, B, T), a->inputs, emb + eu->tensors[ET_WTE].offset,
+    backend_embedding_forward(block_in(a, 0), a->inputs, emb + eu->tensors[ET_WTE].offset,
                               emb + eu->tensors[ET_WPE].offset, B, T, C);
     zero_release(z, 0);
 
     for (int l = 0; l < L; l++) {
         int u = model_block_unit(l);
+        if (a->interval && l % a->interval == 0)
+            backend_copy(a->ckpt[l / a->interval], block_in(a, l), NC * sizeof(float));
         struct block_params p;
         const float *base = zero_acquire(z, u);
         BLOCK_VIEW(p, base, &m->units[u]);
-        block_forward(m, &p, &a->blocks[l], resid_at(a, m, l, B, T), resid_at(a, m, l + 1, B, T), B, T);
+        block_forward(m, &p, block_set(a, l), block_in(a, l), block_out(a, m, l), B, T);
         zero_release(z, u);
+        /* a segment's output is the next segment's input, in work[0] */
+        if (a->interval && (l + 1) % a->interval == 0 && l + 1 < L)
+            backend_copy(a->work[0], block_out(a, m, l), NC * sizeof(float));
     }
 
     const float *hp = zero_acquire(z, head);
     const struct unit_desc *hu = &m->units[head];
-    backend_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, resid_at(a, m, L, B, T),
+    backend_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->final,
                               hp + hu->tensors[HT_LNF_W].offset, hp + hu->tensors[HT_LNF_B].offset, N, C);
     zero_release(z, head);
     emb = zero_acquire(z, 0);
@@ -263,22 +322,38 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
     float *hg = zero_grad_open(z, head);
     backend_zero(a->dresid_a, (size_t)N * C);
     backend_layernorm_backward(a->dresid_a, hg + hu->tensors[HT_LNF_W].offset, hg + hu->tensors[HT_LNF_B].offset,
-                               a->dwork_c, resid_at(a, m, L, B, T), hp + hu->tensors[HT_LNF_W].offset,
+                               a->dwork_c, a->final, hp + hu->tensors[HT_LNF_W].offset,
                                a->lnf_mean, a->lnf_rstd, a->scratch, N, C);
     zero_grad_done(z, head);
     zero_release(z, head);
 
-    for (int l = L - 1; l >= 0; l--) {
-        int u = model_block_unit(l);
-        struct block_params p;
-        struct block_grads g;
-        const float *base = zero_acquire(z, u);
-        float *gbase = zero_grad_open(z, u);
-        BLOCK_VIEW(p, base, &m->units[u]);
-        BLOCK_VIEW(g, gbase, &m->units[u]);
-        block_backward(m, &p, &g, &a->blocks[l], resid_at(a, m, l, B, T), a, B, T);
-        zero_grad_done(z, u);
-        zero_release(z, u);
+    /* Segment by segment, last first: acquire the segment's blocks (recomputing
+     * their forward from the kept input when checkpointing), then backward. */
+    const int k = a->interval > 0 ? a->interval : 1;
+    for (int s = n_segments(L, k) - 1; s >= 0; s--) {
+        int l0 = s * k, l1 = l0 + k < L ? l0 + k : L;
+        if (a->interval)
+            backend_copy(a->work[0], a->ckpt[s], (size_t)N * C * sizeof(float));
+        for (int l = l0; l < l1; l++) {
+            a->seg_params[l - l0] = zero_acquire(z, model_block_unit(l));
+            if (a->interval) {
+                struct block_params p;
+                BLOCK_VIEW(p, a->seg_params[l - l0], &m->units[model_block_unit(l)]);
+                float *out = l + 1 < l1 ? block_in(a, l + 1) : a->work[l - l0 + 1];
+                block_forward(m, &p, block_set(a, l), block_in(a, l), out, B, T);
+            }
+        }
+        for (int l = l1 - 1; l >= l0; l--) {
+            int u = model_block_unit(l);
+            struct block_params p;
+            struct block_grads g;
+            float *gbase = zero_grad_open(z, u);
+            BLOCK_VIEW(p, a->seg_params[l - l0], &m->units[u]);
+            BLOCK_VIEW(g, gbase, &m->units[u]);
+            block_backward(m, &p, &g, block_set(a, l), block_in(a, l), a, B, T);
+            zero_grad_done(z, u);
+            zero_release(z, u);
+        }
     }
 
     backend_embedding_backward(emb_grad + eu->tensors[ET_WTE].offset, emb_grad + eu->tensors[ET_WPE].offset,

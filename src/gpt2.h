@@ -40,8 +40,13 @@ struct block_acts {
 
 struct gpt2_acts {
     int B, T;                 /* the largest micro-batch these buffers hold */
-    float *resid;             /* (L + 1, B, T, C): input of each block, then the final output */
-    struct block_acts *blocks; /* (L) */
+    int interval;             /* activation checkpointing: blocks per segment (0: off) */
+    int n_sets;               /* sets of block activations: L, or the interval */
+    struct block_acts *sets;  /* (n_sets) */
+    float **resid;            /* off: (L + 1) block inputs, then the final output */
+    float **ckpt;             /* on: (segments) the input of each segment's first block (device or pinned host) */
+    float **work;             /* on: (interval + 1) the residual stream of the segment being computed */
+    float *final;             /* (B, T, C) the last block's output */
     float *lnf;               /* (B, T, C) */
     float *lnf_mean, *lnf_rstd; /* (B, T) */
     float *logits;            /* (B, T, Vp): logits, then probabilities, then dlogits */
@@ -55,18 +60,24 @@ struct gpt2_acts {
     int32_t *inputs, *targets; /* (B, T) */
     float *debug_logits;      /* when set, forward copies the logits here (tests) */
     const float *head_wte;    /* the gathered embedding, from the forward to the backward */
+    const float **seg_params; /* (interval) a segment's gathered blocks during recompute + backward */
 };
 
 enum gpt2_mode { GPT2_TRAIN, GPT2_EVAL };
 
-/* The two passes of the engine: training (forward + backward) and evaluation. */
-void gpt2_build_passes(const struct model *m, struct zero_pass *train, struct zero_pass *eval);
+/* The two passes of the engine: training (forward + backward) and evaluation.
+ * With checkpointing every `interval` blocks, backward acquires a segment's
+ * blocks for the recompute and keeps them through the segment's backward. */
+void gpt2_build_passes(const struct model *m, int interval, struct zero_pass *train, struct zero_pass *eval);
 void gpt2_free_passes(struct zero_pass *train, struct zero_pass *eval);
 
-/* Bytes per buffer class for micro-batch B x T (plan.c adds them up). */
-void gpt2_plan(const struct model *m, int B, int T, size_t bytes[BUF_COUNT]);
-void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T,
-                    struct arena arenas[SPACE_COUNT], struct mem_tracker *mem);
+/* Bytes per buffer class for micro-batch B x T with activation checkpointing
+ * every `interval` blocks (0: off) (plan.c adds them up). */
+void gpt2_plan(const struct model *m, int B, int T, int interval, size_t bytes[BUF_COUNT]);
+/* ckpt_space: where the kept segment inputs live (pinned host with cpu_checkpointing). */
+void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, int interval,
+                    enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT], struct mem_tracker *mem);
+void gpt2_acts_free(struct gpt2_acts *a);
 
 /* Forward over a->inputs (B x T). With targets (a->targets) it returns the
  * mean loss of this micro-batch; without, only the logits are computed.

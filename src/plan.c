@@ -7,17 +7,32 @@
 #include "util.h"
 #include "zero.h"
 
+int plan_ckpt_interval(const struct config *cfg) { return cfg->act_ckpt.enabled ? cfg->act_ckpt.interval : 0; }
+
+enum mem_space plan_space(const struct config *cfg, enum buf_class c)
+{
+    switch (c) {
+    case BUF_MASTER:
+    case BUF_ADAM_M:
+    case BUF_ADAM_V:
+    case BUF_FP32_GRADS: return cfg->zero.offload_optimizer ? SPACE_PINNED : SPACE_DEVICE;
+    case BUF_ACT_CKPT: return cfg->act_ckpt.enabled && cfg->act_ckpt.cpu_checkpointing ? SPACE_PINNED : SPACE_DEVICE;
+    default: return SPACE_DEVICE;
+    }
+}
+
 void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world)
 {
     memset(p, 0, sizeof *p);
     p->world = world;
+    const int interval = plan_ckpt_interval(cfg);
     struct zero_pass passes[2];
-    gpt2_build_passes(m, &passes[0], &passes[1]);
+    gpt2_build_passes(m, interval, &passes[0], &passes[1]);
     zero_plan(m, cfg, world, passes, 2, p->bytes, p->pool_slots);
     gpt2_free_passes(&passes[0], &passes[1]);
-    gpt2_plan(m, cfg->micro_batch, cfg->data.seq_len, p->bytes);
+    gpt2_plan(m, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
     for (int c = 0; c < BUF_COUNT; c++) {
-        p->space[c] = SPACE_DEVICE;
+        p->space[c] = plan_space(cfg, c);
         p->space_total[p->space[c]] += p->bytes[c];
     }
 }

@@ -58,13 +58,14 @@ static void trainer_setup(struct trainer *tr)
                        cfg->data.val_path, tr->val_data.n_windows, cfg->data.seq_len + 1, cfg->micro_batch,
                        tr->world);
     }
-    gpt2_build_passes(&tr->model, &tr->train_pass, &tr->eval_pass);
+    gpt2_build_passes(&tr->model, plan_ckpt_interval(cfg), &tr->train_pass, &tr->eval_pass);
     plan_compute(&tr->plan, &tr->model, cfg, tr->world);
     for (int s = 0; s < SPACE_COUNT; s++)
         arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
     zero_init(&tr->zero, &tr->model, cfg, tr->comm, tr->rank, tr->world, false,
               (const int(*)[ZERO_POOLS])tr->plan.pool_slots, tr->arenas, &tr->mem);
-    gpt2_acts_init(&tr->acts, &tr->model, cfg->micro_batch, cfg->data.seq_len, tr->arenas, &tr->mem);
+    gpt2_acts_init(&tr->acts, &tr->model, cfg->micro_batch, cfg->data.seq_len, plan_ckpt_interval(cfg),
+                   plan_space(cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
     if (cfg->train.metrics_path && tr->rank == 0) {
         tr->metrics = fopen(cfg->train.metrics_path, "w");
         if (!tr->metrics)
@@ -80,7 +81,7 @@ static void trainer_teardown(struct trainer *tr)
     dataset_close(&tr->train_data);
     if (tr->have_val)
         dataset_close(&tr->val_data);
-    free(tr->acts.blocks);
+    gpt2_acts_free(&tr->acts);
     zero_free(&tr->zero);
     gpt2_free_passes(&tr->train_pass, &tr->eval_pass);
     for (int s = 0; s < SPACE_COUNT; s++)

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "plan.h"
 #include "util.h"
 
 static const char *event_names[] = {"acquire", "release", "grad_open", "grad_done"};
@@ -127,8 +128,8 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
             zu->grads = arena_alloc(dev, mem, BUF_GRADS, zu->padded * sizeof(float), 1);
         else
             zu->grad_shard = arena_alloc(dev, mem, BUF_GRADS, zu->shard * sizeof(float), 1);
-        zu->adam_m = arena_alloc(dev, mem, BUF_ADAM_M, zu->opt_count * sizeof(float), 1);
-        zu->adam_v = arena_alloc(dev, mem, BUF_ADAM_V, zu->opt_count * sizeof(float), 1);
+        zu->adam_m = arena_alloc(&arenas[plan_space(cfg, BUF_ADAM_M)], mem, BUF_ADAM_M, zu->opt_count * sizeof(float), 1);
+        zu->adam_v = arena_alloc(&arenas[plan_space(cfg, BUF_ADAM_V)], mem, BUF_ADAM_V, zu->opt_count * sizeof(float), 1);
     }
     for (int k = 0; k < ZERO_POOLS; k++) {
         struct zero_pool *pools[2] = {&z->gather_pools[k], &z->grad_pools[k]};

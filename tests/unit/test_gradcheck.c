@@ -65,6 +65,7 @@
 #define backend_all_finite f64_all_finite
 #define backend_scale f64_scale
 #define backend_zero f64_zero
+#define backend_copy f64_copy
 
 #include "../../src/backend_cpu.c"
 

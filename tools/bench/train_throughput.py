@@ -329,6 +329,9 @@ def main():
         print(f"{name:<28} {r['shardlm_tok_s']:>9.0f} ({r['shardlm_best_tok_s']:>8.0f}) "
               f"{r['torch_tok_s']:>9.0f} ({r['torch_best_tok_s']:>8.0f}) {r['ratio']:>5.2f}x ({r['ratio_best']:.2f}x) "
               f"{100 * sm:>10.1f}% {100 * tm:>8.1f}% {peak:>10.1f}")
+    if min(peak0, peak1) < 0.85 * peak:
+        print(f"note: sgemm peak moved from {peak0:.1f} to {peak1:.1f} GFLOP/s during the run: the machine's speed "
+              f"varied (shared host or other processes); compare ratios from a quiet run")
     contended = [r["shape"] for r in results if max(r["shardlm_other"], r["torch_other"]) > 0.10]
     if contended:
         print(f"note: other processes used >10% of the CPUs during {', '.join(contended)}; numbers are contended")
