@@ -49,7 +49,10 @@ static void on_clean_step(struct loss_scaler *ls)
     if (stable > 0 && stable % ls->window == 0) {
         if (!ls->consecutive_hysteresis)
             ls->hysteresis_left = ls->hysteresis;
-        ls->scale *= LOSS_SCALE_FACTOR;
+        /* DeepSpeed's Python float would reach inf here (and then fail
+         * formatting int(inf) in its next overflow message); stay finite. */
+        if (isfinite(ls->scale * LOSS_SCALE_FACTOR))
+            ls->scale *= LOSS_SCALE_FACTOR;
     }
 }
 
@@ -78,7 +81,10 @@ const char *loss_scaler_check_state(const struct loss_scaler *ls)
     if (ls->last_overflow_iter < -1 || ls->last_overflow_iter >= ls->iter)
         return "the loss scaler's last overflow iteration is not in [-1, iteration)";
     if (ls->dynamic) {
-        if (ls->scale < ls->min_scale)
+        /* Halving clamps at min_scale and growth only raises, so the scale never
+         * drops below the smaller of the two (a start below the minimum is
+         * allowed, as in DeepSpeed). */
+        if (ls->scale < fmin(ls->min_scale, ls->initial_scale))
             return "the loss scale is below fp16.min_loss_scale";
         if (ls->hysteresis_left < 1)
             return "the loss scaler's hysteresis left is below 1";

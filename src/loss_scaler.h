@@ -49,11 +49,16 @@
  *   - The minimum is only checked when a halving is due, so at the minimum the
  *     hysteresis still absorbs overflows first; the scale is compared with
  *     min_loss_scale exactly, which max() makes reachable for any minimum.
+ *   - A start below the minimum (2^initial_scale_power < min_loss_scale) is
+ *     not an error in DeepSpeed: the first halving due raises the scale to
+ *     min_loss_scale.
  *   - iter equals the engine's step count (applied + skipped) for a run that
  *     used fp16 from its start.
  *
  * Differences from DeepSpeed, on purpose: the scale is a double (as a Python
- * float is), so growth never rounds; on a resume the state comes from the
+ * float is), so growth never rounds, and a doubling that would make it infinite
+ * (past 2^1023, where DeepSpeed's scale becomes inf and its next overflow
+ * message fails) leaves it as it is; on a resume the state comes from the
  * checkpoint but the settings from the current config (DeepSpeed's stage 3
  * unpickles the whole scaler, settings included); LS_AT_MINIMUM is returned,
  * never raised or exited on: the trainer stops the run with a clear error.
@@ -116,7 +121,8 @@ enum loss_scaler_result loss_scaler_update(struct loss_scaler *ls, bool overflow
 /* After a checkpoint's state fields were written into a scaler initialised from
  * the current config: NULL when they are consistent with it, else a static
  * string saying what is wrong (for the loader's error message). Checks: the
- * scale is finite and positive, >= min_loss_scale (dynamic) or equal to the fixed
+ * scale is finite and positive, >= min(min_loss_scale, 2^initial_scale_power)
+ * (dynamic) or equal to the fixed
  * scale (static, bf16/fp32, with hysteresis_left 0 and last_overflow_iter -1);
  * iter >= 0; -1 <= last_overflow_iter < iter;
  * hysteresis_left >= 1 (dynamic; a value above the current hysteresis, left by
