@@ -43,6 +43,13 @@ static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
     config_resolve_batch(cfg, tr->world);
+    /* Accepted by the config, not yet by the engine: refuse rather than train in fp32 silently. */
+    if (cfg->dtype != DTYPE_F32)
+        fail_input("config: %s training is not available in this build yet (fp32 only); set %s.enabled to false",
+                   dtype_name(cfg->dtype), cfg->dtype == DTYPE_F16 ? "fp16" : "bf16");
+    if (cfg->zero.offload_optimizer)
+        fail_input("config: zero_optimization.offload_optimizer is not available in this build yet; set its "
+                   "device to \"none\"");
     if (!cfg->data.train_path)
         fail_input("config: 'data.train' is required for training: give the path (or glob) of .bin token shards");
     model_build(&tr->model, &cfg->model);
