@@ -22,7 +22,9 @@ enum buf_class {
     BUF_PARAMS = 0,    /* parameter shard (the full parameters at stages 0-2) */
     BUF_GRADS,         /* gradient shard in the parameter dtype (full at stages 0-1) */
     BUF_GATHERED,      /* units gathered for compute (stage 3) */
-    BUF_GRAD_BUFFERS,  /* full-unit gradient buffers before reduce-scatter (stage 3) */
+    BUF_GRAD_BUFFERS,  /* full-unit gradient buffers before reduce-scatter (stages 2-3) */
+    BUF_GRAD_SEND,     /* full-unit gradients cast to the parameter dtype for the reduce-scatter */
+    BUF_COMPUTE_COPIES, /* fp32 copies of acquired half-precision units (CPU backend computes in fp32) */
     BUF_MASTER,        /* fp32 master weights (when the parameter dtype is not fp32, or offloaded) */
     BUF_ADAM_M,
     BUF_ADAM_V,

@@ -21,7 +21,7 @@
 struct mem_plan {
     int world;
     size_t bytes[BUF_COUNT];
-    int pool_slots[2][ZERO_POOLS]; /* gathered-unit and gradient-buffer slots (zero.h) */
+    int pool_slots[POOL_SETS][ZERO_POOLS]; /* slots of each pool (zero.h) */
     enum mem_space space[BUF_COUNT];
     size_t space_total[SPACE_COUNT];
 };

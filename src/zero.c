@@ -5,20 +5,44 @@
 #include <string.h>
 
 #include "backend.h"
+#include "dtype.h"
 #include "plan.h"
 #include "util.h"
 
 static const char *event_names[] = {"acquire", "release", "grad_open", "grad_done"};
+static const enum buf_class pool_class[POOL_SETS] = {
+    [POOL_GATHER] = BUF_GATHERED,
+    [POOL_COMPUTE] = BUF_COMPUTE_COPIES,
+    [POOL_GRAD] = BUF_GRAD_BUFFERS,
+    [POOL_SEND] = BUF_GRAD_SEND,
+};
 
-static int pool_of(const struct model *m, int u) { return (int)m->units[u].kind; }
+static int kind_of(const struct model *m, int u) { return (int)m->units[u].kind; }
 
 static size_t f32_bytes(size_t n) { return arena_round(n * sizeof(float)); }
+
+static size_t d_bytes(const struct zero *z, size_t n) { return arena_round(n * z->esize); }
+
+static struct zero_pool *pool(struct zero *z, enum zero_pool_set set, int u)
+{
+    return &z->pools[set][kind_of(z->model, u)];
+}
+
+static void *slot_ptr(struct zero_pool *p, int slot) { return p->slots[slot]; }
+
+static void *elem(void *base, size_t i, size_t esize) { return (char *)base + i * esize; }
 
 /* ---- layout ---------------------------------------------------------------- */
 
 static void layout_units(struct zero *z, const struct config *cfg)
 {
     const struct model *m = z->model;
+    for (int k = 0; k < ZERO_POOLS; k++) {
+        z->pools[POOL_GATHER][k].elem_size = z->esize;
+        z->pools[POOL_COMPUTE][k].elem_size = sizeof(float);
+        z->pools[POOL_GRAD][k].elem_size = sizeof(float);
+        z->pools[POOL_SEND][k].elem_size = z->esize;
+    }
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         zu->numel = m->units[u].numel;
@@ -32,12 +56,18 @@ static void layout_units(struct zero *z, const struct config *cfg)
             zu->opt_begin = (size_t)z->rank * zu->shard;
             zu->opt_count = zu->shard;
         }
-        zu->gather_slot = zu->grad_slot = -1;
-        struct zero_pool *gp = &z->gather_pools[pool_of(m, u)], *rp = &z->grad_pools[pool_of(m, u)];
-        if (zu->sharded && zu->padded > gp->slot_elems)
-            gp->slot_elems = zu->padded;
-        if (z->stage >= 2 && zu->padded > rp->slot_elems)
-            rp->slot_elems = zu->padded;
+        zu->gather_slot = zu->compute_slot = zu->grad_slot = zu->send_slot = -1;
+        bool used[POOL_SETS] = {
+            [POOL_GATHER] = zu->sharded,
+            [POOL_COMPUTE] = z->mixed,
+            [POOL_GRAD] = z->stage >= 2,
+            [POOL_SEND] = z->stage >= 2 && z->mixed,
+        };
+        for (int set = 0; set < POOL_SETS; set++) {
+            struct zero_pool *p = pool(z, set, u);
+            if (used[set] && zu->padded > p->slot_elems)
+                p->slot_elems = zu->padded;
+        }
     }
 }
 
@@ -45,8 +75,8 @@ static void layout_units(struct zero *z, const struct config *cfg)
 
 static void pool_reserve(struct zero_pool *p, int n)
 {
-    p->slots = realloc(p->slots, (size_t)n * sizeof *p->slots);
-    p->slot_unit = realloc(p->slot_unit, (size_t)n * sizeof *p->slot_unit);
+    p->slots = realloc(p->slots, (size_t)(n ? n : 1) * sizeof *p->slots);
+    p->slot_unit = realloc(p->slot_unit, (size_t)(n ? n : 1) * sizeof *p->slot_unit);
     if (!p->slots || !p->slot_unit)
         fail_internal("out of host memory for a buffer pool");
     for (int i = p->n_slots; i < n; i++) {
@@ -56,8 +86,11 @@ static void pool_reserve(struct zero_pool *p, int n)
     p->n_slots = n;
 }
 
-static int pool_take(struct zero *z, struct zero_pool *p, enum buf_class cls, int unit)
+static size_t slot_bytes(const struct zero_pool *p) { return arena_round(p->slot_elems * p->elem_size); }
+
+static int pool_take(struct zero *z, enum zero_pool_set set, int unit)
 {
+    struct zero_pool *p = pool(z, set, unit);
     int slot = -1;
     for (int i = 0; i < p->n_slots; i++)
         if (p->slot_unit[i] < 0) {
@@ -67,7 +100,7 @@ static int pool_take(struct zero *z, struct zero_pool *p, enum buf_class cls, in
     if (slot < 0) {
         if (!z->dry)
             fail_internal("%s pool exhausted at unit %d: the memory plan's dry run and this run differ",
-                          arena_class_name(cls), unit);
+                          arena_class_name(pool_class[set]), unit);
         pool_reserve(p, p->n_slots + 1);
         slot = p->n_slots - 1;
     }
@@ -75,27 +108,44 @@ static int pool_take(struct zero *z, struct zero_pool *p, enum buf_class cls, in
     if (++p->live > p->peak)
         p->peak = p->live;
     if (!z->dry)
-        arena_mark_live(z->mem, cls, f32_bytes(p->slot_elems));
+        arena_mark_live(z->mem, pool_class[set], slot_bytes(p));
     return slot;
 }
 
-static void pool_give(struct zero *z, struct zero_pool *p, enum buf_class cls, int slot)
+static void pool_give(struct zero *z, enum zero_pool_set set, int unit, int *slot)
 {
-    p->slot_unit[slot] = -1;
+    struct zero_pool *p = pool(z, set, unit);
+    p->slot_unit[*slot] = -1;
     p->live--;
     if (!z->dry)
-        arena_mark_free(z->mem, cls, f32_bytes(p->slot_elems));
+        arena_mark_free(z->mem, pool_class[set], slot_bytes(p));
+    *slot = -1;
 }
 
-static bool pool_has_free(const struct zero *z, const struct zero_pool *p)
+static bool pool_has_free(struct zero *z, enum zero_pool_set set, int unit)
 {
+    const struct zero_pool *p = pool(z, set, unit);
     return z->dry || p->live < p->n_slots;
 }
 
 /* ---- init ------------------------------------------------------------------ */
 
+static void init_params(struct zero *z, int u, float *scratch)
+{
+    struct zero_unit *zu = &z->units[u];
+    size_t begin = zu->sharded ? zu->opt_begin : 0, count = zu->sharded ? zu->shard : zu->padded;
+    void *dst = zu->sharded ? zu->param_shard : zu->params;
+    if (!z->mixed) {
+        model_init_range(z->model, u, begin, count, dst);
+        return;
+    }
+    model_init_range(z->model, u, begin, count, scratch);
+    dtype_convert(dst, z->dtype, scratch, DTYPE_F32, count);
+    memcpy(zu->master, scratch + (zu->opt_begin - begin), zu->opt_count * sizeof(float));
+}
+
 void zero_init(struct zero *z, const struct model *m, const struct config *cfg, struct comm *comm, int rank,
-               int world, bool dry, const int planned_slots[2][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
+               int world, bool dry, const int planned_slots[POOL_SETS][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
                struct mem_tracker *mem)
 {
     memset(z, 0, sizeof *z);
@@ -105,6 +155,10 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     z->rank = rank;
     z->world = world;
     z->dry = dry;
+    z->dtype = cfg->dtype;
+    z->esize = (size_t)dtype_size(cfg->dtype);
+    z->mixed = cfg->dtype != DTYPE_F32;
+    z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;
     z->prefetch_elems = cfg->zero.stage3_prefetch_bucket_size;
     z->max_live_elems = cfg->zero.stage3_max_live_parameters;
     z->mem = mem;
@@ -115,41 +169,52 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
         return;
 
     struct arena *dev = &arenas[SPACE_DEVICE];
+    struct arena *opt = &arenas[plan_space(cfg, BUF_ADAM_M)];
+    size_t largest = 0;
+    for (int u = 0; u < m->n_units; u++)
+        largest = z->units[u].padded > largest ? z->units[u].padded : largest;
+    float *scratch = z->mixed ? xcalloc(largest, sizeof *scratch) : NULL;
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
-        if (zu->sharded) {
-            zu->param_shard = arena_alloc(dev, mem, BUF_PARAMS, zu->shard * sizeof(float), 1);
-            model_init_range(m, u, (size_t)rank * zu->shard, zu->shard, zu->param_shard);
-        } else {
-            zu->params = arena_alloc(dev, mem, BUF_PARAMS, zu->padded * sizeof(float), 1);
-            model_init_range(m, u, 0, zu->padded, zu->params);
-        }
-        if (z->stage <= 1)
-            zu->grads = arena_alloc(dev, mem, BUF_GRADS, zu->padded * sizeof(float), 1);
+        if (zu->sharded)
+            zu->param_shard = arena_alloc(dev, mem, BUF_PARAMS, zu->shard * z->esize, 1);
         else
-            zu->grad_shard = arena_alloc(dev, mem, BUF_GRADS, zu->shard * sizeof(float), 1);
-        zu->adam_m = arena_alloc(&arenas[plan_space(cfg, BUF_ADAM_M)], mem, BUF_ADAM_M, zu->opt_count * sizeof(float), 1);
-        zu->adam_v = arena_alloc(&arenas[plan_space(cfg, BUF_ADAM_V)], mem, BUF_ADAM_V, zu->opt_count * sizeof(float), 1);
-    }
-    for (int k = 0; k < ZERO_POOLS; k++) {
-        struct zero_pool *pools[2] = {&z->gather_pools[k], &z->grad_pools[k]};
-        enum buf_class cls[2] = {BUF_GATHERED, BUF_GRAD_BUFFERS};
-        for (int j = 0; j < 2; j++) {
-            pool_reserve(pools[j], planned_slots[j][k]);
-            for (int i = 0; i < pools[j]->n_slots; i++)
-                pools[j]->slots[i] = arena_alloc(dev, mem, cls[j], pools[j]->slot_elems * sizeof(float), 0);
+            zu->params = arena_alloc(dev, mem, BUF_PARAMS, zu->padded * z->esize, 1);
+        if (z->mixed)
+            zu->master = arena_alloc(&arenas[plan_space(cfg, BUF_MASTER)], mem, BUF_MASTER,
+                                     zu->opt_count * sizeof(float), 1);
+        if (z->stage <= 1) {
+            zu->grads = arena_alloc(&arenas[plan_space(cfg, z->mixed ? BUF_FP32_GRADS : BUF_GRADS)], mem,
+                                    z->mixed ? BUF_FP32_GRADS : BUF_GRADS, zu->padded * sizeof(float), 1);
+            if (z->mixed)
+                zu->grads_comm = arena_alloc(dev, mem, BUF_GRADS, zu->padded * z->esize, 1);
+        } else {
+            zu->grad_shard = arena_alloc(&arenas[plan_space(cfg, z->mixed ? BUF_FP32_GRADS : BUF_GRADS)], mem,
+                                         z->mixed ? BUF_FP32_GRADS : BUF_GRADS, zu->shard * sizeof(float), 1);
+            if (z->mixed)
+                zu->grad_recv = arena_alloc(dev, mem, BUF_GRADS, zu->shard * z->esize, 1);
         }
+        zu->adam_m = arena_alloc(opt, mem, BUF_ADAM_M, zu->opt_count * sizeof(float), 1);
+        zu->adam_v = arena_alloc(opt, mem, BUF_ADAM_V, zu->opt_count * sizeof(float), 1);
+        init_params(z, u, scratch);
     }
+    free(scratch);
+    for (int set = 0; set < POOL_SETS; set++)
+        for (int k = 0; k < ZERO_POOLS; k++) {
+            struct zero_pool *p = &z->pools[set][k];
+            pool_reserve(p, planned_slots[set][k]);
+            for (int i = 0; i < p->n_slots; i++)
+                p->slots[i] = arena_alloc(dev, mem, pool_class[set], p->slot_elems * p->elem_size, 0);
+        }
 }
 
 void zero_free(struct zero *z)
 {
-    for (int k = 0; k < ZERO_POOLS; k++) {
-        free(z->gather_pools[k].slots);
-        free(z->gather_pools[k].slot_unit);
-        free(z->grad_pools[k].slots);
-        free(z->grad_pools[k].slot_unit);
-    }
+    for (int set = 0; set < POOL_SETS; set++)
+        for (int k = 0; k < ZERO_POOLS; k++) {
+            free(z->pools[set][k].slots);
+            free(z->pools[set][k].slot_unit);
+        }
     free(z->units);
     memset(z, 0, sizeof *z);
 }
@@ -169,28 +234,27 @@ static void expect_event(struct zero *z, enum pass_event_kind kind, int unit)
     z->cursor++;
 }
 
-static void count_traffic(struct zero *z, enum comm_kind kind, size_t elems)
+/* Bytes this rank sends with ring algorithms: elems is one rank's shard for
+ * all-gather and reduce-scatter, the whole buffer for all-reduce. */
+static void count_traffic(struct zero *z, enum comm_kind kind, size_t elems, size_t esize)
 {
-    uint64_t n = (uint64_t)z->world, bytes = (uint64_t)elems * sizeof(float);
+    uint64_t n = (uint64_t)z->world, bytes = (uint64_t)elems * esize;
     if (kind == COMM_ALLREDUCE)
-        z->traffic[kind] += 2 * (n - 1) * bytes / n; /* elems: the whole buffer */
+        z->traffic[kind] += 2 * (n - 1) * bytes / n;
     else
-        z->traffic[kind] += (n - 1) * bytes;         /* elems: one rank's shard */
+        z->traffic[kind] += (n - 1) * bytes;
 }
-
-static float *slot_ptr(struct zero_pool *p, int slot) { return p->slots[slot]; }
 
 static void start_gather(struct zero *z, int u)
 {
     struct zero_unit *zu = &z->units[u];
-    struct zero_pool *p = &z->gather_pools[pool_of(z->model, u)];
-    zu->gather_slot = pool_take(z, p, BUF_GATHERED, u);
+    zu->gather_slot = pool_take(z, POOL_GATHER, u);
     z->live_gathered_elems += zu->padded;
-    count_traffic(z, COMM_ALLGATHER, zu->shard);
+    count_traffic(z, COMM_ALLGATHER, zu->shard, z->esize);
     if (z->dry)
         return;
-    float *full = slot_ptr(p, zu->gather_slot);
-    comm_allgather(z->comm, zu->param_shard, full, zu->shard, COMM_F32, &zu->gather_req);
+    void *full = slot_ptr(pool(z, POOL_GATHER, u), zu->gather_slot);
+    comm_allgather(z->comm, zu->param_shard, full, zu->shard, z->comm_dtype, &zu->gather_req);
     zu->gather_pending = true;
 }
 
@@ -215,7 +279,7 @@ static void prefetch(struct zero *z)
             break;
         if ((double)(z->live_gathered_elems + zu->padded) > z->max_live_elems)
             break;
-        if (!pool_has_free(z, &z->gather_pools[pool_of(z->model, ev->unit)]))
+        if (!pool_has_free(z, POOL_GATHER, ev->unit))
             break;
         start_gather(z, ev->unit);
         ahead += (double)zu->padded;
@@ -230,16 +294,24 @@ void zero_begin_pass(struct zero *z, const struct zero_pass *pass)
     z->cursor = 0;
 }
 
+/* Waits for the reduce-scatter in flight and frees its buffer; in half
+ * precision adds its result into the fp32 gradient shard. */
 static void finish_reduce_scatter(struct zero *z)
 {
     if (z->rs_unit < 0)
         return;
-    struct zero_unit *zu = &z->units[z->rs_unit];
-    if (!z->dry)
+    int u = z->rs_unit;
+    struct zero_unit *zu = &z->units[u];
+    if (!z->dry) {
         comm_wait(z->comm, &zu->rs_req);
+        if (z->mixed)
+            dtype_add_to_f32(zu->grad_shard, zu->grad_recv, z->dtype, zu->shard);
+    }
     zu->rs_pending = false;
-    pool_give(z, &z->grad_pools[pool_of(z->model, z->rs_unit)], BUF_GRAD_BUFFERS, zu->grad_slot);
-    zu->grad_slot = -1;
+    if (z->mixed)
+        pool_give(z, POOL_SEND, u, &zu->send_slot);
+    else
+        pool_give(z, POOL_GRAD, u, &zu->grad_slot);
     z->rs_unit = -1;
 }
 
@@ -248,9 +320,11 @@ void zero_end_pass(struct zero *z)
     finish_reduce_scatter(z);
     if (z->cursor != z->pass->n_events)
         fail_internal("pass '%s' ended after %d of its %d events", z->pass->name, z->cursor, z->pass->n_events);
-    for (int u = 0; u < z->model->n_units; u++)
-        if (z->units[u].refs || z->units[u].gather_slot >= 0 || z->units[u].grad_slot >= 0)
+    for (int u = 0; u < z->model->n_units; u++) {
+        const struct zero_unit *zu = &z->units[u];
+        if (zu->refs || zu->gather_slot >= 0 || zu->compute_slot >= 0 || zu->grad_slot >= 0 || zu->send_slot >= 0)
             fail_internal("pass '%s' ended with unit %d still held", z->pass->name, u);
+    }
     z->pass = NULL;
 }
 
@@ -258,19 +332,27 @@ const float *zero_acquire(struct zero *z, int u)
 {
     expect_event(z, PASS_ACQUIRE, u);
     struct zero_unit *zu = &z->units[u];
-    zu->refs++;
-    if (!zu->sharded)
+    if (zu->refs++ > 0 && !zu->sharded && !z->mixed)
         return zu->params;
-    if (zu->gather_slot < 0)
+    if (zu->sharded && zu->gather_slot < 0)
         start_gather(z, u);
-    prefetch(z);
+    if (zu->sharded)
+        prefetch(z);
+    if (z->mixed && zu->compute_slot < 0)
+        zu->compute_slot = pool_take(z, POOL_COMPUTE, u);
     if (z->dry)
         return NULL;
     if (zu->gather_pending) {
         comm_wait(z->comm, &zu->gather_req);
         zu->gather_pending = false;
     }
-    return slot_ptr(&z->gather_pools[pool_of(z->model, u)], zu->gather_slot);
+    const void *full = zu->sharded ? slot_ptr(pool(z, POOL_GATHER, u), zu->gather_slot) : zu->params;
+    if (!z->mixed)
+        return full;
+    float *copy = slot_ptr(pool(z, POOL_COMPUTE, u), zu->compute_slot);
+    if (zu->refs == 1)
+        dtype_convert(copy, DTYPE_F32, full, z->dtype, zu->padded);
+    return copy;
 }
 
 void zero_release(struct zero *z, int u)
@@ -279,11 +361,14 @@ void zero_release(struct zero *z, int u)
     struct zero_unit *zu = &z->units[u];
     if (zu->refs <= 0)
         fail_internal("unit %d released more often than acquired", u);
-    if (--zu->refs > 0 || !zu->sharded)
+    if (--zu->refs > 0)
         return;
-    pool_give(z, &z->gather_pools[pool_of(z->model, u)], BUF_GATHERED, zu->gather_slot);
-    zu->gather_slot = -1;
-    z->live_gathered_elems -= zu->padded;
+    if (zu->compute_slot >= 0)
+        pool_give(z, POOL_COMPUTE, u, &zu->compute_slot);
+    if (zu->sharded) {
+        pool_give(z, POOL_GATHER, u, &zu->gather_slot);
+        z->live_gathered_elems -= zu->padded;
+    }
 }
 
 float *zero_grad_open(struct zero *z, int u)
@@ -292,11 +377,10 @@ float *zero_grad_open(struct zero *z, int u)
     struct zero_unit *zu = &z->units[u];
     if (z->stage <= 1)
         return zu->grads;
-    struct zero_pool *p = &z->grad_pools[pool_of(z->model, u)];
-    zu->grad_slot = pool_take(z, p, BUF_GRAD_BUFFERS, u);
+    zu->grad_slot = pool_take(z, POOL_GRAD, u);
     if (z->dry)
         return NULL;
-    float *buf = slot_ptr(p, zu->grad_slot);
+    float *buf = slot_ptr(pool(z, POOL_GRAD, u), zu->grad_slot);
     backend_zero(buf, zu->padded);
     return buf;
 }
@@ -309,12 +393,23 @@ void zero_grad_done(struct zero *z, int u)
     struct zero_unit *zu = &z->units[u];
     /* At most one reduce-scatter in flight: the previous unit's finishes first. */
     finish_reduce_scatter(z);
-    count_traffic(z, COMM_REDUCE_SCATTER, zu->shard);
+    count_traffic(z, COMM_REDUCE_SCATTER, zu->shard, z->esize);
     z->rs_unit = u;
     zu->rs_pending = true;
+    if (z->mixed) {
+        /* Cast to the parameter dtype for the wire; the fp32 buffer is free at once. */
+        zu->send_slot = pool_take(z, POOL_SEND, u);
+        if (!z->dry) {
+            void *send = slot_ptr(pool(z, POOL_SEND, u), zu->send_slot);
+            dtype_convert(send, z->dtype, slot_ptr(pool(z, POOL_GRAD, u), zu->grad_slot), DTYPE_F32, zu->padded);
+            comm_reduce_scatter(z->comm, send, zu->grad_recv, zu->shard, z->comm_dtype, &zu->rs_req);
+        }
+        pool_give(z, POOL_GRAD, u, &zu->grad_slot);
+        return;
+    }
     if (z->dry)
         return;
-    float *buf = slot_ptr(&z->grad_pools[pool_of(z->model, u)], zu->grad_slot);
+    float *buf = slot_ptr(pool(z, POOL_GRAD, u), zu->grad_slot);
     /* Adding the accumulated shard into this rank's slice before the reduction
      * makes the reduce-scatter's result the new accumulated shard. */
     float *own = buf + (size_t)z->rank * zu->shard;
@@ -325,7 +420,12 @@ void zero_grad_done(struct zero *z, int u)
 /* ---- the optimizer step ------------------------------------------------------ */
 
 static float *opt_grads(struct zero_unit *zu) { return zu->grads ? zu->grads + zu->opt_begin : zu->grad_shard; }
-static float *opt_params(struct zero_unit *zu) { return zu->sharded ? zu->param_shard : zu->params + zu->opt_begin; }
+
+/* The parameter-dtype storage of the optimizer range. */
+static void *opt_params(const struct zero *z, struct zero_unit *zu)
+{
+    return zu->sharded ? zu->param_shard : elem(zu->params, zu->opt_begin, z->esize);
+}
 
 void zero_zero_grads(struct zero *z)
 {
@@ -344,11 +444,20 @@ void zero_reduce_grads(struct zero *z)
         return;
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
-        count_traffic(z, COMM_ALLREDUCE, zu->padded);
-        comm_allreduce(z->comm, zu->grads, zu->padded, COMM_F32, COMM_SUM, &zu->rs_req);
+        count_traffic(z, COMM_ALLREDUCE, zu->padded, z->esize);
+        void *buf = zu->grads;
+        if (z->mixed) {
+            dtype_convert(zu->grads_comm, z->dtype, zu->grads, DTYPE_F32, zu->padded);
+            buf = zu->grads_comm;
+        }
+        comm_allreduce(z->comm, buf, zu->padded, z->comm_dtype, COMM_SUM, &zu->rs_req);
     }
-    for (int u = 0; u < z->model->n_units; u++)
-        comm_wait(z->comm, &z->units[u].rs_req);
+    for (int u = 0; u < z->model->n_units; u++) {
+        struct zero_unit *zu = &z->units[u];
+        comm_wait(z->comm, &zu->rs_req);
+        if (z->mixed)
+            dtype_convert(zu->grads, DTYPE_F32, zu->grads_comm, z->dtype, zu->padded);
+    }
 }
 
 bool zero_grads_overflow(struct zero *z)
@@ -359,6 +468,8 @@ bool zero_grads_overflow(struct zero *z)
     comm_allreduce(z->comm, &bad, 1, COMM_I32, COMM_MAX, NULL);
     return bad != 0;
 }
+
+void zero_inject_inf(struct zero *z) { opt_grads(&z->units[0])[0] = INFINITY; }
 
 double zero_grad_norm(struct zero *z)
 {
@@ -386,7 +497,8 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         const struct unit_desc *ud = &z->model->units[u];
-        float *p = opt_params(zu), *g = opt_grads(zu);
+        void *p = opt_params(z, zu);
+        float *master = z->mixed ? zu->master : p, *g = opt_grads(zu);
         const size_t r0 = zu->opt_begin, r1 = zu->opt_begin + zu->opt_count;
         /* Only the tensors' own elements: alignment gaps and padding stay zero. */
         for (int t = 0; t < ud->n_tensors; t++) {
@@ -395,8 +507,10 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
             size_t hi = td->offset + td->numel < r1 ? td->offset + td->numel : r1;
             if (lo >= hi)
                 continue;
+            size_t off = lo - r0;
             hp.weight_decay = td->decay ? oc->weight_decay : 0.0f;
-            adamw_update(p + (lo - r0), zu->adam_m + (lo - r0), zu->adam_v + (lo - r0), g + (lo - r0), hi - lo, &hp);
+            adamw_update(master + off, zu->adam_m + off, zu->adam_v + off, g + off, hi - lo, &hp,
+                         z->mixed ? elem(p, off, z->esize) : NULL, z->dtype);
         }
     }
     /* Where a stage keeps parameters whole, every rank takes the others' updated slices. */
@@ -406,8 +520,8 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
         struct zero_unit *zu = &z->units[u];
         if (zu->sharded)
             continue;
-        count_traffic(z, COMM_ALLGATHER, zu->shard);
-        comm_allgather(z->comm, zu->params + zu->opt_begin, zu->params, zu->shard, COMM_F32, &zu->gather_req);
+        count_traffic(z, COMM_ALLGATHER, zu->shard, z->esize);
+        comm_allgather(z->comm, opt_params(z, zu), zu->params, zu->shard, z->comm_dtype, &zu->gather_req);
     }
     for (int u = 0; u < z->model->n_units; u++)
         if (!z->units[u].sharded)
@@ -423,10 +537,15 @@ void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS])
 void zero_gather_unit(struct zero *z, int u, float *out)
 {
     struct zero_unit *zu = &z->units[u];
+    void *full = z->mixed ? xcalloc(zu->padded, z->esize) : out;
     if (zu->sharded)
-        comm_allgather(z->comm, zu->param_shard, out, zu->shard, COMM_F32, NULL);
+        comm_allgather(z->comm, zu->param_shard, full, zu->shard, z->comm_dtype, NULL);
     else
-        memcpy(out, zu->params, zu->padded * sizeof *out);
+        memcpy(full, zu->params, zu->padded * z->esize);
+    if (z->mixed) {
+        dtype_convert(out, DTYPE_F32, full, z->dtype, zu->padded);
+        free(full);
+    }
 }
 
 void zero_gather_grads(struct zero *z, int u, float *out)
@@ -440,13 +559,12 @@ void zero_gather_grads(struct zero *z, int u, float *out)
 
 void zero_note_pool_peaks(struct zero *z)
 {
-    size_t gathered = 0, grad_buffers = 0;
-    for (int k = 0; k < ZERO_POOLS; k++) {
-        gathered += (size_t)z->gather_pools[k].peak * f32_bytes(z->gather_pools[k].slot_elems);
-        grad_buffers += (size_t)z->grad_pools[k].peak * f32_bytes(z->grad_pools[k].slot_elems);
+    for (int set = 0; set < POOL_SETS; set++) {
+        size_t bytes = 0;
+        for (int k = 0; k < ZERO_POOLS; k++)
+            bytes += (size_t)z->pools[set][k].peak * slot_bytes(&z->pools[set][k]);
+        z->mem->peak[pool_class[set]] = bytes;
     }
-    z->mem->peak[BUF_GATHERED] = gathered;
-    z->mem->peak[BUF_GRAD_BUFFERS] = grad_buffers;
 }
 
 /* ---- the plan ------------------------------------------------------------------ */
@@ -467,25 +585,30 @@ void zero_replay_pass(struct zero *z, const struct zero_pass *pass)
 }
 
 void zero_plan(const struct model *m, const struct config *cfg, int world, const struct zero_pass *passes,
-               int n_passes, size_t bytes[BUF_COUNT], int slots[2][ZERO_POOLS])
+               int n_passes, size_t bytes[BUF_COUNT], int slots[POOL_SETS][ZERO_POOLS])
 {
-    /* Rank 0 has the largest shards when sizes differ (none do: shards are equal). */
     struct zero z;
     zero_init(&z, m, cfg, NULL, 0, world, true, NULL, NULL, NULL);
     for (int p = 0; p < n_passes; p++)
         zero_replay_pass(&z, &passes[p]);
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z.units[u];
-        bytes[BUF_PARAMS] += f32_bytes(zu->sharded ? zu->shard : zu->padded);
-        bytes[BUF_GRADS] += f32_bytes(z.stage <= 1 ? zu->padded : zu->shard);
+        bytes[BUF_PARAMS] += d_bytes(&z, zu->sharded ? zu->shard : zu->padded);
+        size_t grad_elems = z.stage <= 1 ? zu->padded : zu->shard;
+        if (z.mixed) {
+            bytes[BUF_MASTER] += f32_bytes(zu->opt_count);
+            bytes[BUF_FP32_GRADS] += f32_bytes(grad_elems);
+            bytes[BUF_GRADS] += d_bytes(&z, grad_elems);
+        } else {
+            bytes[BUF_GRADS] += f32_bytes(grad_elems);
+        }
         bytes[BUF_ADAM_M] += f32_bytes(zu->opt_count);
         bytes[BUF_ADAM_V] += f32_bytes(zu->opt_count);
     }
-    for (int k = 0; k < ZERO_POOLS; k++) {
-        slots[0][k] = z.gather_pools[k].peak;
-        slots[1][k] = z.grad_pools[k].peak;
-        bytes[BUF_GATHERED] += (size_t)slots[0][k] * f32_bytes(z.gather_pools[k].slot_elems);
-        bytes[BUF_GRAD_BUFFERS] += (size_t)slots[1][k] * f32_bytes(z.grad_pools[k].slot_elems);
-    }
+    for (int set = 0; set < POOL_SETS; set++)
+        for (int k = 0; k < ZERO_POOLS; k++) {
+            slots[set][k] = z.pools[set][k].peak;
+            bytes[pool_class[set]] += (size_t)slots[set][k] * slot_bytes(&z.pools[set][k]);
+        }
     zero_free(&z);
 }

@@ -24,9 +24,18 @@
  * At stage 3 a unit of at most stage3_param_persistence_threshold elements is
  * persistent: kept whole on every rank like at stage 2.
  *
+ * Precision: parameters, gathered units and communicated gradients are in the
+ * parameter dtype; with fp16/bf16 an fp32 master of this rank's optimizer
+ * range is updated by the host AdamW, which writes the new half-precision
+ * parameters in the same pass. Gradients accumulate in fp32 (the reduce-
+ * scatter's half-precision result is added into the fp32 shard; at stages 0-1
+ * the fp32 sums are cast for the all-reduce and back). The CPU backend
+ * computes in fp32, from an fp32 copy of each acquired unit.
+ *
  * Gathered units and gradient buffers come from pools, one per unit kind
- * (embedding, block, head), each with as many slots as a dry run of the
- * passes needs (zero_plan); the memory plan reserves exactly those slots.
+ * (embedding, block, head) and buffer kind (enum zero_pool_set), each with as
+ * many slots as a dry run of the passes needs (zero_plan); the memory plan
+ * reserves exactly those slots.
  *
  * Owns: every parameter, gradient and Adam buffer (carved from the arenas),
  * the pools, the traffic counters. Does not own activations or data.
@@ -59,12 +68,22 @@ struct zero_pass {
 
 #define ZERO_POOLS 3 /* one per unit kind */
 
+/* The kinds of pooled buffer; each has one pool per unit kind. */
+enum zero_pool_set {
+    POOL_GATHER = 0, /* gathered units, parameter dtype (stage 3 sharded units) */
+    POOL_COMPUTE,    /* fp32 copies of acquired units (half precision on the CPU backend) */
+    POOL_GRAD,       /* fp32 full-unit gradient buffers (stages 2-3) */
+    POOL_SEND,       /* gradients cast to the parameter dtype for the reduce-scatter (half precision) */
+    POOL_SETS
+};
+
 struct zero_pool {
     size_t slot_elems;  /* the largest unit of this kind (padded) */
+    size_t elem_size;   /* bytes per element */
     int n_slots;        /* reserved (live run) or grown on demand (dry run) */
     int live;           /* slots in use */
     int peak;           /* most slots in use at once */
-    float **slots;
+    void **slots;
     int *slot_unit;     /* unit using each slot, -1 when free */
 };
 
@@ -75,17 +94,22 @@ struct zero_unit {
     bool sharded;       /* stage 3 and not persistent: only this rank's shard is stored */
     size_t opt_begin;   /* the range of the unit this rank's optimizer updates */
     size_t opt_count;
-    float *params;      /* whole unit (replicated), or NULL when sharded */
-    float *param_shard; /* this rank's shard when sharded */
-    float *grads;       /* whole-unit gradients, stages 0-1 */
-    float *grad_shard;  /* accumulated gradient shard, stages 2-3 */
+    void *params;       /* whole unit (replicated) in the parameter dtype, or NULL when sharded */
+    void *param_shard;  /* this rank's shard when sharded, parameter dtype */
+    float *master;      /* fp32 master of the optimizer range (half precision; fp32 uses params) */
+    float *grads;       /* fp32 whole-unit gradients accumulated over micro-batches, stages 0-1 */
+    void *grads_comm;   /* half precision, stages 0-1: the gradients cast for the all-reduce */
+    float *grad_shard;  /* fp32 accumulated gradient shard, stages 2-3 */
+    void *grad_recv;    /* half precision, stages 2-3: the reduce-scatter's result in the parameter dtype */
     float *adam_m, *adam_v; /* opt_count elements */
     /* runtime state of the current pass */
     int refs;           /* acquires not yet released */
-    int gather_slot;    /* pool slot holding the gathered unit, -1 when none */
+    int gather_slot;    /* POOL_GATHER slot holding the gathered unit, -1 when none */
+    int compute_slot;   /* POOL_COMPUTE slot with the fp32 copy, -1 when none */
     bool gather_pending;
     struct comm_request gather_req;
-    int grad_slot;      /* pool slot of the open or reducing gradient buffer */
+    int grad_slot;      /* POOL_GRAD slot of the open (fp32 only: or reducing) gradient buffer */
+    int send_slot;      /* POOL_SEND slot of the reducing gradients (half precision) */
     bool rs_pending;
     struct comm_request rs_req;
 };
@@ -97,9 +121,12 @@ struct zero {
     bool dry;                     /* planning: no memory, no communication */
     double prefetch_elems;        /* stage3_prefetch_bucket_size */
     double max_live_elems;        /* stage3_max_live_parameters */
+    enum dtype dtype;             /* parameters, gathered units, communicated gradients */
+    size_t esize;                 /* bytes per parameter-dtype element */
+    enum comm_dtype comm_dtype;
+    bool mixed;                   /* dtype is fp16 or bf16: fp32 master, fp32 compute copies */
     struct zero_unit *units;
-    struct zero_pool gather_pools[ZERO_POOLS];
-    struct zero_pool grad_pools[ZERO_POOLS];
+    struct zero_pool pools[POOL_SETS][ZERO_POOLS];
     size_t live_gathered_elems;   /* gathered or being gathered */
     const struct zero_pass *pass;
     int cursor;
@@ -112,14 +139,14 @@ struct zero {
 /* Lays out the units and, unless dry, carves every buffer out of the arenas
  * (pool slots as planned) and initialises the parameters. */
 void zero_init(struct zero *z, const struct model *m, const struct config *cfg, struct comm *comm, int rank,
-               int world, bool dry, const int planned_slots[2][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
+               int world, bool dry, const int planned_slots[POOL_SETS][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
                struct mem_tracker *mem);
 void zero_free(struct zero *z);
 
 /* Bytes of each buffer class on this rank, and the pool slots they contain,
  * from a dry run of the passes. */
 void zero_plan(const struct model *m, const struct config *cfg, int world, const struct zero_pass *passes,
-               int n_passes, size_t bytes[BUF_COUNT], int slots[2][ZERO_POOLS]);
+               int n_passes, size_t bytes[BUF_COUNT], int slots[POOL_SETS][ZERO_POOLS]);
 
 void zero_begin_pass(struct zero *z, const struct zero_pass *pass);
 /* Waits for outstanding reduce-scatters; checks the pass was walked to its end. */
@@ -155,7 +182,9 @@ void zero_replay_pass(struct zero *z, const struct zero_pass *pass);
 
 /* Reads and clears the bytes sent per collective kind. */
 void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS]);
-/* Copies the full value of unit u's parameters into out (all ranks must call). */
+/* Copies the full value of unit u's parameters into out, in fp32 (all ranks must call). */
 void zero_gather_unit(struct zero *z, int u, float *out);
+/* Test hook: makes one gradient element of this rank infinite (SHARDLM_INJECT_INF_STEP). */
+void zero_inject_inf(struct zero *z);
 
 #endif
