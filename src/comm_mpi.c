@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "dtype.h"
 #include "util.h"
 
 #define COMM_QUEUE_LEN 256
@@ -43,6 +44,27 @@ struct comm_mpi {
 };
 
 static int g_world_for_abort = 1;
+static MPI_Op g_sum_f16 = MPI_OP_NULL, g_sum_bf16 = MPI_OP_NULL;
+
+/* Sums of half-precision values: each pair added in fp32 and rounded back to
+ * the half type, as a GPU's reduction does. */
+static void sum_f16(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++)
+        b[i] = f32_to_f16(f16_to_f32(a[i]) + f16_to_f32(b[i]));
+}
+
+static void sum_bf16(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++)
+        b[i] = f32_to_bf16(bf16_to_f32(a[i]) + bf16_to_f32(b[i]));
+}
 
 static void abort_hook(int status)
 {
@@ -67,9 +89,13 @@ static MPI_Datatype mpi_type(enum comm_dtype dt)
     case COMM_F32: return MPI_FLOAT;
     case COMM_F64: return MPI_DOUBLE;
     case COMM_I32: return MPI_INT;
-    default: break;
+    default: return MPI_UINT16_T;
     }
-    fail_internal("comm: half-precision collectives are not available in this build");
+}
+
+static MPI_Op mpi_sum(enum comm_dtype dt)
+{
+    return dt == COMM_U16_SUM_F16 ? g_sum_f16 : dt == COMM_U16_SUM_BF16 ? g_sum_bf16 : MPI_SUM;
 }
 
 static int mpi_count(size_t count)
@@ -101,10 +127,13 @@ static void run_op(struct comm *c, const struct comm_op *op)
         break;
     }
     case COMM_REDUCE_SCATTER:
-        mpi_check(MPI_Reduce_scatter_block(op->send, op->recv, n, t, MPI_SUM, MPI_COMM_WORLD), "reduce-scatter");
+        mpi_check(MPI_Reduce_scatter_block(op->send, op->recv, n, t, mpi_sum(op->dtype), MPI_COMM_WORLD),
+                  "reduce-scatter");
         break;
     case COMM_ALLREDUCE:
-        mpi_check(MPI_Allreduce(MPI_IN_PLACE, op->recv, n, t, op->reduce == COMM_MAX ? MPI_MAX : MPI_SUM,
+        if (op->reduce == COMM_MAX && (op->dtype == COMM_U16_SUM_F16 || op->dtype == COMM_U16_SUM_BF16))
+            fail_internal("comm: no max reduction of half-precision values");
+        mpi_check(MPI_Allreduce(MPI_IN_PLACE, op->recv, n, t, op->reduce == COMM_MAX ? MPI_MAX : mpi_sum(op->dtype),
                                 MPI_COMM_WORLD),
                   "all-reduce");
         break;
@@ -165,6 +194,8 @@ void comm_init(struct comm *c, int *argc, char ***argv)
     MPI_Comm_size(local, &c->local_world);
     MPI_Comm_free(&local);
     g_world_for_abort = c->world;
+    mpi_check(MPI_Op_create(sum_f16, 1, &g_sum_f16), "op create");
+    mpi_check(MPI_Op_create(sum_bf16, 1, &g_sum_bf16), "op create");
     util_set_rank(c->rank, c->world);
     util_set_abort_hook(abort_hook);
 
@@ -199,6 +230,8 @@ void comm_finalize(struct comm *c)
     free(m);
     c->impl = NULL;
     util_set_abort_hook(NULL);
+    MPI_Op_free(&g_sum_f16);
+    MPI_Op_free(&g_sum_bf16);
     MPI_Finalize();
 }
 

@@ -10,6 +10,7 @@
 #include "data.h"
 #include "dump.h"
 #include "gpt2.h"
+#include "loss_scaler.h"
 #include "model.h"
 #include "plan.h"
 #include "sched.h"
@@ -35,7 +36,10 @@ struct trainer {
     int have_val;
     int comm_only;          /* SHARDLM_BENCH=comm-only: passes walked without compute */
     FILE *metrics;
-    long step;              /* optimizer steps done */
+    long step;              /* optimizer steps done, skipped ones included */
+    long skipped_steps;     /* steps skipped on fp16 overflow (the scheduler does not advance on them) */
+    struct loss_scaler scaler;
+    long inject_inf_step;   /* SHARDLM_INJECT_INF_STEP: make that step's gradients overflow (tests) */
     uint64_t samples_seen;  /* global samples consumed (data position) */
 };
 
@@ -43,13 +47,12 @@ static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
     config_resolve_batch(cfg, tr->world);
-    /* Accepted by the config, not yet by the engine: refuse rather than train in fp32 silently. */
-    if (cfg->dtype != DTYPE_F32)
-        fail_input("config: %s training is not available in this build yet (fp32 only); set %s.enabled to false",
-                   dtype_name(cfg->dtype), cfg->dtype == DTYPE_F16 ? "fp16" : "bf16");
-    if (cfg->zero.offload_optimizer)
-        fail_input("config: zero_optimization.offload_optimizer is not available in this build yet; set its "
-                   "device to \"none\"");
+    loss_scaler_init(&tr->scaler, cfg);
+    const char *inject = getenv("SHARDLM_INJECT_INF_STEP");
+    tr->inject_inf_step = inject ? atol(inject) : 0;
+    if (cfg->zero.offload_optimizer && cfg->zero.stage == 0)
+        fail_input("config: zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (as in "
+                   "DeepSpeed); raise the stage or set offload_optimizer.device to \"none\"");
     if (!cfg->data.train_path)
         fail_input("config: 'data.train' is required for training: give the path (or glob) of .bin token shards");
     model_build(&tr->model, &cfg->model);
@@ -147,12 +150,14 @@ static void dump_first_step(struct trainer *tr, const int32_t *inputs, const int
 
 /* One optimizer step: accumulation over micro-batches, norm, clip, AdamW.
  * Returns the mean loss over the step's global batch. */
-static float train_step(struct trainer *tr, float lr, double *grad_norm)
+static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *skipped)
 {
     const struct config *cfg = tr->cfg;
     const int B = cfg->micro_batch, T = cfg->data.seq_len, accum = cfg->grad_accum;
     const size_t BT = (size_t)B * T;
-    const float dloss = 1.0f / ((float)B * (float)T * (float)accum * (float)tr->world);
+    /* the loss scale multiplies the backward; the optimizer divides it out */
+    const double scale = tr->scaler.scale;
+    const float dloss = (float)(scale / ((double)B * T * accum * tr->world));
     const int dumping = tr->opt->dump_path && tr->step == 0;
     float *dump_logits = NULL;
     int32_t *dump_tokens = NULL;
@@ -189,22 +194,44 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm)
         free(dump_logits);
         free(dump_tokens);
     }
-    if (zero_grads_overflow(&tr->zero))
+    if (tr->inject_inf_step == tr->step + 1 && tr->rank == 0)
+        zero_inject_inf(&tr->zero);
+    bool overflow = zero_grads_overflow(&tr->zero);
+    tr->samples_seen += (uint64_t)cfg->train_batch_size;
+    tr->step++;
+    *skipped = false;
+    if (tr->scaler.skips_overflow) {
+        /* fp16: DeepSpeed's loss scaler decides; an overflowed step is skipped whole */
+        double old_scale = tr->scaler.scale;
+        enum loss_scaler_result r = loss_scaler_update(&tr->scaler, overflow);
+        if (r == LS_AT_MINIMUM)
+            fail_input("step %ld: gradient overflow with the loss scale already at its minimum (%g); the run "
+                       "cannot continue in fp16: lower optimizer.params.lr, use bf16, or lower fp16.min_loss_scale",
+                       tr->step, tr->scaler.scale);
+        if (r == LS_SKIP) {
+            tr->skipped_steps++;
+            *skipped = true;
+            *grad_norm = NAN;
+            if (!tr->opt->quiet)
+                log_info("step %5ld | gradient overflow: step skipped, loss scale %g -> %g", tr->step, old_scale,
+                         tr->scaler.scale);
+            return loss;
+        }
+    } else if (overflow) {
         fail_input("step %ld: the gradients hold inf or NaN (loss %g); lower optimizer.params.lr, enable "
                    "gradient_clipping, or check the data",
-                   tr->step + 1, loss);
-    double norm = zero_grad_norm(&tr->zero);
+                   tr->step, loss);
+    }
+    double norm = zero_grad_norm(&tr->zero) / scale;
     *grad_norm = norm;
-    float grad_scale = 1.0f;
+    double grad_scale = 1.0 / scale;
     if (cfg->gradient_clipping > 0.0f) {
         double coef = cfg->gradient_clipping / (norm + CLIP_EPS);
         if (coef < 1.0)
-            grad_scale = (float)coef;
+            grad_scale *= coef;
     }
     if (!tr->comm_only)
-        zero_optimizer_step(&tr->zero, &cfg->optimizer, lr, grad_scale);
-    tr->samples_seen += (uint64_t)cfg->train_batch_size;
-    tr->step++;
+        zero_optimizer_step(&tr->zero, &cfg->optimizer, lr, (float)grad_scale);
     return loss;
 }
 
@@ -296,6 +323,15 @@ static void write_memory_json(struct trainer *tr)
     fprintf(tr->metrics, "}}\n");
 }
 
+/* " | scale 65536 | skipped 2" for fp16 runs, nothing otherwise. */
+static const char *scale_note(const struct trainer *tr, char *buf, size_t n)
+{
+    if (!tr->scaler.skips_overflow)
+        return "";
+    snprintf(buf, n, " | scale %g | skipped %ld", tr->scaler.scale, tr->skipped_steps);
+    return buf;
+}
+
 static void log_traffic(struct trainer *tr, const uint64_t bytes[COMM_KINDS], char *json, size_t n)
 {
     snprintf(json, n, ", \"bytes_allgather\": %llu, \"bytes_reduce_scatter\": %llu, \"bytes_allreduce\": %llu",
@@ -320,7 +356,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
 
     const int T = cfg->data.seq_len;
     const double tokens_per_step = (double)cfg->train_batch_size * T;
-    char a[32];
+    char a[32], b[64];
     log_info("shardlm %s | backend %s | %d rank%s | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(), tr.world,
              tr.world > 1 ? "s" : "", cfg->zero.stage, dtype_name(cfg->dtype));
     log_info("model gpt2: %d layers, %d heads, %d channels, context %d, vocab %d (padded %d): %zu parameters",
@@ -333,8 +369,9 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     const float base_lr = cfg->optimizer.lr;
     for (long s = 0; s < cfg->train.steps; s++) {
         double t0 = now_seconds(), norm = 0.0;
-        float lr = sched_lr(&cfg->scheduler, base_lr, tr.step);
-        float loss = train_step(&tr, lr, &norm);
+        float lr = sched_lr(&cfg->scheduler, base_lr, tr.step - tr.skipped_steps);
+        bool skipped = false;
+        float loss = train_step(&tr, lr, &norm, &skipped);
         double dt = now_seconds() - t0;
         uint64_t bytes[COMM_KINDS];
         zero_take_traffic(&tr.zero, bytes);
@@ -343,16 +380,17 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
                        loss);
         uint64_t total = bytes[COMM_ALLGATHER] + bytes[COMM_REDUCE_SCATTER] + bytes[COMM_ALLREDUCE];
         if (!opt->quiet && (tr.step % cfg->steps_per_print == 0 || tr.step == 1 || tr.step == cfg->train.steps))
-            log_info("step %5ld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms | sent %s", tr.step,
+            log_info("step %5ld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms | sent %s%s", tr.step,
                      cfg->train.steps, loss, lr, norm, tokens_per_step / dt, dt * 1e3,
-                     plan_format_bytes((double)total, a, sizeof a));
+                     plan_format_bytes((double)total, a, sizeof a), scale_note(&tr, b, sizeof b));
         if (tr.metrics) {
             char traffic[256];
             log_traffic(&tr, bytes, traffic, sizeof traffic);
             fprintf(tr.metrics,
                     "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, "
-                    "\"ms\": %.3f%s}\n",
-                    tr.step, loss, lr, norm, tokens_per_step / dt, dt * 1e3, traffic);
+                    "\"ms\": %.3f, \"loss_scale\": %.9g, \"skipped\": %s, \"skipped_steps\": %ld%s}\n",
+                    tr.step, loss, lr, skipped ? 0.0 : norm, tokens_per_step / dt, dt * 1e3, tr.scaler.scale,
+                    skipped ? "true" : "false", tr.skipped_steps, traffic);
         }
         if (tr.have_val && cfg->train.eval_every > 0 &&
             (tr.step % cfg->train.eval_every == 0 || tr.step == cfg->train.steps)) {

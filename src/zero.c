@@ -59,9 +59,9 @@ static void layout_units(struct zero *z, const struct config *cfg)
         zu->gather_slot = zu->compute_slot = zu->grad_slot = zu->send_slot = -1;
         bool used[POOL_SETS] = {
             [POOL_GATHER] = zu->sharded,
-            [POOL_COMPUTE] = z->mixed,
+            [POOL_COMPUTE] = z->half,
             [POOL_GRAD] = z->stage >= 2,
-            [POOL_SEND] = z->stage >= 2 && z->mixed,
+            [POOL_SEND] = z->stage >= 2 && z->master_copy,
         };
         for (int set = 0; set < POOL_SETS; set++) {
             struct zero_pool *p = pool(z, set, u);
@@ -135,7 +135,7 @@ static void init_params(struct zero *z, int u, float *scratch)
     struct zero_unit *zu = &z->units[u];
     size_t begin = zu->sharded ? zu->opt_begin : 0, count = zu->sharded ? zu->shard : zu->padded;
     void *dst = zu->sharded ? zu->param_shard : zu->params;
-    if (!z->mixed) {
+    if (!z->master_copy) {
         model_init_range(z->model, u, begin, count, dst);
         return;
     }
@@ -157,7 +157,8 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     z->dry = dry;
     z->dtype = cfg->dtype;
     z->esize = (size_t)dtype_size(cfg->dtype);
-    z->mixed = cfg->dtype != DTYPE_F32;
+    z->half = cfg->dtype != DTYPE_F32;
+    z->master_copy = z->half || cfg->zero.offload_optimizer;
     z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;
     z->prefetch_elems = cfg->zero.stage3_prefetch_bucket_size;
     z->max_live_elems = cfg->zero.stage3_max_live_parameters;
@@ -173,25 +174,25 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     size_t largest = 0;
     for (int u = 0; u < m->n_units; u++)
         largest = z->units[u].padded > largest ? z->units[u].padded : largest;
-    float *scratch = z->mixed ? xcalloc(largest, sizeof *scratch) : NULL;
+    float *scratch = z->master_copy ? xcalloc(largest, sizeof *scratch) : NULL;
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         if (zu->sharded)
             zu->param_shard = arena_alloc(dev, mem, BUF_PARAMS, zu->shard * z->esize, 1);
         else
             zu->params = arena_alloc(dev, mem, BUF_PARAMS, zu->padded * z->esize, 1);
-        if (z->mixed)
+        if (z->master_copy)
             zu->master = arena_alloc(&arenas[plan_space(cfg, BUF_MASTER)], mem, BUF_MASTER,
                                      zu->opt_count * sizeof(float), 1);
         if (z->stage <= 1) {
-            zu->grads = arena_alloc(&arenas[plan_space(cfg, z->mixed ? BUF_FP32_GRADS : BUF_GRADS)], mem,
-                                    z->mixed ? BUF_FP32_GRADS : BUF_GRADS, zu->padded * sizeof(float), 1);
-            if (z->mixed)
+            zu->grads = arena_alloc(&arenas[plan_space(cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
+                                    z->master_copy ? BUF_FP32_GRADS : BUF_GRADS, zu->padded * sizeof(float), 1);
+            if (z->master_copy)
                 zu->grads_comm = arena_alloc(dev, mem, BUF_GRADS, zu->padded * z->esize, 1);
         } else {
-            zu->grad_shard = arena_alloc(&arenas[plan_space(cfg, z->mixed ? BUF_FP32_GRADS : BUF_GRADS)], mem,
-                                         z->mixed ? BUF_FP32_GRADS : BUF_GRADS, zu->shard * sizeof(float), 1);
-            if (z->mixed)
+            zu->grad_shard = arena_alloc(&arenas[plan_space(cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
+                                         z->master_copy ? BUF_FP32_GRADS : BUF_GRADS, zu->shard * sizeof(float), 1);
+            if (z->master_copy)
                 zu->grad_recv = arena_alloc(dev, mem, BUF_GRADS, zu->shard * z->esize, 1);
         }
         zu->adam_m = arena_alloc(opt, mem, BUF_ADAM_M, zu->opt_count * sizeof(float), 1);
@@ -304,11 +305,13 @@ static void finish_reduce_scatter(struct zero *z)
     struct zero_unit *zu = &z->units[u];
     if (!z->dry) {
         comm_wait(z->comm, &zu->rs_req);
-        if (z->mixed)
+        if (z->half)
             dtype_add_to_f32(zu->grad_shard, zu->grad_recv, z->dtype, zu->shard);
+        else if (z->master_copy) /* fp32 offload: the result already holds the accumulated shard */
+            memcpy(zu->grad_shard, zu->grad_recv, zu->shard * sizeof(float));
     }
     zu->rs_pending = false;
-    if (z->mixed)
+    if (z->master_copy)
         pool_give(z, POOL_SEND, u, &zu->send_slot);
     else
         pool_give(z, POOL_GRAD, u, &zu->grad_slot);
@@ -332,13 +335,13 @@ const float *zero_acquire(struct zero *z, int u)
 {
     expect_event(z, PASS_ACQUIRE, u);
     struct zero_unit *zu = &z->units[u];
-    if (zu->refs++ > 0 && !zu->sharded && !z->mixed)
+    if (zu->refs++ > 0 && !zu->sharded && !z->half)
         return zu->params;
     if (zu->sharded && zu->gather_slot < 0)
         start_gather(z, u);
     if (zu->sharded)
         prefetch(z);
-    if (z->mixed && zu->compute_slot < 0)
+    if (z->half && zu->compute_slot < 0)
         zu->compute_slot = pool_take(z, POOL_COMPUTE, u);
     if (z->dry)
         return NULL;
@@ -347,7 +350,7 @@ const float *zero_acquire(struct zero *z, int u)
         zu->gather_pending = false;
     }
     const void *full = zu->sharded ? slot_ptr(pool(z, POOL_GATHER, u), zu->gather_slot) : zu->params;
-    if (!z->mixed)
+    if (!z->half)
         return full;
     float *copy = slot_ptr(pool(z, POOL_COMPUTE, u), zu->compute_slot);
     if (zu->refs == 1)
@@ -396,12 +399,17 @@ void zero_grad_done(struct zero *z, int u)
     count_traffic(z, COMM_REDUCE_SCATTER, zu->shard, z->esize);
     z->rs_unit = u;
     zu->rs_pending = true;
-    if (z->mixed) {
+    if (z->master_copy) {
         /* Cast to the parameter dtype for the wire; the fp32 buffer is free at once. */
         zu->send_slot = pool_take(z, POOL_SEND, u);
         if (!z->dry) {
             void *send = slot_ptr(pool(z, POOL_SEND, u), zu->send_slot);
             dtype_convert(send, z->dtype, slot_ptr(pool(z, POOL_GRAD, u), zu->grad_slot), DTYPE_F32, zu->padded);
+            if (!z->half) {
+                /* fp32: accumulate as the path without offload does, so both give the same bits */
+                float *own = (float *)send + (size_t)z->rank * zu->shard;
+                backend_add(own, own, zu->grad_shard, zu->shard);
+            }
             comm_reduce_scatter(z->comm, send, zu->grad_recv, zu->shard, z->comm_dtype, &zu->rs_req);
         }
         pool_give(z, POOL_GRAD, u, &zu->grad_slot);
@@ -446,7 +454,7 @@ void zero_reduce_grads(struct zero *z)
         struct zero_unit *zu = &z->units[u];
         count_traffic(z, COMM_ALLREDUCE, zu->padded, z->esize);
         void *buf = zu->grads;
-        if (z->mixed) {
+        if (z->master_copy) {
             dtype_convert(zu->grads_comm, z->dtype, zu->grads, DTYPE_F32, zu->padded);
             buf = zu->grads_comm;
         }
@@ -455,7 +463,7 @@ void zero_reduce_grads(struct zero *z)
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         comm_wait(z->comm, &zu->rs_req);
-        if (z->mixed)
+        if (z->master_copy)
             dtype_convert(zu->grads, DTYPE_F32, zu->grads_comm, z->dtype, zu->padded);
     }
 }
@@ -498,7 +506,7 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
         struct zero_unit *zu = &z->units[u];
         const struct unit_desc *ud = &z->model->units[u];
         void *p = opt_params(z, zu);
-        float *master = z->mixed ? zu->master : p, *g = opt_grads(zu);
+        float *master = z->master_copy ? zu->master : p, *g = opt_grads(zu);
         const size_t r0 = zu->opt_begin, r1 = zu->opt_begin + zu->opt_count;
         /* Only the tensors' own elements: alignment gaps and padding stay zero. */
         for (int t = 0; t < ud->n_tensors; t++) {
@@ -510,7 +518,7 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
             size_t off = lo - r0;
             hp.weight_decay = td->decay ? oc->weight_decay : 0.0f;
             adamw_update(master + off, zu->adam_m + off, zu->adam_v + off, g + off, hi - lo, &hp,
-                         z->mixed ? elem(p, off, z->esize) : NULL, z->dtype);
+                         z->master_copy ? elem(p, off, z->esize) : NULL, z->dtype);
         }
     }
     /* Where a stage keeps parameters whole, every rank takes the others' updated slices. */
@@ -537,12 +545,12 @@ void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS])
 void zero_gather_unit(struct zero *z, int u, float *out)
 {
     struct zero_unit *zu = &z->units[u];
-    void *full = z->mixed ? xcalloc(zu->padded, z->esize) : out;
+    void *full = z->half ? xcalloc(zu->padded, z->esize) : out;
     if (zu->sharded)
         comm_allgather(z->comm, zu->param_shard, full, zu->shard, z->comm_dtype, NULL);
     else
         memcpy(full, zu->params, zu->padded * z->esize);
-    if (z->mixed) {
+    if (z->half) {
         dtype_convert(out, DTYPE_F32, full, z->dtype, zu->padded);
         free(full);
     }
@@ -595,7 +603,7 @@ void zero_plan(const struct model *m, const struct config *cfg, int world, const
         struct zero_unit *zu = &z.units[u];
         bytes[BUF_PARAMS] += d_bytes(&z, zu->sharded ? zu->shard : zu->padded);
         size_t grad_elems = z.stage <= 1 ? zu->padded : zu->shard;
-        if (z.mixed) {
+        if (z.master_copy) {
             bytes[BUF_MASTER] += f32_bytes(zu->opt_count);
             bytes[BUF_FP32_GRADS] += f32_bytes(grad_elems);
             bytes[BUF_GRADS] += d_bytes(&z, grad_elems);

@@ -124,7 +124,9 @@ struct zero {
     enum dtype dtype;             /* parameters, gathered units, communicated gradients */
     size_t esize;                 /* bytes per parameter-dtype element */
     enum comm_dtype comm_dtype;
-    bool mixed;                   /* dtype is fp16 or bf16: fp32 master, fp32 compute copies */
+    bool half;                    /* dtype is fp16 or bf16: fp32 compute copies (CPU backend) */
+    bool master_copy;             /* half precision or optimizer offload: a separate fp32 master and
+                                   * fp32 gradient shard, where the optimizer state lives */
     struct zero_unit *units;
     struct zero_pool pools[POOL_SETS][ZERO_POOLS];
     size_t live_gathered_elems;   /* gathered or being gathered */
