@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Every benchmark of tools/bench/, one after the other (long: tens of minutes
+# on a 2-core machine). Each prints its own table with the reference measured
+# in the same run. Pass --coretype X to select OpenBLAS kernels for all.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+core=()
+[ "${1:-}" = "--coretype" ] && core=(--coretype "$2")
+bash tools/bench/train_throughput.sh "${core[@]}"
+python3 tools/bench/zero_overlap.py "${core[@]}"
+python3 tools/bench/memory_ladder.py
+[ -f tools/bench/adamw.sh ] && bash tools/bench/adamw.sh
