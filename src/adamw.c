@@ -16,6 +16,11 @@
 #define ADAMW_PARALLEL_MIN 32768
 /* Elements per SIMD iteration (64 bytes of fp32) on every level. */
 #define ADAMW_VEC 16
+/* Software prefetch distance, in elements: 1 KiB ahead in each of p, m, v
+ * and g. With the hardware prefetchers alone the pass ran 10-12% slower at
+ * 100M parameters (the long sqrt and division latencies keep fewer loads in
+ * flight); 128 and 512 measured the same as 256. */
+#define ADAMW_PREFETCH_AHEAD 256
 
 /* The per-element constants, derived once from the hyper-parameters. */
 struct adamw_coeffs {
@@ -99,6 +104,15 @@ static void adamw_scalar(float *restrict param, float *restrict m, float *restri
 #define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TARGET_AVX512 __attribute__((target("avx512f")))
 
+/* One cache line of each input, `at` elements in (within the arrays). */
+static inline void prefetch_ahead(const float *param, const float *m, const float *v, const float *grad, size_t at)
+{
+    _mm_prefetch((const char *)(param + at), _MM_HINT_T0);
+    _mm_prefetch((const char *)(m + at), _MM_HINT_T0);
+    _mm_prefetch((const char *)(v + at), _MM_HINT_T0);
+    _mm_prefetch((const char *)(grad + at), _MM_HINT_T0);
+}
+
 /* ---- AVX2 + FMA + F16C: 2 x 8 lanes per iteration ---------------------- */
 
 /* f32_to_bf16() on 8 lanes (the same integer steps as dtype.h), 32-bit results. */
@@ -150,6 +164,8 @@ TARGET_AVX2 static void adamw_avx2(float *restrict param, float *restrict m, flo
     };
     size_t i = 0;
     for (; i + ADAMW_VEC <= n; i += ADAMW_VEC) {
+        if (i + ADAMW_PREFETCH_AHEAD < n)
+            prefetch_ahead(param, m, v, grad, i + ADAMW_PREFETCH_AHEAD);
         __m256 m0 = _mm256_loadu_ps(m + i), m1 = _mm256_loadu_ps(m + i + 8);
         __m256 v0 = _mm256_loadu_ps(v + i), v1 = _mm256_loadu_ps(v + i + 8);
         const __m256 p0 = adamw_step_avx2(_mm256_loadu_ps(param + i), _mm256_loadu_ps(grad + i), &m0, &v0, &k, c->has_l2);
@@ -223,6 +239,8 @@ TARGET_AVX512 static void adamw_avx512(float *restrict param, float *restrict m,
     const __m512 decay = _mm512_set1_ps(c->decay), l2 = _mm512_set1_ps(c->l2);
     size_t i = 0;
     for (; i + ADAMW_VEC <= n; i += ADAMW_VEC) {
+        if (i + ADAMW_PREFETCH_AHEAD < n)
+            prefetch_ahead(param, m, v, grad, i + ADAMW_PREFETCH_AHEAD);
         const __m512 p = _mm512_loadu_ps(param + i);
         __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), grad_scale);
         if (c->has_l2)

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define DTYPE_X86 1
 #else
@@ -19,6 +20,15 @@
 
 /* ---- CPU features ------------------------------------------------------ */
 
+#if DTYPE_X86
+/* CPUID leaf 1, ECX bit 29 (not every compiler's __builtin_cpu_supports knows "f16c"). */
+static int cpu_has_f16c(void)
+{
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+}
+#endif
+
 int dtype_simd_available(enum dtype_simd level)
 {
     switch (level) {
@@ -26,7 +36,7 @@ int dtype_simd_available(enum dtype_simd level)
         return 1;
 #if DTYPE_X86
     case DTYPE_SIMD_AVX2:
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case DTYPE_SIMD_AVX512:
         return __builtin_cpu_supports("avx512f");
 #else
@@ -423,13 +433,13 @@ int dtype_all_finite(const void *x, enum dtype dt, size_t n)
     unsigned non_finite = 0;
     if (dt == DTYPE_F32) {
         const uint32_t *u = x;
-#pragma omp parallel for simd schedule(static) reduction(| : non_finite) if (n >= DTYPE_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) reduction(| : non_finite) if (n >= DTYPE_PARALLEL_MIN)
         for (size_t i = 0; i < n; i++)
             non_finite |= (u[i] & 0x7f800000u) == 0x7f800000u;
     } else {
         const uint16_t *h = x;
         const uint16_t exp_mask = dt == DTYPE_F16 ? 0x7c00u : 0x7f80u;
-#pragma omp parallel for simd schedule(static) reduction(| : non_finite) if (n >= DTYPE_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) reduction(| : non_finite) if (n >= DTYPE_PARALLEL_MIN)
         for (size_t i = 0; i < n; i++)
             non_finite |= (h[i] & exp_mask) == exp_mask;
     }

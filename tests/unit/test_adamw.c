@@ -139,9 +139,16 @@ static struct ref_result reference_element(double p, double m, double v, float g
 
 /* PyTorch's sequence of fp32 operations (torch.optim.AdamW, foreach=False),
  * without fused multiply-adds: what "straightforward" means below. */
-__attribute__((optimize("fp-contract=off"))) static void straightforward_step(struct state *s,
-                                                                              const struct adamw_hparams *hp)
+#ifdef __clang__
+#define NO_FP_CONTRACT
+#else
+#define NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+NO_FP_CONTRACT static void straightforward_step(struct state *s, const struct adamw_hparams *hp)
 {
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
     const float step_size = hp->lr / hp->bias_correction1, bc2_sqrt = sqrtf(hp->bias_correction2);
     for (size_t i = 0; i < s->n; i++) {
         float g = s->g[i] * hp->grad_scale;

@@ -11,9 +11,13 @@
  *   write-allocate read when the stores are not streaming.
  * The bandwidth probes are STREAM-like kernels over arrays of the same size,
  * same threads: copy and triad with streaming stores (no write-allocate),
- * triad with ordinary stores (write-allocate counted: 16 B/element), and an
- * in-place a = a * s + b (12 B). The best probe's median is "measured
- * bandwidth"; each AdamW variant's GB/s is its bytes over its median time.
+ * triad with ordinary stores (write-allocate counted: 16 B/element), an
+ * in-place a = a * s + b (12 B), and AdamW's own access pattern without its
+ * arithmetic (3 arrays updated in place from a 4th: 28 B), plain and with
+ * software prefetch. The best probe's median is "measured bandwidth"; each
+ * variant's GB/s is its bytes over its median time, and its % is of that
+ * best probe (above 100% means the variant's mix of reads and streamed
+ * writes moves more than the best probe's mix).
  *
  * Every variant and probe runs once per round, rounds repeated, medians
  * taken: a noisy shared machine then shifts all of them alike.
