@@ -15,7 +15,10 @@ enum mem_space plan_space(const struct config *cfg, enum buf_class c)
     case BUF_MASTER:
     case BUF_ADAM_M:
     case BUF_ADAM_V:
-    case BUF_FP32_GRADS: return cfg->zero.offload_optimizer ? SPACE_PINNED : SPACE_DEVICE;
+    case BUF_FP32_GRADS:
+        if (!cfg->zero.offload_optimizer)
+            return SPACE_DEVICE;
+        return cfg->zero.offload_pin_memory ? SPACE_PINNED : SPACE_HOST;
     case BUF_ACT_CKPT: return cfg->act_ckpt.enabled && cfg->act_ckpt.cpu_checkpointing ? SPACE_PINNED : SPACE_DEVICE;
     default: return SPACE_DEVICE;
     }

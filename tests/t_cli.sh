@@ -113,3 +113,15 @@ write_bin "$TMP/vocab.bin" 20240520 1 4000 4000 64
 expect_error "bad.token_out_of_vocab" "vocab" train "$TMP/good.json" --set "data.train=$TMP/vocab.bin"
 expect_error "bad.bad_val_data" "magic" train "$TMP/good.json" --set "data.val=$TMP/magic.bin"
 expect_error "bad.offload_at_stage_0" "offload_optimizer" train "$TMP/good.json" --set zero_optimization.offload_optimizer.device=cpu
+
+# offload_optimizer.pin_memory false: the optimizer state in ordinary host memory, not pinned
+"$BIN" train "$TMP/good.json" --set train.steps=2 --set zero_optimization.stage=2 \
+  --set zero_optimization.offload_optimizer.device=cpu --set zero_optimization.offload_optimizer.pin_memory=false \
+  --set "train.metrics=$TMP/pin.jsonl" >"$TMP/out" 2>"$TMP/err"
+if python3 - "$TMP/pin.jsonl" <<'PY'
+import json, sys
+mem = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["memory"]
+for c in ("fp32 master weights", "Adam m", "Adam v", "fp32 gradient shard"):
+    assert mem[c]["space"] == "host" and mem[c]["planned"] > 0 and mem[c]["planned"] == mem[c]["peak"], (c, mem[c])
+PY
+then ok "offload.pin_memory_false_uses_host"; else fail "offload.pin_memory_false_uses_host" "see above"; fi
