@@ -75,48 +75,20 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from dumpfile import read_dump  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (BIN, ENV, ROOT, arena_round, check, failures, note, read_dump,  # noqa: E402,F401
+                     rel, round_up, scratch_dir, write_shard)
 
-BIN = os.environ.get("SHARDLM_BIN") or os.path.join(ROOT, "bin", "shardlm")
-OWN_TMP = None if os.environ.get("SHARDLM_TEST_TMP") else tempfile.mkdtemp(prefix="shardlm-precision.")
-TMP = os.path.join(os.environ.get("SHARDLM_TEST_TMP") or OWN_TMP, "t_precision")
-os.makedirs(TMP, exist_ok=True)
+TMP = scratch_dir("t_precision")
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-ENV.pop("SHARDLM_INJECT_INF_STEP", None)
 
 TOL_FP16 = 2e-3
 TOL_BF16 = 1e-2
 ALIGN = 16  # MODEL_TENSOR_ALIGN (src/model.h)
 
-failures = 0
-
-
-def check(name, cond, details=""):
-    global failures
-    if cond:
-        print(f"ok {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {name}: {details}", flush=True)
-
-
-def note(msg):
-    print(f"# {msg}", flush=True)
 
 
 # ---- sizes (src/model.c, src/zero.c, src/arena.h, src/gpt2.c) ------------------------------------
-def round_up(x, m):
-    return (x + m - 1) // m * m
-
-
-def arena_round(nbytes):
-    return round_up(nbytes, 64)
-
-
 def unit_numels(L, C, V, npos):
     """Elements of each unit (embedding, blocks, head) as model.c lays them out (tensors aligned to 16)."""
     Vp = round_up(V, 128)
@@ -155,14 +127,6 @@ def expected_act_bytes(L, B, T, C, NH, interval):
 V = 128
 T = 16
 N_WINDOWS = 400
-
-
-def write_shard(path, tokens):
-    header = np.zeros(256, dtype="<i4")
-    header[0], header[1], header[2] = 20240520, 1, len(tokens)
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
 
 
 def learnable_tokens(n, seed=7, period=29, noise=0.1):
@@ -653,7 +617,4 @@ if __name__ == "__main__":
         import traceback
         traceback.print_exc()
         check("t_precision", False, f"{type(e).__name__}: {e}")
-    if OWN_TMP:
-        import shutil
-        shutil.rmtree(OWN_TMP, ignore_errors=True)
-    sys.exit(1 if failures else 0)
+    sys.exit(1 if failures() else 0)

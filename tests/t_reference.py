@@ -40,14 +40,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from dumpfile import read_dump  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (BIN, ENV, ROOT, arena_round, check, failures, note, read_dump,  # noqa: E402,F401
+                     rel, round_up, scratch_dir, write_shard)
 
-BIN = os.environ.get("SHARDLM_BIN") or os.path.join(ROOT, "bin", "shardlm")
-OWN_TMP = None if os.environ.get("SHARDLM_TEST_TMP") else tempfile.mkdtemp(prefix="shardlm-ref.")
-TMP = os.path.join(os.environ.get("SHARDLM_TEST_TMP") or OWN_TMP, "t_reference")
-os.makedirs(TMP, exist_ok=True)
+TMP = scratch_dir("t_reference")
 
 torch.set_default_dtype(torch.float64)
 torch.set_num_threads(1)
@@ -71,25 +68,6 @@ INIT_STD = 0.1  # 5x GPT-2's 0.02: pre-activations of O(1), where e.g. erf vs ta
 TOL_REF = 1e-4
 TOL_ACCUM = 1e-5
 
-failures = 0
-
-
-def check(name, cond, details=""):
-    global failures
-    if cond:
-        print(f"ok {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {name}: {details}", flush=True)
-
-
-def rel(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    denom = max(float(np.max(np.abs(b))) if b.size else 0.0, 1e-30)
-    return float(np.max(np.abs(a - b))) / denom if a.size else 0.0
 
 
 def check_rel(name, a, b, tol):
@@ -108,14 +86,6 @@ def check_rel(name, a, b, tol):
 
 
 # ---- data ------------------------------------------------------------------------
-def write_shard(path, tokens):
-    header = np.zeros(256, dtype="<i4")
-    header[0], header[1], header[2] = 20240520, 1, len(tokens)
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
-
-
 rng = np.random.default_rng(20240520)
 TOKENS = rng.integers(0, V, size=N_TOKENS).astype(np.int64)
 DATA = os.path.join(TMP, "train.bin")
@@ -446,7 +416,4 @@ if __name__ == "__main__":
         import traceback
         traceback.print_exc()
         check("t_reference", False, f"{type(e).__name__}: {e}")
-    if OWN_TMP:
-        import shutil
-        shutil.rmtree(OWN_TMP, ignore_errors=True)
-    sys.exit(1 if failures else 0)
+    sys.exit(1 if failures() else 0)

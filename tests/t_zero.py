@@ -48,53 +48,19 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from dumpfile import read_dump  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import (BIN, ENV, ROOT, arena_round, check, failures, note, read_dump,  # noqa: E402,F401
+                     rel, round_up, scratch_dir, write_shard)
 
-BIN = os.environ.get("SHARDLM_BIN") or os.path.join(ROOT, "bin", "shardlm")
-OWN_TMP = None if os.environ.get("SHARDLM_TEST_TMP") else tempfile.mkdtemp(prefix="shardlm-zero.")
-TMP = os.path.join(os.environ.get("SHARDLM_TEST_TMP") or OWN_TMP, "t_zero")
-os.makedirs(TMP, exist_ok=True)
+TMP = scratch_dir("t_zero")
 
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
 
 ALIGN = 16  # MODEL_TENSOR_ALIGN
 TOL = 1e-5
 
-failures = 0
-
-
-def check(name, cond, details=""):
-    global failures
-    if cond:
-        print(f"ok {name}", flush=True)
-    else:
-        failures += 1
-        print(f"FAIL {name}: {details}", flush=True)
-
-
-def note(msg):
-    print(f"# {msg}", flush=True)
-
-
-def rel(a, b):
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    if not a.size:
-        return 0.0
-    e = float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-30)
-    return e if math.isfinite(e) else float("inf")
 
 
 # ---- sizes (src/model.c, src/zero.c, src/arena.h) ----------------------------------------
-def round_up(x, m):
-    return (x + m - 1) // m * m
-
-
 def unit_layout(L, C, V, npos):
     """[(unit name, numel, [(tensor, offset, numel)])] in unit order, as model.c lays them out."""
     Vp = round_up(V, 128)
@@ -126,10 +92,6 @@ def unit_numels(L, C, V, npos):
 
 def padded(numel, N):
     return round_up(numel, N * ALIGN)
-
-
-def arena_round(nbytes):
-    return round_up(nbytes, 64)
 
 
 def expected_state_bytes(numels, N, stage, threshold=0):
@@ -206,14 +168,6 @@ def parse_memory(out):
 
 
 # ---- data and runs ----------------------------------------------------------------------------
-def write_shard(path, tokens):
-    header = np.zeros(256, dtype="<i4")
-    header[0], header[1], header[2] = 20240520, 1, len(tokens)
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
-
-
 V = 100
 T = 16
 N_WINDOWS = 150  # < 20 steps x 24 sequences: the runs wrap around the shard
@@ -692,7 +646,4 @@ if __name__ == "__main__":
         import traceback
         traceback.print_exc()
         check("t_zero", False, f"{type(e).__name__}: {e}")
-    if OWN_TMP:
-        import shutil
-        shutil.rmtree(OWN_TMP, ignore_errors=True)
-    sys.exit(1 if failures else 0)
+    sys.exit(1 if failures() else 0)

@@ -1,0 +1,84 @@
+"""Shared pieces of the Python tests: where the binary and scratch space are,
+the MPI environment, and the "ok NAME" / "FAIL NAME: why" lines that
+tests/run.sh counts.
+"""
+import atexit
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from dumpfile import read_dump  # noqa: E402,F401  (re-exported for the tests)
+
+BIN = os.environ.get("SHARDLM_BIN") or os.path.join(ROOT, "bin", "shardlm")
+
+# mpirun as root, more ranks than cores, one OpenMP thread per rank.
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+ENV.pop("SHARDLM_INJECT_INF_STEP", None)
+
+_failures = 0
+
+
+def scratch_dir(name):
+    """A directory for one test: under SHARDLM_TEST_TMP, else a fresh temporary
+    one removed when the test exits."""
+    base = os.environ.get("SHARDLM_TEST_TMP")
+    if not base:
+        base = tempfile.mkdtemp(prefix=f"shardlm-{name}.")
+        atexit.register(shutil.rmtree, base, True)
+    path = os.path.join(base, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def check(name, cond, details=""):
+    global _failures
+    if cond:
+        print(f"ok {name}", flush=True)
+    else:
+        _failures += 1
+        print(f"FAIL {name}: {details}", flush=True)
+
+
+def note(msg):
+    print(f"# {msg}", flush=True)
+
+
+def failures():
+    return _failures
+
+
+def rel(a, b):
+    """max |a - b| / max |b|, inf for different shapes or non-finite values."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if not a.size:
+        return 0.0
+    e = float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-30)
+    return e if math.isfinite(e) else float("inf")
+
+
+def round_up(x, m):
+    return (x + m - 1) // m * m
+
+
+def arena_round(nbytes):
+    """Every arena buffer is rounded up to 64 bytes (src/arena.h)."""
+    return round_up(nbytes, 64)
+
+
+def write_shard(path, tokens):
+    """An llm.c uint16 token shard: 256 int32 header (magic, version 1, count), tokens."""
+    header = np.zeros(256, dtype="<i4")
+    header[0], header[1], header[2] = 20240520, 1, len(tokens)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype="<u2").tobytes())
