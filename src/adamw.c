@@ -1,4 +1,5 @@
 #include "adamw.h"
+#include "dtype_simd.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -101,8 +102,6 @@ static void adamw_scalar(float *restrict param, float *restrict m, float *restri
 }
 
 #if ADAMW_X86
-#define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define TARGET_AVX512 __attribute__((target("avx512f")))
 
 /* One cache line of each input, `at` elements in (within the arrays). */
 static inline void prefetch_ahead(const float *param, const float *m, const float *v, const float *grad, size_t at)
@@ -114,18 +113,6 @@ static inline void prefetch_ahead(const float *param, const float *m, const floa
 }
 
 /* ---- AVX2 + FMA + F16C: 2 x 8 lanes per iteration ---------------------- */
-
-/* f32_to_bf16() on 8 lanes (the same integer steps as dtype.h), 32-bit results. */
-TARGET_AVX2 static inline __m256i bf16_round_avx2(__m256 f)
-{
-    const __m256i x = _mm256_castps_si256(f);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
-    const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
-    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
-                                              _mm256_set1_epi32(0x7f800000));
-    return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
-}
 
 struct adamw_consts_avx2 {
     __m256 beta1, one_minus_beta1, beta2, one_minus_beta2, eps, neg_step_size, inv_sqrt_bc2, grad_scale, decay, l2;
@@ -207,18 +194,6 @@ TARGET_AVX2 static void adamw_avx2(float *restrict param, float *restrict m, flo
 }
 
 /* ---- AVX-512F: 16 lanes per iteration ---------------------------------- */
-
-/* f32_to_bf16() on 16 lanes (the same integer steps as dtype.h), narrowed to 16 bits. */
-TARGET_AVX512 static inline __m256i bf16_round_avx512(__m512 f)
-{
-    const __m512i x = _mm512_castps_si512(f);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb), 16);
-    const __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
-    const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)),
-                                                     _mm512_set1_epi32(0x7f800000));
-    return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet_nan));
-}
 
 TARGET_AVX512 static inline void store_f32_avx512(float *dst, __m512 x, int stream)
 {

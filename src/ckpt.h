@@ -1,0 +1,153 @@
+/*
+ * ckpt — checkpoint storage: a sharded training state in ONE parallel HDF5
+ * file per checkpoint (DESIGN §7).
+ *
+ * Layout of DIR/step_000123.h5 (readable by h5py / h5dump without shardlm):
+ *   /<group>/<tensor name>   fp32, the tensor's full Hugging Face shape, e.g.
+ *                            /master/h.3.attn.c_attn.weight (C, 3C); groups
+ *                            are chosen by the caller ("master", "adam_m", ...)
+ *   /rank_state/<name>       uint64 (world at save, n): one row per saving rank
+ *   root attributes          format = "shardlm-checkpoint", format_version,
+ *                            shardlm_version, step, world_size, plus the
+ *                            caller's scalars and strings (loss scale, config
+ *                            JSON, model description JSON, ...)
+ * Every dataset is chunked (at most CKPT_CHUNK_ELEMS elements a chunk, whole
+ * rows) with a Fletcher32 checksum per chunk, verified by HDF5 on every read.
+ *
+ * Writing: every rank calls ckpt_save with the same groups, tensors (names,
+ * shapes, order) and attributes; only its slices' ranges and data differ. A
+ * rank that holds nothing of a tensor passes count 0. Each element must be
+ * written by exactly one rank (stage 0: let rank 0 pass the whole tensor and
+ * the others count 0, or split it); ckpt_save checks that the counts of all
+ * ranks add up to each tensor's size. Data go through MPI-IO collective writes
+ * (required by parallel HDF5 for filtered datasets).
+ *
+ * Publishing is atomic: the file is written as step_N.h5.tmp, flushed, closed
+ * and fsynced, and only after every rank is done does rank 0 rename it to
+ * step_N.h5, fsync the directory and move DIR/latest (a one-line file naming
+ * it) by writing latest.tmp and renaming. Older checkpoints are pruned after
+ * that. A crash at any point leaves the previous checkpoint and latest intact.
+ *
+ * Reading: ckpt_open is collective; ckpt_read is independent, so any rank can
+ * ask for any flat range of any tensor, at any world size: the range is read
+ * from the 2-D dataset as up to three hyperslab blocks (partial first row,
+ * whole middle rows, partial last row). Corruption (checksum), a missing
+ * dataset, a wrong shape, a truncated or unreadable file end the process
+ * through fail_input (exit status 2) with one line naming the file and the
+ * dataset. Only the chunks a rank reads are verified; when the ranks read
+ * the whole state between them, every chunk is.
+ *
+ * MPI: this is the storage layer, so it uses MPI_COMM_WORLD directly (through
+ * HDF5's MPI-IO driver, plus a few collectives of its own); MPI must be
+ * initialised. Callers: the trainer (save every N steps, resume), export, tests.
+ */
+#ifndef SHARDLM_CKPT_H
+#define SHARDLM_CKPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CKPT_FORMAT "shardlm-checkpoint"
+#define CKPT_FORMAT_VERSION 1
+/* Elements per chunk at most: 4 MiB of fp32, large enough that per-chunk
+ * overhead (B-tree entries, checksums, MPI-IO requests) stays negligible,
+ * small enough that a corrupted chunk names a small region. */
+#define CKPT_CHUNK_ELEMS ((size_t)1 << 20)
+#define CKPT_MAX_PATH 4096
+
+/* This rank's flat range [begin, begin+count) of a tensor of the given full
+ * shape (row-major), fp32. */
+struct ckpt_slice {
+    const char *name;   /* Hugging Face name, e.g. "h.0.attn.c_attn.weight" */
+    int ndim;           /* 1 or 2 */
+    size_t shape[2];    /* full shape; shape[1] unused when ndim == 1 */
+    size_t begin;       /* elements from the tensor's start */
+    size_t count;       /* 0: this rank holds nothing of it (still listed) */
+    const float *data;  /* count values */
+};
+
+/* One HDF5 group of tensors: "master", "adam_m", "adam_v". */
+struct ckpt_group {
+    const char *name;
+    const struct ckpt_slice *slices;
+    int n_slices;
+};
+
+/* Small per-rank state (data position, RNG state): n values per rank, stored
+ * as /rank_state/<name> of shape (world, n). */
+struct ckpt_rank_state {
+    const char *name;
+    int n;
+    const uint64_t *values;
+};
+
+enum ckpt_attr_kind { CKPT_ATTR_I64, CKPT_ATTR_F64, CKPT_ATTR_STR };
+
+/* A scalar attribute of the file's root group; same value on every rank. */
+struct ckpt_attr {
+    const char *name;
+    enum ckpt_attr_kind kind;
+    int64_t i64;
+    double f64;
+    const char *str;
+};
+
+struct ckpt_contents {
+    const struct ckpt_group *groups;
+    int n_groups;
+    const struct ckpt_rank_state *rank_state;
+    int n_rank_state;
+    const struct ckpt_attr *attrs;
+    int n_attrs;
+};
+
+/* Writes DIR/step_<step>.h5 (step zero-padded to 6 digits), publishes it
+ * atomically, moves DIR/latest to it, then keeps only the newest `keep`
+ * checkpoints of DIR (0: keeps all). Collective. Creates DIR when missing.
+ * The published path goes to path_out (may be NULL). Failures to write are
+ * fail_input (a full disk or an unwritable directory is the user's to fix). */
+void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents *contents, char *path_out,
+               size_t path_cap);
+
+/* "auto": DIR/latest's target when latest exists and so does its target, else
+ * NULL (a fresh start). Otherwise spec is a checkpoint file, or a directory
+ * whose latest is used (fail_input when it has none). Returns a malloc'd path.
+ * Local (no MPI). */
+char *ckpt_resolve(const char *dir, const char *spec);
+
+struct ckpt_reader;
+
+/* Opens a checkpoint for reading (collective) and checks its format
+ * attributes. fail_input when it is missing, truncated or not a checkpoint. */
+struct ckpt_reader *ckpt_open(const char *path);
+void ckpt_close(struct ckpt_reader *r); /* collective */
+
+/* Reads [begin, begin+count) of /<group>/<name> into out, after checking the
+ * dataset exists with exactly the given shape. Independent (any rank, any
+ * range). count 0 still checks the dataset. */
+void ckpt_read(struct ckpt_reader *r, const char *group, const char *name, int ndim, const size_t shape[2],
+               size_t begin, size_t count, float *out);
+/* Reads the slice's range into out (the slice's data pointer is ignored). */
+void ckpt_read_slice(struct ckpt_reader *r, const char *group, const struct ckpt_slice *s, float *out);
+
+/* World size the checkpoint was saved at. */
+int ckpt_saved_world(const struct ckpt_reader *r);
+/* The whole /rank_state/<name>: saved_world rows of n values into out. */
+void ckpt_read_rank_state(struct ckpt_reader *r, const char *name, int n, uint64_t *out);
+
+/* Root attributes; fail_input when missing or of another kind. */
+int64_t ckpt_attr_i64(struct ckpt_reader *r, const char *name);
+double ckpt_attr_f64(struct ckpt_reader *r, const char *name);
+char *ckpt_attr_str(struct ckpt_reader *r, const char *name); /* malloc'd */
+bool ckpt_has_attr(struct ckpt_reader *r, const char *name);
+
+/* The part of a range [range_begin, range_begin+range_count) of a unit's flat
+ * buffer that falls in a tensor at [tensor_offset, tensor_offset+numel):
+ * sets *begin (from the tensor's start) and *count (0 when disjoint), and
+ * returns the index of its first element inside the range. The ZeRO mapping
+ * from a rank's shard to the slices it saves. */
+size_t ckpt_intersect(size_t tensor_offset, size_t numel, size_t range_begin, size_t range_count, size_t *begin,
+                      size_t *count);
+
+#endif
