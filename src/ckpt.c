@@ -1,0 +1,820 @@
+/*
+ * ckpt — parallel HDF5 checkpoints (see ckpt.h for the layout and contracts).
+ *
+ * Every HDF5 call is checked; HDF5's own stack printing is turned off and its
+ * innermost messages are folded into our one-line errors instead (so a
+ * corrupted chunk reads "... data error detected by Fletcher32 checksum").
+ */
+#include "ckpt.h"
+#include "util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct ckpt_reader {
+    hid_t file;
+    int saved_world;
+    char path[CKPT_MAX_PATH];
+};
+
+/* ------------------------------------------------------------------------ */
+/* HDF5 errors                                                               */
+
+struct hdf5_why {
+    char text[512];
+    int taken;
+};
+
+/* Keeps the two innermost distinct descriptions of the error stack. */
+static herr_t collect_error(unsigned n, const H5E_error2_t *err, void *data)
+{
+    struct hdf5_why *why = data;
+    if (why->taken >= 2 || !err->desc || !err->desc[0] || strstr(why->text, err->desc))
+        return 0;
+    size_t len = strlen(why->text);
+    snprintf(why->text + len, sizeof why->text - len, "%s%s", why->taken ? "; " : "", err->desc);
+    why->taken++;
+    return 0;
+}
+
+/* What HDF5 said about the call that just failed (call before any other H5 call). */
+static const char *hdf5_error(struct hdf5_why *why)
+{
+    why->text[0] = 0;
+    why->taken = 0;
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_error, why);
+    H5Eclear2(H5E_DEFAULT);
+    if (!why->text[0])
+        snprintf(why->text, sizeof why->text, "unknown HDF5 error");
+    return why->text;
+}
+
+static void quiet_hdf5(void)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+
+static void require_mpi(const char *what)
+{
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    if (!initialised)
+        fail_internal("%s: MPI is not initialised (the checkpoint layer writes through MPI-IO)", what);
+}
+
+#define MPI_CHECK(call, what)                                                          \
+    do {                                                                               \
+        int _rc = (call);                                                              \
+        if (_rc != MPI_SUCCESS)                                                        \
+            fail_internal("checkpoint: MPI error %d while %s (%s:%d)", _rc, what, __FILE__, __LINE__); \
+    } while (0)
+
+/* ------------------------------------------------------------------------ */
+/* Selections                                                                */
+
+/* The row-major flat range [begin, begin+count) of a dataset of shape dims
+ * (rank ndim) as a selection: 1-D one block; 2-D up to three blocks (partial
+ * first row, whole middle rows, partial last row). count 0: nothing. */
+static herr_t select_flat_range(hid_t space, int ndim, const hsize_t *dims, size_t begin, size_t count)
+{
+    if (count == 0)
+        return H5Sselect_none(space);
+    if (ndim == 1) {
+        hsize_t start = begin, n = count;
+        return H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, NULL, &n, NULL);
+    }
+    size_t cols = dims[1], end = begin + count;
+    size_t r0 = begin / cols, c0 = begin % cols, r1 = (end - 1) / cols, c1 = (end - 1) % cols;
+    if (r0 == r1) {
+        hsize_t start[2] = {r0, c0}, n[2] = {1, count};
+        return H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, n, NULL);
+    }
+    hsize_t first_start[2] = {r0, c0}, first_n[2] = {1, cols - c0};
+    if (H5Sselect_hyperslab(space, H5S_SELECT_SET, first_start, NULL, first_n, NULL) < 0)
+        return -1;
+    if (r1 > r0 + 1) {
+        hsize_t mid_start[2] = {r0 + 1, 0}, mid_n[2] = {r1 - r0 - 1, cols};
+        if (H5Sselect_hyperslab(space, H5S_SELECT_OR, mid_start, NULL, mid_n, NULL) < 0)
+            return -1;
+    }
+    hsize_t last_start[2] = {r1, 0}, last_n[2] = {1, c1 + 1};
+    return H5Sselect_hyperslab(space, H5S_SELECT_OR, last_start, NULL, last_n, NULL);
+}
+
+static size_t shape_numel(int ndim, const size_t shape[2])
+{
+    return ndim == 1 ? shape[0] : shape[0] * shape[1];
+}
+
+static void format_shape(char *out, size_t cap, int ndim, const hsize_t *dims)
+{
+    if (ndim == 1)
+        snprintf(out, cap, "(%llu,)", (unsigned long long)dims[0]);
+    else if (ndim == 2)
+        snprintf(out, cap, "(%llu, %llu)", (unsigned long long)dims[0], (unsigned long long)dims[1]);
+    else
+        snprintf(out, cap, "(rank %d)", ndim);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Saving                                                                    */
+
+struct writer {
+    hid_t file, dxpl;
+    const char *path; /* the temporary file */
+    int rank, world;
+};
+
+static void write_fail(const struct writer *w, const char *what, const char *name)
+{
+    struct hdf5_why why;
+    const char *msg = hdf5_error(&why);
+    fail_input("checkpoint '%s': cannot %s '%s': %s. Hint: check the disk has space and the directory is writable",
+               w->path, what, name, msg);
+}
+
+static void write_attr(const struct writer *w, const struct ckpt_attr *a)
+{
+    hid_t space = H5Screate(H5S_SCALAR), type = -1, attr = -1;
+    const void *value = NULL;
+    switch (a->kind) {
+    case CKPT_ATTR_I64:
+        type = H5Tcopy(H5T_STD_I64LE);
+        value = &a->i64;
+        break;
+    case CKPT_ATTR_F64:
+        type = H5Tcopy(H5T_IEEE_F64LE);
+        value = &a->f64;
+        break;
+    case CKPT_ATTR_STR: {
+        const char *s = a->str ? a->str : "";
+        type = H5Tcopy(H5T_C_S1);
+        if (type >= 0 && (H5Tset_size(type, strlen(s) + 1) < 0 || H5Tset_strpad(type, H5T_STR_NULLTERM) < 0))
+            write_fail(w, "make the string type of attribute", a->name);
+        value = s;
+        break;
+    }
+    }
+    if (space < 0 || type < 0)
+        write_fail(w, "make the type of attribute", a->name);
+    attr = H5Acreate2(w->file, a->name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    if (attr < 0)
+        write_fail(w, "create attribute", a->name);
+    if (H5Awrite(attr, type, value) < 0)
+        write_fail(w, "write attribute", a->name);
+    H5Aclose(attr);
+    H5Tclose(type);
+    H5Sclose(space);
+}
+
+/* Splits n into the fewest pieces of at most max_piece, of equal size (so the
+ * last chunk is not mostly padding: HDF5 stores edge chunks at full size). */
+static hsize_t even_piece(hsize_t n, hsize_t max_piece)
+{
+    if (n == 0 || max_piece == 0)
+        return 1; /* an empty tensor still needs a valid chunk shape */
+    hsize_t pieces = (n + max_piece - 1) / max_piece;
+    return (n + pieces - 1) / pieces;
+}
+
+/* Chunked, Fletcher32-checked creation properties for a dataset of these
+ * dims: whole rows, at most CKPT_CHUNK_ELEMS elements a chunk. */
+static hid_t checked_dcpl(const struct writer *w, int ndim, const hsize_t *dims, const char *name)
+{
+    hsize_t chunk[2];
+    if (ndim == 1) {
+        chunk[0] = even_piece(dims[0], CKPT_CHUNK_ELEMS);
+    } else {
+        chunk[1] = even_piece(dims[1], CKPT_CHUNK_ELEMS);
+        chunk[0] = even_piece(dims[0], CKPT_CHUNK_ELEMS / chunk[1]);
+    }
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    if (dcpl < 0 || H5Pset_chunk(dcpl, ndim, chunk) < 0 || H5Pset_fletcher32(dcpl) < 0 ||
+        H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0)
+        write_fail(w, "set chunking and Fletcher32 on dataset", name);
+    return dcpl;
+}
+
+/* Creates dataset `name` in `loc` (collective) and writes this rank's flat
+ * range of it (collective, possibly empty). */
+static void write_dataset(const struct writer *w, hid_t loc, const char *full_name, const char *name, int ndim,
+                          const hsize_t *dims, hid_t file_type, hid_t mem_type, size_t begin, size_t count,
+                          const void *data)
+{
+    hid_t space = H5Screate_simple(ndim, dims, NULL);
+    if (space < 0)
+        write_fail(w, "make the dataspace of", full_name);
+    hid_t dcpl = checked_dcpl(w, ndim, dims, full_name);
+    hid_t dset = H5Dcreate2(loc, name, file_type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (dset < 0)
+        write_fail(w, "create dataset", full_name);
+    hsize_t mem_n = count ? count : 1;
+    hid_t mem = H5Screate_simple(1, &mem_n, NULL);
+    if (mem < 0 || select_flat_range(space, ndim, dims, begin, count) < 0 || (count == 0 && H5Sselect_none(mem) < 0))
+        write_fail(w, "select this rank's range of", full_name);
+    if (H5Dwrite(dset, mem_type, mem, space, w->dxpl, count ? data : NULL) < 0)
+        write_fail(w, "write dataset", full_name);
+    H5Sclose(mem);
+    H5Dclose(dset);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+}
+
+static hid_t create_group(const struct writer *w, const char *name)
+{
+    hid_t group = H5Gcreate2(w->file, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (group < 0)
+        write_fail(w, "create group", name);
+    return group;
+}
+
+/* Every element must be written by exactly one rank: the counts of all ranks
+ * add up to each tensor's size (catches stage 0 callers passing the whole
+ * tensor on every rank, and missing ranges). */
+static void check_coverage(const struct ckpt_group *g)
+{
+    unsigned long long *counts = xcalloc((size_t)g->n_slices + 1, sizeof *counts);
+    for (int i = 0; i < g->n_slices; i++) {
+        const struct ckpt_slice *s = &g->slices[i];
+        if (s->ndim < 1 || s->ndim > 2 || s->begin + s->count > shape_numel(s->ndim, s->shape) ||
+            (s->count && !s->data))
+            fail_internal("checkpoint: slice '%s/%s' (ndim %d) range [%zu, +%zu) is outside its shape or has no data",
+                          g->name, s->name, s->ndim, s->begin, s->count);
+        counts[i] = s->count;
+    }
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, counts, g->n_slices, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD),
+              "adding up the slice sizes of the ranks");
+    for (int i = 0; i < g->n_slices; i++) {
+        const struct ckpt_slice *s = &g->slices[i];
+        if (counts[i] != shape_numel(s->ndim, s->shape))
+            fail_internal("checkpoint: the ranks' slices of '%s/%s' hold %llu elements, the tensor has %zu "
+                          "(each element must be saved by exactly one rank)",
+                          g->name, s->name, counts[i], shape_numel(s->ndim, s->shape));
+    }
+    free(counts);
+}
+
+static uint64_t hash_bytes(uint64_t h, const void *bytes, size_t n)
+{
+    const unsigned char *p = bytes;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001B3ull; /* FNV-1a */
+    return h;
+}
+
+static uint64_t hash_str(uint64_t h, const char *s)
+{
+    return hash_bytes(h, s ? s : "", (s ? strlen(s) : 0) + 1);
+}
+
+/* Dataset and attribute creation are collective in parallel HDF5: every rank
+ * must create the same objects in the same order, or the file is corrupted
+ * (or the ranks hang). Compares a hash of the layout over all ranks. */
+static void check_same_layout(const struct ckpt_contents *c)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (int g = 0; g < c->n_groups; g++) {
+        h = hash_str(h, c->groups[g].name);
+        for (int i = 0; i < c->groups[g].n_slices; i++) {
+            const struct ckpt_slice *s = &c->groups[g].slices[i];
+            size_t shape[3] = {(size_t)s->ndim, s->shape[0], s->ndim == 2 ? s->shape[1] : 0};
+            h = hash_bytes(hash_str(h, s->name), shape, sizeof shape);
+        }
+    }
+    for (int i = 0; i < c->n_rank_state; i++)
+        h = hash_bytes(hash_str(h, c->rank_state[i].name), &c->rank_state[i].n, sizeof c->rank_state[i].n);
+    for (int i = 0; i < c->n_attrs; i++) {
+        const struct ckpt_attr *a = &c->attrs[i];
+        h = hash_bytes(hash_str(h, a->name), &a->kind, sizeof a->kind);
+        if (a->kind == CKPT_ATTR_STR)
+            h = hash_str(h, a->str); /* its length is part of the attribute's type */
+    }
+    unsigned long long lo = h, hi = h;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD),
+              "comparing the checkpoint layout of the ranks");
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD),
+              "comparing the checkpoint layout of the ranks");
+    if (lo != hi)
+        fail_internal("checkpoint: the ranks passed different tensors, shapes or attributes to ckpt_save (every "
+                      "rank must list the same ones, in the same order)");
+}
+
+static void fsync_path(const char *path, bool directory)
+{
+    int fd = open(path, directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+    if (fd < 0)
+        fail_input("checkpoint: cannot open '%s' to sync it: %s", path, strerror(errno));
+    if (fsync(fd) != 0)
+        fail_input("checkpoint: cannot fsync '%s': %s. Hint: check the disk", path, strerror(errno));
+    close(fd);
+}
+
+static void make_dir(const char *dir)
+{
+    char buf[CKPT_MAX_PATH];
+    if (!dir[0])
+        fail_input("checkpoint directory is empty. Hint: set the checkpoint directory in the config");
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        fail_input("checkpoint directory name is too long: '%s'", dir);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == 0) {
+            char saved = *p;
+            *p = 0;
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                fail_input("checkpoint: cannot create directory '%s': %s", buf, strerror(errno));
+            *p = saved;
+            if (saved == 0)
+                break;
+        }
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        fail_input("checkpoint: '%s' is not a directory. Hint: point the checkpoint directory elsewhere", dir);
+}
+
+/* Parses "step_<digits>.h5" exactly; returns the step or -1. */
+static long parse_ckpt_name(const char *name)
+{
+    long step = -1;
+    int end = 0;
+    if (sscanf(name, "step_%ld.h5%n", &step, &end) == 1 && end > 0 && name[end] == 0 && step >= 0)
+        return step;
+    return -1;
+}
+
+static int compare_desc(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Rank 0: deletes all but the newest `keep` checkpoints (never `current`). */
+static void prune(const char *dir, int keep, long current)
+{
+    if (keep <= 0)
+        return;
+    DIR *d = opendir(dir);
+    if (!d) {
+        log_warn("checkpoint: cannot list '%s' to prune old checkpoints: %s", dir, strerror(errno));
+        return;
+    }
+    size_t n = 0, cap = 16;
+    long *steps = xmalloc(cap * sizeof *steps);
+    for (struct dirent *e; (e = readdir(d));) {
+        long step = parse_ckpt_name(e->d_name);
+        if (step < 0)
+            continue;
+        if (n == cap) {
+            cap *= 2;
+            long *grown = realloc(steps, cap * sizeof *steps);
+            if (!grown)
+                fail_internal("out of host memory listing checkpoints");
+            steps = grown;
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    qsort(steps, n, sizeof *steps, compare_desc);
+    for (size_t i = (size_t)keep; i < n; i++) {
+        if (steps[i] == current)
+            continue;
+        char path[CKPT_MAX_PATH];
+        snprintf(path, sizeof path, "%s/step_%06ld.h5", dir, steps[i]);
+        if (unlink(path) != 0)
+            log_warn("checkpoint: cannot delete old checkpoint '%s': %s", path, strerror(errno));
+    }
+    free(steps);
+}
+
+/* Rank 0: temp -> final name, then latest -> final name, each made durable. */
+static void publish(const char *dir, const char *tmp_path, const char *final_path, const char *final_name)
+{
+    if (rename(tmp_path, final_path) != 0)
+        fail_input("checkpoint: cannot rename '%s' to '%s': %s", tmp_path, final_path, strerror(errno));
+    fsync_path(dir, true);
+    char latest[CKPT_MAX_PATH], latest_tmp[CKPT_MAX_PATH];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    snprintf(latest_tmp, sizeof latest_tmp, "%s/latest.tmp", dir);
+    FILE *fp = fopen(latest_tmp, "w");
+    if (!fp || fprintf(fp, "%s\n", final_name) < 0 || fflush(fp) != 0 || fsync(fileno(fp)) != 0)
+        fail_input("checkpoint: cannot write '%s': %s", latest_tmp, strerror(errno));
+    if (fclose(fp) != 0)
+        fail_input("checkpoint: cannot close '%s': %s", latest_tmp, strerror(errno));
+    if (rename(latest_tmp, latest) != 0)
+        fail_input("checkpoint: cannot rename '%s' to '%s': %s", latest_tmp, latest, strerror(errno));
+    fsync_path(dir, true);
+}
+
+void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents *c, char *path_out,
+               size_t path_cap)
+{
+    require_mpi("ckpt_save");
+    quiet_hdf5();
+    struct writer w = {0};
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank), "asking this rank's number");
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &w.world), "asking the world size");
+
+    char final_name[64], final_path[CKPT_MAX_PATH], tmp_path[CKPT_MAX_PATH];
+    snprintf(final_name, sizeof final_name, "step_%06ld.h5", step);
+    if (snprintf(final_path, sizeof final_path, "%s/%s", dir, final_name) >= (int)sizeof final_path ||
+        snprintf(tmp_path, sizeof tmp_path, "%s.tmp", final_path) >= (int)sizeof tmp_path)
+        fail_input("checkpoint directory name is too long: '%s'", dir);
+    w.path = tmp_path;
+
+    if (w.rank == 0)
+        make_dir(dir);
+    check_same_layout(c);
+    for (int g = 0; g < c->n_groups; g++)
+        check_coverage(&c->groups[g]);
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD), "waiting for the checkpoint directory");
+
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_fapl_mpio(fapl, MPI_COMM_WORLD, MPI_INFO_NULL) < 0 ||
+        H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0)
+        write_fail(&w, "set up MPI-IO access for", tmp_path);
+    w.file = H5Fcreate(tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (w.file < 0)
+        write_fail(&w, "create file", tmp_path);
+    H5Pclose(fapl);
+    /* Collective transfers: required by parallel HDF5 to write filtered (checksummed) chunks. */
+    w.dxpl = H5Pcreate(H5P_DATASET_XFER);
+    if (w.dxpl < 0 || H5Pset_dxpl_mpio(w.dxpl, H5FD_MPIO_COLLECTIVE) < 0)
+        write_fail(&w, "set collective transfers for", tmp_path);
+
+    struct ckpt_attr builtin[] = {
+        {.name = "format", .kind = CKPT_ATTR_STR, .str = CKPT_FORMAT},
+        {.name = "format_version", .kind = CKPT_ATTR_I64, .i64 = CKPT_FORMAT_VERSION},
+        {.name = "shardlm_version", .kind = CKPT_ATTR_STR, .str = SHARDLM_VERSION},
+        {.name = "step", .kind = CKPT_ATTR_I64, .i64 = step},
+        {.name = "world_size", .kind = CKPT_ATTR_I64, .i64 = w.world},
+    };
+    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
+        write_attr(&w, &builtin[i]);
+    for (int i = 0; i < c->n_attrs; i++)
+        write_attr(&w, &c->attrs[i]);
+
+    for (int g = 0; g < c->n_groups; g++) {
+        const struct ckpt_group *group = &c->groups[g];
+        hid_t loc = create_group(&w, group->name);
+        for (int i = 0; i < group->n_slices; i++) {
+            const struct ckpt_slice *s = &group->slices[i];
+            char full_name[512];
+            snprintf(full_name, sizeof full_name, "/%s/%s", group->name, s->name);
+            hsize_t dims[2] = {s->shape[0], s->shape[1]};
+            write_dataset(&w, loc, full_name, s->name, s->ndim, dims, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, s->begin,
+                          s->count, s->data);
+        }
+        H5Gclose(loc);
+    }
+
+    if (c->n_rank_state > 0) {
+        hid_t loc = create_group(&w, "rank_state");
+        for (int i = 0; i < c->n_rank_state; i++) {
+            const struct ckpt_rank_state *rs = &c->rank_state[i];
+            char full_name[512];
+            snprintf(full_name, sizeof full_name, "/rank_state/%s", rs->name);
+            hsize_t dims[2] = {(hsize_t)w.world, (hsize_t)rs->n};
+            size_t row = (size_t)w.rank * (size_t)rs->n;
+            write_dataset(&w, loc, full_name, rs->name, 2, dims, H5T_STD_U64LE, H5T_NATIVE_UINT64, row,
+                          (size_t)rs->n, rs->values);
+        }
+        H5Gclose(loc);
+    }
+
+    H5Pclose(w.dxpl);
+    /* Under MPI-IO an explicit flush ends in MPI_File_sync on every rank. */
+    if (H5Fflush(w.file, H5F_SCOPE_GLOBAL) < 0)
+        write_fail(&w, "flush", tmp_path);
+    if (H5Fclose(w.file) < 0)
+        write_fail(&w, "close", tmp_path);
+    /* The file is closed by every rank (collective close): its bytes are in
+     * the file system; make them durable before the name is published. */
+    if (w.rank == 0) {
+        fsync_path(tmp_path, false);
+    }
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD), "waiting for every rank to finish writing the checkpoint");
+    if (w.rank == 0) {
+        publish(dir, tmp_path, final_path, final_name);
+        prune(dir, keep, step);
+    }
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD), "waiting for the checkpoint to be published");
+    if (path_out && path_cap)
+        snprintf(path_out, path_cap, "%s", final_path);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Resolving                                                                 */
+
+/* DIR/latest's target; NULL when latest is absent (or, unless required, when
+ * its target is missing). */
+static char *latest_target(const char *dir, bool required)
+{
+    char latest[CKPT_MAX_PATH];
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    FILE *fp = fopen(latest, "r");
+    if (!fp) {
+        if (required)
+            fail_input("'%s' has no 'latest' checkpoint (%s). Hint: name a step_*.h5 file instead", dir,
+                       strerror(errno));
+        return NULL;
+    }
+    char name[512] = {0};
+    bool read_ok = fgets(name, sizeof name, fp) != NULL;
+    fclose(fp);
+    name[strcspn(name, "\r\n")] = 0;
+    if (!read_ok || !name[0] || strchr(name, '/'))
+        fail_input("checkpoint pointer '%s' is empty or malformed. Hint: delete it and resume from a step_*.h5 file",
+                   latest);
+    char path[CKPT_MAX_PATH];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        fail_input("checkpoint path too long in '%s'", latest);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (required)
+            fail_input("'%s' points to '%s', which is missing: %s", latest, path, strerror(errno));
+        log_warn("'%s' points to '%s', which is missing; starting without a checkpoint", latest, path);
+        return NULL;
+    }
+    return xstrdup(path);
+}
+
+char *ckpt_resolve(const char *dir, const char *spec)
+{
+    if (!spec || !spec[0] || strcmp(spec, "auto") == 0)
+        return dir && dir[0] ? latest_target(dir, false) : NULL;
+    struct stat st;
+    if (stat(spec, &st) == 0 && S_ISDIR(st.st_mode))
+        return latest_target(spec, true);
+    return xstrdup(spec);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Reading                                                                   */
+
+static void read_fail(const struct ckpt_reader *r, const char *what, const char *name)
+{
+    struct hdf5_why why;
+    const char *msg = hdf5_error(&why);
+    fail_input("checkpoint '%s': cannot %s '%s': %s. Hint: the file is damaged; resume from an older checkpoint",
+               r->path, what, name, msg);
+}
+
+static hid_t open_attr(struct ckpt_reader *r, const char *name, H5T_class_t want)
+{
+    htri_t exists = H5Aexists(r->file, name);
+    if (exists < 0)
+        read_fail(r, "look up attribute", name);
+    if (!exists)
+        fail_input("checkpoint '%s': attribute '%s' is missing. Hint: was it written by another program or version?",
+                   r->path, name);
+    hid_t attr = H5Aopen(r->file, name, H5P_DEFAULT);
+    if (attr < 0)
+        read_fail(r, "open attribute", name);
+    hid_t type = H5Aget_type(attr);
+    if (type < 0)
+        read_fail(r, "read the type of attribute", name);
+    H5T_class_t cls = H5Tget_class(type);
+    bool vlen = cls == H5T_STRING && H5Tis_variable_str(type) > 0;
+    H5Tclose(type);
+    if (cls != want || vlen)
+        fail_input("checkpoint '%s': attribute '%s' has the wrong type (HDF5 class %d, want %d%s)", r->path, name,
+                   (int)cls, (int)want, vlen ? ", fixed-length" : "");
+    return attr;
+}
+
+bool ckpt_has_attr(struct ckpt_reader *r, const char *name)
+{
+    htri_t exists = H5Aexists(r->file, name);
+    if (exists < 0)
+        read_fail(r, "look up attribute", name);
+    return exists > 0;
+}
+
+int64_t ckpt_attr_i64(struct ckpt_reader *r, const char *name)
+{
+    hid_t attr = open_attr(r, name, H5T_INTEGER);
+    int64_t value = 0;
+    if (H5Aread(attr, H5T_NATIVE_INT64, &value) < 0)
+        read_fail(r, "read attribute", name);
+    H5Aclose(attr);
+    return value;
+}
+
+double ckpt_attr_f64(struct ckpt_reader *r, const char *name)
+{
+    hid_t attr = open_attr(r, name, H5T_FLOAT);
+    double value = 0;
+    if (H5Aread(attr, H5T_NATIVE_DOUBLE, &value) < 0)
+        read_fail(r, "read attribute", name);
+    H5Aclose(attr);
+    return value;
+}
+
+char *ckpt_attr_str(struct ckpt_reader *r, const char *name)
+{
+    hid_t attr = open_attr(r, name, H5T_STRING);
+    hid_t type = H5Aget_type(attr);
+    size_t size = type < 0 ? 0 : H5Tget_size(type);
+    if (size == 0)
+        read_fail(r, "read the size of attribute", name);
+    char *value = xcalloc(size + 1, 1);
+    if (H5Aread(attr, type, value) < 0)
+        read_fail(r, "read attribute", name);
+    H5Tclose(type);
+    H5Aclose(attr);
+    return value;
+}
+
+struct ckpt_reader *ckpt_open(const char *path)
+{
+    require_mpi("ckpt_open");
+    quiet_hdf5();
+    struct ckpt_reader *r = xcalloc(1, sizeof *r);
+    if (snprintf(r->path, sizeof r->path, "%s", path) >= (int)sizeof r->path)
+        fail_input("checkpoint path is too long: '%s'", path);
+    struct stat st;
+    if (stat(path, &st) != 0)
+        fail_input("checkpoint '%s': cannot open: %s. Hint: check the path, or use 'auto'", path, strerror(errno));
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0 || H5Pset_fapl_mpio(fapl, MPI_COMM_WORLD, MPI_INFO_NULL) < 0)
+        read_fail(r, "set up MPI-IO access for", path);
+    r->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    if (r->file < 0) {
+        struct hdf5_why why;
+        const char *msg = hdf5_error(&why);
+        fail_input("checkpoint '%s': cannot open as HDF5 (truncated or not a checkpoint?): %s. Hint: resume from "
+                   "an older checkpoint",
+                   path, msg);
+    }
+    H5Pclose(fapl);
+    char *format = ckpt_attr_str(r, "format");
+    if (strcmp(format, CKPT_FORMAT) != 0)
+        fail_input("checkpoint '%s': attribute 'format' is '%s', not '%s'", path, format, CKPT_FORMAT);
+    free(format);
+    int64_t version = ckpt_attr_i64(r, "format_version");
+    if (version < 1 || version > CKPT_FORMAT_VERSION)
+        fail_input("checkpoint '%s': format_version %lld is not supported (this build reads 1..%d). Hint: use the "
+                   "shardlm that wrote it",
+                   path, (long long)version, CKPT_FORMAT_VERSION);
+    int64_t world = ckpt_attr_i64(r, "world_size");
+    if (world < 1 || world > (1 << 24))
+        fail_input("checkpoint '%s': attribute 'world_size' is %lld", path, (long long)world);
+    r->saved_world = (int)world;
+    return r;
+}
+
+void ckpt_close(struct ckpt_reader *r)
+{
+    if (!r)
+        return;
+    if (H5Fclose(r->file) < 0)
+        read_fail(r, "close", r->path);
+    free(r);
+}
+
+int ckpt_saved_world(const struct ckpt_reader *r) { return r->saved_world; }
+
+/* Opens /<group>/<name> after checking it exists, is checksummed and has
+ * exactly the expected shape and element class/size. */
+static hid_t open_dataset(struct ckpt_reader *r, const char *full_name, int ndim, const hsize_t *want_dims,
+                          H5T_class_t want_class, size_t want_size)
+{
+    /* H5Lexists on a path needs every intermediate link to exist. */
+    const char *slash = strchr(full_name + 1, '/');
+    char group[512];
+    snprintf(group, sizeof group, "%.*s", slash ? (int)(slash - full_name) : 0, full_name);
+    htri_t exists = slash ? H5Lexists(r->file, group, H5P_DEFAULT) : 1;
+    if (exists > 0)
+        exists = H5Lexists(r->file, full_name, H5P_DEFAULT);
+    if (exists < 0)
+        read_fail(r, "look up dataset", full_name);
+    if (!exists)
+        fail_input("checkpoint '%s': dataset '%s' is missing. Hint: the checkpoint is for another model, or damaged",
+                   r->path, full_name);
+    hid_t dset = H5Dopen2(r->file, full_name, H5P_DEFAULT);
+    if (dset < 0)
+        read_fail(r, "open dataset", full_name);
+
+    hid_t space = H5Dget_space(dset);
+    int have_ndim = space < 0 ? -1 : H5Sget_simple_extent_ndims(space);
+    if (have_ndim < 0)
+        read_fail(r, "read the shape of dataset", full_name);
+    hsize_t have_dims[H5S_MAX_RANK] = {0};
+    if (have_ndim > 0 && H5Sget_simple_extent_dims(space, have_dims, NULL) < 0)
+        read_fail(r, "read the shape of dataset", full_name);
+    H5Sclose(space);
+    bool same = have_ndim == ndim;
+    for (int d = 0; same && d < ndim; d++)
+        same = have_dims[d] == want_dims[d];
+    if (!same) {
+        char have[64], want[64];
+        format_shape(have, sizeof have, have_ndim, have_dims);
+        format_shape(want, sizeof want, ndim, want_dims);
+        fail_input("checkpoint '%s': dataset '%s' has shape %s, the model needs %s. Hint: the checkpoint is for "
+                   "another model configuration",
+                   r->path, full_name, have, want);
+    }
+
+    hid_t type = H5Dget_type(dset);
+    if (type < 0)
+        read_fail(r, "read the element type of dataset", full_name);
+    H5T_class_t cls = H5Tget_class(type);
+    size_t size = H5Tget_size(type);
+    H5Tclose(type);
+    if (cls != want_class || size != want_size)
+        fail_input("checkpoint '%s': dataset '%s' has elements of HDF5 class %d and %zu bytes, want class %d and %zu",
+                   r->path, full_name, (int)cls, size, (int)want_class, want_size);
+
+    hid_t dcpl = H5Dget_create_plist(dset);
+    unsigned flags = 0, config = 0;
+    size_t n_values = 0;
+    char filter_name[64];
+    herr_t has_checksum = dcpl < 0 ? -1
+                                   : H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &n_values, NULL,
+                                                          sizeof filter_name, filter_name, &config);
+    if (dcpl >= 0)
+        H5Pclose(dcpl);
+    if (has_checksum < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        fail_input("checkpoint '%s': dataset '%s' has no Fletcher32 checksum, so it cannot be verified. Hint: "
+                   "write checkpoints with shardlm",
+                   r->path, full_name);
+    }
+    return dset;
+}
+
+static void read_range(struct ckpt_reader *r, const char *full_name, int ndim, const hsize_t *dims,
+                       H5T_class_t cls, size_t elem_size, hid_t mem_type, size_t begin, size_t count, void *out)
+{
+    hid_t dset = open_dataset(r, full_name, ndim, dims, cls, elem_size);
+    size_t numel = ndim == 1 ? dims[0] : dims[0] * dims[1];
+    if (begin > numel || count > numel - begin)
+        fail_internal("checkpoint: asked for [%zu, +%zu) of '%s', which has %zu elements", begin, count, full_name,
+                      numel);
+    if (count > 0) {
+        hid_t space = H5Dget_space(dset);
+        hsize_t mem_n = count;
+        hid_t mem = H5Screate_simple(1, &mem_n, NULL);
+        if (space < 0 || mem < 0 || select_flat_range(space, ndim, dims, begin, count) < 0)
+            read_fail(r, "select a range of dataset", full_name);
+        /* Independent transfer: every rank reads what it needs, when it needs it. */
+        if (H5Dread(dset, mem_type, mem, space, H5P_DEFAULT, out) < 0) {
+            struct hdf5_why why;
+            const char *msg = hdf5_error(&why);
+            fail_input("checkpoint '%s': dataset '%s' cannot be read (elements [%zu, %zu)): %s. Hint: the file is "
+                       "corrupted; resume from an older checkpoint",
+                       r->path, full_name, begin, begin + count, msg);
+        }
+        H5Sclose(mem);
+        H5Sclose(space);
+    }
+    H5Dclose(dset);
+}
+
+void ckpt_read(struct ckpt_reader *r, const char *group, const char *name, int ndim, const size_t shape[2],
+               size_t begin, size_t count, float *out)
+{
+    if (ndim < 1 || ndim > 2)
+        fail_internal("checkpoint: tensor '%s' has %d dimensions (1 or 2 supported)", name, ndim);
+    char full_name[512];
+    snprintf(full_name, sizeof full_name, "/%s/%s", group, name);
+    hsize_t dims[2] = {shape[0], ndim == 2 ? shape[1] : 0};
+    read_range(r, full_name, ndim, dims, H5T_FLOAT, sizeof(float), H5T_NATIVE_FLOAT, begin, count, out);
+}
+
+void ckpt_read_slice(struct ckpt_reader *r, const char *group, const struct ckpt_slice *s, float *out)
+{
+    ckpt_read(r, group, s->name, s->ndim, s->shape, s->begin, s->count, out);
+}
+
+void ckpt_read_rank_state(struct ckpt_reader *r, const char *name, int n, uint64_t *out)
+{
+    char full_name[512];
+    snprintf(full_name, sizeof full_name, "/rank_state/%s", name);
+    hsize_t dims[2] = {(hsize_t)r->saved_world, (hsize_t)n};
+    read_range(r, full_name, 2, dims, H5T_INTEGER, sizeof(uint64_t), H5T_NATIVE_UINT64, 0,
+               (size_t)r->saved_world * (size_t)n, out);
+}
+
+size_t ckpt_intersect(size_t tensor_offset, size_t numel, size_t range_begin, size_t range_count, size_t *begin,
+                      size_t *count)
+{
+    size_t lo = tensor_offset > range_begin ? tensor_offset : range_begin;
+    size_t tensor_end = tensor_offset + numel, range_end = range_begin + range_count;
+    size_t hi = tensor_end < range_end ? tensor_end : range_end;
+    if (hi <= lo) {
+        *begin = 0;
+        *count = 0;
+        return 0;
+    }
+    *begin = lo - tensor_offset;
+    *count = hi - lo;
+    return lo - range_begin;
+}
