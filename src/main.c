@@ -37,10 +37,13 @@ static void usage_train(FILE *out)
             "  --set KEY.PATH=VALUE override a config key (repeatable), e.g. --set train.steps=50\n"
             "  --dump FILE          write the first step's weights, logits, loss and gradients (tests)\n"
             "  --dump-final FILE    write the parameters after the last step (tests)\n"
+            "  --resume auto|PATH   continue from checkpoint.dir's latest checkpoint (auto: if there is one),\n"
+            "                       or from the checkpoint file or directory PATH\n"
             "  --quiet              no per-step lines\n"
             "  -h, --help           this text\n"
             "\n"
-            "exit status: 0 done; 1 internal error; 2 bad input (config, data, arguments)\n");
+            "exit status: 0 done; 1 internal error; 2 bad input (config, data, checkpoint, arguments);\n"
+            "             3 stopped by SIGUSR1/SIGTERM after saving a checkpoint: requeue and --resume auto\n");
 }
 
 static int cmd_train(int argc, char **argv)
@@ -51,6 +54,7 @@ static int cmd_train(int argc, char **argv)
         {"dump", required_argument, NULL, 'D'},
         {"dump-final", required_argument, NULL, 'F'},
         {"quiet", no_argument, NULL, 'q'},
+        {"resume", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -71,6 +75,7 @@ static int cmd_train(int argc, char **argv)
         case 'D': topt.dump_path = optarg; break;
         case 'F': topt.dump_final_path = optarg; break;
         case 'q': topt.quiet = 1; break;
+        case 'r': topt.resume = optarg; break;
         case 'h': usage_train(stdout); return EXIT_OK;
         default: usage_train(stderr); return EXIT_BAD_INPUT;
         }

@@ -1,12 +1,14 @@
 #include "train.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "arena.h"
 #include "backend.h"
+#include "ckpt.h"
 #include "data.h"
 #include "dump.h"
 #include "gpt2.h"
@@ -16,6 +18,22 @@
 #include "sched.h"
 #include "util.h"
 #include "zero.h"
+
+/* Set by SIGUSR1 or SIGTERM (Slurm's warning before a time limit): finish the
+ * step, save, exit with EXIT_PREEMPTED so the job script requeues. */
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+static void install_stop_handlers(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
 
 /* PyTorch's clip_grad_norm_ adds this to the norm before dividing. */
 #define CLIP_EPS 1e-6
@@ -77,7 +95,8 @@ static void trainer_setup(struct trainer *tr)
     gpt2_acts_init(&tr->acts, &tr->model, cfg->micro_batch, cfg->data.seq_len, plan_ckpt_interval(cfg),
                    plan_space(cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
     if (cfg->train.metrics_path && tr->rank == 0) {
-        tr->metrics = fopen(cfg->train.metrics_path, "w");
+        /* a resumed run continues the metrics of the run it resumes */
+        tr->metrics = fopen(cfg->train.metrics_path, tr->opt->resume ? "a" : "w");
         if (!tr->metrics)
             fail_input("cannot write metrics file '%s': %s (train.metrics)", cfg->train.metrics_path,
                        strerror(errno));
@@ -313,6 +332,101 @@ static void sample_text(struct trainer *tr)
     free(probs);
 }
 
+/* Model shape attributes checked on resume: a checkpoint of another model is refused. */
+static const char *const model_attr_names[] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
+
+static void model_attr_values(const struct config *cfg, int64_t v[5])
+{
+    v[0] = cfg->model.n_layer;
+    v[1] = cfg->model.n_head;
+    v[2] = cfg->model.n_embd;
+    v[3] = cfg->model.n_positions;
+    v[4] = cfg->model.vocab_size;
+}
+
+/* Saves the whole training state: fp32 master weights, Adam m and v, and the
+ * step, scaler, scheduler and data positions (DESIGN §7). Collective. */
+static void save_checkpoint(struct trainer *tr)
+{
+    const struct config *cfg = tr->cfg;
+    const int n = zero_ckpt_n_slices(&tr->zero);
+    struct ckpt_slice *slices = xcalloc((size_t)n * ZERO_CKPT_GROUPS, sizeof *slices);
+    struct ckpt_group groups[ZERO_CKPT_GROUPS];
+    for (int g = 0; g < ZERO_CKPT_GROUPS; g++) {
+        zero_ckpt_slices(&tr->zero, g, slices + (size_t)g * n);
+        groups[g] = (struct ckpt_group){zero_ckpt_group_names[g], slices + (size_t)g * n, n};
+    }
+    uint64_t data_position = tr->samples_seen, rng = cfg->train.seed;
+    struct ckpt_rank_state state[2] = {{"data_position", 1, &data_position}, {"rng", 1, &rng}};
+    char *config_json = config_dump(cfg);
+    int64_t shape[5];
+    model_attr_values(cfg, shape);
+    struct ckpt_attr attrs[] = {
+        {"skipped_steps", CKPT_ATTR_I64, tr->skipped_steps, 0, NULL},
+        {"adam_steps", CKPT_ATTR_I64, tr->zero.adam_steps, 0, NULL},
+        {"samples_seen", CKPT_ATTR_I64, (int64_t)tr->samples_seen, 0, NULL},
+        {"loss_scale", CKPT_ATTR_F64, 0, tr->scaler.scale, NULL},
+        {"hysteresis_left", CKPT_ATTR_I64, tr->scaler.hysteresis_left, 0, NULL},
+        {"scaler_iter", CKPT_ATTR_I64, tr->scaler.iter, 0, NULL},
+        {"last_overflow_iter", CKPT_ATTR_I64, tr->scaler.last_overflow_iter, 0, NULL},
+        {"dtype", CKPT_ATTR_STR, 0, 0, dtype_name(cfg->dtype)},
+        {"config", CKPT_ATTR_STR, 0, 0, config_json},
+        {"model_type", CKPT_ATTR_STR, 0, 0, cfg->model.type},
+        {"n_layer", CKPT_ATTR_I64, shape[0], 0, NULL},
+        {"n_head", CKPT_ATTR_I64, shape[1], 0, NULL},
+        {"n_embd", CKPT_ATTR_I64, shape[2], 0, NULL},
+        {"n_positions", CKPT_ATTR_I64, shape[3], 0, NULL},
+        {"vocab_size", CKPT_ATTR_I64, shape[4], 0, NULL},
+    };
+    struct ckpt_contents contents = {groups, ZERO_CKPT_GROUPS, state, 2, attrs, (int)(sizeof attrs / sizeof *attrs)};
+    char path[4096];
+    double t0 = now_seconds();
+    ckpt_save(cfg->checkpoint.dir, tr->step, cfg->checkpoint.keep, &contents, path, sizeof path);
+    log_info("step %5ld | checkpoint %s (%.2f s)", tr->step, path, now_seconds() - t0);
+    free(config_json);
+    free(slices);
+}
+
+/* Continues from a checkpoint when --resume names one (or "auto" finds one). */
+static void resume_checkpoint(struct trainer *tr, const char *spec)
+{
+    const struct config *cfg = tr->cfg;
+    if (!cfg->checkpoint.dir && strcmp(spec, "auto") == 0)
+        fail_input("--resume auto needs checkpoint.dir in the config (where the checkpoints are)");
+    char *path = ckpt_resolve(cfg->checkpoint.dir, spec);
+    if (!path) {
+        log_info("no checkpoint in %s: starting fresh", cfg->checkpoint.dir);
+        return;
+    }
+    struct ckpt_reader *r = ckpt_open(path);
+    int64_t want[5];
+    model_attr_values(cfg, want);
+    for (int i = 0; i < 5; i++) {
+        int64_t got = ckpt_attr_i64(r, model_attr_names[i]);
+        if (got != want[i])
+            fail_input("checkpoint '%s' holds a different model: %s is %lld there and %lld in the config", path,
+                       model_attr_names[i], (long long)got, (long long)want[i]);
+    }
+    zero_ckpt_load(&tr->zero, r);
+    tr->step = (long)ckpt_attr_i64(r, "step");
+    tr->skipped_steps = (long)ckpt_attr_i64(r, "skipped_steps");
+    tr->zero.adam_steps = (long)ckpt_attr_i64(r, "adam_steps");
+    tr->samples_seen = (uint64_t)ckpt_attr_i64(r, "samples_seen");
+    if (tr->scaler.skips_overflow) {
+        tr->scaler.scale = ckpt_attr_f64(r, "loss_scale");
+        tr->scaler.hysteresis_left = (int)ckpt_attr_i64(r, "hysteresis_left");
+        tr->scaler.iter = (long)ckpt_attr_i64(r, "scaler_iter");
+        tr->scaler.last_overflow_iter = (long)ckpt_attr_i64(r, "last_overflow_iter");
+        const char *why = loss_scaler_check_state(&tr->scaler);
+        if (why)
+            fail_input("checkpoint '%s': loss-scaler state is invalid (%s)", path, why);
+    }
+    log_info("resumed from %s at step %ld (saved by %d rank%s, now %d)", path, tr->step, ckpt_saved_world(r),
+             ckpt_saved_world(r) > 1 ? "s" : "", tr->world);
+    ckpt_close(r);
+    free(path);
+}
+
 /* The last metrics line: planned and peak bytes per buffer class, exact. */
 static void write_memory_json(struct trainer *tr)
 {
@@ -366,8 +480,12 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
              cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.world, tr.train_data.n_windows);
     plan_print(&tr.plan, NULL, "memory plan per rank:");
 
+    if (opt->resume)
+        resume_checkpoint(&tr, opt->resume);
+    install_stop_handlers();
+    int stop_signal = 0;
     const float base_lr = cfg->optimizer.lr;
-    for (long s = 0; s < cfg->train.steps; s++) {
+    while (tr.step < cfg->train.steps) {
         double t0 = now_seconds(), norm = 0.0;
         float lr = sched_lr(&cfg->scheduler, base_lr, tr.step - tr.skipped_steps);
         bool skipped = false;
@@ -403,6 +521,26 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         }
         if (tr.metrics)
             fflush(tr.metrics);
+        /* every rank stops at the same step if any was signalled */
+        int32_t signalled = g_stop_signal;
+        comm_allreduce(comm, &signalled, 1, COMM_I32, COMM_MAX, NULL);
+        if (signalled) {
+            stop_signal = signalled;
+            break;
+        }
+        if (cfg->checkpoint.dir && cfg->checkpoint.every > 0 && tr.step % cfg->checkpoint.every == 0 &&
+            tr.step < cfg->train.steps)
+            save_checkpoint(&tr);
+    }
+    if (cfg->checkpoint.dir)
+        save_checkpoint(&tr);
+    if (stop_signal) {
+        log_info("step %5ld | stopped by %s%s; exit status %d asks the job script to requeue", tr.step,
+                 stop_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM",
+                 cfg->checkpoint.dir ? " after saving a checkpoint" : " (no checkpoint.dir: nothing saved)",
+                 EXIT_PREEMPTED);
+        trainer_teardown(&tr);
+        return EXIT_PREEMPTED;
     }
     if (opt->dump_final_path) {
         FILE *f = tr.rank == 0 ? dump_open(opt->dump_final_path) : NULL;

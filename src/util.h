@@ -26,6 +26,7 @@ enum {
     EXIT_OK = 0,
     EXIT_INTERNAL = 1,
     EXIT_BAD_INPUT = 2,
+    EXIT_PREEMPTED = 3, /* SIGUSR1/SIGTERM: checkpoint saved, requeue the job */
 };
 
 /* Called instead of exit() when set: comm sets it to MPI_Abort with the code. */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "ckpt.h"
 #include "dtype.h"
 #include "plan.h"
 #include "util.h"
@@ -572,6 +573,80 @@ void zero_note_pool_peaks(struct zero *z)
         for (int k = 0; k < ZERO_POOLS; k++)
             bytes += (size_t)z->pools[set][k].peak * slot_bytes(&z->pools[set][k]);
         z->mem->peak[pool_class[set]] = bytes;
+    }
+}
+
+/* ---- checkpoints ------------------------------------------------------------- */
+
+const char *const zero_ckpt_group_names[ZERO_CKPT_GROUPS] = {"master", "adam_m", "adam_v"};
+
+int zero_ckpt_n_slices(const struct zero *z)
+{
+    int n = 0;
+    for (int u = 0; u < z->model->n_units; u++)
+        n += z->model->units[u].n_tensors;
+    return n;
+}
+
+static float *group_base(struct zero *z, struct zero_unit *zu, enum zero_ckpt_group g)
+{
+    if (g == ZERO_CKPT_ADAM_M)
+        return zu->adam_m;
+    if (g == ZERO_CKPT_ADAM_V)
+        return zu->adam_v;
+    return z->master_copy ? zu->master : (float *)opt_params(z, zu);
+}
+
+void zero_ckpt_slices(struct zero *z, enum zero_ckpt_group g, struct ckpt_slice *out)
+{
+    int i = 0;
+    for (int u = 0; u < z->model->n_units; u++) {
+        struct zero_unit *zu = &z->units[u];
+        const struct unit_desc *ud = &z->model->units[u];
+        const bool owner = z->stage > 0 || z->rank == 0;
+        for (int t = 0; t < ud->n_tensors; t++, i++) {
+            const struct tensor_desc *td = &ud->tensors[t];
+            struct ckpt_slice *sl = &out[i];
+            sl->name = td->name;
+            sl->ndim = td->ndim;
+            sl->shape[0] = (size_t)td->shape[0];
+            sl->shape[1] = (size_t)td->shape[1];
+            size_t at = ckpt_intersect(td->offset, td->numel, zu->opt_begin, owner ? zu->opt_count : 0, &sl->begin,
+                                       &sl->count);
+            sl->data = group_base(z, zu, g) + at;
+        }
+    }
+}
+
+void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
+{
+    struct ckpt_slice *slices = xcalloc((size_t)zero_ckpt_n_slices(z), sizeof *slices);
+    for (int g = 0; g < ZERO_CKPT_GROUPS; g++) {
+        /* every rank reads its whole range (stage 0: everything), whoever saved it */
+        int i = 0;
+        for (int u = 0; u < z->model->n_units; u++) {
+            struct zero_unit *zu = &z->units[u];
+            const struct unit_desc *ud = &z->model->units[u];
+            for (int t = 0; t < ud->n_tensors; t++, i++) {
+                const struct tensor_desc *td = &ud->tensors[t];
+                struct ckpt_slice *sl = &slices[i];
+                sl->name = td->name;
+                sl->ndim = td->ndim;
+                sl->shape[0] = (size_t)td->shape[0];
+                sl->shape[1] = (size_t)td->shape[1];
+                size_t at = ckpt_intersect(td->offset, td->numel, zu->opt_begin, zu->opt_count, &sl->begin, &sl->count);
+                ckpt_read_slice(r, zero_ckpt_group_names[g], sl, group_base(z, zu, g) + at);
+            }
+        }
+    }
+    free(slices);
+    /* The parameters in their dtype from the master, then whole where the stage keeps them whole. */
+    for (int u = 0; u < z->model->n_units; u++) {
+        struct zero_unit *zu = &z->units[u];
+        if (z->master_copy)
+            dtype_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
+        if (z->stage > 0 && !zu->sharded)
+            comm_allgather(z->comm, opt_params(z, zu), zu->params, zu->shard, z->comm_dtype, NULL);
     }
 }
 

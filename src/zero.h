@@ -186,6 +186,21 @@ void zero_replay_pass(struct zero *z, const struct zero_pass *pass);
 void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS]);
 /* Copies the full value of unit u's parameters into out, in fp32 (all ranks must call). */
 void zero_gather_unit(struct zero *z, int u, float *out);
+struct ckpt_slice;
+struct ckpt_reader;
+/* The checkpoint groups of the optimizer state: fp32 master weights, Adam m and v. */
+enum zero_ckpt_group { ZERO_CKPT_MASTER = 0, ZERO_CKPT_ADAM_M, ZERO_CKPT_ADAM_V, ZERO_CKPT_GROUPS };
+extern const char *const zero_ckpt_group_names[ZERO_CKPT_GROUPS];
+/* Number of tensors in the model: the length of every group's slice list. */
+int zero_ckpt_n_slices(const struct zero *z);
+/* This rank's slices of one group, one per tensor in model order (count 0 for
+ * tensors outside its range; at stage 0, where every rank holds everything,
+ * rank 0 saves all and the others nothing). */
+void zero_ckpt_slices(struct zero *z, enum zero_ckpt_group g, struct ckpt_slice *out);
+/* Reads this rank's optimizer range of every group from a checkpoint saved at
+ * any world size, then rebuilds the parameters from the master weights. */
+void zero_ckpt_load(struct zero *z, struct ckpt_reader *r);
+
 /* Test hook: makes one gradient element of this rank infinite (SHARDLM_INJECT_INF_STEP). */
 void zero_inject_inf(struct zero *z);
 
