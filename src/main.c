@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt_tools.h"
 #include "comm.h"
 #include "config.h"
 #include "train.h"
@@ -21,6 +22,8 @@ static void usage_main(FILE *out)
             "\n"
             "commands:\n"
             "  train CONFIG     train a model as the config says (see 'shardlm train --help')\n"
+            "  inspect CKPT     summarise a checkpoint and verify its checksums (see 'shardlm inspect --help')\n"
+            "  export CKPT OUT  write a checkpoint's weights as safetensors or HDF5 (see 'shardlm export --help')\n"
             "  version          print the version\n"
             "  help             this text\n");
 }
@@ -103,6 +106,10 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "train") == 0)
         return cmd_train(argc - 1, argv + 1);
+    if (strcmp(cmd, "inspect") == 0)
+        return cmd_inspect(argc - 1, argv + 1);
+    if (strcmp(cmd, "export") == 0)
+        return cmd_export(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("shardlm %s\n", SHARDLM_VERSION);
         return EXIT_OK;

@@ -1,0 +1,482 @@
+/*
+ * ckpt_tools — `shardlm inspect` and `shardlm export` (see ckpt_tools.h).
+ */
+#include "ckpt_tools.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <getopt.h>
+#include <hdf5.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt.h"
+#include "comm.h"
+#include "config.h"
+#include "dtype.h"
+#include "model.h"
+#include "util.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "ckpt_tools writes safetensors data in host order, which must be little-endian"
+#endif
+
+#define TOOLS_VOCAB_ALIGN 128
+/* Elements read from the checkpoint at a time (one chunk's worth). */
+#define TOOLS_PIECE CKPT_CHUNK_ELEMS
+
+static const char *const state_groups[] = {"master", "adam_m", "adam_v"};
+enum { N_STATE_GROUPS = 3 };
+
+/* ------------------------------------------------------------------------ */
+/* Shared                                                                    */
+
+static struct ckpt_reader *open_checkpoint(const char *spec, char **path_out)
+{
+    char *path = ckpt_resolve(spec, spec);
+    if (!path)
+        fail_input("no checkpoint found at '%s'", spec);
+    *path_out = path;
+    return ckpt_open(path);
+}
+
+static int attr_int(struct ckpt_reader *r, const char *path, const char *name)
+{
+    int64_t v = ckpt_attr_i64(r, name);
+    if (v < 1 || v > (1 << 28))
+        fail_input("checkpoint '%s': attribute '%s' is %lld, not a valid model size", path, name, (long long)v);
+    return (int)v;
+}
+
+/* The model described by the checkpoint's attributes. */
+static void checkpoint_model(struct ckpt_reader *r, const char *path, struct model *m)
+{
+    struct model_config mc;
+    memset(&mc, 0, sizeof mc);
+    char *type = ckpt_attr_str(r, "model_type");
+    snprintf(mc.type, sizeof mc.type, "%s", type);
+    free(type);
+    mc.n_layer = attr_int(r, path, "n_layer");
+    mc.n_head = attr_int(r, path, "n_head");
+    mc.n_embd = attr_int(r, path, "n_embd");
+    mc.n_positions = attr_int(r, path, "n_positions");
+    mc.vocab_size = attr_int(r, path, "vocab_size");
+    mc.padded_vocab = (int)round_up((size_t)mc.vocab_size, TOOLS_VOCAB_ALIGN);
+    model_build(m, &mc);
+}
+
+static void tensor_shape(const struct tensor_desc *t, size_t shape[2])
+{
+    shape[0] = (size_t)t->shape[0];
+    shape[1] = t->ndim == 2 ? (size_t)t->shape[1] : 0;
+}
+
+static void start_single(struct comm *comm, const char *cmd)
+{
+    comm_init(comm, NULL, NULL);
+    if (comm->world != 1)
+        fail_input("'shardlm %s' runs as one process, not %d ranks; run it without mpirun/srun", cmd, comm->world);
+}
+
+/* ------------------------------------------------------------------------ */
+/* inspect                                                                   */
+
+static void usage_inspect(FILE *out)
+{
+    fprintf(out,
+            "usage: shardlm inspect CKPT\n"
+            "\n"
+            "Summarises a checkpoint (CKPT: a step_*.h5 file, or a checkpoint directory, whose 'latest' is used):\n"
+            "step, skipped steps, world size at save, dtype, loss scale, shardlm version, model shape, tensors,\n"
+            "parameters and file size; then reads every dataset in full, which verifies every Fletcher32 chunk\n"
+            "checksum. Runs as one process.\n"
+            "\n"
+            "options:\n"
+            "  -h, --help   this text\n"
+            "\n"
+            "exit status: 0 all datasets verified; 2 bad input (missing, truncated or corrupted checkpoint: the\n"
+            "             message names the dataset)\n");
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h': usage_inspect(stdout); return EXIT_OK;
+        default: usage_inspect(stderr); return EXIT_BAD_INPUT;
+        }
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "shardlm: error: inspect needs exactly one CKPT; see 'shardlm inspect --help'\n");
+        return EXIT_BAD_INPUT;
+    }
+    struct comm comm;
+    start_single(&comm, "inspect");
+    char *path = NULL;
+    struct ckpt_reader *r = open_checkpoint(argv[optind], &path);
+
+    struct stat st;
+    if (stat(path, &st) != 0)
+        fail_input("checkpoint '%s': cannot stat: %s", path, strerror(errno));
+    struct model m;
+    checkpoint_model(r, path, &m);
+    char *dtype = ckpt_attr_str(r, "dtype");
+    char *version = ckpt_attr_str(r, "shardlm_version");
+
+    printf("checkpoint: %s\n", path);
+    printf("step: %lld\n", (long long)ckpt_attr_i64(r, "step"));
+    printf("skipped steps: %lld\n", (long long)ckpt_attr_i64(r, "skipped_steps"));
+    printf("samples seen: %lld\n", (long long)ckpt_attr_i64(r, "samples_seen"));
+    printf("world size at save: %d\n", ckpt_saved_world(r));
+    printf("dtype: %s\n", dtype);
+    printf("loss scale: %g\n", ckpt_attr_f64(r, "loss_scale"));
+    printf("shardlm version: %s\n", version);
+    printf("model: %s, n_layer %d, n_head %d, n_embd %d, n_positions %d, vocab_size %d (wte stored with %d rows)\n",
+           m.cfg.type, m.cfg.n_layer, m.cfg.n_head, m.cfg.n_embd, m.cfg.n_positions, m.cfg.vocab_size,
+           m.cfg.padded_vocab);
+    int n_tensors = 0;
+    for (int u = 0; u < m.n_units; u++)
+        n_tensors += m.units[u].n_tensors;
+    size_t trimmed = m.n_params - (size_t)(m.cfg.padded_vocab - m.cfg.vocab_size) * (size_t)m.cfg.n_embd;
+    printf("tensors: %d per group (groups master, adam_m, adam_v)\n", n_tensors);
+    printf("parameters: %zu (%zu stored, with the padded wte rows)\n", trimmed, m.n_params);
+    printf("file size: %lld bytes\n", (long long)st.st_size);
+    fflush(stdout);
+
+    float *buf = xmalloc(TOOLS_PIECE * sizeof *buf);
+    int n_datasets = 0;
+    for (int g = 0; g < N_STATE_GROUPS; g++) {
+        for (int u = 0; u < m.n_units; u++) {
+            for (int i = 0; i < m.units[u].n_tensors; i++) {
+                const struct tensor_desc *t = &m.units[u].tensors[i];
+                size_t shape[2];
+                tensor_shape(t, shape);
+                for (size_t b = 0; b < t->numel; b += TOOLS_PIECE) {
+                    size_t n = t->numel - b < TOOLS_PIECE ? t->numel - b : TOOLS_PIECE;
+                    ckpt_read(r, state_groups[g], t->name, t->ndim, shape, b, n, buf);
+                }
+                n_datasets++;
+            }
+        }
+    }
+    /* The per-rank state the trainer saves. */
+    static const char *const rank_state[] = {"data_position", "rng"};
+    uint64_t *rs = xcalloc((size_t)ckpt_saved_world(r), sizeof *rs);
+    for (int i = 0; i < 2; i++) {
+        ckpt_read_rank_state(r, rank_state[i], 1, rs);
+        n_datasets++;
+    }
+    free(rs);
+    free(buf);
+    printf("checksum status: all %d datasets verified\n", n_datasets);
+
+    free(dtype);
+    free(version);
+    model_free(&m);
+    ckpt_close(r);
+    free(path);
+    comm_finalize(&comm);
+    return EXIT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* export                                                                    */
+
+static void usage_export(FILE *out)
+{
+    fprintf(out,
+            "usage: shardlm export CKPT --dtype bf16|fp16|fp32 OUT\n"
+            "\n"
+            "Writes the weights of a checkpoint (its fp32 master copy; no optimizer state) under their Hugging Face\n"
+            "names (wte.weight, h.0.attn.c_attn.weight, ...) at full shape, converted to the dtype (round to\n"
+            "nearest even). wte.weight is written trimmed to (vocab_size, n_embd), as Hugging Face expects; the\n"
+            "checkpoint stores it padded to a multiple of 128 rows. CKPT is a step_*.h5 file, or a checkpoint\n"
+            "directory, whose 'latest' is used. Runs as one process.\n"
+            "\n"
+            "OUT by its suffix:\n"
+            "  .safetensors  safetensors (dtype F32, F16 or BF16; metadata format=pt)\n"
+            "  .h5           plain HDF5: one dataset per tensor at the root; fp32 as 32-bit float, fp16 as IEEE\n"
+            "                16-bit float, bf16 as uint16 (the bf16 bits); every dataset has a 'dtype' attribute\n"
+            "\n"
+            "options:\n"
+            "  --dtype DTYPE   bf16, fp16 or fp32 (default fp32)\n"
+            "  -h, --help      this text\n"
+            "\n"
+            "exit status: 0 written; 2 bad input (arguments, missing or corrupted checkpoint, unwritable OUT)\n");
+}
+
+struct out_tensor {
+    const char *name;
+    int ndim;
+    size_t shape[2];  /* full shape in the checkpoint */
+    size_t rows;      /* rows written (wte: vocab_size) */
+    size_t numel;     /* elements written */
+};
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Reads [0, t->numel) of /master/<name> and converts it into out (dtype dt). */
+static void read_converted(struct ckpt_reader *r, const struct out_tensor *t, enum dtype dt, float *tmp, void *out)
+{
+    size_t esize = (size_t)dtype_size(dt);
+    for (size_t b = 0; b < t->numel; b += TOOLS_PIECE) {
+        size_t n = t->numel - b < TOOLS_PIECE ? t->numel - b : TOOLS_PIECE;
+        ckpt_read(r, "master", t->name, t->ndim, t->shape, b, n, tmp);
+        dtype_convert((char *)out + b * esize, dt, tmp, DTYPE_F32, n);
+    }
+}
+
+/* A growing string for the safetensors header. */
+struct sbuf {
+    char *s;
+    size_t len, cap;
+};
+
+__attribute__((format(printf, 2, 3))) static void sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            fail_internal("export: formatting the safetensors header failed");
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        b->cap = 2 * b->cap + (size_t)n + 1;
+        char *s = realloc(b->s, b->cap);
+        if (!s)
+            fail_internal("export: out of memory for the safetensors header");
+        b->s = s;
+    }
+}
+
+static void write_checked(FILE *fp, const void *data, size_t n, const char *path)
+{
+    if (n && fwrite(data, 1, n, fp) != n)
+        fail_input("export: cannot write '%s': %s", path, strerror(errno));
+}
+
+static void export_safetensors(struct ckpt_reader *r, const struct out_tensor *ts, int n, enum dtype dt,
+                               const char *out, const char *tmp_path)
+{
+    static const char *const st_names[] = {"F32", "F16", "BF16"};
+    size_t esize = (size_t)dtype_size(dt);
+    struct sbuf h = {xmalloc(256), 0, 256};
+    h.s[0] = 0;
+    sb_printf(&h, "{\"__metadata__\":{\"format\":\"pt\"}");
+    size_t offset = 0;
+    for (int i = 0; i < n; i++) {
+        sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%zu", ts[i].name, st_names[dt], ts[i].rows);
+        if (ts[i].ndim == 2)
+            sb_printf(&h, ",%zu", ts[i].shape[1]);
+        sb_printf(&h, "],\"data_offsets\":[%zu,%zu]}", offset, offset + ts[i].numel * esize);
+        offset += ts[i].numel * esize;
+    }
+    sb_printf(&h, "}");
+    while (h.len % 8 != 0) /* pad with spaces so that the data start 8-byte aligned */
+        sb_printf(&h, " ");
+
+    FILE *fp = fopen(tmp_path, "wb");
+    if (!fp)
+        fail_input("export: cannot create '%s': %s", tmp_path, strerror(errno));
+    uint64_t hlen = h.len; /* little-endian host (checked at compile time) */
+    write_checked(fp, &hlen, sizeof hlen, tmp_path);
+    write_checked(fp, h.s, h.len, tmp_path);
+    free(h.s);
+
+    float *tmp = xmalloc(TOOLS_PIECE * sizeof *tmp);
+    for (int i = 0; i < n; i++) {
+        void *data = xmalloc(ts[i].numel * esize + 1);
+        read_converted(r, &ts[i], dt, tmp, data);
+        write_checked(fp, data, ts[i].numel * esize, tmp_path);
+        free(data);
+    }
+    free(tmp);
+    if (fflush(fp) != 0 || ferror(fp))
+        fail_input("export: cannot write '%s': %s", tmp_path, strerror(errno));
+    if (fclose(fp) != 0)
+        fail_input("export: cannot close '%s': %s", tmp_path, strerror(errno));
+    if (rename(tmp_path, out) != 0)
+        fail_input("export: cannot rename '%s' to '%s': %s", tmp_path, out, strerror(errno));
+}
+
+static void h5_fail(const char *path, const char *what, const char *name)
+{
+    fail_input("export: cannot %s '%s' in '%s' (HDF5 error). Hint: check the disk space and permissions", what, name,
+               path);
+}
+
+static void h5_attr_str(hid_t loc, const char *name, const char *value, const char *path)
+{
+    hid_t type = H5Tcopy(H5T_C_S1);
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t attr = -1;
+    if (type < 0 || space < 0 || H5Tset_size(type, strlen(value) + 1) < 0 ||
+        (attr = H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT)) < 0 || H5Awrite(attr, type, value) < 0)
+        h5_fail(path, "write attribute", name);
+    H5Aclose(attr);
+    H5Sclose(space);
+    H5Tclose(type);
+}
+
+static void h5_attr_i64(hid_t loc, const char *name, int64_t value, const char *path)
+{
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t attr = -1;
+    if (space < 0 || (attr = H5Acreate2(loc, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT)) < 0 ||
+        H5Awrite(attr, H5T_NATIVE_INT64, &value) < 0)
+        h5_fail(path, "write attribute", name);
+    H5Aclose(attr);
+    H5Sclose(space);
+}
+
+/* IEEE binary16, little-endian (HDF5 1.10 has no predefined half type). */
+static hid_t h5_half_type(const char *path)
+{
+    hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+    if (t < 0 || H5Tset_fields(t, 15, 10, 5, 0, 10) < 0 || H5Tset_size(t, 2) < 0 || H5Tset_ebias(t, 15) < 0)
+        h5_fail(path, "create the fp16 type for", path);
+    return t;
+}
+
+static void export_h5(struct ckpt_reader *r, const struct model *m, const struct out_tensor *ts, int n,
+                      enum dtype dt, const char *out, const char *tmp_path)
+{
+    size_t esize = (size_t)dtype_size(dt);
+    hid_t file = H5Fcreate(tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (file < 0)
+        fail_input("export: cannot create HDF5 file '%s'. Hint: check the directory exists and is writable", tmp_path);
+    hid_t ftype = dt == DTYPE_F32 ? H5Tcopy(H5T_IEEE_F32LE)
+                  : dt == DTYPE_F16 ? h5_half_type(tmp_path)
+                                    : H5Tcopy(H5T_STD_U16LE);
+    if (ftype < 0)
+        h5_fail(tmp_path, "create the element type for", tmp_path);
+    h5_attr_str(file, "format", "shardlm-export", tmp_path);
+    h5_attr_str(file, "dtype", dtype_name(dt), tmp_path);
+    h5_attr_str(file, "model_type", m->cfg.type, tmp_path);
+    h5_attr_i64(file, "step", ckpt_attr_i64(r, "step"), tmp_path);
+    h5_attr_i64(file, "n_layer", m->cfg.n_layer, tmp_path);
+    h5_attr_i64(file, "n_head", m->cfg.n_head, tmp_path);
+    h5_attr_i64(file, "n_embd", m->cfg.n_embd, tmp_path);
+    h5_attr_i64(file, "n_positions", m->cfg.n_positions, tmp_path);
+    h5_attr_i64(file, "vocab_size", m->cfg.vocab_size, tmp_path);
+
+    float *tmp = xmalloc(TOOLS_PIECE * sizeof *tmp);
+    for (int i = 0; i < n; i++) {
+        void *data = xmalloc(ts[i].numel * esize + 1);
+        read_converted(r, &ts[i], dt, tmp, data);
+        hsize_t dims[2] = {ts[i].rows, ts[i].ndim == 2 ? ts[i].shape[1] : 0};
+        hid_t space = H5Screate_simple(ts[i].ndim, dims, NULL);
+        hid_t dset = space < 0 ? -1
+                               : H5Dcreate2(file, ts[i].name, ftype, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        /* Memory type = file type: the bits are written as converted above. */
+        if (dset < 0 || H5Dwrite(dset, ftype, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+            h5_fail(tmp_path, "write dataset", ts[i].name);
+        h5_attr_str(dset, "dtype", dtype_name(dt), tmp_path);
+        H5Dclose(dset);
+        H5Sclose(space);
+        free(data);
+    }
+    free(tmp);
+    H5Tclose(ftype);
+    if (H5Fclose(file) < 0)
+        h5_fail(tmp_path, "close", tmp_path);
+    if (rename(tmp_path, out) != 0)
+        fail_input("export: cannot rename '%s' to '%s': %s", tmp_path, out, strerror(errno));
+}
+
+int cmd_export(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"dtype", required_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *dtype_arg = "fp32";
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'd': dtype_arg = optarg; break;
+        case 'h': usage_export(stdout); return EXIT_OK;
+        default: usage_export(stderr); return EXIT_BAD_INPUT;
+        }
+    }
+    if (optind != argc - 2) {
+        fprintf(stderr, "shardlm: error: export needs CKPT and OUT; see 'shardlm export --help'\n");
+        return EXIT_BAD_INPUT;
+    }
+    enum dtype dt;
+    if (strcmp(dtype_arg, "fp32") == 0)
+        dt = DTYPE_F32;
+    else if (strcmp(dtype_arg, "fp16") == 0)
+        dt = DTYPE_F16;
+    else if (strcmp(dtype_arg, "bf16") == 0)
+        dt = DTYPE_BF16;
+    else
+        fail_input("export: --dtype '%s' is not one of bf16, fp16, fp32", dtype_arg);
+    const char *spec = argv[optind], *out = argv[optind + 1];
+    bool safetensors = ends_with(out, ".safetensors");
+    if (!safetensors && !ends_with(out, ".h5"))
+        fail_input("export: OUT '%s' must end with .safetensors or .h5", out);
+    char tmp_path[CKPT_MAX_PATH];
+    if (snprintf(tmp_path, sizeof tmp_path, "%s.tmp", out) >= (int)sizeof tmp_path)
+        fail_input("export: OUT path is too long: '%s'", out);
+
+    struct comm comm;
+    start_single(&comm, "export");
+    char *path = NULL;
+    struct ckpt_reader *r = open_checkpoint(spec, &path);
+    struct model m;
+    checkpoint_model(r, path, &m);
+
+    int n = 0;
+    for (int u = 0; u < m.n_units; u++)
+        n += m.units[u].n_tensors;
+    struct out_tensor *ts = xcalloc((size_t)n, sizeof *ts);
+    int k = 0;
+    for (int u = 0; u < m.n_units; u++) {
+        for (int i = 0; i < m.units[u].n_tensors; i++, k++) {
+            const struct tensor_desc *t = &m.units[u].tensors[i];
+            ts[k].name = t->name;
+            ts[k].ndim = t->ndim;
+            tensor_shape(t, ts[k].shape);
+            ts[k].rows = (size_t)t->rows_valid; /* wte: vocab_size of padded_vocab */
+            if (ts[k].rows == 0 || ts[k].rows > ts[k].shape[0])
+                ts[k].rows = ts[k].shape[0];
+            ts[k].numel = ts[k].rows * (t->ndim == 2 ? ts[k].shape[1] : 1);
+        }
+    }
+    if (safetensors)
+        export_safetensors(r, ts, n, dt, out, tmp_path);
+    else
+        export_h5(r, &m, ts, n, dt, out, tmp_path);
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += ts[i].numel;
+    printf("exported %d tensors (%zu parameters, %s) of %s step %lld to %s\n", n, total, dtype_name(dt), path,
+           (long long)ckpt_attr_i64(r, "step"), out);
+
+    free(ts);
+    model_free(&m);
+    ckpt_close(r);
+    free(path);
+    comm_finalize(&comm);
+    return EXIT_OK;
+}
