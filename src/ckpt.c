@@ -5,6 +5,7 @@
  * innermost messages are folded into our one-line errors instead (so a
  * corrupted chunk reads "... data error detected by Fletcher32 checksum").
  */
+#define _GNU_SOURCE /* fallocate */
 #include "ckpt.h"
 #include "util.h"
 
@@ -13,10 +14,16 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+enum { CRASH_NONE = -1, CRASH_BEFORE_DATA, CRASH_MID_DATA, CRASH_BEFORE_RENAME, CRASH_BEFORE_LATEST };
 
 struct ckpt_reader {
     hid_t file;
@@ -79,33 +86,54 @@ static void require_mpi(const char *what)
 /* ------------------------------------------------------------------------ */
 /* Selections                                                                */
 
-/* The row-major flat range [begin, begin+count) of a dataset of shape dims
- * (rank ndim) as a selection: 1-D one block; 2-D up to three blocks (partial
- * first row, whole middle rows, partial last row). count 0: nothing. */
-static herr_t select_flat_range(hid_t space, int ndim, const hsize_t *dims, size_t begin, size_t count)
+/* The flat range [begin, begin+count) of a dataset of shape dims as up to 3
+ * rectangular blocks (2-D: partial first row, whole middle rows, partial last
+ * row; 1-D: one block), in order: block b starts at start[b], has n[b]
+ * elements per dimension, and takes the next n0*n1 values of the range.
+ * Reading or writing each block with a memory space of the block's own shape
+ * keeps HDF5 on its fast path (with a 1-D memory space against a 2-D file
+ * selection it maps every element to its chunk one by one: 10x slower). */
+struct flat_blocks {
+    int n;
+    hsize_t start[3][2], count[3][2];
+};
+
+static void flat_blocks(int ndim, const hsize_t *dims, size_t begin, size_t count, struct flat_blocks *b)
 {
+    b->n = 0;
     if (count == 0)
-        return H5Sselect_none(space);
+        return;
     if (ndim == 1) {
-        hsize_t start = begin, n = count;
-        return H5Sselect_hyperslab(space, H5S_SELECT_SET, &start, NULL, &n, NULL);
+        b->start[0][0] = begin;
+        b->count[0][0] = count;
+        b->start[0][1] = 0;
+        b->count[0][1] = 1;
+        b->n = 1;
+        return;
     }
     size_t cols = dims[1], end = begin + count;
     size_t r0 = begin / cols, c0 = begin % cols, r1 = (end - 1) / cols, c1 = (end - 1) % cols;
+#define ADD_BLOCK(R, C, NR, NC)                                                                    \
+    do {                                                                                           \
+        b->start[b->n][0] = (R), b->start[b->n][1] = (C), b->count[b->n][0] = (NR), b->count[b->n][1] = (NC); \
+        b->n++;                                                                                    \
+    } while (0)
     if (r0 == r1) {
-        hsize_t start[2] = {r0, c0}, n[2] = {1, count};
-        return H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, n, NULL);
+        ADD_BLOCK(r0, c0, 1, count);
+        return;
     }
-    hsize_t first_start[2] = {r0, c0}, first_n[2] = {1, cols - c0};
-    if (H5Sselect_hyperslab(space, H5S_SELECT_SET, first_start, NULL, first_n, NULL) < 0)
-        return -1;
-    if (r1 > r0 + 1) {
-        hsize_t mid_start[2] = {r0 + 1, 0}, mid_n[2] = {r1 - r0 - 1, cols};
-        if (H5Sselect_hyperslab(space, H5S_SELECT_OR, mid_start, NULL, mid_n, NULL) < 0)
-            return -1;
+    size_t mid_from = r0, mid_to = r1 + 1; /* rows written whole: [mid_from, mid_to) */
+    if (c0 != 0) {
+        ADD_BLOCK(r0, c0, 1, cols - c0);
+        mid_from = r0 + 1;
     }
-    hsize_t last_start[2] = {r1, 0}, last_n[2] = {1, c1 + 1};
-    return H5Sselect_hyperslab(space, H5S_SELECT_OR, last_start, NULL, last_n, NULL);
+    if (c1 != cols - 1)
+        mid_to = r1;
+    if (mid_to > mid_from)
+        ADD_BLOCK(mid_from, 0, mid_to - mid_from, cols);
+    if (c1 != cols - 1)
+        ADD_BLOCK(r1, 0, 1, c1 + 1);
+#undef ADD_BLOCK
 }
 
 static size_t shape_numel(int ndim, const size_t shape[2])
@@ -130,18 +158,61 @@ struct writer {
     hid_t file, dxpl;
     const char *path; /* the temporary file */
     int rank, world;
+    bool failed;      /* this rank hit an error since the last agreement */
+    bool all_failed;  /* some rank failed (agreed): every later step is skipped */
+    char err[1024];   /* this rank's first error; after agreement, the agreed one */
+    int crash_point;  /* test hook: CRASH_* on this rank, or CRASH_NONE */
+    int datasets_done, datasets_total;
 };
 
-static void write_fail(const struct writer *w, const char *what, const char *name)
+/* Records this rank's first failure (no exit: the ranks agree on failure at
+ * the next agreement point, see agree()). */
+__attribute__((format(printf, 2, 3))) static void writer_error(struct writer *w, const char *fmt, ...)
+{
+    if (w->failed || w->all_failed)
+        return;
+    w->failed = true;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->err, sizeof w->err, fmt, ap);
+    va_end(ap);
+}
+
+static void write_fail(struct writer *w, const char *what, const char *name)
 {
     struct hdf5_why why;
     const char *msg = hdf5_error(&why);
-    fail_input("checkpoint '%s': cannot %s '%s': %s. Hint: check the disk has space and the directory is writable",
-               w->path, what, name, msg);
+    /* errno is only trusted for the reasons a write can really fail with
+     * (HDF5 leaves it from whatever system call failed last). */
+    int e = errno;
+    bool io = e == ENOSPC || e == EFBIG || e == EDQUOT || e == EIO || e == EROFS || e == EACCES || e == EPERM ||
+              e == ENOTDIR || e == EISDIR || e == ENOENT;
+    writer_error(w, "cannot %s '%s': %s%s%s", what, name, msg, io ? "; " : "", io ? strerror(e) : "");
 }
 
-static void write_attr(const struct writer *w, const struct ckpt_attr *a)
+/* Collective: true when every rank is fine so far. Otherwise every rank gets
+ * the error of the lowest failing rank and all_failed is set, so all ranks
+ * skip the same remaining steps (no rank is left waiting in a collective). */
+static bool agree(struct writer *w)
 {
+    if (w->all_failed)
+        return false;
+    int first = w->failed ? w->rank : w->world;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
+              "agreeing on the checkpoint's status");
+    if (first == w->world)
+        return true;
+    MPI_CHECK(MPI_Bcast(w->err, (int)sizeof w->err, MPI_CHAR, first, MPI_COMM_WORLD),
+              "sharing the checkpoint's error");
+    w->err[sizeof w->err - 1] = 0;
+    w->all_failed = true;
+    return false;
+}
+
+static void write_attr(struct writer *w, const struct ckpt_attr *a)
+{
+    if (w->failed || w->all_failed)
+        return;
     hid_t space = H5Screate(H5S_SCALAR), type = -1, attr = -1;
     const void *value = NULL;
     switch (a->kind) {
@@ -186,7 +257,7 @@ static hsize_t even_piece(hsize_t n, hsize_t max_piece)
 
 /* Chunked, Fletcher32-checked creation properties for a dataset of these
  * dims: whole rows, at most CKPT_CHUNK_ELEMS elements a chunk. */
-static hid_t checked_dcpl(const struct writer *w, int ndim, const hsize_t *dims, const char *name)
+static hid_t checked_dcpl(struct writer *w, int ndim, const hsize_t *dims, const char *name)
 {
     hsize_t chunk[2];
     if (ndim == 1) {
@@ -204,10 +275,14 @@ static hid_t checked_dcpl(const struct writer *w, int ndim, const hsize_t *dims,
 
 /* Creates dataset `name` in `loc` (collective) and writes this rank's flat
  * range of it (collective, possibly empty). */
-static void write_dataset(const struct writer *w, hid_t loc, const char *full_name, const char *name, int ndim,
+static void crash_point_reached(struct writer *w, int point);
+
+static void write_dataset(struct writer *w, hid_t loc, const char *full_name, const char *name, int ndim,
                           const hsize_t *dims, hid_t file_type, hid_t mem_type, size_t begin, size_t count,
                           const void *data)
 {
+    if (w->all_failed)
+        return;
     hid_t space = H5Screate_simple(ndim, dims, NULL);
     if (space < 0)
         write_fail(w, "make the dataspace of", full_name);
@@ -215,20 +290,46 @@ static void write_dataset(const struct writer *w, hid_t loc, const char *full_na
     hid_t dset = H5Dcreate2(loc, name, file_type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     if (dset < 0)
         write_fail(w, "create dataset", full_name);
-    hsize_t mem_n = count ? count : 1;
-    hid_t mem = H5Screate_simple(1, &mem_n, NULL);
-    if (mem < 0 || select_flat_range(space, ndim, dims, begin, count) < 0 || (count == 0 && H5Sselect_none(mem) < 0))
-        write_fail(w, "select this rank's range of", full_name);
-    if (H5Dwrite(dset, mem_type, mem, space, w->dxpl, count ? data : NULL) < 0)
-        write_fail(w, "write dataset", full_name);
-    H5Sclose(mem);
-    H5Dclose(dset);
+    /* Up to three collective writes, one per block of this rank's range (see
+     * flat_blocks); every rank makes all three, empty ones selecting nothing.
+     * Each write is an MPI collective: every rank joins it or none does. */
+    struct flat_blocks blocks;
+    flat_blocks(ndim, dims, begin, count, &blocks);
+    size_t elem = H5Tget_size(mem_type), done = 0;
+    for (int k = 0; k < 3 && agree(w); k++) {
+        hsize_t one[2] = {1, 1};
+        hid_t mem = H5Screate_simple(ndim, k < blocks.n ? blocks.count[k] : one, NULL);
+        herr_t sel;
+        if (k < blocks.n)
+            sel = H5Sselect_hyperslab(space, H5S_SELECT_SET, blocks.start[k], NULL, blocks.count[k], NULL);
+        else
+            sel = H5Sselect_none(space);
+        if (mem < 0 || sel < 0 || (k >= blocks.n && H5Sselect_none(mem) < 0)) {
+            write_fail(w, "select this rank's range of", full_name);
+        } else {
+            const char *at = k < blocks.n ? (const char *)data + done * elem : NULL;
+            if (H5Dwrite(dset, mem_type, mem, space, w->dxpl, at) < 0)
+                write_fail(w, "write dataset", full_name);
+        }
+        if (k < blocks.n)
+            done += (size_t)(blocks.count[k][0] * (ndim == 2 ? blocks.count[k][1] : 1));
+        if (mem >= 0)
+            H5Sclose(mem);
+    }
+    if (dset >= 0)
+        H5Dclose(dset);
     H5Pclose(dcpl);
     H5Sclose(space);
+    agree(w);
+    w->datasets_done++;
+    if (w->datasets_done == w->datasets_total / 2)
+        crash_point_reached(w, CRASH_MID_DATA);
 }
 
-static hid_t create_group(const struct writer *w, const char *name)
+static hid_t create_group(struct writer *w, const char *name)
 {
+    if (w->all_failed)
+        return -1;
     hid_t group = H5Gcreate2(w->file, name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (group < 0)
         write_fail(w, "create group", name);
@@ -306,29 +407,39 @@ static void check_same_layout(const struct ckpt_contents *c)
                       "rank must list the same ones, in the same order)");
 }
 
-static void fsync_path(const char *path, bool directory)
+/* 0, or -1 with the reason in w. */
+static int fsync_path(struct writer *w, const char *path, bool directory)
 {
     int fd = open(path, directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-    if (fd < 0)
-        fail_input("checkpoint: cannot open '%s' to sync it: %s", path, strerror(errno));
-    if (fsync(fd) != 0)
-        fail_input("checkpoint: cannot fsync '%s': %s. Hint: check the disk", path, strerror(errno));
+    if (fd < 0) {
+        writer_error(w, "cannot open '%s' to sync it: %s", path, strerror(errno));
+        return -1;
+    }
+    if (fsync(fd) != 0) {
+        writer_error(w, "cannot fsync '%s': %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
     close(fd);
+    return 0;
 }
 
-static void make_dir(const char *dir)
+static void make_dir(struct writer *w, const char *dir)
 {
     char buf[CKPT_MAX_PATH];
-    if (!dir[0])
-        fail_input("checkpoint directory is empty. Hint: set the checkpoint directory in the config");
-    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
-        fail_input("checkpoint directory name is too long: '%s'", dir);
+    if (!dir[0]) {
+        writer_error(w, "the checkpoint directory is empty");
+        return;
+    }
+    snprintf(buf, sizeof buf, "%s", dir);
     for (char *p = buf + 1;; p++) {
         if (*p == '/' || *p == 0) {
             char saved = *p;
             *p = 0;
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-                fail_input("checkpoint: cannot create directory '%s': %s", buf, strerror(errno));
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+                writer_error(w, "cannot create directory '%s': %s", buf, strerror(errno));
+                return;
+            }
             *p = saved;
             if (saved == 0)
                 break;
@@ -336,7 +447,7 @@ static void make_dir(const char *dir)
     }
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        fail_input("checkpoint: '%s' is not a directory. Hint: point the checkpoint directory elsewhere", dir);
+        writer_error(w, "'%s' is not a directory: %s", dir, strerror(errno ? errno : ENOTDIR));
 }
 
 /* Parses "step_<digits>.h5" exactly; returns the step or -1. */
@@ -393,33 +504,124 @@ static void prune(const char *dir, int keep, long current)
     free(steps);
 }
 
-/* Rank 0: temp -> final name, then latest -> final name, each made durable. */
-static void publish(const char *dir, const char *tmp_path, const char *final_path, const char *final_name)
+/* Test hook (see ckpt.h): SHARDLM_CKPT_CRASH=POINT[:RANK] kills that rank
+ * (default 0) with SIGKILL at POINT of the next save of this process. */
+static const char *const crash_names[] = {"before_data", "mid_data", "before_rename", "before_latest"};
+
+static int crash_point_armed(int rank)
 {
-    if (rename(tmp_path, final_path) != 0)
-        fail_input("checkpoint: cannot rename '%s' to '%s': %s", tmp_path, final_path, strerror(errno));
-    fsync_path(dir, true);
+    static bool used;
+    const char *spec = getenv("SHARDLM_CKPT_CRASH");
+    if (used || !spec || !spec[0])
+        return CRASH_NONE;
+    used = true;
+    int point = CRASH_NONE;
+    for (int i = 0; i < (int)(sizeof crash_names / sizeof crash_names[0]); i++) {
+        size_t n = strlen(crash_names[i]);
+        if (strncmp(spec, crash_names[i], n) == 0 && (spec[n] == 0 || spec[n] == ':'))
+            point = i;
+    }
+    if (point == CRASH_NONE)
+        fail_input("SHARDLM_CKPT_CRASH='%s': want before_data, mid_data, before_rename or before_latest, "
+                   "optionally :RANK",
+                   spec);
+    const char *colon = strchr(spec, ':');
+    int target = colon ? atoi(colon + 1) : 0;
+    return target == rank ? point : CRASH_NONE;
+}
+
+static void crash_point_reached(struct writer *w, int point)
+{
+    if (w->crash_point != point)
+        return;
+    fprintf(stderr, "shardlm: rank %d: SHARDLM_CKPT_CRASH: killing myself at %s of '%s'\n", w->rank,
+            crash_names[point], w->path);
+    fflush(stderr);
+    raise(SIGKILL);
+}
+
+/* Rank 0: temp -> final name, then latest -> final name, each made durable.
+ * 0, or -1 with the reason in w. */
+static int publish(struct writer *w, const char *dir, const char *tmp_path, const char *final_path,
+                   const char *final_name)
+{
+    if (rename(tmp_path, final_path) != 0) {
+        writer_error(w, "cannot rename '%s' to '%s': %s", tmp_path, final_path, strerror(errno));
+        return -1;
+    }
+    if (fsync_path(w, dir, true) != 0)
+        return -1;
+    crash_point_reached(w, CRASH_BEFORE_LATEST);
     char latest[CKPT_MAX_PATH], latest_tmp[CKPT_MAX_PATH];
     snprintf(latest, sizeof latest, "%s/latest", dir);
     snprintf(latest_tmp, sizeof latest_tmp, "%s/latest.tmp", dir);
     FILE *fp = fopen(latest_tmp, "w");
-    if (!fp || fprintf(fp, "%s\n", final_name) < 0 || fflush(fp) != 0 || fsync(fileno(fp)) != 0)
-        fail_input("checkpoint: cannot write '%s': %s", latest_tmp, strerror(errno));
-    if (fclose(fp) != 0)
-        fail_input("checkpoint: cannot close '%s': %s", latest_tmp, strerror(errno));
-    if (rename(latest_tmp, latest) != 0)
-        fail_input("checkpoint: cannot rename '%s' to '%s': %s", latest_tmp, latest, strerror(errno));
-    fsync_path(dir, true);
+    if (!fp || fprintf(fp, "%s\n", final_name) < 0 || fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
+        writer_error(w, "cannot write '%s': %s", latest_tmp, strerror(errno));
+        if (fp)
+            fclose(fp);
+        unlink(latest_tmp);
+        return -1;
+    }
+    if (fclose(fp) != 0) {
+        writer_error(w, "cannot close '%s': %s", latest_tmp, strerror(errno));
+        unlink(latest_tmp);
+        return -1;
+    }
+    if (rename(latest_tmp, latest) != 0) {
+        writer_error(w, "cannot rename '%s' to '%s': %s", latest_tmp, latest, strerror(errno));
+        unlink(latest_tmp);
+        return -1;
+    }
+    return fsync_path(w, dir, true);
 }
 
-void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents *c, char *path_out,
-               size_t path_cap)
+/* Rank 0, before HDF5 touches the file: makes sure the file can grow to
+ * about `bytes` (the file-size limit, then fallocate of the .tmp file, which
+ * HDF5's create truncates again). A full disk or a file-size limit is then
+ * found here, where all ranks can agree on it, instead of inside a collective
+ * HDF5 call where one failing rank leaves the others waiting. A write that
+ * still fails later (the space taken meanwhile) is reported the same way when
+ * HDF5 fails on every rank alike. */
+static void check_space(struct writer *w, const char *tmp_path, unsigned long long bytes)
+{
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && bytes > lim.rlim_cur) {
+        writer_error(w, "cannot write '%s': %s (it needs about %llu bytes, the file-size limit, ulimit -f, is %llu)",
+                     tmp_path, strerror(EFBIG), bytes, (unsigned long long)lim.rlim_cur);
+        return;
+    }
+    int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (fd < 0) {
+        writer_error(w, "cannot create '%s': %s", tmp_path, strerror(errno));
+        return;
+    }
+    int rc = fallocate(fd, 0, 0, (off_t)bytes);
+    int e = errno;
+    if (rc != 0 && e != EOPNOTSUPP && e != ENOSYS && e != EINVAL)
+        writer_error(w, "cannot reserve %llu bytes for '%s': %s", bytes, tmp_path, strerror(e));
+    close(fd);
+    if (w->failed)
+        unlink(tmp_path);
+}
+
+static char g_save_error[1024];
+
+const char *ckpt_save_error(void) { return g_save_error; }
+
+int ckpt_try_save(const char *dir, long step, int keep, const struct ckpt_contents *c, char *path_out,
+                  size_t path_cap)
 {
     require_mpi("ckpt_save");
     quiet_hdf5();
+    /* A file-size limit (ulimit -f) must fail the write with EFBIG, not kill us. */
+    signal(SIGXFSZ, SIG_IGN);
+    g_save_error[0] = 0;
     struct writer w = {0};
+    w.file = w.dxpl = -1;
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank), "asking this rank's number");
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &w.world), "asking the world size");
+    w.crash_point = crash_point_armed(w.rank);
 
     char final_name[64], final_path[CKPT_MAX_PATH], tmp_path[CKPT_MAX_PATH];
     snprintf(final_name, sizeof final_name, "step_%06ld.h5", step);
@@ -427,26 +629,49 @@ void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents 
         snprintf(tmp_path, sizeof tmp_path, "%s.tmp", final_path) >= (int)sizeof tmp_path)
         fail_input("checkpoint directory name is too long: '%s'", dir);
     w.path = tmp_path;
+    for (int g = 0; g < c->n_groups; g++)
+        w.datasets_total += c->groups[g].n_slices;
+    w.datasets_total += c->n_rank_state;
 
-    if (w.rank == 0)
-        make_dir(dir);
     check_same_layout(c);
     for (int g = 0; g < c->n_groups; g++)
         check_coverage(&c->groups[g]);
-    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD), "waiting for the checkpoint directory");
-
-    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-    if (fapl < 0 || H5Pset_fapl_mpio(fapl, MPI_COMM_WORLD, MPI_INFO_NULL) < 0 ||
-        H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0)
-        write_fail(&w, "set up MPI-IO access for", tmp_path);
-    w.file = H5Fcreate(tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    if (w.file < 0)
-        write_fail(&w, "create file", tmp_path);
-    H5Pclose(fapl);
-    /* Collective transfers: required by parallel HDF5 to write filtered (checksummed) chunks. */
-    w.dxpl = H5Pcreate(H5P_DATASET_XFER);
-    if (w.dxpl < 0 || H5Pset_dxpl_mpio(w.dxpl, H5FD_MPIO_COLLECTIVE) < 0)
-        write_fail(&w, "set collective transfers for", tmp_path);
+    unsigned long long bytes = 1ull << 20; /* metadata and attributes, generously */
+    for (int g = 0; g < c->n_groups; g++)
+        for (int i = 0; i < c->groups[g].n_slices; i++)
+            bytes += shape_numel(c->groups[g].slices[i].ndim, c->groups[g].slices[i].shape) * sizeof(float);
+    for (int i = 0; i < c->n_rank_state; i++)
+        bytes += (unsigned long long)w.world * (unsigned long long)c->rank_state[i].n * sizeof(uint64_t);
+    if (w.rank == 0) {
+        make_dir(&w, dir);
+        if (!w.failed)
+            check_space(&w, tmp_path, bytes);
+    }
+    bool created = false;
+    if (agree(&w)) {
+        hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+        if (fapl < 0 || H5Pset_fapl_mpio(fapl, MPI_COMM_WORLD, MPI_INFO_NULL) < 0 ||
+            H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST) < 0 ||
+            H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG) < 0)
+            write_fail(&w, "set up MPI-IO access for", tmp_path);
+        else if ((w.file = H5Fcreate(tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl)) < 0)
+            write_fail(&w, "create file", tmp_path);
+        if (fapl >= 0)
+            H5Pclose(fapl);
+        created = w.file >= 0;
+        /* Collective transfers: required by parallel HDF5 to write filtered (checksummed) chunks. */
+        w.dxpl = H5Pcreate(H5P_DATASET_XFER);
+        if (w.dxpl < 0 || H5Pset_dxpl_mpio(w.dxpl, H5FD_MPIO_COLLECTIVE) < 0)
+            write_fail(&w, "set collective transfers for", tmp_path);
+        /* Every rank knows whether every rank opened the file. */
+        int all_created = created;
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_created, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
+                  "agreeing on the checkpoint file");
+        if (!all_created && !w.failed)
+            writer_error(&w, "another rank could not create '%s'", tmp_path);
+        agree(&w);
+    }
+    crash_point_reached(&w, CRASH_BEFORE_DATA);
 
     struct ckpt_attr builtin[] = {
         {.name = "format", .kind = CKPT_ATTR_STR, .str = CKPT_FORMAT},
@@ -455,15 +680,18 @@ void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents 
         {.name = "step", .kind = CKPT_ATTR_I64, .i64 = step},
         {.name = "world_size", .kind = CKPT_ATTR_I64, .i64 = w.world},
     };
-    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
-        write_attr(&w, &builtin[i]);
-    for (int i = 0; i < c->n_attrs; i++)
-        write_attr(&w, &c->attrs[i]);
+    if (!w.all_failed) {
+        for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
+            write_attr(&w, &builtin[i]);
+        for (int i = 0; i < c->n_attrs; i++)
+            write_attr(&w, &c->attrs[i]);
+        agree(&w);
+    }
 
-    for (int g = 0; g < c->n_groups; g++) {
+    for (int g = 0; g < c->n_groups && !w.all_failed; g++) {
         const struct ckpt_group *group = &c->groups[g];
         hid_t loc = create_group(&w, group->name);
-        for (int i = 0; i < group->n_slices; i++) {
+        for (int i = 0; i < group->n_slices && !w.all_failed; i++) {
             const struct ckpt_slice *s = &group->slices[i];
             char full_name[512];
             snprintf(full_name, sizeof full_name, "/%s/%s", group->name, s->name);
@@ -471,12 +699,13 @@ void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents 
             write_dataset(&w, loc, full_name, s->name, s->ndim, dims, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, s->begin,
                           s->count, s->data);
         }
-        H5Gclose(loc);
+        if (loc >= 0)
+            H5Gclose(loc);
     }
 
-    if (c->n_rank_state > 0) {
+    if (c->n_rank_state > 0 && !w.all_failed) {
         hid_t loc = create_group(&w, "rank_state");
-        for (int i = 0; i < c->n_rank_state; i++) {
+        for (int i = 0; i < c->n_rank_state && !w.all_failed; i++) {
             const struct ckpt_rank_state *rs = &c->rank_state[i];
             char full_name[512];
             snprintf(full_name, sizeof full_name, "/rank_state/%s", rs->name);
@@ -485,28 +714,71 @@ void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents 
             write_dataset(&w, loc, full_name, rs->name, 2, dims, H5T_STD_U64LE, H5T_NATIVE_UINT64, row,
                           (size_t)rs->n, rs->values);
         }
-        H5Gclose(loc);
+        if (loc >= 0)
+            H5Gclose(loc);
     }
 
-    H5Pclose(w.dxpl);
-    /* Under MPI-IO an explicit flush ends in MPI_File_sync on every rank. */
-    if (H5Fflush(w.file, H5F_SCOPE_GLOBAL) < 0)
-        write_fail(&w, "flush", tmp_path);
-    if (H5Fclose(w.file) < 0)
-        write_fail(&w, "close", tmp_path);
+    if (w.dxpl >= 0)
+        H5Pclose(w.dxpl);
+    if (!w.all_failed) {
+        /* Under MPI-IO an explicit flush ends in MPI_File_sync on every rank. */
+        if (H5Fflush(w.file, H5F_SCOPE_GLOBAL) < 0)
+            write_fail(&w, "flush", tmp_path);
+        agree(&w);
+    }
+    if (created) {
+        /* Collective on every rank that has the file open, which after the
+         * agreement on creation is all of them or none. */
+        if (H5Fclose(w.file) < 0)
+            write_fail(&w, "close", tmp_path);
+        H5Eclear2(H5E_DEFAULT);
+        agree(&w);
+    }
     /* The file is closed by every rank (collective close): its bytes are in
      * the file system; make them durable before the name is published. */
-    if (w.rank == 0) {
-        fsync_path(tmp_path, false);
+    if (!w.all_failed) {
+        if (w.rank == 0)
+            fsync_path(&w, tmp_path, false);
+        agree(&w); /* also the barrier: every rank has finished writing */
     }
-    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD), "waiting for every rank to finish writing the checkpoint");
-    if (w.rank == 0) {
-        publish(dir, tmp_path, final_path, final_name);
-        prune(dir, keep, step);
+    if (!w.all_failed) {
+        crash_point_reached(&w, CRASH_BEFORE_RENAME);
+        if (w.rank == 0 && publish(&w, dir, tmp_path, final_path, final_name) == 0)
+            prune(dir, keep, step);
+        agree(&w);
     }
-    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD), "waiting for the checkpoint to be published");
+    if (w.all_failed) {
+        /* The previous checkpoint and latest are untouched; drop the partial file. */
+        if (w.rank == 0 && created)
+            unlink(tmp_path);
+        snprintf(g_save_error, sizeof g_save_error, "%s", w.err);
+        MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD), "waiting for the failed checkpoint to be cleaned up");
+        return -1;
+    }
     if (path_out && path_cap)
         snprintf(path_out, path_cap, "%s", final_path);
+    return 0;
+}
+
+void ckpt_fail_agreed(const char *dir, const char *why)
+{
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0)
+        fail_input("cannot save a checkpoint in '%s': %s. Hint: check the disk has space and the directory is "
+                   "writable, or set checkpoint.on_error=\"continue\"",
+                   dir, why);
+    /* Rank 0 ends the job (MPI_Abort through fail_input); the others wait for it
+     * so the error is printed once. */
+    MPI_Barrier(MPI_COMM_WORLD);
+    util_exit(EXIT_BAD_INPUT);
+}
+
+void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents *c, char *path_out,
+               size_t path_cap)
+{
+    if (ckpt_try_save(dir, step, keep, c, path_out, path_cap) != 0)
+        ckpt_fail_agreed(dir, ckpt_save_error());
 }
 
 /* ------------------------------------------------------------------------ */
@@ -760,19 +1032,28 @@ static void read_range(struct ckpt_reader *r, const char *full_name, int ndim, c
                       numel);
     if (count > 0) {
         hid_t space = H5Dget_space(dset);
-        hsize_t mem_n = count;
-        hid_t mem = H5Screate_simple(1, &mem_n, NULL);
-        if (space < 0 || mem < 0 || select_flat_range(space, ndim, dims, begin, count) < 0)
+        if (space < 0)
             read_fail(r, "select a range of dataset", full_name);
-        /* Independent transfer: every rank reads what it needs, when it needs it. */
-        if (H5Dread(dset, mem_type, mem, space, H5P_DEFAULT, out) < 0) {
-            struct hdf5_why why;
-            const char *msg = hdf5_error(&why);
-            fail_input("checkpoint '%s': dataset '%s' cannot be read (elements [%zu, %zu)): %s. Hint: the file is "
-                       "corrupted; resume from an older checkpoint",
-                       r->path, full_name, begin, begin + count, msg);
+        /* One read per block of the range, each with a memory space of the
+         * block's shape (see flat_blocks). Independent transfers: every rank
+         * reads what it needs, when it needs it. */
+        struct flat_blocks blocks;
+        flat_blocks(ndim, dims, begin, count, &blocks);
+        size_t elem = H5Tget_size(mem_type), done = 0;
+        for (int k = 0; k < blocks.n; k++) {
+            hid_t mem = H5Screate_simple(ndim, blocks.count[k], NULL);
+            if (mem < 0 || H5Sselect_hyperslab(space, H5S_SELECT_SET, blocks.start[k], NULL, blocks.count[k], NULL) < 0)
+                read_fail(r, "select a range of dataset", full_name);
+            if (H5Dread(dset, mem_type, mem, space, H5P_DEFAULT, (char *)out + done * elem) < 0) {
+                struct hdf5_why why;
+                const char *msg = hdf5_error(&why);
+                fail_input("checkpoint '%s': dataset '%s' cannot be read (elements [%zu, %zu)): %s. Hint: the file "
+                           "is corrupted; resume from an older checkpoint",
+                           r->path, full_name, begin, begin + count, msg);
+            }
+            done += (size_t)(blocks.count[k][0] * (ndim == 2 ? blocks.count[k][1] : 1));
+            H5Sclose(mem);
         }
-        H5Sclose(mem);
         H5Sclose(space);
     }
     H5Dclose(dset);

@@ -105,8 +105,46 @@ struct ckpt_contents {
 /* Writes DIR/step_<step>.h5 (step zero-padded to 6 digits), publishes it
  * atomically, moves DIR/latest to it, then keeps only the newest `keep`
  * checkpoints of DIR (0: keeps all). Collective. Creates DIR when missing.
- * The published path goes to path_out (may be NULL). Failures to write are
- * fail_input (a full disk or an unwritable directory is the user's to fix). */
+ * The published path goes to path_out (may be NULL).
+ *
+ * Returns 0, or -1 when writing failed (a full disk, a file-size limit, an
+ * unwritable or impossible directory, a failed fsync or rename): the ranks
+ * agree on failure after every collective phase (an all-reduce of a status
+ * flag), so every rank returns -1 together and none is left waiting in a
+ * collective; ckpt_save_error() then holds the same one-line reason on every
+ * rank (the lowest failing rank's, e.g. "cannot create directory 'x/y': Not a
+ * directory" or "cannot write dataset '/master/wte.weight': ...; File too
+ * large"). On failure the partial DIR/step_N.h5.tmp is removed and the
+ * previous checkpoint and DIR/latest are untouched. Before HDF5 opens the
+ * file, rank 0 checks the file-size limit against the state's size (+1 MiB)
+ * and fallocates that much for the .tmp file, so a full disk or a file-size
+ * limit is found where the ranks can agree on it: a write failing inside a
+ * collective HDF5 call on some ranks only (space taken by someone else in
+ * between) can still leave the others waiting inside HDF5 (seen with a 64 KiB
+ * ulimit before this check existed). SIGXFSZ is ignored from
+ * the first call on, so a file-size limit (ulimit -f) fails the write with
+ * EFBIG instead of killing the process. Programming errors (ranks passing
+ * different layouts, slices not covering a tensor) are still fail_internal.
+ *
+ * Test hook: SHARDLM_CKPT_CRASH=POINT[:RANK] makes rank RANK (default 0) raise
+ * SIGKILL on itself at POINT of the next save this process makes (only that
+ * one): before_data (the .tmp file created, nothing written), mid_data (after
+ * half of the datasets are written), before_rename (file flushed, closed,
+ * fsynced, every rank done, before rank 0 renames .tmp to step_N.h5; use
+ * rank 0), before_latest (after the rename and the directory fsync, before
+ * latest moves; rank 0). In every case the previous checkpoint and latest stay
+ * valid; after before_latest, step_N.h5 exists but latest still names the
+ * previous one, so --resume auto resumes from the previous checkpoint. Leftover
+ * .tmp files are ignored by resolving and pruning and overwritten by the next
+ * save of that step. */
+int ckpt_try_save(const char *dir, long step, int keep, const struct ckpt_contents *contents, char *path_out,
+                  size_t path_cap);
+/* The reason of the last failed ckpt_try_save ("" after a success). */
+const char *ckpt_save_error(void);
+/* Collective end of the job after a failed save: one line "cannot save a
+ * checkpoint in 'DIR': WHY" from rank 0, exit status 2 (fail_input). */
+__attribute__((noreturn)) void ckpt_fail_agreed(const char *dir, const char *why);
+/* ckpt_try_save, and ckpt_fail_agreed when it fails. */
 void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents *contents, char *path_out,
                size_t path_cap);
 

@@ -146,6 +146,7 @@ static const struct key_spec checkpoint_keys[] = {
     {"dir", K_STR, F_NULLABLE, NULL, NULL},
     {"every", K_INT, 0, NULL, NULL},
     {"keep", K_INT, 0, NULL, NULL},
+    {"on_error", K_STR, 0, NULL, NULL},
     {0},
 };
 
@@ -827,6 +828,13 @@ static void read_checkpoint(struct config *cfg, json_t *root)
     require_non_negative("checkpoint.every", c->every);
     c->keep = read_int(root, "checkpoint.keep", CHECKPOINT_KEEP_DEFAULT, FILL);
     require_non_negative("checkpoint.keep", c->keep);
+    const char *on_error = read_str(root, "checkpoint.on_error", "stop", FILL);
+    if (strcmp(on_error, "stop") == 0)
+        c->on_error_continue = false;
+    else if (strcmp(on_error, "continue") == 0)
+        c->on_error_continue = true;
+    else
+        fail_input("config: 'checkpoint.on_error' must be \"stop\" or \"continue\", got \"%s\"", on_error);
 }
 
 static void read_batch(struct config *cfg, json_t *root)

@@ -113,6 +113,7 @@ struct checkpoint_config {
     char *dir;
     int every;   /* steps (0: only at the end) */
     int keep;    /* checkpoints kept (0: all) */
+    bool on_error_continue; /* checkpoint.on_error: "stop" (false, default: exit 2) or "continue" (warn, train on) */
 };
 
 struct config {

@@ -381,10 +381,19 @@ static void save_checkpoint(struct trainer *tr)
     struct ckpt_contents contents = {groups, ZERO_CKPT_GROUPS, state, 2, attrs, (int)(sizeof attrs / sizeof *attrs)};
     char path[4096];
     double t0 = now_seconds();
-    ckpt_save(cfg->checkpoint.dir, tr->step, cfg->checkpoint.keep, &contents, path, sizeof path);
-    log_info("step %5ld | checkpoint %s (%.2f s)", tr->step, path, now_seconds() - t0);
+    /* Every rank gets the same status (ckpt_try_save agrees on failure). */
+    int rc = ckpt_try_save(cfg->checkpoint.dir, tr->step, cfg->checkpoint.keep, &contents, path, sizeof path);
     free(config_json);
     free(slices);
+    if (rc != 0) {
+        if (!cfg->checkpoint.on_error_continue)
+            ckpt_fail_agreed(cfg->checkpoint.dir, ckpt_save_error());
+        log_warn("step %ld: cannot save a checkpoint in '%s': %s; training continues (checkpoint.on_error is "
+                 "\"continue\"; the previous checkpoint and latest are unchanged)",
+                 tr->step, cfg->checkpoint.dir, ckpt_save_error());
+        return;
+    }
+    log_info("step %5ld | checkpoint %s (%.2f s)", tr->step, path, now_seconds() - t0);
 }
 
 /* Continues from a checkpoint when --resume names one (or "auto" finds one). */
@@ -398,6 +407,7 @@ static void resume_checkpoint(struct trainer *tr, const char *spec)
         log_info("no checkpoint in %s: starting fresh", cfg->checkpoint.dir);
         return;
     }
+    double t0 = now_seconds();
     struct ckpt_reader *r = ckpt_open(path);
     int64_t want[5];
     model_attr_values(cfg, want);
@@ -421,9 +431,10 @@ static void resume_checkpoint(struct trainer *tr, const char *spec)
         if (why)
             fail_input("checkpoint '%s': loss-scaler state is invalid (%s)", path, why);
     }
-    log_info("resumed from %s at step %ld (saved by %d rank%s, now %d)", path, tr->step, ckpt_saved_world(r),
-             ckpt_saved_world(r) > 1 ? "s" : "", tr->world);
+    int saved_world = ckpt_saved_world(r);
     ckpt_close(r);
+    log_info("resumed from %s at step %ld (saved by %d rank%s, now %d) (%.2f s)", path, tr->step, saved_world,
+             saved_world > 1 ? "s" : "", tr->world, now_seconds() - t0);
     free(path);
 }
 
