@@ -82,3 +82,26 @@ def write_shard(path, tokens):
     with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(np.asarray(tokens, dtype="<u2").tobytes())
+
+
+def rank_pids(cfg_path, parent):
+    """{rank: pid} of the shardlm processes that mpirun (pid parent) started with cfg_path
+    on their command line, found through /proc."""
+    found = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if cfg_path.encode() not in argv or not argv[0].endswith(b"shardlm"):
+                continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+        if ppid == parent and b"OMPI_COMM_WORLD_RANK" in env:
+            found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(d)
+    return found

@@ -65,7 +65,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, ENV, check, failures, note, read_dump, rel, round_up, scratch_dir, write_shard  # noqa: E402
+from harness import (BIN, ENV, check, failures, note, rank_pids, read_dump, rel, round_up,  # noqa: E402
+                     scratch_dir, write_shard)
 
 try:
     import h5py
@@ -310,28 +311,6 @@ def other_world(results):
 
 
 # ---- 3: signals -----------------------------------------------------------------------------------------------
-def rank_pids(cfg_path, parent):
-    """{rank: pid} of the shardlm processes running cfg_path (found through /proc), as t_zero.py does."""
-    found = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            if cfg_path.encode() not in argv or not argv[0].endswith(b"shardlm"):
-                continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            continue
-        if ppid == parent and b"OMPI_COMM_WORLD_RANK" in env:
-            found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(d)
-    return found
-
-
 def raise_priority():
     """The poller at real-time priority where allowed (see t_zero.py: on this 2-core machine a
     sleeping poller can wait many seconds behind spinning ranks)."""

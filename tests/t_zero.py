@@ -49,7 +49,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import (BIN, ENV, ROOT, arena_round, check, failures, note, read_dump,  # noqa: E402,F401
+from harness import (BIN, ENV, ROOT, arena_round, check, failures, note, rank_pids, read_dump,  # noqa: E402,F401
                      rel, round_up, scratch_dir, write_shard)
 
 TMP = scratch_dir("t_zero")
@@ -525,28 +525,6 @@ def check_bad_batch():
 
 
 # ---- 4c: a rank killed mid-run -----------------------------------------------------------------------
-def rank_pids(cfg_path, parent):
-    """{rank: pid} of the shardlm processes running cfg_path (found through /proc)."""
-    found = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            if cfg_path.encode() not in argv or not argv[0].endswith(b"shardlm"):
-                continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            continue
-        if ppid == parent and b"OMPI_COMM_WORLD_RANK" in env:
-            found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(d)
-    return found
-
-
 def alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
