@@ -105,3 +105,15 @@ def rank_pids(cfg_path, parent):
         if ppid == parent and b"OMPI_COMM_WORLD_RANK" in env:
             found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(d)
     return found
+
+
+def run_main(name, main):
+    """Runs a test's main(); a crash is a failure with its reason, never a silent
+    pass. Exits non-zero when any check failed."""
+    try:
+        main()
+    except Exception as e:
+        import traceback
+        traceback.print_exc()
+        check(name, False, f"{type(e).__name__}: {e}")
+    sys.exit(1 if failures() else 0)

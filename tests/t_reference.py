@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 from harness import (BIN, ENV, ROOT, arena_round, check, failures, note, read_dump,  # noqa: E402,F401
                      rel, round_up, scratch_dir, write_shard)
 
@@ -410,10 +411,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as e:  # a crash is a failure with its reason, never a silent pass
-        import traceback
-        traceback.print_exc()
-        check("t_reference", False, f"{type(e).__name__}: {e}")
-    sys.exit(1 if failures() else 0)
+    harness.run_main("t_reference", main)

@@ -65,6 +65,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 from harness import (BIN, ENV, check, failures, note, rank_pids, read_dump, rel, round_up,  # noqa: E402
                      scratch_dir, write_shard)
 
@@ -540,10 +541,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception as e:  # a crash is a failure with its reason, never a silent pass
-        import traceback
-        traceback.print_exc()
-        check("t_resume", False, f"{type(e).__name__}: {e}")
-    sys.exit(1 if failures() else 0)
+    harness.run_main("t_resume", main)
