@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE /* fallocate */
 #include "ckpt.h"
+#include "crc32c.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -23,10 +24,29 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "ckpt writes values in host order into little-endian datasets: the host must be little-endian"
+#endif
+
+/* O_DIRECT transfers start, end and sit in memory at multiples of this: the
+ * largest logical block size of common devices (512 or 4096 bytes). */
+#define CKPT_IO_ALIGN ((size_t)4096)
+/* Staging buffer of the O_DIRECT writes: large enough that each write is one
+ * big request, small enough to stay in cache-warm memory. */
+#define CKPT_BOUNCE_BYTES ((size_t)8 << 20)
+
 enum { CRASH_NONE = -1, CRASH_BEFORE_DATA, CRASH_MID_DATA, CRASH_BEFORE_RENAME, CRASH_BEFORE_LATEST };
+
+/* A file open for raw data I/O (see raw_transfer). */
+struct raw_file {
+    int fd_direct;   /* opened with O_DIRECT, or -1 (refused: tmpfs, some network file systems) */
+    int fd_buffered; /* through the page cache */
+    char *bounce;    /* CKPT_BOUNCE_BYTES, CKPT_IO_ALIGN-aligned */
+};
 
 struct ckpt_reader {
     hid_t file;
+    struct raw_file raw; /* for the datasets' bytes */
     int saved_world;
     char path[CKPT_MAX_PATH];
 };
@@ -152,10 +172,93 @@ static void format_shape(char *out, size_t cap, int ndim, const hsize_t *dims)
 }
 
 /* ------------------------------------------------------------------------ */
+/* Raw data I/O                                                              */
+
+/* The bytes of contiguous datasets go straight between memory and the file,
+ * past HDF5 (which only lays the file out and holds the metadata): whole
+ * CKPT_IO_ALIGN blocks with O_DIRECT through an aligned bounce buffer, the
+ * partial blocks at either end of a range (shared with a neighbouring rank's
+ * range or with HDF5's metadata) through the page cache. O_DIRECT skips
+ * filling the page cache with gigabytes that are written or read once; on
+ * the development VM, whose free pages go back to the host, that made a
+ * cold buffered write of a 1.5 GB state 4x slower than the same write with
+ * O_DIRECT (tools/bench/ckpt_io.py prints both). struct raw_file is at the
+ * top. */
+
+/* Opens path for raw I/O; 0 or an errno (of the buffered open). */
+static int raw_open(struct raw_file *f, const char *path, bool write)
+{
+    int flags = write ? O_WRONLY : O_RDONLY;
+    f->fd_direct = open(path, flags | O_DIRECT);
+    f->fd_buffered = open(path, flags);
+    f->bounce = xalloc_aligned(CKPT_BOUNCE_BYTES);
+    return f->fd_buffered < 0 ? errno : 0;
+}
+
+/* 0 or an errno (of closing the buffered descriptor, where a delayed write
+ * error shows). */
+static int raw_close(struct raw_file *f)
+{
+    if (f->fd_direct >= 0)
+        close(f->fd_direct);
+    int e = f->fd_buffered >= 0 && close(f->fd_buffered) != 0 ? errno : 0;
+    free(f->bounce);
+    *f = (struct raw_file){-1, -1, NULL};
+    return e;
+}
+
+/* pread or pwrite of all n bytes; 0, an errno, or -1 when a read meets the
+ * end of the file. */
+static int transfer_all(int fd, bool write, char *buf, size_t n, off_t at)
+{
+    while (n > 0) {
+        ssize_t done = write ? pwrite(fd, buf, n, at) : pread(fd, buf, n, at);
+        if (done < 0 && errno == EINTR)
+            continue;
+        if (done <= 0)
+            return done < 0 ? errno : write ? EIO : -1;
+        buf += done, n -= (size_t)done, at += done;
+    }
+    return 0;
+}
+
+/* Writes buf to, or reads it from, n bytes at file offset `at` (see
+ * struct raw_file). Falls back to the page cache for good when the file
+ * system refuses an O_DIRECT transfer (EINVAL). 0, an errno, or -1 at the
+ * end of the file. */
+static int raw_transfer(struct raw_file *f, bool write, char *buf, size_t n, off_t at)
+{
+    size_t head = (size_t)((CKPT_IO_ALIGN - (size_t)at % CKPT_IO_ALIGN) % CKPT_IO_ALIGN);
+    if (f->fd_direct < 0 || n < head + CKPT_IO_ALIGN)
+        return transfer_all(f->fd_buffered, write, buf, n, at);
+    size_t middle = (n - head) / CKPT_IO_ALIGN * CKPT_IO_ALIGN, tail = n - head - middle;
+    int e = transfer_all(f->fd_buffered, write, buf, head, at);
+    for (size_t done = 0; !e && done < middle;) {
+        size_t piece = middle - done < CKPT_BOUNCE_BYTES ? middle - done : CKPT_BOUNCE_BYTES;
+        char *mem = buf + head + done;
+        off_t file_at = at + (off_t)(head + done);
+        if (write)
+            memcpy(f->bounce, mem, piece);
+        e = transfer_all(f->fd_direct, write, f->bounce, piece, file_at);
+        if (e == EINVAL) { /* no O_DIRECT here after all: the page cache for the rest */
+            close(f->fd_direct);
+            f->fd_direct = -1;
+            e = transfer_all(f->fd_buffered, write, mem, middle - done, file_at);
+            break;
+        }
+        if (!e && !write)
+            memcpy(mem, f->bounce, piece);
+        done += piece;
+    }
+    return e ? e : transfer_all(f->fd_buffered, write, buf + head + middle, tail, at + (off_t)(head + middle));
+}
+
+/* ------------------------------------------------------------------------ */
 /* Saving                                                                    */
 
 struct writer {
-    hid_t file, dxpl;
+    hid_t file;
+    struct raw_file raw; /* the .tmp file, for the datasets' bytes */
     const char *path; /* the temporary file */
     int rank, world;
     bool failed;      /* this rank hit an error since the last agreement */
@@ -245,85 +348,185 @@ static void write_attr(struct writer *w, const struct ckpt_attr *a)
     H5Sclose(space);
 }
 
-/* Splits n into the fewest pieces of at most max_piece, of equal size (so the
- * last chunk is not mostly padding: HDF5 stores edge chunks at full size). */
-static hsize_t even_piece(hsize_t n, hsize_t max_piece)
+/* One checksummed piece of a dataset: flat elements [previous end, end).
+ * 16 bytes, no padding: sent between ranks as bytes. */
+struct piece {
+    uint64_t end;
+    uint32_t crc;
+    uint32_t set; /* writing: index of the dataset in the save's list */
+};
+
+static int compare_pieces(const void *a, const void *b)
 {
-    if (n == 0 || max_piece == 0)
-        return 1; /* an empty tensor still needs a valid chunk shape */
-    hsize_t pieces = (n + max_piece - 1) / max_piece;
-    return (n + pieces - 1) / pieces;
+    const struct piece *x = a, *y = b;
+    if (x->set != y->set)
+        return x->set < y->set ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
 }
 
-/* Chunked, Fletcher32-checked creation properties for a dataset of these
- * dims: whole rows, at most CKPT_CHUNK_ELEMS elements a chunk. */
-static hid_t checked_dcpl(struct writer *w, int ndim, const hsize_t *dims, const char *name)
+/* Appends the CRC-32C pieces of this rank's range [begin, begin+count) of
+ * dataset `set`, cut at the multiples of CKPT_PIECE_ELEMS, to *list. */
+static void add_pieces(struct piece **list, int *n, int *cap, uint32_t set, size_t begin, size_t count,
+                       const void *data, size_t elem)
 {
-    hsize_t chunk[2];
-    if (ndim == 1) {
-        chunk[0] = even_piece(dims[0], CKPT_CHUNK_ELEMS);
-    } else {
-        chunk[1] = even_piece(dims[1], CKPT_CHUNK_ELEMS);
-        chunk[0] = even_piece(dims[0], CKPT_CHUNK_ELEMS / chunk[1]);
+    for (size_t from = begin; from < begin + count;) {
+        size_t to = (from / CKPT_PIECE_ELEMS + 1) * CKPT_PIECE_ELEMS;
+        to = to < begin + count ? to : begin + count;
+        if (*n == *cap) {
+            *cap = *cap ? 2 * *cap : 1024;
+            *list = xrealloc(*list, (size_t)*cap * sizeof **list);
+        }
+        (*list)[(*n)++] = (struct piece){
+            .end = to, .crc = crc32c_extend(0, (const char *)data + (from - begin) * elem, (to - from) * elem),
+            .set = set};
+        from = to;
     }
-    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    if (dcpl < 0 || H5Pset_chunk(dcpl, ndim, chunk) < 0 || H5Pset_fletcher32(dcpl) < 0 ||
-        H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0)
-        write_fail(w, "set chunking and Fletcher32 on dataset", name);
-    return dcpl;
 }
 
-/* Creates dataset `name` in `loc` (collective) and writes this rank's flat
- * range of it (collective, possibly empty). */
-static void crash_point_reached(struct writer *w, int point);
-
-static void write_dataset(struct writer *w, hid_t loc, const char *full_name, const char *name, int ndim,
-                          const hsize_t *dims, hid_t file_type, hid_t mem_type, size_t begin, size_t count,
-                          const void *data)
+/* Every rank's pieces (collective): the whole file's table, the same on
+ * every rank, sorted by dataset and end. Returns the count; *out malloc'd. */
+static int gather_pieces(const struct piece *local, int n_local, struct piece **out)
 {
+    int world = 1;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world), "asking the world size");
+    int *counts = xmalloc((size_t)world * sizeof *counts), *displs = xmalloc((size_t)world * sizeof *displs);
+    if ((size_t)n_local > INT32_MAX / sizeof *local)
+        fail_internal("checkpoint: %d checksum pieces on one rank", n_local);
+    int bytes = n_local * (int)sizeof *local;
+    MPI_CHECK(MPI_Allgather(&bytes, 1, MPI_INT, counts, 1, MPI_INT, MPI_COMM_WORLD), "gathering the checksum counts");
+    long long total = 0;
+    for (int r = 0; r < world; r++) {
+        displs[r] = (int)total;
+        total += counts[r];
+    }
+    if (total > INT32_MAX)
+        fail_internal("checkpoint: %lld bytes of checksums in one gather", total);
+    struct piece *all = xmalloc((size_t)total + sizeof *all);
+    MPI_CHECK(MPI_Allgatherv(local, bytes, MPI_BYTE, all, counts, displs, MPI_BYTE, MPI_COMM_WORLD),
+              "gathering the checksums");
+    int n = (int)(total / (long long)sizeof *all);
+    qsort(all, (size_t)n, sizeof *all, compare_pieces);
+    free(counts);
+    free(displs);
+    *out = all;
+    return n;
+}
+
+/* Writes the piece table as the dataset's attributes crc32c (uint32) and
+ * crc32c_ends (uint64), both of n values (collective, same values on every
+ * rank). An empty dataset gets the single piece {end 0, crc 0}. */
+static void write_piece_attrs(struct writer *w, hid_t dset, const char *full_name, const struct piece *pieces, int n)
+{
+    struct piece empty = {0, 0, 0};
+    if (n == 0) {
+        pieces = &empty;
+        n = 1;
+    }
+    uint32_t *crcs = xmalloc((size_t)n * sizeof *crcs);
+    uint64_t *ends = xmalloc((size_t)n * sizeof *ends);
+    for (int i = 0; i < n; i++) {
+        crcs[i] = pieces[i].crc;
+        ends[i] = pieces[i].end;
+    }
+    hsize_t dims[1] = {(hsize_t)n};
+    hid_t space = H5Screate_simple(1, dims, NULL);
+    hid_t crc_attr = space < 0 ? -1 : H5Acreate2(dset, CKPT_ATTR_CRC, H5T_STD_U32LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    if (crc_attr < 0 || H5Awrite(crc_attr, H5T_NATIVE_UINT32, crcs) < 0)
+        write_fail(w, "write the checksums of", full_name);
+    hid_t end_attr = crc_attr < 0 ? -1 : H5Acreate2(dset, CKPT_ATTR_CRC_ENDS, H5T_STD_U64LE, space, H5P_DEFAULT,
+                                                     H5P_DEFAULT);
+    if (crc_attr >= 0 && (end_attr < 0 || H5Awrite(end_attr, H5T_NATIVE_UINT64, ends) < 0))
+        write_fail(w, "write the checksum pieces of", full_name);
+    if (end_attr >= 0)
+        H5Aclose(end_attr);
+    if (crc_attr >= 0)
+        H5Aclose(crc_attr);
+    if (space >= 0)
+        H5Sclose(space);
+    free(crcs);
+    free(ends);
+}
+
+/* A dataset being saved: created in the first phase, its raw data written
+ * in the second, its checksums in the third. */
+struct pending_set {
+    hid_t dset;
+    char full_name[512];
+    size_t begin, count, elem; /* this rank's flat range */
+    const void *data;
+    haddr_t offset;            /* of the data in the file */
+};
+
+/* Creates dataset `name` in `loc` (collective): contiguous, allocated at
+ * creation (so its flat range [begin, begin+count) is one byte range of the
+ * file, at offset + begin * elem) and never filled (every element is written
+ * by one rank). */
+static void create_dataset(struct writer *w, hid_t loc, struct pending_set *p, const char *name, int ndim,
+                           const hsize_t *dims, hid_t file_type)
+{
+    p->dset = -1;
+    p->offset = HADDR_UNDEF;
     if (w->all_failed)
         return;
     hid_t space = H5Screate_simple(ndim, dims, NULL);
     if (space < 0)
-        write_fail(w, "make the dataspace of", full_name);
-    hid_t dcpl = checked_dcpl(w, ndim, dims, full_name);
-    hid_t dset = H5Dcreate2(loc, name, file_type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    if (dset < 0)
-        write_fail(w, "create dataset", full_name);
-    /* Up to three collective writes, one per block of this rank's range (see
-     * flat_blocks); every rank makes all three, empty ones selecting nothing.
-     * Each write is an MPI collective: every rank joins it or none does. */
-    struct flat_blocks blocks;
-    flat_blocks(ndim, dims, begin, count, &blocks);
-    size_t elem = H5Tget_size(mem_type), done = 0;
-    for (int k = 0; k < 3 && agree(w); k++) {
-        hsize_t one[2] = {1, 1};
-        hid_t mem = H5Screate_simple(ndim, k < blocks.n ? blocks.count[k] : one, NULL);
-        herr_t sel;
-        if (k < blocks.n)
-            sel = H5Sselect_hyperslab(space, H5S_SELECT_SET, blocks.start[k], NULL, blocks.count[k], NULL);
-        else
-            sel = H5Sselect_none(space);
-        if (mem < 0 || sel < 0 || (k >= blocks.n && H5Sselect_none(mem) < 0)) {
-            write_fail(w, "select this rank's range of", full_name);
-        } else {
-            const char *at = k < blocks.n ? (const char *)data + done * elem : NULL;
-            if (H5Dwrite(dset, mem_type, mem, space, w->dxpl, at) < 0)
-                write_fail(w, "write dataset", full_name);
+        write_fail(w, "make the dataspace of", p->full_name);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    if (dcpl < 0 || H5Pset_layout(dcpl, H5D_CONTIGUOUS) < 0 || H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) < 0 ||
+        H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0)
+        write_fail(w, "set the creation properties of", p->full_name);
+    p->dset = H5Dcreate2(loc, name, file_type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (p->dset < 0)
+        write_fail(w, "create dataset", p->full_name);
+    else if (p->count > 0 && (p->offset = H5Dget_offset(p->dset)) == HADDR_UNDEF)
+        write_fail(w, "find the file offset of", p->full_name);
+    if (dcpl >= 0)
+        H5Pclose(dcpl);
+    if (space >= 0)
+        H5Sclose(space);
+}
+
+static void crash_point_reached(struct writer *w, int point);
+
+/* Phase 2 (independent, no rank waits for another): this rank's raw data
+ * of every dataset (raw_transfer; the values are already in the file's byte
+ * order: little-endian host, same element size) and their
+ * CRC-32C pieces. */
+static void write_raw_data(struct writer *w, struct pending_set *sets, int n_sets, struct piece **pieces,
+                           int *n_pieces)
+{
+    int cap = 0;
+    for (int k = 0; k < n_sets && !w->all_failed; k++) {
+        struct pending_set *p = &sets[k];
+        if (p->count > 0 && !w->failed) {
+            int e = raw_transfer(&w->raw, true, (char *)p->data, p->count * p->elem,
+                                 (off_t)(p->offset + p->begin * p->elem));
+            if (e)
+                writer_error(w, "cannot write dataset '%s': %s", p->full_name, strerror(e));
         }
-        if (k < blocks.n)
-            done += (size_t)(blocks.count[k][0] * (ndim == 2 ? blocks.count[k][1] : 1));
-        if (mem >= 0)
-            H5Sclose(mem);
+        add_pieces(pieces, n_pieces, &cap, (uint32_t)k, p->begin, p->count, p->data, p->elem);
+        if (k + 1 == n_sets / 2)
+            crash_point_reached(w, CRASH_MID_DATA);
     }
-    if (dset >= 0)
-        H5Dclose(dset);
-    H5Pclose(dcpl);
-    H5Sclose(space);
+}
+
+/* Phase 3 (collective): the checksum tables of every dataset, then closes them. */
+static void write_checksums(struct writer *w, struct pending_set *sets, int n_sets, const struct piece *local,
+                            int n_local)
+{
+    struct piece *all = NULL;
+    int n_all = gather_pieces(local, n_local, &all);
+    if (agree(w)) {
+        int at = 0;
+        for (int k = 0; k < n_sets && !w->failed; k++) {
+            int first = at;
+            while (at < n_all && all[at].set == (uint32_t)k)
+                at++;
+            write_piece_attrs(w, sets[k].dset, sets[k].full_name, all + first, at - first);
+        }
+    }
+    free(all);
     agree(w);
-    w->datasets_done++;
-    if (w->datasets_done == w->datasets_total / 2)
-        crash_point_reached(w, CRASH_MID_DATA);
 }
 
 static hid_t create_group(struct writer *w, const char *name)
@@ -618,7 +821,8 @@ int ckpt_try_save(const char *dir, long step, int keep, const struct ckpt_conten
     signal(SIGXFSZ, SIG_IGN);
     g_save_error[0] = 0;
     struct writer w = {0};
-    w.file = w.dxpl = -1;
+    w.file = -1;
+    w.raw = (struct raw_file){-1, -1, NULL};
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank), "asking this rank's number");
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &w.world), "asking the world size");
     w.crash_point = crash_point_armed(w.rank);
@@ -659,10 +863,11 @@ int ckpt_try_save(const char *dir, long step, int keep, const struct ckpt_conten
         if (fapl >= 0)
             H5Pclose(fapl);
         created = w.file >= 0;
-        /* Collective transfers: required by parallel HDF5 to write filtered (checksummed) chunks. */
-        w.dxpl = H5Pcreate(H5P_DATASET_XFER);
-        if (w.dxpl < 0 || H5Pset_dxpl_mpio(w.dxpl, H5FD_MPIO_COLLECTIVE) < 0)
-            write_fail(&w, "set collective transfers for", tmp_path);
+        /* Raw data bypass HDF5's MPI-IO path (see raw_transfer): two plain
+         * descriptors of the file HDF5 just created. */
+        int e = created ? raw_open(&w.raw, tmp_path, true) : 0;
+        if (e)
+            writer_error(&w, "cannot open '%s' for writing: %s", tmp_path, strerror(e));
         /* Every rank knows whether every rank opened the file. */
         int all_created = created;
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_created, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
@@ -688,38 +893,54 @@ int ckpt_try_save(const char *dir, long step, int keep, const struct ckpt_conten
         agree(&w);
     }
 
+    /* Phase 1 (collective): every group and dataset. */
+    struct pending_set *sets = xcalloc((size_t)w.datasets_total + 1, sizeof *sets);
+    int n_sets = 0;
     for (int g = 0; g < c->n_groups && !w.all_failed; g++) {
         const struct ckpt_group *group = &c->groups[g];
         hid_t loc = create_group(&w, group->name);
-        for (int i = 0; i < group->n_slices && !w.all_failed; i++) {
+        for (int i = 0; i < group->n_slices; i++) {
             const struct ckpt_slice *s = &group->slices[i];
-            char full_name[512];
-            snprintf(full_name, sizeof full_name, "/%s/%s", group->name, s->name);
+            struct pending_set *p = &sets[n_sets++];
+            snprintf(p->full_name, sizeof p->full_name, "/%s/%s", group->name, s->name);
+            *p = (struct pending_set){.begin = s->begin, .count = s->count, .elem = sizeof(float), .data = s->data};
+            snprintf(p->full_name, sizeof p->full_name, "/%s/%s", group->name, s->name);
             hsize_t dims[2] = {s->shape[0], s->shape[1]};
-            write_dataset(&w, loc, full_name, s->name, s->ndim, dims, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, s->begin,
-                          s->count, s->data);
+            create_dataset(&w, loc, p, s->name, s->ndim, dims, H5T_IEEE_F32LE);
         }
         if (loc >= 0)
             H5Gclose(loc);
     }
-
     if (c->n_rank_state > 0 && !w.all_failed) {
         hid_t loc = create_group(&w, "rank_state");
-        for (int i = 0; i < c->n_rank_state && !w.all_failed; i++) {
+        for (int i = 0; i < c->n_rank_state; i++) {
             const struct ckpt_rank_state *rs = &c->rank_state[i];
-            char full_name[512];
-            snprintf(full_name, sizeof full_name, "/rank_state/%s", rs->name);
+            struct pending_set *p = &sets[n_sets++];
+            *p = (struct pending_set){.begin = (size_t)w.rank * (size_t)rs->n, .count = (size_t)rs->n,
+                                      .elem = sizeof(uint64_t), .data = rs->values};
+            snprintf(p->full_name, sizeof p->full_name, "/rank_state/%s", rs->name);
             hsize_t dims[2] = {(hsize_t)w.world, (hsize_t)rs->n};
-            size_t row = (size_t)w.rank * (size_t)rs->n;
-            write_dataset(&w, loc, full_name, rs->name, 2, dims, H5T_STD_U64LE, H5T_NATIVE_UINT64, row,
-                          (size_t)rs->n, rs->values);
+            create_dataset(&w, loc, p, rs->name, 2, dims, H5T_STD_U64LE);
         }
         if (loc >= 0)
             H5Gclose(loc);
     }
+    agree(&w);
+    /* Phases 2 and 3. */
+    struct piece *pieces = NULL;
+    int n_pieces = 0;
+    write_raw_data(&w, sets, n_sets, &pieces, &n_pieces);
+    if (!w.all_failed)
+        write_checksums(&w, sets, n_sets, pieces, n_pieces);
+    free(pieces);
+    for (int k = 0; k < n_sets; k++)
+        if (sets[k].dset >= 0)
+            H5Dclose(sets[k].dset);
+    free(sets);
 
-    if (w.dxpl >= 0)
-        H5Pclose(w.dxpl);
+    int close_error = raw_close(&w.raw);
+    if (close_error)
+        writer_error(&w, "cannot write '%s': %s", tmp_path, strerror(close_error));
     if (!w.all_failed) {
         /* Under MPI-IO an explicit flush ends in MPI_File_sync on every rank. */
         if (H5Fflush(w.file, H5F_SCOPE_GLOBAL) < 0)
@@ -926,6 +1147,9 @@ struct ckpt_reader *ckpt_open(const char *path)
                    path, msg);
     }
     H5Pclose(fapl);
+    int e = raw_open(&r->raw, path, false);
+    if (e)
+        fail_input("checkpoint '%s': cannot open: %s", path, strerror(e));
     char *format = ckpt_attr_str(r, "format");
     if (strcmp(format, CKPT_FORMAT) != 0)
         fail_input("checkpoint '%s': attribute 'format' is '%s', not '%s'", path, format, CKPT_FORMAT);
@@ -948,6 +1172,7 @@ void ckpt_close(struct ckpt_reader *r)
         return;
     if (H5Fclose(r->file) < 0)
         read_fail(r, "close", r->path);
+    raw_close(&r->raw);
     free(r);
 }
 
@@ -1004,22 +1229,195 @@ static hid_t open_dataset(struct ckpt_reader *r, const char *full_name, int ndim
         fail_input("checkpoint '%s': dataset '%s' has elements of HDF5 class %d and %zu bytes, want class %d and %zu",
                    r->path, full_name, (int)cls, size, (int)want_class, want_size);
 
-    hid_t dcpl = H5Dget_create_plist(dset);
-    unsigned flags = 0, config = 0;
-    size_t n_values = 0;
-    char filter_name[64];
-    herr_t has_checksum = dcpl < 0 ? -1
+    return dset;
+}
+
+/* The checksum table of a dataset: its CRC-32C pieces, or (format 1) none
+ * because HDF5 verifies its Fletcher32 chunks itself. */
+struct checksums {
+    int n;                 /* 0: Fletcher32-checked by HDF5 */
+    struct piece *pieces;  /* n, sorted by end, the last ending at numel */
+};
+
+/* Reads attribute `name` of dset, n_want values of mem_type; returns its
+ * length (n_want 0: only the length). */
+static int read_table_attr(struct ckpt_reader *r, hid_t dset, const char *full_name, const char *name,
+                           hid_t mem_type, int n_want, void *out)
+{
+    hid_t attr = H5Aopen(dset, name, H5P_DEFAULT);
+    hid_t space = attr < 0 ? -1 : H5Aget_space(attr);
+    hsize_t dims[1] = {0};
+    if (space < 0 || H5Sget_simple_extent_ndims(space) != 1 || H5Sget_simple_extent_dims(space, dims, NULL) < 0 ||
+        dims[0] < 1 || dims[0] > INT32_MAX)
+        fail_input("checkpoint '%s': the checksum attribute '%s' of dataset '%s' is damaged. Hint: resume from an "
+                   "older checkpoint",
+                   r->path, name, full_name);
+    if (n_want > 0 && (dims[0] != (hsize_t)n_want || H5Aread(attr, mem_type, out) < 0))
+        fail_input("checkpoint '%s': the checksum attribute '%s' of dataset '%s' cannot be read. Hint: resume from "
+                   "an older checkpoint",
+                   r->path, name, full_name);
+    H5Sclose(space);
+    H5Aclose(attr);
+    return (int)dims[0];
+}
+
+static bool has_attr(struct ckpt_reader *r, hid_t obj, const char *full_name, const char *name)
+{
+    htri_t exists = H5Aexists(obj, name);
+    if (exists < 0)
+        read_fail(r, "look up the checksums of", full_name);
+    return exists > 0;
+}
+
+/* Loads the dataset's checksum table; fail_input when it has none or the
+ * table does not describe the dataset's numel elements. */
+static void load_checksums(struct ckpt_reader *r, hid_t dset, const char *full_name, size_t numel,
+                           struct checksums *ck)
+{
+    ck->n = 0;
+    ck->pieces = NULL;
+    if (!has_attr(r, dset, full_name, CKPT_ATTR_CRC)) {
+        hid_t dcpl = H5Dget_create_plist(dset);
+        unsigned flags = 0, config = 0;
+        size_t n_values = 0;
+        char filter_name[64];
+        herr_t fletcher = dcpl < 0 ? -1
                                    : H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &n_values, NULL,
                                                           sizeof filter_name, filter_name, &config);
+        if (dcpl >= 0)
+            H5Pclose(dcpl);
+        if (fletcher >= 0)
+            return; /* a format-1 dataset: HDF5 checks every chunk it reads */
+        H5Eclear2(H5E_DEFAULT);
+        fail_input("checkpoint '%s': dataset '%s' has no checksum (no '%s' attribute), so it cannot be verified. "
+                   "Hint: write checkpoints with shardlm",
+                   r->path, full_name, CKPT_ATTR_CRC);
+    }
+    if (!has_attr(r, dset, full_name, CKPT_ATTR_CRC_ENDS))
+        fail_input("checkpoint '%s': dataset '%s' has checksums but no '%s' attribute. Hint: the file is damaged; "
+                   "resume from an older checkpoint",
+                   r->path, full_name, CKPT_ATTR_CRC_ENDS);
+    int n = read_table_attr(r, dset, full_name, CKPT_ATTR_CRC, H5T_NATIVE_UINT32, 0, NULL);
+    uint32_t *crcs = xmalloc((size_t)n * sizeof *crcs);
+    uint64_t *ends = xmalloc((size_t)n * sizeof *ends);
+    read_table_attr(r, dset, full_name, CKPT_ATTR_CRC, H5T_NATIVE_UINT32, n, crcs);
+    read_table_attr(r, dset, full_name, CKPT_ATTR_CRC_ENDS, H5T_NATIVE_UINT64, n, ends);
+    bool valid = ends[n - 1] == numel && (numel > 0 || n == 1);
+    for (int i = 0; valid && i < n; i++)
+        valid = numel == 0 || ends[i] > (i ? ends[i - 1] : 0);
+    if (!valid)
+        fail_input("checkpoint '%s': the checksum pieces of dataset '%s' do not cover its %zu elements. Hint: the "
+                   "file is damaged; resume from an older checkpoint",
+                   r->path, full_name, numel);
+    ck->n = n;
+    ck->pieces = xmalloc((size_t)n * sizeof *ck->pieces);
+    for (int i = 0; i < n; i++)
+        ck->pieces[i] = (struct piece){.end = ends[i], .crc = crcs[i]};
+    free(crcs);
+    free(ends);
+}
+
+/* The file offset of a contiguous little-endian dataset whose elements are
+ * mem_type's size, whose bytes can be read directly; HADDR_UNDEF otherwise
+ * (chunked format-1 datasets, other byte orders: HDF5 reads those). */
+static haddr_t raw_offset(hid_t dset, hid_t mem_type)
+{
+    hid_t dcpl = H5Dget_create_plist(dset), type = H5Dget_type(dset);
+    bool raw = dcpl >= 0 && type >= 0 && H5Pget_layout(dcpl) == H5D_CONTIGUOUS &&
+               H5Tget_order(type) == H5T_ORDER_LE && H5Tget_size(type) == H5Tget_size(mem_type);
+    if (type >= 0)
+        H5Tclose(type);
     if (dcpl >= 0)
         H5Pclose(dcpl);
-    if (has_checksum < 0) {
-        H5Eclear2(H5E_DEFAULT);
-        fail_input("checkpoint '%s': dataset '%s' has no Fletcher32 checksum, so it cannot be verified. Hint: "
-                   "write checkpoints with shardlm",
-                   r->path, full_name);
+    haddr_t offset = raw ? H5Dget_offset(dset) : HADDR_UNDEF;
+    H5Eclear2(H5E_DEFAULT);
+    return offset;
+}
+
+/* Reads [begin, begin+count) of dset into out: straight from the file when
+ * the dataset is contiguous (raw_transfer), else through HDF5 with one
+ * independent read per block of the range, each with a memory space of the
+ * block's own shape (see flat_blocks). */
+static void read_blocks(struct ckpt_reader *r, hid_t dset, const char *full_name, int ndim, const hsize_t *dims,
+                        hid_t mem_type, size_t begin, size_t count, void *out)
+{
+    if (count == 0)
+        return;
+    haddr_t offset = raw_offset(dset, mem_type);
+    if (offset != HADDR_UNDEF) {
+        size_t elem = H5Tget_size(mem_type);
+        int e = raw_transfer(&r->raw, false, out, count * elem, (off_t)(offset + begin * elem));
+        if (e)
+            fail_input("checkpoint '%s': dataset '%s' cannot be read (elements [%zu, %zu)): %s. Hint: the file is "
+                       "truncated or damaged; resume from an older checkpoint",
+                       r->path, full_name, begin, begin + count, e < 0 ? "the file ends before it" : strerror(e));
+        return;
     }
-    return dset;
+    hid_t space = H5Dget_space(dset);
+    if (space < 0)
+        read_fail(r, "select a range of dataset", full_name);
+    struct flat_blocks blocks;
+    flat_blocks(ndim, dims, begin, count, &blocks);
+    size_t elem = H5Tget_size(mem_type), done = 0;
+    for (int k = 0; k < blocks.n; k++) {
+        hid_t mem = H5Screate_simple(ndim, blocks.count[k], NULL);
+        if (mem < 0 || H5Sselect_hyperslab(space, H5S_SELECT_SET, blocks.start[k], NULL, blocks.count[k], NULL) < 0)
+            read_fail(r, "select a range of dataset", full_name);
+        if (H5Dread(dset, mem_type, mem, space, H5P_DEFAULT, (char *)out + done * elem) < 0) {
+            struct hdf5_why why;
+            const char *msg = hdf5_error(&why);
+            fail_input("checkpoint '%s': dataset '%s' cannot be read (elements [%zu, %zu)): %s. Hint: the file "
+                       "is corrupted; resume from an older checkpoint",
+                       r->path, full_name, begin, begin + count, msg);
+        }
+        done += (size_t)(blocks.count[k][0] * (ndim == 2 ? blocks.count[k][1] : 1));
+        H5Sclose(mem);
+    }
+    H5Sclose(space);
+}
+
+/* Checks every piece that overlaps [begin, begin+count), whose values are in
+ * out: the parts of the first and last piece outside the range are read from
+ * the file for it (at most two pieces, 2 * CKPT_PIECE_ELEMS elements, when
+ * the file was written by shardlm). */
+static void verify_range(struct ckpt_reader *r, hid_t dset, const char *full_name, int ndim, const hsize_t *dims,
+                         hid_t mem_type, size_t begin, size_t count, const void *out, const struct checksums *ck)
+{
+    if (ck->n == 0 || count == 0)
+        return;
+    size_t elem = H5Tget_size(mem_type), end = begin + count;
+    int lo = 0, hi = ck->n - 1; /* first piece ending after begin */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (ck->pieces[mid].end > begin)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    for (int i = lo; i < ck->n; i++) {
+        size_t from = i ? ck->pieces[i - 1].end : 0, to = ck->pieces[i].end;
+        if (from >= end)
+            break;
+        uint32_t crc = 0;
+        if (from < begin) {
+            void *head = xmalloc((begin - from) * elem);
+            read_blocks(r, dset, full_name, ndim, dims, mem_type, from, begin - from, head);
+            crc = crc32c_extend(crc, head, (begin - from) * elem);
+            free(head);
+        }
+        size_t in_from = from > begin ? from : begin, in_to = to < end ? to : end;
+        crc = crc32c_extend(crc, (const char *)out + (in_from - begin) * elem, (in_to - in_from) * elem);
+        if (to > end) {
+            void *tail = xmalloc((to - end) * elem);
+            read_blocks(r, dset, full_name, ndim, dims, mem_type, end, to - end, tail);
+            crc = crc32c_extend(crc, tail, (to - end) * elem);
+            free(tail);
+        }
+        if (crc != ck->pieces[i].crc)
+            fail_input("checkpoint '%s': dataset '%s' fails its CRC32C check in elements [%zu, %zu) (stored %08x, "
+                       "read %08x). Hint: the file is corrupted; resume from an older checkpoint",
+                       r->path, full_name, from, to, ck->pieces[i].crc, crc);
+    }
 }
 
 static void read_range(struct ckpt_reader *r, const char *full_name, int ndim, const hsize_t *dims,
@@ -1030,32 +1428,11 @@ static void read_range(struct ckpt_reader *r, const char *full_name, int ndim, c
     if (begin > numel || count > numel - begin)
         fail_internal("checkpoint: asked for [%zu, +%zu) of '%s', which has %zu elements", begin, count, full_name,
                       numel);
-    if (count > 0) {
-        hid_t space = H5Dget_space(dset);
-        if (space < 0)
-            read_fail(r, "select a range of dataset", full_name);
-        /* One read per block of the range, each with a memory space of the
-         * block's shape (see flat_blocks). Independent transfers: every rank
-         * reads what it needs, when it needs it. */
-        struct flat_blocks blocks;
-        flat_blocks(ndim, dims, begin, count, &blocks);
-        size_t elem = H5Tget_size(mem_type), done = 0;
-        for (int k = 0; k < blocks.n; k++) {
-            hid_t mem = H5Screate_simple(ndim, blocks.count[k], NULL);
-            if (mem < 0 || H5Sselect_hyperslab(space, H5S_SELECT_SET, blocks.start[k], NULL, blocks.count[k], NULL) < 0)
-                read_fail(r, "select a range of dataset", full_name);
-            if (H5Dread(dset, mem_type, mem, space, H5P_DEFAULT, (char *)out + done * elem) < 0) {
-                struct hdf5_why why;
-                const char *msg = hdf5_error(&why);
-                fail_input("checkpoint '%s': dataset '%s' cannot be read (elements [%zu, %zu)): %s. Hint: the file "
-                           "is corrupted; resume from an older checkpoint",
-                           r->path, full_name, begin, begin + count, msg);
-            }
-            done += (size_t)(blocks.count[k][0] * (ndim == 2 ? blocks.count[k][1] : 1));
-            H5Sclose(mem);
-        }
-        H5Sclose(space);
-    }
+    struct checksums ck;
+    load_checksums(r, dset, full_name, numel, &ck);
+    read_blocks(r, dset, full_name, ndim, dims, mem_type, begin, count, out);
+    verify_range(r, dset, full_name, ndim, dims, mem_type, begin, count, out, &ck);
+    free(ck.pieces);
     H5Dclose(dset);
 }
 

@@ -25,8 +25,9 @@
 #endif
 
 #define TOOLS_VOCAB_ALIGN 128
-/* Elements read from the checkpoint at a time (one chunk's worth). */
-#define TOOLS_PIECE CKPT_CHUNK_ELEMS
+/* Elements read from the checkpoint at a time: whole checksummed pieces, so
+ * a full read verifies every piece without reading any twice. */
+#define TOOLS_PIECE (4 * CKPT_PIECE_ELEMS)
 
 static const char *const state_groups[] = {"master", "adam_m", "adam_v"};
 enum { N_STATE_GROUPS = 3 };
@@ -91,8 +92,8 @@ static void usage_inspect(FILE *out)
             "\n"
             "Summarises a checkpoint (CKPT: a step_*.h5 file, or a checkpoint directory, whose 'latest' is used):\n"
             "step, skipped steps, world size at save, dtype, loss scale, shardlm version, model shape, tensors,\n"
-            "parameters and file size; then reads every dataset in full, which verifies every Fletcher32 chunk\n"
-            "checksum. Runs as one process.\n"
+            "parameters and file size; then reads every dataset in full, which verifies every CRC-32C checksum\n"
+            "piece. Runs as one process.\n"
             "\n"
             "options:\n"
             "  -h, --help   this text\n"

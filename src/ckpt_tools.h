@@ -1,7 +1,7 @@
 /*
  * ckpt_tools — checkpoint utilities of the command line: `shardlm inspect`
- * (summary plus a full read of every dataset, which verifies every Fletcher32
- * chunk) and `shardlm export` (the fp32 master weights, under their Hugging
+ * (summary plus a full read of every dataset, which verifies every CRC-32C
+ * checksum) and `shardlm export` (the fp32 master weights, under their Hugging
  * Face names and full shapes, converted to fp32/fp16/bf16 and written as
  * safetensors or as a plain HDF5 file).
  *

@@ -83,6 +83,14 @@ void *xcalloc(size_t n, size_t size)
 
 void *xmalloc(size_t size) { return xcalloc(1, size); }
 
+void *xrealloc(void *p, size_t size)
+{
+    void *q = realloc(p, size ? size : 1);
+    if (!q)
+        fail_internal("out of host memory growing a table to %zu bytes", size);
+    return q;
+}
+
 char *xstrdup(const char *s)
 {
     char *d = strdup(s);

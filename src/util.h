@@ -46,6 +46,7 @@ __attribute__((noreturn)) void util_exit(int status);
 /* Checked allocation for small, start-up-time structures (never in the step loop). */
 void *xcalloc(size_t n, size_t size);
 void *xmalloc(size_t size);
+void *xrealloc(void *p, size_t size);
 char *xstrdup(const char *s);
 /* Page-aligned, zeroed allocation for large buffers (arenas). */
 void *xalloc_aligned(size_t bytes);

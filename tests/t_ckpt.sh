@@ -2,8 +2,9 @@
 # Parallel HDF5 checkpoints under MPI: build/tests/test_ckpt at 2 and 3 ranks
 # (its "ok"/"FAIL" lines, printed by rank 0, pass through with the world size
 # prefixed), then the saved files seen without shardlm: h5dump -H -p shows
-# every tensor under its Hugging Face name at full shape with a Fletcher32
-# checksum, and h5py reads tensors and attributes with the expected values.
+# every tensor under its Hugging Face name at full shape with its CRC-32C
+# table, and h5py reads tensors and attributes with the expected values and
+# Python's crc32c package agrees with every stored checksum.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -33,7 +34,7 @@ for np in 2 3; do
   fi
 done
 
-# Several ranks fail together: a corrupted chunk read by both ranks, and ranks
+# Several ranks fail together: a corrupted piece read by both ranks, and ranks
 # that pass different tensors to ckpt_save. mpirun must end with the status of
 # the failing ranks and their one-line message.
 # expect_mpi NAME STATUS PHRASE ARGS...
@@ -50,7 +51,7 @@ expect_mpi() {
 }
 flipped=$(ls "$TMP"/np2/test_ckpt.*/flipped.h5 2>/dev/null | head -1)
 if [ -n "$flipped" ]; then
-  expect_mpi np2_flipped_byte_all_ranks 2 "dataset '/master/wte.weight' cannot be read" --read "$flipped" master 0
+  expect_mpi np2_flipped_byte_all_ranks 2 "dataset '/master/wte.weight' fails its CRC32C check" --read "$flipped" master 0
 else
   fail np2_flipped_byte_all_ranks "no flipped.h5 under $TMP/np2"
 fi
@@ -68,12 +69,15 @@ for np in 2 3; do
   for spec in 'wte.weight|( 7, 5 )' 'h.0.ln_1.weight|( 13 )' 'h.0.attn.c_attn.weight|( 5, 15 )' \
               'h.0.mlp.c_fc.weight|( 1100, 2048 )'; do
     name=${spec%%|*} shape=${spec#*|}
-    block=$(printf '%s\n' "$header" | grep -A12 "DATASET \"$name\"" | head -13)
+    block=$(printf '%s\n' "$header" | awk -v want="DATASET \"$name\"" \
+            'index($0, want) { on = 1 } on { print } on && /^      }$/ { exit }')
     if printf '%s\n' "$block" | grep -qF "SIMPLE { $shape / $shape }" &&
-       printf '%s\n' "$block" | grep -q 'CHECKSUM FLETCHER32'; then
+       printf '%s\n' "$block" | grep -q 'ATTRIBUTE "crc32c"' &&
+       printf '%s\n' "$block" | grep -q 'ATTRIBUTE "crc32c_ends"' &&
+       printf '%s\n' "$block" | grep -q 'CONTIGUOUS'; then
       ok "np${np}_h5dump_$name"
     else
-      fail "np${np}_h5dump_$name" "want dataset $name of shape $shape with FLETCHER32 in h5dump -H -p $file"
+      fail "np${np}_h5dump_$name" "want contiguous dataset $name of shape $shape with crc32c attributes in h5dump -H -p $file"
     fi
   done
   groups=$(printf '%s\n' "$header" | grep -c -E 'GROUP "(master|adam_m|adam_v|rank_state)"')
@@ -82,6 +86,7 @@ for np in 2 3; do
   # h5py, independent of shardlm: the values are those test_ckpt.c's value_at makes.
   /usr/bin/python3 - "$file" "$np" <<'PY'
 import sys
+import crc32c
 import h5py
 import numpy as np
 
@@ -118,6 +123,33 @@ with h5py.File(path, "r") as f:
     check("attrs", int(f.attrs["step"]) == 30 and int(f.attrs["world_size"]) == world and
           f.attrs["format"] == b"shardlm-checkpoint" and float(f.attrs["loss_scale"]) == 32768.0,
           f"step {f.attrs['step']} world {f.attrs['world_size']} format {f.attrs['format']!r}")
+    # Every dataset's CRC-32C pieces, recomputed from its bytes with Python's
+    # crc32c package: contiguous pieces covering the dataset, none longer than
+    # CKPT_PIECE_ELEMS, each with the stored checksum.
+    piece_elems = 1 << 18
+    n_sets = n_pieces = 0
+    bad = []
+    def visit(name, obj):
+        global n_sets, n_pieces
+        if not isinstance(obj, h5py.Dataset):
+            return
+        n_sets += 1
+        flat = obj[()].reshape(-1)
+        raw = flat.astype(flat.dtype.newbyteorder("<"), copy=False).tobytes()
+        crcs, ends = obj.attrs["crc32c"], obj.attrs["crc32c_ends"]
+        start = 0
+        for crc, end in zip(crcs.tolist(), ends.tolist()):
+            n_pieces += 1
+            if end <= start and flat.size or end - start > piece_elems:
+                bad.append(f"{name}: piece [{start}, {end})")
+            elif crc32c.crc32c(raw[start * flat.itemsize:end * flat.itemsize]) != crc:
+                bad.append(f"{name}: crc of [{start}, {end})")
+            start = end
+        if start != flat.size:
+            bad.append(f"{name}: pieces end at {start}, dataset has {flat.size}")
+    f.visititems(visit)
+    check("crc32c_matches_python", n_sets == 14 and not bad and n_pieces >= 13 + 3 * 8,
+          f"{n_sets} datasets, {n_pieces} pieces; {bad[:3]}")
     rows = f["rank_state/data_position"][()]
     check("rank_state", rows.shape == (world, 2) and
           all(int(rows[r, 0]) == 1000 + 7 * r + 30 for r in range(world)), f"data_position {rows.tolist()}")

@@ -20,7 +20,7 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
              ENOTDIR; resumed with --resume DIR of the good checkpoints), fsize
              (`ulimit -f 64` in the rank processes, dash's 512-byte blocks = 32
              KiB, ranks over TCP since Open MPI's shared memory needs bigger
-             files: "File too large"; same DIR) or enospc (DIR is a 1800 KiB
+             files: "File too large"; same DIR) or enospc (DIR is a 1600 KiB
              tmpfs, mounted when allowed, i.e. as root; else skipped with a
              note: "No space left on device"); M = on_error stop: exit 2,
              exactly one "error" line naming the directory and the reason;
@@ -207,9 +207,10 @@ FSIZE_KIB = 64
 for kind in ("notdir", "fsize", "enospc"):
     for mode in ("stop", "continue"):
         name = f"fail.{kind}.{mode}"
-        # enospc: 1800 KiB hold the step-5 file (595 KB) and its reservation
-        # (1.4 MB), not a second reservation.
-        d = good_checkpoint(name, tmpfs="1800k" if kind == "enospc" else None)
+        # enospc: 1600 KiB hold the reservation of the step-5 file (1.4 MB:
+        # the state plus 1 MiB) and then the file (400 KB), not the file and
+        # a second reservation.
+        d = good_checkpoint(name, tmpfs="1600k" if kind == "enospc" else None)
         if not d:
             continue
         before = snapshot(d)

@@ -58,7 +58,7 @@ grep -q '^checksum status: all [0-9]* datasets verified$' "$TMP/inspect.out" && 
   fail "inspect.verified" "$(tail -1 "$TMP/inspect.out")"
 grep -q '^world size at save: 1$' "$TMP/inspect.out" && ok "inspect.world" || fail "inspect.world" "no world line"
 grep -q "vocab_size 100" "$TMP/inspect.out" && ok "inspect.model_shape" || fail "inspect.model_shape" "no vocab_size 100"
-"$BIN" inspect --help | grep -q "Fletcher32" && ok "inspect.help" || fail "inspect.help" "no help text"
+"$BIN" inspect --help | grep -q "CRC-32C" && ok "inspect.help" || fail "inspect.help" "no help text"
 "$BIN" export --help | grep -q "trimmed" && ok "export.help" || fail "export.help" "no help text"
 
 # --- export
@@ -182,8 +182,8 @@ cp "$CK" "$TMP/corrupt.h5"
 off=$($PY - "$TMP/corrupt.h5" <<'PY'
 import sys, h5py
 with h5py.File(sys.argv[1], "r") as f:
-    info = f["adam_v"]["h.1.mlp.c_fc.weight"].id.get_chunk_info(0)
-    print(info.byte_offset + info.size // 2)
+    ds = f["adam_v"]["h.1.mlp.c_fc.weight"]
+    print(ds.id.get_offset() + ds.size * ds.dtype.itemsize // 2)
 PY
 )
 if [ -n "$off" ]; then
@@ -195,5 +195,5 @@ with open(path, "r+b") as f:
 PY
   expect_error "bad.inspect_corrupted" "/adam_v/h.1.mlp.c_fc.weight" inspect "$TMP/corrupt.h5"
 else
-  fail "bad.inspect_corrupted" "could not find the chunk offset"
+  fail "bad.inspect_corrupted" "could not find the dataset offset"
 fi

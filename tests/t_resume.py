@@ -34,7 +34,7 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
   files.*    checkpoint.every 5, keep 2, 20 steps: exactly step_000015.h5 and
              step_000020.h5 (+ latest, naming step_000020.h5); through h5py:
              /master/wte.weight (128, 32), /master/h.0.attn.c_attn.weight (32, 96),
-             every dataset with Fletcher32, groups master/adam_m/adam_v with the same
+             every dataset with its crc32c and crc32c_ends attributes, groups master/adam_m/adam_v with the same
              tensors, attributes step 20, world_size 2, n_layer 2, samples_seen 480,
              /rank_state/data_position (2, 1) = 480
   bad.*      exit status 2 and every "shardlm ... error" line on stderr naming the
@@ -438,8 +438,8 @@ def files():
         check("files.shapes", wte == (Vp, C) and qkv == (C, 3 * C), f"wte {wte} want {(Vp, C)}, c_attn {qkv}")
         dsets = []
         f.visititems(lambda n, o: dsets.append((n, o)) if isinstance(o, h5py.Dataset) else None)
-        nof = [n for n, o in dsets if not o.fletcher32]
-        check("files.fletcher32", dsets and not nof, f"{len(nof)} of {len(dsets)} datasets without: {nof[:4]}")
+        nof = [n for n, o in dsets if "crc32c" not in o.attrs or "crc32c_ends" not in o.attrs]
+        check("files.crc32c", dsets and not nof, f"{len(nof)} of {len(dsets)} datasets without: {nof[:4]}")
         groups = {g: sorted(f[g].keys()) if g in f else None for g in ("master", "adam_m", "adam_v")}
         check("files.groups", groups["master"] and groups["master"] == groups["adam_m"] == groups["adam_v"]
               and len(groups["master"]) == 2 + 12 * L + 2, f"{ {g: len(v or []) for g, v in groups.items()} }")
@@ -476,17 +476,13 @@ def bad_checkpoints():
     shutil.copy(src, path)
     with h5py.File(path, "r") as f:
         ds = f["master/h.0.mlp.c_fc.weight"]
-        if ds.chunks:
-            info = ds.id.get_chunk_info(0)
-            off, size = info.byte_offset, info.size
-        else:
-            off, size = ds.id.get_offset(), ds.id.get_storage_size()
+        off, size = ds.id.get_offset(), ds.id.get_storage_size()
     with open(path, "r+b") as f:
         f.seek(off + size // 2)
         b = f.read(1)
         f.seek(off + size // 2)
         f.write(bytes([b[0] ^ 0x10]))
-    note(f"bad: flipped the byte at {off + size // 2} (chunk 0 of master/h.0.mlp.c_fc.weight: {size} bytes at {off})")
+    note(f"bad: flipped the byte at {off + size // 2} (master/h.0.mlp.c_fc.weight: {size} bytes at {off})")
     cfg = make_config("bad_flip", 3, "fp32", False, d, steps=STEPS + 2)
     expect_bad("flipped_byte", 2, cfg, ["--resume", path], [path, "h.0.mlp.c_fc.weight"])
     # another model

@@ -4,7 +4,7 @@
 # On a cluster with environment modules (pkg-config already finds MPI, HDF5,
 # OpenBLAS and jansson) this does nothing.  On Debian/Ubuntu it installs the
 # missing Debian packages with apt-get.  With --test it also makes sure the
-# reference-test tools (Debian's python3-torch, numpy, h5py) are present.
+# reference-test tools (Debian's python3-torch, numpy, h5py, crc32c) are present.
 set -euo pipefail
 
 want_test=0
@@ -30,6 +30,7 @@ if [ "$want_test" = 1 ]; then
   /usr/bin/python3 -c 'import torch' 2>/dev/null || missing+=(python3-torch)
   /usr/bin/python3 -c 'import numpy' 2>/dev/null || missing+=(python3-numpy)
   /usr/bin/python3 -c 'import h5py' 2>/dev/null || missing+=(python3-h5py)
+  /usr/bin/python3 -c 'import crc32c' 2>/dev/null || missing+=(python3-crc32c)
 fi
 
 if [ "${#missing[@]}" -eq 0 ]; then

@@ -2,7 +2,7 @@
  * test_ckpt — parallel HDF5 checkpoints (src/ckpt.c).
  *
  * Runs as one process (tests/run.sh) or under mpirun (tests/t_ckpt.sh). Four
- * synthetic tensors (one of several chunks) are laid out in one ZeRO unit
+ * synthetic tensors (one of several checksummed pieces) are laid out in one ZeRO unit
  * (16-element alignment, padded to world * 16, one contiguous shard per rank),
  * their master, Adam m and v values saved by every rank from its shard, then
  * read back: at the saving world size (bitwise), as virtual world sizes 1..4
@@ -51,7 +51,7 @@ static struct tensor g_tensors[N_TENSORS] = {
     {"wte.weight", 2, {7, 5}, 0, 0},
     {"h.0.ln_1.weight", 1, {13, 0}, 0, 0},
     {"h.0.attn.c_attn.weight", 2, {5, 15}, 0, 0},
-    /* Several chunks (CKPT_CHUNK_ELEMS / 2048 = 512 rows each), split between ranks. */
+    /* Several checksummed pieces (CKPT_PIECE_ELEMS = 128 rows), split between ranks. */
     {"h.0.mlp.c_fc.weight", 2, {1100, 2048}, 0, 0},
 };
 static const char *g_groups[N_GROUPS] = {"master", "adam_m", "adam_v"};
@@ -448,13 +448,16 @@ static int run_child(char *const args[], char *msg, size_t cap)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* Child mode: --read PATH GROUP TENSOR_INDEX; reads the whole tensor. */
-static int child_read(char **argv)
+/* Child mode: --read PATH GROUP TENSOR_INDEX [BEGIN COUNT]; reads the whole
+ * tensor, or that flat range of it. */
+static int child_read(int argc, char **argv)
 {
     struct ckpt_reader *r = ckpt_open(argv[2]);
     const struct tensor *x = &g_tensors[atoi(argv[4])];
-    float *out = xcalloc(x->numel, sizeof *out);
-    ckpt_read(r, argv[3], x->name, x->ndim, x->shape, 0, x->numel, out);
+    size_t begin = argc == 7 ? strtoull(argv[5], NULL, 10) : 0;
+    size_t count = argc == 7 ? strtoull(argv[6], NULL, 10) : x->numel;
+    float *out = xcalloc(count + 1, sizeof *out);
+    ckpt_read(r, argv[3], x->name, x->ndim, x->shape, begin, count, out);
     ckpt_close(r);
     free(out);
     return 0;
@@ -518,25 +521,66 @@ static bool copy_file(const char *from, const char *to)
     return ok;
 }
 
-/* File offset and size of a dataset's first chunk (serial HDF5, file closed by all). */
-static bool first_chunk(const char *path, const char *dataset, haddr_t *addr, hsize_t *size)
+/* File offset of a contiguous dataset's data (serial HDF5, file closed by all). */
+static bool dataset_offset(const char *path, const char *dataset, haddr_t *addr)
 {
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     hid_t dset = file < 0 ? -1 : H5Dopen2(file, dataset, H5P_DEFAULT);
-    hid_t space = dset < 0 ? -1 : H5Dget_space(dset);
-    hsize_t offset[2];
-    unsigned mask = 0;
-    bool ok = space >= 0 && H5Dget_chunk_info(dset, space, 0, offset, &mask, addr, size) >= 0 && *addr != HADDR_UNDEF;
-    if (space >= 0)
-        H5Sclose(space);
+    *addr = dset < 0 ? HADDR_UNDEF : H5Dget_offset(dset);
     if (dset >= 0)
         H5Dclose(dset);
     if (file >= 0)
         H5Fclose(file);
-    return ok;
+    return *addr != HADDR_UNDEF;
 }
 
-/* Replaces /adam_m/wte.weight by a dataset of another shape (or without a checksum). */
+/* Copies good to path and flips bit 4 of byte `byte` of dataset's data. */
+static bool copy_and_flip(const char *good, const char *path, const char *dataset, size_t byte)
+{
+    haddr_t addr = 0;
+    if (!copy_file(good, path) || !dataset_offset(path, dataset, &addr))
+        return false;
+    int fd = open(path, O_RDWR);
+    unsigned char value = 0;
+    off_t at = (off_t)(addr + byte);
+    bool ok = fd >= 0 && pread(fd, &value, 1, at) == 1;
+    value ^= 0x10;
+    ok = ok && pwrite(fd, &value, 1, at) == 1;
+    return fd >= 0 && close(fd) == 0 && ok;
+}
+
+/* Rewrites attribute crc32c_ends of a dataset with its last end one short, or
+ * deletes it. */
+static bool damage_piece_table(const char *path, const char *dataset, bool delete_it)
+{
+    hid_t file = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t dset = file < 0 ? -1 : H5Dopen2(file, dataset, H5P_DEFAULT);
+    bool ok = dset >= 0;
+    if (ok && delete_it) {
+        ok = H5Adelete(dset, CKPT_ATTR_CRC_ENDS) >= 0;
+    } else if (ok) {
+        hid_t attr = H5Aopen(dset, CKPT_ATTR_CRC_ENDS, H5P_DEFAULT);
+        hid_t space = attr < 0 ? -1 : H5Aget_space(attr);
+        hssize_t n = space < 0 ? -1 : H5Sget_simple_extent_npoints(space);
+        uint64_t ends[64];
+        ok = n > 0 && n <= 64 && H5Aread(attr, H5T_NATIVE_UINT64, ends) >= 0;
+        if (ok) {
+            ends[n - 1] -= 1;
+            ok = H5Awrite(attr, H5T_NATIVE_UINT64, ends) >= 0;
+        }
+        if (space >= 0)
+            H5Sclose(space);
+        if (attr >= 0)
+            H5Aclose(attr);
+    }
+    if (dset >= 0)
+        H5Dclose(dset);
+    return file >= 0 && H5Fclose(file) >= 0 && ok;
+}
+
+/* Replaces a dataset by a chunked one of the given shape, of zeros, with
+ * HDF5's Fletcher32 filter (checkpoint format 1) or without any checksum;
+ * dims NULL: deletes it. */
 static bool replace_dataset(const char *path, const char *dataset, int ndim, const hsize_t *dims, bool checksum)
 {
     hid_t file = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
@@ -570,26 +614,58 @@ static void test_damaged(void)
     int status = run_child(read_good, msg, sizeof msg);
     CHECK("child_reads_intact_file", status == 0, "exit status %d; stderr: %s", status, msg);
 
-    /* One flipped byte in the middle of the first chunk of /master/wte.weight. */
+    /* One flipped byte in the middle of /master/wte.weight. */
     snprintf(path, sizeof path, "%s/flipped.h5", g_dir);
-    haddr_t addr = 0;
-    hsize_t size = 0;
-    bool prepared = copy_file(good, path) && first_chunk(path, "/master/wte.weight", &addr, &size);
-    if (prepared) {
-        int fd = open(path, O_RDWR);
-        unsigned char byte = 0;
-        off_t at = (off_t)(addr + size / 2);
-        prepared = fd >= 0 && pread(fd, &byte, 1, at) == 1;
-        byte ^= 0x10;
-        prepared = prepared && pwrite(fd, &byte, 1, at) == 1 && close(fd) == 0;
-    }
-    CHECK("flip_prepared", prepared, "could not copy '%s' and flip a byte of its first chunk", good);
+    bool prepared = copy_and_flip(good, path, "/master/wte.weight", 7 * 5 * sizeof(float) / 2);
+    CHECK("flip_prepared", prepared, "could not copy '%s' and flip a byte of /master/wte.weight", good);
     char *read_flipped[] = {"test_ckpt", "--read", path, "master", "0", NULL};
-    expect_failure("flipped_byte", read_flipped, EXIT_BAD_INPUT, "flipped.h5", "/master/wte.weight", "Fletcher32");
+    expect_failure("flipped_byte", read_flipped, EXIT_BAD_INPUT, "flipped.h5", "/master/wte.weight", "CRC32C");
     /* The other tensors of the same file are intact and still read. */
     char *read_other[] = {"test_ckpt", "--read", path, "adam_m", "2", NULL};
     status = run_child(read_other, msg, sizeof msg);
     CHECK("flipped_file_other_tensor_reads", status == 0, "exit status %d; stderr: %s", status, msg);
+
+    /* A flipped byte in element 600000 of /master/h.0.mlp.c_fc.weight, inside
+     * the piece [524288, 786432) (or a part of it, cut where a rank's range
+     * ends). Reading a range of the same piece that does not contain the
+     * element still fails (the rest of the piece is read to verify it); a
+     * range in another piece reads fine. */
+    snprintf(path, sizeof path, "%s/flipped_big.h5", g_dir);
+    prepared = copy_and_flip(good, path, "/master/h.0.mlp.c_fc.weight", 600000 * sizeof(float) + 1);
+    CHECK("flip_big_prepared", prepared, "could not copy '%s' and flip a byte of /master/h.0.mlp.c_fc.weight", good);
+    char *read_same_piece[] = {"test_ckpt", "--read", path, "master", "3", "599000", "900", NULL};
+    expect_failure("flipped_byte_same_piece", read_same_piece, EXIT_BAD_INPUT, "flipped_big.h5",
+                   "/master/h.0.mlp.c_fc.weight", "fails its CRC32C check");
+    char *read_after[] = {"test_ckpt", "--read", path, "master", "3", "600001", "3", NULL};
+    expect_failure("flipped_byte_same_piece_after", read_after, EXIT_BAD_INPUT, "flipped_big.h5",
+                   "/master/h.0.mlp.c_fc.weight", "CRC32C");
+    char *read_other_piece[] = {"test_ckpt", "--read", path, "master", "3", "100", "400000", NULL};
+    status = run_child(read_other_piece, msg, sizeof msg);
+    CHECK("flipped_big_other_piece_reads", status == 0, "exit status %d; stderr: %s", status, msg);
+
+    /* A damaged checksum table: the pieces stop one element short, or the
+     * table of piece ends is gone. */
+    snprintf(path, sizeof path, "%s/short_table.h5", g_dir);
+    prepared = copy_file(good, path) && damage_piece_table(path, "/adam_v/h.0.mlp.c_fc.weight", false);
+    CHECK("short_table_prepared", prepared, "could not damage the checksum table of a copy of '%s'", good);
+    char *read_short[] = {"test_ckpt", "--read", path, "adam_v", "3", "0", "10", NULL};
+    expect_failure("short_checksum_table", read_short, EXIT_BAD_INPUT, "short_table.h5",
+                   "/adam_v/h.0.mlp.c_fc.weight", "do not cover its 2252800 elements");
+    snprintf(path, sizeof path, "%s/no_ends.h5", g_dir);
+    prepared = copy_file(good, path) && damage_piece_table(path, "/adam_v/wte.weight", true);
+    CHECK("no_ends_prepared", prepared, "could not delete crc32c_ends of a copy of '%s'", good);
+    char *read_no_ends[] = {"test_ckpt", "--read", path, "adam_v", "0", NULL};
+    expect_failure("missing_checksum_ends", read_no_ends, EXIT_BAD_INPUT, "no_ends.h5", "/adam_v/wte.weight",
+                   "no 'crc32c_ends' attribute");
+
+    /* A dataset of checkpoint format 1 (chunked, Fletcher32) still reads. */
+    snprintf(path, sizeof path, "%s/format1.h5", g_dir);
+    hsize_t wte_shape[2] = {7, 5};
+    prepared = copy_file(good, path) && replace_dataset(path, "/adam_v/wte.weight", 2, wte_shape, true);
+    CHECK("format1_prepared", prepared, "could not replace a dataset of a copy of '%s'", good);
+    char *read_format1[] = {"test_ckpt", "--read", path, "adam_v", "0", NULL};
+    status = run_child(read_format1, msg, sizeof msg);
+    CHECK("format1_fletcher32_dataset_reads", status == 0, "exit status %d; stderr: %s", status, msg);
 
     /* Truncated to half its size. */
     snprintf(path, sizeof path, "%s/truncated.h5", g_dir);
@@ -623,7 +699,7 @@ static void test_damaged(void)
     CHECK("unchecked_prepared", prepared, "could not replace a dataset of a copy of '%s'", good);
     char *read_unchecked[] = {"test_ckpt", "--read", path, "adam_v", "0", NULL};
     expect_failure("no_checksum", read_unchecked, EXIT_BAD_INPUT, "unchecked.h5", "/adam_v/wte.weight",
-                   "no Fletcher32 checksum");
+                   "has no checksum");
 
     /* A file that does not exist. */
     snprintf(path, sizeof path, "%s/missing.h5", g_dir);
@@ -662,8 +738,8 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
     layout_unit();
-    if (argc == 5 && strcmp(argv[1], "--read") == 0) {
-        int rc = child_read(argv);
+    if ((argc == 5 || argc == 7) && strcmp(argv[1], "--read") == 0) {
+        int rc = child_read(argc, argv);
         MPI_Finalize();
         return rc;
     }
