@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdarg.h>
@@ -31,8 +32,8 @@
 /* O_DIRECT transfers start, end and sit in memory at multiples of this: the
  * largest logical block size of common devices (512 or 4096 bytes). */
 #define CKPT_IO_ALIGN ((size_t)4096)
-/* Staging buffer of the O_DIRECT writes: large enough that each write is one
- * big request, small enough to stay in cache-warm memory. */
+/* Each of the two staging buffers of O_DIRECT transfers: large enough that
+ * each transfer is one big request, small enough to stay in warm memory. */
 #define CKPT_BOUNCE_BYTES ((size_t)8 << 20)
 
 enum { CRASH_NONE = -1, CRASH_BEFORE_DATA, CRASH_MID_DATA, CRASH_BEFORE_RENAME, CRASH_BEFORE_LATEST };
@@ -41,7 +42,7 @@ enum { CRASH_NONE = -1, CRASH_BEFORE_DATA, CRASH_MID_DATA, CRASH_BEFORE_RENAME, 
 struct raw_file {
     int fd_direct;   /* opened with O_DIRECT, or -1 (refused: tmpfs, some network file systems) */
     int fd_buffered; /* through the page cache */
-    char *bounce;    /* CKPT_BOUNCE_BYTES, CKPT_IO_ALIGN-aligned */
+    char *bounce;    /* 2 * CKPT_BOUNCE_BYTES, CKPT_IO_ALIGN-aligned (double buffering) */
 };
 
 struct ckpt_reader {
@@ -191,7 +192,7 @@ static int raw_open(struct raw_file *f, const char *path, bool write)
     int flags = write ? O_WRONLY : O_RDONLY;
     f->fd_direct = open(path, flags | O_DIRECT);
     f->fd_buffered = open(path, flags);
-    f->bounce = xalloc_aligned(CKPT_BOUNCE_BYTES);
+    f->bounce = xalloc_aligned(2 * CKPT_BOUNCE_BYTES);
     return f->fd_buffered < 0 ? errno : 0;
 }
 
@@ -222,6 +223,98 @@ static int transfer_all(int fd, bool write, char *buf, size_t n, off_t at)
     return 0;
 }
 
+/* The O_DIRECT part of raw_transfer as a two-stage pipeline over the two
+ * bounce buffers: pieces of CKPT_BOUNCE_BYTES are copied between memory and a
+ * bounce buffer on one thread and transferred between that buffer and the
+ * file on another, so a copy overlaps the transfer of the other buffer. For a
+ * write the copy produces a piece and the transfer consumes it; for a read,
+ * the other way round. The helper thread lives for one call: no thread
+ * outlives a save or a load. */
+struct pipeline {
+    struct raw_file *f;
+    bool write;
+    char *mem;
+    size_t n;          /* bytes, a multiple of CKPT_IO_ALIGN */
+    off_t at;
+    size_t n_pieces;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    size_t produced, consumed; /* pieces */
+    int error;                 /* first error of either stage */
+};
+
+/* One stage's work on piece k: the file transfer (io) or the copy. */
+static int pipeline_step(struct pipeline *p, size_t k, bool io)
+{
+    char *slot = p->f->bounce + (k % 2) * CKPT_BOUNCE_BYTES, *mem = p->mem + k * CKPT_BOUNCE_BYTES;
+    size_t len = p->n - k * CKPT_BOUNCE_BYTES < CKPT_BOUNCE_BYTES ? p->n - k * CKPT_BOUNCE_BYTES : CKPT_BOUNCE_BYTES;
+    if (io)
+        return transfer_all(p->f->fd_direct, p->write, slot, len, p->at + (off_t)(k * CKPT_BOUNCE_BYTES));
+    if (p->write)
+        memcpy(slot, mem, len);
+    else
+        memcpy(mem, slot, len);
+    return 0;
+}
+
+/* Runs one stage over every piece: the producer fills a free bounce buffer
+ * (at most two ahead of the consumer), the consumer empties a filled one. */
+static void pipeline_run(struct pipeline *p, bool producer)
+{
+    bool io = producer != p->write; /* write: copy, then transfer; read: transfer, then copy */
+    for (size_t k = 0; k < p->n_pieces; k++) {
+        pthread_mutex_lock(&p->lock);
+        while (!p->error && (producer ? p->produced - p->consumed == 2 : p->consumed == p->produced))
+            pthread_cond_wait(&p->cond, &p->lock);
+        bool stop = p->error != 0;
+        pthread_mutex_unlock(&p->lock);
+        if (stop)
+            return;
+        int e = pipeline_step(p, k, io);
+        pthread_mutex_lock(&p->lock);
+        if (e && !p->error)
+            p->error = e;
+        if (producer)
+            p->produced++;
+        else
+            p->consumed++;
+        pthread_cond_broadcast(&p->cond);
+        pthread_mutex_unlock(&p->lock);
+        if (e)
+            return;
+    }
+}
+
+static void *pipeline_thread(void *arg)
+{
+    struct pipeline *p = arg;
+    pipeline_run(p, !p->write); /* the helper does the file transfers */
+    return NULL;
+}
+
+/* 0, an errno (EINVAL: no O_DIRECT here), or -1 at the end of the file. */
+static int direct_transfer(struct raw_file *f, bool write, char *mem, size_t n, off_t at)
+{
+    struct pipeline p = {.f = f, .write = write, .mem = mem, .n = n, .at = at,
+                         .n_pieces = (n + CKPT_BOUNCE_BYTES - 1) / CKPT_BOUNCE_BYTES};
+    pthread_mutex_init(&p.lock, NULL);
+    pthread_cond_init(&p.cond, NULL);
+    pthread_t helper;
+    if (p.n_pieces > 1 && pthread_create(&helper, NULL, pipeline_thread, &p) == 0) {
+        pipeline_run(&p, write);
+        pthread_join(helper, NULL);
+    } else { /* one piece, or no thread to be had: one after the other */
+        for (size_t k = 0; k < p.n_pieces && !p.error; k++) {
+            p.error = pipeline_step(&p, k, !write);
+            if (!p.error)
+                p.error = pipeline_step(&p, k, write);
+        }
+    }
+    pthread_cond_destroy(&p.cond);
+    pthread_mutex_destroy(&p.lock);
+    return p.error;
+}
+
 /* Writes buf to, or reads it from, n bytes at file offset `at` (see
  * struct raw_file). Falls back to the page cache for good when the file
  * system refuses an O_DIRECT transfer (EINVAL). 0, an errno, or -1 at the
@@ -233,22 +326,12 @@ static int raw_transfer(struct raw_file *f, bool write, char *buf, size_t n, off
         return transfer_all(f->fd_buffered, write, buf, n, at);
     size_t middle = (n - head) / CKPT_IO_ALIGN * CKPT_IO_ALIGN, tail = n - head - middle;
     int e = transfer_all(f->fd_buffered, write, buf, head, at);
-    for (size_t done = 0; !e && done < middle;) {
-        size_t piece = middle - done < CKPT_BOUNCE_BYTES ? middle - done : CKPT_BOUNCE_BYTES;
-        char *mem = buf + head + done;
-        off_t file_at = at + (off_t)(head + done);
-        if (write)
-            memcpy(f->bounce, mem, piece);
-        e = transfer_all(f->fd_direct, write, f->bounce, piece, file_at);
-        if (e == EINVAL) { /* no O_DIRECT here after all: the page cache for the rest */
-            close(f->fd_direct);
-            f->fd_direct = -1;
-            e = transfer_all(f->fd_buffered, write, mem, middle - done, file_at);
-            break;
-        }
-        if (!e && !write)
-            memcpy(mem, f->bounce, piece);
-        done += piece;
+    if (!e)
+        e = direct_transfer(f, write, buf + head, middle, at + (off_t)head);
+    if (e == EINVAL) { /* no O_DIRECT here after all: the page cache, now and from now on */
+        close(f->fd_direct);
+        f->fd_direct = -1;
+        e = transfer_all(f->fd_buffered, write, buf + head, middle, at + (off_t)head);
     }
     return e ? e : transfer_all(f->fd_buffered, write, buf + head + middle, tail, at + (off_t)(head + middle));
 }
@@ -488,14 +571,37 @@ static void create_dataset(struct writer *w, hid_t loc, struct pending_set *p, c
 
 static void crash_point_reached(struct writer *w, int point);
 
+/* This rank's CRC-32C pieces of every dataset (add_pieces), computed on a
+ * thread of its own while the raw data are written: the writes mostly wait
+ * for the device, so the checksums cost no time. */
+struct checksum_job {
+    const struct pending_set *sets;
+    int n_sets;
+    struct piece *pieces;
+    int n_pieces;
+};
+
+static void *checksum_thread(void *arg)
+{
+    struct checksum_job *job = arg;
+    int cap = 0;
+    for (int k = 0; k < job->n_sets; k++) {
+        const struct pending_set *p = &job->sets[k];
+        add_pieces(&job->pieces, &job->n_pieces, &cap, (uint32_t)k, p->begin, p->count, p->data, p->elem);
+    }
+    return NULL;
+}
+
 /* Phase 2 (independent, no rank waits for another): this rank's raw data
  * of every dataset (raw_transfer; the values are already in the file's byte
- * order: little-endian host, same element size) and their
- * CRC-32C pieces. */
+ * order: little-endian host, same element size) and, meanwhile, their CRC-32C
+ * pieces (checksum_thread). */
 static void write_raw_data(struct writer *w, struct pending_set *sets, int n_sets, struct piece **pieces,
                            int *n_pieces)
 {
-    int cap = 0;
+    struct checksum_job job = {sets, n_sets, NULL, 0};
+    pthread_t thread;
+    bool threaded = pthread_create(&thread, NULL, checksum_thread, &job) == 0;
     for (int k = 0; k < n_sets && !w->all_failed; k++) {
         struct pending_set *p = &sets[k];
         if (p->count > 0 && !w->failed) {
@@ -504,10 +610,15 @@ static void write_raw_data(struct writer *w, struct pending_set *sets, int n_set
             if (e)
                 writer_error(w, "cannot write dataset '%s': %s", p->full_name, strerror(e));
         }
-        add_pieces(pieces, n_pieces, &cap, (uint32_t)k, p->begin, p->count, p->data, p->elem);
         if (k + 1 == n_sets / 2)
             crash_point_reached(w, CRASH_MID_DATA);
     }
+    if (threaded)
+        pthread_join(thread, NULL);
+    else
+        checksum_thread(&job);
+    *pieces = job.pieces;
+    *n_pieces = job.n_pieces;
 }
 
 /* Phase 3 (collective): the checksum tables of every dataset, then closes them. */

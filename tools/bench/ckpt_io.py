@@ -26,7 +26,11 @@ the same state. Prints bytes/s of each and the ratios save/plain-write and
 load/plain-read (target >= 0.70). Whether the cache could be dropped is
 printed: if not, both reads come from the page cache.
 
-Usage: tools/bench/ckpt_io.py [--dir DIR] [--ranks N] [--settle S] [--keep]
+Each round measures all of it once; the medians over --rounds (default 3)
+are printed, with the ratios' range (the development VM's disk varies by
++-30% from one minute to the next).
+
+Usage: tools/bench/ckpt_io.py [--dir DIR] [--ranks N] [--rounds R] [--settle S] [--keep]
 DIR (default /tmp/shardlm-ckpt-io) must have ~3.5 GB free.
 """
 import argparse
@@ -35,6 +39,7 @@ import mmap
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -121,6 +126,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--settle", type=float, default=6.0,
                     help="idle seconds after dropping the page cache, before each measurement")
+    ap.add_argument("--rounds", type=int, default=3, help="measure everything this many times; medians")
     ap.add_argument("--keep", action="store_true", help="keep DIR afterwards")
     a = ap.parse_args()
     shutil.rmtree(a.dir, ignore_errors=True)
@@ -142,40 +148,51 @@ def main():
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=1)
 
-    drop_caches(a.settle)
-    out = shardlm(cfg_path, a.ranks, "--quiet")
-    m = re.search(r"checkpoint (\S+) \(([\d.]+) s\)", out)
-    if not m:
-        sys.exit("ckpt_io: no 'checkpoint PATH (X s)' line in:\n" + out[-2000:])
-    path, save_s = m.group(1), float(m.group(2))
-    nbytes = os.path.getsize(path)
+    rounds = []
+    for r in range(a.rounds):
+        shutil.rmtree(ck, ignore_errors=True)
+        drop_caches(a.settle)
+        out = shardlm(cfg_path, a.ranks, "--quiet")
+        m = re.search(r"checkpoint (\S+) \(([\d.]+) s\)", out)
+        if not m:
+            sys.exit("ckpt_io: no 'checkpoint PATH (X s)' line in:\n" + out[-2000:])
+        path, save_s = m.group(1), float(m.group(2))
+        nbytes = os.path.getsize(path)
+        dropped = drop_caches(a.settle)
+        out = shardlm(cfg_path, a.ranks, "--quiet", "--resume", "auto")
+        m = re.search(r"resumed from \S+ at step \d+ .*\(([\d.]+) s\)", out)
+        if not m:
+            sys.exit("ckpt_io: no 'resumed from ... (X s)' line in:\n" + out[-2000:])
+        load_s = float(m.group(1))
+        plain = os.path.join(a.dir, "plain.bin")
+        t = {"save": save_s, "load": load_s,
+             "write_buffered": plain_write(plain, nbytes, direct=False, settle=a.settle),
+             "read_buffered": plain_read(plain, direct=False, settle=a.settle)}
+        os.unlink(plain)
+        t["write_direct"] = plain_write(plain, nbytes, direct=True, settle=a.settle)
+        t["read_direct"] = plain_read(plain, direct=True, settle=a.settle)
+        os.unlink(plain)
+        t["write"], t["read"] = min(t["write_buffered"], t["write_direct"]), min(t["read_buffered"], t["read_direct"])
+        rounds.append(t)
+        print(f"round {r + 1}: save {save_s:.2f} s, load {load_s:.2f} s; plain write {t['write_buffered']:.2f} s "
+              f"buffered, {t['write_direct']:.2f} s O_DIRECT; plain read {t['read_buffered']:.2f} s buffered, "
+              f"{t['read_direct']:.2f} s O_DIRECT; ratios save {t['write'] / save_s:.2f}, load "
+              f"{t['read'] / load_s:.2f}", flush=True)
 
-    dropped = drop_caches(a.settle)
-    out = shardlm(cfg_path, a.ranks, "--quiet", "--resume", "auto")
-    m = re.search(r"resumed from \S+ at step \d+ .*\(([\d.]+) s\)", out)
-    if not m:
-        sys.exit("ckpt_io: no 'resumed from ... (X s)' line in:\n" + out[-2000:])
-    load_s = float(m.group(1))
-
-    plain = os.path.join(a.dir, "plain.bin")
-    write_buffered = plain_write(plain, nbytes, direct=False, settle=a.settle)
-    read_buffered = plain_read(plain, direct=False, settle=a.settle)
-    os.unlink(plain)
-    write_direct = plain_write(plain, nbytes, direct=True, settle=a.settle)
-    read_direct = plain_read(plain, direct=True, settle=a.settle)
-    write_s, read_s = min(write_buffered, write_direct), min(read_buffered, read_direct)
+    def median(key):
+        return statistics.median(t[key] for t in rounds)
 
     def gbs(s):
         return nbytes / s / 1e9 if s > 0 else float("inf")
 
-    print(f"checkpoint {path}: {nbytes} bytes, {a.ranks} ranks; page cache dropped before reads: "
-          f"{'yes' if dropped else 'no (reads may come from the page cache)'}")
-    print(f"plain write+fsync: {write_buffered:.2f} s through the page cache, {write_direct:.2f} s with O_DIRECT; "
-          f"plain read: {read_buffered:.2f} s through the page cache, {read_direct:.2f} s with O_DIRECT")
-    print(f"save   {save_s:8.2f} s  {gbs(save_s):6.2f} GB/s | best plain write+fsync {write_s:8.2f} s  "
-          f"{gbs(write_s):6.2f} GB/s | ratio {write_s / save_s:5.2f}")
-    print(f"load   {load_s:8.2f} s  {gbs(load_s):6.2f} GB/s | best plain read        {read_s:8.2f} s  "
-          f"{gbs(read_s):6.2f} GB/s | ratio {read_s / load_s:5.2f}")
+    print(f"checkpoint of {nbytes} bytes, {a.ranks} ranks, {a.rounds} rounds, medians; page cache dropped before "
+          f"each measurement: {'yes' if dropped else 'no (reads may come from the page cache)'}")
+    for side, ref, what in (("save", "write", "write+fsync"), ("load", "read", "read")):
+        ratio = statistics.median(t[ref] / t[side] for t in rounds)
+        print(f"{side}   {median(side):6.2f} s  {gbs(median(side)):5.2f} GB/s | best plain {what:11} "
+              f"{median(ref):6.2f} s  {gbs(median(ref)):5.2f} GB/s | ratio {ratio:5.2f} (rounds "
+              f"{min(t[ref] / t[side] for t in rounds):.2f}-{max(t[ref] / t[side] for t in rounds):.2f}); "
+              f"{median(ref + '_buffered') / median(side):.1f}x the page-cache {what}")
     print("target: ratio >= 0.70")
     if not a.keep:
         shutil.rmtree(a.dir, ignore_errors=True)
