@@ -26,8 +26,11 @@
  * rank that holds nothing of a tensor passes count 0. Each element must be
  * written by exactly one rank (stage 0: let rank 0 pass the whole tensor and
  * the others count 0, or split it); ckpt_save checks that the counts of all
- * ranks add up to each tensor's size. Each rank writes its range with
- * independent MPI-IO writes; creating datasets and attributes is collective.
+ * ranks add up to each tensor's size. Creating the datasets (contiguous,
+ * allocated at creation) and writing the checksum attributes are collective
+ * (MPI-IO); in between, each rank writes its ranges straight to the
+ * datasets' file offsets, with O_DIRECT where the file system allows it
+ * (see raw_transfer in ckpt.c), without waiting for the others.
  *
  * Publishing is atomic: the file is written as step_N.h5.tmp, flushed, closed
  * and fsynced, and only after every rank is done does rank 0 rename it to
