@@ -44,9 +44,25 @@ LIB_OBJS := $(filter-out $(BUILD)/src/main.o,$(OBJS))
 TEST_SRCS := $(wildcard tests/unit/*.c)
 TEST_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 
+# CUDA=1: bin/shardlm-cuda, the same engine with cuda/ in place of the CPU
+# backend. Compiles and links without a GPU (never against libcuda: only the
+# runtime, cuBLAS and NCCL, found through an rpath at run time).
+CUDA_HOME ?= /usr/local/cuda
+NCCL_HOME ?= $(CUDA_HOME)
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+NVCCFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter \
+             -Xcompiler -iquote,src -Xcompiler -iquote,cuda -I$(NCCL_HOME)/include $(PC_CFLAGS)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -lcublas -lcudart -lnccl -lstdc++ \
+             -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64
+CUDA_SRCS := $(wildcard cuda/*.cu)
+CUDA_OBJS := $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))
+CUDA_HOST_OBJS := $(filter-out $(BUILD)/src/backend_cpu.o,$(OBJS))
+
 .PHONY: all deps test test-asan run clean check-deps bench
 
-all: check-deps $(BIN)/shardlm $(TEST_BINS)
+all: check-deps $(BIN)/shardlm $(TEST_BINS) $(if $(filter 1,$(CUDA)),$(BIN)/shardlm-cuda)
 
 check-deps:
 	@pkg-config --exists $(PKGS) || { echo "shardlm: missing build dependencies ($(PKGS)); run 'make deps' or load the modules" >&2; exit 2; }
@@ -63,6 +79,16 @@ $(BIN)/shardlm: $(OBJS)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h) $(wildcard src/*.h) Makefile
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $<"
+	@$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BIN)/shardlm-cuda: $(CUDA_HOST_OBJS) $(CUDA_OBJS)
+	@mkdir -p $(dir $@)
+	@echo "  LD      $@"
+	@$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(LIB_OBJS) tests/unit/check.h
 	@mkdir -p $(dir $@)

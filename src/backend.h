@@ -28,6 +28,9 @@ void backend_init(int threads);
 /* Warns once when the backend runs far below what the machine can do. */
 void backend_check_performance(void);
 const char *backend_name(void);
+/* 1 when the pointers these functions take are device memory (CUDA), 0 when
+ * they are host memory (CPU). */
+int backend_is_device(void);
 
 /* out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC); bias may be NULL. */
 void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,

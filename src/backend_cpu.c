@@ -43,6 +43,8 @@ void backend_check_performance(void)
 
 const char *backend_name(void) { return "cpu (OpenBLAS + OpenMP)"; }
 
+int backend_is_device(void) { return 0; }
+
 void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                             int N, int C, int OC)
 {

@@ -476,6 +476,9 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     const char *bench = getenv("SHARDLM_BENCH");
     tr.comm_only = bench && strcmp(bench, "comm-only") == 0;
     backend_init(cfg->train.threads);
+    if (backend_is_device())
+        fail_input("this CUDA build found its GPU and has its kernels, but the engine cannot place its buffers in "
+                   "device memory yet (issue 6 is open). Hint: train with bin/shardlm, the CPU build");
     trainer_setup(&tr);
     backend_check_performance();
 

@@ -43,6 +43,7 @@
 #define fast_tanhf tanh
 #define backend_init f64_init
 #define backend_name f64_name
+#define backend_is_device f64_is_device
 #define backend_check_performance f64_check_performance
 #define backend_matmul_forward f64_matmul_forward
 #define backend_matmul_backward f64_matmul_backward

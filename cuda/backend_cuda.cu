@@ -1,0 +1,540 @@
+/*
+ * CUDA backend: backend.h on device pointers, fp32 storage (DESIGN §9).
+ *
+ * Matmuls (attention's QK^T and PV included) go through cublasGemmEx with
+ * fp32 compute (TF32 only when SHARDLM_TF32=1); everything else is a kernel of
+ * this file. Row-major tensors are handed to column-major cuBLAS as their
+ * transposes: a row-major (R, S) matrix is a column-major (S, R) one, so
+ * out = inp @ W becomes out^T = W^T @ inp^T with the operands swapped.
+ *
+ * Every reduction has a fixed order (no atomics), so results are the same
+ * from run to run: bit-exact resume holds on the GPU as on the CPU.
+ *
+ * All work is on one stream per process (backend_stream()); the functions
+ * that return a value to the host (sum of squares, finite check) synchronise
+ * it. Still missing (issue 6): fp16/bf16 storage kernels, the engine's
+ * device arenas and NCCL comm on their own streams.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_check.h"
+
+extern "C" {
+#include "backend.h"
+#include "device_select.h"
+}
+
+#define LAYERNORM_EPS 1e-5f /* GPT-2's layer_norm_epsilon */
+#define WARP 32
+#define BLOCK 256
+
+static cublasHandle_t g_cublas;
+static cudaStream_t g_stream;
+static cublasComputeType_t g_compute = CUBLAS_COMPUTE_32F;
+static double *g_partials;   /* device: per-block partial sums */
+static double *g_partials_h; /* pinned host copy */
+static int *g_flag;          /* device: finite check */
+#define MAX_REDUCE_BLOCKS 1024
+
+static unsigned blocks_for(size_t n, unsigned threads)
+{
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 65535 * 16 ? (b ? b : 1) : 65535 * 16);
+}
+
+extern "C" void backend_init(int threads)
+{
+    (void)threads;
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    char why[256];
+    int device = device_select_from_env(e == cudaSuccess ? count : 0,
+                                        e == cudaSuccess ? NULL : cudaGetErrorString(e), why, sizeof why);
+    if (device < 0)
+        fail_input("%s", why);
+    cudaCheck(cudaSetDevice(device));
+    cudaCheck(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    cublasCheck(cublasCreate(&g_cublas));
+    cublasCheck(cublasSetStream(g_cublas, g_stream));
+    const char *tf32 = getenv("SHARDLM_TF32");
+    if (tf32 && strcmp(tf32, "1") == 0)
+        g_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+    cudaCheck(cudaMalloc(&g_partials, MAX_REDUCE_BLOCKS * sizeof(double)));
+    cudaCheck(cudaMallocHost(&g_partials_h, MAX_REDUCE_BLOCKS * sizeof(double)));
+    cudaCheck(cudaMalloc(&g_flag, sizeof(int)));
+}
+
+extern "C" void backend_check_performance(void) {}
+
+extern "C" const char *backend_name(void) { return "cuda (cuBLAS + own kernels)"; }
+
+extern "C" int backend_is_device(void) { return 1; }
+
+/* C (col-major m x n, ldc) = alpha op(A) op(B) + beta C, fp32 storage. */
+static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const float *A,
+                 int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    cublasCheck(cublasGemmEx(g_cublas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C,
+                             CUDA_R_32F, ldc, g_compute, CUBLAS_GEMM_DEFAULT));
+}
+
+static void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                         const float *A, int lda, long long sa, const float *B, int ldb, long long sb, float beta,
+                         float *C, int ldc, long long sc, int batch)
+{
+    cublasCheck(cublasGemmStridedBatchedEx(g_cublas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, sa, B, CUDA_R_32F,
+                                           ldb, sb, &beta, C, CUDA_R_32F, ldc, sc, batch, g_compute,
+                                           CUBLAS_GEMM_DEFAULT));
+}
+
+/* ---- matmul ------------------------------------------------------------------------- */
+
+__global__ static void fill_rows(float *out, const float *row, int N, int OC)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, n = (size_t)N * OC;
+    for (; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = row[i % OC];
+}
+
+/* dbias[c] += sum over rows of dout[:, c], in row order. */
+__global__ static void column_sums(float *dbias, const float *dout, int N, int OC)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= OC)
+        return;
+    float s = 0.0f;
+    for (int i = 0; i < N; i++)
+        s += dout[(size_t)i * OC + c];
+    dbias[c] += s;
+}
+
+extern "C" void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+                                       int C, int OC)
+{
+    float beta = 0.0f;
+    if (bias) {
+        fill_rows<<<blocks_for((size_t)N * OC, BLOCK), BLOCK, 0, g_stream>>>(out, bias, N, OC);
+        beta = 1.0f;
+    }
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, OC, N, C, 1.0f, weight, OC, inp, C, beta, out, OC);
+}
+
+extern "C" void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                        const float *inp, const float *weight, int N, int C, int OC)
+{
+    if (dinp)
+        gemm(CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, 1.0f, weight, OC, dout, OC, 0.0f, dinp, C);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, OC);
+    if (dbias)
+        column_sums<<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, dout, N, OC);
+}
+
+extern "C" void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C,
+                                                  int OC)
+{
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, out, OC);
+}
+
+extern "C" void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
+                                                   const float *weight, int N, int C, int OC)
+{
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C);
+}
+
+/* ---- layernorm ------------------------------------------------------------------------ */
+
+__device__ static float warp_sum(float v)
+{
+    for (int o = WARP / 2; o > 0; o /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* One warp per row; statistics in fp32 (two passes over the row: mean, then variance). */
+__global__ static void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
+                                                const float *weight, const float *bias, int N, int C)
+{
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= N)
+        return;
+    const float *x = inp + (size_t)row * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += WARP)
+        s += x[c];
+    float m = warp_sum(s) / C;
+    float v = 0.0f;
+    for (int c = lane; c < C; c += WARP)
+        v += (x[c] - m) * (x[c] - m);
+    float r = rsqrtf(warp_sum(v) / C + LAYERNORM_EPS);
+    float *y = out + (size_t)row * C;
+    for (int c = lane; c < C; c += WARP)
+        y[c] = (x[c] - m) * r * weight[c] + bias[c];
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+extern "C" void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                          const float *weight, const float *bias, int N, int C)
+{
+    int rows_per_block = BLOCK / WARP;
+    layernorm_forward_kernel<<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+        out, mean, rstd, inp, weight, bias, N, C);
+}
+
+/* dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, dnorm = dout * weight; one warp per row. */
+__global__ static void layernorm_backward_input(float *dinp, const float *dout, const float *inp, const float *weight,
+                                                const float *mean, const float *rstd, int N, int C)
+{
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= N)
+        return;
+    const float *x = inp + (size_t)row * C, *dy = dout + (size_t)row * C;
+    float m = mean[row], r = rstd[row], a = 0.0f, b = 0.0f;
+    for (int c = lane; c < C; c += WARP) {
+        float dnorm = dy[c] * weight[c];
+        a += dnorm;
+        b += dnorm * (x[c] - m) * r;
+    }
+    a = warp_sum(a) / C;
+    b = warp_sum(b) / C;
+    float *dx = dinp + (size_t)row * C;
+    for (int c = lane; c < C; c += WARP) {
+        float norm = (x[c] - m) * r;
+        dx[c] += (dy[c] * weight[c] - a - norm * b) * r;
+    }
+}
+
+/* dweight[c] += sum_rows dout * norm, dbias[c] += sum_rows dout; one thread per column, rows in order. */
+__global__ static void layernorm_backward_params(float *dweight, float *dbias, const float *dout, const float *inp,
+                                                 const float *mean, const float *rstd, int N, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float dw = 0.0f, db = 0.0f;
+    for (int i = 0; i < N; i++) {
+        float dy = dout[(size_t)i * C + c];
+        dw += dy * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
+        db += dy;
+    }
+    dweight[c] += dw;
+    dbias[c] += db;
+}
+
+extern "C" void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                           const float *inp, const float *weight, const float *mean,
+                                           const float *rstd, float *scratch, int N, int C)
+{
+    (void)scratch;
+    int rows_per_block = BLOCK / WARP;
+    layernorm_backward_input<<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+        dinp, dout, inp, weight, mean, rstd, N, C);
+    layernorm_backward_params<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dweight, dbias, dout, inp, mean,
+                                                                               rstd, N, C);
+}
+
+extern "C" size_t backend_layernorm_scratch(int C)
+{
+    (void)C;
+    return 0;
+}
+
+/* ---- element-wise ---------------------------------------------------------------------- */
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
+
+__global__ static void gelu_forward_kernel(float *out, const float *inp, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+    }
+}
+
+__global__ static void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = inp[i], u = GELU_SCALE * (x + 0.044715f * x * x * x), t = tanhf(u);
+        float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du) * dout[i];
+    }
+}
+
+__global__ static void add_kernel(float *out, const float *a, const float *b, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+__global__ static void scale_kernel(float *x, float s, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+extern "C" void backend_gelu_forward(float *out, const float *inp, size_t n)
+{
+    gelu_forward_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(out, inp, n);
+}
+
+extern "C" void backend_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    gelu_backward_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(dinp, inp, dout, n);
+}
+
+extern "C" void backend_add(float *out, const float *a, const float *b, size_t n)
+{
+    add_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(out, a, b, n);
+}
+
+extern "C" void backend_scale(float *x, float s, size_t n)
+{
+    scale_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(x, s, n);
+}
+
+extern "C" void backend_zero(float *x, size_t n) { cudaCheck(cudaMemsetAsync(x, 0, n * sizeof *x, g_stream)); }
+
+extern "C" void backend_copy(void *dst, const void *src, size_t bytes)
+{
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g_stream));
+    cudaCheck(cudaStreamSynchronize(g_stream));
+}
+
+/* ---- attention ----------------------------------------------------------------------------- */
+
+/* Rows of (rows, T) scores: row i of each (T, T) matrix keeps columns 0..i (causal), softmax in
+ * fp32, the rest zero. One warp per row. */
+__global__ static void causal_softmax(float *att, int rows, int T)
+{
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= rows)
+        return;
+    int i = row % T;
+    float *a = att + (size_t)row * T;
+    float m = -INFINITY;
+    for (int j = lane; j <= i; j += WARP)
+        m = fmaxf(m, a[j]);
+    for (int o = WARP / 2; o > 0; o /= 2)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float s = 0.0f;
+    for (int j = lane; j <= i; j += WARP)
+        s += expf(a[j] - m);
+    s = warp_sum(s);
+    for (int j = lane; j < T; j += WARP)
+        a[j] = j <= i ? expf(a[j] - m) / s : 0.0f;
+}
+
+/* dpre[i][j] = scale * att[i][j] * (datt[i][j] - sum_k att[i][k] datt[i][k]), j <= i; 0 above. */
+__global__ static void softmax_backward(float *datt, const float *att, int rows, int T, float scale)
+{
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= rows)
+        return;
+    int i = row % T;
+    const float *a = att + (size_t)row * T;
+    float *d = datt + (size_t)row * T;
+    float dot = 0.0f;
+    for (int j = lane; j <= i; j += WARP)
+        dot += a[j] * d[j];
+    dot = warp_sum(dot);
+    for (int j = lane; j < T; j += WARP)
+        d[j] = j <= i ? scale * a[j] * (d[j] - dot) : 0.0f;
+}
+
+extern "C" void backend_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+    int hs = C / NH, ld = 3 * C, rows_per_block = BLOCK / WARP;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) {
+        const float *q = qkv + (size_t)b * T * ld, *k = q + C, *v = q + 2 * C;
+        float *a = att + (size_t)b * NH * T * T;
+        /* att[h] (T, T) row-major = q k^T: column-major att^T = K^T Q */
+        gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, k, ld, hs, q, ld, hs, 0.0f, a, T, (long long)T * T,
+                     NH);
+        causal_softmax<<<(NH * T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(a, NH * T, T);
+        /* out[:, h] (T, hs) = att[h] v[h]: column-major out^T = V^T att^T */
+        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, ld, hs, a, T, (long long)T * T, 0.0f,
+                     out + (size_t)b * T * C, C, hs, NH);
+    }
+}
+
+extern "C" void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                           float *scratch, int B, int T, int C, int NH)
+{
+    int hs = C / NH, ld = 3 * C, rows_per_block = BLOCK / WARP;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * ld + h * hs, *k = q + C, *v = q + 2 * C;
+            const float *a = att + ((size_t)b * NH + h) * T * T, *dy = dout + (size_t)b * T * C + h * hs;
+            float *dq = dqkv + (size_t)b * T * ld + h * hs, *dk = dq + C, *dv = dq + 2 * C;
+            /* datt = dout v^T */
+            gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, ld, dy, C, 0.0f, scratch, T);
+            /* dv = att^T dout */
+            gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy, C, a, T, 0.0f, dv, ld);
+            softmax_backward<<<(T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(scratch, a, T, T,
+                                                                                                 scale);
+            /* dq = dpre k; dk = dpre^T q */
+            gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, ld, scratch, T, 0.0f, dq, ld);
+            gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, ld, scratch, T, 0.0f, dk, ld);
+        }
+}
+
+extern "C" size_t backend_attention_scratch(int T) { return (size_t)T * T; }
+
+/* ---- embedding ------------------------------------------------------------------------------- */
+
+__global__ static void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte,
+                                                const float *wpe, int B, int T, int C)
+{
+    size_t n = (size_t)B * T * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t bt = i / C;
+        int c = (int)(i % C), t = (int)(bt % T);
+        out[i] = wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)t * C + c];
+    }
+}
+
+/* One thread per channel walks the tokens in order: a fixed summation order, no atomics. */
+__global__ static void embedding_backward_kernel(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                                 int B, int T, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    for (int t = 0; t < T; t++) {
+        float s = 0.0f;
+        for (int b = 0; b < B; b++)
+            s += dout[((size_t)b * T + t) * C + c];
+        dwpe[(size_t)t * C + c] += s;
+    }
+    for (size_t bt = 0; bt < (size_t)B * T; bt++)
+        dwte[(size_t)tokens[bt] * C + c] += dout[bt * C + c];
+}
+
+extern "C" void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                                          int B, int T, int C)
+{
+    embedding_forward_kernel<<<blocks_for((size_t)B * T * C, BLOCK), BLOCK, 0, g_stream>>>(out, tokens, wte, wpe, B,
+                                                                                          T, C);
+}
+
+extern "C" void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
+                                           int T, int C)
+{
+    embedding_backward_kernel<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dwte, dwpe, dout, tokens, B, T, C);
+}
+
+/* ---- cross-entropy --------------------------------------------------------------------------- */
+
+__device__ static float block_reduce(float v, bool take_max)
+{
+    __shared__ float shared[BLOCK / WARP];
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    for (int o = WARP / 2; o > 0; o /= 2) {
+        float other = __shfl_xor_sync(0xffffffffu, v, o);
+        v = take_max ? fmaxf(v, other) : v + other;
+    }
+    __syncthreads();
+    if (lane == 0)
+        shared[warp] = v;
+    __syncthreads();
+    v = take_max ? -INFINITY : 0.0f;
+    for (int w = 0; w < BLOCK / WARP; w++)
+        v = take_max ? fmaxf(v, shared[w]) : v + shared[w];
+    return v;
+}
+
+/* One block per row: softmax over the first V logits in fp32, padded columns 0. */
+__global__ static void crossentropy_forward_kernel(float *losses, float *logits, const int32_t *targets, int V,
+                                                   int Vp)
+{
+    float *x = logits + (size_t)blockIdx.x * Vp;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x)
+        m = fmaxf(m, x[j]);
+    m = block_reduce(m, true);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x)
+        s += expf(x[j] - m);
+    s = block_reduce(s, false);
+    if (threadIdx.x == 0) /* -log p[target] = log sum exp - logit[target], before x is overwritten */
+        losses[blockIdx.x] = logf(s) + m - x[targets[blockIdx.x]];
+    __syncthreads();
+    for (int j = threadIdx.x; j < Vp; j += blockDim.x)
+        x[j] = j < V ? expf(x[j] - m) / s : 0.0f;
+}
+
+__global__ static void crossentropy_backward_kernel(float *probs, const int32_t *targets, float dloss, int V, int Vp)
+{
+    float *p = probs + (size_t)blockIdx.x * Vp;
+    int target = targets[blockIdx.x];
+    for (int j = threadIdx.x; j < Vp; j += blockDim.x)
+        p[j] = j < V ? (p[j] - (j == target ? 1.0f : 0.0f)) * dloss : 0.0f;
+}
+
+extern "C" void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V,
+                                             int Vp)
+{
+    crossentropy_forward_kernel<<<N, BLOCK, 0, g_stream>>>(losses, logits, targets, V, Vp);
+}
+
+extern "C" void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
+{
+    crossentropy_backward_kernel<<<N, BLOCK, 0, g_stream>>>(probs, targets, dloss, V, Vp);
+}
+
+/* ---- reductions ------------------------------------------------------------------------------ */
+
+/* Per-block partial sums of squares in double, each block's slice in a fixed order. */
+__global__ static void sum_squares_kernel(double *partials, const float *x, size_t n)
+{
+    __shared__ double shared[BLOCK];
+    double s = 0.0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        s += (double)x[i] * x[i];
+    shared[threadIdx.x] = s;
+    __syncthreads();
+    for (int half = BLOCK / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half)
+            shared[threadIdx.x] += shared[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        partials[blockIdx.x] = shared[0];
+}
+
+__global__ static void finite_kernel(int *flag, const float *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        if (!isfinite(x[i]))
+            *flag = 0; /* every writer writes the same value */
+}
+
+extern "C" double backend_sum_squares(const float *x, size_t n)
+{
+    unsigned blocks = blocks_for(n, BLOCK);
+    blocks = blocks < MAX_REDUCE_BLOCKS ? blocks : MAX_REDUCE_BLOCKS;
+    sum_squares_kernel<<<blocks, BLOCK, 0, g_stream>>>(g_partials, x, n);
+    cudaCheck(cudaMemcpyAsync(g_partials_h, g_partials, blocks * sizeof(double), cudaMemcpyDeviceToHost, g_stream));
+    cudaCheck(cudaStreamSynchronize(g_stream));
+    double s = 0.0;
+    for (unsigned b = 0; b < blocks; b++)
+        s += g_partials_h[b];
+    return s;
+}
+
+extern "C" int backend_all_finite(const float *x, size_t n)
+{
+    int one = 1, flag = 0;
+    cudaCheck(cudaMemcpyAsync(g_flag, &one, sizeof one, cudaMemcpyHostToDevice, g_stream));
+    finite_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(g_flag, x, n);
+    cudaCheck(cudaMemcpyAsync(&flag, g_flag, sizeof flag, cudaMemcpyDeviceToHost, g_stream));
+    cudaCheck(cudaStreamSynchronize(g_stream));
+    return flag;
+}

@@ -1,0 +1,220 @@
+/*
+ * check_kernels — every CUDA backend kernel against the CPU backend on fresh
+ * random inputs (tests/gpu/run.sh; needs a GPU).
+ *
+ * The CPU backend is linked beside the CUDA one with its functions renamed
+ * cpu_* (tests/gpu/cpu_names.h). Each check copies the same inputs to both,
+ * fills the CUDA outputs with NaN first (so an element a kernel forgets to
+ * write fails the check), gives accumulated outputs (+=) the same random
+ * start on both sides, and compares: max |gpu - cpu| <= tol * max |cpu|, with
+ * tol 1e-5 in fp32 (TF32 off). Prints "ok NAME" / "FAIL NAME: why".
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu_names_decl.h"
+
+#define TOL 1e-5
+
+static int g_failed, g_passed;
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+
+static float uniform(void)
+{
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
+}
+
+static float *host_random(size_t n, float scale)
+{
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = uniform() * scale;
+    return x;
+}
+
+static void *to_device(const void *host, size_t bytes)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess || cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice))
+        fprintf(stderr, "check_kernels: cudaMalloc/cudaMemcpy failed\n"), exit(1);
+    return d;
+}
+
+/* A device buffer of n floats filled with NaN (all bits set). */
+static float *poisoned(size_t n)
+{
+    float *d = NULL;
+    if (cudaMalloc((void **)&d, n * sizeof *d) != cudaSuccess || cudaMemset(d, 0xFF, n * sizeof *d) != cudaSuccess)
+        fprintf(stderr, "check_kernels: cudaMalloc failed\n"), exit(1);
+    return d;
+}
+
+static void compare(const char *name, const float *want, const float *device, size_t n, double tol)
+{
+    float *got = malloc(n * sizeof *got);
+    cudaDeviceSynchronize();
+    cudaMemcpy(got, device, n * sizeof *got, cudaMemcpyDeviceToHost);
+    double worst = 0.0, scale = 0.0;
+    size_t bad_at = n;
+    for (size_t i = 0; i < n; i++) {
+        scale = fmax(scale, fabs(want[i]));
+        double d = fabs((double)got[i] - want[i]);
+        if (!(d <= worst)) { /* also catches NaN */
+            worst = isnan(d) ? INFINITY : d;
+            bad_at = i;
+        }
+    }
+    double rel = worst / (scale > 0 ? scale : 1e-30);
+    if (rel <= tol) {
+        printf("ok %s\n", name);
+        g_passed++;
+    } else {
+        printf("FAIL %s: max error %.3g relative to max |ref| %.3g (tol %g), worst at %zu: got %g want %g\n", name,
+               rel, scale, tol, bad_at, bad_at < n ? got[bad_at] : 0.0, bad_at < n ? want[bad_at] : 0.0);
+        g_failed++;
+    }
+    free(got);
+}
+
+static void check_value(const char *name, int ok, const char *why)
+{
+    printf(ok ? "ok %s\n" : "FAIL %s: %s\n", name, why);
+    ok ? g_passed++ : g_failed++;
+}
+
+int main(void)
+{
+    backend_init(0);
+    const int B = 2, T = 64, C = 96, NH = 4, OC = 288, V = 300, Vp = 384, N = B * T;
+    const size_t NC = (size_t)N * C;
+
+    /* matmul */
+    float *inp = host_random(NC, 1), *w = host_random((size_t)C * OC, 0.2f), *bias = host_random(OC, 0.5f);
+    float *d_inp = to_device(inp, NC * 4), *d_w = to_device(w, (size_t)C * OC * 4), *d_bias = to_device(bias, OC * 4);
+    float *out = malloc((size_t)N * OC * 4), *d_out = poisoned((size_t)N * OC);
+    cpu_matmul_forward(out, inp, w, bias, N, C, OC);
+    backend_matmul_forward(d_out, d_inp, d_w, d_bias, N, C, OC);
+    compare("matmul_forward", out, d_out, (size_t)N * OC, TOL);
+    float *dout = host_random((size_t)N * OC, 1), *d_dout = to_device(dout, (size_t)N * OC * 4);
+    float *dinp = malloc(NC * 4), *d_dinp = poisoned(NC);
+    float *dw = host_random((size_t)C * OC, 1), *d_dw = to_device(dw, (size_t)C * OC * 4);
+    float *db = host_random(OC, 1), *d_db = to_device(db, OC * 4);
+    cpu_matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    backend_matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    compare("matmul_backward_dinp", dinp, d_dinp, NC, TOL);
+    compare("matmul_backward_dweight_accumulates", dw, d_dw, (size_t)C * OC, TOL);
+    compare("matmul_backward_dbias_accumulates", db, d_db, OC, TOL);
+    /* tied head: weight (OC, C) */
+    float *d_out2 = poisoned((size_t)N * OC);
+    cpu_matmul_forward_transposed(out, inp, w, N, C, OC);
+    backend_matmul_forward_transposed(d_out2, d_inp, d_w, N, C, OC);
+    compare("matmul_forward_transposed", out, d_out2, (size_t)N * OC, TOL);
+    float *d_dinp2 = poisoned(NC);
+    cpu_matmul_backward_transposed(dinp, dw, dout, inp, w, N, C, OC);
+    backend_matmul_backward_transposed(d_dinp2, d_dw, d_dout, d_inp, d_w, N, C, OC);
+    compare("matmul_backward_transposed_dinp", dinp, d_dinp2, NC, TOL);
+    compare("matmul_backward_transposed_dweight", dw, d_dw, (size_t)C * OC, TOL);
+
+    /* layernorm */
+    float *lw = host_random(C, 1), *lb = host_random(C, 1), *d_lw = to_device(lw, C * 4), *d_lb = to_device(lb, C * 4);
+    float *mean = malloc(N * 4), *rstd = malloc(N * 4), *d_mean = poisoned(N), *d_rstd = poisoned(N);
+    float *ln = malloc(NC * 4), *d_ln = poisoned(NC);
+    cpu_layernorm_forward(ln, mean, rstd, inp, lw, lb, N, C);
+    backend_layernorm_forward(d_ln, d_mean, d_rstd, d_inp, d_lw, d_lb, N, C);
+    compare("layernorm_forward", ln, d_ln, NC, TOL);
+    compare("layernorm_forward_mean", mean, d_mean, N, TOL);
+    compare("layernorm_forward_rstd", rstd, d_rstd, N, TOL);
+    float *lndout = host_random(NC, 1), *d_lndout = to_device(lndout, NC * 4);
+    float *lndinp = host_random(NC, 1), *d_lndinp = to_device(lndinp, NC * 4);
+    float *ldw = host_random(C, 1), *ldb = host_random(C, 1), *d_ldw = to_device(ldw, C * 4), *d_ldb = to_device(ldb, C * 4);
+    float *scratch = malloc((cpu_layernorm_scratch(C) + 1) * 4);
+    size_t dscratch_n = backend_layernorm_scratch(C) + 1;
+    float *d_scratch = poisoned(dscratch_n);
+    cpu_layernorm_backward(lndinp, ldw, ldb, lndout, inp, lw, mean, rstd, scratch, N, C);
+    backend_layernorm_backward(d_lndinp, d_ldw, d_ldb, d_lndout, d_inp, d_lw, d_mean, d_rstd, d_scratch, N, C);
+    compare("layernorm_backward_dinp_accumulates", lndinp, d_lndinp, NC, TOL);
+    compare("layernorm_backward_dweight", ldw, d_ldw, C, TOL);
+    compare("layernorm_backward_dbias", ldb, d_ldb, C, TOL);
+
+    /* element-wise */
+    float *g = malloc(NC * 4), *d_g = poisoned(NC);
+    cpu_gelu_forward(g, inp, NC);
+    backend_gelu_forward(d_g, d_inp, NC);
+    compare("gelu_forward", g, d_g, NC, TOL);
+    float *d_gb = poisoned(NC);
+    cpu_gelu_backward(g, inp, lndout, NC);
+    backend_gelu_backward(d_gb, d_inp, d_lndout, NC);
+    compare("gelu_backward", g, d_gb, NC, TOL);
+    float *d_sum = poisoned(NC);
+    cpu_add(g, inp, lndout, NC);
+    backend_add(d_sum, d_inp, d_lndout, NC);
+    compare("add", g, d_sum, NC, TOL);
+    cpu_scale(g, 0.37f, NC);
+    backend_scale(d_sum, 0.37f, NC);
+    compare("scale", g, d_sum, NC, TOL);
+
+    /* attention */
+    size_t nqkv = (size_t)N * 3 * C, natt = (size_t)B * NH * T * T;
+    float *qkv = host_random(nqkv, 1), *d_qkv = to_device(qkv, nqkv * 4);
+    float *att = malloc(natt * 4), *d_att = poisoned(natt), *aout = malloc(NC * 4), *d_aout = poisoned(NC);
+    cpu_attention_forward(aout, att, qkv, B, T, C, NH);
+    backend_attention_forward(d_aout, d_att, d_qkv, B, T, C, NH);
+    compare("attention_forward_out", aout, d_aout, NC, TOL);
+    compare("attention_forward_att", att, d_att, natt, TOL);
+    float *dqkv = malloc(nqkv * 4), *d_dqkv = poisoned(nqkv);
+    float *ascratch = malloc((cpu_attention_scratch(T) + 1) * 4), *d_ascratch = poisoned(backend_attention_scratch(T) + 1);
+    cpu_attention_backward(dqkv, lndout, qkv, att, ascratch, B, T, C, NH);
+    backend_attention_backward(d_dqkv, d_lndout, d_qkv, d_att, d_ascratch, B, T, C, NH);
+    compare("attention_backward", dqkv, d_dqkv, nqkv, TOL);
+
+    /* embedding */
+    int32_t *tokens = malloc(N * sizeof *tokens), *targets = malloc(N * sizeof *targets);
+    for (int i = 0; i < N; i++) {
+        tokens[i] = (int32_t)((uniform() + 1.0f) * 0.5f * (V - 1));
+        targets[i] = (int32_t)((uniform() + 1.0f) * 0.5f * (V - 1));
+    }
+    tokens[1] = tokens[0]; /* a repeated token: its rows add up */
+    int32_t *d_tokens = to_device(tokens, N * 4), *d_targets = to_device(targets, N * 4);
+    float *wte = host_random((size_t)Vp * C, 1), *wpe = host_random((size_t)T * C, 1);
+    float *d_wte = to_device(wte, (size_t)Vp * C * 4), *d_wpe = to_device(wpe, (size_t)T * C * 4);
+    float *emb = malloc(NC * 4), *d_emb = poisoned(NC);
+    cpu_embedding_forward(emb, tokens, wte, wpe, B, T, C);
+    backend_embedding_forward(d_emb, d_tokens, d_wte, d_wpe, B, T, C);
+    compare("embedding_forward", emb, d_emb, NC, TOL);
+    cpu_embedding_backward(wte, wpe, lndout, tokens, B, T, C);
+    backend_embedding_backward(d_wte, d_wpe, d_lndout, d_tokens, B, T, C);
+    compare("embedding_backward_dwte", wte, d_wte, (size_t)Vp * C, TOL);
+    compare("embedding_backward_dwpe", wpe, d_wpe, (size_t)T * C, TOL);
+
+    /* cross-entropy */
+    float *logits = host_random((size_t)N * Vp, 4), *d_logits = to_device(logits, (size_t)N * Vp * 4);
+    float *losses = malloc(N * 4), *d_losses = poisoned(N);
+    cpu_crossentropy_forward(losses, logits, targets, N, V, Vp);
+    backend_crossentropy_forward(d_losses, d_logits, d_targets, N, V, Vp);
+    compare("crossentropy_forward_losses", losses, d_losses, N, TOL);
+    compare("crossentropy_forward_probs", logits, d_logits, (size_t)N * Vp, TOL);
+    cpu_crossentropy_backward(logits, targets, 1.0f / N, N, V, Vp);
+    backend_crossentropy_backward(d_logits, d_targets, 1.0f / N, N, V, Vp);
+    compare("crossentropy_backward", logits, d_logits, (size_t)N * Vp, TOL);
+
+    /* reductions */
+    double want = cpu_sum_squares(inp, NC), got = backend_sum_squares(d_inp, NC);
+    char why[128];
+    snprintf(why, sizeof why, "got %.17g want %.17g", got, want);
+    check_value("sum_squares", fabs(got - want) <= 1e-12 * want, why);
+    check_value("all_finite_true", backend_all_finite(d_inp, NC) == 1, "reported a non-finite value");
+    float inf = INFINITY;
+    cudaMemcpy(d_inp + NC / 3, &inf, 4, cudaMemcpyHostToDevice);
+    check_value("all_finite_false", backend_all_finite(d_inp, NC) == 0, "missed an inf");
+    backend_zero(d_inp, NC);
+    check_value("zero", backend_sum_squares(d_inp, NC) == 0.0, "not all zero");
+
+    printf("%d passed, %d failed\n", g_passed, g_failed);
+    return g_failed ? 1 : 0;
+}

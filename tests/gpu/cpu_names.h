@@ -1,0 +1,27 @@
+/* Renames the CPU backend's functions to cpu_*, so that tests/gpu/check_kernels can link it beside the CUDA backend. */
+#define backend_add cpu_add
+#define backend_all_finite cpu_all_finite
+#define backend_attention_backward cpu_attention_backward
+#define backend_attention_forward cpu_attention_forward
+#define backend_attention_scratch cpu_attention_scratch
+#define backend_check_performance cpu_check_performance
+#define backend_copy cpu_copy
+#define backend_crossentropy_backward cpu_crossentropy_backward
+#define backend_crossentropy_forward cpu_crossentropy_forward
+#define backend_embedding_backward cpu_embedding_backward
+#define backend_embedding_forward cpu_embedding_forward
+#define backend_gelu_backward cpu_gelu_backward
+#define backend_gelu_forward cpu_gelu_forward
+#define backend_init cpu_init
+#define backend_is_device cpu_is_device
+#define backend_layernorm_backward cpu_layernorm_backward
+#define backend_layernorm_forward cpu_layernorm_forward
+#define backend_layernorm_scratch cpu_layernorm_scratch
+#define backend_matmul_backward cpu_matmul_backward
+#define backend_matmul_backward_transposed cpu_matmul_backward_transposed
+#define backend_matmul_forward cpu_matmul_forward
+#define backend_matmul_forward_transposed cpu_matmul_forward_transposed
+#define backend_name cpu_name
+#define backend_scale cpu_scale
+#define backend_sum_squares cpu_sum_squares
+#define backend_zero cpu_zero
