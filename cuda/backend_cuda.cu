@@ -15,6 +15,8 @@
  * it. Still missing (issue 6): fp16/bf16 storage kernels, the engine's
  * device arenas and NCCL comm on their own streams.
  */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +26,7 @@
 extern "C" {
 #include "backend.h"
 #include "device_select.h"
+#include "plan.h"
 }
 
 #define LAYERNORM_EPS 1e-5f /* GPT-2's layer_norm_epsilon */
@@ -297,7 +300,18 @@ extern "C" void backend_scale(float *x, float s, size_t n)
     scale_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(x, s, n);
 }
 
-extern "C" void backend_zero(float *x, size_t n) { cudaCheck(cudaMemsetAsync(x, 0, n * sizeof *x, g_stream)); }
+__global__ static void zero_kernel(float *x, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = 0.0f;
+}
+
+/* A kernel rather than cudaMemsetAsync: x may be mapped pinned host memory. */
+extern "C" void backend_zero(float *x, size_t n)
+{
+    if (n)
+        zero_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(x, n);
+}
 
 extern "C" void backend_copy(void *dst, const void *src, size_t bytes)
 {
@@ -538,3 +552,100 @@ extern "C" int backend_all_finite(const float *x, size_t n)
     cudaCheck(cudaStreamSynchronize(g_stream));
     return flag;
 }
+
+/* ---- memory spaces and casts ------------------------------------------------------------------- */
+
+extern "C" void *backend_mem_alloc(enum mem_space space, size_t bytes, const char *what)
+{
+    void *p = NULL;
+    cudaError_t e = cudaSuccess;
+    size_t n = bytes ? bytes : 1;
+    if (space == SPACE_DEVICE)
+        e = cudaMalloc(&p, n);
+    else if (space == SPACE_PINNED) /* mapped: kernels address it with the host pointer (UVA) */
+        e = cudaHostAlloc(&p, n, cudaHostAllocMapped | cudaHostAllocPortable);
+    else if (posix_memalign(&p, 4096, n) != 0)
+        p = NULL;
+    if (e != cudaSuccess || !p) {
+        char b[32], f[32];
+        size_t free_bytes = 0, total = 0;
+        if (space == SPACE_DEVICE)
+            cudaMemGetInfo(&free_bytes, &total);
+        (void)cudaGetLastError(); /* an allocation failure is not sticky; clear it */
+        fail_input("out of %s memory allocating %s for %s%s%s; shrink the plan (`shardlm plan` shows it)",
+                   arena_space_name(space), plan_format_bytes((double)bytes, b, sizeof b), what,
+                   space == SPACE_DEVICE ? ", the GPU has free " : "",
+                   space == SPACE_DEVICE ? plan_format_bytes((double)free_bytes, f, sizeof f) : "");
+    }
+    if (space == SPACE_DEVICE)
+        cudaCheck(cudaMemset(p, 0, n));
+    else
+        memset(p, 0, n);
+    return p;
+}
+
+extern "C" void backend_mem_free(enum mem_space space, void *p, size_t bytes)
+{
+    (void)bytes;
+    if (!p)
+        return;
+    if (space == SPACE_DEVICE)
+        cudaCheck(cudaFree(p));
+    else if (space == SPACE_PINNED)
+        cudaCheck(cudaFreeHost(p));
+    else
+        free(p);
+}
+
+extern "C" int backend_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess;
+}
+
+__device__ static float load_as_f32(const void *src, enum dtype dt, size_t i)
+{
+    if (dt == DTYPE_F16)
+        return __half2float(((const __half *)src)[i]);
+    if (dt == DTYPE_BF16)
+        return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
+    return ((const float *)src)[i];
+}
+
+/* Round to nearest even, as dtype.h does on the host. */
+__device__ static void store_from_f32(void *dst, enum dtype dt, size_t i, float v)
+{
+    if (dt == DTYPE_F16)
+        ((__half *)dst)[i] = __float2half_rn(v);
+    else if (dt == DTYPE_BF16)
+        ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(v);
+    else
+        ((float *)dst)[i] = v;
+}
+
+__global__ static void convert_kernel(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        store_from_f32(dst, dst_dt, i, load_as_f32(src, src_dt, i));
+}
+
+__global__ static void add_to_f32_kernel(float *acc, const void *src, enum dtype dt, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        acc[i] += load_as_f32(src, dt, i);
+}
+
+extern "C" void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n)
+{
+    if (n)
+        convert_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(dst, dst_dt, src, src_dt, n);
+}
+
+extern "C" void backend_add_to_f32(float *acc, const void *src, enum dtype dt, size_t n)
+{
+    if (n)
+        add_to_f32_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(acc, src, dt, n);
+}
+
+extern "C" void backend_synchronize(void) { cudaCheck(cudaStreamSynchronize(g_stream)); }
+
+extern "C" cudaStream_t backend_cuda_stream(void) { return g_stream; }

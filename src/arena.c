@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include "backend.h"
 #include "util.h"
 
 static const char *class_names[BUF_COUNT] = {
@@ -19,6 +20,7 @@ static const char *class_names[BUF_COUNT] = {
     [BUF_ACTIVATIONS] = "block activations",
     [BUF_LOGITS] = "logits and loss",
     [BUF_WORKSPACE] = "workspace",
+    [BUF_STAGING] = "host staging",
 };
 
 static const char *space_names[SPACE_COUNT] = {
@@ -35,12 +37,13 @@ void arena_create(struct arena *a, enum mem_space space, size_t capacity)
     a->space = space;
     a->capacity = capacity;
     a->used = 0;
-    a->base = capacity ? xalloc_aligned(capacity) : NULL;
+    a->base = capacity ? backend_mem_alloc(space, capacity, "the memory plan's arena") : NULL;
 }
 
 void arena_destroy(struct arena *a)
 {
-    free(a->base);
+    if (a->base)
+        backend_mem_free(a->space, a->base, a->capacity);
     a->base = NULL;
     a->capacity = a->used = 0;
 }

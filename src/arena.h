@@ -33,6 +33,7 @@ enum buf_class {
     BUF_ACTIVATIONS,   /* working activations of the blocks */
     BUF_LOGITS,        /* logits, probabilities and losses */
     BUF_WORKSPACE,     /* kernel scratch and backward work buffers */
+    BUF_STAGING,       /* device backends: pinned token ids and losses on their way to and from the device */
     BUF_COUNT
 };
 

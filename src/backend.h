@@ -23,6 +23,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arena.h"
+#include "dtype.h"
+
 /* Sets thread counts (0: leave the defaults); call before sizing any scratch buffer. */
 void backend_init(int threads);
 /* Warns once when the backend runs far below what the machine can do. */
@@ -93,7 +96,36 @@ double backend_sum_squares(const float *x, size_t n);
 int backend_all_finite(const float *x, size_t n);
 void backend_scale(float *x, float s, size_t n);
 void backend_zero(float *x, size_t n);
-/* Copies bytes between any two memory spaces (device, pinned host). */
+/* Copies bytes between any two memory spaces (device, pinned host, host). */
 void backend_copy(void *dst, const void *src, size_t bytes);
+
+/* ---- memory spaces and casts (the ZeRO engine's device side) ----------------
+ *
+ * On a device backend the engine keeps parameters, gathered units, gradient
+ * buffers and activations in device memory, and the optimizer state (fp32
+ * master, Adam m and v, fp32 gradient shard) in pinned host memory that the
+ * device can address directly (mapped, unified addresses), so the functions
+ * below and the kernels above accept pinned pointers as well as device ones.
+ * Host code touches only pinned and host memory; device memory moves to and
+ * from it with backend_copy.
+ *
+ * SHARDLM_EMULATE_DEVICE=1 makes the CPU backend act as a device backend: its
+ * "device" memory is an address range the host cannot read or write (a
+ * PROT_NONE view of pages whose other view only the kernels and the
+ * collectives use), so any host access to device memory crashes at once. The
+ * CUDA engine paths are tested this way on machines without a GPU. */
+
+/* Memory of one space; 4096-byte aligned and zeroed. Out of memory is a
+ * one-line error naming the space, the size and `what`, exit status 2. */
+void *backend_mem_alloc(enum mem_space space, size_t bytes, const char *what);
+void backend_mem_free(enum mem_space space, void *p, size_t bytes);
+/* Free and total device memory in bytes; 0 when the backend cannot tell. */
+int backend_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* dst (n, dst_dt) = src (n, src_dt), rounding to nearest even (dtype.h). */
+void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n);
+/* acc (n, fp32) += src (n, dt). */
+void backend_add_to_f32(float *acc, const void *src, enum dtype dt, size_t n);
+/* Waits for every kernel and copy issued so far (a no-op on the CPU). */
+void backend_synchronize(void);
 
 #endif

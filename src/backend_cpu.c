@@ -14,6 +14,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "devemu.h"
 #include "fastmath.h"
 #include "util.h"
 
@@ -43,11 +44,13 @@ void backend_check_performance(void)
 
 const char *backend_name(void) { return "cpu (OpenBLAS + OpenMP)"; }
 
-int backend_is_device(void) { return 0; }
-
 void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                             int N, int C, int OC)
 {
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(inp);
+    DEVEMU_VIEW(weight);
+    DEVEMU_VIEW(bias);
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for
@@ -62,6 +65,12 @@ void backend_matmul_forward(float *out, const float *inp, const float *weight, c
 void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, int N, int C, int OC)
 {
+    DEVEMU_VIEW(dinp);
+    DEVEMU_VIEW(dweight);
+    DEVEMU_VIEW(dbias);
+    DEVEMU_VIEW(dout);
+    DEVEMU_VIEW(inp);
+    DEVEMU_VIEW(weight);
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC,
                     0.0f, dinp, C);
@@ -89,12 +98,20 @@ void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const fl
 
 void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC)
 {
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(inp);
+    DEVEMU_VIEW(weight);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
 }
 
 void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
                                         const float *weight, int N, int C, int OC)
 {
+    DEVEMU_VIEW(dinp);
+    DEVEMU_VIEW(dweight);
+    DEVEMU_VIEW(dout);
+    DEVEMU_VIEW(inp);
+    DEVEMU_VIEW(weight);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
 }
@@ -102,6 +119,12 @@ void backend_matmul_backward_transposed(float *dinp, float *dweight, const float
 void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *weight, const float *bias, int N, int C)
 {
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(mean);
+    DEVEMU_VIEW(rstd);
+    DEVEMU_VIEW(inp);
+    DEVEMU_VIEW(weight);
+    DEVEMU_VIEW(bias);
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
         const float *x = inp + (size_t)i * C;
@@ -128,6 +151,15 @@ void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const
                                 const float *inp, const float *weight, const float *mean,
                                 const float *rstd, float *scratch, int N, int C)
 {
+    DEVEMU_VIEW(dinp);
+    DEVEMU_VIEW(dweight);
+    DEVEMU_VIEW(dbias);
+    DEVEMU_VIEW(dout);
+    DEVEMU_VIEW(inp);
+    DEVEMU_VIEW(weight);
+    DEVEMU_VIEW(mean);
+    DEVEMU_VIEW(rstd);
+    DEVEMU_VIEW(scratch);
     /* Input gradient row by row in parallel; the weight and bias gradients are
      * column sums, reduced per thread into private rows and then added up. */
     int nthreads = omp_get_max_threads();
@@ -173,6 +205,8 @@ size_t backend_layernorm_scratch(int C) { return (size_t)omp_get_max_threads() *
 
 void backend_gelu_forward(float *out, const float *inp, size_t n)
 {
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(inp);
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -183,6 +217,9 @@ void backend_gelu_forward(float *out, const float *inp, size_t n)
 
 void backend_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
 {
+    DEVEMU_VIEW(dinp);
+    DEVEMU_VIEW(inp);
+    DEVEMU_VIEW(dout);
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -197,6 +234,9 @@ void backend_gelu_backward(float *dinp, const float *inp, const float *dout, siz
 
 void backend_add(float *out, const float *a, const float *b, size_t n)
 {
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(a);
+    DEVEMU_VIEW(b);
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
@@ -206,6 +246,9 @@ size_t backend_attention_scratch(int T) { return (size_t)omp_get_max_threads() *
 
 void backend_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(att);
+    DEVEMU_VIEW(qkv);
     const int hs = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -249,6 +292,11 @@ void backend_attention_forward(float *out, float *att, const float *qkv, int B, 
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                 float *scratch, int B, int T, int C, int NH)
 {
+    DEVEMU_VIEW(dqkv);
+    DEVEMU_VIEW(dout);
+    DEVEMU_VIEW(qkv);
+    DEVEMU_VIEW(att);
+    DEVEMU_VIEW(scratch);
     const int hs = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -295,6 +343,10 @@ void backend_attention_backward(float *dqkv, const float *dout, const float *qkv
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                int B, int T, int C)
 {
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(tokens);
+    DEVEMU_VIEW(wte);
+    DEVEMU_VIEW(wpe);
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -309,6 +361,10 @@ void backend_embedding_forward(float *out, const int32_t *tokens, const float *w
 void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                                 int B, int T, int C)
 {
+    DEVEMU_VIEW(dwte);
+    DEVEMU_VIEW(dwpe);
+    DEVEMU_VIEW(dout);
+    DEVEMU_VIEW(tokens);
     /* Threads own disjoint column ranges, so repeated tokens never race. */
 #pragma omp parallel
     {
@@ -329,6 +385,9 @@ void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, con
 
 void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)
 {
+    DEVEMU_VIEW(losses);
+    DEVEMU_VIEW(logits);
+    DEVEMU_VIEW(targets);
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
         float *row = logits + (size_t)i * Vp;
@@ -354,6 +413,8 @@ void backend_crossentropy_forward(float *losses, float *logits, const int32_t *t
 
 void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
 {
+    DEVEMU_VIEW(probs);
+    DEVEMU_VIEW(targets);
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
         float *row = probs + (size_t)i * Vp;
@@ -365,6 +426,7 @@ void backend_crossentropy_backward(float *probs, const int32_t *targets, float d
 
 double backend_sum_squares(const float *x, size_t n)
 {
+    DEVEMU_VIEW(x);
     double sum = 0.0;
 #pragma omp parallel for simd reduction(+ : sum)
     for (size_t i = 0; i < n; i++)
@@ -374,6 +436,7 @@ double backend_sum_squares(const float *x, size_t n)
 
 int backend_all_finite(const float *x, size_t n)
 {
+    DEVEMU_VIEW(x);
     int bad = 0;
 #pragma omp parallel for reduction(| : bad)
     for (size_t i = 0; i < n; i++)
@@ -383,11 +446,15 @@ int backend_all_finite(const float *x, size_t n)
 
 void backend_scale(float *x, float s, size_t n)
 {
+    DEVEMU_VIEW(x);
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++)
         x[i] *= s;
 }
 
-void backend_zero(float *x, size_t n) { memset(x, 0, n * sizeof *x); }
+void backend_zero(float *x, size_t n)
+{
+    DEVEMU_VIEW(x);
+    memset(x, 0, n * sizeof *x);
+}
 
-void backend_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "devemu.h"
 #include "dtype.h"
 #include "util.h"
 
@@ -243,9 +244,21 @@ static void run_single(const struct comm_op *op)
         memmove(op->recv, op->send, bytes);
 }
 
+/* Emulated device memory (devemu.h): the collective works on the read-write
+ * views, and like NCCL it refuses a call that mixes device and host buffers. */
+static void emulated_operands(struct comm_op *op)
+{
+    void *send = devemu_host(op->send), *recv = devemu_host(op->recv);
+    if (op->send && op->recv && (send != op->send) != (recv != op->recv))
+        fail_internal("%s mixes device and host buffers", comm_kind_name(op->kind));
+    op->send = send;
+    op->recv = recv;
+}
+
 static void submit(struct comm *c, struct comm_op op, struct comm_request *req)
 {
     struct comm_mpi *m = c->impl;
+    emulated_operands(&op);
     struct comm_request local = {0};
     if (!req)
         req = &local;

@@ -38,6 +38,8 @@ void gpt2_plan(const struct model *m, int B, int T, int interval, size_t bytes[B
     bytes[BUF_LOGITS] += f32(BT * C) + 2 * f32(BT) + f32(BT * Vp) + f32(BT);
     bytes[BUF_WORKSPACE] += 3 * f32(BT * C) + f32(BT * 3 * C) + f32(BT * 4 * C) + f32(scratch_floats(m, T)) +
                             2 * arena_round(BT * sizeof(int32_t));
+    if (backend_is_device())
+        bytes[BUF_STAGING] += 2 * arena_round(BT * sizeof(int32_t)) + f32(BT);
 }
 
 void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, int interval,
@@ -98,8 +100,34 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
     a->dwork_4c = ALLOC(BUF_WORKSPACE, BT * 4 * C);
     a->scratch = ALLOC(BUF_WORKSPACE, scratch_floats(m, T));
 #undef ALLOC
-    a->inputs = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
-    a->targets = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
+    a->dev_inputs = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
+    a->dev_targets = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
+    if (backend_is_device()) {
+        struct arena *pinned = &arenas[SPACE_PINNED];
+        a->inputs = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(int32_t), 1);
+        a->targets = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(int32_t), 1);
+        a->host_losses = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(float), 1);
+    } else {
+        a->inputs = a->dev_inputs;
+        a->targets = a->dev_targets;
+        a->host_losses = a->losses;
+    }
+}
+
+void gpt2_read_logits(const struct gpt2_acts *a, const struct model *m, int row, float *out)
+{
+    const size_t Vp = (size_t)m->cfg.padded_vocab;
+    backend_copy(out, a->logits + (size_t)row * Vp, Vp * sizeof *out);
+}
+
+/* Moves the caller's token ids to the kernels' buffers (nothing to do on the CPU). */
+static void upload_tokens(struct gpt2_acts *a, int N, int with_targets)
+{
+    if (a->dev_inputs == a->inputs)
+        return;
+    backend_copy(a->dev_inputs, a->inputs, (size_t)N * sizeof(int32_t));
+    if (with_targets)
+        backend_copy(a->dev_targets, a->targets, (size_t)N * sizeof(int32_t));
 }
 
 void gpt2_acts_free(struct gpt2_acts *a)
@@ -166,14 +194,14 @@ static void block_backward(const struct model *m, const struct block_params *p, 
     backend_matmul_backward(a->dwork_4c, g->fcproj_w, g->fcproj_b, dy, ba->fch_gelu, p->fcproj_w, N, 4 * C, C);
     backend_gelu_backward(a->dwork_4c, ba->fch, a->dwork_4c, (size_t)N * 4 * C);
     backend_matmul_backward(a->dwork_c, g->fc_w, g->fc_b, a->dwork_4c, ba->ln2, p->fc_w, N, C, 4 * C);
-    memcpy(dres2, dy, NC * sizeof *dres2);
+    backend_copy(dres2, dy, NC * sizeof *dres2);
     backend_layernorm_backward(dres2, g->ln2_w, g->ln2_b, a->dwork_c, ba->res2, p->ln2_w, ba->ln2_mean,
                                ba->ln2_rstd, a->scratch, N, C);
     /* attention */
     backend_matmul_backward(a->dwork_c, g->attproj_w, g->attproj_b, dres2, ba->atty, p->attproj_w, N, C, C);
     backend_attention_backward(a->dwork_3c, a->dwork_c, ba->qkv, ba->att, a->scratch, B, T, C, NH);
     backend_matmul_backward(a->dwork_c, g->qkv_w, g->qkv_b, a->dwork_3c, ba->ln1, p->qkv_w, N, C, 3 * C);
-    memcpy(dy, dres2, NC * sizeof *dy);
+    backend_copy(dy, dres2, NC * sizeof *dy);
     backend_layernorm_backward(dy, g->ln1_w, g->ln1_b, a->dwork_c, x, p->ln1_w, ba->ln1_mean, ba->ln1_rstd,
                                a->scratch, N, C);
 }
@@ -262,8 +290,9 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
 
     const struct unit_desc *eu = &m->units[0];
     const size_t NC = (size_t)N * C;
+    upload_tokens(a, N, with_targets);
     const float *emb = zero_acquire(z, 0);
-    backend_embedding_forward(block_in(a, 0), a->inputs, emb + eu->tensors[ET_WTE].offset,
+    backend_embedding_forward(block_in(a, 0), a->dev_inputs, emb + eu->tensors[ET_WTE].offset,
                               emb + eu->tensors[ET_WPE].offset, B, T, C);
     zero_release(z, 0);
 
@@ -294,13 +323,15 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
     else
         zero_release(z, 0);
     if (a->debug_logits)
-        memcpy(a->debug_logits, a->logits, (size_t)N * Vp * sizeof *a->logits);
+        backend_copy(a->debug_logits, a->logits, (size_t)N * Vp * sizeof *a->logits);
     if (!with_targets)
         return 0.0f;
-    backend_crossentropy_forward(a->losses, a->logits, a->targets, N, V, Vp);
+    backend_crossentropy_forward(a->losses, a->logits, a->dev_targets, N, V, Vp);
+    if (a->host_losses != a->losses)
+        backend_copy(a->host_losses, a->losses, (size_t)N * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < N; i++)
-        sum += a->losses[i];
+        sum += a->host_losses[i];
     return (float)(sum / N);
 }
 
@@ -311,7 +342,7 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
     const int N = B * T, head = model_head_unit(m);
     const struct unit_desc *eu = &m->units[0], *hu = &m->units[head];
 
-    backend_crossentropy_backward(a->logits, a->targets, dloss_scale, N, V, Vp);
+    backend_crossentropy_backward(a->logits, a->dev_targets, dloss_scale, N, V, Vp);
     float *emb_grad = zero_grad_open(z, 0);
     backend_matmul_backward_transposed(a->dwork_c, emb_grad + eu->tensors[ET_WTE].offset, a->logits, a->lnf,
                                        a->head_wte, N, C, Vp);
@@ -357,6 +388,6 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
     }
 
     backend_embedding_backward(emb_grad + eu->tensors[ET_WTE].offset, emb_grad + eu->tensors[ET_WPE].offset,
-                               a->dresid_a, a->inputs, B, T, C);
+                               a->dresid_a, a->dev_inputs, B, T, C);
     zero_grad_done(z, 0);
 }

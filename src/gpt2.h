@@ -57,8 +57,10 @@ struct gpt2_acts {
     float *dwork_3c;          /* (B, T, 3C): dqkv */
     float *dwork_4c;          /* (B, T, 4C): dfch */
     float *scratch;           /* attention and layernorm backward scratch */
-    int32_t *inputs, *targets; /* (B, T) */
-    float *debug_logits;      /* when set, forward copies the logits here (tests) */
+    int32_t *inputs, *targets; /* (B, T) host memory: the caller fills them before forward */
+    int32_t *dev_inputs, *dev_targets; /* (B, T) the kernels' copies (the same buffers on the CPU) */
+    float *host_losses;       /* (B, T) the losses read back (a->losses on the CPU) */
+    float *debug_logits;      /* when set, forward copies the logits here (host memory; tests) */
     const float *head_wte;    /* the gathered embedding, from the forward to the backward */
     const float **seg_params; /* (interval) a segment's gathered blocks during recompute + backward */
 };
@@ -75,6 +77,8 @@ void gpt2_free_passes(struct zero_pass *train, struct zero_pass *eval);
  * every `interval` blocks (0: off) (plan.c adds them up). */
 void gpt2_plan(const struct model *m, int B, int T, int interval, size_t bytes[BUF_COUNT]);
 /* ckpt_space: where the kept segment inputs live (pinned host with cpu_checkpointing). */
+/* Copies row `row` of the logits (Vp floats) into host memory. */
+void gpt2_read_logits(const struct gpt2_acts *a, const struct model *m, int row, float *out);
 void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, int interval,
                     enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT], struct mem_tracker *mem);
 void gpt2_acts_free(struct gpt2_acts *a);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend.h"
 #include "gpt2.h"
 #include "util.h"
 #include "zero.h"
@@ -16,9 +17,13 @@ enum mem_space plan_space(const struct config *cfg, enum buf_class c)
     case BUF_ADAM_M:
     case BUF_ADAM_V:
     case BUF_FP32_GRADS:
+        /* a device backend keeps the optimizer state in pinned host memory, always */
+        if (backend_is_device())
+            return SPACE_PINNED;
         if (!cfg->zero.offload_optimizer)
             return SPACE_DEVICE;
         return cfg->zero.offload_pin_memory ? SPACE_PINNED : SPACE_HOST;
+    case BUF_STAGING: return SPACE_PINNED;
     case BUF_ACT_CKPT: return cfg->act_ckpt.enabled && cfg->act_ckpt.cpu_checkpointing ? SPACE_PINNED : SPACE_DEVICE;
     default: return SPACE_DEVICE;
     }

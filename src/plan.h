@@ -30,7 +30,9 @@ void plan_compute(struct mem_plan *p, const struct model *m, const struct config
 /* The memory space of a buffer class under this config: the optimizer state
  * (master weights, Adam m and v, fp32 gradient shard) in pinned host memory
  * with offload_optimizer (ordinary host memory with pin_memory false), kept
- * activations in pinned host memory with cpu_checkpointing. */
+ * activations in pinned host memory with cpu_checkpointing. A device backend
+ * keeps the optimizer state in pinned host memory whatever the config says,
+ * and its staging buffers there too. */
 enum mem_space plan_space(const struct config *cfg, enum buf_class c);
 /* The activation checkpointing interval in effect (0: off). */
 int plan_ckpt_interval(const struct config *cfg);

@@ -289,6 +289,7 @@ static void sample_text(struct trainer *tr)
         return;
     int32_t *ctx = xcalloc((size_t)n + 1, sizeof *ctx);
     double *probs = xcalloc((size_t)V, sizeof *probs);
+    float *row = xcalloc((size_t)Vp, sizeof *row);
     uint64_t rng = cfg->train.seed ^ 0x5A3F1E5ull;
     int len = 1;
     ctx[0] = V >= 256 ? '\n' : 0;
@@ -298,7 +299,7 @@ static void sample_text(struct trainer *tr)
         zero_begin_pass(&tr->zero, &tr->eval_pass);
         gpt2_forward(&tr->zero, &tr->acts, 1, t, 0, GPT2_EVAL);
         zero_end_pass(&tr->zero);
-        const float *row = tr->acts.logits + (size_t)(t - 1) * Vp;
+        gpt2_read_logits(&tr->acts, &tr->model, t - 1, row);
         double mx = -INFINITY, sum = 0.0;
         for (int j = 0; j < V; j++)
             mx = row[j] > mx ? row[j] : mx;
@@ -330,6 +331,7 @@ static void sample_text(struct trainer *tr)
     }
     free(ctx);
     free(probs);
+    free(row);
 }
 
 /* Model shape attributes checked on resume: a checkpoint of another model is refused. */
@@ -476,9 +478,6 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     const char *bench = getenv("SHARDLM_BENCH");
     tr.comm_only = bench && strcmp(bench, "comm-only") == 0;
     backend_init(cfg->train.threads);
-    if (backend_is_device())
-        fail_input("this CUDA build found its GPU and has its kernels, but the engine cannot place its buffers in "
-                   "device memory yet (issue 6 is open). Hint: train with bin/shardlm, the CPU build");
     trainer_setup(&tr);
     backend_check_performance();
 

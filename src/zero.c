@@ -131,7 +131,8 @@ static bool pool_has_free(struct zero *z, enum zero_pool_set set, int unit)
 
 /* ---- init ------------------------------------------------------------------ */
 
-static void init_params(struct zero *z, int u, float *scratch)
+/* scratch: fp32, then the parameter dtype, for the largest unit (host memory). */
+static void init_params(struct zero *z, int u, float *scratch, void *cast)
 {
     struct zero_unit *zu = &z->units[u];
     size_t begin = zu->sharded ? zu->opt_begin : 0, count = zu->sharded ? zu->shard : zu->padded;
@@ -141,7 +142,8 @@ static void init_params(struct zero *z, int u, float *scratch)
         return;
     }
     model_init_range(z->model, u, begin, count, scratch);
-    dtype_convert(dst, z->dtype, scratch, DTYPE_F32, count);
+    dtype_convert(cast, z->dtype, scratch, DTYPE_F32, count);
+    backend_copy(dst, cast, count * z->esize);
     memcpy(zu->master, scratch + (zu->opt_begin - begin), zu->opt_count * sizeof(float));
 }
 
@@ -159,7 +161,8 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     z->dtype = cfg->dtype;
     z->esize = (size_t)dtype_size(cfg->dtype);
     z->half = cfg->dtype != DTYPE_F32;
-    z->master_copy = z->half || cfg->zero.offload_optimizer;
+    z->device = backend_is_device();
+    z->master_copy = z->half || cfg->zero.offload_optimizer || z->device;
     z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;
     z->prefetch_elems = cfg->zero.stage3_prefetch_bucket_size;
     z->max_live_elems = cfg->zero.stage3_max_live_parameters;
@@ -176,6 +179,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     for (int u = 0; u < m->n_units; u++)
         largest = z->units[u].padded > largest ? z->units[u].padded : largest;
     float *scratch = z->master_copy ? xcalloc(largest, sizeof *scratch) : NULL;
+    void *cast = z->master_copy ? xcalloc(largest, z->esize) : NULL;
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         if (zu->sharded)
@@ -185,7 +189,14 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
         if (z->master_copy)
             zu->master = arena_alloc(&arenas[plan_space(cfg, BUF_MASTER)], mem, BUF_MASTER,
                                      zu->opt_count * sizeof(float), 1);
-        if (z->stage <= 1) {
+        if (z->stage <= 1 && z->device) {
+            /* the kernels accumulate on the device; the optimizer reads its range from the host */
+            zu->grads = arena_alloc(dev, mem, BUF_GRADS, zu->padded * sizeof(float), 1);
+            if (z->half)
+                zu->grads_comm = arena_alloc(dev, mem, BUF_GRADS, zu->padded * z->esize, 1);
+            zu->grad_shard = arena_alloc(&arenas[plan_space(cfg, BUF_FP32_GRADS)], mem, BUF_FP32_GRADS,
+                                         zu->opt_count * sizeof(float), 1);
+        } else if (z->stage <= 1) {
             zu->grads = arena_alloc(&arenas[plan_space(cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
                                     z->master_copy ? BUF_FP32_GRADS : BUF_GRADS, zu->padded * sizeof(float), 1);
             if (z->master_copy)
@@ -198,9 +209,10 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
         }
         zu->adam_m = arena_alloc(opt, mem, BUF_ADAM_M, zu->opt_count * sizeof(float), 1);
         zu->adam_v = arena_alloc(opt, mem, BUF_ADAM_V, zu->opt_count * sizeof(float), 1);
-        init_params(z, u, scratch);
+        init_params(z, u, scratch, cast);
     }
     free(scratch);
+    free(cast);
     for (int set = 0; set < POOL_SETS; set++)
         for (int k = 0; k < ZERO_POOLS; k++) {
             struct zero_pool *p = &z->pools[set][k];
@@ -307,9 +319,9 @@ static void finish_reduce_scatter(struct zero *z)
     if (!z->dry) {
         comm_wait(z->comm, &zu->rs_req);
         if (z->half)
-            dtype_add_to_f32(zu->grad_shard, zu->grad_recv, z->dtype, zu->shard);
+            backend_add_to_f32(zu->grad_shard, zu->grad_recv, z->dtype, zu->shard);
         else if (z->master_copy) /* fp32 offload: the result already holds the accumulated shard */
-            memcpy(zu->grad_shard, zu->grad_recv, zu->shard * sizeof(float));
+            backend_copy(zu->grad_shard, zu->grad_recv, zu->shard * sizeof(float));
     }
     zu->rs_pending = false;
     if (z->master_copy)
@@ -355,7 +367,7 @@ const float *zero_acquire(struct zero *z, int u)
         return full;
     float *copy = slot_ptr(pool(z, POOL_COMPUTE, u), zu->compute_slot);
     if (zu->refs == 1)
-        dtype_convert(copy, DTYPE_F32, full, z->dtype, zu->padded);
+        backend_convert(copy, DTYPE_F32, full, z->dtype, zu->padded);
     return copy;
 }
 
@@ -405,7 +417,7 @@ void zero_grad_done(struct zero *z, int u)
         zu->send_slot = pool_take(z, POOL_SEND, u);
         if (!z->dry) {
             void *send = slot_ptr(pool(z, POOL_SEND, u), zu->send_slot);
-            dtype_convert(send, z->dtype, slot_ptr(pool(z, POOL_GRAD, u), zu->grad_slot), DTYPE_F32, zu->padded);
+            backend_convert(send, z->dtype, slot_ptr(pool(z, POOL_GRAD, u), zu->grad_slot), DTYPE_F32, zu->padded);
             if (!z->half) {
                 /* fp32: accumulate as the path without offload does, so both give the same bits */
                 float *own = (float *)send + (size_t)z->rank * zu->shard;
@@ -428,7 +440,10 @@ void zero_grad_done(struct zero *z, int u)
 
 /* ---- the optimizer step ------------------------------------------------------ */
 
-static float *opt_grads(struct zero_unit *zu) { return zu->grads ? zu->grads + zu->opt_begin : zu->grad_shard; }
+/* The fp32 gradients of the optimizer range: the shard (stages 2-3, and the
+ * host copy of the range at stages 0-1 on a device), else the range of the
+ * whole-unit gradients. */
+static float *opt_grads(struct zero_unit *zu) { return zu->grad_shard ? zu->grad_shard : zu->grads + zu->opt_begin; }
 
 /* The parameter-dtype storage of the optimizer range. */
 static void *opt_params(const struct zero *z, struct zero_unit *zu)
@@ -440,7 +455,7 @@ void zero_zero_grads(struct zero *z)
 {
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
-        if (zu->grads)
+        if (zu->grads) /* stages 0-1: a device's host range is overwritten at the boundary */
             backend_zero(zu->grads, zu->padded);
         else
             backend_zero(zu->grad_shard, zu->shard);
@@ -455,8 +470,8 @@ void zero_reduce_grads(struct zero *z)
         struct zero_unit *zu = &z->units[u];
         count_traffic(z, COMM_ALLREDUCE, zu->padded, z->esize);
         void *buf = zu->grads;
-        if (z->master_copy) {
-            dtype_convert(zu->grads_comm, z->dtype, zu->grads, DTYPE_F32, zu->padded);
+        if (zu->grads_comm) {
+            backend_convert(zu->grads_comm, z->dtype, zu->grads, DTYPE_F32, zu->padded);
             buf = zu->grads_comm;
         }
         comm_allreduce(z->comm, buf, zu->padded, z->comm_dtype, COMM_SUM, &zu->rs_req);
@@ -464,8 +479,13 @@ void zero_reduce_grads(struct zero *z)
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         comm_wait(z->comm, &zu->rs_req);
-        if (z->master_copy)
-            dtype_convert(zu->grads, DTYPE_F32, zu->grads_comm, z->dtype, zu->padded);
+        if (z->device && zu->grads_comm)
+            backend_convert(zu->grad_shard, DTYPE_F32, elem(zu->grads_comm, zu->opt_begin, z->esize), z->dtype,
+                            zu->opt_count);
+        else if (z->device)
+            backend_copy(zu->grad_shard, zu->grads + zu->opt_begin, zu->opt_count * sizeof(float));
+        else if (zu->grads_comm)
+            backend_convert(zu->grads, DTYPE_F32, zu->grads_comm, z->dtype, zu->padded);
     }
 }
 
@@ -518,8 +538,12 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
                 continue;
             size_t off = lo - r0;
             hp.weight_decay = td->decay ? oc->weight_decay : 0.0f;
+            /* host memory: the new parameters come with the update; device memory:
+             * the device casts them from the pinned master */
             adamw_update(master + off, zu->adam_m + off, zu->adam_v + off, g + off, hi - lo, &hp,
-                         z->master_copy ? elem(p, off, z->esize) : NULL, z->dtype);
+                         z->master_copy && !z->device ? elem(p, off, z->esize) : NULL, z->dtype);
+            if (z->device)
+                backend_convert(elem(p, off, z->esize), z->dtype, master + off, DTYPE_F32, hi - lo);
         }
     }
     /* Where a stage keeps parameters whole, every rank takes the others' updated slices. */
@@ -543,14 +567,24 @@ void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS])
     memset(z->traffic, 0, sizeof z->traffic);
 }
 
+/* Gathers a shard held anywhere into host memory: collectives take buffers of
+ * one space, so a device shard goes to the host first. */
+static void gather_to_host(struct zero *z, const void *shard, size_t count, size_t esize, enum comm_dtype dt,
+                           void *out)
+{
+    void *own = (char *)out + (size_t)z->rank * count * esize;
+    backend_copy(own, shard, count * esize);
+    comm_allgather(z->comm, own, out, count, dt, NULL);
+}
+
 void zero_gather_unit(struct zero *z, int u, float *out)
 {
     struct zero_unit *zu = &z->units[u];
     void *full = z->half ? xcalloc(zu->padded, z->esize) : out;
     if (zu->sharded)
-        comm_allgather(z->comm, zu->param_shard, full, zu->shard, z->comm_dtype, NULL);
+        gather_to_host(z, zu->param_shard, zu->shard, z->esize, z->comm_dtype, full);
     else
-        memcpy(full, zu->params, zu->padded * z->esize);
+        backend_copy(full, zu->params, zu->padded * z->esize);
     if (z->half) {
         dtype_convert(out, DTYPE_F32, full, z->dtype, zu->padded);
         free(full);
@@ -561,9 +595,9 @@ void zero_gather_grads(struct zero *z, int u, float *out)
 {
     struct zero_unit *zu = &z->units[u];
     if (zu->grads)
-        memcpy(out, zu->grads, zu->padded * sizeof *out);
+        backend_copy(out, zu->grads, zu->padded * sizeof *out);
     else
-        comm_allgather(z->comm, zu->grad_shard, out, zu->shard, COMM_F32, NULL);
+        gather_to_host(z, zu->grad_shard, zu->shard, sizeof(float), COMM_F32, out);
 }
 
 void zero_note_pool_peaks(struct zero *z)
@@ -644,7 +678,7 @@ void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         if (z->master_copy)
-            dtype_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
+            backend_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
         if (z->stage > 0 && !zu->sharded)
             comm_allgather(z->comm, opt_params(z, zu), zu->params, zu->shard, z->comm_dtype, NULL);
     }
@@ -678,7 +712,11 @@ void zero_plan(const struct model *m, const struct config *cfg, int world, const
         struct zero_unit *zu = &z.units[u];
         bytes[BUF_PARAMS] += d_bytes(&z, zu->sharded ? zu->shard : zu->padded);
         size_t grad_elems = z.stage <= 1 ? zu->padded : zu->shard;
-        if (z.master_copy) {
+        if (z.device && z.stage <= 1) {
+            bytes[BUF_GRADS] += f32_bytes(zu->padded) + (z.half ? d_bytes(&z, zu->padded) : 0);
+            bytes[BUF_FP32_GRADS] += f32_bytes(zu->opt_count);
+            bytes[BUF_MASTER] += f32_bytes(zu->opt_count);
+        } else if (z.master_copy) {
             bytes[BUF_MASTER] += f32_bytes(zu->opt_count);
             bytes[BUF_FP32_GRADS] += f32_bytes(grad_elems);
             bytes[BUF_GRADS] += d_bytes(&z, grad_elems);

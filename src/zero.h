@@ -99,7 +99,8 @@ struct zero_unit {
     float *master;      /* fp32 master of the optimizer range (half precision; fp32 uses params) */
     float *grads;       /* fp32 whole-unit gradients accumulated over micro-batches, stages 0-1 */
     void *grads_comm;   /* half precision, stages 0-1: the gradients cast for the all-reduce */
-    float *grad_shard;  /* fp32 accumulated gradient shard, stages 2-3 */
+    float *grad_shard;  /* fp32 accumulated gradient shard, stages 2-3; on a device at stages 0-1,
+                         * the host copy of the reduced gradients of the optimizer range */
     void *grad_recv;    /* half precision, stages 2-3: the reduce-scatter's result in the parameter dtype */
     float *adam_m, *adam_v; /* opt_count elements */
     /* runtime state of the current pass */
@@ -125,8 +126,10 @@ struct zero {
     size_t esize;                 /* bytes per parameter-dtype element */
     enum comm_dtype comm_dtype;
     bool half;                    /* dtype is fp16 or bf16: fp32 compute copies (CPU backend) */
-    bool master_copy;             /* half precision or optimizer offload: a separate fp32 master and
-                                   * fp32 gradient shard, where the optimizer state lives */
+    bool device;                  /* the backend's memory is a device: the optimizer state is always
+                                   * in pinned host memory, and host code never touches device memory */
+    bool master_copy;             /* half precision, optimizer offload or a device: a separate fp32
+                                   * master and fp32 gradient shard, where the optimizer state lives */
     struct zero_unit *units;
     struct zero_pool pools[POOL_SETS][ZERO_POOLS];
     size_t live_gathered_elems;   /* gathered or being gathered */

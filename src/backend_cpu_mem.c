@@ -1,0 +1,67 @@
+/*
+ * CPU backend, memory side: the three memory spaces are host memory, except
+ * under SHARDLM_EMULATE_DEVICE=1, where device memory is emulated (devemu.h)
+ * so that the engine's device paths run, and fault on any host access to
+ * device memory, without a GPU.
+ */
+
+#include "backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "devemu.h"
+#include "dtype.h"
+#include "plan.h"
+#include "util.h"
+
+int backend_is_device(void) { return devemu_enabled(); }
+
+void *backend_mem_alloc(enum mem_space space, size_t bytes, const char *what)
+{
+    void *p = NULL;
+    if (space == SPACE_DEVICE && devemu_enabled())
+        p = devemu_alloc(bytes);
+    else if (posix_memalign(&p, 4096, round_up(bytes ? bytes : 1, 4096)) == 0)
+        memset(p, 0, round_up(bytes ? bytes : 1, 4096));
+    else
+        p = NULL;
+    if (!p) {
+        char b[32];
+        fail_input("out of %s memory allocating %s for %s; shrink the plan (`shardlm plan` shows it)",
+                   arena_space_name(space), plan_format_bytes((double)bytes, b, sizeof b), what);
+    }
+    return p;
+}
+
+void backend_mem_free(enum mem_space space, void *p, size_t bytes)
+{
+    if (space == SPACE_DEVICE && devemu_enabled())
+        devemu_free(p);
+    else
+        free(p);
+}
+
+int backend_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = *total_bytes = 0;
+    return 0;
+}
+
+void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n)
+{
+    dtype_convert(devemu_host(dst), dst_dt, devemu_host(src), src_dt, n);
+}
+
+void backend_add_to_f32(float *acc, const void *src, enum dtype dt, size_t n)
+{
+    dtype_add_to_f32(devemu_host(acc), devemu_host(src), dt, n);
+}
+
+void backend_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes)
+        memcpy(devemu_host(dst), devemu_host(src), bytes);
+}
+
+void backend_synchronize(void) {}
