@@ -128,4 +128,11 @@ void backend_add_to_f32(float *acc, const void *src, enum dtype dt, size_t n);
 /* Waits for every kernel and copy issued so far (a no-op on the CPU). */
 void backend_synchronize(void);
 
+struct comm;
+/* Gives c a transport for collectives of device buffers (comm.h), after
+ * backend_init: NCCL from an ncclUniqueId that rank 0 broadcasts over MPI,
+ * or with SHARDLM_COMM=mpi the host-staged MPI path (several ranks on one
+ * GPU). Nothing on the CPU, where device memory is host memory to MPI. */
+void backend_attach_comm(struct comm *c);
+
 #endif

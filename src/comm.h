@@ -22,6 +22,13 @@
  * exposed (the caller blocked) and how long the collectives took; the engine
  * counts the bytes it moves itself (zero.c), by the formulas of DESIGN §3.
  *
+ * Device buffers: a device backend attaches a transport for them
+ * (backend_attach_comm: NCCL on its own stream in the CUDA build), and every
+ * collective whose buffers are device memory goes there; host buffers keep
+ * going through MPI. One collective never mixes the two. A device request's
+ * comm_wait orders the device's compute after the collective instead of
+ * blocking the host.
+ *
  * Owns: MPI initialisation and finalisation, the communication thread. The
  * engine never includes mpi.h.
  */
@@ -38,6 +45,18 @@ enum comm_reduce { COMM_SUM = 0, COMM_MAX };
 struct comm_request {
     volatile int done;
     int active;
+    int on_device;  /* started on the device transport */
+    int event;      /* the transport's handle for it */
+};
+
+/* The collectives of device buffers (see above). kind COMM_KINDS: barrier. */
+struct comm_device_ops {
+    int (*is_device)(const void *p);
+    void (*collective)(void *ctx, enum comm_kind kind, const void *send, void *recv, size_t count,
+                       enum comm_dtype dt, enum comm_reduce op, int root, struct comm_request *req);
+    void (*wait)(void *ctx, struct comm_request *req);
+    void (*finalize)(void *ctx);
+    void *ctx;
 };
 
 struct comm {
@@ -46,6 +65,7 @@ struct comm {
     double wait_seconds;       /* time spent blocked in comm_wait (exposed communication) */
     double busy_seconds;       /* time the communication thread spent in collectives */
     int skip;                  /* SHARDLM_BENCH=compute-only: collectives do nothing (benchmarks) */
+    struct comm_device_ops *device; /* NULL: every buffer is host memory to MPI */
     void *impl;
 };
 

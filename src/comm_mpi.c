@@ -218,6 +218,10 @@ void comm_init(struct comm *c, int *argc, char ***argv)
 
 void comm_finalize(struct comm *c)
 {
+    if (c->device) {
+        c->device->finalize(c->device->ctx);
+        c->device = NULL;
+    }
     struct comm_mpi *m = c->impl;
     if (m->thread_started) {
         pthread_mutex_lock(&m->lock);
@@ -255,15 +259,41 @@ static void emulated_operands(struct comm_op *op)
     op->recv = recv;
 }
 
+/* Hands a collective of device buffers to the device transport; returns 0
+ * when its buffers are host memory. */
+static int device_collective(struct comm *c, const struct comm_op *op, struct comm_request *req)
+{
+    struct comm_device_ops *d = c->device;
+    if (!d || op->kind == COMM_KINDS)
+        return 0;
+    int send_dev = op->send && d->is_device(op->send), recv_dev = op->recv && d->is_device(op->recv);
+    if (op->send && op->recv && send_dev != recv_dev)
+        fail_internal("%s mixes device and host buffers", comm_kind_name(op->kind));
+    if (!send_dev && !recv_dev)
+        return 0;
+    req->done = 0;
+    req->active = 1;
+    req->on_device = 1;
+    if (!c->skip)
+        d->collective(d->ctx, op->kind, op->send, op->recv, op->count, op->dtype, op->reduce, op->root, req);
+    return 1;
+}
+
 static void submit(struct comm *c, struct comm_op op, struct comm_request *req)
 {
     struct comm_mpi *m = c->impl;
     emulated_operands(&op);
     struct comm_request local = {0};
+    if (device_collective(c, &op, req ? req : &local)) {
+        if (!req)
+            comm_wait(c, &local);
+        return;
+    }
     if (!req)
         req = &local;
     req->done = 0;
     req->active = 1;
+    req->on_device = 0;
     op.req = req;
     if (c->skip) {
         req->done = 1;
@@ -288,6 +318,12 @@ void comm_wait(struct comm *c, struct comm_request *req)
 {
     if (!req->active)
         return;
+    if (req->on_device) {
+        if (!c->skip)
+            c->device->wait(c->device->ctx, req);
+        req->active = 0;
+        return;
+    }
     struct comm_mpi *m = c->impl;
     if (!req->done) {
         double t0 = now_seconds();

@@ -478,6 +478,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     const char *bench = getenv("SHARDLM_BENCH");
     tr.comm_only = bench && strcmp(bench, "comm-only") == 0;
     backend_init(cfg->train.threads);
+    backend_attach_comm(comm);
     trainer_setup(&tr);
     backend_check_performance();
 

@@ -498,7 +498,11 @@ bool zero_grads_overflow(struct zero *z)
     return bad != 0;
 }
 
-void zero_inject_inf(struct zero *z) { opt_grads(&z->units[0])[0] = INFINITY; }
+void zero_inject_inf(struct zero *z)
+{
+    backend_synchronize(); /* the device may still be writing the gradients */
+    opt_grads(&z->units[0])[0] = INFINITY;
+}
 
 double zero_grad_norm(struct zero *z)
 {
@@ -512,6 +516,8 @@ double zero_grad_norm(struct zero *z)
 
 void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, float lr, float grad_scale)
 {
+    /* the host reads gradients the device wrote, and writes masters the device may still read */
+    backend_synchronize();
     z->adam_steps++;
     struct adamw_hparams hp = {
         .lr = lr,

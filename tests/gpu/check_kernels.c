@@ -7,7 +7,9 @@
  * fills the CUDA outputs with NaN first (so an element a kernel forgets to
  * write fails the check), gives accumulated outputs (+=) the same random
  * start on both sides, and compares: max |gpu - cpu| <= tol * max |cpu|, with
- * tol 1e-5 in fp32 (TF32 off). Prints "ok NAME" / "FAIL NAME: why".
+ * tol 1e-5 in fp32 (TF32 off). Casts must equal dtype.h's to the bit, and
+ * the kernels that the engine runs on pinned host memory (mapped) are run on
+ * it here. Prints "ok NAME" / "FAIL NAME: why".
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -18,6 +20,7 @@
 
 #include "backend.h"
 #include "cpu_names_decl.h"
+#include "dtype.h"
 
 #define TOL 1e-5
 
@@ -205,7 +208,7 @@ int main(void)
 
     /* reductions */
     double want = cpu_sum_squares(inp, NC), got = backend_sum_squares(d_inp, NC);
-    char why[128];
+    char why[128], name_buf[64];
     snprintf(why, sizeof why, "got %.17g want %.17g", got, want);
     check_value("sum_squares", fabs(got - want) <= 1e-12 * want, why);
     check_value("all_finite_true", backend_all_finite(d_inp, NC) == 1, "reported a non-finite value");
@@ -214,6 +217,53 @@ int main(void)
     check_value("all_finite_false", backend_all_finite(d_inp, NC) == 0, "missed an inf");
     backend_zero(d_inp, NC);
     check_value("zero", backend_sum_squares(d_inp, NC) == 0.0, "not all zero");
+
+    /* casts, device <-> pinned host, bit for bit against dtype.h */
+    const size_t NX = 100003;
+    float *src = host_random(NX, 300.0f);
+    src[1] = INFINITY, src[2] = -0.0f, src[3] = 1e-8f, src[4] = 65520.0f; /* edge cases, fp16 overflow */
+    float *pinned = backend_mem_alloc(SPACE_PINNED, NX * 4, "check_kernels");
+    memcpy(pinned, src, NX * 4);
+    uint16_t *d16 = backend_mem_alloc(SPACE_DEVICE, NX * 2, "check_kernels");
+    uint16_t *want16 = malloc(NX * 2), *got16 = malloc(NX * 2);
+    const enum dtype halves[2] = {DTYPE_BF16, DTYPE_F16};
+    for (int h = 0; h < 2; h++) {
+        const char *tag = halves[h] == DTYPE_BF16 ? "bf16" : "fp16";
+        dtype_convert(want16, halves[h], src, DTYPE_F32, NX);
+        backend_convert(d16, halves[h], pinned, DTYPE_F32, NX); /* reads mapped pinned memory */
+        backend_copy(got16, d16, NX * 2);
+        size_t diff = 0;
+        for (size_t i = 0; i < NX; i++)
+            diff += want16[i] != got16[i];
+        snprintf(why, sizeof why, "%zu of %zu elements differ from dtype_convert", diff, NX);
+        snprintf(name_buf, sizeof name_buf, "convert_f32_to_%s_bits", tag);
+        check_value(name_buf, diff == 0, why);
+        /* accumulate into pinned fp32, as the engine adds a reduced shard */
+        float *acc = malloc(NX * 4);
+        memcpy(acc, src, NX * 4);
+        dtype_add_to_f32(acc, want16, halves[h], NX);
+        backend_add_to_f32(pinned, d16, halves[h], NX);
+        backend_synchronize();
+        diff = 0;
+        for (size_t i = 0; i < NX; i++)
+            diff += memcmp(&acc[i], &pinned[i], 4) != 0;
+        snprintf(why, sizeof why, "%zu of %zu elements differ from dtype_add_to_f32", diff, NX);
+        snprintf(name_buf, sizeof name_buf, "add_%s_to_pinned_f32", tag);
+        check_value(name_buf, diff == 0, why);
+        memcpy(pinned, src, NX * 4);
+        free(acc);
+    }
+    double pinned_sq = backend_sum_squares(pinned + 5, NX - 5), host_sq = cpu_sum_squares(src + 5, NX - 5);
+    snprintf(why, sizeof why, "got %.17g want %.17g", pinned_sq, host_sq);
+    check_value("sum_squares_on_pinned", fabs(pinned_sq - host_sq) <= 1e-12 * host_sq, why);
+    backend_zero(pinned, NX);
+    backend_synchronize();
+    size_t nonzero = 0;
+    for (size_t i = 0; i < NX; i++)
+        nonzero += pinned[i] != 0.0f;
+    check_value("zero_on_pinned", nonzero == 0, "elements left nonzero");
+    backend_mem_free(SPACE_DEVICE, d16, NX * 2);
+    backend_mem_free(SPACE_PINNED, pinned, NX * 4);
 
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed ? 1 : 0;

@@ -19,8 +19,9 @@ PC_LIBS=$(pkg-config --libs ompi hdf5-openmpi openblas jansson)
 gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_names.h $PC_CFLAGS \
   -c src/backend_cpu.c -o "$OUT/backend_cpu_renamed.o" &&
 gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu -I"$CUDA_HOME/include" $PC_CFLAGS \
-  tests/gpu/check_kernels.c "$OUT/backend_cpu_renamed.o" build/cuda/backend_cuda.o build/src/device_select.o \
-  build/src/util.o -o "$OUT/check_kernels" $PC_LIBS -L"$CUDA_HOME/lib64" -lcublas -lcudart -lstdc++ -lm \
+  tests/gpu/check_kernels.c "$OUT/backend_cpu_renamed.o" build/cuda/*.o \
+  $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu.o$' -e '/backend_cpu_mem.o$') \
+  -o "$OUT/check_kernels" $PC_LIBS -L"$CUDA_HOME/lib64" -lcublas -lcudart -lnccl -lstdc++ -lm \
   -Wl,-rpath,"$CUDA_HOME/lib64" || { echo "FAIL build_check_kernels"; echo "0 passed, 1 failed"; exit 1; }
 if [ "${1:-}" = "--build-only" ]; then
   echo "built $OUT/check_kernels"
