@@ -42,10 +42,18 @@ void backend_mem_free(enum mem_space space, void *p, size_t bytes)
         free(p);
 }
 
+/* Emulated devices have the capacity SHARDLM_EMULATE_DEVICE_MEM (bytes), so
+ * that the check of the plan against a GPU's free memory is tested too. */
 int backend_mem_info(size_t *free_bytes, size_t *total_bytes)
 {
+    const char *cap = getenv("SHARDLM_EMULATE_DEVICE_MEM");
     *free_bytes = *total_bytes = 0;
-    return 0;
+    if (!devemu_enabled() || !cap || !*cap)
+        return 0;
+    *total_bytes = (size_t)strtoull(cap, NULL, 10);
+    size_t used = devemu_allocated();
+    *free_bytes = used < *total_bytes ? *total_bytes - used : 0;
+    return 1;
 }
 
 void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n)

@@ -21,6 +21,7 @@ struct region {
  * engine got from devemu_alloc earlier. */
 static struct region g_regions[DEVEMU_MAX_REGIONS];
 static volatile int g_count;
+static size_t g_allocated;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
 int devemu_enabled(void)
@@ -66,6 +67,7 @@ void *devemu_alloc(size_t bytes)
     __atomic_store_n(&g_regions[slot].device, (char *)device, __ATOMIC_RELEASE);
     if (slot == g_count)
         __atomic_store_n(&g_count, g_count + 1, __ATOMIC_RELEASE);
+    g_allocated += bytes;
     pthread_mutex_unlock(&g_lock);
     return device;
 }
@@ -77,9 +79,18 @@ void devemu_free(void *p)
         if (g_regions[i].device == p) {
             munmap(g_regions[i].device, g_regions[i].bytes);
             munmap(g_regions[i].host, g_regions[i].bytes);
+            g_allocated -= g_regions[i].bytes;
             memset(&g_regions[i], 0, sizeof g_regions[i]);
         }
     pthread_mutex_unlock(&g_lock);
+}
+
+size_t devemu_allocated(void)
+{
+    pthread_mutex_lock(&g_lock);
+    size_t n = g_allocated;
+    pthread_mutex_unlock(&g_lock);
+    return n;
 }
 
 void *devemu_host(const void *p)

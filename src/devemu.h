@@ -20,6 +20,8 @@ int devemu_enabled(void);
 /* A zeroed emulated device allocation; NULL when the host is out of memory. */
 void *devemu_alloc(size_t bytes);
 void devemu_free(void *p);
+/* Bytes of emulated device memory allocated now. */
+size_t devemu_allocated(void);
 /* The read-write view of p when p lies in emulated device memory, else p. */
 void *devemu_host(const void *p);
 

@@ -81,3 +81,51 @@ void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const cha
                  t ? plan_format_bytes((double)peak, b, sizeof b) : "");
     }
 }
+
+/* The largest planned items of a space, "name (size), ..." into buf. */
+static void largest_items(const struct mem_plan *p, enum mem_space s, char *buf, size_t n)
+{
+    int done[BUF_COUNT] = {0};
+    buf[0] = 0;
+    for (int k = 0; k < 3; k++) {
+        int best = -1;
+        for (int c = 0; c < BUF_COUNT; c++)
+            if (!done[c] && p->space[c] == s && p->bytes[c] && (best < 0 || p->bytes[c] > p->bytes[best]))
+                best = c;
+        if (best < 0)
+            break;
+        done[best] = 1;
+        char b[32];
+        size_t len = strlen(buf);
+        snprintf(buf + len, n - len, "%s%s (%s)", k ? ", " : "", arena_class_name(best),
+                 plan_format_bytes((double)p->bytes[best], b, sizeof b));
+    }
+}
+
+void plan_check_device(const struct mem_plan *p, int at_start)
+{
+    size_t free_bytes, total;
+    if (!backend_mem_info(&free_bytes, &total))
+        return;
+    char a[32], b[32], c[32], items[256];
+    const size_t need = p->space_total[SPACE_DEVICE];
+    if (!at_start) {
+        log_info("device memory at the end: %s in use of %s (the plan's arenas: %s; the rest is the CUDA "
+                 "context and the libraries' workspaces)",
+                 plan_format_bytes((double)(total - free_bytes), a, sizeof a),
+                 plan_format_bytes((double)total, b, sizeof b), plan_format_bytes((double)need, c, sizeof c));
+        return;
+    }
+    log_info("device memory: the plan needs %s of the %s free on this GPU (%s total)",
+             plan_format_bytes((double)need, a, sizeof a), plan_format_bytes((double)free_bytes, b, sizeof b),
+             plan_format_bytes((double)total, c, sizeof c));
+    if (need <= free_bytes)
+        return;
+    largest_items(p, SPACE_DEVICE, items, sizeof items);
+    fail_input("the plan needs %s of device memory per rank, %s more than the %s free on this GPU; largest: %s. "
+               "Hint: zero_optimization.stage 3, offload_optimizer, activation_checkpointing or a smaller "
+               "train_micro_batch_size_per_gpu shrink it (`shardlm plan` shows the effect)",
+               plan_format_bytes((double)need, a, sizeof a),
+               plan_format_bytes((double)(need - free_bytes), b, sizeof b),
+               plan_format_bytes((double)free_bytes, c, sizeof c), items);
+}

@@ -40,6 +40,11 @@ int plan_ckpt_interval(const struct config *cfg);
  * of a pooled class (gathered units, gradient buffers) is the sum of its
  * pools' high-water marks: the memory those pools need. */
 void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const char *title);
+/* On a backend that can tell its free device memory (CUDA): at start, logs
+ * the plan's device total against it and stops with exit status 2 and the
+ * largest items when it does not fit, before anything is allocated; at the
+ * end, logs the memory in use. Nothing on the CPU. */
+void plan_check_device(const struct mem_plan *p, int at_start);
 /* Human-readable bytes ("12.3 MiB") into buf. */
 const char *plan_format_bytes(double bytes, char *buf, size_t n);
 

@@ -88,6 +88,7 @@ static void trainer_setup(struct trainer *tr)
     }
     gpt2_build_passes(&tr->model, plan_ckpt_interval(cfg), &tr->train_pass, &tr->eval_pass);
     plan_compute(&tr->plan, &tr->model, cfg, tr->world);
+    plan_check_device(&tr->plan, 1);
     for (int s = 0; s < SPACE_COUNT; s++)
         arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
     zero_init(&tr->zero, &tr->model, cfg, tr->comm, tr->rank, tr->world, false,
@@ -574,6 +575,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     if (tr.metrics)
         write_memory_json(&tr);
     plan_print(&tr.plan, &tr.mem, "memory per rank at the end (planned vs peak):");
+    plan_check_device(&tr.plan, 0);
     if (tr.world > 1)
         log_info("communication on rank 0: %.2f s in collectives, %.2f s of it exposed (compute waited)",
                  comm->busy_seconds, comm->wait_seconds);

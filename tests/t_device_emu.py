@@ -20,6 +20,10 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 pinned host memory, token and loss staging there too
   ckpt.*        a checkpoint saved under emulation resumes in a plain run (and
                 the reverse) to the same final parameters as an uninterrupted run
+  fit.*         with an emulated device capacity (SHARDLM_EMULATE_DEVICE_MEM):
+                a plan that fits logs "the plan needs X of the Y free" and the
+                memory in use at the end; one that does not stops with exit 2
+                before allocating, naming the shortfall and the largest items
 (tests/unit/test_devemu.c checks the emulation itself: host access faults,
 collectives refuse a mix of device and host buffers.)
 """
@@ -163,6 +167,19 @@ def main():
         diff = same_params(full["final"], second["final"]) if ok else "run failed"
         check(f"ckpt.{tag}", ok and diff is None and "resumed from" in out2,
               f"first differing tensor {diff}; " + " | ".join((out2 or out1).strip().splitlines()[-3:]))
+
+    # the plan against the device's free memory
+    cfg = make_config("fit", 3, "bf16", {})
+    r, out = run("fit_ok", cfg, True, env_extra={"SHARDLM_EMULATE_DEVICE_MEM": str(1 << 30)}, N=1)
+    check("fit.fits", r is not None and "the plan needs" in out and "of the 1.00 GiB free" in out
+          and "device memory at the end" in out, out.strip().splitlines()[-3:])
+    r = subprocess.run(["mpirun", "-np", "1", BIN, "train", cfg, "--quiet"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=120,
+                       env=dict(ENV, SHARDLM_EMULATE_DEVICE="1", SHARDLM_EMULATE_DEVICE_MEM="100000"))
+    out = r.stdout.decode(errors="replace")
+    errs = [x for x in out.splitlines() if "error:" in x]
+    check("fit.too_small", r.returncode != 0 and len(errs) >= 1 and "more than the 97.66 KiB free" in errs[0]
+          and "largest: block activations" in errs[0] and "Hint" in errs[0], out.strip().splitlines()[-3:])
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 # GPU checks, for a machine with an NVIDIA GPU (issue 6). In one run:
 #   1. builds the CUDA backend (make CUDA=1) and tests/gpu/check_kernels;
 #   2. checks every CUDA kernel against the CPU backend on fresh random
-#      inputs (fp32, TF32 off: relative error <= 1e-5; outputs poisoned with
-#      NaN before each kernel so unwritten elements fail).
-# Not yet here (the engine cannot place its buffers on the device yet): the
-# end-to-end runs on the CUDA backend and the tokens/s and MFU table against
-# PyTorch. Ends with "N passed, N failed".
+#      inputs (fp32, TF32 off: relative error <= 1e-5; casts bit for bit;
+#      outputs poisoned with NaN before each kernel so unwritten elements fail);
+#   3. end-to-end training, CUDA build against CPU build (tests/gpu/e2e.py):
+#      N=1 over NCCL and N=2 on one GPU over host-staged MPI, fp32 and bf16;
+#   4. the tokens/s, MFU and peak-memory table for GPT-2 124M and 350M in
+#      bf16, with PyTorch on the same GPU as the reference (needs torch with
+#      CUDA; the table says n/a without it).
+# Ends with "N passed, N failed" (both steps' counts together).
 set -u
 cd "$(dirname "$0")/../.."
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -21,10 +24,26 @@ gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_nam
 gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu -I"$CUDA_HOME/include" $PC_CFLAGS \
   tests/gpu/check_kernels.c "$OUT/backend_cpu_renamed.o" build/cuda/*.o \
   $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu.o$' -e '/backend_cpu_mem.o$') \
-  -o "$OUT/check_kernels" $PC_LIBS -L"$CUDA_HOME/lib64" -lcublas -lcudart -lnccl -lstdc++ -lm \
+  -o "$OUT/check_kernels" | tee "$OUT/kernels.log"
+PY=${PYTHON:-python3}
+"$PY" tests/gpu/e2e.py | tee "$OUT/e2e.log"
+# a step that crashed before its summary line counts as one failure
+count() { tail -1 "$1" | sed -n "s/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p" | grep . || echo "0 1"; }
+read -r kp kf < <(count "$OUT/kernels.log")
+read -r ep ef < <(count "$OUT/e2e.log")
+echo "$((kp + ep)) passed, $((kf + ef)) failed"
+[ "$((kf + ef))" -eq 0 ] $PC_LIBS -L"$CUDA_HOME/lib64" -lcublas -lcudart -lnccl -lstdc++ -lm \
   -Wl,-rpath,"$CUDA_HOME/lib64" || { echo "FAIL build_check_kernels"; echo "0 passed, 1 failed"; exit 1; }
 if [ "${1:-}" = "--build-only" ]; then
   echo "built $OUT/check_kernels"
   exit 0
 fi
-"$OUT/check_kernels"
+"$OUT/check_kernels" | tee "$OUT/kernels.log"
+PY=${PYTHON:-python3}
+"$PY" tests/gpu/e2e.py | tee "$OUT/e2e.log"
+# a step that crashed before its summary line counts as one failure
+count() { tail -1 "$1" | sed -n "s/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p" | grep . || echo "0 1"; }
+read -r kp kf < <(count "$OUT/kernels.log")
+read -r ep ef < <(count "$OUT/e2e.log")
+echo "$((kp + ep)) passed, $((kf + ef)) failed"
+[ "$((kf + ef))" -eq 0 ]

@@ -14,6 +14,11 @@ F.scaled_dot_product_attention); GELU is the tanh approximation. The
 vocabulary given is used as is (the driver passes shardlm's padded vocab,
 so the logits matmul does the same work; targets are drawn below --real-vocab).
 
+On a GPU (--device cuda) it runs the model in --dtype bf16 under autocast
+(fp32 master weights, as shardlm keeps them), with
+F.scaled_dot_product_attention where torch has it, times each step after a
+cuda synchronize, and reports the peak of torch.cuda.max_memory_allocated.
+
 Prints one JSON object per step ({"step", "ms", "tokens_per_s"}), then a
 summary line starting with "summary ". Stops early, after at least
 --min-steps steps, when --time-budget seconds are spent.
@@ -55,10 +60,14 @@ class Block(nn.Module):
         q = q.view(B, T, NH, hs).transpose(1, 2)
         k = k.view(B, T, NH, hs).transpose(1, 2)
         v = v.view(B, T, NH, hs).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        att = att.masked_fill(self.mask[:T, :T], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        if hasattr(F, "scaled_dot_product_attention") and q.is_cuda:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            att = att.masked_fill(self.mask[:T, :T], float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.attn_proj(y)
         x = x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
         return x
@@ -121,6 +130,8 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="autocast dtype on cuda")
     args = ap.parse_args()
 
     if args.threads > 0:
@@ -129,8 +140,12 @@ def main():
     L, NH, C, T, B, V = args.n_layer, args.n_head, args.n_embd, args.seq_len, args.batch, args.vocab
     RV = args.real_vocab or V
 
-    model = GPT2(L, NH, C, T, V)
+    dev = torch.device(args.device)
+    model = GPT2(L, NH, C, T, V).to(dev)
     model.train()
+    cuda = dev.type == "cuda"
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.dtype == "bf16") if cuda
+                else torch.autocast("cpu", enabled=False))
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -140,18 +155,23 @@ def main():
 
     gen = torch.Generator().manual_seed(args.seed)
     seqs = [torch.randint(0, RV, (B, T + 1), generator=gen) for _ in range(4)]
-    batches = [(s[:, :-1].contiguous(), s[:, 1:].contiguous()) for s in seqs]
+    batches = [(s[:, :-1].contiguous().to(dev), s[:, 1:].contiguous().to(dev)) for s in seqs]
 
     t_start = time.perf_counter()
     times = []
     for step in range(args.steps):
         x, y = batches[step % len(batches)]
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
+        with autocast:
+            loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         times.append(dt)
         print(json.dumps({"step": step + 1, "loss": round(loss.item(), 6), "ms": round(dt * 1e3, 3),
@@ -163,6 +183,7 @@ def main():
         "torch": torch.__version__, "threads": torch.get_num_threads(), "corename": openblas_corename(),
         "n_params": n_params, "tokens_per_step": B * T, "flops_per_token": flops_per_token(L, C, V, T),
         "steps_run": len(times), "ms": [round(t * 1e3, 3) for t in times],
+        "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
     print("summary " + json.dumps(summary), flush=True)
 
