@@ -24,15 +24,7 @@ gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_nam
 gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu -I"$CUDA_HOME/include" $PC_CFLAGS \
   tests/gpu/check_kernels.c "$OUT/backend_cpu_renamed.o" build/cuda/*.o \
   $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu.o$' -e '/backend_cpu_mem.o$') \
-  -o "$OUT/check_kernels" | tee "$OUT/kernels.log"
-PY=${PYTHON:-python3}
-"$PY" tests/gpu/e2e.py | tee "$OUT/e2e.log"
-# a step that crashed before its summary line counts as one failure
-count() { tail -1 "$1" | sed -n "s/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p" | grep . || echo "0 1"; }
-read -r kp kf < <(count "$OUT/kernels.log")
-read -r ep ef < <(count "$OUT/e2e.log")
-echo "$((kp + ep)) passed, $((kf + ef)) failed"
-[ "$((kf + ef))" -eq 0 ] $PC_LIBS -L"$CUDA_HOME/lib64" -lcublas -lcudart -lnccl -lstdc++ -lm \
+  -o "$OUT/check_kernels" $PC_LIBS -L"$CUDA_HOME/lib64" -lcublas -lcudart -lnccl -lstdc++ -lm \
   -Wl,-rpath,"$CUDA_HOME/lib64" || { echo "FAIL build_check_kernels"; echo "0 passed, 1 failed"; exit 1; }
 if [ "${1:-}" = "--build-only" ]; then
   echo "built $OUT/check_kernels"
