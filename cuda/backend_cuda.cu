@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_check.h"
 
@@ -40,6 +41,38 @@ static double *g_partials;   /* device: per-block partial sums */
 static double *g_partials_h; /* pinned host copy */
 static int *g_flag;          /* device: finite check */
 #define MAX_REDUCE_BLOCKS 1024
+
+static cudaEvent_t g_sync_event;
+static double g_sync_timeout = 600.0;     /* SHARDLM_COMM_TIMEOUT, as for MPI collectives */
+static const char *(*g_watchdog)(void);   /* comm_nccl: a message when NCCL has failed */
+
+/* Waits for the stream like cudaStreamSynchronize, but never forever: work
+ * queued behind a collective that waits for a dead rank would block the host
+ * for good, so the wait polls, asks the NCCL watchdog, and after the timeout
+ * ends the job (fail_internal: the abort hooks abort NCCL and MPI). */
+static void stream_wait(void)
+{
+    cudaCheck(cudaEventRecord(g_sync_event, g_stream));
+    double t0 = now_seconds();
+    for (unsigned spins = 0;; spins++) {
+        cudaError_t e = cudaEventQuery(g_sync_event);
+        if (e == cudaSuccess)
+            return;
+        if (e != cudaErrorNotReady)
+            cudaCheck(e);
+        const char *failed = g_watchdog ? g_watchdog() : NULL;
+        if (failed)
+            fail_internal("%s", failed);
+        if (now_seconds() - t0 > g_sync_timeout)
+            fail_internal("the GPU's queued work did not finish within %.0f s: a collective probably waits for a "
+                          "rank that died or hangs (SHARDLM_COMM_TIMEOUT sets the limit)",
+                          g_sync_timeout);
+        if (spins > 1000) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
 
 static unsigned blocks_for(size_t n, unsigned threads)
 {
@@ -67,6 +100,10 @@ extern "C" void backend_init(int threads)
     cudaCheck(cudaMalloc(&g_partials, MAX_REDUCE_BLOCKS * sizeof(double)));
     cudaCheck(cudaMallocHost(&g_partials_h, MAX_REDUCE_BLOCKS * sizeof(double)));
     cudaCheck(cudaMalloc(&g_flag, sizeof(int)));
+    cudaCheck(cudaEventCreateWithFlags(&g_sync_event, cudaEventDisableTiming));
+    const char *timeout = getenv("SHARDLM_COMM_TIMEOUT");
+    if (timeout && atof(timeout) > 0)
+        g_sync_timeout = atof(timeout);
 }
 
 extern "C" void backend_check_performance(void) {}
@@ -316,7 +353,7 @@ extern "C" void backend_zero(float *x, size_t n)
 extern "C" void backend_copy(void *dst, const void *src, size_t bytes)
 {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g_stream));
-    cudaCheck(cudaStreamSynchronize(g_stream));
+    stream_wait();
 }
 
 /* ---- attention ----------------------------------------------------------------------------- */
@@ -536,7 +573,7 @@ extern "C" double backend_sum_squares(const float *x, size_t n)
     blocks = blocks < MAX_REDUCE_BLOCKS ? blocks : MAX_REDUCE_BLOCKS;
     sum_squares_kernel<<<blocks, BLOCK, 0, g_stream>>>(g_partials, x, n);
     cudaCheck(cudaMemcpyAsync(g_partials_h, g_partials, blocks * sizeof(double), cudaMemcpyDeviceToHost, g_stream));
-    cudaCheck(cudaStreamSynchronize(g_stream));
+    stream_wait();
     double s = 0.0;
     for (unsigned b = 0; b < blocks; b++)
         s += g_partials_h[b];
@@ -549,7 +586,7 @@ extern "C" int backend_all_finite(const float *x, size_t n)
     cudaCheck(cudaMemcpyAsync(g_flag, &one, sizeof one, cudaMemcpyHostToDevice, g_stream));
     finite_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(g_flag, x, n);
     cudaCheck(cudaMemcpyAsync(&flag, g_flag, sizeof flag, cudaMemcpyDeviceToHost, g_stream));
-    cudaCheck(cudaStreamSynchronize(g_stream));
+    stream_wait();
     return flag;
 }
 
@@ -646,6 +683,8 @@ extern "C" void backend_add_to_f32(float *acc, const void *src, enum dtype dt, s
         add_to_f32_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(acc, src, dt, n);
 }
 
-extern "C" void backend_synchronize(void) { cudaCheck(cudaStreamSynchronize(g_stream)); }
+extern "C" void backend_synchronize(void) { stream_wait(); }
+
+extern "C" void backend_cuda_set_watchdog(const char *(*check)(void)) { g_watchdog = check; }
 
 extern "C" cudaStream_t backend_cuda_stream(void) { return g_stream; }

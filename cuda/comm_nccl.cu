@@ -43,6 +43,7 @@ extern "C" {
 #define NCCL_EVENTS 1024 /* completion events, reused in a ring: a wait on a reused one only waits longer */
 
 extern "C" cudaStream_t backend_cuda_stream(void);
+extern "C" void backend_cuda_set_watchdog(const char *(*check)(void));
 
 struct nccl_ctx {
     struct comm *comm;
@@ -56,6 +57,34 @@ struct nccl_ctx {
     void *host_send, *host_recv; /* staged: pinned copies of the buffers */
     size_t host_bytes;
 };
+
+static struct nccl_ctx *g_ctx; /* for the watchdog and the abort hook */
+static abort_hook_fn g_next_abort;
+
+/* The backend's waits ask this: a message once NCCL reports an error. */
+static const char *nccl_watchdog(void)
+{
+    static char msg[256];
+    ncclResult_t state = ncclSuccess;
+    if (!g_ctx || g_ctx->staged || ncclCommGetAsyncError(g_ctx->nccl, &state) != ncclSuccess)
+        return NULL;
+    if (state == ncclSuccess || state == ncclInProgress)
+        return NULL;
+    snprintf(msg, sizeof msg, "NCCL failed during a collective: %s (another rank has probably died)",
+             ncclGetErrorString(state));
+    return msg;
+}
+
+/* Before MPI_Abort: abort the communicator, so no kernel waits on a peer. */
+static void nccl_abort_hook(int status)
+{
+    if (g_ctx && !g_ctx->staged && g_ctx->nccl) {
+        ncclCommAbort(g_ctx->nccl);
+        g_ctx->nccl = NULL;
+    }
+    if (g_next_abort)
+        g_next_abort(status);
+}
 
 static int is_device_pointer(const void *p)
 {
@@ -160,6 +189,9 @@ static void nccl_finalize(void *ctx)
         cudaCheck(cudaFreeHost(x->host_recv));
     }
     memset(x, 0, sizeof *x);
+    g_ctx = NULL;
+    backend_cuda_set_watchdog(NULL);
+    util_set_abort_hook(g_next_abort);
 }
 
 extern "C" void backend_attach_comm(struct comm *c)
@@ -186,6 +218,10 @@ extern "C" void backend_attach_comm(struct comm *c)
         for (int i = 0; i < NCCL_EVENTS; i++)
             cudaCheck(cudaEventCreateWithFlags(&ctx.done[i], cudaEventDisableTiming));
     }
+    g_ctx = &ctx;
+    backend_cuda_set_watchdog(nccl_watchdog);
+    g_next_abort = util_get_abort_hook();
+    util_set_abort_hook(nccl_abort_hook);
     ops.is_device = is_device_pointer;
     ops.collective = ctx.staged ? staged_collective : nccl_collective;
     ops.wait = nccl_wait;

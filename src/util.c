@@ -11,6 +11,7 @@ static abort_hook_fn g_abort_hook;
 static int g_rank = -1, g_world = 1;
 
 void util_set_abort_hook(abort_hook_fn hook) { g_abort_hook = hook; }
+abort_hook_fn util_get_abort_hook(void) { return g_abort_hook; }
 void util_set_rank(int rank, int world) { g_rank = rank; g_world = world; }
 
 void util_exit(int status)

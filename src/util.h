@@ -32,6 +32,7 @@ enum {
 /* Called instead of exit() when set: comm sets it to MPI_Abort with the code. */
 typedef void (*abort_hook_fn)(int status);
 void util_set_abort_hook(abort_hook_fn hook);
+abort_hook_fn util_get_abort_hook(void);
 /* Rank shown in messages when the world has more than one rank (-1: none). */
 void util_set_rank(int rank, int world);
 
