@@ -1,19 +1,22 @@
 /*
- * CUDA backend: backend.h on device pointers, fp32 storage (DESIGN §9).
+ * CUDA backend: backend.h on device pointers (DESIGN §9).
  *
- * Matmuls (attention's QK^T and PV included) go through cublasGemmEx with
- * fp32 compute (TF32 only when SHARDLM_TF32=1); everything else is a kernel of
- * this file. Row-major tensors are handed to column-major cuBLAS as their
- * transposes: a row-major (R, S) matrix is a column-major (S, R) one, so
- * out = inp @ W becomes out^T = W^T @ inp^T with the operands swapped.
+ * Matmuls (attention's included) go through cublasGemmEx with fp32
+ * accumulation, on [A] operands (backend.h: fp32, or fp16/bf16 when training
+ * in half precision, on tensor cores); TF32 only when SHARDLM_TF32=1 and only
+ * for fp32 storage. Every other kernel loads [A] elements into fp32
+ * registers, computes in fp32 and rounds its [A] outputs to nearest even:
+ * layernorm statistics, softmax, cross-entropy and the loss are fp32 always.
+ * Row-major tensors are handed to column-major cuBLAS as their transposes: a
+ * row-major (R, S) matrix is a column-major (S, R) one, so out = inp @ W
+ * becomes out^T = W^T @ inp^T with the operands swapped.
  *
  * Every reduction has a fixed order (no atomics), so results are the same
  * from run to run: bit-exact resume holds on the GPU as on the CPU.
  *
- * All work is on one stream per process (backend_stream()); the functions
- * that return a value to the host (sum of squares, finite check) synchronise
- * it. Still missing (issue 6): fp16/bf16 storage kernels, the engine's
- * device arenas and NCCL comm on their own streams.
+ * All work is on one stream per process (backend_cuda_stream()); the
+ * functions that return a value to the host (sum of squares, finite check,
+ * copies) wait for it, never forever (stream_wait).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -112,26 +115,71 @@ extern "C" const char *backend_name(void) { return "cuda (cuBLAS + own kernels)"
 
 extern "C" int backend_is_device(void) { return 1; }
 
-/* C (col-major m x n, ldc) = alpha op(A) op(B) + beta C, fp32 storage. */
-static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const float *A,
-                 int lda, const float *B, int ldb, float beta, float *C, int ldc)
+/* ---- activation dtype ([A] in backend.h) ------------------------------------------------ */
+
+static enum dtype g_act = DTYPE_F32;
+
+extern "C" void backend_set_act_dtype(enum dtype dt) { g_act = dt; }
+extern "C" enum dtype backend_act_dtype(void) { return g_act; }
+
+/* Loads and stores of [A] elements, in fp32 registers; stores round to nearest even. */
+__device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __half *p, size_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float ld(const __nv_bfloat16 *p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
+__device__ __forceinline__ void st(__nv_bfloat16 *p, size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+/* Runs `body` with A bound to the C type of the activation dtype. */
+#define WITH_ACT(...)                           \
+    do {                                        \
+        if (g_act == DTYPE_BF16) {              \
+            typedef __nv_bfloat16 A;            \
+            __VA_ARGS__;                        \
+        } else if (g_act == DTYPE_F16) {        \
+            typedef __half A;                   \
+            __VA_ARGS__;                        \
+        } else {                                \
+            typedef float A;                    \
+            __VA_ARGS__;                        \
+        }                                       \
+    } while (0)
+
+static cudaDataType_t act_type(void)
 {
-    cublasCheck(cublasGemmEx(g_cublas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C,
-                             CUDA_R_32F, ldc, g_compute, CUBLAS_GEMM_DEFAULT));
+    return g_act == DTYPE_BF16 ? CUDA_R_16BF : g_act == DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+static size_t act_size(void) { return g_act == DTYPE_F32 ? 4 : 2; }
+
+/* C (col-major m x n, ldc) = alpha op(A) op(B) + beta C. A and B are [A]; C
+ * is [A] (c_f32 0) or fp32 (1: weight gradients). fp32 accumulation always;
+ * TF32 only when configured and only for fp32 storage. */
+static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const void *A,
+                 int lda, const void *B, int ldb, float beta, void *C, int ldc, int c_f32)
+{
+    cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
+    cublasCheck(cublasGemmEx(g_cublas, ta, tb, m, n, k, &alpha, A, act_type(), lda, B, act_type(), ldb, &beta, C,
+                             c_f32 ? CUDA_R_32F : act_type(), ldc, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 static void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                         const float *A, int lda, long long sa, const float *B, int ldb, long long sb, float beta,
-                         float *C, int ldc, long long sc, int batch)
+                         const void *A, int lda, long long sa, const void *B, int ldb, long long sb, float beta,
+                         void *C, int ldc, long long sc, int batch)
 {
-    cublasCheck(cublasGemmStridedBatchedEx(g_cublas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, sa, B, CUDA_R_32F,
-                                           ldb, sb, &beta, C, CUDA_R_32F, ldc, sc, batch, g_compute,
+    cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
+    cublasCheck(cublasGemmStridedBatchedEx(g_cublas, ta, tb, m, n, k, &alpha, A, act_type(), lda, sa, B, act_type(),
+                                           ldb, sb, &beta, C, act_type(), ldc, sc, batch, compute,
                                            CUBLAS_GEMM_DEFAULT));
 }
 
+/* Element i of an [A] tensor. */
+static const void *act_at(const void *p, size_t i) { return (const char *)p + i * act_size(); }
+static void *act_at(void *p, size_t i) { return (char *)p + i * act_size(); }
+
 /* ---- matmul ------------------------------------------------------------------------- */
 
-__global__ static void fill_rows(float *out, const float *row, int N, int OC)
+template <typename A> __global__ static void fill_rows(A *out, const A *row, int N, int OC)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, n = (size_t)N * OC;
     for (; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -139,14 +187,14 @@ __global__ static void fill_rows(float *out, const float *row, int N, int OC)
 }
 
 /* dbias[c] += sum over rows of dout[:, c], in row order. */
-__global__ static void column_sums(float *dbias, const float *dout, int N, int OC)
+template <typename A> __global__ static void column_sums(float *dbias, const A *dout, int N, int OC)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= OC)
         return;
     float s = 0.0f;
     for (int i = 0; i < N; i++)
-        s += dout[(size_t)i * OC + c];
+        s += ld(dout, (size_t)i * OC + c);
     dbias[c] += s;
 }
 
@@ -155,33 +203,34 @@ extern "C" void backend_matmul_forward(float *out, const float *inp, const float
 {
     float beta = 0.0f;
     if (bias) {
-        fill_rows<<<blocks_for((size_t)N * OC, BLOCK), BLOCK, 0, g_stream>>>(out, bias, N, OC);
+        WITH_ACT(fill_rows<A><<<blocks_for((size_t)N * OC, BLOCK), BLOCK, 0, g_stream>>>((A *)out, (const A *)bias,
+                                                                                         N, OC));
         beta = 1.0f;
     }
-    gemm(CUBLAS_OP_N, CUBLAS_OP_N, OC, N, C, 1.0f, weight, OC, inp, C, beta, out, OC);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, OC, N, C, 1.0f, weight, OC, inp, C, beta, out, OC, 0);
 }
 
 extern "C" void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                         const float *inp, const float *weight, int N, int C, int OC)
 {
     if (dinp)
-        gemm(CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, 1.0f, weight, OC, dout, OC, 0.0f, dinp, C);
-    gemm(CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, OC);
+        gemm(CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, 1.0f, weight, OC, dout, OC, 0.0f, dinp, C, 0);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, OC, 1);
     if (dbias)
-        column_sums<<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, dout, N, OC);
+        WITH_ACT(column_sums<A><<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, (const A *)dout, N, OC));
 }
 
 extern "C" void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C,
                                                   int OC)
 {
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, out, OC);
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, out, OC, 0);
 }
 
 extern "C" void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
                                                    const float *weight, int N, int C, int OC)
 {
-    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C);
-    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C, 0);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, 1);
 }
 
 /* ---- layernorm ------------------------------------------------------------------------ */
@@ -193,9 +242,10 @@ __device__ static float warp_sum(float v)
     return v;
 }
 
-/* One warp per row; statistics in fp32 (two passes over the row: mean, then variance). */
-__global__ static void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp,
-                                                const float *weight, const float *bias, int N, int C)
+/* One warp per row; statistics in fp32 (two passes over the row: mean, then variance). inp fp32, out [A]. */
+template <typename A>
+__global__ static void layernorm_forward_kernel(A *out, float *mean, float *rstd, const float *inp, const A *weight,
+                                                const A *bias, int N, int C)
 {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N)
@@ -209,9 +259,8 @@ __global__ static void layernorm_forward_kernel(float *out, float *mean, float *
     for (int c = lane; c < C; c += WARP)
         v += (x[c] - m) * (x[c] - m);
     float r = rsqrtf(warp_sum(v) / C + LAYERNORM_EPS);
-    float *y = out + (size_t)row * C;
     for (int c = lane; c < C; c += WARP)
-        y[c] = (x[c] - m) * r * weight[c] + bias[c];
+        st(out, (size_t)row * C + c, (x[c] - m) * r * ld(weight, c) + ld(bias, c));
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = r;
@@ -222,35 +271,38 @@ extern "C" void backend_layernorm_forward(float *out, float *mean, float *rstd, 
                                           const float *weight, const float *bias, int N, int C)
 {
     int rows_per_block = BLOCK / WARP;
-    layernorm_forward_kernel<<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-        out, mean, rstd, inp, weight, bias, N, C);
+    WITH_ACT(layernorm_forward_kernel<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+        (A *)out, mean, rstd, inp, (const A *)weight, (const A *)bias, N, C));
 }
 
 /* dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, dnorm = dout * weight; one warp per row. */
-__global__ static void layernorm_backward_input(float *dinp, const float *dout, const float *inp, const float *weight,
+template <typename A>
+__global__ static void layernorm_backward_input(float *dinp, const A *dout, const float *inp, const A *weight,
                                                 const float *mean, const float *rstd, int N, int C)
 {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N)
         return;
-    const float *x = inp + (size_t)row * C, *dy = dout + (size_t)row * C;
+    const float *x = inp + (size_t)row * C;
+    const size_t at = (size_t)row * C;
     float m = mean[row], r = rstd[row], a = 0.0f, b = 0.0f;
     for (int c = lane; c < C; c += WARP) {
-        float dnorm = dy[c] * weight[c];
+        float dnorm = ld(dout, at + c) * ld(weight, c);
         a += dnorm;
         b += dnorm * (x[c] - m) * r;
     }
     a = warp_sum(a) / C;
     b = warp_sum(b) / C;
-    float *dx = dinp + (size_t)row * C;
+    float *dx = dinp + at;
     for (int c = lane; c < C; c += WARP) {
         float norm = (x[c] - m) * r;
-        dx[c] += (dy[c] * weight[c] - a - norm * b) * r;
+        dx[c] += (ld(dout, at + c) * ld(weight, c) - a - norm * b) * r;
     }
 }
 
 /* dweight[c] += sum_rows dout * norm, dbias[c] += sum_rows dout; one thread per column, rows in order. */
-__global__ static void layernorm_backward_params(float *dweight, float *dbias, const float *dout, const float *inp,
+template <typename A>
+__global__ static void layernorm_backward_params(float *dweight, float *dbias, const A *dout, const float *inp,
                                                  const float *mean, const float *rstd, int N, int C)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -258,7 +310,7 @@ __global__ static void layernorm_backward_params(float *dweight, float *dbias, c
         return;
     float dw = 0.0f, db = 0.0f;
     for (int i = 0; i < N; i++) {
-        float dy = dout[(size_t)i * C + c];
+        float dy = ld(dout, (size_t)i * C + c);
         dw += dy * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
         db += dy;
     }
@@ -272,10 +324,12 @@ extern "C" void backend_layernorm_backward(float *dinp, float *dweight, float *d
 {
     (void)scratch;
     int rows_per_block = BLOCK / WARP;
-    layernorm_backward_input<<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-        dinp, dout, inp, weight, mean, rstd, N, C);
-    layernorm_backward_params<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dweight, dbias, dout, inp, mean,
-                                                                               rstd, N, C);
+    WITH_ACT({
+        layernorm_backward_input<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+            dinp, (const A *)dout, inp, (const A *)weight, mean, rstd, N, C);
+        layernorm_backward_params<A><<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dweight, dbias, (const A *)dout,
+                                                                                      inp, mean, rstd, N, C);
+    });
 }
 
 extern "C" size_t backend_layernorm_scratch(int C)
@@ -288,27 +342,28 @@ extern "C" size_t backend_layernorm_scratch(int C)
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 
-__global__ static void gelu_forward_kernel(float *out, const float *inp, size_t n)
+template <typename A> __global__ static void gelu_forward_kernel(A *out, const A *inp, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
+        float x = ld(inp, i);
+        st(out, i, 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x))));
     }
 }
 
-__global__ static void gelu_backward_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+template <typename A> __global__ static void gelu_backward_kernel(A *dinp, const A *inp, const A *dout, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float x = inp[i], u = GELU_SCALE * (x + 0.044715f * x * x * x), t = tanhf(u);
+        float x = ld(inp, i), u = GELU_SCALE * (x + 0.044715f * x * x * x), t = tanhf(u);
         float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du) * dout[i];
+        st(dinp, i, (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du) * ld(dout, i));
     }
 }
 
-__global__ static void add_kernel(float *out, const float *a, const float *b, size_t n)
+/* out = a + b, b in B (float for backend_add, [A] for backend_add_act). */
+template <typename B> __global__ static void add_kernel(float *out, const float *a, const B *b, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = a[i] + b[i];
+        out[i] = a[i] + ld(b, i);
 }
 
 __global__ static void scale_kernel(float *x, float s, size_t n)
@@ -319,17 +374,23 @@ __global__ static void scale_kernel(float *x, float s, size_t n)
 
 extern "C" void backend_gelu_forward(float *out, const float *inp, size_t n)
 {
-    gelu_forward_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(out, inp, n);
+    WITH_ACT(gelu_forward_kernel<A><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>((A *)out, (const A *)inp, n));
 }
 
 extern "C" void backend_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
 {
-    gelu_backward_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(dinp, inp, dout, n);
+    WITH_ACT(gelu_backward_kernel<A><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>((A *)dinp, (const A *)inp,
+                                                                                  (const A *)dout, n));
 }
 
 extern "C" void backend_add(float *out, const float *a, const float *b, size_t n)
 {
-    add_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(out, a, b, n);
+    add_kernel<float><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(out, a, b, n);
+}
+
+extern "C" void backend_add_act(float *out, const float *a, const float *b, size_t n)
+{
+    WITH_ACT(add_kernel<A><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(out, a, (const A *)b, n));
 }
 
 extern "C" void backend_scale(float *x, float s, size_t n)
@@ -358,15 +419,17 @@ extern "C" void backend_copy(void *dst, const void *src, size_t bytes)
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
-/* Rows of (rows, T) scores: row i of each (T, T) matrix keeps columns 0..i (causal), softmax in
- * fp32, the rest zero. One warp per row. */
-__global__ static void causal_softmax(float *att, int rows, int T)
+/* Rows of (rows, T) fp32 scores: row i of each (T, T) matrix keeps columns
+ * 0..i (causal), softmax in fp32, the rest zero, stored [A] into att (which
+ * may be the scores themselves when [A] is fp32). One warp per row; row0 is
+ * the row index of the first row within its (T, T) matrix. */
+template <typename A> __global__ static void causal_softmax(A *att, const float *scores, int rows, int T, int row0)
 {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= rows)
         return;
-    int i = row % T;
-    float *a = att + (size_t)row * T;
+    int i = (row0 + row) % T;
+    const float *a = scores + (size_t)row * T;
     float m = -INFINITY;
     for (int j = lane; j <= i; j += WARP)
         m = fmaxf(m, a[j]);
@@ -376,78 +439,98 @@ __global__ static void causal_softmax(float *att, int rows, int T)
     for (int j = lane; j <= i; j += WARP)
         s += expf(a[j] - m);
     s = warp_sum(s);
+    __syncwarp();
     for (int j = lane; j < T; j += WARP)
-        a[j] = j <= i ? expf(a[j] - m) / s : 0.0f;
+        st(att, (size_t)row * T + j, j <= i ? expf(a[j] - m) / s : 0.0f);
 }
 
-/* dpre[i][j] = scale * att[i][j] * (datt[i][j] - sum_k att[i][k] datt[i][k]), j <= i; 0 above. */
-__global__ static void softmax_backward(float *datt, const float *att, int rows, int T, float scale)
+/* dpre[i][j] = scale * att[i][j] * (datt[i][j] - sum_k att[i][k] datt[i][k]), j <= i; 0 above;
+ * datt fp32 in, dpre stored [A] (may alias datt when [A] is fp32). */
+template <typename A>
+__global__ static void softmax_backward(A *dpre, const float *datt, const A *att, int rows, int T, float scale)
 {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= rows)
         return;
     int i = row % T;
-    const float *a = att + (size_t)row * T;
-    float *d = datt + (size_t)row * T;
+    const size_t at = (size_t)row * T;
     float dot = 0.0f;
     for (int j = lane; j <= i; j += WARP)
-        dot += a[j] * d[j];
+        dot += ld(att, at + j) * datt[at + j];
     dot = warp_sum(dot);
+    __syncwarp();
     for (int j = lane; j < T; j += WARP)
-        d[j] = j <= i ? scale * a[j] * (d[j] - dot) : 0.0f;
+        st(dpre, at + j, j <= i ? scale * ld(att, at + j) * (datt[at + j] - dot) : 0.0f);
 }
 
-extern "C" void backend_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+/* Scores in fp32 one head at a time (scratch: T*T floats), probabilities [A]
+ * into att; then out = att v for all heads of a batch row at once. */
+extern "C" void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T,
+                                          int C, int NH)
 {
-    int hs = C / NH, ld = 3 * C, rows_per_block = BLOCK / WARP;
+    int hs = C / NH, ld3 = 3 * C, rows_per_block = BLOCK / WARP;
     float scale = 1.0f / sqrtf((float)hs);
+    const cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
     for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * T * ld, *k = q + C, *v = q + 2 * C;
-        float *a = att + (size_t)b * NH * T * T;
-        /* att[h] (T, T) row-major = q k^T: column-major att^T = K^T Q */
-        gemm_batched(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, k, ld, hs, q, ld, hs, 0.0f, a, T, (long long)T * T,
-                     NH);
-        causal_softmax<<<(NH * T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(a, NH * T, T);
+        const void *q = act_at(qkv, (size_t)b * T * ld3), *k = act_at(q, C), *v = act_at(q, 2 * C);
+        void *a = act_at(att, (size_t)b * NH * T * T);
+        for (int h = 0; h < NH; h++) {
+            /* scores (T, T) row-major = q_h k_h^T: column-major scores^T = K_h^T Q_h, fp32 out */
+            float alpha = scale, beta = 0.0f;
+            cublasCheck(cublasGemmEx(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &alpha, act_at(k, h * hs),
+                                     act_type(), ld3, act_at(q, h * hs), act_type(), ld3, &beta, scratch, CUDA_R_32F,
+                                     T, compute, CUBLAS_GEMM_DEFAULT));
+            WITH_ACT(causal_softmax<A><<<(T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+                (A *)act_at(a, (size_t)h * T * T), scratch, T, T, 0));
+        }
         /* out[:, h] (T, hs) = att[h] v[h]: column-major out^T = V^T att^T */
-        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, ld, hs, a, T, (long long)T * T, 0.0f,
-                     out + (size_t)b * T * C, C, hs, NH);
+        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, ld3, hs, a, T, (long long)T * T, 0.0f,
+                     act_at(out, (size_t)b * T * C), C, hs, NH);
     }
 }
 
+/* Per head: datt = dout v^T in fp32 (scratch), dpre in [A] (after the fp32
+ * part of scratch: backend_attention_scratch(T) = 1.5 T^2 floats). */
 extern "C" void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                            float *scratch, int B, int T, int C, int NH)
 {
-    int hs = C / NH, ld = 3 * C, rows_per_block = BLOCK / WARP;
+    int hs = C / NH, ld3 = 3 * C, rows_per_block = BLOCK / WARP;
     float scale = 1.0f / sqrtf((float)hs);
+    const cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
+    void *dpre = g_act == DTYPE_F32 ? (void *)scratch : (void *)(scratch + (size_t)T * T);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * ld + h * hs, *k = q + C, *v = q + 2 * C;
-            const float *a = att + ((size_t)b * NH + h) * T * T, *dy = dout + (size_t)b * T * C + h * hs;
-            float *dq = dqkv + (size_t)b * T * ld + h * hs, *dk = dq + C, *dv = dq + 2 * C;
-            /* datt = dout v^T */
-            gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, ld, dy, C, 0.0f, scratch, T);
+            const void *q = act_at(qkv, (size_t)b * T * ld3 + h * hs), *k = act_at(q, C), *v = act_at(q, 2 * C);
+            const void *a = act_at(att, ((size_t)b * NH + h) * T * T), *dy = act_at(dout, (size_t)b * T * C + h * hs);
+            void *dq = act_at(dqkv, (size_t)b * T * ld3 + h * hs), *dk = act_at(dq, C), *dv = act_at(dq, 2 * C);
+            /* datt = dout v^T (fp32 out) */
+            float one = 1.0f, zero = 0.0f;
+            cublasCheck(cublasGemmEx(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v, act_type(), ld3, dy,
+                                     act_type(), C, &zero, scratch, CUDA_R_32F, T, compute, CUBLAS_GEMM_DEFAULT));
             /* dv = att^T dout */
-            gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy, C, a, T, 0.0f, dv, ld);
-            softmax_backward<<<(T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(scratch, a, T, T,
-                                                                                                 scale);
+            gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy, C, a, T, 0.0f, dv, ld3, 0);
+            WITH_ACT(softmax_backward<A><<<(T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+                (A *)dpre, scratch, (const A *)a, T, T, scale));
             /* dq = dpre k; dk = dpre^T q */
-            gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, ld, scratch, T, 0.0f, dq, ld);
-            gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, ld, scratch, T, 0.0f, dk, ld);
+            gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, ld3, dpre, T, 0.0f, dq, ld3, 0);
+            gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, ld3, dpre, T, 0.0f, dk, ld3, 0);
         }
 }
 
-extern "C" size_t backend_attention_scratch(int T) { return (size_t)T * T; }
+/* fp32 scores or datt of one head, then (half activations) dpre in [A]. */
+extern "C" size_t backend_attention_scratch(int T) { return (size_t)T * T + ((size_t)T * T + 1) / 2; }
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 
-__global__ static void embedding_forward_kernel(float *out, const int32_t *tokens, const float *wte,
-                                                const float *wpe, int B, int T, int C)
+template <typename A>
+__global__ static void embedding_forward_kernel(float *out, const int32_t *tokens, const A *wte, const A *wpe, int B,
+                                                int T, int C)
 {
     size_t n = (size_t)B * T * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t bt = i / C;
         int c = (int)(i % C), t = (int)(bt % T);
-        out[i] = wte[(size_t)tokens[bt] * C + c] + wpe[(size_t)t * C + c];
+        out[i] = ld(wte, (size_t)tokens[bt] * C + c) + ld(wpe, (size_t)t * C + c);
     }
 }
 
@@ -471,8 +554,8 @@ __global__ static void embedding_backward_kernel(float *dwte, float *dwpe, const
 extern "C" void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                           int B, int T, int C)
 {
-    embedding_forward_kernel<<<blocks_for((size_t)B * T * C, BLOCK), BLOCK, 0, g_stream>>>(out, tokens, wte, wpe, B,
-                                                                                          T, C);
+    WITH_ACT(embedding_forward_kernel<A><<<blocks_for((size_t)B * T * C, BLOCK), BLOCK, 0, g_stream>>>(
+        out, tokens, (const A *)wte, (const A *)wpe, B, T, C));
 }
 
 extern "C" void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
@@ -502,42 +585,43 @@ __device__ static float block_reduce(float v, bool take_max)
 }
 
 /* One block per row: softmax over the first V logits in fp32, padded columns 0. */
-__global__ static void crossentropy_forward_kernel(float *losses, float *logits, const int32_t *targets, int V,
-                                                   int Vp)
+template <typename A>
+__global__ static void crossentropy_forward_kernel(float *losses, A *logits, const int32_t *targets, int V, int Vp)
 {
-    float *x = logits + (size_t)blockIdx.x * Vp;
+    A *x = logits + (size_t)blockIdx.x * Vp;
     float m = -INFINITY;
     for (int j = threadIdx.x; j < V; j += blockDim.x)
-        m = fmaxf(m, x[j]);
+        m = fmaxf(m, ld(x, j));
     m = block_reduce(m, true);
     float s = 0.0f;
     for (int j = threadIdx.x; j < V; j += blockDim.x)
-        s += expf(x[j] - m);
+        s += expf(ld(x, j) - m);
     s = block_reduce(s, false);
     if (threadIdx.x == 0) /* -log p[target] = log sum exp - logit[target], before x is overwritten */
-        losses[blockIdx.x] = logf(s) + m - x[targets[blockIdx.x]];
+        losses[blockIdx.x] = logf(s) + m - ld(x, targets[blockIdx.x]);
     __syncthreads();
     for (int j = threadIdx.x; j < Vp; j += blockDim.x)
-        x[j] = j < V ? expf(x[j] - m) / s : 0.0f;
+        st(x, j, j < V ? expf(ld(x, j) - m) / s : 0.0f);
 }
 
-__global__ static void crossentropy_backward_kernel(float *probs, const int32_t *targets, float dloss, int V, int Vp)
+template <typename A>
+__global__ static void crossentropy_backward_kernel(A *probs, const int32_t *targets, float dloss, int V, int Vp)
 {
-    float *p = probs + (size_t)blockIdx.x * Vp;
+    A *p = probs + (size_t)blockIdx.x * Vp;
     int target = targets[blockIdx.x];
     for (int j = threadIdx.x; j < Vp; j += blockDim.x)
-        p[j] = j < V ? (p[j] - (j == target ? 1.0f : 0.0f)) * dloss : 0.0f;
+        st(p, j, j < V ? (ld(p, j) - (j == target ? 1.0f : 0.0f)) * dloss : 0.0f);
 }
 
 extern "C" void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V,
                                              int Vp)
 {
-    crossentropy_forward_kernel<<<N, BLOCK, 0, g_stream>>>(losses, logits, targets, V, Vp);
+    WITH_ACT(crossentropy_forward_kernel<A><<<N, BLOCK, 0, g_stream>>>(losses, (A *)logits, targets, V, Vp));
 }
 
 extern "C" void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
 {
-    crossentropy_backward_kernel<<<N, BLOCK, 0, g_stream>>>(probs, targets, dloss, V, Vp);
+    WITH_ACT(crossentropy_backward_kernel<A><<<N, BLOCK, 0, g_stream>>>((A *)probs, targets, dloss, V, Vp));
 }
 
 /* ---- reductions ------------------------------------------------------------------------------ */

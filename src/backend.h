@@ -16,6 +16,15 @@
  *     whose gradient already holds the skip connection's share.
  *   - the statistics of layernorm, the softmax of attention and of the
  *     cross-entropy, and the loss are fp32 in every precision.
+ *
+ * Activation dtype. The tensors marked [A] hold elements of the activation
+ * dtype (backend_set_act_dtype), whatever their C type: fp32 by default, the
+ * parameter dtype when a device backend trains in fp16/bf16. Then matmul
+ * operands, their outputs, attention's inputs and outputs, GELU, the
+ * layernorm outputs and weights and the logits are half precision, as
+ * PyTorch's autocast makes them, while the residual stream and its gradient,
+ * the layernorm statistics, the attention probabilities, the losses and every
+ * weight gradient stay fp32. Unmarked float pointers are always fp32.
  */
 #ifndef SHARDLM_BACKEND_H
 #define SHARDLM_BACKEND_H
@@ -28,6 +37,11 @@
 
 /* Sets thread counts (0: leave the defaults); call before sizing any scratch buffer. */
 void backend_init(int threads);
+/* The storage dtype of the [A] tensors (default fp32). The CPU backend
+ * accepts half precision only under SHARDLM_EMULATE_DEVICE (it then converts
+ * around its fp32 kernels); its own training computes in fp32. */
+void backend_set_act_dtype(enum dtype dt);
+enum dtype backend_act_dtype(void);
 /* Warns once when the backend runs far below what the machine can do. */
 void backend_check_performance(void);
 const char *backend_name(void);
@@ -35,48 +49,52 @@ const char *backend_name(void);
  * they are host memory (CPU). */
 int backend_is_device(void);
 
-/* out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC); bias may be NULL. */
+/* out [A] (N, OC) = inp [A] (N, C) @ weight [A] (C, OC) + bias [A] (OC); bias may be NULL. */
 void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                             int N, int C, int OC);
-/* dinp (N, C) = dout @ weight^T (overwritten; skipped when dinp is NULL);
+/* dinp [A] (N, C) = dout [A] @ weight [A]^T (overwritten; skipped when dinp is NULL); inp [A];
  * dweight (C, OC) += inp^T @ dout; dbias (OC) += column sums of dout (skipped when NULL). */
 void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, int N, int C, int OC);
 
-/* out (N, OC) = inp (N, C) @ weight^T, weight (OC, C): the LM head tied to wte. */
+/* out [A] (N, OC) = inp [A] (N, C) @ weight [A]^T, weight (OC, C): the LM head tied to wte. */
 void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC);
-/* dinp (N, C) = dout @ weight (overwritten); dweight (OC, C) += dout^T @ inp. */
+/* dinp [A] (N, C) = dout [A] @ weight [A] (overwritten); dweight (OC, C) += dout^T @ inp [A]. */
 void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
                                         const float *weight, int N, int C, int OC);
 
-/* out, mean, rstd = layernorm(inp (N, C)) * weight + bias, eps 1e-5 as GPT-2. */
+/* out [A], mean, rstd = layernorm(inp (N, C)) * weight [A] + bias [A], eps 1e-5 as GPT-2. */
 void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *weight, const float *bias, int N, int C);
-/* dinp += ..., dweight += ..., dbias += ...; scratch: backend_layernorm_scratch(C) floats. */
+/* dinp += ..., dweight += ..., dbias += ...; dout [A], weight [A];
+ * scratch: backend_layernorm_scratch(C) floats. */
 void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, const float *mean,
                                 const float *rstd, float *scratch, int N, int C);
 size_t backend_layernorm_scratch(int C);
 
-/* out = tanh-approximated GELU(inp), n elements */
+/* out [A] = tanh-approximated GELU(inp [A]), n elements */
 void backend_gelu_forward(float *out, const float *inp, size_t n);
-/* dinp = GELU'(inp) * dout (overwritten) */
+/* dinp [A] = GELU'(inp [A]) * dout [A] (overwritten) */
 void backend_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 
 /* out (n) = a + b */
 void backend_add(float *out, const float *a, const float *b, size_t n);
+/* out (n) = a + b [A]: a projection's output added into the residual stream. */
+void backend_add_act(float *out, const float *a, const float *b, size_t n);
 
 /* Causal multi-head self-attention.
- * qkv (B, T, 3C): q, k, v concatenated as GPT-2's c_attn produces them;
- * att (B, NH, T, T): softmax probabilities (kept for backward; upper triangle zero);
- * out (B, T, C). */
-void backend_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-/* dqkv (B, T, 3C) overwritten. scratch: backend_attention_scratch(T) floats. */
+ * qkv [A] (B, T, 3C): q, k, v concatenated as GPT-2's c_attn produces them;
+ * att [A] (B, NH, T, T): softmax probabilities, computed in fp32 (kept for
+ * backward; upper triangle zero); out [A] (B, T, C);
+ * scratch: backend_attention_scratch(T) floats. */
+void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH);
+/* dqkv [A] (B, T, 3C) overwritten; dout [A], qkv [A], att [A]. scratch: backend_attention_scratch(T) floats. */
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                 float *scratch, int B, int T, int C, int NH);
 size_t backend_attention_scratch(int T);
 
-/* out (B, T, C) = wte[tokens] + wpe[position] */
+/* out (B, T, C) = wte [A] [tokens] + wpe [A] [position] */
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                int B, int T, int C);
 /* dwte[tokens] += dout; dwpe[position] += dout */
@@ -84,10 +102,10 @@ void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, con
                                 int B, int T, int C);
 
 /* Cross-entropy over the first V of Vp logits per row, fp32.
- * logits (N, Vp) are replaced by the softmax probabilities (padded columns 0);
+ * logits [A] (N, Vp) are replaced by the softmax probabilities (padded columns 0);
  * losses (N) receive -log p[target]. */
 void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp);
-/* probs (N, Vp) are replaced by dlogits = (probs - onehot(target)) * dloss; padded columns 0. */
+/* probs [A] (N, Vp) are replaced by dlogits = (probs - onehot(target)) * dloss; padded columns 0. */
 void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
 
 /* Sum of squares in double (for the global gradient norm). */

@@ -18,6 +18,22 @@
 #include "fastmath.h"
 #include "util.h"
 
+/* Kernels with [A] operands hand half-precision activations to
+ * backend_cpu_act.c (emulated devices only). The f64 gradient check compiles
+ * this file without that path. */
+#ifdef BACKEND_CPU_NO_ACT
+#define ACT_DISPATCH(call) ((void)0)
+#else
+#include "backend_cpu_act.h"
+#define ACT_DISPATCH(call)  \
+    do {                    \
+        if (act_half()) {   \
+            call;           \
+            return;         \
+        }                   \
+    } while (0)
+#endif
+
 #define LAYERNORM_EPS 1e-5f      /* GPT-2's layer_norm_epsilon */
 #define ATTN_ROW_BLOCK 64        /* rows per causal block: skips most of the masked half */
 
@@ -47,6 +63,7 @@ const char *backend_name(void) { return "cpu (OpenBLAS + OpenMP)"; }
 void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                             int N, int C, int OC)
 {
+    ACT_DISPATCH(act_matmul_forward(out, inp, weight, bias, N, C, OC));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(inp);
     DEVEMU_VIEW(weight);
@@ -65,6 +82,7 @@ void backend_matmul_forward(float *out, const float *inp, const float *weight, c
 void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, int N, int C, int OC)
 {
+    ACT_DISPATCH(act_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC));
     DEVEMU_VIEW(dinp);
     DEVEMU_VIEW(dweight);
     DEVEMU_VIEW(dbias);
@@ -98,6 +116,7 @@ void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const fl
 
 void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC)
 {
+    ACT_DISPATCH(act_matmul_forward_transposed(out, inp, weight, N, C, OC));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(inp);
     DEVEMU_VIEW(weight);
@@ -107,6 +126,7 @@ void backend_matmul_forward_transposed(float *out, const float *inp, const float
 void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
                                         const float *weight, int N, int C, int OC)
 {
+    ACT_DISPATCH(act_matmul_backward_transposed(dinp, dweight, dout, inp, weight, N, C, OC));
     DEVEMU_VIEW(dinp);
     DEVEMU_VIEW(dweight);
     DEVEMU_VIEW(dout);
@@ -119,6 +139,7 @@ void backend_matmul_backward_transposed(float *dinp, float *dweight, const float
 void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *weight, const float *bias, int N, int C)
 {
+    ACT_DISPATCH(act_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(mean);
     DEVEMU_VIEW(rstd);
@@ -151,6 +172,7 @@ void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const
                                 const float *inp, const float *weight, const float *mean,
                                 const float *rstd, float *scratch, int N, int C)
 {
+    ACT_DISPATCH(act_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N, C));
     DEVEMU_VIEW(dinp);
     DEVEMU_VIEW(dweight);
     DEVEMU_VIEW(dbias);
@@ -205,6 +227,7 @@ size_t backend_layernorm_scratch(int C) { return (size_t)omp_get_max_threads() *
 
 void backend_gelu_forward(float *out, const float *inp, size_t n)
 {
+    ACT_DISPATCH(act_gelu_forward(out, inp, n));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(inp);
 #pragma omp parallel for simd
@@ -217,6 +240,7 @@ void backend_gelu_forward(float *out, const float *inp, size_t n)
 
 void backend_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
 {
+    ACT_DISPATCH(act_gelu_backward(dinp, inp, dout, n));
     DEVEMU_VIEW(dinp);
     DEVEMU_VIEW(inp);
     DEVEMU_VIEW(dout);
@@ -244,8 +268,10 @@ void backend_add(float *out, const float *a, const float *b, size_t n)
 
 size_t backend_attention_scratch(int T) { return (size_t)omp_get_max_threads() * (size_t)T * (size_t)T; }
 
-void backend_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH)
 {
+    ACT_DISPATCH(act_attention_forward(out, att, qkv, scratch, B, T, C, NH));
+    (void)scratch; /* the CPU computes the scores in att itself */
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(att);
     DEVEMU_VIEW(qkv);
@@ -292,6 +318,7 @@ void backend_attention_forward(float *out, float *att, const float *qkv, int B, 
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                 float *scratch, int B, int T, int C, int NH)
 {
+    ACT_DISPATCH(act_attention_backward(dqkv, dout, qkv, att, scratch, B, T, C, NH));
     DEVEMU_VIEW(dqkv);
     DEVEMU_VIEW(dout);
     DEVEMU_VIEW(qkv);
@@ -343,6 +370,7 @@ void backend_attention_backward(float *dqkv, const float *dout, const float *qkv
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                int B, int T, int C)
 {
+    ACT_DISPATCH(act_embedding_forward(out, tokens, wte, wpe, B, T, C));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(tokens);
     DEVEMU_VIEW(wte);
@@ -385,6 +413,7 @@ void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, con
 
 void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)
 {
+    ACT_DISPATCH(act_crossentropy_forward(losses, logits, targets, N, V, Vp));
     DEVEMU_VIEW(losses);
     DEVEMU_VIEW(logits);
     DEVEMU_VIEW(targets);
@@ -413,6 +442,7 @@ void backend_crossentropy_forward(float *losses, float *logits, const int32_t *t
 
 void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
 {
+    ACT_DISPATCH(act_crossentropy_backward(probs, targets, dloss, N, V, Vp));
     DEVEMU_VIEW(probs);
     DEVEMU_VIEW(targets);
 #pragma omp parallel for

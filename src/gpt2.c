@@ -8,6 +8,11 @@
 
 static size_t f32(size_t n) { return arena_round(n * sizeof(float)); }
 
+/* Bytes of n elements of the activation dtype (backend.h [A]). */
+static size_t act(size_t n) { return arena_round(n * (size_t)dtype_size(backend_act_dtype())); }
+
+static int act_is_half(void) { return backend_act_dtype() != DTYPE_F32; }
+
 static size_t scratch_floats(const struct model *m, int T)
 {
     size_t att = backend_attention_scratch(T), ln = backend_layernorm_scratch(m->cfg.n_embd);
@@ -19,8 +24,8 @@ static int n_segments(int L, int interval) { return (L + interval - 1) / interva
 /* Bytes of one set of block activations (struct block_acts). */
 static size_t block_set_bytes(size_t BT, size_t C, size_t B, size_t NH, size_t T)
 {
-    return f32(BT * C) + 2 * f32(BT) + f32(BT * 3 * C) + f32(B * NH * T * T) + f32(BT * C) + f32(BT * C) +
-           f32(BT * C) + 2 * f32(BT) + 2 * f32(BT * 4 * C);
+    return act(BT * C) + 2 * f32(BT) + act(BT * 3 * C) + act(B * NH * T * T) + act(BT * C) + f32(BT * C) +
+           act(BT * C) + 2 * f32(BT) + 2 * act(BT * 4 * C);
 }
 
 void gpt2_plan(const struct model *m, int B, int T, int interval, size_t bytes[BUF_COUNT])
@@ -35,9 +40,10 @@ void gpt2_plan(const struct model *m, int B, int T, int interval, size_t bytes[B
         bytes[BUF_ACT_CKPT] += L * f32(BT * C);
         bytes[BUF_ACTIVATIONS] += L * set + f32(BT * C);
     }
-    bytes[BUF_LOGITS] += f32(BT * C) + 2 * f32(BT) + f32(BT * Vp) + f32(BT);
-    bytes[BUF_WORKSPACE] += 3 * f32(BT * C) + f32(BT * 3 * C) + f32(BT * 4 * C) + f32(scratch_floats(m, T)) +
-                            2 * arena_round(BT * sizeof(int32_t));
+    bytes[BUF_LOGITS] += act(BT * C) + 2 * f32(BT) + act(BT * Vp) + f32(BT);
+    bytes[BUF_WORKSPACE] += 2 * f32(BT * C) + act(BT * C) + act(BT * 3 * C) + act(BT * 4 * C) +
+                            f32(scratch_floats(m, T)) + 2 * arena_round(BT * sizeof(int32_t)) +
+                            (act_is_half() ? act(BT * C) : 0);
     if (backend_is_device())
         bytes[BUF_STAGING] += 2 * arena_round(BT * sizeof(int32_t)) + f32(BT);
 }
@@ -53,7 +59,10 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
     a->T = T;
     a->interval = interval;
     a->n_sets = interval > 0 ? interval : (int)L;
+    const size_t ae = (size_t)dtype_size(backend_act_dtype());
+    a->half = act_is_half();
 #define ALLOC(cls, n) arena_alloc(dev, mem, cls, (n) * sizeof(float), 1)
+#define ALLOC_ACT(cls, n) arena_alloc(dev, mem, cls, (n) * ae, 1)
     /* Kept inputs first: without checkpointing they are every block's input. */
     if (interval > 0) {
         int segs = n_segments((int)L, interval);
@@ -69,18 +78,18 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
     a->sets = xcalloc((size_t)a->n_sets, sizeof *a->sets);
     for (int i = 0; i < a->n_sets; i++) {
         struct block_acts *ba = &a->sets[i];
-        ba->ln1 = ALLOC(BUF_ACTIVATIONS, BT * C);
+        ba->ln1 = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
         ba->ln1_mean = ALLOC(BUF_ACTIVATIONS, BT);
         ba->ln1_rstd = ALLOC(BUF_ACTIVATIONS, BT);
-        ba->qkv = ALLOC(BUF_ACTIVATIONS, BT * 3 * C);
-        ba->att = ALLOC(BUF_ACTIVATIONS, (size_t)B * NH * T * T);
-        ba->atty = ALLOC(BUF_ACTIVATIONS, BT * C);
+        ba->qkv = ALLOC_ACT(BUF_ACTIVATIONS, BT * 3 * C);
+        ba->att = ALLOC_ACT(BUF_ACTIVATIONS, (size_t)B * NH * T * T);
+        ba->atty = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
         ba->res2 = ALLOC(BUF_ACTIVATIONS, BT * C);
-        ba->ln2 = ALLOC(BUF_ACTIVATIONS, BT * C);
+        ba->ln2 = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
         ba->ln2_mean = ALLOC(BUF_ACTIVATIONS, BT);
         ba->ln2_rstd = ALLOC(BUF_ACTIVATIONS, BT);
-        ba->fch = ALLOC(BUF_ACTIVATIONS, BT * 4 * C);
-        ba->fch_gelu = ALLOC(BUF_ACTIVATIONS, BT * 4 * C);
+        ba->fch = ALLOC_ACT(BUF_ACTIVATIONS, BT * 4 * C);
+        ba->fch_gelu = ALLOC_ACT(BUF_ACTIVATIONS, BT * 4 * C);
     }
     for (int i = 0; interval > 0 && i <= interval; i++)
         a->work[i] = ALLOC(BUF_ACTIVATIONS, BT * C);
@@ -88,18 +97,21 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
     if (a->resid)
         a->resid[L] = a->final;
     a->seg_params = xcalloc((size_t)a->n_sets, sizeof *a->seg_params);
-    a->lnf = ALLOC(BUF_LOGITS, BT * C);
+    a->lnf = ALLOC_ACT(BUF_LOGITS, BT * C);
     a->lnf_mean = ALLOC(BUF_LOGITS, BT);
     a->lnf_rstd = ALLOC(BUF_LOGITS, BT);
-    a->logits = ALLOC(BUF_LOGITS, BT * Vp);
+    a->logits = ALLOC_ACT(BUF_LOGITS, BT * Vp);
     a->losses = ALLOC(BUF_LOGITS, BT);
     a->dresid_a = ALLOC(BUF_WORKSPACE, BT * C);
     a->dresid_b = ALLOC(BUF_WORKSPACE, BT * C);
-    a->dwork_c = ALLOC(BUF_WORKSPACE, BT * C);
-    a->dwork_3c = ALLOC(BUF_WORKSPACE, BT * 3 * C);
-    a->dwork_4c = ALLOC(BUF_WORKSPACE, BT * 4 * C);
+    a->dwork_c = ALLOC_ACT(BUF_WORKSPACE, BT * C);
+    a->dwork_3c = ALLOC_ACT(BUF_WORKSPACE, BT * 3 * C);
+    a->dwork_4c = ALLOC_ACT(BUF_WORKSPACE, BT * 4 * C);
     a->scratch = ALLOC(BUF_WORKSPACE, scratch_floats(m, T));
+    if (a->half)
+        a->proj = ALLOC_ACT(BUF_WORKSPACE, BT * C);
 #undef ALLOC
+#undef ALLOC_ACT
     a->dev_inputs = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
     a->dev_targets = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
     if (backend_is_device()) {
@@ -114,10 +126,30 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
     }
 }
 
+/* Element i of a tensor of elements of es bytes (an [A] tensor, or a unit's
+ * gathered parameters, which are [A] too). */
+static const float *elem_at(const float *p, size_t i, size_t es) { return (const float *)((const char *)p + i * es); }
+
+static const float *act_at(const float *p, size_t i) { return elem_at(p, i, (size_t)dtype_size(backend_act_dtype())); }
+
+/* Copies n [A] elements from the device into fp32 host memory. */
+static void read_act(float *out, const float *p, size_t n)
+{
+    const enum dtype dt = backend_act_dtype();
+    if (dt == DTYPE_F32) {
+        backend_copy(out, p, n * sizeof *out);
+        return;
+    }
+    void *tmp = xcalloc(n, (size_t)dtype_size(dt));
+    backend_copy(tmp, p, n * (size_t)dtype_size(dt));
+    dtype_convert(out, DTYPE_F32, tmp, dt, n);
+    free(tmp);
+}
+
 void gpt2_read_logits(const struct gpt2_acts *a, const struct model *m, int row, float *out)
 {
     const size_t Vp = (size_t)m->cfg.padded_vocab;
-    backend_copy(out, a->logits + (size_t)row * Vp, Vp * sizeof *out);
+    read_act(out, act_at(a->logits, (size_t)row * Vp), Vp);
 }
 
 /* Moves the caller's token ids to the kernels' buffers (nothing to do on the CPU). */
@@ -150,37 +182,59 @@ struct block_grads {
     float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
 };
 
-#define BLOCK_VIEW(out, base, ud)                                    \
-    do {                                                            \
-        const struct tensor_desc *td_ = (ud)->tensors;              \
-        (out).ln1_w = (base) + td_[BT_LN1_W].offset;                \
-        (out).ln1_b = (base) + td_[BT_LN1_B].offset;                \
-        (out).qkv_w = (base) + td_[BT_QKV_W].offset;                \
-        (out).qkv_b = (base) + td_[BT_QKV_B].offset;                \
-        (out).attproj_w = (base) + td_[BT_ATTPROJ_W].offset;        \
-        (out).attproj_b = (base) + td_[BT_ATTPROJ_B].offset;        \
-        (out).ln2_w = (base) + td_[BT_LN2_W].offset;                \
-        (out).ln2_b = (base) + td_[BT_LN2_B].offset;                \
-        (out).fc_w = (base) + td_[BT_FC_W].offset;                  \
-        (out).fc_b = (base) + td_[BT_FC_B].offset;                  \
-        (out).fcproj_w = (base) + td_[BT_FCPROJ_W].offset;          \
-        (out).fcproj_b = (base) + td_[BT_FCPROJ_B].offset;          \
+/* es: bytes per element of base (the parameters are [A], the gradients fp32). */
+#define BLOCK_VIEW(out, base, ud, es)                                           \
+    do {                                                                       \
+        const struct tensor_desc *td_ = (ud)->tensors;                         \
+        (out).ln1_w = (void *)elem_at((base), td_[BT_LN1_W].offset, (es));     \
+        (out).ln1_b = (void *)elem_at((base), td_[BT_LN1_B].offset, (es));     \
+        (out).qkv_w = (void *)elem_at((base), td_[BT_QKV_W].offset, (es));     \
+        (out).qkv_b = (void *)elem_at((base), td_[BT_QKV_B].offset, (es));     \
+        (out).attproj_w = (void *)elem_at((base), td_[BT_ATTPROJ_W].offset, (es)); \
+        (out).attproj_b = (void *)elem_at((base), td_[BT_ATTPROJ_B].offset, (es)); \
+        (out).ln2_w = (void *)elem_at((base), td_[BT_LN2_W].offset, (es));     \
+        (out).ln2_b = (void *)elem_at((base), td_[BT_LN2_B].offset, (es));     \
+        (out).fc_w = (void *)elem_at((base), td_[BT_FC_W].offset, (es));       \
+        (out).fc_b = (void *)elem_at((base), td_[BT_FC_B].offset, (es));       \
+        (out).fcproj_w = (void *)elem_at((base), td_[BT_FCPROJ_W].offset, (es)); \
+        (out).fcproj_b = (void *)elem_at((base), td_[BT_FCPROJ_B].offset, (es)); \
     } while (0)
 
+/* y (fp32) = x (fp32) + inp [A] @ w + b: a projection added into the residual
+ * stream; through the [A] scratch when activations are half precision. */
+static void project_add(struct gpt2_acts *a, float *y, const float *x, const float *inp, const float *w,
+                        const float *b, int N, int C_in, int C)
+{
+    if (!a->half) {
+        backend_matmul_forward(y, inp, w, b, N, C_in, C);
+        backend_add(y, y, x, (size_t)N * C);
+        return;
+    }
+    backend_matmul_forward(a->proj, inp, w, b, N, C_in, C);
+    backend_add_act(y, x, a->proj, (size_t)N * C);
+}
+
+/* The residual stream's gradient d (fp32) as the [A] dout of a matmul. */
+static const float *as_act(struct gpt2_acts *a, const float *d, size_t n)
+{
+    if (!a->half)
+        return d;
+    backend_convert(a->proj, backend_act_dtype(), d, DTYPE_F32, n);
+    return a->proj;
+}
+
 static void block_forward(const struct model *m, const struct block_params *p, struct block_acts *ba,
-                          const float *x, float *y, int B, int T)
+                          struct gpt2_acts *a, const float *x, float *y, int B, int T)
 {
     const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
     backend_layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_w, p->ln1_b, N, C);
     backend_matmul_forward(ba->qkv, ba->ln1, p->qkv_w, p->qkv_b, N, C, 3 * C);
-    backend_attention_forward(ba->atty, ba->att, ba->qkv, B, T, C, NH);
-    backend_matmul_forward(ba->res2, ba->atty, p->attproj_w, p->attproj_b, N, C, C);
-    backend_add(ba->res2, ba->res2, x, (size_t)N * C);
+    backend_attention_forward(ba->atty, ba->att, ba->qkv, a->scratch, B, T, C, NH);
+    project_add(a, ba->res2, x, ba->atty, p->attproj_w, p->attproj_b, N, C, C);
     backend_layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->res2, p->ln2_w, p->ln2_b, N, C);
     backend_matmul_forward(ba->fch, ba->ln2, p->fc_w, p->fc_b, N, C, 4 * C);
     backend_gelu_forward(ba->fch_gelu, ba->fch, (size_t)N * 4 * C);
-    backend_matmul_forward(y, ba->fch_gelu, p->fcproj_w, p->fcproj_b, N, 4 * C, C);
-    backend_add(y, y, ba->res2, (size_t)N * C);
+    project_add(a, y, ba->res2, ba->fch_gelu, p->fcproj_w, p->fcproj_b, N, 4 * C, C);
 }
 
 /* dresid holds dL/dy on entry and dL/dx on return. */
@@ -191,14 +245,16 @@ static void block_backward(const struct model *m, const struct block_params *p, 
     const size_t NC = (size_t)N * C;
     float *dy = a->dresid_a, *dres2 = a->dresid_b;
     /* MLP */
-    backend_matmul_backward(a->dwork_4c, g->fcproj_w, g->fcproj_b, dy, ba->fch_gelu, p->fcproj_w, N, 4 * C, C);
+    backend_matmul_backward(a->dwork_4c, g->fcproj_w, g->fcproj_b, as_act(a, dy, NC), ba->fch_gelu, p->fcproj_w, N,
+                            4 * C, C);
     backend_gelu_backward(a->dwork_4c, ba->fch, a->dwork_4c, (size_t)N * 4 * C);
     backend_matmul_backward(a->dwork_c, g->fc_w, g->fc_b, a->dwork_4c, ba->ln2, p->fc_w, N, C, 4 * C);
     backend_copy(dres2, dy, NC * sizeof *dres2);
     backend_layernorm_backward(dres2, g->ln2_w, g->ln2_b, a->dwork_c, ba->res2, p->ln2_w, ba->ln2_mean,
                                ba->ln2_rstd, a->scratch, N, C);
     /* attention */
-    backend_matmul_backward(a->dwork_c, g->attproj_w, g->attproj_b, dres2, ba->atty, p->attproj_w, N, C, C);
+    backend_matmul_backward(a->dwork_c, g->attproj_w, g->attproj_b, as_act(a, dres2, NC), ba->atty, p->attproj_w, N,
+                            C, C);
     backend_attention_backward(a->dwork_3c, a->dwork_c, ba->qkv, ba->att, a->scratch, B, T, C, NH);
     backend_matmul_backward(a->dwork_c, g->qkv_w, g->qkv_b, a->dwork_3c, ba->ln1, p->qkv_w, N, C, 3 * C);
     backend_copy(dy, dres2, NC * sizeof *dy);
@@ -285,6 +341,7 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
     const struct model *m = z->model;
     const int L = m->cfg.n_layer, C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
     const int N = B * T, head = model_head_unit(m);
+    const size_t pe = (size_t)dtype_size(backend_act_dtype()); /* bytes per gathered parameter */
     if (B > a->B || T > a->T || B * T > a->B * a->T)
         fail_internal("micro-batch %dx%d exceeds the planned %dx%d", B, T, a->B, a->T);
 
@@ -292,8 +349,8 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
     const size_t NC = (size_t)N * C;
     upload_tokens(a, N, with_targets);
     const float *emb = zero_acquire(z, 0);
-    backend_embedding_forward(block_in(a, 0), a->dev_inputs, emb + eu->tensors[ET_WTE].offset,
-                              emb + eu->tensors[ET_WPE].offset, B, T, C);
+    backend_embedding_forward(block_in(a, 0), a->dev_inputs, elem_at(emb, eu->tensors[ET_WTE].offset, pe),
+                              elem_at(emb, eu->tensors[ET_WPE].offset, pe), B, T, C);
     zero_release(z, 0);
 
     for (int l = 0; l < L; l++) {
@@ -302,8 +359,8 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
             backend_copy(a->ckpt[l / a->interval], block_in(a, l), NC * sizeof(float));
         struct block_params p;
         const float *base = zero_acquire(z, u);
-        BLOCK_VIEW(p, base, &m->units[u]);
-        block_forward(m, &p, block_set(a, l), block_in(a, l), block_out(a, m, l), B, T);
+        BLOCK_VIEW(p, base, &m->units[u], pe);
+        block_forward(m, &p, block_set(a, l), a, block_in(a, l), block_out(a, m, l), B, T);
         zero_release(z, u);
         /* a segment's output is the next segment's input, in work[0] */
         if (a->interval && (l + 1) % a->interval == 0 && l + 1 < L)
@@ -313,17 +370,17 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
     const float *hp = zero_acquire(z, head);
     const struct unit_desc *hu = &m->units[head];
     backend_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->final,
-                              hp + hu->tensors[HT_LNF_W].offset, hp + hu->tensors[HT_LNF_B].offset, N, C);
+                              elem_at(hp, hu->tensors[HT_LNF_W].offset, pe), elem_at(hp, hu->tensors[HT_LNF_B].offset, pe), N, C);
     zero_release(z, head);
     emb = zero_acquire(z, 0);
     /* logits (N, Vp) = lnf (N, C) @ wte^T: the LM head tied to the token embedding */
-    backend_matmul_forward_transposed(a->logits, a->lnf, emb + eu->tensors[ET_WTE].offset, N, C, Vp);
+    backend_matmul_forward_transposed(a->logits, a->lnf, elem_at(emb, eu->tensors[ET_WTE].offset, pe), N, C, Vp);
     if (mode == GPT2_TRAIN)
-        a->head_wte = emb + eu->tensors[ET_WTE].offset;
+        a->head_wte = elem_at(emb, eu->tensors[ET_WTE].offset, pe);
     else
         zero_release(z, 0);
     if (a->debug_logits)
-        backend_copy(a->debug_logits, a->logits, (size_t)N * Vp * sizeof *a->logits);
+        read_act(a->debug_logits, a->logits, (size_t)N * Vp);
     if (!with_targets)
         return 0.0f;
     backend_crossentropy_forward(a->losses, a->logits, a->dev_targets, N, V, Vp);
@@ -341,6 +398,7 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
     const int L = m->cfg.n_layer, C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
     const int N = B * T, head = model_head_unit(m);
     const struct unit_desc *eu = &m->units[0], *hu = &m->units[head];
+    const size_t pe = (size_t)dtype_size(backend_act_dtype());
 
     backend_crossentropy_backward(a->logits, a->dev_targets, dloss_scale, N, V, Vp);
     float *emb_grad = zero_grad_open(z, 0);
@@ -353,7 +411,7 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
     float *hg = zero_grad_open(z, head);
     backend_zero(a->dresid_a, (size_t)N * C);
     backend_layernorm_backward(a->dresid_a, hg + hu->tensors[HT_LNF_W].offset, hg + hu->tensors[HT_LNF_B].offset,
-                               a->dwork_c, a->final, hp + hu->tensors[HT_LNF_W].offset,
+                               a->dwork_c, a->final, elem_at(hp, hu->tensors[HT_LNF_W].offset, pe),
                                a->lnf_mean, a->lnf_rstd, a->scratch, N, C);
     zero_grad_done(z, head);
     zero_release(z, head);
@@ -369,9 +427,9 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
             a->seg_params[l - l0] = zero_acquire(z, model_block_unit(l));
             if (a->interval) {
                 struct block_params p;
-                BLOCK_VIEW(p, a->seg_params[l - l0], &m->units[model_block_unit(l)]);
+                BLOCK_VIEW(p, a->seg_params[l - l0], &m->units[model_block_unit(l)], pe);
                 float *out = l + 1 < l1 ? block_in(a, l + 1) : a->work[l - l0 + 1];
-                block_forward(m, &p, block_set(a, l), block_in(a, l), out, B, T);
+                block_forward(m, &p, block_set(a, l), a, block_in(a, l), out, B, T);
             }
         }
         for (int l = l1 - 1; l >= l0; l--) {
@@ -379,8 +437,8 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
             struct block_params p;
             struct block_grads g;
             float *gbase = zero_grad_open(z, u);
-            BLOCK_VIEW(p, a->seg_params[l - l0], &m->units[u]);
-            BLOCK_VIEW(g, gbase, &m->units[u]);
+            BLOCK_VIEW(p, a->seg_params[l - l0], &m->units[u], pe);
+            BLOCK_VIEW(g, gbase, &m->units[u], sizeof(float));
             block_backward(m, &p, &g, block_set(a, l), block_in(a, l), a, B, T);
             zero_grad_done(z, u);
             zero_release(z, u);

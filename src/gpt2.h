@@ -9,6 +9,11 @@
  * The embedding unit's gradient buffer stays open through the whole backward
  * (the tied LM head writes to it first, the token embedding last).
  *
+ * Tensors that feed or leave matmuls are in the activation dtype ([A] in
+ * backend.h: half precision on a GPU training in fp16/bf16), so are the
+ * gathered parameters; the residual stream, its gradient and every weight
+ * gradient are fp32.
+ *
  * The loss is the mean over every target token of the global batch: each
  * micro-batch's dlogits carry 1 / (B T accumulation world), so gradients
  * summed over micro-batches and ranks are those of the global mean.
@@ -57,6 +62,8 @@ struct gpt2_acts {
     float *dwork_3c;          /* (B, T, 3C): dqkv */
     float *dwork_4c;          /* (B, T, 4C): dfch */
     float *scratch;           /* attention and layernorm backward scratch */
+    int half;                 /* activations ([A], backend.h) in half precision */
+    float *proj;              /* (B, T, C) [A], half only: projection outputs, gradients cast for matmuls */
     int32_t *inputs, *targets; /* (B, T) host memory: the caller fills them before forward */
     int32_t *dev_inputs, *dev_targets; /* (B, T) the kernels' copies (the same buffers on the CPU) */
     float *host_losses;       /* (B, T) the losses read back (a->losses on the CPU) */

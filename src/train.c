@@ -480,6 +480,11 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     tr.comm_only = bench && strcmp(bench, "comm-only") == 0;
     backend_init(cfg->train.threads);
     backend_attach_comm(comm);
+    /* A GPU computes in the parameter dtype (backend.h [A]); the CPU in fp32.
+     * SHARDLM_FP32_ACTIVATIONS=1 keeps fp32 activations on a GPU too. */
+    const char *f32_acts = getenv("SHARDLM_FP32_ACTIVATIONS");
+    backend_set_act_dtype(backend_is_device() && !(f32_acts && strcmp(f32_acts, "1") == 0) ? cfg->dtype
+                                                                                          : DTYPE_F32);
     trainer_setup(&tr);
     backend_check_performance();
 

@@ -60,7 +60,7 @@ static void layout_units(struct zero *z, const struct config *cfg)
         zu->gather_slot = zu->compute_slot = zu->grad_slot = zu->send_slot = -1;
         bool used[POOL_SETS] = {
             [POOL_GATHER] = zu->sharded,
-            [POOL_COMPUTE] = z->half,
+            [POOL_COMPUTE] = z->compute_copies,
             [POOL_GRAD] = z->stage >= 2,
             [POOL_SEND] = z->stage >= 2 && z->master_copy,
         };
@@ -161,6 +161,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     z->dtype = cfg->dtype;
     z->esize = (size_t)dtype_size(cfg->dtype);
     z->half = cfg->dtype != DTYPE_F32;
+    z->compute_copies = z->half && backend_act_dtype() == DTYPE_F32;
     z->device = backend_is_device();
     z->master_copy = z->half || cfg->zero.offload_optimizer || z->device;
     z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;
@@ -348,13 +349,13 @@ const float *zero_acquire(struct zero *z, int u)
 {
     expect_event(z, PASS_ACQUIRE, u);
     struct zero_unit *zu = &z->units[u];
-    if (zu->refs++ > 0 && !zu->sharded && !z->half)
+    if (zu->refs++ > 0 && !zu->sharded && !z->compute_copies)
         return zu->params;
     if (zu->sharded && zu->gather_slot < 0)
         start_gather(z, u);
     if (zu->sharded)
         prefetch(z);
-    if (z->half && zu->compute_slot < 0)
+    if (z->compute_copies && zu->compute_slot < 0)
         zu->compute_slot = pool_take(z, POOL_COMPUTE, u);
     if (z->dry)
         return NULL;
@@ -363,7 +364,7 @@ const float *zero_acquire(struct zero *z, int u)
         zu->gather_pending = false;
     }
     const void *full = zu->sharded ? slot_ptr(pool(z, POOL_GATHER, u), zu->gather_slot) : zu->params;
-    if (!z->half)
+    if (!z->compute_copies) /* fp32, or half-precision activations: the kernels take the unit as it is */
         return full;
     float *copy = slot_ptr(pool(z, POOL_COMPUTE, u), zu->compute_slot);
     if (zu->refs == 1)

@@ -30,7 +30,8 @@
  * parameters in the same pass. Gradients accumulate in fp32 (the reduce-
  * scatter's half-precision result is added into the fp32 shard; at stages 0-1
  * the fp32 sums are cast for the all-reduce and back). The CPU backend
- * computes in fp32, from an fp32 copy of each acquired unit.
+ * computes in fp32, from an fp32 copy of each acquired unit; a GPU with
+ * half-precision activations (backend.h [A]) computes from the unit itself.
  *
  * Gathered units and gradient buffers come from pools, one per unit kind
  * (embedding, block, head) and buffer kind (enum zero_pool_set), each with as
@@ -125,7 +126,9 @@ struct zero {
     enum dtype dtype;             /* parameters, gathered units, communicated gradients */
     size_t esize;                 /* bytes per parameter-dtype element */
     enum comm_dtype comm_dtype;
-    bool half;                    /* dtype is fp16 or bf16: fp32 compute copies (CPU backend) */
+    bool half;                    /* dtype is fp16 or bf16 */
+    bool compute_copies;          /* half, with fp32 activations (the CPU backend): acquire returns an
+                                   * fp32 copy of the unit; with half activations, the unit itself */
     bool device;                  /* the backend's memory is a device: the optimizer state is always
                                    * in pinned host memory, and host code never touches device memory */
     bool master_copy;             /* half precision, optimizer offload or a device: a separate fp32

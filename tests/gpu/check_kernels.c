@@ -91,92 +91,156 @@ static void check_value(const char *name, int ok, const char *why)
     ok ? g_passed++ : g_failed++;
 }
 
-int main(void)
+/* ---- [A] tensors (backend.h): the activation dtype under test ---------------------------------- */
+
+static enum dtype g_act = DTYPE_F32;
+static const char *g_tag = "";
+
+static size_t act_bytes(size_t n) { return n * (size_t)dtype_size(g_act); }
+
+/* Rounds host values to the activation dtype in place: both sides then see the same inputs. */
+static float *act_round(float *x, size_t n)
 {
-    backend_init(0);
+    void *tmp = malloc(act_bytes(n));
+    dtype_convert(tmp, g_act, x, DTYPE_F32, n);
+    dtype_convert(x, DTYPE_F32, tmp, g_act, n);
+    free(tmp);
+    return x;
+}
+
+static float *act_to_device(const float *host, size_t n)
+{
+    void *tmp = malloc(act_bytes(n));
+    dtype_convert(tmp, g_act, host, DTYPE_F32, n);
+    float *d = to_device(tmp, act_bytes(n));
+    free(tmp);
+    return d;
+}
+
+/* NaN in every dtype: all bits set. */
+static float *act_poisoned(size_t n)
+{
+    float *d = NULL;
+    if (cudaMalloc((void **)&d, act_bytes(n)) != cudaSuccess || cudaMemset(d, 0xFF, act_bytes(n)) != cudaSuccess)
+        fprintf(stderr, "check_kernels: cudaMalloc failed\n"), exit(1);
+    return d;
+}
+
+static void compare_act(const char *name, const float *want, const float *device, size_t n, double tol)
+{
+    void *tmp = malloc(act_bytes(n));
+    float *wide = malloc(n * sizeof *wide);
+    cudaDeviceSynchronize();
+    cudaMemcpy(tmp, device, act_bytes(n), cudaMemcpyDeviceToHost);
+    dtype_convert(wide, DTYPE_F32, tmp, g_act, n);
+    float *d = to_device(wide, n * sizeof *wide);
+    compare(name, want, d, n, tol);
+    cudaFree(d);
+    free(wide);
+    free(tmp);
+}
+
+static const char *named(const char *name)
+{
+    static char buf[96];
+    snprintf(buf, sizeof buf, "%s%s", name, g_tag);
+    return buf;
+}
+
+/* Every kernel with [A] operands, activations in dt: inputs rounded to dt on
+ * both sides, CPU reference in fp32, outputs compared within tol. */
+static void check_act_kernels(enum dtype dt, double tol, const char *tag)
+{
+    g_act = dt;
+    g_tag = tag;
+    backend_set_act_dtype(dt);
     const int B = 2, T = 64, C = 96, NH = 4, OC = 288, V = 300, Vp = 384, N = B * T;
     const size_t NC = (size_t)N * C;
 
-    /* matmul */
-    float *inp = host_random(NC, 1), *w = host_random((size_t)C * OC, 0.2f), *bias = host_random(OC, 0.5f);
-    float *d_inp = to_device(inp, NC * 4), *d_w = to_device(w, (size_t)C * OC * 4), *d_bias = to_device(bias, OC * 4);
-    float *out = malloc((size_t)N * OC * 4), *d_out = poisoned((size_t)N * OC);
+    /* matmul: inp, weight, bias, out, dout, dinp [A]; dweight, dbias fp32 (accumulated) */
+    float *inp = act_round(host_random(NC, 1), NC), *w = act_round(host_random((size_t)C * OC, 0.2f), (size_t)C * OC);
+    float *bias = act_round(host_random(OC, 0.5f), OC);
+    float *d_inp = act_to_device(inp, NC), *d_w = act_to_device(w, (size_t)C * OC), *d_bias = act_to_device(bias, OC);
+    float *out = malloc((size_t)N * OC * 4), *d_out = act_poisoned((size_t)N * OC);
     cpu_matmul_forward(out, inp, w, bias, N, C, OC);
     backend_matmul_forward(d_out, d_inp, d_w, d_bias, N, C, OC);
-    compare("matmul_forward", out, d_out, (size_t)N * OC, TOL);
-    float *dout = host_random((size_t)N * OC, 1), *d_dout = to_device(dout, (size_t)N * OC * 4);
-    float *dinp = malloc(NC * 4), *d_dinp = poisoned(NC);
+    compare_act(named("matmul_forward"), out, d_out, (size_t)N * OC, tol);
+    float *dout = act_round(host_random((size_t)N * OC, 1), (size_t)N * OC), *d_dout = act_to_device(dout, (size_t)N * OC);
+    float *dinp = malloc(NC * 4), *d_dinp = act_poisoned(NC);
     float *dw = host_random((size_t)C * OC, 1), *d_dw = to_device(dw, (size_t)C * OC * 4);
     float *db = host_random(OC, 1), *d_db = to_device(db, OC * 4);
     cpu_matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
     backend_matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
-    compare("matmul_backward_dinp", dinp, d_dinp, NC, TOL);
-    compare("matmul_backward_dweight_accumulates", dw, d_dw, (size_t)C * OC, TOL);
-    compare("matmul_backward_dbias_accumulates", db, d_db, OC, TOL);
+    compare_act(named("matmul_backward_dinp"), dinp, d_dinp, NC, tol);
+    compare(named("matmul_backward_dweight_accumulates"), dw, d_dw, (size_t)C * OC, tol);
+    compare(named("matmul_backward_dbias_accumulates"), db, d_db, OC, tol);
     /* tied head: weight (OC, C) */
-    float *d_out2 = poisoned((size_t)N * OC);
+    float *d_out2 = act_poisoned((size_t)N * OC);
     cpu_matmul_forward_transposed(out, inp, w, N, C, OC);
     backend_matmul_forward_transposed(d_out2, d_inp, d_w, N, C, OC);
-    compare("matmul_forward_transposed", out, d_out2, (size_t)N * OC, TOL);
-    float *d_dinp2 = poisoned(NC);
+    compare_act(named("matmul_forward_transposed"), out, d_out2, (size_t)N * OC, tol);
+    float *d_dinp2 = act_poisoned(NC);
     cpu_matmul_backward_transposed(dinp, dw, dout, inp, w, N, C, OC);
     backend_matmul_backward_transposed(d_dinp2, d_dw, d_dout, d_inp, d_w, N, C, OC);
-    compare("matmul_backward_transposed_dinp", dinp, d_dinp2, NC, TOL);
-    compare("matmul_backward_transposed_dweight", dw, d_dw, (size_t)C * OC, TOL);
+    compare_act(named("matmul_backward_transposed_dinp"), dinp, d_dinp2, NC, tol);
+    compare(named("matmul_backward_transposed_dweight"), dw, d_dw, (size_t)C * OC, tol);
 
-    /* layernorm */
-    float *lw = host_random(C, 1), *lb = host_random(C, 1), *d_lw = to_device(lw, C * 4), *d_lb = to_device(lb, C * 4);
+    /* layernorm: input and its gradient fp32 (the residual stream), output, dout, weight, bias [A] */
+    float *x = host_random(NC, 1), *d_x = to_device(x, NC * 4);
+    float *lw = act_round(host_random(C, 1), C), *lb = act_round(host_random(C, 1), C);
+    float *d_lw = act_to_device(lw, C), *d_lb = act_to_device(lb, C);
     float *mean = malloc(N * 4), *rstd = malloc(N * 4), *d_mean = poisoned(N), *d_rstd = poisoned(N);
-    float *ln = malloc(NC * 4), *d_ln = poisoned(NC);
-    cpu_layernorm_forward(ln, mean, rstd, inp, lw, lb, N, C);
-    backend_layernorm_forward(d_ln, d_mean, d_rstd, d_inp, d_lw, d_lb, N, C);
-    compare("layernorm_forward", ln, d_ln, NC, TOL);
-    compare("layernorm_forward_mean", mean, d_mean, N, TOL);
-    compare("layernorm_forward_rstd", rstd, d_rstd, N, TOL);
-    float *lndout = host_random(NC, 1), *d_lndout = to_device(lndout, NC * 4);
+    float *ln = malloc(NC * 4), *d_ln = act_poisoned(NC);
+    cpu_layernorm_forward(ln, mean, rstd, x, lw, lb, N, C);
+    backend_layernorm_forward(d_ln, d_mean, d_rstd, d_x, d_lw, d_lb, N, C);
+    compare_act(named("layernorm_forward"), ln, d_ln, NC, tol);
+    compare(named("layernorm_forward_mean"), mean, d_mean, N, TOL);
+    compare(named("layernorm_forward_rstd"), rstd, d_rstd, N, TOL);
+    float *lndout = act_round(host_random(NC, 1), NC), *d_lndout = act_to_device(lndout, NC);
     float *lndinp = host_random(NC, 1), *d_lndinp = to_device(lndinp, NC * 4);
     float *ldw = host_random(C, 1), *ldb = host_random(C, 1), *d_ldw = to_device(ldw, C * 4), *d_ldb = to_device(ldb, C * 4);
     float *scratch = malloc((cpu_layernorm_scratch(C) + 1) * 4);
-    size_t dscratch_n = backend_layernorm_scratch(C) + 1;
-    float *d_scratch = poisoned(dscratch_n);
-    cpu_layernorm_backward(lndinp, ldw, ldb, lndout, inp, lw, mean, rstd, scratch, N, C);
-    backend_layernorm_backward(d_lndinp, d_ldw, d_ldb, d_lndout, d_inp, d_lw, d_mean, d_rstd, d_scratch, N, C);
-    compare("layernorm_backward_dinp_accumulates", lndinp, d_lndinp, NC, TOL);
-    compare("layernorm_backward_dweight", ldw, d_ldw, C, TOL);
-    compare("layernorm_backward_dbias", ldb, d_ldb, C, TOL);
+    float *d_scratch = poisoned(backend_layernorm_scratch(C) + 1);
+    cpu_layernorm_backward(lndinp, ldw, ldb, lndout, x, lw, mean, rstd, scratch, N, C);
+    backend_layernorm_backward(d_lndinp, d_ldw, d_ldb, d_lndout, d_x, d_lw, d_mean, d_rstd, d_scratch, N, C);
+    compare(named("layernorm_backward_dinp_accumulates"), lndinp, d_lndinp, NC, tol);
+    compare(named("layernorm_backward_dweight"), ldw, d_ldw, C, tol);
+    compare(named("layernorm_backward_dbias"), ldb, d_ldb, C, tol);
 
-    /* element-wise */
-    float *g = malloc(NC * 4), *d_g = poisoned(NC);
+    /* element-wise: GELU [A]; add_act: fp32 + [A] into fp32 */
+    float *g = malloc(NC * 4), *d_g = act_poisoned(NC);
     cpu_gelu_forward(g, inp, NC);
     backend_gelu_forward(d_g, d_inp, NC);
-    compare("gelu_forward", g, d_g, NC, TOL);
-    float *d_gb = poisoned(NC);
+    compare_act(named("gelu_forward"), g, d_g, NC, tol);
+    float *d_gb = act_poisoned(NC);
     cpu_gelu_backward(g, inp, lndout, NC);
     backend_gelu_backward(d_gb, d_inp, d_lndout, NC);
-    compare("gelu_backward", g, d_gb, NC, TOL);
+    compare_act(named("gelu_backward"), g, d_gb, NC, tol);
     float *d_sum = poisoned(NC);
-    cpu_add(g, inp, lndout, NC);
-    backend_add(d_sum, d_inp, d_lndout, NC);
-    compare("add", g, d_sum, NC, TOL);
-    cpu_scale(g, 0.37f, NC);
-    backend_scale(d_sum, 0.37f, NC);
-    compare("scale", g, d_sum, NC, TOL);
+    cpu_add(g, x, inp, NC);
+    backend_add_act(d_sum, d_x, d_inp, NC);
+    compare(named("add_act"), g, d_sum, NC, TOL);
 
-    /* attention */
+    /* attention: qkv, att, out, dout, dqkv [A] */
     size_t nqkv = (size_t)N * 3 * C, natt = (size_t)B * NH * T * T;
-    float *qkv = host_random(nqkv, 1), *d_qkv = to_device(qkv, nqkv * 4);
-    float *att = malloc(natt * 4), *d_att = poisoned(natt), *aout = malloc(NC * 4), *d_aout = poisoned(NC);
-    cpu_attention_forward(aout, att, qkv, B, T, C, NH);
-    backend_attention_forward(d_aout, d_att, d_qkv, B, T, C, NH);
-    compare("attention_forward_out", aout, d_aout, NC, TOL);
-    compare("attention_forward_att", att, d_att, natt, TOL);
-    float *dqkv = malloc(nqkv * 4), *d_dqkv = poisoned(nqkv);
+    float *qkv = act_round(host_random(nqkv, 1), nqkv), *d_qkv = act_to_device(qkv, nqkv);
+    float *att = malloc(natt * 4), *d_att = act_poisoned(natt), *aout = malloc(NC * 4), *d_aout = act_poisoned(NC);
+    float *d_fscratch = poisoned(backend_attention_scratch(T));
+    cpu_attention_forward(aout, att, qkv, NULL, B, T, C, NH);
+    backend_attention_forward(d_aout, d_att, d_qkv, d_fscratch, B, T, C, NH);
+    compare_act(named("attention_forward_out"), aout, d_aout, NC, tol);
+    compare_act(named("attention_forward_att"), att, d_att, natt, tol);
+    /* backward from the same probabilities on both sides */
+    act_round(att, natt);
+    cudaFree(d_att);
+    d_att = act_to_device(att, natt);
+    float *dqkv = malloc(nqkv * 4), *d_dqkv = act_poisoned(nqkv);
     float *ascratch = malloc((cpu_attention_scratch(T) + 1) * 4), *d_ascratch = poisoned(backend_attention_scratch(T) + 1);
     cpu_attention_backward(dqkv, lndout, qkv, att, ascratch, B, T, C, NH);
     backend_attention_backward(d_dqkv, d_lndout, d_qkv, d_att, d_ascratch, B, T, C, NH);
-    compare("attention_backward", dqkv, d_dqkv, nqkv, TOL);
+    compare_act(named("attention_backward"), dqkv, d_dqkv, nqkv, tol);
 
-    /* embedding */
+    /* embedding: wte, wpe [A]; out, dout, dwte, dwpe fp32 */
     int32_t *tokens = malloc(N * sizeof *tokens), *targets = malloc(N * sizeof *targets);
     for (int i = 0; i < N; i++) {
         tokens[i] = (int32_t)((uniform() + 1.0f) * 0.5f * (V - 1));
@@ -184,27 +248,53 @@ int main(void)
     }
     tokens[1] = tokens[0]; /* a repeated token: its rows add up */
     int32_t *d_tokens = to_device(tokens, N * 4), *d_targets = to_device(targets, N * 4);
-    float *wte = host_random((size_t)Vp * C, 1), *wpe = host_random((size_t)T * C, 1);
-    float *d_wte = to_device(wte, (size_t)Vp * C * 4), *d_wpe = to_device(wpe, (size_t)T * C * 4);
+    float *wte = act_round(host_random((size_t)Vp * C, 1), (size_t)Vp * C), *wpe = act_round(host_random((size_t)T * C, 1), (size_t)T * C);
+    float *d_wte = act_to_device(wte, (size_t)Vp * C), *d_wpe = act_to_device(wpe, (size_t)T * C);
     float *emb = malloc(NC * 4), *d_emb = poisoned(NC);
     cpu_embedding_forward(emb, tokens, wte, wpe, B, T, C);
     backend_embedding_forward(d_emb, d_tokens, d_wte, d_wpe, B, T, C);
-    compare("embedding_forward", emb, d_emb, NC, TOL);
-    cpu_embedding_backward(wte, wpe, lndout, tokens, B, T, C);
-    backend_embedding_backward(d_wte, d_wpe, d_lndout, d_tokens, B, T, C);
-    compare("embedding_backward_dwte", wte, d_wte, (size_t)Vp * C, TOL);
-    compare("embedding_backward_dwpe", wpe, d_wpe, (size_t)T * C, TOL);
+    compare(named("embedding_forward"), emb, d_emb, NC, TOL);
+    float *dwte = host_random((size_t)Vp * C, 1), *dwpe = host_random((size_t)T * C, 1);
+    float *d_dwte = to_device(dwte, (size_t)Vp * C * 4), *d_dwpe = to_device(dwpe, (size_t)T * C * 4);
+    cpu_embedding_backward(dwte, dwpe, x, tokens, B, T, C);
+    backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, B, T, C);
+    compare(named("embedding_backward_dwte"), dwte, d_dwte, (size_t)Vp * C, TOL);
+    compare(named("embedding_backward_dwpe"), dwpe, d_dwpe, (size_t)T * C, TOL);
 
-    /* cross-entropy */
-    float *logits = host_random((size_t)N * Vp, 4), *d_logits = to_device(logits, (size_t)N * Vp * 4);
+    /* cross-entropy: logits [A] in place; losses fp32 */
+    float *logits = act_round(host_random((size_t)N * Vp, 4), (size_t)N * Vp);
+    float *d_logits = act_to_device(logits, (size_t)N * Vp);
     float *losses = malloc(N * 4), *d_losses = poisoned(N);
     cpu_crossentropy_forward(losses, logits, targets, N, V, Vp);
     backend_crossentropy_forward(d_losses, d_logits, d_targets, N, V, Vp);
-    compare("crossentropy_forward_losses", losses, d_losses, N, TOL);
-    compare("crossentropy_forward_probs", logits, d_logits, (size_t)N * Vp, TOL);
+    compare(named("crossentropy_forward_losses"), losses, d_losses, N, TOL);
+    compare_act(named("crossentropy_forward_probs"), logits, d_logits, (size_t)N * Vp, tol);
+    act_round(logits, (size_t)N * Vp);
     cpu_crossentropy_backward(logits, targets, 1.0f / N, N, V, Vp);
     backend_crossentropy_backward(d_logits, d_targets, 1.0f / N, N, V, Vp);
-    compare("crossentropy_backward", logits, d_logits, (size_t)N * Vp, TOL);
+    compare_act(named("crossentropy_backward"), logits, d_logits, (size_t)N * Vp, tol);
+    backend_set_act_dtype(DTYPE_F32);
+    g_act = DTYPE_F32;
+    g_tag = "";
+}
+
+int main(void)
+{
+    backend_init(0);
+    check_act_kernels(DTYPE_F32, TOL, "");
+    check_act_kernels(DTYPE_BF16, 1e-2, "_bf16");
+    check_act_kernels(DTYPE_F16, 5e-3, "_fp16");
+
+    /* fp32-only kernels */
+    const size_t NC = 2 * 64 * 96;
+    float *inp = host_random(NC, 1), *other = host_random(NC, 1), *g = malloc(NC * 4);
+    float *d_inp = to_device(inp, NC * 4), *d_other = to_device(other, NC * 4), *d_sum = poisoned(NC);
+    cpu_add(g, inp, other, NC);
+    backend_add(d_sum, d_inp, d_other, NC);
+    compare("add", g, d_sum, NC, TOL);
+    cpu_scale(g, 0.37f, NC);
+    backend_scale(d_sum, 0.37f, NC);
+    compare("scale", g, d_sum, NC, TOL);
 
     /* reductions */
     double want = cpu_sum_squares(inp, NC), got = backend_sum_squares(d_inp, NC);

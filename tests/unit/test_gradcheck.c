@@ -33,6 +33,7 @@
 /* ---- the double-precision twin of src/backend_cpu.c ----------------------
  * Every header it includes is already included above, so their include guards
  * keep the macros below away from them (util.h's float helpers stay float). */
+#define BACKEND_CPU_NO_ACT
 #define float double
 #define cblas_sgemm cblas_dgemm
 #define sqrtf sqrt
@@ -534,7 +535,7 @@ struct attention_case {
 static void attention_objective(void *ctx, double *out)
 {
     struct attention_case *a = ctx;
-    f64_attention_forward(out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
+    f64_attention_forward(out, a->att, a->qkv, NULL, a->B, a->T, a->C, a->NH);
 }
 
 static void test_attention(int B, int T, int C, int NH, uint64_t *rng)
@@ -562,7 +563,7 @@ static void test_attention(int B, int T, int C, int NH, uint64_t *rng)
     float *scratch_f = xmalloc(backend_attention_scratch(T) * sizeof *scratch_f);
     for (size_t i = 0; i < n_qkv; i++)
         dqkv_f[i] = (float)OVERWRITE_SENTINEL;
-    backend_attention_forward(out_f, att_f, qkv_f, B, T, C, NH);
+    backend_attention_forward(out_f, att_f, qkv_f, NULL, B, T, C, NH);
     backend_attention_backward(dqkv_f, w_f, qkv_f, att_f, scratch_f, B, T, C, NH);
     check_float_f(kernel, "out", out_f, out, n_out);
     check_float_f(kernel, "att", att_f, att, n_att);

@@ -1,0 +1,192 @@
+/*
+ * CPU backend, activation dtype (backend.h "[A]"): fp32 for the CPU's own
+ * training; fp16/bf16 only under SHARDLM_EMULATE_DEVICE, where the engine
+ * takes the CUDA build's half-precision path. Then each kernel with [A]
+ * operands runs here: its [A] inputs are widened into fp32 buffers, the fp32
+ * kernel of backend_cpu.c runs on them, and its [A] outputs are rounded back
+ * (to nearest even), so the results are those of half-precision storage with
+ * fp32 arithmetic, as on a GPU. Slow and allocating: a test path.
+ */
+#include "backend_cpu_act.h"
+
+#include <stdlib.h>
+
+#include "devemu.h"
+#include "dtype.h"
+#include "util.h"
+
+static enum dtype g_act = DTYPE_F32;
+static int g_inside; /* in a wrapper: the nested call is the fp32 kernel */
+
+void backend_set_act_dtype(enum dtype dt)
+{
+    if (dt != DTYPE_F32 && !devemu_enabled())
+        fail_internal("the CPU backend computes in fp32; half-precision activations need SHARDLM_EMULATE_DEVICE=1");
+    g_act = dt;
+}
+
+enum dtype backend_act_dtype(void) { return g_act; }
+
+int act_half(void) { return g_act != DTYPE_F32 && !g_inside; }
+
+/* n [A] elements widened into a new fp32 buffer (NULL stays NULL). */
+static float *widen(const void *p, size_t n)
+{
+    if (!p)
+        return NULL;
+    float *w = xcalloc(n ? n : 1, sizeof *w);
+    dtype_convert(w, DTYPE_F32, devemu_host(p), g_act, n);
+    return w;
+}
+
+/* Rounds n fp32 values into the [A] tensor p and frees them. */
+static void narrow(void *p, float *w, size_t n)
+{
+    if (p)
+        dtype_convert(devemu_host(p), g_act, w, DTYPE_F32, n);
+    free(w);
+}
+
+#define FP32(call)        \
+    do {                  \
+        g_inside = 1;     \
+        call;             \
+        g_inside = 0;     \
+    } while (0)
+
+void act_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC)
+{
+    float *i = widen(inp, (size_t)N * C), *w = widen(weight, (size_t)C * OC), *b = widen(bias, (size_t)OC);
+    float *o = xcalloc((size_t)N * OC, sizeof *o);
+    FP32(backend_matmul_forward(o, i, w, b, N, C, OC));
+    narrow(out, o, (size_t)N * OC);
+    free(i), free(w), free(b);
+}
+
+void act_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                         const float *weight, int N, int C, int OC)
+{
+    float *d = widen(dout, (size_t)N * OC), *i = widen(inp, (size_t)N * C), *w = widen(weight, (size_t)C * OC);
+    float *di = dinp ? xcalloc((size_t)N * C, sizeof *di) : NULL;
+    FP32(backend_matmul_backward(di, dweight, dbias, d, i, w, N, C, OC));
+    if (dinp)
+        narrow(dinp, di, (size_t)N * C);
+    free(d), free(i), free(w);
+}
+
+void act_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC)
+{
+    float *i = widen(inp, (size_t)N * C), *w = widen(weight, (size_t)OC * C);
+    float *o = xcalloc((size_t)N * OC, sizeof *o);
+    FP32(backend_matmul_forward_transposed(o, i, w, N, C, OC));
+    narrow(out, o, (size_t)N * OC);
+    free(i), free(w);
+}
+
+void act_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
+                                    const float *weight, int N, int C, int OC)
+{
+    float *d = widen(dout, (size_t)N * OC), *i = widen(inp, (size_t)N * C), *w = widen(weight, (size_t)OC * C);
+    float *di = xcalloc((size_t)N * C, sizeof *di);
+    FP32(backend_matmul_backward_transposed(di, dweight, d, i, w, N, C, OC));
+    narrow(dinp, di, (size_t)N * C);
+    free(d), free(i), free(w);
+}
+
+void act_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                           const float *bias, int N, int C)
+{
+    float *w = widen(weight, (size_t)C), *b = widen(bias, (size_t)C), *o = xcalloc((size_t)N * C, sizeof *o);
+    FP32(backend_layernorm_forward(o, mean, rstd, inp, w, b, N, C));
+    narrow(out, o, (size_t)N * C);
+    free(w), free(b);
+}
+
+void act_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, const float *mean, const float *rstd, float *scratch, int N, int C)
+{
+    float *d = widen(dout, (size_t)N * C), *w = widen(weight, (size_t)C);
+    FP32(backend_layernorm_backward(dinp, dweight, dbias, d, inp, w, mean, rstd, scratch, N, C));
+    free(d), free(w);
+}
+
+void act_gelu_forward(float *out, const float *inp, size_t n)
+{
+    float *i = widen(inp, n), *o = xcalloc(n, sizeof *o);
+    FP32(backend_gelu_forward(o, i, n));
+    narrow(out, o, n);
+    free(i);
+}
+
+void act_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    float *i = widen(inp, n), *d = widen(dout, n), *o = xcalloc(n, sizeof *o);
+    FP32(backend_gelu_backward(o, i, d, n));
+    narrow(dinp, o, n);
+    free(i), free(d);
+}
+
+void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH)
+{
+    const size_t BT = (size_t)B * T, natt = (size_t)B * NH * T * T;
+    float *q = widen(qkv, BT * 3 * C), *o = xcalloc(BT * C, sizeof *o), *p = xcalloc(natt, sizeof *p);
+    FP32(backend_attention_forward(o, p, q, scratch, B, T, C, NH));
+    narrow(out, o, BT * C);
+    narrow(att, p, natt);
+    free(q);
+}
+
+void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *scratch,
+                            int B, int T, int C, int NH)
+{
+    const size_t BT = (size_t)B * T;
+    float *d = widen(dout, BT * C), *q = widen(qkv, BT * 3 * C), *dq = xcalloc(BT * 3 * C, sizeof *dq);
+    float *p = widen(att, (size_t)B * NH * T * T);
+    FP32(backend_attention_backward(dq, d, q, p, scratch, B, T, C, NH));
+    narrow(dqkv, dq, BT * 3 * C);
+    free(d), free(q), free(p);
+}
+
+void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T,
+                           int C)
+{
+    float *o = devemu_host(out);
+    const int32_t *tok = devemu_host(tokens);
+    const char *we = devemu_host(wte), *pe = devemu_host(wpe);
+    const size_t es = (size_t)dtype_size(g_act);
+    float *row = xcalloc((size_t)2 * C, sizeof *row);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            dtype_convert(row, DTYPE_F32, we + (size_t)tok[(size_t)b * T + t] * C * es, g_act, (size_t)C);
+            dtype_convert(row + C, DTYPE_F32, pe + (size_t)t * C * es, g_act, (size_t)C);
+            float *y = o + ((size_t)b * T + t) * C;
+            for (int c = 0; c < C; c++)
+                y[c] = row[c] + row[C + c];
+        }
+    free(row);
+}
+
+void act_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)
+{
+    float *l = widen(logits, (size_t)N * Vp);
+    FP32(backend_crossentropy_forward(losses, l, targets, N, V, Vp));
+    narrow(logits, l, (size_t)N * Vp);
+}
+
+void act_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
+{
+    float *p = widen(probs, (size_t)N * Vp);
+    FP32(backend_crossentropy_backward(p, targets, dloss, N, V, Vp));
+    narrow(probs, p, (size_t)N * Vp);
+}
+
+void backend_add_act(float *out, const float *a, const float *b, size_t n)
+{
+    if (g_act == DTYPE_F32) {
+        backend_add(out, a, b, n);
+        return;
+    }
+    float *w = widen(b, n);
+    backend_add(out, a, w, n);
+    free(w);
+}

@@ -1,0 +1,33 @@
+/*
+ * backend_cpu_act — the CPU backend's half-precision activation path
+ * (backend_cpu_act.c): act_half() says whether the [A] tensors are fp16/bf16
+ * now, and act_X runs kernel X on them by widening to fp32 and back.
+ * backend_cpu.c calls these at the top of each kernel with [A] operands.
+ */
+#ifndef SHARDLM_BACKEND_CPU_ACT_H
+#define SHARDLM_BACKEND_CPU_ACT_H
+
+#include "backend.h"
+
+int act_half(void);
+void act_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC);
+void act_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                         const float *weight, int N, int C, int OC);
+void act_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC);
+void act_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
+                                    const float *weight, int N, int C, int OC);
+void act_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                           const float *bias, int N, int C);
+void act_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                            const float *weight, const float *mean, const float *rstd, float *scratch, int N, int C);
+void act_gelu_forward(float *out, const float *inp, size_t n);
+void act_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH);
+void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *scratch,
+                            int B, int T, int C, int NH);
+void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T,
+                           int C);
+void act_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp);
+void act_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
+
+#endif
