@@ -49,7 +49,9 @@ static void layout_units(struct zero *z, const struct config *cfg)
         zu->numel = m->units[u].numel;
         zu->padded = round_up(zu->numel, (size_t)z->world * MODEL_TENSOR_ALIGN);
         zu->shard = zu->padded / (size_t)z->world;
-        zu->sharded = z->stage == 3 && (double)zu->numel > cfg->zero.stage3_param_persistence_threshold;
+        /* With offload_param no unit persists: every unit is gathered from its host shards. */
+        zu->sharded = z->stage == 3 &&
+                      (cfg->zero.offload_param || (double)zu->numel > cfg->zero.stage3_param_persistence_threshold);
         if (z->stage == 0) {
             zu->opt_begin = 0;
             zu->opt_count = zu->padded;
@@ -131,6 +133,14 @@ static bool pool_has_free(struct zero *z, enum zero_pool_set set, int unit)
 
 /* ---- init ------------------------------------------------------------------ */
 
+static size_t largest_shard(const struct zero *z)
+{
+    size_t largest = 0;
+    for (int u = 0; u < z->model->n_units; u++)
+        largest = z->units[u].shard > largest ? z->units[u].shard : largest;
+    return largest;
+}
+
 static void init_params(struct zero *z, int u, float *scratch)
 {
     struct zero_unit *zu = &z->units[u];
@@ -172,16 +182,21 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
 
     struct arena *dev = &arenas[SPACE_DEVICE];
     struct arena *opt = &arenas[plan_space(cfg, BUF_ADAM_M)];
+    struct arena *param_arena = &arenas[plan_space(cfg, BUF_PARAMS)];
     size_t largest = 0;
     for (int u = 0; u < m->n_units; u++)
         largest = z->units[u].padded > largest ? z->units[u].padded : largest;
     float *scratch = z->master_copy ? xcalloc(largest, sizeof *scratch) : NULL;
+    /* Stages 2-3 with a master copy: one buffer receives every reduce-scatter
+     * (at most one is in flight) before its result is added into the fp32 shard. */
+    void *grad_recv = z->stage >= 2 && z->master_copy
+                          ? arena_alloc(dev, mem, BUF_GRADS, largest_shard(z) * z->esize, 1) : NULL;
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         if (zu->sharded)
-            zu->param_shard = arena_alloc(dev, mem, BUF_PARAMS, zu->shard * z->esize, 1);
+            zu->param_shard = arena_alloc(param_arena, mem, BUF_PARAMS, zu->shard * z->esize, 1);
         else
-            zu->params = arena_alloc(dev, mem, BUF_PARAMS, zu->padded * z->esize, 1);
+            zu->params = arena_alloc(param_arena, mem, BUF_PARAMS, zu->padded * z->esize, 1);
         if (z->master_copy)
             zu->master = arena_alloc(&arenas[plan_space(cfg, BUF_MASTER)], mem, BUF_MASTER,
                                      zu->opt_count * sizeof(float), 1);
@@ -193,8 +208,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
         } else {
             zu->grad_shard = arena_alloc(&arenas[plan_space(cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
                                          z->master_copy ? BUF_FP32_GRADS : BUF_GRADS, zu->shard * sizeof(float), 1);
-            if (z->master_copy)
-                zu->grad_recv = arena_alloc(dev, mem, BUF_GRADS, zu->shard * z->esize, 1);
+            zu->grad_recv = grad_recv;
         }
         zu->adam_m = arena_alloc(opt, mem, BUF_ADAM_M, zu->opt_count * sizeof(float), 1);
         zu->adam_v = arena_alloc(opt, mem, BUF_ADAM_V, zu->opt_count * sizeof(float), 1);
@@ -681,13 +695,16 @@ void zero_plan(const struct model *m, const struct config *cfg, int world, const
         if (z.master_copy) {
             bytes[BUF_MASTER] += f32_bytes(zu->opt_count);
             bytes[BUF_FP32_GRADS] += f32_bytes(grad_elems);
-            bytes[BUF_GRADS] += d_bytes(&z, grad_elems);
+            if (z.stage <= 1)
+                bytes[BUF_GRADS] += d_bytes(&z, grad_elems);
         } else {
             bytes[BUF_GRADS] += f32_bytes(grad_elems);
         }
         bytes[BUF_ADAM_M] += f32_bytes(zu->opt_count);
         bytes[BUF_ADAM_V] += f32_bytes(zu->opt_count);
     }
+    if (z.stage >= 2 && z.master_copy)
+        bytes[BUF_GRADS] += d_bytes(&z, largest_shard(&z)); /* the one reduce-scatter receive buffer */
     for (int set = 0; set < POOL_SETS; set++)
         for (int k = 0; k < ZERO_POOLS; k++) {
             slots[set][k] = z.pools[set][k].peak;
