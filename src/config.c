@@ -42,15 +42,16 @@
 /* Published shapes. GPT-2: Radford et al. 2019 (HF gpt2, gpt2-medium, -large,
  * -xl; the 124M..1.5B names count the tied head once). Llama 2: Touvron et al.
  * 2023, HF meta-llama/Llama-2-*-hf config.json (70B: grouped-query attention
- * with 8 KV heads); parameter totals from the model cards' safetensors sizes. */
+ * with 8 KV heads); parameter totals: the Hugging Face checkpoints' exact counts
+ * (6.74 B, 13.0 B, 68.98 B as published). */
 const struct model_preset config_presets[] = {
-    {"gpt2-124m", "gpt2", 12, 12, 12, 768, 3072, 1024, 50257, 124.44e6},
-    {"gpt2-350m", "gpt2", 24, 16, 16, 1024, 4096, 1024, 50257, 354.82e6},
-    {"gpt2-774m", "gpt2", 36, 20, 20, 1280, 5120, 1024, 50257, 774.03e6},
-    {"gpt2-1.5b", "gpt2", 48, 25, 25, 1600, 6400, 1024, 50257, 1557.61e6},
-    {"llama2-7b", "llama", 32, 32, 32, 4096, 11008, 4096, 32000, 6.738e9},
-    {"llama2-13b", "llama", 40, 40, 40, 5120, 13824, 4096, 32000, 13.016e9},
-    {"llama2-70b", "llama", 80, 64, 8, 8192, 28672, 4096, 32000, 68.977e9},
+    {"gpt2-124m", "gpt2", 12, 12, 12, 768, 3072, 1024, 50257, 124439808.0},
+    {"gpt2-350m", "gpt2", 24, 16, 16, 1024, 4096, 1024, 50257, 354823168.0},
+    {"gpt2-774m", "gpt2", 36, 20, 20, 1280, 5120, 1024, 50257, 774030080.0},
+    {"gpt2-1.5b", "gpt2", 48, 25, 25, 1600, 6400, 1024, 50257, 1557611200.0},
+    {"llama2-7b", "llama", 32, 32, 32, 4096, 11008, 4096, 32000, 6738415616.0},
+    {"llama2-13b", "llama", 40, 40, 40, 5120, 13824, 4096, 32000, 13015864320.0},
+    {"llama2-70b", "llama", 80, 64, 8, 8192, 28672, 4096, 32000, 68976648192.0},
 };
 const int config_n_presets = (int)(sizeof config_presets / sizeof config_presets[0]);
 

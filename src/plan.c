@@ -239,7 +239,7 @@ int plan_parse_bytes(const char *text, double *bytes, const char **why)
     }
     char *end;
     double v = strtod(text, &end);
-    if (end == text || isspace((unsigned char)text[0])) {
+    if (end == text || isspace((unsigned char)text[0]) || isnan(v)) {
         *why = "not a number";
         return -1;
     }

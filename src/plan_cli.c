@@ -20,6 +20,7 @@ struct plan_options {
     double gpu_mem, host_mem;    /* bytes per GPU, per node; 0: not given */
     enum plan_target target;
     int fit;
+    int json;                     /* also one JSON line with the exact numbers */
 };
 
 /* One candidate setting: the plan and its sums. */
@@ -50,6 +51,7 @@ static void usage_plan(FILE *out)
             "                       cpu: what this CPU build's trainer allocates (fp32 compute)\n"
             "  --fit                search micro-batch, activation checkpointing, cpu_checkpointing and\n"
             "                       offload for the most tokens per step within --gpu-mem (and --host-mem)\n"
+            "  --json               end with one JSON line: bytes per buffer class and space, traffic, FLOPs\n"
             "  -h, --help           this text\n"
             "\n"
             "Without a micro-batch in CONFIG the plan uses 1 sequence of data.seq_len tokens per rank.\n"
@@ -193,6 +195,29 @@ static void print_plan(const struct plan_eval *e, const struct model *m, const s
     printf("model FLOPs per token: %.4g (6 N_matmul + 12 L d_model T, PaLM appendix B); per step (%.0f tokens): "
            "%.4g\n",
            flops, tokens, flops * tokens);
+}
+
+/* One line for scripts and tests: the exact numbers, buffer classes under the
+ * names of the trainer's metrics file. */
+static void print_json(const struct plan_eval *e, const struct model *m, const struct config *cfg,
+                       const struct plan_options *o)
+{
+    const struct mem_plan *p = &e->plan;
+    double traffic[COMM_KINDS];
+    plan_traffic(m, cfg, o->ranks, cfg->grad_accum, traffic);
+    printf("{\"n_params\": %zu, \"flops_per_token\": %.17g, \"ranks\": %d, \"micro_batch\": %d, \"seq_len\": %d, "
+           "\"memory\": {",
+           m->n_params, model_flops_per_token(m, cfg->data.seq_len), o->ranks, cfg->micro_batch, cfg->data.seq_len);
+    for (int c = 0; c < BUF_COUNT; c++)
+        printf("%s\"%s\": {\"space\": \"%s\", \"bytes\": %zu}", c ? ", " : "", arena_class_name(c),
+               arena_space_name(p->space[c]), p->bytes[c]);
+    printf("}, \"space_total\": {");
+    for (int s = 0; s < SPACE_COUNT; s++)
+        printf("%s\"%s\": %zu", s ? ", " : "", arena_space_name(s), p->space_total[s]);
+    printf("}, \"model_states\": %.0f, \"host_per_node\": %.0f, \"bytes_allgather\": %.0f, "
+           "\"bytes_reduce_scatter\": %.0f, \"bytes_allreduce\": %.0f, \"fits\": %s}\n",
+           model_states(p), e->host_per_node, traffic[COMM_ALLGATHER], traffic[COMM_REDUCE_SCATTER],
+           traffic[COMM_ALLREDUCE], o->gpu_mem <= 0 && o->host_mem <= 0 ? "null" : fits(e, o) ? "true" : "false");
 }
 
 /* ---- settings the search and the hints change ------------------------------------ */
@@ -452,9 +477,10 @@ int cmd_plan(int argc, char **argv)
         {"nodes", required_argument, NULL, 'N'},    {"gpu-mem", required_argument, NULL, 'g'},
         {"host-mem", required_argument, NULL, 'H'}, {"target", required_argument, NULL, 't'},
         {"fit", no_argument, NULL, 'f'},            {"help", no_argument, NULL, 'h'},
+        {"json", no_argument, NULL, 'j'},
         {NULL, 0, NULL, 0},
     };
-    struct plan_options o = {1, 1, 0, 0, PLAN_TARGET_GPU, 0};
+    struct plan_options o = {1, 1, 0, 0, PLAN_TARGET_GPU, 0, 0};
     const char *sets[MAX_SETS + 1];
     int n_sets = 0;
     const char *deepspeed = NULL;
@@ -486,6 +512,7 @@ int cmd_plan(int argc, char **argv)
                 fail_input("--target '%s': known targets: gpu, cpu", optarg);
             break;
         case 'f': o.fit = 1; break;
+        case 'j': o.json = 1; break;
         case 'h': usage_plan(stdout); return EXIT_OK;
         default: usage_plan(stderr); return EXIT_BAD_INPUT;
         }
@@ -522,6 +549,8 @@ int cmd_plan(int argc, char **argv)
     print_plan(e, &m, &cfg, &o);
     if (status == EXIT_OK)
         status = report_fit(e, &cfg, &m, &o);
+    if (o.json)
+        print_json(e, &m, &cfg, &o);
     free(e);
     model_free(&m);
     config_free(&cfg);
