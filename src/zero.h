@@ -22,7 +22,9 @@
  *   3  also parameters sharded: each unit all-gathered before use in forward
  *      and again in backward.
  * At stage 3 a unit of at most stage3_param_persistence_threshold elements is
- * persistent: kept whole on every rank like at stage 2.
+ * persistent: kept whole on every rank like at stage 2. With offload_param
+ * (stage 3) no unit is persistent and the shards live in the pinned host
+ * arena: every unit is gathered from host shards into a gathered slot.
  *
  * Precision: parameters, gathered units and communicated gradients are in the
  * parameter dtype; with fp16/bf16 an fp32 master of this rank's optimizer
@@ -100,7 +102,8 @@ struct zero_unit {
     float *grads;       /* fp32 whole-unit gradients accumulated over micro-batches, stages 0-1 */
     void *grads_comm;   /* half precision, stages 0-1: the gradients cast for the all-reduce */
     float *grad_shard;  /* fp32 accumulated gradient shard, stages 2-3 */
-    void *grad_recv;    /* half precision, stages 2-3: the reduce-scatter's result in the parameter dtype */
+    void *grad_recv;    /* stages 2-3 with a master copy: the reduce-scatter's result in the parameter dtype;
+                         * one buffer (the largest shard) shared by every unit, at most one is in flight */
     float *adam_m, *adam_v; /* opt_count elements */
     /* runtime state of the current pass */
     int refs;           /* acquires not yet released */

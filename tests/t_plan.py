@@ -28,7 +28,8 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
               optimizer and parameter offload: for every buffer class the bytes and
               space `shardlm plan --target cpu --json` prints equal the trainer's
               plan and its measured peak (metrics file), and the bytes sent per
-              step equal the plan's communication figures
+              step equal the plan's communication figures; offload_param gives
+              the losses and gradient norms of the same run without it, exactly
 """
 import json
 import os
@@ -193,7 +194,7 @@ def peak_config(name, model, stage, dtype="fp32", micro=2, accum=2, interval=0, 
     cfg = {
         "model": dict(model, vocab_size=V, n_positions=T),
         "data": {"train": DATA, "seq_len": T, "shuffle": False},
-        "train": {"steps": 2, "metrics": os.path.join(TMP, name + ".jsonl"), "sample_tokens": 0},
+        "train": {"steps": 3, "metrics": os.path.join(TMP, name + ".jsonl"), "sample_tokens": 0},
         "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": stage, "stage3_prefetch_bucket_size": 20000,
@@ -229,6 +230,8 @@ def peak_cases():
     for N in (1, 2, 4):
         cases.append((f"C_N{N}_s3_fp16_ckpt1cpu_offall", N,
                       dict(model=C, stage=3, dtype="fp16", interval=1, cpu_ckpt=True, off_opt=True, off_param=True)))
+    cases.append(("C_N2_s3_fp16_ckpt1cpu_offopt", 2,
+                  dict(model=C, stage=3, dtype="fp16", interval=1, cpu_ckpt=True, off_opt=True)))
     cases.append(("C_N4_s2_bf16_ckpt3_m1", 4, dict(model=C, stage=2, dtype="bf16", interval=3, micro=1, accum=3)))
     cases.append(("B_N2_s0_fp16_ckpt1", 2, dict(model=B, stage=0, dtype="fp16", interval=1)))
     return cases
@@ -236,6 +239,7 @@ def peak_cases():
 
 def check_peaks():
     write_shard(DATA, np.random.default_rng(7).integers(0, V, size=400 * T + 1))
+    curves = {}
     for name, N, kw in peak_cases():
         cfg = peak_config(name, **kw)
         mpath = os.path.join(TMP, name + ".jsonl")
@@ -247,6 +251,7 @@ def check_peaks():
         rows = [json.loads(line) for line in open(mpath) if line.strip()]
         mem = next((row["memory"] for row in rows if "memory" in row), None)
         steps = [row for row in rows if "loss" in row]
+        curves[name] = [(row["loss"], row["grad_norm"]) for row in steps]
         rc, j, out, err = plan_json("--target", "cpu", "--ranks", str(N), cfg=cfg)
         if mem is None or j is None or rc != 0:
             check(f"peak.{name}", False, f"metrics memory {mem is not None}, plan rc {rc}: {err}")
@@ -259,6 +264,9 @@ def check_peaks():
         off = [(row["step"], {k: row[k] for k in kinds}) for row in steps if any(row[k] != j[k] for k in kinds)]
         check(f"peak.{name}.traffic_eq_plan", steps and not off,
               f"plan {({k: j[k] for k in kinds})}, logged {off[:1]}")
+    # parameter offload moves the shards, not the results
+    a, b = curves.get("C_N2_s3_fp16_ckpt1cpu_offall"), curves.get("C_N2_s3_fp16_ckpt1cpu_offopt")
+    check("peak.offload_param_same_losses_and_norms", a is not None and a == b, f"{a} vs {b}")
 
 
 def main():
