@@ -411,10 +411,10 @@ static int report_fit(const struct plan_eval *e, struct config *cfg, const struc
     if (o->gpu_mem <= 0 && o->host_mem <= 0)
         return EXIT_OK;
     if (fits(e, o)) {
-        printf("fits: %s of %s per GPU", gib(e->device, a, sizeof a),
-               o->gpu_mem > 0 ? gib(o->gpu_mem, b, sizeof b) : "(no limit)");
-        printf(", %s of %s host memory per node\n", gib(e->host_per_node, a, sizeof a),
-               o->host_mem > 0 ? gib(o->host_mem, c, sizeof c) : "(no limit)");
+        printf("fits: %s per GPU%s%s, %s host memory per node%s%s\n", gib(e->device, a, sizeof a),
+               o->gpu_mem > 0 ? " of " : " (no --gpu-mem)", o->gpu_mem > 0 ? gib(o->gpu_mem, b, sizeof b) : "",
+               gib(e->host_per_node, c, sizeof c), o->host_mem > 0 ? " of " : " (no --host-mem)",
+               o->host_mem > 0 ? plan_format_bytes(o->host_mem, (char[32]){0}, 32) : "");
         return EXIT_OK;
     }
     char over[160] = "";
