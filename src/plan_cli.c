@@ -428,15 +428,21 @@ static int report_fit(const struct plan_eval *e, struct config *cfg, const struc
                  gib(e->host_per_node, a, sizeof a), gib(e->host_per_node - o->host_mem, b, sizeof b),
                  gib(o->host_mem, c, sizeof c));
     char hint[256];
-    struct setting best;
-    double best_device;
+    struct setting best, was = current_setting(cfg);
+    double best_device = 0;
+    bool found = false;
+    /* the lowest stage at which some combination fits this micro-batch, else any micro-batch */
+    for (int fixed = 0; fixed < 2 && !found; fixed++)
+        for (int stage = was.stage; stage <= 3 && !found; stage++) {
+            cfg->zero.stage = stage;
+            found = fit_search(cfg, m, o, fixed == 0 ? was.micro : 0, &best, &best_device);
+        }
+    cfg->zero.stage = was.stage;
     if (single_change_hint(cfg, m, o, hint, sizeof hint)) {
         printf("does not fit: %s; %s\n", over, hint);
-    } else if (fit_search(cfg, m, o, cfg->micro_batch, &best, &best_device) ||
-               fit_search(cfg, m, o, 0, &best, &best_device)) {
+    } else if (found) {
         printf("does not fit: %s; no single setting is enough; this combination fits (%s per GPU):\n", over,
                gib(best_device, a, sizeof a));
-        struct setting was = current_setting(cfg);
         print_setting_keys(&best, &was);
     } else {
         printf("does not fit: %s; no micro-batch, checkpointing or offload setting fits at ZeRO stage %d on %d "
@@ -451,7 +457,7 @@ static int run_fit(struct config *cfg, const struct model *m, const struct plan_
     if (o->gpu_mem <= 0)
         fail_input("--fit needs --gpu-mem (and, to bound the offloaded buffers, --host-mem)");
     struct setting best, was = current_setting(cfg);
-    double best_device;
+    double best_device = 0;
     if (!fit_search(cfg, m, o, 0, &best, &best_device)) {
         char a[32];
         printf("fit: nothing fits in %s per GPU at ZeRO stage %d on %d ranks, not even micro-batch 1 with every "
