@@ -10,13 +10,16 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
               --gpu-mem / --host-mem "80XB", "-1", "", "1e400" (exit 2, one line
               naming the option); sizes "80GB", "80GiB", "8e10" accepted with the
               value they mean (the fit verdict flips exactly at the plan's bytes)
+  opt.*       --help; --ranks 0, ranks not a multiple of --nodes, an unknown
+              --target, --fit without --gpu-mem, two CONFIGs: exit 2, one line
   train.llama a Llama config given to train: exit 2, one line saying Llama
               training is not implemented and `shardlm plan` supports it
   goal.*      Llama-2-70B, 8 ranks, bf16, seq 4096, stage 3 + activation
               checkpointing + optimizer and parameter offload: <= 24 GB per GPU
               and fits 80 GB GPUs; without parameter offload it does not fit 24 GB
               and says by how much and which setting to change (exit 4); with
-              nothing offloaded it prints a combination of keys that fits
+              nothing offloaded it prints a combination of keys that fits, raising
+              the stage when the config's stage cannot fit (fp32 stage 0: 1.17 TiB)
   fit.*       --fit at 24 GB per GPU and 2 TiB per node prints config keys; the plan
               with those keys fits, and micro-batch + 1 does not
   zero.*      model states per GPU of a 7.5 B-parameter model on 64 GPUs at stages
@@ -102,6 +105,17 @@ def check_bad_input():
         check(f"size.exact_{'fits' if want_rc == 0 else 'one_byte_short'}", rc == want_rc, f"rc {rc} for {n} B")
 
 
+def check_options():
+    rc, out, err = plan("--help")
+    check("opt.help", rc == 0 and "--gpu-mem" in out and "llama2-70b" in out, err)
+    for args, needle in ((["--ranks", "0"], "--ranks"), (["--ranks", "8", "--nodes", "3"], "--nodes 3"),
+                         (["--target", "tpu"], "--target"), (["--fit"], "--fit needs --gpu-mem"),
+                         (["a.json", "b.json"], "at most one CONFIG")):
+        rc, out, err = plan("--preset", "gpt2-124m", *args)
+        check(f"opt.bad_{args[0].strip('-')}", rc == 2 and one_error_line(err) and needle in err,
+              f"rc {rc}, stderr {err!r}")
+
+
 def check_train_refuses_llama():
     path = os.path.join(TMP, "llama.json")
     write_shard(os.path.join(TMP, "tok.bin"), np.arange(5000) % 100)
@@ -135,6 +149,9 @@ def check_goal_and_fit():
     rc, out, err = plan(*L70, "--gpu-mem", "24GB")
     check("goal.not_fit_combination", rc == 4 and "no single setting is enough; this combination fits" in out and
           "  --set zero_optimization.offload_param.device=cpu" in out, out[-400:])
+    rc, out, err = plan("--preset", "llama2-70b", "--ranks", "8", "--gpu-mem", "80GB")
+    check("goal.not_fit_raises_stage", rc == 4 and "needs 1.17 TiB per GPU" in out and
+          "  --set zero_optimization.stage=3" in out, out[-500:])
     rc, out, err = plan(*L70, "--fit", "--gpu-mem", "24GB", "--host-mem", "2TiB")
     sets = [line.split()[1] for line in out.splitlines() if line.startswith("  --set ")]
     check("fit.prints_keys", rc == 0 and any(s.startswith("train_micro_batch_size_per_gpu=") for s in sets), out[:600])
@@ -272,6 +289,7 @@ def check_peaks():
 def main():
     check_presets()
     check_bad_input()
+    check_options()
     check_train_refuses_llama()
     check_goal_and_fit()
     check_zero_paper()
