@@ -230,8 +230,14 @@ struct setting {
 
 static struct setting current_setting(const struct config *cfg)
 {
-    struct setting s = {cfg->micro_batch, plan_ckpt_interval(cfg), cfg->act_ckpt.enabled && cfg->act_ckpt.cpu_checkpointing,
-                        cfg->zero.offload_optimizer, cfg->zero.offload_param, cfg->zero.stage};
+    struct setting s = {
+        .micro = cfg->micro_batch,
+        .interval = plan_ckpt_interval(cfg),
+        .cpu_ckpt = cfg->act_ckpt.enabled && cfg->act_ckpt.cpu_checkpointing,
+        .offload_optimizer = cfg->zero.offload_optimizer,
+        .offload_param = cfg->zero.offload_param,
+        .stage = cfg->zero.stage,
+    };
     return s;
 }
 
@@ -428,26 +434,28 @@ static int report_fit(const struct plan_eval *e, struct config *cfg, const struc
                  gib(e->host_per_node, a, sizeof a), gib(e->host_per_node - o->host_mem, b, sizeof b),
                  gib(o->host_mem, c, sizeof c));
     char hint[256];
+    if (single_change_hint(cfg, m, o, hint, sizeof hint)) {
+        printf("does not fit: %s; %s\n", over, hint);
+        return EXIT_PLAN_DOES_NOT_FIT;
+    }
+    /* the lowest stage at which some combination fits this micro-batch, else any micro-batch */
     struct setting best, was = current_setting(cfg);
     double best_device = 0;
     bool found = false;
-    /* the lowest stage at which some combination fits this micro-batch, else any micro-batch */
     for (int fixed = 0; fixed < 2 && !found; fixed++)
         for (int stage = was.stage; stage <= 3 && !found; stage++) {
             cfg->zero.stage = stage;
             found = fit_search(cfg, m, o, fixed == 0 ? was.micro : 0, &best, &best_device);
         }
     cfg->zero.stage = was.stage;
-    if (single_change_hint(cfg, m, o, hint, sizeof hint)) {
-        printf("does not fit: %s; %s\n", over, hint);
-    } else if (found) {
+    if (found) {
         printf("does not fit: %s; no single setting is enough; this combination fits (%s per GPU):\n", over,
                gib(best_device, a, sizeof a));
         print_setting_keys(&best, &was);
     } else {
-        printf("does not fit: %s; no micro-batch, checkpointing or offload setting fits at ZeRO stage %d on %d "
-               "ranks: use more ranks (--ranks), a higher stage, or GPUs with more memory\n",
-               over, cfg->zero.stage, o->ranks);
+        printf("does not fit: %s; no stage, micro-batch, checkpointing or offload setting fits on %d rank%s: use "
+               "more ranks (--ranks), half precision, or GPUs with more memory\n",
+               over, o->ranks, o->ranks > 1 ? "s" : "");
     }
     return EXIT_PLAN_DOES_NOT_FIT;
 }
