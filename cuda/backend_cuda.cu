@@ -417,6 +417,11 @@ extern "C" void backend_copy(void *dst, const void *src, size_t bytes)
     stream_wait();
 }
 
+extern "C" void backend_copy_async(void *dst, const void *src, size_t bytes)
+{
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g_stream));
+}
+
 /* ---- attention ----------------------------------------------------------------------------- */
 
 /* Rows of (rows, T) fp32 scores: row i of each (T, T) matrix keeps columns

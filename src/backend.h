@@ -116,6 +116,9 @@ void backend_scale(float *x, float s, size_t n);
 void backend_zero(float *x, size_t n);
 /* Copies bytes between any two memory spaces (device, pinned host, host). */
 void backend_copy(void *dst, const void *src, size_t bytes);
+/* The same, queued behind the kernels issued so far and returning at once
+ * (host memory must be pinned); later kernels and collectives see the result. */
+void backend_copy_async(void *dst, const void *src, size_t bytes);
 
 /* ---- memory spaces and casts (the ZeRO engine's device side) ----------------
  *

@@ -72,6 +72,8 @@ void backend_copy(void *dst, const void *src, size_t bytes)
         memcpy(devemu_host(dst), devemu_host(src), bytes);
 }
 
+void backend_copy_async(void *dst, const void *src, size_t bytes) { backend_copy(dst, src, bytes); }
+
 void backend_synchronize(void) {}
 
 void backend_attach_comm(struct comm *c) { (void)c; }

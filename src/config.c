@@ -39,6 +39,40 @@
 #define MODEL_VOCAB_SIZE_DEFAULT 50257
 #define MODEL_INIT_STD_DEFAULT 0.02 /* GPT-2's initializer_range */
 #define MODEL_INIT_SEED_DEFAULT 1337
+/* Published shapes. GPT-2: Radford et al. 2019 (HF gpt2, gpt2-medium, -large,
+ * -xl; the 124M..1.5B names count the tied head once). Llama 2: Touvron et al.
+ * 2023, HF meta-llama/Llama-2-*-hf config.json (70B: grouped-query attention
+ * with 8 KV heads); parameter totals: the Hugging Face checkpoints' exact counts
+ * (6.74 B, 13.0 B, 68.98 B as published). */
+const struct model_preset config_presets[] = {
+    {"gpt2-124m", "gpt2", 12, 12, 12, 768, 3072, 1024, 50257, 124439808.0},
+    {"gpt2-350m", "gpt2", 24, 16, 16, 1024, 4096, 1024, 50257, 354823168.0},
+    {"gpt2-774m", "gpt2", 36, 20, 20, 1280, 5120, 1024, 50257, 774030080.0},
+    {"gpt2-1.5b", "gpt2", 48, 25, 25, 1600, 6400, 1024, 50257, 1557611200.0},
+    {"llama2-7b", "llama", 32, 32, 32, 4096, 11008, 4096, 32000, 6738415616.0},
+    {"llama2-13b", "llama", 40, 40, 40, 5120, 13824, 4096, 32000, 13015864320.0},
+    {"llama2-70b", "llama", 80, 64, 8, 8192, 28672, 4096, 32000, 68976648192.0},
+};
+const int config_n_presets = (int)(sizeof config_presets / sizeof config_presets[0]);
+
+const struct model_preset *config_find_preset(const char *name)
+{
+    for (int i = 0; i < config_n_presets; i++)
+        if (strcmp(config_presets[i].name, name) == 0)
+            return &config_presets[i];
+    return NULL;
+}
+
+const char *config_preset_names(void)
+{
+    static char names[256];
+    size_t n = 0;
+    names[0] = '\0';
+    for (int i = 0; i < config_n_presets && n < sizeof names; i++)
+        n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", config_presets[i].name);
+    return names;
+}
+
 /* Vocabulary padded so the logits matmul has tensor-core friendly shapes (llm.c). */
 #define MODEL_VOCAB_ALIGN 128
 
@@ -111,9 +145,12 @@ struct key_spec {
 };
 
 static const struct key_spec model_keys[] = {
+    {"preset", K_STR, 0, NULL, NULL},
     {"type", K_STR, 0, NULL, NULL},
     {"n_layer", K_INT, 0, NULL, NULL},
     {"n_head", K_INT, 0, NULL, NULL},
+    {"n_kv_head", K_INT, 0, NULL, NULL},
+    {"ffn_dim", K_INT, 0, NULL, NULL},
     {"n_embd", K_INT, 0, NULL, NULL},
     {"n_positions", K_INT, 0, NULL, NULL},
     {"vocab_size", K_INT, 0, NULL, NULL},
@@ -227,15 +264,15 @@ static const struct key_spec offload_optimizer_keys[] = {
     {0},
 };
 
-/* offload_param as a whole has no effect (parameters stay sharded on the
- * devices); its keys are only type-checked, so it warns once. */
+/* offload_param (stage 3): the parameter shards live in host memory and each
+ * unit is gathered into device memory before use (ZeRO-Infinity's CPU path). */
 static const struct key_spec offload_param_keys[] = {
     {"device", K_STR, 0, NULL, NULL},
     {"pin_memory", K_BOOL, 0, NULL, NULL},
-    {"nvme_path", K_ANY, 0, NULL, NULL},
-    {"buffer_count", K_INT, 0, NULL, NULL},
-    {"buffer_size", K_INT, 0, NULL, NULL},
-    {"max_in_cpu", K_INT, 0, NULL, NULL},
+    {"nvme_path", K_ANY, F_NO_EFFECT, NULL, NULL},
+    {"buffer_count", K_INT, F_NO_EFFECT, NULL, " (units are gathered whole)"},
+    {"buffer_size", K_INT, F_NO_EFFECT, NULL, " (units are gathered whole)"},
+    {"max_in_cpu", K_INT, F_NO_EFFECT, NULL, NULL},
     {0},
 };
 
@@ -245,8 +282,7 @@ static const struct key_spec offload_param_keys[] = {
 static const struct key_spec zero_keys[] = {
     {"stage", K_INT, 0, NULL, NULL},
     {"offload_optimizer", K_OBJ, F_NULLABLE, offload_optimizer_keys, NULL},
-    {"offload_param", K_OBJ, F_NULLABLE | F_NO_EFFECT, offload_param_keys,
-     " (parameters stay sharded in device memory)"},
+    {"offload_param", K_OBJ, F_NULLABLE, offload_param_keys, NULL},
     {"reduce_bucket_size", K_INT, F_NO_EFFECT, NULL, WHOLE_UNITS},
     {"contiguous_gradients", K_BOOL, F_NO_EFFECT, NULL, WHOLE_UNITS},
     {"overlap_comm", K_BOOL, F_NULLABLE, NULL, NULL},
@@ -269,7 +305,7 @@ static const struct key_spec zero_keys[] = {
     {"memory_efficient_linear", K_BOOL, F_NO_EFFECT, NULL, NULL},
     {"cpu_offload", K_ANY, F_REJECT, NULL, CPU_OFFLOAD_HINT},
     {"cpu_offload_param", K_ANY, F_REJECT, NULL,
-     "is DeepSpeed's deprecated spelling, not accepted here (offload_param has no effect in shardlm)"},
+     "is DeepSpeed's deprecated spelling, not accepted here; use \"offload_param\": {\"device\": \"cpu\"}"},
     {"cpu_offload_use_pin_memory", K_ANY, F_REJECT, NULL,
      "is DeepSpeed's deprecated spelling, not accepted here; use \"offload_optimizer\": {\"pin_memory\": true}"},
     {0},
@@ -751,16 +787,28 @@ static void require_ratio(const char *path, double v)
 static void read_model(struct config *cfg, json_t *root)
 {
     struct model_config *m = &cfg->model;
-    const char *type = read_str(root, "model.type", "gpt2", FILL);
-    if (strcmp(type, "gpt2") != 0)
-        fail_input("config: 'model.type' is \"%s\"; known model types: gpt2", type);
+    /* A preset supplies the defaults of the shape keys; keys given beside it win. */
+    const struct model_preset gpt2_default = {NULL, "gpt2", MODEL_N_LAYER_DEFAULT, MODEL_N_HEAD_DEFAULT, 0,
+                                              MODEL_N_EMBD_DEFAULT, 0, MODEL_N_POSITIONS_DEFAULT,
+                                              MODEL_VOCAB_SIZE_DEFAULT, 0};
+    const struct model_preset *preset = &gpt2_default;
+    const char *preset_name = read_str(root, "model.preset", NULL, NO_FILL);
+    if (preset_name) {
+        preset = config_find_preset(preset_name);
+        if (!preset)
+            fail_input("config: 'model.preset' is \"%s\"; known presets: %s", preset_name, config_preset_names());
+        snprintf(m->preset, sizeof m->preset, "%s", preset_name);
+    }
+    const char *type = read_str(root, "model.type", preset->type, FILL);
+    if (strcmp(type, "gpt2") != 0 && strcmp(type, "llama") != 0)
+        fail_input("config: 'model.type' is \"%s\"; known model types: gpt2, llama", type);
     snprintf(m->type, sizeof m->type, "%s", type);
 
-    m->n_layer = read_int(root, "model.n_layer", MODEL_N_LAYER_DEFAULT, FILL);
-    m->n_head = read_int(root, "model.n_head", MODEL_N_HEAD_DEFAULT, FILL);
-    m->n_embd = read_int(root, "model.n_embd", MODEL_N_EMBD_DEFAULT, FILL);
-    m->n_positions = read_int(root, "model.n_positions", MODEL_N_POSITIONS_DEFAULT, FILL);
-    m->vocab_size = read_int(root, "model.vocab_size", MODEL_VOCAB_SIZE_DEFAULT, FILL);
+    m->n_layer = read_int(root, "model.n_layer", preset->n_layer, FILL);
+    m->n_head = read_int(root, "model.n_head", preset->n_head, FILL);
+    m->n_embd = read_int(root, "model.n_embd", preset->n_embd, FILL);
+    m->n_positions = read_int(root, "model.n_positions", preset->n_positions, FILL);
+    m->vocab_size = read_int(root, "model.vocab_size", preset->vocab_size, FILL);
     require_positive("model.n_layer", m->n_layer);
     require_positive("model.n_head", m->n_head);
     require_positive("model.n_embd", m->n_embd);
@@ -770,6 +818,22 @@ static void read_model(struct config *cfg, json_t *root)
         fail_input("config: 'model.n_embd' (%d) must be divisible by 'model.n_head' (%d): each head gets "
                    "n_embd / n_head channels",
                    m->n_embd, m->n_head);
+    bool gpt2 = strcmp(type, "gpt2") == 0;
+    bool same_type = strcmp(type, preset->type) == 0;
+    m->n_kv_head = read_int(root, "model.n_kv_head", same_type && preset->n_kv_head ? preset->n_kv_head : m->n_head,
+                            NO_FILL);
+    m->ffn_dim = read_int(root, "model.ffn_dim", same_type && preset->ffn_dim ? preset->ffn_dim : 4 * m->n_embd,
+                          NO_FILL);
+    require_positive("model.n_kv_head", m->n_kv_head);
+    require_positive("model.ffn_dim", m->ffn_dim);
+    if (m->n_head % m->n_kv_head != 0)
+        fail_input("config: 'model.n_head' (%d) must be a multiple of 'model.n_kv_head' (%d): each key/value head "
+                   "serves n_head / n_kv_head query heads",
+                   m->n_head, m->n_kv_head);
+    if (gpt2 && (m->n_kv_head != m->n_head || m->ffn_dim != 4 * m->n_embd))
+        fail_input("config: GPT-2 has n_kv_head = n_head (%d) and ffn_dim = 4 n_embd (%d), got %d and %d; remove "
+                   "model.n_kv_head and model.ffn_dim or use model.type \"llama\"",
+                   m->n_head, 4 * m->n_embd, m->n_kv_head, m->ffn_dim);
     if (m->vocab_size > INT_MAX - MODEL_VOCAB_ALIGN)
         fail_input("config: 'model.vocab_size' (%d) is too large", m->vocab_size);
     m->padded_vocab = (int)round_up((size_t)m->vocab_size, MODEL_VOCAB_ALIGN);
@@ -1114,6 +1178,19 @@ static void read_zero(struct config *cfg, json_t *root)
     z->offload_optimizer = strcmp(device, "cpu") == 0;
     z->offload_pin_memory =
         read_bool(root, "zero_optimization.offload_optimizer.pin_memory", ZERO_OFFLOAD_PIN_MEMORY_DEFAULT, FILL);
+    const char *param_device = read_str(root, "zero_optimization.offload_param.device", "none", NO_FILL);
+    if (strcmp(param_device, "nvme") == 0)
+        fail_input("config: 'zero_optimization.offload_param.device' \"nvme\" is not supported in shardlm; use "
+                   "\"cpu\" (parameter shards in pinned host memory) or \"none\"");
+    if (strcmp(param_device, "cpu") != 0 && strcmp(param_device, "none") != 0)
+        fail_input("config: 'zero_optimization.offload_param.device' is \"%s\"; known: \"none\", \"cpu\"",
+                   param_device);
+    z->offload_param = strcmp(param_device, "cpu") == 0;
+    z->offload_param_pin_memory =
+        read_bool(root, "zero_optimization.offload_param.pin_memory", ZERO_OFFLOAD_PIN_MEMORY_DEFAULT, NO_FILL);
+    if (z->offload_param && z->stage != 3)
+        fail_input("config: 'zero_optimization.offload_param' needs zero_optimization.stage 3 (as in DeepSpeed): "
+                   "only stage 3 shards the parameters; raise the stage or set offload_param.device to \"none\"");
     double ratio = read_num(root, "zero_optimization.offload_optimizer.ratio", 1.0, NO_FILL);
     if (ratio != 1.0)
         fail_input("config: 'zero_optimization.offload_optimizer.ratio' is %g: partial optimizer offload is not "

@@ -33,17 +33,44 @@ enum sched_type {
 
 enum warmup_type { WARMUP_LOG = 0, WARMUP_LINEAR = 1 };
 
+/* Architecture variants, fixed by model.type (model_build sets them). */
+enum norm_kind { NORM_LAYERNORM = 0, NORM_RMSNORM };
+enum mlp_kind { MLP_GELU = 0, MLP_SWIGLU };
+
 struct model_config {
-    char type[16];     /* "gpt2" */
+    char type[16];     /* "gpt2" or "llama" (llama: planned only, not trained yet) */
+    char preset[24];   /* model.preset that supplied the defaults, "" when none */
     int n_layer;       /* number of transformer blocks */
     int n_head;        /* attention heads */
+    int n_kv_head;     /* key/value heads (grouped-query attention); GPT-2: n_head (0: n_head) */
+    int ffn_dim;       /* MLP hidden size; GPT-2: 4 n_embd (0: derived) */
     int n_embd;        /* channels C */
     int n_positions;   /* context length (max sequence) */
     int vocab_size;    /* real vocabulary V */
     int padded_vocab;  /* V rounded up to a multiple of 128 (derived) */
     float init_std;    /* std of the normal init of weights (GPT-2: 0.02) */
     uint64_t init_seed;
+    /* derived from type by model_build: */
+    enum norm_kind norm; /* GPT-2: LayerNorm with bias; Llama: RMSNorm, weight only */
+    enum mlp_kind mlp;   /* GPT-2: c_fc, GELU, c_proj; Llama: SwiGLU (gate, up, down) */
+    bool biases;         /* linear layers carry biases (GPT-2) */
+    bool rotary;         /* rotary position embedding, no position table (Llama) */
+    bool tied_head;      /* LM head tied to the token embedding (GPT-2) */
 };
+
+/* Model presets (model.preset): published shapes. */
+struct model_preset {
+    const char *name;
+    const char *type;
+    int n_layer, n_head, n_kv_head, n_embd, ffn_dim, n_positions, vocab_size;
+    double published_params; /* the total the paper / model card gives, for tests */
+};
+/* The preset called name, or NULL. */
+const struct model_preset *config_find_preset(const char *name);
+/* "gpt2-124m, gpt2-350m, ..." for messages. */
+const char *config_preset_names(void);
+extern const struct model_preset config_presets[];
+extern const int config_n_presets;
 
 struct optimizer_config {
     char type[16];     /* "AdamW" or "Adam" */
@@ -77,6 +104,8 @@ struct zero_config {
     int stage;                        /* 0..3 */
     bool offload_optimizer;           /* offload_optimizer.device == "cpu" */
     bool offload_pin_memory;          /* offload_optimizer.pin_memory */
+    bool offload_param;               /* offload_param.device == "cpu" (stage 3): parameter shards in host memory */
+    bool offload_param_pin_memory;    /* offload_param.pin_memory */
     double reduce_bucket_size;        /* elements */
     double stage3_prefetch_bucket_size; /* elements; 0 disables prefetch */
     double stage3_max_live_parameters;  /* elements */

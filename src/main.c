@@ -10,6 +10,7 @@
 #include "ckpt_tools.h"
 #include "comm.h"
 #include "config.h"
+#include "plan_cli.h"
 #include "train.h"
 #include "util.h"
 
@@ -24,6 +25,8 @@ static void usage_main(FILE *out)
             "  train CONFIG     train a model as the config says (see 'shardlm train --help')\n"
             "  inspect CKPT     summarise a checkpoint and verify its checksums (see 'shardlm inspect --help')\n"
             "  export CKPT OUT  write a checkpoint's weights as safetensors or HDF5 (see 'shardlm export --help')\n"
+            "  plan [CONFIG]    memory per rank, communication and FLOPs of a model and settings, without\n"
+            "                   running; --fit finds settings that fit (see 'shardlm plan --help')\n"
             "  version          print the version\n"
             "  help             this text\n");
 }
@@ -91,6 +94,9 @@ static int cmd_train(int argc, char **argv)
     comm_init(&comm, NULL, NULL);
     struct config cfg;
     config_load(&cfg, argv[optind], deepspeed, sets, n_sets);
+    if (strcmp(cfg.model.type, "gpt2") != 0)
+        fail_input("model.type \"%s\": Llama training is not implemented yet; `shardlm plan` supports it",
+                   cfg.model.type);
     int status = train_run(&cfg, &comm, &topt);
     config_free(&cfg);
     comm_finalize(&comm);
@@ -110,6 +116,8 @@ int main(int argc, char **argv)
         return cmd_inspect(argc - 1, argv + 1);
     if (strcmp(cmd, "export") == 0)
         return cmd_export(argc - 1, argv + 1);
+    if (strcmp(cmd, "plan") == 0)
+        return cmd_plan(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("shardlm %s\n", SHARDLM_VERSION);
         return EXIT_OK;

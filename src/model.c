@@ -24,57 +24,114 @@ static void add_tensor(struct unit_desc *u, int *id, const char *name, int d0, i
     u->numel = t->offset + t->numel;
 }
 
+/* The architecture variant fields of cfg, fixed by the family (config.h). */
+static void set_arch(struct model_config *c)
+{
+    bool llama = strcmp(c->type, "llama") == 0;
+    c->norm = llama ? NORM_RMSNORM : NORM_LAYERNORM;
+    c->mlp = llama ? MLP_SWIGLU : MLP_GELU;
+    c->biases = !llama;
+    c->rotary = llama;
+    c->tied_head = !llama;
+    if (c->n_kv_head <= 0)
+        c->n_kv_head = c->n_head;
+    if (c->ffn_dim <= 0)
+        c->ffn_dim = 4 * c->n_embd;
+}
+
+static struct unit_desc *start_unit(struct model *m, int u, enum unit_kind kind, int block, const char *name,
+                                    int max_tensors)
+{
+    struct unit_desc *ud = &m->units[u];
+    ud->kind = kind;
+    ud->block = block;
+    snprintf(ud->name, sizeof ud->name, "%s", name);
+    ud->tensors = xcalloc((size_t)max_tensors, sizeof *ud->tensors);
+    return ud;
+}
+
+#define T(u, suffix, d0, d1, decay, init)                       \
+    snprintf(name, sizeof name, "%s" suffix, prefix);           \
+    add_tensor(u, &id, name, d0, d1, decay, init)
+
+/* GPT-2 (Hugging Face GPT2Model): Conv1D weights (in, out), learned positions, tied head. */
+static void build_gpt2(struct model *m)
+{
+    const struct model_config *cfg = &m->cfg;
+    const int L = cfg->n_layer, C = cfg->n_embd, Vp = cfg->padded_vocab;
+    int id = 0;
+    char name[MODEL_MAX_NAME], prefix[32], uname[32];
+    struct unit_desc *e = start_unit(m, 0, UNIT_EMBED, -1, "embedding", ET_COUNT);
+    add_tensor(e, &id, "wte.weight", Vp, C, true, INIT_NORMAL);
+    e->tensors[ET_WTE].rows_valid = cfg->vocab_size;
+    add_tensor(e, &id, "wpe.weight", cfg->n_positions, C, true, INIT_NORMAL);
+    for (int l = 0; l < L; l++) {
+        snprintf(uname, sizeof uname, "block %d", l);
+        snprintf(prefix, sizeof prefix, "h.%d.", l);
+        struct unit_desc *u = start_unit(m, model_block_unit(l), UNIT_BLOCK, l, uname, BT_COUNT);
+        T(u, "ln_1.weight", C, 0, false, INIT_ONES);
+        T(u, "ln_1.bias", C, 0, false, INIT_ZEROS);
+        T(u, "attn.c_attn.weight", C, 3 * C, true, INIT_NORMAL);
+        T(u, "attn.c_attn.bias", 3 * C, 0, false, INIT_ZEROS);
+        T(u, "attn.c_proj.weight", C, C, true, INIT_NORMAL_RES);
+        T(u, "attn.c_proj.bias", C, 0, false, INIT_ZEROS);
+        T(u, "ln_2.weight", C, 0, false, INIT_ONES);
+        T(u, "ln_2.bias", C, 0, false, INIT_ZEROS);
+        T(u, "mlp.c_fc.weight", C, 4 * C, true, INIT_NORMAL);
+        T(u, "mlp.c_fc.bias", 4 * C, 0, false, INIT_ZEROS);
+        T(u, "mlp.c_proj.weight", 4 * C, C, true, INIT_NORMAL_RES);
+        T(u, "mlp.c_proj.bias", C, 0, false, INIT_ZEROS);
+    }
+    struct unit_desc *h = start_unit(m, model_head_unit(m), UNIT_HEAD, -1, "head", HT_COUNT);
+    add_tensor(h, &id, "ln_f.weight", C, 0, false, INIT_ONES);
+    add_tensor(h, &id, "ln_f.bias", C, 0, false, INIT_ZEROS);
+}
+
+/* Llama (Hugging Face LlamaForCausalLM): nn.Linear weights (out, in), RMSNorm
+ * weights only, SwiGLU MLP, rotary positions (no table), untied lm_head in
+ * the head unit. Shapes only: there are no Llama kernels yet. */
+static void build_llama(struct model *m)
+{
+    const struct model_config *cfg = &m->cfg;
+    const int L = cfg->n_layer, C = cfg->n_embd, Vp = cfg->padded_vocab, F = cfg->ffn_dim;
+    const int KV = C / cfg->n_head * cfg->n_kv_head;
+    int id = 0;
+    char name[MODEL_MAX_NAME], prefix[32], uname[32];
+    struct unit_desc *e = start_unit(m, 0, UNIT_EMBED, -1, "embedding", 1);
+    add_tensor(e, &id, "model.embed_tokens.weight", Vp, C, true, INIT_NORMAL);
+    e->tensors[0].rows_valid = cfg->vocab_size;
+    for (int l = 0; l < L; l++) {
+        snprintf(uname, sizeof uname, "block %d", l);
+        snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
+        struct unit_desc *u = start_unit(m, model_block_unit(l), UNIT_BLOCK, l, uname, 9);
+        T(u, "input_layernorm.weight", C, 0, false, INIT_ONES);
+        T(u, "self_attn.q_proj.weight", C, C, true, INIT_NORMAL);
+        T(u, "self_attn.k_proj.weight", KV, C, true, INIT_NORMAL);
+        T(u, "self_attn.v_proj.weight", KV, C, true, INIT_NORMAL);
+        T(u, "self_attn.o_proj.weight", C, C, true, INIT_NORMAL);
+        T(u, "post_attention_layernorm.weight", C, 0, false, INIT_ONES);
+        T(u, "mlp.gate_proj.weight", F, C, true, INIT_NORMAL);
+        T(u, "mlp.up_proj.weight", F, C, true, INIT_NORMAL);
+        T(u, "mlp.down_proj.weight", C, F, true, INIT_NORMAL);
+    }
+    struct unit_desc *h = start_unit(m, model_head_unit(m), UNIT_HEAD, -1, "head", 2);
+    add_tensor(h, &id, "model.norm.weight", C, 0, false, INIT_ONES);
+    add_tensor(h, &id, "lm_head.weight", Vp, C, true, INIT_NORMAL);
+    h->tensors[1].rows_valid = cfg->vocab_size;
+}
+#undef T
+
 void model_build(struct model *m, const struct model_config *cfg)
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
-    const int L = cfg->n_layer, C = cfg->n_embd, Vp = cfg->padded_vocab;
-    m->n_units = L + 2;
+    set_arch(&m->cfg);
+    m->n_units = cfg->n_layer + 2;
     m->units = xcalloc((size_t)m->n_units, sizeof *m->units);
-    int id = 0;
-    char name[MODEL_MAX_NAME];
-
-    struct unit_desc *e = &m->units[0];
-    e->kind = UNIT_EMBED;
-    e->block = -1;
-    snprintf(e->name, sizeof e->name, "embedding");
-    e->tensors = xcalloc(ET_COUNT, sizeof *e->tensors);
-    add_tensor(e, &id, "wte.weight", Vp, C, true, INIT_NORMAL);
-    e->tensors[ET_WTE].rows_valid = cfg->vocab_size;
-    add_tensor(e, &id, "wpe.weight", cfg->n_positions, C, true, INIT_NORMAL);
-
-    for (int l = 0; l < L; l++) {
-        struct unit_desc *u = &m->units[model_block_unit(l)];
-        u->kind = UNIT_BLOCK;
-        u->block = l;
-        snprintf(u->name, sizeof u->name, "block %d", l);
-        u->tensors = xcalloc(BT_COUNT, sizeof *u->tensors);
-#define T(suffix, d0, d1, decay, init)                          \
-    snprintf(name, sizeof name, "h.%d." suffix, l);             \
-    add_tensor(u, &id, name, d0, d1, decay, init)
-        T("ln_1.weight", C, 0, false, INIT_ONES);
-        T("ln_1.bias", C, 0, false, INIT_ZEROS);
-        T("attn.c_attn.weight", C, 3 * C, true, INIT_NORMAL);
-        T("attn.c_attn.bias", 3 * C, 0, false, INIT_ZEROS);
-        T("attn.c_proj.weight", C, C, true, INIT_NORMAL_RES);
-        T("attn.c_proj.bias", C, 0, false, INIT_ZEROS);
-        T("ln_2.weight", C, 0, false, INIT_ONES);
-        T("ln_2.bias", C, 0, false, INIT_ZEROS);
-        T("mlp.c_fc.weight", C, 4 * C, true, INIT_NORMAL);
-        T("mlp.c_fc.bias", 4 * C, 0, false, INIT_ZEROS);
-        T("mlp.c_proj.weight", 4 * C, C, true, INIT_NORMAL_RES);
-        T("mlp.c_proj.bias", C, 0, false, INIT_ZEROS);
-#undef T
-    }
-
-    struct unit_desc *h = &m->units[model_head_unit(m)];
-    h->kind = UNIT_HEAD;
-    h->block = -1;
-    snprintf(h->name, sizeof h->name, "head");
-    h->tensors = xcalloc(HT_COUNT, sizeof *h->tensors);
-    add_tensor(h, &id, "ln_f.weight", C, 0, false, INIT_ONES);
-    add_tensor(h, &id, "ln_f.bias", C, 0, false, INIT_ZEROS);
-
+    if (strcmp(m->cfg.type, "llama") == 0)
+        build_llama(m);
+    else
+        build_gpt2(m);
     for (int u = 0; u < m->n_units; u++) {
         /* Pad each unit to the alignment too, so shards of units start aligned. */
         m->units[u].numel = round_up(m->units[u].numel, MODEL_TENSOR_ALIGN);
@@ -142,10 +199,15 @@ bool model_find_tensor(const struct model *m, const char *name, int *unit, int *
 double model_flops_per_token(const struct model *m, int seq_len)
 {
     /* 6 flops per parameter per token (2 forward, 4 backward) over the matmul
-     * parameters (wpe is a lookup, layernorms are negligible), the tied LM head
-     * counted once as a matmul, plus attention's QK^T and PV: 12 * L * C * T
-     * (causal half not subtracted, as in the PaLM paper's appendix B). */
-    const double L = m->cfg.n_layer, C = m->cfg.n_embd, V = m->cfg.padded_vocab;
-    double matmul_params = L * 12.0 * C * C + V * C;
+     * parameters (position tables and the token embedding are lookups, norms
+     * and biases negligible), the LM head counted once as a matmul (tied or
+     * not), plus attention's QK^T and PV: 12 * L * C * T, with C = heads x head
+     * size also under grouped-query attention (causal half not subtracted), as
+     * in the PaLM paper's appendix B: 6N + 12 L H Q T. */
+    const double L = m->cfg.n_layer, C = m->cfg.n_embd, V = m->cfg.padded_vocab, F = m->cfg.ffn_dim;
+    const double KV = C / m->cfg.n_head * m->cfg.n_kv_head;
+    const double attn = 2.0 * C * C + 2.0 * C * KV; /* q, o; k, v */
+    const double mlp = (m->cfg.mlp == MLP_SWIGLU ? 3.0 : 2.0) * C * F;
+    double matmul_params = L * (attn + mlp) + V * C;
     return 6.0 * matmul_params + 12.0 * L * C * (double)seq_len;
 }

@@ -7,6 +7,15 @@
  *
  * Owns nothing but the numbers; the formulas live with the modules that
  * allocate (zero_plan, gpt2_plan), so a buffer and its prediction change together.
+ *
+ * Two targets. PLAN_TARGET_CPU is what this engine allocates on the CPU
+ * backend (fp32 compute copies of half-precision units, fp32 activations, the
+ * full attention matrix): the trainer allocates from it and its peaks are
+ * measured against it. PLAN_TARGET_GPU is the device layout DESIGN §5 fixes
+ * for the CUDA engine: activations and unit gradient buffers in the parameter
+ * dtype, no compute copies or send buffers, a fused (flash) attention that
+ * keeps only the softmax statistics, cuBLAS's workspace. Shapes only: Llama
+ * models (no kernels yet) are planned for both targets from their shapes.
  */
 #ifndef SHARDLM_PLAN_H
 #define SHARDLM_PLAN_H
@@ -14,6 +23,7 @@
 #include <stddef.h>
 
 #include "arena.h"
+#include "comm.h"
 #include "config.h"
 #include "model.h"
 #include "zero.h"
@@ -26,13 +36,33 @@ struct mem_plan {
     size_t space_total[SPACE_COUNT];
 };
 
+enum plan_target { PLAN_TARGET_CPU = 0, PLAN_TARGET_GPU };
+
+/* cuBLAS workspace the GPU target reserves: NVIDIA recommends 32 MiB on Hopper
+ * (cuBLAS docs, cublasSetWorkspace), 4 MiB before. */
+#define PLAN_GPU_LIBRARY_WORKSPACE (32u << 20)
+
+/* The plan of the CPU target (what the trainer allocates). */
 void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world);
+void plan_compute_for(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
+                      enum plan_target target);
+/* The engine passes of any model family (GPT-2's come from gpt2.c; untied
+ * heads, Llama, use the same order without the head's use of the embedding). */
+void plan_build_passes(const struct model *m, int interval, struct zero_pass *train, struct zero_pass *eval);
+/* Bytes one rank sends per optimizer step with accum micro-batches (DESIGN §3,
+ * the ring formulas the engine counts), per collective kind. */
+void plan_traffic(const struct model *m, const struct config *cfg, int world, int accum, double bytes[COMM_KINDS]);
+/* Parses a memory size: "80GB" (10^9), "80GiB" (2^30), "8e10", "1TiB", "512"
+ * (bytes; suffixes B, kB/KB, MB, GB, TB, KiB, MiB, GiB, TiB, any case). Returns
+ * 0 and the bytes, or -1 with a reason in why (positive and finite only). */
+int plan_parse_bytes(const char *text, double *bytes, const char **why);
 /* The memory space of a buffer class under this config: the optimizer state
  * (master weights, Adam m and v, fp32 gradient shard) in pinned host memory
  * with offload_optimizer (ordinary host memory with pin_memory false), kept
- * activations in pinned host memory with cpu_checkpointing. A device backend
- * keeps the optimizer state in pinned host memory whatever the config says,
- * and its staging buffers there too. */
+ * activations in pinned host memory with cpu_checkpointing, the parameter
+ * shards in pinned host memory with offload_param. A device backend keeps the
+ * optimizer state in pinned host memory whatever the config says, and its
+ * staging buffers there too. */
 enum mem_space plan_space(const struct config *cfg, enum buf_class c);
 /* The activation checkpointing interval in effect (0: off). */
 int plan_ckpt_interval(const struct config *cfg);

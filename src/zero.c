@@ -49,7 +49,9 @@ static void layout_units(struct zero *z, const struct config *cfg)
         zu->numel = m->units[u].numel;
         zu->padded = round_up(zu->numel, (size_t)z->world * MODEL_TENSOR_ALIGN);
         zu->shard = zu->padded / (size_t)z->world;
-        zu->sharded = z->stage == 3 && (double)zu->numel > cfg->zero.stage3_param_persistence_threshold;
+        /* With offload_param no unit persists: every unit is gathered from its host shards. */
+        zu->sharded = z->stage == 3 &&
+                      (cfg->zero.offload_param || (double)zu->numel > cfg->zero.stage3_param_persistence_threshold);
         if (z->stage == 0) {
             zu->opt_begin = 0;
             zu->opt_count = zu->padded;
@@ -131,6 +133,14 @@ static bool pool_has_free(struct zero *z, enum zero_pool_set set, int unit)
 
 /* ---- init ------------------------------------------------------------------ */
 
+static size_t largest_shard(const struct zero *z)
+{
+    size_t largest = 0;
+    for (int u = 0; u < z->model->n_units; u++)
+        largest = z->units[u].shard > largest ? z->units[u].shard : largest;
+    return largest;
+}
+
 /* scratch: fp32, then the parameter dtype, for the largest unit (host memory). */
 static void init_params(struct zero *z, int u, float *scratch, void *cast)
 {
@@ -163,6 +173,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     z->half = cfg->dtype != DTYPE_F32;
     z->compute_copies = z->half && backend_act_dtype() == DTYPE_F32;
     z->device = backend_is_device();
+    z->params_offloaded = plan_space(cfg, BUF_PARAMS) != SPACE_DEVICE;
     z->master_copy = z->half || cfg->zero.offload_optimizer || z->device;
     z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;
     z->prefetch_elems = cfg->zero.stage3_prefetch_bucket_size;
@@ -176,17 +187,22 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
 
     struct arena *dev = &arenas[SPACE_DEVICE];
     struct arena *opt = &arenas[plan_space(cfg, BUF_ADAM_M)];
+    struct arena *param_arena = &arenas[plan_space(cfg, BUF_PARAMS)];
     size_t largest = 0;
     for (int u = 0; u < m->n_units; u++)
         largest = z->units[u].padded > largest ? z->units[u].padded : largest;
     float *scratch = z->master_copy ? xcalloc(largest, sizeof *scratch) : NULL;
     void *cast = z->master_copy ? xcalloc(largest, z->esize) : NULL;
+    /* Stages 2-3 with a master copy: one buffer receives every reduce-scatter
+     * (at most one is in flight) before its result is added into the fp32 shard. */
+    void *grad_recv = z->stage >= 2 && z->master_copy
+                          ? arena_alloc(dev, mem, BUF_GRADS, largest_shard(z) * z->esize, 1) : NULL;
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         if (zu->sharded)
-            zu->param_shard = arena_alloc(dev, mem, BUF_PARAMS, zu->shard * z->esize, 1);
+            zu->param_shard = arena_alloc(param_arena, mem, BUF_PARAMS, zu->shard * z->esize, 1);
         else
-            zu->params = arena_alloc(dev, mem, BUF_PARAMS, zu->padded * z->esize, 1);
+            zu->params = arena_alloc(param_arena, mem, BUF_PARAMS, zu->padded * z->esize, 1);
         if (z->master_copy)
             zu->master = arena_alloc(&arenas[plan_space(cfg, BUF_MASTER)], mem, BUF_MASTER,
                                      zu->opt_count * sizeof(float), 1);
@@ -205,8 +221,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
         } else {
             zu->grad_shard = arena_alloc(&arenas[plan_space(cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
                                          z->master_copy ? BUF_FP32_GRADS : BUF_GRADS, zu->shard * sizeof(float), 1);
-            if (z->master_copy)
-                zu->grad_recv = arena_alloc(dev, mem, BUF_GRADS, zu->shard * z->esize, 1);
+            zu->grad_recv = grad_recv;
         }
         zu->adam_m = arena_alloc(opt, mem, BUF_ADAM_M, zu->opt_count * sizeof(float), 1);
         zu->adam_v = arena_alloc(opt, mem, BUF_ADAM_V, zu->opt_count * sizeof(float), 1);
@@ -269,7 +284,15 @@ static void start_gather(struct zero *z, int u)
     if (z->dry)
         return;
     void *full = slot_ptr(pool(z, POOL_GATHER, u), zu->gather_slot);
-    comm_allgather(z->comm, zu->param_shard, full, zu->shard, z->comm_dtype, &zu->gather_req);
+    const void *send = zu->param_shard;
+    if (z->device && z->params_offloaded) {
+        /* a collective takes buffers of one space: the host shard goes to its
+         * slot of the device buffer first, and the gather runs in place */
+        void *own = elem(full, (size_t)z->rank * zu->shard, z->esize);
+        backend_copy_async(own, zu->param_shard, zu->shard * z->esize);
+        send = own;
+    }
+    comm_allgather(z->comm, send, full, zu->shard, z->comm_dtype, &zu->gather_req);
     zu->gather_pending = true;
 }
 
@@ -726,13 +749,16 @@ void zero_plan(const struct model *m, const struct config *cfg, int world, const
         } else if (z.master_copy) {
             bytes[BUF_MASTER] += f32_bytes(zu->opt_count);
             bytes[BUF_FP32_GRADS] += f32_bytes(grad_elems);
-            bytes[BUF_GRADS] += d_bytes(&z, grad_elems);
+            if (z.stage <= 1)
+                bytes[BUF_GRADS] += d_bytes(&z, grad_elems);
         } else {
             bytes[BUF_GRADS] += f32_bytes(grad_elems);
         }
         bytes[BUF_ADAM_M] += f32_bytes(zu->opt_count);
         bytes[BUF_ADAM_V] += f32_bytes(zu->opt_count);
     }
+    if (z.stage >= 2 && z.master_copy)
+        bytes[BUF_GRADS] += d_bytes(&z, largest_shard(&z)); /* the one reduce-scatter receive buffer */
     for (int set = 0; set < POOL_SETS; set++)
         for (int k = 0; k < ZERO_POOLS; k++) {
             slots[set][k] = z.pools[set][k].peak;

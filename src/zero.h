@@ -22,7 +22,9 @@
  *   3  also parameters sharded: each unit all-gathered before use in forward
  *      and again in backward.
  * At stage 3 a unit of at most stage3_param_persistence_threshold elements is
- * persistent: kept whole on every rank like at stage 2.
+ * persistent: kept whole on every rank like at stage 2. With offload_param
+ * (stage 3) no unit is persistent and the shards live in the pinned host
+ * arena: every unit is gathered from host shards into a gathered slot.
  *
  * Precision: parameters, gathered units and communicated gradients are in the
  * parameter dtype; with fp16/bf16 an fp32 master of this rank's optimizer
@@ -102,7 +104,8 @@ struct zero_unit {
     void *grads_comm;   /* half precision, stages 0-1: the gradients cast for the all-reduce */
     float *grad_shard;  /* fp32 accumulated gradient shard, stages 2-3; on a device at stages 0-1,
                          * the host copy of the reduced gradients of the optimizer range */
-    void *grad_recv;    /* half precision, stages 2-3: the reduce-scatter's result in the parameter dtype */
+    void *grad_recv;    /* stages 2-3 with a master copy: the reduce-scatter's result in the parameter dtype;
+                         * one buffer (the largest shard) shared by every unit, at most one is in flight */
     float *adam_m, *adam_v; /* opt_count elements */
     /* runtime state of the current pass */
     int refs;           /* acquires not yet released */
@@ -131,6 +134,7 @@ struct zero {
                                    * fp32 copy of the unit; with half activations, the unit itself */
     bool device;                  /* the backend's memory is a device: the optimizer state is always
                                    * in pinned host memory, and host code never touches device memory */
+    bool params_offloaded;        /* offload_param: the parameter shards live in host memory */
     bool master_copy;             /* half precision, optimizer offload or a device: a separate fp32
                                    * master and fp32 gradient shard, where the optimizer state lives */
     struct zero_unit *units;

@@ -61,6 +61,8 @@ CASES = {
     "s3_bf16": (3, "bf16", {}),
     "s3_eval_sample": (3, "bf16", {"data": {"val": DATA}, "train": {"eval_every": 4, "sample_tokens": 6}}),
     "s3_bf16_offload": (3, "bf16", {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}),
+    "s3_fp16_offload_param": (3, "fp16", {"zero_optimization": {"offload_param": {"device": "cpu"},
+                                                                "offload_optimizer": {"device": "cpu"}}}),
     "s2_fp32_ckpt": (2, "fp32", {"activation_checkpointing": {"enabled": True, "interval": 2}}),
     "s3_fp16_cpuckpt": (3, "fp16", {"activation_checkpointing": {"enabled": True, "interval": 1,
                                                                   "cpu_checkpointing": True}}),

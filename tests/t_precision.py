@@ -45,8 +45,9 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
              offload creates them in pinned host (master = Adam m's bytes, fp32 gradient
              shard = the gradient shard's), and at stages 2-3 offload takes zero.c's
              master-copy path, which reshapes the full-unit gradient pools (fewer unit
-             gradient buffers, plus gradient send buffers), so the device total shrinks
-             by Adam m + Adam v - the pools' growth
+             gradient buffers, plus gradient send buffers; the device gradient shard becomes
+             the one receive buffer of the reduce-scatters), so the device total shrinks
+             by Adam m + Adam v - the growth of those classes
   bad.*      exit status 2 and one stderr line naming the key: fp16 and bf16 both
              enabled; fp16.loss_scale_window 0; activation_checkpointing.interval 0 and
              > n_layer; offload_optimizer.device "nvme" ("not supported")
@@ -492,7 +493,10 @@ def offload_suite():
             # every other class keeps its space and bytes, except (fp32, stages 2-3) the two pools of
             # full-unit gradients: with offload fp32 takes the master-copy path of zero.c, whose
             # gradient is cast into a send buffer and its unit gradient buffer freed at once
-            pools = ["unit gradient buffers", "gradient send buffers"] if dt == "fp32" and stage >= 2 else []
+            # and its gradient shard, which becomes the one receive buffer of the reduce-scatters (the
+            # shard itself moves to pinned host memory as the fp32 gradient shard)
+            pools = ["unit gradient buffers", "gradient send buffers", "gradient shard"] \
+                if dt == "fp32" and stage >= 2 else []
             changed = [c for c in b.memory if c not in MOVED and (a.memory[c]["space"], a.planned(c)) !=
                        (b.memory[c]["space"], b.planned(c))]
             check(f"offload.{tag}.other_classes_unchanged", [c for c in changed if c not in pools] == [],

@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""t_plan — `shardlm plan` (issue 8): presets, sizes, fit search, messages, and the
+trainer's measured peaks against the plan the command prints.
+
+Checks (one "ok NAME" / "FAIL NAME: why" line each):
+  preset.*    every preset's parameter count (--json n_params, vocabulary padding
+              removed) equals the published total exactly (GPT-2 124M..1.5B,
+              Llama-2 6.74 B, 13.0 B, 68.98 B)
+  bad.*       unknown preset (exit 2, one stderr line listing every known preset);
+              --gpu-mem / --host-mem "80XB", "-1", "", "1e400" (exit 2, one line
+              naming the option); sizes "80GB", "80GiB", "8e10" accepted with the
+              value they mean (the fit verdict flips exactly at the plan's bytes)
+  opt.*       --help; --ranks 0, ranks not a multiple of --nodes, an unknown
+              --target, --fit without --gpu-mem, two CONFIGs: exit 2, one line
+  train.llama a Llama config given to train: exit 2, one line saying Llama
+              training is not implemented and `shardlm plan` supports it
+  goal.*      Llama-2-70B, 8 ranks, bf16, seq 4096, stage 3 + activation
+              checkpointing + optimizer and parameter offload: <= 24 GB per GPU
+              and fits 80 GB GPUs; without parameter offload it does not fit 24 GB
+              and says by how much and which setting to change (exit 4); with
+              nothing offloaded it prints a combination of keys that fits, raising
+              the stage when the config's stage cannot fit (fp32 stage 0: 1.17 TiB)
+  fit.*       --fit at 24 GB per GPU and 2 TiB per node prints config keys; the plan
+              with those keys fits, and micro-batch + 1 does not
+  zero.*      model states per GPU of a 7.5 B-parameter model on 64 GPUs at stages
+              0-3 equal shardlm's accounting (fp16 params and grads, fp32
+              gradient accumulators, master weights, Adam m and v) exactly;
+              communication per step = DESIGN §3's formulas
+  peak.*      tiny GPT-2 shapes on the CPU backend under mpirun, N = 1, 2, 4,
+              stages 0-3, fp32/bf16/fp16, checkpointing intervals, cpu_checkpointing,
+              optimizer and parameter offload: for every buffer class the bytes and
+              space `shardlm plan --target cpu --json` prints equal the trainer's
+              plan and its measured peak (metrics file), and the bytes sent per
+              step equal the plan's communication figures; offload_param gives
+              the losses and gradient norms of the same run without it, exactly
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BIN, ENV, check, note, run_main, scratch_dir, write_shard  # noqa: E402
+
+TMP = scratch_dir("t_plan")
+GB = 1e9
+
+
+def plan(*args, cfg=None):
+    cmd = [BIN, "plan"] + ([cfg] if cfg else []) + list(args)
+    r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    return r.returncode, r.stdout.decode(), r.stderr.decode()
+
+
+def plan_json(*args, cfg=None):
+    rc, out, err = plan(*args, "--json", cfg=cfg)
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    return rc, (json.loads(lines[-1]) if lines else None), out, err
+
+
+def one_error_line(err):
+    lines = [line for line in err.splitlines() if line.strip()]
+    return len(lines) == 1 and lines[0].startswith("shardlm: error: ")
+
+
+# ---- presets, bad input ---------------------------------------------------------------------------
+PUBLISHED = {"gpt2-124m": 124439808, "gpt2-350m": 354823168, "gpt2-774m": 774030080, "gpt2-1.5b": 1557611200,
+             "llama2-7b": 6738415616, "llama2-13b": 13015864320, "llama2-70b": 68976648192}
+SHAPES = {"gpt2-124m": (768, 50257, 1), "gpt2-350m": (1024, 50257, 1), "gpt2-774m": (1280, 50257, 1),
+          "gpt2-1.5b": (1600, 50257, 1), "llama2-7b": (4096, 32000, 2), "llama2-13b": (5120, 32000, 2),
+          "llama2-70b": (8192, 32000, 2)}
+
+
+def check_presets():
+    for name, want in PUBLISHED.items():
+        rc, j, out, err = plan_json("--preset", name)
+        C, V, mats = SHAPES[name]
+        padding = ((V + 127) // 128 * 128 - V) * C * mats
+        got = j["n_params"] - padding if j else None
+        check(f"preset.{name}.n_params", rc == 0 and got == want, f"rc {rc}, got {got}, published {want}: {err}")
+    rc, _, out, err = plan_json("--preset", "llama2-70b")
+    check("preset.llama2-70b.printed", "68.98 B" in out and "8 KV heads" in out and "SwiGLU" in out, out[:300])
+
+
+def check_bad_input():
+    rc, out, err = plan("--preset", "llama3-8b")
+    known = ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama2-7b", "llama2-13b", "llama2-70b"]
+    check("bad.unknown_preset", rc == 2 and one_error_line(err) and all(k in err for k in known),
+          f"rc {rc}, stderr {err!r}")
+    for opt in ("gpu-mem", "host-mem"):
+        for text in ("80XB", "-1", "", "1e400"):
+            rc, out, err = plan("--preset", "gpt2-124m", f"--{opt}", text)
+            check(f"bad.{opt}_{text or 'empty'}", rc == 2 and one_error_line(err) and f"--{opt}" in err,
+                  f"rc {rc}, stderr {err!r}")
+    # the sizes mean what they say: the plan's device bytes fit in exactly that many bytes, not one fewer
+    _, j, _, _ = plan_json("--preset", "gpt2-124m")
+    need = j["space_total"]["device"]
+    for text, value in (("80GB", 80e9), ("80GiB", 80 * 2 ** 30), ("8e10", 8e10)):
+        rc, j2, _, _ = plan_json("--preset", "gpt2-124m", "--gpu-mem", text)
+        check(f"size.{text}", rc == 0 and j2["fits"] is True, f"rc {rc}")
+    for n, want_rc in ((need, 0), (need - 1, 4)):
+        rc, j2, out, _ = plan_json("--preset", "gpt2-124m", "--gpu-mem", str(n))
+        check(f"size.exact_{'fits' if want_rc == 0 else 'one_byte_short'}", rc == want_rc, f"rc {rc} for {n} B")
+
+
+def check_options():
+    rc, out, err = plan("--help")
+    check("opt.help", rc == 0 and "--gpu-mem" in out and "llama2-70b" in out, err)
+    for args, needle in ((["--ranks", "0"], "--ranks"), (["--ranks", "8", "--nodes", "3"], "--nodes 3"),
+                         (["--target", "tpu"], "--target"), (["--fit"], "--fit needs --gpu-mem"),
+                         (["a.json", "b.json"], "at most one CONFIG")):
+        rc, out, err = plan("--preset", "gpt2-124m", *args)
+        check(f"opt.bad_{args[0].strip('-')}", rc == 2 and one_error_line(err) and needle in err,
+              f"rc {rc}, stderr {err!r}")
+
+
+def check_train_refuses_llama():
+    path = os.path.join(TMP, "llama.json")
+    write_shard(os.path.join(TMP, "tok.bin"), np.arange(5000) % 100)
+    with open(path, "w") as f:
+        json.dump({"model": {"preset": "llama2-7b", "n_layer": 2, "n_embd": 64, "n_head": 4, "n_kv_head": 2,
+                             "ffn_dim": 128, "vocab_size": 100, "n_positions": 16},
+                   "data": {"train": os.path.join(TMP, "tok.bin")}, "train_micro_batch_size_per_gpu": 1}, f)
+    r = subprocess.run([BIN, "train", path], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    err = r.stderr.decode()
+    check("train.llama_refused", r.returncode == 2 and one_error_line(err) and
+          "Llama training is not implemented yet; `shardlm plan` supports it" in err, f"rc {r.returncode}: {err!r}")
+    rc, j, out, err = plan_json("--target", "cpu", cfg=path)
+    check("train.llama_plannable_on_cpu_target", rc == 0 and j and j["space_total"]["device"] > 0, err)
+
+
+# ---- the 70B goal, fit ----------------------------------------------------------------------------
+L70 = ["--preset", "llama2-70b", "--ranks", "8", "--set", "bf16.enabled=true", "--set", "zero_optimization.stage=3"]
+GOAL = ["--set", "activation_checkpointing.enabled=true", "--set", "zero_optimization.offload_optimizer.device=cpu",
+        "--set", "zero_optimization.offload_param.device=cpu"]
+
+
+def check_goal_and_fit():
+    rc, j, out, err = plan_json(*L70, *GOAL, "--gpu-mem", "80GB")
+    dev = j["space_total"]["device"] if j else None
+    check("goal.70b_le_24GB_per_gpu", rc == 0 and j["seq_len"] == 4096 and dev <= 24 * GB and j["fits"] is True,
+          f"rc {rc}, device {dev}: {err}")
+    note(f"70B goal: device {dev / GB:.2f} GB per GPU, host {j['host_per_node'] / GB:.1f} GB per node")
+    rc, out, err = plan(*L70, *GOAL[:4], "--gpu-mem", "24GB")
+    check("goal.not_fit_says_by_how_much_and_what", rc == 4 and "does not fit: needs 30.45 GiB per GPU, 8.10 GiB over "
+          "22.35 GiB; try zero_optimization.offload_param.device=cpu (14.39 GiB per GPU" in out, out[-400:])
+    rc, out, err = plan(*L70, "--gpu-mem", "24GB")
+    check("goal.not_fit_combination", rc == 4 and "no single setting is enough; this combination fits" in out and
+          "  --set zero_optimization.offload_param.device=cpu" in out, out[-400:])
+    rc, out, err = plan("--preset", "llama2-70b", "--ranks", "8", "--gpu-mem", "80GB")
+    check("goal.not_fit_raises_stage", rc == 4 and "needs 1.17 TiB per GPU" in out and
+          "  --set zero_optimization.stage=3" in out, out[-500:])
+    rc, out, err = plan(*L70, "--fit", "--gpu-mem", "24GB", "--host-mem", "2TiB")
+    sets = [line.split()[1] for line in out.splitlines() if line.startswith("  --set ")]
+    check("fit.prints_keys", rc == 0 and any(s.startswith("train_micro_batch_size_per_gpu=") for s in sets), out[:600])
+    if not sets:
+        return
+    args = [a for s in sets for a in ("--set", s)]
+    rc, j, out2, _ = plan_json(*L70, *args, "--gpu-mem", "24GB", "--host-mem", "2TiB")
+    check("fit.result_fits", rc == 0 and j["fits"] is True, out2[-300:])
+    micro = int(next(s for s in sets if s.startswith("train_micro")).split("=")[1])
+    more = [a if not a.startswith("train_micro") else f"train_micro_batch_size_per_gpu={micro + 1}" for a in args]
+    rc, j, out3, _ = plan_json(*L70, *more, "--gpu-mem", "24GB", "--host-mem", "2TiB")
+    check("fit.one_more_does_not", rc == 4 and j["fits"] is False, out3[-300:])
+    note(f"fit 70B at 24 GB: {' '.join(sets)}")
+
+
+# ---- ZeRO paper: 7.5 B parameters on 64 GPUs ----------------------------------------------------------
+# GPT-2 layout, 36 layers, d_model 4096, 32 heads, vocab 50257, context 2048: 7.46 B parameters.
+PAPER = ["--set", "model.n_layer=36", "--set", "model.n_embd=4096", "--set", "model.n_head=32", "--set",
+         "model.n_positions=2048", "--set", "fp16.enabled=true", "--ranks", "64"]
+
+
+def check_zero_paper():
+    rc, j, _, _ = plan_json(*PAPER)
+    psi_units = None
+    for stage in range(4):
+        extra = ["--set", f"zero_optimization.stage={stage}"]
+        rc, j, out, err = plan_json(*PAPER, *extra)
+        if rc != 0 or j is None:
+            check(f"zero.stage{stage}", False, err)
+            continue
+        m = j["memory"]
+        psi = j["n_params"]
+        if psi_units is None:
+            psi_units = psi
+        # exact accounting (64-byte rounding per unit aside): bytes per parameter
+        per = j["model_states"] / psi
+        want = {0: 2 + 2 + 4 + 12, 1: 2 + 2 + 4 + 12 / 64, 2: 2 + (4 + 12) / 64, 3: (2 + 4 + 12) / 64}[stage]
+        recv = m["gradient shard"]["bytes"] / psi if stage >= 2 else 0  # the one reduce-scatter receive buffer
+        check(f"zero.stage{stage}.model_states", abs(per - recv - want) / want < 2e-3,
+              f"{per:.4f} B/param ({recv:.4f} receive buffer), want {want:.4f}")
+        # DESIGN §3 traffic with fp16 elements
+        n = 64
+        ag, rs, ar = j["bytes_allgather"], j["bytes_reduce_scatter"], j["bytes_allreduce"]
+        vol = {0: ar, 1: ar + ag, 2: rs + ag, 3: rs + ag}[stage] / (2 * psi * (n - 1) / n)
+        want_vol = {0: 2, 1: 3, 2: 2, 3: 3}[stage]
+        check(f"zero.stage{stage}.traffic", abs(vol - want_vol) < 2e-3, f"{vol:.4f} x 2 Psi (N-1)/N, want {want_vol}")
+        note(f"7.5B/64 stage {stage}: model states {j['model_states'] / GB:.2f} GB per GPU")
+
+
+# ---- measured peaks equal the plan ---------------------------------------------------------------
+V, T = 100, 16
+DATA = os.path.join(TMP, "train.bin")
+
+
+def peak_config(name, model, stage, dtype="fp32", micro=2, accum=2, interval=0, cpu_ckpt=False, off_opt=False,
+                off_param=False):
+    cfg = {
+        "model": dict(model, vocab_size=V, n_positions=T),
+        "data": {"train": DATA, "seq_len": T, "shuffle": False},
+        "train": {"steps": 3, "metrics": os.path.join(TMP, name + ".jsonl"), "sample_tokens": 0},
+        "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": stage, "stage3_prefetch_bucket_size": 20000,
+                              "stage3_param_persistence_threshold": 100,
+                              "offload_optimizer": {"device": "cpu" if off_opt else "none"}},
+    }
+    if off_param:
+        cfg["zero_optimization"]["offload_param"] = {"device": "cpu"}
+    if dtype != "fp32":
+        cfg[dtype] = {"enabled": True}
+    if interval:
+        cfg["activation_checkpointing"] = {"enabled": True, "interval": interval, "cpu_checkpointing": cpu_ckpt}
+    path = os.path.join(TMP, name + ".json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+A = {"n_layer": 2, "n_head": 2, "n_embd": 32}
+B = {"n_layer": 3, "n_head": 4, "n_embd": 48}
+C = {"n_layer": 4, "n_head": 4, "n_embd": 64}
+
+
+def peak_cases():
+    cases = []
+    for N in (1, 2, 4):
+        for stage in range(4):
+            cases.append((f"A_N{N}_s{stage}", N, dict(model=A, stage=stage)))
+    for N in (2, 4):
+        for stage in (1, 2, 3):
+            cases.append((f"B_N{N}_s{stage}_bf16_ckpt2_off", N,
+                          dict(model=B, stage=stage, dtype="bf16", interval=2, off_opt=True)))
+    for N in (1, 2, 4):
+        cases.append((f"C_N{N}_s3_fp16_ckpt1cpu_offall", N,
+                      dict(model=C, stage=3, dtype="fp16", interval=1, cpu_ckpt=True, off_opt=True, off_param=True)))
+    cases.append(("C_N2_s3_fp16_ckpt1cpu_offopt", 2,
+                  dict(model=C, stage=3, dtype="fp16", interval=1, cpu_ckpt=True, off_opt=True)))
+    cases.append(("C_N4_s2_bf16_ckpt3_m1", 4, dict(model=C, stage=2, dtype="bf16", interval=3, micro=1, accum=3)))
+    cases.append(("B_N2_s0_fp16_ckpt1", 2, dict(model=B, stage=0, dtype="fp16", interval=1)))
+    return cases
+
+
+def check_peaks():
+    write_shard(DATA, np.random.default_rng(7).integers(0, V, size=400 * T + 1))
+    curves = {}
+    for name, N, kw in peak_cases():
+        cfg = peak_config(name, **kw)
+        mpath = os.path.join(TMP, name + ".jsonl")
+        cmd = ["mpirun", "-np", str(N), "--oversubscribe", BIN, "train", cfg, "--quiet"]
+        r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+        if r.returncode != 0 or not os.path.exists(mpath):
+            check(f"peak.{name}.run", False, f"exit {r.returncode}: {r.stdout.decode()[-400:]}")
+            continue
+        rows = [json.loads(line) for line in open(mpath) if line.strip()]
+        mem = next((row["memory"] for row in rows if "memory" in row), None)
+        steps = [row for row in rows if "loss" in row]
+        curves[name] = [(row["loss"], row["grad_norm"]) for row in steps]
+        rc, j, out, err = plan_json("--target", "cpu", "--ranks", str(N), cfg=cfg)
+        if mem is None or j is None or rc != 0:
+            check(f"peak.{name}", False, f"metrics memory {mem is not None}, plan rc {rc}: {err}")
+            continue
+        bad = [f"{c}: plan {j['memory'][c]}, trainer planned {v['planned']} peak {v['peak']} in {v['space']}"
+               for c, v in mem.items()
+               if not (j["memory"][c]["bytes"] == v["planned"] == v["peak"] and j["memory"][c]["space"] == v["space"])]
+        check(f"peak.{name}.every_class_plan_eq_peak", not bad and len(mem) == len(j["memory"]), "; ".join(bad[:4]))
+        kinds = ("bytes_allgather", "bytes_reduce_scatter", "bytes_allreduce")
+        off = [(row["step"], {k: row[k] for k in kinds}) for row in steps if any(row[k] != j[k] for k in kinds)]
+        check(f"peak.{name}.traffic_eq_plan", steps and not off,
+              f"plan {({k: j[k] for k in kinds})}, logged {off[:1]}")
+    # parameter offload moves the shards, not the results
+    a, b = curves.get("C_N2_s3_fp16_ckpt1cpu_offall"), curves.get("C_N2_s3_fp16_ckpt1cpu_offopt")
+    check("peak.offload_param_same_losses_and_norms", a is not None and a == b, f"{a} vs {b}")
+
+
+def main():
+    check_presets()
+    check_bad_input()
+    check_options()
+    check_train_refuses_llama()
+    check_goal_and_fit()
+    check_zero_paper()
+    check_peaks()
+
+
+if __name__ == "__main__":
+    run_main("t_plan", main)

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""The planner tables of README.md, produced by `shardlm plan --json`.
+
+    python3 tools/plan_tables.py [--bin bin/shardlm]
+
+Prints two Markdown tables: model states per GPU of a 7.5 B-parameter model on
+64 GPUs at ZeRO stages 0-3 beside the ZeRO paper's figures, and the Llama-2-70B
+ladder on one node of 8 x 80 GB GPUs at sequence length 4096. Every number
+comes from the command each row shows.
+"""
+import argparse
+import json
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GB = 1e9
+
+PAPER_SHAPE = ["--set", "model.n_layer=36", "--set", "model.n_embd=4096", "--set", "model.n_head=32",
+               "--set", "model.n_positions=2048", "--set", "fp16.enabled=true", "--ranks", "64"]
+PAPER_GB = {0: 120, 1: 31.4, 2: 16.6, 3: 1.9}
+
+L70 = ["--preset", "llama2-70b", "--ranks", "8", "--gpu-mem", "80GB"]
+CKPT = ["--set", "activation_checkpointing.enabled=true"]
+OFF_OPT = ["--set", "zero_optimization.offload_optimizer.device=cpu"]
+OFF_PARAM = ["--set", "zero_optimization.offload_param.device=cpu"]
+CPU_CKPT = ["--set", "activation_checkpointing.cpu_checkpointing=true"]
+FP16 = ["--set", "fp16.enabled=true"]
+LADDER = [
+    ("fp32, stage 0 (baseline)", []),
+    ("fp16 + stage 2", FP16 + ["--set", "zero_optimization.stage=2"]),
+    ("fp16 + stage 3", FP16 + ["--set", "zero_optimization.stage=3"]),
+    ("+ activation checkpointing (every block)", FP16 + ["--set", "zero_optimization.stage=3"] + CKPT),
+    ("+ optimizer offload", FP16 + ["--set", "zero_optimization.stage=3"] + CKPT + OFF_OPT),
+    ("+ parameter offload", FP16 + ["--set", "zero_optimization.stage=3"] + CKPT + OFF_OPT + OFF_PARAM),
+    ("+ cpu_checkpointing", FP16 + ["--set", "zero_optimization.stage=3"] + CKPT + OFF_OPT + OFF_PARAM + CPU_CKPT),
+]
+
+
+def plan(binary, args):
+    r = subprocess.run([binary, "plan", *args, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if r.returncode not in (0, 4):
+        raise SystemExit(f"shardlm plan {' '.join(args)}: exit {r.returncode}: {r.stderr.decode()}")
+    return json.loads(r.stdout.decode().strip().splitlines()[-1])
+
+
+def short(args):
+    return " ".join(a.replace("zero_optimization.", "").replace("activation_checkpointing.", "ckpt.")
+                    for a in args if a != "--set")
+
+
+def paper_table(binary):
+    print("| stage | ZeRO paper | shardlm model states | parameters | gradients (fp16 + fp32 accumulators) "
+          "| master + Adam m, v | device total (micro-batch 1 x 2048) |")
+    print("|---|---|---|---|---|---|---|")
+    for stage in range(4):
+        j = plan(binary, PAPER_SHAPE + ["--set", f"zero_optimization.stage={stage}"])
+        m = j["memory"]
+        grads = m["gradient shard"]["bytes"] + m["fp32 gradient shard"]["bytes"]
+        opt = m["fp32 master weights"]["bytes"] + m["Adam m"]["bytes"] + m["Adam v"]["bytes"]
+        print(f"| {stage} | {PAPER_GB[stage]} GB | **{j['model_states'] / GB:.1f} GB** | "
+              f"{m['parameter shard']['bytes'] / GB:.2f} GB | {grads / GB:.2f} GB | {opt / GB:.2f} GB | "
+              f"{j['space_total']['device'] / GB:.1f} GB |")
+    print(f"\n({j['n_params'] / 1e9:.2f} B parameters.)")
+
+
+def ladder_table(binary):
+    print("| rung | device per GPU | pinned host per GPU | host per node (8 GPUs) | fits 80 GB |")
+    print("|---|---|---|---|---|")
+    for label, args in LADDER:
+        j = plan(binary, L70 + args)
+        host = j["space_total"]["pinned host"] + j["space_total"]["host"]
+        print(f"| {label} | {j['space_total']['device'] / GB:.1f} GB | {host / GB:.1f} GB | "
+              f"{j['host_per_node'] / GB:.0f} GB | {'yes' if j['fits'] else 'no'} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "bin", "shardlm"))
+    a = ap.parse_args()
+    paper_table(a.bin)
+    print()
+    ladder_table(a.bin)
+
+
+if __name__ == "__main__":
+    main()
