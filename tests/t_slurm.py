@@ -22,16 +22,19 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
               checkpoint ...: starting fresh" (the first start of --resume auto);
               metrics steps 1..20, the last loss below 0.9 x the first
   srun.*      jobs/srun.sh --ntasks=2 -- CONFIG: exit 0, "2 ranks", 20 metrics steps
-  preempt.*   jobs/cpu.sbatch, 2 tasks, 400 steps; once the metrics file has step 5,
-              scancel -s USR1: the job goes back to PENDING with Restarts=1, its log
+  preempt.*   jobs/cpu.sbatch, 2 tasks, 300 steps of 48 sequences; once the metrics file
+              has step 1, scancel -s USR1: the job goes back to PENDING with Restarts=1, its log
               says "stopped by SIGUSR1" at step S and that the job is requeued,
               DIR/step_S.h5 exists with attribute step S and latest names it;
               released (scontrol update StartTime=now, as the requeue sets a
               begin time 2 min ahead), it runs again: COMPLETED 0:0, "run 2
               (restart count 1)", "resumed from DIR/step_S.h5 at step S"; the
-              metrics hold steps 1..400 once each and every loss from step S+1 on,
+              metrics hold steps 1..300 once each and every loss from step S+1 on,
               the final one included, equals bitwise that of an uninterrupted job
               of the same config
+  timelimit.* jobs/cpu.sbatch, 1 task, --time=1 --signal=USR1@50 and 10^7 steps: Slurm's own
+              signal before the time limit stops it, "stopped by SIGUSR1" at step S,
+              DIR/step_S.h5, the job requeued (Restarts=1); then it is cancelled
   badconfig.* jobs/cpu.sbatch with a config holding an unknown key: FAILED with
               ExitCode 2:0 within 30 s, the log has "shardlm: error:" naming the
               key and "not requeued", Restarts=0
@@ -41,7 +44,8 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
               tiny config: COMPLETED 0:0, 10 metrics steps. (The 70B template's own
               config needs the Llama model of a later issue.)
 
-The whole test takes about 25 s on the 2-core development machine (start 3.5 s).
+The whole test takes about 45 s on the 2-core development machine (start 3.5 s; the
+time-limit job waits for slurmctld's 30-s timer).
 """
 import json
 import os
@@ -64,7 +68,10 @@ TMP = scratch_dir("t_slurm")
 SLURM_TOOLS = os.path.join(ROOT, "tools", "slurm-local")
 JOBS = os.path.join(ROOT, "jobs")
 JOB_TIMEOUT = 120      # seconds any one job may take from submission to its end
-PREEMPT_STEPS = 400    # long enough (> 5 s) that the signal lands mid-run
+# The preempted job must still be training when the test's signal comes, and
+# the test's polling can be starved for seconds when the machine is busy: 300
+# steps of 48 sequences take about 15 s.
+PREEMPT_STEPS, PREEMPT_BATCH = 300, 48
 SHORT_STEPS = 20
 
 JOB_ENV = dict(ENV, SHARDLM_HOME=ROOT, SHARDLM_BIN=BIN)
@@ -78,14 +85,14 @@ def run(cmd, timeout=60, **kw):
                           text=True, timeout=timeout, **kw)
 
 
-def write_config(name, **train):
+def write_config(name, batch=16, **train):
     """A tiny config whose checkpoints and metrics are named after NAME."""
     cfg = {
         "model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 64, "vocab_size": 100},
         "data": {"train": os.path.join(TMP, "train.bin")},
         "train": dict({"steps": SHORT_STEPS, "metrics": os.path.join(TMP, f"{name}.metrics.jsonl")}, **train),
         "checkpoint": {"dir": os.path.join(TMP, f"{name}.ckpt")},
-        "train_batch_size": 16,
+        "train_batch_size": batch,
         "train_micro_batch_size_per_gpu": 2,
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
@@ -113,12 +120,15 @@ def job_fields(job):
 def wait_job(job, until=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
              restarts=None):
     """Polls until the job's state is one of UNTIL (and its Restarts equal RESTARTS when given);
-    returns its fields, or raises after JOB_TIMEOUT seconds."""
+    returns its fields, or raises after JOB_TIMEOUT seconds or when the job ended otherwise."""
     deadline = time.time() + JOB_TIMEOUT
     while True:
         fields = job_fields(job)
         if fields.get("JobState") in until and (restarts is None or fields.get("Restarts") == str(restarts)):
             return fields
+        if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            raise RuntimeError(f"job {job} ended {fields.get('JobState')} (exit code {fields.get('ExitCode')}, "
+                               f"restarts {fields.get('Restarts')}) instead of reaching {until}")
         if time.time() > deadline:
             raise RuntimeError(f"job {job} still {fields.get('JobState')} after {JOB_TIMEOUT} s: {fields}")
         time.sleep(0.2)
@@ -179,10 +189,17 @@ def check_job_log(prefix, log, ntasks, name):
 
 
 def release(job):
-    """A requeued job waits for the begin time Slurm gives it (2 min ahead): set it to now,
-    again every 2 s while the job pends, since slurmctld sets that begin time when the
-    first run's batch step has ended, which can come after the job already shows PENDING."""
+    """A requeued job waits for the begin time Slurm gives it (2 min ahead) so that its
+    node has finished with the first run: slurmd refuses a launch of the same job within
+    the second it revoked its credential ("Job credential revoked", the job FAILS). So:
+    wait until the first run's end is processed (Reason=BeginTime), 2 s more, then set the
+    begin time to now, again every 2 s while the job still pends."""
     deadline = time.time() + JOB_TIMEOUT
+    while job_fields(job).get("Reason") != "BeginTime":
+        if time.time() > deadline:
+            raise RuntimeError(f"requeued job {job} never waited for its begin time: {job_fields(job)}")
+        time.sleep(0.2)
+    time.sleep(2)
     while time.time() < deadline:
         run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
         for _ in range(10):
@@ -200,12 +217,12 @@ def test_preemption(job, reference_job):
     deadline = time.time() + JOB_TIMEOUT
     while True:
         try:
-            if len(losses("preempt")[1]) >= 5:
+            if len(losses("preempt")[1]) >= 1:
                 break
         except (OSError, ValueError):   # not there yet, or a line half written
             pass
         if time.time() > deadline:
-            raise RuntimeError(f"job {job} wrote no 5th step: {log_of(job)[-800:]}")
+            raise RuntimeError(f"job {job} wrote no step: {log_of(job)[-800:]}")
         time.sleep(0.05)
     sent = run(["scancel", "-s", "USR1", job])
     note(f"scancel -s USR1 {job}: status {sent.returncode} {sent.stdout.strip()}")
@@ -217,7 +234,7 @@ def test_preemption(job, reference_job):
           and f"requeueing job {job}" in log, f"{fields.get('JobState')} Restarts={fields.get('Restarts')}")
     stop_step = int(m.group(1)) if m else -1
     note(f"stopped at step {stop_step} of {PREEMPT_STEPS}")
-    check("preempt.mid_run", 5 <= stop_step < PREEMPT_STEPS, f"stopped at step {stop_step}")
+    check("preempt.mid_run", 1 <= stop_step < PREEMPT_STEPS, f"stopped at step {stop_step}")
     ckpt_dir = os.path.join(TMP, "preempt.ckpt")
     ckpt = os.path.join(ckpt_dir, f"step_{stop_step:06d}.h5")
     try:
@@ -251,6 +268,20 @@ def test_preemption(job, reference_job):
           f"{loss.get(PREEMPT_STEPS)} vs uninterrupted {ref_loss.get(PREEMPT_STEPS)}")
 
 
+def test_time_limit(job):
+    """A job with --time=1 --signal=USR1@50 that would train for hours: slurmctld itself
+    signals the ranks (its timer runs every 30 s, so 10 to 40 s after the start), they save
+    and the job requeues. Then it is cancelled (every run would be signalled again)."""
+    fields = wait_job(job, until=("PENDING",), restarts=1)
+    log = log_of(job)
+    run(["scancel", job])
+    m = re.search(r"^step +(\d+) \| stopped by SIGUSR1 after saving a checkpoint", log, re.M)
+    check("timelimit.signalled_and_requeued", m is not None and fields.get("Restarts") == "1"
+          and f"requeueing job {job}" in log, f"Restarts={fields.get('Restarts')}; log tail: {log[-800:]}")
+    ckpt = os.path.join(TMP, "timelimit.ckpt", f"step_{int(m.group(1)) if m else 0:06d}.h5")
+    check("timelimit.checkpoint", os.path.exists(ckpt), f"no {ckpt}")
+
+
 def test_bad_config(job, key):
     fields = wait_job(job)
     log = log_of(job)
@@ -278,9 +309,11 @@ def main():
     os.makedirs(os.path.join(TMP, "logs"), exist_ok=True)
     write_shard(os.path.join(TMP, "train.bin"), [(i * 7) % 50 for i in range(20000)])
 
-    # The long pair first, so that the preempted job is running while the others queue.
-    preempt_cfg = write_config("preempt", steps=PREEMPT_STEPS)
-    reference_cfg = write_config("uninterrupted", steps=PREEMPT_STEPS)
+    # The long ones first, so that they run while the others queue.
+    timelimit_job = sbatch("cpu.sbatch", write_config("timelimit", steps=10**7), "--ntasks=1", "--time=1",
+                           "--signal=USR1@50")
+    preempt_cfg = write_config("preempt", PREEMPT_BATCH, steps=PREEMPT_STEPS)
+    reference_cfg = write_config("uninterrupted", PREEMPT_BATCH, steps=PREEMPT_STEPS)
     preempt_job = sbatch("cpu.sbatch", preempt_cfg)
     reference_job = sbatch("cpu.sbatch", reference_cfg)
     short = {n: sbatch("cpu.sbatch", write_config(f"tasks{n}"), f"--ntasks={n}") for n in (2, 4)}
@@ -316,6 +349,7 @@ def main():
     for name, (job, _) in templates.items():
         check_completed(f"templates.{name}", wait_job(job), log_of(job, name))
         check_trained(f"templates.{name}", name, 10)
+    test_time_limit(timelimit_job)
 
 
 def stop_cluster():
