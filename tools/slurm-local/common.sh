@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034  # the settings are used by the scripts that source this
 # Sourced by start.sh and stop.sh: where the local cluster keeps its files,
 # and the few process helpers both need. Nothing here is run on its own.
 #

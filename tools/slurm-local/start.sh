@@ -16,6 +16,7 @@
 # /tmp/shardlm-slurm).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tools/slurm-local/common.sh
 source "$HERE/common.sh"
 [ "$(id -u)" = 0 ] || die "run as root (it starts system daemons)"
 

@@ -4,6 +4,7 @@
 # Only processes named in the cluster's own pid files are signalled. Logs and
 # state stay in SHARDLM_SLURM_DIR (start.sh wipes them on the next start).
 set -uo pipefail
+# shellcheck source=tools/slurm-local/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 [ "$(id -u)" = 0 ] || die "run as root"
 
