@@ -45,6 +45,7 @@ static void usage_train(FILE *out)
             "  --dump-final FILE    write the parameters after the last step (tests)\n"
             "  --resume auto|PATH   continue from checkpoint.dir's latest checkpoint (auto: if there is one),\n"
             "                       or from the checkpoint file or directory PATH\n"
+            "  --print-config       log the resolved configuration (file, --deepspeed, --set, derived batch sizes)\n"
             "  --quiet              no per-step lines\n"
             "  -h, --help           this text\n"
             "\n"
@@ -60,6 +61,7 @@ static int cmd_train(int argc, char **argv)
         {"dump", required_argument, NULL, 'D'},
         {"dump-final", required_argument, NULL, 'F'},
         {"quiet", no_argument, NULL, 'q'},
+        {"print-config", no_argument, NULL, 'p'},
         {"resume", required_argument, NULL, 'r'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -81,6 +83,7 @@ static int cmd_train(int argc, char **argv)
         case 'D': topt.dump_path = optarg; break;
         case 'F': topt.dump_final_path = optarg; break;
         case 'q': topt.quiet = 1; break;
+        case 'p': topt.print_config = 1; break;
         case 'r': topt.resume = optarg; break;
         case 'h': usage_train(stdout); return EXIT_OK;
         default: usage_train(stderr); return EXIT_BAD_INPUT;

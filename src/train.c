@@ -485,6 +485,9 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     const char *f32_acts = getenv("SHARDLM_FP32_ACTIVATIONS");
     backend_set_act_dtype(backend_is_device() && !(f32_acts && strcmp(f32_acts, "1") == 0) ? cfg->dtype
                                                                                           : DTYPE_F32);
+    /* before the set-up, which can take minutes (data, a large resume): a
+     * signal that early must not kill the job unsaved (SIGUSR1's default) */
+    install_stop_handlers();
     trainer_setup(&tr);
     backend_check_performance();
 
@@ -498,11 +501,15 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
              cfg->model.vocab_size, cfg->model.padded_vocab, tr.model.n_params);
     log_info("batch: %d sequences of %d tokens = %d micro x %d accumulation x %d ranks; %zu training windows",
              cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.world, tr.train_data.n_windows);
+    if (opt->print_config) {
+        char *config_json = config_dump(cfg);
+        log_info("resolved config:\n%s", config_json);
+        free(config_json);
+    }
     plan_print(&tr.plan, NULL, "memory plan per rank:");
 
     if (opt->resume)
         resume_checkpoint(&tr, opt->resume);
-    install_stop_handlers();
     int stop_signal = 0;
     const float base_lr = cfg->optimizer.lr;
     while (tr.step < cfg->train.steps) {

@@ -16,6 +16,7 @@ struct train_options {
     const char *dump_path;       /* the first step: weights, logits, loss, gradients (tests) */
     const char *dump_final_path; /* after the last step: the parameters (tests) */
     int quiet;                   /* no per-step lines */
+    int print_config;            /* log the resolved configuration at start (job logs) */
     const char *resume;          /* "auto", a checkpoint file or a directory; NULL: fresh start */
 };
 

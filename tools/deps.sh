@@ -4,11 +4,21 @@
 # On a cluster with environment modules (pkg-config already finds MPI, HDF5,
 # OpenBLAS and jansson) this does nothing.  On Debian/Ubuntu it installs the
 # missing Debian packages with apt-get.  With --test it also makes sure the
-# reference-test tools (Debian's python3-torch, numpy, h5py, crc32c) are present.
+# reference-test tools (Debian's python3-torch, numpy, h5py, crc32c) and the
+# Slurm daemons for tests/t_slurm.sh are present.  With --slurm it checks only
+# Slurm (munge, slurmctld, slurmd, the clients, PMIx), for
+# tools/slurm-local/start.sh.
 set -euo pipefail
 
-want_test=0
-[ "${1:-}" = "--test" ] && want_test=1
+want_build=1 want_test=0 want_slurm=0
+case "${1:-}" in
+  --test) want_test=1 want_slurm=1 ;;
+  --slurm) want_build=0 want_slurm=1 ;;
+esac
+
+# Debian packages of a single-node Slurm cluster: the daemons, the clients,
+# and libpmix-dev (Slurm's pmix plugin opens a library file only it ships).
+slurm_pkgs=(munge slurmctld slurmd slurm-client slurm-wlm-basic-plugins libpmix2 libpmix-dev)
 
 # pkg-config module -> Debian package that provides it
 declare -A pc_pkg=(
@@ -18,19 +28,30 @@ declare -A pc_pkg=(
   [jansson]=libjansson-dev
 )
 missing=()
-command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
-for mod in "${!pc_pkg[@]}"; do
-  if ! pkg-config --exists "$mod" 2>/dev/null; then
-    missing+=("${pc_pkg[$mod]}")
-  fi
-done
+if [ "$want_build" = 1 ]; then
+  command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+  for mod in "${!pc_pkg[@]}"; do
+    if ! pkg-config --exists "$mod" 2>/dev/null; then
+      missing+=("${pc_pkg[$mod]}")
+    fi
+  done
+  command -v h5dump >/dev/null 2>&1 || missing+=(hdf5-tools)
+fi
 command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
-command -v h5dump >/dev/null 2>&1 || missing+=(hdf5-tools)
 if [ "$want_test" = 1 ]; then
   /usr/bin/python3 -c 'import torch' 2>/dev/null || missing+=(python3-torch)
   /usr/bin/python3 -c 'import numpy' 2>/dev/null || missing+=(python3-numpy)
   /usr/bin/python3 -c 'import h5py' 2>/dev/null || missing+=(python3-h5py)
   /usr/bin/python3 -c 'import crc32c' 2>/dev/null || missing+=(python3-crc32c)
+fi
+installing_daemons=0
+if [ "$want_slurm" = 1 ]; then
+  for p in "${slurm_pkgs[@]}"; do
+    if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then
+      missing+=("$p")
+      installing_daemons=1
+    fi
+  done
 fi
 
 if [ "${#missing[@]}" -eq 0 ]; then
@@ -45,6 +66,15 @@ SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 echo "shardlm deps: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
+# Without systemd, the daemons' package scripts would start munged and the
+# Slurm daemons with Debian's config; a policy-rc.d that says "no" keeps them
+# down while apt runs (tools/slurm-local/start.sh starts them its own way).
+policy_rc=/usr/sbin/policy-rc.d
+if [ "$installing_daemons" = 1 ] && [ ! -e "$policy_rc" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy_rc" >/dev/null
+  $SUDO chmod 0755 "$policy_rc"
+  trap '$SUDO rm -f "$policy_rc"' EXIT
+fi
 apt_install() {
   $SUDO apt-get install -y --no-install-recommends -o DPkg::Lock::Timeout=300 "$@"
 }
