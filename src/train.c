@@ -485,6 +485,10 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     const char *f32_acts = getenv("SHARDLM_FP32_ACTIVATIONS");
     backend_set_act_dtype(backend_is_device() && !(f32_acts && strcmp(f32_acts, "1") == 0) ? cfg->dtype
                                                                                           : DTYPE_F32);
+    if (backend_is_device() && !cfg->zero.offload_optimizer && tr.rank == 0)
+        log_warn("zero_optimization.offload_optimizer is off, but this GPU build always keeps the fp32 master "
+                 "weights, Adam m and v and the fp32 gradient shard in pinned host memory and runs AdamW on the "
+                 "host (the memory plan shows them there)");
     /* before the set-up, which can take minutes (data, a large resume): a
      * signal that early must not kill the job unsaved (SIGUSR1's default) */
     install_stop_handlers();
