@@ -523,7 +523,7 @@ extern "C" void backend_attention_backward(float *dqkv, const float *dout, const
 }
 
 /* fp32 scores or datt of one head, then (half activations) dpre in [A]. */
-extern "C" size_t backend_attention_scratch(int T) { return (size_t)T * T + ((size_t)T * T + 1) / 2; }
+extern "C" size_t backend_attention_scratch(int T) { return BACKEND_CUDA_ATTENTION_SCRATCH(T); }
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 

@@ -93,6 +93,9 @@ void backend_attention_forward(float *out, float *att, const float *qkv, float *
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                 float *scratch, int B, int T, int C, int NH);
 size_t backend_attention_scratch(int T);
+/* The CUDA backend's: one head's fp32 scores, then its [A] gradients (the
+ * planner uses it to plan the CUDA build from any build). */
+#define BACKEND_CUDA_ATTENTION_SCRATCH(T) ((size_t)(T) * (size_t)(T) + ((size_t)(T) * (size_t)(T) + 1) / 2)
 
 /* out (B, T, C) = wte [A] [tokens] + wpe [A] [position] */
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,

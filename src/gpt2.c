@@ -4,18 +4,19 @@
 #include <string.h>
 
 #include "backend.h"
+#include "plan.h"
 #include "util.h"
 
 static size_t f32(size_t n) { return arena_round(n * sizeof(float)); }
 
 /* Bytes of n elements of the activation dtype (backend.h [A]). */
-static size_t act(size_t n) { return arena_round(n * (size_t)dtype_size(backend_act_dtype())); }
+static size_t act(size_t n) { return arena_round(n * (size_t)dtype_size(plan_act_dtype())); }
 
-static int act_is_half(void) { return backend_act_dtype() != DTYPE_F32; }
+static int act_is_half(void) { return plan_act_dtype() != DTYPE_F32; }
 
 static size_t scratch_floats(const struct model *m, int T)
 {
-    size_t att = backend_attention_scratch(T), ln = backend_layernorm_scratch(m->cfg.n_embd);
+    size_t att = plan_attention_scratch(T), ln = plan_layernorm_scratch(m->cfg.n_embd);
     return att > ln ? att : ln;
 }
 
@@ -44,7 +45,7 @@ void gpt2_plan(const struct model *m, int B, int T, int interval, size_t bytes[B
     bytes[BUF_WORKSPACE] += 2 * f32(BT * C) + act(BT * C) + act(BT * 3 * C) + act(BT * 4 * C) +
                             f32(scratch_floats(m, T)) + 2 * arena_round(BT * sizeof(int32_t)) +
                             (act_is_half() ? act(BT * C) : 0);
-    if (backend_is_device())
+    if (plan_device())
         bytes[BUF_STAGING] += 2 * arena_round(BT * sizeof(int32_t)) + f32(BT);
 }
 

@@ -22,7 +22,7 @@ enum mem_space plan_space(const struct config *cfg, enum buf_class c)
     case BUF_ADAM_V:
     case BUF_FP32_GRADS:
         /* a device backend keeps the optimizer state in pinned host memory, always */
-        if (backend_is_device())
+        if (plan_device())
             return SPACE_PINNED;
         if (!cfg->zero.offload_optimizer)
             return SPACE_DEVICE;
@@ -32,7 +32,7 @@ enum mem_space plan_space(const struct config *cfg, enum buf_class c)
         if (!cfg->zero.offload_param)
             return SPACE_DEVICE;
         /* a device's kernels write the new parameters: pinned (mapped) memory */
-        return cfg->zero.offload_param_pin_memory || backend_is_device() ? SPACE_PINNED : SPACE_HOST;
+        return cfg->zero.offload_param_pin_memory || plan_device() ? SPACE_PINNED : SPACE_HOST;
     case BUF_ACT_CKPT: return cfg->act_ckpt.enabled && cfg->act_ckpt.cpu_checkpointing ? SPACE_PINNED : SPACE_DEVICE;
     default: return SPACE_DEVICE;
     }
@@ -170,9 +170,37 @@ static void gpu_unit_buffers(struct mem_plan *p, const struct model *m, const st
     }
 }
 
+/* Set while the CUDA target is planned by a build whose backend is not CUDA. */
+static struct {
+    int on;
+    enum dtype act;
+} g_as_cuda;
+
+int plan_device(void) { return g_as_cuda.on || backend_is_device(); }
+
+enum dtype plan_act_dtype(void) { return g_as_cuda.on ? g_as_cuda.act : backend_act_dtype(); }
+
+size_t plan_attention_scratch(int T)
+{
+    return g_as_cuda.on ? BACKEND_CUDA_ATTENTION_SCRATCH(T) : backend_attention_scratch(T);
+}
+
+size_t plan_layernorm_scratch(int C) { return g_as_cuda.on ? 0 : backend_layernorm_scratch(C); }
+
 void plan_compute_for(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
                       enum plan_target target)
 {
+    if (target == PLAN_TARGET_CUDA) {
+        if (!m->cfg.tied_head)
+            fail_input("--target cuda plans what bin/shardlm-cuda allocates, and it trains GPT-2 models only; "
+                       "use --target gpu for this model");
+        const char *f32_acts = getenv("SHARDLM_FP32_ACTIVATIONS");
+        g_as_cuda.on = 1;
+        g_as_cuda.act = f32_acts && strcmp(f32_acts, "1") == 0 ? DTYPE_F32 : cfg->dtype;
+        plan_compute_for(p, m, cfg, world, PLAN_TARGET_CPU);
+        g_as_cuda.on = 0;
+        return;
+    }
     memset(p, 0, sizeof *p);
     p->world = world;
     const int interval = plan_ckpt_interval(cfg);
@@ -186,7 +214,7 @@ void plan_compute_for(struct mem_plan *p, const struct model *m, const struct co
     } else if (m->cfg.tied_head) {
         gpt2_plan(m, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
     } else {
-        size_t att = backend_attention_scratch(cfg->data.seq_len), ln = backend_layernorm_scratch(m->cfg.n_embd);
+        size_t att = plan_attention_scratch(cfg->data.seq_len), ln = plan_layernorm_scratch(m->cfg.n_embd);
         struct act_layout cpu = {sizeof(float), true, (att > ln ? att : ln) * sizeof(float)};
         shape_plan(m, &cpu, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
     }

@@ -36,13 +36,24 @@ struct mem_plan {
     size_t space_total[SPACE_COUNT];
 };
 
-enum plan_target { PLAN_TARGET_CPU = 0, PLAN_TARGET_GPU };
+enum plan_target { PLAN_TARGET_CPU = 0, PLAN_TARGET_GPU, PLAN_TARGET_CUDA };
 
 /* cuBLAS workspace the GPU target reserves: NVIDIA recommends 32 MiB on Hopper
  * (cuBLAS docs, cublasSetWorkspace), 4 MiB before. */
 #define PLAN_GPU_LIBRARY_WORKSPACE (32u << 20)
 
-/* The plan of the CPU target (what the trainer allocates). */
+/* PLAN_TARGET_CUDA is what bin/shardlm-cuda allocates today, computed by the
+ * trainer's own plan code as if on a GPU (device placement, activations in the
+ * parameter dtype, the CUDA kernels' scratch): GPT-2 only, like that trainer.
+ *
+ * The device facts the plan code asks for: the backend's, except while
+ * plan_compute_for plans the CUDA target from another build. */
+int plan_device(void);
+enum dtype plan_act_dtype(void);
+size_t plan_attention_scratch(int T);
+size_t plan_layernorm_scratch(int C);
+
+/* The plan of the running trainer (the CPU target's code, on its backend). */
 void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world);
 void plan_compute_for(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
                       enum plan_target target);

@@ -47,7 +47,9 @@ static void usage_plan(FILE *out)
             "  --nodes M            nodes the ranks are spread over (default 1; host memory is per node)\n"
             "  --gpu-mem SIZE       memory of one GPU, e.g. 80GB (10^9), 80GiB (2^30), 8e10\n"
             "  --host-mem SIZE      host memory of one node for pinned and ordinary buffers, e.g. 1TiB\n"
-            "  --target gpu|cpu     gpu (default): the CUDA engine's layout (DESIGN section 5);\n"
+            "  --target gpu|cuda|cpu  gpu (default): the CUDA engine's target layout (DESIGN section 5:\n"
+            "                       fused attention, gradient buffers in the parameter dtype), any model;\n"
+            "                       cuda: what bin/shardlm-cuda allocates today (GPT-2 models);\n"
             "                       cpu: what this CPU build's trainer allocates (fp32 compute)\n"
             "  --fit                search micro-batch, activation checkpointing, cpu_checkpointing and\n"
             "                       offload for the most tokens per step within --gpu-mem (and --host-mem)\n"
@@ -115,8 +117,10 @@ static const char *class_label(enum buf_class c, enum mem_space s)
     case BUF_ACTIVATIONS: return "working activations";
     case BUF_LOGITS: return "logits and loss buffers";
     case BUF_WORKSPACE: return "library workspace";
-    default: return "?";
+    case BUF_STAGING: return "staging (token ids, losses)";
+    case BUF_COUNT: break;
     }
+    return "?";
 }
 
 static void print_model(const struct model *m)
@@ -143,7 +147,7 @@ static void print_settings(const struct config *cfg, const struct plan_options *
         snprintf(ckpt, sizeof ckpt, "no activation checkpointing");
     printf("settings: %s target, %d rank%s on %d node%s, %s, ZeRO stage %d, offload_optimizer %s, offload_param %s, "
            "%s, micro-batch %d x %d tokens, accumulation %d\n",
-           o->target == PLAN_TARGET_GPU ? "GPU" : "CPU-backend", o->ranks, o->ranks > 1 ? "s" : "", o->nodes,
+           o->target == PLAN_TARGET_GPU ? "GPU" : o->target == PLAN_TARGET_CUDA ? "CUDA-build" : "CPU-backend", o->ranks, o->ranks > 1 ? "s" : "", o->nodes,
            o->nodes > 1 ? "s" : "", dtype_name(cfg->dtype), cfg->zero.stage,
            cfg->zero.offload_optimizer ? "cpu" : "none", cfg->zero.offload_param ? "cpu" : "none", ckpt,
            cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum);
@@ -522,8 +526,10 @@ int cmd_plan(int argc, char **argv)
                 o.target = PLAN_TARGET_GPU;
             else if (strcmp(optarg, "cpu") == 0)
                 o.target = PLAN_TARGET_CPU;
+            else if (strcmp(optarg, "cuda") == 0)
+                o.target = PLAN_TARGET_CUDA;
             else
-                fail_input("--target '%s': known targets: gpu, cpu", optarg);
+                fail_input("--target '%s': known targets: gpu, cuda, cpu", optarg);
             break;
         case 'f': o.fit = 1; break;
         case 'j': o.json = 1; break;

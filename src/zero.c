@@ -171,8 +171,8 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     z->dtype = cfg->dtype;
     z->esize = (size_t)dtype_size(cfg->dtype);
     z->half = cfg->dtype != DTYPE_F32;
-    z->compute_copies = z->half && backend_act_dtype() == DTYPE_F32;
-    z->device = backend_is_device();
+    z->compute_copies = z->half && plan_act_dtype() == DTYPE_F32;
+    z->device = plan_device();
     z->params_offloaded = plan_space(cfg, BUF_PARAMS) != SPACE_DEVICE;
     z->master_copy = z->half || cfg->zero.offload_optimizer || z->device;
     z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;

@@ -28,6 +28,10 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 pinned host memory, token and loss staging there too
   ckpt.*        a checkpoint saved under emulation resumes in a plain run (and
                 the reverse) to the same final parameters as an uninterrupted run
+  plan.CASE     `shardlm plan --target cuda --json` (what bin/shardlm-cuda
+                allocates) equals the emulated run's planned and peak bytes
+                and spaces for every buffer class, but the workspace, which
+                differs by exactly the CUDA and CPU attention scratch
   fit.*         with an emulated device capacity (SHARDLM_EMULATE_DEVICE_MEM):
                 a plan that fits logs "the plan needs X of the Y free" and the
                 memory in use at the end; one that does not stops with exit 2
@@ -128,6 +132,33 @@ def same_params(a, b):
     return None
 
 
+def arena_round(n):
+    return (n + 63) // 64 * 64
+
+
+def check_cuda_plan(tag, cfg, run_memory, f32_acts):
+    """plan --target cuda against an emulated run (OMP_NUM_THREADS=1: the CPU's attention scratch is T*T)."""
+    env = dict(ENV, SHARDLM_FP32_ACTIVATIONS="1" if f32_acts else "0")
+    r = subprocess.run([BIN, "plan", cfg, "--ranks", "2", "--target", "cuda", "--json"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    lines = r.stdout.decode(errors="replace").strip().splitlines()
+    try:
+        planned = json.loads(lines[-1])["memory"]
+    except (ValueError, KeyError, IndexError):
+        check(f"plan.{tag}", False, " | ".join(lines[-3:]))
+        return
+    cuda_scratch = arena_round(4 * (T * T + (T * T + 1) // 2))
+    cpu_scratch = arena_round(4 * max(T * T, 2 * MODEL["n_embd"]))
+    bad = []
+    for k, v in run_memory.items():
+        want = v["planned"] + (cuda_scratch - cpu_scratch if k == "workspace" else 0)
+        p = planned.get(k, {"bytes": 0, "space": v["space"]})
+        if p["bytes"] != want or v["peak"] != v["planned"] or (want and p["space"] != v["space"]):
+            bad.append(f"{k}: plan {p['bytes']} {p['space']}, run {v['planned']}/{v['peak']} {v['space']}")
+    extra = [k for k, v in planned.items() if v["bytes"] and k not in run_memory]
+    check(f"plan.{tag}", not bad and not extra, f"{bad}; only in the plan: {extra}")
+
+
 def compare(tag, plain, emu):
     pr = [(x["loss"], x["grad_norm"], x["skipped"]) for x in plain["rows"]]
     er = [(x["loss"], x["grad_norm"], x["skipped"]) for x in emu["rows"]]
@@ -150,6 +181,8 @@ def main():
                                                                     .strip().splitlines()[-4:]))
             continue
         compare(tag, plain, emu)
+        if dtype == "fp32":
+            check_cuda_plan(tag, cfg, emu["memory"], True)
         if "sample_tokens" in extra.get("train", {}):
             samples = [o[o.find("---- sample"):o.find("---- end of sample")] for o in (out_p, out_e)]
             check(f"sample.{tag}", len(emu["val"]) == 2 and samples[0] == samples[1] and len(samples[0]) > 30,
@@ -172,6 +205,7 @@ def main():
             worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(half["rows"], plain["rows"]))
             device = [sum(v["peak"] for v in r["memory"].values() if v["space"] == "device") for r in (half, emu)]
             bad = [k for k, v in half["memory"].items() if v["planned"] != v["peak"]]
+            check_cuda_plan(tag, cfg, half["memory"], False)
             check(f"act.{tag}", len(half["rows"]) == STEPS and worst <= tol and not bad and device[0] < device[1],
                   f"worst loss difference {worst:.3g} (tol {tol}), planned != peak {bad}, device {device}")
 

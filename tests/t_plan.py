@@ -114,6 +114,13 @@ def check_options():
         rc, out, err = plan("--preset", "gpt2-124m", *args)
         check(f"opt.bad_{args[0].strip('-')}", rc == 2 and one_error_line(err) and needle in err,
               f"rc {rc}, stderr {err!r}")
+    # the cuda target is what bin/shardlm-cuda allocates: GPT-2 only, like that trainer
+    rc, out, err = plan("--preset", "llama2-7b", "--target", "cuda")
+    check("opt.cuda_target_gpt2_only", rc == 2 and one_error_line(err) and "--target gpu" in err,
+          f"rc {rc}, stderr {err!r}")
+    rc, j, out, err = plan_json("--preset", "gpt2-124m", "--target", "cuda", "--set", "bf16.enabled=true")
+    check("opt.cuda_target_optimizer_pinned", rc == 0 and j["memory"]["Adam m"]["space"] == "pinned host"
+          and j["memory"]["host staging"]["bytes"] > 0 and j["memory"]["fp32 compute copies"]["bytes"] == 0, err)
 
 
 def check_train_refuses_llama():

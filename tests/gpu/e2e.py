@@ -7,7 +7,8 @@
            N=1 over NCCL, N=2 on one GPU over host-staged MPI
            (SHARDLM_SHARE_GPUS=1), stage 3, fp32 (TF32 off) and bf16; the
            per-step losses agree within 1e-4 (fp32) / 2e-2 (bf16) relative,
-           and the CUDA run's planned device bytes equal its peak
+           the CUDA run's planned bytes equal its peak, and `shardlm plan
+           --target cuda` (run by the CPU build) predicted them exactly
   table    GPT-2 124M and 350M shapes, bf16, T=1024, N=1: shardlm-cuda's
            median tokens/s (steps after the second), MFU against the GPU's
            dense bf16 peak (SHARDLM_PEAK_TFLOPS, default 989 for H100/H200
@@ -101,6 +102,16 @@ def e2e():
             mem = next(r["memory"] for r in gpu if "memory" in r)
             bad = [k for k, v in mem.items() if v["planned"] != v["peak"]]
             ok(f"e2e.{tag}.planned_is_peak", not bad, f"classes {bad}")
+            # the planner's cuda target, computed by the CPU build, is what the CUDA build allocated
+            p = subprocess.run([os.path.join(ROOT, "bin", "shardlm"), "plan", config(f"gpu_{tag}", model, data, 10, 4,
+                                dtype), "--ranks", str(N), "--target", "cuda", "--json"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, env=ENV)
+            try:
+                plan = json.loads(p.stdout.decode().strip().splitlines()[-1])["memory"]
+                diff = [k for k, v in mem.items() if plan.get(k, {}).get("bytes", 0) != v["peak"]]
+            except (ValueError, KeyError, IndexError):
+                diff = ["no plan: " + p.stdout.decode()[-200:]]
+            ok(f"e2e.{tag}.plan_cuda_target_is_peak", not diff, f"classes {diff}")
 
 
 def flops_per_token(L, C, Vp, T):
