@@ -703,8 +703,8 @@ extern "C" void *backend_mem_alloc(enum mem_space space, size_t bytes, const cha
                    space == SPACE_DEVICE ? ", the GPU has free " : "",
                    space == SPACE_DEVICE ? plan_format_bytes((double)free_bytes, f, sizeof f) : "");
     }
-    if (space == SPACE_DEVICE)
-        cudaCheck(cudaMemset(p, 0, n));
+    if (space == SPACE_DEVICE) /* on the kernels' stream: a non-blocking stream does not wait for the default one */
+        cudaCheck(cudaMemsetAsync(p, 0, n, g_stream));
     else
         memset(p, 0, n);
     return p;

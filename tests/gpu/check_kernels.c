@@ -46,6 +46,8 @@ static void *to_device(const void *host, size_t bytes)
     void *d = NULL;
     if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess || cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice))
         fprintf(stderr, "check_kernels: cudaMalloc/cudaMemcpy failed\n"), exit(1);
+    /* the backend's stream does not wait for the default stream: finish the copy first */
+    cudaDeviceSynchronize();
     return d;
 }
 
@@ -55,6 +57,7 @@ static float *poisoned(size_t n)
     float *d = NULL;
     if (cudaMalloc((void **)&d, n * sizeof *d) != cudaSuccess || cudaMemset(d, 0xFF, n * sizeof *d) != cudaSuccess)
         fprintf(stderr, "check_kernels: cudaMalloc failed\n"), exit(1);
+    cudaDeviceSynchronize(); /* poisoned before any kernel of the backend's stream writes it */
     return d;
 }
 
@@ -123,6 +126,7 @@ static float *act_poisoned(size_t n)
     float *d = NULL;
     if (cudaMalloc((void **)&d, act_bytes(n)) != cudaSuccess || cudaMemset(d, 0xFF, act_bytes(n)) != cudaSuccess)
         fprintf(stderr, "check_kernels: cudaMalloc failed\n"), exit(1);
+    cudaDeviceSynchronize();
     return d;
 }
 
@@ -304,6 +308,7 @@ int main(void)
     check_value("all_finite_true", backend_all_finite(d_inp, NC) == 1, "reported a non-finite value");
     float inf = INFINITY;
     cudaMemcpy(d_inp + NC / 3, &inf, 4, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
     check_value("all_finite_false", backend_all_finite(d_inp, NC) == 0, "missed an inf");
     backend_zero(d_inp, NC);
     check_value("zero", backend_sum_squares(d_inp, NC) == 0.0, "not all zero");
