@@ -44,6 +44,11 @@ static double *g_partials;   /* device: per-block partial sums */
 static double *g_partials_h; /* pinned host copy */
 static int *g_flag;          /* device: finite check */
 #define MAX_REDUCE_BLOCKS 1024
+/* Column sums over many rows (bias and layernorm gradients) in two fixed-order
+ * stages: row chunks in parallel into g_colsum, then the chunks in order. */
+#define COLSUM_FLOATS (1u << 20)
+#define COLSUM_MAX_CHUNKS 64
+static float *g_colsum;
 
 static cudaEvent_t g_sync_event;
 static double g_sync_timeout = 600.0;     /* SHARDLM_COMM_TIMEOUT, as for MPI collectives */
@@ -103,6 +108,7 @@ extern "C" void backend_init(int threads)
     cudaCheck(cudaMalloc(&g_partials, MAX_REDUCE_BLOCKS * sizeof(double)));
     cudaCheck(cudaMallocHost(&g_partials_h, MAX_REDUCE_BLOCKS * sizeof(double)));
     cudaCheck(cudaMalloc(&g_flag, sizeof(int)));
+    cudaCheck(cudaMalloc(&g_colsum, COLSUM_FLOATS * sizeof(float)));
     cudaCheck(cudaEventCreateWithFlags(&g_sync_event, cudaEventDisableTiming));
     const char *timeout = getenv("SHARDLM_COMM_TIMEOUT");
     if (timeout && atof(timeout) > 0)
@@ -186,16 +192,40 @@ template <typename A> __global__ static void fill_rows(A *out, const A *row, int
         out[i] = row[i % OC];
 }
 
-/* dbias[c] += sum over rows of dout[:, c], in row order. */
-template <typename A> __global__ static void column_sums(float *dbias, const A *dout, int N, int OC)
+/* Row chunks for `sums` column sums of `cols` columns each over N rows: as many as
+ * fit g_colsum (at most COLSUM_MAX_CHUNKS), a function of the shapes only. */
+static int colsum_chunks(int N, int cols, int sums)
+{
+    int chunks = (int)(COLSUM_FLOATS / ((size_t)cols * sums));
+    chunks = chunks < COLSUM_MAX_CHUNKS ? chunks : COLSUM_MAX_CHUNKS;
+    chunks = chunks < N ? chunks : N;
+    return chunks > 0 ? chunks : 1;
+}
+
+/* Stage 1: partial[chunk][c] = sum of dout[:, c] over the chunk's rows, in row order. */
+template <typename A>
+__global__ static void column_sums_partial(float *partial, const A *dout, int N, int OC, int chunks)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    if (c >= OC)
+        return;
+    int r0 = (int)((long)N * chunk / chunks), r1 = (int)((long)N * (chunk + 1) / chunks);
+    float s = 0.0f;
+    for (int i = r0; i < r1; i++)
+        s += ld(dout, (size_t)i * OC + c);
+    partial[(size_t)chunk * OC + c] = s;
+}
+
+/* Stage 2: dst[c] += the chunks' partials in chunk order. */
+__global__ static void column_sums_finish(float *dst, const float *partial, int OC, int chunks)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= OC)
         return;
     float s = 0.0f;
-    for (int i = 0; i < N; i++)
-        s += ld(dout, (size_t)i * OC + c);
-    dbias[c] += s;
+    for (int k = 0; k < chunks; k++)
+        s += partial[(size_t)k * OC + c];
+    dst[c] += s;
 }
 
 extern "C" void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
@@ -216,8 +246,12 @@ extern "C" void backend_matmul_backward(float *dinp, float *dweight, float *dbia
     if (dinp)
         gemm(CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, 1.0f, weight, OC, dout, OC, 0.0f, dinp, C, 0);
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, OC, 1);
-    if (dbias)
-        WITH_ACT(column_sums<A><<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, (const A *)dout, N, OC));
+    if (dbias) {
+        int chunks = colsum_chunks(N, OC, 1);
+        dim3 grid((OC + BLOCK - 1) / BLOCK, chunks);
+        WITH_ACT(column_sums_partial<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, N, OC, chunks));
+        column_sums_finish<<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_colsum, OC, chunks);
+    }
 }
 
 extern "C" void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C,
@@ -300,22 +334,24 @@ __global__ static void layernorm_backward_input(float *dinp, const A *dout, cons
     }
 }
 
-/* dweight[c] += sum_rows dout * norm, dbias[c] += sum_rows dout; one thread per column, rows in order. */
+/* Stage 1 of dweight[c] += sum_rows dout * norm and dbias[c] += sum_rows dout:
+ * per row chunk, in row order, into partial[chunk][c] and partial[chunks + chunk][c]. */
 template <typename A>
-__global__ static void layernorm_backward_params(float *dweight, float *dbias, const A *dout, const float *inp,
-                                                 const float *mean, const float *rstd, int N, int C)
+__global__ static void layernorm_backward_params(float *partial, const A *dout, const float *inp, const float *mean,
+                                                 const float *rstd, int N, int C, int chunks)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
     if (c >= C)
         return;
+    int r0 = (int)((long)N * chunk / chunks), r1 = (int)((long)N * (chunk + 1) / chunks);
     float dw = 0.0f, db = 0.0f;
-    for (int i = 0; i < N; i++) {
+    for (int i = r0; i < r1; i++) {
         float dy = ld(dout, (size_t)i * C + c);
         dw += dy * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
         db += dy;
     }
-    dweight[c] += dw;
-    dbias[c] += db;
+    partial[(size_t)chunk * C + c] = dw;
+    partial[(size_t)(chunks + chunk) * C + c] = db;
 }
 
 extern "C" void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -327,9 +363,14 @@ extern "C" void backend_layernorm_backward(float *dinp, float *dweight, float *d
     WITH_ACT({
         layernorm_backward_input<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
             dinp, (const A *)dout, inp, (const A *)weight, mean, rstd, N, C);
-        layernorm_backward_params<A><<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dweight, dbias, (const A *)dout,
-                                                                                      inp, mean, rstd, N, C);
     });
+    int chunks = colsum_chunks(N, C, 2);
+    dim3 grid((C + BLOCK - 1) / BLOCK, chunks);
+    WITH_ACT(layernorm_backward_params<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, inp, mean, rstd, N,
+                                                                         C, chunks));
+    column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dweight, g_colsum, C, chunks);
+    column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_colsum + (size_t)chunks * C, C,
+                                                                         chunks);
 }
 
 extern "C" size_t backend_layernorm_scratch(int C)
@@ -468,62 +509,59 @@ __global__ static void softmax_backward(A *dpre, const float *datt, const A *att
         st(dpre, at + j, j <= i ? scale * ld(att, at + j) * (datt[at + j] - dot) : 0.0f);
 }
 
-/* Scores in fp32 one head at a time (scratch: T*T floats), probabilities [A]
- * into att; then out = att v for all heads of a batch row at once. */
+/* Per sequence b, for all heads at once: fp32 scores into scratch (NH T T
+ * floats), softmax in fp32, probabilities [A] into att, then out = att v. */
 extern "C" void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T,
                                           int C, int NH)
 {
     int hs = C / NH, ld3 = 3 * C, rows_per_block = BLOCK / WARP;
-    float scale = 1.0f / sqrtf((float)hs);
+    float scale = 1.0f / sqrtf((float)hs), zero = 0.0f;
+    const long long tt = (long long)T * T;
     const cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
     for (int b = 0; b < B; b++) {
         const void *q = act_at(qkv, (size_t)b * T * ld3), *k = act_at(q, C), *v = act_at(q, 2 * C);
         void *a = act_at(att, (size_t)b * NH * T * T);
-        for (int h = 0; h < NH; h++) {
-            /* scores (T, T) row-major = q_h k_h^T: column-major scores^T = K_h^T Q_h, fp32 out */
-            float alpha = scale, beta = 0.0f;
-            cublasCheck(cublasGemmEx(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &alpha, act_at(k, h * hs),
-                                     act_type(), ld3, act_at(q, h * hs), act_type(), ld3, &beta, scratch, CUDA_R_32F,
-                                     T, compute, CUBLAS_GEMM_DEFAULT));
-            WITH_ACT(causal_softmax<A><<<(T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-                (A *)act_at(a, (size_t)h * T * T), scratch, T, T, 0));
-        }
+        /* scores[h] (T, T) row-major = q_h k_h^T: column-major scores^T = K_h^T Q_h, fp32 out */
+        cublasCheck(cublasGemmStridedBatchedEx(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, k, act_type(),
+                                               ld3, hs, q, act_type(), ld3, hs, &zero, scratch, CUDA_R_32F, T, tt,
+                                               NH, compute, CUBLAS_GEMM_DEFAULT));
+        WITH_ACT(causal_softmax<A><<<(NH * T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+            (A *)a, scratch, NH * T, T, 0));
         /* out[:, h] (T, hs) = att[h] v[h]: column-major out^T = V^T att^T */
-        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, ld3, hs, a, T, (long long)T * T, 0.0f,
+        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, ld3, hs, a, T, tt, 0.0f,
                      act_at(out, (size_t)b * T * C), C, hs, NH);
     }
 }
 
-/* Per head: datt = dout v^T in fp32 (scratch), dpre in [A] (after the fp32
- * part of scratch: backend_attention_scratch(T) = 1.5 T^2 floats). */
+/* Per sequence, all heads at once: datt = dout v^T in fp32 (scratch), dpre
+ * in [A] after it (in place when [A] is fp32). */
 extern "C" void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                            float *scratch, int B, int T, int C, int NH)
 {
     int hs = C / NH, ld3 = 3 * C, rows_per_block = BLOCK / WARP;
-    float scale = 1.0f / sqrtf((float)hs);
+    float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
+    const long long tt = (long long)T * T;
     const cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
-    void *dpre = g_act == DTYPE_F32 ? (void *)scratch : (void *)(scratch + (size_t)T * T);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            const void *q = act_at(qkv, (size_t)b * T * ld3 + h * hs), *k = act_at(q, C), *v = act_at(q, 2 * C);
-            const void *a = act_at(att, ((size_t)b * NH + h) * T * T), *dy = act_at(dout, (size_t)b * T * C + h * hs);
-            void *dq = act_at(dqkv, (size_t)b * T * ld3 + h * hs), *dk = act_at(dq, C), *dv = act_at(dq, 2 * C);
-            /* datt = dout v^T (fp32 out) */
-            float one = 1.0f, zero = 0.0f;
-            cublasCheck(cublasGemmEx(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v, act_type(), ld3, dy,
-                                     act_type(), C, &zero, scratch, CUDA_R_32F, T, compute, CUBLAS_GEMM_DEFAULT));
-            /* dv = att^T dout */
-            gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy, C, a, T, 0.0f, dv, ld3, 0);
-            WITH_ACT(softmax_backward<A><<<(T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-                (A *)dpre, scratch, (const A *)a, T, T, scale));
-            /* dq = dpre k; dk = dpre^T q */
-            gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, ld3, dpre, T, 0.0f, dq, ld3, 0);
-            gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, ld3, dpre, T, 0.0f, dk, ld3, 0);
-        }
+    void *dpre = g_act == DTYPE_F32 ? (void *)scratch : (void *)(scratch + (size_t)NH * T * T);
+    for (int b = 0; b < B; b++) {
+        const void *q = act_at(qkv, (size_t)b * T * ld3), *k = act_at(q, C), *v = act_at(q, 2 * C);
+        const void *a = act_at(att, (size_t)b * NH * T * T), *dy = act_at(dout, (size_t)b * T * C);
+        void *dq = act_at(dqkv, (size_t)b * T * ld3), *dk = act_at(dq, C), *dv = act_at(dq, 2 * C);
+        /* datt[h] = dout_h v_h^T (fp32 out) */
+        cublasCheck(cublasGemmStridedBatchedEx(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v, act_type(), ld3,
+                                               hs, dy, act_type(), C, hs, &zero, scratch, CUDA_R_32F, T, tt, NH,
+                                               compute, CUBLAS_GEMM_DEFAULT));
+        /* dv[h] = att_h^T dout_h */
+        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy, C, hs, a, T, tt, 0.0f, dv, ld3, hs, NH);
+        WITH_ACT(softmax_backward<A><<<(NH * T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+            (A *)dpre, scratch, (const A *)a, NH * T, T, scale));
+        /* dq[h] = dpre_h k_h; dk[h] = dpre_h^T q_h */
+        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, ld3, hs, dpre, T, tt, 0.0f, dq, ld3, hs, NH);
+        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, ld3, hs, dpre, T, tt, 0.0f, dk, ld3, hs, NH);
+    }
 }
 
-/* fp32 scores or datt of one head, then (half activations) dpre in [A]. */
-extern "C" size_t backend_attention_scratch(int T) { return BACKEND_CUDA_ATTENTION_SCRATCH(T); }
+extern "C" size_t backend_attention_scratch(int T, int NH) { return BACKEND_CUDA_ATTENTION_SCRATCH(T, NH); }
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 
@@ -539,21 +577,32 @@ __global__ static void embedding_forward_kernel(float *out, const int32_t *token
     }
 }
 
-/* One thread per channel walks the tokens in order: a fixed summation order, no atomics. */
-__global__ static void embedding_backward_kernel(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                                                 int B, int T, int C)
+/* dwpe[t][c] += sum over b of dout[b][t][c], b in order; one thread per (t, c). */
+__global__ static void embedding_backward_wpe(float *dwpe, const float *dout, int B, int T, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
-    for (int t = 0; t < T; t++) {
+    size_t n = (size_t)T * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float s = 0.0f;
         for (int b = 0; b < B; b++)
-            s += dout[((size_t)b * T + t) * C + c];
-        dwpe[(size_t)t * C + c] += s;
+            s += dout[(size_t)b * n + i];
+        dwpe[i] += s;
     }
-    for (size_t bt = 0; bt < (size_t)B * T; bt++)
-        dwte[(size_t)tokens[bt] * C + c] += dout[bt * C + c];
+}
+
+/* dwte[token][c] += dout[bt][c], tokens in order. Thread (c, part) owns the
+ * tokens with token % parts == part, so every row is added to by one thread,
+ * in token order: a fixed order, no atomics, parts x C threads at work. */
+#define WTE_PARTS 64
+__global__ static void embedding_backward_wte(float *dwte, const float *dout, const int32_t *tokens, int BT, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, part = blockIdx.y;
+    if (c >= C)
+        return;
+    for (int bt = 0; bt < BT; bt++) {
+        int tok = tokens[bt];
+        if (tok % WTE_PARTS == part)
+            dwte[(size_t)tok * C + c] += dout[(size_t)bt * C + c];
+    }
 }
 
 extern "C" void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
@@ -566,7 +615,9 @@ extern "C" void backend_embedding_forward(float *out, const int32_t *tokens, con
 extern "C" void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
                                            int T, int C)
 {
-    embedding_backward_kernel<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dwte, dwpe, dout, tokens, B, T, C);
+    embedding_backward_wpe<<<blocks_for((size_t)T * C, BLOCK), BLOCK, 0, g_stream>>>(dwpe, dout, B, T, C);
+    dim3 grid((C + BLOCK - 1) / BLOCK, WTE_PARTS);
+    embedding_backward_wte<<<grid, BLOCK, 0, g_stream>>>(dwte, dout, tokens, B * T, C);
 }
 
 /* ---- cross-entropy --------------------------------------------------------------------------- */

@@ -87,15 +87,17 @@ void backend_add_act(float *out, const float *a, const float *b, size_t n);
  * qkv [A] (B, T, 3C): q, k, v concatenated as GPT-2's c_attn produces them;
  * att [A] (B, NH, T, T): softmax probabilities, computed in fp32 (kept for
  * backward; upper triangle zero); out [A] (B, T, C);
- * scratch: backend_attention_scratch(T) floats. */
+ * scratch: backend_attention_scratch(T, NH) floats. */
 void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH);
-/* dqkv [A] (B, T, 3C) overwritten; dout [A], qkv [A], att [A]. scratch: backend_attention_scratch(T) floats. */
+/* dqkv [A] (B, T, 3C) overwritten; dout [A], qkv [A], att [A]. scratch: backend_attention_scratch(T, NH) floats. */
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                 float *scratch, int B, int T, int C, int NH);
-size_t backend_attention_scratch(int T);
-/* The CUDA backend's: one head's fp32 scores, then its [A] gradients (the
- * planner uses it to plan the CUDA build from any build). */
-#define BACKEND_CUDA_ATTENTION_SCRATCH(T) ((size_t)(T) * (size_t)(T) + ((size_t)(T) * (size_t)(T) + 1) / 2)
+size_t backend_attention_scratch(int T, int NH);
+/* The CUDA backend's: the fp32 scores of every head of one sequence, then
+ * their [A] gradients (the planner uses it to plan the CUDA build from any
+ * build). */
+#define BACKEND_CUDA_ATTENTION_SCRATCH(T, NH)                                    \
+    ((size_t)(NH) * (size_t)(T) * (size_t)(T) + ((size_t)(NH) * (size_t)(T) * (size_t)(T) + 1) / 2)
 
 /* out (B, T, C) = wte [A] [tokens] + wpe [A] [position] */
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,

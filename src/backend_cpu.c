@@ -266,7 +266,11 @@ void backend_add(float *out, const float *a, const float *b, size_t n)
         out[i] = a[i] + b[i];
 }
 
-size_t backend_attention_scratch(int T) { return (size_t)omp_get_max_threads() * (size_t)T * (size_t)T; }
+size_t backend_attention_scratch(int T, int NH)
+{
+    (void)NH; /* one (T, T) matrix per thread */
+    return (size_t)omp_get_max_threads() * (size_t)T * (size_t)T;
+}
 
 void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH)
 {

@@ -16,7 +16,7 @@ static int act_is_half(void) { return plan_act_dtype() != DTYPE_F32; }
 
 static size_t scratch_floats(const struct model *m, int T)
 {
-    size_t att = plan_attention_scratch(T), ln = plan_layernorm_scratch(m->cfg.n_embd);
+    size_t att = plan_attention_scratch(T, m->cfg.n_head), ln = plan_layernorm_scratch(m->cfg.n_embd);
     return att > ln ? att : ln;
 }
 

@@ -180,9 +180,9 @@ int plan_device(void) { return g_as_cuda.on || backend_is_device(); }
 
 enum dtype plan_act_dtype(void) { return g_as_cuda.on ? g_as_cuda.act : backend_act_dtype(); }
 
-size_t plan_attention_scratch(int T)
+size_t plan_attention_scratch(int T, int NH)
 {
-    return g_as_cuda.on ? BACKEND_CUDA_ATTENTION_SCRATCH(T) : backend_attention_scratch(T);
+    return g_as_cuda.on ? BACKEND_CUDA_ATTENTION_SCRATCH(T, NH) : backend_attention_scratch(T, NH);
 }
 
 size_t plan_layernorm_scratch(int C) { return g_as_cuda.on ? 0 : backend_layernorm_scratch(C); }
@@ -214,7 +214,7 @@ void plan_compute_for(struct mem_plan *p, const struct model *m, const struct co
     } else if (m->cfg.tied_head) {
         gpt2_plan(m, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
     } else {
-        size_t att = plan_attention_scratch(cfg->data.seq_len), ln = plan_layernorm_scratch(m->cfg.n_embd);
+        size_t att = plan_attention_scratch(cfg->data.seq_len, m->cfg.n_head), ln = plan_layernorm_scratch(m->cfg.n_embd);
         struct act_layout cpu = {sizeof(float), true, (att > ln ? att : ln) * sizeof(float)};
         shape_plan(m, &cpu, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
     }

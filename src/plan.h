@@ -50,7 +50,7 @@ enum plan_target { PLAN_TARGET_CPU = 0, PLAN_TARGET_GPU, PLAN_TARGET_CUDA };
  * plan_compute_for plans the CUDA target from another build. */
 int plan_device(void);
 enum dtype plan_act_dtype(void);
-size_t plan_attention_scratch(int T);
+size_t plan_attention_scratch(int T, int NH);
 size_t plan_layernorm_scratch(int C);
 
 /* The plan of the running trainer (the CPU target's code, on its backend). */

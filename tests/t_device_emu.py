@@ -147,7 +147,8 @@ def check_cuda_plan(tag, cfg, run_memory, f32_acts):
     except (ValueError, KeyError, IndexError):
         check(f"plan.{tag}", False, " | ".join(lines[-3:]))
         return
-    cuda_scratch = arena_round(4 * (T * T + (T * T + 1) // 2))
+    NH = MODEL["n_head"]
+    cuda_scratch = arena_round(4 * (NH * T * T + (NH * T * T + 1) // 2))
     cpu_scratch = arena_round(4 * max(T * T, 2 * MODEL["n_embd"]))
     bad = []
     for k, v in run_memory.items():

@@ -229,7 +229,7 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag)
     size_t nqkv = (size_t)N * 3 * C, natt = (size_t)B * NH * T * T;
     float *qkv = act_round(host_random(nqkv, 1), nqkv), *d_qkv = act_to_device(qkv, nqkv);
     float *att = malloc(natt * 4), *d_att = act_poisoned(natt), *aout = malloc(NC * 4), *d_aout = act_poisoned(NC);
-    float *d_fscratch = poisoned(backend_attention_scratch(T));
+    float *d_fscratch = poisoned(backend_attention_scratch(T, NH));
     cpu_attention_forward(aout, att, qkv, NULL, B, T, C, NH);
     backend_attention_forward(d_aout, d_att, d_qkv, d_fscratch, B, T, C, NH);
     compare_act(named("attention_forward_out"), aout, d_aout, NC, tol);
@@ -239,7 +239,8 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag)
     cudaFree(d_att);
     d_att = act_to_device(att, natt);
     float *dqkv = malloc(nqkv * 4), *d_dqkv = act_poisoned(nqkv);
-    float *ascratch = malloc((cpu_attention_scratch(T) + 1) * 4), *d_ascratch = poisoned(backend_attention_scratch(T) + 1);
+    float *ascratch = malloc((cpu_attention_scratch(T, NH) + 1) * 4);
+    float *d_ascratch = poisoned(backend_attention_scratch(T, NH) + 1);
     cpu_attention_backward(dqkv, lndout, qkv, att, ascratch, B, T, C, NH);
     backend_attention_backward(d_dqkv, d_lndout, d_qkv, d_att, d_ascratch, B, T, C, NH);
     compare_act(named("attention_backward"), dqkv, d_dqkv, nqkv, tol);

@@ -551,7 +551,7 @@ static void test_attention(int B, int T, int C, int NH, uint64_t *rng)
     attention_objective(&a, out);
     double *att = copy_tensor(a.att, n_att);
     double *dqkv = filled_tensor(n_qkv, OVERWRITE_SENTINEL);
-    double *scratch = xmalloc(f64_attention_scratch(T) * sizeof *scratch);
+    double *scratch = xmalloc(f64_attention_scratch(T, NH) * sizeof *scratch);
     f64_attention_backward(dqkv, w, a.qkv, att, scratch, B, T, C, NH);
 
     struct objective obj = {attention_objective, &a, w, n_out};
@@ -560,7 +560,7 @@ static void test_attention(int B, int T, int C, int NH, uint64_t *rng)
 
     float *qkv_f = narrow(a.qkv, n_qkv), *w_f = narrow(w, n_out), *out_f = xmalloc(n_out * sizeof *out_f);
     float *att_f = xmalloc(n_att * sizeof *att_f), *dqkv_f = xmalloc(n_qkv * sizeof *dqkv_f);
-    float *scratch_f = xmalloc(backend_attention_scratch(T) * sizeof *scratch_f);
+    float *scratch_f = xmalloc(backend_attention_scratch(T, NH) * sizeof *scratch_f);
     for (size_t i = 0; i < n_qkv; i++)
         dqkv_f[i] = (float)OVERWRITE_SENTINEL;
     backend_attention_forward(out_f, att_f, qkv_f, NULL, B, T, C, NH);
