@@ -60,7 +60,8 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
     a->T = T;
     a->interval = interval;
     a->n_sets = interval > 0 ? interval : (int)L;
-    const size_t ae = (size_t)dtype_size(backend_act_dtype());
+    /* the same device facts as gpt2_plan, so the allocation is the plan */
+    const size_t ae = (size_t)dtype_size(plan_act_dtype());
     a->half = act_is_half();
 #define ALLOC(cls, n) arena_alloc(dev, mem, cls, (n) * sizeof(float), 1)
 #define ALLOC_ACT(cls, n) arena_alloc(dev, mem, cls, (n) * ae, 1)
@@ -115,7 +116,7 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
 #undef ALLOC_ACT
     a->dev_inputs = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
     a->dev_targets = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
-    if (backend_is_device()) {
+    if (plan_device()) {
         struct arena *pinned = &arenas[SPACE_PINNED];
         a->inputs = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(int32_t), 1);
         a->targets = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(int32_t), 1);
