@@ -49,6 +49,22 @@ shardlm_print_allocation() {
   echo "binary       $1"
 }
 
+# shardlm_requeue JOBID: scontrol requeue, tried 5 times 5 s apart
+# (SHARDLM_REQUEUE_PAUSE seconds), since a busy slurmctld may not answer the
+# first time (the checkpoint is saved; a lost requeue would leave the job
+# finished and the run stopped).
+shardlm_requeue() {
+  local try pause=${SHARDLM_REQUEUE_PAUSE:-5}
+  for try in 1 2 3 4 5; do
+    scontrol requeue "$1" && return 0
+    if [ "$try" -lt 5 ]; then
+      shardlm_log "scontrol requeue $1 failed (try $try of 5); again in $pause s"
+      sleep "$pause"
+    fi
+  done
+  return 1
+}
+
 shardlm_job() {
   local bin=$1 status
   shift
@@ -70,7 +86,8 @@ shardlm_job() {
     0) shardlm_log "training done" ;;
     3)
       shardlm_log "stopped early with a checkpoint (exit status 3): requeueing job $SLURM_JOB_ID"
-      scontrol requeue "$SLURM_JOB_ID" || shardlm_log "scontrol requeue failed: resubmit by hand, it resumes"
+      shardlm_requeue "$SLURM_JOB_ID" ||
+        shardlm_log "scontrol requeue failed 5 times: resubmit the job by hand, it resumes"
       ;;
     2) shardlm_log "bad input (exit status 2): not requeued; fix the config or data named above" ;;
     *) shardlm_log "failed (exit status $status): not requeued" ;;

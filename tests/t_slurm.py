@@ -13,6 +13,9 @@ checkout and SHARDLM_BIN at the binary under test; the node advertises 8 CPUs,
 so several jobs run at once.
 
 Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
+  requeue_retry.*
+              jobs/lib.sh's shardlm_requeue with a fake scontrol that fails 2 (9) times:
+              succeeds on the 3rd try (gives up with status 1 after 5)
   cluster.*   start.sh brings the node up (idle); stop.sh leaves no daemon of its own
   sbatch2.*, sbatch4.*
               jobs/cpu.sbatch with --ntasks 2 and 4, 20 steps: COMPLETED 0:0, the
@@ -44,8 +47,10 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
               tiny config: COMPLETED 0:0, 10 metrics steps. (The 70B template's own
               config needs the Llama model of a later issue.)
 
-The whole test takes about 45 s on the 2-core development machine (start 3.5 s; the
-time-limit job waits for slurmctld's 30-s timer).
+The whole test takes about 50 s on the 2-core development machine (start 3.5 s; the
+time-limit job waits for slurmctld's 30-s timer). Client commands are retried while
+slurmctld does not answer (see slurm()); the cluster keeps its state on /dev/shm
+(tools/slurm-local/common.sh), where slurmctld's fsyncs do not wait for a busy disk.
 """
 import json
 import os
@@ -85,6 +90,30 @@ def run(cmd, timeout=60, **kw):
                           text=True, timeout=timeout, **kw)
 
 
+# What Slurm's client commands print when slurmctld did not answer in time.
+SLURM_NO_ANSWER = ("socket error", "Socket timed out", "Unable to contact", "Zero Bytes", "Connection refused")
+SLURM_PATIENCE = 90    # seconds a client command is retried while slurmctld does not answer
+
+
+def slurm(*cmd):
+    """Runs an idempotent Slurm client command (scontrol, scancel, sinfo), again while
+    slurmctld does not answer; a machine busy with I/O held it for over 20 s in CI
+    before its state moved to tmpfs. Gives up after SLURM_PATIENCE seconds."""
+    deadline = time.time() + SLURM_PATIENCE
+    while True:
+        try:
+            out = run(list(cmd), timeout=30)
+            if out.returncode == 0 or not any(e in out.stdout for e in SLURM_NO_ANSWER):
+                return out
+            why = out.stdout.strip()
+        except subprocess.TimeoutExpired:
+            why = "no answer within 30 s"
+        if time.time() > deadline:
+            raise RuntimeError(f"{' '.join(cmd)}: slurmctld did not answer for {SLURM_PATIENCE} s: {why}")
+        note(f"{' '.join(cmd)}: {why}; again in 1 s")
+        time.sleep(1)
+
+
 def write_config(name, batch=16, **train):
     """A tiny config whose checkpoints and metrics are named after NAME."""
     cfg = {
@@ -113,7 +142,7 @@ def sbatch(script, config, *sbatch_opts):
 
 
 def job_fields(job):
-    out = run(["scontrol", "show", "job", "-o", job], timeout=20).stdout
+    out = slurm("scontrol", "show", "job", "-o", job).stdout
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
@@ -201,7 +230,7 @@ def release(job):
         time.sleep(0.2)
     time.sleep(2)
     while time.time() < deadline:
-        run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+        slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
         for _ in range(10):
             if job_fields(job).get("JobState") != "PENDING":
                 return
@@ -224,7 +253,7 @@ def test_preemption(job, reference_job):
         if time.time() > deadline:
             raise RuntimeError(f"job {job} wrote no step: {log_of(job)[-800:]}")
         time.sleep(0.05)
-    sent = run(["scancel", "-s", "USR1", job])
+    sent = slurm("scancel", "-s", "USR1", job)
     note(f"scancel -s USR1 {job}: status {sent.returncode} {sent.stdout.strip()}")
     fields = wait_job(job, until=("PENDING",), restarts=1)
     log = log_of(job)
@@ -274,7 +303,7 @@ def test_time_limit(job):
     and the job requeues. Then it is cancelled (every run would be signalled again)."""
     fields = wait_job(job, until=("PENDING",), restarts=1)
     log = log_of(job)
-    run(["scancel", job])
+    slurm("scancel", job)
     m = re.search(r"^step +(\d+) \| stopped by SIGUSR1 after saving a checkpoint", log, re.M)
     check("timelimit.signalled_and_requeued", m is not None and fields.get("Restarts") == "1"
           and f"requeueing job {job}" in log, f"Restarts={fields.get('Restarts')}; log tail: {log[-800:]}")
@@ -295,13 +324,38 @@ def test_bad_config(job, key):
     check("badconfig.fails_fast", h * 3600 + mnt * 60 + s <= 30, f"RunTime {run_time}")
 
 
+def test_requeue_retries():
+    """jobs/lib.sh's shardlm_requeue against a fake scontrol that fails its first
+    FAILS calls: it must try again (5 tries in all) and report failure only after 5."""
+    fake_dir = os.path.join(TMP, "fake-bin")
+    os.makedirs(fake_dir, exist_ok=True)
+    calls = os.path.join(TMP, "fake-scontrol.calls")
+    with open(os.path.join(fake_dir, "scontrol"), "w") as f:
+        f.write(f'#!/bin/bash\necho "$*" >>{calls}\n'
+                f'[ "$(wc -l <{calls})" -gt "$FAILS" ] || {{ echo "socket error" >&2; exit 1; }}\n')
+    os.chmod(os.path.join(fake_dir, "scontrol"), 0o755)
+    for fails, want_status, want_calls in ((2, 0, 3), (9, 1, 5)):
+        if os.path.exists(calls):
+            os.remove(calls)
+        env = dict(JOB_ENV, PATH=fake_dir + ":" + JOB_ENV.get("PATH", ""), FAILS=str(fails),
+                   SHARDLM_REQUEUE_PAUSE="0.1")
+        out = subprocess.run(["bash", "-c", f"source {JOBS}/lib.sh; shardlm_requeue 42"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+        with open(calls) as f:
+            seen = f.read().split("\n")[:-1]
+        check(f"requeue_retry.fails_{fails}", out.returncode == want_status and seen == ["requeue 42"] * want_calls
+              and out.stdout.count("failed (try") == min(fails, 4),
+              f"status {out.returncode}, calls {seen}: {out.stdout}")
+
+
 def main():
+    test_requeue_retries()
     if os.geteuid() != 0:
         check("cluster.root", False, "t_slurm starts munged, slurmctld and slurmd: run the tests as root")
         return
     start = subprocess.run(["bash", os.path.join(SLURM_TOOLS, "start.sh")], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, timeout=900)
-    sinfo = run(["sinfo", "-h", "-o", "%T"]).stdout.strip() if start.returncode == 0 else ""
+    sinfo = slurm("sinfo", "-h", "-o", "%T").stdout.strip() if start.returncode == 0 else ""
     check("cluster.starts", start.returncode == 0 and sinfo == "idle",
           f"start.sh status {start.returncode}, node '{sinfo}': {start.stdout[-1500:]}")
     if start.returncode != 0:

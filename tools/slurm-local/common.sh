@@ -9,7 +9,19 @@
 # the munge key and socket (/etc/munge, /run/munge), which the munge client
 # library looks for there.
 
-SLURM_DIR=${SHARDLM_SLURM_DIR:-/tmp/shardlm-slurm}
+# Default: a directory on /dev/shm when that is a writable tmpfs. slurmctld
+# fsyncs its state files and writes its log under locks that every client
+# call waits for; on a disk that other work keeps busy (a test writing
+# checkpoints) that stalled scontrol and scancel for 20 s and more ("Unexpected
+# missing socket error"). On tmpfs nothing waits for the disk.
+default_slurm_dir() {
+  if [ -d /dev/shm ] && [ -w /dev/shm ] && [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ]; then
+    echo /dev/shm/shardlm-slurm
+  else
+    echo /tmp/shardlm-slurm
+  fi
+}
+SLURM_DIR=${SHARDLM_SLURM_DIR:-$(default_slurm_dir)}
 SLURM_ETC=/etc/slurm
 SLURM_CONF_FILE=$SLURM_ETC/slurm.conf
 # First line of the files start.sh writes: a slurm.conf without it belongs

@@ -13,7 +13,7 @@
 # ranks itself. No accounting (sacct does not work: use scontrol show job).
 #
 # Environment: SHARDLM_SLURM_DIR (state, logs, pid files; default
-# /tmp/shardlm-slurm).
+# /dev/shm/shardlm-slurm where /dev/shm is a tmpfs, else /tmp/shardlm-slurm).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tools/slurm-local/common.sh
