@@ -362,9 +362,11 @@ def interrupted_run(name, sig, to_ranks):
             os.kill(p.pid, sig)
         t0 = time.time()
         try:
-            out, err = p.communicate(timeout=30)
+            # Generous: the stop saves a checkpoint and fsyncs it, which a disk kept busy by
+            # other work can hold for tens of seconds (the exit itself takes about 1 s here).
+            out, err = p.communicate(timeout=120)
         except subprocess.TimeoutExpired:
-            check(f"signal.{name}.exit_status_3", False, "still running 30 s after the signal")
+            check(f"signal.{name}.exit_status_3", False, "still running 120 s after the signal")
             return None
         note(f"signal {name}: {signal.Signals(sig).name} after {steps} logged steps; exit {p.returncode} "
              f"after {time.time() - t0:.2f} s")
