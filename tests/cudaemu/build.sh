@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds the CUDA sources against the CPU emulation of the CUDA runtime,
+# cuBLAS and NCCL (tests/cudaemu/README.md), into build/cudaemu/:
+#   check_kernels     tests/gpu/check_kernels.c + the emulated CUDA backend +
+#                     the CPU backend renamed cpu_* (linked as tests/gpu/run.sh does)
+#   shardlm-cudaemu   the trainer: build/src/*.o but the CPU backend (the
+#                     Makefile's CUDA_HOST_OBJS) + the emulated cuda/*.cu
+# Reuses the objects of the normal CPU build (runs `make bin/shardlm` first).
+# Set CUDAEMU_ASAN=1 for an AddressSanitizer build of the emulated code
+# (out-of-bounds kernel accesses to cudaMalloc memory then fault).
+set -eu
+cd "$(dirname "$0")/../.."
+OUT=build/cudaemu
+mkdir -p "$OUT"
+make --no-print-directory bin/shardlm >"$OUT/make.log" 2>&1 || { tail -20 "$OUT/make.log"; exit 1; }
+PC="ompi hdf5-openmpi openblas jansson"
+PC_CFLAGS=$(pkg-config --cflags $PC)
+PC_LIBS=$(pkg-config --libs $PC)
+SAN=""
+[ "${CUDAEMU_ASAN:-0}" = 1 ] && SAN="-fsanitize=address -fno-omit-frame-pointer"
+CXXFLAGS="-std=c++17 -O2 -g $SAN -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -DOMPI_SKIP_MPICXX=1 -iquote src -iquote cuda -I tests/cudaemu/include $PC_CFLAGS"
+pids=()
+# the emulation itself
+for f in cudaemu cublas nccl_mpi; do
+  g++ $CXXFLAGS -c "tests/cudaemu/$f.cc" -o "$OUT/$f.o" & pids+=($!)
+done
+# the real CUDA sources, launches rewritten
+for f in backend_cuda comm_nccl; do
+  python3 tests/cudaemu/rewrite_launches.py "cuda/$f.cu" "$OUT/$f.cc"
+  g++ $CXXFLAGS -x c++ -c "$OUT/$f.cc" -o "$OUT/$f.o" & pids+=($!)
+done
+# the CPU backend renamed cpu_*, and the kernel checker, as tests/gpu/run.sh builds them
+gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT $PC_CFLAGS \
+  -c src/backend_cpu.c -o "$OUT/backend_cpu_renamed.o" & pids+=($!)
+gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu -I tests/cudaemu/include $PC_CFLAGS \
+  -c tests/gpu/check_kernels.c -o "$OUT/check_kernels.o" & pids+=($!)
+for p in "${pids[@]}"; do wait "$p"; done
+EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/nccl_mpi.o $OUT/backend_cuda.o $OUT/comm_nccl.o"
+g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" $EMU \
+  $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
+g++ $SAN -fopenmp $(ls build/src/*.o | grep -v -e '/backend_cpu.o$' -e '/backend_cpu_mem.o$' -e '/backend_cpu_act.o$') \
+  $EMU -o "$OUT/shardlm-cudaemu" $PC_LIBS -lm
+echo "built $OUT/check_kernels $OUT/shardlm-cudaemu"

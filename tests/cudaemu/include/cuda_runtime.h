@@ -1,0 +1,112 @@
+/*
+ * cudaemu — CUDA device code on the CPU (tests/cudaemu/README.md).
+ *
+ * Kernel source compiles as plain C++: __global__/__device__ vanish,
+ * __shared__ becomes static (blocks run one after another in one OS thread),
+ * and threadIdx/blockIdx/blockDim/gridDim are globals the launcher sets each
+ * time it switches to a thread. tests/cudaemu/rewrite_launches.py turns
+ * `k<<<grid, block, smem, stream>>>(args)` into cudaemu_launch(...), which
+ * runs every block of the grid in turn and every thread of a block as a
+ * fiber; __syncthreads() and the warp shuffles are real barriers between the
+ * fibers, and a barrier that cannot complete aborts naming the kernel.
+ */
+#ifndef CUDAEMU_RUNTIME_H
+#define CUDAEMU_RUNTIME_H
+
+#include "cuda_runtime_api.h"
+#include "library_types.h"
+
+#ifdef __cplusplus
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __shared__ static
+#define __restrict__ __restrict
+
+struct uint3 {
+    unsigned int x, y, z;
+};
+struct dim3 {
+    unsigned int x, y, z;
+    dim3(unsigned int vx = 1, unsigned int vy = 1, unsigned int vz = 1) : x(vx), y(vy), z(vz) {}
+};
+
+/* The running emulated thread's coordinates (set by the launcher on every switch). */
+extern uint3 threadIdx, blockIdx;
+extern dim3 blockDim, gridDim;
+constexpr int warpSize = 32;
+
+void cudaemu_syncthreads(const char *file, int line);
+#define __syncthreads() cudaemu_syncthreads(__FILE__, __LINE__)
+
+enum cudaemu_shfl_mode { CUDAEMU_SHFL_IDX, CUDAEMU_SHFL_UP, CUDAEMU_SHFL_DOWN, CUDAEMU_SHFL_XOR, CUDAEMU_SYNCWARP };
+uint64_t cudaemu_warp_exchange(enum cudaemu_shfl_mode mode, unsigned mask, uint64_t bits, int arg, int width);
+
+inline void __syncwarp(unsigned mask = 0xffffffffu) { cudaemu_warp_exchange(CUDAEMU_SYNCWARP, mask, 0, 0, 32); }
+
+template <typename T> inline T cudaemu_shfl(enum cudaemu_shfl_mode mode, unsigned mask, T v, int arg, int width)
+{
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a type of at most 8 bytes");
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof v);
+    bits = cudaemu_warp_exchange(mode, mask, bits, arg, width);
+    T r;
+    memcpy(&r, &bits, sizeof r);
+    return r;
+}
+template <typename T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32)
+{
+    return cudaemu_shfl(CUDAEMU_SHFL_IDX, mask, v, src, width);
+}
+template <typename T> inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32)
+{
+    return cudaemu_shfl(CUDAEMU_SHFL_UP, mask, v, (int)delta, width);
+}
+template <typename T> inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32)
+{
+    return cudaemu_shfl(CUDAEMU_SHFL_DOWN, mask, v, (int)delta, width);
+}
+template <typename T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32)
+{
+    return cudaemu_shfl(CUDAEMU_SHFL_XOR, mask, v, lane_mask, width);
+}
+
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+
+/* Runs the kernel body for every thread of every block; name and site for messages. */
+void cudaemu_launch_impl(const char *name, const char *file, int line, dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, void (*body)(void *), void *ctx);
+
+template <typename F>
+inline void cudaemu_launch(const char *name, const char *file, int line, F &&body, dim3 grid, dim3 block,
+                           size_t smem = 0, cudaStream_t stream = 0)
+{
+    typedef typename std::remove_reference<F>::type Body;
+    cudaemu_launch_impl(name, file, line, grid, block, smem, stream, [](void *c) { (*(Body *)c)(); },
+                        (void *)&body);
+}
+
+/* The runtime's template overloads for typed pointers, as cuda_runtime.h has them. */
+template <typename T> inline cudaError_t cudaMalloc(T **ptr, size_t bytes) { return cudaMalloc((void **)ptr, bytes); }
+template <typename T> inline cudaError_t cudaMallocHost(T **ptr, size_t bytes)
+{
+    return cudaMallocHost((void **)ptr, bytes);
+}
+template <typename T> inline cudaError_t cudaHostAlloc(T **ptr, size_t bytes, unsigned int flags)
+{
+    return cudaHostAlloc((void **)ptr, bytes, flags);
+}
+#endif /* __cplusplus */
+
+#endif
