@@ -396,8 +396,29 @@ extern "C" cudaError_t cudaMemset(void *ptr, int value, size_t bytes) { return c
 
 enum thread_state { T_NEW, T_RUNNABLE, T_WAIT_BLOCK, T_WAIT_WARP, T_DONE };
 
+/* Fiber switches. On x86-64 a six-register switch (no system call: swapcontext
+ * saves the signal mask with one on every switch, which made small kernels
+ * slow); elsewhere ucontext. */
+#if defined(__x86_64__) && !defined(CUDAEMU_UCONTEXT)
+#define FAST_SWITCH 1
+extern "C" void cudaemu_switch(void **save_sp, void *load_sp);
+__asm__(".text\n"
+        ".globl cudaemu_switch\n"
+        ".type cudaemu_switch,@function\n"
+        "cudaemu_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size cudaemu_switch, .-cudaemu_switch\n");
+#else
+#define FAST_SWITCH 0
+#endif
+
 struct emu_thread {
     ucontext_t ctx;
+    void *sp; /* FAST_SWITCH: saved stack pointer */
     void *stack;
     thread_state state;
     uint3 idx;
@@ -412,8 +433,12 @@ struct emu_thread {
 
 static size_t stack_bytes(void)
 {
-    const char *s = getenv("CUDAEMU_STACK_KB");
-    return (s && *s ? (size_t)atoi(s) : 256) * 1024;
+    static size_t bytes;
+    if (!bytes) {
+        const char *s = getenv("CUDAEMU_STACK_KB");
+        bytes = (s && *s ? (size_t)atoi(s) : 256) * 1024;
+    }
+    return bytes;
 }
 
 static std::vector<void *> g_stack_pool;
@@ -445,7 +470,8 @@ struct launch {
 };
 
 static launch g_launch;
-static ucontext_t g_scheduler;
+static ucontext_t g_scheduler __attribute__((unused));
+static void *g_scheduler_sp;
 static emu_thread *g_current;
 
 static void kernel_fail(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
@@ -465,7 +491,12 @@ static void thread_entry(void)
 {
     g_launch.body(g_launch.ctx);
     g_current->state = T_DONE;
-    /* returning resumes uc_link, the scheduler */
+#if FAST_SWITCH
+    void *dead;
+    cudaemu_switch(&dead, g_scheduler_sp); /* never comes back */
+    __builtin_unreachable();
+#endif
+    /* ucontext: returning resumes uc_link, the scheduler */
 }
 
 /* Runs thread t until it ends or waits; gives its stack back when it ends. */
@@ -473,6 +504,22 @@ static void run_thread(emu_thread *t)
 {
     if (t->state == T_NEW) {
         t->stack = stack_get();
+#if FAST_SWITCH
+        /* a frame for cudaemu_switch to pop: six registers, then thread_entry as the return address, entered
+         * with the stack aligned as after a call */
+        uintptr_t top = ((uintptr_t)t->stack + stack_bytes()) & ~(uintptr_t)15;
+        void **sp = (void **)(top - 8);
+        *sp = NULL;                    /* thread_entry's own return address: never used */
+        *--sp = (void *)thread_entry;  /* cudaemu_switch's ret */
+        for (int r = 0; r < 6; r++)
+            *--sp = NULL;
+        t->sp = sp;
+    }
+    t->state = T_RUNNABLE;
+    g_current = t;
+    threadIdx = t->idx;
+    cudaemu_switch(&g_scheduler_sp, t->sp);
+#else
         getcontext(&t->ctx);
         t->ctx.uc_stack.ss_sp = t->stack;
         t->ctx.uc_stack.ss_size = stack_bytes();
@@ -483,6 +530,7 @@ static void run_thread(emu_thread *t)
     g_current = t;
     threadIdx = t->idx;
     swapcontext(&g_scheduler, &t->ctx);
+#endif
     g_current = NULL;
     if (t->state == T_DONE) {
         g_stack_pool.push_back(t->stack);
@@ -493,7 +541,11 @@ static void run_thread(emu_thread *t)
 static void wait_here(void)
 {
     emu_thread *t = g_current;
+#if FAST_SWITCH
+    cudaemu_switch(&t->sp, g_scheduler_sp);
+#else
     swapcontext(&t->ctx, &g_scheduler);
+#endif
     g_current = t;
     threadIdx = t->idx;
 }
