@@ -40,4 +40,6 @@ g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" $EMU \
   $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
 g++ $SAN -fopenmp $(ls build/src/*.o | grep -v -e '/backend_cpu.o$' -e '/backend_cpu_mem.o$' -e '/backend_cpu_act.o$') \
   $EMU -o "$OUT/shardlm-cudaemu" $PC_LIBS -lm
-echo "built $OUT/check_kernels $OUT/shardlm-cudaemu"
+
+g++ $CXXFLAGS tests/cudaemu/selftest.cc "$OUT/cudaemu.o" "$OUT/cublas.o" -o "$OUT/selftest"
+echo "built $OUT/check_kernels $OUT/shardlm-cudaemu $OUT/selftest"

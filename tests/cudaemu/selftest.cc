@@ -1,0 +1,182 @@
+/*
+ * selftest — the emulation's own checks (tests/t_cudaemu.sh): each mode runs
+ * one case; "pass" modes must exit 0, the others must fail with a message
+ * containing their expected text (selftest --expect MODE prints it).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cublas_v2.h"
+#include "cuda_runtime.h"
+
+struct mode {
+    const char *name, *expect;
+    int (*run)(void);
+};
+
+__global__ void divergent_barrier(float *x)
+{
+    if (threadIdx.x < 16)
+        __syncthreads();
+    x[threadIdx.x] = 1.0f;
+    __syncthreads();
+}
+
+__global__ void block_sum(float *out, const float *x)
+{
+    __shared__ float partial[8];
+    float v = x[blockIdx.x * blockDim.x + threadIdx.x];
+    for (int o = 16; o > 0; o /= 2)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0)
+        partial[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / 32; w++)
+            s += partial[w];
+        out[blockIdx.x] = s;
+    }
+}
+
+__global__ void shuffle_after_exit(float *x)
+{
+    if (threadIdx.x == 3)
+        return;
+    x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x[threadIdx.x], 1);
+}
+
+static float *dev(size_t n)
+{
+    float *p;
+    if (cudaMalloc(&p, n * sizeof *p) != cudaSuccess)
+        exit(3);
+    return p;
+}
+
+static int run_block_sum(void)
+{
+    float *x = dev(4 * 256), *out = dev(4);
+    for (int i = 0; i < 4 * 256; i++)
+        x[i] = (float)(i % 7);
+    cudaemu_launch("block_sum", __FILE__, __LINE__, [&] { block_sum(out, x); }, 4, 256);
+    for (int b = 0; b < 4; b++) {
+        float want = 0.0f;
+        for (int i = 0; i < 256; i++)
+            want += (float)((b * 256 + i) % 7);
+        if (out[b] != want)
+            return printf("block %d: %g want %g\n", b, out[b], want), 1;
+    }
+    return 0;
+}
+
+static int run_divergent(void)
+{
+    float *x = dev(64);
+    cudaemu_launch("divergent_barrier", __FILE__, __LINE__, [&] { divergent_barrier(x); }, 1, 64);
+    return 0;
+}
+
+static int run_shuffle_exit(void)
+{
+    float *x = dev(32);
+    cudaemu_launch("shuffle_after_exit", __FILE__, __LINE__, [&] { shuffle_after_exit(x); }, 1, 32);
+    return 0;
+}
+
+static int run_too_many_threads(void)
+{
+    float *x = dev(2048);
+    cudaemu_launch("block_sum", __FILE__, __LINE__, [&] { block_sum(x, x); }, 1, 1056);
+    return 0;
+}
+
+static int run_grid_y(void)
+{
+    float *x = dev(1);
+    cudaemu_launch("block_sum", __FILE__, __LINE__, [&] { block_sum(x, x); }, dim3(1, 65536), 32);
+    return 0;
+}
+
+/* GemmEx against a naive column-major reference, every transpose pair, fp32,
+ * and beta 0 over a NaN-filled C. */
+static int run_gemm(void)
+{
+    cublasHandle_t h;
+    cublasCreate(&h);
+    const int m = 5, n = 4, k = 3, pad = 2;
+    float *A = dev(64), *B = dev(64), *C = dev(64);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int lda = (ta ? k : m) + pad, ldb = (tb ? n : k) + pad, ldc = m + pad;
+            for (int i = 0; i < 64; i++)
+                A[i] = (float)(i % 5) - 2, B[i] = (float)(i % 3) + 0.5f, C[i] = NAN;
+            float alpha = 1.5f, beta = 0.0f;
+            if (cublasGemmEx(h, (cublasOperation_t)ta, (cublasOperation_t)tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B,
+                             CUDA_R_32F, ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                             CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+                return printf("gemm %d%d failed\n", ta, tb), 1;
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < n; j++) {
+                    float want = 0.0f;
+                    for (int l = 0; l < k; l++)
+                        want += (ta ? A[l + i * lda] : A[i + l * lda]) * (tb ? B[j + l * ldb] : B[l + j * ldb]);
+                    want *= alpha;
+                    if (fabsf(C[i + j * ldc] - want) > 1e-5f)
+                        return printf("gemm %d%d C(%d,%d) = %g want %g\n", ta, tb, i, j, C[i + j * ldc], want), 1;
+                }
+        }
+    return 0;
+}
+
+static int run_bad_lda(void)
+{
+    cublasHandle_t h;
+    cublasCreate(&h);
+    float *A = dev(64), *B = dev(64), *C = dev(64), alpha = 1.0f, beta = 0.0f;
+    /* A not transposed is m x k: lda must be >= m = 5 */
+    cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 5, 2, 3, &alpha, A, CUDA_R_32F, 3, B, CUDA_R_32F, 3,
+                                    &beta, C, CUDA_R_32F, 5, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return s == CUBLAS_STATUS_INVALID_VALUE ? 1 : 0;
+}
+
+static int run_gemm_out_of_bounds(void)
+{
+    cublasHandle_t h;
+    cublasCreate(&h);
+    float *A = dev(8), *B = dev(64), *C = dev(64), alpha = 1.0f, beta = 0.0f;
+    cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 2, 3, &alpha, A, CUDA_R_32F, 4, B, CUDA_R_32F, 3,
+                                    &beta, C, CUDA_R_32F, 4, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return s == CUBLAS_STATUS_EXECUTION_FAILED ? 1 : 0;
+}
+
+static const mode g_modes[] = {
+    {"block_sum", "pass", run_block_sum},
+    {"gemm_reference", "pass", run_gemm},
+    {"divergent_syncthreads", "a barrier in divergent code", run_divergent},
+    {"shuffle_with_exited_lane", "has exited", run_shuffle_exit},
+    {"block_of_1056_threads", "at most 1024", run_too_many_threads},
+    {"grid_y_65536", "grid dimensions", run_grid_y},
+    {"gemm_lda_too_small", "lda 3 < max(1, rows of A as stored = 5)", run_bad_lda},
+    {"gemm_operand_past_allocation", "not inside one device allocation", run_gemm_out_of_bounds},
+};
+
+int main(int argc, char **argv)
+{
+    const size_t n = sizeof g_modes / sizeof g_modes[0];
+    if (argc == 2 && strcmp(argv[1], "--list") == 0) {
+        for (size_t i = 0; i < n; i++)
+            printf("%s\n", g_modes[i].name);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (argc == 3 && strcmp(argv[1], "--expect") == 0 && strcmp(argv[2], g_modes[i].name) == 0)
+            return printf("%s\n", g_modes[i].expect), 0;
+        if (argc == 2 && strcmp(argv[1], g_modes[i].name) == 0)
+            return g_modes[i].run();
+    }
+    fprintf(stderr, "usage: selftest --list | --expect MODE | MODE\n");
+    return 2;
+}

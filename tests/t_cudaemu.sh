@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The real CUDA sources (cuda/*.cu) run on the CPU under tests/cudaemu's
+# emulation of the CUDA runtime, cuBLAS and NCCL: builds them
+# (tests/cudaemu/build.sh), runs tests/gpu/check_kernels (its own ok/FAIL
+# lines: every kernel against the CPU backend in fp32, bf16 and fp16), the
+# emulation's self-checks (bad launches, divergent barriers and bad cuBLAS
+# arguments are caught), and end-to-end training, emulated CUDA build
+# against CPU build (tests/cudaemu/e2e.py). No GPU, no nvcc needed: g++ only.
+set -u
+cd "$(dirname "$0")/.."
+ok() { echo "ok $1"; }
+fail() { echo "FAIL $1: $2"; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+TMP=$(mktemp -d "${SHARDLM_TEST_TMP:-/tmp}/t_cudaemu.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+if bash tests/cudaemu/build.sh >"$TMP/build.log" 2>&1; then
+  ok cudaemu.build
+else
+  fail cudaemu.build "$(grep -v '^rewrite' "$TMP/build.log" | tail -4 | tr '\n' ' ')"
+  exit 1
+fi
+env -u SHARDLM_TF32 timeout 120 build/cudaemu/check_kernels >"$TMP/ck.out" 2>"$TMP/ck.err"
+rc=$?
+grep -E '^(ok|FAIL) ' "$TMP/ck.out"
+summary=$(tail -1 "$TMP/ck.out")
+if [ "$rc" -eq 0 ] && [[ "$summary" =~ ^[0-9]+\ passed,\ 0\ failed$ ]]; then
+  ok cudaemu.check_kernels_completed
+else
+  fail cudaemu.check_kernels_completed "exit $rc, last line '$summary', stderr: $(tail -3 "$TMP/ck.err" | tr '\n' ' ')"
+fi
+# the emulation catches what it is there to catch
+for mode in $(build/cudaemu/selftest --list); do
+  rc=$(bash -c 'ulimit -c 0; "$@" >"$0" 2>&1; echo $?' "$TMP/self.out" build/cudaemu/selftest "$mode" 2>/dev/null)
+  want=$(build/cudaemu/selftest --expect "$mode")
+  if [ "$want" = pass ]; then
+    [ "$rc" -eq 0 ] && ok "cudaemu.self.$mode" || fail "cudaemu.self.$mode" "exit $rc: $(tail -2 "$TMP/self.out" | tr '\n' ' ')"
+  else
+    [ "$rc" -ne 0 ] && grep -q -- "$want" "$TMP/self.out" && ok "cudaemu.self.$mode" ||
+      fail "cudaemu.self.$mode" "exit $rc, want a failure saying '$want', got: $(tail -2 "$TMP/self.out" | tr '\n' ' ')"
+  fi
+done
+/usr/bin/python3 tests/cudaemu/e2e.py
