@@ -60,6 +60,8 @@ static const char *(*g_watchdog)(void);   /* comm_nccl: a message when NCCL has 
  * ends the job (fail_internal: the abort hooks abort NCCL and MPI). */
 static void stream_wait(void)
 {
+    /* a launch with a bad configuration is only reported here, by the runtime's last error */
+    cudaCheck(cudaGetLastError());
     cudaCheck(cudaEventRecord(g_sync_event, g_stream));
     double t0 = now_seconds();
     for (unsigned spins = 0;; spins++) {

@@ -40,20 +40,18 @@ fi
 
 gpu_visible=0
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && gpu_visible=1
-bin/shardlm-cuda train input/default.json >"$TMP/out" 2>"$TMP/err"
-rc=$?
-lines=$(grep -c '^shardlm' "$TMP/err")
+# Without a GPU, training stops before anything else with one line and
+# status 2, and so does the kernel checker. (With a GPU both run:
+# tests/gpu/run.sh.)
 if [ "$gpu_visible" = 0 ]; then
-  want="no CUDA device is visible"
-else
-  want="cannot place its buffers in device memory yet"
-fi
-if [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q "$want" "$TMP/err"; then
-  ok cuda.train_without_device_exit2
-else
-  fail cuda.train_without_device_exit2 "rc $rc (want 2), $lines shardlm lines, stderr: $(head -3 "$TMP/err" | tr '\n' ' ')"
-fi
-if [ "$gpu_visible" = 0 ]; then
+  bin/shardlm-cuda train input/default.json >"$TMP/out" 2>"$TMP/err"
+  rc=$?
+  lines=$(grep -c '^shardlm' "$TMP/err")
+  if [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q "no CUDA device is visible" "$TMP/err"; then
+    ok cuda.train_without_device_exit2
+  else
+    fail cuda.train_without_device_exit2 "rc $rc (want 2), $lines shardlm lines, stderr: $(head -3 "$TMP/err" | tr '\n' ' ')"
+  fi
   "$TMP/gpu/check_kernels" >"$TMP/ck.out" 2>"$TMP/ck.err"
   rc=$?
   [ "$rc" -eq 2 ] && grep -q "no CUDA device" "$TMP/ck.err" && ok cuda.checker_without_device_exit2 ||

@@ -11,6 +11,9 @@ cd "$(dirname "$0")/.."
 ok() { echo "ok $1"; }
 fail() { echo "FAIL $1: $2"; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# make test-asan: the emulated CUDA code under AddressSanitizer too (a kernel
+# that reads or writes outside its cudaMalloc block faults)
+[ "${BUILD:-build}" = build-asan ] && export CUDAEMU_ASAN=1
 TMP=$(mktemp -d "${SHARDLM_TEST_TMP:-/tmp}/t_cudaemu.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 if bash tests/cudaemu/build.sh >"$TMP/build.log" 2>&1; then
