@@ -198,6 +198,9 @@ template <typename A> __global__ static void fill_rows(A *out, const A *row, int
  * fit g_colsum (at most COLSUM_MAX_CHUNKS), a function of the shapes only. */
 static int colsum_chunks(int N, int cols, int sums)
 {
+    if ((size_t)cols * sums > COLSUM_FLOATS)
+        fail_internal("column sums over %zu columns exceed the %zu-float buffer", (size_t)cols * sums,
+                      (size_t)COLSUM_FLOATS);
     int chunks = (int)(COLSUM_FLOATS / ((size_t)cols * sums));
     chunks = chunks < COLSUM_MAX_CHUNKS ? chunks : COLSUM_MAX_CHUNKS;
     chunks = chunks < N ? chunks : N;
@@ -454,15 +457,38 @@ extern "C" void backend_zero(float *x, size_t n)
         zero_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(x, n);
 }
 
+/* The device arenas (backend_mem_alloc): a copy between two of them is
+ * ordered on the stream like a kernel and needs no wait by the host. */
+#define MAX_DEVICE_RANGES 64
+static struct {
+    const char *base;
+    size_t bytes;
+} g_device_ranges[MAX_DEVICE_RANGES];
+static int g_n_device_ranges;
+
+static int in_device_arena(const void *p, size_t bytes)
+{
+    const char *c = (const char *)p;
+    for (int i = 0; i < g_n_device_ranges; i++)
+        if (c >= g_device_ranges[i].base && bytes <= g_device_ranges[i].bytes &&
+            (size_t)(c - g_device_ranges[i].base) <= g_device_ranges[i].bytes - bytes)
+            return 1;
+    return 0;
+}
+
 extern "C" void backend_copy(void *dst, const void *src, size_t bytes)
 {
+    if (!bytes)
+        return;
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g_stream));
-    stream_wait();
+    if (!in_device_arena(dst, bytes) || !in_device_arena(src, bytes))
+        stream_wait(); /* host memory: complete on return */
 }
 
 extern "C" void backend_copy_async(void *dst, const void *src, size_t bytes)
 {
-    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g_stream));
+    if (bytes)
+        cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g_stream));
 }
 
 /* ---- attention ----------------------------------------------------------------------------- */
@@ -756,9 +782,11 @@ extern "C" void *backend_mem_alloc(enum mem_space space, size_t bytes, const cha
                    space == SPACE_DEVICE ? ", the GPU has free " : "",
                    space == SPACE_DEVICE ? plan_format_bytes((double)free_bytes, f, sizeof f) : "");
     }
-    if (space == SPACE_DEVICE) /* on the kernels' stream: a non-blocking stream does not wait for the default one */
+    if (space == SPACE_DEVICE) { /* on the kernels' stream: a non-blocking stream does not wait for the default one */
         cudaCheck(cudaMemsetAsync(p, 0, n, g_stream));
-    else
+        if (g_n_device_ranges < MAX_DEVICE_RANGES) /* an unlisted range only costs copies a wait */
+            g_device_ranges[g_n_device_ranges].base = (const char *)p, g_device_ranges[g_n_device_ranges++].bytes = n;
+    } else
         memset(p, 0, n);
     return p;
 }
@@ -768,9 +796,12 @@ extern "C" void backend_mem_free(enum mem_space space, void *p, size_t bytes)
     (void)bytes;
     if (!p)
         return;
-    if (space == SPACE_DEVICE)
+    if (space == SPACE_DEVICE) {
+        for (int i = 0; i < g_n_device_ranges; i++)
+            if (g_device_ranges[i].base == p)
+                g_device_ranges[i] = g_device_ranges[--g_n_device_ranges];
         cudaCheck(cudaFree(p));
-    else if (space == SPACE_PINNED)
+    } else if (space == SPACE_PINNED)
         cudaCheck(cudaFreeHost(p));
     else
         free(p);

@@ -25,6 +25,17 @@
 #define TOL 1e-5
 
 static int g_failed, g_passed;
+
+/* A CUDA error (a kernel that faulted shows at the next synchronisation)
+ * ends the run naming the check: the later checks would fail for it too. */
+static void cuda_ok(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return;
+    printf("FAIL %s: CUDA error %s\n", what, cudaGetErrorString(e));
+    printf("%d passed, %d failed\n", g_passed, g_failed + 1);
+    exit(1);
+}
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 
 static float uniform(void)
@@ -44,10 +55,10 @@ static float *host_random(size_t n, float scale)
 static void *to_device(const void *host, size_t bytes)
 {
     void *d = NULL;
-    if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess || cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice))
-        fprintf(stderr, "check_kernels: cudaMalloc/cudaMemcpy failed\n"), exit(1);
+    cuda_ok(cudaMalloc(&d, bytes ? bytes : 1), "cudaMalloc");
+    cuda_ok(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
     /* the backend's stream does not wait for the default stream: finish the copy first */
-    cudaDeviceSynchronize();
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after a copy");
     return d;
 }
 
@@ -55,17 +66,17 @@ static void *to_device(const void *host, size_t bytes)
 static float *poisoned(size_t n)
 {
     float *d = NULL;
-    if (cudaMalloc((void **)&d, n * sizeof *d) != cudaSuccess || cudaMemset(d, 0xFF, n * sizeof *d) != cudaSuccess)
-        fprintf(stderr, "check_kernels: cudaMalloc failed\n"), exit(1);
-    cudaDeviceSynchronize(); /* poisoned before any kernel of the backend's stream writes it */
+    cuda_ok(cudaMalloc((void **)&d, n * sizeof *d), "cudaMalloc");
+    cuda_ok(cudaMemset(d, 0xFF, n * sizeof *d), "cudaMemset");
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after poisoning"); /* before the backend's stream writes it */
     return d;
 }
 
 static void compare(const char *name, const float *want, const float *device, size_t n, double tol)
 {
     float *got = malloc(n * sizeof *got);
-    cudaDeviceSynchronize();
-    cudaMemcpy(got, device, n * sizeof *got, cudaMemcpyDeviceToHost);
+    cuda_ok(cudaDeviceSynchronize(), name);
+    cuda_ok(cudaMemcpy(got, device, n * sizeof *got, cudaMemcpyDeviceToHost), name);
     double worst = 0.0, scale = 0.0;
     size_t bad_at = n;
     for (size_t i = 0; i < n; i++) {
@@ -124,9 +135,9 @@ static float *act_to_device(const float *host, size_t n)
 static float *act_poisoned(size_t n)
 {
     float *d = NULL;
-    if (cudaMalloc((void **)&d, act_bytes(n)) != cudaSuccess || cudaMemset(d, 0xFF, act_bytes(n)) != cudaSuccess)
-        fprintf(stderr, "check_kernels: cudaMalloc failed\n"), exit(1);
-    cudaDeviceSynchronize();
+    cuda_ok(cudaMalloc((void **)&d, act_bytes(n)), "cudaMalloc");
+    cuda_ok(cudaMemset(d, 0xFF, act_bytes(n)), "cudaMemset");
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize after poisoning");
     return d;
 }
 
@@ -134,8 +145,8 @@ static void compare_act(const char *name, const float *want, const float *device
 {
     void *tmp = malloc(act_bytes(n));
     float *wide = malloc(n * sizeof *wide);
-    cudaDeviceSynchronize();
-    cudaMemcpy(tmp, device, act_bytes(n), cudaMemcpyDeviceToHost);
+    cuda_ok(cudaDeviceSynchronize(), name);
+    cuda_ok(cudaMemcpy(tmp, device, act_bytes(n), cudaMemcpyDeviceToHost), name);
     dtype_convert(wide, DTYPE_F32, tmp, g_act, n);
     float *d = to_device(wide, n * sizeof *wide);
     compare(name, want, d, n, tol);
@@ -153,12 +164,19 @@ static const char *named(const char *name)
 
 /* Every kernel with [A] operands, activations in dt: inputs rounded to dt on
  * both sides, CPU reference in fp32, outputs compared within tol. */
-static void check_act_kernels(enum dtype dt, double tol, const char *tag)
+struct shape {
+    int B, T, C, NH, OC, V, Vp;
+};
+/* Block-friendly sizes, and odd ones: T = 50 leaves a partial warp in the
+ * softmax rows, N = 150 a partial row block, V = 301 a partial vocabulary tile. */
+static const struct shape EVEN = {2, 64, 96, 4, 288, 300, 384}, ODD = {3, 50, 72, 3, 200, 301, 320};
+
+static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct shape sh)
 {
     g_act = dt;
     g_tag = tag;
     backend_set_act_dtype(dt);
-    const int B = 2, T = 64, C = 96, NH = 4, OC = 288, V = 300, Vp = 384, N = B * T;
+    const int B = sh.B, T = sh.T, C = sh.C, NH = sh.NH, OC = sh.OC, V = sh.V, Vp = sh.Vp, N = B * T;
     const size_t NC = (size_t)N * C;
 
     /* matmul: inp, weight, bias, out, dout, dinp [A]; dweight, dbias fp32 (accumulated) */
@@ -286,9 +304,11 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag)
 int main(void)
 {
     backend_init(0);
-    check_act_kernels(DTYPE_F32, TOL, "");
-    check_act_kernels(DTYPE_BF16, 1e-2, "_bf16");
-    check_act_kernels(DTYPE_F16, 5e-3, "_fp16");
+    check_act_kernels(DTYPE_F32, TOL, "", EVEN);
+    check_act_kernels(DTYPE_BF16, 1e-2, "_bf16", EVEN);
+    check_act_kernels(DTYPE_F16, 5e-3, "_fp16", EVEN);
+    check_act_kernels(DTYPE_F32, TOL, "_odd", ODD);
+    check_act_kernels(DTYPE_BF16, 1e-2, "_odd_bf16", ODD);
 
     /* fp32-only kernels */
     const size_t NC = 2 * 64 * 96;

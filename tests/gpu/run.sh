@@ -13,6 +13,7 @@
 # Ends with "N passed, N failed" (both steps' counts together).
 set -u
 cd "$(dirname "$0")/../.."
+unset SHARDLM_TF32 # the fp32 checks hold TF32 off
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 OUT=${OUT:-build/gpu}
 mkdir -p "$OUT"
@@ -32,8 +33,9 @@ if [ "${1:-}" = "--build-only" ]; then
   exit 0
 fi
 "$OUT/check_kernels" | tee "$OUT/kernels.log"
-PY=${PYTHON:-python3}
-"$PY" tests/gpu/e2e.py | tee "$OUT/e2e.log"
+# Debian's interpreter has numpy (the python3 first on PATH may not); PYTHON overrides
+PY=${PYTHON:-/usr/bin/python3}
+"$PY" -u tests/gpu/e2e.py | tee "$OUT/e2e.log"
 # a step that crashed before its summary line counts as one failure
 count() { tail -1 "$1" | sed -n "s/^\([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p" | grep . || echo "0 1"; }
 read -r kp kf < <(count "$OUT/kernels.log")
