@@ -351,6 +351,19 @@ static cudaemu_stream g_legacy_stream; /* the legacy default stream (NULL) */
 static std::set<void *> g_streams, g_events;
 static std::vector<cudaemu_stream *> g_stream_list; /* creation order, destroyed ones included (kept: deps may name them) */
 
+/* CUDAEMU_STATS=1: at exit, how lazy the run was */
+static struct {
+    unsigned long long ops, max_depth, not_ready, forced_by_dep, total_depth_at_run;
+} g_stats;
+static void print_stats(void)
+{
+    fprintf(stderr,
+            "cudaemu stats: %llu stream operations, mean queue depth when run %.1f (max %llu), %llu run by another "
+            "stream's dependency, %llu cudaEventQuery not-ready answers\n",
+            g_stats.ops, g_stats.ops ? (double)g_stats.total_depth_at_run / g_stats.ops : 0.0, g_stats.max_depth,
+            g_stats.forced_by_dep, g_stats.not_ready);
+}
+
 extern "C" int cudaemu_eager(void)
 {
     static int eager = -1;
@@ -365,20 +378,34 @@ static int stream_ok(cudaStream_t s) { return s == NULL || g_streams.count(s); }
 static cudaemu_stream *stream_of(cudaStream_t s) { return s ? s : &g_legacy_stream; }
 static int blocking(const cudaemu_stream *s) { return s != &g_legacy_stream && !(s->flags & cudaStreamNonBlocking); }
 
-/* Runs s's operations until its first `seq` have completed. */
+/* Runs s's operations until its first `seq` have completed. What they wait
+ * for on other streams runs first, all of it, before any of s's own
+ * operations: of the orders a GPU may take this one completes s's work as late
+ * as possible relative to the other streams, so work elsewhere that should
+ * have waited for one of s's operations (and did not) runs before it. */
 static void run_until(cudaemu_stream *s, uint64_t seq)
 {
+    for (uint64_t q = s->completed + 1; q <= seq && !s->running; q++) {
+        if (q <= s->completed) /* a dependency ran it already */
+            continue;
+        std::vector<stream_dep> deps = s->queue[q - s->completed - 1].deps;
+        for (const stream_dep &d : deps)
+            run_until(d.stream, d.seq);
+    }
     while (s->completed < seq) {
         if (s->running)
             die("internal: stream %p is forced past its running operation (a dependency cycle)", (void *)s);
         if (s->queue.empty())
             die("internal: stream %p has %llu operations completed, %llu wanted, none queued", (void *)s,
                 (unsigned long long)s->completed, (unsigned long long)seq);
+        g_stats.total_depth_at_run += s->queue.size();
         stream_op op = std::move(s->queue.front());
         s->queue.pop_front();
         s->running = 1;
-        for (const stream_dep &d : op.deps) /* an event wait, or the legacy stream's implicit synchronisation */
+        for (const stream_dep &d : op.deps) { /* an event wait, or the legacy stream's implicit synchronisation */
+            g_stats.forced_by_dep += d.stream->completed < d.seq;
             run_until(d.stream, d.seq);
+        }
         if (op.fn)
             op.fn();
         s->running = 0;
@@ -412,6 +439,10 @@ static uint64_t enqueue(cudaStream_t stream, std::function<void()> fn, std::vect
     }
     s->queue.push_back(stream_op{std::move(fn), std::move(deps)});
     uint64_t seq = ++s->enqueued;
+    if (!g_stats.ops++ && getenv("CUDAEMU_STATS"))
+        atexit(print_stats);
+    if (s->queue.size() > g_stats.max_depth)
+        g_stats.max_depth = s->queue.size();
     if (cudaemu_eager())
         run_all(s);
     return seq;
@@ -497,8 +528,10 @@ extern "C" cudaError_t cudaEventQuery(cudaEvent_t event)
         return record(cudaErrorInvalidResourceHandle);
     if (event_done(event))
         return cudaSuccess;
-    if (++event->queries <= 2)
-        return cudaErrorNotReady; /* not an error: not recorded for cudaGetLastError */
+    if (++event->queries <= 2) { /* not an error: not recorded for cudaGetLastError */
+        g_stats.not_ready++;
+        return cudaErrorNotReady;
+    }
     run_until(event->stream, event->seq);
     return cudaSuccess;
 }
