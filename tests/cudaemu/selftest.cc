@@ -8,7 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mpi.h>
+
 #include "cublas_v2.h"
+#include "nccl.h"
 #include "cuda_runtime.h"
 
 struct mode {
@@ -273,6 +276,77 @@ static int run_legacy_nonblocking(void)
     return printf("cudaMemcpy read %g: it waited for a non-blocking stream\n", got), 0;
 }
 
+/* ---- the NCCL stand-in: a collective's result lands when its stream completes it ---- */
+
+static ncclComm_t one_rank_comm(void)
+{
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init)
+        MPI_Init(NULL, NULL);
+    ncclUniqueId id;
+    ncclComm_t comm;
+    if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, 1, id, 0) != ncclSuccess)
+        exit(3);
+    return comm;
+}
+
+/* A kernel on the compute stream reads an all-reduce's output; wait 1: after waiting for its event. */
+static float collective_then_read(int wait)
+{
+    ncclComm_t comm = one_rank_comm();
+    float *send = dev(32), *recv = dev(32), *out = dev(32), got = -1.0f;
+    cudaStream_t compute = stream(cudaStreamNonBlocking), nccl = stream(cudaStreamNonBlocking);
+    cudaEvent_t ready, done;
+    cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    cudaemu_launch("store_value", __FILE__, __LINE__, [=] { store_value(send, 4.0f); }, 1, 32, 0, compute);
+    cudaemu_launch("store_value", __FILE__, __LINE__, [=] { store_value(recv, 0.0f); }, 1, 32, 0, compute);
+    cudaEventRecord(ready, compute);
+    cudaStreamWaitEvent(nccl, ready, 0);
+    ncclAllReduce(send, recv, 32, ncclFloat32, ncclSum, comm, nccl);
+    cudaEventRecord(done, nccl);
+    if (wait)
+        cudaStreamWaitEvent(compute, done, 0);
+    cudaemu_launch("copy_values", __FILE__, __LINE__, [=] { copy_values(out, recv); }, 1, 32, 0, compute);
+    cudaStreamSynchronize(compute);
+    cudaStreamSynchronize(nccl);
+    cudaMemcpy(&got, out, sizeof got, cudaMemcpyDeviceToHost);
+    return got;
+}
+
+static int run_stale_collective(void)
+{
+    float got = collective_then_read(0);
+    if (got == 0.0f)
+        return printf("stale value observed: a kernel read the all-reduce's output %g without waiting for it\n", got),
+               1;
+    return printf("a kernel read %g from the all-reduce's output without waiting for its event\n", got), 0;
+}
+
+static int run_collective_waited(void)
+{
+    float got = collective_then_read(1);
+    return got == 4.0f ? 0 : (printf("read %g after waiting for the all-reduce, want 4\n", got), 1);
+}
+
+/* A kernel on the compute stream overwrites an all-gather's sendbuff before the collective has completed. */
+static int run_collective_send_overwritten(void)
+{
+    ncclComm_t comm = one_rank_comm();
+    float *send = dev(32), *recv = dev(64);
+    cudaStream_t compute = stream(cudaStreamNonBlocking), nccl = stream(cudaStreamNonBlocking);
+    cudaEvent_t ready;
+    cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+    cudaEventRecord(ready, compute);
+    cudaStreamWaitEvent(nccl, ready, 0);
+    ncclAllGather(send, recv, 32, ncclFloat32, comm, nccl);
+    cudaemu_launch("store_value", __FILE__, __LINE__, [=] { store_value(send, 5.0f); }, 1, 32, 0, compute);
+    cudaStreamSynchronize(compute);
+    cudaStreamSynchronize(nccl);
+    return 0;
+}
+
 static const mode g_modes[] = {
     {"block_sum", "pass", run_block_sum},
     {"gemm_reference", "pass", run_gemm},
@@ -288,10 +362,14 @@ static const mode g_modes[] = {
     {"event_query_polls", "pass", run_event_query_polls},
     {"legacy_stream_waits_for_blocking", "pass", run_legacy_blocking},
     {"legacy_stream_ignores_nonblocking", "stale value observed", run_legacy_nonblocking},
+    {"stale_collective_output_read", "stale value observed", run_stale_collective},
+    {"collective_output_after_event_wait", "pass", run_collective_waited},
+    {"collective_sendbuff_overwritten", "ordering hazard: ncclAllGather's sendbuff", run_collective_send_overwritten},
 };
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IONBF, 0); /* the message comes out before an abort */
     const size_t n = sizeof g_modes / sizeof g_modes[0];
     if (argc == 2 && strcmp(argv[1], "--list") == 0) {
         for (size_t i = 0; i < n; i++)
