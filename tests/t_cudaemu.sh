@@ -5,7 +5,9 @@
 # lines: every kernel against the CPU backend in fp32, bf16 and fp16), the
 # emulation's self-checks (bad launches, divergent barriers and bad cuBLAS
 # arguments are caught), and end-to-end training, emulated CUDA build
-# against CPU build (tests/cudaemu/e2e.py). No GPU, no nvcc needed: g++ only.
+# against CPU build (tests/cudaemu/e2e.py). Streams are lazy (a missing
+# synchronisation changes results; CUDAEMU_EAGER=1 runs each call at once).
+# No GPU, no nvcc needed: g++ only.
 set -u
 cd "$(dirname "$0")/.."
 ok() { echo "ok $1"; }

@@ -43,5 +43,5 @@ g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" $EMU \
 g++ $SAN -fopenmp $(ls build/src/*.o | grep -v -e '/backend_cpu.o$' -e '/backend_cpu_mem.o$' -e '/backend_cpu_act.o$') \
   $EMU -o "$OUT/shardlm-cudaemu" $PC_LIBS -lm
 
-g++ $CXXFLAGS tests/cudaemu/selftest.cc "$OUT/cudaemu.o" "$OUT/cublas.o" -o "$OUT/selftest"
+g++ $CXXFLAGS tests/cudaemu/selftest.cc "$OUT/cudaemu.o" "$OUT/cublas.o" "$OUT/nccl_mpi.o" -o "$OUT/selftest" $PC_LIBS
 echo "built $OUT/check_kernels $OUT/shardlm-cudaemu $OUT/selftest"

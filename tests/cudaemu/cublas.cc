@@ -9,7 +9,8 @@
  * never reads C. Every operand must lie inside one cudaMalloc/cudaHostAlloc
  * allocation (a GPU would fault on anything else). A violation returns
  * CUBLAS_STATUS_INVALID_VALUE (or NOT_SUPPORTED / EXECUTION_FAILED) and
- * prints why.
+ * prints why. Arguments are checked at the call; the product is enqueued on
+ * the handle's stream (cublasSetStream) and computed when the stream runs.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "cublas_v2.h"
+#include "cuda_runtime.h"
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
 
@@ -175,37 +177,41 @@ static cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t t
                                    "allocation\n", fn, b, m, n, ldc, pc),
                    CUBLAS_STATUS_EXECUTION_FAILED;
     }
-    std::vector<float> opa((size_t)m * k), opb((size_t)n * k); /* op(A) rows and op(B) columns, contiguous in k */
-    std::vector<float> out((size_t)m * n);
-    for (int b = 0; b < batch; b++) {
-        const void *pa = (const char *)A + b * sa * (long long)type_size(at);
-        const void *pb = (const char *)B + b * sb * (long long)type_size(bt);
-        void *pc = (char *)C + b * sc * (long long)type_size(ct);
-        for (int i = 0; i < m; i++)
-            for (int l = 0; l < k; l++)
-                opa[(size_t)i * k + l] = load(pa, at, ta == CUBLAS_OP_N ? i + (size_t)l * lda : l + (size_t)i * lda);
-        for (int j = 0; j < n; j++)
-            for (int l = 0; l < k; l++)
-                opb[(size_t)j * k + l] = load(pb, bt, tb == CUBLAS_OP_N ? l + (size_t)j * ldb : j + (size_t)l * ldb);
-        /* all of C computed before any of it is written: C may not alias A or B, but if it does the result is
-         * still each element's own */
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < m; i++) {
-                const float *x = &opa[(size_t)i * k], *y = &opb[(size_t)j * k];
-                double acc = 0.0;
+    /* checked now, computed when the handle's stream reaches it; alpha and beta are host values read at the call
+     * (CUBLAS_POINTER_MODE_HOST), the operands when it runs */
+    cudaemu_enqueue(h->stream, [=] {
+        std::vector<float> opa((size_t)m * k), opb((size_t)n * k); /* op(A) rows and op(B) columns, contiguous in k */
+        std::vector<float> out((size_t)m * n);
+        for (int b = 0; b < batch; b++) {
+            const void *pa = (const char *)A + b * sa * (long long)type_size(at);
+            const void *pb = (const char *)B + b * sb * (long long)type_size(bt);
+            void *pc = (char *)C + b * sc * (long long)type_size(ct);
+            for (int i = 0; i < m; i++)
                 for (int l = 0; l < k; l++)
-                    acc += (double)x[l] * y[l];
-                out[(size_t)j * m + i] = alpha * (float)acc;
-            }
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < m; i++) {
-                size_t at_c = i + (size_t)j * ldc;
-                float v = out[(size_t)j * m + i];
-                if (beta != 0.0f) /* beta == 0: C is not read (NaN there must not leak) */
-                    v += beta * load(pc, ct, at_c);
-                store(pc, ct, at_c, v);
-            }
-    }
+                    opa[(size_t)i * k + l] = load(pa, at, ta == CUBLAS_OP_N ? i + (size_t)l * lda : l + (size_t)i * lda);
+            for (int j = 0; j < n; j++)
+                for (int l = 0; l < k; l++)
+                    opb[(size_t)j * k + l] = load(pb, bt, tb == CUBLAS_OP_N ? l + (size_t)j * ldb : j + (size_t)l * ldb);
+            /* all of C computed before any of it is written: C may not alias A or B, but if it does the result is
+             * still each element's own */
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++) {
+                    const float *x = &opa[(size_t)i * k], *y = &opb[(size_t)j * k];
+                    double acc = 0.0;
+                    for (int l = 0; l < k; l++)
+                        acc += (double)x[l] * y[l];
+                    out[(size_t)j * m + i] = alpha * (float)acc;
+                }
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++) {
+                    size_t at_c = i + (size_t)j * ldc;
+                    float v = out[(size_t)j * m + i];
+                    if (beta != 0.0f) /* beta == 0: C is not read (NaN there must not leak) */
+                        v += beta * load(pc, ct, at_c);
+                    store(pc, ct, at_c, v);
+                }
+        }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

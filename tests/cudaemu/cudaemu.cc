@@ -20,7 +20,10 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -146,7 +149,8 @@ extern "C" cudaError_t cudaGetDevice(int *device)
     return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+static void run_everything(void);
+extern "C" cudaError_t cudaDeviceSynchronize(void);
 
 /* ---- memory ------------------------------------------------------------------------------------ */
 
@@ -203,6 +207,9 @@ static cudaError_t release(void *p, cudaMemoryType kind, const char *fn)
 {
     if (!p)
         return cudaSuccess;
+    /* cuMemFree: "this API may perform implicit synchronization": queued work that still uses the block runs
+     * first (the emulation would otherwise touch freed memory) */
+    run_everything();
     std::lock_guard<std::mutex> hold(g_mem_lock);
     auto it = g_allocs.find((uintptr_t)p);
     if (it == g_allocs.end() || it->second.kind != kind) {
@@ -272,7 +279,7 @@ static int is_device(const void *p)
     return cudaemu_lookup(p, 0, &kind) && kind == cudaMemoryTypeDevice;
 }
 
-static cudaError_t copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *fn)
+static cudaError_t copy_check(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *fn)
 {
     if (!bytes)
         return cudaSuccess;
@@ -305,44 +312,192 @@ static cudaError_t copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind
         warn("%s(dst %p, src %p, %zu bytes, kind %d): %s", fn, dst, src, bytes, (int)kind, why);
         return record(cudaErrorInvalidValue);
     }
-    memmove(dst, src, bytes);
     return cudaSuccess;
 }
 
-/* ---- streams and events: every call has completed when it returns ---------------------------------- */
+/* ---- streams and events: lazy queues ---------------------------------------------------------------
+ *
+ * Every stream (the legacy default stream, NULL, included) is a FIFO of
+ * deferred operations: kernel launches, async copies and memsets, cuBLAS
+ * calls, event records and event waits are enqueued, not run. Work runs only
+ * when something forces it, as late as CUDA allows (README.md lists the
+ * rules and the documentation each follows), so a missing synchronisation
+ * changes results instead of going unnoticed. CUDAEMU_EAGER=1 runs every
+ * operation at the call instead (the old behaviour).
+ */
 
+struct stream_dep {
+    cudaemu_stream *stream;
+    uint64_t seq; /* that stream's first seq operations must have completed */
+};
+struct stream_op {
+    std::function<void()> fn; /* empty: a marker (event record or wait) */
+    std::vector<stream_dep> deps;
+};
 struct cudaemu_stream {
     unsigned flags;
+    std::deque<stream_op> queue;
+    uint64_t enqueued, completed;
+    int running; /* an operation of this stream is being run */
+    int destroyed;
 };
 struct cudaemu_event {
     unsigned flags;
+    cudaemu_stream *stream; /* of the last record; NULL: never recorded */
+    uint64_t seq;           /* complete when stream->completed >= seq */
+    int queries;            /* cudaEventQuery calls answered cudaErrorNotReady since the record */
 };
+static cudaemu_stream g_legacy_stream; /* the legacy default stream (NULL) */
 static std::set<void *> g_streams, g_events;
+static std::vector<cudaemu_stream *> g_stream_list; /* creation order, destroyed ones included (kept: deps may name them) */
+
+/* CUDAEMU_STATS=1: at exit, how lazy the run was */
+static struct {
+    unsigned long long ops, max_depth, not_ready, forced_by_dep, total_depth_at_run;
+} g_stats;
+static void print_stats(void)
+{
+    fprintf(stderr,
+            "cudaemu stats: %llu stream operations, mean queue depth when run %.1f (max %llu), %llu run by another "
+            "stream's dependency, %llu cudaEventQuery not-ready answers\n",
+            g_stats.ops, g_stats.ops ? (double)g_stats.total_depth_at_run / g_stats.ops : 0.0, g_stats.max_depth,
+            g_stats.forced_by_dep, g_stats.not_ready);
+}
+
+extern "C" int cudaemu_eager(void)
+{
+    static int eager = -1;
+    if (eager < 0) {
+        const char *s = getenv("CUDAEMU_EAGER");
+        eager = s && strcmp(s, "1") == 0;
+    }
+    return eager;
+}
 
 static int stream_ok(cudaStream_t s) { return s == NULL || g_streams.count(s); }
+static cudaemu_stream *stream_of(cudaStream_t s) { return s ? s : &g_legacy_stream; }
+static int blocking(const cudaemu_stream *s) { return s != &g_legacy_stream && !(s->flags & cudaStreamNonBlocking); }
+
+/* Runs s's operations until its first `seq` have completed. What they wait
+ * for on other streams runs first, all of it, before any of s's own
+ * operations: of the orders a GPU may take this one completes s's work as late
+ * as possible relative to the other streams, so work elsewhere that should
+ * have waited for one of s's operations (and did not) runs before it. */
+static void run_until(cudaemu_stream *s, uint64_t seq)
+{
+    for (uint64_t q = s->completed + 1; q <= seq && !s->running; q++) {
+        if (q <= s->completed) /* a dependency ran it already */
+            continue;
+        std::vector<stream_dep> deps = s->queue[q - s->completed - 1].deps;
+        for (const stream_dep &d : deps)
+            run_until(d.stream, d.seq);
+    }
+    while (s->completed < seq) {
+        if (s->running)
+            die("internal: stream %p is forced past its running operation (a dependency cycle)", (void *)s);
+        if (s->queue.empty())
+            die("internal: stream %p has %llu operations completed, %llu wanted, none queued", (void *)s,
+                (unsigned long long)s->completed, (unsigned long long)seq);
+        g_stats.total_depth_at_run += s->queue.size();
+        stream_op op = std::move(s->queue.front());
+        s->queue.pop_front();
+        s->running = 1;
+        for (const stream_dep &d : op.deps) { /* an event wait, or the legacy stream's implicit synchronisation */
+            g_stats.forced_by_dep += d.stream->completed < d.seq;
+            run_until(d.stream, d.seq);
+        }
+        if (op.fn)
+            op.fn();
+        s->running = 0;
+        s->completed++;
+    }
+}
+
+static void run_all(cudaemu_stream *s) { run_until(s, s->enqueued); }
+
+static void run_everything(void)
+{
+    run_all(&g_legacy_stream);
+    for (cudaemu_stream *s : g_stream_list)
+        run_all(s);
+}
+
+/* Enqueues fn on stream s (after deps), with the legacy default stream's
+ * implicit synchronisation: an operation on the legacy stream waits for all
+ * work issued before it to blocking streams, and an operation on a blocking
+ * stream waits for the legacy stream's work issued before it; non-blocking
+ * streams take part in neither. Returns the operation's seq. */
+static uint64_t enqueue(cudaStream_t stream, std::function<void()> fn, std::vector<stream_dep> deps = {})
+{
+    cudaemu_stream *s = stream_of(stream);
+    if (s == &g_legacy_stream) {
+        for (cudaemu_stream *b : g_stream_list)
+            if (!b->destroyed && blocking(b) && b->enqueued > b->completed)
+                deps.push_back(stream_dep{b, b->enqueued});
+    } else if (blocking(s) && g_legacy_stream.enqueued > g_legacy_stream.completed) {
+        deps.push_back(stream_dep{&g_legacy_stream, g_legacy_stream.enqueued});
+    }
+    s->queue.push_back(stream_op{std::move(fn), std::move(deps)});
+    uint64_t seq = ++s->enqueued;
+    if (!g_stats.ops++ && getenv("CUDAEMU_STATS"))
+        atexit(print_stats);
+    if (s->queue.size() > g_stats.max_depth)
+        g_stats.max_depth = s->queue.size();
+    if (cudaemu_eager())
+        run_all(s);
+    return seq;
+}
+
+/* For cuBLAS and NCCL: fn on stream, in order; and all of a stream's work so far. */
+void cudaemu_enqueue(cudaStream_t stream, std::function<void()> fn)
+{
+    if (!stream_ok(stream))
+        die("an operation enqueued on a destroyed or unknown stream");
+    enqueue(stream, std::move(fn));
+}
+void cudaemu_stream_run(cudaStream_t stream) { run_all(stream_of(stream)); }
+
+extern "C" cudaError_t cudaDeviceSynchronize(void)
+{
+    run_everything();
+    return cudaSuccess;
+}
 
 extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags)
 {
-    *stream = new cudaemu_stream{flags};
-    g_streams.insert(*stream);
+    cudaemu_stream *s = new cudaemu_stream();
+    s->flags = flags;
+    *stream = s;
+    g_streams.insert(s);
+    g_stream_list.push_back(s);
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, 0); }
+/* "In case the device is still doing work in the stream when cudaStreamDestroy() is called, the function will
+ * return immediately and the resources associated with stream will be released automatically once the device has
+ * completed all work in stream": its work is run now (nothing could observe it running later), and the object is
+ * kept, marked destroyed, for the dependencies and events that name it. */
 extern "C" cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
     if (!stream || !g_streams.erase(stream))
         return record(cudaErrorInvalidResourceHandle);
-    delete stream;
+    run_all(stream);
+    stream->destroyed = 1;
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-    return stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    if (!stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    run_all(stream_of(stream));
+    return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
 {
-    *event = new cudaemu_event{flags};
-    g_events.insert(*event);
+    cudaemu_event *e = new cudaemu_event();
+    e->flags = flags;
+    *event = e;
+    g_events.insert(e);
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, 0); }
@@ -353,32 +508,119 @@ extern "C" cudaError_t cudaEventDestroy(cudaEvent_t event)
     delete event;
     return cudaSuccess;
 }
+/* The event captures the work issued to the stream so far (a marker in the queue: on the legacy stream it
+ * carries the implicit synchronisation too). */
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
-    return g_events.count(event) && stream_ok(stream) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    if (!g_events.count(event) || !stream_ok(stream))
+        return record(cudaErrorInvalidResourceHandle);
+    event->seq = enqueue(stream, nullptr);
+    event->stream = stream_of(stream);
+    event->queries = 0;
+    return cudaSuccess;
 }
+static int event_done(const cudaemu_event *e) { return !e->stream || e->stream->completed >= e->seq; }
+/* Not ready the first two times it is asked about pending work (so that polling loops run), then the work up to
+ * the event runs and it is. */
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t event)
 {
-    return g_events.count(event) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+    if (!g_events.count(event))
+        return record(cudaErrorInvalidResourceHandle);
+    if (event_done(event))
+        return cudaSuccess;
+    if (++event->queries <= 2) { /* not an error: not recorded for cudaGetLastError */
+        g_stats.not_ready++;
+        return cudaErrorNotReady;
+    }
+    run_until(event->stream, event->seq);
+    return cudaSuccess;
 }
-extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(event); }
+extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+    if (!g_events.count(event))
+        return record(cudaErrorInvalidResourceHandle);
+    if (!event_done(event))
+        run_until(event->stream, event->seq);
+    return cudaSuccess;
+}
+/* Work issued to stream after the call waits for the event's most recent record as of the call (one that has
+ * none: no wait). */
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
 {
-    return g_events.count(event) && stream_ok(stream) && flags == 0 ? cudaSuccess
-                                                                      : record(cudaErrorInvalidResourceHandle);
+    if (!g_events.count(event) || !stream_ok(stream) || flags != 0)
+        return record(cudaErrorInvalidResourceHandle);
+    std::vector<stream_dep> deps;
+    if (event->stream)
+        deps.push_back(stream_dep{event->stream, event->seq});
+    enqueue(stream, nullptr, std::move(deps));
+    return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+/* ---- copies and memsets ------------------------------------------------------------------------------ */
+
+enum mem_side { SIDE_PAGEABLE, SIDE_PINNED, SIDE_DEVICE };
+
+static mem_side side_of(const void *p)
 {
-    return copy(dst, src, bytes, kind, "cudaMemcpy");
+    cudaMemoryType kind;
+    if (!cudaemu_lookup(p, 0, &kind))
+        return SIDE_PAGEABLE;
+    return kind == cudaMemoryTypeDevice ? SIDE_DEVICE : SIDE_PINNED;
 }
+
+/* The copy as an operation: a pageable host source is read now (staged), anything else when it runs. */
+static std::function<void()> copy_op(void *dst, const void *src, size_t bytes, int stage)
+{
+    if (stage) {
+        auto staged = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + bytes);
+        return [dst, staged, bytes] { memcpy(dst, staged->data(), bytes); };
+    }
+    return [dst, src, bytes] { memmove(dst, src, bytes); };
+}
+
+/* cudaMemcpyAsync (the "API synchronization behavior" section of the runtime API docs): "For transfers between
+ * device memory and pageable host memory, the function might be synchronous with respect to host" (here: a
+ * pageable source is staged at the call, a pageable destination is written when the copy runs); "For transfers
+ * from any host memory to any host memory, the function is fully synchronous with respect to the host" (the
+ * stream's earlier work and the copy run at the call); "For all other transfers, the function should be fully
+ * asynchronous". */
 extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                                        cudaStream_t stream)
 {
     if (!stream_ok(stream))
         return record(cudaErrorInvalidResourceHandle);
-    return copy(dst, src, bytes, kind, "cudaMemcpyAsync");
+    cudaError_t e = copy_check(dst, src, bytes, kind, "cudaMemcpyAsync");
+    if (e != cudaSuccess || !bytes)
+        return e;
+    mem_side ss = side_of(src), ds = side_of(dst);
+    enqueue(stream, copy_op(dst, src, bytes, ss == SIDE_PAGEABLE && ds == SIDE_DEVICE));
+    if (ss != SIDE_DEVICE && ds != SIDE_DEVICE)
+        run_all(stream_of(stream));
+    return cudaSuccess;
 }
+
+/* cudaMemcpy runs on the legacy default stream (so after the work issued to blocking streams, not non-blocking
+ * ones), and per the docs: "For transfers from pageable host memory to device memory, ... The function will return
+ * once the pageable buffer has been copied to the staging memory for DMA transfer to device memory, but the DMA to
+ * final destination may not have completed" (staged, left queued); "For transfers from pinned host memory to device
+ * memory, the function is synchronous with respect to the host"; "For transfers from device to either pageable or
+ * pinned host memory, the function returns only once the copy has completed"; "For transfers from device memory to
+ * device memory, no host-side synchronization is performed" (left queued); host to host: "fully synchronous". */
+extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind)
+{
+    cudaError_t e = copy_check(dst, src, bytes, kind, "cudaMemcpy");
+    if (e != cudaSuccess || !bytes)
+        return e;
+    mem_side ss = side_of(src), ds = side_of(dst);
+    enqueue(NULL, copy_op(dst, src, bytes, ss == SIDE_PAGEABLE && ds == SIDE_DEVICE));
+    int queued = ds == SIDE_DEVICE && (ss == SIDE_PAGEABLE || ss == SIDE_DEVICE);
+    if (!queued)
+        run_all(&g_legacy_stream);
+    return cudaSuccess;
+}
+
+/* "The cudaMemset functions are asynchronous with respect to the host except when the target memory is pinned host
+ * memory"; cudaMemset is on the legacy default stream. */
 extern "C" cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaStream_t stream)
 {
     if (!stream_ok(stream))
@@ -387,7 +629,8 @@ extern "C" cudaError_t cudaMemsetAsync(void *ptr, int value, size_t bytes, cudaS
         warn("cudaMemset(%p, %zu bytes): not inside one device allocation", ptr, bytes);
         return record(cudaErrorInvalidValue);
     }
-    memset(ptr, value, bytes);
+    if (bytes)
+        enqueue(stream, [ptr, value, bytes] { memset(ptr, value, bytes); });
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaMemset(void *ptr, int value, size_t bytes) { return cudaMemsetAsync(ptr, value, bytes, 0); }
@@ -763,20 +1006,15 @@ static int launch_check(const char *name, const char *file, int line, dim3 g, di
         name, file, line, g.x, g.y, g.z, b.x, b.y, b.z, why);
 }
 
-void cudaemu_launch_impl(const char *name, const char *file, int line, dim3 grid, dim3 block, size_t smem,
-                         cudaStream_t stream, void (*body)(void *), void *ctx)
+/* Runs every block of a launch (when its stream reaches it). */
+static void run_kernel(const char *name, const char *file, int line, dim3 grid, dim3 block,
+                       const std::function<void()> &body)
 {
-    if (g_launch.in_kernel)
-        die("kernel %s launched from inside kernel %s (dynamic parallelism is not emulated)", name, g_launch.name);
-    if (!stream_ok(stream))
-        die("kernel %s at %s:%d launched on a destroyed or unknown stream", name, file, line);
-    if (!launch_check(name, file, line, grid, block, smem))
-        return;
     g_launch.name = name;
     g_launch.file = file;
     g_launch.line = line;
-    g_launch.body = body;
-    g_launch.ctx = ctx;
+    g_launch.body = [](void *c) { (*(const std::function<void()> *)c)(); };
+    g_launch.ctx = (void *)&body;
     g_launch.n = block.x * block.y * block.z;
     if (g_launch.threads.size() < g_launch.n)
         g_launch.threads.resize(g_launch.n);
@@ -790,4 +1028,17 @@ void cudaemu_launch_impl(const char *name, const char *file, int line, dim3 grid
                 run_block();
             }
     g_launch.in_kernel = 0;
+}
+
+/* Checks the launch now (a bad one is reported at the launch, as on a GPU) and enqueues it on its stream. */
+void cudaemu_launch_impl(const char *name, const char *file, int line, dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, std::function<void()> body)
+{
+    if (g_launch.in_kernel)
+        die("kernel %s launched from inside kernel %s (dynamic parallelism is not emulated)", name, g_launch.name);
+    if (!stream_ok(stream))
+        die("kernel %s at %s:%d launched on a destroyed or unknown stream", name, file, line);
+    if (!launch_check(name, file, line, grid, block, smem))
+        return;
+    enqueue(stream, [name, file, line, grid, block, body] { run_kernel(name, file, line, grid, block, body); });
 }

@@ -11,6 +11,9 @@
  * MPI_Init_thread is interposed (PMPI) to ask for MPI_THREAD_MULTIPLE: the
  * engine's communication thread calls MPI while the main thread runs these
  * collectives (on a GPU, NCCL would not touch MPI at all).
+ *
+ * Streams are lazy (cudaemu.cc): see complete_later for when a collective
+ * reads its inputs and when its result lands.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -19,7 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <memory>
 #include <vector>
+
+#include "cuda_runtime.h"
 
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
@@ -209,8 +215,47 @@ static int overlap(const void *a, size_t an, const void *b, size_t bn)
     return (const char *)a < (const char *)b + bn && (const char *)b < (const char *)a + an;
 }
 
+static uint64_t checksum(const void *p, size_t bytes)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    const unsigned char *c = (const unsigned char *)p;
+    for (size_t i = 0; i < bytes; i++)
+        h = (h ^ c[i]) * 1099511628211ull;
+    return h;
+}
+
+/* A collective's exchange runs over MPI at the call, after the stream's earlier
+ * work (its waits on the compute stream's events included: what a GPU does
+ * too), into a private buffer, so that no rank blocks on another's lazy
+ * stream; the result reaches recvbuff only when the stream runs past the
+ * collective (its completion). A kernel that reads recvbuff without waiting
+ * for the collective's event sees the old contents. Any change to sendbuff or
+ * recvbuff between the call and the completion is a write that was not
+ * ordered after the collective (a GPU collective may still be reading or
+ * writing them then): it stops the run. */
+static void complete_later(const char *fn, cudaStream_t stream, const void *send, size_t send_bytes, void *recv,
+                           std::shared_ptr<std::vector<char>> result)
+{
+    uint64_t send_sum = send ? checksum(send, send_bytes) : 0, recv_sum = checksum(recv, result->size());
+    cudaemu_enqueue(stream, [=] {
+        if ((send && checksum(send, send_bytes) != send_sum) || checksum(recv, result->size()) != recv_sum) {
+            fprintf(stderr, "cudaemu: ordering hazard: %s's %s (%p) was written after the collective was issued and "
+                            "before it completed (a write not ordered after the collective's event)\n",
+                    fn, send && checksum(send, send_bytes) != send_sum ? "sendbuff" : "recvbuff",
+                    send && checksum(send, send_bytes) != send_sum ? send : recv);
+            abort();
+        }
+        memcpy(recv, result->data(), result->size());
+    });
+}
+
+static std::shared_ptr<std::vector<char>> result_buffer(size_t bytes)
+{
+    return std::make_shared<std::vector<char>>(bytes);
+}
+
 extern "C" ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t comm,
-                                      cudaStream_t)
+                                      cudaStream_t stream)
 {
     MPI_Datatype mt;
     size_t size;
@@ -220,15 +265,18 @@ extern "C" ncclResult_t ncclAllGather(const void *send, void *recv, size_t count
     if (r != ncclSuccess)
         return r;
     const char *slot = (const char *)recv + (size_t)comm->rank * count * size;
-    int in_place = send == slot;
+    int in_place = send == slot; /* the exchange reads sendbuff into a private buffer either way */
     if (!in_place && overlap(send, count * size, recv, count * size * comm->nranks))
         return fail(ncclInvalidArgument, "ncclAllGather", "sendbuff overlaps recvbuff without being in place");
-    MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)count, mt, recv, (int)count, mt, comm->comm);
+    cudaemu_stream_run(stream);
+    auto out = result_buffer(count * size * comm->nranks);
+    MPI_Allgather(send, (int)count, mt, out->data(), (int)count, mt, comm->comm);
+    complete_later("ncclAllGather", stream, in_place ? NULL : send, count * size, recv, out);
     return ncclSuccess;
 }
 
 extern "C" ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t t,
-                                          ncclRedOp_t op, ncclComm_t comm, cudaStream_t)
+                                          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
     MPI_Datatype mt;
     MPI_Op mo;
@@ -241,17 +289,15 @@ extern "C" ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t c
     const char *slot = (const char *)send + (size_t)comm->rank * count * size;
     if (recv != slot && overlap(send, count * size * comm->nranks, recv, count * size))
         return fail(ncclInvalidArgument, "ncclReduceScatter", "recvbuff overlaps sendbuff without being in place");
-    std::vector<char> copy;
-    if (recv == slot) { /* in place: MPI_IN_PLACE means something else here, so reduce from a copy */
-        copy.assign((const char *)send, (const char *)send + count * size * comm->nranks);
-        send = copy.data();
-    }
-    MPI_Reduce_scatter_block(send, recv, (int)count, mt, mo, comm->comm);
+    cudaemu_stream_run(stream);
+    auto out = result_buffer(count * size); /* in place too: the result goes to a private buffer first */
+    MPI_Reduce_scatter_block(send, out->data(), (int)count, mt, mo, comm->comm);
+    complete_later("ncclReduceScatter", stream, send, count * size * comm->nranks, recv, out);
     return ncclSuccess;
 }
 
 extern "C" ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
-                                      ncclComm_t comm, cudaStream_t)
+                                      ncclComm_t comm, cudaStream_t stream)
 {
     MPI_Datatype mt;
     MPI_Op mo;
@@ -263,12 +309,15 @@ extern "C" ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count
         return r;
     if (send != recv && overlap(send, count * size, recv, count * size))
         return fail(ncclInvalidArgument, "ncclAllReduce", "buffers overlap without being in place");
-    MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mt, mo, comm->comm);
+    cudaemu_stream_run(stream);
+    auto out = result_buffer(count * size);
+    MPI_Allreduce(send, out->data(), (int)count, mt, mo, comm->comm);
+    complete_later("ncclAllReduce", stream, send == recv ? NULL : send, count * size, recv, out);
     return ncclSuccess;
 }
 
 extern "C" ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int root,
-                                      ncclComm_t comm, cudaStream_t)
+                                      ncclComm_t comm, cudaStream_t stream)
 {
     MPI_Datatype mt;
     size_t size;
@@ -281,8 +330,11 @@ extern "C" ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count
                    recv, count * size, count);
     if (r != ncclSuccess)
         return r;
-    if (comm->rank == root && send != recv)
-        memmove(recv, send, count * size);
-    MPI_Bcast(recv, (int)count, mt, root, comm->comm);
+    cudaemu_stream_run(stream);
+    auto out = result_buffer(count * size);
+    if (comm->rank == root)
+        memcpy(out->data(), send, count * size);
+    MPI_Bcast(out->data(), (int)count, mt, root, comm->comm);
+    complete_later("ncclBroadcast", stream, comm->rank == root && send != recv ? send : NULL, count * size, recv, out);
     return ncclSuccess;
 }

@@ -4,7 +4,10 @@
     python3 rewrite_launches.py IN.cu OUT.cc
 
 Each `name<T...><<<grid, block[, smem[, stream]]>>>(args)` becomes
-`cudaemu_launch("name<T...>", __FILE__, __LINE__, [&] { name<T...>(args); }, grid, block[, smem[, stream]])`;
+`cudaemu_launch_args("name<T...>", __FILE__, __LINE__, [=](auto... a) { name<T...>(a...); },
+std::make_tuple(args), grid, block[, smem[, stream]])`: the arguments are evaluated
+at the launch (CUDA copies kernel parameters then), the kernel runs when its
+stream reaches it;
 everything else is copied unchanged, newlines included, after a #line
 directive, so compiler messages and __FILE__/__LINE__ name the original file
 and line. A launch it cannot parse stops the rewrite with an error.
@@ -70,7 +73,9 @@ def rewrite(text):
         args = text[p + 1:end]
         label = re.sub(r"\s+", "", name)
         out.append(text[pos:start])
-        out.append(f'cudaemu_launch("{label}", __FILE__, __LINE__, [&] {{ {name}({args}); }}, {config})')
+        # the arguments are evaluated now, into a tuple; the kernel runs on them later
+        out.append(f'cudaemu_launch_args("{label}", __FILE__, __LINE__, '
+                   f'[=](auto... cudaemu_a) {{ {name}(cudaemu_a...); }}, std::make_tuple({args}), {config})')
         pos = end + 1
         count += 1
     out.append(text[pos:])

@@ -8,7 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mpi.h>
+
 #include "cublas_v2.h"
+#include "nccl.h"
 #include "cuda_runtime.h"
 
 struct mode {
@@ -62,6 +65,7 @@ static int run_block_sum(void)
     for (int i = 0; i < 4 * 256; i++)
         x[i] = (float)(i % 7);
     cudaemu_launch("block_sum", __FILE__, __LINE__, [&] { block_sum(out, x); }, 4, 256);
+    cudaDeviceSynchronize();
     for (int b = 0; b < 4; b++) {
         float want = 0.0f;
         for (int i = 0; i < 256; i++)
@@ -76,6 +80,7 @@ static int run_divergent(void)
 {
     float *x = dev(64);
     cudaemu_launch("divergent_barrier", __FILE__, __LINE__, [&] { divergent_barrier(x); }, 1, 64);
+    cudaDeviceSynchronize();
     return 0;
 }
 
@@ -83,6 +88,7 @@ static int run_shuffle_exit(void)
 {
     float *x = dev(32);
     cudaemu_launch("shuffle_after_exit", __FILE__, __LINE__, [&] { shuffle_after_exit(x); }, 1, 32);
+    cudaDeviceSynchronize();
     return 0;
 }
 
@@ -90,6 +96,7 @@ static int run_too_many_threads(void)
 {
     float *x = dev(2048);
     cudaemu_launch("block_sum", __FILE__, __LINE__, [&] { block_sum(x, x); }, 1, 1056);
+    cudaDeviceSynchronize();
     return 0;
 }
 
@@ -97,6 +104,7 @@ static int run_grid_y(void)
 {
     float *x = dev(1);
     cudaemu_launch("block_sum", __FILE__, __LINE__, [&] { block_sum(x, x); }, dim3(1, 65536), 32);
+    cudaDeviceSynchronize();
     return 0;
 }
 
@@ -118,6 +126,7 @@ static int run_gemm(void)
                              CUDA_R_32F, ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
                              CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
                 return printf("gemm %d%d failed\n", ta, tb), 1;
+            cudaDeviceSynchronize();
             for (int i = 0; i < m; i++)
                 for (int j = 0; j < n; j++) {
                     float want = 0.0f;
@@ -152,6 +161,192 @@ static int run_gemm_out_of_bounds(void)
     return s == CUBLAS_STATUS_EXECUTION_FAILED ? 1 : 0;
 }
 
+/* ---- lazy streams: an ordering bug must change the result ---- */
+
+__global__ void store_value(float *x, float v) { x[threadIdx.x] = v; }
+__global__ void copy_values(float *dst, const float *src) { dst[threadIdx.x] = src[threadIdx.x]; }
+
+static cudaStream_t stream(unsigned flags)
+{
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, flags) != cudaSuccess)
+        exit(3);
+    return s;
+}
+
+/* The host reads mapped pinned memory a kernel writes, without synchronising: the old value. */
+static int run_stale_mapped(void)
+{
+    float *h;
+    if (cudaHostAlloc(&h, 32 * sizeof *h, cudaHostAllocMapped) != cudaSuccess)
+        exit(3);
+    memset(h, 0, 32 * sizeof *h);
+    cudaStream_t s = stream(cudaStreamNonBlocking);
+    cudaemu_launch("store_value", __FILE__, __LINE__, [=] { store_value(h, 1.0f); }, 1, 32, 0, s);
+    float seen = h[0]; /* the bug: no cudaStreamSynchronize(s) first */
+    cudaStreamSynchronize(s);
+    if (h[0] != 1.0f)
+        return printf("after cudaStreamSynchronize the host reads %g, want 1\n", h[0]), 2;
+    if (seen == 0.0f)
+        return printf("stale value observed: the host read %g before the kernel's 1 was synchronised\n", seen), 1;
+    return printf("the unsynchronised read saw %g: the emulation ran the kernel eagerly\n", seen), 0;
+}
+
+/* A kernel on stream B reads what a kernel on stream A writes, without an event wait (wait 0) or with one (1). */
+static float cross_stream(int wait)
+{
+    float *x = dev(32), *y = dev(32), got;
+    cudaMemset(x, 0, 32 * sizeof *x);
+    cudaMemset(y, 0, 32 * sizeof *y);
+    cudaDeviceSynchronize();
+    cudaStream_t a = stream(cudaStreamNonBlocking), b = stream(cudaStreamNonBlocking);
+    cudaEvent_t e;
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    cudaemu_launch("store_value", __FILE__, __LINE__, [=] { store_value(x, 1.0f); }, 1, 32, 0, a);
+    if (wait) {
+        cudaEventRecord(e, a);
+        cudaStreamWaitEvent(b, e, 0);
+    }
+    cudaemu_launch("copy_values", __FILE__, __LINE__, [=] { copy_values(y, x); }, 1, 32, 0, b);
+    cudaStreamSynchronize(b);
+    cudaStreamSynchronize(a);
+    cudaMemcpy(&got, y, sizeof got, cudaMemcpyDeviceToHost);
+    return got;
+}
+
+static int run_stale_cross_stream(void)
+{
+    float got = cross_stream(0);
+    if (got == 0.0f)
+        return printf("stale value observed: stream B read %g, stream A's 1 not waited for\n", got), 1;
+    return printf("stream B read %g without an event wait: the emulation ran stream A first\n", got), 0;
+}
+
+static int run_event_orders(void)
+{
+    float got = cross_stream(1);
+    return got == 1.0f ? 0 : (printf("stream B read %g after waiting for stream A's event, want 1\n", got), 1);
+}
+
+/* cudaEventQuery answers cudaErrorNotReady while the work is pending, then cudaSuccess (a polling loop ends). */
+static int run_event_query_polls(void)
+{
+    float *h;
+    cudaHostAlloc(&h, 32 * sizeof *h, cudaHostAllocMapped);
+    memset(h, 0, 32 * sizeof *h);
+    cudaStream_t s = stream(cudaStreamNonBlocking);
+    cudaEvent_t e;
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    cudaemu_launch("store_value", __FILE__, __LINE__, [=] { store_value(h, 2.0f); }, 1, 32, 0, s);
+    cudaEventRecord(e, s);
+    int not_ready = 0;
+    cudaError_t r;
+    while ((r = cudaEventQuery(e)) == cudaErrorNotReady)
+        if (++not_ready > 100)
+            return printf("cudaEventQuery never ready\n"), 1;
+    if (r != cudaSuccess || (not_ready == 0) != cudaemu_eager() || h[0] != 2.0f)
+        return printf("query %d after %d not-ready answers, value %g\n", (int)r, not_ready, h[0]), 1;
+    return 0;
+}
+
+/* The legacy default stream: cudaMemcpy waits for a blocking stream's kernel, not a non-blocking one's. */
+static float legacy_after(unsigned flags)
+{
+    float *x = dev(32), got = -1.0f;
+    cudaMemset(x, 0, 32 * sizeof *x);
+    cudaDeviceSynchronize();
+    cudaStream_t s = stream(flags);
+    cudaemu_launch("store_value", __FILE__, __LINE__, [=] { store_value(x, 3.0f); }, 1, 32, 0, s);
+    cudaMemcpy(&got, x, sizeof got, cudaMemcpyDeviceToHost);
+    cudaStreamSynchronize(s);
+    return got;
+}
+
+static int run_legacy_blocking(void)
+{
+    float got = legacy_after(cudaStreamDefault);
+    return got == 3.0f ? 0 : (printf("cudaMemcpy after a blocking stream's kernel read %g, want 3\n", got), 1);
+}
+
+static int run_legacy_nonblocking(void)
+{
+    float got = legacy_after(cudaStreamNonBlocking);
+    if (got == 0.0f)
+        return printf("stale value observed: cudaMemcpy does not wait for a non-blocking stream\n"), 1;
+    return printf("cudaMemcpy read %g: it waited for a non-blocking stream\n", got), 0;
+}
+
+/* ---- the NCCL stand-in: a collective's result lands when its stream completes it ---- */
+
+static ncclComm_t one_rank_comm(void)
+{
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init)
+        MPI_Init(NULL, NULL);
+    ncclUniqueId id;
+    ncclComm_t comm;
+    if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, 1, id, 0) != ncclSuccess)
+        exit(3);
+    return comm;
+}
+
+/* A kernel on the compute stream reads an all-reduce's output; wait 1: after waiting for its event. */
+static float collective_then_read(int wait)
+{
+    ncclComm_t comm = one_rank_comm();
+    float *send = dev(32), *recv = dev(32), *out = dev(32), got = -1.0f;
+    cudaStream_t compute = stream(cudaStreamNonBlocking), nccl = stream(cudaStreamNonBlocking);
+    cudaEvent_t ready, done;
+    cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    cudaemu_launch("store_value", __FILE__, __LINE__, [=] { store_value(send, 4.0f); }, 1, 32, 0, compute);
+    cudaemu_launch("store_value", __FILE__, __LINE__, [=] { store_value(recv, 0.0f); }, 1, 32, 0, compute);
+    cudaEventRecord(ready, compute);
+    cudaStreamWaitEvent(nccl, ready, 0);
+    ncclAllReduce(send, recv, 32, ncclFloat32, ncclSum, comm, nccl);
+    cudaEventRecord(done, nccl);
+    if (wait)
+        cudaStreamWaitEvent(compute, done, 0);
+    cudaemu_launch("copy_values", __FILE__, __LINE__, [=] { copy_values(out, recv); }, 1, 32, 0, compute);
+    cudaStreamSynchronize(compute);
+    cudaStreamSynchronize(nccl);
+    cudaMemcpy(&got, out, sizeof got, cudaMemcpyDeviceToHost);
+    return got;
+}
+
+static int run_stale_collective(void)
+{
+    float got = collective_then_read(0);
+    if (got == 0.0f)
+        return printf("stale value observed: a kernel read the all-reduce's output %g without waiting for it\n", got),
+               1;
+    return printf("a kernel read %g from the all-reduce's output without waiting for its event\n", got), 0;
+}
+
+static int run_collective_waited(void)
+{
+    float got = collective_then_read(1);
+    return got == 4.0f ? 0 : (printf("read %g after waiting for the all-reduce, want 4\n", got), 1);
+}
+
+/* A kernel on the compute stream overwrites an all-gather's sendbuff before the collective has completed. */
+static int run_collective_send_overwritten(void)
+{
+    ncclComm_t comm = one_rank_comm();
+    float *send = dev(32), *recv = dev(64);
+    cudaStream_t compute = stream(cudaStreamNonBlocking), nccl = stream(cudaStreamNonBlocking);
+    cudaEvent_t ready;
+    cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+    cudaEventRecord(ready, compute);
+    cudaStreamWaitEvent(nccl, ready, 0);
+    ncclAllGather(send, recv, 32, ncclFloat32, comm, nccl);
+    cudaemu_launch("store_value", __FILE__, __LINE__, [=] { store_value(send, 5.0f); }, 1, 32, 0, compute);
+    cudaStreamSynchronize(compute);
+    cudaStreamSynchronize(nccl);
+    return 0;
+}
+
 static const mode g_modes[] = {
     {"block_sum", "pass", run_block_sum},
     {"gemm_reference", "pass", run_gemm},
@@ -161,14 +356,25 @@ static const mode g_modes[] = {
     {"grid_y_65536", "grid dimensions", run_grid_y},
     {"gemm_lda_too_small", "lda 3 < max(1, rows of A as stored = 5)", run_bad_lda},
     {"gemm_operand_past_allocation", "not inside one device allocation", run_gemm_out_of_bounds},
+    {"stale_mapped_host_read", "stale value observed", run_stale_mapped},
+    {"stale_cross_stream_read", "stale value observed", run_stale_cross_stream},
+    {"event_wait_orders_streams", "pass", run_event_orders},
+    {"event_query_polls", "pass", run_event_query_polls},
+    {"legacy_stream_waits_for_blocking", "pass", run_legacy_blocking},
+    {"legacy_stream_ignores_nonblocking", "stale value observed", run_legacy_nonblocking},
+    {"stale_collective_output_read", "stale value observed", run_stale_collective},
+    {"collective_output_after_event_wait", "pass", run_collective_waited},
+    {"collective_sendbuff_overwritten", "ordering hazard: ncclAllGather's sendbuff", run_collective_send_overwritten},
 };
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IONBF, 0); /* the message comes out before an abort */
     const size_t n = sizeof g_modes / sizeof g_modes[0];
     if (argc == 2 && strcmp(argv[1], "--list") == 0) {
-        for (size_t i = 0; i < n; i++)
-            printf("%s\n", g_modes[i].name);
+        for (size_t i = 0; i < n; i++) /* CUDAEMU_EAGER=1 runs every operation at the call: nothing is stale */
+            if (!(cudaemu_eager() && (strstr(g_modes[i].expect, "stale") || strstr(g_modes[i].expect, "ordering"))))
+                printf("%s\n", g_modes[i].name);
         return 0;
     }
     for (size_t i = 0; i < n; i++) {

@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <functional>
+#include <tuple>
 #include <type_traits>
 
 #define __global__
@@ -84,18 +86,35 @@ inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 
-/* Runs the kernel body for every thread of every block; name and site for messages. */
+/* Checks a launch and enqueues it on its stream: when the stream reaches it,
+ * the body runs for every thread of every block; name and site for messages. */
 void cudaemu_launch_impl(const char *name, const char *file, int line, dim3 grid, dim3 block, size_t smem,
-                         cudaStream_t stream, void (*body)(void *), void *ctx);
+                         cudaStream_t stream, std::function<void()> body);
 
+/* body is copied: a [&] lambda's references must outlive the launch's execution (a synchronisation). */
 template <typename F>
 inline void cudaemu_launch(const char *name, const char *file, int line, F &&body, dim3 grid, dim3 block,
                            size_t smem = 0, cudaStream_t stream = 0)
 {
-    typedef typename std::remove_reference<F>::type Body;
-    cudaemu_launch_impl(name, file, line, grid, block, smem, stream, [](void *c) { (*(Body *)c)(); },
-                        (void *)&body);
+    cudaemu_launch_impl(name, file, line, grid, block, smem, stream, std::function<void()>(body));
 }
+
+/* What rewrite_launches.py makes of `k<<<config>>>(args)`: the arguments are
+ * evaluated at the launch into a tuple (by value, as CUDA copies kernel
+ * parameters at the launch), and the kernel runs on them when the stream
+ * reaches it. */
+template <typename F, typename Args>
+inline void cudaemu_launch_args(const char *name, const char *file, int line, F body, Args args, dim3 grid,
+                                dim3 block, size_t smem = 0, cudaStream_t stream = 0)
+{
+    cudaemu_launch_impl(name, file, line, grid, block, smem, stream,
+                        std::function<void()>([body, args] { std::apply(body, args); }));
+}
+
+/* Emulation only (cuBLAS, NCCL): fn runs when stream reaches it; all of a
+ * stream's queued work, now. */
+void cudaemu_enqueue(cudaStream_t stream, std::function<void()> fn);
+void cudaemu_stream_run(cudaStream_t stream);
 
 /* The runtime's template overloads for typed pointers, as cuda_runtime.h has them. */
 template <typename T> inline cudaError_t cudaMalloc(T **ptr, size_t bytes) { return cudaMalloc((void **)ptr, bytes); }

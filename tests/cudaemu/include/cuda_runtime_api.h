@@ -100,6 +100,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 /* Emulation only: the allocation (device or pinned) that holds [p, p + bytes),
  * 0 when none does; *kind is its cudaMemoryType. */
 int cudaemu_lookup(const void *p, size_t bytes, enum cudaMemoryType *kind);
+/* Emulation only: 1 when CUDAEMU_EAGER=1 (every stream operation runs at the call). */
+int cudaemu_eager(void);
 
 #ifdef __cplusplus
 }
