@@ -51,6 +51,16 @@ static int *g_flag;          /* device: finite check */
 static float *g_colsum;
 
 static cudaEvent_t g_sync_event;
+/* The copy stream: device-to-pinned-host transfers (a reduced gradient shard
+ * added into the pinned fp32 shard, casts into pinned memory) run there, beside
+ * the kernels of the next unit. g_fork orders it after the kernels issued so
+ * far; g_copy_done marks its last transfer, which the kernels' stream waits
+ * for before it next touches host memory or is waited on (join_copies), and
+ * the NCCL stream before its next collective (backend_cuda_copy_event), as a
+ * transfer's source may be the shared reduce-scatter receive buffer. */
+static cudaStream_t g_copy;
+static cudaEvent_t g_fork, g_copy_done;
+static int g_copy_pending;
 static double g_sync_timeout = 600.0;     /* SHARDLM_COMM_TIMEOUT, as for MPI collectives */
 static const char *(*g_watchdog)(void);   /* comm_nccl: a message when NCCL has failed */
 
@@ -58,10 +68,73 @@ static const char *(*g_watchdog)(void);   /* comm_nccl: a message when NCCL has 
  * queued behind a collective that waits for a dead rank would block the host
  * for good, so the wait polls, asks the NCCL watchdog, and after the timeout
  * ends the job (fail_internal: the abort hooks abort NCCL and MPI). */
+/* The device arenas (backend_mem_alloc): a copy between two of them is
+ * ordered on the stream like a kernel and needs no wait by the host. */
+#define MAX_DEVICE_RANGES 64
+static struct {
+    const char *base;
+    size_t bytes;
+} g_device_ranges[MAX_DEVICE_RANGES];
+static int g_n_device_ranges;
+
+static int in_device_arena(const void *p, size_t bytes)
+{
+    const char *c = (const char *)p;
+    for (int i = 0; i < g_n_device_ranges; i++)
+        if (c >= g_device_ranges[i].base && bytes <= g_device_ranges[i].bytes &&
+            (size_t)(c - g_device_ranges[i].base) <= g_device_ranges[i].bytes - bytes)
+            return 1;
+    return 0;
+}
+
+static void join_copies(void);
+
+/* Before a kernel of the compute stream touches host (pinned) memory: the
+ * copy stream's transfers into it come first. */
+static void order_host(const void *p, size_t bytes)
+{
+    if (g_copy_pending && bytes && !in_device_arena(p, bytes))
+        join_copies();
+}
+
+/* The stream for a kernel that writes dst (dst_bytes) from src (src_bytes):
+ * the copy stream when it moves device memory into host memory, ordered after
+ * the kernels issued so far; else the compute stream, after the copy stream's
+ * transfers if either side is host memory. End a copy-stream kernel with
+ * copy_issued(). */
+static cudaStream_t transfer_stream(const void *dst, size_t dst_bytes, const void *src, size_t src_bytes)
+{
+    if (in_device_arena(dst, dst_bytes) || !in_device_arena(src, src_bytes)) {
+        order_host(dst, dst_bytes);
+        order_host(src, src_bytes);
+        return g_stream;
+    }
+    cudaCheck(cudaEventRecord(g_fork, g_stream));
+    cudaCheck(cudaStreamWaitEvent(g_copy, g_fork, 0));
+    return g_copy;
+}
+
+static void copy_issued(cudaStream_t s)
+{
+    if (s != g_copy)
+        return;
+    cudaCheck(cudaEventRecord(g_copy_done, g_copy));
+    g_copy_pending = 1;
+}
+
+static void join_copies(void)
+{
+    if (g_copy_pending) {
+        cudaCheck(cudaStreamWaitEvent(g_stream, g_copy_done, 0));
+        g_copy_pending = 0;
+    }
+}
+
 static void stream_wait(void)
 {
     /* a launch with a bad configuration is only reported here, by the runtime's last error */
     cudaCheck(cudaGetLastError());
+    join_copies(); /* the copy stream's transfers too */
     cudaCheck(cudaEventRecord(g_sync_event, g_stream));
     double t0 = now_seconds();
     for (unsigned spins = 0;; spins++) {
@@ -112,6 +185,9 @@ extern "C" void backend_init(int threads)
     cudaCheck(cudaMalloc(&g_flag, sizeof(int)));
     cudaCheck(cudaMalloc(&g_colsum, COLSUM_FLOATS * sizeof(float)));
     cudaCheck(cudaEventCreateWithFlags(&g_sync_event, cudaEventDisableTiming));
+    cudaCheck(cudaStreamCreateWithFlags(&g_copy, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&g_fork, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&g_copy_done, cudaEventDisableTiming));
     const char *timeout = getenv("SHARDLM_COMM_TIMEOUT");
     if (timeout && atof(timeout) > 0)
         g_sync_timeout = atof(timeout);
@@ -431,6 +507,7 @@ extern "C" void backend_gelu_backward(float *dinp, const float *inp, const float
 
 extern "C" void backend_add(float *out, const float *a, const float *b, size_t n)
 {
+    order_host(out, n * sizeof *out), order_host(a, n * sizeof *a), order_host(b, n * sizeof *b);
     add_kernel<float><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(out, a, b, n);
 }
 
@@ -441,6 +518,7 @@ extern "C" void backend_add_act(float *out, const float *a, const float *b, size
 
 extern "C" void backend_scale(float *x, float s, size_t n)
 {
+    order_host(x, n * sizeof *x);
     scale_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(x, s, n);
 }
 
@@ -453,33 +531,16 @@ __global__ static void zero_kernel(float *x, size_t n)
 /* A kernel rather than cudaMemsetAsync: x may be mapped pinned host memory. */
 extern "C" void backend_zero(float *x, size_t n)
 {
+    order_host(x, n * sizeof *x);
     if (n)
         zero_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(x, n);
-}
-
-/* The device arenas (backend_mem_alloc): a copy between two of them is
- * ordered on the stream like a kernel and needs no wait by the host. */
-#define MAX_DEVICE_RANGES 64
-static struct {
-    const char *base;
-    size_t bytes;
-} g_device_ranges[MAX_DEVICE_RANGES];
-static int g_n_device_ranges;
-
-static int in_device_arena(const void *p, size_t bytes)
-{
-    const char *c = (const char *)p;
-    for (int i = 0; i < g_n_device_ranges; i++)
-        if (c >= g_device_ranges[i].base && bytes <= g_device_ranges[i].bytes &&
-            (size_t)(c - g_device_ranges[i].base) <= g_device_ranges[i].bytes - bytes)
-            return 1;
-    return 0;
 }
 
 extern "C" void backend_copy(void *dst, const void *src, size_t bytes)
 {
     if (!bytes)
         return;
+    order_host(dst, bytes), order_host(src, bytes);
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g_stream));
     if (!in_device_arena(dst, bytes) || !in_device_arena(src, bytes))
         stream_wait(); /* host memory: complete on return */
@@ -487,8 +548,10 @@ extern "C" void backend_copy(void *dst, const void *src, size_t bytes)
 
 extern "C" void backend_copy_async(void *dst, const void *src, size_t bytes)
 {
-    if (bytes)
-        cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g_stream));
+    if (!bytes)
+        return;
+    order_host(dst, bytes), order_host(src, bytes);
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g_stream));
 }
 
 /* ---- attention ----------------------------------------------------------------------------- */
@@ -739,6 +802,7 @@ extern "C" double backend_sum_squares(const float *x, size_t n)
 {
     unsigned blocks = blocks_for(n, BLOCK);
     blocks = blocks < MAX_REDUCE_BLOCKS ? blocks : MAX_REDUCE_BLOCKS;
+    order_host(x, n * sizeof *x);
     sum_squares_kernel<<<blocks, BLOCK, 0, g_stream>>>(g_partials, x, n);
     cudaCheck(cudaMemcpyAsync(g_partials_h, g_partials, blocks * sizeof(double), cudaMemcpyDeviceToHost, g_stream));
     stream_wait();
@@ -751,6 +815,7 @@ extern "C" double backend_sum_squares(const float *x, size_t n)
 extern "C" int backend_all_finite(const float *x, size_t n)
 {
     int one = 1, flag = 0;
+    order_host(x, n * sizeof *x);
     cudaCheck(cudaMemcpyAsync(g_flag, &one, sizeof one, cudaMemcpyHostToDevice, g_stream));
     finite_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(g_flag, x, n);
     cudaCheck(cudaMemcpyAsync(&flag, g_flag, sizeof flag, cudaMemcpyDeviceToHost, g_stream));
@@ -846,14 +911,20 @@ __global__ static void add_to_f32_kernel(float *acc, const void *src, enum dtype
 
 extern "C" void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n)
 {
-    if (n)
-        convert_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(dst, dst_dt, src, src_dt, n);
+    if (!n)
+        return;
+    cudaStream_t s = transfer_stream(dst, n * dtype_size(dst_dt), src, n * dtype_size(src_dt));
+    convert_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, s>>>(dst, dst_dt, src, src_dt, n);
+    copy_issued(s);
 }
 
 extern "C" void backend_add_to_f32(float *acc, const void *src, enum dtype dt, size_t n)
 {
-    if (n)
-        add_to_f32_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(acc, src, dt, n);
+    if (!n)
+        return;
+    cudaStream_t s = transfer_stream(acc, n * sizeof *acc, src, n * dtype_size(dt));
+    add_to_f32_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, s>>>(acc, src, dt, n);
+    copy_issued(s);
 }
 
 extern "C" void backend_synchronize(void) { stream_wait(); }
@@ -861,3 +932,8 @@ extern "C" void backend_synchronize(void) { stream_wait(); }
 extern "C" void backend_cuda_set_watchdog(const char *(*check)(void)) { g_watchdog = check; }
 
 extern "C" cudaStream_t backend_cuda_stream(void) { return g_stream; }
+
+/* The copy stream's last transfer while the compute stream has not waited for
+ * it, else NULL: comm_nccl's stream waits for it before its next collective,
+ * whose output may be a pending transfer's source. */
+extern "C" cudaEvent_t backend_cuda_copy_event(void) { return g_copy_pending ? g_copy_done : NULL; }

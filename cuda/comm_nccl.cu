@@ -5,8 +5,8 @@
  * NCCL (default): one communicator per job, created from an ncclUniqueId that
  * rank 0 broadcasts over MPI, and one stream of its own. A collective first
  * makes that stream wait for everything the compute stream has been given so
- * far (an event), so it reads finished data and writes buffers the kernels
- * are done with; its completion is another event, and comm_wait makes the
+ * far (an event), and for the backend's copy stream's last transfer, so it
+ * reads finished data and writes buffers the kernels and transfers are done with; its completion is another event, and comm_wait makes the
  * compute stream wait for it. The host never blocks: a gather started ahead
  * (prefetch) runs while the kernels of the unit before it run, and a
  * reduce-scatter while the backward of the next unit runs.
@@ -43,6 +43,7 @@ extern "C" {
 #define NCCL_EVENTS 1024 /* completion events, reused in a ring: a wait on a reused one only waits longer */
 
 extern "C" cudaStream_t backend_cuda_stream(void);
+extern "C" cudaEvent_t backend_cuda_copy_event(void);
 extern "C" void backend_cuda_set_watchdog(const char *(*check)(void));
 
 struct nccl_ctx {
@@ -115,6 +116,9 @@ static void nccl_collective(void *ctx, enum comm_kind kind, const void *send, vo
     ncclDataType_t t = nccl_type(dt);
     cudaCheck(cudaEventRecord(x->ready, x->compute));
     cudaCheck(cudaStreamWaitEvent(x->stream, x->ready, 0));
+    cudaEvent_t copies = backend_cuda_copy_event(); /* a pending transfer may read this collective's output */
+    if (copies)
+        cudaCheck(cudaStreamWaitEvent(x->stream, copies, 0));
     switch (kind) {
     case COMM_ALLGATHER: ncclCheck(ncclAllGather(send, recv, count, t, x->nccl, x->stream)); break;
     case COMM_REDUCE_SCATTER: ncclCheck(ncclReduceScatter(send, recv, count, t, ncclSum, x->nccl, x->stream)); break;
@@ -156,7 +160,7 @@ static void staged_collective(void *ctx, enum comm_kind kind, const void *send, 
     const size_t send_bytes = kind == COMM_REDUCE_SCATTER ? all : kind == COMM_ALLGATHER ? one : 0;
     const size_t recv_bytes = kind == COMM_ALLGATHER ? all : one;
     staging_reserve(x, all);
-    cudaCheck(cudaStreamSynchronize(x->compute));
+    backend_synchronize(); /* the kernels and the copy stream's transfers */
     if (send_bytes)
         cudaCheck(cudaMemcpy(x->host_send, send, send_bytes, cudaMemcpyDeviceToHost));
     else

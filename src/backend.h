@@ -149,7 +149,9 @@ void backend_mem_free(enum mem_space space, void *p, size_t bytes);
 int backend_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* dst (n, dst_dt) = src (n, src_dt), rounding to nearest even (dtype.h). */
 void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n);
-/* acc (n, fp32) += src (n, dt). */
+/* acc (n, fp32) += src (n, dt). On a device, backend_convert and
+ * backend_add_to_f32 from device memory into pinned host memory run on a
+ * copy stream beside the kernels; every later call still sees the result. */
 void backend_add_to_f32(float *acc, const void *src, enum dtype dt, size_t n);
 /* Waits for every kernel and copy issued so far (a no-op on the CPU). */
 void backend_synchronize(void);

@@ -344,8 +344,9 @@ static void finish_reduce_scatter(struct zero *z)
         comm_wait(z->comm, &zu->rs_req);
         if (z->half)
             backend_add_to_f32(zu->grad_shard, zu->grad_recv, z->dtype, zu->shard);
-        else if (z->master_copy) /* fp32 offload: the result already holds the accumulated shard */
-            backend_copy(zu->grad_shard, zu->grad_recv, zu->shard * sizeof(float));
+        else if (z->master_copy) /* fp32 offload: the result already holds the accumulated shard; a
+                                  * device moves it to host memory on its copy stream */
+            backend_convert(zu->grad_shard, DTYPE_F32, zu->grad_recv, DTYPE_F32, zu->shard);
     }
     zu->rs_pending = false;
     if (z->master_copy)

@@ -3,9 +3,11 @@
 against the CPU build (bin/shardlm) on a tiny GPT-2, ZeRO stage 3, 6 steps:
 fp32 N=1, fp32 N=2 over the emulated NCCL (two emulated devices), fp32 N=2
 on one emulated device over host-staged MPI (SHARDLM_SHARE_GPUS=1), bf16
-N=1, and fp32 N=2 over NCCL with offload_param, gradient accumulation and
-host activation checkpoints. The emulated streams are lazy (README.md), so
-a missing synchronisation in the engine or the CUDA code changes the losses. Every step's loss and grad norm agree within 1e-5 relative in fp32
+N=1, and fp32 and bf16 N=2 over NCCL with offload_param, gradient
+accumulation and host activation checkpoints. The emulated streams are lazy
+(README.md), so a missing synchronisation in the engine or the CUDA code
+changes the losses; the offload cases also run with CUDAEMU_EAGER=1 (every
+operation at its call) and must give bitwise the same losses and grad norms. Every step's loss and grad norm agree within 1e-5 relative in fp32
 (TF32 off) and 2e-2 in bf16 (the CUDA build keeps bf16 activations, the
 CPU build fp32 ones; tests/gpu/e2e.py's tolerance), and the emulated run's
 planned bytes equal its peak. Prints "ok NAME" / "FAIL NAME: why" lines.
@@ -84,7 +86,8 @@ def main():
              ("fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("fp32_n2_staged", 2, "fp32", {"SHARDLM_SHARE_GPUS": "1"}, FP32_TOL),
              ("bf16_n1", 1, "bf16", {}, BF16_TOL),
-             ("fp32_n2_nccl_offload_accum_ckpt", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
+             ("fp32_n2_nccl_offload_accum_ckpt", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("bf16_n2_nccl_offload_accum_ckpt", 2, "bf16", {"CUDAEMU_DEVICES": "2"}, BF16_TOL))
     for tag, N, dtype, env, tol in cases:
         extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else None
         cpu, out_c = train(f"cpu_{tag}", CPU_BIN, N, dtype, {}, extra)
@@ -104,6 +107,14 @@ def main():
         mem = next((r["memory"] for r in emu if "memory" in r), None)
         bad = ["no memory record"] if mem is None else [k for k, v in mem.items() if v["planned"] != v["peak"]]
         check(f"cudaemu.e2e.{tag}.planned_is_peak", not bad, f"classes {bad}")
+        if "offload" in tag:
+            # every order the lazy streams allow gives the synchronous order's results, to the bit
+            eager, out_s = train(f"eager_{tag}", EMU_BIN, N, dtype, dict(env, CUDAEMU_EAGER="1"), extra)
+            same = eager is not None and [(r["loss"], r["grad_norm"]) for r in eager if "loss" in r] == \
+                [(r["loss"], r["grad_norm"]) for r in re_]
+            check(f"cudaemu.e2e.{tag}.lazy_equals_eager", same,
+                  out_s if eager is None else f"eager losses {[r['loss'] for r in eager if 'loss' in r][:3]}..., "
+                  f"lazy {[r['loss'] for r in re_[:3]]}...")
         if N == 2:
             via = "NCCL on a stream of its own" if "nccl" in tag else "host-staged MPI"
             check(f"cudaemu.e2e.{tag}.transport", via in out_e, f"log does not say '{via}'")
