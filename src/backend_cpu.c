@@ -151,10 +151,12 @@ void backend_layernorm_forward(float *out, float *mean, float *rstd, const float
         const float *x = inp + (size_t)i * C;
         float *y = out + (size_t)i * C;
         float m = 0.0f;
+#pragma omp simd reduction(+ : m)
         for (int c = 0; c < C; c++)
             m += x[c];
         m /= (float)C;
         float var = 0.0f;
+#pragma omp simd reduction(+ : var)
         for (int c = 0; c < C; c++) {
             float d = x[c] - m;
             var += d * d;
@@ -197,6 +199,7 @@ void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const
             float *dx = dinp + (size_t)i * C;
             float m = mean[i], s = rstd[i];
             float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
             for (int c = 0; c < C; c++) {
                 float norm = (x[c] - m) * s;
                 float dnorm = weight[c] * dy[c];
@@ -297,6 +300,7 @@ void backend_attention_forward(float *out, float *att, const float *qkv, float *
             for (int i = 0; i < T; i++) {
                 float *row = p + (size_t)i * T;
                 float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
                 for (int j = 0; j <= i; j++)
                     mx = row[j] > mx ? row[j] : mx;
                 float sum = 0.0f;
@@ -353,6 +357,7 @@ void backend_attention_backward(float *dqkv, const float *dout, const float *qkv
                 const float *prow = p + (size_t)i * T;
                 float *drow = ds + (size_t)i * T;
                 float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
                 for (int j = 0; j <= i; j++)
                     dot += prow[j] * drow[j];
                 for (int j = 0; j <= i; j++)
@@ -426,6 +431,7 @@ void backend_crossentropy_forward(float *losses, float *logits, const int32_t *t
         float *row = logits + (size_t)i * Vp;
         float target_logit = row[targets[i]];
         float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
         for (int j = 0; j < V; j++)
             mx = row[j] > mx ? row[j] : mx;
         float sum = 0.0f;
