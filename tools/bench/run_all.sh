@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every benchmark of tools/bench/, one after the other (long: tens of minutes
 # on a 2-core machine). Each prints its own table with the reference measured
-# in the same run. Pass --coretype X to select OpenBLAS kernels for all.
+# in the same run. Pass --coretype X to select OpenBLAS kernels for all (default:
+# the best the CPU supports; see tools/bench/coretype.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 core=()

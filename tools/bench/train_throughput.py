@@ -30,9 +30,11 @@ import subprocess
 import sys
 import time
 
+import coretype
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 OUT = os.path.join(ROOT, "build", "bench")
-SHARDLM = os.path.join(ROOT, "bin", "shardlm")
+SHARDLM = os.environ.get("BENCH_SHARDLM") or os.path.join(ROOT, "bin", "shardlm")
 SGEMM = os.path.join(OUT, "sgemm_peak")
 TORCH_PY = os.path.join(ROOT, "tools", "bench", "torch_gpt2.py")
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -223,7 +225,13 @@ def main():
     ap = argparse.ArgumentParser(description="shardlm vs PyTorch training tokens/s")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "0")) or os.cpu_count())
     ap.add_argument("--coretype", default=None,
-                    help="OPENBLAS_CORETYPE for both sides (default: the environment's, unset if unset)")
+                    help="OPENBLAS_CORETYPE for both sides: a core type the CPU's flags allow, auto (the best "
+                         "of them), or none (unset: OpenBLAS's own detection); default: the environment's "
+                         "OPENBLAS_CORETYPE, else auto")
+    ap.add_argument("--isa", default="native", choices=("native", "avx2"),
+                    help="avx2: measure as on an AVX2-only CPU (train_throughput.sh builds shardlm for "
+                         "x86-64-v3 into build/avx2/; torch's ATen and oneDNN kernels capped at AVX2; "
+                         "core types needing AVX-512 refused)")
     ap.add_argument("--steps", type=int, default=10, help="steps per run, warm-up included (default 10)")
     ap.add_argument("--steps-124m", type=int, default=0, help="steps for the 124M shape (default: --steps)")
     ap.add_argument("--warmup", type=int, default=2)
@@ -237,18 +245,23 @@ def main():
                          "(default 20; 0 = don't)")
     ap.add_argument("--wait-quiet-total", type=float, default=90.0, help="cap on all such waits (default 90 s)")
     ap.add_argument("--json", default=os.path.join(OUT, "train_throughput.json"))
+    ap.add_argument("--check-only", action="store_true",
+                    help="check the arguments and the core type against the CPU, run nothing")
     args = ap.parse_args()
 
     os.makedirs(OUT, exist_ok=True)
     env = dict(os.environ)
     n = str(args.threads)
     env.update(OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, OMP_WAIT_POLICY="passive")
-    if args.coretype is not None:
-        if args.coretype in ("", "auto", "none"):
-            env.pop("OPENBLAS_CORETYPE", None)
-        else:
-            env["OPENBLAS_CORETYPE"] = args.coretype
-    coretype_env = env.get("OPENBLAS_CORETYPE", "(unset)")
+    coretype_env = coretype.apply(env, args.coretype, args.isa)
+    for s in args.shapes.split(","):
+        if s not in SHAPES:
+            raise SystemExit(f"error: unknown shape {s!r}; choose from {', '.join(SHAPES)}")
+    if args.check_only:
+        return
+    cpu = coretype.describe(coretype.restrict(coretype.read_cpu(), args.isa))
+    if args.isa == "avx2":
+        env.update(ATEN_CPU_CAPABILITY="avx2", DNNL_MAX_CPU_ISA="AVX2")
 
     shapes = {}
     for s in args.shapes.split(","):
@@ -259,6 +272,7 @@ def main():
             B = args.batch_124m
         shapes[s] = (L, NH, C, T, B, V)
 
+    print(f"cpu: {cpu}; shardlm: {os.path.relpath(SHARDLM, ROOT)}")
     print(f"env: OMP_NUM_THREADS={n} OPENBLAS_NUM_THREADS={n} OMP_WAIT_POLICY=passive "
           f"OPENBLAS_CORETYPE={coretype_env}  (same for shardlm, torch and sgemm_peak)")
     with open("/proc/loadavg") as f:
@@ -313,7 +327,7 @@ def main():
     print(f"sgemm_peak again after the runs: {peak1:.1f} GFLOP/s; MFU uses the higher, {peak:.1f}")
 
     print()
-    print(f"threads {n}, OPENBLAS_CORETYPE={coretype_env}, OpenBLAS kernel {core}; "
+    print(f"{cpu}: threads {n}, OPENBLAS_CORETYPE={coretype_env}, OpenBLAS kernel {core}; "
           f"tok/s = median (best) over steps after {args.warmup} warm-up; "
           f"ratio = shardlm/torch of medians (of bests); MFU from medians")
     hdr = (f"{'shape':<28} {'shardlm tok/s':>20} {'torch tok/s':>20} {'ratio':>14} {'shardlm MFU':>11} "
@@ -339,7 +353,7 @@ def main():
     verdict = all(r["ratio"] >= target for r in results)
     print(f"target shardlm >= {target}x torch on every shape: {'met' if verdict else 'NOT met'}")
     with open(args.json, "w") as f:
-        json.dump({"threads": args.threads, "coretype_env": coretype_env, "corename": core,
+        json.dump({"cpu": cpu, "isa": args.isa, "threads": args.threads, "coretype_env": coretype_env, "corename": core,
                    "sgemm_peak_gflops": peak, "sgemm_sizes": sizes + sizes1, "results": results}, f, indent=1)
     print(f"results: {os.path.relpath(args.json, ROOT)}")
 

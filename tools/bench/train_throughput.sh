@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Training throughput, shardlm against PyTorch, side by side in one run.
 #
-#   bash tools/bench/train_throughput.sh [--threads N] [--coretype X] [--steps N]
-#        [--shapes small,124M] [--batch-124m B] [--steps-124m N] [--budget S]
+#   bash tools/bench/train_throughput.sh [--threads N] [--coretype X] [--isa native|avx2]
+#        [--steps N] [--shapes small,124M] [--batch-124m B] [--steps-124m N] [--budget S]
 #        [--rounds R] [--wait-quiet S] [--no-build]
 #
 #   --threads N     threads for both sides (default: all CPUs)
-#   --coretype X    OPENBLAS_CORETYPE=X for both sides and sgemm_peak ("none" unsets it)
+#   --coretype X    OPENBLAS_CORETYPE=X for both sides and sgemm_peak: a core type
+#                   this CPU's flags allow (others are refused before anything runs,
+#                   naming the missing flags), "auto" (the best the flags allow; the
+#                   default when the environment sets none) or "none" (unset it:
+#                   OpenBLAS's own detection). tools/bench/coretype.py lists them.
+#   --isa avx2      measure as an AVX2-only CPU would run: shardlm built for
+#                   x86-64-v3 (tuned for Zen 3) into build/avx2/, torch's kernels
+#                   capped at AVX2, AVX-512 core types refused
 #   --steps N       steps per run, the first 2 (--warmup) not counted (default 10)
 #   --budget S      seconds per side and shape; past it a run stops after warm-up + 2
 #                   steps (default 120; keeps the Prescott-kernel 124M run in time)
@@ -33,23 +40,39 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 build=1
+isa=native
 args=()
+prev=
 for a in "$@"; do
     if [ "$a" = "--no-build" ]; then build=0; else args+=("$a"); fi
+    [ "$prev" = "--isa" ] && isa=$a
+    case $a in --isa=*) isa=${a#--isa=} ;; esac
+    prev=$a
 done
+# The core type is checked against the CPU before anything is built or run.
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+"$PY" tools/bench/train_throughput.py --check-only "${args[@]}" || exit $?
+make_args=(all)
+if [ "$isa" = avx2 ]; then
+    # The same sources, as the compiler builds them on an AVX2-only machine
+    # (-march=native on a Zen 3 means x86-64-v3 plus Zen 3 tuning).
+    make_args=(OPT="-O3 -march=x86-64-v3 -mtune=znver3 -g" BUILD=build/avx2 BIN=build/avx2/bin build/avx2/bin/shardlm)
+    export BENCH_SHARDLM=$PWD/build/avx2/bin/shardlm
+fi
 
 mkdir -p build/bench
 if [ "$build" = 1 ]; then
     # Others may be mid-edit in src/: one retry after a pause.
-    if ! make --no-print-directory all >build/bench/make.log 2>&1; then
-        echo "make all failed; retrying in 60 s (tail of the log below)" >&2
+    if ! make --no-print-directory "${make_args[@]}" >build/bench/make.log 2>&1; then
+        echo "make failed; retrying in 60 s (tail of the log below)" >&2
         tail -5 build/bench/make.log >&2
         sleep 60
-        make --no-print-directory all >build/bench/make.log 2>&1 || { cat build/bench/make.log >&2; exit 1; }
+        make --no-print-directory "${make_args[@]}" >build/bench/make.log 2>&1 || { cat build/bench/make.log >&2; exit 1; }
     fi
     rm -f build/bench/make.log
 fi
-[ -x bin/shardlm ] || { echo "bin/shardlm missing; run make all" >&2; exit 1; }
+[ -x "${BENCH_SHARDLM:-bin/shardlm}" ] || { echo "${BENCH_SHARDLM:-bin/shardlm} missing; run make all" >&2; exit 1; }
 
 BLAS_PC=${BLAS_PC:-openblas}
 libdir=$(pkg-config --variable=libdir "$BLAS_PC" 2>/dev/null || true)
@@ -59,6 +82,4 @@ if [ ! -x build/bench/sgemm_peak ] || [ tools/bench/sgemm_peak.c -nt build/bench
         $(pkg-config --cflags --libs "$BLAS_PC") ${libdir:+-Wl,-rpath,"$libdir"} -lm
 fi
 
-PY=/usr/bin/python3
-[ -x "$PY" ] || PY=python3
 exec "$PY" tools/bench/train_throughput.py "${args[@]}"

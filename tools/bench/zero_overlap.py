@@ -13,8 +13,9 @@ and prints the median step times (first step dropped), the N=2/N=1 speed-up,
 and the hidden fraction of communication:
     hidden = 1 - (step - compute alone) / communication alone
 Environment for all runs: OMP_WAIT_POLICY=passive, OMP_NUM_THREADS and
-OPENBLAS_NUM_THREADS set per rank; OPENBLAS_CORETYPE as in the environment,
-or --coretype X (none: unset).
+OPENBLAS_NUM_THREADS set per rank; OPENBLAS_CORETYPE as tools/bench/coretype.py
+resolves --coretype X: a core type the CPU supports, auto (the default when the
+environment sets none) or none (unset).
 """
 import argparse
 import json
@@ -24,6 +25,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+
+import coretype
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.path.join(ROOT, "bin", "shardlm")
@@ -65,16 +68,14 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--batch", type=int, default=4, help="global batch (sequences)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="threads for the whole machine")
-    ap.add_argument("--coretype", default=None)
+    ap.add_argument("--coretype", default=None, help="OPENBLAS_CORETYPE: a core type the CPU supports, auto, none")
     args = ap.parse_args()
 
     L, NH, C, T, V = SHAPES[args.shape]
     env = dict(os.environ, OMP_WAIT_POLICY="passive", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    if args.coretype == "none":
-        env.pop("OPENBLAS_CORETYPE", None)
-    elif args.coretype:
-        env["OPENBLAS_CORETYPE"] = args.coretype
+    core = coretype.apply(env, args.coretype)
+    print(f"cpu: {coretype.describe()}, OPENBLAS_CORETYPE={core}")
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "tokens.bin")
         write_tokens(data, (T + 1) * args.batch * (args.steps + 2) + 1, V)
