@@ -350,8 +350,12 @@ void backend_attention_backward(float *dqkv, const float *dout, const float *qkv
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hs, 1.0f,
                             dy + (size_t)i0 * C, C, v, C3, 0.0f, ds + (size_t)i0 * T, T);
             }
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dy, C, 0.0f,
-                        dv, C3);
+            /* P is lower triangular: rows [j0, j1) of dV need only rows i >= j0 of P and dY. */
+            for (int j0 = 0; j0 < T; j0 += ATTN_ROW_BLOCK) {
+                int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, T - j0, 1.0f,
+                            p + (size_t)j0 * T + j0, T, dy + (size_t)j0 * C, C, 0.0f, dv + (size_t)j0 * C3, C3);
+            }
             /* Softmax backward in place, with the 1/sqrt(hs) of the scores folded in. */
             for (int i = 0; i < T; i++) {
                 const float *prow = p + (size_t)i * T;
@@ -365,14 +369,17 @@ void backend_attention_backward(float *dqkv, const float *dout, const float *qkv
                 for (int j = i + 1; j < T; j++)
                     drow[j] = 0.0f;
             }
-            /* dQ = dS K (causal blocks); dK = dS^T Q. */
+            /* dQ = dS K and dK = dS^T Q, over the causal blocks of the lower-triangular dS. */
             for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
                 int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1, 1.0f,
                             ds + (size_t)i0 * T, T, k, C3, 0.0f, dq + (size_t)i0 * C3, C3);
             }
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, ds, T, q, C3, 0.0f,
-                        dk, C3);
+            for (int j0 = 0; j0 < T; j0 += ATTN_ROW_BLOCK) {
+                int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T;
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, T - j0, 1.0f,
+                            ds + (size_t)j0 * T + j0, T, q + (size_t)j0 * C3, C3, 0.0f, dk + (size_t)j0 * C3, C3);
+            }
         }
 }
 
