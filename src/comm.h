@@ -8,7 +8,10 @@
  * requests in the order they were started, so an all-gather started before a
  * block's compute really progresses during it (Open MPI's non-blocking
  * collectives only progress inside MPI calls). The order of requests is the
- * same on every rank because the program is, which is what MPI needs.
+ * same on every rank because the program is, which is what MPI needs. While
+ * it waits for a late rank the thread sleeps after a short poll, so ranks
+ * that share cores (oversubscribed, or several jobs on one node) leave them to
+ * the ranks still computing (comm_mpi.c says what polling did to them).
  *
  * A request not finished after comm timeout seconds (SHARDLM_COMM_TIMEOUT,
  * default 600) aborts the job: a dead or stuck rank never leaves the others

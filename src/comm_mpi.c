@@ -4,6 +4,20 @@
  * MPI is initialised with MPI_THREAD_SERIALIZED: during training only the
  * communication thread calls MPI, one request at a time, in submission order.
  * The main thread calls MPI only to start, to finish and to abort.
+ *
+ * Waiting for a late rank sleeps. Open MPI's blocking collectives wait by
+ * polling (calling sched_yield between polls with mpi_yield_when_idle), so a
+ * rank that reaches a collective first stays runnable all the while its peers
+ * compute. With more ranks than cores (mpirun --oversubscribe, several Slurm
+ * jobs on one node) the scheduler then hands whole cores to the pollers for
+ * seconds: in tests/t_slurm.py's job mix on 2 cores (Linux 6.18), a 1-rank
+ * job's runnable thread waited 5-7 s on the run queue at a time while a 2-rank
+ * job took both cores, and single steps of 25-70 ms took 7-20 s (issue 13: a
+ * 4-rank job that needs 1 s alone was still running after 151 s). So the
+ * communication thread starts the non-blocking collective and waits with
+ * wait_sleeping: it polls for COMM_POLL_SECONDS, then sleeps between polls;
+ * the collective progresses in those polls (Open MPI progresses non-blocking
+ * collectives only inside MPI calls).
  */
 #include "comm.h"
 
@@ -20,6 +34,16 @@
 
 #define COMM_QUEUE_LEN 256
 #define COMM_TIMEOUT_DEFAULT 600 /* seconds a request may take before the job is aborted */
+/* wait_sleeping: how long it polls before it sleeps, and the range of its
+ * sleeps (doubling from the first). Measured with 2 ranks on 2 cores
+ * (input/default.json): polling 1 ms keeps the step time of blocking
+ * collectives, 0.1 ms made steps 20% slower (a large collective's transfer
+ * then waits out sleeps); in the Slurm job mix 1 ms cut the longest stall of a
+ * step from 7-20 s to 1-2 s. A sleep of at most 1 ms delays the end of a
+ * collective that followed a long wait by at most that. */
+#define COMM_POLL_SECONDS 1e-3
+#define COMM_SLEEP_FIRST_NS 20000L
+#define COMM_SLEEP_MAX_NS 1000000L
 
 struct comm_op {
     enum comm_kind kind;
@@ -116,35 +140,57 @@ static void mpi_check(int rc, const char *what)
     }
 }
 
+/* Completes REQ: polls with MPI_Test for COMM_POLL_SECONDS, then sleeps
+ * between polls, each sleep twice the last up to COMM_SLEEP_MAX_NS (see the
+ * top of the file for why). */
+static void wait_sleeping(MPI_Request *req, const char *what)
+{
+    double poll_until = now_seconds() + COMM_POLL_SECONDS;
+    long sleep_ns = COMM_SLEEP_FIRST_NS;
+    for (;;) {
+        int done = 0;
+        mpi_check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
+        if (done)
+            return;
+        if (now_seconds() < poll_until)
+            continue;
+        struct timespec pause = {0, sleep_ns};
+        nanosleep(&pause, NULL);
+        sleep_ns = sleep_ns * 2 < COMM_SLEEP_MAX_NS ? sleep_ns * 2 : COMM_SLEEP_MAX_NS;
+    }
+}
+
 static void run_op(struct comm *c, const struct comm_op *op)
 {
     int n = mpi_count(op->count);
     MPI_Datatype t = mpi_type(op->dtype);
+    MPI_Request req;
     switch (op->kind) {
     case COMM_ALLGATHER: {
         size_t slot = (size_t)c->rank * op->count * comm_dtype_size(op->dtype);
         const void *send = op->send == (char *)op->recv + slot ? MPI_IN_PLACE : op->send;
-        mpi_check(MPI_Allgather(send, n, t, op->recv, n, t, MPI_COMM_WORLD), "all-gather");
+        mpi_check(MPI_Iallgather(send, n, t, op->recv, n, t, MPI_COMM_WORLD, &req), "all-gather");
         break;
     }
     case COMM_REDUCE_SCATTER:
-        mpi_check(MPI_Reduce_scatter_block(op->send, op->recv, n, t, mpi_sum(op->dtype), MPI_COMM_WORLD),
+        mpi_check(MPI_Ireduce_scatter_block(op->send, op->recv, n, t, mpi_sum(op->dtype), MPI_COMM_WORLD, &req),
                   "reduce-scatter");
         break;
     case COMM_ALLREDUCE:
         if (op->reduce == COMM_MAX && (op->dtype == COMM_U16_SUM_F16 || op->dtype == COMM_U16_SUM_BF16))
             fail_internal("comm: no max reduction of half-precision values");
-        mpi_check(MPI_Allreduce(MPI_IN_PLACE, op->recv, n, t, op->reduce == COMM_MAX ? MPI_MAX : mpi_sum(op->dtype),
-                                MPI_COMM_WORLD),
+        mpi_check(MPI_Iallreduce(MPI_IN_PLACE, op->recv, n, t, op->reduce == COMM_MAX ? MPI_MAX : mpi_sum(op->dtype),
+                                 MPI_COMM_WORLD, &req),
                   "all-reduce");
         break;
     case COMM_BROADCAST:
-        mpi_check(MPI_Bcast(op->recv, n, t, op->root, MPI_COMM_WORLD), "broadcast");
+        mpi_check(MPI_Ibcast(op->recv, n, t, op->root, MPI_COMM_WORLD, &req), "broadcast");
         break;
     default:
-        mpi_check(MPI_Barrier(MPI_COMM_WORLD), "barrier");
+        mpi_check(MPI_Ibarrier(MPI_COMM_WORLD, &req), "barrier");
         break;
     }
+    wait_sleeping(&req, comm_kind_name(op->kind));
 }
 
 static void *comm_thread_main(void *arg)

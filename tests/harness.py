@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -105,6 +106,31 @@ def rank_pids(cfg_path, parent):
         if ppid == parent and b"OMPI_COMM_WORLD_RANK" in env:
             found[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(d)
     return found
+
+
+# A run being watched for its first steps fails when its metrics file goes this long
+# without a new step: a fixed deadline from the launch measured how busy the machine
+# was (steps of these runs take 20-300 ms alone; MPI start-up a second or two).
+STEPS_STALL = 60
+
+
+def wait_for_steps(proc, metrics, n, poll=0.02):
+    """Waits until the metrics file METRICS (JSON lines) holds N steps with a loss or the
+    process PROC has exited, or the file has gained no step for STEPS_STALL seconds;
+    returns the number of steps it holds."""
+    steps, since = 0, time.time()
+    while proc.poll() is None and time.time() - since < STEPS_STALL:
+        try:
+            with open(metrics) as f:
+                now = sum(1 for line in f if '"loss"' in line)
+        except OSError:
+            now = 0
+        if now >= n:
+            return now
+        if now != steps:
+            steps, since = now, time.time()
+        time.sleep(poll)
+    return steps
 
 
 def run_main(name, main):

@@ -67,7 +67,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import (BIN, ENV, check, failures, note, rank_pids, read_dump, rel, round_up,  # noqa: E402
-                     scratch_dir, write_shard)
+                     scratch_dir, wait_for_steps, write_shard)
 
 try:
     import h5py
@@ -343,14 +343,7 @@ def interrupted_run(name, sig, to_ranks):
                          start_new_session=True)
     prio = raise_priority()
     try:
-        deadline, steps = time.time() + 60, 0
-        while time.time() < deadline and p.poll() is None:
-            if os.path.exists(mpath):
-                with open(mpath) as f:
-                    steps = sum(1 for line in f if '"loss"' in line)
-            if steps >= 5:
-                break
-            time.sleep(0.02)
+        steps = wait_for_steps(p, mpath, 5)
         pids = rank_pids(cfg, p.pid)
         if steps < 5 or sorted(pids) != [0, 1]:
             check(f"signal.{name}.setup", False, f"{steps} steps logged, rank pids {pids}, mpirun status {p.poll()}")

@@ -51,7 +51,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import (BIN, ENV, ROOT, arena_round, check, failures, note, rank_pids, read_dump,  # noqa: E402,F401
-                     rel, round_up, scratch_dir, write_shard)
+                     rel, round_up, scratch_dir, wait_for_steps, write_shard)
 
 TMP = scratch_dir("t_zero")
 
@@ -560,22 +560,15 @@ def check_killed_rank():
         os.remove(mpath)
     p = subprocess.Popen(mpirun_cmd(3, cfg), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
-    # On this 2-core machine three oversubscribed ranks spin (sched_yield) in their collectives, and a
-    # normal-priority poller that sleeps was measured to wait up to 60 s on the run queue (Linux 6.18,
-    # EEVDF) before it ran again, so the kill came late and the wait measured the scheduler. The poller
+    # On this 2-core machine three oversubscribed ranks spun (sched_yield) in their collectives before
+    # comm_mpi.c waited asleep, and a normal-priority poller that sleeps was measured to wait up to 60 s
+    # on the run queue (Linux 6.18, EEVDF) before it ran again, so the kill came late and the wait
+    # measured the scheduler. The poller
     # (this thread only, after the ranks were started so they do not inherit it) runs at real-time
     # priority where allowed; it sleeps almost all the time.
     prio = raise_priority()
     try:
-        deadline = time.time() + 60
-        steps = 0
-        while time.time() < deadline and p.poll() is None:
-            if os.path.exists(mpath):
-                with open(mpath) as f:
-                    steps = sum(1 for line in f if '"loss"' in line)
-            if steps >= 3:
-                break
-            time.sleep(0.05)
+        steps = wait_for_steps(p, mpath, 3, poll=0.05)
         pids = rank_pids(cfg, p.pid)
         if steps < 3 or sorted(pids) != [0, 1, 2]:
             check("fault.setup", False, f"{steps} steps logged, rank pids {pids}, mpirun status {p.poll()}")
