@@ -1116,46 +1116,141 @@ void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents 
 /* ------------------------------------------------------------------------ */
 /* Resolving                                                                 */
 
-/* DIR/latest's target; NULL when latest is absent (or, unless required, when
- * its target is missing). */
+/* The checkpoints DIR holds (step_N.h5, published ones only), for the message
+ * of a refused --resume auto: "step_000020.h5, step_000010.h5 (2 in all)",
+ * newest first, at most CKPT_LIST_SHOWN named. Empty when there are none. */
+#define CKPT_LIST_SHOWN 3
+static void list_checkpoints(const char *dir, char *out, size_t cap, char *newest, size_t newest_cap)
+{
+    out[0] = newest[0] = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    long steps[CKPT_LIST_SHOWN];
+    int count = 0, shown = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long step;
+        int end = 0;
+        if (sscanf(e->d_name, "step_%ld.h5%n", &step, &end) != 1 || e->d_name[end] != 0 || step < 0)
+            continue;
+        count++;
+        /* keep the CKPT_LIST_SHOWN largest steps, in descending order */
+        if (shown < CKPT_LIST_SHOWN)
+            steps[shown++] = step;
+        else if (step > steps[shown - 1])
+            steps[shown - 1] = step;
+        else
+            continue;
+        for (int i = shown - 1; i > 0 && steps[i] > steps[i - 1]; i--) {
+            long t = steps[i];
+            steps[i] = steps[i - 1];
+            steps[i - 1] = t;
+        }
+    }
+    closedir(d);
+    size_t used = 0;
+    for (int i = 0; i < shown && used < cap; i++)
+        used += (size_t)snprintf(out + used, cap - used, "%sstep_%06ld.h5", i ? ", " : "", steps[i]);
+    if (count > 0 && used < cap)
+        snprintf(out + used, cap - used, " (%d in all)", count);
+    if (count > 0)
+        snprintf(newest, newest_cap, "%s/step_%06ld.h5", dir, steps[0]);
+}
+
+/* Refuses --resume auto in DIR, whose latest is unusable for WHY, when DIR
+ * holds checkpoints: starting over would overwrite them (a requeued job would
+ * throw its training away). Returns when DIR holds none. */
+static void refuse_if_checkpoints(const char *dir, const char *why)
+{
+    char found[512], newest[CKPT_MAX_PATH];
+    list_checkpoints(dir, found, sizeof found, newest, sizeof newest);
+    if (!found[0])
+        return;
+    fail_input("--resume auto: '%s' holds checkpoints (%s) but %s. Hint: resume from one with --resume %s, or "
+               "start over with --resume none (or an empty checkpoint.dir)",
+               dir, found, why, newest);
+}
+
+/* The checkpoint DIR/latest names: its file name in DIR (as the trainer
+ * writes it) or an absolute path, trailing white space ignored. NULL when
+ * latest is absent, unreadable, malformed or names no checkpoint file: then
+ * REQUIRED fails, and otherwise (--resume auto) the run refuses when DIR holds
+ * checkpoints and starts fresh when it holds none. */
 static char *latest_target(const char *dir, bool required)
 {
-    char latest[CKPT_MAX_PATH];
+    char latest[CKPT_MAX_PATH], why[3 * CKPT_MAX_PATH + 256];
     snprintf(latest, sizeof latest, "%s/latest", dir);
+    char name[CKPT_MAX_PATH + 2] = {0};
+    char path[CKPT_MAX_PATH];
+    path[0] = 0;
     FILE *fp = fopen(latest, "r");
     if (!fp) {
-        if (required)
-            fail_input("'%s' has no 'latest' checkpoint (%s). Hint: name a step_*.h5 file instead", dir,
-                       strerror(errno));
-        return NULL;
+        snprintf(why, sizeof why, "no 'latest' (%s)", strerror(errno));
+    } else {
+        size_t n = fread(name, 1, sizeof name - 1, fp);
+        int more = fgetc(fp) != EOF;
+        fclose(fp);
+        name[n] = 0;
+        while (n > 0 && (name[n - 1] == '\n' || name[n - 1] == '\r' || name[n - 1] == ' ' || name[n - 1] == '\t'))
+            name[--n] = 0;
+        if (more || n >= CKPT_MAX_PATH)
+            snprintf(why, sizeof why, "'%s' is too long to name a checkpoint", latest);
+        else if (n == 0 || strlen(name) != n || strchr(name, '\n'))
+            snprintf(why, sizeof why, "'%s' is empty or holds more than one line", latest);
+        else if (name[0] != '/' && (strchr(name, '/') || !strcmp(name, ".") || !strcmp(name, "..")))
+            snprintf(why, sizeof why, "'%s' names '%s', not a file in that directory", latest, name);
+        else if ((name[0] == '/' ? snprintf(path, sizeof path, "%s", name)
+                                 : snprintf(path, sizeof path, "%s/%s", dir, name)) >= (int)sizeof path)
+            snprintf(why, sizeof why, "'%s' names a path too long", latest);
+        else {
+            struct stat st;
+            if (stat(path, &st) != 0)
+                snprintf(why, sizeof why, "'%s' names '%s', which is missing (%s)", latest, path, strerror(errno));
+            else if (!S_ISREG(st.st_mode))
+                snprintf(why, sizeof why, "'%s' names '%s', which is not a checkpoint file", latest, path);
+            else
+                return xstrdup(path);
+        }
     }
-    char name[512] = {0};
-    bool read_ok = fgets(name, sizeof name, fp) != NULL;
-    fclose(fp);
-    name[strcspn(name, "\r\n")] = 0;
-    if (!read_ok || !name[0] || strchr(name, '/'))
-        fail_input("checkpoint pointer '%s' is empty or malformed. Hint: delete it and resume from a step_*.h5 file",
-                   latest);
-    char path[CKPT_MAX_PATH];
-    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
-        fail_input("checkpoint path too long in '%s'", latest);
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        if (required)
-            fail_input("'%s' points to '%s', which is missing: %s", latest, path, strerror(errno));
-        log_warn("'%s' points to '%s', which is missing; starting without a checkpoint", latest, path);
-        return NULL;
-    }
-    return xstrdup(path);
+    if (required)
+        fail_input("%s: %s. Hint: name a step_*.h5 file instead", dir, why);
+    refuse_if_checkpoints(dir, why);
+    if (fp)
+        log_warn("%s, and '%s' holds no checkpoint: starting fresh", why, dir);
+    return NULL;
+}
+
+/* The directory part of PATH ("." when it has none), into out. */
+static void dir_of(const char *path, char *out, size_t cap)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(out, cap, ".");
+    else if (slash == path)
+        snprintf(out, cap, "/");
+    else
+        snprintf(out, cap, "%.*s", (int)(slash - path), path);
 }
 
 char *ckpt_resolve(const char *dir, const char *spec)
 {
-    if (!spec || !spec[0] || strcmp(spec, "auto") == 0)
+    if (!spec || !spec[0])
+        fail_input("--resume '': want auto, none, a checkpoint file or its directory");
+    if (strcmp(spec, "none") == 0)
+        return NULL;
+    if (strcmp(spec, "auto") == 0)
         return dir && dir[0] ? latest_target(dir, false) : NULL;
     struct stat st;
     if (stat(spec, &st) == 0 && S_ISDIR(st.st_mode))
         return latest_target(spec, true);
+    const char *base = strrchr(spec, '/');
+    if (strcmp(base ? base + 1 : spec, "latest") == 0) {
+        /* DIR/latest, the pointer file itself: what it names */
+        char parent[CKPT_MAX_PATH];
+        dir_of(spec, parent, sizeof parent);
+        return latest_target(parent, true);
+    }
     return xstrdup(spec);
 }
 

@@ -163,10 +163,17 @@ __attribute__((noreturn)) void ckpt_fail_agreed(const char *dir, const char *why
 void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents *contents, char *path_out,
                size_t path_cap);
 
-/* "auto": DIR/latest's target when latest exists and so does its target, else
- * NULL (a fresh start). Otherwise spec is a checkpoint file, or a directory
- * whose latest is used (fail_input when it has none). Returns a malloc'd path.
- * Local (no MPI). */
+/* The checkpoint file SPEC means, malloc'd, or NULL for a fresh start.
+ *   "auto"  DIR/latest's target. Without a usable latest (absent, malformed,
+ *           naming a missing file) it is NULL only when DIR holds no
+ *           step_*.h5; otherwise fail_input names them and how to go on
+ *           (never start over on top of checkpoints).
+ *   "none"  NULL: start fresh whatever DIR holds.
+ *   a directory, or a file named "latest": that latest's target (fail_input
+ *           when it is unusable); any other path: itself.
+ * latest holds a file name in its directory (as ckpt_save writes it) or an
+ * absolute path; trailing white space is ignored. "" is an error. Local (no
+ * MPI). */
 char *ckpt_resolve(const char *dir, const char *spec);
 
 struct ckpt_reader;

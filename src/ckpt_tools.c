@@ -444,6 +444,15 @@ int cmd_export(int argc, char **argv)
     start_single(&comm, "export");
     char *path = NULL;
     struct ckpt_reader *r = open_checkpoint(spec, &path);
+    /* The export is renamed over OUT at the end: OUT must not be the checkpoint
+     * itself (under any name or link), whose optimizer state and resume point
+     * would be gone. */
+    struct stat in_st, out_st;
+    if (stat(path, &in_st) == 0 && stat(out, &out_st) == 0 && in_st.st_dev == out_st.st_dev &&
+        in_st.st_ino == out_st.st_ino)
+        fail_input("export: OUT '%s' is the checkpoint being exported ('%s'); writing the export there would "
+                   "destroy it. Hint: name another file",
+                   out, path);
     struct model m;
     checkpoint_model(r, path, &m);
 

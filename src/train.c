@@ -403,6 +403,10 @@ static void save_checkpoint(struct trainer *tr)
 static void resume_checkpoint(struct trainer *tr, const char *spec)
 {
     const struct config *cfg = tr->cfg;
+    if (strcmp(spec, "none") == 0) {
+        log_info("--resume none: starting fresh");
+        return;
+    }
     if (!cfg->checkpoint.dir && strcmp(spec, "auto") == 0)
         fail_input("--resume auto needs checkpoint.dir in the config (where the checkpoints are)");
     char *path = ckpt_resolve(cfg->checkpoint.dir, spec);

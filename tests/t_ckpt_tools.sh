@@ -177,6 +177,15 @@ expect_error() {
 expect_error "bad.export_dtype" "--dtype 'fp8'" export "$CK" --dtype fp8 "$TMP/x.safetensors"
 expect_error "bad.export_suffix" "must end with" export "$CK" --dtype fp32 "$TMP/x.bin"
 expect_error "bad.inspect_missing" "$TMP/nope.h5" inspect "$TMP/nope.h5"
+# OUT = the checkpoint itself (by its name, through a link, through DIR/latest):
+# refused, and the checkpoint keeps every byte
+sum_before=$(sha256sum "$CK" | cut -d' ' -f1)
+expect_error "bad.export_onto_itself" "is the checkpoint being exported" export "$CK" --dtype fp32 "$CK"
+ln -sf "$CK" "$TMP/link.h5"
+expect_error "bad.export_onto_link" "is the checkpoint being exported" export "$CK" --dtype fp32 "$TMP/link.h5"
+expect_error "bad.export_latest_onto_itself" "is the checkpoint being exported" export "$(dirname "$CK")/latest" --dtype fp32 "$CK"
+[ "$(sha256sum "$CK" | cut -d' ' -f1)" = "$sum_before" ] && ok "bad.export_left_checkpoint_unchanged" ||
+  fail "bad.export_left_checkpoint_unchanged" "$CK changed"
 
 cp "$CK" "$TMP/corrupt.h5"
 off=$($PY - "$TMP/corrupt.h5" <<'PY'

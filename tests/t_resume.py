@@ -53,6 +53,7 @@ a small Adam v), with no resume involved, so keep this data or re-measure. Whole
 Environment: SHARDLM_BIN (default bin/shardlm under the repo root),
 SHARDLM_TEST_TMP (scratch directory; default a fresh temporary directory).
 """
+import hashlib
 import json
 import os
 import re
@@ -513,6 +514,84 @@ def fresh():
           f"exit status {r.rc}, steps {r.col('step')}: {tail(r)}")
 
 
+# ---- 7: the latest pointer: --resume auto never starts over on top of checkpoints ----------------------------------
+def dir_state(d):
+    """{name: (size, sha256)} of every file in D: what a refused run must leave as it was."""
+    state = {}
+    for name in sorted(os.listdir(d)):
+        with open(os.path.join(d, name), "rb") as f:
+            state[name] = hashlib.sha256(f.read()).hexdigest()
+    return state
+
+
+def pointer_dir(name, latest):
+    """A checkpoint.dir holding step_000010.h5 and step_000020.h5 (copies of a real checkpoint) and a
+    latest with the bytes LATEST (None: no latest)."""
+    src = os.path.join(TMP, "ck_full_N2_s3_fp32", "step_000020.h5")
+    d = os.path.join(TMP, "ck_ptr_" + name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    for step in (10, 20):
+        shutil.copy(src, os.path.join(d, f"step_{step:06d}.h5"))
+    if latest is not None:
+        with open(os.path.join(d, "latest"), "wb") as f:
+            f.write(latest(d) if callable(latest) else latest)
+    return d
+
+
+def pointers():
+    if not os.path.exists(os.path.join(TMP, "ck_full_N2_s3_fp32", "step_000020.h5")):
+        check("pointer.setup", False, "no checkpoint from the same-world runs")
+        return
+    listed = "step_000020.h5, step_000010.h5 (2 in all)"
+    refused = [  # name, latest's bytes, words of the reason
+        ("no_latest", None, "no 'latest'"),
+        ("garbage", b"not a checkpoint\n", "which is missing"),
+        ("dot", b".\n", "not a file in that directory"),
+        ("overlong", b"x" * 5000, "too long"),
+        ("missing_target", b"step_000030.h5\n", "step_000030.h5"),
+        ("two_lines", b"step_000020.h5\nstep_000010.h5\n", "more than one line"),
+        ("directory", b"..\n", "not a file in that directory"),
+    ]
+    for name, latest, why in refused:
+        d = pointer_dir(name, latest)
+        before = dir_state(d)
+        cfg = make_config(f"ptr_{name}", 3, "fp32", False, d, every=1, steps=STEPS + 2)
+        r = run(f"ptr_{name}", 2, cfg, "--resume", "auto")
+        lines = error_lines(r.err)
+        hint = f"--resume {os.path.join(d, 'step_000020.h5')}"
+        ok = r.rc == 2 and lines and all(listed in line and why in line and hint in line and "--resume none" in line
+                                         for line in lines)
+        check(f"pointer.refuses_{name}", ok, f"exit status {r.rc}; error lines {lines[:1]}; {tail(r)}")
+        check(f"pointer.unchanged_{name}", dir_state(d) == before and r.col("step") == [],
+              f"dir {sorted(dir_state(d))} (was {sorted(before)}), steps {r.col('step')}")
+    accepted = [  # name, latest's bytes, --resume argument
+        ("trailing_space", b"step_000020.h5  \n", "auto"),
+        ("absolute", lambda d: os.path.join(d, "step_000020.h5").encode(), "auto"),
+        ("pointer_argument", b"step_000020.h5\n", "DIR/latest"),
+    ]
+    for name, latest, spec in accepted:
+        d = pointer_dir(name, latest)
+        cfg = make_config(f"ptr_{name}", 3, "fp32", False, d, steps=STEPS + 2)
+        r = run(f"ptr_{name}", 2, cfg, "--resume", os.path.join(d, "latest") if spec == "DIR/latest" else spec)
+        check(f"pointer.resumes_{name}", r.rc == 0 and f"resumed from {os.path.join(d, 'step_000020.h5')} at step 20"
+              in r.out + r.err and r.col("step") == [21, 22], f"exit status {r.rc}, steps {r.col('step')}: {tail(r)}")
+    d = pointer_dir("none", b"garbage\n")
+    cfg = make_config("ptr_none", 3, "fp32", False, d, steps=3)
+    r = run("ptr_none", 2, cfg, "--resume", "none")
+    check("pointer.none_starts_fresh", r.rc == 0 and "--resume none: starting fresh" in r.out + r.err
+          and r.col("step") == [1, 2, 3], f"exit status {r.rc}, steps {r.col('step')}: {tail(r)}")
+    r = run("ptr_empty", 2, cfg, "--resume", "")
+    lines = error_lines(r.err)
+    check("pointer.empty_refused", r.rc == 2 and lines and all("--resume ''" in line for line in lines),
+          f"exit status {r.rc}; error lines {lines[:1]}: {tail(r)}")
+    d = pointer_dir("inspect", b"step_000020.h5\n")
+    out = subprocess.run([BIN, "inspect", os.path.join(d, "latest")], env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=60)
+    check("pointer.inspect_latest", out.returncode == 0 and "step_000020.h5" in out.stdout,
+          f"exit status {out.returncode}: {out.stdout[-300:]}")
+
+
 def main():
     if not os.access(BIN, os.X_OK):
         check("binary", False, f"{BIN} is not an executable; run 'make all' or set SHARDLM_BIN")
@@ -526,6 +605,7 @@ def main():
     files()
     bad_checkpoints()
     fresh()
+    pointers()
     note(f"before signals: {time.time() - t0:.1f} s")
     signals()
     note(f"total {time.time() - t0:.1f} s")
