@@ -764,6 +764,26 @@ static void make_dir(struct writer *w, const char *dir)
         writer_error(w, "'%s' is not a directory: %s", dir, strerror(errno ? errno : ENOTDIR));
 }
 
+void ckpt_check_dir(const char *dir)
+{
+    struct writer w = {.rank = 0, .world = 1};
+    make_dir(&w, dir);
+    if (w.failed)
+        fail_input("checkpoint.dir: %s. Hint: point checkpoint.dir at a writable directory", w.err);
+    /* access(W_OK) would trust the mode bits; a read-only mount only shows in
+     * a real creation */
+    char probe[CKPT_MAX_PATH];
+    if (snprintf(probe, sizeof probe, "%s/.shardlm-write-test.%ld", dir, (long)getpid()) >= (int)sizeof probe)
+        fail_input("checkpoint.dir '%s' is too long", dir);
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0)
+        fail_input("checkpoint.dir '%s' is not writable: cannot create a file there (%s). Hint: point "
+                   "checkpoint.dir at a writable directory",
+                   dir, strerror(errno));
+    close(fd);
+    unlink(probe);
+}
+
 /* Parses "step_<digits>.h5" exactly; returns the step or -1. */
 static long parse_ckpt_name(const char *name)
 {
@@ -1130,9 +1150,8 @@ static void list_checkpoints(const char *dir, char *out, size_t cap, char *newes
     int count = 0, shown = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        long step;
-        int end = 0;
-        if (sscanf(e->d_name, "step_%ld.h5%n", &step, &end) != 1 || e->d_name[end] != 0 || step < 0)
+        long step = parse_ckpt_name(e->d_name);
+        if (step < 0)
             continue;
         count++;
         /* keep the CKPT_LIST_SHOWN largest steps, in descending order */

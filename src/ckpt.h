@@ -163,6 +163,12 @@ __attribute__((noreturn)) void ckpt_fail_agreed(const char *dir, const char *why
 void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents *contents, char *path_out,
                size_t path_cap);
 
+/* Before training (one rank): DIR exists or is created, is a directory, and
+ * a file can be created in it; fail_input naming the problem otherwise, so a
+ * read-only or impossible checkpoint.dir is found before any step, not at the
+ * first save. Local (no MPI). */
+void ckpt_check_dir(const char *dir);
+
 /* The checkpoint file SPEC means, malloc'd, or NULL for a fresh start.
  *   "auto"  DIR/latest's target. Without a usable latest (absent, malformed,
  *           naming a missing file) it is NULL only when DIR holds no

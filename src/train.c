@@ -95,6 +95,8 @@ static void trainer_setup(struct trainer *tr)
               (const int(*)[ZERO_POOLS])tr->plan.pool_slots, tr->arenas, &tr->mem);
     gpt2_acts_init(&tr->acts, &tr->model, cfg->micro_batch, cfg->data.seq_len, plan_ckpt_interval(cfg),
                    plan_space(cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
+    if (cfg->checkpoint.dir && tr->rank == 0)
+        ckpt_check_dir(cfg->checkpoint.dir);
     if (cfg->train.metrics_path && tr->rank == 0) {
         /* a resumed run continues the metrics of the run it resumes */
         tr->metrics = fopen(cfg->train.metrics_path, tr->opt->resume ? "a" : "w");
@@ -570,12 +572,21 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     if (cfg->checkpoint.dir)
         save_checkpoint(&tr);
     if (stop_signal) {
-        log_info("step %5ld | stopped by %s%s; exit status %d asks the job script to requeue", tr.step,
-                 stop_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM",
-                 cfg->checkpoint.dir ? " after saving a checkpoint" : " (no checkpoint.dir: nothing saved)",
-                 EXIT_PREEMPTED);
+        const char *name = stop_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
         trainer_teardown(&tr);
-        return EXIT_PREEMPTED;
+        if (cfg->checkpoint.dir) {
+            log_info("step %5ld | stopped by %s after saving a checkpoint; exit status %d asks the job script to "
+                     "requeue",
+                     tr.step, name, EXIT_PREEMPTED);
+            return EXIT_PREEMPTED;
+        }
+        /* Exit 3 promises a checkpoint to resume from: a job script would
+         * requeue a run that can only start over. Report the signal instead,
+         * as a process it had killed would. */
+        log_warn("step %5ld | stopped by %s with nothing saved (no checkpoint.dir); exit status %d, not %d: "
+                 "there is no checkpoint to resume from",
+                 tr.step, name, 128 + stop_signal, EXIT_PREEMPTED);
+        return 128 + stop_signal;
     }
     if (opt->dump_final_path) {
         FILE *f = tr.rank == 0 ? dump_open(opt->dump_final_path) : NULL;

@@ -592,6 +592,61 @@ def pointers():
           f"exit status {out.returncode}: {out.stdout[-300:]}")
 
 
+# ---- 8: outputs checked before step 1; exit 3 only with a checkpoint -------------------------------------------------
+def unwritable_outputs():
+    """checkpoint.dir a regular file, below one, on a read-only mount, or a read-only mount itself:
+    exit 2 naming checkpoint.dir before any step (no metrics line), the file untouched."""
+    plain = os.path.join(TMP, "not_a_dir")
+    with open(plain, "w") as f:
+        f.write("a file, not a directory\n")
+    ro = os.path.join(TMP, "ro_mount")
+    os.makedirs(ro, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", ro], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    check("outputs.readonly_mount_made", mounted.returncode == 0, f"mount: {mounted.stdout.strip()}")
+    cases = [("file", plain, "not a directory"), ("below_file", os.path.join(plain, "ck"), "cannot create directory")]
+    if mounted.returncode == 0:
+        cases += [("readonly_mount", ro, "not writable"), ("below_readonly_mount", os.path.join(ro, "ck"),
+                                                           "cannot create directory")]
+    try:
+        for name, d, why in cases:
+            cfg = make_config(f"out_{name}", 3, "fp32", False, d, steps=3)
+            r = run(f"out_{name}", 2, cfg)
+            lines = error_lines(r.err)
+            check(f"outputs.{name}", r.rc == 2 and lines and all("checkpoint.dir" in line and why in line
+                                                                 for line in lines) and r.col("step") == [],
+                  f"exit status {r.rc}, steps {r.col('step')}, error lines {lines[:1]}: {tail(r)}")
+        with open(plain) as f:
+            check("outputs.file_untouched", f.read() == "a file, not a directory\n", "the file changed")
+    finally:
+        if mounted.returncode == 0:
+            subprocess.run(["umount", ro])
+
+
+def signal_without_checkpoint_dir():
+    """SIGUSR1 to a run without checkpoint.dir: it stops at a step end, but exits 128 + 10 and says
+    nothing was saved; exit 3 would make a job script requeue a run that can only start over."""
+    cfg = make_config("nockpt_signal", 3, "fp32", False, None, steps=100000)
+    mpath = os.path.join(TMP, "nockpt_signal.jsonl")
+    if os.path.exists(mpath):
+        os.remove(mpath)
+    p = subprocess.Popen([BIN, "train", cfg, "--quiet"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        steps = wait_for_steps(p, mpath, 3)
+        if steps < 3:
+            check("signal.no_checkpoint_dir", False, f"{steps} steps logged, status {p.poll()}")
+            return
+        os.kill(p.pid, signal.SIGUSR1)
+        out, err = p.communicate(timeout=120)
+        text = out.decode(errors="replace") + err.decode(errors="replace")
+        check("signal.no_checkpoint_dir", p.returncode == 128 + signal.SIGUSR1 and "nothing saved" in text
+              and "after saving a checkpoint" not in text, f"exit status {p.returncode}: {text.strip()[-300:]}")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def main():
     if not os.access(BIN, os.X_OK):
         check("binary", False, f"{BIN} is not an executable; run 'make all' or set SHARDLM_BIN")
@@ -606,6 +661,8 @@ def main():
     bad_checkpoints()
     fresh()
     pointers()
+    unwritable_outputs()
+    signal_without_checkpoint_dir()
     note(f"before signals: {time.time() - t0:.1f} s")
     signals()
     note(f"total {time.time() - t0:.1f} s")
