@@ -8,15 +8,17 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Tokens are read straight out of the mapping as host integers; the format is
- * little-endian, so a big-endian host would need a byte swap on every read. */
+/* Tokens are read into buffers as host integers; the format is little-endian,
+ * so a big-endian host would need a byte swap on every read. */
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "data.c reads little-endian token shards in place; add byte swapping for this host"
+#error "data.c reads little-endian token shards as host integers; add byte swapping for this host"
 #endif
+
+/* Token bytes read per pread while a file is validated at open: 1 MiB. */
+#define DATA_SCAN_CHUNK_BYTES ((size_t)1 << 20)
 
 #define DATA_HEADER_BYTES ((size_t)DATA_HEADER_INTS * sizeof(int32_t))
 
@@ -74,12 +76,37 @@ static int token_bytes_for(int32_t magic, int32_t version)
     return 0;
 }
 
-/* Maps f->path and checks the header, the size and every token id. Every
+/* Reads COUNT bytes at OFFSET of file F into BUF; a short read means the file
+ * shrank (or changed) after it was checked, which is an input error naming
+ * it, never a crash: the loader reads with pread, not from a mapping, so a
+ * file truncated under a running job cannot raise SIGBUS. */
+static void read_exact(const struct data_file *f, const char *what, void *buf, size_t count, size_t offset)
+{
+    size_t done = 0;
+    while (done < count) {
+        ssize_t got = pread(f->fd, (char *)buf + done, count - done, (off_t)(offset + done));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            struct stat st;
+            long long now = fstat(f->fd, &st) == 0 ? (long long)st.st_size : -1;
+            fail_input("%s '%s' changed while in use: reading bytes [%zu, %zu) %s (it had %zu bytes when checked, "
+                       "%lld now). Hint: do not rewrite a data file during a run; write a new file and rename it "
+                       "over the old one",
+                       what, f->path, offset, offset + count, got < 0 ? strerror(errno) : "hit its end",
+                       f->file_bytes, now);
+        }
+        done += (size_t)got;
+    }
+}
+
+/* Opens f->path and checks the header, the size and every token id. Every
  * problem is a fail_input() that names the file and says what to do. */
 static void data_file_open(struct data_file *f, const char *what, int vocab_size)
 {
     const char *path = f->path;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO given as data must be refused, not block the open */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         fail_input("cannot open %s '%s': %s; check the data path in the config", what, path, strerror(errno));
     struct stat st;
@@ -96,13 +123,10 @@ static void data_file_open(struct data_file *f, const char *what, int vocab_size
         fail_input("%s '%s' has %zu bytes, shorter than the %zu-byte llm.c header; the file is truncated or not a token shard",
                    what, path, file_bytes, DATA_HEADER_BYTES);
 
-    void *map = mmap(NULL, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED)
-        fail_input("cannot map %s '%s' (%zu bytes): %s", what, path, file_bytes, strerror(errno));
-    close(fd); /* the mapping keeps the file referenced */
-
+    f->fd = fd;
+    f->file_bytes = file_bytes;
     int32_t header[DATA_HEADER_INTS];
-    memcpy(header, map, sizeof header);
+    read_exact(f, what, header, sizeof header, 0);
     int32_t magic = header[0], version = header[1], count = header[2];
     if (magic != DATA_MAGIC_LLMC && magic != DATA_MAGIC_LLMC_LLAMA3)
         fail_input("%s '%s' is not an llm.c token shard (magic %d, expected %d or %d); "
@@ -132,20 +156,22 @@ static void data_file_open(struct data_file *f, const char *what, int vocab_size
                    what, path, file_bytes - DATA_HEADER_BYTES, n_tokens, token_type_name(token_bytes),
                    n_tokens * (size_t)token_bytes);
 
-    const void *tokens = (const char *)map + DATA_HEADER_BYTES;
-    size_t bad = first_bad_token(tokens, n_tokens, token_bytes, (uint32_t)vocab_size);
-    if (bad < n_tokens) {
-        uint32_t id = token_bytes == 2 ? ((const uint16_t *)tokens)[bad] : ((const uint32_t *)tokens)[bad];
-        fail_input("%s '%s': token %u at position %zu is >= the vocabulary size %d; "
-                   "the data was made with a different tokenizer or model.vocab_size is too small",
-                   what, path, id, bad, vocab_size);
+    void *chunk = xmalloc(DATA_SCAN_CHUNK_BYTES);
+    size_t per_chunk = DATA_SCAN_CHUNK_BYTES / (size_t)token_bytes;
+    for (size_t first = 0; first < n_tokens; first += per_chunk) {
+        size_t n = n_tokens - first < per_chunk ? n_tokens - first : per_chunk;
+        read_exact(f, what, chunk, n * (size_t)token_bytes, DATA_HEADER_BYTES + first * (size_t)token_bytes);
+        size_t bad = first_bad_token(chunk, n, token_bytes, (uint32_t)vocab_size);
+        if (bad < n) {
+            uint32_t id = token_bytes == 2 ? ((const uint16_t *)chunk)[bad] : ((const uint32_t *)chunk)[bad];
+            fail_input("%s '%s': token %u at position %zu is >= the vocabulary size %d; "
+                       "the data was made with a different tokenizer or model.vocab_size is too small",
+                       what, path, id, first + bad, vocab_size);
+        }
     }
-
-    f->tokens = tokens;
+    free(chunk);
     f->n_tokens = n_tokens;
     f->token_bytes = token_bytes;
-    f->map = map;
-    f->map_bytes = file_bytes;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -190,6 +216,9 @@ void dataset_open(struct dataset *ds, const char *path, int seq_len, int vocab_s
     ds->seq_len = seq_len;
     ds->shuffle = shuffle;
     ds->seed = seed;
+    ds->vocab_size = vocab_size;
+    ds->what = what;
+    ds->window_buf = xmalloc(((size_t)seq_len + 1) * sizeof(uint32_t));
     size_t T = (size_t)seq_len, most_tokens = 0;
     for (int i = 0; i < ds->n_files; i++) {
         struct data_file *f = &ds->files[i];
@@ -215,11 +244,12 @@ void dataset_close(struct dataset *ds)
 {
     for (int i = 0; i < ds->n_files; i++) {
         struct data_file *f = &ds->files[i];
-        if (f->map && munmap(f->map, f->map_bytes) != 0)
-            fail_internal("munmap of '%s' failed: %s", f->path, strerror(errno));
+        if (f->fd > 0)
+            close(f->fd);
         free(f->path);
     }
     free(ds->files);
+    free(ds->window_buf);
     memset(ds, 0, sizeof *ds);
 }
 
@@ -306,15 +336,24 @@ void dataset_read_window(const struct dataset *ds, size_t w, int32_t *inputs, in
     size_t start = (w - f->first_window) * T;
     if (w < f->first_window || start + T + 1 > f->n_tokens)
         fail_internal("window %zu maps outside '%s' (%zu tokens)", w, f->path, f->n_tokens);
+    size_t tb = (size_t)f->token_bytes;
+    read_exact(f, ds->what, ds->window_buf, (T + 1) * tb, DATA_HEADER_BYTES + start * tb);
+    /* checked at open, but the file may have been rewritten in place since:
+     * an id past the vocabulary would index outside the embedding */
+    size_t bad = first_bad_token(ds->window_buf, T + 1, f->token_bytes, (uint32_t)ds->vocab_size);
+    if (bad <= T)
+        fail_input("%s '%s' changed while in use: token %zu now holds an id >= the vocabulary size %d. Hint: do "
+                   "not rewrite a data file during a run; write a new file and rename it over the old one",
+                   ds->what, f->path, start + bad, ds->vocab_size);
     if (f->token_bytes == 2) {
-        const uint16_t *t = (const uint16_t *)f->tokens + start;
+        const uint16_t *t = ds->window_buf;
         for (size_t i = 0; i < T; i++) {
             inputs[i] = t[i];
             targets[i] = t[i + 1];
         }
     } else {
-        /* ids were checked < vocab_size (an int) at open, so they fit in int32 */
-        const uint32_t *t = (const uint32_t *)f->tokens + start;
+        /* ids are < vocab_size (an int), so they fit in int32 */
+        const uint32_t *t = ds->window_buf;
         for (size_t i = 0; i < T; i++) {
             inputs[i] = (int32_t)t[i];
             targets[i] = (int32_t)t[i + 1];

@@ -23,9 +23,12 @@
  *
  * Validation sets are read in file order without shuffling.
  *
- * The whole file is mapped read-only; every token is checked against the
- * vocabulary when the file is opened, so a bad token id is an input error
- * at start-up, never an out-of-bounds read in a kernel.
+ * Every token is checked against the vocabulary when the file is opened, so
+ * a bad token id is an input error at start-up, never an out-of-bounds read
+ * in a kernel. Windows are then read with pread (not from a mapping, where a
+ * file truncated during the run would raise SIGBUS) and checked again, so a
+ * file rewritten in place under a running job is an input error naming it.
+ * Only regular files are accepted (a FIFO is refused, not waited on).
  */
 #ifndef SHARDLM_DATA_H
 #define SHARDLM_DATA_H
@@ -43,11 +46,11 @@
 
 struct data_file {
     char *path;
-    const void *tokens;    /* into the mapping, after the header */
+    int fd;                /* open for pread: windows are read, never mapped (a file
+                              truncated during a run is an input error, not SIGBUS) */
+    size_t file_bytes;     /* its size when it was checked */
     size_t n_tokens;
     int token_bytes;       /* 2 or 4 */
-    void *map;             /* mmap base */
-    size_t map_bytes;
     size_t first_window;   /* index of this file's first window in the data set */
     size_t n_windows;
 };
@@ -59,6 +62,9 @@ struct dataset {
     size_t n_windows;      /* S: windows of T+1 tokens over all files */
     bool shuffle;
     uint64_t seed;
+    int vocab_size;        /* every id read is checked against it */
+    const char *what;      /* "train data", ... for messages (a literal) */
+    void *window_buf;      /* (T + 1) tokens: the window being read */
 };
 
 /* Opens every file matching path, checks format and token ids < vocab_size.

@@ -647,6 +647,49 @@ def signal_without_checkpoint_dir():
             p.wait()
 
 
+def data_changed_underneath():
+    """The training data truncated in place while a run reads it (what rewriting it with
+    tools/text_to_bin.py does): exit 2 naming the file, never SIGBUS; a FIFO as data: refused at once."""
+    path = os.path.join(TMP, "shrinking.bin")
+    shutil.copy(DATA, path)
+    cfg = make_config("data_truncated", 3, "fp32", False, None, steps=100000)
+    with open(cfg) as f:
+        c = json.load(f)
+    c["data"]["train"] = path
+    with open(cfg, "w") as f:
+        json.dump(c, f)
+    mpath = os.path.join(TMP, "data_truncated.jsonl")
+    if os.path.exists(mpath):
+        os.remove(mpath)
+    p = subprocess.Popen([BIN, "train", cfg, "--quiet"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        steps = wait_for_steps(p, mpath, 3)
+        os.truncate(path, 1024 + 2 * 10)   # the header and 10 tokens
+        out, err = p.communicate(timeout=120)
+        lines = error_lines(err.decode(errors="replace"))
+        check("data.truncated_while_running", steps >= 3 and p.returncode == 2 and len(lines) == 1
+              and path in lines[0] and "changed while in use" in lines[0],
+              f"{steps} steps before, exit status {p.returncode} (SIGBUS gives -7 or 135), error lines {lines}")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    fifo = os.path.join(TMP, "data.fifo")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    c["data"]["train"] = fifo
+    with open(cfg, "w") as f:
+        json.dump(c, f)
+    try:
+        r = subprocess.run([BIN, "train", cfg, "--quiet"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=60)
+        lines = error_lines(r.stderr)
+        check("data.fifo_refused", r.returncode == 2 and len(lines) == 1 and "not a regular file" in lines[0],
+              f"exit status {r.returncode}, error lines {lines}")
+    except subprocess.TimeoutExpired:
+        check("data.fifo_refused", False, "still blocked in open() after 60 s")
+
+
 def main():
     if not os.access(BIN, os.X_OK):
         check("binary", False, f"{BIN} is not an executable; run 'make all' or set SHARDLM_BIN")
@@ -663,6 +706,7 @@ def main():
     pointers()
     unwritable_outputs()
     signal_without_checkpoint_dir()
+    data_changed_underneath()
     note(f"before signals: {time.time() - t0:.1f} s")
     signals()
     note(f"total {time.time() - t0:.1f} s")
