@@ -623,16 +623,22 @@ def unwritable_outputs():
             subprocess.run(["umount", ro])
 
 
+def start_long_run(name, cfg, steps=3):
+    """Starts a never-ending one-process run of CFG (metrics NAME.jsonl) and waits until it has
+    logged STEPS steps; returns (process, steps logged)."""
+    mpath = os.path.join(TMP, name + ".jsonl")
+    if os.path.exists(mpath):
+        os.remove(mpath)
+    p = subprocess.Popen([BIN, "train", cfg, "--quiet"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return p, wait_for_steps(p, mpath, steps)
+
+
 def signal_without_checkpoint_dir():
     """SIGUSR1 to a run without checkpoint.dir: it stops at a step end, but exits 128 + 10 and says
     nothing was saved; exit 3 would make a job script requeue a run that can only start over."""
     cfg = make_config("nockpt_signal", 3, "fp32", False, None, steps=100000)
-    mpath = os.path.join(TMP, "nockpt_signal.jsonl")
-    if os.path.exists(mpath):
-        os.remove(mpath)
-    p = subprocess.Popen([BIN, "train", cfg, "--quiet"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p, steps = start_long_run("nockpt_signal", cfg)
     try:
-        steps = wait_for_steps(p, mpath, 3)
         if steps < 3:
             check("signal.no_checkpoint_dir", False, f"{steps} steps logged, status {p.poll()}")
             return
@@ -658,12 +664,8 @@ def data_changed_underneath():
     c["data"]["train"] = path
     with open(cfg, "w") as f:
         json.dump(c, f)
-    mpath = os.path.join(TMP, "data_truncated.jsonl")
-    if os.path.exists(mpath):
-        os.remove(mpath)
-    p = subprocess.Popen([BIN, "train", cfg, "--quiet"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p, steps = start_long_run("data_truncated", cfg)
     try:
-        steps = wait_for_steps(p, mpath, 3)
         os.truncate(path, 1024 + 2 * 10)   # the header and 10 tokens
         out, err = p.communicate(timeout=120)
         lines = error_lines(err.decode(errors="replace"))
