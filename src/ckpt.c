@@ -764,24 +764,30 @@ static void make_dir(struct writer *w, const char *dir)
         writer_error(w, "'%s' is not a directory: %s", dir, strerror(errno ? errno : ENOTDIR));
 }
 
-void ckpt_check_dir(const char *dir)
+int ckpt_check_dir(const char *dir, char *why, size_t why_cap)
 {
     struct writer w = {.rank = 0, .world = 1};
     make_dir(&w, dir);
-    if (w.failed)
-        fail_input("checkpoint.dir: %s. Hint: point checkpoint.dir at a writable directory", w.err);
+    if (w.failed) {
+        snprintf(why, why_cap, "checkpoint.dir: %s", w.err);
+        return -1;
+    }
     /* access(W_OK) would trust the mode bits; a read-only mount only shows in
      * a real creation */
     char probe[CKPT_MAX_PATH];
-    if (snprintf(probe, sizeof probe, "%s/.shardlm-write-test.%ld", dir, (long)getpid()) >= (int)sizeof probe)
-        fail_input("checkpoint.dir '%s' is too long", dir);
+    if (snprintf(probe, sizeof probe, "%s/.shardlm-write-test.%ld", dir, (long)getpid()) >= (int)sizeof probe) {
+        snprintf(why, why_cap, "checkpoint.dir '%s' is too long", dir);
+        return -1;
+    }
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (fd < 0)
-        fail_input("checkpoint.dir '%s' is not writable: cannot create a file there (%s). Hint: point "
-                   "checkpoint.dir at a writable directory",
-                   dir, strerror(errno));
+    if (fd < 0) {
+        snprintf(why, why_cap, "checkpoint.dir '%s' is not writable: cannot create a file there (%s)", dir,
+                 strerror(errno));
+        return -1;
+    }
     close(fd);
     unlink(probe);
+    return 0;
 }
 
 /* Parses "step_<digits>.h5" exactly; returns the step or -1. */

@@ -164,10 +164,10 @@ void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents 
                size_t path_cap);
 
 /* Before training (one rank): DIR exists or is created, is a directory, and
- * a file can be created in it; fail_input naming the problem otherwise, so a
- * read-only or impossible checkpoint.dir is found before any step, not at the
- * first save. Local (no MPI). */
-void ckpt_check_dir(const char *dir);
+ * a file can be created in it, so that a read-only or impossible
+ * checkpoint.dir is found before any step, not at the first save. Returns 0,
+ * or -1 with the problem (one line naming DIR) in WHY. Local (no MPI). */
+int ckpt_check_dir(const char *dir, char *why, size_t why_cap);
 
 /* The checkpoint file SPEC means, malloc'd, or NULL for a fresh start.
  *   "auto"  DIR/latest's target. Without a usable latest (absent, malformed,

@@ -95,8 +95,12 @@ static void trainer_setup(struct trainer *tr)
               (const int(*)[ZERO_POOLS])tr->plan.pool_slots, tr->arenas, &tr->mem);
     gpt2_acts_init(&tr->acts, &tr->model, cfg->micro_batch, cfg->data.seq_len, plan_ckpt_interval(cfg),
                    plan_space(cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
-    if (cfg->checkpoint.dir && tr->rank == 0)
-        ckpt_check_dir(cfg->checkpoint.dir);
+    char why[2 * CKPT_MAX_PATH];
+    if (cfg->checkpoint.dir && tr->rank == 0 && ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {
+        if (!cfg->checkpoint.on_error_continue)
+            fail_input("%s. Hint: point checkpoint.dir at a writable directory", why);
+        log_warn("%s; training anyway, as checkpoint.on_error is \"continue\": its saves will fail", why);
+    }
     if (cfg->train.metrics_path && tr->rank == 0) {
         /* a resumed run continues the metrics of the run it resumes */
         tr->metrics = fopen(cfg->train.metrics_path, tr->opt->resume ? "a" : "w");
@@ -447,6 +451,26 @@ static void resume_checkpoint(struct trainer *tr, const char *spec)
     free(path);
 }
 
+/* Flushes the metrics file (rank 0) and ends the run with an input error when
+ * any write to it failed: a full disk must not leave it cut mid-line while the
+ * run exits 0. CLOSING also closes it. */
+static void metrics_flush(struct trainer *tr, bool closing)
+{
+    if (!tr->metrics)
+        return;
+    int failed = fflush(tr->metrics) != 0 || ferror(tr->metrics);
+    int err = errno;
+    if (closing) {
+        failed |= fclose(tr->metrics) != 0;
+        err = failed && !err ? errno : err;
+        tr->metrics = NULL;
+    }
+    if (failed)
+        fail_input("cannot write the metrics file '%s': %s. Hint: free space on its disk or point train.metrics "
+                   "elsewhere; the checkpoints already saved are intact",
+                   tr->cfg->train.metrics_path, strerror(err ? err : EIO));
+}
+
 /* The last metrics line: planned and peak bytes per buffer class, exact. */
 static void write_memory_json(struct trainer *tr)
 {
@@ -556,8 +580,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
                 fprintf(tr.metrics, "{\"step\": %ld, \"val_loss\": %.9g, \"val_bytes_allgather\": %llu}\n", tr.step,
                         vl, (unsigned long long)bytes[COMM_ALLGATHER]);
         }
-        if (tr.metrics)
-            fflush(tr.metrics);
+        metrics_flush(&tr, false);
         /* every rank stops at the same step if any was signalled */
         int32_t signalled = g_stop_signal;
         comm_allreduce(comm, &signalled, 1, COMM_I32, COMM_MAX, NULL);
@@ -603,8 +626,10 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     comm_allreduce(comm, peaks, BUF_COUNT, COMM_F64, COMM_MAX, NULL);
     for (int k = 0; k < BUF_COUNT; k++)
         tr.mem.peak[k] = (size_t)peaks[k];
-    if (tr.metrics)
+    if (tr.metrics) {
         write_memory_json(&tr);
+        metrics_flush(&tr, true);
+    }
     plan_print(&tr.plan, &tr.mem, "memory per rank at the end (planned vs peak):");
     plan_check_device(&tr.plan, 0);
     if (tr.world > 1)

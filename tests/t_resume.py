@@ -692,6 +692,33 @@ def data_changed_underneath():
         check("data.fifo_refused", False, "still blocked in open() after 60 s")
 
 
+def metrics_full_disk():
+    """train.metrics on a full disk (an 8 KiB tmpfs the test mounts): exit 2 naming the file and the
+    cause, not a file cut mid-line and exit 0."""
+    d = os.path.join(TMP, "full_mount")
+    os.makedirs(d, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", d], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    if mounted.returncode != 0:
+        check("metrics.full_disk", False, f"mount: {mounted.stdout.strip()}")
+        return
+    try:
+        cfg = make_config("metrics_full", 3, "fp32", False, None, steps=300)
+        with open(cfg) as f:
+            c = json.load(f)
+        metrics = os.path.join(d, "metrics.jsonl")
+        c["train"]["metrics"] = metrics
+        with open(cfg, "w") as f:
+            json.dump(c, f)
+        r = subprocess.run([BIN, "train", cfg, "--quiet"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, timeout=300)
+        lines = error_lines(r.stderr)
+        check("metrics.full_disk", r.returncode == 2 and len(lines) == 1 and metrics in lines[0]
+              and "No space left" in lines[0], f"exit status {r.returncode}, error lines {lines}")
+    finally:
+        subprocess.run(["umount", d])
+
+
 def main():
     if not os.access(BIN, os.X_OK):
         check("binary", False, f"{BIN} is not an executable; run 'make all' or set SHARDLM_BIN")
@@ -709,6 +736,7 @@ def main():
     unwritable_outputs()
     signal_without_checkpoint_dir()
     data_changed_underneath()
+    metrics_full_disk()
     note(f"before signals: {time.time() - t0:.1f} s")
     signals()
     note(f"total {time.time() - t0:.1f} s")
