@@ -1,10 +1,11 @@
 #include "train.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "arena.h"
 #include "backend.h"
@@ -61,6 +62,20 @@ struct trainer {
     uint64_t samples_seen;  /* global samples consumed (data position) */
 };
 
+/* train.metrics is opened for writing ("w" truncates): it must not be one of
+ * the data files the run reads, under any name or link. */
+static void refuse_alias(const char *metrics_path, const struct dataset *ds)
+{
+    struct stat out, in;
+    if (stat(metrics_path, &out) != 0)
+        return; /* not there yet: nothing to overwrite */
+    for (int i = 0; i < ds->n_files; i++)
+        if (fstat(ds->files[i].fd, &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino)
+            fail_input("train.metrics '%s' is the %s file '%s': writing metrics there would destroy it. Hint: "
+                       "name another file",
+                       metrics_path, ds->what, ds->files[i].path);
+}
+
 static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
@@ -102,6 +117,9 @@ static void trainer_setup(struct trainer *tr)
         log_warn("%s; training anyway, as checkpoint.on_error is \"continue\": its saves will fail", why);
     }
     if (cfg->train.metrics_path && tr->rank == 0) {
+        refuse_alias(cfg->train.metrics_path, &tr->train_data);
+        if (tr->have_val)
+            refuse_alias(cfg->train.metrics_path, &tr->val_data);
         /* a resumed run continues the metrics of the run it resumes */
         tr->metrics = fopen(cfg->train.metrics_path, tr->opt->resume ? "a" : "w");
         if (!tr->metrics)

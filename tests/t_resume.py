@@ -623,6 +623,17 @@ def unwritable_outputs():
             subprocess.run(["umount", ro])
 
 
+def set_keys(cfg, **sections):
+    """Rewrites config file CFG with the keys given per section: set_keys(cfg, data={"train": path})."""
+    with open(cfg) as f:
+        c = json.load(f)
+    for section, keys in sections.items():
+        c[section].update(keys)
+    with open(cfg, "w") as f:
+        json.dump(c, f)
+    return cfg
+
+
 def start_long_run(name, cfg, steps=3):
     """Starts a never-ending one-process run of CFG (metrics NAME.jsonl) and waits until it has
     logged STEPS steps; returns (process, steps logged)."""
@@ -658,12 +669,7 @@ def data_changed_underneath():
     tools/text_to_bin.py does): exit 2 naming the file, never SIGBUS; a FIFO as data: refused at once."""
     path = os.path.join(TMP, "shrinking.bin")
     shutil.copy(DATA, path)
-    cfg = make_config("data_truncated", 3, "fp32", False, None, steps=100000)
-    with open(cfg) as f:
-        c = json.load(f)
-    c["data"]["train"] = path
-    with open(cfg, "w") as f:
-        json.dump(c, f)
+    cfg = set_keys(make_config("data_truncated", 3, "fp32", False, None, steps=100000), data={"train": path})
     p, steps = start_long_run("data_truncated", cfg)
     try:
         os.truncate(path, 1024 + 2 * 10)   # the header and 10 tokens
@@ -676,12 +682,25 @@ def data_changed_underneath():
         if p.poll() is None:
             p.kill()
             p.wait()
+    # train.metrics naming the data file (through a link): refused before it is truncated
+    link = os.path.join(TMP, "metrics_link.jsonl")
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink(DATA, link)
+    with open(DATA, "rb") as f:
+        data_before = f.read()
+    alias = set_keys(make_config("metrics_alias", 3, "fp32", False, None, steps=2), train={"metrics": link})
+    r = subprocess.run([BIN, "train", alias, "--quiet"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=120)
+    lines = error_lines(r.stderr)
+    with open(DATA, "rb") as f:
+        same = f.read() == data_before
+    check("data.metrics_aliasing_data_refused", r.returncode == 2 and len(lines) == 1 and DATA in lines[0]
+          and same, f"exit status {r.returncode}, data file unchanged: {same}, error lines {lines}")
     fifo = os.path.join(TMP, "data.fifo")
     if not os.path.exists(fifo):
         os.mkfifo(fifo)
-    c["data"]["train"] = fifo
-    with open(cfg, "w") as f:
-        json.dump(c, f)
+    set_keys(cfg, data={"train": fifo})
     try:
         r = subprocess.run([BIN, "train", cfg, "--quiet"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, timeout=60)
@@ -703,13 +722,8 @@ def metrics_full_disk():
         check("metrics.full_disk", False, f"mount: {mounted.stdout.strip()}")
         return
     try:
-        cfg = make_config("metrics_full", 3, "fp32", False, None, steps=300)
-        with open(cfg) as f:
-            c = json.load(f)
         metrics = os.path.join(d, "metrics.jsonl")
-        c["train"]["metrics"] = metrics
-        with open(cfg, "w") as f:
-            json.dump(c, f)
+        cfg = set_keys(make_config("metrics_full", 3, "fp32", False, None, steps=300), train={"metrics": metrics})
         r = subprocess.run([BIN, "train", cfg, "--quiet"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, timeout=300)
         lines = error_lines(r.stderr)
