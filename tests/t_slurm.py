@@ -382,8 +382,11 @@ def test_bad_config(job, key):
     log = log_of(job)
     check("badconfig.fails_with_status_2", fields.get("JobState") == "FAILED" and fields.get("ExitCode") == "2:0",
           f"{fields.get('JobState')} {fields.get('ExitCode')}")
-    check("badconfig.message_in_log", re.search(rf"^shardlm: (rank 0: )?error: .*{re.escape(key)}", log, re.M) is not None
-          and "not requeued" in log, f"log: {log[-800:]}")
+    # Every rank prints the same config error, and srun may interleave the two lines mid-line
+    # (seen once in six CI runs: "...or: config: unknown key"); until the error is printed once
+    # (issue 14, item 9) the check asks for the error marker and the whole reason, not one intact line.
+    check("badconfig.message_in_log", re.search(r"shardlm: (rank \d+: )?err", log) is not None
+          and f"unknown key '{key}'" in log and "not requeued" in log, f"log: {log[-800:]}")
     check("badconfig.not_requeued", fields.get("Restarts") == "0", f"Restarts={fields.get('Restarts')}")
     run_time = fields.get("RunTime", "99:99:99")
     h, mnt, s = (int(x) for x in run_time.split("-")[-1].split(":"))
