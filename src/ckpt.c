@@ -800,6 +800,20 @@ static long parse_ckpt_name(const char *name)
     return -1;
 }
 
+int ckpt_managed_name(const char *name)
+{
+    if (strcmp(name, "latest") == 0 || strcmp(name, "latest.tmp") == 0)
+        return 1;
+    char base[256];
+    size_t n = strlen(name);
+    if (n >= sizeof base)
+        return 0;
+    memcpy(base, name, n + 1);
+    if (n > 4 && strcmp(base + n - 4, ".tmp") == 0)
+        base[n - 4] = 0;
+    return parse_ckpt_name(base) >= 0;
+}
+
 static int compare_desc(const void *a, const void *b)
 {
     long x = *(const long *)a, y = *(const long *)b;

@@ -168,6 +168,10 @@ void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents 
  * checkpoint.dir is found before any step, not at the first save. Returns 0,
  * or -1 with the problem (one line naming DIR) in WHY. Local (no MPI). */
 int ckpt_check_dir(const char *dir, char *why, size_t why_cap);
+/* 1 when a file called NAME (no directory part) is one that a checkpoint
+ * directory's saves write, replace or delete: step_<N>.h5, its .tmp, latest
+ * and latest.tmp. */
+int ckpt_managed_name(const char *name);
 
 /* The checkpoint file SPEC means, malloc'd, or NULL for a fresh start.
  *   "auto"  DIR/latest's target. Without a usable latest (absent, malformed,

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "ckpt.h"
@@ -293,6 +294,7 @@ static void export_safetensors(struct ckpt_reader *r, const struct out_tensor *t
     while (h.len % 8 != 0) /* pad with spaces so that the data start 8-byte aligned */
         sb_printf(&h, " ");
 
+    util_remove_on_failure(tmp_path);
     FILE *fp = fopen(tmp_path, "wb");
     if (!fp)
         fail_input("export: cannot create '%s': %s", tmp_path, strerror(errno));
@@ -315,6 +317,7 @@ static void export_safetensors(struct ckpt_reader *r, const struct out_tensor *t
         fail_input("export: cannot close '%s': %s", tmp_path, strerror(errno));
     if (rename(tmp_path, out) != 0)
         fail_input("export: cannot rename '%s' to '%s': %s", tmp_path, out, strerror(errno));
+    util_keep_file(tmp_path);
 }
 
 static void h5_fail(const char *path, const char *what, const char *name)
@@ -360,6 +363,7 @@ static void export_h5(struct ckpt_reader *r, const struct model *m, const struct
                       enum dtype dt, const char *out, const char *tmp_path)
 {
     size_t esize = (size_t)dtype_size(dt);
+    util_remove_on_failure(tmp_path);
     hid_t file = H5Fcreate(tmp_path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (file < 0)
         fail_input("export: cannot create HDF5 file '%s'. Hint: check the directory exists and is writable", tmp_path);
@@ -397,9 +401,12 @@ static void export_h5(struct ckpt_reader *r, const struct model *m, const struct
     free(tmp);
     H5Tclose(ftype);
     if (H5Fclose(file) < 0)
-        h5_fail(tmp_path, "close", tmp_path);
+        fail_input("export: cannot finish writing '%s' (HDF5 error on close); the disk may be full. Hint: check "
+                   "the disk space and permissions",
+                   tmp_path);
     if (rename(tmp_path, out) != 0)
         fail_input("export: cannot rename '%s' to '%s': %s", tmp_path, out, strerror(errno));
+    util_keep_file(tmp_path);
 }
 
 int cmd_export(int argc, char **argv)
@@ -440,6 +447,9 @@ int cmd_export(int argc, char **argv)
     if (snprintf(tmp_path, sizeof tmp_path, "%s.tmp", out) >= (int)sizeof tmp_path)
         fail_input("export: OUT path is too long: '%s'", out);
 
+    /* A failed write (a full disk) leaves the file half-closed; HDF5's own
+     * clean-up at exit would then crash on it. The .tmp is removed instead. */
+    H5dont_atexit();
     struct comm comm;
     start_single(&comm, "export");
     char *path = NULL;
@@ -447,12 +457,19 @@ int cmd_export(int argc, char **argv)
     /* The export is renamed over OUT at the end: OUT must not be the checkpoint
      * itself (under any name or link), whose optimizer state and resume point
      * would be gone. */
-    struct stat in_st, out_st;
-    if (stat(path, &in_st) == 0 && stat(out, &out_st) == 0 && in_st.st_dev == out_st.st_dev &&
-        in_st.st_ino == out_st.st_ino)
+    if (util_same_file(out, path, -1))
         fail_input("export: OUT '%s' is the checkpoint being exported ('%s'); writing the export there would "
                    "destroy it. Hint: name another file",
                    out, path);
+    /* nor another training checkpoint, or a name a checkpoint directory's
+     * saves and rotation would replace or delete */
+    const char *out_base = strrchr(out, '/') ? strrchr(out, '/') + 1 : out;
+    if (ckpt_managed_name(out_base))
+        fail_input("export: OUT '%s' has a training checkpoint's name (step_N.h5): the export %s. Hint: name it "
+                   "differently, for example model.h5",
+                   out, access(out, F_OK) == 0 ? "would replace that checkpoint, optimizer state and all"
+                                               : "could be taken for one, and --resume auto or checkpoint.keep "
+                                                 "would then read or delete it");
     struct model m;
     checkpoint_model(r, path, &m);
 

@@ -78,6 +78,13 @@ void comm_finalize(struct comm *c);
 
 size_t comm_dtype_size(enum comm_dtype dt);
 
+struct fail_trap;
+/* After a trapped start-up phase (util.h FAIL_TRAP) that every rank ran: when
+ * any rank failed, the lowest failing rank prints its message, and every rank
+ * finishes MPI and exits with that rank's status (no MPI_Abort, so no abort
+ * banner from the launcher). Returns when no rank failed. A collective. */
+void comm_agree_failure(struct comm *c, const struct fail_trap *t);
+
 /* recv (world x count) = concatenation of every rank's send (count). send may
  * point into recv at this rank's slot (in place). */
 void comm_allgather(struct comm *c, const void *send, void *recv, size_t count, enum comm_dtype dt,

@@ -286,6 +286,19 @@ void comm_finalize(struct comm *c)
     MPI_Finalize();
 }
 
+void comm_agree_failure(struct comm *c, const struct fail_trap *t)
+{
+    /* (world - rank) << 8 | status: the maximum is the lowest failing rank */
+    int32_t key = t->status ? (int32_t)((c->world - c->rank) << 8 | (t->status & 0xff)) : 0;
+    comm_allreduce(c, &key, 1, COMM_I32, COMM_MAX, NULL);
+    if (!key)
+        return;
+    if (c->world - (key >> 8) == c->rank)
+        fail_report(t);
+    comm_finalize(c);
+    exit(key & 0xff);
+}
+
 /* One rank: the collectives are copies (or nothing). */
 static void run_single(const struct comm_op *op)
 {

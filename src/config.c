@@ -782,6 +782,94 @@ static void require_ratio(const char *path, double v)
         fail_input("config: '%s' must be between 0 and 1, got %g", path, v);
 }
 
+/* ---- size bounds ------------------------------------------------------- */
+
+/* Every size the keys multiply into is computed here first, in saturating
+ * 64-bit arithmetic, and bounded, so that the model, the planner and the
+ * kernels never see a product that wraps (size_t or the kernels' int row
+ * counts). The bounds are far above any model or batch that fits a node:
+ * 2^40 elements (4 TiB in fp32) for one tensor or activation buffer, 2^44 for
+ * the activations of all layers, 2^16 layers. */
+#define CONFIG_MAX_TENSOR (1LL << 40)
+#define CONFIG_MAX_ALL_LAYERS (1LL << 44)
+#define CONFIG_MAX_LAYERS 65536
+#define CONFIG_MAX_SAMPLE_TOKENS (1 << 20)
+#define CONFIG_MAX_THREADS 4096
+
+static long long sat_mul(long long a, long long b)
+{
+    long long r;
+    return __builtin_mul_overflow(a, b, &r) ? LLONG_MAX : r;
+}
+
+static long long sat_add(long long a, long long b)
+{
+    long long r;
+    return __builtin_add_overflow(a, b, &r) ? LLONG_MAX : r;
+}
+
+/* Fails when n elements of what exceed limit; keys names the keys that set it
+ * and their values, as the user wrote them. */
+static void check_bound(const char *what, long long n, long long limit, const char *keys)
+{
+    if (n <= limit)
+        return;
+    fail_input("config: %s would hold %s%.3g elements (%s), more than the %.3g shardlm allows; lower one of "
+               "these keys",
+               what, n == LLONG_MAX ? "over " : "", (double)n, keys, (double)limit);
+}
+
+static void check_model_sizes(const struct model_config *m, bool gpt2)
+{
+    char keys[256];
+    if (m->n_layer > CONFIG_MAX_LAYERS)
+        fail_input("config: 'model.n_layer' is %d, more than the %d layers shardlm allows", m->n_layer,
+                   CONFIG_MAX_LAYERS);
+    const long long C = m->n_embd, F = m->ffn_dim, KV = C / m->n_head * m->n_kv_head;
+    snprintf(keys, sizeof keys, "model.vocab_size %d x model.n_embd %d", m->vocab_size, m->n_embd);
+    check_bound("the token embedding", sat_mul(m->padded_vocab, C), CONFIG_MAX_TENSOR, keys);
+    if (gpt2) {
+        snprintf(keys, sizeof keys, "model.n_positions %d x model.n_embd %d", m->n_positions, m->n_embd);
+        check_bound("the position embedding", sat_mul(m->n_positions, C), CONFIG_MAX_TENSOR, keys);
+    }
+    snprintf(keys, sizeof keys, "model.n_embd %d x (model.n_embd + 2 x key/value width %lld)", m->n_embd, KV);
+    check_bound("the attention's input projection", sat_mul(C, sat_add(C, 2 * KV)), CONFIG_MAX_TENSOR, keys);
+    snprintf(keys, sizeof keys, "model.n_embd %d x model.ffn_dim %d", m->n_embd, m->ffn_dim);
+    check_bound("one MLP matrix", sat_mul(C, F), CONFIG_MAX_TENSOR, keys);
+    /* attention (2 C^2 + 2 C KV) and MLP (2 or 3 C F) matrices of every layer */
+    long long per_layer = sat_add(sat_mul(2 * C, sat_add(C, KV)), sat_mul(gpt2 ? 2 : 3, sat_mul(C, F)));
+    snprintf(keys, sizeof keys, "model.n_layer %d x %.3g per layer from model.n_embd %d and model.ffn_dim %d",
+             m->n_layer, (double)per_layer, m->n_embd, m->ffn_dim);
+    check_bound("the layers' parameters", sat_mul(m->n_layer, per_layer), CONFIG_MAX_TENSOR, keys);
+}
+
+/* The activation sizes of one micro-batch (after the batch is resolved). */
+static void check_batch_sizes(const struct config *cfg)
+{
+    const struct model_config *m = &cfg->model;
+    const long long B = cfg->micro_batch, T = cfg->data.seq_len, BT = sat_mul(B, T);
+    char keys[256];
+    if (BT > INT_MAX)
+        fail_input("config: train_micro_batch_size_per_gpu (%lld) x data.seq_len (%lld) = %lld tokens per "
+                   "micro-batch, more than the %d shardlm allows; lower one of them",
+                   B, T, BT, INT_MAX);
+    snprintf(keys, sizeof keys, "train_micro_batch_size_per_gpu %lld x data.seq_len %lld x model.vocab_size %d", B,
+             T, m->vocab_size);
+    check_bound("the logits of one micro-batch", sat_mul(BT, m->padded_vocab), CONFIG_MAX_TENSOR, keys);
+    snprintf(keys, sizeof keys, "train_micro_batch_size_per_gpu %lld x model.n_head %d x data.seq_len %lld squared",
+             B, m->n_head, T);
+    long long att = sat_mul(sat_mul(B, m->n_head), sat_mul(T, T));
+    check_bound("the attention scores of one layer", att, CONFIG_MAX_TENSOR, keys);
+    const long long C = m->n_embd, KV = C / m->n_head * m->n_kv_head;
+    long long width = sat_add(sat_mul(6, C), sat_add(sat_mul(2, KV), sat_mul(3, m->ffn_dim)));
+    long long per_layer = sat_add(sat_mul(BT, width), att);
+    snprintf(keys, sizeof keys,
+             "model.n_layer %d x train_micro_batch_size_per_gpu %lld x data.seq_len %lld x width from model.n_embd, "
+             "model.ffn_dim and model.n_head",
+             m->n_layer, B, T);
+    check_bound("the activations of all layers", sat_mul(m->n_layer, per_layer), CONFIG_MAX_ALL_LAYERS, keys);
+}
+
 /* ---- sections ---------------------------------------------------------- */
 
 static void read_model(struct config *cfg, json_t *root)
@@ -822,21 +910,25 @@ static void read_model(struct config *cfg, json_t *root)
     bool same_type = strcmp(type, preset->type) == 0;
     m->n_kv_head = read_int(root, "model.n_kv_head", same_type && preset->n_kv_head ? preset->n_kv_head : m->n_head,
                             NO_FILL);
-    m->ffn_dim = read_int(root, "model.ffn_dim", same_type && preset->ffn_dim ? preset->ffn_dim : 4 * m->n_embd,
-                          NO_FILL);
+    long long ffn_default = same_type && preset->ffn_dim ? preset->ffn_dim : 4LL * m->n_embd;
+    if (!is_given(root, "model.ffn_dim") && ffn_default > INT_MAX)
+        fail_input("config: 'model.n_embd' is %d; the MLP it implies (4 n_embd = %lld) is out of range (at most %d)",
+                   m->n_embd, ffn_default, INT_MAX);
+    m->ffn_dim = read_int(root, "model.ffn_dim", (int)ffn_default, NO_FILL);
     require_positive("model.n_kv_head", m->n_kv_head);
     require_positive("model.ffn_dim", m->ffn_dim);
     if (m->n_head % m->n_kv_head != 0)
         fail_input("config: 'model.n_head' (%d) must be a multiple of 'model.n_kv_head' (%d): each key/value head "
                    "serves n_head / n_kv_head query heads",
                    m->n_head, m->n_kv_head);
-    if (gpt2 && (m->n_kv_head != m->n_head || m->ffn_dim != 4 * m->n_embd))
-        fail_input("config: GPT-2 has n_kv_head = n_head (%d) and ffn_dim = 4 n_embd (%d), got %d and %d; remove "
+    if (gpt2 && (m->n_kv_head != m->n_head || m->ffn_dim != 4LL * m->n_embd))
+        fail_input("config: GPT-2 has n_kv_head = n_head (%d) and ffn_dim = 4 n_embd (%lld), got %d and %d; remove "
                    "model.n_kv_head and model.ffn_dim or use model.type \"llama\"",
-                   m->n_head, 4 * m->n_embd, m->n_kv_head, m->ffn_dim);
+                   m->n_head, 4LL * m->n_embd, m->n_kv_head, m->ffn_dim);
     if (m->vocab_size > INT_MAX - MODEL_VOCAB_ALIGN)
         fail_input("config: 'model.vocab_size' (%d) is too large", m->vocab_size);
     m->padded_vocab = (int)round_up((size_t)m->vocab_size, MODEL_VOCAB_ALIGN);
+    check_model_sizes(m, gpt2);
 
     double std = read_num(root, "model.init_std", MODEL_INIT_STD_DEFAULT, FILL);
     if (!(std > 0))
@@ -875,6 +967,9 @@ static void read_train(struct config *cfg, json_t *root)
     require_positive("train.eval_batches", t->eval_batches);
     t->sample_tokens = read_int(root, "train.sample_tokens", 0, FILL);
     require_non_negative("train.sample_tokens", t->sample_tokens);
+    if (t->sample_tokens > CONFIG_MAX_SAMPLE_TOKENS)
+        fail_input("config: 'train.sample_tokens' is %d, more than the %d the end-of-run sample allows",
+                   t->sample_tokens, CONFIG_MAX_SAMPLE_TOKENS);
     double temperature = read_num(root, "train.sample_temperature", 1.0, FILL);
     if (!(temperature > 0))
         fail_input("config: 'train.sample_temperature' must be positive, got %g", temperature);
@@ -882,6 +977,10 @@ static void read_train(struct config *cfg, json_t *root)
     t->metrics_path = read_path(root, "train.metrics");
     t->threads = read_int(root, "train.threads", 0, FILL);
     require_non_negative("train.threads", t->threads);
+    if (t->threads > CONFIG_MAX_THREADS)
+        fail_input("config: 'train.threads' is %d, more than %d; give the number of cores per rank (0: OpenMP's "
+                   "default)",
+                   t->threads, CONFIG_MAX_THREADS);
 }
 
 static void read_checkpoint(struct config *cfg, json_t *root)
@@ -1344,6 +1443,7 @@ void config_resolve_batch(struct config *cfg, int world)
     cfg->train_batch_size = (int)tbs;
     cfg->micro_batch = (int)micro;
     cfg->grad_accum = (int)accum;
+    check_batch_sizes(cfg);
     json_t *root = cfg->json;
     if (root) {
         json_object_set_new(root, "train_batch_size", json_integer(tbs));

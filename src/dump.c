@@ -14,9 +14,20 @@ static void write_all(FILE *f, const void *p, size_t n)
         fail_input("writing a dump file: %s", strerror(errno));
 }
 
+/* Written to PATH.tmp and renamed over PATH by dump_close: a failed write
+ * leaves PATH as it was. */
+static void tmp_name(const char *path, char *buf, size_t n)
+{
+    if (snprintf(buf, n, "%s.tmp", path) >= (int)n)
+        fail_input("dump file path is too long: '%s'", path);
+}
+
 FILE *dump_open(const char *path)
 {
-    FILE *f = xfopen(path, "wb", "dump file");
+    char tmp[4096];
+    tmp_name(path, tmp, sizeof tmp);
+    FILE *f = xfopen(tmp, "wb", "dump file");
+    util_remove_on_failure(tmp);
     write_all(f, DUMP_MAGIC, 8);
     return f;
 }
@@ -38,6 +49,11 @@ void dump_tensor(FILE *f, const char *name, int ndim, const size_t *dims, const 
 
 void dump_close(FILE *f, const char *path)
 {
+    char tmp[4096];
+    tmp_name(path, tmp, sizeof tmp);
     if (fclose(f) != 0)
-        fail_input("closing dump file '%s': %s", path, strerror(errno));
+        fail_input("closing dump file '%s': %s", tmp, strerror(errno));
+    if (rename(tmp, path) != 0)
+        fail_input("cannot rename dump file '%s' to '%s': %s", tmp, path, strerror(errno));
+    util_keep_file(tmp);
 }

@@ -56,6 +56,21 @@ static void usage_train(FILE *out)
             "             3 stopped by SIGUSR1/SIGTERM after saving a checkpoint: requeue and --resume auto\n");
 }
 
+/* Every rank reads the config; a bad one is reported once, by the lowest rank. */
+static void load_train_config(struct comm *comm, struct config *cfg, const char *path, const char *deepspeed,
+                              const char *const *sets, int n_sets)
+{
+    struct fail_trap trap;
+    if (FAIL_TRAP(&trap) == 0) {
+        config_load(cfg, path, deepspeed, sets, n_sets);
+        if (strcmp(cfg->model.type, "gpt2") != 0)
+            fail_input("model.type \"%s\": Llama training is not implemented yet; `shardlm plan` supports it",
+                       cfg->model.type);
+    }
+    fail_untrap();
+    comm_agree_failure(comm, &trap);
+}
+
 static int cmd_train(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -96,13 +111,15 @@ static int cmd_train(int argc, char **argv)
         fprintf(stderr, "shardlm: error: train needs exactly one CONFIG file; see 'shardlm train --help'\n");
         return EXIT_BAD_INPUT;
     }
+    topt.config_path = argv[optind];
+    topt.deepspeed_path = deepspeed;
+    train_install_stop_handlers();
+    train_fault_point("start");
     struct comm comm;
     comm_init(&comm, NULL, NULL);
     struct config cfg;
-    config_load(&cfg, argv[optind], deepspeed, sets, n_sets);
-    if (strcmp(cfg.model.type, "gpt2") != 0)
-        fail_input("model.type \"%s\": Llama training is not implemented yet; `shardlm plan` supports it",
-                   cfg.model.type);
+    load_train_config(&comm, &cfg, argv[optind], deepspeed, sets, n_sets);
+    train_fault_point("config");
     int status = train_run(&cfg, &comm, &topt);
     config_free(&cfg);
     comm_finalize(&comm);

@@ -221,7 +221,9 @@ void plan_compute_for(struct mem_plan *p, const struct model *m, const struct co
     gpt2_free_passes(&passes[0], &passes[1]);
     for (int c = 0; c < BUF_COUNT; c++) {
         p->space[c] = plan_space(cfg, c);
-        p->space_total[p->space[c]] += p->bytes[c];
+        /* the config's size bounds keep every buffer far below 2^64 bytes */
+        if (__builtin_add_overflow(p->space_total[p->space[c]], p->bytes[c], &p->space_total[p->space[c]]))
+            fail_internal("memory plan: the %s total wraps at 2^64 bytes", arena_class_name(c));
     }
 }
 
@@ -354,11 +356,48 @@ static void largest_items(const struct mem_plan *p, enum mem_space s, char *buf,
     }
 }
 
+/* MemAvailable of /proc/meminfo in bytes, 0 when unknown. */
+static size_t host_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+            break;
+    fclose(f);
+    return (size_t)kib * 1024;
+}
+
+/* Without a device (the CPU backend) every space is host memory: a plan
+ * larger than the memory this node has free is refused before the arenas are
+ * allocated (with overcommit, the allocation would succeed and the kernel
+ * would kill the job at the first touch). */
+static void check_host(const struct mem_plan *p)
+{
+    size_t need = 0, avail = host_available();
+    for (int s = 0; s < SPACE_COUNT; s++)
+        need += p->space_total[s];
+    if (!avail || need <= avail)
+        return;
+    char a[32], b[32], items[256];
+    largest_items(p, SPACE_DEVICE, items, sizeof items);
+    fail_input("the plan needs %s of host memory per rank, more than the %s available on this node; largest: %s. "
+               "Hint: a smaller model, train_micro_batch_size_per_gpu or data.seq_len, more ranks with "
+               "zero_optimization.stage 3, or activation_checkpointing shrink it (`shardlm plan` shows the effect)",
+               plan_format_bytes((double)need, a, sizeof a), plan_format_bytes((double)avail, b, sizeof b), items);
+}
+
 void plan_check_device(const struct mem_plan *p, int at_start)
 {
     size_t free_bytes, total;
-    if (!backend_mem_info(&free_bytes, &total))
+    if (!backend_mem_info(&free_bytes, &total)) {
+        if (at_start)
+            check_host(p);
         return;
+    }
     char a[32], b[32], c[32], items[256];
     const size_t need = p->space_total[SPACE_DEVICE];
     if (!at_start) {

@@ -20,13 +20,14 @@
 #include "util.h"
 #include "zero.h"
 
-/* Set by SIGUSR1 or SIGTERM (Slurm's warning before a time limit): finish the
- * step, save, exit with EXIT_PREEMPTED so the job script requeues. */
+/* Set by SIGUSR1 or SIGTERM (Slurm's warning before a time limit) or SIGINT
+ * (Ctrl-C): finish the step, save, exit with EXIT_PREEMPTED so the job script
+ * requeues. */
 static volatile sig_atomic_t g_stop_signal;
 
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-static void install_stop_handlers(void)
+void train_install_stop_handlers(void)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -34,6 +35,49 @@ static void install_stop_handlers(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* a second Ctrl-C kills at once, as users expect; the save protocol keeps
+     * `latest` naming a whole checkpoint whenever the kill comes */
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, NULL);
+}
+
+/* Fault injection for the tests (tests/t_faults.py): SHARDLM_INJECT_SIGNAL=
+ * PHASE:SIG raises SIG (USR1, TERM or INT) in this process the first time the
+ * run reaches PHASE: start (before MPI and the config), config (after it),
+ * setup, resume (after the checkpoint is read), step (inside the first step,
+ * between the backward and the optimizer), save (as a checkpoint save
+ * begins) or exit (after the last step's save). A signal then arrives at a
+ * known point instead of at a time the test can only hope for. */
+void train_fault_point(const char *phase)
+{
+    static int fired;
+    const char *spec = getenv("SHARDLM_INJECT_SIGNAL");
+    if (!spec || fired)
+        return;
+    size_t n = strlen(phase);
+    if (strncmp(spec, phase, n) != 0 || spec[n] != ':')
+        return;
+    const char *name = spec + n + 1;
+    int sig = strcmp(name, "USR1") == 0 ? SIGUSR1 : strcmp(name, "TERM") == 0 ? SIGTERM
+            : strcmp(name, "INT") == 0  ? SIGINT
+                                        : 0;
+    if (!sig)
+        fail_input("SHARDLM_INJECT_SIGNAL='%s': the signal must be USR1, TERM or INT", spec);
+    fired = 1;
+    raise(sig);
+}
+
+static const char *stop_signal_name(int sig)
+{
+    return sig == SIGUSR1 ? "SIGUSR1" : sig == SIGINT ? "SIGINT" : "SIGTERM";
+}
+
+/* The stop signal any rank has received (0: none); a collective. */
+static int agree_stop_signal(struct comm *comm)
+{
+    int32_t signalled = g_stop_signal;
+    comm_allreduce(comm, &signalled, 1, COMM_I32, COMM_MAX, NULL);
+    return signalled;
 }
 
 /* PyTorch's clip_grad_norm_ adds this to the norm before dividing. */
@@ -62,18 +106,34 @@ struct trainer {
     uint64_t samples_seen;  /* global samples consumed (data position) */
 };
 
-/* train.metrics is opened for writing ("w" truncates): it must not be one of
- * the data files the run reads, under any name or link. */
-static void refuse_alias(const char *metrics_path, const struct dataset *ds)
+/* An output the run opens for writing (train.metrics, the dumps) must not be
+ * a file the run reads or keeps, under any name or link: a data file, the
+ * config, the checkpoint it resumes from, or a file the checkpoint directory
+ * manages ('w' would truncate it). */
+static void refuse_output_alias(const struct trainer *tr, const char *out, const char *key)
 {
-    struct stat out, in;
-    if (stat(metrics_path, &out) != 0)
-        return; /* not there yet: nothing to overwrite */
-    for (int i = 0; i < ds->n_files; i++)
-        if (fstat(ds->files[i].fd, &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino)
-            fail_input("train.metrics '%s' is the %s file '%s': writing metrics there would destroy it. Hint: "
-                       "name another file",
-                       metrics_path, ds->what, ds->files[i].path);
+    const struct dataset *sets[2] = {&tr->train_data, tr->have_val ? &tr->val_data : NULL};
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; sets[s] && i < sets[s]->n_files; i++)
+            if (util_same_file(out, NULL, sets[s]->files[i].fd))
+                fail_input("%s '%s' is the %s file '%s': writing there would destroy it. Hint: name another file",
+                           key, out, sets[s]->what, sets[s]->files[i].path);
+    const char *inputs[3] = {tr->opt->config_path, tr->opt->deepspeed_path, tr->opt->resume};
+    const char *what[3] = {"config file", "DeepSpeed config file", "checkpoint to resume from"};
+    for (int i = 0; i < 3; i++)
+        if (inputs[i] && util_same_file(out, inputs[i], -1))
+            fail_input("%s '%s' is the %s '%s': writing there would destroy it. Hint: name another file", key, out,
+                       what[i], inputs[i]);
+    const char *dir = tr->cfg->checkpoint.dir;
+    if (!dir)
+        return;
+    char parent[CKPT_MAX_PATH];
+    const char *slash = strrchr(out, '/');
+    snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - out) + 1 : 1, slash ? out : ".");
+    if (ckpt_managed_name(slash ? slash + 1 : out) && util_same_file(parent, dir, -1))
+        fail_input("%s '%s' is a file of checkpoint.dir ('%s'), which its saves replace or delete. Hint: name "
+                   "another file",
+                   key, out, dir);
 }
 
 static void trainer_setup(struct trainer *tr)
@@ -116,10 +176,15 @@ static void trainer_setup(struct trainer *tr)
             fail_input("%s. Hint: point checkpoint.dir at a writable directory", why);
         log_warn("%s; training anyway, as checkpoint.on_error is \"continue\": its saves will fail", why);
     }
+    if (tr->rank == 0) {
+        const char *dumps[2] = {tr->opt->dump_path, tr->opt->dump_final_path};
+        const char *dump_keys[2] = {"--dump", "--dump-final"};
+        for (int i = 0; i < 2; i++)
+            if (dumps[i])
+                refuse_output_alias(tr, dumps[i], dump_keys[i]);
+    }
     if (cfg->train.metrics_path && tr->rank == 0) {
-        refuse_alias(cfg->train.metrics_path, &tr->train_data);
-        if (tr->have_val)
-            refuse_alias(cfg->train.metrics_path, &tr->val_data);
+        refuse_output_alias(tr, cfg->train.metrics_path, "train.metrics");
         /* a resumed run continues the metrics of the run it resumes */
         tr->metrics = fopen(cfg->train.metrics_path, tr->opt->resume ? "a" : "w");
         if (!tr->metrics)
@@ -227,6 +292,7 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
         loss_sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1, GPT2_TRAIN);
         gpt2_backward(&tr->zero, &tr->acts, B, T, dloss);
         zero_end_pass(&tr->zero);
+        train_fault_point("step");
     }
     tr->acts.debug_logits = NULL;
     zero_reduce_grads(&tr->zero);
@@ -342,9 +408,15 @@ static void sample_text(struct trainer *tr)
         /* rank 0's choice, so every rank feeds the same context next */
         comm_broadcast(tr->comm, &next, 1, COMM_I32, 0, NULL);
         ctx[len++] = next;
+        int sig = agree_stop_signal(tr->comm);
+        if (sig) {
+            log_warn("%s during the sample after the last step: the sample stops at %d tokens", stop_signal_name(sig),
+                     len - 1);
+            break;
+        }
     }
     if (tr->rank == 0) {
-        printf("---- sample (%d tokens) ----\n", n);
+        printf("---- sample (%d tokens) ----\n", len - 1);
         for (int i = 1; i < len; i++) {
             if (V <= 256)
                 putchar(ctx[i]);
@@ -408,6 +480,7 @@ static void save_checkpoint(struct trainer *tr)
     struct ckpt_contents contents = {groups, ZERO_CKPT_GROUPS, state, 2, attrs, (int)(sizeof attrs / sizeof *attrs)};
     char path[4096];
     double t0 = now_seconds();
+    train_fault_point("save");
     /* Every rank gets the same status (ckpt_try_save agrees on failure). */
     int rc = ckpt_try_save(cfg->checkpoint.dir, tr->step, cfg->checkpoint.keep, &contents, path, sizeof path);
     free(config_json);
@@ -449,11 +522,19 @@ static void resume_checkpoint(struct trainer *tr, const char *spec)
                        model_attr_names[i], (long long)got, (long long)want[i]);
     }
     zero_ckpt_load(&tr->zero, r);
+    train_fault_point("resume");
     tr->step = (long)ckpt_attr_i64(r, "step");
     tr->skipped_steps = (long)ckpt_attr_i64(r, "skipped_steps");
     tr->zero.adam_steps = (long)ckpt_attr_i64(r, "adam_steps");
     tr->samples_seen = (uint64_t)ckpt_attr_i64(r, "samples_seen");
-    if (tr->scaler.skips_overflow) {
+    char *saved_dtype = ckpt_attr_str(r, "dtype");
+    if (strcmp(saved_dtype, dtype_name(cfg->dtype)) != 0)
+        log_info("checkpoint '%s' was trained in %s, this run in %s: the fp32 master weights and Adam state carry "
+                 "over%s",
+                 path, saved_dtype, dtype_name(cfg->dtype),
+                 tr->scaler.skips_overflow ? "; the fp16 loss scaler starts fresh, as the checkpoint has none" : "");
+    /* only an fp16 run has a loss scaler to continue */
+    if (tr->scaler.skips_overflow && strcmp(saved_dtype, dtype_name(DTYPE_F16)) == 0) {
         tr->scaler.scale = ckpt_attr_f64(r, "loss_scale");
         tr->scaler.hysteresis_left = (int)ckpt_attr_i64(r, "hysteresis_left");
         tr->scaler.iter = (long)ckpt_attr_i64(r, "scaler_iter");
@@ -462,6 +543,7 @@ static void resume_checkpoint(struct trainer *tr, const char *spec)
         if (why)
             fail_input("checkpoint '%s': loss-scaler state is invalid (%s)", path, why);
     }
+    free(saved_dtype);
     int saved_world = ckpt_saved_world(r);
     ckpt_close(r);
     log_info("resumed from %s at step %ld (saved by %d rank%s, now %d) (%.2f s)", path, tr->step, saved_world,
@@ -515,6 +597,17 @@ static void log_traffic(struct trainer *tr, const uint64_t bytes[COMM_KINDS], ch
              (unsigned long long)bytes[COMM_ALLREDUCE]);
 }
 
+/* The set-up is local on every rank (no collective), so a failure in it,
+ * on any rank, is reported once (comm_agree_failure). */
+static void trainer_setup_agreed(struct trainer *tr)
+{
+    struct fail_trap trap;
+    if (FAIL_TRAP(&trap) == 0)
+        trainer_setup(tr);
+    fail_untrap();
+    comm_agree_failure(tr->comm, &trap);
+}
+
 int train_run(struct config *cfg, struct comm *comm, const struct train_options *opt)
 {
     struct trainer tr;
@@ -537,10 +630,8 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         log_warn("zero_optimization.offload_optimizer is off, but this GPU build always keeps the fp32 master "
                  "weights, Adam m and v and the fp32 gradient shard in pinned host memory and runs AdamW on the "
                  "host (the memory plan shows them there)");
-    /* before the set-up, which can take minutes (data, a large resume): a
-     * signal that early must not kill the job unsaved (SIGUSR1's default) */
-    install_stop_handlers();
-    trainer_setup(&tr);
+    trainer_setup_agreed(&tr);
+    train_fault_point("setup");
     backend_check_performance();
 
     const int T = cfg->data.seq_len;
@@ -562,7 +653,25 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
 
     if (opt->resume)
         resume_checkpoint(&tr, opt->resume);
-    int stop_signal = 0;
+    /* A stop signal during the set-up or the resume (the handlers are in
+     * place from the start, train_install_stop_handlers): nothing new to
+     * save. The checkpoint.dir is as the run found it, so a requeued
+     * `--resume auto` continues where this run would have started. */
+    int stop_signal = agree_stop_signal(comm);
+    if (stop_signal) {
+        trainer_teardown(&tr);
+        if (cfg->checkpoint.dir) {
+            log_info("step %5ld | stopped by %s before the first step; %s; exit status %d asks the job script to "
+                     "requeue",
+                     tr.step, stop_signal_name(stop_signal),
+                     tr.step ? "the checkpoint it resumed from is unchanged" : "nothing was trained or saved",
+                     EXIT_PREEMPTED);
+            return EXIT_PREEMPTED;
+        }
+        log_warn("step %5ld | stopped by %s before the first step, with no checkpoint.dir; exit status %d",
+                 tr.step, stop_signal_name(stop_signal), 128 + stop_signal);
+        return 128 + stop_signal;
+    }
     const float base_lr = cfg->optimizer.lr;
     while (tr.step < cfg->train.steps) {
         double t0 = now_seconds(), norm = 0.0;
@@ -600,20 +709,19 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         }
         metrics_flush(&tr, false);
         /* every rank stops at the same step if any was signalled */
-        int32_t signalled = g_stop_signal;
-        comm_allreduce(comm, &signalled, 1, COMM_I32, COMM_MAX, NULL);
-        if (signalled) {
-            stop_signal = signalled;
+        stop_signal = agree_stop_signal(comm);
+        if (stop_signal)
             break;
-        }
         if (cfg->checkpoint.dir && cfg->checkpoint.every > 0 && tr.step % cfg->checkpoint.every == 0 &&
             tr.step < cfg->train.steps)
             save_checkpoint(&tr);
     }
     if (cfg->checkpoint.dir)
         save_checkpoint(&tr);
+    if (!stop_signal)
+        train_fault_point("exit");
     if (stop_signal) {
-        const char *name = stop_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
+        const char *name = stop_signal_name(stop_signal);
         trainer_teardown(&tr);
         if (cfg->checkpoint.dir) {
             log_info("step %5ld | stopped by %s after saving a checkpoint; exit status %d asks the job script to "

@@ -18,7 +18,17 @@ struct train_options {
     int quiet;                   /* no per-step lines */
     int print_config;            /* log the resolved configuration at start (job logs) */
     const char *resume;          /* "auto", a checkpoint file or a directory; NULL: fresh start */
+    const char *config_path;     /* the CONFIG file and --deepspeed file (NULL: none): inputs that */
+    const char *deepspeed_path;  /* no output may overwrite */
 };
+
+/* Catches SIGUSR1, SIGTERM and SIGINT from here on: the run then stops at the
+ * end of its step, saves and exits EXIT_PREEMPTED (README "Signals"). Call
+ * first, before MPI and the config, so that no early signal kills the job. */
+void train_install_stop_handlers(void);
+
+/* A point where SHARDLM_INJECT_SIGNAL (tests) may raise a stop signal. */
+void train_fault_point(const char *phase);
 
 /* Runs the whole training; returns the process exit status. */
 int train_run(struct config *cfg, struct comm *comm, const struct train_options *opt);

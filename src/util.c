@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 static abort_hook_fn g_abort_hook;
@@ -14,8 +16,33 @@ void util_set_abort_hook(abort_hook_fn hook) { g_abort_hook = hook; }
 abort_hook_fn util_get_abort_hook(void) { return g_abort_hook; }
 void util_set_rank(int rank, int world) { g_rank = rank; g_world = world; }
 
+#define MAX_PENDING_FILES 4
+static char *g_pending[MAX_PENDING_FILES];
+
+void util_remove_on_failure(const char *path)
+{
+    for (int i = 0; i < MAX_PENDING_FILES; i++)
+        if (!g_pending[i]) {
+            g_pending[i] = xstrdup(path);
+            return;
+        }
+    fail_internal("util_remove_on_failure: more than %d files pending", MAX_PENDING_FILES);
+}
+
+void util_keep_file(const char *path)
+{
+    for (int i = 0; i < MAX_PENDING_FILES; i++)
+        if (g_pending[i] && strcmp(g_pending[i], path) == 0) {
+            free(g_pending[i]);
+            g_pending[i] = NULL;
+        }
+}
+
 void util_exit(int status)
 {
+    for (int i = 0; i < MAX_PENDING_FILES; i++)
+        if (g_pending[i])
+            unlink(g_pending[i]);
     fflush(stdout);
     fflush(stderr);
     if (g_abort_hook)
@@ -23,10 +50,21 @@ void util_exit(int status)
     exit(status);
 }
 
-static void vmessage(const char *kind, const char *fmt, va_list ap)
+static _Thread_local struct fail_trap *g_trap;
+
+struct fail_trap *fail_trap_set(struct fail_trap *t)
 {
-    char line[2048];
-    vsnprintf(line, sizeof line, fmt, ap);
+    t->status = 0;
+    t->kind = "";
+    t->message[0] = '\0';
+    g_trap = t;
+    return t;
+}
+
+void fail_untrap(void) { g_trap = NULL; }
+
+static void print_message(const char *kind, const char *line)
+{
     if (g_world > 1)
         fprintf(stderr, "shardlm: rank %d: %s: %s\n", g_rank, kind, line);
     else
@@ -34,32 +72,48 @@ static void vmessage(const char *kind, const char *fmt, va_list ap)
     fflush(stderr);
 }
 
+void fail_report(const struct fail_trap *t) { print_message(t->kind, t->message); }
+
+__attribute__((noreturn)) static void vfail(const char *kind, int status, const char *fmt, va_list ap)
+{
+    struct fail_trap *t = g_trap;
+    if (t) {
+        g_trap = NULL; /* a failure while unwinding is not trapped twice */
+        vsnprintf(t->message, sizeof t->message, fmt, ap);
+        t->kind = kind;
+        t->status = status;
+        longjmp(t->env, 1);
+    }
+    char line[2048];
+    vsnprintf(line, sizeof line, fmt, ap);
+    print_message(kind, line);
+    util_exit(status);
+}
+
 void fail_input(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vmessage("error", fmt, ap);
-    va_end(ap);
-    util_exit(EXIT_BAD_INPUT);
+    vfail("error", EXIT_BAD_INPUT, fmt, ap);
 }
 
 void fail_internal(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vmessage("internal error", fmt, ap);
-    va_end(ap);
-    util_exit(EXIT_INTERNAL);
+    vfail("internal error", EXIT_INTERNAL, fmt, ap);
 }
 
 void log_warn(const char *fmt, ...)
 {
     if (g_rank > 0)
         return;
+    char line[2048];
     va_list ap;
     va_start(ap, fmt);
-    vmessage("warning", fmt, ap);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    print_message("warning", line);
 }
 
 void log_info(const char *fmt, ...)
@@ -72,6 +126,14 @@ void log_info(const char *fmt, ...)
     va_end(ap);
     putchar('\n');
     fflush(stdout);
+}
+
+int util_same_file(const char *a, const char *b, int b_fd)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) != 0 || (b_fd >= 0 ? fstat(b_fd, &sb) : stat(b, &sb)) != 0)
+        return 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 void *xcalloc(size_t n, size_t size)

@@ -16,6 +16,7 @@
 #ifndef SHARDLM_UTIL_H
 #define SHARDLM_UTIL_H
 
+#include <setjmp.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -43,6 +44,41 @@ __attribute__((format(printf, 1, 2))) void log_warn(const char *fmt, ...);
 __attribute__((format(printf, 1, 2))) void log_info(const char *fmt, ...);
 /* Leaves through the abort hook with the given status (after a message was printed). */
 __attribute__((noreturn)) void util_exit(int status);
+
+/* A failure trap: while one is set on a thread, fail_input and fail_internal
+ * on that thread record their message and status in it and jump back to
+ * FAIL_TRAP instead of printing and leaving. For start-up phases that every
+ * rank runs without collectives, so that the ranks can then agree on one
+ * report (comm_agree_failure) instead of each printing the same error and
+ * aborting the job through MPI:
+ *
+ *     struct fail_trap trap;
+ *     if (FAIL_TRAP(&trap) == 0)
+ *         phase();
+ *     fail_untrap();
+ *     comm_agree_failure(comm, &trap);
+ */
+struct fail_trap {
+    jmp_buf env;
+    int status;        /* 0: the phase succeeded */
+    const char *kind;  /* "error" or "internal error" */
+    char message[2048];
+};
+struct fail_trap *fail_trap_set(struct fail_trap *t);
+#define FAIL_TRAP(t) (setjmp(fail_trap_set(t)->env))
+void fail_untrap(void);
+/* Prints a trapped failure as fail_input/fail_internal would have. */
+void fail_report(const struct fail_trap *t);
+
+/* A file being written (a .tmp before its rename): removed if the process
+ * leaves through fail_input/fail_internal before util_keep_file(path), so a
+ * failed write (a full disk) leaves nothing behind. At most 4 at a time. */
+void util_remove_on_failure(const char *path);
+void util_keep_file(const char *path);
+
+/* 1 when paths a and b name the same existing file (any name or link);
+ * b_fd >= 0 stands for b when the file is open (b may then be NULL). */
+int util_same_file(const char *a, const char *b, int b_fd);
 
 /* Checked allocation for small, start-up-time structures (never in the step loop). */
 void *xcalloc(size_t n, size_t size);
