@@ -53,7 +53,8 @@ static void usage_train(FILE *out)
             "  -h, --help           this text\n"
             "\n"
             "exit status: 0 done; 1 internal error; 2 bad input (config, data, checkpoint, arguments);\n"
-            "             3 stopped by SIGUSR1/SIGTERM after saving a checkpoint: requeue and --resume auto\n");
+            "             3 stopped by SIGUSR1, SIGTERM or SIGINT with everything trained saved in checkpoint.dir:\n"
+            "               requeue and --resume auto (without checkpoint.dir: 128 + the signal)\n");
 }
 
 /* Every rank reads the config; a bad one is reported once, by the lowest rank. */

@@ -27,7 +27,7 @@ enum {
     EXIT_OK = 0,
     EXIT_INTERNAL = 1,
     EXIT_BAD_INPUT = 2,
-    EXIT_PREEMPTED = 3, /* SIGUSR1/SIGTERM: checkpoint saved, requeue the job */
+    EXIT_PREEMPTED = 3, /* stopped by a signal, all trained work in checkpoint.dir: requeue the job */
 };
 
 /* Called instead of exit() when set: comm sets it to MPI_Abort with the code. */
