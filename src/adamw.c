@@ -23,19 +23,6 @@
  * flight); 128 and 512 measured the same as 256. */
 #define ADAMW_PREFETCH_AHEAD 256
 
-/* The per-element constants, derived once from the hyper-parameters. */
-struct adamw_coeffs {
-    float beta1, one_minus_beta1;
-    float beta2, one_minus_beta2;
-    float eps;
-    float neg_step_size; /* -lr / bc1 */
-    float inv_sqrt_bc2;  /* 1 / sqrt(bc2) */
-    float grad_scale;
-    float decay;         /* 1 - lr * wd in AdamW mode, else 1 */
-    float l2;            /* wd in L2 mode, else 0 */
-    int has_l2;
-};
-
 /* Where and how the updated parameters go besides param. */
 struct adamw_out {
     void *dst;           /* NULL: nowhere */
@@ -51,7 +38,7 @@ struct adamw_streaming {
 typedef void (*adamw_kernel_fn)(float *param, float *m, float *v, const float *grad, size_t n,
                                 const struct adamw_coeffs *c, struct adamw_out out, struct adamw_streaming stream);
 
-static struct adamw_coeffs make_coeffs(const struct adamw_hparams *hp)
+struct adamw_coeffs adamw_make_coeffs(const struct adamw_hparams *hp)
 {
     struct adamw_coeffs c = {
         .beta1 = hp->beta1,
@@ -301,7 +288,7 @@ static void update_range(adamw_kernel_fn kernel, float *param, float *m, float *
 void adamw_update_with(float *param, float *m, float *v, const float *grad, size_t n, const struct adamw_hparams *hp,
                        void *param_out, enum dtype out_dtype, enum dtype_simd level, enum adamw_stores stores)
 {
-    const struct adamw_coeffs c = make_coeffs(hp);
+    const struct adamw_coeffs c = adamw_make_coeffs(hp);
     const struct adamw_out out = {param_out, out_dtype};
     const adamw_kernel_fn kernel = pick_kernel(level);
     if (stores == ADAMW_STORES_AUTO)

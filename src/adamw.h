@@ -55,6 +55,22 @@ struct adamw_hparams {
     float grad_scale;       /* multiplies g: 1 / loss_scale * clip coefficient */
 };
 
+/* The per-element constants of the update, derived once from the
+ * hyper-parameters; a device kernel that uses them with the arithmetic above
+ * (IEEE sqrt and division, fmaf) gives the host's bits. */
+struct adamw_coeffs {
+    float beta1, one_minus_beta1;
+    float beta2, one_minus_beta2;
+    float eps;
+    float neg_step_size; /* -lr / bc1 */
+    float inv_sqrt_bc2;  /* 1 / sqrt(bc2) */
+    float grad_scale;
+    float decay;         /* 1 - lr * wd in AdamW mode, else 1 */
+    float l2;            /* wd in L2 mode, else 0 */
+    int has_l2;
+};
+struct adamw_coeffs adamw_make_coeffs(const struct adamw_hparams *hp);
+
 /*
  * Updates param, m, v (n elements each) in place from grad. When param_out is
  * not NULL, also writes the updated parameters there, converted to out_dtype

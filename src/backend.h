@@ -117,6 +117,30 @@ void backend_crossentropy_backward(float *probs, const int32_t *targets, float d
 double backend_sum_squares(const float *x, size_t n);
 /* 1 when every element is finite, else 0. */
 int backend_all_finite(const float *x, size_t n);
+/* The sum over k < count of backend_sum_squares(x[k], n[k]), added in k order
+ * (the same bits); one synchronisation on a device. The arrays are host memory. */
+double backend_sum_squares_multi(const float *const *x, const size_t *n, int count);
+
+/* One range of the fused AdamW step: n elements of an fp32 master, its Adam
+ * moments and its fp32 gradient, and where the updated parameters go in the
+ * parameter dtype (param_out, NULL: nowhere). Pointers in the memory the
+ * backend computes in (device memory on a device backend). */
+#ifndef SHARDLM_ADAMW_RANGE /* tests/gpu/cpu_names_decl.h reads this header twice */
+#define SHARDLM_ADAMW_RANGE
+struct adamw_range {
+    float *param, *m, *v;
+    const float *grad;
+    void *param_out;
+    size_t n;
+    float weight_decay; /* 0 for tensors that do not decay */
+};
+#endif
+struct adamw_hparams;
+/* AdamW (adamw.h's arithmetic, the same bits as adamw_update) over every
+ * range, the cast to out_dtype folded in; on a device one multi-tensor
+ * kernel launch per group of ranges. hp->weight_decay is ignored (each
+ * range has its own). The range table is host memory. */
+void backend_adamw(const struct adamw_range *r, int count, const struct adamw_hparams *hp, enum dtype out_dtype);
 void backend_scale(float *x, float s, size_t n);
 void backend_zero(float *x, size_t n);
 /* Copies bytes between any two memory spaces (device, pinned host, host). */

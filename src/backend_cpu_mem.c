@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adamw.h"
 #include "devemu.h"
 #include "dtype.h"
 #include "plan.h"
@@ -54,6 +55,32 @@ int backend_mem_info(size_t *free_bytes, size_t *total_bytes)
     size_t used = devemu_allocated();
     *free_bytes = used < *total_bytes ? *total_bytes - used : 0;
     return 1;
+}
+
+double backend_sum_squares_multi(const float *const *x, const size_t *n, int count)
+{
+    double sum = 0.0;
+    for (int k = 0; k < count; k++)
+        sum += backend_sum_squares(x[k], n[k]);
+    return sum;
+}
+
+void backend_adamw(const struct adamw_range *r, int count, const struct adamw_hparams *hp, enum dtype out_dtype)
+{
+    struct adamw_hparams h = *hp;
+    for (int k = 0; k < count; k++) {
+        float *p = r[k].param, *m = r[k].m, *v = r[k].v;
+        const float *g = r[k].grad;
+        void *out = r[k].param_out;
+        DEVEMU_VIEW(p);
+        DEVEMU_VIEW(m);
+        DEVEMU_VIEW(v);
+        DEVEMU_VIEW(g);
+        if (out)
+            DEVEMU_VIEW(out);
+        h.weight_decay = r[k].weight_decay;
+        adamw_update(p, m, v, g, r[k].n, &h, out, out_dtype);
+    }
 }
 
 void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n)

@@ -21,12 +21,10 @@ enum mem_space plan_space(const struct config *cfg, enum buf_class c)
     case BUF_ADAM_M:
     case BUF_ADAM_V:
     case BUF_FP32_GRADS:
-        /* a device backend keeps the optimizer state in pinned host memory, always */
-        if (plan_device())
-            return SPACE_PINNED;
         if (!cfg->zero.offload_optimizer)
             return SPACE_DEVICE;
-        return cfg->zero.offload_pin_memory ? SPACE_PINNED : SPACE_HOST;
+        /* a device's kernels read and write offloaded state only in pinned (mapped) memory */
+        return cfg->zero.offload_pin_memory || plan_device() ? SPACE_PINNED : SPACE_HOST;
     case BUF_STAGING: return SPACE_PINNED;
     case BUF_PARAMS:
         if (!cfg->zero.offload_param)

@@ -306,7 +306,9 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
     }
     if (tr->inject_inf_step == tr->step + 1 && tr->rank == 0)
         zero_inject_inf(&tr->zero);
-    bool overflow = zero_grads_overflow(&tr->zero);
+    bool overflow;
+    double raw_norm;
+    zero_grad_stats(&tr->zero, &overflow, &raw_norm);
     tr->samples_seen += (uint64_t)cfg->train_batch_size;
     tr->step++;
     *skipped = false;
@@ -332,7 +334,7 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
                    "gradient_clipping, or check the data",
                    tr->step, loss);
     }
-    double norm = zero_grad_norm(&tr->zero) / scale;
+    double norm = raw_norm / scale;
     *grad_norm = norm;
     double grad_scale = 1.0 / scale;
     if (cfg->gradient_clipping > 0.0f) {
@@ -449,6 +451,7 @@ static void save_checkpoint(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
     const int n = zero_ckpt_n_slices(&tr->zero);
+    zero_ckpt_stage(&tr->zero); /* a device's optimizer state, copied to the host for the save */
     struct ckpt_slice *slices = xcalloc((size_t)n * ZERO_CKPT_GROUPS, sizeof *slices);
     struct ckpt_group groups[ZERO_CKPT_GROUPS];
     for (int g = 0; g < ZERO_CKPT_GROUPS; g++) {
@@ -485,6 +488,7 @@ static void save_checkpoint(struct trainer *tr)
     int rc = ckpt_try_save(cfg->checkpoint.dir, tr->step, cfg->checkpoint.keep, &contents, path, sizeof path);
     free(config_json);
     free(slices);
+    zero_ckpt_unstage(&tr->zero);
     if (rc != 0) {
         if (!cfg->checkpoint.on_error_continue)
             ckpt_fail_agreed(cfg->checkpoint.dir, ckpt_save_error());
@@ -626,10 +630,6 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     const char *f32_acts = getenv("SHARDLM_FP32_ACTIVATIONS");
     backend_set_act_dtype(backend_is_device() && !(f32_acts && strcmp(f32_acts, "1") == 0) ? cfg->dtype
                                                                                           : DTYPE_F32);
-    if (backend_is_device() && !cfg->zero.offload_optimizer && tr.rank == 0)
-        log_warn("zero_optimization.offload_optimizer is off, but this GPU build always keeps the fp32 master "
-                 "weights, Adam m and v and the fp32 gradient shard in pinned host memory and runs AdamW on the "
-                 "host (the memory plan shows them there)");
     trainer_setup_agreed(&tr);
     train_fault_point("setup");
     backend_check_performance();

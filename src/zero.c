@@ -147,14 +147,19 @@ static void init_params(struct zero *z, int u, float *scratch, void *cast)
     struct zero_unit *zu = &z->units[u];
     size_t begin = zu->sharded ? zu->opt_begin : 0, count = zu->sharded ? zu->shard : zu->padded;
     void *dst = zu->sharded ? zu->param_shard : zu->params;
-    if (!z->master_copy) {
+    if (!z->master_copy && !z->device) {
         model_init_range(z->model, u, begin, count, dst);
         return;
     }
     model_init_range(z->model, u, begin, count, scratch);
+    if (!z->master_copy) { /* fp32 on a device: the parameters are the master */
+        backend_copy(dst, scratch, count * sizeof(float));
+        return;
+    }
     dtype_convert(cast, z->dtype, scratch, DTYPE_F32, count);
     backend_copy(dst, cast, count * z->esize);
-    memcpy(zu->master, scratch + (zu->opt_begin - begin), zu->opt_count * sizeof(float));
+    /* the master may be device memory */
+    backend_copy(zu->master, scratch + (zu->opt_begin - begin), zu->opt_count * sizeof(float));
 }
 
 void zero_init(struct zero *z, const struct model *m, const struct config *cfg, struct comm *comm, int rank,
@@ -174,7 +179,8 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     z->compute_copies = z->half && plan_act_dtype() == DTYPE_F32;
     z->device = plan_device();
     z->params_offloaded = plan_space(cfg, BUF_PARAMS) != SPACE_DEVICE;
-    z->master_copy = z->half || cfg->zero.offload_optimizer || z->device;
+    z->optimizer_on_host = z->device && plan_space(cfg, BUF_MASTER) != SPACE_DEVICE;
+    z->master_copy = z->half || cfg->zero.offload_optimizer;
     z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;
     z->prefetch_elems = cfg->zero.stage3_prefetch_bucket_size;
     z->max_live_elems = cfg->zero.stage3_max_live_parameters;
@@ -191,7 +197,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     size_t largest = 0;
     for (int u = 0; u < m->n_units; u++)
         largest = z->units[u].padded > largest ? z->units[u].padded : largest;
-    float *scratch = z->master_copy ? xcalloc(largest, sizeof *scratch) : NULL;
+    float *scratch = z->master_copy || z->device ? xcalloc(largest, sizeof *scratch) : NULL;
     void *cast = z->master_copy ? xcalloc(largest, z->esize) : NULL;
     /* Stages 2-3 with a master copy: one buffer receives every reduce-scatter
      * (at most one is in flight) before its result is added into the fp32 shard. */
@@ -206,7 +212,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
         if (z->master_copy)
             zu->master = arena_alloc(&arenas[plan_space(cfg, BUF_MASTER)], mem, BUF_MASTER,
                                      zu->opt_count * sizeof(float), 1);
-        if (z->stage <= 1 && z->device) {
+        if (z->stage <= 1 && z->optimizer_on_host) {
             /* the kernels accumulate on the device; the optimizer reads its range from the host */
             zu->grads = arena_alloc(dev, mem, BUF_GRADS, zu->padded * sizeof(float), 1);
             if (z->half)
@@ -504,39 +510,41 @@ void zero_reduce_grads(struct zero *z)
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         comm_wait(z->comm, &zu->rs_req);
-        if (z->device && zu->grads_comm)
+        if (z->optimizer_on_host && zu->grads_comm)
             backend_convert(zu->grad_shard, DTYPE_F32, elem(zu->grads_comm, zu->opt_begin, z->esize), z->dtype,
                             zu->opt_count);
-        else if (z->device)
+        else if (z->optimizer_on_host)
             backend_copy(zu->grad_shard, zu->grads + zu->opt_begin, zu->opt_count * sizeof(float));
         else if (zu->grads_comm)
             backend_convert(zu->grads, DTYPE_F32, zu->grads_comm, z->dtype, zu->padded);
     }
 }
 
-bool zero_grads_overflow(struct zero *z)
+void zero_grad_stats(struct zero *z, bool *overflow, double *norm)
 {
-    int32_t bad = 0;
-    for (int u = 0; u < z->model->n_units && !bad; u++)
-        bad = !backend_all_finite(opt_grads(&z->units[u]), z->units[u].opt_count);
-    comm_allreduce(z->comm, &bad, 1, COMM_I32, COMM_MAX, NULL);
-    return bad != 0;
+    const int n = z->model->n_units;
+    const float **x = xcalloc((size_t)n, sizeof *x);
+    size_t *count = xcalloc((size_t)n, sizeof *count);
+    for (int u = 0; u < n; u++) {
+        x[u] = opt_grads(&z->units[u]);
+        count[u] = z->units[u].opt_count;
+    }
+    /* squares in double cannot overflow for finite fp32 values: a non-finite
+     * sum means a non-finite gradient somewhere, on some rank */
+    double sum = backend_sum_squares_multi(x, count, n);
+    free(x);
+    free(count);
+    if (z->stage > 0) /* at stage 0 every rank holds all of the reduced gradients */
+        comm_allreduce(z->comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
+    *overflow = !isfinite(sum);
+    *norm = sqrt(sum);
 }
 
 void zero_inject_inf(struct zero *z)
 {
-    backend_synchronize(); /* the device may still be writing the gradients */
-    opt_grads(&z->units[0])[0] = INFINITY;
-}
-
-double zero_grad_norm(struct zero *z)
-{
-    double sum = 0.0;
-    for (int u = 0; u < z->model->n_units; u++)
-        sum += backend_sum_squares(opt_grads(&z->units[u]), z->units[u].opt_count);
-    if (z->stage > 0) /* at stage 0 every rank holds all of the reduced gradients */
-        comm_allreduce(z->comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
-    return sqrt(sum);
+    const float inf = INFINITY;
+    backend_copy(opt_grads(&z->units[0]), &inf, sizeof inf); /* the gradients may be device memory */
+    backend_synchronize();
 }
 
 void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, float lr, float grad_scale)
@@ -554,13 +562,24 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
         .bias_correction2 = (float)(1.0 - pow(oc->beta2, (double)z->adam_steps)),
         .grad_scale = grad_scale,
     };
+    /* One range per tensor slice of this rank's optimizer range: alignment
+     * gaps and padding stay zero. Where the optimizer state is in the
+     * backend's memory (a device's, unless offload_optimizer), the backend's
+     * fused AdamW updates it and writes the new parameters in their dtype in
+     * the same pass; in pinned host memory under a device, the host updates it
+     * and the device casts the new parameters from the pinned master. */
+    const int on_backend = !z->optimizer_on_host;
+    int n = 0;
+    for (int u = 0; u < z->model->n_units; u++)
+        n += z->model->units[u].n_tensors;
+    struct adamw_range *ranges = xcalloc((size_t)n, sizeof *ranges);
+    n = 0;
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         const struct unit_desc *ud = &z->model->units[u];
         void *p = opt_params(z, zu);
         float *master = z->master_copy ? zu->master : p, *g = opt_grads(zu);
         const size_t r0 = zu->opt_begin, r1 = zu->opt_begin + zu->opt_count;
-        /* Only the tensors' own elements: alignment gaps and padding stay zero. */
         for (int t = 0; t < ud->n_tensors; t++) {
             const struct tensor_desc *td = &ud->tensors[t];
             size_t lo = td->offset > r0 ? td->offset : r0;
@@ -568,15 +587,32 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
             if (lo >= hi)
                 continue;
             size_t off = lo - r0;
-            hp.weight_decay = td->decay ? oc->weight_decay : 0.0f;
-            /* host memory: the new parameters come with the update; device memory:
-             * the device casts them from the pinned master */
-            adamw_update(master + off, zu->adam_m + off, zu->adam_v + off, g + off, hi - lo, &hp,
-                         z->master_copy && !z->device ? elem(p, off, z->esize) : NULL, z->dtype);
-            if (z->device)
-                backend_convert(elem(p, off, z->esize), z->dtype, master + off, DTYPE_F32, hi - lo);
+            ranges[n++] = (struct adamw_range){
+                .param = master + off,
+                .m = zu->adam_m + off,
+                .v = zu->adam_v + off,
+                .grad = g + off,
+                .param_out = z->master_copy && on_backend ? elem(p, off, z->esize) : NULL,
+                .n = hi - lo,
+                .weight_decay = td->decay ? oc->weight_decay : 0.0f,
+            };
         }
     }
+    if (on_backend) {
+        backend_adamw(ranges, n, &hp, z->dtype);
+    } else {
+        for (int k = 0; k < n; k++) {
+            hp.weight_decay = ranges[k].weight_decay;
+            adamw_update(ranges[k].param, ranges[k].m, ranges[k].v, ranges[k].grad, ranges[k].n, &hp, NULL,
+                         z->dtype);
+        }
+        /* the device casts the new parameters from the pinned master */
+        for (int u = 0; u < z->model->n_units; u++) {
+            struct zero_unit *zu = &z->units[u];
+            backend_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
+        }
+    }
+    free(ranges);
     /* Where a stage keeps parameters whole, every rank takes the others' updated slices. */
     if (z->stage == 0)
         return;
@@ -653,7 +689,63 @@ int zero_ckpt_n_slices(const struct zero *z)
     return n;
 }
 
+/* Element offset of unit u's range within this rank's whole range. */
+static size_t range_offset(const struct zero *z, int u)
+{
+    size_t at = 0;
+    for (int i = 0; i < u; i++)
+        at += z->units[i].opt_count;
+    return at;
+}
+
+static size_t range_total(const struct zero *z) { return range_offset(z, z->model->n_units); }
+
+static float *device_group_base(struct zero *z, struct zero_unit *zu, enum zero_ckpt_group g);
+
+/* Where the optimizer state is device memory, host code reads and writes it
+ * only through these copies. */
+static bool state_on_device(const struct zero *z) { return z->device && !z->optimizer_on_host; }
+
+static void copy_groups(struct zero *z, bool to_host)
+{
+    for (int g = 0; g < ZERO_CKPT_GROUPS; g++)
+        for (int u = 0; u < z->model->n_units; u++) {
+            struct zero_unit *zu = &z->units[u];
+            float *host = z->ckpt_host[g] + range_offset(z, u), *dev = device_group_base(z, zu, g);
+            size_t bytes = zu->opt_count * sizeof(float);
+            if (to_host)
+                backend_copy(host, dev, bytes);
+            else
+                backend_copy(dev, host, bytes);
+        }
+    backend_synchronize();
+}
+
+void zero_ckpt_stage(struct zero *z)
+{
+    if (!state_on_device(z) || z->ckpt_host[0])
+        return;
+    for (int g = 0; g < ZERO_CKPT_GROUPS; g++)
+        z->ckpt_host[g] = xcalloc(range_total(z) ? range_total(z) : 1, sizeof(float));
+    copy_groups(z, true);
+}
+
+void zero_ckpt_unstage(struct zero *z)
+{
+    for (int g = 0; g < ZERO_CKPT_GROUPS; g++) {
+        free(z->ckpt_host[g]);
+        z->ckpt_host[g] = NULL;
+    }
+}
+
 static float *group_base(struct zero *z, struct zero_unit *zu, enum zero_ckpt_group g)
+{
+    if (z->ckpt_host[g])
+        return z->ckpt_host[g] + range_offset(z, (int)(zu - z->units));
+    return device_group_base(z, zu, g);
+}
+
+static float *device_group_base(struct zero *z, struct zero_unit *zu, enum zero_ckpt_group g)
 {
     if (g == ZERO_CKPT_ADAM_M)
         return zu->adam_m;
@@ -685,6 +777,9 @@ void zero_ckpt_slices(struct zero *z, enum zero_ckpt_group g, struct ckpt_slice 
 
 void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
 {
+    if (state_on_device(z)) /* read into host copies, then to the device */
+        for (int g = 0; g < ZERO_CKPT_GROUPS; g++)
+            z->ckpt_host[g] = xcalloc(range_total(z) ? range_total(z) : 1, sizeof(float));
     struct ckpt_slice *slices = xcalloc((size_t)zero_ckpt_n_slices(z), sizeof *slices);
     for (int g = 0; g < ZERO_CKPT_GROUPS; g++) {
         /* every rank reads its whole range (stage 0: everything), whoever saved it */
@@ -705,6 +800,10 @@ void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
         }
     }
     free(slices);
+    if (z->ckpt_host[0]) {
+        copy_groups(z, false);
+        zero_ckpt_unstage(z);
+    }
     /* The parameters in their dtype from the master, then whole where the stage keeps them whole. */
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
@@ -743,7 +842,7 @@ void zero_plan(const struct model *m, const struct config *cfg, int world, const
         struct zero_unit *zu = &z.units[u];
         bytes[BUF_PARAMS] += d_bytes(&z, zu->sharded ? zu->shard : zu->padded);
         size_t grad_elems = z.stage <= 1 ? zu->padded : zu->shard;
-        if (z.device && z.stage <= 1) {
+        if (z.optimizer_on_host && z.stage <= 1) {
             bytes[BUF_GRADS] += f32_bytes(zu->padded) + (z.half ? d_bytes(&z, zu->padded) : 0);
             bytes[BUF_FP32_GRADS] += f32_bytes(zu->opt_count);
             bytes[BUF_MASTER] += f32_bytes(zu->opt_count);

@@ -132,12 +132,15 @@ struct zero {
     bool half;                    /* dtype is fp16 or bf16 */
     bool compute_copies;          /* half, with fp32 activations (the CPU backend): acquire returns an
                                    * fp32 copy of the unit; with half activations, the unit itself */
-    bool device;                  /* the backend's memory is a device: the optimizer state is always
-                                   * in pinned host memory, and host code never touches device memory */
+    bool device;                  /* the backend's memory is a device: host code never touches device
+                                   * memory (the optimizer state is on the device too, unless offloaded) */
+    bool optimizer_on_host;       /* a device with offload_optimizer: the fp32 master, Adam state and an
+                                   * fp32 gradient range in pinned host memory, AdamW on the host */
     bool params_offloaded;        /* offload_param: the parameter shards live in host memory */
-    bool master_copy;             /* half precision, optimizer offload or a device: a separate fp32
-                                   * master and fp32 gradient shard, where the optimizer state lives */
+    bool master_copy;             /* half precision or optimizer offload: a separate fp32 master and
+                                   * fp32 gradient shard, where the optimizer state lives */
     struct zero_unit *units;
+    float *ckpt_host[3];          /* zero_ckpt_stage: host copies of the groups, NULL: none */
     struct zero_pool pools[POOL_SETS][ZERO_POOLS];
     size_t live_gathered_elems;   /* gathered or being gathered */
     const struct zero_pass *pass;
@@ -173,10 +176,9 @@ void zero_grad_done(struct zero *z, int unit);
 void zero_zero_grads(struct zero *z);
 /* At the accumulation boundary: makes every rank's gradients final (stages 0-1 all-reduce). */
 void zero_reduce_grads(struct zero *z);
-/* Whether any rank's gradients hold an inf or a NaN (all-reduce MAX of the flags). */
-bool zero_grads_overflow(struct zero *z);
-/* Global L2 norm of the gradients (all ranks agree). */
-double zero_grad_norm(struct zero *z);
+/* Whether any rank's gradients hold an inf or a NaN, and their global L2 norm
+ * (all ranks agree): one pass over this rank's range, one all-reduce. */
+void zero_grad_stats(struct zero *z, bool *overflow, double *norm);
 /* AdamW on this rank's range; grad_scale multiplies every gradient first
  * (unscale and clip); then the updated parameters are all-gathered where the
  * stage keeps them whole. */
@@ -205,8 +207,13 @@ extern const char *const zero_ckpt_group_names[ZERO_CKPT_GROUPS];
 int zero_ckpt_n_slices(const struct zero *z);
 /* This rank's slices of one group, one per tensor in model order (count 0 for
  * tensors outside its range; at stage 0, where every rank holds everything,
- * rank 0 saves all and the others nothing). */
+ * rank 0 saves all and the others nothing). Their data is host memory: where
+ * the optimizer state is on a device, call zero_ckpt_stage() first, which
+ * copies this rank's range of every group into a host copy (12 bytes per
+ * element of the range, for the save), and zero_ckpt_unstage() after. */
 void zero_ckpt_slices(struct zero *z, enum zero_ckpt_group g, struct ckpt_slice *out);
+void zero_ckpt_stage(struct zero *z);
+void zero_ckpt_unstage(struct zero *z);
 /* Reads this rank's optimizer range of every group from a checkpoint saved at
  * any world size, then rebuilds the parameters from the master weights. */
 void zero_ckpt_load(struct zero *z, struct ckpt_reader *r);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "adamw.h"
 #include "backend.h"
 #include "cpu_names_decl.h"
 #include "dtype.h"
@@ -301,6 +302,80 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     g_tag = "";
 }
 
+/* ---- the optimizer: fused AdamW and the gradient statistics ------------------------------------ */
+
+/* 40 ranges (more than one launch's group), sizes from 0 to beyond a chunk,
+ * against adamw_update on the host: the same bits, for every output dtype
+ * and both decay modes; and backend_sum_squares_multi against the sum of the
+ * CPU backend's per-range sums. */
+static void check_optimizer(void)
+{
+    enum { RANGES = 40 };
+    size_t n[RANGES], total = 0;
+    for (int k = 0; k < RANGES; k++) {
+        n[k] = k == 3 ? 0 : (size_t)(k * 997 + 1) % 9001 + (k == 7 ? 20000 : 0);
+        total += n[k];
+    }
+    float *p0 = host_random(total, 1), *m0 = host_random(total, 0.01f), *v0 = host_random(total, 0.001f);
+    float *g = host_random(total, 3);
+    for (size_t i = 0; i < total; i++)
+        v0[i] = fabsf(v0[i]);
+    const enum dtype outs[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    for (int mode = 0; mode < 2; mode++)
+        for (int o = 0; o < 3; o++) {
+            struct adamw_hparams hp = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                       .adam_w_mode = mode == 0, .bias_correction1 = 1 - 0.9f * 0.9f,
+                                       .bias_correction2 = 1 - 0.95f * 0.95f, .grad_scale = 0.37f};
+            const size_t es = (size_t)dtype_size(outs[o]);
+            float *hp_p = malloc(total * 4), *hm = malloc(total * 4), *hv = malloc(total * 4);
+            unsigned char *hout = malloc(total * es), *gout = malloc(total * es);
+            memcpy(hp_p, p0, total * 4), memcpy(hm, m0, total * 4), memcpy(hv, v0, total * 4);
+            float *dp = to_device(p0, total * 4), *dm = to_device(m0, total * 4), *dv = to_device(v0, total * 4);
+            float *dg = to_device(g, total * 4);
+            void *dout = poisoned(total * es / 4 + 1);
+            struct adamw_range r[RANGES];
+            size_t at = 0;
+            for (int k = 0; k < RANGES; k++) {
+                float wd = k % 3 == 0 ? 0.0f : 0.1f;
+                hp.weight_decay = wd;
+                adamw_update(hp_p + at, hm + at, hv + at, g + at, n[k], &hp, hout + at * es, outs[o]);
+                r[k] = (struct adamw_range){dp + at, dm + at, dv + at, dg + at, (char *)dout + at * es, n[k], wd};
+                at += n[k];
+            }
+            backend_adamw(r, RANGES, &hp, outs[o]);
+            float *gp = malloc(total * 4), *gm = malloc(total * 4), *gv = malloc(total * 4);
+            cuda_ok(cudaMemcpy(gp, dp, total * 4, cudaMemcpyDeviceToHost), "adamw");
+            cuda_ok(cudaMemcpy(gm, dm, total * 4, cudaMemcpyDeviceToHost), "adamw");
+            cuda_ok(cudaMemcpy(gv, dv, total * 4, cudaMemcpyDeviceToHost), "adamw");
+            cuda_ok(cudaMemcpy(gout, dout, total * es, cudaMemcpyDeviceToHost), "adamw");
+            size_t diff = 0;
+            for (size_t i = 0; i < total; i++)
+                diff += memcmp(&gp[i], &hp_p[i], 4) != 0 || memcmp(&gm[i], &hm[i], 4) != 0 ||
+                        memcmp(&gv[i], &hv[i], 4) != 0 || memcmp(gout + i * es, hout + i * es, es) != 0;
+            char name[64], why[128];
+            snprintf(name, sizeof name, "adamw_%s_%s", mode == 0 ? "decoupled" : "l2", dtype_name(outs[o]));
+            snprintf(why, sizeof why, "%zu of %zu elements differ from adamw_update's bits", diff, total);
+            check_value(name, diff == 0, why);
+            cudaFree(dp), cudaFree(dm), cudaFree(dv), cudaFree(dg), cudaFree(dout);
+            free(hp_p), free(hm), free(hv), free(hout), free(gout), free(gp), free(gm), free(gv);
+        }
+    float *dg = to_device(g, total * 4);
+    const float *x[RANGES], *hx[RANGES];
+    size_t at = 0;
+    double want = 0.0;
+    for (int k = 0; k < RANGES; k++) {
+        x[k] = dg + at, hx[k] = g + at;
+        want += n[k] ? cpu_sum_squares(hx[k], n[k]) : 0.0;
+        at += n[k];
+    }
+    double got = backend_sum_squares_multi(x, n, RANGES);
+    char why[128];
+    snprintf(why, sizeof why, "got %.17g want %.17g", got, want);
+    check_value("sum_squares_multi", fabs(got - want) <= 1e-12 * want, why);
+    cudaFree(dg);
+    free(p0), free(m0), free(v0), free(g);
+}
+
 int main(void)
 {
     backend_init(0);
@@ -381,6 +456,7 @@ int main(void)
     backend_mem_free(SPACE_DEVICE, d16, NX * 2);
     backend_mem_free(SPACE_PINNED, pinned, NX * 4);
 
+    check_optimizer();
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed ? 1 : 0;
 }
