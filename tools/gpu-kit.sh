@@ -96,13 +96,23 @@ copy_lib() {
   copy "$1" "$dest"
   strip --strip-unneeded "$dest" 2>/dev/null || true
 }
-# pkg_owning FILE: the Debian package that installed FILE (under any of its
-# names: /lib is /usr/lib since the merged /usr), or nothing.
+# Which Debian package installed each file, asked of dpkg once per batch (one
+# dpkg -S per file takes minutes): learn_owners FILE... fills OWNER under
+# every name of each file (/lib is /usr/lib since the merged /usr), and
+# pkg_owning FILE prints the owner or nothing.
+declare -A OWNER=()
+names_of() { printf '%s\n' "$1" "$(readlink -f "$1")" "/usr$1" "${1#/usr}"; }
+learn_owners() {
+  local f pkg path
+  while IFS=$'\t' read -r pkg path; do OWNER[$path]=$pkg; done < <(
+    for f in "$@"; do names_of "$f"; done | sort -u | xargs -d '\n' dpkg -S 2>/dev/null |
+      sed -n 's/^\([^:, ]*\)[^ ]* \(\/.*\)$/\1\t\2/p')
+}
 pkg_owning() {
-  local f
-  for f in "$1" "$(readlink -f "$1")" "/usr$1" "${1#/usr}"; do
-    dpkg -S "$f" 2>/dev/null | head -1 | cut -d: -f1 | grep . && return 0
-  done
+  local name
+  while read -r name; do
+    [ -n "${OWNER[$name]:-}" ] && { echo "${OWNER[$name]}"; return 0; }
+  done < <(names_of "$1")
   return 0
 }
 
@@ -125,13 +135,16 @@ blas_lib=$(readlink -f "$(pkg-config --variable=libdir openblas)/libopenblas.so"
 roots+=("$SYSLIB/libmpi.so.40" "$hdf5_lib" "$SYSLIB/libjansson.so.4" "$blas_lib")
 
 # Every library those need (ldd: the whole transitive closure), less the base.
-while read -r soname path; do
+mapfile -t closure < <(ldd "${roots[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u)
+learn_owners "${closure[@]#* }"
+for entry in "${closure[@]}"; do
+  path=${entry#* }
   pkg=$(pkg_owning "$path")
   [ -n "$pkg" ] || die "no Debian package owns $path"
   [[ $pkg =~ $BASE_PKGS_RE ]] && continue
   [ "$(readlink -f "$path")" = "$blas_lib" ] && continue # below
   copy_lib "$path" "$KIT/lib"
-done < <(ldd "${roots[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u)
+done
 grep -q "not found" < <(ldd "${roots[@]}" 2>/dev/null) && die "a library of the closure is not installed here: $(ldd "${roots[@]}" | grep 'not found' | sort -u | head -3)"
 # The roots that ldd lists only as arguments (libmpi needs none of them).
 hdf5_soname=$(objdump -p "$hdf5_lib" | awk '$1 == "SONAME" {print $2}')
@@ -158,11 +171,15 @@ for f in "$PMIX_ROOT"/share/pmix/help-*.txt; do copy "$f" "$KIT/share/pmix/${f##
 mapfile -t incdirs < <(pkg-config --cflags-only-I ompi hdf5-openmpi openblas jansson | tr ' ' '\n' | sed -n 's/^-I//p' | sed 's:/*$::')
 incdirs+=(/usr/include)
 # shellcheck disable=SC2046
-gcc -std=gnu11 -M -fopenmp -iquote src $(pkg-config --cflags ompi hdf5-openmpi openblas jansson) \
+mapfile -t headers < <(gcc -std=gnu11 -M -fopenmp -iquote src $(pkg-config --cflags ompi hdf5-openmpi openblas jansson) \
   -I/usr/local/cuda/include -iquote tests/gpu src/*.c tests/gpu/check_kernels.c 2>/dev/null |
-  tr ' \\' '\n\n' | grep '\.h$' | sort -u | while read -r h; do
-  h=$(readlink -f "$h")
-  case $(pkg_owning "$h") in libopenmpi-dev | libhdf5-*dev | libjansson-dev | libopenblas*-dev) ;; *) continue ;; esac
+  tr ' \\' '\n\n' | grep '\.h$' | xargs -d '\n' readlink -f | sort -u)
+learn_owners "${headers[@]}"
+for h in "${headers[@]}"; do
+  case $(pkg_owning "$h") in
+    libopenmpi-dev | libhdf5-*dev | libjansson-dev | libopenblas*-dev) ;;
+    *) continue ;;
+  esac
   best=
   for d in "${incdirs[@]}"; do
     d=$(readlink -f "$d")
@@ -179,7 +196,9 @@ cat >"$KIT/env.sh" <<'EOF'
 # Source this (bash): the gpu-kit's Open MPI, HDF5, jansson and OpenBLAS for
 # building (make KIT=gpu-kit) and running shardlm on a machine without them.
 # Written by tools/gpu-kit.sh.
-KIT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+KIT_DIR=${BASH_SOURCE[0]}
+[[ $KIT_DIR == */* ]] || KIT_DIR=./$KIT_DIR
+KIT_DIR=$(cd "${KIT_DIR%/*}" && pwd)
 export SHARDLM_KIT=$KIT_DIR
 # OpenBLAS travels compressed (tools/gpu-kit.sh says why); unpack it once.
 if [ ! -f "$KIT_DIR/lib/libopenblas.so.0" ]; then
@@ -215,6 +234,8 @@ size_mib=$(awk -v b="$size_bytes" 'BEGIN {printf "%.1f", b / 1048576}')
 {
   echo "# gpu-kit, assembled by tools/gpu-kit.sh on $(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "# total $size_bytes bytes ($size_mib MiB, without this file); columns: bytes path package"
+  mapfile -t sources < <(cut -f2 "$SOURCES")
+  learn_owners "${sources[@]}"
   (cd "$KIT" && find . -type f ! -path ./MANIFEST | sed 's:^\./::' | sort) | while read -r f; do
     src=$(awk -F'\t' -v f="$f" '$1 == f {print $2; exit}' "$SOURCES")
     pkg=
