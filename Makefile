@@ -6,6 +6,7 @@
 #   make run        install what is missing, build, train the default job
 #   make deps       install missing system packages (apt-get), no-op under modules
 #   make SANITIZE=1 AddressSanitizer + UBSan build (into build-asan/)
+#   make KIT=gpu-kit  dependencies from the kit of tools/gpu-kit.sh, not pkg-config
 #
 # Dependencies come from pkg-config; override the module names for other MPIs.
 
@@ -30,10 +31,23 @@ BIN      := bin
 OPT      := -O3 -march=native -g
 endif
 
+ifeq ($(KIT),)
 PC_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PC_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 PC_LDIRS  := $(patsubst -L%,%,$(filter -L%,$(PC_LIBS)))
 RPATHS    := $(foreach d,$(PC_LDIRS),-Wl,-rpath,$(d))
+else
+# KIT=DIR: headers and libraries from the kit that tools/gpu-kit.sh assembles
+# for a machine without the packages (no pkg-config there). -rpath-link lets ld
+# follow the kit's libraries to their own dependencies. No rpath into the kit:
+# at run time the kit's env.sh (LD_LIBRARY_PATH) finds them, as it must anyway
+# for mpirun and orted, and because Debian's libmpi, libopen-rte and the MCA
+# plugins carry a RUNPATH (/usr/lib/x86_64-linux-gnu/openmpi/lib) that makes
+# the loader skip an executable's RPATH for their own dependencies.
+PC_CFLAGS := -I$(KIT)/include
+PC_LIBS   := -L$(KIT)/lib -Wl,-rpath-link,$(KIT)/lib -lhdf5 -lmpi -lopenblas -ljansson
+RPATHS    :=
+endif
 
 # -fno-trapping-math: the elementwise loops (GELU, softmax, cross-entropy) clamp
 # their exp argument with selects; GCC may turn a select into a branch, and then
@@ -70,8 +84,16 @@ CUDA_HOST_OBJS := $(filter-out $(BUILD)/src/backend_cpu.o $(BUILD)/src/backend_c
 
 all: check-deps $(BIN)/shardlm $(TEST_BINS) $(if $(filter 1,$(CUDA)),$(BIN)/shardlm-cuda)
 
+ifeq ($(KIT),)
 check-deps:
 	@pkg-config --exists $(PKGS) || { echo "shardlm: missing build dependencies ($(PKGS)); run 'make deps' or load the modules" >&2; exit 2; }
+else
+KIT_FILES := $(KIT)/env.sh $(KIT)/include/mpi.h $(KIT)/include/hdf5.h $(KIT)/include/cblas.h $(KIT)/include/jansson.h \
+             $(KIT)/lib/libmpi.so.40 $(KIT)/lib/libjansson.so.4 $(KIT)/lib/libopenblas.so.0
+check-deps:
+	@test -f $(KIT)/env.sh || { echo "shardlm: no kit in $(KIT); build it with 'bash tools/gpu-kit.sh' on a Debian machine" >&2; exit 2; }
+	@for f in $(KIT_FILES); do test -f $$f || { echo "shardlm: $$f is missing; source $(KIT)/env.sh first (it unpacks OpenBLAS) or rebuild the kit with tools/gpu-kit.sh" >&2; exit 2; }; done
+endif
 
 deps:
 	@bash tools/deps.sh

@@ -17,9 +17,17 @@ unset SHARDLM_TF32 # the fp32 checks hold TF32 off
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 OUT=${OUT:-build/gpu}
 mkdir -p "$OUT"
-make CUDA=1 all >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; echo "0 passed, 1 failed"; exit 1; }
-PC_CFLAGS=$(pkg-config --cflags ompi hdf5-openmpi openblas jansson)
-PC_LIBS=$(pkg-config --libs ompi hdf5-openmpi openblas jansson)
+# KIT=gpu-kit (after sourcing gpu-kit/env.sh): dependencies from the kit of
+# tools/gpu-kit.sh, for a machine without the packages or pkg-config.
+KIT=${KIT:-}
+make CUDA=1 ${KIT:+KIT="$KIT"} all >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; echo "0 passed, 1 failed"; exit 1; }
+if [ -n "$KIT" ]; then
+  PC_CFLAGS="-I$KIT/include"
+  PC_LIBS="-L$KIT/lib -Wl,-rpath-link,$KIT/lib -lhdf5 -lmpi -lopenblas -ljansson"
+else
+  PC_CFLAGS=$(pkg-config --cflags ompi hdf5-openmpi openblas jansson)
+  PC_LIBS=$(pkg-config --libs ompi hdf5-openmpi openblas jansson)
+fi
 # The CPU backend again, its functions renamed cpu_*, beside the CUDA one.
 gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT $PC_CFLAGS \
   -c src/backend_cpu.c -o "$OUT/backend_cpu_renamed.o" &&
