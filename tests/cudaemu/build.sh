@@ -3,6 +3,8 @@
 # cuBLAS and NCCL (tests/cudaemu/README.md), into build/cudaemu/:
 #   check_kernels     tests/gpu/check_kernels.c + the emulated CUDA backend +
 #                     the CPU backend renamed cpu_* (linked as tests/gpu/run.sh does)
+#   time_kernels      tests/gpu/time_kernels.c + the emulated CUDA backend
+#                     (timings meaningless: it rehearses tests/gpu/session.sh)
 #   shardlm-cudaemu   the trainer: build/src/*.o but the CPU backend (the
 #                     Makefile's CUDA_HOST_OBJS) + the emulated cuda/*.cu
 # Reuses the objects of the normal CPU build (runs `make bin/shardlm` first).
@@ -36,12 +38,16 @@ gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_nam
   -c src/backend_cpu.c -o "$OUT/backend_cpu_renamed.o" & pids+=($!)
 gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu -I tests/cudaemu/include $PC_CFLAGS \
   -c tests/gpu/check_kernels.c -o "$OUT/check_kernels.o" & pids+=($!)
+gcc -std=gnu11 -O2 -Wall -Wextra -Werror -iquote src $PC_CFLAGS \
+  -c tests/gpu/time_kernels.c -o "$OUT/time_kernels.o" & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/nccl_mpi.o $OUT/backend_cuda.o $OUT/comm_nccl.o"
 g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" $EMU \
   $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
+g++ $SAN -fopenmp "$OUT/time_kernels.o" $EMU \
+  $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/time_kernels" $PC_LIBS -lm
 g++ $SAN -fopenmp $(ls build/src/*.o | grep -v -e '/backend_cpu.o$' -e '/backend_cpu_mem.o$' -e '/backend_cpu_act.o$') \
   $EMU -o "$OUT/shardlm-cudaemu" $PC_LIBS -lm
 
 g++ $CXXFLAGS tests/cudaemu/selftest.cc "$OUT/cudaemu.o" "$OUT/cublas.o" "$OUT/nccl_mpi.o" -o "$OUT/selftest" $PC_LIBS
-echo "built $OUT/check_kernels $OUT/shardlm-cudaemu $OUT/selftest"
+echo "built $OUT/check_kernels $OUT/time_kernels $OUT/shardlm-cudaemu $OUT/selftest"
