@@ -114,7 +114,6 @@ stage_probe() {
   # NCCL: $WORK/nccl/{include/nccl.h, lib/libnccl.so, lib/libnccl.so.2} -> the real files
   rm -rf "$WORK/nccl" && mkdir -p "$WORK/nccl/include" "$WORK/nccl/lib"
   if lib=$(find_nccl); then
-    lib=$(readlink -f "$lib")
     hdr=$(dirname "$lib")/../include/nccl.h
     [ -e "$hdr" ] || hdr=$CUDA_HOME/include/nccl.h
     ln -s "$lib" "$WORK/nccl/lib/libnccl.so.2" && ln -s "$lib" "$WORK/nccl/lib/libnccl.so"
@@ -259,6 +258,8 @@ if [ -n "$BODY" ]; then
   [ -f "$WORK/probe.env" ] && . "$WORK/probe.env"
   [ -n "${NCCL_REAL:-}" ] && export LD_LIBRARY_PATH=$(dirname "$NCCL_REAL")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   read -r -a MAKE_ARGS <<<"$MAKE_ARGS_STR"
+  # a stage that hangs, for tests/t_gpu_session.sh's time-limit check
+  [ "${SESSION_INJECT_HANG:-}" = "$BODY" ] && sleep 600
   "stage_$BODY" </dev/null
   exit $?
 fi
