@@ -46,7 +46,7 @@ gpu_visible=0
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && gpu_visible=1
 # Without a GPU, training stops before anything else with one line and
 # status 2, and so does the kernel checker. (With a GPU both run:
-# tests/gpu/run.sh.)
+# tests/gpu/session.sh.)
 if [ "$gpu_visible" = 0 ]; then
   bin/shardlm-cuda train input/default.json >"$TMP/out" 2>"$TMP/err"
   rc=$?

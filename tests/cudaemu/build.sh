@@ -2,7 +2,7 @@
 # Builds the CUDA sources against the CPU emulation of the CUDA runtime,
 # cuBLAS and NCCL (tests/cudaemu/README.md), into build/cudaemu/:
 #   check_kernels     tests/gpu/check_kernels.c + the emulated CUDA backend +
-#                     the CPU backend renamed cpu_* (linked as tests/gpu/run.sh does)
+#                     the CPU backend renamed cpu_* (linked as tests/gpu/session.sh does)
 #   time_kernels      tests/gpu/time_kernels.c + the emulated CUDA backend
 #                     (timings meaningless: it rehearses tests/gpu/session.sh)
 #   shardlm-cudaemu   the trainer: build/src/*.o but the CPU backend (the
@@ -33,7 +33,7 @@ for f in backend_cuda comm_nccl; do
   python3 tests/cudaemu/rewrite_launches.py "cuda/$f.cu" "$OUT/$f.cc"
   g++ $CXXFLAGS -x c++ -c "$OUT/$f.cc" -o "$OUT/$f.o" & pids+=($!)
 done
-# the CPU backend renamed cpu_*, and the kernel checker, as tests/gpu/run.sh builds them
+# the CPU backend renamed cpu_*, and the kernel checker, as tests/gpu/session.sh builds them
 gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT $PC_CFLAGS \
   -c src/backend_cpu.c -o "$OUT/backend_cpu_renamed.o" & pids+=($!)
 gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu -I tests/cudaemu/include $PC_CFLAGS \
