@@ -32,7 +32,11 @@ fi
 ldd bin/shardlm-cuda | grep -q 'libcublas' && ok cuda.links_cublas || fail cuda.links_cublas "no libcublas in ldd"
 ldd bin/shardlm-cuda | grep -q 'libnccl' && ok cuda.links_nccl || fail cuda.links_nccl "no libnccl in ldd"
 nm -C build/cuda/comm_nccl.o | grep -q " U ncclCommInitRank" && ok cuda.nccl_bootstrap_linked || fail cuda.nccl_bootstrap_linked "comm_nccl.o does not call ncclCommInitRank"
-if OUT=$TMP/gpu bash tests/gpu/run.sh --build-only >"$TMP/gpu.log" 2>&1; then
+# the session's build stage (the probe may fail here: no GPU)
+OUT=$TMP/gpu-out SESSION_WORK=$TMP/gpu bash tests/gpu/run.sh --build-only >"$TMP/gpu.log" 2>&1
+if /usr/bin/python3 -c 'import json, sys
+stages = {s["name"]: s["status"] for s in json.load(open(sys.argv[1]))["stages"]}
+sys.exit(stages.get("build") != "pass")' "$TMP/gpu-out/results.json" 2>/dev/null && [ -x "$TMP/gpu/check_kernels" ]; then
   ok cuda.kernel_checker_builds
 else
   fail cuda.kernel_checker_builds "$(tail -3 "$TMP/gpu.log" | tr '\n' ' ')"
@@ -42,7 +46,7 @@ gpu_visible=0
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && gpu_visible=1
 # Without a GPU, training stops before anything else with one line and
 # status 2, and so does the kernel checker. (With a GPU both run:
-# tests/gpu/run.sh.)
+# tests/gpu/session.sh.)
 if [ "$gpu_visible" = 0 ]; then
   bin/shardlm-cuda train input/default.json >"$TMP/out" 2>"$TMP/err"
   rc=$?

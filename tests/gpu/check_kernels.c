@@ -1,6 +1,6 @@
 /*
  * check_kernels — every CUDA backend kernel against the CPU backend on fresh
- * random inputs (tests/gpu/run.sh; needs a GPU).
+ * random inputs (tests/gpu/session.sh stage 2; needs a GPU).
  *
  * The CPU backend is linked beside the CUDA one with its functions renamed
  * cpu_* (tests/gpu/cpu_names.h). Each check copies the same inputs to both,

@@ -18,6 +18,14 @@ On a GPU (--device cuda) it runs the model in --dtype bf16 under autocast
 (fp32 master weights, as shardlm keeps them), with
 F.scaled_dot_product_attention where torch has it, times each step after a
 cuda synchronize, and reports the peak of torch.cuda.max_memory_allocated.
+--accum N runs N micro-batches of --batch per step (gradient accumulation,
+the loss of each scaled by 1/N), as shardlm's gradient_accumulation_steps.
+
+--arch llama builds the Llama shape instead (--kv-heads, --ffn; RMSNorm,
+rotary positions, SwiGLU, untied head) from transformers' LlamaForCausalLM,
+when transformers is importable (else it prints "skip: ..." and exits 3):
+shardlm cannot train Llama yet (issue 16), so this is the reference side
+only. Its FLOPs per token count the grouped K/V projections as they are.
 
 Prints one JSON object per step ({"step", "ms", "tokens_per_s"}), then a
 summary line starting with "summary ". Stops early, after at least
@@ -104,6 +112,28 @@ def flops_per_token(L, C, Vp, T):
     return 6.0 * (L * 12.0 * C * C + Vp * C) + 12.0 * L * C * T
 
 
+def llama_flops_per_token(L, C, NH, KVH, F, V, T):
+    """6 * matmul params (q, o: C x C; k, v: C x KVH*hs; gate, up, down: C x F; head V x C) + attention."""
+    kv = KVH * (C // NH)
+    return 6.0 * (L * (2.0 * C * C + 2.0 * C * kv + 3.0 * C * F) + V * C) + 12.0 * L * C * T
+
+
+class Llama(nn.Module):
+    """transformers' LlamaForCausalLM with the forward(idx, targets) -> loss of GPT2 above."""
+
+    def __init__(self, L, NH, KVH, C, F, T, V):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=F, num_hidden_layers=L,
+                          num_attention_heads=NH, num_key_value_heads=KVH, max_position_embeddings=T,
+                          tie_word_embeddings=False)
+        self.m = LlamaForCausalLM(cfg)
+
+    def forward(self, idx, targets):
+        logits = self.m(input_ids=idx).logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+
+
 def openblas_corename():
     try:
         lib = ctypes.CDLL("libopenblas.so.0")  # already loaded by torch: same handle
@@ -132,7 +162,17 @@ def main():
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="autocast dtype on cuda")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per step (gradient accumulation)")
+    ap.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])
+    ap.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (default --n-head)")
+    ap.add_argument("--ffn", type=int, default=0, help="llama: MLP width (default 4 * --n-embd)")
     args = ap.parse_args()
+    if args.arch == "llama":
+        try:
+            import transformers  # noqa: F401
+        except ImportError as e:
+            print(f"skip: --arch llama needs transformers ({e})", flush=True)
+            return 3
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -141,7 +181,13 @@ def main():
     RV = args.real_vocab or V
 
     dev = torch.device(args.device)
-    model = GPT2(L, NH, C, T, V).to(dev)
+    KVH, FF = args.kv_heads or NH, args.ffn or 4 * C
+    if args.arch == "llama":
+        model = Llama(L, NH, KVH, C, FF, T, V).to(dev)
+        fpt = llama_flops_per_token(L, C, NH, KVH, FF, V, T)
+    else:
+        model = GPT2(L, NH, C, T, V).to(dev)
+        fpt = flops_per_token(L, C, V, T)
     model.train()
     cuda = dev.type == "cuda"
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.dtype == "bf16") if cuda
@@ -154,20 +200,21 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
 
     gen = torch.Generator().manual_seed(args.seed)
-    seqs = [torch.randint(0, RV, (B, T + 1), generator=gen) for _ in range(4)]
+    seqs = [torch.randint(0, RV, (B, T + 1), generator=gen) for _ in range(max(4, args.accum))]
     batches = [(s[:, :-1].contiguous().to(dev), s[:, 1:].contiguous().to(dev)) for s in seqs]
 
     t_start = time.perf_counter()
     times = []
     for step in range(args.steps):
-        x, y = batches[step % len(batches)]
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with autocast:
-            loss = model(x, y)
-        loss.backward()
+        for micro in range(args.accum):
+            x, y = batches[(step * args.accum + micro) % len(batches)]
+            with autocast:
+                loss = model(x, y)
+            (loss / args.accum).backward() if args.accum > 1 else loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if cuda:
@@ -175,13 +222,13 @@ def main():
         dt = time.perf_counter() - t0
         times.append(dt)
         print(json.dumps({"step": step + 1, "loss": round(loss.item(), 6), "ms": round(dt * 1e3, 3),
-                          "tokens_per_s": round(B * T / dt, 1)}), flush=True)
+                          "tokens_per_s": round(B * T * args.accum / dt, 1)}), flush=True)
         if args.time_budget > 0 and step + 1 >= args.min_steps and time.perf_counter() - t_start > args.time_budget:
             break
 
     summary = {
         "torch": torch.__version__, "threads": torch.get_num_threads(), "corename": openblas_corename(),
-        "n_params": n_params, "tokens_per_step": B * T, "flops_per_token": flops_per_token(L, C, V, T),
+        "n_params": n_params, "tokens_per_step": B * T * args.accum, "flops_per_token": fpt,
         "steps_run": len(times), "ms": [round(t * 1e3, 3) for t in times],
         "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }

@@ -1,0 +1,388 @@
+#!/usr/bin/env bash
+# The whole GPU check in one command, for a bare GPU machine (issue 15):
+#
+#   OUT=DIR bash tests/gpu/session.sh [--rehearse] [--stages probe,build,...]
+#
+# Stages, each under its own time limit (timeout), each run even when an
+# earlier one failed, all within SESSION_BUDGET seconds (default 540: 9 min):
+#   probe       (10 s)  nvidia-smi (compute mode, MIG, clocks, memory), nvcc,
+#                       where cuBLAS and NCCL are (the nvidia-nccl-cu13 wheel's
+#                       libnccl.so.2 gets a libnccl.so link in $SESSION_WORK/nccl,
+#                       the build's NCCL_HOME), which Python has numpy and torch
+#                       (with CUDA?), compute-sanitizer
+#   build      (150 s)  make CUDA=1 bin/shardlm bin/shardlm-cuda, sm_90 only (KIT=gpu-kit when gpu-kit/ is
+#                       there: MPI, HDF5, jansson, OpenBLAS come from it), then
+#                       check_kernels and time_kernels linked against the CUDA
+#                       backend objects
+#   kernels     (60 s)  check_kernels (every kernel against the CPU backend); if it
+#                       fails, again under compute-sanitizer memcheck with
+#                       CUDA_LAUNCH_BLOCKING=1
+#   e2e        (140 s)  tests/gpu/e2e.py: CUDA build vs CPU build, fp32/bf16, N=1,
+#                       N=2 on one GPU host-staged and over NCCL, offload
+#   throughput (140 s)  tests/gpu/throughput.py: GPT-2 350M bf16, accumulation 1
+#                       and 8, tokens/s and MFU (vs 989 TFLOP/s and vs a measured
+#                       bf16 GEMM), PyTorch beside it; Llama 12L: shardlm "skip"
+#   timings     (30 s)  time_kernels: each backend operation at the 350M shapes
+# Limits: SESSION_LIMIT_<STAGE> (e.g. SESSION_LIMIT_E2E=200) override them.
+#
+# Output, in $OUT (default build/gpu-session), at most 8 files: session.log
+# (everything, stage by stage), results.json (per stage: status
+# pass/fail/skip/timeout, seconds, limit, checks passed/failed, failed and
+# skipped check names, figures) and one log per stage. Scratch (the NCCL links,
+# the checkers, probe results) goes to $SESSION_WORK (default
+# build/gpu-session-work). Ends with a table and "N passed, N failed" (stages;
+# a timeout is a failure, a skip neither); exit status 0 when none failed.
+#
+# --rehearse (or SESSION_EMULATE=1): without a GPU, every stage that can run,
+# through tests/cudaemu's CPU emulation of the CUDA sources: the probe reports
+# no GPU without failing, the build also builds build/cudaemu/, the kernels,
+# e2e (tiny model; SESSION_E2E_CASES picks cases), throughput and timings
+# stages run the emulated binaries at tiny shapes (numbers meaningless, marked
+# "emulated"). tests/t_gpu_session.sh runs it.
+#
+# A stage's log counts "ok NAME" / "FAIL NAME: why" / "skip NAME: why" lines;
+# "@figure {json}" lines merge into the stage's figures; "@skip why" marks the
+# whole stage skipped. Stage bodies run as `session.sh --stage-body NAME`.
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+ROOT=$PWD
+SELF=$ROOT/tests/gpu/session.sh
+ALL_STAGES="probe build kernels e2e throughput timings"
+# stage time limits in seconds (the brief's: at most 9 minutes in all)
+declare -A LIMIT=([probe]=10 [build]=150 [kernels]=60 [e2e]=140 [throughput]=140 [timings]=30)
+
+usage() { sed -n '2,/^set -u/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; }
+
+# ---- stage bodies (each runs in its own process under timeout) -------------
+
+say() { echo "$@"; }
+ok() { echo "ok $1"; }
+fail() { echo "FAIL $1: $2"; }
+skip() { echo "skip $1: $2"; }
+# "@figure" line from KEY=VALUE words (VALUE kept as a string; numbers as numbers)
+figure() { "${PY:-python3}" - "$@" <<'EOF'
+import json, sys
+def val(v):
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return float(v)
+        except ValueError:
+            return v
+print("@figure " + json.dumps({k: val(v) for k, v in (a.split("=", 1) for a in sys.argv[1:])}))
+EOF
+}
+
+# Where libnccl.so.2 is: the nvidia-nccl wheel of any candidate Python first
+# (the GPU machine's only NCCL), then ldconfig, then the CUDA toolkit.
+find_nccl() {
+  local p d
+  for p in ${SESSION_PYTHON:-} /opt/torch/.venv/bin/python /usr/bin/python3 python3; do
+    command -v "$p" >/dev/null 2>&1 || continue
+    d=$("$p" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null) || continue
+    [ -e "$d/lib/libnccl.so.2" ] && { echo "$d/lib/libnccl.so.2"; return 0; }
+  done
+  d=$(ldconfig -p 2>/dev/null | sed -n 's/.*libnccl\.so\.2 .*=> //p' | head -1)
+  [ -n "$d" ] && { echo "$d"; return 0; }
+  for d in "$CUDA_HOME"/lib64 "$CUDA_HOME"/lib /usr/lib/x86_64-linux-gnu; do
+    [ -e "$d/libnccl.so.2" ] && { echo "$d/libnccl.so.2"; return 0; }
+  done
+  return 1
+}
+
+stage_probe() {
+  local gpu=0 lib hdr
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    gpu=1
+    nvidia-smi -L
+    nvidia-smi --query-gpu=name,driver_version,compute_mode,mig.mode.current,clocks.sm,clocks.max.sm,clocks.mem,memory.total,memory.used,power.limit --format=csv
+    ok probe.gpu
+  elif [ "$EMULATE" = 1 ]; then
+    skip probe.gpu "no GPU visible (rehearsal: the CUDA sources run under tests/cudaemu)"
+  else
+    fail probe.gpu "nvidia-smi sees no GPU: $(nvidia-smi -L 2>&1 | head -1)"
+  fi
+  if [ -x "$CUDA_HOME/bin/nvcc" ]; then
+    "$CUDA_HOME/bin/nvcc" --version | tail -2
+    ok probe.nvcc
+  else
+    fail probe.nvcc "no $CUDA_HOME/bin/nvcc; set CUDA_HOME"
+  fi
+  lib=$(ls "$CUDA_HOME"/lib64/libcublas.so* 2>/dev/null | head -1)
+  [ -n "$lib" ] && { say "cuBLAS: $lib"; ok probe.cublas; } || fail probe.cublas "no libcublas.so in $CUDA_HOME/lib64"
+  # NCCL: $WORK/nccl/{include/nccl.h, lib/libnccl.so, lib/libnccl.so.2} -> the real files
+  rm -rf "$WORK/nccl" && mkdir -p "$WORK/nccl/include" "$WORK/nccl/lib"
+  if lib=$(find_nccl); then
+    hdr=$(dirname "$lib")/../include/nccl.h
+    [ -e "$hdr" ] || hdr=$CUDA_HOME/include/nccl.h
+    ln -s "$lib" "$WORK/nccl/lib/libnccl.so.2" && ln -s "$lib" "$WORK/nccl/lib/libnccl.so"
+    [ -e "$hdr" ] && ln -s "$(readlink -f "$hdr")" "$WORK/nccl/include/nccl.h"
+    say "NCCL: $lib (header $hdr; links in $WORK/nccl)"
+    [ -e "$hdr" ] && ok probe.nccl || fail probe.nccl "found $lib but no nccl.h beside it or in $CUDA_HOME/include"
+  else
+    fail probe.nccl "no libnccl.so.2 (wheel nvidia-nccl-cu13, ldconfig, $CUDA_HOME)"
+  fi
+  # one interpreter start per candidate (torch imports take seconds): the first with numpy and torch wins
+  local p info py_np= py_torch= torch_ver= cuda_torch=no san
+  for p in ${SESSION_PYTHON:-} /opt/torch/.venv/bin/python /usr/bin/python3 python3; do
+    command -v "$p" >/dev/null 2>&1 || continue
+    info=$("$p" -c 'import numpy
+try:
+    import torch
+    print(torch.__version__, "yes" if torch.cuda.is_available() else "no")
+except ImportError:
+    print("none no")' 2>/dev/null) || continue
+    [ -z "$py_np" ] && py_np=$(command -v "$p")
+    if [ "${info% *}" != none ]; then
+      py_np=$(command -v "$p") py_torch=$py_np torch_ver=${info% *} cuda_torch=${info#* }
+      break
+    fi
+  done
+  [ -n "$py_np" ] && { say "numpy: $py_np"; ok probe.python_numpy; } ||
+    fail probe.python_numpy "no Python imports numpy (e2e and throughput need it); set SESSION_PYTHON"
+  if [ -n "$py_torch" ]; then
+    say "torch: $py_torch ($torch_ver, CUDA $cuda_torch)"
+    if [ "$cuda_torch" = yes ] || [ "$EMULATE" = 1 ]; then ok probe.python_torch; else
+      fail probe.python_torch "$py_torch's torch sees no CUDA device"; fi
+  else
+    fail probe.python_torch "no Python imports numpy and torch; set SESSION_PYTHON"
+  fi
+  san=$(command -v compute-sanitizer || ls "$CUDA_HOME/bin/compute-sanitizer" 2>/dev/null || true)
+  say "compute-sanitizer: ${san:-none}"
+  say "MPI: $(command -v mpirun || echo none) ${OPAL_PREFIX:+(OPAL_PREFIX $OPAL_PREFIX)}; kit: ${KIT_ARG:-none (system libraries)}"
+  {
+    printf 'GPU_VISIBLE=%q\nNCCL_REAL=%q\nPY=%q\nTORCH_PY=%q\nSANITIZER=%q\n' "$gpu" "${lib:-}" "${py_np:-python3}" \
+      "${py_torch:-${py_np:-python3}}" "$san"
+  } >"$WORK/probe.env"
+  PY=${py_np:-python3} figure gpu_visible="$gpu" nccl="${lib:-}" cuda_home="$CUDA_HOME" python="${py_np:-}" \
+    torch_python="${py_torch:-}" torch_cuda="$cuda_torch" compute_sanitizer="${san:-}" \
+    gpu="$(nvidia-smi --query-gpu=name,compute_mode,mig.mode.current,clocks.max.sm,memory.total --format=csv,noheader 2>/dev/null | head -1)" \
+    nvcc="$("$CUDA_HOME/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+}
+
+# The make variables of this build (KIT-aware: whatever the Makefile computes).
+make_var() { make -s --no-print-directory CUDA=1 "${MAKE_ARGS[@]}" --eval 'print-%: ; @echo $($*)' "print-$1"; }
+
+stage_build() {
+  local cflags ldlibs cudalibs objs
+  # the two trainers only (not the unit tests: time on the GPU machine is short)
+  say "make -j$JOBS CUDA=1 ${MAKE_ARGS[*]} bin/shardlm bin/shardlm-cuda"
+  if make --no-print-directory -j"$JOBS" CUDA=1 "${MAKE_ARGS[@]}" bin/shardlm bin/shardlm-cuda; then ok build.make; else
+    fail build.make "make CUDA=1 failed (the errors above)"; fi
+  if ldd bin/shardlm-cuda 2>/dev/null | grep -q 'libnccl.*not found'; then
+    fail build.nccl_resolves "bin/shardlm-cuda: $(ldd bin/shardlm-cuda | grep 'not found' | tr -s ' \t\n' ' ')"
+  elif [ -x bin/shardlm-cuda ]; then ok build.nccl_resolves; fi
+  # check_kernels and time_kernels against the CUDA backend objects, linked as the trainer is
+  cflags=$(make_var CFLAGS) ldlibs=$(make_var LDLIBS) cudalibs=$(make_var CUDA_LIBS)
+  objs=$(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu')
+  # shellcheck disable=SC2086  # word lists from make
+  if gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend_cpu.c -o "$WORK/backend_cpu_renamed.o" &&
+    gcc $cflags -iquote tests/gpu -I"$CUDA_HOME/include" tests/gpu/check_kernels.c "$WORK/backend_cpu_renamed.o" \
+      build/cuda/*.o $objs -o "$WORK/check_kernels" $ldlibs $cudalibs; then ok build.check_kernels; else
+    fail build.check_kernels "compiling or linking tests/gpu/check_kernels.c failed"; fi
+  # shellcheck disable=SC2086
+  if gcc $cflags tests/gpu/time_kernels.c build/cuda/*.o $objs -o "$WORK/time_kernels" $ldlibs $cudalibs; then
+    ok build.time_kernels; else fail build.time_kernels "compiling or linking tests/gpu/time_kernels.c failed"; fi
+  if [ "$EMULATE" = 1 ]; then
+    # rebuilt only when a source is newer than its oldest output (the machine is small and shared)
+    local oldest=build/cudaemu/time_kernels stale=1
+    for f in check_kernels shardlm-cudaemu selftest; do [ build/cudaemu/$f -ot "$oldest" ] && oldest=build/cudaemu/$f; done
+    [ -e "$oldest" ] && [ -z "$(find src cuda tests/cudaemu tests/gpu -newer "$oldest" -type f | head -1)" ] &&
+      [ -z "$(find bin/shardlm -newer "$oldest" 2>/dev/null)" ] && stale=0
+    if [ "$stale" = 0 ]; then say "build/cudaemu is up to date"; ok build.cudaemu
+    elif bash tests/cudaemu/build.sh; then ok build.cudaemu; else fail build.cudaemu "tests/cudaemu/build.sh failed"; fi
+  fi
+}
+
+stage_kernels() {
+  local ck=$WORK/check_kernels rc
+  [ "$EMULATE" = 1 ] && ck=build/cudaemu/check_kernels
+  [ -x "$ck" ] || { echo "@skip no $ck (the build stage failed)"; return 0; }
+  timeout -k 5 $((STAGE_LIMIT * 2 / 5)) "$ck"
+  rc=$?
+  [ "$rc" = 0 ] && return 0
+  echo "check_kernels: exit $rc"
+  if [ "$EMULATE" = 1 ] || [ -z "$SANITIZER" ]; then
+    skip kernels.memcheck "${SANITIZER:-no compute-sanitizer}${SANITIZER:+ (rehearsal)}"
+    return "$rc"
+  fi
+  # again under memcheck; its lines are prefixed so that they are not counted twice
+  CUDA_LAUNCH_BLOCKING=1 timeout -k 5 $((STAGE_LIMIT / 2)) "$SANITIZER" --tool memcheck "$ck" 2>&1 | sed 's/^/memcheck| /'
+  [ "${PIPESTATUS[0]}" = 0 ] && ok kernels.memcheck || fail kernels.memcheck "compute-sanitizer reported errors (memcheck| lines)"
+  return "$rc"
+}
+
+stage_e2e() {
+  local bin=shardlm-cuda
+  if [ "$EMULATE" = 1 ]; then
+    bin=$ROOT/build/cudaemu/shardlm-cudaemu
+    export E2E_SIZE=tiny E2E_CASES=${SESSION_E2E_CASES:-}
+  fi
+  [ -x "$bin" ] || [ -x "bin/$bin" ] || { echo "@skip no $bin (the build stage failed)"; return 0; }
+  E2E_GPU_BIN=$bin E2E_TIMEOUT=$((STAGE_LIMIT / 3)) SHARDLM_COMM_TIMEOUT=60 "$PY" -u tests/gpu/e2e.py
+}
+
+stage_throughput() {
+  local emu=()
+  [ "$EMULATE" = 1 ] && emu=(--emulate)
+  SHARDLM_COMM_TIMEOUT=60 "$TORCH_PY" -u tests/gpu/throughput.py "${emu[@]}" --python "$TORCH_PY" \
+    --part-timeout $((STAGE_LIMIT * 2 / 5))
+}
+
+stage_timings() {
+  local tk=$WORK/time_kernels shape=()
+  if [ "$EMULATE" = 1 ]; then
+    tk=build/cudaemu/time_kernels shape=(--batch 1 --seq 32 --channels 64 --heads 2 --vocab 256 --reps 2)
+  fi
+  [ -x "$tk" ] || { echo "@skip no $tk (the build stage failed)"; return 0; }
+  "$tk" "${shape[@]}" && ok timings.run || fail timings.run "time_kernels exited $?"
+}
+
+# ---- the session -----------------------------------------------------------
+
+EMULATE=${SESSION_EMULATE:-0}
+STAGES=$ALL_STAGES
+BODY=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rehearse) EMULATE=1 ;;
+    --stages) STAGES=${2//,/ }; shift ;;
+    --stages=*) STAGES=${1#--stages=}; STAGES=${STAGES//,/ } ;;
+    --stage-body) BODY=$2; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "session.sh: unknown argument $1; see --help" >&2; exit 2 ;;
+  esac
+  shift
+done
+for s in $STAGES; do
+  [[ " $ALL_STAGES " == *" $s "* ]] || { echo "session.sh: no stage '$s' (stages: $ALL_STAGES)" >&2; exit 2; }
+done
+
+export SESSION_EMULATE=$EMULATE # for the stage bodies
+if [ -n "$BODY" ]; then
+  # shellcheck disable=SC1091
+  [ -f "$WORK/probe.env" ] && . "$WORK/probe.env"
+  [ -n "${NCCL_REAL:-}" ] && export LD_LIBRARY_PATH=$(dirname "$NCCL_REAL")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  read -r -a MAKE_ARGS <<<"$MAKE_ARGS_STR"
+  # a stage that hangs, for tests/t_gpu_session.sh's time-limit check
+  [ "${SESSION_INJECT_HANG:-}" = "$BODY" ] && sleep 600
+  "stage_$BODY" </dev/null
+  exit $?
+fi
+
+export EMULATE CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+unset SHARDLM_TF32 # the fp32 checks hold TF32 off
+OUT=${OUT:-build/gpu-session}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+WORK=${SESSION_WORK:-$ROOT/build/gpu-session-work}
+mkdir -p "$WORK" && WORK=$(cd "$WORK" && pwd)
+export OUT WORK
+export SHARDLM_TEST_TMP=$WORK/tmp # the Python scripts' scratch (harness.scratch_dir)
+rm -rf "$SHARDLM_TEST_TMP" && mkdir -p "$SHARDLM_TEST_TMP"
+BUDGET=${SESSION_BUDGET:-540}
+export JOBS=$(nproc 2>/dev/null || echo 4)
+[ "$EMULATE" = 1 ] && JOBS=2
+# the carried kit: MPI, HDF5, jansson, OpenBLAS for a machine that has none
+KIT_ARG=
+if [ -f gpu-kit/env.sh ]; then
+  # shellcheck disable=SC1091
+  . gpu-kit/env.sh && KIT_ARG=KIT=gpu-kit
+fi
+export KIT_ARG
+# NCCL_HOME: the probe's link folder (unless the caller named one)
+export MAKE_ARGS_STR="CUDA_ARCH=-gencode=arch=compute_90,code=sm_90 NCCL_HOME=${NCCL_HOME:-$WORK/nccl} $KIT_ARG"
+for f in session.log results.json probe.log build.log kernels.log e2e.log throughput.log timings.log; do rm -f "$OUT/$f"; done
+: >"$WORK/stages.tsv"
+T0=$(date +%s)
+log() { echo "$@" | tee -a "$OUT/session.log"; }
+log "GPU session $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?') on $(hostname)," \
+  "mode $([ "$EMULATE" = 1 ] && echo 'rehearsal (CPU emulation)' || echo gpu), budget ${BUDGET}s, out $OUT"
+
+for s in $ALL_STAGES; do
+  if [[ " $STAGES " != *" $s "* ]]; then
+    printf '%s\tskip\t0\t0\tnot selected (--stages)\n' "$s" >>"$WORK/stages.tsv"
+    continue
+  fi
+  up=${s^^}
+  var=SESSION_LIMIT_$up; limit=${!var:-${LIMIT[$s]}}
+  left=$((BUDGET - ($(date +%s) - T0)))
+  if [ "$left" -lt 5 ]; then
+    printf '%s\tskip\t0\t%s\tthe session budget (%ss) was spent\n' "$s" "$limit" "$BUDGET" >>"$WORK/stages.tsv"
+    log "== $s: skipped, the session budget is spent"
+    continue
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  log "== $s (limit ${limit}s) =="
+  t_start=$(date +%s.%N)
+  STAGE_LIMIT=$limit timeout -k 10 "$limit" bash "$SELF" --stage-body "$s" >"$OUT/$s.log" 2>&1
+  rc=$?
+  secs=$(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  cat "$OUT/$s.log" >>"$OUT/session.log"
+  n_ok=$(grep -c '^ok ' "$OUT/$s.log") n_fail=$(grep -c '^FAIL ' "$OUT/$s.log") n_skip=$(grep -c '^skip ' "$OUT/$s.log")
+  note=
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=timeout note="killed after ${limit}s"
+  elif grep -q '^@skip ' "$OUT/$s.log"; then status=skip note=$(sed -n 's/^@skip //p' "$OUT/$s.log" | head -1)
+  elif [ "$n_fail" -gt 0 ]; then status=fail
+  elif [ "$rc" != 0 ]; then status=fail note="exit status $rc"
+  elif [ "$n_ok" = 0 ]; then status=fail note="no check passed"
+  else status=pass
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\n' "$s" "$status" "$secs" "$limit" "$note" >>"$WORK/stages.tsv"
+  grep -E '^(FAIL|skip) ' "$OUT/$s.log" | head -20 | sed 's/^/   /' | tee -a "$OUT/session.log"
+  log "== $s: $status in ${secs}s ($n_ok ok, $n_fail failed, $n_skip skipped)${note:+: $note}"
+done
+
+# results.json from the stage table and the logs (any python3: json only)
+# shellcheck disable=SC1091
+[ -f "$WORK/probe.env" ] && . "$WORK/probe.env"
+RPY=
+for p in ${PY:-} ${SESSION_PYTHON:-} /opt/torch/.venv/bin/python /usr/bin/python3 python3; do
+  command -v "$p" >/dev/null 2>&1 && { RPY=$p; break; }
+done
+"$RPY" - "$WORK/stages.tsv" "$OUT" "$EMULATE" "$BUDGET" "$(($(date +%s) - T0))" <<'EOF' | tee -a "$OUT/session.log"
+import json, os, sys
+tsv, out, emulate, budget, total = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4]), int(sys.argv[5])
+stages = []
+for line in open(tsv):
+    name, status, secs, limit, note = (line.rstrip("\n").split("\t") + [""] * 5)[:5]
+    st = {"name": name, "status": status, "seconds": float(secs), "limit_s": int(limit), "note": note,
+          "log": None, "passed": 0, "failed": 0, "failed_checks": [], "skipped": [], "figures": {}}
+    log = os.path.join(out, name + ".log")
+    if os.path.exists(log):
+        st["log"] = name + ".log"
+        for row in open(log, errors="replace"):
+            row = row.rstrip("\n")
+            if row.startswith("ok "):
+                st["passed"] += 1
+            elif row.startswith("FAIL "):
+                st["failed"] += 1
+                st["failed_checks"].append(row[5:][:300])
+            elif row.startswith("skip "):
+                n, _, why = row[5:].partition(": ")
+                st["skipped"].append({"name": n, "status": "skip", "reason": why})
+            elif row.startswith("@figure "):
+                try:
+                    st["figures"].update(json.loads(row[8:]))
+                except ValueError as e:
+                    st["figures"].setdefault("unreadable", []).append(f"{e}: {row[8:200]}")
+    if emulate:
+        st["figures"]["emulated"] = True
+    stages.append(st)
+res = {"mode": "rehearsal" if emulate else "gpu", "budget_s": budget, "seconds": total,
+       "passed": sum(s["status"] == "pass" for s in stages),
+       "failed": sum(s["status"] in ("fail", "timeout") for s in stages),
+       "skipped": sum(s["status"] == "skip" for s in stages), "stages": stages}
+with open(os.path.join(out, "results.json.tmp"), "w") as f:
+    json.dump(res, f, indent=1)
+os.replace(os.path.join(out, "results.json.tmp"), os.path.join(out, "results.json"))
+print(f"\n| stage | status | seconds | limit | checks ok/failed | note |\n|---|---|---|---|---|---|")
+for s in stages:
+    print(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {s['limit_s']} | {s['passed']}/{s['failed']} | "
+          f"{s['note'] or '; '.join(x['name'] + ' skipped: ' + x['reason'] for x in s['skipped'])[:120]} |")
+print(f"{res['skipped']} skipped")
+print(f"{res['passed']} passed, {res['failed']} failed")
+EOF
+[ -f "$OUT/results.json" ] || { log "results.json was not written (no python3?)"; log "0 passed, 1 failed"; exit 1; }
+tail -1 "$OUT/session.log" | grep -q ' 0 failed$'

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""throughput — shardlm-cuda training throughput beside PyTorch on the same GPU
+(tests/gpu/session.sh stage 4).
+
+  gemm          a cuBLAS bf16 GEMM (torch.matmul, 8192^3, fp32 accumulation)
+                measured here: the peak this GPU reaches in practice
+  gpt2_350m     GPT-2 350M (24 layers, C 1024, 16 heads, T 1024, vocab 50257),
+                bf16, micro-batch 8, N=1, ZeRO stage 3, gradient accumulation 1
+                and 8: shardlm-cuda's median tokens/s (steps after the first
+                two; after the first with accumulation 8), MFU against the
+                dense bf16 peak and against the GEMM above, peak device
+                memory; then tools/bench/torch_gpt2.py --device cuda --dtype
+                bf16 with the same shapes and accumulation
+  llama_12l     the Llama shape (12 layers, C 768, 12 heads, 4 KV heads, FFN
+                2048, vocab 32000, T 512): shardlm is reported as "skip"
+                (it cannot train Llama yet, issue 16); PyTorch runs when
+                transformers is importable, else "skip" too
+
+MFU = tokens/s x FLOPs per token (src/model.c model_flops_per_token) / peak.
+PEAK_TFLOPS: NVIDIA's H200 SXM datasheet (nvidia.com/en-us/data-center/h200,
+"BF16 Tensor Core 1,979 TFLOPS" with sparsity; half of it dense, the same
+989 TFLOP/s as the H100 SXM); SHARDLM_PEAK_TFLOPS overrides it.
+
+--emulate: the same steps at tiny shapes through build/cudaemu/shardlm-cudaemu
+and PyTorch on the CPU (the session's rehearsal: every number is meaningless
+and marked "emulated"). Each part has its own time limit (--part-timeout).
+Prints "ok"/"FAIL"/"skip NAME: why" lines, "@figure {json}" lines as each
+part ends (so a stage killed midway keeps what it measured) and a table.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from harness import check, failures, scratch_dir, write_shard  # noqa: E402
+
+PEAK_TFLOPS = float(os.environ.get("SHARDLM_PEAK_TFLOPS", "989"))  # H200 SXM dense bf16; see the docstring
+TORCH_PY = os.path.join(ROOT, "tools", "bench", "torch_gpt2.py")
+ISSUE16 = "shardlm cannot train Llama yet (issue 16)"
+TMP = scratch_dir("gpu_throughput")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+ENV.setdefault("SHARDLM_COMM_TIMEOUT", "60")
+ENV.pop("SHARDLM_TF32", None)
+passed = 0
+
+
+def ok(name, cond, why=""):
+    global passed
+    check(name, cond, why)
+    passed += bool(cond)
+
+
+def skip(name, why):
+    print(f"skip {name}: {why}", flush=True)
+
+
+def figure(**kv):
+    print("@figure " + json.dumps(kv), flush=True)
+
+
+def padded(v, align=128):
+    return (v + align - 1) // align * align
+
+
+def gpt2_flops_per_token(L, C, Vp, T):
+    """src/model.c model_flops_per_token."""
+    return 6.0 * (L * 12.0 * C * C + Vp * C) + 12.0 * L * C * T
+
+
+def gemm_tflops(emulate):
+    """Best of 10 bf16 (emulated: fp32 on the CPU) square GEMMs, in TFLOP/s."""
+    import torch
+    cuda = torch.cuda.is_available() and not emulate
+    n, dt, dev = (8192, torch.bfloat16, "cuda") if cuda else (256, torch.float32, "cpu")
+    a = torch.randn(n, n, dtype=dt, device=dev)
+    b = torch.randn(n, n, dtype=dt, device=dev)
+    best = float("inf")
+    for i in range(12):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= 2:
+            best = min(best, time.perf_counter() - t0)
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    return 2.0 * n ** 3 / best / 1e12, n, name, cuda
+
+
+def run_shardlm(args, tag, model, micro, accum, steps):
+    """Trains with the CUDA build; returns (tokens/s median, peak device bytes) or (None, why)."""
+    data = os.path.join(TMP, f"tokens_{model['vocab_size']}.bin")
+    if not os.path.exists(data):
+        import numpy as np
+        n = max(1 << 20, (steps * accum + 2) * micro * (model["n_positions"] + 1))
+        write_shard(data, np.random.default_rng(5).integers(0, model["vocab_size"], size=n))
+    metrics = os.path.join(TMP, tag + ".jsonl")
+    cfg = {"model": model, "data": {"train": data, "seq_len": model["n_positions"], "shuffle": False},
+           "train": {"steps": steps, "seed": 7, "eval_every": 0, "sample_tokens": 0, "metrics": metrics},
+           "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
+           "gradient_clipping": 1.0, "bf16": {"enabled": True},
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}},
+           "zero_optimization": {"stage": 3}}
+    path = os.path.join(TMP, tag + ".json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    cmd = ["mpirun", "-np", "1", "--bind-to", "none", args.shardlm, "train", path, "--quiet"]
+    try:
+        r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=args.part_timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {args.part_timeout} s"
+    out = r.stdout.decode(errors="replace")
+    if r.returncode != 0 or not os.path.exists(metrics):
+        return None, f"exit {r.returncode}: " + " | ".join(out.strip().splitlines()[-4:])
+    with open(metrics) as f:
+        rows = [json.loads(x) for x in f if x.strip()]
+    warm = 2 if accum == 1 else 1
+    tps = [r["tokens_per_s"] for r in rows if "loss" in r and r["step"] > warm] or \
+          [r["tokens_per_s"] for r in rows if "loss" in r][-1:]
+    if not tps:
+        return None, "no step in the metrics"
+    mem = next((r["memory"] for r in rows if "memory" in r), {})
+    return (statistics.median(tps), sum(v["peak"] for v in mem.values() if v["space"] == "device")), ""
+
+
+def run_torch(args, L, NH, C, T, B, V, Vp, accum, steps, extra=()):
+    """tools/bench/torch_gpt2.py; returns (tokens/s median, peak bytes) or (None, why); why starts
+    with 'skip' when the script skipped."""
+    cmd = [args.python, TORCH_PY, "--n-layer", str(L), "--n-head", str(NH), "--n-embd", str(C), "--seq-len", str(T),
+           "--batch", str(B), "--vocab", str(Vp), "--real-vocab", str(V), "--steps", str(steps),
+           "--accum", str(accum), "--device", "cpu" if args.emulate else "cuda", "--dtype", "bf16", *extra]
+    try:
+        t = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=args.part_timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {args.part_timeout} s"
+    lines = t.stdout.decode(errors="replace").strip().splitlines()
+    if t.returncode == 3 and lines and lines[-1].startswith("skip"):
+        return None, lines[-1]
+    summary = next((json.loads(x[8:]) for x in lines if x.startswith("summary ")), None)
+    if summary is None:
+        return None, f"exit {t.returncode}: " + " | ".join(lines[-3:])
+    warm = 2 if accum == 1 else 1
+    ms = summary["ms"][warm:] or summary["ms"][-1:]
+    return (statistics.median(B * T * accum / (m / 1e3) for m in ms), summary["peak_bytes"] or 0), summary
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--emulate", action="store_true", help="tiny shapes, emulated CUDA trainer, PyTorch on the CPU")
+    ap.add_argument("--shardlm", default=None, help="the CUDA trainer (default bin/shardlm-cuda)")
+    ap.add_argument("--python", default=sys.executable, help="the Python with torch for the reference")
+    ap.add_argument("--part-timeout", type=float, default=60.0, help="seconds per training run")
+    args = ap.parse_args()
+    emulate = args.emulate
+    if not args.shardlm:
+        args.shardlm = os.path.join(ROOT, *(("build", "cudaemu", "shardlm-cudaemu") if emulate else ("bin", "shardlm-cuda")))
+    figure(emulated=emulate, peak_tflops=PEAK_TFLOPS)
+
+    gemm = None
+    try:
+        gemm, n, dev, on_gpu = gemm_tflops(emulate)
+        ok("throughput.gemm", gemm > 0 and (on_gpu or emulate), f"torch has no CUDA device (ran on {dev})")
+        figure(gemm={"tflops": round(gemm, 2), "n": n, "device": dev, "dtype": "bf16" if on_gpu else "fp32",
+                     "emulated": not on_gpu})
+    except Exception as e:  # noqa: BLE001 (any torch failure is this check's failure)
+        ok("throughput.gemm", False, f"{type(e).__name__}: {e}")
+
+    # GPT-2 350M (emulated: a tiny GPT-2 of the same layout)
+    L, NH, C, T, V, B, steps = (2, 2, 64, 32, 256, 2, 3) if emulate else (24, 16, 1024, 1024, 50257, 8, 5)
+    Vp = padded(V)
+    fpt = gpt2_flops_per_token(L, C, Vp, T)
+    model = {"n_layer": L, "n_head": NH, "n_embd": C, "n_positions": T, "vocab_size": V}
+    rows = []
+    for accum in (1, 8):
+        st = steps if accum == 1 else max(3, steps - 2)
+        fig = {"model": "gpt2_350m", "B": B, "T": T, "accum": accum, "emulated": emulate}
+        s, why = run_shardlm(args, f"gpt2_acc{accum}", model, B, accum, st)
+        ok(f"throughput.gpt2_350m.acc{accum}.shardlm", s is not None and s[0] > 0, why)
+        p, pwhy = run_torch(args, L, NH, C, T, B, V, Vp, accum, st)
+        ok(f"throughput.gpt2_350m.acc{accum}.pytorch", p is not None and p[0] > 0, pwhy)
+        for side, res in (("shardlm", s), ("pytorch", p)):
+            if res is not None:
+                fig[side] = {"tokens_per_s": round(res[0], 1), "mfu_vs_peak": round(res[0] * fpt / 1e12 / PEAK_TFLOPS, 4),
+                             "mfu_vs_gemm": round(res[0] * fpt / 1e12 / gemm, 4) if gemm else None,
+                             "peak_device_bytes": res[1]}
+        figure(**{f"gpt2_350m_acc{accum}": fig})
+        rows.append((f"GPT-2 350M acc {accum}", s, p, fpt))
+
+    # the 12-layer Llama shape
+    L, NH, KVH, C, FF, T, V, B = (2, 2, 1, 64, 128, 32, 256, 2) if emulate else (12, 12, 4, 768, 2048, 512, 32000, 16)
+    skip("throughput.llama_12l.shardlm", ISSUE16)
+    p, pwhy = run_torch(args, L, NH, C, T, B, V, V, 1, steps,
+                        ("--arch", "llama", "--kv-heads", str(KVH), "--ffn", str(FF)))
+    fig = {"shardlm": {"status": "skip", "reason": ISSUE16}, "B": B, "T": T, "emulated": emulate}
+    fpt_l = pwhy["flops_per_token"] if p is not None else None
+    if p is None and str(pwhy).startswith("skip"):
+        skip("throughput.llama_12l.pytorch", pwhy[5:].strip(" :"))
+        fig["pytorch"] = {"status": "skip", "reason": pwhy}
+    else:
+        ok("throughput.llama_12l.pytorch", p is not None and p[0] > 0, pwhy)
+        if p is not None:
+            fig["pytorch"] = {"status": "pass", "tokens_per_s": round(p[0], 1),
+                              "mfu_vs_peak": round(p[0] * fpt_l / 1e12 / PEAK_TFLOPS, 4),
+                              "mfu_vs_gemm": round(p[0] * fpt_l / 1e12 / gemm, 4) if gemm else None}
+    figure(llama_12l=fig)
+    rows.append(("Llama 12L (PyTorch only)", None, p, fpt_l))
+
+    note = " (EMULATED: meaningless)" if emulate else ""
+    print(f"| model{note} | shardlm tok/s | MFU | PyTorch tok/s | MFU | ratio |\n|---|---|---|---|---|---|")
+    for label, s, p, fpt in rows:
+        def f(x, fmt):
+            return fmt.format(x) if x is not None else "n/a"
+        st, pt = s and s[0], p and p[0]
+        print(f"| {label} | {f(st, '{:.0f}')} | {f(st and st * fpt / 1e12 / PEAK_TFLOPS, '{:.1%}')} | "
+              f"{f(pt, '{:.0f}')} | {f(pt and pt * fpt / 1e12 / PEAK_TFLOPS, '{:.1%}')} | "
+              f"{f(st and pt and st / pt, '{:.2f}')} |")
+    n_failed = failures()
+    print(f"{passed} passed, {n_failed} failed")
+    return 1 if n_failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
