@@ -654,24 +654,11 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     if (opt->resume)
         resume_checkpoint(&tr, opt->resume);
     /* A stop signal during the set-up or the resume (the handlers are in
-     * place from the start, train_install_stop_handlers): nothing new to
-     * save. The checkpoint.dir is as the run found it, so a requeued
-     * `--resume auto` continues where this run would have started. */
-    int stop_signal = agree_stop_signal(comm);
-    if (stop_signal) {
-        trainer_teardown(&tr);
-        if (cfg->checkpoint.dir) {
-            log_info("step %5ld | stopped by %s before the first step; %s; exit status %d asks the job script to "
-                     "requeue",
-                     tr.step, stop_signal_name(stop_signal),
-                     tr.step ? "the checkpoint it resumed from is unchanged" : "nothing was trained or saved",
-                     EXIT_PREEMPTED);
-            return EXIT_PREEMPTED;
-        }
-        log_warn("step %5ld | stopped by %s before the first step, with no checkpoint.dir; exit status %d",
-                 tr.step, stop_signal_name(stop_signal), 128 + stop_signal);
-        return 128 + stop_signal;
-    }
+     * place from the start, train_install_stop_handlers) is seen after the
+     * first step: the run trains that step and saves it, so that even a job
+     * signalled before every first step makes progress through its requeues,
+     * and exit 3 always means a checkpoint of this run was written. */
+    int stop_signal = 0;
     const float base_lr = cfg->optimizer.lr;
     while (tr.step < cfg->train.steps) {
         double t0 = now_seconds(), norm = 0.0;

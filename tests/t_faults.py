@@ -203,16 +203,17 @@ def fresh_dir(name):
 
 
 def signals():
-    # before the first step: nothing trained, nothing saved, the directory as it was; exit 3
-    # (a requeued --resume auto starts where this run would have)
+    # before the first step (start-up, config, set-up): the run still trains its first step and
+    # saves it, so a job signalled before every first step progresses through its requeues; exit 3
     for phase in ("start", "config", "setup"):
         for sig in ("TERM", "INT", "USR1"):
             d = fresh_dir(f"sig_{phase}_{sig}")
             cfg = make_config(f"sig_{phase}_{sig}", ckdir=d)
             rc, out = run(["train", cfg, "--quiet", "--resume", "auto"], env={"SHARDLM_INJECT_SIGNAL": f"{phase}:{sig}"})
-            check(f"signal.{phase}_{sig}.exit_3_nothing_saved",
-                  rc == 3 and f"stopped by SIG{sig} before the first step" in out and os.listdir(d) == []
-                  and not error_lines(out), f"exit {rc}, dir {os.listdir(d)}: {tail(out)}")
+            check(f"signal.{phase}_{sig}.first_step_saved_exit_3",
+                  rc == 3 and f"step     1 | stopped by SIG{sig} after saving a checkpoint" in out
+                  and latest_of(d) == "step_000001.h5" and not error_lines(out),
+                  f"exit {rc}, latest {latest_of(d)!r}: {tail(out)}")
     # no checkpoint.dir: the signal's own status, never 3
     for phase, sig, num in (("start", "TERM", SIGTERM), ("step", "USR1", SIGUSR1)):
         cfg = make_config(f"sig_nodir_{phase}")
@@ -239,14 +240,14 @@ def signals():
         rc, out = run(["train", cfg, "--quiet", "--resume", "auto"])
         check(f"signal.{phase}_{sig}.resumes", rc == 0 and f"at step {want_step}" in out
               and latest_of(d) == "step_000004.h5", f"exit {rc}, latest {latest_of(d)!r}: {tail(out)}")
-    # while resuming: the checkpoint read stays as it was, exit 3 without a new save
+    # while resuming: one step after the checkpoint read, saved; the checkpoint read unchanged
     d = os.path.join(TMP, "ck_sig_step_TERM")  # holds step 1 and step 4 from above
+    read = os.path.join(d, "step_000004.h5")
     before = files_state(d)
     cfg = make_config("sig_resume", ckdir=d, steps=8)
     rc, out = run(["train", cfg, "--quiet", "--resume", "auto"], env={"SHARDLM_INJECT_SIGNAL": "resume:TERM"})
-    check("signal.resume_TERM.exit_3_unchanged", rc == 3 and "before the first step" in out
-          and "the checkpoint it resumed from is unchanged" in out and files_state(d) == before,
-          f"exit {rc}, changed {changed(before, files_state(d))}: {tail(out)}")
+    check("signal.resume_TERM.next_step_saved", rc == 3 and "resumed from" in out and latest_of(d) == "step_000005.h5"
+          and files_state(d).get(read) == before.get(read), f"exit {rc}, latest {latest_of(d)!r}: {tail(out)}")
     # after the last step (during the sample): the run is complete: exit 0, the sample cut short
     d = fresh_dir("sig_exit")
     cfg = make_config("sig_exit", ckdir=d, steps=2)
