@@ -655,6 +655,13 @@ extern "C" void backend_attention_backward(float *dqkv, const float *dout, const
 
 extern "C" size_t backend_attention_scratch(int T, int NH) { return BACKEND_CUDA_ATTENTION_SCRATCH(T, NH); }
 
+extern "C" size_t backend_library_workspace(void) { return BACKEND_CUDA_LIBRARY_WORKSPACE; }
+
+extern "C" void backend_set_library_workspace(void *p, size_t bytes)
+{
+    cublasCheck(cublasSetWorkspace(g_cublas, p, bytes));
+}
+
 /* ---- embedding ------------------------------------------------------------------------------- */
 
 template <typename A>

@@ -67,6 +67,7 @@ void arena_mark_live(struct mem_tracker *t, enum buf_class c, size_t bytes);
 void arena_mark_free(struct mem_tracker *t, enum buf_class c, size_t bytes);
 
 /* Rounding used for every buffer, so the plan can predict it. */
-static inline size_t arena_round(size_t bytes) { return (bytes + 63) / 64 * 64; }
+#define ARENA_ALIGN 64 /* bytes: every buffer starts on a multiple */
+static inline size_t arena_round(size_t bytes) { return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
 
 #endif

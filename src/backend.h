@@ -99,6 +99,15 @@ size_t backend_attention_scratch(int T, int NH);
 #define BACKEND_CUDA_ATTENTION_SCRATCH(T, NH)                                    \
     ((size_t)(NH) * (size_t)(T) * (size_t)(T) + ((size_t)(NH) * (size_t)(T) * (size_t)(T) + 1) / 2)
 
+/* The math libraries' workspace, in bytes, that the memory plan reserves in
+ * the workspace class and hands over with backend_set_library_workspace (the
+ * CPU backend: none). cuBLAS on Hopper: NVIDIA recommends 32 MiB
+ * (cublasSetWorkspace); with it in the arena, cuBLAS allocates nothing of its
+ * own during the run. */
+#define BACKEND_CUDA_LIBRARY_WORKSPACE ((size_t)32 << 20)
+size_t backend_library_workspace(void);
+void backend_set_library_workspace(void *p, size_t bytes);
+
 /* out (B, T, C) = wte [A] [tokens] + wpe [A] [position] */
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                int B, int T, int C);

@@ -83,6 +83,14 @@ void backend_adamw(const struct adamw_range *r, int count, const struct adamw_hp
     }
 }
 
+size_t backend_library_workspace(void) { return 0; }
+
+void backend_set_library_workspace(void *p, size_t bytes)
+{
+    (void)p;
+    (void)bytes;
+}
+
 void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n)
 {
     dtype_convert(devemu_host(dst), dst_dt, devemu_host(src), src_dt, n);

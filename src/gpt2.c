@@ -20,6 +20,15 @@ static size_t scratch_floats(const struct model *m, int T)
     return att > ln ? att : ln;
 }
 
+/* The math library's workspace (plan_library_workspace), 256-byte aligned
+ * as cuBLAS requires inside the 64-byte-aligned arena. */
+#define LIBRARY_ALIGN 256
+static size_t library_workspace_bytes(void)
+{
+    size_t lib = plan_library_workspace();
+    return lib ? arena_round(lib + LIBRARY_ALIGN - ARENA_ALIGN) : 0;
+}
+
 static int n_segments(int L, int interval) { return (L + interval - 1) / interval; }
 
 /* Bytes of one set of block activations (struct block_acts). */
@@ -44,7 +53,7 @@ void gpt2_plan(const struct model *m, int B, int T, int interval, size_t bytes[B
     bytes[BUF_LOGITS] += act(BT * C) + 2 * f32(BT) + act(BT * Vp) + f32(BT);
     bytes[BUF_WORKSPACE] += 2 * f32(BT * C) + act(BT * C) + act(BT * 3 * C) + act(BT * 4 * C) +
                             f32(scratch_floats(m, T)) + 2 * arena_round(BT * sizeof(int32_t)) +
-                            (act_is_half() ? act(BT * C) : 0);
+                            (act_is_half() ? act(BT * C) : 0) + library_workspace_bytes();
     if (plan_device())
         bytes[BUF_STAGING] += 2 * arena_round(BT * sizeof(int32_t)) + f32(BT);
 }
@@ -116,6 +125,11 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
 #undef ALLOC_ACT
     a->dev_inputs = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
     a->dev_targets = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
+    const size_t lib = plan_library_workspace();
+    if (lib) {
+        uintptr_t at = (uintptr_t)arena_alloc(dev, mem, BUF_WORKSPACE, library_workspace_bytes(), 1);
+        backend_set_library_workspace((void *)((at + LIBRARY_ALIGN - 1) / LIBRARY_ALIGN * LIBRARY_ALIGN), lib);
+    }
     if (plan_device()) {
         struct arena *pinned = &arenas[SPACE_PINNED];
         a->inputs = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(int32_t), 1);

@@ -185,6 +185,8 @@ size_t plan_attention_scratch(int T, int NH)
 
 size_t plan_layernorm_scratch(int C) { return g_as_cuda.on ? 0 : backend_layernorm_scratch(C); }
 
+size_t plan_library_workspace(void) { return g_as_cuda.on ? BACKEND_CUDA_LIBRARY_WORKSPACE : backend_library_workspace(); }
+
 void plan_compute_for(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
                       enum plan_target target)
 {

@@ -23,6 +23,7 @@
 #include <stddef.h>
 
 #include "arena.h"
+#include "backend.h"
 #include "comm.h"
 #include "config.h"
 #include "model.h"
@@ -38,9 +39,9 @@ struct mem_plan {
 
 enum plan_target { PLAN_TARGET_CPU = 0, PLAN_TARGET_GPU, PLAN_TARGET_CUDA };
 
-/* cuBLAS workspace the GPU target reserves: NVIDIA recommends 32 MiB on Hopper
- * (cuBLAS docs, cublasSetWorkspace), 4 MiB before. */
-#define PLAN_GPU_LIBRARY_WORKSPACE (32u << 20)
+/* cuBLAS workspace the GPU target reserves: what the CUDA backend reserves
+ * (backend.h). */
+#define PLAN_GPU_LIBRARY_WORKSPACE BACKEND_CUDA_LIBRARY_WORKSPACE
 
 /* PLAN_TARGET_CUDA is what bin/shardlm-cuda allocates today, computed by the
  * trainer's own plan code as if on a GPU (device placement, activations in the
@@ -52,6 +53,7 @@ int plan_device(void);
 enum dtype plan_act_dtype(void);
 size_t plan_attention_scratch(int T, int NH);
 size_t plan_layernorm_scratch(int C);
+size_t plan_library_workspace(void);
 
 /* The plan of the running trainer (the CPU target's code, on its backend). */
 void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world);

@@ -118,9 +118,17 @@ def check_options():
     rc, out, err = plan("--preset", "llama2-7b", "--target", "cuda")
     check("opt.cuda_target_gpt2_only", rc == 2 and one_error_line(err) and "--target gpu" in err,
           f"rc {rc}, stderr {err!r}")
+    # the optimizer state on the device, or in pinned host memory with offload_optimizer
     rc, j, out, err = plan_json("--preset", "gpt2-124m", "--target", "cuda", "--set", "bf16.enabled=true")
-    check("opt.cuda_target_optimizer_pinned", rc == 0 and j["memory"]["Adam m"]["space"] == "pinned host"
-          and j["memory"]["host staging"]["bytes"] > 0 and j["memory"]["fp32 compute copies"]["bytes"] == 0, err)
+    rc2, j2, out2, err2 = plan_json("--preset", "gpt2-124m", "--target", "cuda", "--set", "bf16.enabled=true",
+                                    "--set", "zero_optimization.stage=2",
+                                    "--set", "zero_optimization.offload_optimizer.device=cpu")
+    spaces = [(x["memory"]["Adam m"]["space"], x["memory"]["fp32 master weights"]["space"]) if x else None
+              for x in (j, j2)]
+    check("opt.cuda_target_optimizer_placement", rc == 0 and rc2 == 0 and spaces[0] == ("device", "device")
+          and spaces[1] == ("pinned host", "pinned host") and j["memory"]["host staging"]["bytes"] > 0
+          and j["memory"]["fp32 compute copies"]["bytes"] == 0, f"spaces {spaces}: {err} {err2}")
+
 
 
 def check_train_refuses_llama():

@@ -12,6 +12,7 @@
  * prints why. Arguments are checked at the call; the product is enqueued on
  * the handle's stream (cublasSetStream) and computed when the stream runs.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -71,7 +72,21 @@ extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
     return CUBLAS_STATUS_SUCCESS;
 }
 extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t) { return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED; }
-extern "C" cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *, size_t) { return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED; }
+static int inside(const void *p, size_t bytes);
+
+/* The workspace must be device memory, 256-byte aligned, inside one allocation
+ * (NVIDIA: cublasSetWorkspace); the emulated GEMMs do not use it. */
+extern "C" cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *w, size_t bytes)
+{
+    if (!h)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (bytes && (((uintptr_t)w & 255) != 0 || !inside(w, bytes))) {
+        fprintf(stderr, "cudaemu: cublasSetWorkspace: %zu bytes at %p: not 256-byte aligned inside one device "
+                        "allocation\n", bytes, w);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
 
 static size_t type_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 
