@@ -1,8 +1,9 @@
 /*
  * CUDA backend: backend.h on device pointers (DESIGN §9).
  *
- * Matmuls (attention's included) go through cublasGemmEx with fp32
- * accumulation, on [A] operands (backend.h: fp32, or fp16/bf16 when training
+ * Matmuls (attention's included) go through cublasGemmEx, or cublasLtMatmul
+ * where an epilogue folds in bias, GELU or the bias gradient (see "matmuls
+ * with an epilogue"), with fp32 accumulation, on [A] operands (backend.h: fp32, or fp16/bf16 when training
  * in half precision, on tensor cores); TF32 only when SHARDLM_TF32=1 and only
  * for fp32 storage. Every other kernel loads [A] elements into fp32
  * registers, computes in fp32 and rounds its [A] outputs to nearest even:
