@@ -74,7 +74,7 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
              -gencode arch=compute_90,code=compute_90
 NVCCFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter \
              -Xcompiler -iquote,src -Xcompiler -iquote,cuda -I$(NCCL_HOME)/include $(PC_CFLAGS)
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -lcublas -lcudart -lnccl -lstdc++ \
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -lcublasLt -lcublas -lcudart -lnccl -lstdc++ \
              -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64
 CUDA_SRCS := $(wildcard cuda/*.cu)
 CUDA_OBJS := $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))

@@ -1,8 +1,9 @@
 /*
  * CUDA backend: backend.h on device pointers (DESIGN §9).
  *
- * Matmuls (attention's included) go through cublasGemmEx with fp32
- * accumulation, on [A] operands (backend.h: fp32, or fp16/bf16 when training
+ * Matmuls (attention's included) go through cublasGemmEx, or cublasLtMatmul
+ * where an epilogue folds in bias, GELU or the bias gradient (see "matmuls
+ * with an epilogue"), with fp32 accumulation, on [A] operands (backend.h: fp32, or fp16/bf16 when training
  * in half precision, on tensor cores); TF32 only when SHARDLM_TF32=1 and only
  * for fp32 storage. Every other kernel loads [A] elements into fp32
  * registers, computes in fp32 and rounds its [A] outputs to nearest even:
@@ -18,6 +19,7 @@
  * functions that return a value to the host (sum of squares, finite check,
  * copies) wait for it, never forever (stream_wait).
  */
+#include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -39,6 +41,7 @@ extern "C" {
 #define BLOCK 256
 
 static cublasHandle_t g_cublas;
+static cublasLtHandle_t g_cublaslt; /* the matmuls with a fused epilogue (lt_matmul) */
 static cudaStream_t g_stream;
 static cublasComputeType_t g_compute = CUBLAS_COMPUTE_32F;
 static double *g_partials;   /* device: per-block partial sums */
@@ -178,6 +181,7 @@ extern "C" void backend_init(int threads)
     cudaCheck(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     cublasCheck(cublasCreate(&g_cublas));
     cublasCheck(cublasSetStream(g_cublas, g_stream));
+    cublasCheck(cublasLtCreate(&g_cublaslt));
     const char *tf32 = getenv("SHARDLM_TF32");
     if (tf32 && strcmp(tf32, "1") == 0)
         g_compute = CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -196,7 +200,7 @@ extern "C" void backend_init(int threads)
 
 extern "C" void backend_check_performance(void) {}
 
-extern "C" const char *backend_name(void) { return "cuda (cuBLAS + own kernels)"; }
+extern "C" const char *backend_name(void) { return "cuda (cuBLAS, cuBLASLt + own kernels)"; }
 
 extern "C" int backend_is_device(void) { return 1; }
 
@@ -310,11 +314,100 @@ __global__ static void column_sums_finish(float *dst, const float *partial, int 
     dst[c] += s;
 }
 
+/* ---- matmuls with an epilogue (cuBLASLt) ----------------------------------------------------------
+ *
+ * cuBLASLt folds into the matmul what would otherwise be a pass of its own over the output: the bias
+ * (EPILOGUE_BIAS), the MLP's bias + GELU keeping the GELU input (GELU_AUX_BIAS), GELU's derivative
+ * on the input gradient (DGELU), and the bias gradient from the weight-gradient matmul (BGRADA:
+ * row sums of A = dout over k = N). cuBLASLt's GELU is the tanh approximation GPT-2 uses (check_kernels
+ * compares it to the CPU's tanh formula within 1e-5 in fp32, which an erf GELU would miss by ~1e-4).
+ * BGRAD overwrites its vector (cublasLt.h: "Stores Bias gradient") while the backend's bias gradients
+ * accumulate, so it goes to g_colsum and one small kernel adds it. When cuBLASLt has no algorithm for
+ * a case (the heuristic answers NOT_SUPPORTED or none) or the aux leading dimension is not a multiple of
+ * LT_AUX_LD_MULTIPLE, the unfused kernels compute the same thing. No workspace: nothing outside the
+ * memory plan. */
+
+#define LT_AUX_LD_MULTIPLE 8 /* cublasLt.h: CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD "Must be divisible by 8" */
+
+/* The largest power of two up to 256 that divides p (the alignment preference cuBLASLt must assume). */
+static uint32_t alignment_of(const void *p)
+{
+    uint32_t a = 256;
+    while (a > 1 && (uintptr_t)p % a)
+        a /= 2;
+    return a;
+}
+
+struct lt_epilogue {
+    cublasLtEpilogue_t kind;
+    const void *bias; /* BIAS: [A] (m); BGRADA: fp32 (m), written */
+    const void *aux;  /* GELU_AUX: [A] output; DGELU: [A] input; (m x n, ld aux_ld) */
+    int64_t aux_ld;
+};
+
+/* D (col-major m x n, ldd) = epilogue(op(A) op(B) + beta D), as gemm() (A, B [A]; D [A] or fp32 when
+ * d_f32). Returns 0, having done nothing, when cuBLASLt offers no algorithm for it. */
+static int lt_matmul(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *A, int lda,
+                     const void *B, int ldb, float beta, void *D, int ldd, int d_f32, const struct lt_epilogue *e)
+{
+    const cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
+    const cudaDataType_t ab = act_type(), dt = d_f32 ? CUDA_R_32F : act_type();
+    const int32_t opa = ta, opb = tb;
+    const uint32_t epilogue = e->kind;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    if (e->bias)
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e->bias, sizeof e->bias));
+    if (e->aux) {
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e->aux,
+                                                   sizeof e->aux));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &e->aux_ld,
+                                                   sizeof e->aux_ld));
+    }
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, ab, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, ab, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, dt, m, n, ldd));
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t no_workspace = 0;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace,
+                                                     sizeof no_workspace));
+    const uint32_t align[4] = {alignment_of(A), alignment_of(B), alignment_of(D), alignment_of(D)};
+    for (int i = 0; i < 4; i++)
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(
+            pref, (cublasLtMatmulPreferenceAttributes_t)(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i), &align[i],
+            sizeof align[i]));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g_cublaslt, desc, la, lb, ld, ld, pref, 1, &result, &found);
+    if (s != CUBLAS_STATUS_NOT_SUPPORTED)
+        cublasCheck(s);
+    const int ok = s == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (ok) {
+        const float alpha = 1.0f;
+        cublasCheck(cublasLtMatmul(g_cublaslt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &result.algo, NULL, 0,
+                                   g_stream));
+    }
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
+    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(la));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+    return ok;
+}
+
 extern "C" void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                                        int C, int OC)
 {
     float beta = 0.0f;
     if (bias) {
+        const struct lt_epilogue e = {CUBLASLT_EPILOGUE_BIAS, bias, NULL, 0};
+        if (lt_matmul(CUBLAS_OP_N, CUBLAS_OP_N, OC, N, C, weight, OC, inp, C, 0.0f, out, OC, 0, &e))
+            return;
         WITH_ACT(fill_rows<A><<<blocks_for((size_t)N * OC, BLOCK), BLOCK, 0, g_stream>>>((A *)out, (const A *)bias,
                                                                                          N, OC));
         beta = 1.0f;
@@ -322,11 +415,32 @@ extern "C" void backend_matmul_forward(float *out, const float *inp, const float
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, OC, N, C, 1.0f, weight, OC, inp, C, beta, out, OC, 0);
 }
 
-extern "C" void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                                        const float *inp, const float *weight, int N, int C, int OC)
+extern "C" void backend_matmul_forward_gelu(float *pre, float *out, const float *inp, const float *weight,
+                                            const float *bias, int N, int C, int OC)
 {
-    if (dinp)
-        gemm(CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, 1.0f, weight, OC, dout, OC, 0.0f, dinp, C, 0);
+    if (OC % LT_AUX_LD_MULTIPLE == 0) {
+        const struct lt_epilogue e = {bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX, bias, pre,
+                                      OC};
+        if (lt_matmul(CUBLAS_OP_N, CUBLAS_OP_N, OC, N, C, weight, OC, inp, C, 0.0f, out, OC, 0, &e))
+            return;
+    }
+    backend_matmul_forward(pre, inp, weight, bias, N, C, OC);
+    backend_gelu_forward(out, pre, (size_t)N * OC);
+}
+
+/* dweight (C, OC) += inp^T @ dout; dbias (OC) += column sums of dout (skipped when NULL). */
+static void weight_and_bias_grad(float *dweight, float *dbias, const float *dout, const float *inp, int N, int C,
+                                 int OC)
+{
+    if (dbias) {
+        if ((size_t)OC > COLSUM_FLOATS)
+            fail_internal("a bias of %d elements exceeds the %zu-float column-sum buffer", OC, (size_t)COLSUM_FLOATS);
+        const struct lt_epilogue e = {CUBLASLT_EPILOGUE_BGRADA, g_colsum, NULL, 0};
+        if (lt_matmul(CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, dout, OC, inp, C, 1.0f, dweight, OC, 1, &e)) {
+            column_sums_finish<<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_colsum, OC, 1);
+            return;
+        }
+    }
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, OC, 1);
     if (dbias) {
         int chunks = colsum_chunks(N, OC, 1);
@@ -334,6 +448,27 @@ extern "C" void backend_matmul_backward(float *dinp, float *dweight, float *dbia
         WITH_ACT(column_sums_partial<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, N, OC, chunks));
         column_sums_finish<<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_colsum, OC, chunks);
     }
+}
+
+extern "C" void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                        const float *inp, const float *weight, int N, int C, int OC)
+{
+    if (dinp)
+        gemm(CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, 1.0f, weight, OC, dout, OC, 0.0f, dinp, C, 0);
+    weight_and_bias_grad(dweight, dbias, dout, inp, N, C, OC);
+}
+
+extern "C" void backend_matmul_backward_gelu(float *dpre, float *dweight, float *dbias, const float *dout,
+                                             const float *inp, const float *weight, const float *pre, int N, int C,
+                                             int OC)
+{
+    const struct lt_epilogue e = {CUBLASLT_EPILOGUE_DGELU, NULL, pre, C};
+    if (C % LT_AUX_LD_MULTIPLE != 0 ||
+        !lt_matmul(CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, weight, OC, dout, OC, 0.0f, dpre, C, 0, &e)) {
+        gemm(CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, 1.0f, weight, OC, dout, OC, 0.0f, dpre, C, 0);
+        backend_gelu_backward(dpre, pre, dpre, (size_t)N * C);
+    }
+    weight_and_bias_grad(dweight, dbias, dout, inp, N, C, OC);
 }
 
 extern "C" void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C,

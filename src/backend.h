@@ -57,6 +57,21 @@ void backend_matmul_forward(float *out, const float *inp, const float *weight, c
 void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, int N, int C, int OC);
 
+/* The MLP's first matmul and its GELU in one call: pre [A] (N, OC) = inp [A] (N, C) @ weight [A] (C, OC)
+ * + bias [A] (OC) (bias may be NULL), out [A] (N, OC) = tanh-approximated GELU(pre). pre is kept for
+ * backend_matmul_backward_gelu. Equal to backend_matmul_forward then backend_gelu_forward (the CPU
+ * backend computes exactly that; a device may fold bias and GELU into the matmul's epilogue, its
+ * GELU then reading pre before the rounding to [A]). */
+void backend_matmul_forward_gelu(float *pre, float *out, const float *inp, const float *weight, const float *bias,
+                                 int N, int C, int OC);
+/* The MLP's second matmul's backward with the GELU derivative of its input folded in:
+ * dpre [A] (N, C) = GELU'(pre [A] (N, C)) * (dout [A] (N, OC) @ weight [A]^T) (overwritten), where
+ * inp [A] (N, C) = GELU(pre) was the matmul's input; dweight (C, OC) += inp^T @ dout; dbias (OC) +=
+ * column sums of dout (skipped when NULL). Equal to backend_matmul_backward then backend_gelu_backward
+ * in place (the CPU backend's composition; a device may skip the rounding between the two). */
+void backend_matmul_backward_gelu(float *dpre, float *dweight, float *dbias, const float *dout, const float *inp,
+                                  const float *weight, const float *pre, int N, int C, int OC);
+
 /* out [A] (N, OC) = inp [A] (N, C) @ weight [A]^T, weight (OC, C): the LM head tied to wte. */
 void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC);
 /* dinp [A] (N, C) = dout [A] @ weight [A] (overwritten); dweight (OC, C) += dout^T @ inp [A]. */

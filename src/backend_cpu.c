@@ -259,6 +259,21 @@ void backend_gelu_backward(float *dinp, const float *inp, const float *dout, siz
     }
 }
 
+/* The fused MLP calls are the composition of the unfused ones (the same bits as calling them in turn). */
+void backend_matmul_forward_gelu(float *pre, float *out, const float *inp, const float *weight, const float *bias,
+                                 int N, int C, int OC)
+{
+    backend_matmul_forward(pre, inp, weight, bias, N, C, OC);
+    backend_gelu_forward(out, pre, (size_t)N * OC);
+}
+
+void backend_matmul_backward_gelu(float *dpre, float *dweight, float *dbias, const float *dout, const float *inp,
+                                  const float *weight, const float *pre, int N, int C, int OC)
+{
+    backend_matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, C, OC);
+    backend_gelu_backward(dpre, pre, dpre, (size_t)N * C);
+}
+
 void backend_add(float *out, const float *a, const float *b, size_t n)
 {
     DEVEMU_VIEW(out);

@@ -248,8 +248,7 @@ static void block_forward(const struct model *m, const struct block_params *p, s
     backend_attention_forward(ba->atty, ba->att, ba->qkv, a->scratch, B, T, C, NH);
     project_add(a, ba->res2, x, ba->atty, p->attproj_w, p->attproj_b, N, C, C);
     backend_layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->res2, p->ln2_w, p->ln2_b, N, C);
-    backend_matmul_forward(ba->fch, ba->ln2, p->fc_w, p->fc_b, N, C, 4 * C);
-    backend_gelu_forward(ba->fch_gelu, ba->fch, (size_t)N * 4 * C);
+    backend_matmul_forward_gelu(ba->fch, ba->fch_gelu, ba->ln2, p->fc_w, p->fc_b, N, C, 4 * C);
     project_add(a, y, ba->res2, ba->fch_gelu, p->fcproj_w, p->fcproj_b, N, 4 * C, C);
 }
 
@@ -261,9 +260,8 @@ static void block_backward(const struct model *m, const struct block_params *p, 
     const size_t NC = (size_t)N * C;
     float *dy = a->dresid_a, *dres2 = a->dresid_b;
     /* MLP */
-    backend_matmul_backward(a->dwork_4c, g->fcproj_w, g->fcproj_b, as_act(a, dy, NC), ba->fch_gelu, p->fcproj_w, N,
-                            4 * C, C);
-    backend_gelu_backward(a->dwork_4c, ba->fch, a->dwork_4c, (size_t)N * 4 * C);
+    backend_matmul_backward_gelu(a->dwork_4c, g->fcproj_w, g->fcproj_b, as_act(a, dy, NC), ba->fch_gelu, p->fcproj_w,
+                                 ba->fch, N, 4 * C, C);
     backend_matmul_backward(a->dwork_c, g->fc_w, g->fc_b, a->dwork_4c, ba->ln2, p->fc_w, N, C, 4 * C);
     backend_copy(dres2, dy, NC * sizeof *dres2);
     backend_layernorm_backward(dres2, g->ln2_w, g->ln2_b, a->dwork_c, ba->res2, p->ln2_w, ba->ln2_mean,

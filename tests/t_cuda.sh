@@ -30,6 +30,7 @@ else
   ok cuda.no_libcuda
 fi
 ldd bin/shardlm-cuda | grep -q 'libcublas' && ok cuda.links_cublas || fail cuda.links_cublas "no libcublas in ldd"
+ldd bin/shardlm-cuda | grep -q 'libcublasLt' && ok cuda.links_cublaslt || fail cuda.links_cublaslt "no libcublasLt in ldd"
 ldd bin/shardlm-cuda | grep -q 'libnccl' && ok cuda.links_nccl || fail cuda.links_nccl "no libnccl in ldd"
 nm -C build/cuda/comm_nccl.o | grep -q " U ncclCommInitRank" && ok cuda.nccl_bootstrap_linked || fail cuda.nccl_bootstrap_linked "comm_nccl.o does not call ncclCommInitRank"
 # the session's build stage (the probe may fail here: no GPU)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real CUDA sources (cuda/*.cu) run on the CPU under tests/cudaemu's
-# emulation of the CUDA runtime, cuBLAS and NCCL: builds them
+# emulation of the CUDA runtime, cuBLAS(Lt) and NCCL: builds them
 # (tests/cudaemu/build.sh), runs tests/gpu/check_kernels (its own ok/FAIL
 # lines: every kernel against the CPU backend in fp32, bf16 and fp16), the
 # emulation's self-checks (bad launches, divergent barriers and bad cuBLAS
@@ -32,6 +32,15 @@ if [ "$rc" -eq 0 ] && [[ "$summary" =~ ^[0-9]+\ passed,\ 0\ failed$ ]]; then
   ok cudaemu.check_kernels_completed
 else
   fail cudaemu.check_kernels_completed "exit $rc, last line '$summary', stderr: $(tail -3 "$TMP/ck.err" | tr '\n' ' ')"
+fi
+# again with cuBLASLt finding no algorithm for any epilogue: every fused matmul takes its unfused fallback
+env -u SHARDLM_TF32 CUDAEMU_LT_REFUSE=all timeout 120 build/cudaemu/check_kernels >"$TMP/ck_refuse.out" 2>&1
+rc=$?
+summary=$(tail -1 "$TMP/ck_refuse.out")
+if [ "$rc" -eq 0 ] && [[ "$summary" =~ ^[0-9]+\ passed,\ 0\ failed$ ]]; then
+  ok cudaemu.check_kernels_cublaslt_refused
+else
+  fail cudaemu.check_kernels_cublaslt_refused "exit $rc: $(grep -m3 '^FAIL' "$TMP/ck_refuse.out" | tr '\n' ' ') $summary"
 fi
 # the emulation catches what it is there to catch
 for mode in $(build/cudaemu/selftest --list); do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the CUDA sources against the CPU emulation of the CUDA runtime,
-# cuBLAS and NCCL (tests/cudaemu/README.md), into build/cudaemu/:
+# cuBLAS, cuBLASLt and NCCL (tests/cudaemu/README.md), into build/cudaemu/:
 #   check_kernels     tests/gpu/check_kernels.c + the emulated CUDA backend +
 #                     the CPU backend renamed cpu_* (linked as tests/gpu/session.sh does)
 #   time_kernels      tests/gpu/time_kernels.c + the emulated CUDA backend
@@ -25,7 +25,7 @@ pids=()
 # the emulation itself
 # (the fiber scheduler is never instrumented: ASan cannot follow its stack switches)
 g++ ${CXXFLAGS/$SAN/} -c tests/cudaemu/cudaemu.cc -o "$OUT/cudaemu.o" & pids+=($!)
-for f in cublas nccl_mpi; do
+for f in cublas cublaslt nccl_mpi; do
   g++ $CXXFLAGS -c "tests/cudaemu/$f.cc" -o "$OUT/$f.o" & pids+=($!)
 done
 # the real CUDA sources, launches rewritten
@@ -41,7 +41,7 @@ gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu 
 gcc -std=gnu11 -O2 -Wall -Wextra -Werror -iquote src $PC_CFLAGS \
   -c tests/gpu/time_kernels.c -o "$OUT/time_kernels.o" & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
-EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/nccl_mpi.o $OUT/backend_cuda.o $OUT/comm_nccl.o"
+EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/cublaslt.o $OUT/nccl_mpi.o $OUT/backend_cuda.o $OUT/comm_nccl.o"
 g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" $EMU \
   $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
 g++ $SAN -fopenmp "$OUT/time_kernels.o" $EMU \
@@ -49,5 +49,5 @@ g++ $SAN -fopenmp "$OUT/time_kernels.o" $EMU \
 g++ $SAN -fopenmp $(ls build/src/*.o | grep -v -e '/backend_cpu.o$' -e '/backend_cpu_mem.o$' -e '/backend_cpu_act.o$') \
   $EMU -o "$OUT/shardlm-cudaemu" $PC_LIBS -lm
 
-g++ $CXXFLAGS tests/cudaemu/selftest.cc "$OUT/cudaemu.o" "$OUT/cublas.o" "$OUT/nccl_mpi.o" -o "$OUT/selftest" $PC_LIBS
+g++ $CXXFLAGS tests/cudaemu/selftest.cc "$OUT/cudaemu.o" "$OUT/cublas.o" "$OUT/cublaslt.o" "$OUT/nccl_mpi.o" -o "$OUT/selftest" $PC_LIBS
 echo "built $OUT/check_kernels $OUT/time_kernels $OUT/shardlm-cudaemu $OUT/selftest"

@@ -18,6 +18,7 @@
 
 #include <vector>
 
+#include "blas_common.h"
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
 #include "cuda_bf16.h"
@@ -88,9 +89,9 @@ extern "C" cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *w, size_t b
     return CUBLAS_STATUS_SUCCESS;
 }
 
-static size_t type_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+size_t blas_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 
-static float load(const void *p, cudaDataType_t t, size_t i)
+float blas_load(const void *p, cudaDataType_t t, size_t i)
 {
     switch (t) {
     case CUDA_R_16F: return __half2float(((const __half *)p)[i]);
@@ -99,7 +100,7 @@ static float load(const void *p, cudaDataType_t t, size_t i)
     }
 }
 
-static void store(void *p, cudaDataType_t t, size_t i, float v)
+void blas_store(void *p, cudaDataType_t t, size_t i, float v)
 {
     switch (t) {
     case CUDA_R_16F: ((__half *)p)[i] = __float2half_rn(v); break;
@@ -110,7 +111,7 @@ static void store(void *p, cudaDataType_t t, size_t i, float v)
 
 /* The docs' table for CUBLAS_COMPUTE_32F: A and B 16F, 16BF or 32F alike;
  * C the same type, or 32F for half inputs. FAST_TF32: all 32F. */
-static int types_supported(cudaDataType_t a, cudaDataType_t b, cudaDataType_t c, cublasComputeType_t compute)
+int blas_types_ok(cudaDataType_t a, cudaDataType_t b, cudaDataType_t c, cublasComputeType_t compute)
 {
     if (a != b)
         return 0;
@@ -125,7 +126,7 @@ static int types_supported(cudaDataType_t a, cudaDataType_t b, cudaDataType_t c,
 
 /* Bytes from the first to one past the last element a column-major rows x cols matrix with leading dimension ld
  * touches. */
-static size_t span(long long rows, long long cols, long long ld, size_t elem)
+size_t blas_span(long long rows, long long cols, long long ld, size_t elem)
 {
     return rows && cols ? (size_t)(((cols - 1) * ld + rows) * (long long)elem) : 0;
 }
@@ -138,10 +139,32 @@ static cublasStatus_t invalid(const char *fn, const char *fmt, long long a, long
     return CUBLAS_STATUS_INVALID_VALUE;
 }
 
-static int inside(const void *p, size_t bytes)
+int blas_inside(const void *p, size_t bytes)
 {
     cudaMemoryType kind;
     return cudaemu_lookup(p, bytes, &kind);
+}
+
+void blas_product(std::vector<float> &out, std::vector<float> &opa, std::vector<float> &opb, cublasOperation_t ta,
+                  cublasOperation_t tb, int m, int n, int k, float alpha, const void *A, cudaDataType_t at,
+                  long long lda, const void *B, cudaDataType_t bt, long long ldb)
+{
+    for (int i = 0; i < m; i++)
+        for (int l = 0; l < k; l++)
+            opa[(size_t)i * k + l] = blas_load(A, at, ta == CUBLAS_OP_N ? i + (size_t)l * lda : l + (size_t)i * lda);
+    for (int j = 0; j < n; j++)
+        for (int l = 0; l < k; l++)
+            opb[(size_t)j * k + l] = blas_load(B, bt, tb == CUBLAS_OP_N ? l + (size_t)j * ldb : j + (size_t)l * ldb);
+    /* all of the product computed before any of C is written: C may not alias A or B, but if it does the result
+     * is still each element's own */
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            const float *x = &opa[(size_t)i * k], *y = &opb[(size_t)j * k];
+            double acc = 0.0;
+            for (int l = 0; l < k; l++)
+                acc += (double)x[l] * y[l];
+            out[(size_t)j * m + i] = alpha * (float)acc;
+        }
 }
 
 static cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
@@ -166,7 +189,7 @@ static cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t t
         return invalid(fn, "ldb %lld < max(1, rows of B as stored = %lld)", ldb, b_rows);
     if (ldc < (m > 1 ? m : 1))
         return invalid(fn, "ldc %lld < max(1, m = %lld)", ldc, m);
-    if (!types_supported(at, bt, ct, compute)) {
+    if (!blas_types_ok(at, bt, ct, compute)) {
         fprintf(stderr, "cudaemu: %s: types A %d B %d C %d compute %d are not a supported combination\n", fn, at, bt,
                 ct, compute);
         return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -176,18 +199,18 @@ static cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t t
     const float alpha = *(const float *)alpha_p, beta = *(const float *)beta_p;
     /* every operand of every batch inside one allocation */
     for (int b = 0; b < batch; b++) {
-        const char *pa = (const char *)A + b * sa * (long long)type_size(at);
-        const char *pb = (const char *)B + b * sb * (long long)type_size(bt);
-        char *pc = (char *)C + b * sc * (long long)type_size(ct);
-        if (k && alpha != 0.0f && !inside(pa, span(a_rows, a_cols, lda, type_size(at))))
+        const char *pa = (const char *)A + b * sa * (long long)blas_size(at);
+        const char *pb = (const char *)B + b * sb * (long long)blas_size(bt);
+        char *pc = (char *)C + b * sc * (long long)blas_size(ct);
+        if (k && alpha != 0.0f && !blas_inside(pa, blas_span(a_rows, a_cols, lda, blas_size(at))))
             return fprintf(stderr, "cudaemu: %s: batch %d: A (%lld x %lld, lda %d) at %p is not inside one device "
                                    "allocation\n", fn, b, a_rows, a_cols, lda, pa),
                    CUBLAS_STATUS_EXECUTION_FAILED;
-        if (k && alpha != 0.0f && !inside(pb, span(b_rows, b_cols, ldb, type_size(bt))))
+        if (k && alpha != 0.0f && !blas_inside(pb, blas_span(b_rows, b_cols, ldb, blas_size(bt))))
             return fprintf(stderr, "cudaemu: %s: batch %d: B (%lld x %lld, ldb %d) at %p is not inside one device "
                                    "allocation\n", fn, b, b_rows, b_cols, ldb, pb),
                    CUBLAS_STATUS_EXECUTION_FAILED;
-        if (!inside(pc, span(m, n, ldc, type_size(ct))))
+        if (!blas_inside(pc, blas_span(m, n, ldc, blas_size(ct))))
             return fprintf(stderr, "cudaemu: %s: batch %d: C (%d x %d, ldc %d) at %p is not inside one device "
                                    "allocation\n", fn, b, m, n, ldc, pc),
                    CUBLAS_STATUS_EXECUTION_FAILED;
@@ -198,32 +221,17 @@ static cublasStatus_t gemm(const char *fn, cublasHandle_t h, cublasOperation_t t
         std::vector<float> opa((size_t)m * k), opb((size_t)n * k); /* op(A) rows and op(B) columns, contiguous in k */
         std::vector<float> out((size_t)m * n);
         for (int b = 0; b < batch; b++) {
-            const void *pa = (const char *)A + b * sa * (long long)type_size(at);
-            const void *pb = (const char *)B + b * sb * (long long)type_size(bt);
-            void *pc = (char *)C + b * sc * (long long)type_size(ct);
-            for (int i = 0; i < m; i++)
-                for (int l = 0; l < k; l++)
-                    opa[(size_t)i * k + l] = load(pa, at, ta == CUBLAS_OP_N ? i + (size_t)l * lda : l + (size_t)i * lda);
-            for (int j = 0; j < n; j++)
-                for (int l = 0; l < k; l++)
-                    opb[(size_t)j * k + l] = load(pb, bt, tb == CUBLAS_OP_N ? l + (size_t)j * ldb : j + (size_t)l * ldb);
-            /* all of C computed before any of it is written: C may not alias A or B, but if it does the result is
-             * still each element's own */
-            for (int j = 0; j < n; j++)
-                for (int i = 0; i < m; i++) {
-                    const float *x = &opa[(size_t)i * k], *y = &opb[(size_t)j * k];
-                    double acc = 0.0;
-                    for (int l = 0; l < k; l++)
-                        acc += (double)x[l] * y[l];
-                    out[(size_t)j * m + i] = alpha * (float)acc;
-                }
+            const void *pa = (const char *)A + b * sa * (long long)blas_size(at);
+            const void *pb = (const char *)B + b * sb * (long long)blas_size(bt);
+            void *pc = (char *)C + b * sc * (long long)blas_size(ct);
+            blas_product(out, opa, opb, ta, tb, m, n, k, alpha, pa, at, lda, pb, bt, ldb);
             for (int j = 0; j < n; j++)
                 for (int i = 0; i < m; i++) {
                     size_t at_c = i + (size_t)j * ldc;
                     float v = out[(size_t)j * m + i];
                     if (beta != 0.0f) /* beta == 0: C is not read (NaN there must not leak) */
-                        v += beta * load(pc, ct, at_c);
-                    store(pc, ct, at_c, v);
+                        v += beta * blas_load(pc, ct, at_c);
+                    blas_store(pc, ct, at_c, v);
                 }
         }
     });

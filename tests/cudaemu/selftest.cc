@@ -10,6 +10,7 @@
 
 #include <mpi.h>
 
+#include "cublasLt.h"
 #include "cublas_v2.h"
 #include "nccl.h"
 #include "cuda_runtime.h"
@@ -159,6 +160,55 @@ static int run_gemm_out_of_bounds(void)
     cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 2, 3, &alpha, A, CUDA_R_32F, 4, B, CUDA_R_32F, 3,
                                     &beta, C, CUDA_R_32F, 4, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return s == CUBLAS_STATUS_EXECUTION_FAILED ? 1 : 0;
+}
+
+/* ---- cuBLASLt: bad epilogue arguments are refused, and say why ---- */
+
+/* D (m x 16) = A (m x 8) @ B (8 x 16), fp32, with `epilogue`, its bias and aux (aux_ld), A at a_offset floats
+ * into its allocation; the status of the heuristic, or of cublasLtMatmul after it. */
+static cublasStatus_t lt_case(int m, uint32_t epilogue, const float *bias, float *aux, int64_t aux_ld, int a_offset)
+{
+    const int n = 16, k = 8;
+    cublasLtHandle_t h;
+    cublasLtMatmulDesc_t d;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulPreference_t pref;
+    cublasLtCreate(&h);
+    cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue);
+    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+    cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, m, k, m);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, k, n, k);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m);
+    cublasLtMatmulPreferenceCreate(&pref); /* default: operands 256-byte aligned */
+    float *A = dev(m * k + a_offset) + a_offset, *B = dev(k * n), *D = dev(m * n), alpha = 1.0f, beta = 0.0f;
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, d, la, lb, ld, ld, pref, 1, &r, &found);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmul(h, d, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &r.algo, NULL, 0, 0);
+    cudaDeviceSynchronize();
+    return s;
+}
+
+static int run_lt_aux_ld(void)
+{
+    float *aux = dev(24 * 16);
+    return lt_case(20, CUBLASLT_EPILOGUE_GELU_AUX, NULL, aux, 20, 0) == CUBLAS_STATUS_INVALID_VALUE;
+}
+
+static int run_lt_bias_short(void)
+{
+    float *bias = dev(15); /* D has 16 rows */
+    return lt_case(16, CUBLASLT_EPILOGUE_BIAS, bias, NULL, 0, 0) == CUBLAS_STATUS_INVALID_VALUE;
+}
+
+static int run_lt_misaligned(void)
+{
+    float *bias = dev(16);
+    return lt_case(16, CUBLASLT_EPILOGUE_BIAS, bias, NULL, 0, 1) == CUBLAS_STATUS_INVALID_VALUE;
 }
 
 /* ---- lazy streams: an ordering bug must change the result ---- */
@@ -356,6 +406,10 @@ static const mode g_modes[] = {
     {"grid_y_65536", "grid dimensions", run_grid_y},
     {"gemm_lda_too_small", "lda 3 < max(1, rows of A as stored = 5)", run_bad_lda},
     {"gemm_operand_past_allocation", "not inside one device allocation", run_gemm_out_of_bounds},
+    {"lt_aux_ld_not_multiple_of_8", "EPILOGUE_AUX_LD 20 must be >= the rows of D (20) and divisible by 8",
+     run_lt_aux_ld},
+    {"lt_bias_past_allocation", "the bias vector is not inside one device allocation", run_lt_bias_short},
+    {"lt_operand_below_preferred_alignment", "less aligned than the 256 bytes", run_lt_misaligned},
     {"stale_mapped_host_read", "stale value observed", run_stale_mapped},
     {"stale_cross_stream_read", "stale value observed", run_stale_cross_stream},
     {"event_wait_orders_streams", "pass", run_event_orders},

@@ -110,6 +110,7 @@ static void check_value(const char *name, int ok, const char *why)
 
 static enum dtype g_act = DTYPE_F32;
 static const char *g_tag = "";
+static double g_tol = TOL;
 
 static size_t act_bytes(size_t n) { return n * (size_t)dtype_size(g_act); }
 
@@ -172,10 +173,50 @@ struct shape {
  * softmax rows, N = 150 a partial row block, V = 301 a partial vocabulary tile. */
 static const struct shape EVEN = {2, 64, 96, 4, 288, 300, 384}, ODD = {3, 50, 72, 3, 200, 301, 320};
 
+static const char *named2(const char *name, const char *variant)
+{
+    static char buf[128];
+    snprintf(buf, sizeof buf, "%s%s%s", name, variant, g_tag);
+    return buf;
+}
+
+/* backend_matmul_forward_gelu and backend_matmul_backward_gelu against the CPU backend's composition:
+ * inp (N, C), w (C, OC), bias (OC) or NULL, on both sides; outputs poisoned, gradients from random starts. */
+static void check_fused_mlp(const float *d_inp, const float *inp, const float *d_w, const float *w,
+                            const float *d_bias, const float *bias, int N, int C, int OC, const char *variant)
+{
+    const size_t NO = (size_t)N * OC, NC = (size_t)N * C;
+    float *pre = malloc(NO * 4), *out = malloc(NO * 4), *d_pre = act_poisoned(NO), *d_out = act_poisoned(NO);
+    cpu_matmul_forward_gelu(pre, out, inp, w, bias, N, C, OC);
+    backend_matmul_forward_gelu(d_pre, d_out, d_inp, d_w, d_bias, N, C, OC);
+    compare_act(named2("matmul_forward_gelu_pre", variant), pre, d_pre, NO, g_tol);
+    compare_act(named2("matmul_forward_gelu_out", variant), out, d_out, NO, g_tol);
+    /* backward of the MLP's second matmul, (N, OC) -> (N, C): its input is GELU(pre2), pre2 (N, C) */
+    float *pre2 = act_round(host_random(NC, 2), NC), *gin = malloc(NC * 4);
+    cpu_gelu_forward(gin, pre2, NC);
+    act_round(gin, NC);
+    float *d_pre2 = act_to_device(pre2, NC), *d_gin = act_to_device(gin, NC);
+    float *dout = act_round(host_random(NO, 1), NO), *d_dout = act_to_device(dout, NO);
+    float *w2 = act_round(host_random((size_t)C * OC, 0.2f), (size_t)C * OC), *d_w2 = act_to_device(w2, (size_t)C * OC);
+    float *dpre = malloc(NC * 4), *d_dpre = act_poisoned(NC);
+    float *dw = host_random((size_t)C * OC, 1), *d_dw = to_device(dw, (size_t)C * OC * 4);
+    float *db = host_random(OC, 1), *d_db = to_device(db, OC * 4);
+    cpu_matmul_backward_gelu(dpre, dw, bias ? db : NULL, dout, gin, w2, pre2, N, C, OC);
+    backend_matmul_backward_gelu(d_dpre, d_dw, bias ? d_db : NULL, d_dout, d_gin, d_w2, d_pre2, N, C, OC);
+    compare_act(named2("matmul_backward_gelu_dpre", variant), dpre, d_dpre, NC, g_tol);
+    compare(named2("matmul_backward_gelu_dweight_accumulates", variant), dw, d_dw, (size_t)C * OC, g_tol);
+    compare(named2(bias ? "matmul_backward_gelu_dbias_accumulates" : "matmul_backward_gelu_dbias_untouched", variant),
+            db, d_db, OC, g_tol);
+    cudaFree(d_pre), cudaFree(d_out), cudaFree(d_pre2), cudaFree(d_gin), cudaFree(d_dout), cudaFree(d_w2);
+    cudaFree(d_dpre), cudaFree(d_dw), cudaFree(d_db);
+    free(pre), free(out), free(pre2), free(gin), free(dout), free(w2), free(dpre), free(dw), free(db);
+}
+
 static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct shape sh)
 {
     g_act = dt;
     g_tag = tag;
+    g_tol = tol;
     backend_set_act_dtype(dt);
     const int B = sh.B, T = sh.T, C = sh.C, NH = sh.NH, OC = sh.OC, V = sh.V, Vp = sh.Vp, N = B * T;
     const size_t NC = (size_t)N * C;
@@ -207,6 +248,15 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     backend_matmul_backward_transposed(d_dinp2, d_dw, d_dout, d_inp, d_w, N, C, OC);
     compare_act(named("matmul_backward_transposed_dinp"), dinp, d_dinp2, NC, tol);
     compare(named("matmul_backward_transposed_dweight"), dw, d_dw, (size_t)C * OC, tol);
+
+    /* the fused MLP matmuls: as OC and C are, multiples of 8 (cuBLASLt's epilogues), and 4 less (the unfused
+     * fallback); with and without the bias */
+    for (int variant = 0; variant < 3; variant++) {
+        const int c = variant == 1 ? C - 4 : C, oc = variant == 1 ? OC - 4 : OC;
+        char tag[48];
+        snprintf(tag, sizeof tag, "%s%s", variant == 1 ? "_fallback" : "", variant == 2 ? "_nobias" : "");
+        check_fused_mlp(d_inp, inp, d_w, w, variant == 2 ? NULL : d_bias, variant == 2 ? NULL : bias, N, c, oc, tag);
+    }
 
     /* layernorm: input and its gradient fp32 (the residual stream), output, dout, weight, bias [A] */
     float *x = host_random(NC, 1), *d_x = to_device(x, NC * 4);

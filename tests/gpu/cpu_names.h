@@ -20,6 +20,8 @@
 #define backend_matmul_backward cpu_matmul_backward
 #define backend_matmul_backward_transposed cpu_matmul_backward_transposed
 #define backend_matmul_forward cpu_matmul_forward
+#define backend_matmul_backward_gelu cpu_matmul_backward_gelu
+#define backend_matmul_forward_gelu cpu_matmul_forward_gelu
 #define backend_matmul_forward_transposed cpu_matmul_forward_transposed
 #define backend_name cpu_name
 #define backend_scale cpu_scale

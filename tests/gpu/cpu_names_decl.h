@@ -23,6 +23,8 @@
 #undef backend_matmul_backward
 #undef backend_matmul_backward_transposed
 #undef backend_matmul_forward
+#undef backend_matmul_backward_gelu
+#undef backend_matmul_forward_gelu
 #undef backend_matmul_forward_transposed
 #undef backend_name
 #undef backend_scale

@@ -50,6 +50,8 @@
 #define backend_matmul_backward f64_matmul_backward
 #define backend_matmul_forward_transposed f64_matmul_forward_transposed
 #define backend_matmul_backward_transposed f64_matmul_backward_transposed
+#define backend_matmul_forward_gelu f64_matmul_forward_gelu
+#define backend_matmul_backward_gelu f64_matmul_backward_gelu
 #define backend_layernorm_forward f64_layernorm_forward
 #define backend_layernorm_backward f64_layernorm_backward
 #define backend_layernorm_scratch f64_layernorm_scratch
@@ -83,6 +85,8 @@
 #undef backend_matmul_backward
 #undef backend_matmul_forward_transposed
 #undef backend_matmul_backward_transposed
+#undef backend_matmul_forward_gelu
+#undef backend_matmul_backward_gelu
 #undef backend_layernorm_forward
 #undef backend_layernorm_backward
 #undef backend_layernorm_scratch
