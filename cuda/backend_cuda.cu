@@ -42,6 +42,8 @@ extern "C" {
 
 static cublasHandle_t g_cublas;
 static cublasLtHandle_t g_cublaslt; /* the matmuls with a fused epilogue (lt_matmul) */
+static void *g_workspace;            /* the plan's library workspace (backend_set_library_workspace) */
+static size_t g_workspace_bytes;
 static cudaStream_t g_stream;
 static cublasComputeType_t g_compute = CUBLAS_COMPUTE_32F;
 static double *g_partials;   /* device: per-block partial sums */
@@ -324,8 +326,9 @@ __global__ static void column_sums_finish(float *dst, const float *partial, int 
  * BGRAD overwrites its vector (cublasLt.h: "Stores Bias gradient") while the backend's bias gradients
  * accumulate, so it goes to g_colsum and one small kernel adds it. When cuBLASLt has no algorithm for
  * a case (the heuristic answers NOT_SUPPORTED or none) or the aux leading dimension is not a multiple of
- * LT_AUX_LD_MULTIPLE, the unfused kernels compute the same thing. No workspace: nothing outside the
- * memory plan. */
+ * LT_AUX_LD_MULTIPLE, the unfused kernels compute the same thing. Workspace: the plan's library
+ * workspace (backend_set_library_workspace), shared with cuBLAS: both run on g_stream, one after the
+ * other. */
 
 #define LT_AUX_LD_MULTIPLE 8 /* cublasLt.h: CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD "Must be divisible by 8" */
 
@@ -373,9 +376,9 @@ static int lt_matmul(cublasOperation_t ta, cublasOperation_t tb, int m, int n, i
     cublasCheck(cublasLtMatrixLayoutCreate(&lb, ab, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb));
     cublasCheck(cublasLtMatrixLayoutCreate(&ld, dt, m, n, ldd));
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t no_workspace = 0;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace,
-                                                     sizeof no_workspace));
+    const uint64_t workspace = g_workspace_bytes;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                     sizeof workspace));
     const uint32_t align[4] = {alignment_of(A), alignment_of(B), alignment_of(D), alignment_of(D)};
     for (int i = 0; i < 4; i++)
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(
@@ -389,8 +392,8 @@ static int lt_matmul(cublasOperation_t ta, cublasOperation_t tb, int m, int n, i
     const int ok = s == CUBLAS_STATUS_SUCCESS && found > 0;
     if (ok) {
         const float alpha = 1.0f;
-        cublasCheck(cublasLtMatmul(g_cublaslt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &result.algo, NULL, 0,
-                                   g_stream));
+        cublasCheck(cublasLtMatmul(g_cublaslt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &result.algo, g_workspace,
+                                   g_workspace_bytes, g_stream));
     }
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     cublasCheck(cublasLtMatrixLayoutDestroy(ld));
@@ -795,6 +798,8 @@ extern "C" size_t backend_library_workspace(void) { return BACKEND_CUDA_LIBRARY_
 extern "C" void backend_set_library_workspace(void *p, size_t bytes)
 {
     cublasCheck(cublasSetWorkspace(g_cublas, p, bytes));
+    g_workspace = p;
+    g_workspace_bytes = bytes;
 }
 
 /* ---- embedding ------------------------------------------------------------------------------- */

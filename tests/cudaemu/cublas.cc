@@ -73,15 +73,13 @@ extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
     return CUBLAS_STATUS_SUCCESS;
 }
 extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t) { return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED; }
-static int inside(const void *p, size_t bytes);
-
 /* The workspace must be device memory, 256-byte aligned, inside one allocation
  * (NVIDIA: cublasSetWorkspace); the emulated GEMMs do not use it. */
 extern "C" cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *w, size_t bytes)
 {
     if (!h)
         return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (bytes && (((uintptr_t)w & 255) != 0 || !inside(w, bytes))) {
+    if (bytes && (((uintptr_t)w & 255) != 0 || !blas_inside(w, bytes))) {
         fprintf(stderr, "cudaemu: cublasSetWorkspace: %zu bytes at %p: not 256-byte aligned inside one device "
                         "allocation\n", bytes, w);
         return CUBLAS_STATUS_INVALID_VALUE;

@@ -296,7 +296,9 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_
         return s;
     if (algo && algo->data[0] != LT_ALGO_MAGIC)
         return lt_fail(CUBLAS_STATUS_INVALID_VALUE, fn, "algo does not come from cublasLtMatmulAlgoGetHeuristic");
-    (void)workspace, (void)workspace_bytes; /* the emulated algorithms need none */
+    /* the emulated algorithms need no workspace, but a given one must be device memory */
+    if (workspace_bytes && !blas_inside(workspace, workspace_bytes))
+        return lt_fail(CUBLAS_STATUS_INVALID_VALUE, fn, "the workspace is not inside one device allocation");
     const void *ptrs[4] = {A, B, C, D};
     for (int i = 0; algo && i < 4; i++)
         if ((uintptr_t)ptrs[i] % algo->data[1 + i]) {
