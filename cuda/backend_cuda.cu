@@ -213,6 +213,17 @@ static enum dtype g_act = DTYPE_F32;
 extern "C" void backend_set_act_dtype(enum dtype dt) { g_act = dt; }
 extern "C" enum dtype backend_act_dtype(void) { return g_act; }
 
+/* Weight-gradient dtype ([G] in backend.h). */
+static enum dtype g_grad = DTYPE_F32;
+
+extern "C" void backend_set_grad_dtype(enum dtype dt) { g_grad = dt; }
+extern "C" enum dtype backend_grad_dtype(void) { return g_grad; }
+
+static cudaDataType_t grad_type(void)
+{
+    return g_grad == DTYPE_BF16 ? CUDA_R_16BF : g_grad == DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
 /* Loads and stores of [A] elements, in fp32 registers; stores round to nearest even. */
 __device__ __forceinline__ float ld(const float *p, size_t i) { return p[i]; }
 __device__ __forceinline__ float ld(const __half *p, size_t i) { return __half2float(p[i]); }
@@ -244,14 +255,14 @@ static cudaDataType_t act_type(void)
 static size_t act_size(void) { return g_act == DTYPE_F32 ? 4 : 2; }
 
 /* C (col-major m x n, ldc) = alpha op(A) op(B) + beta C. A and B are [A]; C
- * is [A] (c_f32 0) or fp32 (1: weight gradients). fp32 accumulation always;
+ * is [A] (c_grad 0) or [G] (1: weight gradients). fp32 accumulation always;
  * TF32 only when configured and only for fp32 storage. */
 static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha, const void *A,
-                 int lda, const void *B, int ldb, float beta, void *C, int ldc, int c_f32)
+                 int lda, const void *B, int ldb, float beta, void *C, int ldc, int c_grad)
 {
     cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
     cublasCheck(cublasGemmEx(g_cublas, ta, tb, m, n, k, &alpha, A, act_type(), lda, B, act_type(), ldb, &beta, C,
-                             c_f32 ? CUDA_R_32F : act_type(), ldc, compute, CUBLAS_GEMM_DEFAULT));
+                             c_grad ? grad_type() : act_type(), ldc, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 static void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
@@ -305,7 +316,11 @@ __global__ static void column_sums_partial(float *partial, const A *dout, int N,
 }
 
 /* Stage 2: dst[c] += the chunks' partials in chunk order. */
-__global__ static void column_sums_finish(float *dst, const float *partial, int OC, int chunks)
+__device__ static float load_as_f32(const void *src, enum dtype dt, size_t i);
+__device__ static void store_from_f32(void *dst, enum dtype dt, size_t i, float v);
+
+/* dst [G] (dtype dt): one rounding per element. */
+__global__ static void column_sums_finish(void *dst, enum dtype dt, const float *partial, int OC, int chunks)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= OC)
@@ -313,7 +328,7 @@ __global__ static void column_sums_finish(float *dst, const float *partial, int 
     float s = 0.0f;
     for (int k = 0; k < chunks; k++)
         s += partial[(size_t)k * OC + c];
-    dst[c] += s;
+    store_from_f32(dst, dt, c, load_as_f32(dst, dt, c) + s);
 }
 
 /* ---- matmuls with an epilogue (cuBLASLt) ----------------------------------------------------------
@@ -349,12 +364,12 @@ struct lt_epilogue {
 };
 
 /* D (col-major m x n, ldd) = epilogue(op(A) op(B) + beta D), as gemm() (A, B [A]; D [A] or fp32 when
- * d_f32). Returns 0, having done nothing, when cuBLASLt offers no algorithm for it. */
+ * d_grad: [G]). Returns 0, having done nothing, when cuBLASLt offers no algorithm for it. */
 static int lt_matmul(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *A, int lda,
-                     const void *B, int ldb, float beta, void *D, int ldd, int d_f32, const struct lt_epilogue *e)
+                     const void *B, int ldb, float beta, void *D, int ldd, int d_grad, const struct lt_epilogue *e)
 {
     const cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
-    const cudaDataType_t ab = act_type(), dt = d_f32 ? CUDA_R_32F : act_type();
+    const cudaDataType_t ab = act_type(), dt = d_grad ? grad_type() : act_type();
     const int32_t opa = ta, opb = tb;
     const uint32_t epilogue = e->kind;
     cublasLtMatmulDesc_t desc;
@@ -366,6 +381,12 @@ static int lt_matmul(cublasOperation_t ta, cublasOperation_t tb, int m, int n, i
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
     if (e->bias)
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e->bias, sizeof e->bias));
+    if (e->kind == CUBLASLT_EPILOGUE_BGRADA || e->kind == CUBLASLT_EPILOGUE_BGRADB) {
+        /* the bias gradient goes to the fp32 g_colsum whatever D's type ([G] may be half precision);
+         * the default would be D's type */
+        const int32_t f32 = CUDA_R_32F;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32, sizeof f32));
+    }
     if (e->aux) {
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e->aux,
                                                    sizeof e->aux));
@@ -440,7 +461,7 @@ static void weight_and_bias_grad(float *dweight, float *dbias, const float *dout
             fail_internal("a bias of %d elements exceeds the %zu-float column-sum buffer", OC, (size_t)COLSUM_FLOATS);
         const struct lt_epilogue e = {CUBLASLT_EPILOGUE_BGRADA, g_colsum, NULL, 0};
         if (lt_matmul(CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, dout, OC, inp, C, 1.0f, dweight, OC, 1, &e)) {
-            column_sums_finish<<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_colsum, OC, 1);
+            column_sums_finish<<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_grad, g_colsum, OC, 1);
             return;
         }
     }
@@ -449,7 +470,7 @@ static void weight_and_bias_grad(float *dweight, float *dbias, const float *dout
         int chunks = colsum_chunks(N, OC, 1);
         dim3 grid((OC + BLOCK - 1) / BLOCK, chunks);
         WITH_ACT(column_sums_partial<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, N, OC, chunks));
-        column_sums_finish<<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_colsum, OC, chunks);
+        column_sums_finish<<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_grad, g_colsum, OC, chunks);
     }
 }
 
@@ -588,8 +609,8 @@ extern "C" void backend_layernorm_backward(float *dinp, float *dweight, float *d
     dim3 grid((C + BLOCK - 1) / BLOCK, chunks);
     WITH_ACT(layernorm_backward_params<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, inp, mean, rstd, N,
                                                                          C, chunks));
-    column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dweight, g_colsum, C, chunks);
-    column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_colsum + (size_t)chunks * C, C,
+    column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dweight, g_grad, g_colsum, C, chunks);
+    column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_grad, g_colsum + (size_t)chunks * C, C,
                                                                          chunks);
 }
 
@@ -817,14 +838,14 @@ __global__ static void embedding_forward_kernel(float *out, const int32_t *token
 }
 
 /* dwpe[t][c] += sum over b of dout[b][t][c], b in order; one thread per (t, c). */
-__global__ static void embedding_backward_wpe(float *dwpe, const float *dout, int B, int T, int C)
+__global__ static void embedding_backward_wpe(void *dwpe, enum dtype dt, const float *dout, int B, int T, int C)
 {
     size_t n = (size_t)T * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float s = 0.0f;
         for (int b = 0; b < B; b++)
             s += dout[(size_t)b * n + i];
-        dwpe[i] += s;
+        store_from_f32(dwpe, dt, i, load_as_f32(dwpe, dt, i) + s);
     }
 }
 
@@ -832,15 +853,18 @@ __global__ static void embedding_backward_wpe(float *dwpe, const float *dout, in
  * tokens with token % parts == part, so every row is added to by one thread,
  * in token order: a fixed order, no atomics, parts x C threads at work. */
 #define WTE_PARTS 64
-__global__ static void embedding_backward_wte(float *dwte, const float *dout, const int32_t *tokens, int BT, int C)
+__global__ static void embedding_backward_wte(void *dwte, enum dtype dt, const float *dout, const int32_t *tokens,
+                                              int BT, int C)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, part = blockIdx.y;
     if (c >= C)
         return;
     for (int bt = 0; bt < BT; bt++) {
         int tok = tokens[bt];
-        if (tok % WTE_PARTS == part)
-            dwte[(size_t)tok * C + c] += dout[(size_t)bt * C + c];
+        if (tok % WTE_PARTS == part) {
+            size_t i = (size_t)tok * C + c;
+            store_from_f32(dwte, dt, i, load_as_f32(dwte, dt, i) + dout[(size_t)bt * C + c]);
+        }
     }
 }
 
@@ -854,9 +878,9 @@ extern "C" void backend_embedding_forward(float *out, const int32_t *tokens, con
 extern "C" void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
                                            int T, int C)
 {
-    embedding_backward_wpe<<<blocks_for((size_t)T * C, BLOCK), BLOCK, 0, g_stream>>>(dwpe, dout, B, T, C);
+    embedding_backward_wpe<<<blocks_for((size_t)T * C, BLOCK), BLOCK, 0, g_stream>>>(dwpe, g_grad, dout, B, T, C);
     dim3 grid((C + BLOCK - 1) / BLOCK, WTE_PARTS);
-    embedding_backward_wte<<<grid, BLOCK, 0, g_stream>>>(dwte, dout, tokens, B * T, C);
+    embedding_backward_wte<<<grid, BLOCK, 0, g_stream>>>(dwte, g_grad, dout, tokens, B * T, C);
 }
 
 /* ---- cross-entropy --------------------------------------------------------------------------- */

@@ -35,6 +35,17 @@
 #include "arena.h"
 #include "dtype.h"
 
+/* Weight-gradient dtype: the tensors marked [G] (weight and bias gradients)
+ * hold elements of it. fp32 by default; the parameter dtype when a device
+ * backend keeps its unit gradient buffers in it (ZeRO stages 2-3 with
+ * half-precision activations: DESIGN §5), so that a unit's gradient goes to
+ * its reduce-scatter as the kernels wrote it. Accumulation (+=) then reads
+ * the half-precision value, adds in fp32 and rounds once per call, as a GEMM
+ * with beta 1 does. The CPU backend accepts half precision only under
+ * SHARDLM_EMULATE_DEVICE, like backend_set_act_dtype. */
+void backend_set_grad_dtype(enum dtype dt);
+enum dtype backend_grad_dtype(void);
+
 /* Sets thread counts (0: leave the defaults); call before sizing any scratch buffer. */
 void backend_init(int threads);
 /* The storage dtype of the [A] tensors (default fp32). The CPU backend
@@ -53,7 +64,7 @@ int backend_is_device(void);
 void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                             int N, int C, int OC);
 /* dinp [A] (N, C) = dout [A] @ weight [A]^T (overwritten; skipped when dinp is NULL); inp [A];
- * dweight (C, OC) += inp^T @ dout; dbias (OC) += column sums of dout (skipped when NULL). */
+ * dweight [G] (C, OC) += inp^T @ dout; dbias [G] (OC) += column sums of dout (skipped when NULL). */
 void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, int N, int C, int OC);
 
@@ -66,7 +77,7 @@ void backend_matmul_forward_gelu(float *pre, float *out, const float *inp, const
                                  int N, int C, int OC);
 /* The MLP's second matmul's backward with the GELU derivative of its input folded in:
  * dpre [A] (N, C) = GELU'(pre [A] (N, C)) * (dout [A] (N, OC) @ weight [A]^T) (overwritten), where
- * inp [A] (N, C) = GELU(pre) was the matmul's input; dweight (C, OC) += inp^T @ dout; dbias (OC) +=
+ * inp [A] (N, C) = GELU(pre) was the matmul's input; dweight [G] (C, OC) += inp^T @ dout; dbias [G] (OC) +=
  * column sums of dout (skipped when NULL). Equal to backend_matmul_backward then backend_gelu_backward
  * in place (the CPU backend's composition; a device may skip the rounding between the two). */
 void backend_matmul_backward_gelu(float *dpre, float *dweight, float *dbias, const float *dout, const float *inp,
@@ -74,14 +85,14 @@ void backend_matmul_backward_gelu(float *dpre, float *dweight, float *dbias, con
 
 /* out [A] (N, OC) = inp [A] (N, C) @ weight [A]^T, weight (OC, C): the LM head tied to wte. */
 void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC);
-/* dinp [A] (N, C) = dout [A] @ weight [A] (overwritten); dweight (OC, C) += dout^T @ inp [A]. */
+/* dinp [A] (N, C) = dout [A] @ weight [A] (overwritten); dweight [G] (OC, C) += dout^T @ inp [A]. */
 void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
                                         const float *weight, int N, int C, int OC);
 
 /* out [A], mean, rstd = layernorm(inp (N, C)) * weight [A] + bias [A], eps 1e-5 as GPT-2. */
 void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *weight, const float *bias, int N, int C);
-/* dinp += ..., dweight += ..., dbias += ...; dout [A], weight [A];
+/* dinp += ..., dweight [G] += ..., dbias [G] += ...; dout [A], weight [A];
  * scratch: backend_layernorm_scratch(C) floats. */
 void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, const float *mean,
@@ -126,7 +137,7 @@ void backend_set_library_workspace(void *p, size_t bytes);
 /* out (B, T, C) = wte [A] [tokens] + wpe [A] [position] */
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                int B, int T, int C);
-/* dwte[tokens] += dout; dwpe[position] += dout */
+/* dwte [G] [tokens] += dout; dwpe [G] [position] += dout */
 void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                                 int B, int T, int C);
 

@@ -15,8 +15,39 @@
 #include "dtype.h"
 #include "util.h"
 
-static enum dtype g_act = DTYPE_F32;
+static enum dtype g_act = DTYPE_F32, g_grad = DTYPE_F32;
 static int g_inside; /* in a wrapper: the nested call is the fp32 kernel */
+
+void backend_set_grad_dtype(enum dtype dt)
+{
+    if (dt != DTYPE_F32 && !devemu_enabled())
+        fail_internal("the CPU backend's weight gradients are fp32; half precision needs SHARDLM_EMULATE_DEVICE=1");
+    g_grad = dt;
+}
+
+enum dtype backend_grad_dtype(void) { return g_grad; }
+
+int grad_half(void) { return g_grad != DTYPE_F32 && !g_inside; }
+
+/* A [G] tensor of n elements as an fp32 buffer for an accumulating kernel:
+ * the tensor itself when gradients are fp32, else a widened copy that
+ * grad_done rounds back (once, after the kernel's +=) and frees. */
+static float *grad_begin(float *p, size_t n)
+{
+    if (!p || g_grad == DTYPE_F32)
+        return p;
+    float *w = xcalloc(n ? n : 1, sizeof *w);
+    dtype_convert(w, DTYPE_F32, devemu_host(p), g_grad, n);
+    return w;
+}
+
+static void grad_done(float *p, float *w, size_t n)
+{
+    if (!p || w == p)
+        return;
+    dtype_convert(devemu_host(p), g_grad, w, DTYPE_F32, n);
+    free(w);
+}
 
 void backend_set_act_dtype(enum dtype dt)
 {
@@ -68,7 +99,10 @@ void act_matmul_backward(float *dinp, float *dweight, float *dbias, const float 
 {
     float *d = widen(dout, (size_t)N * OC), *i = widen(inp, (size_t)N * C), *w = widen(weight, (size_t)C * OC);
     float *di = dinp ? xcalloc((size_t)N * C, sizeof *di) : NULL;
-    FP32(backend_matmul_backward(di, dweight, dbias, d, i, w, N, C, OC));
+    float *dw = grad_begin(dweight, (size_t)C * OC), *db = grad_begin(dbias, (size_t)OC);
+    FP32(backend_matmul_backward(di, dw, db, d, i, w, N, C, OC));
+    grad_done(dweight, dw, (size_t)C * OC);
+    grad_done(dbias, db, (size_t)OC);
     if (dinp)
         narrow(dinp, di, (size_t)N * C);
     free(d), free(i), free(w);
@@ -87,8 +121,9 @@ void act_matmul_backward_transposed(float *dinp, float *dweight, const float *do
                                     const float *weight, int N, int C, int OC)
 {
     float *d = widen(dout, (size_t)N * OC), *i = widen(inp, (size_t)N * C), *w = widen(weight, (size_t)OC * C);
-    float *di = xcalloc((size_t)N * C, sizeof *di);
-    FP32(backend_matmul_backward_transposed(di, dweight, d, i, w, N, C, OC));
+    float *di = xcalloc((size_t)N * C, sizeof *di), *dw = grad_begin(dweight, (size_t)OC * C);
+    FP32(backend_matmul_backward_transposed(di, dw, d, i, w, N, C, OC));
+    grad_done(dweight, dw, (size_t)OC * C);
     narrow(dinp, di, (size_t)N * C);
     free(d), free(i), free(w);
 }
@@ -106,7 +141,10 @@ void act_layernorm_backward(float *dinp, float *dweight, float *dbias, const flo
                             const float *weight, const float *mean, const float *rstd, float *scratch, int N, int C)
 {
     float *d = widen(dout, (size_t)N * C), *w = widen(weight, (size_t)C);
-    FP32(backend_layernorm_backward(dinp, dweight, dbias, d, inp, w, mean, rstd, scratch, N, C));
+    float *dw = grad_begin(dweight, (size_t)C), *db = grad_begin(dbias, (size_t)C);
+    FP32(backend_layernorm_backward(dinp, dw, db, d, inp, w, mean, rstd, scratch, N, C));
+    grad_done(dweight, dw, (size_t)C);
+    grad_done(dbias, db, (size_t)C);
     free(d), free(w);
 }
 
@@ -164,6 +202,21 @@ void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, 
                 y[c] = row[c] + row[C + c];
         }
     free(row);
+}
+
+/* Half-precision embedding gradients: dout is fp32 (the residual stream's);
+ * the rows of dwte up to the largest token are widened (rounding an
+ * untouched row back leaves it as it was). */
+void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T, int C)
+{
+    const int32_t *tok = devemu_host(tokens);
+    size_t V = 0;
+    for (size_t i = 0; i < (size_t)B * T; i++)
+        V = (size_t)tok[i] + 1 > V ? (size_t)tok[i] + 1 : V;
+    float *dw = grad_begin(dwte, V * C), *dp = grad_begin(dwpe, (size_t)T * C);
+    FP32(backend_embedding_backward(dw, dp, dout, tokens, B, T, C));
+    grad_done(dwte, dw, V * C);
+    grad_done(dwpe, dp, (size_t)T * C);
 }
 
 void act_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)

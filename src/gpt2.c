@@ -148,6 +148,10 @@ static const float *elem_at(const float *p, size_t i, size_t es) { return (const
 
 static const float *act_at(const float *p, size_t i) { return elem_at(p, i, (size_t)dtype_size(backend_act_dtype())); }
 
+/* Element i of a unit gradient buffer ([G] in backend.h: fp32, or the
+ * parameter dtype in a device's half_grad_buffers). */
+static float *grad_at(float *g, size_t i) { return (float *)((char *)g + i * (size_t)dtype_size(backend_grad_dtype())); }
+
 /* Copies n [A] elements from the device into fp32 host memory. */
 static void read_act(float *out, const float *p, size_t n)
 {
@@ -416,7 +420,7 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
 
     backend_crossentropy_backward(a->logits, a->dev_targets, dloss_scale, N, V, Vp);
     float *emb_grad = zero_grad_open(z, 0);
-    backend_matmul_backward_transposed(a->dwork_c, emb_grad + eu->tensors[ET_WTE].offset, a->logits, a->lnf,
+    backend_matmul_backward_transposed(a->dwork_c, grad_at(emb_grad, eu->tensors[ET_WTE].offset), a->logits, a->lnf,
                                        a->head_wte, N, C, Vp);
     a->head_wte = NULL;
     zero_release(z, 0);
@@ -424,7 +428,7 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
     const float *hp = zero_acquire(z, head);
     float *hg = zero_grad_open(z, head);
     backend_zero(a->dresid_a, (size_t)N * C);
-    backend_layernorm_backward(a->dresid_a, hg + hu->tensors[HT_LNF_W].offset, hg + hu->tensors[HT_LNF_B].offset,
+    backend_layernorm_backward(a->dresid_a, grad_at(hg, hu->tensors[HT_LNF_W].offset), grad_at(hg, hu->tensors[HT_LNF_B].offset),
                                a->dwork_c, a->final, elem_at(hp, hu->tensors[HT_LNF_W].offset, pe),
                                a->lnf_mean, a->lnf_rstd, a->scratch, N, C);
     zero_grad_done(z, head);
@@ -452,14 +456,14 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
             struct block_grads g;
             float *gbase = zero_grad_open(z, u);
             BLOCK_VIEW(p, a->seg_params[l - l0], &m->units[u], pe);
-            BLOCK_VIEW(g, gbase, &m->units[u], sizeof(float));
+            BLOCK_VIEW(g, gbase, &m->units[u], (size_t)dtype_size(backend_grad_dtype()));
             block_backward(m, &p, &g, block_set(a, l), block_in(a, l), a, B, T);
             zero_grad_done(z, u);
             zero_release(z, u);
         }
     }
 
-    backend_embedding_backward(emb_grad + eu->tensors[ET_WTE].offset, emb_grad + eu->tensors[ET_WPE].offset,
+    backend_embedding_backward(grad_at(emb_grad, eu->tensors[ET_WTE].offset), grad_at(emb_grad, eu->tensors[ET_WPE].offset),
                                a->dresid_a, a->dev_inputs, B, T, C);
     zero_grad_done(z, 0);
 }

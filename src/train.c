@@ -631,6 +631,8 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     backend_set_act_dtype(backend_is_device() && !(f32_acts && strcmp(f32_acts, "1") == 0) ? cfg->dtype
                                                                                           : DTYPE_F32);
     trainer_setup_agreed(&tr);
+    /* a device's unit gradient buffers in the parameter dtype (zero.h half_grad_buffers) */
+    backend_set_grad_dtype(tr.zero.half_grad_buffers ? cfg->dtype : DTYPE_F32);
     train_fault_point("setup");
     backend_check_performance();
 

@@ -41,7 +41,7 @@ static void layout_units(struct zero *z, const struct config *cfg)
     for (int k = 0; k < ZERO_POOLS; k++) {
         z->pools[POOL_GATHER][k].elem_size = z->esize;
         z->pools[POOL_COMPUTE][k].elem_size = sizeof(float);
-        z->pools[POOL_GRAD][k].elem_size = sizeof(float);
+        z->pools[POOL_GRAD][k].elem_size = z->half_grad_buffers ? z->esize : sizeof(float);
         z->pools[POOL_SEND][k].elem_size = z->esize;
     }
     for (int u = 0; u < m->n_units; u++) {
@@ -64,7 +64,7 @@ static void layout_units(struct zero *z, const struct config *cfg)
             [POOL_GATHER] = zu->sharded,
             [POOL_COMPUTE] = z->compute_copies,
             [POOL_GRAD] = z->stage >= 2,
-            [POOL_SEND] = z->stage >= 2 && z->master_copy,
+            [POOL_SEND] = z->stage >= 2 && z->master_copy && !z->half_grad_buffers,
         };
         for (int set = 0; set < POOL_SETS; set++) {
             struct zero_pool *p = pool(z, set, u);
@@ -177,6 +177,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     z->esize = (size_t)dtype_size(cfg->dtype);
     z->half = cfg->dtype != DTYPE_F32;
     z->compute_copies = z->half && plan_act_dtype() == DTYPE_F32;
+    z->half_grad_buffers = z->half && plan_device() && plan_act_dtype() != DTYPE_F32 && cfg->zero.stage >= 2;
     z->device = plan_device();
     z->params_offloaded = plan_space(cfg, BUF_PARAMS) != SPACE_DEVICE;
     z->optimizer_on_host = z->device && plan_space(cfg, BUF_MASTER) != SPACE_DEVICE;
@@ -355,7 +356,7 @@ static void finish_reduce_scatter(struct zero *z)
             backend_convert(zu->grad_shard, DTYPE_F32, zu->grad_recv, DTYPE_F32, zu->shard);
     }
     zu->rs_pending = false;
-    if (z->master_copy)
+    if (z->master_copy && !z->half_grad_buffers)
         pool_give(z, POOL_SEND, u, &zu->send_slot);
     else
         pool_give(z, POOL_GRAD, u, &zu->grad_slot);
@@ -428,7 +429,8 @@ float *zero_grad_open(struct zero *z, int u)
     if (z->dry)
         return NULL;
     float *buf = slot_ptr(pool(z, POOL_GRAD, u), zu->grad_slot);
-    backend_zero(buf, zu->padded);
+    /* padded is a multiple of MODEL_TENSOR_ALIGN: whole floats in any dtype */
+    backend_zero(buf, zu->padded * pool(z, POOL_GRAD, u)->elem_size / sizeof(float));
     return buf;
 }
 
@@ -443,6 +445,14 @@ void zero_grad_done(struct zero *z, int u)
     count_traffic(z, COMM_REDUCE_SCATTER, zu->shard, z->esize);
     z->rs_unit = u;
     zu->rs_pending = true;
+    if (z->half_grad_buffers) {
+        /* the kernels wrote the parameter dtype: the buffer goes to the wire as it is, and
+         * stays taken until its reduce-scatter is done (finish_reduce_scatter) */
+        if (!z->dry)
+            comm_reduce_scatter(z->comm, slot_ptr(pool(z, POOL_GRAD, u), zu->grad_slot), zu->grad_recv, zu->shard,
+                                z->comm_dtype, &zu->rs_req);
+        return;
+    }
     if (z->master_copy) {
         /* Cast to the parameter dtype for the wire; the fp32 buffer is free at once. */
         zu->send_slot = pool_take(z, POOL_SEND, u);

@@ -75,8 +75,9 @@ struct zero_pass {
 enum zero_pool_set {
     POOL_GATHER = 0, /* gathered units, parameter dtype (stage 3 sharded units) */
     POOL_COMPUTE,    /* fp32 copies of acquired units (half precision on the CPU backend) */
-    POOL_GRAD,       /* fp32 full-unit gradient buffers (stages 2-3) */
-    POOL_SEND,       /* gradients cast to the parameter dtype for the reduce-scatter (half precision) */
+    POOL_GRAD,       /* full-unit gradient buffers (stages 2-3): fp32, or the parameter dtype on a
+                      * device with half-precision activations (half_grad_buffers) */
+    POOL_SEND,       /* fp32 gradients cast to the parameter dtype for the reduce-scatter */
     POOL_SETS
 };
 
@@ -136,6 +137,9 @@ struct zero {
                                    * memory (the optimizer state is on the device too, unless offloaded) */
     bool optimizer_on_host;       /* a device with offload_optimizer: the fp32 master, Adam state and an
                                    * fp32 gradient range in pinned host memory, AdamW on the host */
+    bool half_grad_buffers;       /* a device with half-precision activations at stages 2-3: the unit
+                                   * gradient buffers hold the parameter dtype (backend.h [G]) and go
+                                   * to the reduce-scatter as they are (no send buffers) */
     bool params_offloaded;        /* offload_param: the parameter shards live in host memory */
     bool master_copy;             /* half precision or optimizer offload: a separate fp32 master and
                                    * fp32 gradient shard, where the optimizer state lives */

@@ -426,9 +426,87 @@ static void check_optimizer(void)
     free(p0), free(m0), free(v0), free(g);
 }
 
+/* ---- [G]: weight gradients in the parameter dtype (backend_set_grad_dtype) ------------------------ */
+
+/* Every kernel that accumulates a weight or bias gradient, with the gradient
+ * in half precision (as a device's unit gradient buffers hold it at ZeRO
+ * stages 2-3): the CPU backend accumulates the same half-rounded start in
+ * fp32; the device result, widened, must be within the dtype's tolerance. */
+static void check_half_grads(enum dtype dt, double tol, const char *tag, struct shape sh)
+{
+    g_act = dt;
+    g_tag = tag;
+    g_tol = tol;
+    backend_set_act_dtype(dt);
+    backend_set_grad_dtype(dt);
+    const int B = sh.B, T = sh.T, C = sh.C, OC = sh.OC, Vp = sh.Vp, N = B * T;
+    const size_t NC = (size_t)N * C, CO = (size_t)C * OC;
+    float *inp = act_round(host_random(NC, 1), NC), *w = act_round(host_random(CO, 0.2f), CO);
+    float *dout = act_round(host_random((size_t)N * OC, 1), (size_t)N * OC);
+    float *d_inp = act_to_device(inp, NC), *d_w = act_to_device(w, CO), *d_dout = act_to_device(dout, (size_t)N * OC);
+    float *dinp = malloc(NC * 4), *d_dinp = act_poisoned(NC);
+    float *dw = act_round(host_random(CO, 1), CO), *db = act_round(host_random(OC, 1), OC);
+    float *d_dw = act_to_device(dw, CO), *d_db = act_to_device(db, OC);
+    cpu_matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    backend_matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    compare_act(named("grad_matmul_backward_dweight"), dw, d_dw, CO, tol);
+    compare_act(named("grad_matmul_backward_dbias"), db, d_db, OC, tol);
+    cpu_matmul_backward_transposed(dinp, dw, dout, inp, w, N, C, OC);
+    backend_matmul_backward_transposed(d_dinp, d_dw, d_dout, d_inp, d_w, N, C, OC);
+    compare_act(named("grad_matmul_backward_transposed_dweight"), dw, d_dw, CO, tol);
+    /* the fused MLP backward: pre is the GELU input, inp = GELU(pre) */
+    float *pre = act_round(host_random(NC, 1), NC), *d_pre = act_to_device(pre, NC);
+    float *gin = malloc(NC * 4);
+    cpu_gelu_forward(gin, pre, NC);
+    act_round(gin, NC);
+    float *d_gin = act_to_device(gin, NC);
+    cpu_matmul_backward(dinp, dw, db, dout, gin, w, N, C, OC);
+    backend_matmul_backward_gelu(d_dinp, d_dw, d_db, d_dout, d_gin, d_w, d_pre, N, C, OC);
+    compare_act(named("grad_matmul_backward_gelu_dweight"), dw, d_dw, CO, tol);
+    compare_act(named("grad_matmul_backward_gelu_dbias"), db, d_db, OC, tol);
+    /* layernorm: x and its statistics fp32 */
+    float *x = host_random(NC, 1), *d_x = to_device(x, NC * 4);
+    float *lw = act_round(host_random(C, 1), C), *lb = act_round(host_random(C, 1), C), *ln = malloc(NC * 4);
+    float *mean = malloc(N * 4), *rstd = malloc(N * 4);
+    cpu_layernorm_forward(ln, mean, rstd, x, lw, lb, N, C);
+    float *d_mean = to_device(mean, N * 4), *d_rstd = to_device(rstd, N * 4), *d_lw = act_to_device(lw, C);
+    float *lndinp = host_random(NC, 1), *d_lndinp = to_device(lndinp, NC * 4);
+    float *ldw = act_round(host_random(C, 1), C), *ldb = act_round(host_random(C, 1), C);
+    float *d_ldw = act_to_device(ldw, C), *d_ldb = act_to_device(ldb, C);
+    float *scratch = malloc((cpu_layernorm_scratch(C) + 1) * 4), *d_scratch = poisoned(backend_layernorm_scratch(C) + 1);
+    float *lndout = act_round(host_random(NC, 1), NC), *d_lndout = act_to_device(lndout, NC);
+    cpu_layernorm_backward(lndinp, ldw, ldb, lndout, x, lw, mean, rstd, scratch, N, C);
+    backend_layernorm_backward(d_lndinp, d_ldw, d_ldb, d_lndout, d_x, d_lw, d_mean, d_rstd, d_scratch, N, C);
+    compare_act(named("grad_layernorm_backward_dweight"), ldw, d_ldw, C, tol);
+    compare_act(named("grad_layernorm_backward_dbias"), ldb, d_ldb, C, tol);
+    /* embedding: dout fp32 (the residual stream's gradient); a repeated token */
+    int32_t *tokens = malloc(N * sizeof *tokens);
+    for (int i = 0; i < N; i++)
+        tokens[i] = (int32_t)((uniform() + 1.0f) * 0.5f * (sh.V - 1));
+    tokens[1] = tokens[0];
+    int32_t *d_tokens = to_device(tokens, N * 4);
+    float *dwte = act_round(host_random((size_t)Vp * C, 1), (size_t)Vp * C);
+    float *dwpe = act_round(host_random((size_t)T * C, 1), (size_t)T * C);
+    float *d_dwte = act_to_device(dwte, (size_t)Vp * C), *d_dwpe = act_to_device(dwpe, (size_t)T * C);
+    cpu_embedding_backward(dwte, dwpe, x, tokens, B, T, C);
+    backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, B, T, C);
+    compare_act(named("grad_embedding_backward_dwte"), dwte, d_dwte, (size_t)Vp * C, tol);
+    compare_act(named("grad_embedding_backward_dwpe"), dwpe, d_dwpe, (size_t)T * C, tol);
+    backend_set_grad_dtype(DTYPE_F32);
+    cudaFree(d_inp), cudaFree(d_w), cudaFree(d_dout), cudaFree(d_dinp), cudaFree(d_dw), cudaFree(d_db);
+    cudaFree(d_pre), cudaFree(d_gin), cudaFree(d_x), cudaFree(d_mean), cudaFree(d_rstd), cudaFree(d_lw);
+    cudaFree(d_lndinp), cudaFree(d_ldw), cudaFree(d_ldb), cudaFree(d_scratch), cudaFree(d_lndout);
+    cudaFree(d_tokens), cudaFree(d_dwte), cudaFree(d_dwpe);
+    free(inp), free(w), free(dout), free(dinp), free(dw), free(db), free(pre), free(gin), free(x), free(lw);
+    free(lb), free(ln), free(mean), free(rstd), free(lndinp), free(ldw), free(ldb), free(scratch), free(lndout);
+    free(tokens), free(dwte), free(dwpe);
+}
+
 int main(void)
 {
     backend_init(0);
+    check_half_grads(DTYPE_BF16, 1e-2, "_bf16", EVEN);
+    check_half_grads(DTYPE_F16, 5e-3, "_fp16", ODD);
     check_act_kernels(DTYPE_F32, TOL, "", EVEN);
     check_act_kernels(DTYPE_BF16, 1e-2, "_bf16", EVEN);
     check_act_kernels(DTYPE_F16, 5e-3, "_fp16", EVEN);
