@@ -18,12 +18,15 @@
 static enum dtype g_act = DTYPE_F32, g_grad = DTYPE_F32;
 static int g_inside; /* in a wrapper: the nested call is the fp32 kernel */
 
-void backend_set_grad_dtype(enum dtype dt)
+/* Half precision ([A], [G]) is a device's: the CPU backend takes it only emulating one. */
+static void set_dtype(enum dtype *slot, enum dtype dt, const char *what)
 {
     if (dt != DTYPE_F32 && !devemu_enabled())
-        fail_internal("the CPU backend's weight gradients are fp32; half precision needs SHARDLM_EMULATE_DEVICE=1");
-    g_grad = dt;
+        fail_internal("the CPU backend's %s are fp32; half precision needs SHARDLM_EMULATE_DEVICE=1", what);
+    *slot = dt;
 }
+
+void backend_set_grad_dtype(enum dtype dt) { set_dtype(&g_grad, dt, "weight gradients"); }
 
 enum dtype backend_grad_dtype(void) { return g_grad; }
 
@@ -49,12 +52,7 @@ static void grad_done(float *p, float *w, size_t n)
     free(w);
 }
 
-void backend_set_act_dtype(enum dtype dt)
-{
-    if (dt != DTYPE_F32 && !devemu_enabled())
-        fail_internal("the CPU backend computes in fp32; half-precision activations need SHARDLM_EMULATE_DEVICE=1");
-    g_act = dt;
-}
+void backend_set_act_dtype(enum dtype dt) { set_dtype(&g_act, dt, "activations"); }
 
 enum dtype backend_act_dtype(void) { return g_act; }
 
