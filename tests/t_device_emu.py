@@ -35,6 +35,10 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 and spaces for every buffer class, but the workspace, which
                 differs by exactly the CUDA and CPU attention scratch and
                 cuBLAS's workspace
+  gpu_target.CASE  the half-precision runs' model-state classes (parameters,
+                gradients, gathered units, gradient buffers, master weights,
+                Adam state) equal `shardlm plan --target gpu` (DESIGN §5),
+                bytes and space: no fp32 compute copies or send buffers
   fit.*         with an emulated device capacity (SHARDLM_EMULATE_DEVICE_MEM):
                 a plan that fits logs "the plan needs X of the Y free" and the
                 memory in use at the end; one that does not stops with exit 2
@@ -164,6 +168,33 @@ def check_cuda_plan(tag, cfg, run_memory, f32_acts):
     check(f"plan.{tag}", not bad and not extra, f"{bad}; only in the plan: {extra}")
 
 
+# The model states: what the CUDA engine allocates for them must be what the planner's GPU target (DESIGN §5)
+# says, bytes and space (issue 15). The activation classes still differ: the engine keeps the residual stream
+# in fp32 and the full attention probabilities (issue 21), where the GPU target plans the parameter dtype and a
+# fused attention's statistics.
+MODEL_STATE_CLASSES = ("parameter shard", "gradient shard", "gathered units", "unit gradient buffers",
+                       "gradient send buffers", "fp32 compute copies", "fp32 master weights", "Adam m", "Adam v",
+                       "fp32 gradient shard")
+
+
+def check_gpu_target(tag, cfg, run_memory):
+    r = subprocess.run([BIN, "plan", cfg, "--ranks", "2", "--target", "gpu", "--json"], env=ENV,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    lines = r.stdout.decode(errors="replace").strip().splitlines()
+    try:
+        planned = json.loads(lines[-1])["memory"]
+    except (ValueError, KeyError, IndexError):
+        check(f"gpu_target.{tag}", False, " | ".join(lines[-3:]))
+        return
+    bad = []
+    for k in MODEL_STATE_CLASSES:
+        p = planned.get(k, {"bytes": 0, "space": "device"})
+        v = run_memory.get(k, {"peak": 0, "space": p["space"]})
+        if p["bytes"] != v["peak"] or (p["bytes"] and p["space"] != v["space"]):
+            bad.append(f"{k}: GPU target {p['bytes']} {p['space']}, run {v['peak']} {v['space']}")
+    check(f"gpu_target.{tag}", not bad, f"{bad}")
+
+
 def compare(tag, plain, emu):
     pr = [(x["loss"], x["grad_norm"], x["skipped"]) for x in plain["rows"]]
     er = [(x["loss"], x["grad_norm"], x["skipped"]) for x in emu["rows"]]
@@ -214,6 +245,7 @@ def main():
             device = [sum(v["peak"] for v in r["memory"].values() if v["space"] == "device") for r in (half, emu)]
             bad = [k for k, v in half["memory"].items() if v["planned"] != v["peak"]]
             check_cuda_plan(tag, cfg, half["memory"], False)
+            check_gpu_target(tag, cfg, half["memory"])
             check(f"act.{tag}", len(half["rows"]) == STEPS and worst <= tol and not bad and device[0] < device[1],
                   f"worst loss difference {worst:.3g} (tol {tol}), planned != peak {bad}, device {device}")
 

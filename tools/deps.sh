@@ -43,6 +43,7 @@ if [ "$want_test" = 1 ]; then
   /usr/bin/python3 -c 'import numpy' 2>/dev/null || missing+=(python3-numpy)
   /usr/bin/python3 -c 'import h5py' 2>/dev/null || missing+=(python3-h5py)
   /usr/bin/python3 -c 'import crc32c' 2>/dev/null || missing+=(python3-crc32c)
+  /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 fi
 installing_daemons=0
 if [ "$want_slurm" = 1 ]; then
@@ -54,7 +55,40 @@ if [ "$want_slurm" = 1 ]; then
   done
 fi
 
+# The Hugging Face reference for the tests (transformers' LlamaForCausalLM,
+# tokenizers, PEFT): a virtual environment over Debian's interpreter, so that
+# it sees Debian's torch 1.13 and numpy; pip must never bring PyPI's torch
+# (gigabytes of CUDA wheels), so PEFT and accelerate come without their
+# dependencies and the rest is pinned to versions that work with torch 1.13.
+ref_venv() {
+  local venv py
+  venv="$(cd "$(dirname "$0")/.." && pwd)/build/ref-venv"
+  py="$venv/bin/python"
+  local check='import transformers, tokenizers, safetensors, jinja2, peft, accelerate, torch
+assert transformers.__version__ == "4.40.2", transformers.__version__
+assert torch.__file__.startswith("/usr/lib/python3/dist-packages/"), torch.__file__'
+  if [ -x "$py" ] && "$py" -c "$check" 2>/dev/null; then
+    return 0
+  fi
+  echo "shardlm deps: making the reference environment $venv (transformers 4.40.2, PEFT 0.10.0)" >&2
+  mkdir -p "$(dirname "$venv")"
+  /usr/bin/python3 -m venv --system-site-packages "$venv" &&
+    "$py" -m pip install -q --disable-pip-version-check transformers==4.40.2 'tokenizers>=0.19,<0.20' safetensors \
+      jinja2 psutil >/tmp/shardlm-deps-pip.log 2>&1 &&
+    "$py" -m pip install -q --disable-pip-version-check --no-deps peft==0.10.0 accelerate==0.29.3 \
+      >>/tmp/shardlm-deps-pip.log 2>&1 || {
+    tail -20 /tmp/shardlm-deps-pip.log >&2
+    echo "shardlm deps: pip could not make $venv; see /tmp/shardlm-deps-pip.log" >&2
+    exit 2
+  }
+  "$py" -c "$check" || {
+    echo "shardlm deps: $venv does not import the reference packages over Debian's torch" >&2
+    exit 2
+  }
+}
+
 if [ "${#missing[@]}" -eq 0 ]; then
+  [ "$want_test" = 1 ] && ref_venv
   exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
@@ -86,3 +120,5 @@ if ! apt_install "${missing[@]}" >/tmp/shardlm-deps.log 2>&1; then
     exit 2
   }
 fi
+[ "$want_test" = 1 ] && ref_venv
+exit 0
