@@ -143,16 +143,22 @@ def arena_round(n):
     return (n + 63) // 64 * 64
 
 
-def check_cuda_plan(tag, cfg, run_memory, f32_acts):
-    """plan --target cuda against an emulated run (OMP_NUM_THREADS=1: the CPU's attention scratch is T*T)."""
-    env = dict(ENV, SHARDLM_FP32_ACTIVATIONS="1" if f32_acts else "0")
-    r = subprocess.run([BIN, "plan", cfg, "--ranks", "2", "--target", "cuda", "--json"], env=env,
+def plan_memory(name, cfg, target, env=ENV):
+    """The memory classes of `shardlm plan CFG --ranks 2 --target TARGET --json`, or None (a FAIL NAME line)."""
+    r = subprocess.run([BIN, "plan", cfg, "--ranks", "2", "--target", target, "--json"], env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     lines = r.stdout.decode(errors="replace").strip().splitlines()
     try:
-        planned = json.loads(lines[-1])["memory"]
+        return json.loads(lines[-1])["memory"]
     except (ValueError, KeyError, IndexError):
-        check(f"plan.{tag}", False, " | ".join(lines[-3:]))
+        check(name, False, " | ".join(lines[-3:]))
+        return None
+
+
+def check_cuda_plan(tag, cfg, run_memory, f32_acts):
+    """plan --target cuda against an emulated run (OMP_NUM_THREADS=1: the CPU's attention scratch is T*T)."""
+    planned = plan_memory(f"plan.{tag}", cfg, "cuda", dict(ENV, SHARDLM_FP32_ACTIVATIONS="1" if f32_acts else "0"))
+    if planned is None:
         return
     NH = MODEL["n_head"]
     cuda_scratch = arena_round(4 * (NH * T * T + (NH * T * T + 1) // 2))
@@ -178,13 +184,8 @@ MODEL_STATE_CLASSES = ("parameter shard", "gradient shard", "gathered units", "u
 
 
 def check_gpu_target(tag, cfg, run_memory):
-    r = subprocess.run([BIN, "plan", cfg, "--ranks", "2", "--target", "gpu", "--json"], env=ENV,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
-    lines = r.stdout.decode(errors="replace").strip().splitlines()
-    try:
-        planned = json.loads(lines[-1])["memory"]
-    except (ValueError, KeyError, IndexError):
-        check(f"gpu_target.{tag}", False, " | ".join(lines[-3:]))
+    planned = plan_memory(f"gpu_target.{tag}", cfg, "gpu")
+    if planned is None:
         return
     bad = []
     for k in MODEL_STATE_CLASSES:
