@@ -519,23 +519,23 @@ __device__ static float warp_sum(float v)
 
 /* One warp per row; statistics in fp32 (two passes over the row: mean, then variance). inp fp32, out [A]. */
 template <typename A>
-__global__ static void layernorm_forward_kernel(A *out, float *mean, float *rstd, const float *inp, const A *weight,
+__global__ static void layernorm_forward_kernel(A *out, float *mean, float *rstd, const A *inp, const A *weight,
                                                 const A *bias, int N, int C)
 {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N)
         return;
-    const float *x = inp + (size_t)row * C;
+    const A *x = inp + (size_t)row * C;
     float s = 0.0f;
     for (int c = lane; c < C; c += WARP)
-        s += x[c];
+        s += ld(x, c);
     float m = warp_sum(s) / C;
     float v = 0.0f;
     for (int c = lane; c < C; c += WARP)
-        v += (x[c] - m) * (x[c] - m);
+        v += (ld(x, c) - m) * (ld(x, c) - m);
     float r = rsqrtf(warp_sum(v) / C + LAYERNORM_EPS);
     for (int c = lane; c < C; c += WARP)
-        st(out, (size_t)row * C + c, (x[c] - m) * r * ld(weight, c) + ld(bias, c));
+        st(out, (size_t)row * C + c, (ld(x, c) - m) * r * ld(weight, c) + ld(bias, c));
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = r;
@@ -547,38 +547,37 @@ extern "C" void backend_layernorm_forward(float *out, float *mean, float *rstd, 
 {
     int rows_per_block = BLOCK / WARP;
     WITH_ACT(layernorm_forward_kernel<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-        (A *)out, mean, rstd, inp, (const A *)weight, (const A *)bias, N, C));
+        (A *)out, mean, rstd, (const A *)inp, (const A *)weight, (const A *)bias, N, C));
 }
 
 /* dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, dnorm = dout * weight; one warp per row. */
 template <typename A>
-__global__ static void layernorm_backward_input(float *dinp, const A *dout, const float *inp, const A *weight,
+__global__ static void layernorm_backward_input(A *dinp, const A *dout, const A *inp, const A *weight,
                                                 const float *mean, const float *rstd, int N, int C)
 {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N)
         return;
-    const float *x = inp + (size_t)row * C;
     const size_t at = (size_t)row * C;
+    const A *x = inp + at;
     float m = mean[row], r = rstd[row], a = 0.0f, b = 0.0f;
     for (int c = lane; c < C; c += WARP) {
         float dnorm = ld(dout, at + c) * ld(weight, c);
         a += dnorm;
-        b += dnorm * (x[c] - m) * r;
+        b += dnorm * (ld(x, c) - m) * r;
     }
     a = warp_sum(a) / C;
     b = warp_sum(b) / C;
-    float *dx = dinp + at;
     for (int c = lane; c < C; c += WARP) {
-        float norm = (x[c] - m) * r;
-        dx[c] += (ld(dout, at + c) * ld(weight, c) - a - norm * b) * r;
+        float norm = (ld(x, c) - m) * r;
+        st(dinp, at + c, ld(dinp, at + c) + (ld(dout, at + c) * ld(weight, c) - a - norm * b) * r);
     }
 }
 
 /* Stage 1 of dweight[c] += sum_rows dout * norm and dbias[c] += sum_rows dout:
  * per row chunk, in row order, into partial[chunk][c] and partial[chunks + chunk][c]. */
 template <typename A>
-__global__ static void layernorm_backward_params(float *partial, const A *dout, const float *inp, const float *mean,
+__global__ static void layernorm_backward_params(float *partial, const A *dout, const A *inp, const float *mean,
                                                  const float *rstd, int N, int C, int chunks)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
@@ -588,7 +587,7 @@ __global__ static void layernorm_backward_params(float *partial, const A *dout, 
     float dw = 0.0f, db = 0.0f;
     for (int i = r0; i < r1; i++) {
         float dy = ld(dout, (size_t)i * C + c);
-        dw += dy * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
+        dw += dy * (ld(inp, (size_t)i * C + c) - mean[i]) * rstd[i];
         db += dy;
     }
     partial[(size_t)chunk * C + c] = dw;
@@ -603,12 +602,12 @@ extern "C" void backend_layernorm_backward(float *dinp, float *dweight, float *d
     int rows_per_block = BLOCK / WARP;
     WITH_ACT({
         layernorm_backward_input<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-            dinp, (const A *)dout, inp, (const A *)weight, mean, rstd, N, C);
+            (A *)dinp, (const A *)dout, (const A *)inp, (const A *)weight, mean, rstd, N, C);
     });
     int chunks = colsum_chunks(N, C, 2);
     dim3 grid((C + BLOCK - 1) / BLOCK, chunks);
-    WITH_ACT(layernorm_backward_params<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, inp, mean, rstd, N,
-                                                                         C, chunks));
+    WITH_ACT(layernorm_backward_params<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, (const A *)inp,
+                                                                         mean, rstd, N, C, chunks));
     column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dweight, g_grad, g_colsum, C, chunks);
     column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_grad, g_colsum + (size_t)chunks * C, C,
                                                                          chunks);
@@ -671,9 +670,16 @@ extern "C" void backend_add(float *out, const float *a, const float *b, size_t n
     add_kernel<float><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(out, a, b, n);
 }
 
+/* out [A] = a [A] + b [A], added in fp32, rounded once. */
+template <typename A> __global__ static void add_act_kernel(A *out, const A *a, const A *b, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        st(out, i, ld(a, i) + ld(b, i));
+}
+
 extern "C" void backend_add_act(float *out, const float *a, const float *b, size_t n)
 {
-    WITH_ACT(add_kernel<A><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(out, a, (const A *)b, n));
+    WITH_ACT(add_act_kernel<A><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>((A *)out, (const A *)a, (const A *)b, n));
 }
 
 extern "C" void backend_scale(float *x, float s, size_t n)
@@ -826,25 +832,26 @@ extern "C" void backend_set_library_workspace(void *p, size_t bytes)
 /* ---- embedding ------------------------------------------------------------------------------- */
 
 template <typename A>
-__global__ static void embedding_forward_kernel(float *out, const int32_t *tokens, const A *wte, const A *wpe, int B,
+__global__ static void embedding_forward_kernel(A *out, const int32_t *tokens, const A *wte, const A *wpe, int B,
                                                 int T, int C)
 {
     size_t n = (size_t)B * T * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t bt = i / C;
         int c = (int)(i % C), t = (int)(bt % T);
-        out[i] = ld(wte, (size_t)tokens[bt] * C + c) + ld(wpe, (size_t)t * C + c);
+        st(out, i, ld(wte, (size_t)tokens[bt] * C + c) + ld(wpe, (size_t)t * C + c));
     }
 }
 
 /* dwpe[t][c] += sum over b of dout[b][t][c], b in order; one thread per (t, c). */
-__global__ static void embedding_backward_wpe(void *dwpe, enum dtype dt, const float *dout, int B, int T, int C)
+__global__ static void embedding_backward_wpe(void *dwpe, enum dtype dt, const void *dout, enum dtype act, int B,
+                                              int T, int C)
 {
     size_t n = (size_t)T * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float s = 0.0f;
         for (int b = 0; b < B; b++)
-            s += dout[(size_t)b * n + i];
+            s += load_as_f32(dout, act, (size_t)b * n + i);
         store_from_f32(dwpe, dt, i, load_as_f32(dwpe, dt, i) + s);
     }
 }
@@ -853,8 +860,8 @@ __global__ static void embedding_backward_wpe(void *dwpe, enum dtype dt, const f
  * tokens with token % parts == part, so every row is added to by one thread,
  * in token order: a fixed order, no atomics, parts x C threads at work. */
 #define WTE_PARTS 64
-__global__ static void embedding_backward_wte(void *dwte, enum dtype dt, const float *dout, const int32_t *tokens,
-                                              int BT, int C)
+__global__ static void embedding_backward_wte(void *dwte, enum dtype dt, const void *dout, enum dtype act,
+                                              const int32_t *tokens, int BT, int C)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, part = blockIdx.y;
     if (c >= C)
@@ -863,7 +870,7 @@ __global__ static void embedding_backward_wte(void *dwte, enum dtype dt, const f
         int tok = tokens[bt];
         if (tok % WTE_PARTS == part) {
             size_t i = (size_t)tok * C + c;
-            store_from_f32(dwte, dt, i, load_as_f32(dwte, dt, i) + dout[(size_t)bt * C + c]);
+            store_from_f32(dwte, dt, i, load_as_f32(dwte, dt, i) + load_as_f32(dout, act, (size_t)bt * C + c));
         }
     }
 }
@@ -872,15 +879,15 @@ extern "C" void backend_embedding_forward(float *out, const int32_t *tokens, con
                                           int B, int T, int C)
 {
     WITH_ACT(embedding_forward_kernel<A><<<blocks_for((size_t)B * T * C, BLOCK), BLOCK, 0, g_stream>>>(
-        out, tokens, (const A *)wte, (const A *)wpe, B, T, C));
+        (A *)out, tokens, (const A *)wte, (const A *)wpe, B, T, C));
 }
 
 extern "C" void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
                                            int T, int C)
 {
-    embedding_backward_wpe<<<blocks_for((size_t)T * C, BLOCK), BLOCK, 0, g_stream>>>(dwpe, g_grad, dout, B, T, C);
+    embedding_backward_wpe<<<blocks_for((size_t)T * C, BLOCK), BLOCK, 0, g_stream>>>(dwpe, g_grad, dout, g_act, B, T, C);
     dim3 grid((C + BLOCK - 1) / BLOCK, WTE_PARTS);
-    embedding_backward_wte<<<grid, BLOCK, 0, g_stream>>>(dwte, g_grad, dout, tokens, B * T, C);
+    embedding_backward_wte<<<grid, BLOCK, 0, g_stream>>>(dwte, g_grad, dout, g_act, tokens, B * T, C);
 }
 
 /* ---- cross-entropy --------------------------------------------------------------------------- */

@@ -21,10 +21,11 @@
  * dtype (backend_set_act_dtype), whatever their C type: fp32 by default, the
  * parameter dtype when a device backend trains in fp16/bf16. Then matmul
  * operands, their outputs, attention's inputs and outputs, GELU, the
- * layernorm outputs and weights and the logits are half precision, as
- * PyTorch's autocast makes them, while the residual stream and its gradient,
- * the layernorm statistics, the attention probabilities, the losses and every
- * weight gradient stay fp32. Unmarked float pointers are always fp32.
+ * layernorm inputs, outputs and weights, the residual stream and its
+ * gradient and the logits are half precision, as in a model held in that
+ * dtype (DESIGN §5), while the layernorm statistics, the attention
+ * probabilities, the softmax arithmetic and the losses stay fp32 (weight
+ * gradients: [G] below). Unmarked float pointers are always fp32.
  */
 #ifndef SHARDLM_BACKEND_H
 #define SHARDLM_BACKEND_H
@@ -89,10 +90,10 @@ void backend_matmul_forward_transposed(float *out, const float *inp, const float
 void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
                                         const float *weight, int N, int C, int OC);
 
-/* out [A], mean, rstd = layernorm(inp (N, C)) * weight [A] + bias [A], eps 1e-5 as GPT-2. */
+/* out [A], mean, rstd = layernorm(inp [A] (N, C)) * weight [A] + bias [A], eps 1e-5 as GPT-2. */
 void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *weight, const float *bias, int N, int C);
-/* dinp += ..., dweight [G] += ..., dbias [G] += ...; dout [A], weight [A];
+/* dinp [A] += ..., dweight [G] += ..., dbias [G] += ...; dout [A], inp [A], weight [A];
  * scratch: backend_layernorm_scratch(C) floats. */
 void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, const float *mean,
@@ -106,7 +107,7 @@ void backend_gelu_backward(float *dinp, const float *inp, const float *dout, siz
 
 /* out (n) = a + b */
 void backend_add(float *out, const float *a, const float *b, size_t n);
-/* out (n) = a + b [A]: a projection's output added into the residual stream. */
+/* out [A] (n) = a [A] + b [A]: a projection's output added into the residual stream. */
 void backend_add_act(float *out, const float *a, const float *b, size_t n);
 
 /* Causal multi-head self-attention.
@@ -134,10 +135,10 @@ size_t backend_attention_scratch(int T, int NH);
 size_t backend_library_workspace(void);
 void backend_set_library_workspace(void *p, size_t bytes);
 
-/* out (B, T, C) = wte [A] [tokens] + wpe [A] [position] */
+/* out [A] (B, T, C) = wte [A] [tokens] + wpe [A] [position] */
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                int B, int T, int C);
-/* dwte [G] [tokens] += dout; dwpe [G] [position] += dout */
+/* dwte [G] [tokens] += dout [A]; dwpe [G] [position] += dout */
 void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                                 int B, int T, int C);
 

@@ -420,12 +420,7 @@ void backend_embedding_forward(float *out, const int32_t *tokens, const float *w
 void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                                 int B, int T, int C)
 {
-#ifndef BACKEND_CPU_NO_ACT
-    if (grad_half()) {
-        act_embedding_backward(dwte, dwpe, dout, tokens, B, T, C);
-        return;
-    }
-#endif
+    ACT_DISPATCH(act_embedding_backward(dwte, dwpe, dout, tokens, B, T, C));
     DEVEMU_VIEW(dwte);
     DEVEMU_VIEW(dwpe);
     DEVEMU_VIEW(dout);

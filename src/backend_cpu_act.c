@@ -30,8 +30,6 @@ void backend_set_grad_dtype(enum dtype dt) { set_dtype(&g_grad, dt, "weight grad
 
 enum dtype backend_grad_dtype(void) { return g_grad; }
 
-int grad_half(void) { return g_grad != DTYPE_F32 && !g_inside; }
-
 /* A [G] tensor of n elements as an fp32 buffer for an accumulating kernel:
  * the tensor itself when gradients are fp32, else a widened copy that
  * grad_done rounds back (once, after the kernel's +=) and frees. */
@@ -130,20 +128,23 @@ void act_layernorm_forward(float *out, float *mean, float *rstd, const float *in
                            const float *bias, int N, int C)
 {
     float *w = widen(weight, (size_t)C), *b = widen(bias, (size_t)C), *o = xcalloc((size_t)N * C, sizeof *o);
-    FP32(backend_layernorm_forward(o, mean, rstd, inp, w, b, N, C));
+    float *x = widen(inp, (size_t)N * C);
+    FP32(backend_layernorm_forward(o, mean, rstd, x, w, b, N, C));
     narrow(out, o, (size_t)N * C);
-    free(w), free(b);
+    free(w), free(b), free(x);
 }
 
 void act_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, const float *mean, const float *rstd, float *scratch, int N, int C)
 {
-    float *d = widen(dout, (size_t)N * C), *w = widen(weight, (size_t)C);
+    float *d = widen(dout, (size_t)N * C), *w = widen(weight, (size_t)C), *x = widen(inp, (size_t)N * C);
+    float *di = widen(dinp, (size_t)N * C); /* accumulated: round once, after the += */
     float *dw = grad_begin(dweight, (size_t)C), *db = grad_begin(dbias, (size_t)C);
-    FP32(backend_layernorm_backward(dinp, dw, db, d, inp, w, mean, rstd, scratch, N, C));
+    FP32(backend_layernorm_backward(di, dw, db, d, x, w, mean, rstd, scratch, N, C));
     grad_done(dweight, dw, (size_t)C);
     grad_done(dbias, db, (size_t)C);
-    free(d), free(w);
+    narrow(dinp, di, (size_t)N * C);
+    free(d), free(w), free(x);
 }
 
 void act_gelu_forward(float *out, const float *inp, size_t n)
@@ -186,7 +187,7 @@ void act_attention_backward(float *dqkv, const float *dout, const float *qkv, co
 void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T,
                            int C)
 {
-    float *o = devemu_host(out);
+    float *o = xcalloc((size_t)B * T * C, sizeof *o);
     const int32_t *tok = devemu_host(tokens);
     const char *we = devemu_host(wte), *pe = devemu_host(wpe);
     const size_t es = (size_t)dtype_size(g_act);
@@ -200,21 +201,24 @@ void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, 
                 y[c] = row[c] + row[C + c];
         }
     free(row);
+    narrow(out, o, (size_t)B * T * C);
 }
 
-/* Half-precision embedding gradients: dout is fp32 (the residual stream's);
- * the rows of dwte up to the largest token are widened (rounding an
- * untouched row back leaves it as it was). */
+/* Half-precision embedding backward: dout [A] widened; with half-precision
+ * gradients ([G]) the rows of dwte up to the largest token are widened too
+ * (rounding an untouched row back leaves it as it was). */
 void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T, int C)
 {
+    float *d = widen(dout, (size_t)B * T * C);
     const int32_t *tok = devemu_host(tokens);
     size_t V = 0;
     for (size_t i = 0; i < (size_t)B * T; i++)
         V = (size_t)tok[i] + 1 > V ? (size_t)tok[i] + 1 : V;
     float *dw = grad_begin(dwte, V * C), *dp = grad_begin(dwpe, (size_t)T * C);
-    FP32(backend_embedding_backward(dw, dp, dout, tokens, B, T, C));
+    FP32(backend_embedding_backward(dw, dp, d, tokens, B, T, C));
     grad_done(dwte, dw, V * C);
     grad_done(dwpe, dp, (size_t)T * C);
+    free(d);
 }
 
 void act_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)
@@ -237,7 +241,8 @@ void backend_add_act(float *out, const float *a, const float *b, size_t n)
         backend_add(out, a, b, n);
         return;
     }
-    float *w = widen(b, n);
-    backend_add(out, a, w, n);
-    free(w);
+    float *wa = widen(a, n), *wb = widen(b, n), *o = xcalloc(n ? n : 1, sizeof *o);
+    FP32(backend_add(o, wa, wb, n));
+    narrow(out, o, n);
+    free(wa), free(wb);
 }

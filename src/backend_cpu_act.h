@@ -10,8 +10,6 @@
 #include "backend.h"
 
 int act_half(void);
-/* Whether the [G] tensors are fp16/bf16 now (backend_set_grad_dtype). */
-int grad_half(void);
 void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T, int C);
 void act_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC);
 void act_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,

@@ -14,6 +14,9 @@ static size_t act(size_t n) { return arena_round(n * (size_t)dtype_size(plan_act
 
 static int act_is_half(void) { return plan_act_dtype() != DTYPE_F32; }
 
+/* Bytes of one [A] element now (the running backend's). */
+static size_t act_size_now(void) { return (size_t)dtype_size(backend_act_dtype()); }
+
 static size_t scratch_floats(const struct model *m, int T)
 {
     size_t att = plan_attention_scratch(T, m->cfg.n_head), ln = plan_layernorm_scratch(m->cfg.n_embd);
@@ -22,19 +25,14 @@ static size_t scratch_floats(const struct model *m, int T)
 
 /* The math library's workspace (plan_library_workspace), 256-byte aligned
  * as cuBLAS requires inside the 64-byte-aligned arena. */
-#define LIBRARY_ALIGN 256
-static size_t library_workspace_bytes(void)
-{
-    size_t lib = plan_library_workspace();
-    return lib ? arena_round(lib + LIBRARY_ALIGN - ARENA_ALIGN) : 0;
-}
+static size_t library_workspace_bytes(void) { return plan_library_arena_bytes(plan_library_workspace()); }
 
 static int n_segments(int L, int interval) { return (L + interval - 1) / interval; }
 
 /* Bytes of one set of block activations (struct block_acts). */
 static size_t block_set_bytes(size_t BT, size_t C, size_t B, size_t NH, size_t T)
 {
-    return act(BT * C) + 2 * f32(BT) + act(BT * 3 * C) + act(B * NH * T * T) + act(BT * C) + f32(BT * C) +
+    return act(BT * C) + 2 * f32(BT) + act(BT * 3 * C) + act(B * NH * T * T) + act(BT * C) + act(BT * C) +
            act(BT * C) + 2 * f32(BT) + 2 * act(BT * 4 * C);
 }
 
@@ -44,16 +42,16 @@ void gpt2_plan(const struct model *m, int B, int T, int interval, size_t bytes[B
     const size_t BT = (size_t)B * (size_t)T, Vp = (size_t)m->cfg.padded_vocab;
     const size_t set = block_set_bytes(BT, C, (size_t)B, NH, (size_t)T);
     if (interval > 0) {
-        bytes[BUF_ACT_CKPT] += (size_t)n_segments((int)L, interval) * f32(BT * C);
-        bytes[BUF_ACTIVATIONS] += (size_t)interval * set + ((size_t)interval + 1) * f32(BT * C) + f32(BT * C);
+        bytes[BUF_ACT_CKPT] += (size_t)n_segments((int)L, interval) * act(BT * C);
+        bytes[BUF_ACTIVATIONS] += (size_t)interval * set + ((size_t)interval + 1) * act(BT * C) + act(BT * C);
     } else {
-        bytes[BUF_ACT_CKPT] += L * f32(BT * C);
-        bytes[BUF_ACTIVATIONS] += L * set + f32(BT * C);
+        bytes[BUF_ACT_CKPT] += L * act(BT * C);
+        bytes[BUF_ACTIVATIONS] += L * set + act(BT * C);
     }
     bytes[BUF_LOGITS] += act(BT * C) + 2 * f32(BT) + act(BT * Vp) + f32(BT);
-    bytes[BUF_WORKSPACE] += 2 * f32(BT * C) + act(BT * C) + act(BT * 3 * C) + act(BT * 4 * C) +
+    bytes[BUF_WORKSPACE] += 2 * act(BT * C) + act(BT * C) + act(BT * 3 * C) + act(BT * 4 * C) +
                             f32(scratch_floats(m, T)) + 2 * arena_round(BT * sizeof(int32_t)) +
-                            (act_is_half() ? act(BT * C) : 0) + library_workspace_bytes();
+                            library_workspace_bytes();
     if (plan_device())
         bytes[BUF_STAGING] += 2 * arena_round(BT * sizeof(int32_t)) + f32(BT);
 }
@@ -79,12 +77,12 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
         int segs = n_segments((int)L, interval);
         a->ckpt = xcalloc((size_t)segs, sizeof *a->ckpt);
         for (int s = 0; s < segs; s++)
-            a->ckpt[s] = arena_alloc(&arenas[ckpt_space], mem, BUF_ACT_CKPT, BT * C * sizeof(float), 1);
+            a->ckpt[s] = arena_alloc(&arenas[ckpt_space], mem, BUF_ACT_CKPT, BT * C * ae, 1);
         a->work = xcalloc((size_t)interval + 1, sizeof *a->work);
     } else {
         a->resid = xcalloc(L + 1, sizeof *a->resid);
         for (size_t l = 0; l < L; l++)
-            a->resid[l] = ALLOC(BUF_ACT_CKPT, BT * C);
+            a->resid[l] = ALLOC_ACT(BUF_ACT_CKPT, BT * C);
     }
     a->sets = xcalloc((size_t)a->n_sets, sizeof *a->sets);
     for (int i = 0; i < a->n_sets; i++) {
@@ -95,7 +93,7 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
         ba->qkv = ALLOC_ACT(BUF_ACTIVATIONS, BT * 3 * C);
         ba->att = ALLOC_ACT(BUF_ACTIVATIONS, (size_t)B * NH * T * T);
         ba->atty = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
-        ba->res2 = ALLOC(BUF_ACTIVATIONS, BT * C);
+        ba->res2 = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
         ba->ln2 = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
         ba->ln2_mean = ALLOC(BUF_ACTIVATIONS, BT);
         ba->ln2_rstd = ALLOC(BUF_ACTIVATIONS, BT);
@@ -103,8 +101,8 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
         ba->fch_gelu = ALLOC_ACT(BUF_ACTIVATIONS, BT * 4 * C);
     }
     for (int i = 0; interval > 0 && i <= interval; i++)
-        a->work[i] = ALLOC(BUF_ACTIVATIONS, BT * C);
-    a->final = ALLOC(BUF_ACTIVATIONS, BT * C);
+        a->work[i] = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
+    a->final = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
     if (a->resid)
         a->resid[L] = a->final;
     a->seg_params = xcalloc((size_t)a->n_sets, sizeof *a->seg_params);
@@ -113,14 +111,12 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
     a->lnf_rstd = ALLOC(BUF_LOGITS, BT);
     a->logits = ALLOC_ACT(BUF_LOGITS, BT * Vp);
     a->losses = ALLOC(BUF_LOGITS, BT);
-    a->dresid_a = ALLOC(BUF_WORKSPACE, BT * C);
-    a->dresid_b = ALLOC(BUF_WORKSPACE, BT * C);
+    a->dresid_a = ALLOC_ACT(BUF_WORKSPACE, BT * C);
+    a->dresid_b = ALLOC_ACT(BUF_WORKSPACE, BT * C);
     a->dwork_c = ALLOC_ACT(BUF_WORKSPACE, BT * C);
     a->dwork_3c = ALLOC_ACT(BUF_WORKSPACE, BT * 3 * C);
     a->dwork_4c = ALLOC_ACT(BUF_WORKSPACE, BT * 4 * C);
     a->scratch = ALLOC(BUF_WORKSPACE, scratch_floats(m, T));
-    if (a->half)
-        a->proj = ALLOC_ACT(BUF_WORKSPACE, BT * C);
 #undef ALLOC
 #undef ALLOC_ACT
     a->dev_inputs = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
@@ -128,7 +124,8 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
     const size_t lib = plan_library_workspace();
     if (lib) {
         uintptr_t at = (uintptr_t)arena_alloc(dev, mem, BUF_WORKSPACE, library_workspace_bytes(), 1);
-        backend_set_library_workspace((void *)((at + LIBRARY_ALIGN - 1) / LIBRARY_ALIGN * LIBRARY_ALIGN), lib);
+        backend_set_library_workspace((void *)((at + PLAN_LIBRARY_ALIGN - 1) / PLAN_LIBRARY_ALIGN * PLAN_LIBRARY_ALIGN),
+                                      lib);
     }
     if (plan_device()) {
         struct arena *pinned = &arenas[SPACE_PINNED];
@@ -220,28 +217,15 @@ struct block_grads {
         (out).fcproj_b = (void *)elem_at((base), td_[BT_FCPROJ_B].offset, (es)); \
     } while (0)
 
-/* y (fp32) = x (fp32) + inp [A] @ w + b: a projection added into the residual
- * stream; through the [A] scratch when activations are half precision. */
-static void project_add(struct gpt2_acts *a, float *y, const float *x, const float *inp, const float *w,
-                        const float *b, int N, int C_in, int C)
+/* y [A] = x [A] + inp [A] @ w + b: a projection added into the residual
+ * stream, in place in y (no buffer for the projection alone). */
+static void project_add(float *y, const float *x, const float *inp, const float *w, const float *b, int N, int C_in,
+                        int C)
 {
-    if (!a->half) {
-        backend_matmul_forward(y, inp, w, b, N, C_in, C);
-        backend_add(y, y, x, (size_t)N * C);
-        return;
-    }
-    backend_matmul_forward(a->proj, inp, w, b, N, C_in, C);
-    backend_add_act(y, x, a->proj, (size_t)N * C);
+    backend_matmul_forward(y, inp, w, b, N, C_in, C);
+    backend_add_act(y, y, x, (size_t)N * C);
 }
 
-/* The residual stream's gradient d (fp32) as the [A] dout of a matmul. */
-static const float *as_act(struct gpt2_acts *a, const float *d, size_t n)
-{
-    if (!a->half)
-        return d;
-    backend_convert(a->proj, backend_act_dtype(), d, DTYPE_F32, n);
-    return a->proj;
-}
 
 static void block_forward(const struct model *m, const struct block_params *p, struct block_acts *ba,
                           struct gpt2_acts *a, const float *x, float *y, int B, int T)
@@ -250,10 +234,10 @@ static void block_forward(const struct model *m, const struct block_params *p, s
     backend_layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_w, p->ln1_b, N, C);
     backend_matmul_forward(ba->qkv, ba->ln1, p->qkv_w, p->qkv_b, N, C, 3 * C);
     backend_attention_forward(ba->atty, ba->att, ba->qkv, a->scratch, B, T, C, NH);
-    project_add(a, ba->res2, x, ba->atty, p->attproj_w, p->attproj_b, N, C, C);
+    project_add(ba->res2, x, ba->atty, p->attproj_w, p->attproj_b, N, C, C);
     backend_layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->res2, p->ln2_w, p->ln2_b, N, C);
     backend_matmul_forward_gelu(ba->fch, ba->fch_gelu, ba->ln2, p->fc_w, p->fc_b, N, C, 4 * C);
-    project_add(a, y, ba->res2, ba->fch_gelu, p->fcproj_w, p->fcproj_b, N, 4 * C, C);
+    project_add(y, ba->res2, ba->fch_gelu, p->fcproj_w, p->fcproj_b, N, 4 * C, C);
 }
 
 /* dresid holds dL/dy on entry and dL/dx on return. */
@@ -264,18 +248,18 @@ static void block_backward(const struct model *m, const struct block_params *p, 
     const size_t NC = (size_t)N * C;
     float *dy = a->dresid_a, *dres2 = a->dresid_b;
     /* MLP */
-    backend_matmul_backward_gelu(a->dwork_4c, g->fcproj_w, g->fcproj_b, as_act(a, dy, NC), ba->fch_gelu, p->fcproj_w,
+    backend_matmul_backward_gelu(a->dwork_4c, g->fcproj_w, g->fcproj_b, dy, ba->fch_gelu, p->fcproj_w,
                                  ba->fch, N, 4 * C, C);
     backend_matmul_backward(a->dwork_c, g->fc_w, g->fc_b, a->dwork_4c, ba->ln2, p->fc_w, N, C, 4 * C);
-    backend_copy(dres2, dy, NC * sizeof *dres2);
+    backend_copy(dres2, dy, NC * act_size_now());
     backend_layernorm_backward(dres2, g->ln2_w, g->ln2_b, a->dwork_c, ba->res2, p->ln2_w, ba->ln2_mean,
                                ba->ln2_rstd, a->scratch, N, C);
     /* attention */
-    backend_matmul_backward(a->dwork_c, g->attproj_w, g->attproj_b, as_act(a, dres2, NC), ba->atty, p->attproj_w, N,
+    backend_matmul_backward(a->dwork_c, g->attproj_w, g->attproj_b, dres2, ba->atty, p->attproj_w, N,
                             C, C);
     backend_attention_backward(a->dwork_3c, a->dwork_c, ba->qkv, ba->att, a->scratch, B, T, C, NH);
     backend_matmul_backward(a->dwork_c, g->qkv_w, g->qkv_b, a->dwork_3c, ba->ln1, p->qkv_w, N, C, 3 * C);
-    backend_copy(dy, dres2, NC * sizeof *dy);
+    backend_copy(dy, dres2, NC * act_size_now());
     backend_layernorm_backward(dy, g->ln1_w, g->ln1_b, a->dwork_c, x, p->ln1_w, ba->ln1_mean, ba->ln1_rstd,
                                a->scratch, N, C);
 }
@@ -374,7 +358,7 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
     for (int l = 0; l < L; l++) {
         int u = model_block_unit(l);
         if (a->interval && l % a->interval == 0)
-            backend_copy(a->ckpt[l / a->interval], block_in(a, l), NC * sizeof(float));
+            backend_copy(a->ckpt[l / a->interval], block_in(a, l), NC * act_size_now());
         struct block_params p;
         const float *base = zero_acquire(z, u);
         BLOCK_VIEW(p, base, &m->units[u], pe);
@@ -382,7 +366,7 @@ float gpt2_forward(struct zero *z, struct gpt2_acts *a, int B, int T, int with_t
         zero_release(z, u);
         /* a segment's output is the next segment's input, in work[0] */
         if (a->interval && (l + 1) % a->interval == 0 && l + 1 < L)
-            backend_copy(a->work[0], block_out(a, m, l), NC * sizeof(float));
+            backend_copy(a->work[0], block_out(a, m, l), NC * act_size_now());
     }
 
     const float *hp = zero_acquire(z, head);
@@ -427,7 +411,8 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
 
     const float *hp = zero_acquire(z, head);
     float *hg = zero_grad_open(z, head);
-    backend_zero(a->dresid_a, (size_t)N * C);
+    /* whole floats: the arena rounds every buffer up to 64 bytes */
+    backend_zero(a->dresid_a, ((size_t)N * C * act_size_now() + sizeof(float) - 1) / sizeof(float));
     backend_layernorm_backward(a->dresid_a, grad_at(hg, hu->tensors[HT_LNF_W].offset), grad_at(hg, hu->tensors[HT_LNF_B].offset),
                                a->dwork_c, a->final, elem_at(hp, hu->tensors[HT_LNF_W].offset, pe),
                                a->lnf_mean, a->lnf_rstd, a->scratch, N, C);
@@ -440,7 +425,7 @@ void gpt2_backward(struct zero *z, struct gpt2_acts *a, int B, int T, float dlos
     for (int s = n_segments(L, k) - 1; s >= 0; s--) {
         int l0 = s * k, l1 = l0 + k < L ? l0 + k : L;
         if (a->interval)
-            backend_copy(a->work[0], a->ckpt[s], (size_t)N * C * sizeof(float));
+            backend_copy(a->work[0], a->ckpt[s], (size_t)N * C * act_size_now());
         for (int l = l0; l < l1; l++) {
             a->seg_params[l - l0] = zero_acquire(z, model_block_unit(l));
             if (a->interval) {

@@ -63,7 +63,6 @@ struct gpt2_acts {
     float *dwork_4c;          /* (B, T, 4C): dfch */
     float *scratch;           /* attention and layernorm backward scratch */
     int half;                 /* activations ([A], backend.h) in half precision */
-    float *proj;              /* (B, T, C) [A], half only: projection outputs, gradients cast for matmuls */
     int32_t *inputs, *targets; /* (B, T) host memory: the caller fills them before forward */
     int32_t *dev_inputs, *dev_targets; /* (B, T) the kernels' copies (the same buffers on the CPU) */
     float *host_losses;       /* (B, T) the losses read back (a->losses on the CPU) */

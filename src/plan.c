@@ -105,7 +105,7 @@ static size_t block_set(const struct model_config *c, const struct act_layout *a
 
 /* The activation classes of any model family from its shapes, in gpt2_plan's
  * arrangement (kept block inputs, working sets, final norm and logits, backward
- * work buffers). The logits, the losses and the norm statistics stay fp32. */
+ * work buffers). The losses and the norm statistics stay fp32; the logits are in the activation dtype. */
 static void shape_plan(const struct model *m, const struct act_layout *al, int B_, int T_, int interval,
                        size_t bytes[BUF_COUNT])
 {
@@ -121,7 +121,9 @@ static void shape_plan(const struct model *m, const struct act_layout *al, int B
         bytes[BUF_ACTIVATIONS] += L * set + resid;
     }
     const size_t stats = (c->norm == NORM_LAYERNORM ? 2 : 1) * fp32_bytes(BT);
-    bytes[BUF_LOGITS] += resid + stats + fp32_bytes(BT * (size_t)c->padded_vocab) + fp32_bytes(BT);
+    /* the logits in the activation dtype: the fused cross-entropy computes the softmax in fp32 from them
+     * and writes the gradient in place (no fp32 copy) */
+    bytes[BUF_LOGITS] += resid + stats + act_bytes(al, BT * (size_t)c->padded_vocab) + fp32_bytes(BT);
     size_t rope = c->rotary ? 2 * fp32_bytes(T * (C / (size_t)c->n_head) / 2) : 0; /* cos, sin tables */
     bytes[BUF_WORKSPACE] += 3 * resid + act_bytes(al, BT * (C + 2 * KV)) +
                             (c->mlp == MLP_SWIGLU ? 2 : 1) * act_bytes(al, BT * F) + arena_round(al->scratch_bytes) +
@@ -209,8 +211,12 @@ void plan_compute_for(struct mem_plan *p, const struct model *m, const struct co
     zero_plan(m, cfg, world, passes, 2, p->bytes, p->pool_slots);
     if (target == PLAN_TARGET_GPU) {
         gpu_unit_buffers(p, m, cfg, world, passes);
-        struct act_layout gpu = {(size_t)dtype_size(cfg->dtype), false, PLAN_GPU_LIBRARY_WORKSPACE};
+        struct act_layout gpu = {(size_t)dtype_size(cfg->dtype), false,
+                                 plan_library_arena_bytes(PLAN_GPU_LIBRARY_WORKSPACE)};
         shape_plan(m, &gpu, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
+        /* token ids, targets and losses pass through pinned host memory */
+        const size_t BT = (size_t)cfg->micro_batch * (size_t)cfg->data.seq_len;
+        p->bytes[BUF_STAGING] += 2 * arena_round(BT * sizeof(int32_t)) + fp32_bytes(BT);
     } else if (m->cfg.tied_head) {
         gpt2_plan(m, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
     } else {

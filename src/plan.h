@@ -54,6 +54,14 @@ enum dtype plan_act_dtype(void);
 size_t plan_attention_scratch(int T, int NH);
 size_t plan_layernorm_scratch(int C);
 size_t plan_library_workspace(void);
+/* The arena bytes that hold a library workspace of `bytes`, 256-byte aligned
+ * (cuBLAS) inside the 64-byte-aligned arena: the trainer's and the GPU
+ * target's. */
+#define PLAN_LIBRARY_ALIGN 256
+static inline size_t plan_library_arena_bytes(size_t bytes)
+{
+    return bytes ? arena_round(bytes + PLAN_LIBRARY_ALIGN - ARENA_ALIGN) : 0;
+}
 
 /* The plan of the running trainer (the CPU target's code, on its backend). */
 void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world);

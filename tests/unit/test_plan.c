@@ -127,9 +127,10 @@ static void test_plan_invariants(void)
     }
     CHECK("offload: parameters, master, Adam, fp32 grads keep their bytes", same, "differ");
     CHECK("offload: they move from device to pinned host", spaces, "wrong spaces");
-    CHECK("offload: the device total shrinks by exactly those bytes",
+    CHECK("offload: the device total shrinks by exactly those bytes (pinned: them and the token staging)",
           a.space_total[SPACE_DEVICE] - b.space_total[SPACE_DEVICE] == moved_bytes &&
-              b.space_total[SPACE_PINNED] == moved_bytes,
+              b.space_total[SPACE_PINNED] - b.bytes[BUF_STAGING] == moved_bytes &&
+              a.space_total[SPACE_PINNED] == a.bytes[BUF_STAGING] && a.bytes[BUF_STAGING] > 0,
           "device %zu -> %zu, pinned %zu, moved %zu", a.space_total[SPACE_DEVICE], b.space_total[SPACE_DEVICE],
           b.space_total[SPACE_PINNED], moved_bytes);
     CHECK("GPU target: no fp32 compute copies, no send buffers",
