@@ -252,7 +252,6 @@ static cudaDataType_t act_type(void)
     return g_act == DTYPE_BF16 ? CUDA_R_16BF : g_act == DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-static size_t act_size(void) { return g_act == DTYPE_F32 ? 4 : 2; }
 
 /* C (col-major m x n, ldc) = alpha op(A) op(B) + beta C. A and B are [A]; C
  * is [A] (c_grad 0) or [G] (1: weight gradients). fp32 accumulation always;
@@ -264,20 +263,6 @@ static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k
     cublasCheck(cublasGemmEx(g_cublas, ta, tb, m, n, k, &alpha, A, act_type(), lda, B, act_type(), ldb, &beta, C,
                              c_grad ? grad_type() : act_type(), ldc, compute, CUBLAS_GEMM_DEFAULT));
 }
-
-static void gemm_batched(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                         const void *A, int lda, long long sa, const void *B, int ldb, long long sb, float beta,
-                         void *C, int ldc, long long sc, int batch)
-{
-    cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
-    cublasCheck(cublasGemmStridedBatchedEx(g_cublas, ta, tb, m, n, k, &alpha, A, act_type(), lda, sa, B, act_type(),
-                                           ldb, sb, &beta, C, act_type(), ldc, sc, batch, compute,
-                                           CUBLAS_GEMM_DEFAULT));
-}
-
-/* Element i of an [A] tensor. */
-static const void *act_at(const void *p, size_t i) { return (const char *)p + i * act_size(); }
-static void *act_at(void *p, size_t i) { return (char *)p + i * act_size(); }
 
 /* ---- matmul ------------------------------------------------------------------------- */
 
@@ -722,101 +707,173 @@ extern "C" void backend_copy_async(void *dst, const void *src, size_t bytes)
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
-/* Rows of (rows, T) fp32 scores: row i of each (T, T) matrix keeps columns
- * 0..i (causal), softmax in fp32, the rest zero, stored [A] into att (which
- * may be the scores themselves when [A] is fp32). One warp per row; row0 is
- * the row index of the first row within its (T, T) matrix. */
-template <typename A> __global__ static void causal_softmax(A *att, const float *scores, int rows, int T, int row0)
+/* Causal attention without the T x T matrices (the FlashAttention recurrence,
+ * Dao 2023, in its simplest form): the forward keeps the output [A] and, per
+ * row, the log-sum-exp of its scores (fp32, att: B NH T floats); the
+ * backward recomputes each probability from q, k and that statistic. One
+ * thread per query row (forward, dq) or key row (dk, dv), the keys or
+ * queries in order, the softmax in fp32 with a running maximum; no atomics,
+ * a fixed order, memory O(T). Head size at most ATT_MAX_HS. */
+#define ATT_MAX_HS 256
+#define ATT_ROWS 64 /* threads (rows) per block */
+
+struct att_shape {
+    int B, T, C, NH, hs;
+    float scale;
+};
+
+/* Row t of head h of sequence b in the (B, T, 3C) qkv: q at part 0, k 1, v 2. */
+template <typename A> __device__ static const A *att_row(const A *qkv, const struct att_shape &s, int b, int t, int h,
+                                                         int part)
 {
-    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (row >= rows)
-        return;
-    int i = (row0 + row) % T;
-    const float *a = scores + (size_t)row * T;
-    float m = -INFINITY;
-    for (int j = lane; j <= i; j += WARP)
-        m = fmaxf(m, a[j]);
-    for (int o = WARP / 2; o > 0; o /= 2)
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float s = 0.0f;
-    for (int j = lane; j <= i; j += WARP)
-        s += expf(a[j] - m);
-    s = warp_sum(s);
-    __syncwarp();
-    for (int j = lane; j < T; j += WARP)
-        st(att, (size_t)row * T + j, j <= i ? expf(a[j] - m) / s : 0.0f);
+    return qkv + ((size_t)b * s.T + t) * 3 * s.C + (size_t)part * s.C + (size_t)h * s.hs;
 }
 
-/* dpre[i][j] = scale * att[i][j] * (datt[i][j] - sum_k att[i][k] datt[i][k]), j <= i; 0 above;
- * datt fp32 in, dpre stored [A] (may alias datt when [A] is fp32). */
+/* Row t of head h of sequence b in a (B, T, C) tensor (out, dout). */
+template <typename A> __device__ static A *att_out_row(A *x, const struct att_shape &s, int b, int t, int h)
+{
+    return x + ((size_t)b * s.T + t) * s.C + (size_t)h * s.hs;
+}
+
+/* This thread's sequence, head and row (grid: B NH x row blocks); false past the last row. */
+__device__ static bool att_thread(const struct att_shape &s, int *b, int *h, int *row)
+{
+    *b = blockIdx.x / s.NH;
+    *h = blockIdx.x % s.NH;
+    *row = blockIdx.y * ATT_ROWS + threadIdx.x;
+    return *row < s.T;
+}
+
+template <typename A> __device__ static float att_dot(const A *x, const A *y, int n)
+{
+    float d = 0.0f;
+    for (int i = 0; i < n; i++)
+        d += ld(x, i) * ld(y, i);
+    return d;
+}
+
 template <typename A>
-__global__ static void softmax_backward(A *dpre, const float *datt, const A *att, int rows, int T, float scale)
+__global__ static void attention_forward_kernel(A *out, float *lse, const A *qkv, struct att_shape s)
 {
-    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (row >= rows)
+    int b, h, t;
+    if (!att_thread(s, &b, &h, &t))
         return;
-    int i = row % T;
-    const size_t at = (size_t)row * T;
-    float dot = 0.0f;
-    for (int j = lane; j <= i; j += WARP)
-        dot += ld(att, at + j) * datt[at + j];
-    dot = warp_sum(dot);
-    __syncwarp();
-    for (int j = lane; j < T; j += WARP)
-        st(dpre, at + j, j <= i ? scale * ld(att, at + j) * (datt[at + j] - dot) : 0.0f);
+    const A *q = att_row(qkv, s, b, t, h, 0);
+    float acc[ATT_MAX_HS];
+    for (int d = 0; d < s.hs; d++)
+        acc[d] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        const float x = att_dot(q, att_row(qkv, s, b, j, h, 1), s.hs) * s.scale;
+        const float m_new = fmaxf(m, x), correction = expf(m - m_new), p = expf(x - m_new);
+        const A *v = att_row(qkv, s, b, j, h, 2);
+        for (int d = 0; d < s.hs; d++)
+            acc[d] = acc[d] * correction + p * ld(v, d);
+        l = l * correction + p;
+        m = m_new;
+    }
+    A *o = att_out_row(out, s, b, t, h);
+    for (int d = 0; d < s.hs; d++)
+        st(o, d, acc[d] / l);
+    lse[(size_t)blockIdx.x * s.T + t] = m + logf(l);
 }
 
-/* Per sequence b, for all heads at once: fp32 scores into scratch (NH T T
- * floats), softmax in fp32, probabilities [A] into att, then out = att v. */
+/* D_i = dout_i . out_i: the softmax backward's row term (out = P v, so sum_j P_ij dP_ij). */
+template <typename A> __device__ static float att_row_term(const A *dout, const A *out, const struct att_shape &s, int b,
+                                                           int i, int h)
+{
+    return att_dot(att_out_row(dout, s, b, i, h), att_out_row(out, s, b, i, h), s.hs);
+}
+
+/* dq_i = scale sum_{j <= i} P_ij (dP_ij - D_i) k_j, dP_ij = dout_i . v_j. */
+template <typename A>
+__global__ static void attention_backward_dq(A *dqkv, const A *dout, const A *out, const A *qkv, const float *lse,
+                                             struct att_shape s)
+{
+    int b, h, i;
+    if (!att_thread(s, &b, &h, &i))
+        return;
+    const A *q = att_row(qkv, s, b, i, h, 0), *dy = att_out_row(dout, s, b, i, h);
+    const float L = lse[(size_t)blockIdx.x * s.T + i], D = att_row_term(dout, out, s, b, i, h);
+    float acc[ATT_MAX_HS];
+    for (int d = 0; d < s.hs; d++)
+        acc[d] = 0.0f;
+    for (int j = 0; j <= i; j++) {
+        const A *k = att_row(qkv, s, b, j, h, 1);
+        const float p = expf(att_dot(q, k, s.hs) * s.scale - L);
+        const float ds = p * (att_dot(dy, att_row(qkv, s, b, j, h, 2), s.hs) - D) * s.scale;
+        for (int d = 0; d < s.hs; d++)
+            acc[d] += ds * ld(k, d);
+    }
+    A *dq = dqkv + ((size_t)b * s.T + i) * 3 * s.C + (size_t)h * s.hs;
+    for (int d = 0; d < s.hs; d++)
+        st(dq, d, acc[d]);
+}
+
+/* dk_j = scale sum_{i >= j} P_ij (dP_ij - D_i) q_i; dv_j = sum_{i >= j} P_ij dout_i. */
+template <typename A>
+__global__ static void attention_backward_dkdv(A *dqkv, const A *dout, const A *out, const A *qkv, const float *lse,
+                                               struct att_shape s)
+{
+    int b, h, j;
+    if (!att_thread(s, &b, &h, &j))
+        return;
+    const A *k = att_row(qkv, s, b, j, h, 1), *v = att_row(qkv, s, b, j, h, 2);
+    float dk[ATT_MAX_HS], dv[ATT_MAX_HS];
+    for (int d = 0; d < s.hs; d++)
+        dk[d] = dv[d] = 0.0f;
+    for (int i = j; i < s.T; i++) {
+        const A *q = att_row(qkv, s, b, i, h, 0), *dy = att_out_row(dout, s, b, i, h);
+        const float p = expf(att_dot(q, k, s.hs) * s.scale - lse[(size_t)blockIdx.x * s.T + i]);
+        const float ds = p * (att_dot(dy, v, s.hs) - att_row_term(dout, out, s, b, i, h)) * s.scale;
+        for (int d = 0; d < s.hs; d++) {
+            dk[d] += ds * ld(q, d);
+            dv[d] += p * ld(dy, d);
+        }
+    }
+    A *dst = dqkv + ((size_t)b * s.T + j) * 3 * s.C + (size_t)h * s.hs;
+    for (int d = 0; d < s.hs; d++) {
+        st(dst, (size_t)s.C + d, dk[d]);
+        st(dst, 2 * (size_t)s.C + d, dv[d]);
+    }
+}
+
+static struct att_shape att_shape_of(int B, int T, int C, int NH)
+{
+    struct att_shape s = {B, T, C, NH, C / NH, 1.0f / sqrtf((float)(C / NH))};
+    if (s.hs > ATT_MAX_HS)
+        fail_input("attention: head size %d is more than the %d this CUDA kernel supports (model.n_embd / "
+                   "model.n_head)",
+                   s.hs, ATT_MAX_HS);
+    return s;
+}
+
+/* att: the rows' log-sum-exp (B NH T fp32), kept for the backward. */
 extern "C" void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T,
                                           int C, int NH)
 {
-    int hs = C / NH, ld3 = 3 * C, rows_per_block = BLOCK / WARP;
-    float scale = 1.0f / sqrtf((float)hs), zero = 0.0f;
-    const long long tt = (long long)T * T;
-    const cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
-    for (int b = 0; b < B; b++) {
-        const void *q = act_at(qkv, (size_t)b * T * ld3), *k = act_at(q, C), *v = act_at(q, 2 * C);
-        void *a = act_at(att, (size_t)b * NH * T * T);
-        /* scores[h] (T, T) row-major = q_h k_h^T: column-major scores^T = K_h^T Q_h, fp32 out */
-        cublasCheck(cublasGemmStridedBatchedEx(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, k, act_type(),
-                                               ld3, hs, q, act_type(), ld3, hs, &zero, scratch, CUDA_R_32F, T, tt,
-                                               NH, compute, CUBLAS_GEMM_DEFAULT));
-        WITH_ACT(causal_softmax<A><<<(NH * T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-            (A *)a, scratch, NH * T, T, 0));
-        /* out[:, h] (T, hs) = att[h] v[h]: column-major out^T = V^T att^T */
-        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, ld3, hs, a, T, tt, 0.0f,
-                     act_at(out, (size_t)b * T * C), C, hs, NH);
-    }
+    (void)scratch;
+    const struct att_shape s = att_shape_of(B, T, C, NH);
+    const dim3 grid((unsigned)(B * NH), (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS));
+    WITH_ACT(attention_forward_kernel<A><<<grid, ATT_ROWS, 0, g_stream>>>((A *)out, att, (const A *)qkv, s));
 }
 
-/* Per sequence, all heads at once: datt = dout v^T in fp32 (scratch), dpre
- * in [A] after it (in place when [A] is fp32). */
+/* out: the forward's output (backend.h: the attention's output is kept). */
 extern "C" void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                                           float *scratch, int B, int T, int C, int NH)
+                                           const float *out, float *scratch, int B, int T, int C, int NH)
 {
-    int hs = C / NH, ld3 = 3 * C, rows_per_block = BLOCK / WARP;
-    float scale = 1.0f / sqrtf((float)hs), one = 1.0f, zero = 0.0f;
-    const long long tt = (long long)T * T;
-    const cublasComputeType_t compute = g_act == DTYPE_F32 ? g_compute : CUBLAS_COMPUTE_32F;
-    void *dpre = g_act == DTYPE_F32 ? (void *)scratch : (void *)(scratch + (size_t)NH * T * T);
-    for (int b = 0; b < B; b++) {
-        const void *q = act_at(qkv, (size_t)b * T * ld3), *k = act_at(q, C), *v = act_at(q, 2 * C);
-        const void *a = act_at(att, (size_t)b * NH * T * T), *dy = act_at(dout, (size_t)b * T * C);
-        void *dq = act_at(dqkv, (size_t)b * T * ld3), *dk = act_at(dq, C), *dv = act_at(dq, 2 * C);
-        /* datt[h] = dout_h v_h^T (fp32 out) */
-        cublasCheck(cublasGemmStridedBatchedEx(g_cublas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, v, act_type(), ld3,
-                                               hs, dy, act_type(), C, hs, &zero, scratch, CUDA_R_32F, T, tt, NH,
-                                               compute, CUBLAS_GEMM_DEFAULT));
-        /* dv[h] = att_h^T dout_h */
-        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dy, C, hs, a, T, tt, 0.0f, dv, ld3, hs, NH);
-        WITH_ACT(softmax_backward<A><<<(NH * T + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-            (A *)dpre, scratch, (const A *)a, NH * T, T, scale));
-        /* dq[h] = dpre_h k_h; dk[h] = dpre_h^T q_h */
-        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, ld3, hs, dpre, T, tt, 0.0f, dq, ld3, hs, NH);
-        gemm_batched(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, ld3, hs, dpre, T, tt, 0.0f, dk, ld3, hs, NH);
-    }
+    (void)scratch;
+    const struct att_shape s = att_shape_of(B, T, C, NH);
+    const dim3 grid((unsigned)(B * NH), (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS));
+    WITH_ACT({
+        attention_backward_dq<A><<<grid, ATT_ROWS, 0, g_stream>>>((A *)dqkv, (const A *)dout, (const A *)out,
+                                                                  (const A *)qkv, att, s);
+        attention_backward_dkdv<A><<<grid, ATT_ROWS, 0, g_stream>>>((A *)dqkv, (const A *)dout, (const A *)out,
+                                                                    (const A *)qkv, att, s);
+    });
 }
+
+extern "C" size_t backend_attention_saved(int B, int T, int NH) { return BACKEND_CUDA_ATTENTION_SAVED(B, T, NH); }
 
 extern "C" size_t backend_attention_scratch(int T, int NH) { return BACKEND_CUDA_ATTENTION_SCRATCH(T, NH); }
 

@@ -112,19 +112,23 @@ void backend_add_act(float *out, const float *a, const float *b, size_t n);
 
 /* Causal multi-head self-attention.
  * qkv [A] (B, T, 3C): q, k, v concatenated as GPT-2's c_attn produces them;
- * att [A] (B, NH, T, T): softmax probabilities, computed in fp32 (kept for
- * backward; upper triangle zero); out [A] (B, T, C);
- * scratch: backend_attention_scratch(T, NH) floats. */
+ * out [A] (B, T, C); att: what the forward keeps for the backward,
+ * backend_attention_saved(B, T, NH) bytes: the CPU backend the softmax
+ * probabilities [A] (B, NH, T, T) (upper triangle zero), the CUDA backend
+ * each row's log-sum-exp (B, NH, T) in fp32 (it recomputes the probabilities
+ * in the backward: memory O(T)); scratch: backend_attention_scratch(T, NH)
+ * floats. */
 void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH);
-/* dqkv [A] (B, T, 3C) overwritten; dout [A], qkv [A], att [A]. scratch: backend_attention_scratch(T, NH) floats. */
-void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+/* dqkv [A] (B, T, 3C) overwritten; dout [A], qkv [A], att as the forward
+ * left it, out [A] the forward's output. */
+void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
                                 float *scratch, int B, int T, int C, int NH);
 size_t backend_attention_scratch(int T, int NH);
-/* The CUDA backend's: the fp32 scores of every head of one sequence, then
- * their [A] gradients (the planner uses it to plan the CUDA build from any
- * build). */
-#define BACKEND_CUDA_ATTENTION_SCRATCH(T, NH)                                    \
-    ((size_t)(NH) * (size_t)(T) * (size_t)(T) + ((size_t)(NH) * (size_t)(T) * (size_t)(T) + 1) / 2)
+size_t backend_attention_saved(int B, int T, int NH);
+/* The CUDA backend's (the planner plans the CUDA build from any build): no
+ * scratch, and the rows' log-sum-exp. */
+#define BACKEND_CUDA_ATTENTION_SCRATCH(T, NH) ((void)(T), (void)(NH), (size_t)0)
+#define BACKEND_CUDA_ATTENTION_SAVED(B, T, NH) ((size_t)(B) * (size_t)(NH) * (size_t)(T) * sizeof(float))
 
 /* The math libraries' workspace, in bytes, that the memory plan reserves in
  * the workspace class and hands over with backend_set_library_workspace (the

@@ -284,6 +284,17 @@ void backend_add(float *out, const float *a, const float *b, size_t n)
         out[i] = a[i] + b[i];
 }
 
+/* The probabilities (B, NH, T, T) [A]. */
+size_t backend_attention_saved(int B, int T, int NH)
+{
+#ifdef BACKEND_CPU_NO_ACT
+    const size_t es = sizeof(float);
+#else
+    const size_t es = (size_t)dtype_size(backend_act_dtype());
+#endif
+    return (size_t)B * (size_t)NH * (size_t)T * (size_t)T * es;
+}
+
 size_t backend_attention_scratch(int T, int NH)
 {
     (void)NH; /* one (T, T) matrix per thread */
@@ -338,9 +349,10 @@ void backend_attention_forward(float *out, float *att, const float *qkv, float *
         }
 }
 
-void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
                                 float *scratch, int B, int T, int C, int NH)
 {
+    (void)out; /* the probabilities are kept: the forward's output is not needed */
     ACT_DISPATCH(act_attention_backward(dqkv, dout, qkv, att, scratch, B, T, C, NH));
     DEVEMU_VIEW(dqkv);
     DEVEMU_VIEW(dout);

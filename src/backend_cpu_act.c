@@ -179,7 +179,7 @@ void act_attention_backward(float *dqkv, const float *dout, const float *qkv, co
     const size_t BT = (size_t)B * T;
     float *d = widen(dout, BT * C), *q = widen(qkv, BT * 3 * C), *dq = xcalloc(BT * 3 * C, sizeof *dq);
     float *p = widen(att, (size_t)B * NH * T * T);
-    FP32(backend_attention_backward(dq, d, q, p, scratch, B, T, C, NH));
+    FP32(backend_attention_backward(dq, d, q, p, NULL, scratch, B, T, C, NH));
     narrow(dqkv, dq, BT * 3 * C);
     free(d), free(q), free(p);
 }

@@ -32,7 +32,8 @@ static int n_segments(int L, int interval) { return (L + interval - 1) / interva
 /* Bytes of one set of block activations (struct block_acts). */
 static size_t block_set_bytes(size_t BT, size_t C, size_t B, size_t NH, size_t T)
 {
-    return act(BT * C) + 2 * f32(BT) + act(BT * 3 * C) + act(B * NH * T * T) + act(BT * C) + act(BT * C) +
+    return act(BT * C) + 2 * f32(BT) + act(BT * 3 * C) + arena_round(plan_attention_saved((int)B, (int)T, (int)NH)) +
+           act(BT * C) + act(BT * C) +
            act(BT * C) + 2 * f32(BT) + 2 * act(BT * 4 * C);
 }
 
@@ -91,7 +92,7 @@ void gpt2_acts_init(struct gpt2_acts *a, const struct model *m, int B, int T, in
         ba->ln1_mean = ALLOC(BUF_ACTIVATIONS, BT);
         ba->ln1_rstd = ALLOC(BUF_ACTIVATIONS, BT);
         ba->qkv = ALLOC_ACT(BUF_ACTIVATIONS, BT * 3 * C);
-        ba->att = ALLOC_ACT(BUF_ACTIVATIONS, (size_t)B * NH * T * T);
+        ba->att = arena_alloc(dev, mem, BUF_ACTIVATIONS, plan_attention_saved(B, T, (int)NH), 1);
         ba->atty = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
         ba->res2 = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
         ba->ln2 = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
@@ -257,7 +258,7 @@ static void block_backward(const struct model *m, const struct block_params *p, 
     /* attention */
     backend_matmul_backward(a->dwork_c, g->attproj_w, g->attproj_b, dres2, ba->atty, p->attproj_w, N,
                             C, C);
-    backend_attention_backward(a->dwork_3c, a->dwork_c, ba->qkv, ba->att, a->scratch, B, T, C, NH);
+    backend_attention_backward(a->dwork_3c, a->dwork_c, ba->qkv, ba->att, ba->atty, a->scratch, B, T, C, NH);
     backend_matmul_backward(a->dwork_c, g->qkv_w, g->qkv_b, a->dwork_3c, ba->ln1, p->qkv_w, N, C, 3 * C);
     backend_copy(dy, dres2, NC * act_size_now());
     backend_layernorm_backward(dy, g->ln1_w, g->ln1_b, a->dwork_c, x, p->ln1_w, ba->ln1_mean, ba->ln1_rstd,

@@ -185,6 +185,11 @@ size_t plan_attention_scratch(int T, int NH)
     return g_as_cuda.on ? BACKEND_CUDA_ATTENTION_SCRATCH(T, NH) : backend_attention_scratch(T, NH);
 }
 
+size_t plan_attention_saved(int B, int T, int NH)
+{
+    return g_as_cuda.on ? BACKEND_CUDA_ATTENTION_SAVED(B, T, NH) : backend_attention_saved(B, T, NH);
+}
+
 size_t plan_layernorm_scratch(int C) { return g_as_cuda.on ? 0 : backend_layernorm_scratch(C); }
 
 size_t plan_library_workspace(void) { return g_as_cuda.on ? BACKEND_CUDA_LIBRARY_WORKSPACE : backend_library_workspace(); }

@@ -53,6 +53,7 @@ int plan_device(void);
 enum dtype plan_act_dtype(void);
 size_t plan_attention_scratch(int T, int NH);
 size_t plan_layernorm_scratch(int C);
+size_t plan_attention_saved(int B, int T, int NH);
 size_t plan_library_workspace(void);
 /* The arena bytes that hold a library workspace of `bytes`, 256-byte aligned
  * (cuBLAS) inside the 64-byte-aligned arena: the trainer's and the GPU

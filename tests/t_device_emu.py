@@ -32,17 +32,16 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 the reverse) to the same final parameters as an uninterrupted run
   plan.CASE     `shardlm plan --target cuda --json` (what bin/shardlm-cuda
                 allocates) equals the emulated run's planned and peak bytes
-                and spaces for every buffer class, but the workspace, which
-                differs by exactly the CUDA and CPU attention scratch and
-                cuBLAS's workspace
-  gpu_target.CASE  for the half-precision cases, what the CUDA build
+                and spaces for every buffer class, but the attention (the CPU
+                backend keeps the probabilities and a T x T scratch, the CUDA
+                backend each row's log-sum-exp) and cuBLAS's workspace, which
+                must be exactly the difference
+  gpu_target.CASE  what the CUDA build
                 allocates (--target cuda, tied to the run by plan.CASE) in
                 every buffer class equals `shardlm plan --target gpu`
-                (DESIGN §5), bytes and space (no
-                fp32 compute copies or send buffers, half-precision gradient
-                buffers, residual stream and logits), but for the attention
-                probabilities and scratch the engine still keeps (issue 21),
-                which must be exactly the difference
+                (DESIGN §5), bytes and space: no fp32 compute copies or send
+                buffers; half-precision gradient buffers, residual stream and
+                logits; the attention's statistics only
   fit.*         with an emulated device capacity (SHARDLM_EMULATE_DEVICE_MEM):
                 a plan that fits logs "the plan needs X of the Y free" and the
                 memory in use at the end; one that does not stops with exit 2
@@ -159,54 +158,50 @@ def plan_memory(name, cfg, target, env=ENV):
         return None
 
 
-def check_cuda_plan(tag, cfg, run_memory, f32_acts):
-    """plan --target cuda against an emulated run (OMP_NUM_THREADS=1: the CPU's attention scratch is T*T)."""
+def block_sets(extra):
+    ckpt = extra.get("activation_checkpointing", {})
+    return ckpt.get("interval", 1) if ckpt.get("enabled") else MODEL["n_layer"]
+
+
+def check_cuda_plan(tag, cfg, run_memory, f32_acts, extra):
+    """plan --target cuda against an emulated run: the same but for the attention, where the CPU backend
+    keeps the probabilities (B NH T T [A] per block set) and a T T scratch (OMP_NUM_THREADS=1) and the CUDA
+    backend each row's log-sum-exp (B NH T fp32) and no scratch; and cuBLAS's workspace."""
     planned = plan_memory(f"plan.{tag}", cfg, "cuda", dict(ENV, SHARDLM_FP32_ACTIVATIONS="1" if f32_acts else "0"))
     if planned is None:
         return
-    NH = MODEL["n_head"]
-    cuda_scratch = arena_round(4 * (NH * T * T + (NH * T * T + 1) // 2))
-    cpu_scratch = arena_round(4 * max(T * T, 2 * MODEL["n_embd"]))
-    library = arena_round((32 << 20) + 256 - 64)  # cuBLAS's workspace, 256-byte aligned in the arena (gpt2.c)
+    B, NH = 2, MODEL["n_head"]
+    es = 4 if f32_acts else 2
+    delta = {
+        "block activations": block_sets(extra) * (arena_round(4 * B * NH * T) - arena_round(es * B * NH * T * T)),
+        "workspace": arena_round((32 << 20) + 256 - 64)  # cuBLAS's workspace, 256-byte aligned (gpt2.c)
+        - arena_round(4 * max(T * T, 2 * MODEL["n_embd"])),
+    }
     bad = []
     for k, v in run_memory.items():
-        want = v["planned"] + (cuda_scratch - cpu_scratch + library if k == "workspace" else 0)
+        want = v["planned"] + delta.get(k, 0)
         p = planned.get(k, {"bytes": 0, "space": v["space"]})
         if p["bytes"] != want or v["peak"] != v["planned"] or (want and p["space"] != v["space"]):
             bad.append(f"{k}: plan {p['bytes']} {p['space']}, run {v['planned']}/{v['peak']} {v['space']}")
-    extra = [k for k, v in planned.items() if v["bytes"] and k not in run_memory]
-    check(f"plan.{tag}", not bad and not extra, f"{bad}; only in the plan: {extra}")
+    extra_classes = [k for k, v in planned.items() if v["bytes"] and k not in run_memory]
+    check(f"plan.{tag}", not bad and not extra_classes, f"{bad}; only in the plan: {extra_classes}")
 
 
 # What the CUDA engine allocates against what the planner's GPU target (DESIGN §5) says (issue 15): every
-# class, bytes and space, equal; but the attention, where the engine still keeps the probabilities of every
-# head (B NH T T in the activation dtype per block set, and its fp32 scratch) and the GPU target plans a fused
-# attention's statistics (B NH T in fp32): issue 21 makes the engine that.
-def attention_gap(extra):
-    """(block activations, workspace) bytes the engine's attention adds over the GPU target's."""
-    B, NH, L = 2, MODEL["n_head"], MODEL["n_layer"]
-    ckpt = extra.get("activation_checkpointing", {})
-    sets = ckpt.get("interval", 1) if ckpt.get("enabled") else L
-    probs, stats = arena_round(2 * B * NH * T * T), arena_round(4 * B * NH * T)
-    scratch = arena_round(4 * (NH * T * T + (NH * T * T + 1) // 2))
-    return sets * (probs - stats), scratch
-
-
-def check_gpu_target(tag, cfg, extra):
+# class, bytes and space, equal.
+def check_gpu_target(tag, cfg):
     """--target gpu against --target cuda (what bin/shardlm-cuda allocates: plan.CASE ties it to this
-    emulated run's measured peaks, but for the CPU's own attention scratch and library workspace)."""
+    emulated run's measured peaks, but for what the CPU backend's own attention and libraries need)."""
     planned = plan_memory(f"gpu_target.{tag}", cfg, "gpu")
     cuda = plan_memory(f"gpu_target.{tag}", cfg, "cuda", dict(ENV, SHARDLM_FP32_ACTIVATIONS="0"))
     if planned is None or cuda is None:
         return
-    gap = dict(zip(("block activations", "workspace"), attention_gap(extra)))
     bad = []
     for k in sorted(set(planned) | set(cuda)):
         p = planned.get(k, {"bytes": 0, "space": "device"})
         v = cuda.get(k, {"bytes": 0, "space": p["space"]})
-        if p["bytes"] + gap.get(k, 0) != v["bytes"] or (p["bytes"] and p["space"] != v["space"]):
-            bad.append(f"{k}: GPU target {p['bytes']} (+ attention {gap.get(k, 0)}) {p['space']}, "
-                       f"CUDA build {v['bytes']} {v['space']}")
+        if p["bytes"] != v["bytes"] or (p["bytes"] and p["space"] != v["space"]):
+            bad.append(f"{k}: GPU target {p['bytes']} {p['space']}, CUDA build {v['bytes']} {v['space']}")
     check(f"gpu_target.{tag}", not bad, f"{bad}")
 
 
@@ -233,7 +228,8 @@ def main():
             continue
         compare(tag, plain, emu)
         if dtype == "fp32":
-            check_cuda_plan(tag, cfg, emu["memory"], True)
+            check_cuda_plan(tag, cfg, emu["memory"], True, extra)
+            check_gpu_target(tag, cfg)
         if "sample_tokens" in extra.get("train", {}):
             samples = [o[o.find("---- sample"):o.find("---- end of sample")] for o in (out_p, out_e)]
             check(f"sample.{tag}", len(emu["val"]) == 2 and samples[0] == samples[1] and len(samples[0]) > 30,
@@ -259,8 +255,8 @@ def main():
             worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(half["rows"], plain["rows"]))
             device = [sum(v["peak"] for v in r["memory"].values() if v["space"] == "device") for r in (half, emu)]
             bad = [k for k, v in half["memory"].items() if v["planned"] != v["peak"]]
-            check_cuda_plan(tag, cfg, half["memory"], False)
-            check_gpu_target(tag, cfg, extra)
+            check_cuda_plan(tag, cfg, half["memory"], False, extra)
+            check_gpu_target(tag, cfg)
             check(f"act.{tag}", len(half["rows"]) == STEPS and worst <= tol and not bad and device[0] < device[1],
                   f"worst loss difference {worst:.3g} (tol {tol}), planned != peak {bad}, device {device}")
 

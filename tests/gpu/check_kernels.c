@@ -294,25 +294,43 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     backend_add_act(d_sum, d_x, d_inp, NC);
     compare_act(named("add_act"), g, d_sum, NC, tol);
 
-    /* attention: qkv, att, out, dout, dqkv [A] */
+    /* attention: qkv, out, dout, dqkv [A]; the device keeps each row's log-sum-exp (att, fp32) and
+     * recomputes the probabilities in the backward, the CPU keeps the probabilities */
     size_t nqkv = (size_t)N * 3 * C, natt = (size_t)B * NH * T * T;
     float *qkv = act_round(host_random(nqkv, 1), nqkv), *d_qkv = act_to_device(qkv, nqkv);
-    float *att = malloc(natt * 4), *d_att = act_poisoned(natt), *aout = malloc(NC * 4), *d_aout = act_poisoned(NC);
-    float *d_fscratch = poisoned(backend_attention_scratch(T, NH));
+    float *att = malloc(natt * 4), *aout = malloc(NC * 4), *d_aout = act_poisoned(NC);
+    float *d_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
+    float *d_fscratch = poisoned(backend_attention_scratch(T, NH) + 1);
     cpu_attention_forward(aout, att, qkv, NULL, B, T, C, NH);
     backend_attention_forward(d_aout, d_att, d_qkv, d_fscratch, B, T, C, NH);
     compare_act(named("attention_forward_out"), aout, d_aout, NC, tol);
-    compare_act(named("attention_forward_att"), att, d_att, natt, tol);
-    /* backward from the same probabilities on both sides */
-    act_round(att, natt);
-    cudaFree(d_att);
-    d_att = act_to_device(att, natt);
+    float *lse = malloc((size_t)B * NH * T * 4), *want_lse = malloc((size_t)B * NH * T * 4);
+    cuda_ok(cudaMemcpy(lse, d_att, (size_t)B * NH * T * 4, cudaMemcpyDeviceToHost), "attention lse");
+    for (int b = 0; b < B; b++) /* log-sum-exp of row i of head h: the scores from the CPU's inputs */
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                const int hs = C / NH;
+                double m = -INFINITY, sum = 0.0, sc[4096];
+                for (int j = 0; j <= i && j < 4096; j++) {
+                    double d = 0.0;
+                    for (int k = 0; k < hs; k++)
+                        d += (double)qkv[((size_t)b * T + i) * 3 * C + h * hs + k] *
+                             qkv[((size_t)b * T + j) * 3 * C + C + h * hs + k];
+                    sc[j] = d / sqrt((double)hs);
+                    m = fmax(m, sc[j]);
+                }
+                for (int j = 0; j <= i && j < 4096; j++)
+                    sum += exp(sc[j] - m);
+                want_lse[((size_t)b * NH + h) * T + i] = (float)(m + log(sum));
+            }
+    compare(named("attention_forward_lse"), want_lse, d_att, (size_t)B * NH * T, 1e-5);
     float *dqkv = malloc(nqkv * 4), *d_dqkv = act_poisoned(nqkv);
     float *ascratch = malloc((cpu_attention_scratch(T, NH) + 1) * 4);
     float *d_ascratch = poisoned(backend_attention_scratch(T, NH) + 1);
-    cpu_attention_backward(dqkv, lndout, qkv, att, ascratch, B, T, C, NH);
-    backend_attention_backward(d_dqkv, d_lndout, d_qkv, d_att, d_ascratch, B, T, C, NH);
+    cpu_attention_backward(dqkv, lndout, qkv, att, NULL, ascratch, B, T, C, NH);
+    backend_attention_backward(d_dqkv, d_lndout, d_qkv, d_att, d_aout, d_ascratch, B, T, C, NH);
     compare_act(named("attention_backward"), dqkv, d_dqkv, nqkv, tol);
+    free(lse), free(want_lse);
 
     /* embedding: wte, wpe, out, dout [A]; dwte, dwpe fp32 */
     int32_t *tokens = malloc(N * sizeof *tokens), *targets = malloc(N * sizeof *targets);

@@ -3,6 +3,7 @@
 #define backend_all_finite cpu_all_finite
 #define backend_attention_backward cpu_attention_backward
 #define backend_attention_forward cpu_attention_forward
+#define backend_attention_saved cpu_attention_saved
 #define backend_attention_scratch cpu_attention_scratch
 #define backend_check_performance cpu_check_performance
 #define backend_copy cpu_copy

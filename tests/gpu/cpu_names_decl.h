@@ -6,6 +6,7 @@
 #undef backend_all_finite
 #undef backend_attention_backward
 #undef backend_attention_forward
+#undef backend_attention_saved
 #undef backend_attention_scratch
 #undef backend_check_performance
 #undef backend_copy

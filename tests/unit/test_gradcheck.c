@@ -61,6 +61,7 @@
 #define backend_attention_forward f64_attention_forward
 #define backend_attention_backward f64_attention_backward
 #define backend_attention_scratch f64_attention_scratch
+#define backend_attention_saved f64_attention_saved
 #define backend_embedding_forward f64_embedding_forward
 #define backend_embedding_backward f64_embedding_backward
 #define backend_crossentropy_forward f64_crossentropy_forward
@@ -96,6 +97,7 @@
 #undef backend_attention_forward
 #undef backend_attention_backward
 #undef backend_attention_scratch
+#undef backend_attention_saved
 #undef backend_embedding_forward
 #undef backend_embedding_backward
 #undef backend_crossentropy_forward
@@ -556,7 +558,7 @@ static void test_attention(int B, int T, int C, int NH, uint64_t *rng)
     double *att = copy_tensor(a.att, n_att);
     double *dqkv = filled_tensor(n_qkv, OVERWRITE_SENTINEL);
     double *scratch = xmalloc(f64_attention_scratch(T, NH) * sizeof *scratch);
-    f64_attention_backward(dqkv, w, a.qkv, att, scratch, B, T, C, NH);
+    f64_attention_backward(dqkv, w, a.qkv, att, NULL, scratch, B, T, C, NH);
 
     struct objective obj = {attention_objective, &a, w, n_out};
     double *num_qkv = numeric(a.qkv, n_qkv, &obj);
@@ -568,7 +570,7 @@ static void test_attention(int B, int T, int C, int NH, uint64_t *rng)
     for (size_t i = 0; i < n_qkv; i++)
         dqkv_f[i] = (float)OVERWRITE_SENTINEL;
     backend_attention_forward(out_f, att_f, qkv_f, NULL, B, T, C, NH);
-    backend_attention_backward(dqkv_f, w_f, qkv_f, att_f, scratch_f, B, T, C, NH);
+    backend_attention_backward(dqkv_f, w_f, qkv_f, att_f, NULL, scratch_f, B, T, C, NH);
     check_float_f(kernel, "out", out_f, out, n_out);
     check_float_f(kernel, "att", att_f, att, n_att);
     check_float_f(kernel, "dqkv", dqkv_f, dqkv, n_qkv);
