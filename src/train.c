@@ -50,8 +50,12 @@ void train_install_stop_handlers(void)
  * known point instead of at a time the test can only hope for. */
 void train_fault_point(const char *phase)
 {
-    static int fired;
-    const char *spec = getenv("SHARDLM_INJECT_SIGNAL");
+    static int fired, looked;
+    static const char *spec;
+    if (!looked) { /* once: the step loop reaches this point every micro-batch */
+        spec = getenv("SHARDLM_INJECT_SIGNAL");
+        looked = 1;
+    }
     if (!spec || fired)
         return;
     size_t n = strlen(phase);

@@ -162,6 +162,51 @@ static void init_params(struct zero *z, int u, float *scratch, void *cast)
     backend_copy(zu->master, scratch + (zu->opt_begin - begin), zu->opt_count * sizeof(float));
 }
 
+static float *opt_grads(struct zero_unit *zu);
+static void *opt_params(const struct zero *z, struct zero_unit *zu);
+
+/* The step's fixed tables, made once: one AdamW range per tensor slice of
+ * this rank's optimizer range (alignment gaps and padding stay zero), and the
+ * gradient ranges whose squares the finite check and the norm sum. */
+static void build_optimizer_tables(struct zero *z, const struct config *cfg)
+{
+    const int units = z->model->n_units;
+    int n = 0;
+    for (int u = 0; u < units; u++)
+        n += z->model->units[u].n_tensors;
+    z->adam_ranges = xcalloc((size_t)n, sizeof *z->adam_ranges);
+    z->grad_ranges = xcalloc((size_t)units, sizeof *z->grad_ranges);
+    z->grad_counts = xcalloc((size_t)units, sizeof *z->grad_counts);
+    n = 0;
+    for (int u = 0; u < units; u++) {
+        struct zero_unit *zu = &z->units[u];
+        const struct unit_desc *ud = &z->model->units[u];
+        void *p = opt_params(z, zu);
+        float *master = z->master_copy ? zu->master : p, *g = opt_grads(zu);
+        z->grad_ranges[u] = g;
+        z->grad_counts[u] = zu->opt_count;
+        const size_t r0 = zu->opt_begin, r1 = zu->opt_begin + zu->opt_count;
+        for (int t = 0; t < ud->n_tensors; t++) {
+            const struct tensor_desc *td = &ud->tensors[t];
+            size_t lo = td->offset > r0 ? td->offset : r0;
+            size_t hi = td->offset + td->numel < r1 ? td->offset + td->numel : r1;
+            if (lo >= hi)
+                continue;
+            size_t off = lo - r0;
+            z->adam_ranges[n++] = (struct adamw_range){
+                .param = master + off,
+                .m = zu->adam_m + off,
+                .v = zu->adam_v + off,
+                .grad = g + off,
+                .param_out = z->master_copy && !z->optimizer_on_host ? elem(p, off, z->esize) : NULL,
+                .n = hi - lo,
+                .weight_decay = td->decay ? cfg->optimizer.weight_decay : 0.0f,
+            };
+        }
+    }
+    z->n_adam_ranges = n;
+}
+
 void zero_init(struct zero *z, const struct model *m, const struct config *cfg, struct comm *comm, int rank,
                int world, bool dry, const int planned_slots[POOL_SETS][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
                struct mem_tracker *mem)
@@ -236,6 +281,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     }
     free(scratch);
     free(cast);
+    build_optimizer_tables(z, cfg);
     for (int set = 0; set < POOL_SETS; set++)
         for (int k = 0; k < ZERO_POOLS; k++) {
             struct zero_pool *p = &z->pools[set][k];
@@ -253,6 +299,9 @@ void zero_free(struct zero *z)
             free(z->pools[set][k].slot_unit);
         }
     free(z->units);
+    free(z->adam_ranges);
+    free(z->grad_ranges);
+    free(z->grad_counts);
     memset(z, 0, sizeof *z);
 }
 
@@ -532,18 +581,9 @@ void zero_reduce_grads(struct zero *z)
 
 void zero_grad_stats(struct zero *z, bool *overflow, double *norm)
 {
-    const int n = z->model->n_units;
-    const float **x = xcalloc((size_t)n, sizeof *x);
-    size_t *count = xcalloc((size_t)n, sizeof *count);
-    for (int u = 0; u < n; u++) {
-        x[u] = opt_grads(&z->units[u]);
-        count[u] = z->units[u].opt_count;
-    }
     /* squares in double cannot overflow for finite fp32 values: a non-finite
      * sum means a non-finite gradient somewhere, on some rank */
-    double sum = backend_sum_squares_multi(x, count, n);
-    free(x);
-    free(count);
+    double sum = backend_sum_squares_multi(z->grad_ranges, z->grad_counts, z->model->n_units);
     if (z->stage > 0) /* at stage 0 every rank holds all of the reduced gradients */
         comm_allreduce(z->comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
     *overflow = !isfinite(sum);
@@ -572,43 +612,14 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
         .bias_correction2 = (float)(1.0 - pow(oc->beta2, (double)z->adam_steps)),
         .grad_scale = grad_scale,
     };
-    /* One range per tensor slice of this rank's optimizer range: alignment
-     * gaps and padding stay zero. Where the optimizer state is in the
-     * backend's memory (a device's, unless offload_optimizer), the backend's
-     * fused AdamW updates it and writes the new parameters in their dtype in
-     * the same pass; in pinned host memory under a device, the host updates it
-     * and the device casts the new parameters from the pinned master. */
-    const int on_backend = !z->optimizer_on_host;
-    int n = 0;
-    for (int u = 0; u < z->model->n_units; u++)
-        n += z->model->units[u].n_tensors;
-    struct adamw_range *ranges = xcalloc((size_t)n, sizeof *ranges);
-    n = 0;
-    for (int u = 0; u < z->model->n_units; u++) {
-        struct zero_unit *zu = &z->units[u];
-        const struct unit_desc *ud = &z->model->units[u];
-        void *p = opt_params(z, zu);
-        float *master = z->master_copy ? zu->master : p, *g = opt_grads(zu);
-        const size_t r0 = zu->opt_begin, r1 = zu->opt_begin + zu->opt_count;
-        for (int t = 0; t < ud->n_tensors; t++) {
-            const struct tensor_desc *td = &ud->tensors[t];
-            size_t lo = td->offset > r0 ? td->offset : r0;
-            size_t hi = td->offset + td->numel < r1 ? td->offset + td->numel : r1;
-            if (lo >= hi)
-                continue;
-            size_t off = lo - r0;
-            ranges[n++] = (struct adamw_range){
-                .param = master + off,
-                .m = zu->adam_m + off,
-                .v = zu->adam_v + off,
-                .grad = g + off,
-                .param_out = z->master_copy && on_backend ? elem(p, off, z->esize) : NULL,
-                .n = hi - lo,
-                .weight_decay = td->decay ? oc->weight_decay : 0.0f,
-            };
-        }
-    }
-    if (on_backend) {
+    /* Where the optimizer state is in the backend's memory (a device's, unless
+     * offload_optimizer), the backend's fused AdamW updates it and writes the
+     * new parameters in their dtype in the same pass; in pinned host memory
+     * under a device, the host updates it and the device casts the new
+     * parameters from the pinned master. */
+    const struct adamw_range *ranges = z->adam_ranges;
+    const int n = z->n_adam_ranges;
+    if (!z->optimizer_on_host) {
         backend_adamw(ranges, n, &hp, z->dtype);
     } else {
         for (int k = 0; k < n; k++) {
@@ -622,7 +633,6 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
             backend_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
         }
     }
-    free(ranges);
     /* Where a stage keeps parameters whole, every rank takes the others' updated slices. */
     if (z->stage == 0)
         return;

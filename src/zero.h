@@ -51,6 +51,7 @@
 #include <stdint.h>
 
 #include "adamw.h"
+#include "backend.h"
 #include "arena.h"
 #include "comm.h"
 #include "config.h"
@@ -145,6 +146,10 @@ struct zero {
                                    * fp32 gradient shard, where the optimizer state lives */
     struct zero_unit *units;
     float *ckpt_host[3];          /* zero_ckpt_stage: host copies of the groups, NULL: none */
+    struct adamw_range *adam_ranges; /* the step's AdamW ranges, one per tensor slice (made at init) */
+    int n_adam_ranges;
+    const float **grad_ranges;    /* each unit's fp32 gradient range and its length (made at init) */
+    size_t *grad_counts;
     struct zero_pool pools[POOL_SETS][ZERO_POOLS];
     size_t live_gathered_elems;   /* gathered or being gathered */
     const struct zero_pass *pass;
