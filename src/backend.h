@@ -125,6 +125,43 @@ void backend_attention_backward(float *dqkv, const float *dout, const float *qkv
                                 float *scratch, int B, int T, int C, int NH);
 size_t backend_attention_scratch(int T, int NH);
 size_t backend_attention_saved(int B, int T, int NH);
+/* Grouped-query attention (Llama): the same, with qkv [A] (B, T, (NH + 2 NKV) hs)
+ * holding NH query heads, then NKV key heads, then NKV value heads of hs
+ * channels each; query head h reads key/value head h / (NH / NKV); out [A]
+ * (B, T, NH hs); scores scaled by 1 / sqrt(hs). NKV divides NH. The GPT-2
+ * calls above are this one with NKV = NH and hs = C / NH (the same bits). The
+ * backward sums a key/value head's gradient over its query heads in head
+ * order. att, scratch: sized for NH heads as above. */
+void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int NH,
+                                   int NKV, int hs);
+void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                    const float *out, float *scratch, int B, int T, int NH, int NKV, int hs);
+
+/* RMSNorm (Llama): rstd (N) = 1 / sqrt(mean(inp^2) + eps) in fp32, out [A] (N, C) =
+ * inp [A] * rstd * weight [A], as Hugging Face's LlamaRMSNorm. */
+void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C);
+/* dinp [A] += ... (accumulated, as layernorm's), dweight [G] += ...; dout [A], inp [A], weight [A];
+ * scratch: backend_layernorm_scratch(C) floats. */
+void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                              const float *rstd, float *scratch, int N, int C);
+
+/* Rotary position embedding in place on the query and key heads of qkv [A]
+ * (B, T, (NH + 2 NKV) hs) (the first NH + NKV heads of each row; values are
+ * left alone), Hugging Face's rotate-half convention: for i < hs / 2 and
+ * position t, (x[i], x[i + hs/2]) becomes (x[i] cos - x[i + hs/2] sin,
+ * x[i + hs/2] cos + x[i] sin) with cos = cos[t, i], sin = sin[t, i], tables
+ * (T, hs / 2) fp32. hs is even. The backward applies the inverse rotation
+ * (sin negated) to the gradient dqkv [A] in place. */
+void backend_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int hs);
+void backend_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int hs);
+
+/* SwiGLU (Llama's MLP): out [A] (N, F) = silu(gu[:, :F]) * gu[:, F:] with gu [A]
+ * (N, 2F) the gate and up projections side by side (one matmul over gate_proj
+ * and up_proj, which a Llama unit stores one after the other), silu(x) =
+ * x / (1 + exp(-x)). */
+void backend_swiglu_forward(float *out, const float *gu, int N, int F);
+/* dgu [A] (N, 2F) overwritten: d gate = dout * up * silu'(gate), d up = dout * silu(gate). */
+void backend_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F);
 /* The CUDA backend's (the planner plans the CUDA build from any build): no
  * scratch, and the rows' log-sum-exp. */
 #define BACKEND_CUDA_ATTENTION_SCRATCH(T, NH) ((void)(T), (void)(NH), (size_t)0)
@@ -139,10 +176,11 @@ size_t backend_attention_saved(int B, int T, int NH);
 size_t backend_library_workspace(void);
 void backend_set_library_workspace(void *p, size_t bytes);
 
-/* out [A] (B, T, C) = wte [A] [tokens] + wpe [A] [position] */
+/* out [A] (B, T, C) = wte [A] [tokens] + wpe [A] [position]; wpe NULL: no
+ * position table (Llama, whose positions are rotary) */
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                                int B, int T, int C);
-/* dwte [G] [tokens] += dout [A]; dwpe [G] [position] += dout */
+/* dwte [G] [tokens] += dout [A]; dwpe [G] [position] += dout (skipped when dwpe is NULL) */
 void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                                 int B, int T, int C);
 
