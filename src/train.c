@@ -439,16 +439,19 @@ static void sample_text(struct trainer *tr)
     free(row);
 }
 
-/* Model shape attributes checked on resume: a checkpoint of another model is refused. */
-static const char *const model_attr_names[] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
+/* Model shape attributes checked on resume: a checkpoint of another model is
+ * refused. n_kv_head, ffn_dim and tie_word_embeddings are absent from
+ * checkpoints of GPT-2 runs made before Llama trained: there they take GPT-2's
+ * values. */
+#define N_MODEL_ATTRS 8
+static const char *const model_attr_names[N_MODEL_ATTRS] = {
+    "n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_kv_head", "ffn_dim", "tie_word_embeddings"};
 
-static void model_attr_values(const struct config *cfg, int64_t v[5])
+static void model_attr_values(const struct model_config *mc, int64_t v[N_MODEL_ATTRS])
 {
-    v[0] = cfg->model.n_layer;
-    v[1] = cfg->model.n_head;
-    v[2] = cfg->model.n_embd;
-    v[3] = cfg->model.n_positions;
-    v[4] = cfg->model.vocab_size;
+    const int64_t values[N_MODEL_ATTRS] = {mc->n_layer, mc->n_head,  mc->n_embd,  mc->n_positions,
+                                           mc->vocab_size, mc->n_kv_head, mc->ffn_dim, mc->tie_embeddings};
+    memcpy(v, values, sizeof values);
 }
 
 /* Saves the whole training state: fp32 master weights, Adam m and v, and the
@@ -467,8 +470,8 @@ static void save_checkpoint(struct trainer *tr)
     uint64_t data_position = tr->samples_seen, rng = cfg->train.seed;
     struct ckpt_rank_state state[2] = {{"data_position", 1, &data_position}, {"rng", 1, &rng}};
     char *config_json = config_dump(cfg);
-    int64_t shape[5];
-    model_attr_values(cfg, shape);
+    int64_t shape[N_MODEL_ATTRS];
+    model_attr_values(&cfg->model, shape);
     struct ckpt_attr attrs[] = {
         {"skipped_steps", CKPT_ATTR_I64, tr->skipped_steps, 0, NULL},
         {"adam_steps", CKPT_ATTR_I64, tr->zero.adam_steps, 0, NULL},
@@ -485,6 +488,11 @@ static void save_checkpoint(struct trainer *tr)
         {"n_embd", CKPT_ATTR_I64, shape[2], 0, NULL},
         {"n_positions", CKPT_ATTR_I64, shape[3], 0, NULL},
         {"vocab_size", CKPT_ATTR_I64, shape[4], 0, NULL},
+        {"n_kv_head", CKPT_ATTR_I64, shape[5], 0, NULL},
+        {"ffn_dim", CKPT_ATTR_I64, shape[6], 0, NULL},
+        {"tie_word_embeddings", CKPT_ATTR_I64, shape[7], 0, NULL},
+        {"rms_norm_eps", CKPT_ATTR_F64, 0, cfg->model.norm_eps, NULL},
+        {"rope_theta", CKPT_ATTR_F64, 0, cfg->model.rope_theta, NULL},
     };
     struct ckpt_contents contents = {groups, ZERO_CKPT_GROUPS, state, 2, attrs, (int)(sizeof attrs / sizeof *attrs)};
     char path[4096];
@@ -523,10 +531,20 @@ static void resume_checkpoint(struct trainer *tr, const char *spec)
     }
     double t0 = now_seconds();
     struct ckpt_reader *r = ckpt_open(path);
-    int64_t want[5];
-    model_attr_values(cfg, want);
-    for (int i = 0; i < 5; i++) {
-        int64_t got = ckpt_attr_i64(r, model_attr_names[i]);
+    char *saved_type = ckpt_attr_str(r, "model_type");
+    if (strcmp(saved_type, cfg->model.type) != 0)
+        fail_input("checkpoint '%s' holds a %s model and the config a %s model (model.type)", path, saved_type,
+                   cfg->model.type);
+    free(saved_type);
+    struct model_config gpt2_defaults = cfg->model; /* what a checkpoint without the newer attributes means */
+    gpt2_defaults.n_kv_head = cfg->model.n_head;
+    gpt2_defaults.ffn_dim = 4 * cfg->model.n_embd;
+    gpt2_defaults.tie_embeddings = true;
+    int64_t want[N_MODEL_ATTRS], absent[N_MODEL_ATTRS];
+    model_attr_values(&cfg->model, want);
+    model_attr_values(&gpt2_defaults, absent);
+    for (int i = 0; i < N_MODEL_ATTRS; i++) {
+        int64_t got = i >= 5 && !ckpt_has_attr(r, model_attr_names[i]) ? absent[i] : ckpt_attr_i64(r, model_attr_names[i]);
         if (got != want[i])
             fail_input("checkpoint '%s' holds a different model: %s is %lld there and %lld in the config", path,
                        model_attr_names[i], (long long)got, (long long)want[i]);
