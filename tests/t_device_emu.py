@@ -42,6 +42,8 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 (DESIGN §5), bytes and space: no fp32 compute copies or send
                 buffers; half-precision gradient buffers, residual stream and
                 logits; the attention's statistics only
+  (CASE includes Llama: bf16 stage 3, fp16 stage 2 with checkpointing,
+  a tied head in fp32 stage 1)
   fit.*         with an emulated device capacity (SHARDLM_EMULATE_DEVICE_MEM):
                 a plan that fits logs "the plan needs X of the Y free" and the
                 memory in use at the end; one that does not stops with exit 2
@@ -63,6 +65,7 @@ from harness import BIN, ENV, check, read_dump, run_main, scratch_dir, write_sha
 TMP = scratch_dir("t_device_emu")
 V, T, STEPS = 100, 16, 8
 MODEL = {"n_layer": 3, "n_head": 2, "n_embd": 32, "n_positions": T, "vocab_size": V}
+LLAMA = {"type": "llama", "n_kv_head": 1, "ffn_dim": 48}
 DATA = os.path.join(TMP, "train.bin")
 write_shard(DATA, np.random.default_rng(77).integers(0, V, size=200 * T + 1))
 
@@ -80,6 +83,12 @@ CASES = {
     "s2_fp32_ckpt": (2, "fp32", {"activation_checkpointing": {"enabled": True, "interval": 2}}),
     "s3_fp16_cpuckpt": (3, "fp16", {"activation_checkpointing": {"enabled": True, "interval": 1,
                                                                   "cpu_checkpointing": True}}),
+    # Llama (the same heads, layers and channels, so the attention deltas below hold): 2 query heads over one
+    # KV head, SwiGLU, untied or tied head
+    "llama_s3_bf16": (3, "bf16", {"model": LLAMA}),
+    "llama_s2_fp16_ckpt": (2, "fp16", {"model": LLAMA, "activation_checkpointing": {"enabled": True,
+                                                                                     "interval": 2}}),
+    "llama_tied_s1_fp32": (1, "fp32", {"model": dict(LLAMA, tie_word_embeddings=True)}),
 }
 OPTIMIZER_CLASSES = ("fp32 master weights", "Adam m", "Adam v", "fp32 gradient shard")
 
@@ -94,7 +103,7 @@ def merge(a, b):
 
 def make_config(name, stage, dtype, extra, steps=STEPS, ckdir=None):
     cfg = {
-        "model": MODEL,
+        "model": dict(MODEL),
         "data": {"train": DATA, "seq_len": T, "shuffle": False},
         "train": {"steps": steps, "seed": 99, "eval_every": 0, "sample_tokens": 0},
         "train_micro_batch_size_per_gpu": 2,

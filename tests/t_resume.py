@@ -25,6 +25,11 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
              same global position); final parameters within 1e-5 per tensor
              (c_attn.bias on its query and value thirds: the key third has no true
              gradient, so across world sizes it is rounding noise, see t_zero.py)
+  llama.*    a Llama (4 heads over 2 KV heads, untied head): 10 steps + resume +
+             10 bitwise equal to 20 steps (N=2 stage 3 fp32, N=2 stage 2 bf16);
+             the fp32 step-10 checkpoint resumed at N=3: losses and final
+             parameters within 1e-5; a GPT-2 checkpoint given to a Llama config:
+             exit 2 naming both model types
   signal.*   N=2, train.steps 100000: SIGUSR1 to mpirun after >= 5 logged steps ->
              exit status 3, "stopped by SIGUSR1" at step S, DIR/step_S.h5 with
              attribute step S, latest naming it; resumed with train.steps S+10:
@@ -88,9 +93,9 @@ write_shard(DATA, rng.integers(0, V, size=150 * T + 1))  # 150 windows < 20 x 24
 
 
 def make_config(name, stage=3, dtype="fp32", offload=False, ckdir=None, every=0, keep=2, steps=STEPS,
-                extra_fp16=None):
+                extra_fp16=None, model=None):
     cfg = {
-        "model": dict(MODEL, vocab_size=V),
+        "model": dict(model or MODEL, vocab_size=V),
         "data": {"train": DATA, "seq_len": T, "shuffle": False},
         "train": {"steps": steps, "seed": 1234, "eval_every": 0, "sample_tokens": 0,
                   "metrics": os.path.join(TMP, name + ".jsonl")},
@@ -310,6 +315,58 @@ def other_world(results):
         worst = max(errs, key=errs.get)
         check(f"world.{tag}.final_params", errs[worst] <= TOL, f"worst {worst} rel err {errs[worst]:.3e}; uninterrupted N=4 vs N=2: {floor}")
         note(f"world {tag}: loss max rel err {e.max():.2e}, final params worst {worst} {errs[worst]:.2e}")
+
+
+# ---- 2b: Llama, same and other world size ---------------------------------------------------------------
+LLAMA = {"type": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": C, "ffn_dim": 48, "n_positions": T}
+
+
+def llama_resume():
+    """A Llama run (grouped-query attention, untied head) split at step 10 resumes bitwise at the same world size
+    (N=2 stage 3 fp32 and N=2 stage 2 bf16), and the fp32 checkpoint resumes at N=3 within 1e-5."""
+    for tag, stage, dtype in (("N2_s3_fp32", 3, "fp32"), ("N2_s2_bf16", 2, "bf16")):
+        full_dir, split_dir = os.path.join(TMP, f"ck_llama_full_{tag}"), os.path.join(TMP, f"ck_llama_split_{tag}")
+        for d in (full_dir, split_dir):
+            shutil.rmtree(d, ignore_errors=True)
+        cfg_full = make_config(f"llama_full_{tag}", stage, dtype, False, full_dir, every=5, model=LLAMA)
+        full = run(f"llama_full_{tag}", 2, cfg_full, final=f"llama_full_{tag}")
+        cfg_split = make_config(f"llama_split_{tag}", stage, dtype, False, split_dir, model=LLAMA)
+        first = run(f"llama_split_{tag}", 2, cfg_split, "--set", f"train.steps={HALF}")
+        ok1 = ok_run(f"llama.{tag}.first_half", first, HALF)
+        snap = os.path.join(TMP, f"ck_llama_step10_{tag}")
+        if ok1:
+            shutil.rmtree(snap, ignore_errors=True)
+            shutil.copytree(split_dir, snap)
+        second = run(f"llama_split_{tag}", 2, cfg_split, "--resume", "auto", final=f"llama_split_{tag}",
+                     fresh_metrics=False)
+        if not ok_run(f"llama.{tag}.full", full, STEPS) or not ok1 or \
+                not ok_run(f"llama.{tag}.resumed", second, STEPS):
+            continue
+        diffs = [k for k in ("loss", "grad_norm", "lr") if second.col(k) != full.col(k)]
+        check(f"llama.{tag}.metrics_bitwise", not diffs,
+              "; ".join(f"{k}: {second.col(k)} vs {full.col(k)}" for k in diffs[:2]))
+        bad = bitwise_params(second.final, full.final)
+        check(f"llama.{tag}.final_params_bitwise", not bad, f"{len(bad)} tensors differ, e.g. {bad[:3]}")
+        if dtype != "fp32":
+            continue
+        d3 = os.path.join(TMP, "ck_llama_2to3")
+        shutil.rmtree(d3, ignore_errors=True)
+        shutil.copytree(snap, d3)
+        cfg3 = make_config("llama_2to3", stage, dtype, False, d3, model=LLAMA)
+        r = run("llama_2to3", 3, cfg3, "--resume", "auto", final="llama_2to3")
+        if not ok_run("llama.2to3.resumed", r, None):
+            continue
+        rows = [row for row in metrics_rows("llama_2to3") if row["step"] > HALF]
+        got, want = np.array([row["loss"] for row in rows]), np.array(full.col("loss")[HALF:])
+        e = np.abs(got - want) / np.abs(want) if got.shape == want.shape else np.array([np.inf])
+        check("llama.2to3.loss", float(e.max()) <= TOL, f"max rel err {e.max():.3e}: {got.tolist()} vs {want.tolist()}")
+        errs = param_errs(r.final, full.final) if r.final else {"<no dump>": float("inf")}
+        worst = max(errs, key=errs.get)
+        check("llama.2to3.final_params", errs[worst] <= TOL, f"worst {worst} rel err {errs[worst]:.3e}")
+        note(f"llama 2to3: loss max rel err {e.max():.2e}, final params worst {worst} {errs[worst]:.2e}")
+    gpt2_ckpt = os.path.join(TMP, "ck_step10_N2_s3_fp32", "step_000010.h5")
+    cfg = make_config("llama_from_gpt2", 3, "fp32", False, None, model=LLAMA)
+    expect_bad("llama.gpt2_checkpoint_refused", 2, cfg, ["--resume", gpt2_ckpt], ["gpt2 model", "llama model"])
 
 
 # ---- 3: signals -----------------------------------------------------------------------------------------------
@@ -743,6 +800,7 @@ def main():
     results = same_world()
     note(f"same world size: {time.time() - t0:.1f} s")
     other_world(results)
+    llama_resume()
     files()
     bad_checkpoints()
     fresh()
