@@ -274,6 +274,141 @@ void backend_matmul_backward_gelu(float *dpre, float *dweight, float *dbias, con
     backend_gelu_backward(dpre, pre, dpre, (size_t)N * C);
 }
 
+void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
+{
+    ACT_DISPATCH(act_rmsnorm_forward(out, rstd, inp, weight, eps, N, C));
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(rstd);
+    DEVEMU_VIEW(inp);
+    DEVEMU_VIEW(weight);
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float *y = out + (size_t)i * C;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++)
+            ss += x[c] * x[c];
+        float s = 1.0f / sqrtf(ss / (float)C + eps);
+        for (int c = 0; c < C; c++)
+            y[c] = x[c] * s * weight[c];
+        rstd[i] = s;
+    }
+}
+
+void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                              const float *rstd, float *scratch, int N, int C)
+{
+    ACT_DISPATCH(act_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, scratch, N, C));
+    DEVEMU_VIEW(dinp);
+    DEVEMU_VIEW(dweight);
+    DEVEMU_VIEW(dout);
+    DEVEMU_VIEW(inp);
+    DEVEMU_VIEW(weight);
+    DEVEMU_VIEW(rstd);
+    DEVEMU_VIEW(scratch);
+    /* y = x s w with s = (mean(x^2) + eps)^-1/2: dx = s (w dy - x s^2 mean(x w dy)),
+     * dw = sum over rows of x s dy (per-thread rows, then added in thread order). */
+    int nthreads = omp_get_max_threads();
+    float *partial = scratch;
+    memset(partial, 0, (size_t)nthreads * (size_t)C * sizeof *partial);
+#pragma omp parallel
+    {
+        float *dw = partial + (size_t)omp_get_thread_num() * C;
+#pragma omp for
+        for (int i = 0; i < N; i++) {
+            const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
+            float *dx = dinp + (size_t)i * C;
+            float s = rstd[i], dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int c = 0; c < C; c++) {
+                dot += x[c] * weight[c] * dy[c];
+                dw[c] += x[c] * s * dy[c];
+            }
+            float k = s * s * dot / (float)C;
+            for (int c = 0; c < C; c++)
+                dx[c] += s * (weight[c] * dy[c] - x[c] * k);
+        }
+    }
+    for (int t = 0; t < nthreads; t++)
+        for (int c = 0; c < C; c++)
+            dweight[c] += partial[(size_t)t * C + c];
+}
+
+/* Rotates the query and key heads of every row of x by +sin (forward) or -sin (backward). */
+static void rope_rotate(float *x, const float *cos, const float *sin, float sign, int B, int T, int NH, int NKV,
+                        int hs)
+{
+    const int heads = NH + NKV, row = (NH + 2 * NKV) * hs, half = hs / 2;
+#pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float *ct = cos + (size_t)t * half, *st = sin + (size_t)t * half;
+            for (int h = 0; h < heads; h++) {
+                float *v = x + ((size_t)b * T + t) * row + (size_t)h * hs;
+#pragma omp simd
+                for (int i = 0; i < half; i++) {
+                    float a = v[i], c = v[i + half], sn = sign * st[i];
+                    v[i] = a * ct[i] - c * sn;
+                    v[i + half] = c * ct[i] + a * sn;
+                }
+            }
+        }
+}
+
+void backend_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int hs)
+{
+    ACT_DISPATCH(act_rope(qkv, cos, sin, 1.0f, B, T, NH, NKV, hs));
+    DEVEMU_VIEW(qkv);
+    DEVEMU_VIEW(cos);
+    DEVEMU_VIEW(sin);
+    rope_rotate(qkv, cos, sin, 1.0f, B, T, NH, NKV, hs);
+}
+
+void backend_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int hs)
+{
+    ACT_DISPATCH(act_rope(dqkv, cos, sin, -1.0f, B, T, NH, NKV, hs));
+    DEVEMU_VIEW(dqkv);
+    DEVEMU_VIEW(cos);
+    DEVEMU_VIEW(sin);
+    rope_rotate(dqkv, cos, sin, -1.0f, B, T, NH, NKV, hs);
+}
+
+void backend_swiglu_forward(float *out, const float *gu, int N, int F)
+{
+    ACT_DISPATCH(act_swiglu_forward(out, gu, N, F));
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(gu);
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float *g = gu + (size_t)i * 2 * F, *u = g + F;
+        float *y = out + (size_t)i * F;
+#pragma omp simd
+        for (int j = 0; j < F; j++)
+            y[j] = g[j] / (1.0f + fast_expf(-g[j])) * u[j];
+    }
+}
+
+void backend_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F)
+{
+    ACT_DISPATCH(act_swiglu_backward(dgu, dout, gu, N, F));
+    DEVEMU_VIEW(dgu);
+    DEVEMU_VIEW(dout);
+    DEVEMU_VIEW(gu);
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float *g = gu + (size_t)i * 2 * F, *u = g + F, *dy = dout + (size_t)i * F;
+        float *dg = dgu + (size_t)i * 2 * F, *du = dg + F;
+#pragma omp simd
+        for (int j = 0; j < F; j++) {
+            float sig = 1.0f / (1.0f + fast_expf(-g[j]));
+            float silu = g[j] * sig;
+            du[j] = dy[j] * silu;
+            dg[j] = dy[j] * u[j] * sig * (1.0f + g[j] * (1.0f - sig));
+        }
+    }
+}
+
 void backend_add(float *out, const float *a, const float *b, size_t n)
 {
     DEVEMU_VIEW(out);
@@ -301,113 +436,140 @@ size_t backend_attention_scratch(int T, int NH)
     return (size_t)omp_get_max_threads() * (size_t)T * (size_t)T;
 }
 
-void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH)
+void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int NH,
+                                   int NKV, int hs)
 {
-    ACT_DISPATCH(act_attention_forward(out, att, qkv, scratch, B, T, C, NH));
+    ACT_DISPATCH(act_attention_forward(out, att, qkv, scratch, B, T, NH, NKV, hs));
     (void)scratch; /* the CPU computes the scores in att itself */
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(att);
     DEVEMU_VIEW(qkv);
-    const int hs = C / NH, C3 = 3 * C;
+    const int C = NH * hs, row = (NH + 2 * NKV) * hs, group = NH / NKV;
     const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-            const float *k = q + C, *v = q + 2 * C;
+            const float *q = qkv + (size_t)b * T * row + (size_t)h * hs;
+            const float *k = qkv + (size_t)b * T * row + (size_t)(NH + h / group) * hs;
+            const float *v = k + (size_t)NKV * hs;
             float *p = att + ((size_t)b * NH + h) * T * T;
             float *y = out + (size_t)b * T * C + (size_t)h * hs;
             /* Scores of rows [i0, i1) against the keys they may see, [0, i1). */
             for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
                 int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hs, scale,
-                            q + (size_t)i0 * C3, C3, k, C3, 0.0f, p + (size_t)i0 * T, T);
+                            q + (size_t)i0 * row, row, k, row, 0.0f, p + (size_t)i0 * T, T);
             }
             for (int i = 0; i < T; i++) {
-                float *row = p + (size_t)i * T;
+                float *prow = p + (size_t)i * T;
                 float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
                 for (int j = 0; j <= i; j++)
-                    mx = row[j] > mx ? row[j] : mx;
+                    mx = prow[j] > mx ? prow[j] : mx;
                 float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
                 for (int j = 0; j <= i; j++) {
-                    row[j] = fast_expf(row[j] - mx);
-                    sum += row[j];
+                    prow[j] = fast_expf(prow[j] - mx);
+                    sum += prow[j];
                 }
                 float inv = 1.0f / sum;
                 for (int j = 0; j <= i; j++)
-                    row[j] *= inv;
+                    prow[j] *= inv;
                 for (int j = i + 1; j < T; j++)
-                    row[j] = 0.0f;
+                    prow[j] = 0.0f;
             }
             for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
                 int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1, 1.0f,
-                            p + (size_t)i0 * T, T, v, C3, 0.0f, y + (size_t)i0 * C, C);
+                            p + (size_t)i0 * T, T, v, row, 0.0f, y + (size_t)i0 * C, C);
             }
         }
 }
 
-void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
-                                float *scratch, int B, int T, int C, int NH)
+/* The backward of one query head h; dk and dv of its key/value head are
+ * overwritten by the group's first head (beta 0) and accumulated by the others. */
+static void attention_head_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *ds,
+                                    int b, int h, int T, int NH, int NKV, int hs)
+{
+    const int C = NH * hs, row = (NH + 2 * NKV) * hs, group = NH / NKV;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float beta = h % group == 0 ? 0.0f : 1.0f;
+    const size_t kv_at = (size_t)(NH + h / group) * hs;
+    const float *q = qkv + (size_t)b * T * row + (size_t)h * hs;
+    const float *k = qkv + (size_t)b * T * row + kv_at, *v = k + (size_t)NKV * hs;
+    float *dq = dqkv + (size_t)b * T * row + (size_t)h * hs;
+    float *dk = dqkv + (size_t)b * T * row + kv_at, *dv = dk + (size_t)NKV * hs;
+    const float *p = att + ((size_t)b * NH + h) * T * T;
+    const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
+    /* dP = dY V^T over the causal blocks; dV = P^T dY. */
+    for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
+        int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hs, 1.0f,
+                    dy + (size_t)i0 * C, C, v, row, 0.0f, ds + (size_t)i0 * T, T);
+    }
+    /* P is lower triangular: rows [j0, j1) of dV need only rows i >= j0 of P and dY. */
+    for (int j0 = 0; j0 < T; j0 += ATTN_ROW_BLOCK) {
+        int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, T - j0, 1.0f,
+                    p + (size_t)j0 * T + j0, T, dy + (size_t)j0 * C, C, beta, dv + (size_t)j0 * row, row);
+    }
+    /* Softmax backward in place, with the 1/sqrt(hs) of the scores folded in. */
+    for (int i = 0; i < T; i++) {
+        const float *prow = p + (size_t)i * T;
+        float *drow = ds + (size_t)i * T;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int j = 0; j <= i; j++)
+            dot += prow[j] * drow[j];
+        for (int j = 0; j <= i; j++)
+            drow[j] = prow[j] * (drow[j] - dot) * scale;
+        for (int j = i + 1; j < T; j++)
+            drow[j] = 0.0f;
+    }
+    /* dQ = dS K and dK = dS^T Q, over the causal blocks of the lower-triangular dS. */
+    for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
+        int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1, 1.0f,
+                    ds + (size_t)i0 * T, T, k, row, 0.0f, dq + (size_t)i0 * row, row);
+    }
+    for (int j0 = 0; j0 < T; j0 += ATTN_ROW_BLOCK) {
+        int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, T - j0, 1.0f,
+                    ds + (size_t)j0 * T + j0, T, q + (size_t)j0 * row, row, beta, dk + (size_t)j0 * row, row);
+    }
+}
+
+void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                    const float *out, float *scratch, int B, int T, int NH, int NKV, int hs)
 {
     (void)out; /* the probabilities are kept: the forward's output is not needed */
-    ACT_DISPATCH(act_attention_backward(dqkv, dout, qkv, att, scratch, B, T, C, NH));
+    ACT_DISPATCH(act_attention_backward(dqkv, dout, qkv, att, scratch, B, T, NH, NKV, hs));
     DEVEMU_VIEW(dqkv);
     DEVEMU_VIEW(dout);
     DEVEMU_VIEW(qkv);
     DEVEMU_VIEW(att);
     DEVEMU_VIEW(scratch);
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
+    /* One task per key/value head: its query heads in order, so the shared
+     * dk and dv add up in a fixed order and never race. */
+    const int group = NH / NKV;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
+        for (int g = 0; g < NKV; g++) {
             float *ds = scratch + (size_t)omp_get_thread_num() * T * T;
-            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-            const float *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + (size_t)b * T * C3 + (size_t)h * hs;
-            float *dk = dq + C, *dv = dq + 2 * C;
-            const float *p = att + ((size_t)b * NH + h) * T * T;
-            const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
-            /* dP = dY V^T over the causal blocks; dV = P^T dY. */
-            for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
-                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hs, 1.0f,
-                            dy + (size_t)i0 * C, C, v, C3, 0.0f, ds + (size_t)i0 * T, T);
-            }
-            /* P is lower triangular: rows [j0, j1) of dV need only rows i >= j0 of P and dY. */
-            for (int j0 = 0; j0 < T; j0 += ATTN_ROW_BLOCK) {
-                int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, T - j0, 1.0f,
-                            p + (size_t)j0 * T + j0, T, dy + (size_t)j0 * C, C, 0.0f, dv + (size_t)j0 * C3, C3);
-            }
-            /* Softmax backward in place, with the 1/sqrt(hs) of the scores folded in. */
-            for (int i = 0; i < T; i++) {
-                const float *prow = p + (size_t)i * T;
-                float *drow = ds + (size_t)i * T;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int j = 0; j <= i; j++)
-                    dot += prow[j] * drow[j];
-                for (int j = 0; j <= i; j++)
-                    drow[j] = prow[j] * (drow[j] - dot) * scale;
-                for (int j = i + 1; j < T; j++)
-                    drow[j] = 0.0f;
-            }
-            /* dQ = dS K and dK = dS^T Q, over the causal blocks of the lower-triangular dS. */
-            for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
-                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1, 1.0f,
-                            ds + (size_t)i0 * T, T, k, C3, 0.0f, dq + (size_t)i0 * C3, C3);
-            }
-            for (int j0 = 0; j0 < T; j0 += ATTN_ROW_BLOCK) {
-                int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, T - j0, 1.0f,
-                            ds + (size_t)j0 * T + j0, T, q + (size_t)j0 * C3, C3, 0.0f, dk + (size_t)j0 * C3, C3);
-            }
+            for (int h = g * group; h < (g + 1) * group; h++)
+                attention_head_backward(dqkv, dout, qkv, att, ds, b, h, T, NH, NKV, hs);
         }
+}
+
+void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH)
+{
+    backend_attention_gqa_forward(out, att, qkv, scratch, B, T, NH, NH, C / NH);
+}
+
+void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
+                                float *scratch, int B, int T, int C, int NH)
+{
+    backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, B, T, NH, NH, C / NH);
 }
 
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
@@ -423,6 +585,10 @@ void backend_embedding_forward(float *out, const int32_t *tokens, const float *w
         for (int t = 0; t < T; t++) {
             float *o = out + ((size_t)b * T + t) * C;
             const float *we = wte + (size_t)tokens[(size_t)b * T + t] * C;
+            if (!wpe) {
+                memcpy(o, we, (size_t)C * sizeof *o);
+                continue;
+            }
             const float *pe = wpe + (size_t)t * C;
             for (int c = 0; c < C; c++)
                 o[c] = we[c] + pe[c];
@@ -446,11 +612,13 @@ void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, con
             for (int t = 0; t < T; t++) {
                 const float *d = dout + ((size_t)b * T + t) * C;
                 float *we = dwte + (size_t)tokens[(size_t)b * T + t] * C;
-                float *pe = dwpe + (size_t)t * C;
-                for (int c = c0; c < c1; c++) {
+                for (int c = c0; c < c1; c++)
                     we[c] += d[c];
+                if (!dwpe)
+                    continue;
+                float *pe = dwpe + (size_t)t * C;
+                for (int c = c0; c < c1; c++)
                     pe[c] += d[c];
-                }
             }
     }
 }

@@ -163,25 +163,74 @@ void act_gelu_backward(float *dinp, const float *inp, const float *dout, size_t 
     free(i), free(d);
 }
 
-void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH)
+void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int NH, int NKV,
+                           int hs)
 {
-    const size_t BT = (size_t)B * T, natt = (size_t)B * NH * T * T;
-    float *q = widen(qkv, BT * 3 * C), *o = xcalloc(BT * C, sizeof *o), *p = xcalloc(natt, sizeof *p);
-    FP32(backend_attention_forward(o, p, q, scratch, B, T, C, NH));
+    const size_t BT = (size_t)B * T, natt = (size_t)B * NH * T * T, C = (size_t)NH * hs;
+    const size_t row = (size_t)(NH + 2 * NKV) * hs;
+    float *q = widen(qkv, BT * row), *o = xcalloc(BT * C, sizeof *o), *p = xcalloc(natt, sizeof *p);
+    FP32(backend_attention_gqa_forward(o, p, q, scratch, B, T, NH, NKV, hs));
     narrow(out, o, BT * C);
     narrow(att, p, natt);
     free(q);
 }
 
 void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *scratch,
-                            int B, int T, int C, int NH)
+                            int B, int T, int NH, int NKV, int hs)
 {
-    const size_t BT = (size_t)B * T;
-    float *d = widen(dout, BT * C), *q = widen(qkv, BT * 3 * C), *dq = xcalloc(BT * 3 * C, sizeof *dq);
+    const size_t BT = (size_t)B * T, C = (size_t)NH * hs, row = (size_t)(NH + 2 * NKV) * hs;
+    float *d = widen(dout, BT * C), *q = widen(qkv, BT * row), *dq = xcalloc(BT * row, sizeof *dq);
     float *p = widen(att, (size_t)B * NH * T * T);
-    FP32(backend_attention_backward(dq, d, q, p, NULL, scratch, B, T, C, NH));
-    narrow(dqkv, dq, BT * 3 * C);
+    FP32(backend_attention_gqa_backward(dq, d, q, p, NULL, scratch, B, T, NH, NKV, hs));
+    narrow(dqkv, dq, BT * row);
     free(d), free(q), free(p);
+}
+
+void act_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
+{
+    float *w = widen(weight, (size_t)C), *x = widen(inp, (size_t)N * C), *o = xcalloc((size_t)N * C, sizeof *o);
+    FP32(backend_rmsnorm_forward(o, rstd, x, w, eps, N, C));
+    narrow(out, o, (size_t)N * C);
+    free(w), free(x);
+}
+
+void act_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                          const float *rstd, float *scratch, int N, int C)
+{
+    float *d = widen(dout, (size_t)N * C), *w = widen(weight, (size_t)C), *x = widen(inp, (size_t)N * C);
+    float *di = widen(dinp, (size_t)N * C); /* accumulated: round once, after the += */
+    float *dw = grad_begin(dweight, (size_t)C);
+    FP32(backend_rmsnorm_backward(di, dw, d, x, w, rstd, scratch, N, C));
+    grad_done(dweight, dw, (size_t)C);
+    narrow(dinp, di, (size_t)N * C);
+    free(d), free(w), free(x);
+}
+
+void act_rope(float *x, const float *cos, const float *sin, float sign, int B, int T, int NH, int NKV, int hs)
+{
+    const size_t n = (size_t)B * T * (size_t)(NH + 2 * NKV) * hs;
+    float *w = widen(x, n);
+    if (sign > 0)
+        FP32(backend_rope_forward(w, cos, sin, B, T, NH, NKV, hs));
+    else
+        FP32(backend_rope_backward(w, cos, sin, B, T, NH, NKV, hs));
+    narrow(x, w, n);
+}
+
+void act_swiglu_forward(float *out, const float *gu, int N, int F)
+{
+    float *g = widen(gu, (size_t)N * 2 * F), *o = xcalloc((size_t)N * F, sizeof *o);
+    FP32(backend_swiglu_forward(o, g, N, F));
+    narrow(out, o, (size_t)N * F);
+    free(g);
+}
+
+void act_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F)
+{
+    float *g = widen(gu, (size_t)N * 2 * F), *d = widen(dout, (size_t)N * F), *o = xcalloc((size_t)N * 2 * F, sizeof *o);
+    FP32(backend_swiglu_backward(o, d, g, N, F));
+    narrow(dgu, o, (size_t)N * 2 * F);
+    free(g), free(d);
 }
 
 void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T,
@@ -195,7 +244,8 @@ void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, 
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             dtype_convert(row, DTYPE_F32, we + (size_t)tok[(size_t)b * T + t] * C * es, g_act, (size_t)C);
-            dtype_convert(row + C, DTYPE_F32, pe + (size_t)t * C * es, g_act, (size_t)C);
+            if (pe) /* no position table: row + C stays zero */
+                dtype_convert(row + C, DTYPE_F32, pe + (size_t)t * C * es, g_act, (size_t)C);
             float *y = o + ((size_t)b * T + t) * C;
             for (int c = 0; c < C; c++)
                 y[c] = row[c] + row[C + c];

@@ -62,6 +62,14 @@
 #define backend_attention_backward f64_attention_backward
 #define backend_attention_scratch f64_attention_scratch
 #define backend_attention_saved f64_attention_saved
+#define backend_attention_gqa_forward f64_attention_gqa_forward
+#define backend_attention_gqa_backward f64_attention_gqa_backward
+#define backend_rmsnorm_forward f64_rmsnorm_forward
+#define backend_rmsnorm_backward f64_rmsnorm_backward
+#define backend_rope_forward f64_rope_forward
+#define backend_rope_backward f64_rope_backward
+#define backend_swiglu_forward f64_swiglu_forward
+#define backend_swiglu_backward f64_swiglu_backward
 #define backend_embedding_forward f64_embedding_forward
 #define backend_embedding_backward f64_embedding_backward
 #define backend_crossentropy_forward f64_crossentropy_forward
@@ -98,6 +106,14 @@
 #undef backend_attention_backward
 #undef backend_attention_scratch
 #undef backend_attention_saved
+#undef backend_attention_gqa_forward
+#undef backend_attention_gqa_backward
+#undef backend_rmsnorm_forward
+#undef backend_rmsnorm_backward
+#undef backend_rope_forward
+#undef backend_rope_backward
+#undef backend_swiglu_forward
+#undef backend_swiglu_backward
 #undef backend_embedding_forward
 #undef backend_embedding_backward
 #undef backend_crossentropy_forward
