@@ -67,6 +67,10 @@ static void checkpoint_model(struct ckpt_reader *r, const char *path, struct mod
     mc.n_positions = attr_int(r, path, "n_positions");
     mc.vocab_size = attr_int(r, path, "vocab_size");
     mc.padded_vocab = (int)round_up((size_t)mc.vocab_size, TOOLS_VOCAB_ALIGN);
+    /* absent from checkpoints of GPT-2 runs made before Llama trained: GPT-2's shapes */
+    mc.n_kv_head = ckpt_has_attr(r, "n_kv_head") ? attr_int(r, path, "n_kv_head") : mc.n_head;
+    mc.ffn_dim = ckpt_has_attr(r, "ffn_dim") ? attr_int(r, path, "ffn_dim") : 4 * mc.n_embd;
+    mc.tie_embeddings = ckpt_has_attr(r, "tie_word_embeddings") ? ckpt_attr_i64(r, "tie_word_embeddings") != 0 : true;
     model_build(m, &mc);
 }
 

@@ -144,6 +144,16 @@ struct key_spec {
     const char *hint;                /* F_NO_EFFECT: why; F_REJECT: the error */
 };
 
+static const struct key_spec rope_scaling_keys[] = {
+    {"type", K_STR, 0, NULL, NULL},
+    {"rope_type", K_STR, 0, NULL, NULL},
+    {"factor", K_NUM, 0, NULL, NULL},
+    {"low_freq_factor", K_NUM, 0, NULL, NULL},
+    {"high_freq_factor", K_NUM, 0, NULL, NULL},
+    {"original_max_position_embeddings", K_INT, 0, NULL, NULL},
+    {0},
+};
+
 static const struct key_spec model_keys[] = {
     {"preset", K_STR, 0, NULL, NULL},
     {"type", K_STR, 0, NULL, NULL},
@@ -156,6 +166,10 @@ static const struct key_spec model_keys[] = {
     {"vocab_size", K_INT, 0, NULL, NULL},
     {"init_std", K_NUM, 0, NULL, NULL},
     {"init_seed", K_INT, 0, NULL, NULL},
+    {"rms_norm_eps", K_NUM, 0, NULL, NULL},
+    {"rope_theta", K_NUM, 0, NULL, NULL},
+    {"rope_scaling", K_OBJ, F_NULLABLE, rope_scaling_keys, NULL},
+    {"tie_word_embeddings", K_BOOL, 0, NULL, NULL},
     {0},
 };
 
@@ -872,6 +886,68 @@ static void check_batch_sizes(const struct config *cfg)
 
 /* ---- sections ---------------------------------------------------------- */
 
+/* Hugging Face's rope_scaling (type "llama3" only; null or absent: none). */
+static void read_rope_scaling(struct model_config *m, json_t *root)
+{
+    if (!is_given(root, "model.rope_scaling"))
+        return;
+    const char *type = read_str(root, "model.rope_scaling.rope_type", NULL, NO_FILL);
+    if (!type)
+        type = read_str(root, "model.rope_scaling.type", NULL, NO_FILL);
+    if (!type || strcmp(type, "default") == 0)
+        return;
+    if (strcmp(type, "llama3") != 0)
+        fail_input("config: 'model.rope_scaling.rope_type' is \"%s\"; supported: \"llama3\" (Llama 3.1), or null for "
+                   "none",
+                   type);
+    struct rope_scaling *r = &m->rope_scaling;
+    r->type = ROPE_SCALING_LLAMA3;
+    r->factor = read_num(root, "model.rope_scaling.factor", 8.0, FILL);
+    r->low_freq_factor = read_num(root, "model.rope_scaling.low_freq_factor", 1.0, FILL);
+    r->high_freq_factor = read_num(root, "model.rope_scaling.high_freq_factor", 4.0, FILL);
+    r->original_max_positions = read_int(root, "model.rope_scaling.original_max_position_embeddings", 8192, FILL);
+    if (!(r->factor >= 1.0) || !isfinite(r->factor))
+        fail_input("config: 'model.rope_scaling.factor' must be at least 1, got %g", r->factor);
+    if (!(r->low_freq_factor > 0) || !(r->high_freq_factor > r->low_freq_factor) || !isfinite(r->high_freq_factor))
+        fail_input("config: 'model.rope_scaling.high_freq_factor' (%g) must be larger than "
+                   "'model.rope_scaling.low_freq_factor' (%g) > 0",
+                   r->high_freq_factor, r->low_freq_factor);
+    require_positive("model.rope_scaling.original_max_position_embeddings", r->original_max_positions);
+}
+
+/* The keys only Llama has: refused for GPT-2, read with Hugging Face's
+ * meaning (and Llama 2/3's published values as defaults) for Llama. */
+static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
+{
+    static const char *const only_llama[] = {"model.rms_norm_eps", "model.rope_theta", "model.rope_scaling",
+                                              "model.tie_word_embeddings"};
+    m->norm_eps = 1e-5f;
+    m->rope_theta = 10000.0;
+    m->tie_embeddings = gpt2;
+    if (gpt2) {
+        for (size_t i = 0; i < sizeof only_llama / sizeof only_llama[0]; i++)
+            if (is_given(root, only_llama[i]))
+                fail_input("config: '%s' is a Llama key; GPT-2 has LayerNorm, learned positions and a tied head. "
+                           "Remove it or use model.type \"llama\"",
+                           only_llama[i]);
+        return;
+    }
+    if (m->n_embd / m->n_head % 2 != 0)
+        fail_input("config: 'model.n_embd' / 'model.n_head' is %d, an odd head dimension: rotary embeddings rotate "
+                   "channel pairs, so Llama needs an even head dimension",
+                   m->n_embd / m->n_head);
+    double eps = read_num(root, "model.rms_norm_eps", 1e-5, FILL);
+    if (!(eps > 0) || eps > 1.0)
+        fail_input("config: 'model.rms_norm_eps' must be in (0, 1], got %g", eps);
+    m->norm_eps = (float)eps;
+    double theta = read_num(root, "model.rope_theta", 10000.0, FILL);
+    if (!(theta > 1.0) || !isfinite(theta))
+        fail_input("config: 'model.rope_theta' must be larger than 1, got %g", theta);
+    m->rope_theta = theta;
+    m->tie_embeddings = read_bool(root, "model.tie_word_embeddings", false, FILL);
+    read_rope_scaling(m, root);
+}
+
 static void read_model(struct config *cfg, json_t *root)
 {
     struct model_config *m = &cfg->model;
@@ -929,6 +1005,8 @@ static void read_model(struct config *cfg, json_t *root)
         fail_input("config: 'model.vocab_size' (%d) is too large", m->vocab_size);
     m->padded_vocab = (int)round_up((size_t)m->vocab_size, MODEL_VOCAB_ALIGN);
     check_model_sizes(m, gpt2);
+
+    read_llama_keys(m, root, gpt2);
 
     double std = read_num(root, "model.init_std", MODEL_INIT_STD_DEFAULT, FILL);
     if (!(std > 0))

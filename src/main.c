@@ -64,9 +64,6 @@ static void load_train_config(struct comm *comm, struct config *cfg, const char 
     struct fail_trap trap;
     if (FAIL_TRAP(&trap) == 0) {
         config_load(cfg, path, deepspeed, sets, n_sets);
-        if (strcmp(cfg->model.type, "gpt2") != 0)
-            fail_input("model.type \"%s\": Llama training is not implemented yet; `shardlm plan` supports it",
-                       cfg->model.type);
     }
     fail_untrap();
     comm_agree_failure(comm, &trap);

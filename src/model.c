@@ -7,8 +7,10 @@
 
 #include "util.h"
 
-static void add_tensor(struct unit_desc *u, int *id, const char *name, int d0, int d1,
-                       bool decay, enum init_kind init)
+/* packed: right after the previous tensor, with no alignment gap (tensors a
+ * kernel reads as one matrix, model.h). */
+static void add_tensor_at(struct unit_desc *u, int *id, const char *name, int d0, int d1, bool decay,
+                          enum init_kind init, bool packed)
 {
     struct tensor_desc *t = &u->tensors[u->n_tensors++];
     snprintf(t->name, sizeof t->name, "%s", name);
@@ -16,12 +18,18 @@ static void add_tensor(struct unit_desc *u, int *id, const char *name, int d0, i
     t->shape[0] = d0;
     t->shape[1] = d1 > 0 ? d1 : 1;
     t->numel = (size_t)d0 * (size_t)t->shape[1];
-    t->offset = round_up(u->numel, MODEL_TENSOR_ALIGN);
+    t->offset = packed ? u->numel : round_up(u->numel, MODEL_TENSOR_ALIGN);
     t->decay = decay;
     t->init = init;
     t->id = (*id)++;
     t->rows_valid = d0;
     u->numel = t->offset + t->numel;
+}
+
+static void add_tensor(struct unit_desc *u, int *id, const char *name, int d0, int d1, bool decay,
+                       enum init_kind init)
+{
+    add_tensor_at(u, id, name, d0, d1, decay, init, false);
 }
 
 /* The architecture variant fields of cfg, fixed by the family (config.h). */
@@ -32,7 +40,7 @@ static void set_arch(struct model_config *c)
     c->mlp = llama ? MLP_SWIGLU : MLP_GELU;
     c->biases = !llama;
     c->rotary = llama;
-    c->tied_head = !llama;
+    c->tied_head = !llama || c->tie_embeddings;
     if (c->n_kv_head <= 0)
         c->n_kv_head = c->n_head;
     if (c->ffn_dim <= 0)
@@ -53,6 +61,9 @@ static struct unit_desc *start_unit(struct model *m, int u, enum unit_kind kind,
 #define T(u, suffix, d0, d1, decay, init)                       \
     snprintf(name, sizeof name, "%s" suffix, prefix);           \
     add_tensor(u, &id, name, d0, d1, decay, init)
+#define T_PACKED(u, suffix, d0, d1, decay, init)                \
+    snprintf(name, sizeof name, "%s" suffix, prefix);           \
+    add_tensor_at(u, &id, name, d0, d1, decay, init, true)
 
 /* GPT-2 (Hugging Face GPT2Model): Conv1D weights (in, out), learned positions, tied head. */
 static void build_gpt2(struct model *m)
@@ -88,8 +99,9 @@ static void build_gpt2(struct model *m)
 }
 
 /* Llama (Hugging Face LlamaForCausalLM): nn.Linear weights (out, in), RMSNorm
- * weights only, SwiGLU MLP, rotary positions (no table), untied lm_head in
- * the head unit. Shapes only: there are no Llama kernels yet. */
+ * weights only, SwiGLU MLP, rotary positions (no table), lm_head in the head
+ * unit unless tied to embed_tokens. k_proj and v_proj follow q_proj without a
+ * gap, up_proj follows gate_proj: each group is one matrix to the kernels. */
 static void build_llama(struct model *m)
 {
     const struct model_config *cfg = &m->cfg;
@@ -106,20 +118,23 @@ static void build_llama(struct model *m)
         struct unit_desc *u = start_unit(m, model_block_unit(l), UNIT_BLOCK, l, uname, 9);
         T(u, "input_layernorm.weight", C, 0, false, INIT_ONES);
         T(u, "self_attn.q_proj.weight", C, C, true, INIT_NORMAL);
-        T(u, "self_attn.k_proj.weight", KV, C, true, INIT_NORMAL);
-        T(u, "self_attn.v_proj.weight", KV, C, true, INIT_NORMAL);
+        T_PACKED(u, "self_attn.k_proj.weight", KV, C, true, INIT_NORMAL);
+        T_PACKED(u, "self_attn.v_proj.weight", KV, C, true, INIT_NORMAL);
         T(u, "self_attn.o_proj.weight", C, C, true, INIT_NORMAL);
         T(u, "post_attention_layernorm.weight", C, 0, false, INIT_ONES);
         T(u, "mlp.gate_proj.weight", F, C, true, INIT_NORMAL);
-        T(u, "mlp.up_proj.weight", F, C, true, INIT_NORMAL);
+        T_PACKED(u, "mlp.up_proj.weight", F, C, true, INIT_NORMAL);
         T(u, "mlp.down_proj.weight", C, F, true, INIT_NORMAL);
     }
     struct unit_desc *h = start_unit(m, model_head_unit(m), UNIT_HEAD, -1, "head", 2);
     add_tensor(h, &id, "model.norm.weight", C, 0, false, INIT_ONES);
+    if (cfg->tied_head)
+        return;
     add_tensor(h, &id, "lm_head.weight", Vp, C, true, INIT_NORMAL);
     h->tensors[1].rows_valid = cfg->vocab_size;
 }
 #undef T
+#undef T_PACKED
 
 void model_build(struct model *m, const struct model_config *cfg)
 {

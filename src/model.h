@@ -9,15 +9,16 @@
  * Tensor names and shapes are those of Hugging Face's GPT2Model; Conv1D weights
  * are (in, out), input-major, so y = x @ W + b with row-major W.
  *
- * A Llama model (model.type "llama"; shapes only, planned but not trained yet)
- * has the same units with Hugging Face LlamaForCausalLM's names and (out, in)
- * nn.Linear shapes:
+ * A Llama model (model.type "llama") has the same units with Hugging Face
+ * LlamaForCausalLM's names and (out, in) nn.Linear shapes:
  *   unit 0            model.embed_tokens.weight (Vp, C)
  *   unit 1 .. L       model.layers.{l}.input_layernorm.weight (C), self_attn.q_proj (C, C),
  *                     k_proj, v_proj (KV, C) with KV = C / n_head * n_kv_head, o_proj (C, C),
  *                     post_attention_layernorm.weight (C), mlp.gate_proj, up_proj (F, C),
  *                     down_proj (C, F)
- *   unit L + 1        model.norm.weight (C), lm_head.weight (Vp, C): the head is untied
+ *   unit L + 1        model.norm.weight (C), lm_head.weight (Vp, C) unless tie_word_embeddings
+ * k_proj and v_proj follow q_proj with no alignment gap, and up_proj follows
+ * gate_proj, so that the kernels read q|k|v and gate|up as one matrix each.
  * model_build sets the architecture fields of cfg (norm, mlp, biases, rotary,
  * tied_head) from the type.
  *

@@ -8,230 +8,39 @@
 #include <strings.h>
 
 #include "backend.h"
-#include "gpt2.h"
+#include "family.h"
 #include "util.h"
 #include "zero.h"
 
 int plan_ckpt_interval(const struct config *cfg) { return cfg->act_ckpt.enabled ? cfg->act_ckpt.interval : 0; }
 
-enum mem_space plan_space(const struct config *cfg, enum buf_class c)
-{
-    switch (c) {
-    case BUF_MASTER:
-    case BUF_ADAM_M:
-    case BUF_ADAM_V:
-    case BUF_FP32_GRADS:
-        if (!cfg->zero.offload_optimizer)
-            return SPACE_DEVICE;
-        /* a device's kernels read and write offloaded state only in pinned (mapped) memory */
-        return cfg->zero.offload_pin_memory || plan_device() ? SPACE_PINNED : SPACE_HOST;
-    case BUF_STAGING: return SPACE_PINNED;
-    case BUF_PARAMS:
-        if (!cfg->zero.offload_param)
-            return SPACE_DEVICE;
-        /* a device's kernels write the new parameters: pinned (mapped) memory */
-        return cfg->zero.offload_param_pin_memory || plan_device() ? SPACE_PINNED : SPACE_HOST;
-    case BUF_ACT_CKPT: return cfg->act_ckpt.enabled && cfg->act_ckpt.cpu_checkpointing ? SPACE_PINNED : SPACE_DEVICE;
-    default: return SPACE_DEVICE;
-    }
-}
-
-/* ---- passes ------------------------------------------------------------------ */
-
-static void add_event(struct zero_pass *p, enum pass_event_kind kind, int unit)
-{
-    p->events[p->n_events].kind = kind;
-    p->events[p->n_events].unit = unit;
-    p->n_events++;
-}
-
-/* Untied head (Llama): GPT-2's passes without the head's use of the embedding
- * (the forward's second acquire of it, kept through the backward); the
- * embedding is gathered again at the end of the backward for its gradient,
- * so every unit is gathered twice per micro-batch as DESIGN §3 counts. */
-static void untied_passes(const struct model *m, int interval, struct zero_pass *train, struct zero_pass *eval)
-{
-    gpt2_build_passes(m, interval, train, eval);
-    struct zero_pass *both[2] = {eval, train};
-    for (int i = 0; i < 2; i++) {
-        struct zero_pass *p = both[i];
-        int kept = 0;
-        for (int e = 0; e < p->n_events; e++)
-            if (p->events[e].unit != 0 || e < 2) /* the forward's acquire + release of the embedding */
-                p->events[kept++] = p->events[e];
-        p->n_events = kept;
-    }
-    add_event(train, PASS_ACQUIRE, 0);
-    add_event(train, PASS_GRAD_OPEN, 0);
-    add_event(train, PASS_GRAD_DONE, 0);
-    add_event(train, PASS_RELEASE, 0);
-}
-
-void plan_build_passes(const struct model *m, int interval, struct zero_pass *train, struct zero_pass *eval)
-{
-    if (m->cfg.tied_head)
-        gpt2_build_passes(m, interval, train, eval);
-    else
-        untied_passes(m, interval, train, eval);
-}
-
-/* ---- activations from shapes ---------------------------------------------------- */
-
-/* How activations are stored: element size, and whether attention keeps its
- * (B, NH, T, T) probabilities (CPU backend) or only softmax statistics (B, NH, T)
- * in fp32 (fused attention on the GPU). */
-struct act_layout {
-    size_t esize;
-    bool full_attention;
-    size_t scratch_bytes;
-};
-
-static size_t act_bytes(const struct act_layout *al, size_t n) { return arena_round(n * al->esize); }
-static size_t fp32_bytes(size_t n) { return arena_round(n * sizeof(float)); }
-
-/* One block's working activations (gpt2.h struct block_acts, generalised):
- * norm1 out + stats, q|k|v, attention, its output, the residual after
- * attention, norm2 out + stats, the MLP's hidden activations. */
-static size_t block_set(const struct model_config *c, const struct act_layout *al, size_t B, size_t T)
-{
-    const size_t BT = B * T, C = (size_t)c->n_embd, NH = (size_t)c->n_head, F = (size_t)c->ffn_dim;
-    const size_t KV = C / NH * (size_t)c->n_kv_head;
-    const size_t stats = (c->norm == NORM_LAYERNORM ? 2 : 1) * fp32_bytes(BT);
-    size_t att = al->full_attention ? fp32_bytes(B * NH * T * T) : fp32_bytes(B * NH * T);
-    size_t mlp = (c->mlp == MLP_SWIGLU ? 3 : 2) * act_bytes(al, BT * F);
-    return act_bytes(al, BT * C) + stats + act_bytes(al, BT * (C + 2 * KV)) + att + act_bytes(al, BT * C) +
-           act_bytes(al, BT * C) + act_bytes(al, BT * C) + stats + mlp;
-}
-
-/* The activation classes of any model family from its shapes, in gpt2_plan's
- * arrangement (kept block inputs, working sets, final norm and logits, backward
- * work buffers). The losses and the norm statistics stay fp32; the logits are in the activation dtype. */
-static void shape_plan(const struct model *m, const struct act_layout *al, int B_, int T_, int interval,
-                       size_t bytes[BUF_COUNT])
-{
-    const struct model_config *c = &m->cfg;
-    const size_t B = (size_t)B_, T = (size_t)T_, BT = B * T, L = (size_t)c->n_layer, C = (size_t)c->n_embd;
-    const size_t KV = C / (size_t)c->n_head * (size_t)c->n_kv_head, F = (size_t)c->ffn_dim;
-    const size_t set = block_set(c, al, B, T), resid = act_bytes(al, BT * C);
-    if (interval > 0) {
-        bytes[BUF_ACT_CKPT] += (L + (size_t)interval - 1) / (size_t)interval * resid;
-        bytes[BUF_ACTIVATIONS] += (size_t)interval * set + ((size_t)interval + 1) * resid + resid;
-    } else {
-        bytes[BUF_ACT_CKPT] += L * resid;
-        bytes[BUF_ACTIVATIONS] += L * set + resid;
-    }
-    const size_t stats = (c->norm == NORM_LAYERNORM ? 2 : 1) * fp32_bytes(BT);
-    /* the logits in the activation dtype: the fused cross-entropy computes the softmax in fp32 from them
-     * and writes the gradient in place (no fp32 copy) */
-    bytes[BUF_LOGITS] += resid + stats + act_bytes(al, BT * (size_t)c->padded_vocab) + fp32_bytes(BT);
-    size_t rope = c->rotary ? 2 * fp32_bytes(T * (C / (size_t)c->n_head) / 2) : 0; /* cos, sin tables */
-    bytes[BUF_WORKSPACE] += 3 * resid + act_bytes(al, BT * (C + 2 * KV)) +
-                            (c->mlp == MLP_SWIGLU ? 2 : 1) * act_bytes(al, BT * F) + arena_round(al->scratch_bytes) +
-                            rope + 2 * arena_round(BT * sizeof(int32_t));
-}
-
 /* ---- the plan ------------------------------------------------------------------- */
 
-/* The largest padded unit of each kind: the slot of a full-unit buffer. */
-static void slot_elems(const struct model *m, int world, size_t elems[ZERO_POOLS])
+/* The execution target a plan target stands for. */
+static struct exec_target target_of(const struct config *cfg, enum plan_target target)
 {
-    memset(elems, 0, ZERO_POOLS * sizeof *elems);
-    for (int u = 0; u < m->n_units; u++) {
-        size_t padded = round_up(m->units[u].numel, (size_t)world * MODEL_TENSOR_ALIGN);
-        int k = (int)m->units[u].kind;
-        if (padded > elems[k])
-            elems[k] = padded;
-    }
+    if (target == PLAN_TARGET_CPU)
+        return target_running();
+    /* bin/shardlm-cuda computes in fp32 with SHARDLM_FP32_ACTIVATIONS=1 (a debugging mode) */
+    const char *f32_acts = getenv("SHARDLM_FP32_ACTIVATIONS");
+    bool f32 = target == PLAN_TARGET_CUDA && f32_acts && strcmp(f32_acts, "1") == 0;
+    return target_cuda(f32 ? DTYPE_F32 : cfg->dtype);
 }
-
-/* GPU target: unit gradient buffers in the parameter dtype, each held until
- * its reduce-scatter is done (zero.c's path without a master copy gives the
- * slot counts); no fp32 compute copies, no send buffers. */
-static void gpu_unit_buffers(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
-                             const struct zero_pass passes[2])
-{
-    p->bytes[BUF_COMPUTE_COPIES] = p->bytes[BUF_GRAD_SEND] = p->bytes[BUF_GRAD_BUFFERS] = 0;
-    memset(p->pool_slots[POOL_COMPUTE], 0, sizeof p->pool_slots[POOL_COMPUTE]);
-    memset(p->pool_slots[POOL_SEND], 0, sizeof p->pool_slots[POOL_SEND]);
-    if (cfg->zero.stage < 2)
-        return;
-    struct config direct = *cfg;
-    direct.dtype = DTYPE_F32;
-    direct.zero.offload_optimizer = false;
-    size_t scratch[BUF_COUNT] = {0};
-    int slots[POOL_SETS][ZERO_POOLS];
-    zero_plan(m, &direct, world, passes, 2, scratch, slots);
-    size_t elems[ZERO_POOLS];
-    slot_elems(m, world, elems);
-    const size_t esize = (size_t)dtype_size(cfg->dtype);
-    for (int k = 0; k < ZERO_POOLS; k++) {
-        p->pool_slots[POOL_GRAD][k] = slots[POOL_GRAD][k];
-        p->bytes[BUF_GRAD_BUFFERS] += (size_t)slots[POOL_GRAD][k] * arena_round(elems[k] * esize);
-    }
-}
-
-/* Set while the CUDA target is planned by a build whose backend is not CUDA. */
-static struct {
-    int on;
-    enum dtype act;
-} g_as_cuda;
-
-int plan_device(void) { return g_as_cuda.on || backend_is_device(); }
-
-enum dtype plan_act_dtype(void) { return g_as_cuda.on ? g_as_cuda.act : backend_act_dtype(); }
-
-size_t plan_attention_scratch(int T, int NH)
-{
-    return g_as_cuda.on ? BACKEND_CUDA_ATTENTION_SCRATCH(T, NH) : backend_attention_scratch(T, NH);
-}
-
-size_t plan_attention_saved(int B, int T, int NH)
-{
-    return g_as_cuda.on ? BACKEND_CUDA_ATTENTION_SAVED(B, T, NH) : backend_attention_saved(B, T, NH);
-}
-
-size_t plan_layernorm_scratch(int C) { return g_as_cuda.on ? 0 : backend_layernorm_scratch(C); }
-
-size_t plan_library_workspace(void) { return g_as_cuda.on ? BACKEND_CUDA_LIBRARY_WORKSPACE : backend_library_workspace(); }
 
 void plan_compute_for(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
                       enum plan_target target)
 {
-    if (target == PLAN_TARGET_CUDA) {
-        if (!m->cfg.tied_head)
-            fail_input("--target cuda plans what bin/shardlm-cuda allocates, and it trains GPT-2 models only; "
-                       "use --target gpu for this model");
-        const char *f32_acts = getenv("SHARDLM_FP32_ACTIVATIONS");
-        g_as_cuda.on = 1;
-        g_as_cuda.act = f32_acts && strcmp(f32_acts, "1") == 0 ? DTYPE_F32 : cfg->dtype;
-        plan_compute_for(p, m, cfg, world, PLAN_TARGET_CPU);
-        g_as_cuda.on = 0;
-        return;
-    }
     memset(p, 0, sizeof *p);
     p->world = world;
+    const struct exec_target t = target_of(cfg, target);
     const int interval = plan_ckpt_interval(cfg);
     struct zero_pass passes[2];
-    plan_build_passes(m, interval, &passes[0], &passes[1]);
-    zero_plan(m, cfg, world, passes, 2, p->bytes, p->pool_slots);
-    if (target == PLAN_TARGET_GPU) {
-        gpu_unit_buffers(p, m, cfg, world, passes);
-        struct act_layout gpu = {(size_t)dtype_size(cfg->dtype), false,
-                                 plan_library_arena_bytes(PLAN_GPU_LIBRARY_WORKSPACE)};
-        shape_plan(m, &gpu, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
-        /* token ids, targets and losses pass through pinned host memory */
-        const size_t BT = (size_t)cfg->micro_batch * (size_t)cfg->data.seq_len;
-        p->bytes[BUF_STAGING] += 2 * arena_round(BT * sizeof(int32_t)) + fp32_bytes(BT);
-    } else if (m->cfg.tied_head) {
-        gpt2_plan(m, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
-    } else {
-        size_t att = plan_attention_scratch(cfg->data.seq_len, m->cfg.n_head), ln = plan_layernorm_scratch(m->cfg.n_embd);
-        struct act_layout cpu = {sizeof(float), true, (att > ln ? att : ln) * sizeof(float)};
-        shape_plan(m, &cpu, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
-    }
-    gpt2_free_passes(&passes[0], &passes[1]);
+    family_build_passes(m, interval, &passes[0], &passes[1]);
+    zero_plan(m, cfg, &t, world, passes, 2, p->bytes, p->pool_slots);
+    family_plan(m, &t, cfg->micro_batch, cfg->data.seq_len, interval, p->bytes);
+    family_free_passes(&passes[0], &passes[1]);
     for (int c = 0; c < BUF_COUNT; c++) {
-        p->space[c] = plan_space(cfg, c);
+        p->space[c] = target_space(&t, cfg, c);
         /* the config's size bounds keep every buffer far below 2^64 bytes */
         if (__builtin_add_overflow(p->space_total[p->space[c]], p->bytes[c], &p->space_total[p->space[c]]))
             fail_internal("memory plan: the %s total wraps at 2^64 bytes", arena_class_name(c));

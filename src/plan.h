@@ -6,16 +6,17 @@
  * compared with it.
  *
  * Owns nothing but the numbers; the formulas live with the modules that
- * allocate (zero_plan, gpt2_plan), so a buffer and its prediction change together.
+ * allocate (zero_plan, family_plan), so a buffer and its prediction change
+ * together, and they take the execution target (target.h) they plan for.
  *
- * Two targets. PLAN_TARGET_CPU is what this engine allocates on the CPU
- * backend (fp32 compute copies of half-precision units, fp32 activations, the
- * full attention matrix): the trainer allocates from it and its peaks are
- * measured against it. PLAN_TARGET_GPU is the device layout DESIGN §5 fixes
- * for the CUDA engine: activations and unit gradient buffers in the parameter
- * dtype, no compute copies or send buffers, a fused (flash) attention that
- * keeps only the softmax statistics, cuBLAS's workspace. Shapes only: Llama
- * models (no kernels yet) are planned for both targets from their shapes.
+ * Targets. PLAN_TARGET_CPU is what this engine allocates on the backend it
+ * runs (on the CPU: fp32 compute copies of half-precision units, fp32
+ * activations, the full attention matrix): the trainer allocates from it and
+ * its peaks are measured against it. PLAN_TARGET_GPU is what the CUDA engine
+ * allocates (DESIGN §5): activations and unit gradient buffers in the
+ * parameter dtype, no compute copies or send buffers, a fused attention that
+ * keeps only each row's log-sum-exp, cuBLAS's workspace. PLAN_TARGET_CUDA is
+ * the same, honouring bin/shardlm-cuda's SHARDLM_FP32_ACTIVATIONS=1.
  */
 #ifndef SHARDLM_PLAN_H
 #define SHARDLM_PLAN_H
@@ -27,6 +28,7 @@
 #include "comm.h"
 #include "config.h"
 #include "model.h"
+#include "target.h"
 #include "zero.h"
 
 struct mem_plan {
@@ -39,38 +41,10 @@ struct mem_plan {
 
 enum plan_target { PLAN_TARGET_CPU = 0, PLAN_TARGET_GPU, PLAN_TARGET_CUDA };
 
-/* cuBLAS workspace the GPU target reserves: what the CUDA backend reserves
- * (backend.h). */
-#define PLAN_GPU_LIBRARY_WORKSPACE BACKEND_CUDA_LIBRARY_WORKSPACE
-
-/* PLAN_TARGET_CUDA is what bin/shardlm-cuda allocates today, computed by the
- * trainer's own plan code as if on a GPU (device placement, activations in the
- * parameter dtype, the CUDA kernels' scratch): GPT-2 only, like that trainer.
- *
- * The device facts the plan code asks for: the backend's, except while
- * plan_compute_for plans the CUDA target from another build. */
-int plan_device(void);
-enum dtype plan_act_dtype(void);
-size_t plan_attention_scratch(int T, int NH);
-size_t plan_layernorm_scratch(int C);
-size_t plan_attention_saved(int B, int T, int NH);
-size_t plan_library_workspace(void);
-/* The arena bytes that hold a library workspace of `bytes`, 256-byte aligned
- * (cuBLAS) inside the 64-byte-aligned arena: the trainer's and the GPU
- * target's. */
-#define PLAN_LIBRARY_ALIGN 256
-static inline size_t plan_library_arena_bytes(size_t bytes)
-{
-    return bytes ? arena_round(bytes + PLAN_LIBRARY_ALIGN - ARENA_ALIGN) : 0;
-}
-
-/* The plan of the running trainer (the CPU target's code, on its backend). */
+/* The plan of the running trainer (PLAN_TARGET_CPU). */
 void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world);
 void plan_compute_for(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
                       enum plan_target target);
-/* The engine passes of any model family (GPT-2's come from gpt2.c; untied
- * heads, Llama, use the same order without the head's use of the embedding). */
-void plan_build_passes(const struct model *m, int interval, struct zero_pass *train, struct zero_pass *eval);
 /* Bytes one rank sends per optimizer step with accum micro-batches (DESIGN §3,
  * the ring formulas the engine counts), per collective kind. */
 void plan_traffic(const struct model *m, const struct config *cfg, int world, int accum, double bytes[COMM_KINDS]);
@@ -78,14 +52,6 @@ void plan_traffic(const struct model *m, const struct config *cfg, int world, in
  * (bytes; suffixes B, kB/KB, MB, GB, TB, KiB, MiB, GiB, TiB, any case). Returns
  * 0 and the bytes, or -1 with a reason in why (positive and finite only). */
 int plan_parse_bytes(const char *text, double *bytes, const char **why);
-/* The memory space of a buffer class under this config: the optimizer state
- * (master weights, Adam m and v, fp32 gradient shard) in pinned host memory
- * with offload_optimizer (ordinary host memory with pin_memory false), kept
- * activations in pinned host memory with cpu_checkpointing, the parameter
- * shards in pinned host memory with offload_param. A device backend keeps the
- * optimizer state in pinned host memory whatever the config says, and its
- * staging buffers there too. */
-enum mem_space plan_space(const struct config *cfg, enum buf_class c);
 /* The activation checkpointing interval in effect (0: off). */
 int plan_ckpt_interval(const struct config *cfg);
 /* Prints the table; with a tracker, also the measured peak per class. The peak

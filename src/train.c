@@ -12,7 +12,7 @@
 #include "ckpt.h"
 #include "data.h"
 #include "dump.h"
-#include "gpt2.h"
+#include "family.h"
 #include "loss_scaler.h"
 #include "model.h"
 #include "plan.h"
@@ -98,7 +98,8 @@ struct trainer {
     struct arena arenas[SPACE_COUNT];
     struct zero zero;
     struct zero_pass train_pass, eval_pass;
-    struct gpt2_acts acts;
+    struct exec_target target; /* the backend this binary runs, as configured */
+    struct family_acts acts;
     struct dataset train_data, val_data;
     int have_val;
     int comm_only;          /* SHARDLM_BENCH=comm-only: passes walked without compute */
@@ -165,15 +166,16 @@ static void trainer_setup(struct trainer *tr)
                        cfg->data.val_path, tr->val_data.n_windows, cfg->data.seq_len + 1, cfg->micro_batch,
                        tr->world);
     }
-    gpt2_build_passes(&tr->model, plan_ckpt_interval(cfg), &tr->train_pass, &tr->eval_pass);
+    tr->target = target_running();
+    family_build_passes(&tr->model, plan_ckpt_interval(cfg), &tr->train_pass, &tr->eval_pass);
     plan_compute(&tr->plan, &tr->model, cfg, tr->world);
     plan_check_device(&tr->plan, 1);
     for (int s = 0; s < SPACE_COUNT; s++)
         arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
-    zero_init(&tr->zero, &tr->model, cfg, tr->comm, tr->rank, tr->world, false,
+    zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false,
               (const int(*)[ZERO_POOLS])tr->plan.pool_slots, tr->arenas, &tr->mem);
-    gpt2_acts_init(&tr->acts, &tr->model, cfg->micro_batch, cfg->data.seq_len, plan_ckpt_interval(cfg),
-                   plan_space(cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
+    family_acts_init(&tr->acts, &tr->model, &tr->target, cfg->micro_batch, cfg->data.seq_len,
+                     plan_ckpt_interval(cfg), target_space(&tr->target, cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
     char why[2 * CKPT_MAX_PATH];
     if (cfg->checkpoint.dir && tr->rank == 0 && ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {
         if (!cfg->checkpoint.on_error_continue)
@@ -204,9 +206,9 @@ static void trainer_teardown(struct trainer *tr)
     dataset_close(&tr->train_data);
     if (tr->have_val)
         dataset_close(&tr->val_data);
-    gpt2_acts_free(&tr->acts);
+    family_acts_free(&tr->acts);
     zero_free(&tr->zero);
-    gpt2_free_passes(&tr->train_pass, &tr->eval_pass);
+    family_free_passes(&tr->train_pass, &tr->eval_pass);
     for (int s = 0; s < SPACE_COUNT; s++)
         arena_destroy(&tr->arenas[s]);
     model_free(&tr->model);
@@ -293,8 +295,8 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
             continue;
         }
         zero_begin_pass(&tr->zero, &tr->train_pass);
-        loss_sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1, GPT2_TRAIN);
-        gpt2_backward(&tr->zero, &tr->acts, B, T, dloss);
+        loss_sum += family_forward(&tr->zero, &tr->acts, B, T, 1, FAMILY_TRAIN);
+        family_backward(&tr->zero, &tr->acts, B, T, dloss);
         zero_end_pass(&tr->zero);
         train_fault_point("step");
     }
@@ -367,7 +369,7 @@ static float evaluate(struct trainer *tr)
         uint64_t first = (uint64_t)(i * group) + (uint64_t)tr->rank * B;
         dataset_read_batch(&tr->val_data, first, B, tr->acts.inputs, tr->acts.targets);
         zero_begin_pass(&tr->zero, &tr->eval_pass);
-        sum += gpt2_forward(&tr->zero, &tr->acts, B, T, 1, GPT2_EVAL);
+        sum += family_forward(&tr->zero, &tr->acts, B, T, 1, FAMILY_EVAL);
         zero_end_pass(&tr->zero);
     }
     comm_allreduce(tr->comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
@@ -394,9 +396,9 @@ static void sample_text(struct trainer *tr)
         int start = len > T ? len - T : 0, t = len - start;
         memcpy(tr->acts.inputs, ctx + start, (size_t)t * sizeof *ctx);
         zero_begin_pass(&tr->zero, &tr->eval_pass);
-        gpt2_forward(&tr->zero, &tr->acts, 1, t, 0, GPT2_EVAL);
+        family_forward(&tr->zero, &tr->acts, 1, t, 0, FAMILY_EVAL);
         zero_end_pass(&tr->zero);
-        gpt2_read_logits(&tr->acts, &tr->model, t - 1, row);
+        family_read_logits(&tr->acts, t - 1, row);
         double mx = -INFINITY, sum = 0.0;
         for (int j = 0; j < V; j++)
             mx = row[j] > mx ? row[j] : mx;
@@ -437,16 +439,19 @@ static void sample_text(struct trainer *tr)
     free(row);
 }
 
-/* Model shape attributes checked on resume: a checkpoint of another model is refused. */
-static const char *const model_attr_names[] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
+/* Model shape attributes checked on resume: a checkpoint of another model is
+ * refused. n_kv_head, ffn_dim and tie_word_embeddings are absent from
+ * checkpoints of GPT-2 runs made before Llama trained: there they take GPT-2's
+ * values. */
+#define N_MODEL_ATTRS 8
+static const char *const model_attr_names[N_MODEL_ATTRS] = {
+    "n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_kv_head", "ffn_dim", "tie_word_embeddings"};
 
-static void model_attr_values(const struct config *cfg, int64_t v[5])
+static void model_attr_values(const struct model_config *mc, int64_t v[N_MODEL_ATTRS])
 {
-    v[0] = cfg->model.n_layer;
-    v[1] = cfg->model.n_head;
-    v[2] = cfg->model.n_embd;
-    v[3] = cfg->model.n_positions;
-    v[4] = cfg->model.vocab_size;
+    const int64_t values[N_MODEL_ATTRS] = {mc->n_layer, mc->n_head,  mc->n_embd,  mc->n_positions,
+                                           mc->vocab_size, mc->n_kv_head, mc->ffn_dim, mc->tie_embeddings};
+    memcpy(v, values, sizeof values);
 }
 
 /* Saves the whole training state: fp32 master weights, Adam m and v, and the
@@ -465,8 +470,8 @@ static void save_checkpoint(struct trainer *tr)
     uint64_t data_position = tr->samples_seen, rng = cfg->train.seed;
     struct ckpt_rank_state state[2] = {{"data_position", 1, &data_position}, {"rng", 1, &rng}};
     char *config_json = config_dump(cfg);
-    int64_t shape[5];
-    model_attr_values(cfg, shape);
+    int64_t shape[N_MODEL_ATTRS];
+    model_attr_values(&cfg->model, shape);
     struct ckpt_attr attrs[] = {
         {"skipped_steps", CKPT_ATTR_I64, tr->skipped_steps, 0, NULL},
         {"adam_steps", CKPT_ATTR_I64, tr->zero.adam_steps, 0, NULL},
@@ -483,6 +488,11 @@ static void save_checkpoint(struct trainer *tr)
         {"n_embd", CKPT_ATTR_I64, shape[2], 0, NULL},
         {"n_positions", CKPT_ATTR_I64, shape[3], 0, NULL},
         {"vocab_size", CKPT_ATTR_I64, shape[4], 0, NULL},
+        {"n_kv_head", CKPT_ATTR_I64, shape[5], 0, NULL},
+        {"ffn_dim", CKPT_ATTR_I64, shape[6], 0, NULL},
+        {"tie_word_embeddings", CKPT_ATTR_I64, shape[7], 0, NULL},
+        {"rms_norm_eps", CKPT_ATTR_F64, 0, cfg->model.norm_eps, NULL},
+        {"rope_theta", CKPT_ATTR_F64, 0, cfg->model.rope_theta, NULL},
     };
     struct ckpt_contents contents = {groups, ZERO_CKPT_GROUPS, state, 2, attrs, (int)(sizeof attrs / sizeof *attrs)};
     char path[4096];
@@ -521,10 +531,20 @@ static void resume_checkpoint(struct trainer *tr, const char *spec)
     }
     double t0 = now_seconds();
     struct ckpt_reader *r = ckpt_open(path);
-    int64_t want[5];
-    model_attr_values(cfg, want);
-    for (int i = 0; i < 5; i++) {
-        int64_t got = ckpt_attr_i64(r, model_attr_names[i]);
+    char *saved_type = ckpt_attr_str(r, "model_type");
+    if (strcmp(saved_type, cfg->model.type) != 0)
+        fail_input("checkpoint '%s' holds a %s model and the config a %s model (model.type)", path, saved_type,
+                   cfg->model.type);
+    free(saved_type);
+    struct model_config gpt2_defaults = cfg->model; /* what a checkpoint without the newer attributes means */
+    gpt2_defaults.n_kv_head = cfg->model.n_head;
+    gpt2_defaults.ffn_dim = 4 * cfg->model.n_embd;
+    gpt2_defaults.tie_embeddings = true;
+    int64_t want[N_MODEL_ATTRS], absent[N_MODEL_ATTRS];
+    model_attr_values(&cfg->model, want);
+    model_attr_values(&gpt2_defaults, absent);
+    for (int i = 0; i < N_MODEL_ATTRS; i++) {
+        int64_t got = i >= 5 && !ckpt_has_attr(r, model_attr_names[i]) ? absent[i] : ckpt_attr_i64(r, model_attr_names[i]);
         if (got != want[i])
             fail_input("checkpoint '%s' holds a different model: %s is %lld there and %lld in the config", path,
                        model_attr_names[i], (long long)got, (long long)want[i]);
@@ -645,9 +665,11 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     char a[32], b[64];
     log_info("shardlm %s | backend %s | %d rank%s | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(), tr.world,
              tr.world > 1 ? "s" : "", cfg->zero.stage, dtype_name(cfg->dtype));
-    log_info("model gpt2: %d layers, %d heads, %d channels, context %d, vocab %d (padded %d): %zu parameters",
-             cfg->model.n_layer, cfg->model.n_head, cfg->model.n_embd, cfg->model.n_positions,
-             cfg->model.vocab_size, cfg->model.padded_vocab, tr.model.n_params);
+    log_info("model %s: %d layers, %d heads (%d key/value), %d channels, MLP %d, context %d, vocab %d (padded %d)%s: "
+             "%zu parameters",
+             cfg->model.type, cfg->model.n_layer, cfg->model.n_head, cfg->model.n_kv_head, cfg->model.n_embd,
+             cfg->model.ffn_dim, cfg->model.n_positions, cfg->model.vocab_size, cfg->model.padded_vocab,
+             tr.model.cfg.tied_head ? ", tied LM head" : "", tr.model.n_params);
     log_info("batch: %d sequences of %d tokens = %d micro x %d accumulation x %d ranks; %zu training windows",
              cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.world, tr.train_data.n_windows);
     if (opt->print_config) {

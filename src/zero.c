@@ -7,7 +7,7 @@
 #include "backend.h"
 #include "ckpt.h"
 #include "dtype.h"
-#include "plan.h"
+#include "target.h"
 #include "util.h"
 
 static const char *event_names[] = {"acquire", "release", "grad_open", "grad_done"};
@@ -207,8 +207,8 @@ static void build_optimizer_tables(struct zero *z, const struct config *cfg)
     z->n_adam_ranges = n;
 }
 
-void zero_init(struct zero *z, const struct model *m, const struct config *cfg, struct comm *comm, int rank,
-               int world, bool dry, const int planned_slots[POOL_SETS][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
+void zero_init(struct zero *z, const struct model *m, const struct config *cfg, const struct exec_target *t,
+               struct comm *comm, int rank, int world, bool dry, const int planned_slots[POOL_SETS][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
                struct mem_tracker *mem)
 {
     memset(z, 0, sizeof *z);
@@ -221,11 +221,11 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     z->dtype = cfg->dtype;
     z->esize = (size_t)dtype_size(cfg->dtype);
     z->half = cfg->dtype != DTYPE_F32;
-    z->compute_copies = z->half && plan_act_dtype() == DTYPE_F32;
-    z->half_grad_buffers = z->half && plan_device() && plan_act_dtype() != DTYPE_F32 && cfg->zero.stage >= 2;
-    z->device = plan_device();
-    z->params_offloaded = plan_space(cfg, BUF_PARAMS) != SPACE_DEVICE;
-    z->optimizer_on_host = z->device && plan_space(cfg, BUF_MASTER) != SPACE_DEVICE;
+    z->compute_copies = z->half && t->act == DTYPE_F32;
+    z->half_grad_buffers = z->half && t->device && t->act != DTYPE_F32 && cfg->zero.stage >= 2;
+    z->device = t->device;
+    z->params_offloaded = target_space(t, cfg, BUF_PARAMS) != SPACE_DEVICE;
+    z->optimizer_on_host = z->device && target_space(t, cfg, BUF_MASTER) != SPACE_DEVICE;
     z->master_copy = z->half || cfg->zero.offload_optimizer;
     z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;
     z->prefetch_elems = cfg->zero.stage3_prefetch_bucket_size;
@@ -238,8 +238,8 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
         return;
 
     struct arena *dev = &arenas[SPACE_DEVICE];
-    struct arena *opt = &arenas[plan_space(cfg, BUF_ADAM_M)];
-    struct arena *param_arena = &arenas[plan_space(cfg, BUF_PARAMS)];
+    struct arena *opt = &arenas[target_space(t, cfg, BUF_ADAM_M)];
+    struct arena *param_arena = &arenas[target_space(t, cfg, BUF_PARAMS)];
     size_t largest = 0;
     for (int u = 0; u < m->n_units; u++)
         largest = z->units[u].padded > largest ? z->units[u].padded : largest;
@@ -256,22 +256,22 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
         else
             zu->params = arena_alloc(param_arena, mem, BUF_PARAMS, zu->padded * z->esize, 1);
         if (z->master_copy)
-            zu->master = arena_alloc(&arenas[plan_space(cfg, BUF_MASTER)], mem, BUF_MASTER,
+            zu->master = arena_alloc(&arenas[target_space(t, cfg, BUF_MASTER)], mem, BUF_MASTER,
                                      zu->opt_count * sizeof(float), 1);
         if (z->stage <= 1 && z->optimizer_on_host) {
             /* the kernels accumulate on the device; the optimizer reads its range from the host */
             zu->grads = arena_alloc(dev, mem, BUF_GRADS, zu->padded * sizeof(float), 1);
             if (z->half)
                 zu->grads_comm = arena_alloc(dev, mem, BUF_GRADS, zu->padded * z->esize, 1);
-            zu->grad_shard = arena_alloc(&arenas[plan_space(cfg, BUF_FP32_GRADS)], mem, BUF_FP32_GRADS,
+            zu->grad_shard = arena_alloc(&arenas[target_space(t, cfg, BUF_FP32_GRADS)], mem, BUF_FP32_GRADS,
                                          zu->opt_count * sizeof(float), 1);
         } else if (z->stage <= 1) {
-            zu->grads = arena_alloc(&arenas[plan_space(cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
+            zu->grads = arena_alloc(&arenas[target_space(t, cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
                                     z->master_copy ? BUF_FP32_GRADS : BUF_GRADS, zu->padded * sizeof(float), 1);
             if (z->master_copy)
                 zu->grads_comm = arena_alloc(dev, mem, BUF_GRADS, zu->padded * z->esize, 1);
         } else {
-            zu->grad_shard = arena_alloc(&arenas[plan_space(cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
+            zu->grad_shard = arena_alloc(&arenas[target_space(t, cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
                                          z->master_copy ? BUF_FP32_GRADS : BUF_GRADS, zu->shard * sizeof(float), 1);
             zu->grad_recv = grad_recv;
         }
@@ -851,11 +851,12 @@ void zero_replay_pass(struct zero *z, const struct zero_pass *pass)
     zero_end_pass(z);
 }
 
-void zero_plan(const struct model *m, const struct config *cfg, int world, const struct zero_pass *passes,
-               int n_passes, size_t bytes[BUF_COUNT], int slots[POOL_SETS][ZERO_POOLS])
+void zero_plan(const struct model *m, const struct config *cfg, const struct exec_target *t, int world,
+               const struct zero_pass *passes, int n_passes, size_t bytes[BUF_COUNT],
+               int slots[POOL_SETS][ZERO_POOLS])
 {
     struct zero z;
-    zero_init(&z, m, cfg, NULL, 0, world, true, NULL, NULL, NULL);
+    zero_init(&z, m, cfg, t, NULL, 0, world, true, NULL, NULL, NULL);
     for (int p = 0; p < n_passes; p++)
         zero_replay_pass(&z, &passes[p]);
     for (int u = 0; u < m->n_units; u++) {

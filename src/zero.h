@@ -56,6 +56,7 @@
 #include "comm.h"
 #include "config.h"
 #include "model.h"
+#include "target.h"
 
 enum pass_event_kind { PASS_ACQUIRE, PASS_RELEASE, PASS_GRAD_OPEN, PASS_GRAD_DONE };
 
@@ -162,15 +163,16 @@ struct zero {
 
 /* Lays out the units and, unless dry, carves every buffer out of the arenas
  * (pool slots as planned) and initialises the parameters. */
-void zero_init(struct zero *z, const struct model *m, const struct config *cfg, struct comm *comm, int rank,
-               int world, bool dry, const int planned_slots[POOL_SETS][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
+void zero_init(struct zero *z, const struct model *m, const struct config *cfg, const struct exec_target *t,
+               struct comm *comm, int rank, int world, bool dry, const int planned_slots[POOL_SETS][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
                struct mem_tracker *mem);
 void zero_free(struct zero *z);
 
 /* Bytes of each buffer class on this rank, and the pool slots they contain,
  * from a dry run of the passes. */
-void zero_plan(const struct model *m, const struct config *cfg, int world, const struct zero_pass *passes,
-               int n_passes, size_t bytes[BUF_COUNT], int slots[POOL_SETS][ZERO_POOLS]);
+void zero_plan(const struct model *m, const struct config *cfg, const struct exec_target *t, int world,
+               const struct zero_pass *passes, int n_passes, size_t bytes[BUF_COUNT],
+               int slots[POOL_SETS][ZERO_POOLS]);
 
 void zero_begin_pass(struct zero *z, const struct zero_pass *pass);
 /* Waits for outstanding reduce-scatters; checks the pass was walked to its end. */

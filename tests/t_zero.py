@@ -17,6 +17,10 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
                 persistent): per-step loss and grad norm, and final
                 parameters equal the N=1 stage-0 run within 1e-5 (the key
                 slice of c_attn.bias by size only, see compare_params)
+  llama.*       the same for a tiny Llama (grouped-query attention, 4 heads
+                over 2 KV heads, SwiGLU, untied head): N = 1..4 x stages
+                0-3, loss, grad norm and every final parameter within 1e-5
+                of N=1 stage 0 (no tensor is exempt: Llama has no biases)
   traffic.*     bytes_allgather / bytes_reduce_scatter / bytes_allreduce of
                 every step equal DESIGN §3's formulas exactly, also with
                 validation passes between the steps
@@ -452,6 +456,37 @@ def invariance_suite():
     return runs
 
 
+LLAMA_MODEL = {"type": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 32, "ffn_dim": 48,
+               "n_positions": 16}
+
+
+def llama_invariance_suite():
+    runs = {}
+    for N in (1, 2, 3, 4):
+        for stage in range(4):
+            name = f"llama_N{N}_s{stage}"
+            cfg = make_config(name, LLAMA_MODEL, INV_TBS, INV_MICRO, None, INV_STEPS, stage)
+            runs[(N, stage)] = run(name, N, cfg, steps=INV_STEPS)
+    base = runs.get((1, 0))
+    if base is None:
+        check("llama.baseline", False, "the N=1 stage-0 run failed; nothing to compare with")
+        return
+    for (N, stage), r in sorted(runs.items()):
+        if r is None or (N, stage) == (1, 0):
+            continue
+        name = f"llama.N{N}_stage{stage}"
+        for key in ("loss", "grad_norm"):
+            b = np.array([row[key] for row in base.rows])
+            a = np.array([row[key] for row in r.rows])
+            e = float(np.max(np.abs(a - b) / np.abs(b)))
+            check(f"{name}.{key}", e <= TOL, f"max per-step rel err {e:.3e}")
+        errs = {n: rel(r.final[n], base.final[n]) if n in r.final else float("inf") for n in base.final}
+        worst = max(errs, key=errs.get)
+        check(f"{name}.final_params", errs[worst] <= TOL and len(errs) == len(r.final),
+              f"worst {worst} rel err {errs[worst]:.3e}")
+        note(f"{name}: final params worst {worst} {errs[worst]:.2e}")
+
+
 def check_traffic_with_validation():
     """Validation passes between steps gather units too (stage 3); the bytes logged for a step must be
     that step's alone (the formula), whatever ran between steps."""
@@ -603,6 +638,7 @@ def main():
     t0 = time.time()
     invariance_suite()
     note(f"invariance/traffic/memory suite: {time.time() - t0:.1f} s")
+    llama_invariance_suite()
     check_traffic_with_validation()
     check_memory_ratio()
     check_padding_shards()

@@ -14,7 +14,11 @@
  *     the increment is what is checked; buffers it must overwrite start from
  *     OVERWRITE_SENTINEL, so either convention broken fails the check;
  *   - the fp32 kernels are run on the same (fp32-exact) inputs and must agree
- *     with the f64 twin, forward and backward.
+ *     with the f64 twin, forward and backward;
+ *   - where a convention could be wrong in the forward and the backward alike,
+ *     which the gradient cannot see (rotary's rotate-half pairs and sign,
+ *     which key/value head a query head reads), the f64 forward is compared
+ *     with the formula written out here.
  * Lines starting with '#' report the measured errors; they are not checks.
  */
 #include "backend.h"
@@ -150,6 +154,13 @@
 /* Written into buffers a backward must overwrite: accumulating into them
  * instead would leave an error of this size. */
 #define OVERWRITE_SENTINEL 1000.0
+/* An f64 kernel against the same arithmetic written out in this file (the
+ * rotate-half rotation, causal attention): only the order of operations
+ * differs, about 1e-16 relative per operation; a wrong convention (pairs
+ * interleaved instead of halves, the sign of sin, a table read at the wrong
+ * position, a query head reading the wrong key/value head) is off by 1e-2 .. 1.
+ * Measured: <= 2e-15. */
+#define FORMULA_TOL 1e-12
 
 /* ---- helpers ------------------------------------------------------------- */
 
@@ -168,6 +179,15 @@ static double *filled_tensor(size_t n, double value)
     double *x = xmalloc(n * sizeof *x);
     for (size_t i = 0; i < n; i++)
         x[i] = value;
+    return x;
+}
+
+/* The fp32 buffer a backward must overwrite, filled with OVERWRITE_SENTINEL. */
+static float *sentinel_tensor_f(size_t n)
+{
+    float *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)OVERWRITE_SENTINEL;
     return x;
 }
 
@@ -504,6 +524,66 @@ static void test_layernorm(uint64_t *rng)
     free(dbias_f_inc);
 }
 
+/* ---- rmsnorm ------------------------------------------------------------- */
+
+/* Llama's rms_norm_eps, passed to both twins as the same float. */
+#define RMSNORM_EPS 1e-5f
+
+struct rmsnorm_case {
+    int N, C;
+    double *inp;    /* (N, C) */
+    double *weight; /* (C) */
+    double *rstd;   /* (N), side output */
+};
+
+static void rmsnorm_objective(void *ctx, double *out)
+{
+    struct rmsnorm_case *r = ctx;
+    f64_rmsnorm_forward(out, r->rstd, r->inp, r->weight, RMSNORM_EPS, r->N, r->C);
+}
+
+static void test_rmsnorm(uint64_t *rng)
+{
+    const char *kernel = "rmsnorm";
+    const int N = 3, C = 6;
+    const size_t n_inp = (size_t)N * C;
+    /* rows off zero mean: unlike layernorm, RMSNorm must not subtract it */
+    struct rmsnorm_case r = {N, C, random_tensor(n_inp, -1.5, 2.5, rng), random_tensor(C, 0.5, 1.5, rng),
+                             xmalloc(N * sizeof(double))};
+    double *w = random_tensor(n_inp, -1, 1, rng);
+    double *dinp0 = random_tensor(n_inp, -1, 1, rng), *dweight0 = random_tensor(C, -1, 1, rng);
+
+    double *out = xmalloc(n_inp * sizeof *out);
+    rmsnorm_objective(&r, out);
+    double *rstd = copy_tensor(r.rstd, N);
+    double *dinp = copy_tensor(dinp0, n_inp), *dweight = copy_tensor(dweight0, C);
+    double *scratch = xmalloc(f64_layernorm_scratch(C) * sizeof *scratch);
+    f64_rmsnorm_backward(dinp, dweight, w, r.inp, r.weight, rstd, scratch, N, C);
+    double *dinp_inc = increment(dinp, dinp0, n_inp), *dweight_inc = increment(dweight, dweight0, C);
+
+    struct objective obj = {rmsnorm_objective, &r, w, n_inp};
+    double *num_inp = numeric(r.inp, n_inp, &obj), *num_w = numeric(r.weight, C, &obj);
+    check_gradient(kernel, "dinp (accumulated)", dinp_inc, num_inp, n_inp);
+    check_gradient(kernel, "dweight (accumulated)", dweight_inc, num_w, C);
+
+    float *inp_f = narrow(r.inp, n_inp), *weight_f = narrow(r.weight, C), *w_f = narrow(w, n_inp);
+    float *out_f = xmalloc(n_inp * sizeof *out_f), *rstd_f = xmalloc(N * sizeof *rstd_f);
+    float *dinp_f = narrow(dinp0, n_inp), *dweight_f = narrow(dweight0, C);
+    float *scratch_f = xmalloc(backend_layernorm_scratch(C) * sizeof *scratch_f);
+    backend_rmsnorm_forward(out_f, rstd_f, inp_f, weight_f, RMSNORM_EPS, N, C);
+    backend_rmsnorm_backward(dinp_f, dweight_f, w_f, inp_f, weight_f, rstd_f, scratch_f, N, C);
+    check_float_f(kernel, "out", out_f, out, n_inp);
+    check_float_f(kernel, "rstd", rstd_f, rstd, N);
+    double *dinp_f_inc = increment_f(dinp_f, dinp0, n_inp), *dweight_f_inc = increment_f(dweight_f, dweight0, C);
+    check_float(kernel, "dinp", dinp_f_inc, dinp_inc, n_inp);
+    check_float(kernel, "dweight", dweight_f_inc, dweight_inc, C);
+
+    free(r.inp), free(r.weight), free(r.rstd), free(w), free(dinp0), free(dweight0), free(out), free(rstd);
+    free(dinp), free(dweight), free(scratch), free(dinp_inc), free(dweight_inc), free(num_inp), free(num_w);
+    free(inp_f), free(weight_f), free(w_f), free(out_f), free(rstd_f), free(dinp_f), free(dweight_f);
+    free(scratch_f), free(dinp_f_inc), free(dweight_f_inc);
+}
+
 /* ---- gelu ---------------------------------------------------------------- */
 
 struct gelu_case {
@@ -546,53 +626,279 @@ static void test_gelu(uint64_t *rng)
     free(g.inp), free(w), free(out), free(dinp), free(num_inp), free(inp_f), free(w_f), free(out_f), free(dinp_f);
 }
 
+/* ---- rope ---------------------------------------------------------------- */
+
+struct rope_case {
+    int B, T, NH, NKV, hs;
+    double *qkv;                         /* (B, T, (NH + 2 NKV) hs), the input */
+    const double *cos_table, *sin_table; /* (T, hs / 2) */
+};
+
+static void rope_objective(void *ctx, double *out)
+{
+    struct rope_case *r = ctx;
+    memcpy(out, r->qkv, (size_t)r->B * r->T * (r->NH + 2 * r->NKV) * r->hs * sizeof *out);
+    f64_rope_forward(out, r->cos_table, r->sin_table, r->B, r->T, r->NH, r->NKV, r->hs);
+}
+
+/* Element c of head `head` of row (b, t) after the rotation, from backend.h's
+ * rotate-half convention: for i < hs/2, x[i] cos - x[i + hs/2] sin and
+ * x[i + hs/2] cos + x[i] sin, cos and sin read at (t, i); value heads as they were. */
+static double rope_reference(const struct rope_case *r, int b, int t, int head, int c)
+{
+    const int half = r->hs / 2, row = (r->NH + 2 * r->NKV) * r->hs;
+    const double *x = r->qkv + ((size_t)b * r->T + t) * row + (size_t)head * r->hs;
+    if (head >= r->NH + r->NKV)
+        return x[c];
+    const int i = c % half;
+    const double cs = r->cos_table[(size_t)t * half + i], sn = r->sin_table[(size_t)t * half + i];
+    return c < half ? x[i] * cs - x[i + half] * sn : x[i + half] * cs + x[i] * sn;
+}
+
+/* 1 when the value heads of every row of after equal those of before, bit for bit. */
+static int value_heads_equal(const double *after, const double *before, const struct rope_case *r)
+{
+    const size_t row = (size_t)(r->NH + 2 * r->NKV) * r->hs, values = (size_t)(r->NH + r->NKV) * r->hs;
+    int equal = 1;
+    for (size_t n = 0; n < (size_t)r->B * r->T; n++)
+        equal &= memcmp(after + n * row + values, before + n * row + values, (row - values) * sizeof *after) == 0;
+    return equal;
+}
+
+static void test_rope(int B, int T, int NH, int NKV, int hs, uint64_t *rng)
+{
+    char kernel[80], name[160];
+    snprintf(kernel, sizeof kernel, "rope B=%d T=%d NH=%d NKV=%d hs=%d", B, T, NH, NKV, hs);
+    const int half = hs / 2, heads = NH + 2 * NKV;
+    const size_t n_qkv = (size_t)B * T * heads * hs, n_table = (size_t)T * half;
+    /* cos and sin of random angles, as the model's tables are of position times
+     * frequency: each pair a rotation (up to fp32 rounding, the same in both twins) */
+    double *angle = random_tensor(n_table, -M_PI, M_PI, rng);
+    double *cos_table = xmalloc(n_table * sizeof *cos_table), *sin_table = xmalloc(n_table * sizeof *sin_table);
+    for (size_t i = 0; i < n_table; i++) {
+        cos_table[i] = (double)(float)cos(angle[i]);
+        sin_table[i] = (double)(float)sin(angle[i]);
+    }
+    struct rope_case r = {B, T, NH, NKV, hs, random_tensor(n_qkv, -1, 1, rng), cos_table, sin_table};
+    double *w = random_tensor(n_qkv, -1, 1, rng);
+
+    double *out = xmalloc(n_qkv * sizeof *out), *ref = xmalloc(n_qkv * sizeof *ref);
+    rope_objective(&r, out);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < heads; h++)
+                for (int c = 0; c < hs; c++)
+                    ref[(((size_t)b * T + t) * heads + h) * hs + c] = rope_reference(&r, b, t, h, c);
+    check_err("rotate-half formula", kernel, "out", max_rel_err(out, ref, n_qkv, FLOAT_FLOOR), FORMULA_TOL);
+    /* the backward rotates dout in place: the gradient of the input */
+    double *dqkv = copy_tensor(w, n_qkv);
+    f64_rope_backward(dqkv, cos_table, sin_table, B, T, NH, NKV, hs);
+
+    struct objective obj = {rope_objective, &r, w, n_qkv};
+    double *num_qkv = numeric(r.qkv, n_qkv, &obj);
+    check_gradient(kernel, "dqkv (in place on dout)", dqkv, num_qkv, n_qkv);
+
+    float *qkv_f = narrow(r.qkv, n_qkv), *dqkv_f = narrow(w, n_qkv);
+    float *cos_f = narrow(cos_table, n_table), *sin_f = narrow(sin_table, n_table);
+    backend_rope_forward(qkv_f, cos_f, sin_f, B, T, NH, NKV, hs);
+    backend_rope_backward(dqkv_f, cos_f, sin_f, B, T, NH, NKV, hs);
+    check_float_f(kernel, "out", qkv_f, out, n_qkv);
+    check_float_f(kernel, "dqkv", dqkv_f, dqkv, n_qkv);
+    double *out_f_wide = increment_f(qkv_f, NULL, n_qkv), *dqkv_f_wide = increment_f(dqkv_f, NULL, n_qkv);
+    snprintf(name, sizeof name, "%s value heads untouched by forward and backward (f64 and fp32)", kernel);
+    CHECK(name,
+          value_heads_equal(out, r.qkv, &r) && value_heads_equal(dqkv, w, &r) &&
+              value_heads_equal(out_f_wide, r.qkv, &r) && value_heads_equal(dqkv_f_wide, w, &r),
+          "a value head changed");
+
+    free(angle), free(cos_table), free(sin_table), free(r.qkv), free(w), free(out), free(ref), free(dqkv);
+    free(num_qkv), free(qkv_f), free(dqkv_f), free(cos_f), free(sin_f), free(out_f_wide), free(dqkv_f_wide);
+}
+
+/* ---- swiglu -------------------------------------------------------------- */
+
+struct swiglu_case {
+    int N, F;
+    double *gu; /* (N, 2F): gate, then up */
+};
+
+static void swiglu_objective(void *ctx, double *out)
+{
+    struct swiglu_case *s = ctx;
+    f64_swiglu_forward(out, s->gu, s->N, s->F);
+}
+
+static void test_swiglu(uint64_t *rng)
+{
+    const char *kernel = "swiglu";
+    const int N = 3, F = 5;
+    const size_t n_gu = (size_t)N * 2 * F, n_out = (size_t)N * F;
+    /* gates in both tails of the sigmoid and its middle */
+    struct swiglu_case s = {N, F, random_tensor(n_gu, -4, 4, rng)};
+    double *w = random_tensor(n_out, -1, 1, rng);
+
+    double *out = xmalloc(n_out * sizeof *out);
+    swiglu_objective(&s, out);
+    double *dgu = filled_tensor(n_gu, OVERWRITE_SENTINEL);
+    f64_swiglu_backward(dgu, w, s.gu, N, F);
+
+    struct objective obj = {swiglu_objective, &s, w, n_out};
+    double *num_gu = numeric(s.gu, n_gu, &obj);
+    check_gradient(kernel, "dgu (overwritten)", dgu, num_gu, n_gu);
+
+    float *gu_f = narrow(s.gu, n_gu), *w_f = narrow(w, n_out), *out_f = xmalloc(n_out * sizeof *out_f);
+    float *dgu_f = sentinel_tensor_f(n_gu);
+    backend_swiglu_forward(out_f, gu_f, N, F);
+    backend_swiglu_backward(dgu_f, w_f, gu_f, N, F);
+    check_float_f(kernel, "out", out_f, out, n_out);
+    check_float_f(kernel, "dgu", dgu_f, dgu, n_gu);
+
+    free(s.gu), free(w), free(out), free(dgu), free(num_gu), free(gu_f), free(w_f), free(out_f), free(dgu_f);
+}
+
 /* ---- attention ----------------------------------------------------------- */
 
 struct attention_case {
-    int B, T, C, NH;
-    double *qkv; /* (B, T, 3C) */
-    double *att; /* (B, NH, T, T), side output */
+    int B, T, NH, NKV, hs;
+    int gpt2_call; /* 1: through backend_attention_forward/backward (.., C, NH), which need NKV = NH */
+    double *qkv;   /* (B, T, (NH + 2 NKV) hs) */
+    double *att;   /* (B, NH, T, T), side output */
 };
 
 static void attention_objective(void *ctx, double *out)
 {
     struct attention_case *a = ctx;
-    f64_attention_forward(out, a->att, a->qkv, NULL, a->B, a->T, a->C, a->NH);
+    if (a->gpt2_call)
+        f64_attention_forward(out, a->att, a->qkv, NULL, a->B, a->T, a->NH * a->hs, a->NH);
+    else
+        f64_attention_gqa_forward(out, a->att, a->qkv, NULL, a->B, a->T, a->NH, a->NKV, a->hs);
 }
 
-static void test_attention(int B, int T, int C, int NH, uint64_t *rng)
+static void attention_backward_f64(double *dqkv, const double *dout, const double *att, const struct attention_case *a)
 {
-    char kernel[64];
-    snprintf(kernel, sizeof kernel, "attention B=%d T=%d C=%d NH=%d", B, T, C, NH);
-    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_att = (size_t)B * NH * T * T;
+    double *scratch = xmalloc(f64_attention_scratch(a->T, a->NH) * sizeof *scratch);
+    if (a->gpt2_call)
+        f64_attention_backward(dqkv, dout, a->qkv, att, NULL, scratch, a->B, a->T, a->NH * a->hs, a->NH);
+    else
+        f64_attention_gqa_backward(dqkv, dout, a->qkv, att, NULL, scratch, a->B, a->T, a->NH, a->NKV, a->hs);
+    free(scratch);
+}
+
+/* The fp32 kernel's forward, then its backward with dout into dqkv, through
+ * the call a->gpt2_call names. */
+static void attention_f32(float *out, float *att, float *dqkv, const float *qkv, const float *dout,
+                          const struct attention_case *a)
+{
+    const int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, hs = a->hs;
+    float *scratch = xmalloc(backend_attention_scratch(T, NH) * sizeof *scratch);
+    if (a->gpt2_call) {
+        backend_attention_forward(out, att, qkv, NULL, B, T, NH * hs, NH);
+        backend_attention_backward(dqkv, dout, qkv, att, NULL, scratch, B, T, NH * hs, NH);
+    } else {
+        backend_attention_gqa_forward(out, att, qkv, NULL, B, T, NH, NKV, hs);
+        backend_attention_gqa_backward(dqkv, dout, qkv, att, NULL, scratch, B, T, NH, NKV, hs);
+    }
+    free(scratch);
+}
+
+/* out (B, T, NH hs): causal softmax(q k^T / sqrt(hs)) v written out row by
+ * row, query head h reading key and value head h / (NH / NKV) (backend.h). */
+static void attention_reference(double *out, const struct attention_case *a)
+{
+    const int T = a->T, NH = a->NH, NKV = a->NKV, hs = a->hs;
+    const int row = (NH + 2 * NKV) * hs, group = NH / NKV;
+    double *p = xmalloc((size_t)T * sizeof *p);
+    for (int b = 0; b < a->B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                const double *q = a->qkv + ((size_t)b * T + i) * row + (size_t)h * hs;
+                double mx = -INFINITY, sum = 0.0;
+                for (int j = 0; j <= i; j++) {
+                    const double *k = a->qkv + ((size_t)b * T + j) * row + (size_t)(NH + h / group) * hs;
+                    p[j] = 0.0;
+                    for (int c = 0; c < hs; c++)
+                        p[j] += q[c] * k[c];
+                    p[j] /= sqrt((double)hs);
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int j = 0; j <= i; j++)
+                    sum += p[j] = exp(p[j] - mx);
+                double *y = out + ((size_t)b * T + i) * NH * hs + (size_t)h * hs;
+                for (int c = 0; c < hs; c++) {
+                    y[c] = 0.0;
+                    for (int j = 0; j <= i; j++) {
+                        const double *v = a->qkv + ((size_t)b * T + j) * row + (size_t)(NH + NKV + h / group) * hs;
+                        y[c] += p[j] / sum * v[c];
+                    }
+                }
+            }
+    free(p);
+}
+
+/* gpt2_call: the GPT-2 calls (NKV = NH), else the grouped-query ones. */
+static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call, uint64_t *rng)
+{
+    char kernel[80];
+    if (gpt2_call)
+        snprintf(kernel, sizeof kernel, "attention B=%d T=%d C=%d NH=%d", B, T, NH * hs, NH);
+    else
+        snprintf(kernel, sizeof kernel, "attention_gqa B=%d T=%d NH=%d NKV=%d hs=%d", B, T, NH, NKV, hs);
+    const size_t n_qkv = (size_t)B * T * (NH + 2 * NKV) * hs, n_out = (size_t)B * T * NH * hs;
+    const size_t n_att = (size_t)B * NH * T * T;
     /* scores of a few units: softmax rows neither uniform nor one-hot */
-    struct attention_case a = {B, T, C, NH, random_tensor(n_qkv, -1.5, 1.5, rng), xmalloc(n_att * sizeof(double))};
+    struct attention_case a = {B, T, NH, NKV, hs, gpt2_call, random_tensor(n_qkv, -1.5, 1.5, rng),
+                               xmalloc(n_att * sizeof(double))};
     double *w = random_tensor(n_out, -1, 1, rng);
 
-    double *out = xmalloc(n_out * sizeof *out);
+    double *out = xmalloc(n_out * sizeof *out), *ref = xmalloc(n_out * sizeof *ref);
     attention_objective(&a, out);
+    attention_reference(ref, &a);
+    check_err("causal attention formula", kernel, "out", max_rel_err(out, ref, n_out, FLOAT_FLOOR), FORMULA_TOL);
     double *att = copy_tensor(a.att, n_att);
     double *dqkv = filled_tensor(n_qkv, OVERWRITE_SENTINEL);
-    double *scratch = xmalloc(f64_attention_scratch(T, NH) * sizeof *scratch);
-    f64_attention_backward(dqkv, w, a.qkv, att, NULL, scratch, B, T, C, NH);
+    attention_backward_f64(dqkv, w, att, &a);
 
     struct objective obj = {attention_objective, &a, w, n_out};
     double *num_qkv = numeric(a.qkv, n_qkv, &obj);
     check_gradient(kernel, "dqkv (overwritten)", dqkv, num_qkv, n_qkv);
 
     float *qkv_f = narrow(a.qkv, n_qkv), *w_f = narrow(w, n_out), *out_f = xmalloc(n_out * sizeof *out_f);
-    float *att_f = xmalloc(n_att * sizeof *att_f), *dqkv_f = xmalloc(n_qkv * sizeof *dqkv_f);
-    float *scratch_f = xmalloc(backend_attention_scratch(T, NH) * sizeof *scratch_f);
-    for (size_t i = 0; i < n_qkv; i++)
-        dqkv_f[i] = (float)OVERWRITE_SENTINEL;
-    backend_attention_forward(out_f, att_f, qkv_f, NULL, B, T, C, NH);
-    backend_attention_backward(dqkv_f, w_f, qkv_f, att_f, NULL, scratch_f, B, T, C, NH);
+    float *att_f = xmalloc(n_att * sizeof *att_f), *dqkv_f = sentinel_tensor_f(n_qkv);
+    attention_f32(out_f, att_f, dqkv_f, qkv_f, w_f, &a);
     check_float_f(kernel, "out", out_f, out, n_out);
     check_float_f(kernel, "att", att_f, att, n_att);
     check_float_f(kernel, "dqkv", dqkv_f, dqkv, n_qkv);
 
-    free(a.qkv), free(a.att), free(w), free(out), free(att), free(dqkv), free(scratch), free(num_qkv);
-    free(qkv_f), free(w_f), free(out_f), free(att_f), free(dqkv_f), free(scratch_f);
+    free(a.qkv), free(a.att), free(w), free(out), free(ref), free(att), free(dqkv), free(num_qkv);
+    free(qkv_f), free(w_f), free(out_f), free(att_f), free(dqkv_f);
+}
+
+/* The GPT-2 calls are the grouped-query ones with NKV = NH and hs = C / NH,
+ * bit for bit (backend.h): the GPT-2 model keeps its results. */
+static void test_attention_gpt2_is_gqa(int B, int T, int NH, int hs, uint64_t *rng)
+{
+    char name[120];
+    snprintf(name, sizeof name, "attention B=%d T=%d C=%d NH=%d: the GPT-2 calls equal gqa NKV=NH bitwise (fp32)", B,
+             T, NH * hs, NH);
+    const size_t n_qkv = (size_t)B * T * 3 * NH * hs, n_out = (size_t)B * T * NH * hs;
+    const size_t n_att = (size_t)B * NH * T * T;
+    double *qkv = random_tensor(n_qkv, -1.5, 1.5, rng), *w = random_tensor(n_out, -1, 1, rng);
+    float *qkv_f = narrow(qkv, n_qkv), *w_f = narrow(w, n_out);
+    float *out[2], *att[2], *dqkv[2];
+    for (int gpt2_call = 0; gpt2_call < 2; gpt2_call++) {
+        struct attention_case a = {B, T, NH, NH, hs, gpt2_call, NULL, NULL};
+        out[gpt2_call] = xmalloc(n_out * sizeof(float));
+        att[gpt2_call] = xmalloc(n_att * sizeof(float));
+        dqkv[gpt2_call] = sentinel_tensor_f(n_qkv);
+        attention_f32(out[gpt2_call], att[gpt2_call], dqkv[gpt2_call], qkv_f, w_f, &a);
+    }
+    CHECK(name,
+          memcmp(out[0], out[1], n_out * sizeof(float)) == 0 && memcmp(att[0], att[1], n_att * sizeof(float)) == 0 &&
+              memcmp(dqkv[0], dqkv[1], n_qkv * sizeof(float)) == 0,
+          "out, att or dqkv differ");
+    free(qkv), free(w), free(qkv_f), free(w_f);
+    for (int i = 0; i < 2; i++)
+        free(out[i]), free(att[i]), free(dqkv[i]);
 }
 
 /* ---- embedding ----------------------------------------------------------- */
@@ -601,7 +907,7 @@ struct embedding_case {
     int B, T, C;
     const int32_t *tokens; /* (B, T) */
     double *wte;           /* (VOCAB, C) */
-    double *wpe;           /* (MAX_T, C) */
+    double *wpe;           /* (MAX_T, C), or NULL: no positions (Llama) */
 };
 
 static void embedding_objective(void *ctx, double *out)
@@ -610,50 +916,86 @@ static void embedding_objective(void *ctx, double *out)
     f64_embedding_forward(out, e->tokens, e->wte, e->wpe, e->B, e->T, e->C);
 }
 
-static void test_embedding(uint64_t *rng)
+/* 1 when every row of out (B T, C) is bitwise the row of wte its token names. */
+static int rows_are_token_rows(const double *out, const double *wte, const int32_t *tokens, size_t rows, int C)
 {
-    const char *kernel = "embedding";
+    int equal = 1;
+    for (size_t n = 0; n < rows; n++)
+        equal &= memcmp(out + n * C, wte + (size_t)tokens[n] * C, (size_t)C * sizeof *out) == 0;
+    return equal;
+}
+
+/* with_positions 0: wpe and dwpe NULL, as the Llama model calls it. */
+static void test_embedding(int with_positions, uint64_t *rng)
+{
+    const char *kernel = with_positions ? "embedding" : "embedding without positions";
+    char name[160];
     /* C = 5 does not split evenly over the threads' column ranges; tokens 3
      * and 0 repeat (within and across sequences), 2, 4 and 5 never occur, and
      * wpe has rows past T: their gradients must stay exactly as they were. */
     enum { B = 2, T = 5, C = 5, VOCAB = 7, MAX_T = 7 };
     static const int32_t tokens[B * T] = {3, 1, 3, 3, 0, 1, 6, 3, 0, 0};
     const size_t n_wte = (size_t)VOCAB * C, n_wpe = (size_t)MAX_T * C, n_out = (size_t)B * T * C;
-    struct embedding_case e = {B, T, C, tokens, random_tensor(n_wte, -1, 1, rng), random_tensor(n_wpe, -1, 1, rng)};
+    struct embedding_case e = {B, T, C, tokens, random_tensor(n_wte, -1, 1, rng),
+                               with_positions ? random_tensor(n_wpe, -1, 1, rng) : NULL};
     double *w = random_tensor(n_out, -1, 1, rng);
     double *dwte0 = random_tensor(n_wte, -1, 1, rng), *dwpe0 = random_tensor(n_wpe, -1, 1, rng);
 
     double *out = xmalloc(n_out * sizeof *out);
     embedding_objective(&e, out);
     double *dwte = copy_tensor(dwte0, n_wte), *dwpe = copy_tensor(dwpe0, n_wpe);
-    f64_embedding_backward(dwte, dwpe, w, tokens, B, T, C);
+    f64_embedding_backward(dwte, with_positions ? dwpe : NULL, w, tokens, B, T, C);
     double *dwte_inc = increment(dwte, dwte0, n_wte), *dwpe_inc = increment(dwpe, dwpe0, n_wpe);
 
     struct objective obj = {embedding_objective, &e, w, n_out};
-    double *num_wte = numeric(e.wte, n_wte, &obj), *num_wpe = numeric(e.wpe, n_wpe, &obj);
+    double *num_wte = numeric(e.wte, n_wte, &obj);
     check_gradient(kernel, "dwte (accumulated, repeated tokens)", dwte_inc, num_wte, n_wte);
-    check_gradient(kernel, "dwpe (accumulated)", dwpe_inc, num_wpe, n_wpe);
     static const int absent_tokens[] = {2, 4, 5};
     int untouched = 1;
-    for (int c = 0; c < C; c++) {
+    for (int c = 0; c < C; c++)
         for (size_t a = 0; a < sizeof absent_tokens / sizeof *absent_tokens; a++)
             untouched &= dwte[(size_t)absent_tokens[a] * C + c] == dwte0[(size_t)absent_tokens[a] * C + c];
-        for (int t = T; t < MAX_T; t++)
-            untouched &= dwpe[(size_t)t * C + c] == dwpe0[(size_t)t * C + c];
+    if (with_positions) {
+        double *num_wpe = numeric(e.wpe, n_wpe, &obj);
+        check_gradient(kernel, "dwpe (accumulated)", dwpe_inc, num_wpe, n_wpe);
+        free(num_wpe);
+        for (int c = 0; c < C; c++)
+            for (int t = T; t < MAX_T; t++)
+                untouched &= dwpe[(size_t)t * C + c] == dwpe0[(size_t)t * C + c];
+        CHECK("gradcheck embedding rows of absent tokens and positions untouched", untouched, "a row changed");
+    } else {
+        snprintf(name, sizeof name, "gradcheck %s rows of absent tokens untouched", kernel);
+        CHECK(name, untouched, "a row changed");
+        /* nothing added to the token rows, and the token gradient is the one
+         * a backward with positions leaves, to the bit */
+        double *dwte_with = copy_tensor(dwte0, n_wte);
+        f64_embedding_backward(dwte_with, dwpe, w, tokens, B, T, C);
+        snprintf(name, sizeof name, "gradcheck %s: out = wte[tokens], dwte = dwte with positions (bitwise)", kernel);
+        CHECK(name,
+              rows_are_token_rows(out, e.wte, tokens, (size_t)B * T, C) &&
+                  memcmp(dwte, dwte_with, n_wte * sizeof *dwte) == 0,
+              "out or dwte differ");
+        free(dwte_with);
     }
-    CHECK("gradcheck embedding rows of absent tokens and positions untouched", untouched, "a row changed");
 
-    float *wte_f = narrow(e.wte, n_wte), *wpe_f = narrow(e.wpe, n_wpe), *w_f = narrow(w, n_out);
+    float *wte_f = narrow(e.wte, n_wte), *wpe_f = with_positions ? narrow(e.wpe, n_wpe) : NULL, *w_f = narrow(w, n_out);
     float *out_f = xmalloc(n_out * sizeof *out_f), *dwte_f = narrow(dwte0, n_wte), *dwpe_f = narrow(dwpe0, n_wpe);
     backend_embedding_forward(out_f, tokens, wte_f, wpe_f, B, T, C);
-    backend_embedding_backward(dwte_f, dwpe_f, w_f, tokens, B, T, C);
+    backend_embedding_backward(dwte_f, with_positions ? dwpe_f : NULL, w_f, tokens, B, T, C);
     check_float_f(kernel, "out", out_f, out, n_out);
     double *dwte_f_inc = increment_f(dwte_f, dwte0, n_wte), *dwpe_f_inc = increment_f(dwpe_f, dwpe0, n_wpe);
     check_float(kernel, "dwte", dwte_f_inc, dwte_inc, n_wte);
-    check_float(kernel, "dwpe", dwpe_f_inc, dwpe_inc, n_wpe);
+    if (with_positions) {
+        check_float(kernel, "dwpe", dwpe_f_inc, dwpe_inc, n_wpe);
+    } else {
+        double *out_f_wide = increment_f(out_f, NULL, n_out);
+        snprintf(name, sizeof name, "fp32 %s: out = wte[tokens] (bitwise)", kernel);
+        CHECK(name, rows_are_token_rows(out_f_wide, e.wte, tokens, (size_t)B * T, C), "a row differs");
+        free(out_f_wide);
+    }
 
     free(e.wte), free(e.wpe), free(w), free(dwte0), free(dwpe0), free(out), free(dwte), free(dwpe);
-    free(dwte_inc), free(dwpe_inc), free(num_wte), free(num_wpe), free(wte_f), free(wpe_f), free(w_f);
+    free(dwte_inc), free(dwpe_inc), free(num_wte), free(wte_f), free(wpe_f), free(w_f);
     free(out_f), free(dwte_f), free(dwpe_f), free(dwte_f_inc), free(dwpe_f_inc);
 }
 
@@ -762,11 +1104,25 @@ int main(void)
     test_matmul_transposed(&rng);
     test_layernorm(&rng);
     test_gelu(&rng);
-    test_attention(2, 5, 8, 2, &rng);  /* T below the row block */
-    test_attention(2, 70, 8, 2, &rng); /* T past ATTN_ROW_BLOCK = 64: a second, partial block */
-    test_embedding(&rng);
+    test_attention(2, 5, 2, 2, 4, 1, &rng);  /* T below the row block */
+    test_attention(2, 70, 2, 2, 4, 1, &rng); /* T past ATTN_ROW_BLOCK = 64: a second, partial block */
+    test_embedding(1, &rng);
     test_crossentropy(&rng);
     test_add(&rng);
+    /* the Llama kernels */
+    test_rmsnorm(&rng);
+    test_rope(2, 3, 4, 2, 8, &rng); /* NKV < NH */
+    test_rope(2, 3, 4, 1, 2, &rng);
+    test_rope(2, 3, 3, 3, 8, &rng); /* NKV = NH */
+    test_rope(2, 3, 2, 2, 2, &rng);
+    test_swiglu(&rng);
+    test_attention(2, 5, 4, 1, 4, 0, &rng); /* T prime: no head count or block size divides it */
+    test_attention(2, 7, 4, 2, 3, 0, &rng);
+    test_attention(2, 7, 4, 4, 4, 0, &rng);
+    test_attention(2, 5, 4, 4, 3, 0, &rng);
+    test_attention_gpt2_is_gqa(2, 7, 4, 3, &rng);
+    test_attention_gpt2_is_gqa(2, 70, 2, 4, &rng);
+    test_embedding(0, &rng);
     printf("# worst gradcheck error %.2e (tol %.0e), worst fp32-vs-f64 error %.2e (tol %.0e)\n",
            g_worst_grad_err, GRAD_TOL, g_worst_float_err, FLOAT_TOL);
     return check_status();

@@ -1,0 +1,419 @@
+#include "family.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "dtype.h"
+#include "util.h"
+
+const struct family *family_of(const struct model *m)
+{
+    if (strcmp(m->cfg.type, "llama") == 0)
+        return &family_llama;
+    return &family_gpt2;
+}
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static const float *elem_at(const float *p, size_t i, size_t es) { return (const float *)((const char *)p + i * es); }
+
+const float *family_param(const struct family_acts *a, const float *unit, int u, int t)
+{
+    return elem_at(unit, a->m->units[u].tensors[t].offset, (size_t)dtype_size(backend_act_dtype()));
+}
+
+float *family_grad(const struct family_acts *a, float *grad, int u, int t)
+{
+    return (float *)elem_at(grad, a->m->units[u].tensors[t].offset, (size_t)dtype_size(backend_grad_dtype()));
+}
+
+size_t family_f32_bytes(size_t n) { return arena_round(n * sizeof(float)); }
+
+static size_t act_size_now(void) { return (size_t)dtype_size(backend_act_dtype()); }
+
+void family_copy_act(float *dst, const float *src, size_t n) { backend_copy(dst, src, n * act_size_now()); }
+
+/* Copies n [A] elements from the device into fp32 host memory. */
+static void read_act(float *out, const float *p, size_t n)
+{
+    const enum dtype dt = backend_act_dtype();
+    if (dt == DTYPE_F32) {
+        backend_copy(out, p, n * sizeof *out);
+        return;
+    }
+    void *tmp = xcalloc(n, (size_t)dtype_size(dt));
+    backend_copy(tmp, p, n * (size_t)dtype_size(dt));
+    dtype_convert(out, DTYPE_F32, tmp, dt, n);
+    free(tmp);
+}
+
+void family_read_logits(const struct family_acts *a, int row, float *out)
+{
+    const size_t Vp = (size_t)a->m->cfg.padded_vocab;
+    read_act(out, elem_at(a->logits, (size_t)row * Vp, act_size_now()), Vp);
+}
+
+static int n_segments(int L, int interval) { return (L + interval - 1) / interval; }
+
+/* ---- the walk: live (the engine) or dry (recording the passes) ------------------ */
+
+struct walk {
+    struct zero *z;        /* live */
+    struct zero_pass *rec; /* dry: where the events go */
+    int cap;
+};
+
+static int live(const struct walk *w) { return w->rec == NULL; }
+
+static void record(struct walk *w, enum pass_event_kind kind, int unit)
+{
+    struct zero_pass *p = w->rec;
+    if (p->n_events == w->cap) {
+        w->cap = w->cap ? 2 * w->cap : 64;
+        p->events = xrealloc(p->events, (size_t)w->cap * sizeof *p->events);
+    }
+    p->events[p->n_events].kind = kind;
+    p->events[p->n_events].unit = unit;
+    p->n_events++;
+}
+
+static const float *acquire(struct walk *w, int u)
+{
+    if (!live(w)) {
+        record(w, PASS_ACQUIRE, u);
+        return NULL;
+    }
+    return zero_acquire(w->z, u);
+}
+
+static void release(struct walk *w, int u)
+{
+    if (!live(w))
+        record(w, PASS_RELEASE, u);
+    else
+        zero_release(w->z, u);
+}
+
+static float *grad_open(struct walk *w, int u)
+{
+    if (!live(w)) {
+        record(w, PASS_GRAD_OPEN, u);
+        return NULL;
+    }
+    return zero_grad_open(w->z, u);
+}
+
+static void grad_done(struct walk *w, int u)
+{
+    if (!live(w))
+        record(w, PASS_GRAD_DONE, u);
+    else
+        zero_grad_done(w->z, u);
+}
+
+/* ---- the residual stream -------------------------------------------------------- */
+
+/* Where block l reads its input and writes its output in the forward. */
+static float *block_in(const struct family_acts *a, int l)
+{
+    return a->interval ? a->work[l % a->interval] : a->resid[l];
+}
+
+static float *block_out(const struct family_acts *a, int l)
+{
+    if (l == a->m->cfg.n_layer - 1)
+        return a->final;
+    return a->interval ? a->work[l % a->interval + 1] : a->resid[l + 1];
+}
+
+/* The LM head's weight inside the unit that holds it: the head unit's own
+ * tensor, or the token embedding (tensor 0 of unit 0) when tied. */
+static int lm_unit(const struct model *m) { return m->cfg.tied_head ? 0 : model_head_unit(m); }
+
+static int lm_tensor(const struct model *m) { return m->cfg.tied_head ? 0 : m->units[model_head_unit(m)].n_tensors - 1; }
+
+/* ---- forward and backward: the one source of the pass order --------------------- */
+
+static float walk_forward(struct walk *w, struct family_acts *a, int with_targets, enum family_mode mode)
+{
+    const struct model *m = a->m;
+    const struct family *f = a->f;
+    const int L = m->cfg.n_layer, head = model_head_unit(m), N = a->B * a->T;
+    const size_t NC = (size_t)N * (size_t)m->cfg.n_embd;
+    const int Vp = m->cfg.padded_vocab;
+
+    const float *emb = acquire(w, 0);
+    if (live(w))
+        f->embed_forward(a, emb, block_in(a, 0));
+    release(w, 0);
+
+    for (int l = 0; l < L; l++) {
+        int u = model_block_unit(l);
+        if (live(w) && a->interval && l % a->interval == 0)
+            family_copy_act(a->ckpt[l / a->interval], block_in(a, l), NC);
+        const float *p = acquire(w, u);
+        if (live(w))
+            f->block_forward(a, l, p, block_in(a, l), block_out(a, l));
+        release(w, u);
+        /* a segment's output is the next segment's input, in work[0] */
+        if (live(w) && a->interval && (l + 1) % a->interval == 0 && l + 1 < L)
+            family_copy_act(a->work[0], block_out(a, l), NC);
+    }
+
+    const float *hp = acquire(w, head);
+    if (live(w))
+        f->norm_forward(a, hp);
+    const float *lm_base = hp;
+    if (m->cfg.tied_head) {
+        release(w, head);
+        lm_base = acquire(w, 0);
+    }
+    if (live(w)) {
+        const float *lm = family_param(a, lm_base, lm_unit(m), lm_tensor(m));
+        backend_matmul_forward_transposed(a->logits, a->norm_out, lm, N, m->cfg.n_embd, Vp);
+        if (mode == FAMILY_TRAIN && m->cfg.tied_head)
+            a->head_lm = lm;
+    }
+    /* a tied LM head stays gathered for the backward; an untied one is gathered again there */
+    if (mode == FAMILY_EVAL || !m->cfg.tied_head)
+        release(w, lm_unit(m));
+    if (!live(w))
+        return 0.0f;
+    if (a->debug_logits)
+        read_act(a->debug_logits, a->logits, (size_t)N * Vp);
+    if (!with_targets)
+        return 0.0f;
+    backend_crossentropy_forward(a->losses, a->logits, a->dev_targets, N, m->cfg.vocab_size, Vp);
+    if (a->host_losses != a->losses)
+        backend_copy(a->host_losses, a->losses, (size_t)N * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < N; i++)
+        sum += a->host_losses[i];
+    return (float)(sum / N);
+}
+
+/* dlogits -> the LM head's weight gradient and a->dwork_c (the final norm's output gradient). */
+static void lm_backward(struct family_acts *a, const float *lm, float *lm_grad_unit)
+{
+    const struct model *m = a->m;
+    backend_matmul_backward_transposed(a->dwork_c, family_grad(a, lm_grad_unit, lm_unit(m), lm_tensor(m)), a->logits,
+                                       a->norm_out, lm, a->B * a->T, m->cfg.n_embd, m->cfg.padded_vocab);
+}
+
+static void walk_backward(struct walk *w, struct family_acts *a, float dloss_scale)
+{
+    const struct model *m = a->m;
+    const struct family *f = a->f;
+    const int L = m->cfg.n_layer, head = model_head_unit(m), N = a->B * a->T;
+    const size_t NC = (size_t)N * (size_t)m->cfg.n_embd;
+    const bool tied = m->cfg.tied_head;
+
+    if (live(w))
+        backend_crossentropy_backward(a->logits, a->dev_targets, dloss_scale, N, m->cfg.vocab_size,
+                                      m->cfg.padded_vocab);
+    float *emb_grad = NULL;
+    if (tied) {
+        emb_grad = grad_open(w, 0);
+        if (live(w))
+            lm_backward(a, a->head_lm, emb_grad);
+        a->head_lm = NULL;
+        release(w, 0);
+    }
+    const float *hp = acquire(w, head);
+    float *hg = grad_open(w, head);
+    if (live(w)) {
+        if (!tied)
+            lm_backward(a, family_param(a, hp, head, lm_tensor(m)), hg);
+        /* whole floats: the arena rounds every buffer up to 64 bytes */
+        backend_zero(a->dresid_a, (NC * act_size_now() + sizeof(float) - 1) / sizeof(float));
+        f->norm_backward(a, hp, hg);
+    }
+    grad_done(w, head);
+    release(w, head);
+
+    /* Segment by segment, last first: acquire the segment's blocks (recomputing
+     * their forward from the kept input when checkpointing), then backward. */
+    const int k = a->interval > 0 ? a->interval : 1;
+    for (int s = n_segments(L, k) - 1; s >= 0; s--) {
+        int l0 = s * k, l1 = l0 + k < L ? l0 + k : L;
+        if (live(w) && a->interval)
+            family_copy_act(a->work[0], a->ckpt[s], NC);
+        for (int l = l0; l < l1; l++) {
+            a->seg_params[l - l0] = acquire(w, model_block_unit(l));
+            if (live(w) && a->interval) {
+                float *out = l + 1 < l1 ? block_in(a, l + 1) : a->work[l - l0 + 1];
+                f->block_forward(a, l, a->seg_params[l - l0], block_in(a, l), out);
+            }
+        }
+        for (int l = l1 - 1; l >= l0; l--) {
+            int u = model_block_unit(l);
+            float *g = grad_open(w, u);
+            if (live(w))
+                f->block_backward(a, l, a->seg_params[l - l0], g, block_in(a, l));
+            grad_done(w, u);
+            release(w, u);
+        }
+    }
+
+    if (!tied) {
+        acquire(w, 0);
+        emb_grad = grad_open(w, 0);
+    }
+    if (live(w))
+        f->embed_backward(a, emb_grad, a->dresid_a);
+    grad_done(w, 0);
+    if (!tied)
+        release(w, 0);
+}
+
+/* Moves the caller's token ids to the kernels' buffers (nothing to do on the CPU). */
+static void upload_tokens(struct family_acts *a, int N, int with_targets)
+{
+    if (a->dev_inputs == a->inputs)
+        return;
+    backend_copy(a->dev_inputs, a->inputs, (size_t)N * sizeof(int32_t));
+    if (with_targets)
+        backend_copy(a->dev_targets, a->targets, (size_t)N * sizeof(int32_t));
+}
+
+static void set_batch(struct family_acts *a, int B, int T)
+{
+    if (B > a->max_B || T > a->max_T || B * T > a->max_B * a->max_T)
+        fail_internal("micro-batch %dx%d exceeds the planned %dx%d", B, T, a->max_B, a->max_T);
+    a->B = B;
+    a->T = T;
+}
+
+float family_forward(struct zero *z, struct family_acts *a, int B, int T, int with_targets, enum family_mode mode)
+{
+    set_batch(a, B, T);
+    upload_tokens(a, B * T, with_targets);
+    struct walk w = {z, NULL, 0};
+    return walk_forward(&w, a, with_targets, mode);
+}
+
+void family_backward(struct zero *z, struct family_acts *a, int B, int T, float dloss_scale)
+{
+    set_batch(a, B, T);
+    struct walk w = {z, NULL, 0};
+    walk_backward(&w, a, dloss_scale);
+}
+
+void family_build_passes(const struct model *m, int interval, struct zero_pass *train, struct zero_pass *eval)
+{
+    struct family_acts dry = {.m = m, .f = family_of(m), .interval = interval};
+    const int k = interval > 0 ? interval : 1;
+    dry.seg_params = xcalloc((size_t)k, sizeof *dry.seg_params);
+    *train = (struct zero_pass){.name = "train"};
+    *eval = (struct zero_pass){.name = "eval"};
+    struct walk we = {NULL, eval, 0}, wt = {NULL, train, 0};
+    walk_forward(&we, &dry, 0, FAMILY_EVAL);
+    walk_forward(&wt, &dry, 1, FAMILY_TRAIN);
+    walk_backward(&wt, &dry, 0.0f);
+    free(dry.seg_params);
+}
+
+void family_free_passes(struct zero_pass *train, struct zero_pass *eval)
+{
+    free(train->events);
+    free(eval->events);
+    train->events = eval->events = NULL;
+}
+
+/* ---- memory ----------------------------------------------------------------------- */
+
+static int sets_for(const struct model *m, int interval) { return interval > 0 ? interval : m->cfg.n_layer; }
+
+void family_plan(const struct model *m, const struct exec_target *t, int B, int T, int interval,
+                 size_t bytes[BUF_COUNT])
+{
+    const size_t L = (size_t)m->cfg.n_layer, BT = (size_t)B * (size_t)T, C = (size_t)m->cfg.n_embd;
+    const size_t resid = target_act_bytes(t, BT * C), tokens = arena_round(BT * sizeof(int32_t));
+    if (interval > 0) {
+        bytes[BUF_ACT_CKPT] += (size_t)n_segments((int)L, interval) * resid;
+        bytes[BUF_ACTIVATIONS] += ((size_t)interval + 1) * resid + resid;
+    } else {
+        bytes[BUF_ACT_CKPT] += L * resid;
+        bytes[BUF_ACTIVATIONS] += resid;
+    }
+    bytes[BUF_LOGITS] += resid + target_act_bytes(t, BT * (size_t)m->cfg.padded_vocab) + family_f32_bytes(BT);
+    bytes[BUF_WORKSPACE] += 3 * resid + 2 * tokens + target_library_arena_bytes(target_library_workspace(t));
+    if (t->device)
+        bytes[BUF_STAGING] += 2 * tokens + family_f32_bytes(BT);
+    family_of(m)->plan(m, t, B, T, sets_for(m, interval), bytes);
+}
+
+void family_acts_init(struct family_acts *a, const struct model *m, const struct exec_target *t, int B, int T,
+                      int interval, enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT],
+                      struct mem_tracker *mem)
+{
+    const size_t L = (size_t)m->cfg.n_layer, C = (size_t)m->cfg.n_embd, BT = (size_t)B * (size_t)T;
+    const size_t Vp = (size_t)m->cfg.padded_vocab, ae = (size_t)dtype_size(t->act);
+    struct arena *dev = &arenas[SPACE_DEVICE];
+    memset(a, 0, sizeof *a);
+    a->m = m;
+    a->f = family_of(m);
+    a->max_B = a->B = B;
+    a->max_T = a->T = T;
+    a->interval = interval;
+    a->n_sets = sets_for(m, interval);
+#define ALLOC(cls, n) arena_alloc(dev, mem, cls, (n) * sizeof(float), 1)
+#define ALLOC_ACT(cls, n) arena_alloc(dev, mem, cls, (n) * ae, 1)
+    /* Kept inputs first: without checkpointing they are every block's input. */
+    if (interval > 0) {
+        int segs = n_segments((int)L, interval);
+        a->ckpt = xcalloc((size_t)segs, sizeof *a->ckpt);
+        for (int s = 0; s < segs; s++)
+            a->ckpt[s] = arena_alloc(&arenas[ckpt_space], mem, BUF_ACT_CKPT, BT * C * ae, 1);
+        a->work = xcalloc((size_t)interval + 1, sizeof *a->work);
+    } else {
+        a->resid = xcalloc(L + 1, sizeof *a->resid);
+        for (size_t l = 0; l < L; l++)
+            a->resid[l] = ALLOC_ACT(BUF_ACT_CKPT, BT * C);
+    }
+    a->f->init(a, t, dev, mem);
+    for (int i = 0; interval > 0 && i <= interval; i++)
+        a->work[i] = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
+    a->final = ALLOC_ACT(BUF_ACTIVATIONS, BT * C);
+    if (a->resid)
+        a->resid[L] = a->final;
+    a->seg_params = xcalloc((size_t)(interval > 0 ? interval : 1), sizeof *a->seg_params);
+    a->norm_out = ALLOC_ACT(BUF_LOGITS, BT * C);
+    a->logits = ALLOC_ACT(BUF_LOGITS, BT * Vp);
+    a->losses = ALLOC(BUF_LOGITS, BT);
+    a->dresid_a = ALLOC_ACT(BUF_WORKSPACE, BT * C);
+    a->dresid_b = ALLOC_ACT(BUF_WORKSPACE, BT * C);
+    a->dwork_c = ALLOC_ACT(BUF_WORKSPACE, BT * C);
+#undef ALLOC
+#undef ALLOC_ACT
+    a->dev_inputs = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
+    a->dev_targets = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
+    const size_t lib = target_library_workspace(t);
+    if (lib) {
+        uintptr_t at = (uintptr_t)arena_alloc(dev, mem, BUF_WORKSPACE, target_library_arena_bytes(lib), 1);
+        backend_set_library_workspace(
+            (void *)((at + TARGET_LIBRARY_ALIGN - 1) / TARGET_LIBRARY_ALIGN * TARGET_LIBRARY_ALIGN), lib);
+    }
+    if (t->device) {
+        struct arena *pinned = &arenas[SPACE_PINNED];
+        a->inputs = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(int32_t), 1);
+        a->targets = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(int32_t), 1);
+        a->host_losses = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(float), 1);
+    } else {
+        a->inputs = a->dev_inputs;
+        a->targets = a->dev_targets;
+        a->host_losses = a->losses;
+    }
+}
+
+void family_acts_free(struct family_acts *a)
+{
+    if (a->f)
+        a->f->free(a);
+    free(a->resid);
+    free(a->ckpt);
+    free(a->work);
+    free(a->seg_params);
+    memset(a, 0, sizeof *a);
+}

@@ -1,0 +1,130 @@
+/*
+ * family — a model family behind one interface (DESIGN §3-4): what the
+ * trainer, the planner, sampling and checkpoints call, whatever the model.
+ *
+ * The driver here owns what every family shares: the order in which units
+ * are gathered, released and have their gradients opened and finished (the
+ * passes), activation checkpointing by segments, the residual stream between
+ * blocks, the final norm's output, the LM head (tied to the token embedding
+ * or its own tensor in the head unit), the logits and the cross-entropy, the
+ * token buffers and the library workspace. A family (gpt2.c, llama.c) brings
+ * the kernels of its embedding, blocks and final norm, the buffers they keep,
+ * and their sizes. The pass order is written once, in family_forward and
+ * family_backward: family_build_passes walks the same two functions dry,
+ * recording the unit events instead of running kernels, and the engine then
+ * checks every live walk against that record.
+ *
+ * Forward:  embedding, block 0 .. L-1, head (final norm), the LM head
+ *           (the embedding again when tied).
+ * Backward: the LM head and the head unit, the blocks in segments from the
+ *           last (each segment's blocks gathered together, their forward
+ *           recomputed from the kept input when checkpointing), embedding.
+ * A tied embedding stays gathered from the logits to the end of the backward
+ * and its gradient buffer stays open through it (the LM head writes it
+ * first, the token embedding last); an untied model gathers the embedding
+ * again at the end for its gradient, so every unit is gathered twice per
+ * micro-batch as DESIGN §3 counts.
+ *
+ * The loss is the mean over every target token of the global batch: each
+ * micro-batch's dlogits carry 1 / (B T accumulation world).
+ */
+#ifndef SHARDLM_FAMILY_H
+#define SHARDLM_FAMILY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arena.h"
+#include "model.h"
+#include "target.h"
+#include "zero.h"
+
+struct family;
+
+struct family_acts {
+    const struct model *m;
+    const struct family *f;
+    int max_B, max_T;         /* the largest micro-batch these buffers hold */
+    int B, T;                 /* the micro-batch being computed */
+    int interval;             /* activation checkpointing: blocks per segment (0: off) */
+    int n_sets;               /* sets of block activations the family keeps: L, or the interval */
+    float **resid;            /* off: (L + 1) block inputs, then the final output [A] */
+    float **ckpt;             /* on: (segments) the input of each segment's first block (device or pinned host) */
+    float **work;             /* on: (interval + 1) the residual stream of the segment being computed */
+    float *final;             /* (B, T, C) the last block's output */
+    float *norm_out;          /* (B, T, C) the final norm's output, the LM head's input */
+    float *logits;            /* (B, T, Vp): logits, then probabilities, then dlogits */
+    float *losses;            /* (B, T) */
+    float *dresid_a, *dresid_b; /* (B, T, C) gradient of the residual stream; dresid_a: dy in, dx out of a block */
+    float *dwork_c;           /* (B, T, C) backward work: the final norm's output gradient, a block's */
+    int32_t *inputs, *targets; /* (B, T) host memory: the caller fills them before forward */
+    int32_t *dev_inputs, *dev_targets; /* (B, T) the kernels' copies (the same buffers on the CPU) */
+    float *host_losses;       /* (B, T) the losses read back (losses on the CPU) */
+    float *debug_logits;      /* when set, forward copies the logits here (host memory; tests) */
+    const float *head_lm;     /* tied: the gathered LM head weight, from the forward to the backward */
+    const float **seg_params; /* (interval or 1) a segment's gathered blocks during recompute + backward */
+    void *priv;               /* the family's own buffers */
+};
+
+struct family {
+    const char *type;         /* model.type */
+    /* Bytes of the family's own buffers per class for micro-batch B x T and
+     * n_sets sets of block activations. */
+    void (*plan)(const struct model *m, const struct exec_target *t, int B, int T, int n_sets,
+                 size_t bytes[BUF_COUNT]);
+    /* Carves those buffers out of dev (a->max_B, max_T, n_sets are set). */
+    void (*init)(struct family_acts *a, const struct exec_target *t, struct arena *dev, struct mem_tracker *mem);
+    void (*free)(struct family_acts *a);
+    /* Kernels; unit: the gathered unit (parameters [A]), grad: its gradient buffer ([G]). */
+    void (*embed_forward)(struct family_acts *a, const float *unit, float *out);
+    void (*embed_backward)(struct family_acts *a, float *grad, const float *dout);
+    void (*block_forward)(struct family_acts *a, int layer, const float *unit, const float *x, float *y);
+    /* a->dresid_a holds dL/dy on entry and dL/dx on return. */
+    void (*block_backward)(struct family_acts *a, int layer, const float *unit, float *grad, const float *x);
+    /* a->final -> a->norm_out; backward: a->dwork_c -> a->dresid_a (accumulated). */
+    void (*norm_forward)(struct family_acts *a, const float *head);
+    void (*norm_backward)(struct family_acts *a, const float *head, float *grad);
+};
+
+enum family_mode { FAMILY_TRAIN, FAMILY_EVAL };
+
+/* The family of model.type. */
+const struct family *family_of(const struct model *m);
+
+/* The two passes of the engine (a dry walk of family_forward / family_backward). */
+void family_build_passes(const struct model *m, int interval, struct zero_pass *train, struct zero_pass *eval);
+void family_free_passes(struct zero_pass *train, struct zero_pass *eval);
+
+/* Bytes per buffer class of the activations of micro-batch B x T with
+ * checkpointing every `interval` blocks (0: off) on target t. */
+void family_plan(const struct model *m, const struct exec_target *t, int B, int T, int interval,
+                 size_t bytes[BUF_COUNT]);
+/* Carves them out of the arenas (ckpt_space: where the kept segment inputs live). */
+void family_acts_init(struct family_acts *a, const struct model *m, const struct exec_target *t, int B, int T,
+                      int interval, enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT],
+                      struct mem_tracker *mem);
+void family_acts_free(struct family_acts *a);
+
+/* Forward over a->inputs (B x T). With targets (a->targets) it returns the
+ * mean loss of this micro-batch; without, only the logits are computed.
+ * FAMILY_TRAIN must be followed by family_backward; the caller brackets them
+ * with zero_begin_pass / zero_end_pass. */
+float family_forward(struct zero *z, struct family_acts *a, int B, int T, int with_targets, enum family_mode mode);
+/* Backward after a FAMILY_TRAIN forward with targets; dloss_scale = 1 / (B T accum world). */
+void family_backward(struct zero *z, struct family_acts *a, int B, int T, float dloss_scale);
+/* Copies row `row` of the logits (Vp floats) into host memory. */
+void family_read_logits(const struct family_acts *a, int row, float *out);
+
+/* ---- for the families ---- */
+
+/* Tensor t of a gathered unit (parameters, [A]) or of a unit gradient buffer ([G]). */
+const float *family_param(const struct family_acts *a, const float *unit, int u, int t);
+float *family_grad(const struct family_acts *a, float *grad, int u, int t);
+/* Bytes of n [A] elements of the target, and of n fp32, as the arena rounds them. */
+size_t family_f32_bytes(size_t n);
+/* Copies n [A] elements (the running backend's act dtype). */
+void family_copy_act(float *dst, const float *src, size_t n);
+
+extern const struct family family_gpt2, family_llama;
+
+#endif

@@ -1,0 +1,259 @@
+/*
+ * llama — the Llama family (family.h), Hugging Face LlamaForCausalLM:
+ * RMSNorm, rotary positions (rotate-half, rope_theta, optional Llama 3.1
+ * scaling), grouped-query attention, SwiGLU MLP, no biases, nn.Linear
+ * weights (out, in) used as they are stored (y = x W^T), the LM head untied
+ * (lm_head in the head unit) or tied to the token embedding.
+ *
+ * A block unit stores q_proj, k_proj, v_proj one after the other and so
+ * gate_proj and up_proj (model.c packs them without alignment gaps), so
+ * each group is one (out, in) matrix and one matmul: q|k|v (C + 2 KV, C) and
+ * gate|up (2F, C).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "family.h"
+#include "util.h"
+
+/* Tensors of a Llama block unit, in model.c's order. */
+enum { LT_IN_NORM, LT_Q, LT_K, LT_V, LT_O, LT_POST_NORM, LT_GATE, LT_UP, LT_DOWN };
+
+struct llama_block_acts {
+    float *ln1, *rstd1; /* (B, T, C) [A], (B, T) */
+    float *qkv;         /* (B, T, C + 2 KV) after rotary */
+    float *att;         /* what attention keeps (backend_attention_saved) */
+    float *atty;        /* (B, T, C) attention output before o_proj */
+    float *res2;        /* (B, T, C) residual after attention */
+    float *ln2, *rstd2; /* (B, T, C), (B, T) */
+    float *gu;          /* (B, T, 2F) gate | up */
+    float *h;           /* (B, T, F) silu(gate) * up */
+};
+
+struct llama_acts {
+    struct llama_block_acts *sets;
+    float *rstd_final;  /* (B, T) */
+    float *dqkv;        /* (B, T, C + 2 KV) */
+    float *dgu;         /* (B, T, 2F) */
+    float *dh;          /* (B, T, F) */
+    float *scratch;     /* attention and RMSNorm backward scratch */
+    float *rope_cos, *rope_sin; /* (T, hs / 2) fp32 */
+};
+
+struct dims {
+    int N, C, NH, NKV, hs, QKV, F;
+};
+
+static struct dims dims_of(const struct model *m, int B, int T)
+{
+    const struct model_config *c = &m->cfg;
+    struct dims d = {B * T, c->n_embd, c->n_head, c->n_kv_head, c->n_embd / c->n_head, 0, c->ffn_dim};
+    d.QKV = d.C + 2 * d.NKV * d.hs;
+    return d;
+}
+
+static size_t scratch_floats(const struct model *m, const struct exec_target *t, int T)
+{
+    size_t att = target_attention_scratch(t, T, m->cfg.n_head), norm = target_norm_scratch(t, m->cfg.n_embd);
+    return att > norm ? att : norm;
+}
+
+static size_t rope_floats(const struct model *m, int T) { return (size_t)T * (size_t)(m->cfg.n_embd / m->cfg.n_head / 2); }
+
+static void llama_plan(const struct model *m, const struct exec_target *t, int B, int T, int n_sets,
+                       size_t bytes[BUF_COUNT])
+{
+    const struct dims d = dims_of(m, B, T);
+    const size_t N = (size_t)d.N, C = (size_t)d.C, F = (size_t)d.F, QKV = (size_t)d.QKV;
+    const size_t set = 4 * target_act_bytes(t, N * C) + 2 * family_f32_bytes(N) + target_act_bytes(t, N * QKV) +
+                       arena_round(target_attention_saved(t, B, T, d.NH)) + target_act_bytes(t, N * 2 * F) +
+                       target_act_bytes(t, N * F);
+    bytes[BUF_ACTIVATIONS] += (size_t)n_sets * set;
+    bytes[BUF_LOGITS] += family_f32_bytes(N);
+    bytes[BUF_WORKSPACE] += target_act_bytes(t, N * QKV) + target_act_bytes(t, N * 2 * F) + target_act_bytes(t, N * F) +
+                            family_f32_bytes(scratch_floats(m, t, T)) + 2 * family_f32_bytes(rope_floats(m, T));
+}
+
+/* The rotary frequency of pair i (Hugging Face's inv_freq, in fp32 as it
+ * computes it), with Llama 3.1's scaling of the long wavelengths when
+ * rope_scaling is "llama3". */
+static float rope_inv_freq(const struct model_config *c, int i, int hs)
+{
+    float inv = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * i) / (double)hs));
+    if (c->rope_scaling.type != ROPE_SCALING_LLAMA3)
+        return inv;
+    const double pi = 3.14159265358979323846;
+    const double old_ctx = c->rope_scaling.original_max_positions, factor = c->rope_scaling.factor;
+    const double low = c->rope_scaling.low_freq_factor, high = c->rope_scaling.high_freq_factor;
+    const double wavelen = 2.0 * pi / inv, low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
+    if (wavelen < high_wavelen)
+        return inv;
+    if (wavelen > low_wavelen)
+        return (float)(inv / factor);
+    double smooth = (old_ctx / wavelen - low) / (high - low);
+    return (float)((1.0 - smooth) * inv / factor + smooth * inv);
+}
+
+/* cos and sin of position t times each pair's frequency, (T, hs / 2). */
+static void rope_tables(const struct model_config *c, int T, float *cos_out, float *sin_out)
+{
+    const int hs = c->n_embd / c->n_head, half = hs / 2;
+    for (int i = 0; i < half; i++) {
+        float inv = rope_inv_freq(c, i, hs);
+        for (int t = 0; t < T; t++) {
+            float angle = (float)t * inv; /* fp32, as Hugging Face's outer product */
+            cos_out[(size_t)t * half + i] = (float)cos((double)angle);
+            sin_out[(size_t)t * half + i] = (float)sin((double)angle);
+        }
+    }
+}
+
+static void llama_init(struct family_acts *fa, const struct exec_target *t, struct arena *dev, struct mem_tracker *mem)
+{
+    const struct model *m = fa->m;
+    const struct dims d = dims_of(m, fa->max_B, fa->max_T);
+    const size_t N = (size_t)d.N, C = (size_t)d.C, F = (size_t)d.F, QKV = (size_t)d.QKV;
+    const size_t ae = (size_t)dtype_size(t->act);
+    struct llama_acts *a = xcalloc(1, sizeof *a);
+    fa->priv = a;
+#define ALLOC(cls, n) arena_alloc(dev, mem, cls, (n) * sizeof(float), 1)
+#define ALLOC_ACT(cls, n) arena_alloc(dev, mem, cls, (n) * ae, 1)
+    a->sets = xcalloc((size_t)fa->n_sets, sizeof *a->sets);
+    for (int i = 0; i < fa->n_sets; i++) {
+        struct llama_block_acts *ba = &a->sets[i];
+        ba->ln1 = ALLOC_ACT(BUF_ACTIVATIONS, N * C);
+        ba->rstd1 = ALLOC(BUF_ACTIVATIONS, N);
+        ba->qkv = ALLOC_ACT(BUF_ACTIVATIONS, N * QKV);
+        ba->att = arena_alloc(dev, mem, BUF_ACTIVATIONS, target_attention_saved(t, fa->max_B, fa->max_T, d.NH), 1);
+        ba->atty = ALLOC_ACT(BUF_ACTIVATIONS, N * C);
+        ba->res2 = ALLOC_ACT(BUF_ACTIVATIONS, N * C);
+        ba->ln2 = ALLOC_ACT(BUF_ACTIVATIONS, N * C);
+        ba->rstd2 = ALLOC(BUF_ACTIVATIONS, N);
+        ba->gu = ALLOC_ACT(BUF_ACTIVATIONS, N * 2 * F);
+        ba->h = ALLOC_ACT(BUF_ACTIVATIONS, N * F);
+    }
+    a->rstd_final = ALLOC(BUF_LOGITS, N);
+    a->dqkv = ALLOC_ACT(BUF_WORKSPACE, N * QKV);
+    a->dgu = ALLOC_ACT(BUF_WORKSPACE, N * 2 * F);
+    a->dh = ALLOC_ACT(BUF_WORKSPACE, N * F);
+    a->scratch = ALLOC(BUF_WORKSPACE, scratch_floats(m, t, fa->max_T));
+    const size_t nr = rope_floats(m, fa->max_T);
+    a->rope_cos = ALLOC(BUF_WORKSPACE, nr);
+    a->rope_sin = ALLOC(BUF_WORKSPACE, nr);
+#undef ALLOC
+#undef ALLOC_ACT
+    float *cs = xcalloc(2 * nr + 1, sizeof *cs);
+    rope_tables(&m->cfg, fa->max_T, cs, cs + nr);
+    backend_copy(a->rope_cos, cs, nr * sizeof *cs);
+    backend_copy(a->rope_sin, cs + nr, nr * sizeof *cs);
+    free(cs);
+}
+
+static void llama_free(struct family_acts *fa)
+{
+    struct llama_acts *a = fa->priv;
+    if (a)
+        free(a->sets);
+    free(a);
+    fa->priv = NULL;
+}
+
+static void llama_embed_forward(struct family_acts *fa, const float *unit, float *out)
+{
+    backend_embedding_forward(out, fa->dev_inputs, family_param(fa, unit, 0, 0), NULL, fa->B, fa->T,
+                              fa->m->cfg.n_embd);
+}
+
+static void llama_embed_backward(struct family_acts *fa, float *grad, const float *dout)
+{
+    backend_embedding_backward(family_grad(fa, grad, 0, 0), NULL, dout, fa->dev_inputs, fa->B, fa->T,
+                               fa->m->cfg.n_embd);
+}
+
+/* y [A] = x [A] + inp [A] @ w^T: a projection added into the residual stream, in place in y. */
+static void project_add(float *y, const float *x, const float *inp, const float *w, int N, int C_in, int C)
+{
+    backend_matmul_forward_transposed(y, inp, w, N, C_in, C);
+    backend_add_act(y, y, x, (size_t)N * C);
+}
+
+static void llama_block_forward(struct family_acts *fa, int l, const float *unit, const float *x, float *y)
+{
+    const struct model *m = fa->m;
+    struct llama_acts *a = fa->priv;
+    struct llama_block_acts *ba = &a->sets[l % fa->n_sets];
+    const struct dims d = dims_of(m, fa->B, fa->T);
+    const int u = model_block_unit(l);
+    const float eps = m->cfg.norm_eps;
+#define P(t) family_param(fa, unit, u, t)
+    backend_rmsnorm_forward(ba->ln1, ba->rstd1, x, P(LT_IN_NORM), eps, d.N, d.C);
+    backend_matmul_forward_transposed(ba->qkv, ba->ln1, P(LT_Q), d.N, d.C, d.QKV);
+    backend_rope_forward(ba->qkv, a->rope_cos, a->rope_sin, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    project_add(ba->res2, x, ba->atty, P(LT_O), d.N, d.C, d.C);
+    backend_rmsnorm_forward(ba->ln2, ba->rstd2, ba->res2, P(LT_POST_NORM), eps, d.N, d.C);
+    backend_matmul_forward_transposed(ba->gu, ba->ln2, P(LT_GATE), d.N, d.C, 2 * d.F);
+    backend_swiglu_forward(ba->h, ba->gu, d.N, d.F);
+    project_add(y, ba->res2, ba->h, P(LT_DOWN), d.N, d.F, d.C);
+#undef P
+}
+
+static void llama_block_backward(struct family_acts *fa, int l, const float *unit, float *grad, const float *x)
+{
+    const struct model *m = fa->m;
+    struct llama_acts *a = fa->priv;
+    const struct llama_block_acts *ba = &a->sets[l % fa->n_sets];
+    const struct dims d = dims_of(m, fa->B, fa->T);
+    const int u = model_block_unit(l);
+    float *dy = fa->dresid_a, *dres2 = fa->dresid_b, *dc = fa->dwork_c;
+    const size_t NC = (size_t)d.N * d.C;
+#define P(t) family_param(fa, unit, u, t)
+#define G(t) family_grad(fa, grad, u, t)
+    /* MLP */
+    backend_matmul_backward_transposed(a->dh, G(LT_DOWN), dy, ba->h, P(LT_DOWN), d.N, d.F, d.C);
+    backend_swiglu_backward(a->dgu, a->dh, ba->gu, d.N, d.F);
+    backend_matmul_backward_transposed(dc, G(LT_GATE), a->dgu, ba->ln2, P(LT_GATE), d.N, d.C, 2 * d.F);
+    family_copy_act(dres2, dy, NC);
+    backend_rmsnorm_backward(dres2, G(LT_POST_NORM), dc, ba->res2, P(LT_POST_NORM), ba->rstd2, a->scratch, d.N, d.C);
+    /* attention */
+    backend_matmul_backward_transposed(dc, G(LT_O), dres2, ba->atty, P(LT_O), d.N, d.C, d.C);
+    backend_attention_gqa_backward(a->dqkv, dc, ba->qkv, ba->att, ba->atty, a->scratch, fa->B, fa->T, d.NH, d.NKV,
+                                   d.hs);
+    backend_rope_backward(a->dqkv, a->rope_cos, a->rope_sin, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    backend_matmul_backward_transposed(dc, G(LT_Q), a->dqkv, ba->ln1, P(LT_Q), d.N, d.C, d.QKV);
+    family_copy_act(dy, dres2, NC);
+    backend_rmsnorm_backward(dy, G(LT_IN_NORM), dc, x, P(LT_IN_NORM), ba->rstd1, a->scratch, d.N, d.C);
+#undef P
+#undef G
+}
+
+static void llama_norm_forward(struct family_acts *fa, const float *head)
+{
+    struct llama_acts *a = fa->priv;
+    backend_rmsnorm_forward(fa->norm_out, a->rstd_final, fa->final, family_param(fa, head, model_head_unit(fa->m), 0),
+                            fa->m->cfg.norm_eps, fa->B * fa->T, fa->m->cfg.n_embd);
+}
+
+static void llama_norm_backward(struct family_acts *fa, const float *head, float *grad)
+{
+    struct llama_acts *a = fa->priv;
+    const int hu = model_head_unit(fa->m);
+    backend_rmsnorm_backward(fa->dresid_a, family_grad(fa, grad, hu, 0), fa->dwork_c, fa->final,
+                             family_param(fa, head, hu, 0), a->rstd_final, a->scratch, fa->B * fa->T,
+                             fa->m->cfg.n_embd);
+}
+
+const struct family family_llama = {
+    .type = "llama",
+    .plan = llama_plan,
+    .init = llama_init,
+    .free = llama_free,
+    .embed_forward = llama_embed_forward,
+    .embed_backward = llama_embed_backward,
+    .block_forward = llama_block_forward,
+    .block_backward = llama_block_backward,
+    .norm_forward = llama_norm_forward,
+    .norm_backward = llama_norm_backward,
+};
