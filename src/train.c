@@ -665,11 +665,11 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     char a[32], b[64];
     log_info("shardlm %s | backend %s | %d rank%s | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(), tr.world,
              tr.world > 1 ? "s" : "", cfg->zero.stage, dtype_name(cfg->dtype));
-    log_info("model %s: %d layers, %d heads (%d key/value), %d channels, MLP %d, context %d, vocab %d (padded %d)%s: "
+    log_info("model %s: %d layers, %d heads (%d key/value), %d channels, MLP %d, context %d, vocab %d (padded %d%s): "
              "%zu parameters",
              cfg->model.type, cfg->model.n_layer, cfg->model.n_head, cfg->model.n_kv_head, cfg->model.n_embd,
              cfg->model.ffn_dim, cfg->model.n_positions, cfg->model.vocab_size, cfg->model.padded_vocab,
-             tr.model.cfg.tied_head ? ", tied LM head" : "", tr.model.n_params);
+             tr.model.cfg.tied_head ? ", LM head tied" : "", tr.model.n_params);
     log_info("batch: %d sequences of %d tokens = %d micro x %d accumulation x %d ranks; %zu training windows",
              cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.world, tr.train_data.n_windows);
     if (opt->print_config) {

@@ -4,7 +4,7 @@
 # way the GPU machine has it (a nvidia-nccl wheel: libnccl.so.2 without a
 # libnccl.so link, in a Python's site-packages), and results.json is checked:
 # well-formed, every stage present with its status, all six passed here,
-# the Llama throughput reported as "skip" (issue 16), at most 8 files in OUT.
+# the Llama throughput measured like GPT-2's, at most 8 files in OUT.
 # Then a stage that hangs is killed at its time limit, reported as
 # "timeout", and the next stage still runs. Time limits are generous: nothing
 # here depends on how busy the machine is.
@@ -70,8 +70,8 @@ worst = stages["e2e"]["figures"].get("worst_relative_loss_difference", {})
 check("gpu_session.e2e.cases", sorted(worst) == ["n1_fp32", "n2nccl_fp32", "offload_bf16"], str(worst))
 tp = stages["throughput"]["figures"]
 llama = tp.get("llama_12l", {}).get("shardlm", {})
-check("gpu_session.throughput.llama_is_skip", llama.get("status") == "skip" and "issue 16" in llama.get("reason", "")
-      and any(x["name"] == "throughput.llama_12l.shardlm" for x in stages["throughput"]["skipped"]), str(llama))
+check("gpu_session.throughput.llama_runs", llama.get("status") == "pass" and llama.get("tokens_per_s", 0) > 0,
+      str(llama))
 acc = [tp.get(f"gpt2_350m_acc{a}", {}) for a in (1, 8)]
 check("gpu_session.throughput.figures", all(a.get("shardlm", {}).get("tokens_per_s", 0) > 0 and a.get("emulated")
                                             for a in acc) and tp.get("gemm", {}).get("tflops", 0) > 0, str(acc))

@@ -146,6 +146,28 @@ def write_config(name, batch=16, **train):
     return path
 
 
+def small_llama_config(name):
+    """The 70B template's own config (input/llama2_70b_finetune.json: Llama, bf16, ZeRO-3, optimizer offload,
+    activation checkpointing, WarmupCosineLR) with the model shrunk to a few layers, paths into TMP, and a
+    learning rate and schedule that train in 10 steps."""
+    with open(os.path.join(ROOT, "input", "llama2_70b_finetune.json")) as f:
+        cfg = json.load(f)
+    cfg["model"].update({"n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 64, "ffn_dim": 160,
+                         "n_positions": 64, "vocab_size": 100})
+    cfg["data"] = {"train": os.path.join(TMP, "train.bin"), "val": os.path.join(TMP, "train.bin"), "seq_len": 32}
+    cfg["train"].update({"steps": 10, "eval_every": 5, "metrics": os.path.join(TMP, f"{name}.metrics.jsonl")})
+    cfg["checkpoint"] = {"dir": os.path.join(TMP, f"{name}.ckpt"), "every": 5, "keep": 2}
+    cfg["train_batch_size"] = 8
+    cfg["train_micro_batch_size_per_gpu"] = 2
+    cfg["optimizer"]["params"]["lr"] = 3e-3
+    cfg["scheduler"]["params"].update({"total_num_steps": 10, "warmup_num_steps": 2})
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    path = os.path.join(TMP, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
 JOB_METRICS = {}   # job id: [the metrics file of its config]
 
 
@@ -448,10 +470,11 @@ def main():
     bad_job = sbatch("cpu.sbatch", bad_cfg)
     on_cpus = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1"]
     templates = {}
-    for script, name in (("gpu-node.sbatch", "shardlm-gpu"), ("gpu-multinode.sbatch", "shardlm-multinode"),
-                         ("llama2-70b-finetune.sbatch", "llama2-70b-ft")):
+    for script, name in (("gpu-node.sbatch", "shardlm-gpu"), ("gpu-multinode.sbatch", "shardlm-multinode")):
         cfg = write_config(name, steps=10)
         templates[name] = (sbatch(script, cfg, *on_cpus), cfg)
+    cfg = small_llama_config("llama2-70b-ft")
+    templates["llama2-70b-ft"] = (sbatch("llama2-70b-finetune.sbatch", cfg, *on_cpus), cfg)
     interactive = subprocess.Popen(["bash", os.path.join(JOBS, "srun.sh"), "--ntasks=2", "--",
                                     write_config("srun")], env=JOB_ENV, cwd=TMP, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)

@@ -10,7 +10,8 @@
 # own flags for each target below (compiling only: no target CPU is needed)
 # and reads the disassembly of each hot loop's OpenMP body: it must hold
 # packed single-precision FMAs (the exp polynomial alone has 7 per vector),
-# and the softmax loops a packed max (their max reduction).
+# and the softmax loops a packed max (their max reduction). SwiGLU (Llama)
+# calls the same exp.
 #
 #   zen3       -march=x86-64-v3 -mtune=znver3 (what -march=native means on a Zen 3)
 #   haswell    -march=haswell
@@ -21,8 +22,8 @@ cd "$(dirname "$0")/.."
 mkdir -p build/vectorized
 
 MIN_PACKED_FMA=7   # the degree-7 polynomial of fast_expf (src/fastmath.h)
-KERNELS="backend_gelu_forward._omp_fn.0 backend_gelu_backward._omp_fn.0 backend_crossentropy_forward._omp_fn.0 backend_attention_forward._omp_fn.0"
-NEEDS_MAX="backend_crossentropy_forward._omp_fn.0 backend_attention_forward._omp_fn.0"
+KERNELS="backend_gelu_forward._omp_fn.0 backend_gelu_backward._omp_fn.0 backend_crossentropy_forward._omp_fn.0 backend_attention_gqa_forward._omp_fn.0 backend_swiglu_forward._omp_fn.0 backend_swiglu_backward._omp_fn.0"
+NEEDS_MAX="backend_crossentropy_forward._omp_fn.0 backend_attention_gqa_forward._omp_fn.0"
 status=0
 
 check() {   # NAME CONDITION-STATUS DETAILS

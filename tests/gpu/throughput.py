@@ -12,9 +12,8 @@
                 memory; then tools/bench/torch_gpt2.py --device cuda --dtype
                 bf16 with the same shapes and accumulation
   llama_12l     the Llama shape (12 layers, C 768, 12 heads, 4 KV heads, FFN
-                2048, vocab 32000, T 512): shardlm is reported as "skip"
-                (it cannot train Llama yet, issue 16); PyTorch runs when
-                transformers is importable, else "skip" too
+                2048, vocab 32000, T 512), bf16, ZeRO stage 3: shardlm-cuda
+                and PyTorch (when transformers is importable, else "skip")
 
 MFU = tokens/s x FLOPs per token (src/model.c model_flops_per_token) / peak.
 PEAK_TFLOPS: NVIDIA's H200 SXM datasheet (nvidia.com/en-us/data-center/h200,
@@ -42,7 +41,6 @@ from harness import check, failures, scratch_dir, write_shard  # noqa: E402
 
 PEAK_TFLOPS = float(os.environ.get("SHARDLM_PEAK_TFLOPS", "989"))  # H200 SXM dense bf16; see the docstring
 TORCH_PY = os.path.join(ROOT, "tools", "bench", "torch_gpt2.py")
-ISSUE16 = "shardlm cannot train Llama yet (issue 16)"
 TMP = scratch_dir("gpu_throughput")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -72,6 +70,12 @@ def padded(v, align=128):
 def gpt2_flops_per_token(L, C, Vp, T):
     """src/model.c model_flops_per_token."""
     return 6.0 * (L * 12.0 * C * C + Vp * C) + 12.0 * L * C * T
+
+
+def llama_flops_per_token(L, C, NH, KVH, F, Vp, T):
+    """src/model.c model_flops_per_token for a Llama: q, o (C x C), k, v (KV x C), SwiGLU's three matrices."""
+    KV = C // NH * KVH
+    return 6.0 * (L * (2.0 * C * C + 2.0 * C * KV + 3.0 * C * F) + Vp * C) + 12.0 * L * C * T
 
 
 def gemm_tflops(emulate):
@@ -199,22 +203,27 @@ def main():
 
     # the 12-layer Llama shape
     L, NH, KVH, C, FF, T, V, B = (2, 2, 1, 64, 128, 32, 256, 2) if emulate else (12, 12, 4, 768, 2048, 512, 32000, 16)
-    skip("throughput.llama_12l.shardlm", ISSUE16)
+    fpt_l = llama_flops_per_token(L, C, NH, KVH, FF, padded(V), T)
+    model = {"type": "llama", "n_layer": L, "n_head": NH, "n_kv_head": KVH, "n_embd": C, "ffn_dim": FF,
+             "n_positions": T, "vocab_size": V}
+    fig = {"B": B, "T": T, "emulated": emulate}
+    s, why = run_shardlm(args, "llama_12l", model, B, 1, steps)
+    ok("throughput.llama_12l.shardlm", s is not None and s[0] > 0, why)
     p, pwhy = run_torch(args, L, NH, C, T, B, V, V, 1, steps,
                         ("--arch", "llama", "--kv-heads", str(KVH), "--ffn", str(FF)))
-    fig = {"shardlm": {"status": "skip", "reason": ISSUE16}, "B": B, "T": T, "emulated": emulate}
-    fpt_l = pwhy["flops_per_token"] if p is not None else None
     if p is None and str(pwhy).startswith("skip"):
         skip("throughput.llama_12l.pytorch", pwhy[5:].strip(" :"))
         fig["pytorch"] = {"status": "skip", "reason": pwhy}
     else:
         ok("throughput.llama_12l.pytorch", p is not None and p[0] > 0, pwhy)
-        if p is not None:
-            fig["pytorch"] = {"status": "pass", "tokens_per_s": round(p[0], 1),
-                              "mfu_vs_peak": round(p[0] * fpt_l / 1e12 / PEAK_TFLOPS, 4),
-                              "mfu_vs_gemm": round(p[0] * fpt_l / 1e12 / gemm, 4) if gemm else None}
+    for side, res in (("shardlm", s), ("pytorch", p)):
+        if res is not None:
+            fig[side] = {"status": "pass", "tokens_per_s": round(res[0], 1),
+                         "mfu_vs_peak": round(res[0] * fpt_l / 1e12 / PEAK_TFLOPS, 4),
+                         "mfu_vs_gemm": round(res[0] * fpt_l / 1e12 / gemm, 4) if gemm else None,
+                         "peak_device_bytes": res[1]}
     figure(llama_12l=fig)
-    rows.append(("Llama 12L (PyTorch only)", None, p, fpt_l))
+    rows.append(("Llama 12L", s, p, fpt_l))
 
     note = " (EMULATED: meaningless)" if emulate else ""
     print(f"| model{note} | shardlm tok/s | MFU | PyTorch tok/s | MFU | ratio |\n|---|---|---|---|---|---|")

@@ -607,6 +607,30 @@ static void test_errors(void)
          "'model.n_head' (12) must be a multiple of 'model.n_kv_head' (5)"},
         {"gpt2 with a custom ffn_dim", "{\"model\": {\"ffn_dim\": 1000}}", NULL,
          "GPT-2 has n_kv_head = n_head (12) and ffn_dim = 4 n_embd (3072)"},
+        {"llama ffn_dim zero", "{\"model\": {\"type\": \"llama\", \"ffn_dim\": 0}}", NULL,
+         "'model.ffn_dim' must be positive, got 0"},
+        {"llama ffn_dim negative", "{\"model\": {\"type\": \"llama\"}}", "model.ffn_dim=-8",
+         "'model.ffn_dim' must be positive, got -8"},
+        {"llama n_kv_head not dividing n_head", "{\"model\": {\"type\": \"llama\", \"n_head\": 8, \"n_kv_head\": 3}}",
+         NULL, "'model.n_head' (8) must be a multiple of 'model.n_kv_head' (3)"},
+        {"llama odd head dimension", "{\"model\": {\"type\": \"llama\", \"n_embd\": 36, \"n_head\": 4}}", NULL,
+         "'model.n_embd' / 'model.n_head' is 9, an odd head dimension: rotary embeddings rotate channel pairs"},
+        {"unknown rope_scaling type", "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"yarn\"}}}",
+         NULL, "'model.rope_scaling.rope_type' is \"yarn\"; supported: \"llama3\""},
+        {"unknown rope_scaling type, legacy key",
+         "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}}", NULL,
+         "'model.rope_scaling.rope_type' is \"linear\""},
+        {"rope_scaling factor below 1",
+         "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 0.5}}}", NULL,
+         "'model.rope_scaling.factor' must be at least 1, got 0.5"},
+        {"rope_theta zero", "{\"model\": {\"type\": \"llama\", \"rope_theta\": 0}}", NULL,
+         "'model.rope_theta' must be larger than 1, got 0"},
+        {"rms_norm_eps zero", "{\"model\": {\"type\": \"llama\", \"rms_norm_eps\": 0}}", NULL,
+         "'model.rms_norm_eps' must be in (0, 1], got 0"},
+        {"a Llama key on GPT-2", "{\"model\": {\"rope_theta\": 500000}}", NULL,
+         "'model.rope_theta' is a Llama key; GPT-2 has LayerNorm"},
+        {"tie_word_embeddings on GPT-2", "{}", "model.tie_word_embeddings=false",
+         "'model.tie_word_embeddings' is a Llama key"},
         {"offload_param below stage 3",
          "{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": \"cpu\"}}}", NULL,
          "'zero_optimization.offload_param' needs zero_optimization.stage 3"},
@@ -736,9 +760,44 @@ static void test_warnings(void)
           strstr(r.err, "activation_checkpointing has no \"enabled\" key") != NULL, "stderr: %s", r.err);
 }
 
+/* Llama's keys: Hugging Face's names and meaning, Llama 2's published values as defaults. */
+static void test_llama(void)
+{
+    struct config c;
+    load(&c, "{\"model\": {\"type\": \"llama\", \"n_head\": 8, \"n_kv_head\": 2, \"n_embd\": 64, \"ffn_dim\": 176}}",
+         NULL, NULL);
+    CHECK("llama defaults: rms_norm_eps 1e-5, rope_theta 1e4, untied, no rope scaling",
+          c.model.norm_eps == 1e-5f && c.model.rope_theta == 10000.0 && !c.model.tie_embeddings &&
+              c.model.rope_scaling.type == ROPE_SCALING_NONE,
+          "eps %g theta %g tie %d scaling %d", c.model.norm_eps, c.model.rope_theta, c.model.tie_embeddings,
+          c.model.rope_scaling.type);
+    config_free(&c);
+    load(&c,
+         "{\"model\": {\"type\": \"llama\", \"n_head\": 8, \"n_kv_head\": 2, \"n_embd\": 64, \"ffn_dim\": 176, "
+         "\"rms_norm_eps\": 1e-6, \"rope_theta\": 500000.0, \"tie_word_embeddings\": true, \"rope_scaling\": "
+         "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+         "\"original_max_position_embeddings\": 8192}}}",
+         NULL, NULL);
+    CHECK("llama 3.1 keys read",
+          c.model.norm_eps == 1e-6f && c.model.rope_theta == 500000.0 && c.model.tie_embeddings &&
+              c.model.rope_scaling.type == ROPE_SCALING_LLAMA3 && c.model.rope_scaling.factor == 8.0 &&
+              c.model.rope_scaling.low_freq_factor == 1.0 && c.model.rope_scaling.high_freq_factor == 4.0 &&
+              c.model.rope_scaling.original_max_positions == 8192,
+          "eps %g theta %g tie %d", c.model.norm_eps, c.model.rope_theta, c.model.tie_embeddings);
+    config_free(&c);
+    load(&c, "{\"model\": {\"type\": \"llama\", \"rope_scaling\": null}}", NULL, NULL);
+    CHECK("rope_scaling null: none", c.model.rope_scaling.type == ROPE_SCALING_NONE, "got %d", c.model.rope_scaling.type);
+    config_free(&c);
+    load(&c, "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"default\"}}}", NULL, NULL);
+    CHECK("rope_scaling of type default: none", c.model.rope_scaling.type == ROPE_SCALING_NONE, "got %d",
+          c.model.rope_scaling.type);
+    config_free(&c);
+}
+
 int main(void)
 {
     test_defaults();
+    test_llama();
     test_stage3_defaults_and_values();
     test_issue4();
     test_optimizer();
