@@ -7,7 +7,8 @@
  * in half precision, on tensor cores); TF32 only when SHARDLM_TF32=1 and only
  * for fp32 storage. Every other kernel loads [A] elements into fp32
  * registers, computes in fp32 and rounds its [A] outputs to nearest even:
- * layernorm statistics, softmax, cross-entropy and the loss are fp32 always.
+ * the statistics of layernorm and RMSNorm, softmax, rotary tables, SwiGLU's
+ * sigmoid, cross-entropy and the loss are fp32 always.
  * Row-major tensors are handed to column-major cuBLAS as their transposes: a
  * row-major (R, S) matrix is a column-major (S, R) one, so out = inp @ W
  * becomes out^T = W^T @ inp^T with the operands swapped.
@@ -493,7 +494,7 @@ extern "C" void backend_matmul_backward_transposed(float *dinp, float *dweight, 
     gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, 1);
 }
 
-/* ---- layernorm ------------------------------------------------------------------------ */
+/* ---- layernorm and RMSNorm -------------------------------------------------------------- */
 
 __device__ static float warp_sum(float v)
 {
@@ -502,56 +503,79 @@ __device__ static float warp_sum(float v)
     return v;
 }
 
-/* One warp per row; statistics in fp32 (two passes over the row: mean, then variance). inp fp32, out [A]. */
+/* The two normalisations share their kernels: mean non-NULL is layernorm (centred, bias), mean NULL is RMSNorm
+ * (norm = x rstd, no bias). */
+
+/* One warp per row; statistics in fp32 (layernorm: two passes over the row, mean then variance; RMSNorm: the mean
+ * square). inp, out [A]. */
 template <typename A>
-__global__ static void layernorm_forward_kernel(A *out, float *mean, float *rstd, const A *inp, const A *weight,
-                                                const A *bias, int N, int C)
+__global__ static void norm_forward_kernel(A *out, float *mean, float *rstd, const A *inp, const A *weight,
+                                           const A *bias, float eps, int N, int C)
 {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N)
         return;
     const A *x = inp + (size_t)row * C;
-    float s = 0.0f;
-    for (int c = lane; c < C; c += WARP)
-        s += ld(x, c);
-    float m = warp_sum(s) / C;
+    float m = 0.0f;
+    if (mean) {
+        float s = 0.0f;
+        for (int c = lane; c < C; c += WARP)
+            s += ld(x, c);
+        m = warp_sum(s) / C;
+    }
     float v = 0.0f;
     for (int c = lane; c < C; c += WARP)
         v += (ld(x, c) - m) * (ld(x, c) - m);
-    float r = rsqrtf(warp_sum(v) / C + LAYERNORM_EPS);
-    for (int c = lane; c < C; c += WARP)
-        st(out, (size_t)row * C + c, (ld(x, c) - m) * r * ld(weight, c) + ld(bias, c));
+    float r = rsqrtf(warp_sum(v) / C + eps);
+    for (int c = lane; c < C; c += WARP) {
+        const float y = (ld(x, c) - m) * r * ld(weight, c);
+        st(out, (size_t)row * C + c, bias ? y + ld(bias, c) : y);
+    }
     if (lane == 0) {
-        mean[row] = m;
+        if (mean)
+            mean[row] = m;
         rstd[row] = r;
     }
+}
+
+static void norm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                         const float *bias, float eps, int N, int C)
+{
+    int rows_per_block = BLOCK / WARP;
+    WITH_ACT(norm_forward_kernel<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+        (A *)out, mean, rstd, (const A *)inp, (const A *)weight, (const A *)bias, eps, N, C));
 }
 
 extern "C" void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                           const float *weight, const float *bias, int N, int C)
 {
-    int rows_per_block = BLOCK / WARP;
-    WITH_ACT(layernorm_forward_kernel<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-        (A *)out, mean, rstd, (const A *)inp, (const A *)weight, (const A *)bias, N, C));
+    norm_forward(out, mean, rstd, inp, weight, bias, LAYERNORM_EPS, N, C);
 }
 
-/* dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, dnorm = dout * weight; one warp per row. */
+extern "C" void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps,
+                                        int N, int C)
+{
+    norm_forward(out, NULL, rstd, inp, weight, NULL, eps, N, C);
+}
+
+/* dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, dnorm = dout * weight; one warp per row.
+ * RMSNorm (mean NULL): without the mean(dnorm) term, which the centring brings. */
 template <typename A>
-__global__ static void layernorm_backward_input(A *dinp, const A *dout, const A *inp, const A *weight,
-                                                const float *mean, const float *rstd, int N, int C)
+__global__ static void norm_backward_input(A *dinp, const A *dout, const A *inp, const A *weight, const float *mean,
+                                           const float *rstd, int N, int C)
 {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N)
         return;
     const size_t at = (size_t)row * C;
     const A *x = inp + at;
-    float m = mean[row], r = rstd[row], a = 0.0f, b = 0.0f;
+    float m = mean ? mean[row] : 0.0f, r = rstd[row], a = 0.0f, b = 0.0f;
     for (int c = lane; c < C; c += WARP) {
         float dnorm = ld(dout, at + c) * ld(weight, c);
         a += dnorm;
         b += dnorm * (ld(x, c) - m) * r;
     }
-    a = warp_sum(a) / C;
+    a = mean ? warp_sum(a) / C : 0.0f;
     b = warp_sum(b) / C;
     for (int c = lane; c < C; c += WARP) {
         float norm = (ld(x, c) - m) * r;
@@ -559,11 +583,11 @@ __global__ static void layernorm_backward_input(A *dinp, const A *dout, const A 
     }
 }
 
-/* Stage 1 of dweight[c] += sum_rows dout * norm and dbias[c] += sum_rows dout:
+/* Stage 1 of dweight[c] += sum_rows dout * norm and (layernorm) dbias[c] += sum_rows dout:
  * per row chunk, in row order, into partial[chunk][c] and partial[chunks + chunk][c]. */
 template <typename A>
-__global__ static void layernorm_backward_params(float *partial, const A *dout, const A *inp, const float *mean,
-                                                 const float *rstd, int N, int C, int chunks)
+__global__ static void norm_backward_params(float *partial, const A *dout, const A *inp, const float *mean,
+                                            const float *rstd, int N, int C, int chunks)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
     if (c >= C)
@@ -572,11 +596,31 @@ __global__ static void layernorm_backward_params(float *partial, const A *dout, 
     float dw = 0.0f, db = 0.0f;
     for (int i = r0; i < r1; i++) {
         float dy = ld(dout, (size_t)i * C + c);
-        dw += dy * (ld(inp, (size_t)i * C + c) - mean[i]) * rstd[i];
+        dw += dy * (ld(inp, (size_t)i * C + c) - (mean ? mean[i] : 0.0f)) * rstd[i];
         db += dy;
     }
     partial[(size_t)chunk * C + c] = dw;
-    partial[(size_t)(chunks + chunk) * C + c] = db;
+    if (mean)
+        partial[(size_t)(chunks + chunk) * C + c] = db;
+}
+
+/* dinp [A] +=, dweight [G] +=, dbias [G] += (layernorm: mean and dbias non-NULL; RMSNorm: both NULL). */
+static void norm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const float *weight, const float *mean, const float *rstd, int N, int C)
+{
+    int rows_per_block = BLOCK / WARP;
+    WITH_ACT({
+        norm_backward_input<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+            (A *)dinp, (const A *)dout, (const A *)inp, (const A *)weight, mean, rstd, N, C);
+    });
+    int chunks = colsum_chunks(N, C, dbias ? 2 : 1);
+    dim3 grid((C + BLOCK - 1) / BLOCK, chunks);
+    WITH_ACT(norm_backward_params<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, (const A *)inp, mean,
+                                                                    rstd, N, C, chunks));
+    column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dweight, g_grad, g_colsum, C, chunks);
+    if (dbias)
+        column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_grad,
+                                                                             g_colsum + (size_t)chunks * C, C, chunks);
 }
 
 extern "C" void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
@@ -584,18 +628,14 @@ extern "C" void backend_layernorm_backward(float *dinp, float *dweight, float *d
                                            const float *rstd, float *scratch, int N, int C)
 {
     (void)scratch;
-    int rows_per_block = BLOCK / WARP;
-    WITH_ACT({
-        layernorm_backward_input<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-            (A *)dinp, (const A *)dout, (const A *)inp, (const A *)weight, mean, rstd, N, C);
-    });
-    int chunks = colsum_chunks(N, C, 2);
-    dim3 grid((C + BLOCK - 1) / BLOCK, chunks);
-    WITH_ACT(layernorm_backward_params<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, (const A *)inp,
-                                                                         mean, rstd, N, C, chunks));
-    column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dweight, g_grad, g_colsum, C, chunks);
-    column_sums_finish<<<(C + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_grad, g_colsum + (size_t)chunks * C, C,
-                                                                         chunks);
+    norm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+extern "C" void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                         const float *weight, const float *rstd, float *scratch, int N, int C)
+{
+    (void)scratch;
+    norm_backward(dinp, dweight, NULL, dout, inp, weight, NULL, rstd, N, C);
 }
 
 extern "C" size_t backend_layernorm_scratch(int C)
@@ -705,6 +745,90 @@ extern "C" void backend_copy_async(void *dst, const void *src, size_t bytes)
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g_stream));
 }
 
+/* ---- rotary position embedding and SwiGLU (Llama) ---------------------------------------------- */
+
+/* Rotate-half rotary embedding in place on the first NH + NKV heads of each (NH + 2 NKV) hs row of x [A]: thread
+ * per (row, head, i < hs / 2) rotates the pair (i, i + hs / 2) by the angle of (t, i); sin_sign -1 rotates back
+ * (the backward: the transpose of a rotation is its inverse). */
+template <typename A>
+__global__ static void rope_kernel(A *x, const float *cos, const float *sin, float sin_sign, int BT, int T,
+                                   int heads, int width, int hs)
+{
+    const int half = hs / 2;
+    const size_t n = (size_t)BT * heads * half;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
+        const int i = (int)(k % half), head = (int)(k / half % heads);
+        const size_t bt = k / half / heads;
+        const int t = (int)(bt % T);
+        const size_t at = bt * width + (size_t)head * hs + i;
+        const float c = cos[(size_t)t * half + i], s = sin_sign * sin[(size_t)t * half + i];
+        const float x0 = ld(x, at), x1 = ld(x, at + half);
+        st(x, at, x0 * c - x1 * s);
+        st(x, at + half, x1 * c + x0 * s);
+    }
+}
+
+static void rope(float *x, const float *cos, const float *sin, float sin_sign, int B, int T, int NH, int NKV, int hs)
+{
+    if (hs % 2)
+        fail_input("rotary embedding: head size %d is odd (rotate-half pairs channel i with i + hs/2; use an even "
+                   "head size)",
+                   hs);
+    const size_t n = (size_t)B * T * (NH + NKV) * (hs / 2);
+    WITH_ACT(rope_kernel<A><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>((A *)x, cos, sin, sin_sign, B * T, T,
+                                                                          NH + NKV, (NH + 2 * NKV) * hs, hs));
+}
+
+extern "C" void backend_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,
+                                     int hs)
+{
+    rope(qkv, cos, sin, 1.0f, B, T, NH, NKV, hs);
+}
+
+extern "C" void backend_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,
+                                      int hs)
+{
+    rope(dqkv, cos, sin, -1.0f, B, T, NH, NKV, hs);
+}
+
+__device__ static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* out (N, F) = silu(gate) * up, gu (N, 2F) = [gate | up]; one thread per (row, f). */
+template <typename A> __global__ static void swiglu_forward_kernel(A *out, const A *gu, int N, int F)
+{
+    const size_t n = (size_t)N * F;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t gate = i / F * 2 * F + i % F;
+        const float g = ld(gu, gate);
+        st(out, i, g / (1.0f + expf(-g)) * ld(gu, gate + F));
+    }
+}
+
+/* d gate = dout * up * silu'(gate), silu'(x) = sigmoid(x) (1 + x (1 - sigmoid(x))); d up = dout * silu(gate). A
+ * thread reads both of its inputs before it writes, so dgu may be gu. */
+template <typename A> __global__ static void swiglu_backward_kernel(A *dgu, const A *dout, const A *gu, int N, int F)
+{
+    const size_t n = (size_t)N * F;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t gate = i / F * 2 * F + i % F;
+        const float g = ld(gu, gate), u = ld(gu, gate + F), dy = ld(dout, i), sg = sigmoid(g);
+        st(dgu, gate, dy * u * sg * (1.0f + g * (1.0f - sg)));
+        st(dgu, gate + F, dy * g * sg);
+    }
+}
+
+extern "C" void backend_swiglu_forward(float *out, const float *gu, int N, int F)
+{
+    WITH_ACT(swiglu_forward_kernel<A><<<blocks_for((size_t)N * F, BLOCK), BLOCK, 0, g_stream>>>((A *)out,
+                                                                                                (const A *)gu, N, F));
+}
+
+extern "C" void backend_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F)
+{
+    WITH_ACT(swiglu_backward_kernel<A><<<blocks_for((size_t)N * F, BLOCK), BLOCK, 0, g_stream>>>(
+        (A *)dgu, (const A *)dout, (const A *)gu, N, F));
+}
+
 /* ---- attention ----------------------------------------------------------------------------- */
 
 /* Causal attention without the T x T matrices (the FlashAttention recurrence,
@@ -713,33 +837,38 @@ extern "C" void backend_copy_async(void *dst, const void *src, size_t bytes)
  * backward recomputes each probability from q, k and that statistic. One
  * thread per query row (forward, dq) or key row (dk, dv), the keys or
  * queries in order, the softmax in fp32 with a running maximum; no atomics,
- * a fixed order, memory O(T). Head size at most ATT_MAX_HS. */
+ * a fixed order, memory O(T). Grouped-query attention (Llama): NH query
+ * heads share NKV key/value heads, query head h reading kv head h / (NH /
+ * NKV); a kv head's dk/dv thread walks its query heads in order. GPT-2 is
+ * NKV = NH. Head size at most ATT_MAX_HS. */
 #define ATT_MAX_HS 256
 #define ATT_ROWS 64 /* threads (rows) per block */
 
 struct att_shape {
-    int B, T, C, NH, hs;
+    int B, T, NH, NKV, hs;
+    int group; /* query heads per kv head, NH / NKV */
     float scale;
 };
 
-/* Row t of head h of sequence b in the (B, T, 3C) qkv: q at part 0, k 1, v 2. */
-template <typename A> __device__ static const A *att_row(const A *qkv, const struct att_shape &s, int b, int t, int h,
-                                                         int part)
+/* Row t of sequence b in the (B, T, (NH + 2 NKV) hs) qkv: query head h (part 0), key head h (part 1) or value
+ * head h (part 2). */
+template <typename P> __device__ static P *att_row(P *qkv, const struct att_shape &s, int b, int t, int h, int part)
 {
-    return qkv + ((size_t)b * s.T + t) * 3 * s.C + (size_t)part * s.C + (size_t)h * s.hs;
+    const int head = part == 0 ? h : part == 1 ? s.NH + h : s.NH + s.NKV + h;
+    return qkv + ((size_t)b * s.T + t) * (size_t)(s.NH + 2 * s.NKV) * s.hs + (size_t)head * s.hs;
 }
 
-/* Row t of head h of sequence b in a (B, T, C) tensor (out, dout). */
+/* Row t of query head h of sequence b in a (B, T, NH hs) tensor (out, dout). */
 template <typename A> __device__ static A *att_out_row(A *x, const struct att_shape &s, int b, int t, int h)
 {
-    return x + ((size_t)b * s.T + t) * s.C + (size_t)h * s.hs;
+    return x + ((size_t)b * s.T + t) * (size_t)s.NH * s.hs + (size_t)h * s.hs;
 }
 
-/* This thread's sequence, head and row (grid: B NH x row blocks); false past the last row. */
-__device__ static bool att_thread(const struct att_shape &s, int *b, int *h, int *row)
+/* This thread's sequence, head and row (grid: B heads x row blocks, heads NH or NKV); false past the last row. */
+__device__ static bool att_thread(const struct att_shape &s, int heads, int *b, int *h, int *row)
 {
-    *b = blockIdx.x / s.NH;
-    *h = blockIdx.x % s.NH;
+    *b = blockIdx.x / heads;
+    *h = blockIdx.x % heads;
     *row = blockIdx.y * ATT_ROWS + threadIdx.x;
     return *row < s.T;
 }
@@ -752,21 +881,28 @@ template <typename A> __device__ static float att_dot(const A *x, const A *y, in
     return d;
 }
 
+/* Where the log-sum-exp of row i of query head h of sequence b is in lse (B, NH, T). */
+__device__ static size_t att_lse_at(const struct att_shape &s, int b, int h, int i)
+{
+    return ((size_t)b * s.NH + h) * s.T + i;
+}
+
 template <typename A>
 __global__ static void attention_forward_kernel(A *out, float *lse, const A *qkv, struct att_shape s)
 {
     int b, h, t;
-    if (!att_thread(s, &b, &h, &t))
+    if (!att_thread(s, s.NH, &b, &h, &t))
         return;
+    const int kvh = h / s.group;
     const A *q = att_row(qkv, s, b, t, h, 0);
     float acc[ATT_MAX_HS];
     for (int d = 0; d < s.hs; d++)
         acc[d] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     for (int j = 0; j <= t; j++) {
-        const float x = att_dot(q, att_row(qkv, s, b, j, h, 1), s.hs) * s.scale;
+        const float x = att_dot(q, att_row(qkv, s, b, j, kvh, 1), s.hs) * s.scale;
         const float m_new = fmaxf(m, x), correction = expf(m - m_new), p = expf(x - m_new);
-        const A *v = att_row(qkv, s, b, j, h, 2);
+        const A *v = att_row(qkv, s, b, j, kvh, 2);
         for (int d = 0; d < s.hs; d++)
             acc[d] = acc[d] * correction + p * ld(v, d);
         l = l * correction + p;
@@ -775,7 +911,7 @@ __global__ static void attention_forward_kernel(A *out, float *lse, const A *qkv
     A *o = att_out_row(out, s, b, t, h);
     for (int d = 0; d < s.hs; d++)
         st(o, d, acc[d] / l);
-    lse[(size_t)blockIdx.x * s.T + t] = m + logf(l);
+    lse[att_lse_at(s, b, h, t)] = m + logf(l);
 }
 
 /* D_i = dout_i . out_i: the softmax backward's row term (out = P v, so sum_j P_ij dP_ij). */
@@ -791,86 +927,107 @@ __global__ static void attention_backward_dq(A *dqkv, const A *dout, const A *ou
                                              struct att_shape s)
 {
     int b, h, i;
-    if (!att_thread(s, &b, &h, &i))
+    if (!att_thread(s, s.NH, &b, &h, &i))
         return;
+    const int kvh = h / s.group;
     const A *q = att_row(qkv, s, b, i, h, 0), *dy = att_out_row(dout, s, b, i, h);
-    const float L = lse[(size_t)blockIdx.x * s.T + i], D = att_row_term(dout, out, s, b, i, h);
+    const float L = lse[att_lse_at(s, b, h, i)], D = att_row_term(dout, out, s, b, i, h);
     float acc[ATT_MAX_HS];
     for (int d = 0; d < s.hs; d++)
         acc[d] = 0.0f;
     for (int j = 0; j <= i; j++) {
-        const A *k = att_row(qkv, s, b, j, h, 1);
+        const A *k = att_row(qkv, s, b, j, kvh, 1);
         const float p = expf(att_dot(q, k, s.hs) * s.scale - L);
-        const float ds = p * (att_dot(dy, att_row(qkv, s, b, j, h, 2), s.hs) - D) * s.scale;
+        const float ds = p * (att_dot(dy, att_row(qkv, s, b, j, kvh, 2), s.hs) - D) * s.scale;
         for (int d = 0; d < s.hs; d++)
             acc[d] += ds * ld(k, d);
     }
-    A *dq = dqkv + ((size_t)b * s.T + i) * 3 * s.C + (size_t)h * s.hs;
+    A *dq = att_row(dqkv, s, b, i, h, 0);
     for (int d = 0; d < s.hs; d++)
         st(dq, d, acc[d]);
 }
 
-/* dk_j = scale sum_{i >= j} P_ij (dP_ij - D_i) q_i; dv_j = sum_{i >= j} P_ij dout_i. */
+/* For kv head g: dk_j = scale sum_{h in g's group} sum_{i >= j} P^h_ij (dP^h_ij - D^h_i) q^h_i;
+ * dv_j = sum_h sum_{i >= j} P^h_ij dout^h_i; the query heads in order, then the rows in order. */
 template <typename A>
 __global__ static void attention_backward_dkdv(A *dqkv, const A *dout, const A *out, const A *qkv, const float *lse,
                                                struct att_shape s)
 {
-    int b, h, j;
-    if (!att_thread(s, &b, &h, &j))
+    int b, g, j;
+    if (!att_thread(s, s.NKV, &b, &g, &j))
         return;
-    const A *k = att_row(qkv, s, b, j, h, 1), *v = att_row(qkv, s, b, j, h, 2);
+    const A *k = att_row(qkv, s, b, j, g, 1), *v = att_row(qkv, s, b, j, g, 2);
     float dk[ATT_MAX_HS], dv[ATT_MAX_HS];
     for (int d = 0; d < s.hs; d++)
         dk[d] = dv[d] = 0.0f;
-    for (int i = j; i < s.T; i++) {
-        const A *q = att_row(qkv, s, b, i, h, 0), *dy = att_out_row(dout, s, b, i, h);
-        const float p = expf(att_dot(q, k, s.hs) * s.scale - lse[(size_t)blockIdx.x * s.T + i]);
-        const float ds = p * (att_dot(dy, v, s.hs) - att_row_term(dout, out, s, b, i, h)) * s.scale;
-        for (int d = 0; d < s.hs; d++) {
-            dk[d] += ds * ld(q, d);
-            dv[d] += p * ld(dy, d);
+    for (int h = g * s.group; h < (g + 1) * s.group; h++)
+        for (int i = j; i < s.T; i++) {
+            const A *q = att_row(qkv, s, b, i, h, 0), *dy = att_out_row(dout, s, b, i, h);
+            const float p = expf(att_dot(q, k, s.hs) * s.scale - lse[att_lse_at(s, b, h, i)]);
+            const float ds = p * (att_dot(dy, v, s.hs) - att_row_term(dout, out, s, b, i, h)) * s.scale;
+            for (int d = 0; d < s.hs; d++) {
+                dk[d] += ds * ld(q, d);
+                dv[d] += p * ld(dy, d);
+            }
         }
-    }
-    A *dst = dqkv + ((size_t)b * s.T + j) * 3 * s.C + (size_t)h * s.hs;
+    A *dk_row = att_row(dqkv, s, b, j, g, 1), *dv_row = att_row(dqkv, s, b, j, g, 2);
     for (int d = 0; d < s.hs; d++) {
-        st(dst, (size_t)s.C + d, dk[d]);
-        st(dst, 2 * (size_t)s.C + d, dv[d]);
+        st(dk_row, d, dk[d]);
+        st(dv_row, d, dv[d]);
     }
 }
 
-static struct att_shape att_shape_of(int B, int T, int C, int NH)
+static struct att_shape att_shape_of(int B, int T, int NH, int NKV, int hs)
 {
-    struct att_shape s = {B, T, C, NH, C / NH, 1.0f / sqrtf((float)(C / NH))};
-    if (s.hs > ATT_MAX_HS)
-        fail_input("attention: head size %d is more than the %d this CUDA kernel supports (model.n_embd / "
+    if (NKV < 1 || NH % NKV != 0)
+        fail_input("attention: %d key/value heads do not divide %d query heads (model.n_kv_head must divide "
                    "model.n_head)",
-                   s.hs, ATT_MAX_HS);
+                   NKV, NH);
+    if (hs > ATT_MAX_HS)
+        fail_input("attention: head size %d is more than the %d this CUDA kernel supports (a smaller head size: "
+                   "more heads for the same width)",
+                   hs, ATT_MAX_HS);
+    struct att_shape s = {B, T, NH, NKV, hs, NH / NKV, 1.0f / sqrtf((float)hs)};
     return s;
 }
 
 /* att: the rows' log-sum-exp (B NH T fp32), kept for the backward. */
-extern "C" void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T,
-                                          int C, int NH)
+extern "C" void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T,
+                                              int NH, int NKV, int hs)
 {
     (void)scratch;
-    const struct att_shape s = att_shape_of(B, T, C, NH);
+    const struct att_shape s = att_shape_of(B, T, NH, NKV, hs);
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS));
     WITH_ACT(attention_forward_kernel<A><<<grid, ATT_ROWS, 0, g_stream>>>((A *)out, att, (const A *)qkv, s));
 }
 
 /* out: the forward's output (backend.h: the attention's output is kept). */
+extern "C" void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                               const float *out, float *scratch, int B, int T, int NH, int NKV, int hs)
+{
+    (void)scratch;
+    const struct att_shape s = att_shape_of(B, T, NH, NKV, hs);
+    const unsigned row_blocks = (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS);
+    const dim3 q_grid((unsigned)(B * NH), row_blocks), kv_grid((unsigned)(B * NKV), row_blocks);
+    WITH_ACT({
+        attention_backward_dq<A><<<q_grid, ATT_ROWS, 0, g_stream>>>((A *)dqkv, (const A *)dout, (const A *)out,
+                                                                    (const A *)qkv, att, s);
+        attention_backward_dkdv<A><<<kv_grid, ATT_ROWS, 0, g_stream>>>((A *)dqkv, (const A *)dout, (const A *)out,
+                                                                       (const A *)qkv, att, s);
+    });
+}
+
+/* GPT-2: NKV = NH heads of C / NH channels. */
+extern "C" void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T,
+                                          int C, int NH)
+{
+    backend_attention_gqa_forward(out, att, qkv, scratch, B, T, NH, NH, C / NH);
+}
+
 extern "C" void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                            const float *out, float *scratch, int B, int T, int C, int NH)
 {
-    (void)scratch;
-    const struct att_shape s = att_shape_of(B, T, C, NH);
-    const dim3 grid((unsigned)(B * NH), (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS));
-    WITH_ACT({
-        attention_backward_dq<A><<<grid, ATT_ROWS, 0, g_stream>>>((A *)dqkv, (const A *)dout, (const A *)out,
-                                                                  (const A *)qkv, att, s);
-        attention_backward_dkdv<A><<<grid, ATT_ROWS, 0, g_stream>>>((A *)dqkv, (const A *)dout, (const A *)out,
-                                                                    (const A *)qkv, att, s);
-    });
+    backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, B, T, NH, NH, C / NH);
 }
 
 extern "C" size_t backend_attention_saved(int B, int T, int NH) { return BACKEND_CUDA_ATTENTION_SAVED(B, T, NH); }
@@ -896,7 +1053,8 @@ __global__ static void embedding_forward_kernel(A *out, const int32_t *tokens, c
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t bt = i / C;
         int c = (int)(i % C), t = (int)(bt % T);
-        st(out, i, ld(wte, (size_t)tokens[bt] * C + c) + ld(wpe, (size_t)t * C + c));
+        const float e = ld(wte, (size_t)tokens[bt] * C + c);
+        st(out, i, wpe ? e + ld(wpe, (size_t)t * C + c) : e);
     }
 }
 
@@ -942,7 +1100,9 @@ extern "C" void backend_embedding_forward(float *out, const int32_t *tokens, con
 extern "C" void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
                                            int T, int C)
 {
-    embedding_backward_wpe<<<blocks_for((size_t)T * C, BLOCK), BLOCK, 0, g_stream>>>(dwpe, g_grad, dout, g_act, B, T, C);
+    if (dwpe)
+        embedding_backward_wpe<<<blocks_for((size_t)T * C, BLOCK), BLOCK, 0, g_stream>>>(dwpe, g_grad, dout, g_act, B,
+                                                                                         T, C);
     dim3 grid((C + BLOCK - 1) / BLOCK, WTE_PARTS);
     embedding_backward_wte<<<grid, BLOCK, 0, g_stream>>>(dwte, g_grad, dout, g_act, tokens, B * T, C);
 }

@@ -4,7 +4,9 @@ against the CPU build (bin/shardlm) on a tiny GPT-2, ZeRO stage 3, 6 steps:
 fp32 N=1, fp32 N=2 over the emulated NCCL (two emulated devices), fp32 N=2
 on one emulated device over host-staged MPI (SHARDLM_SHARE_GPUS=1), bf16
 N=1, and fp32 and bf16 N=2 over NCCL with offload_param, gradient
-accumulation and host activation checkpoints. The emulated streams are lazy
+accumulation and host activation checkpoints; and a tiny Llama (grouped-query
+attention, RMSNorm, rotary, SwiGLU) in fp32 N=1, bf16 N=1 and fp32 N=2 over
+NCCL. The emulated streams are lazy
 (README.md), so a missing synchronisation in the engine or the CUDA code
 changes the losses; the offload cases also run with CUDAEMU_EAGER=1 (every
 operation at its call) and must give bitwise the same losses and grad norms. Every step's loss and grad norm agree within 1e-5 relative in fp32
@@ -36,6 +38,9 @@ MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 32, "vocab_size
 # activation checkpoints in host memory
 OFFLOAD_ACCUM_CKPT = {"zero_optimization": {"offload_param": {"device": "cpu"}}, "gradient_accumulation_steps": 2,
                       "activation_checkpointing": {"enabled": True, "interval": 1, "cpu_checkpointing": True}}
+# a Llama of the same vocabulary and length: 2 query heads a key/value head, head size 10
+LLAMA = {"model": {"type": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 40, "ffn_dim": 48,
+                   "n_positions": MODEL["n_positions"], "vocab_size": MODEL["vocab_size"]}}
 FP32_TOL = 1e-5  # the brief's fp32 bound: cuBLAS-order vs OpenBLAS-order sums
 BF16_TOL = 2e-2  # tests/gpu/e2e.py's bf16 bound
 
@@ -87,9 +92,12 @@ def main():
              ("fp32_n2_staged", 2, "fp32", {"SHARDLM_SHARE_GPUS": "1"}, FP32_TOL),
              ("bf16_n1", 1, "bf16", {}, BF16_TOL),
              ("fp32_n2_nccl_offload_accum_ckpt", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
-             ("bf16_n2_nccl_offload_accum_ckpt", 2, "bf16", {"CUDAEMU_DEVICES": "2"}, BF16_TOL))
+             ("bf16_n2_nccl_offload_accum_ckpt", 2, "bf16", {"CUDAEMU_DEVICES": "2"}, BF16_TOL),
+             ("llama_fp32_n1", 1, "fp32", {}, FP32_TOL),
+             ("llama_bf16_n1", 1, "bf16", {}, BF16_TOL),
+             ("llama_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
     for tag, N, dtype, env, tol in cases:
-        extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else None
+        extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else None
         cpu, out_c = train(f"cpu_{tag}", CPU_BIN, N, dtype, {}, extra)
         emu, out_e = train(f"emu_{tag}", EMU_BIN, N, dtype, env, extra)
         if cpu is None or emu is None:

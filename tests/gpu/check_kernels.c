@@ -157,11 +157,60 @@ static void compare_act(const char *name, const float *want, const float *device
     free(tmp);
 }
 
+/* Activations (and the tolerance, and the tag of the check names) under test from here on. */
+static void use_act(enum dtype dt, double tol, const char *tag)
+{
+    g_act = dt;
+    g_tag = tag;
+    g_tol = tol;
+    backend_set_act_dtype(dt);
+}
+
 static const char *named(const char *name)
 {
     static char buf[96];
     snprintf(buf, sizeof buf, "%s%s", name, g_tag);
     return buf;
+}
+
+/* 1 when the device buffers a and b hold the same bytes. */
+static int same_bits(const void *a, const void *b, size_t bytes)
+{
+    unsigned char *ha = malloc(bytes), *hb = malloc(bytes);
+    cuda_ok(cudaDeviceSynchronize(), "same_bits");
+    cuda_ok(cudaMemcpy(ha, a, bytes, cudaMemcpyDeviceToHost), "same_bits");
+    cuda_ok(cudaMemcpy(hb, b, bytes, cudaMemcpyDeviceToHost), "same_bits");
+    int same = memcmp(ha, hb, bytes) == 0;
+    free(ha), free(hb);
+    return same;
+}
+
+/* What the device's attention keeps: the log-sum-exp (B, NH, T) of each row's causal scores, in double from
+ * qkv (B, T, (NH + 2 NKV) hs) as the CPU sees it; query head h reads key head h / (NH / NKV). */
+static float *attention_lse(const float *qkv, int B, int T, int NH, int NKV, int hs)
+{
+    float *lse = malloc((size_t)B * NH * T * 4);
+    const size_t width = (size_t)(NH + 2 * NKV) * hs;
+    double *scores = malloc((size_t)T * sizeof *scores);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                const float *q = qkv + ((size_t)b * T + i) * width + (size_t)h * hs;
+                double m = -INFINITY, sum = 0.0;
+                for (int j = 0; j <= i; j++) {
+                    const float *k = qkv + ((size_t)b * T + j) * width + (size_t)(NH + h / (NH / NKV)) * hs;
+                    double d = 0.0;
+                    for (int c = 0; c < hs; c++)
+                        d += (double)q[c] * k[c];
+                    scores[j] = d / sqrt((double)hs);
+                    m = fmax(m, scores[j]);
+                }
+                for (int j = 0; j <= i; j++)
+                    sum += exp(scores[j] - m);
+                lse[((size_t)b * NH + h) * T + i] = (float)(m + log(sum));
+            }
+    free(scores);
+    return lse;
 }
 
 /* Every kernel with [A] operands, activations in dt: inputs rounded to dt on
@@ -214,10 +263,7 @@ static void check_fused_mlp(const float *d_inp, const float *inp, const float *d
 
 static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct shape sh)
 {
-    g_act = dt;
-    g_tag = tag;
-    g_tol = tol;
-    backend_set_act_dtype(dt);
+    use_act(dt, tol, tag);
     const int B = sh.B, T = sh.T, C = sh.C, NH = sh.NH, OC = sh.OC, V = sh.V, Vp = sh.Vp, N = B * T;
     const size_t NC = (size_t)N * C;
 
@@ -304,25 +350,7 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     cpu_attention_forward(aout, att, qkv, NULL, B, T, C, NH);
     backend_attention_forward(d_aout, d_att, d_qkv, d_fscratch, B, T, C, NH);
     compare_act(named("attention_forward_out"), aout, d_aout, NC, tol);
-    float *lse = malloc((size_t)B * NH * T * 4), *want_lse = malloc((size_t)B * NH * T * 4);
-    cuda_ok(cudaMemcpy(lse, d_att, (size_t)B * NH * T * 4, cudaMemcpyDeviceToHost), "attention lse");
-    for (int b = 0; b < B; b++) /* log-sum-exp of row i of head h: the scores from the CPU's inputs */
-        for (int h = 0; h < NH; h++)
-            for (int i = 0; i < T; i++) {
-                const int hs = C / NH;
-                double m = -INFINITY, sum = 0.0, sc[4096];
-                for (int j = 0; j <= i && j < 4096; j++) {
-                    double d = 0.0;
-                    for (int k = 0; k < hs; k++)
-                        d += (double)qkv[((size_t)b * T + i) * 3 * C + h * hs + k] *
-                             qkv[((size_t)b * T + j) * 3 * C + C + h * hs + k];
-                    sc[j] = d / sqrt((double)hs);
-                    m = fmax(m, sc[j]);
-                }
-                for (int j = 0; j <= i && j < 4096; j++)
-                    sum += exp(sc[j] - m);
-                want_lse[((size_t)b * NH + h) * T + i] = (float)(m + log(sum));
-            }
+    float *want_lse = attention_lse(qkv, B, T, NH, NH, C / NH);
     compare(named("attention_forward_lse"), want_lse, d_att, (size_t)B * NH * T, 1e-5);
     float *dqkv = malloc(nqkv * 4), *d_dqkv = act_poisoned(nqkv);
     float *ascratch = malloc((cpu_attention_scratch(T, NH) + 1) * 4);
@@ -330,7 +358,17 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     cpu_attention_backward(dqkv, lndout, qkv, att, NULL, ascratch, B, T, C, NH);
     backend_attention_backward(d_dqkv, d_lndout, d_qkv, d_att, d_aout, d_ascratch, B, T, C, NH);
     compare_act(named("attention_backward"), dqkv, d_dqkv, nqkv, tol);
-    free(lse), free(want_lse);
+    /* backend.h: the GPT-2 calls are the grouped-query ones with NKV = NH, to the bit */
+    float *d_gqa_out = act_poisoned(NC), *d_gqa_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
+    float *d_gqa_dqkv = act_poisoned(nqkv);
+    backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_fscratch, B, T, NH, NH, C / NH);
+    backend_attention_gqa_backward(d_gqa_dqkv, d_lndout, d_qkv, d_gqa_att, d_gqa_out, d_ascratch, B, T, NH, NH, C / NH);
+    check_value(named("attention_gqa_equals_mha_bits"),
+                same_bits(d_gqa_out, d_aout, act_bytes(NC)) && same_bits(d_gqa_dqkv, d_dqkv, act_bytes(nqkv)) &&
+                    same_bits(d_gqa_att, d_att, (size_t)B * NH * T * 4),
+                "the grouped-query attention with NKV = NH differs from the GPT-2 call");
+    cudaFree(d_gqa_out), cudaFree(d_gqa_att), cudaFree(d_gqa_dqkv);
+    free(want_lse);
 
     /* embedding: wte, wpe, out, dout [A]; dwte, dwpe fp32 */
     int32_t *tokens = malloc(N * sizeof *tokens), *targets = malloc(N * sizeof *targets);
@@ -365,9 +403,147 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     cpu_crossentropy_backward(logits, targets, 1.0f / N, N, V, Vp);
     backend_crossentropy_backward(d_logits, d_targets, 1.0f / N, N, V, Vp);
     compare_act(named("crossentropy_backward"), logits, d_logits, (size_t)N * Vp, tol);
-    backend_set_act_dtype(DTYPE_F32);
-    g_act = DTYPE_F32;
-    g_tag = "";
+    use_act(DTYPE_F32, TOL, "");
+}
+
+/* ---- the Llama kernels: grouped-query attention, RMSNorm, rotary, SwiGLU, embedding without positions -------- */
+
+#define RMSNORM_EPS 1e-5f   /* Llama 2's rms_norm_eps */
+#define ROPE_THETA 10000.0  /* Llama 2's rope_theta */
+
+struct llama_shape {
+    int B, T, NH, NKV, hs, F, V; /* C = NH hs; F the MLP's hidden width */
+};
+/* Grouped-query ratios NH / NKV of 4, 2 and 1 (NKV = NH), head sizes that are odd multiples of 2 (6, 10) beside
+ * a power of two; T = 50, 70, 33 leave partial row blocks of the attention kernels (64 rows), C = 24, 40, 30
+ * partial warps in the norms, odd F partial blocks in SwiGLU. */
+static const struct llama_shape LLAMA_SHAPES[] = {
+    {2, 64, 8, 2, 16, 88, 300},
+    {2, 50, 4, 1, 6, 37, 97},
+    {1, 70, 4, 2, 10, 51, 130},
+    {3, 33, 3, 3, 10, 19, 64},
+};
+
+/* The rotary tables (T, hs / 2): angle t theta^(-2i / hs), as Llama's. */
+static void rope_tables(float *cos_t, float *sin_t, int T, int hs)
+{
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < hs / 2; i++) {
+            const double angle = t * pow(ROPE_THETA, -2.0 * i / hs);
+            cos_t[(size_t)t * (hs / 2) + i] = (float)cos(angle);
+            sin_t[(size_t)t * (hs / 2) + i] = (float)sin(angle);
+        }
+}
+
+static void check_llama_norm_and_mlp(const struct llama_shape *sh, const char *v)
+{
+    const int N = sh->B * sh->T, C = sh->NH * sh->hs, F = sh->F;
+    const size_t NC = (size_t)N * C, NF = (size_t)N * F;
+    /* RMSNorm: inp, out, weight, dout and dinp (the residual stream's gradient, accumulated) [A]; dweight fp32 */
+    float *x = act_round(host_random(NC, 1), NC), *w = act_round(host_random(C, 1), C);
+    float *d_x = act_to_device(x, NC), *d_w = act_to_device(w, C);
+    float *out = malloc(NC * 4), *rstd = malloc(N * 4), *d_out = act_poisoned(NC), *d_rstd = poisoned(N);
+    cpu_rmsnorm_forward(out, rstd, x, w, RMSNORM_EPS, N, C);
+    backend_rmsnorm_forward(d_out, d_rstd, d_x, d_w, RMSNORM_EPS, N, C);
+    compare_act(named2("rmsnorm_forward", v), out, d_out, NC, g_tol);
+    compare(named2("rmsnorm_forward_rstd", v), rstd, d_rstd, N, TOL);
+    float *dout = act_round(host_random(NC, 1), NC), *dinp = act_round(host_random(NC, 1), NC);
+    float *d_dout = act_to_device(dout, NC), *d_dinp = act_to_device(dinp, NC);
+    float *dw = host_random(C, 1), *d_dw = to_device(dw, C * 4);
+    float *scratch = malloc((cpu_layernorm_scratch(C) + 1) * 4), *d_scratch = poisoned(backend_layernorm_scratch(C) + 1);
+    cpu_rmsnorm_backward(dinp, dw, dout, x, w, rstd, scratch, N, C);
+    backend_rmsnorm_backward(d_dinp, d_dw, d_dout, d_x, d_w, d_rstd, d_scratch, N, C);
+    compare_act(named2("rmsnorm_backward_dinp_accumulates", v), dinp, d_dinp, NC, g_tol);
+    compare(named2("rmsnorm_backward_dweight_accumulates", v), dw, d_dw, C, g_tol);
+
+    /* SwiGLU: gu (N, 2F), out (N, F), dout, dgu [A] */
+    float *gu = act_round(host_random(2 * NF, 3), 2 * NF), *d_gu = act_to_device(gu, 2 * NF);
+    float *mlp = malloc(NF * 4), *d_mlp = act_poisoned(NF);
+    cpu_swiglu_forward(mlp, gu, N, F);
+    backend_swiglu_forward(d_mlp, d_gu, N, F);
+    compare_act(named2("swiglu_forward", v), mlp, d_mlp, NF, g_tol);
+    float *dmlp = act_round(host_random(NF, 1), NF), *d_dmlp = act_to_device(dmlp, NF);
+    float *dgu = malloc(2 * NF * 4), *d_dgu = act_poisoned(2 * NF);
+    cpu_swiglu_backward(dgu, dmlp, gu, N, F);
+    backend_swiglu_backward(d_dgu, d_dmlp, d_gu, N, F);
+    compare_act(named2("swiglu_backward", v), dgu, d_dgu, 2 * NF, g_tol);
+
+    /* the embedding without a position table: wte, out, dout [A]; dwte fp32, a repeated token */
+    int32_t *tokens = malloc(N * sizeof *tokens);
+    for (int i = 0; i < N; i++)
+        tokens[i] = (int32_t)((uniform() + 1.0f) * 0.5f * (sh->V - 1));
+    tokens[1] = tokens[0];
+    int32_t *d_tokens = to_device(tokens, N * 4);
+    float *wte = act_round(host_random((size_t)sh->V * C, 1), (size_t)sh->V * C);
+    float *d_wte = act_to_device(wte, (size_t)sh->V * C), *d_emb = act_poisoned(NC);
+    cpu_embedding_forward(out, tokens, wte, NULL, sh->B, sh->T, C);
+    backend_embedding_forward(d_emb, d_tokens, d_wte, NULL, sh->B, sh->T, C);
+    compare_act(named2("embedding_forward_nopos", v), out, d_emb, NC, g_tol);
+    float *dwte = host_random((size_t)sh->V * C, 1), *d_dwte = to_device(dwte, (size_t)sh->V * C * 4);
+    cpu_embedding_backward(dwte, NULL, dout, tokens, sh->B, sh->T, C);
+    backend_embedding_backward(d_dwte, NULL, d_dout, d_tokens, sh->B, sh->T, C);
+    compare(named2("embedding_backward_nopos_dwte", v), dwte, d_dwte, (size_t)sh->V * C, TOL);
+
+    cudaFree(d_x), cudaFree(d_w), cudaFree(d_out), cudaFree(d_rstd), cudaFree(d_dout), cudaFree(d_dinp);
+    cudaFree(d_dw), cudaFree(d_scratch), cudaFree(d_gu), cudaFree(d_mlp), cudaFree(d_dmlp), cudaFree(d_dgu);
+    cudaFree(d_tokens), cudaFree(d_wte), cudaFree(d_emb), cudaFree(d_dwte);
+    free(x), free(w), free(out), free(rstd), free(dout), free(dinp), free(dw), free(scratch), free(gu), free(mlp);
+    free(dmlp), free(dgu), free(tokens), free(wte), free(dwte);
+}
+
+static void check_llama_attention(const struct llama_shape *sh, const char *v)
+{
+    const int B = sh->B, T = sh->T, NH = sh->NH, NKV = sh->NKV, hs = sh->hs, N = B * T;
+    const size_t nqkv = (size_t)N * (NH + 2 * NKV) * hs, nout = (size_t)N * NH * hs;
+    /* rotary, in place on qkv [A]: the value heads must come back untouched */
+    float *cos_t = malloc((size_t)T * (hs / 2) * 4), *sin_t = malloc((size_t)T * (hs / 2) * 4);
+    rope_tables(cos_t, sin_t, T, hs);
+    float *d_cos = to_device(cos_t, (size_t)T * (hs / 2) * 4), *d_sin = to_device(sin_t, (size_t)T * (hs / 2) * 4);
+    float *qkv = act_round(host_random(nqkv, 1), nqkv), *d_qkv = act_to_device(qkv, nqkv);
+    cpu_rope_forward(qkv, cos_t, sin_t, B, T, NH, NKV, hs);
+    backend_rope_forward(d_qkv, d_cos, d_sin, B, T, NH, NKV, hs);
+    compare_act(named2("rope_forward", v), qkv, d_qkv, nqkv, g_tol);
+    float *grad = act_round(host_random(nqkv, 1), nqkv), *d_grad = act_to_device(grad, nqkv);
+    cpu_rope_backward(grad, cos_t, sin_t, B, T, NH, NKV, hs);
+    backend_rope_backward(d_grad, d_cos, d_sin, B, T, NH, NKV, hs);
+    compare_act(named2("rope_backward", v), grad, d_grad, nqkv, g_tol);
+
+    /* grouped-query attention on the rotated qkv (both sides from the same rounded values) */
+    act_round(qkv, nqkv);
+    cudaFree(d_qkv);
+    d_qkv = act_to_device(qkv, nqkv);
+    float *att = malloc(cpu_attention_saved(B, T, NH) + 4), *out = malloc(nout * 4), *d_out = act_poisoned(nout);
+    float *scratch = malloc((cpu_attention_scratch(T, NH) + 1) * 4);
+    float *d_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
+    float *d_scratch = poisoned(backend_attention_scratch(T, NH) + 1);
+    cpu_attention_gqa_forward(out, att, qkv, scratch, B, T, NH, NKV, hs);
+    backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, B, T, NH, NKV, hs);
+    compare_act(named2("attention_gqa_forward_out", v), out, d_out, nout, g_tol);
+    float *want_lse = attention_lse(qkv, B, T, NH, NKV, hs);
+    compare(named2("attention_gqa_forward_lse", v), want_lse, d_att, (size_t)B * NH * T, 1e-5);
+    float *dout = act_round(host_random(nout, 1), nout), *d_dout = act_to_device(dout, nout);
+    float *dqkv = malloc(nqkv * 4), *d_dqkv = act_poisoned(nqkv);
+    cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, B, T, NH, NKV, hs);
+    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, B, T, NH, NKV, hs);
+    compare_act(named2("attention_gqa_backward", v), dqkv, d_dqkv, nqkv, g_tol);
+
+    cudaFree(d_cos), cudaFree(d_sin), cudaFree(d_qkv), cudaFree(d_grad), cudaFree(d_out), cudaFree(d_att);
+    cudaFree(d_scratch), cudaFree(d_dout), cudaFree(d_dqkv);
+    free(cos_t), free(sin_t), free(qkv), free(grad), free(att), free(out), free(scratch), free(want_lse), free(dout);
+    free(dqkv);
+}
+
+static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
+{
+    use_act(dt, tol, tag);
+    for (size_t k = 0; k < sizeof LLAMA_SHAPES / sizeof LLAMA_SHAPES[0]; k++) {
+        const struct llama_shape *sh = &LLAMA_SHAPES[k];
+        char v[48];
+        snprintf(v, sizeof v, "_nh%d_kv%d_hs%d", sh->NH, sh->NKV, sh->hs);
+        check_llama_norm_and_mlp(sh, v);
+        check_llama_attention(sh, v);
+    }
+    use_act(DTYPE_F32, TOL, "");
 }
 
 /* ---- the optimizer: fused AdamW and the gradient statistics ------------------------------------ */
@@ -452,10 +628,7 @@ static void check_optimizer(void)
  * fp32; the device result, widened, must be within the dtype's tolerance. */
 static void check_half_grads(enum dtype dt, double tol, const char *tag, struct shape sh)
 {
-    g_act = dt;
-    g_tag = tag;
-    g_tol = tol;
-    backend_set_act_dtype(dt);
+    use_act(dt, tol, tag);
     backend_set_grad_dtype(dt);
     const int B = sh.B, T = sh.T, C = sh.C, OC = sh.OC, Vp = sh.Vp, N = B * T;
     const size_t NC = (size_t)N * C, CO = (size_t)C * OC;
@@ -497,6 +670,13 @@ static void check_half_grads(enum dtype dt, double tol, const char *tag, struct 
     backend_layernorm_backward(d_lndinp, d_ldw, d_ldb, d_lndout, d_x, d_lw, d_mean, d_rstd, d_scratch, N, C);
     compare_act(named("grad_layernorm_backward_dweight"), ldw, d_ldw, C, tol);
     compare_act(named("grad_layernorm_backward_dbias"), ldb, d_ldb, C, tol);
+    /* RMSNorm on the same x: its rstd fp32 */
+    float *rms_rstd = malloc(N * 4), *rms_dw = act_round(host_random(C, 1), C);
+    cpu_rmsnorm_forward(ln, rms_rstd, x, lw, RMSNORM_EPS, N, C);
+    float *d_rms_rstd = to_device(rms_rstd, N * 4), *d_rms_dw = act_to_device(rms_dw, C);
+    cpu_rmsnorm_backward(lndinp, rms_dw, lndout, x, lw, rms_rstd, scratch, N, C);
+    backend_rmsnorm_backward(d_lndinp, d_rms_dw, d_lndout, d_x, d_lw, d_rms_rstd, d_scratch, N, C);
+    compare_act(named("grad_rmsnorm_backward_dweight"), rms_dw, d_rms_dw, C, tol);
     /* embedding: dout [A] (the residual stream's gradient); a repeated token */
     int32_t *tokens = malloc(N * sizeof *tokens);
     for (int i = 0; i < N; i++)
@@ -510,11 +690,15 @@ static void check_half_grads(enum dtype dt, double tol, const char *tag, struct 
     backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, B, T, C);
     compare_act(named("grad_embedding_backward_dwte"), dwte, d_dwte, (size_t)Vp * C, tol);
     compare_act(named("grad_embedding_backward_dwpe"), dwpe, d_dwpe, (size_t)T * C, tol);
+    cpu_embedding_backward(dwte, NULL, x, tokens, B, T, C);
+    backend_embedding_backward(d_dwte, NULL, d_x, d_tokens, B, T, C);
+    compare_act(named("grad_embedding_backward_nopos_dwte"), dwte, d_dwte, (size_t)Vp * C, tol);
     backend_set_grad_dtype(DTYPE_F32);
     cudaFree(d_inp), cudaFree(d_w), cudaFree(d_dout), cudaFree(d_dinp), cudaFree(d_dw), cudaFree(d_db);
     cudaFree(d_pre), cudaFree(d_gin), cudaFree(d_x), cudaFree(d_mean), cudaFree(d_rstd), cudaFree(d_lw);
     cudaFree(d_lndinp), cudaFree(d_ldw), cudaFree(d_ldb), cudaFree(d_scratch), cudaFree(d_lndout);
-    cudaFree(d_tokens), cudaFree(d_dwte), cudaFree(d_dwpe);
+    cudaFree(d_tokens), cudaFree(d_dwte), cudaFree(d_dwpe), cudaFree(d_rms_rstd), cudaFree(d_rms_dw);
+    free(rms_rstd), free(rms_dw);
     free(inp), free(w), free(dout), free(dinp), free(dw), free(db), free(pre), free(gin), free(x), free(lw);
     free(lb), free(ln), free(mean), free(rstd), free(lndinp), free(ldw), free(ldb), free(scratch), free(lndout);
     free(tokens), free(dwte), free(dwpe);
@@ -530,6 +714,9 @@ int main(void)
     check_act_kernels(DTYPE_F16, 5e-3, "_fp16", EVEN);
     check_act_kernels(DTYPE_F32, TOL, "_odd", ODD);
     check_act_kernels(DTYPE_BF16, 1e-2, "_odd_bf16", ODD);
+    check_llama_kernels(DTYPE_F32, TOL, "");
+    check_llama_kernels(DTYPE_BF16, 1e-2, "_bf16");
+    check_llama_kernels(DTYPE_F16, 5e-3, "_fp16");
 
     /* fp32-only kernels */
     const size_t NC = 2 * 64 * 96;

@@ -3,6 +3,8 @@
 #define backend_all_finite cpu_all_finite
 #define backend_attention_backward cpu_attention_backward
 #define backend_attention_forward cpu_attention_forward
+#define backend_attention_gqa_backward cpu_attention_gqa_backward
+#define backend_attention_gqa_forward cpu_attention_gqa_forward
 #define backend_attention_saved cpu_attention_saved
 #define backend_attention_scratch cpu_attention_scratch
 #define backend_check_performance cpu_check_performance
@@ -25,6 +27,12 @@
 #define backend_matmul_forward_gelu cpu_matmul_forward_gelu
 #define backend_matmul_forward_transposed cpu_matmul_forward_transposed
 #define backend_name cpu_name
+#define backend_rmsnorm_backward cpu_rmsnorm_backward
+#define backend_rmsnorm_forward cpu_rmsnorm_forward
+#define backend_rope_backward cpu_rope_backward
+#define backend_rope_forward cpu_rope_forward
 #define backend_scale cpu_scale
 #define backend_sum_squares cpu_sum_squares
+#define backend_swiglu_backward cpu_swiglu_backward
+#define backend_swiglu_forward cpu_swiglu_forward
 #define backend_zero cpu_zero

@@ -6,6 +6,8 @@
 #undef backend_all_finite
 #undef backend_attention_backward
 #undef backend_attention_forward
+#undef backend_attention_gqa_backward
+#undef backend_attention_gqa_forward
 #undef backend_attention_saved
 #undef backend_attention_scratch
 #undef backend_check_performance
@@ -28,6 +30,12 @@
 #undef backend_matmul_forward_gelu
 #undef backend_matmul_forward_transposed
 #undef backend_name
+#undef backend_rmsnorm_backward
+#undef backend_rmsnorm_forward
+#undef backend_rope_backward
+#undef backend_rope_forward
 #undef backend_scale
 #undef backend_sum_squares
+#undef backend_swiglu_backward
+#undef backend_swiglu_forward
 #undef backend_zero

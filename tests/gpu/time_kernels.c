@@ -1,6 +1,8 @@
 /*
  * time_kernels — how fast each backend operation runs at one model's shapes
- * (tests/gpu/session.sh stage 5; default: GPT-2 350M, B=8, T=1024, bf16).
+ * (tests/gpu/session.sh stage 5; default: GPT-2 350M, B=8, T=1024, bf16), and
+ * the Llama kernels (grouped-query attention, RMSNorm, rotary, SwiGLU) at the
+ * same B, T, C and NH with --kv-heads key/value heads and an MLP of --ffn.
  *
  * Uses only src/backend.h, so it links against any backend: the CUDA one
  * (the objects of build/cuda/, as check_kernels does), the CUDA sources under the CPU
@@ -33,12 +35,18 @@
 
 struct shape {
     int B, T, C, NH, V, Vp; /* batch, sequence, channels, heads, vocabulary, padded vocabulary */
+    int NKV, F;             /* Llama: key/value heads, the MLP's hidden width */
     enum dtype act;          /* activation storage dtype */
     int reps;
 };
 
 /* The padding shardlm applies to the vocabulary (src/config.c MODEL_VOCAB_ALIGN). */
 #define VOCAB_ALIGN 128
+/* Llama's defaults for the other kernels: NH / LLAMA_GQA_RATIO key/value heads (Llama 3 8B: 32 / 8), and the MLP
+ * width of Meta's reference code: 2/3 of 4C rounded up to a multiple of LLAMA_FFN_MULTIPLE (multiple_of). */
+#define LLAMA_GQA_RATIO 4
+#define LLAMA_FFN_MULTIPLE 256
+#define RMSNORM_EPS 1e-5f /* Llama 2's rms_norm_eps */
 
 static double now_s(void)
 {
@@ -129,6 +137,50 @@ static void time_matmul(const struct shape *sh, const char *tag, int C, int OC)
         backend_mem_free(SPACE_DEVICE, bufs[i], sizes[i] * 4);
 }
 
+/* The Llama block's own kernels: RMSNorm, rotary, grouped-query attention, SwiGLU. */
+static void time_llama(const struct shape *sh)
+{
+    const int B = sh->B, T = sh->T, C = sh->C, NH = sh->NH, NKV = sh->NKV, F = sh->F, hs = C / NH;
+    const size_t N = (size_t)B * T, nqkv = N * (size_t)(NH + 2 * NKV) * hs;
+    const double a = (double)dtype_size(sh->act);
+
+    float *x = device_random(N * C, sh->act, 1.0f), *w = device_random(C, sh->act, 1.0f), *y = device_zeros(N * C);
+    float *rstd = device_zeros(N), *dx = device_zeros(N * C), *dw = device_zeros(C);
+    float *scratch = device_zeros(backend_layernorm_scratch(C) + 1);
+    TIME_OP("rmsnorm_fwd", 2.0 * a * (double)N * C, 0, backend_rmsnorm_forward(y, rstd, x, w, RMSNORM_EPS, (int)N, C));
+    /* reads dout and inp, reads and writes dinp [A] */
+    TIME_OP("rmsnorm_bwd", 4.0 * a * (double)N * C, 0,
+            backend_rmsnorm_backward(dx, dw, y, x, w, rstd, scratch, (int)N, C));
+
+    /* rotary on the query and key heads of qkv, in place; tables (T, hs / 2) fp32 */
+    float *qkv = device_random(nqkv, sh->act, 1.0f), *dqkv = device_zeros(nqkv);
+    float *cos_t = device_random((size_t)T * (hs / 2), DTYPE_F32, 1.0f);
+    float *sin_t = device_random((size_t)T * (hs / 2), DTYPE_F32, 1.0f);
+    const double rope_bytes = 2.0 * a * (double)N * (NH + NKV) * hs;
+    TIME_OP("rope_fwd", rope_bytes, 0, backend_rope_forward(qkv, cos_t, sin_t, B, T, NH, NKV, hs));
+    TIME_OP("rope_bwd", rope_bytes, 0, backend_rope_backward(dqkv, cos_t, sin_t, B, T, NH, NKV, hs));
+
+    /* grouped-query attention (NH / NKV query heads a kv head): the FLOPs of NH heads, as the products are */
+    size_t scratch_n = backend_attention_scratch(T, NH) + 1, att_n = backend_attention_saved(B, T, NH) / 4 + 1;
+    float *att = device_zeros(att_n), *att_scratch = device_zeros(scratch_n);
+    double attn = 4.0 * B * (double)T * T * NH * hs;
+    TIME_OP("attention_gqa_fwd", attn, 1, backend_attention_gqa_forward(y, att, qkv, att_scratch, B, T, NH, NKV, hs));
+    TIME_OP("attention_gqa_bwd", 2 * attn, 1,
+            backend_attention_gqa_backward(dqkv, x, qkv, att, y, att_scratch, B, T, NH, NKV, hs));
+
+    /* SwiGLU over the gate and up projections (N, 2F) */
+    const size_t nf = N * F;
+    float *gu = device_random(2 * nf, sh->act, 2.0f), *h = device_zeros(nf), *dgu = device_zeros(2 * nf);
+    TIME_OP("swiglu_fwd", 3.0 * a * (double)nf, 0, backend_swiglu_forward(h, gu, (int)N, F));
+    TIME_OP("swiglu_bwd", 5.0 * a * (double)nf, 0, backend_swiglu_backward(dgu, h, gu, (int)N, F));
+
+    float *bufs[] = {x, w, y, rstd, dx, dw, scratch, qkv, dqkv, cos_t, sin_t, att, att_scratch, gu, h, dgu};
+    size_t sizes[] = {N * C, C, N * C, N, N * C, C, backend_layernorm_scratch(C) + 1, nqkv, nqkv,
+                      (size_t)T * (hs / 2), (size_t)T * (hs / 2), att_n, scratch_n, 2 * nf, nf, 2 * nf};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        backend_mem_free(SPACE_DEVICE, bufs[i], sizes[i] * 4);
+}
+
 static void time_all(const struct shape *sh)
 {
     const int B = sh->B, T = sh->T, C = sh->C, NH = sh->NH, Vp = sh->Vp;
@@ -198,17 +250,21 @@ static void time_all(const struct shape *sh)
     float *h = device_random(n4, sh->act, 2.0f), *g = device_zeros(n4), *dh = device_zeros(n4);
     TIME_OP("gelu_fwd", 2.0 * a * (double)n4, 0, backend_gelu_forward(g, h, n4));
     TIME_OP("gelu_bwd", 3.0 * a * (double)n4, 0, backend_gelu_backward(dh, h, g, n4));
-    printf("@figure {\"kernels\": {%s}, \"shape\": {\"B\": %d, \"T\": %d, \"C\": %d, \"NH\": %d, \"V\": %d, "
-           "\"Vp\": %d, \"dtype\": \"%s\", \"reps\": %d, \"backend\": \"%s\"}}\n",
-           g_json, B, T, C, NH, sh->V, Vp, sh->act == DTYPE_BF16 ? "bf16" : sh->act == DTYPE_F16 ? "fp16" : "fp32",
-           sh->reps, backend_name());
+
+    time_llama(sh);
+    printf("@figure {\"kernels\": {%s}, \"shape\": {\"B\": %d, \"T\": %d, \"C\": %d, \"NH\": %d, \"NKV\": %d, "
+           "\"F\": %d, \"V\": %d, \"Vp\": %d, \"dtype\": \"%s\", \"reps\": %d, \"backend\": \"%s\"}}\n",
+           g_json, B, T, C, NH, sh->NKV, sh->F, sh->V, Vp,
+           sh->act == DTYPE_BF16 ? "bf16" : sh->act == DTYPE_F16 ? "fp16" : "fp32", sh->reps, backend_name());
 }
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: time_kernels [--batch B] [--seq T] [--channels C] [--heads NH] [--vocab V]\n"
-               "                    [--dtype fp32|bf16|fp16] [--reps R]\n"
-               "  defaults: GPT-2 350M, B 8, T 1024, C 1024, NH 16, V 50257, bf16, 20 reps\n");
+               "                    [--kv-heads NKV] [--ffn F] [--dtype fp32|bf16|fp16] [--reps R]\n"
+               "  defaults: GPT-2 350M, B 8, T 1024, C 1024, NH 16, V 50257, bf16, 20 reps;\n"
+               "  the Llama kernels: NKV = NH / %d (NH when it does not divide), F = 8C/3 rounded up to %d\n",
+               LLAMA_GQA_RATIO, LLAMA_FFN_MULTIPLE);
 }
 
 int main(int argc, char **argv)
@@ -218,7 +274,8 @@ int main(int argc, char **argv)
         {"batch", required_argument, 0, 'b'}, {"seq", required_argument, 0, 't'},
         {"channels", required_argument, 0, 'c'}, {"heads", required_argument, 0, 'n'},
         {"vocab", required_argument, 0, 'v'}, {"dtype", required_argument, 0, 'd'},
-        {"reps", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"reps", required_argument, 0, 'r'}, {"kv-heads", required_argument, 0, 'k'},
+        {"ffn", required_argument, 0, 'f'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
@@ -228,6 +285,8 @@ int main(int argc, char **argv)
         case 'n': sh.NH = atoi(optarg); break;
         case 'v': sh.V = atoi(optarg); break;
         case 'r': sh.reps = atoi(optarg); break;
+        case 'k': sh.NKV = atoi(optarg); break;
+        case 'f': sh.F = atoi(optarg); break;
         case 'd':
             if (!strcmp(optarg, "fp32"))
                 sh.act = DTYPE_F32;
@@ -247,6 +306,15 @@ int main(int argc, char **argv)
     if (sh.B < 1 || sh.T < 1 || sh.C < 1 || sh.NH < 1 || sh.C % sh.NH || sh.V < 1 || sh.reps < 1) {
         fprintf(stderr, "time_kernels: every size must be positive and C a multiple of NH; "
                         "try the defaults (GPT-2 350M)\n");
+        return 2;
+    }
+    if (!sh.NKV)
+        sh.NKV = sh.NH % LLAMA_GQA_RATIO ? sh.NH : sh.NH / LLAMA_GQA_RATIO;
+    if (!sh.F)
+        sh.F = (8 * sh.C / 3 + LLAMA_FFN_MULTIPLE - 1) / LLAMA_FFN_MULTIPLE * LLAMA_FFN_MULTIPLE;
+    if (sh.NKV < 1 || sh.NH % sh.NKV || sh.F < 1 || (sh.C / sh.NH) % 2) {
+        fprintf(stderr, "time_kernels: --kv-heads must divide --heads, --ffn be positive and the head size "
+                        "C / NH even (rotary); try the defaults\n");
         return 2;
     }
     sh.Vp = (sh.V + VOCAB_ALIGN - 1) / VOCAB_ALIGN * VOCAB_ALIGN;
