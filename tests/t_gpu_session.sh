@@ -33,7 +33,7 @@ chmod +x "$TMP/python"
 export SESSION_PYTHON=$TMP/python SESSION_WORK=$TMP/work SESSION_BUDGET=3000
 export SESSION_LIMIT_PROBE=120 SESSION_LIMIT_BUILD=600 SESSION_LIMIT_KERNELS=300 SESSION_LIMIT_E2E=600
 export SESSION_LIMIT_THROUGHPUT=600 SESSION_LIMIT_TIMINGS=300
-export SESSION_E2E_CASES=n1_fp32,n2nccl_fp32,offload_bf16
+export SESSION_E2E_CASES=n1_fp32,n2nccl_fp32,offload_bf16,llama_n1_bf16
 OUT=$TMP/out bash tests/gpu/session.sh --rehearse >"$TMP/stdout" 2>&1
 rc=$?
 [ "$rc" = 0 ] && ok gpu_session.exit_0 || fail gpu_session.exit_0 "exit $rc: $(tail -12 "$TMP/stdout" | tr '\n' ' ')"
@@ -67,7 +67,7 @@ check("gpu_session.probe.no_gpu_is_skip", any(x["name"] == "probe.gpu" for x in 
 check("gpu_session.probe.nccl_from_wheel", str(probe.get("nccl", "")).startswith(sys.argv[2]), f"nccl {probe.get('nccl')}")
 check("gpu_session.kernels.count", stages["kernels"]["passed"] >= 100, f"{stages['kernels']['passed']} kernel checks")
 worst = stages["e2e"]["figures"].get("worst_relative_loss_difference", {})
-check("gpu_session.e2e.cases", sorted(worst) == ["n1_fp32", "n2nccl_fp32", "offload_bf16"], str(worst))
+check("gpu_session.e2e.cases", sorted(worst) == ["llama_n1_bf16", "n1_fp32", "n2nccl_fp32", "offload_bf16"], str(worst))
 tp = stages["throughput"]["figures"]
 llama = tp.get("llama_12l", {}).get("shardlm", {})
 check("gpu_session.throughput.llama_runs", llama.get("status") == "pass" and llama.get("tokens_per_s", 0) > 0,

@@ -12,6 +12,9 @@ trained by the CPU build and by the CUDA build with the same config, cases:
   offload_fp32, offload_bf16
                         N=1, offload_param + gradient accumulation 2 + host
                         activation checkpoints (the engine's other device paths)
+  llama_n1_fp32, llama_n1_bf16, llama_n2nccl_bf16, llama_offload_bf16
+                        the same with a small Llama (4 heads over 2 KV heads,
+                        SwiGLU, rotary, untied head)
 The per-step losses agree within 1e-4 (fp32, TF32 off) / 2e-2 (bf16)
 relative, the CUDA run's planned bytes equal its peak, and `shardlm plan
 --target cuda` (run by the CPU build) predicted them exactly. Every run has
@@ -115,12 +118,16 @@ def e2e():
     steps, micro = 10, 4
     if TINY:
         model, steps, micro = {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 32, "vocab_size": 256}, 4, 2
+    llama = dict(model, type="llama", n_kv_head=model["n_head"] // 2, ffn_dim=model["n_embd"] * 8 // 3)
     data = shard("small.bin", model["vocab_size"], model["n_positions"] * 400 + 1)
     share = {"SHARDLM_SHARE_GPUS": "1"}
     cases = [("n1_fp32", 1, "fp32", {}, None), ("n1_bf16", 1, "bf16", {}, None),
              ("n2_fp32", 2, "fp32", share, None), ("n2_bf16", 2, "bf16", share, None),
              ("n2nccl_fp32", 2, "fp32", dict(share, SHARDLM_COMM="nccl"), None),
-             ("offload_fp32", 1, "fp32", {}, OFFLOAD), ("offload_bf16", 1, "bf16", {}, OFFLOAD)]
+             ("offload_fp32", 1, "fp32", {}, OFFLOAD), ("offload_bf16", 1, "bf16", {}, OFFLOAD),
+             ("llama_n1_fp32", 1, "fp32", {}, None), ("llama_n1_bf16", 1, "bf16", {}, None),
+             ("llama_n2nccl_bf16", 2, "bf16", dict(share, SHARDLM_COMM="nccl"), None),
+             ("llama_offload_bf16", 1, "bf16", {}, OFFLOAD)]
     unknown = set(CASES) - {c[0] for c in cases}
     ok("e2e.cases_known", not unknown, f"E2E_CASES names no case {sorted(unknown)}")
     worst_of = {}
@@ -128,8 +135,9 @@ def e2e():
         if CASES and tag not in CASES:
             continue
         tol = TOL[dtype]
-        cfg_c = config(f"cpu_{tag}", model, data, steps, micro, dtype, extra=extra)
-        cfg_g = config(f"gpu_{tag}", model, data, steps, micro, dtype, extra=extra)
+        m = llama if tag.startswith("llama_") else model
+        cfg_c = config(f"cpu_{tag}", m, data, steps, micro, dtype, extra=extra)
+        cfg_g = config(f"gpu_{tag}", m, data, steps, micro, dtype, extra=extra)
         cpu, out_c = train(f"cpu_{tag}", "shardlm", N, cfg_c)
         gpu, out_g = train(f"gpu_{tag}", GPU_BIN, N, cfg_g, env)
         if cpu is None or gpu is None:
