@@ -8,6 +8,11 @@ cd "$(dirname "$0")/../.."
 core=()
 [ "${1:-}" = "--coretype" ] && core=(--coretype "$2")
 bash tools/bench/train_throughput.sh "${core[@]}"
+if [ -x build/ref-venv/bin/python ]; then
+    bash tools/bench/train_llama.sh --no-build "${core[@]}"
+else
+    echo "train_llama: skipped: build/ref-venv (transformers) missing; make it with bash tools/deps.sh --test"
+fi
 python3 tools/bench/zero_overlap.py "${core[@]}"
 python3 tools/bench/memory_ladder.py
 [ -f tools/bench/adamw.sh ] && bash tools/bench/adamw.sh

@@ -23,9 +23,15 @@ the loss of each scaled by 1/N), as shardlm's gradient_accumulation_steps.
 
 --arch llama builds the Llama shape instead (--kv-heads, --ffn; RMSNorm,
 rotary positions, SwiGLU, untied head) from transformers' LlamaForCausalLM,
-when transformers is importable (else it prints "skip: ..." and exits 3):
-shardlm cannot train Llama yet (issue 16), so this is the reference side
-only. Its FLOPs per token count the grouped K/V projections as they are.
+when transformers is importable (else it prints "skip: ..." and exits 3);
+--rope-theta, --rms-norm-eps and --tie set the rest of LlamaConfig as
+shardlm's config has them (unset: transformers' defaults). --attn picks
+transformers' attention: auto (its default: "sdpa" where torch >= 2.1.1,
+else "eager"), eager, or sdpa (refused by transformers on older torch);
+the summary names the one that ran. tools/bench/train_llama.py runs it from
+build/ref-venv (transformers 4.40.2 over Debian's torch 1.13) against
+shardlm's Llama. Its FLOPs per token count the grouped K/V projections as
+they are.
 
 Prints one JSON object per step ({"step", "ms", "tokens_per_s"}), then a
 summary line starting with "summary ". Stops early, after at least
@@ -121,13 +127,16 @@ def llama_flops_per_token(L, C, NH, KVH, F, V, T):
 class Llama(nn.Module):
     """transformers' LlamaForCausalLM with the forward(idx, targets) -> loss of GPT2 above."""
 
-    def __init__(self, L, NH, KVH, C, F, T, V):
+    def __init__(self, L, NH, KVH, C, F, T, V, tie=False, rope_theta=None, rms_norm_eps=None, attn="auto"):
         super().__init__()
         from transformers import LlamaConfig, LlamaForCausalLM
+        optional = {"rope_theta": rope_theta, "rms_norm_eps": rms_norm_eps,
+                    "attn_implementation": None if attn == "auto" else attn}
         cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=F, num_hidden_layers=L,
                           num_attention_heads=NH, num_key_value_heads=KVH, max_position_embeddings=T,
-                          tie_word_embeddings=False)
+                          tie_word_embeddings=tie, **{k: v for k, v in optional.items() if v is not None})
         self.m = LlamaForCausalLM(cfg)
+        self.attn = self.m.config._attn_implementation
 
     def forward(self, idx, targets):
         logits = self.m(input_ids=idx).logits
@@ -166,10 +175,15 @@ def main():
     ap.add_argument("--arch", default="gpt2", choices=["gpt2", "llama"])
     ap.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (default --n-head)")
     ap.add_argument("--ffn", type=int, default=0, help="llama: MLP width (default 4 * --n-embd)")
+    ap.add_argument("--tie", action="store_true", help="llama: head tied to the token embedding")
+    ap.add_argument("--rope-theta", type=float, default=None, help="llama: rotary base (default transformers')")
+    ap.add_argument("--rms-norm-eps", type=float, default=None, help="llama: RMSNorm epsilon (default transformers')")
+    ap.add_argument("--attn", default="auto", choices=["auto", "eager", "sdpa"],
+                    help="llama: transformers' attn_implementation (auto: its default)")
     args = ap.parse_args()
     if args.arch == "llama":
         try:
-            import transformers  # noqa: F401
+            import transformers
         except ImportError as e:
             print(f"skip: --arch llama needs transformers ({e})", flush=True)
             return 3
@@ -183,7 +197,7 @@ def main():
     dev = torch.device(args.device)
     KVH, FF = args.kv_heads or NH, args.ffn or 4 * C
     if args.arch == "llama":
-        model = Llama(L, NH, KVH, C, FF, T, V).to(dev)
+        model = Llama(L, NH, KVH, C, FF, T, V, args.tie, args.rope_theta, args.rms_norm_eps, args.attn).to(dev)
         fpt = llama_flops_per_token(L, C, NH, KVH, FF, V, T)
     else:
         model = GPT2(L, NH, C, T, V).to(dev)
@@ -232,6 +246,8 @@ def main():
         "steps_run": len(times), "ms": [round(t * 1e3, 3) for t in times],
         "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
+    if args.arch == "llama":
+        summary.update(transformers=transformers.__version__, attn=model.attn)
     print("summary " + json.dumps(summary), flush=True)
 
 

@@ -10,14 +10,19 @@ sgemm probe first). For each shape it runs, with one environment for both:
     (shardlm's padded one) and threads, in torch;
 
 drops the first --warmup steps of each, and compares median (and best) step
-times. MFU = tokens/s * model FLOPs per token (src/model.c
-model_flops_per_token) / sgemm peak, the peak measured in this run by
-build/bench/sgemm_peak with the same OpenBLAS, core type and thread count.
+times. MFU = tokens/s * model FLOPs per token (what `shardlm plan --json`
+prints for the config: src/model.c model_flops_per_token) / sgemm peak, the
+peak measured in this run by build/bench/sgemm_peak with the same OpenBLAS,
+core type and thread count.
 
 The machine may be shared: each run also reports how busy the CPUs were with
 other processes while it ran ("other" = busy jiffies in /proc/stat not spent
 by the benchmarked process, over wall time x CPUs). Numbers taken with
 other > ~10% are contended; rerun or use --rounds.
+
+The measuring machinery here (add_common_args, bench_env, Shape, compare and
+the helpers they call) also drives tools/bench/train_llama.py, which puts
+shardlm's Llama beside Hugging Face transformers' LlamaForCausalLM.
 """
 import argparse
 import json
@@ -29,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 import coretype
 
@@ -44,6 +50,8 @@ SHAPES = {
     "small": (4, 4, 256, 128, 8, 8192),
     "124M": (12, 12, 768, 256, 4, 50257),
 }
+# shardlm should train at least this many times as fast as the reference on every shape.
+RATIO_TARGET = 1.5
 
 
 # OpenBLAS core names (driver/others/dynamic.c), to spot one in shardlm's log.
@@ -53,12 +61,34 @@ CORE_RE = (r"\b(Prescott|Core2|Penryn|Dunnington|Nehalem|Sandybridge|Haswell|Sky
 
 
 def padded_vocab(v, align=128):
+    """src/config.c's padded vocabulary (a multiple of 128): what the reference's embedding and head get."""
     return (v + align - 1) // align * align
 
 
-def flops_per_token(L, C, Vp, T):
-    """src/model.c model_flops_per_token."""
-    return 6.0 * (L * 12.0 * C * C + Vp * C) + 12.0 * L * C * T
+@dataclass
+class Shape:
+    """One row of a comparison: shardlm's "model" config section and the reference's command line for the
+    same model (everything but the run-length and thread arguments, which compare adds)."""
+    name: str
+    label: str  # the row's name in the table
+    model: dict  # shardlm config "model" section
+    seq_len: int
+    batch: int
+    steps: int
+    ref_args: list
+    flops_per_token: float = 0.0  # filled from `shardlm plan --json`
+    cfg_path: str = ""
+    extra: dict = field(default_factory=dict)  # more fields for the JSON results
+
+
+@dataclass
+class Reference:
+    """The other side of the comparison: a script in the torch_gpt2.py protocol (JSON lines, then a line
+    "summary {...}") run by an interpreter."""
+    key: str  # prefix of its JSON keys: "torch", "hf"
+    python: str
+    script: str = TORCH_PY
+    label: str = ""  # its name in the output (default: key)
 
 
 def cpu_busy_jiffies():
@@ -157,14 +187,17 @@ def stats(ms, warmup):
     return statistics.median(kept), min(kept), len(kept)
 
 
-def run_shardlm(shape, L, NH, C, T, B, V, threads, steps, warmup, budget, env, tag):
-    Vp = padded_vocab(V)
+def write_config(shape, threads):
+    """Writes shardlm's config for SHAPE (a synthetic token shard of its vocabulary as data) and returns
+    the model FLOPs per token that `shardlm plan --json` computes for it."""
+    V = shape.model["vocab_size"]
+    T, B = shape.seq_len, shape.batch
     data = os.path.join(OUT, f"tokens_v{V}.bin")
-    write_shard(data, max(1 << 20, (steps + 2) * B * (T + 1) * 2), V, 1234)
+    write_shard(data, max(1 << 20, (shape.steps + 2) * B * (T + 1) * 2), V, 1234)
     cfg = {
-        "model": {"type": "gpt2", "n_layer": L, "n_head": NH, "n_embd": C, "n_positions": T, "vocab_size": V},
+        "model": shape.model,
         "data": {"train": data, "val": None, "seq_len": T},
-        "train": {"steps": steps, "eval_every": 0, "sample_tokens": 0, "threads": threads},
+        "train": {"steps": shape.steps, "eval_every": 0, "sample_tokens": 0, "threads": threads},
         "train_micro_batch_size_per_gpu": B,
         "gradient_accumulation_steps": 1,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8,
@@ -172,14 +205,22 @@ def run_shardlm(shape, L, NH, C, T, B, V, threads, steps, warmup, budget, env, t
         "gradient_clipping": 1.0,
         "zero_optimization": {"stage": 0},
     }
-    cfg_path = os.path.join(OUT, f"cfg_{shape}.json")
-    metrics = os.path.join(OUT, f"metrics_{shape}_{tag}.jsonl")
-    log = os.path.join(OUT, f"shardlm_{shape}_{tag}.log")
-    with open(cfg_path, "w") as f:
+    shape.cfg_path = os.path.join(OUT, f"cfg_{shape.name}.json")
+    with open(shape.cfg_path, "w") as f:
         json.dump(cfg, f, indent=1)
+    out = subprocess.run([SHARDLM, "plan", shape.cfg_path, "--target", "cpu", "--json"], capture_output=True,
+                         text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"shardlm plan {shape.cfg_path} failed (rc {out.returncode}):\n{out.stderr[-2000:]}")
+    shape.flops_per_token = float(json.loads(out.stdout.strip().splitlines()[-1])["flops_per_token"])
+
+
+def run_shardlm(shape, threads, warmup, budget, env, tag):
+    metrics = os.path.join(OUT, f"metrics_{shape.name}_{tag}.jsonl")
+    log = os.path.join(OUT, f"shardlm_{shape.name}_{tag}.log")
     if os.path.exists(metrics):
         os.remove(metrics)
-    cmd = [SHARDLM, "train", cfg_path, "--set", f"train.metrics={metrics}", "--quiet"]
+    cmd = [SHARDLM, "train", shape.cfg_path, "--set", f"train.metrics={metrics}", "--quiet"]
     rc, wall, own, other, stopped = run_measured(cmd, env, log, poll=metrics, budget=budget,
                                                  min_lines=warmup + 2)
     ms = []
@@ -191,7 +232,7 @@ def run_shardlm(shape, L, NH, C, T, B, V, threads, steps, warmup, budget, env, t
                     ms.append(d["ms"])
     if rc != 0 or not ms:
         sys.stderr.write(open(log).read()[-3000:])
-        raise SystemExit(f"shardlm failed on shape {shape} (rc {rc}); log {log}")
+        raise SystemExit(f"shardlm failed on shape {shape.name} (rc {rc}); log {log}")
     # The kernel shardlm ran, if its log names one (it warns "OpenBLAS chose its generic 'Prescott'
     # kernels"); otherwise it ran what sgemm_peak ran (same library, same environment).
     with open(log) as f:
@@ -200,13 +241,12 @@ def run_shardlm(shape, L, NH, C, T, B, V, threads, steps, warmup, budget, env, t
             "log": log, "metrics": metrics, "kernel_warning": m.group(1) if m else None}
 
 
-def run_torch(shape, L, NH, C, T, B, V, threads, steps, warmup, budget, env, tag):
-    Vp = padded_vocab(V)
-    log = os.path.join(OUT, f"torch_{shape}_{tag}.log")
-    cmd = [PYTHON, TORCH_PY, "--n-layer", str(L), "--n-head", str(NH), "--n-embd", str(C), "--seq-len", str(T),
-           "--batch", str(B), "--vocab", str(Vp), "--real-vocab", str(V), "--threads", str(threads),
-           "--steps", str(steps), "--warmup", str(warmup), "--min-steps", str(warmup + 2),
-           "--time-budget", str(budget)]
+def run_reference(ref, shape, threads, warmup, budget, env, tag):
+    log = os.path.join(OUT, f"{ref.key}_{shape.name}_{tag}.log")
+    cmd = [ref.python, ref.script] + [str(a) for a in shape.ref_args] + [
+        "--seq-len", str(shape.seq_len), "--batch", str(shape.batch), "--threads", str(threads),
+        "--steps", str(shape.steps), "--warmup", str(warmup), "--min-steps", str(warmup + 2),
+        "--time-budget", str(budget)]
     rc, wall, own, other, _ = run_measured(cmd, env, log)
     summary = None
     with open(log) as f:
@@ -215,147 +255,193 @@ def run_torch(shape, L, NH, C, T, B, V, threads, steps, warmup, budget, env, tag
                 summary = json.loads(line[len("summary "):])
     if rc != 0 or summary is None:
         sys.stderr.write(open(log).read()[-3000:])
-        raise SystemExit(f"torch failed on shape {shape} (rc {rc}); log {log}")
+        raise SystemExit(f"{ref.key} failed on shape {shape.name} (rc {rc}); log {log}")
     return {"ms": summary["ms"], "wall": wall, "other": other, "cpu_util": own / (wall * threads),
-            "corename": summary["corename"], "torch": summary["torch"], "torch_threads": summary["threads"],
-            "log": log}
+            "summary": summary, "corename": summary["corename"], "log": log}
 
 
-def main():
-    ap = argparse.ArgumentParser(description="shardlm vs PyTorch training tokens/s")
+def add_common_args(ap, default_json, default_steps):
+    """The options every training-throughput comparison takes."""
     ap.add_argument("--threads", type=int, default=int(os.environ.get("BENCH_THREADS", "0")) or os.cpu_count())
     ap.add_argument("--coretype", default=None,
                     help="OPENBLAS_CORETYPE for both sides: a core type the CPU's flags allow, auto (the best "
                          "of them), or none (unset: OpenBLAS's own detection); default: the environment's "
                          "OPENBLAS_CORETYPE, else auto")
     ap.add_argument("--isa", default="native", choices=("native", "avx2"),
-                    help="avx2: measure as on an AVX2-only CPU (train_throughput.sh builds shardlm for "
-                         "x86-64-v3 into build/avx2/; torch's ATen and oneDNN kernels capped at AVX2; "
-                         "core types needing AVX-512 refused)")
-    ap.add_argument("--steps", type=int, default=10, help="steps per run, warm-up included (default 10)")
-    ap.add_argument("--steps-124m", type=int, default=0, help="steps for the 124M shape (default: --steps)")
+                    help="avx2: measure as on an AVX2-only CPU (the .sh builds shardlm for x86-64-v3 into "
+                         "build/avx2/; torch's ATen and oneDNN kernels capped at AVX2; core types needing "
+                         "AVX-512 refused)")
+    ap.add_argument("--steps", type=int, default=default_steps,
+                    help=f"steps per run, warm-up included (default {default_steps})")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--batch-124m", type=int, default=4)
-    ap.add_argument("--shapes", default="small,124M", help="comma list of: " + ",".join(SHAPES))
     ap.add_argument("--budget", type=float, default=120.0,
                     help="seconds per side per shape; a run past it stops after warm-up + 2 steps (default 120)")
-    ap.add_argument("--rounds", type=int, default=1, help="alternate shardlm/torch this many times; best median wins")
+    ap.add_argument("--rounds", type=int, default=1, help="alternate shardlm/reference this many times; best "
+                                                          "median wins")
     ap.add_argument("--wait-quiet", type=float, default=20.0,
                     help="before each run wait up to S seconds for other processes to leave the CPUs idle "
                          "(default 20; 0 = don't)")
     ap.add_argument("--wait-quiet-total", type=float, default=90.0, help="cap on all such waits (default 90 s)")
-    ap.add_argument("--json", default=os.path.join(OUT, "train_throughput.json"))
+    ap.add_argument("--json", default=os.path.join(OUT, default_json))
     ap.add_argument("--check-only", action="store_true",
                     help="check the arguments and the core type against the CPU, run nothing")
-    args = ap.parse_args()
 
-    os.makedirs(OUT, exist_ok=True)
+
+def bench_env(args):
+    """(environment for every side, OPENBLAS_CORETYPE as set, the CPU's one-line description). A core type
+    the CPU cannot run ends the program (coretype.apply)."""
     env = dict(os.environ)
     n = str(args.threads)
     env.update(OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, OMP_WAIT_POLICY="passive")
     coretype_env = coretype.apply(env, args.coretype, args.isa)
-    for s in args.shapes.split(","):
-        if s not in SHAPES:
-            raise SystemExit(f"error: unknown shape {s!r}; choose from {', '.join(SHAPES)}")
-    if args.check_only:
-        return
     cpu = coretype.describe(coretype.restrict(coretype.read_cpu(), args.isa))
     if args.isa == "avx2":
         env.update(ATEN_CPU_CAPABILITY="avx2", DNNL_MAX_CPU_ISA="AVX2")
+    return env, coretype_env, cpu
 
-    shapes = {}
-    for s in args.shapes.split(","):
-        if s not in SHAPES:
-            raise SystemExit(f"unknown shape {s!r}; choose from {', '.join(SHAPES)}")
-        L, NH, C, T, B, V = SHAPES[s]
-        if s == "124M":
-            B = args.batch_124m
-        shapes[s] = (L, NH, C, T, B, V)
 
-    print(f"cpu: {cpu}; shardlm: {os.path.relpath(SHARDLM, ROOT)}")
+def compare(args, shapes, ref, env, coretype_env, cpu, mfu_targets=None):
+    """Measures every shape with shardlm and the reference REF (alternating, --rounds times), the sgemm peak
+    before and after, prints the table and the figures, and writes args.json. MFU_TARGETS: {shape name:
+    fraction of the sgemm peak shardlm should reach}. Returns the results (one dict per shape)."""
+    mfu_targets = mfu_targets or {}
+    n = str(args.threads)
+    R, RL = ref.key, ref.label or ref.key
+    print(f"cpu: {cpu}; shardlm: {os.path.relpath(SHARDLM, ROOT)}; {RL}: {os.path.relpath(ref.python, ROOT)} "
+          f"{os.path.relpath(ref.script, ROOT)}")
     print(f"env: OMP_NUM_THREADS={n} OPENBLAS_NUM_THREADS={n} OMP_WAIT_POLICY=passive "
-          f"OPENBLAS_CORETYPE={coretype_env}  (same for shardlm, torch and sgemm_peak)")
+          f"OPENBLAS_CORETYPE={coretype_env}  (same for shardlm, {RL} and sgemm_peak)")
     with open("/proc/loadavg") as f:
         print(f"load average before: {' '.join(f.read().split()[:3])} on {os.cpu_count()} CPUs")
+    for shape in shapes:
+        write_config(shape, args.threads)
     quiet = QuietWaiter(args.wait_quiet, args.wait_quiet_total)
     quiet("sgemm_peak")
     peak0, core, blascfg, sizes = sgemm_peak(env, args.threads)
     print(f"sgemm_peak: {', '.join(f'{s}^3 {g}' for s, g in sizes)} GFLOP/s -> {peak0:.1f}; "
-          f"openblas_get_corename() = {core}")
+          f"openblas_get_corename() = {core}  [{cpu}]")
     print(f"  {blascfg.strip()}")
 
     results = []
-    for shape, (L, NH, C, T, B, V) in shapes.items():
-        steps = args.steps_124m if shape == "124M" and args.steps_124m else args.steps
-        Vp = padded_vocab(V)
-        fpt = flops_per_token(L, C, Vp, T)
-        best = {"shardlm": None, "torch": None}
+    for shape in shapes:
+        best = {"shardlm": None, R: None}
         for r in range(args.rounds):
             tag = f"r{r}"
-            for side in ("shardlm", "torch"):
-                fn = run_shardlm if side == "shardlm" else run_torch
-                quiet(f"{side} {shape}")
-                res = fn(shape, L, NH, C, T, B, V, args.threads, steps, args.warmup, args.budget, env, tag)
+            for side in ("shardlm", R):
+                quiet(f"{RL if side == R else side} {shape.name}")
+                if side == "shardlm":
+                    res = run_shardlm(shape, args.threads, args.warmup, args.budget, env, tag)
+                else:
+                    res = run_reference(ref, shape, args.threads, args.warmup, args.budget, env, tag)
                 res["median_ms"], res["best_ms"], res["n"] = stats(res["ms"], args.warmup)
-                print(f"  {shape:5s} round {r} {side:7s}: median {res['median_ms']:9.1f} ms  best "
+                who = RL if side == R else side
+                print(f"  {shape.name:5s} round {r} {who:7s}: median {res['median_ms']:9.1f} ms  best "
                       f"{res['best_ms']:9.1f} ms  over {res['n']} steps (+{args.warmup} warm-up)  "
                       f"cpu {100 * res['cpu_util']:3.0f}% of {n} threads  other procs {100 * res['other']:3.0f}%"
                       + ("  [stopped at budget]" if res.get("stopped") else ""), flush=True)
-                if side == "torch" and res["corename"] != core:
-                    print(f"  warning: torch's OpenBLAS core is {res['corename']}, sgemm_peak's {core}")
+                if side == R and res["corename"] != core:
+                    print(f"  warning: {RL}'s OpenBLAS core is {res['corename']}, sgemm_peak's {core}")
                 if side == "shardlm" and res["kernel_warning"] and res["kernel_warning"] != core:
                     print(f"  warning: shardlm reports OpenBLAS core {res['kernel_warning']}, sgemm_peak's {core}")
                 if side == "shardlm" and res["kernel_warning"]:
                     print(f"  (shardlm's log names OpenBLAS core {res['kernel_warning']})")
                 if best[side] is None or res["median_ms"] < best[side]["median_ms"]:
                     best[side] = res
-        tok = B * T
-        s, t = best["shardlm"], best["torch"]
-        results.append({
-            "shape": shape, "n_layer": L, "n_head": NH, "n_embd": C, "seq_len": T, "batch": B, "vocab": V,
-            "padded_vocab": Vp, "flops_per_token": fpt, "tokens_per_step": tok,
+        tok = shape.batch * shape.seq_len
+        s, t = best["shardlm"], best[R]
+        m = shape.model
+        summary = t["summary"]
+        results.append(dict({
+            "shape": shape.name, "n_layer": m["n_layer"], "n_head": m["n_head"], "n_embd": m["n_embd"],
+            "seq_len": shape.seq_len, "batch": shape.batch, "vocab": m["vocab_size"],
+            "padded_vocab": padded_vocab(m["vocab_size"]), "flops_per_token": shape.flops_per_token,
+            "tokens_per_step": tok,
             "shardlm_tok_s": tok / s["median_ms"] * 1e3, "shardlm_best_tok_s": tok / s["best_ms"] * 1e3,
-            "torch_tok_s": tok / t["median_ms"] * 1e3, "torch_best_tok_s": tok / t["best_ms"] * 1e3,
-            "shardlm_ms": s["ms"], "torch_ms": t["ms"], "shardlm_other": s["other"], "torch_other": t["other"],
-            "torch_version": t["torch"], "torch_corename": t["corename"],
+            f"{R}_tok_s": tok / t["median_ms"] * 1e3, f"{R}_best_tok_s": tok / t["best_ms"] * 1e3,
+            "shardlm_ms": s["ms"], f"{R}_ms": t["ms"], "shardlm_other": s["other"], f"{R}_other": t["other"],
+            "torch_version": summary["torch"], f"{R}_corename": t["corename"],
             "shardlm_corename": s["kernel_warning"] or core,
-        })
+        }, **shape.extra, **{k: summary[k] for k in ("transformers", "attn") if k in summary}))
 
     quiet("sgemm_peak")
     peak1, _, _, sizes1 = sgemm_peak(env, args.threads)
     peak = max(peak0, peak1)
-    print(f"sgemm_peak again after the runs: {peak1:.1f} GFLOP/s; MFU uses the higher, {peak:.1f}")
+    print(f"sgemm_peak again after the runs: {peak1:.1f} GFLOP/s; MFU uses the higher, {peak:.1f}  [{cpu}]")
 
     print()
     print(f"{cpu}: threads {n}, OPENBLAS_CORETYPE={coretype_env}, OpenBLAS kernel {core}; "
           f"tok/s = median (best) over steps after {args.warmup} warm-up; "
-          f"ratio = shardlm/torch of medians (of bests); MFU from medians")
-    hdr = (f"{'shape':<28} {'shardlm tok/s':>20} {'torch tok/s':>20} {'ratio':>14} {'shardlm MFU':>11} "
-           f"{'torch MFU':>9} {'sgemm GF/s':>10}")
+          f"ratio = shardlm/{RL} of medians (of bests); MFU from medians")
+    hdr = (f"{'shape':<34} {'shardlm tok/s':>20} {RL + ' tok/s':>20} {'ratio':>14} {'shardlm MFU':>11} "
+           f"{RL + ' MFU':>9} {'sgemm GF/s':>10}")
     print(hdr)
     print("-" * len(hdr))
-    for r in results:
-        name = f"{r['shape']} L{r['n_layer']} C{r['n_embd']} B{r['batch']} T{r['seq_len']} V{r['padded_vocab']}"
+    for shape, r in zip(shapes, results):
         sm = r["shardlm_tok_s"] * r["flops_per_token"] / (peak * 1e9)
-        tm = r["torch_tok_s"] * r["flops_per_token"] / (peak * 1e9)
-        r.update(shardlm_mfu=sm, torch_mfu=tm, ratio=r["shardlm_tok_s"] / r["torch_tok_s"],
-                 ratio_best=r["shardlm_best_tok_s"] / r["torch_best_tok_s"], sgemm_peak_gflops=peak)
-        print(f"{name:<28} {r['shardlm_tok_s']:>9.0f} ({r['shardlm_best_tok_s']:>8.0f}) "
-              f"{r['torch_tok_s']:>9.0f} ({r['torch_best_tok_s']:>8.0f}) {r['ratio']:>5.2f}x ({r['ratio_best']:.2f}x) "
+        tm = r[f"{R}_tok_s"] * r["flops_per_token"] / (peak * 1e9)
+        r.update(shardlm_mfu=sm, shardlm_best_mfu=r["shardlm_best_tok_s"] * r["flops_per_token"] / (peak * 1e9),
+                 **{f"{R}_mfu": tm}, ratio=r["shardlm_tok_s"] / r[f"{R}_tok_s"],
+                 ratio_best=r["shardlm_best_tok_s"] / r[f"{R}_best_tok_s"], sgemm_peak_gflops=peak)
+        print(f"{shape.label:<34} {r['shardlm_tok_s']:>9.0f} ({r['shardlm_best_tok_s']:>8.0f}) "
+              f"{r[f'{R}_tok_s']:>9.0f} ({r[f'{R}_best_tok_s']:>8.0f}) {r['ratio']:>5.2f}x ({r['ratio_best']:.2f}x) "
               f"{100 * sm:>10.1f}% {100 * tm:>8.1f}% {peak:>10.1f}")
+    print()
+    for r in results:
+        print(f"{r['shape']}: shardlm {r['shardlm_tok_s']:.0f} tok/s, {RL} {r[f'{R}_tok_s']:.0f} tok/s, "
+              f"ratio {r['ratio']:.2f}x, shardlm {100 * r['shardlm_mfu']:.1f}% (best step "
+              f"{100 * r['shardlm_best_mfu']:.1f}%) of sgemm peak "
+              f"{peak:.1f} GFLOP/s  [{cpu}, {core}, {n} threads]")
     if min(peak0, peak1) < 0.85 * peak:
         print(f"note: sgemm peak moved from {peak0:.1f} to {peak1:.1f} GFLOP/s during the run: the machine's speed "
               f"varied (shared host or other processes); compare ratios from a quiet run")
-    contended = [r["shape"] for r in results if max(r["shardlm_other"], r["torch_other"]) > 0.10]
+    contended = [r["shape"] for r in results if max(r["shardlm_other"], r[f"{R}_other"]) > 0.10]
     if contended:
         print(f"note: other processes used >10% of the CPUs during {', '.join(contended)}; numbers are contended")
-    target = 1.5
-    verdict = all(r["ratio"] >= target for r in results)
-    print(f"target shardlm >= {target}x torch on every shape: {'met' if verdict else 'NOT met'}")
+    verdict = all(r["ratio"] >= RATIO_TARGET for r in results)
+    print(f"target shardlm >= {RATIO_TARGET}x {RL} on every shape: {'met' if verdict else 'NOT met'}")
+    for r in results:
+        if r["shape"] in mfu_targets:
+            goal = mfu_targets[r["shape"]]
+            print(f"target shardlm >= {100 * goal:.0f}% of the sgemm peak on {r['shape']}: "
+                  f"{'met' if r['shardlm_mfu'] >= goal else 'NOT met'} ({100 * r['shardlm_mfu']:.1f}%, best step "
+                  f"{100 * r['shardlm_best_mfu']:.1f}%)")
     with open(args.json, "w") as f:
         json.dump({"cpu": cpu, "isa": args.isa, "threads": args.threads, "coretype_env": coretype_env, "corename": core,
-                   "sgemm_peak_gflops": peak, "sgemm_sizes": sizes + sizes1, "results": results}, f, indent=1)
+                   "reference": {"name": RL, "python": ref.python, "script": ref.script}, "sgemm_peak_gflops": peak, "sgemm_sizes": sizes + sizes1, "results": results}, f, indent=1)
     print(f"results: {os.path.relpath(args.json, ROOT)}")
+    return results
+
+
+def gpt2_shape(name, L, NH, C, T, B, V, steps):
+    model = {"type": "gpt2", "n_layer": L, "n_head": NH, "n_embd": C, "n_positions": T, "vocab_size": V}
+    ref_args = ["--n-layer", L, "--n-head", NH, "--n-embd", C, "--vocab", padded_vocab(V), "--real-vocab", V]
+    return Shape(name, f"{name} L{L} C{C} B{B} T{T} V{padded_vocab(V)}", model, T, B, steps, ref_args)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="shardlm vs PyTorch training tokens/s")
+    add_common_args(ap, "train_throughput.json", 10)
+    ap.add_argument("--steps-124m", type=int, default=0, help="steps for the 124M shape (default: --steps)")
+    ap.add_argument("--batch-124m", type=int, default=4)
+    ap.add_argument("--shapes", default="small,124M", help="comma list of: " + ",".join(SHAPES))
+    args = ap.parse_args()
+
+    os.makedirs(OUT, exist_ok=True)
+    env, coretype_env, cpu = bench_env(args)
+    for s in args.shapes.split(","):
+        if s not in SHAPES:
+            raise SystemExit(f"error: unknown shape {s!r}; choose from {', '.join(SHAPES)}")
+    if args.check_only:
+        return
+
+    shapes = []
+    for s in args.shapes.split(","):
+        L, NH, C, T, B, V = SHAPES[s]
+        steps = args.steps
+        if s == "124M":
+            B, steps = args.batch_124m, args.steps_124m or args.steps
+        shapes.append(gpt2_shape(s, L, NH, C, T, B, V, steps))
+    compare(args, shapes, Reference("torch", PYTHON), env, coretype_env, cpu)
 
 
 if __name__ == "__main__":

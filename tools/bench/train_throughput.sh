@@ -38,48 +38,7 @@
 # Outputs land in build/bench/ (logs, metrics, train_throughput.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-
-build=1
-isa=native
-args=()
-prev=
-for a in "$@"; do
-    if [ "$a" = "--no-build" ]; then build=0; else args+=("$a"); fi
-    [ "$prev" = "--isa" ] && isa=$a
-    case $a in --isa=*) isa=${a#--isa=} ;; esac
-    prev=$a
-done
-# The core type is checked against the CPU before anything is built or run.
-PY=/usr/bin/python3
-[ -x "$PY" ] || PY=python3
-"$PY" tools/bench/train_throughput.py --check-only "${args[@]}" || exit $?
-make_args=(all)
-if [ "$isa" = avx2 ]; then
-    # The same sources, as the compiler builds them on an AVX2-only machine
-    # (-march=native on a Zen 3 means x86-64-v3 plus Zen 3 tuning).
-    make_args=(OPT="-O3 -march=x86-64-v3 -mtune=znver3 -g" BUILD=build/avx2 BIN=build/avx2/bin build/avx2/bin/shardlm)
-    export BENCH_SHARDLM=$PWD/build/avx2/bin/shardlm
-fi
-
-mkdir -p build/bench
-if [ "$build" = 1 ]; then
-    # Others may be mid-edit in src/: one retry after a pause.
-    if ! make --no-print-directory "${make_args[@]}" >build/bench/make.log 2>&1; then
-        echo "make failed; retrying in 60 s (tail of the log below)" >&2
-        tail -5 build/bench/make.log >&2
-        sleep 60
-        make --no-print-directory "${make_args[@]}" >build/bench/make.log 2>&1 || { cat build/bench/make.log >&2; exit 1; }
-    fi
-    rm -f build/bench/make.log
-fi
-[ -x "${BENCH_SHARDLM:-bin/shardlm}" ] || { echo "${BENCH_SHARDLM:-bin/shardlm} missing; run make all" >&2; exit 1; }
-
-BLAS_PC=${BLAS_PC:-openblas}
-libdir=$(pkg-config --variable=libdir "$BLAS_PC" 2>/dev/null || true)
-if [ ! -x build/bench/sgemm_peak ] || [ tools/bench/sgemm_peak.c -nt build/bench/sgemm_peak ]; then
-    # shellcheck disable=SC2046
-    gcc -O2 -Wall -Wextra -fopenmp tools/bench/sgemm_peak.c -o build/bench/sgemm_peak \
-        $(pkg-config --cflags --libs "$BLAS_PC") ${libdir:+-Wl,-rpath,"$libdir"} -lm
-fi
-
-exec "$PY" tools/bench/train_throughput.py "${args[@]}"
+# shellcheck source=tools/bench/build_bench.sh
+. tools/bench/build_bench.sh
+bench_build tools/bench/train_throughput.py "$@"
+exec "$PY" tools/bench/train_throughput.py "${BENCH_ARGS[@]}"
