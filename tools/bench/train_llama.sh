@@ -9,7 +9,7 @@
 #
 # Shapes (both sides: fp32, untied head, the same micro-batch, sequence and threads):
 #   small  4 layers, C 256, 4 heads / 2 KV heads, FFN 688, vocab 8192, T 256, B 8, 12 steps
-#   12L    12 layers, C 768, 12 heads / 4 KV heads, FFN 2048, vocab 32000, T 512, B 4, 8 steps
+#   12L    12 layers, C 768, 12 heads / 4 KV heads, FFN 2048, vocab 32000, T 512, B 8, 6 steps (B 8: 4096 rows per matmul)
 # The first 2 steps (--warmup) of each run are not counted. Prints per shape
 # shardlm tok/s, transformers tok/s, their ratio and shardlm's fraction of the
 # sgemm peak, each with the CPU model; targets: ratio >= 1.5 on both shapes,
