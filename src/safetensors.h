@@ -1,0 +1,106 @@
+/*
+ * safetensors — Hugging Face's weight files, read and written by ranges.
+ *
+ * Format (huggingface/safetensors): an 8-byte little-endian header length N,
+ * N bytes of JSON {"NAME": {"dtype": "BF16", "shape": [r, c], "data_offsets":
+ * [b, e]}, ..., "__metadata__": {...}} (padded with spaces to a multiple of 8),
+ * then the data: tensor NAME's bytes are [8 + N + b, 8 + N + e) of the file,
+ * row-major, little-endian. A model of several files has
+ * model.safetensors.index.json {"metadata": {"total_size": S}, "weight_map":
+ * {"NAME": "model-00001-of-00003.safetensors", ...}}.
+ *
+ * Reading: every rank opens the headers (small) and reads only the element
+ * ranges it owns, converted to fp32 on the way (F32, F16, BF16; any other
+ * dtype is refused). Writing: the layout (which tensor in which file at which
+ * offset) is computed identically on every rank from the tensor list, rank 0
+ * creates the files at their final size with their headers, and every rank
+ * then writes its own element ranges at their offsets: nothing is gathered.
+ *
+ * Every error is fail_input (one line naming the file and, where there is
+ * one, the tensor; exit status 2).
+ */
+#ifndef SHARDLM_SAFETENSORS_H
+#define SHARDLM_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+#define ST_MAX_NAME 160
+#define ST_MAX_DIMS 4
+
+struct st_tensor {
+    char name[ST_MAX_NAME];
+    enum dtype dtype;          /* F32, F16 or BF16 */
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    size_t numel;
+    int file;                  /* index into st_model.paths */
+    uint64_t offset;           /* absolute byte offset of element 0 in its file */
+};
+
+struct st_model {
+    int n_files;
+    char **paths;              /* DIR/model.safetensors or the index's files, in index order */
+    int n_tensors;
+    struct st_tensor *tensors; /* every tensor of every file, sorted by name */
+    uint64_t bytes_read;       /* data bytes st_read read so far (the per-rank figure the logs print) */
+    int *fds;                  /* open file descriptors, one per file */
+};
+
+/* Opens the weights of a Hugging Face directory: DIR/model.safetensors, or
+ * DIR/model.safetensors.index.json and every file its weight_map names.
+ * Validates each header before any data is read: the header length inside
+ * the file, valid JSON, a supported dtype, a shape and data_offsets whose size
+ * is numel x the dtype's size, offsets inside the file and not overlapping
+ * another tensor's; with an index, every tensor it maps is in the file it
+ * names and the files it names exist. */
+void st_open(struct st_model *st, const char *dir);
+void st_close(struct st_model *st);
+/* The tensor called name, or NULL. */
+const struct st_tensor *st_find(const struct st_model *st, const char *name);
+/* Elements [begin, begin + count) of t (row-major), converted to fp32 into out. */
+void st_read(struct st_model *st, const struct st_tensor *t, size_t begin, size_t count, float *out);
+
+/* ---- writing ---- */
+
+struct st_out {
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+};
+
+struct st_layout {
+    enum dtype dtype;
+    int n_tensors;
+    struct st_tensor *tensors; /* in the order given, with file and absolute offset */
+    int n_files;
+    char (*file_names)[64];    /* model.safetensors, or model-00001-of-0000N.safetensors ... */
+    uint64_t *file_sizes;      /* bytes of each file, header included */
+    char **headers;            /* each file's header (the 8-byte length is written before it) */
+    size_t *header_lens;       /* multiple of 8 */
+    uint64_t total_data;       /* sum of the tensors' bytes */
+};
+
+/* The files tensors t[0..n) take in dtype dt: in the order given, a new file
+ * whenever the next tensor would take the current one past max_file_bytes of
+ * data (a tensor larger than that gets a file of its own), one file when they
+ * all fit. Deterministic: every rank computes the same layout. */
+void st_layout_plan(struct st_layout *L, const struct st_out *t, int n, enum dtype dt, uint64_t max_file_bytes);
+void st_layout_free(struct st_layout *L);
+/* Rank 0 (create != 0): creates DIR/NAME.tmp for each file at its final size
+ * with its header written; the data bytes are left for st_write. Then every
+ * rank opens them for writing (after the caller's barrier). */
+void st_create(const struct st_layout *L, const char *dir, int create, int **fds_out);
+/* Writes elements [begin, begin + count) of tensor i from fp32 src, converted
+ * to the layout's dtype (round to nearest even), at their offset. */
+void st_write(const struct st_layout *L, const int *fds, int i, size_t begin, size_t count, const float *src);
+/* Each rank: fsync and close its descriptors. Then rank 0 (after the
+ * caller's barrier, publish != 0): renames every NAME.tmp to NAME, writes
+ * model.safetensors.index.json when there is more than one file, and fsyncs
+ * the directory. */
+void st_close_files(const struct st_layout *L, int *fds);
+void st_publish(const struct st_layout *L, const char *dir);
+
+#endif
