@@ -14,7 +14,11 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #include "ckpt.h"
+#include "hf_export.h"
+#include "plan.h"
 #include "comm.h"
 #include "config.h"
 #include "dtype.h"
@@ -71,6 +75,26 @@ static void checkpoint_model(struct ckpt_reader *r, const char *path, struct mod
     mc.n_kv_head = ckpt_has_attr(r, "n_kv_head") ? attr_int(r, path, "n_kv_head") : mc.n_head;
     mc.ffn_dim = ckpt_has_attr(r, "ffn_dim") ? attr_int(r, path, "ffn_dim") : 4 * mc.n_embd;
     mc.tie_embeddings = ckpt_has_attr(r, "tie_word_embeddings") ? ckpt_attr_i64(r, "tie_word_embeddings") != 0 : true;
+    mc.norm_eps = ckpt_has_attr(r, "rms_norm_eps") ? (float)ckpt_attr_f64(r, "rms_norm_eps") : 1e-5f;
+    mc.rope_theta = ckpt_has_attr(r, "rope_theta") ? ckpt_attr_f64(r, "rope_theta") : 10000.0;
+    /* the rest from the run's resolved config: rope_scaling, and the directory it started from */
+    char *config = ckpt_has_attr(r, "config") ? ckpt_attr_str(r, "config") : NULL;
+    json_t *doc = config ? json_loads(config, 0, NULL) : NULL;
+    json_t *model = json_object_get(doc, "model");
+    json_t *rs = json_object_get(model, "rope_scaling");
+    if (json_is_object(rs)) {
+        mc.rope_scaling.type = ROPE_SCALING_LLAMA3;
+        mc.rope_scaling.factor = json_number_value(json_object_get(rs, "factor"));
+        mc.rope_scaling.low_freq_factor = json_number_value(json_object_get(rs, "low_freq_factor"));
+        mc.rope_scaling.high_freq_factor = json_number_value(json_object_get(rs, "high_freq_factor"));
+        mc.rope_scaling.original_max_positions =
+            (int)json_integer_value(json_object_get(rs, "original_max_position_embeddings"));
+    }
+    json_t *src = json_object_get(model, "from_pretrained");
+    if (json_is_string(src))
+        snprintf(mc.pretrained, sizeof mc.pretrained, "%s", json_string_value(src));
+    json_decref(doc);
+    free(config);
     model_build(m, &mc);
 }
 
@@ -200,7 +224,7 @@ int cmd_inspect(int argc, char **argv)
 static void usage_export(FILE *out)
 {
     fprintf(out,
-            "usage: shardlm export CKPT --dtype bf16|fp16|fp32 OUT\n"
+            "usage: shardlm export CKPT --dtype bf16|fp16|fp32 [--max-shard-size 5GB] OUT\n"
             "\n"
             "Writes the weights of a checkpoint (its fp32 master copy; no optimizer state) under their Hugging Face\n"
             "names (wte.weight, h.0.attn.c_attn.weight, ...) at full shape, converted to the dtype (round to\n"
@@ -209,12 +233,20 @@ static void usage_export(FILE *out)
             "directory, whose 'latest' is used. Runs as one process.\n"
             "\n"
             "OUT by its suffix:\n"
-            "  .safetensors  safetensors (dtype F32, F16 or BF16; metadata format=pt)\n"
+            "  (none)        a Hugging Face model directory, ready for from_pretrained: config.json, the weights in\n"
+            "                model.safetensors, or model-0000K-of-0000N.safetensors files of at most --max-shard-size\n"
+            "                with model.safetensors.index.json, and the tokenizer files of the directory the run\n"
+            "                started from (model.from_pretrained). Under mpirun every rank reads 1/N of every tensor\n"
+            "                and writes it at its offset: nothing is gathered. A directory holding another model is\n"
+            "                refused.\n"
+            "  .safetensors  one safetensors file (dtype F32, F16 or BF16; metadata format=pt)\n"
             "  .h5           plain HDF5: one dataset per tensor at the root; fp32 as 32-bit float, fp16 as IEEE\n"
             "                16-bit float, bf16 as uint16 (the bf16 bits); every dataset has a 'dtype' attribute\n"
             "\n"
             "options:\n"
             "  --dtype DTYPE   bf16, fp16 or fp32 (default fp32)\n"
+            "  --max-shard-size SIZE   largest weight file of a directory export (default 5GB; 5GB = 5e9 bytes,\n"
+            "                  5GiB = 2^32 x 1.25)\n"
             "  -h, --help      this text\n"
             "\n"
             "exit status: 0 written; 2 bad input (arguments, missing or corrupted checkpoint, unwritable OUT)\n");
@@ -413,19 +445,78 @@ static void export_h5(struct ckpt_reader *r, const struct model *m, const struct
     util_keep_file(tmp_path);
 }
 
+/* `shardlm export CKPT DIR`: a Hugging Face directory, every rank reading and
+ * writing 1/N of every tensor. */
+static int export_hf_dir(const char *spec, const char *out, enum dtype dt, const char *max_arg)
+{
+    double max_file;
+    const char *why;
+    if (plan_parse_bytes(max_arg, &max_file, &why) != 0)
+        fail_input("export: --max-shard-size '%s': %s", max_arg, why);
+    H5dont_atexit();
+    struct comm comm;
+    comm_init(&comm, NULL, NULL);
+    char *path = NULL;
+    struct ckpt_reader *r = open_checkpoint(spec, &path);
+    struct model m;
+    checkpoint_model(r, path, &m);
+    double t0 = now_seconds();
+    struct hf_writer w;
+    hf_export_begin(&w, &m, dt, (uint64_t)max_file, out, &comm);
+    float *tmp = xmalloc(TOOLS_PIECE * sizeof *tmp);
+    size_t total = 0;
+    for (int u = 0; u < m.n_units; u++)
+        for (int i = 0; i < m.units[u].n_tensors; i++) {
+            const struct tensor_desc *t = &m.units[u].tensors[i];
+            size_t shape[2], valid = (size_t)t->rows_valid * (size_t)t->shape[1];
+            tensor_shape(t, shape);
+            total += valid;
+            size_t lo = valid * (size_t)comm.rank / (size_t)comm.world;
+            size_t hi = valid * (size_t)(comm.rank + 1) / (size_t)comm.world;
+            for (size_t b = lo; b < hi; b += TOOLS_PIECE) {
+                size_t n = hi - b < TOOLS_PIECE ? hi - b : TOOLS_PIECE;
+                ckpt_read(r, "master", t->name, t->ndim, shape, b, n, tmp);
+                hf_export_write(&w, u, i, b, n, tmp);
+            }
+        }
+    free(tmp);
+    double written = (double)w.bytes_written, *per_rank = xcalloc((size_t)comm.world, sizeof *per_rank);
+    per_rank[comm.rank] = written;
+    comm_allgather(&comm, &per_rank[comm.rank], per_rank, 1, COMM_F64, NULL);
+    int n_files = w.layout.n_files;
+    hf_export_end(&w, dt, m.cfg.pretrained, &comm);
+    if (comm.rank == 0) {
+        printf("exported %zu parameters (%s) of %s step %lld to %s: %d weight file%s, %.2f s; bytes written per "
+               "rank:",
+               total, dtype_name(dt), path, (long long)ckpt_attr_i64(r, "step"), out, n_files, n_files == 1 ? "" : "s",
+               now_seconds() - t0);
+        for (int k = 0; k < comm.world; k++)
+            printf(" %.0f", per_rank[k]);
+        printf("\n");
+    }
+    free(per_rank);
+    model_free(&m);
+    ckpt_close(r);
+    free(path);
+    comm_finalize(&comm);
+    return EXIT_OK;
+}
+
 int cmd_export(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"dtype", required_argument, NULL, 'd'},
+        {"max-shard-size", required_argument, NULL, 'm'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *dtype_arg = "fp32";
+    const char *dtype_arg = "fp32", *max_arg = "5GB";
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'd': dtype_arg = optarg; break;
+        case 'm': max_arg = optarg; break;
         case 'h': usage_export(stdout); return EXIT_OK;
         default: usage_export(stderr); return EXIT_BAD_INPUT;
         }
@@ -446,7 +537,7 @@ int cmd_export(int argc, char **argv)
     const char *spec = argv[optind], *out = argv[optind + 1];
     bool safetensors = ends_with(out, ".safetensors");
     if (!safetensors && !ends_with(out, ".h5"))
-        fail_input("export: OUT '%s' must end with .safetensors or .h5", out);
+        return export_hf_dir(spec, out, dt, max_arg);
     char tmp_path[CKPT_MAX_PATH];
     if (snprintf(tmp_path, sizeof tmp_path, "%s.tmp", out) >= (int)sizeof tmp_path)
         fail_input("export: OUT path is too long: '%s'", out);

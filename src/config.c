@@ -16,6 +16,7 @@
  * constant says why.
  */
 #include "config.h"
+#include "hf.h"
 
 #include "util.h"
 
@@ -155,6 +156,7 @@ static const struct key_spec rope_scaling_keys[] = {
 };
 
 static const struct key_spec model_keys[] = {
+    {"from_pretrained", K_STR, F_NULLABLE, NULL, NULL},
     {"preset", K_STR, 0, NULL, NULL},
     {"type", K_STR, 0, NULL, NULL},
     {"n_layer", K_INT, 0, NULL, NULL},
@@ -198,6 +200,7 @@ static const struct key_spec checkpoint_keys[] = {
     {"every", K_INT, 0, NULL, NULL},
     {"keep", K_INT, 0, NULL, NULL},
     {"on_error", K_STR, 0, NULL, NULL},
+    {"export_hf", K_BOOL, 0, NULL, NULL},
     {0},
 };
 
@@ -948,9 +951,59 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
     read_rope_scaling(m, root);
 }
 
+struct pretrained_ctx {
+    json_t *root;
+    const char *dir;
+};
+
+/* A model key config.json determines: given beside from_pretrained with
+ * another value it is an error; else it goes into the document as if given. */
+static void put_pretrained(void *ctx_, const char *key, json_t *value)
+{
+    struct pretrained_ctx *ctx = ctx_;
+    char path[64];
+    snprintf(path, sizeof path, "model.%s", key);
+    json_t *given = doc_get(ctx->root, path);
+    if (given) {
+        bool same = json_equal(given, value) ||
+                    (json_is_number(given) && json_is_number(value) &&
+                     json_number_value(given) == json_number_value(value)) ||
+                    (json_is_real(value) && json_is_number(given) &&
+                     (float)json_number_value(given) == (float)json_number_value(value));
+        if (!same) {
+            char a[128], b[128];
+            fail_input("config: '%s' is %s but %s/config.json gives %s; remove the key (model.from_pretrained "
+                       "sets the shape)",
+                       path, json_brief(given, a, sizeof a), ctx->dir, json_brief(value, b, sizeof b));
+        }
+        json_decref(value);
+        return;
+    }
+    put_default(ctx->root, path, value);
+}
+
+/* model.from_pretrained: the shape keys from the directory's config.json. */
+static void read_pretrained(struct model_config *m, json_t *root)
+{
+    const char *dir = read_str(root, "model.from_pretrained", NULL, NO_FILL);
+    if (!dir)
+        return;
+    if (!*dir)
+        fail_input("config: 'model.from_pretrained' is an empty string; give a Hugging Face model directory");
+    if (is_given(root, "model.preset"))
+        fail_input("config: 'model.preset' and 'model.from_pretrained' are both given; the directory's "
+                   "config.json sets the shape, remove model.preset");
+    if (strlen(dir) >= sizeof m->pretrained)
+        fail_input("config: 'model.from_pretrained' is longer than %zu characters", sizeof m->pretrained - 1);
+    snprintf(m->pretrained, sizeof m->pretrained, "%s", dir);
+    struct pretrained_ctx ctx = {root, m->pretrained};
+    hf_config_keys(m->pretrained, put_pretrained, &ctx, &m->sliding_window);
+}
+
 static void read_model(struct config *cfg, json_t *root)
 {
     struct model_config *m = &cfg->model;
+    read_pretrained(m, root);
     /* A preset supplies the defaults of the shape keys; keys given beside it win. */
     const struct model_preset gpt2_default = {NULL, "gpt2", MODEL_N_LAYER_DEFAULT, MODEL_N_HEAD_DEFAULT, 0,
                                               MODEL_N_EMBD_DEFAULT, 0, MODEL_N_POSITIONS_DEFAULT,
@@ -1025,6 +1078,10 @@ static void read_data(struct config *cfg, json_t *root)
     d->seq_len = read_int(root, "data.seq_len", cfg->model.n_positions, FILL);
     d->shuffle = read_bool(root, "data.shuffle", true, FILL);
     require_positive("data.seq_len", d->seq_len);
+    if (cfg->model.sliding_window > 0 && d->seq_len > cfg->model.sliding_window)
+        fail_input("config: 'data.seq_len' (%d) is longer than the model's sliding attention window (%d, "
+                   "sliding_window in %s/config.json), which shardlm does not implement; lower data.seq_len",
+                   d->seq_len, cfg->model.sliding_window, cfg->model.pretrained);
     if (d->seq_len > cfg->model.n_positions)
         fail_input("config: 'data.seq_len' (%d) is larger than 'model.n_positions' (%d): a sequence longer than the "
                    "context; lower data.seq_len or raise model.n_positions",
@@ -1076,6 +1133,9 @@ static void read_checkpoint(struct config *cfg, json_t *root)
         c->on_error_continue = true;
     else
         fail_input("config: 'checkpoint.on_error' must be \"stop\" or \"continue\", got \"%s\"", on_error);
+    c->export_hf = read_bool(root, "checkpoint.export_hf", false, FILL);
+    if (c->export_hf && !c->dir)
+        fail_input("config: 'checkpoint.export_hf' needs checkpoint.dir (the export goes to checkpoint.dir/hf)");
 }
 
 static void read_batch(struct config *cfg, json_t *root)

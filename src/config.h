@@ -64,6 +64,8 @@ struct model_config {
     double rope_theta; /* Llama: the rotary base (Hugging Face rope_theta) */
     struct rope_scaling rope_scaling; /* Llama: rope_scaling (type none: plain rotary) */
     bool tie_embeddings; /* Llama: tie_word_embeddings (lm_head is embed_tokens); GPT-2: always */
+    char pretrained[1024]; /* model.from_pretrained: a Hugging Face directory ("": a random init) */
+    int sliding_window;  /* Mistral's attention window from its config.json (0: none) */
     uint64_t init_seed;
     /* derived from type by model_build: */
     enum norm_kind norm; /* GPT-2: LayerNorm with bias; Llama: RMSNorm, weight only */
@@ -158,6 +160,7 @@ struct checkpoint_config {
     int every;   /* steps (0: only at the end) */
     int keep;    /* checkpoints kept (0: all) */
     bool on_error_continue; /* checkpoint.on_error: "stop" (false, default: exit 2) or "continue" (warn, train on) */
+    bool export_hf;         /* checkpoint.export_hf: a Hugging Face directory (dir/hf) beside every checkpoint */
 };
 
 struct config {

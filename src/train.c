@@ -13,6 +13,8 @@
 #include "data.h"
 #include "dump.h"
 #include "family.h"
+#include "hf.h"
+#include "hf_export.h"
 #include "loss_scaler.h"
 #include "model.h"
 #include "plan.h"
@@ -141,6 +143,52 @@ static void refuse_output_alias(const struct trainer *tr, const char *out, const
                    key, out, dir);
 }
 
+/* Whether --resume will load a checkpoint (then the initial weights are not read). */
+static bool will_resume(const struct trainer *tr)
+{
+    const char *spec = tr->opt->resume;
+    if (!spec || strcmp(spec, "none") == 0)
+        return false;
+    if (strcmp(spec, "auto") != 0 || !tr->cfg->checkpoint.dir)
+        return true;
+    char *path = ckpt_resolve(tr->cfg->checkpoint.dir, "auto");
+    free(path);
+    return path != NULL;
+}
+
+/* The ZeRO engine and its parameters: the seeded init, or model.from_pretrained's
+ * weights, each rank reading only what it stores (1/N of the rest). */
+static void init_parameters(struct trainer *tr)
+{
+    const struct config *cfg = tr->cfg;
+    const int(*slots)[ZERO_POOLS] = (const int(*)[ZERO_POOLS])tr->plan.pool_slots;
+    if (!cfg->model.pretrained[0] || will_resume(tr)) {
+        zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
+                  &tr->mem, NULL);
+        return;
+    }
+    struct hf_source hf;
+    double t0 = now_seconds();
+    hf_source_open(&hf, &tr->model, cfg->model.pretrained);
+    struct param_source src = {hf_source_read, &hf};
+    zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
+              &tr->mem, &src);
+    double total = 0, *bytes = xcalloc((size_t)tr->world, sizeof *bytes);
+    for (int i = 0; i < hf.st.n_tensors; i++)
+        total += (double)hf.st.tensors[i].numel * dtype_size(hf.st.tensors[i].dtype);
+    bytes[tr->rank] = (double)hf.st.bytes_read;
+    comm_allgather(tr->comm, &bytes[tr->rank], bytes, 1, COMM_F64, NULL);
+    char list[1024] = "";
+    for (int r = 0; r < tr->world; r++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s%.0f", r ? " " : "", bytes[r]);
+    }
+    log_info("from_pretrained %s: %.0f weight bytes in %d file%s read in %.2f s; bytes read per rank: %s",
+             cfg->model.pretrained, total, hf.st.n_files, hf.st.n_files == 1 ? "" : "s", now_seconds() - t0, list);
+    free(bytes);
+    hf_source_close(&hf);
+}
+
 static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
@@ -172,8 +220,7 @@ static void trainer_setup(struct trainer *tr)
     plan_check_device(&tr->plan, 1);
     for (int s = 0; s < SPACE_COUNT; s++)
         arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
-    zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false,
-              (const int(*)[ZERO_POOLS])tr->plan.pool_slots, tr->arenas, &tr->mem);
+    init_parameters(tr);
     family_acts_init(&tr->acts, &tr->model, &tr->target, cfg->micro_batch, cfg->data.seq_len,
                      plan_ckpt_interval(cfg), target_space(&tr->target, cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
     char why[2 * CKPT_MAX_PATH];
@@ -454,6 +501,33 @@ static void model_attr_values(const struct model_config *mc, int64_t v[N_MODEL_A
     memcpy(v, values, sizeof values);
 }
 
+/* checkpoint.export_hf: the model as a Hugging Face directory in
+ * checkpoint.dir/hf, every rank writing its own master range in the
+ * parameter dtype (collective). */
+static void export_hf(struct trainer *tr)
+{
+    const struct config *cfg = tr->cfg;
+    char dir[CKPT_MAX_PATH];
+    snprintf(dir, sizeof dir, "%s/hf", cfg->checkpoint.dir);
+    double t0 = now_seconds();
+    const int n = zero_ckpt_n_slices(&tr->zero);
+    zero_ckpt_stage(&tr->zero);
+    struct ckpt_slice *slices = xcalloc((size_t)n, sizeof *slices);
+    zero_export_slices(&tr->zero, slices);
+    struct hf_writer w;
+    hf_export_begin(&w, &tr->model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, tr->comm);
+    int k = 0;
+    for (int u = 0; u < tr->model.n_units; u++)
+        for (int i = 0; i < tr->model.units[u].n_tensors; i++, k++)
+            if (slices[k].count)
+                hf_export_write(&w, u, i, slices[k].begin, slices[k].count, slices[k].data);
+    hf_export_end(&w, cfg->dtype, cfg->model.pretrained, tr->comm);
+    free(slices);
+    zero_ckpt_unstage(&tr->zero);
+    log_info("step %5ld | Hugging Face export %s (%s, %.2f s)", tr->step, dir, dtype_name(cfg->dtype),
+             now_seconds() - t0);
+}
+
 /* Saves the whole training state: fp32 master weights, Adam m and v, and the
  * step, scaler, scheduler and data positions (DESIGN §7). Collective. */
 static void save_checkpoint(struct trainer *tr)
@@ -512,6 +586,8 @@ static void save_checkpoint(struct trainer *tr)
         return;
     }
     log_info("step %5ld | checkpoint %s (%.2f s)", tr->step, path, now_seconds() - t0);
+    if (cfg->checkpoint.export_hf)
+        export_hf(tr);
 }
 
 /* Continues from a checkpoint when --resume names one (or "auto" finds one). */

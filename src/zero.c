@@ -141,17 +141,37 @@ static size_t largest_shard(const struct zero *z)
     return largest;
 }
 
+/* The initial fp32 values of unit u's elements [begin, begin + count) (host
+ * memory): from the source, or the seeded init. A unit every rank holds whole
+ * is read 1/N per rank and all-gathered. */
+static void initial_values(struct zero *z, const struct param_source *src, int u, size_t begin, size_t count,
+                           float *out)
+{
+    struct zero_unit *zu = &z->units[u];
+    if (!src) {
+        model_init_range(z->model, u, begin, count, out);
+        return;
+    }
+    if (zu->sharded || z->world == 1) {
+        src->read(src->ctx, u, begin, count, out);
+        return;
+    }
+    float *own = out + (size_t)z->rank * zu->shard;
+    src->read(src->ctx, u, (size_t)z->rank * zu->shard, zu->shard, own);
+    comm_allgather(z->comm, own, out, zu->shard, COMM_F32, NULL);
+}
+
 /* scratch: fp32, then the parameter dtype, for the largest unit (host memory). */
-static void init_params(struct zero *z, int u, float *scratch, void *cast)
+static void init_params(struct zero *z, const struct param_source *src, int u, float *scratch, void *cast)
 {
     struct zero_unit *zu = &z->units[u];
     size_t begin = zu->sharded ? zu->opt_begin : 0, count = zu->sharded ? zu->shard : zu->padded;
     void *dst = zu->sharded ? zu->param_shard : zu->params;
     if (!z->master_copy && !z->device) {
-        model_init_range(z->model, u, begin, count, dst);
+        initial_values(z, src, u, begin, count, dst);
         return;
     }
-    model_init_range(z->model, u, begin, count, scratch);
+    initial_values(z, src, u, begin, count, scratch);
     if (!z->master_copy) { /* fp32 on a device: the parameters are the master */
         backend_copy(dst, scratch, count * sizeof(float));
         return;
@@ -209,7 +229,7 @@ static void build_optimizer_tables(struct zero *z, const struct config *cfg)
 
 void zero_init(struct zero *z, const struct model *m, const struct config *cfg, const struct exec_target *t,
                struct comm *comm, int rank, int world, bool dry, const int planned_slots[POOL_SETS][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
-               struct mem_tracker *mem)
+               struct mem_tracker *mem, const struct param_source *src)
 {
     memset(z, 0, sizeof *z);
     z->model = m;
@@ -277,7 +297,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
         }
         zu->adam_m = arena_alloc(opt, mem, BUF_ADAM_M, zu->opt_count * sizeof(float), 1);
         zu->adam_v = arena_alloc(opt, mem, BUF_ADAM_V, zu->opt_count * sizeof(float), 1);
-        init_params(z, u, scratch, cast);
+        init_params(z, src, u, scratch, cast);
     }
     free(scratch);
     free(cast);
@@ -795,6 +815,27 @@ void zero_ckpt_slices(struct zero *z, enum zero_ckpt_group g, struct ckpt_slice 
     }
 }
 
+void zero_export_slices(struct zero *z, struct ckpt_slice *out)
+{
+    zero_ckpt_slices(z, ZERO_CKPT_MASTER, out);
+    if (z->stage > 0)
+        return;
+    /* every rank holds everything: each takes 1/N of every tensor */
+    int i = 0;
+    for (int u = 0; u < z->model->n_units; u++) {
+        struct zero_unit *zu = &z->units[u];
+        const struct unit_desc *ud = &z->model->units[u];
+        for (int t = 0; t < ud->n_tensors; t++, i++) {
+            const struct tensor_desc *td = &ud->tensors[t];
+            size_t lo = td->numel * (size_t)z->rank / (size_t)z->world;
+            size_t hi = td->numel * (size_t)(z->rank + 1) / (size_t)z->world;
+            out[i].begin = lo;
+            out[i].count = hi - lo;
+            out[i].data = group_base(z, zu, ZERO_CKPT_MASTER) + td->offset + lo;
+        }
+    }
+}
+
 void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
 {
     if (state_on_device(z)) /* read into host copies, then to the device */
@@ -856,7 +897,7 @@ void zero_plan(const struct model *m, const struct config *cfg, const struct exe
                int slots[POOL_SETS][ZERO_POOLS])
 {
     struct zero z;
-    zero_init(&z, m, cfg, t, NULL, 0, world, true, NULL, NULL, NULL);
+    zero_init(&z, m, cfg, t, NULL, 0, world, true, NULL, NULL, NULL, NULL);
     for (int p = 0; p < n_passes; p++)
         zero_replay_pass(&z, &passes[p]);
     for (int u = 0; u < m->n_units; u++) {

@@ -161,11 +161,21 @@ struct zero {
     uint64_t traffic[COMM_KINDS]; /* bytes sent since zero_take_traffic */
 };
 
+/* Where the initial parameters come from: read(ctx, unit, begin, count, out)
+ * writes the fp32 values of the unit's elements [begin, begin + count) (alignment
+ * gaps and padding zero). NULL: model_init_range, the seeded random init. */
+struct param_source {
+    void (*read)(void *ctx, int unit, size_t begin, size_t count, float *out);
+    void *ctx;
+};
+
 /* Lays out the units and, unless dry, carves every buffer out of the arenas
- * (pool slots as planned) and initialises the parameters. */
+ * (pool slots as planned) and initialises the parameters, from src when
+ * given: each rank reads the range it stores of a sharded unit, and 1/N of a
+ * unit every rank holds whole, which the ranks then all-gather (collective). */
 void zero_init(struct zero *z, const struct model *m, const struct config *cfg, const struct exec_target *t,
                struct comm *comm, int rank, int world, bool dry, const int planned_slots[POOL_SETS][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
-               struct mem_tracker *mem);
+               struct mem_tracker *mem, const struct param_source *src);
 void zero_free(struct zero *z);
 
 /* Bytes of each buffer class on this rank, and the pool slots they contain,
@@ -223,6 +233,9 @@ int zero_ckpt_n_slices(const struct zero *z);
  * copies this rank's range of every group into a host copy (12 bytes per
  * element of the range, for the save), and zero_ckpt_unstage() after. */
 void zero_ckpt_slices(struct zero *z, enum zero_ckpt_group g, struct ckpt_slice *out);
+/* The master weights' slices this rank writes in an export: its range of
+ * every tensor (at stage 0, 1/N of every tensor); zero_ckpt_stage first on a device. */
+void zero_export_slices(struct zero *z, struct ckpt_slice *out);
 void zero_ckpt_stage(struct zero *z);
 void zero_ckpt_unstage(struct zero *z);
 /* Reads this rank's optimizer range of every group from a checkpoint saved at

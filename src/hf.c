@@ -1,0 +1,333 @@
+#include "hf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dtype.h"
+#include "util.h"
+
+/* ---- config.json ------------------------------------------------------------------- */
+
+static json_t *load_config_json(const char *dir, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/config.json", dir);
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root)
+        fail_input("model.from_pretrained: cannot read '%s': %s (line %d); give a Hugging Face model directory "
+                   "(config.json and its .safetensors files)",
+                   path, err.text, err.line);
+    if (!json_is_object(root))
+        fail_input("model.from_pretrained: '%s' is not a JSON object", path);
+    return root;
+}
+
+/* An integer field; def < 0: required. */
+static long long int_field(json_t *root, const char *path, const char *key, long long def)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        if (def < 0)
+            fail_input("%s: '%s' is missing; shardlm needs it to lay out the model", path, key);
+        return def;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1ll << 31))
+        fail_input("%s: '%s' must be a positive integer", path, key);
+    return json_integer_value(v);
+}
+
+static double num_field(json_t *root, const char *path, const char *key, double def)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return def;
+    if (!json_is_number(v))
+        fail_input("%s: '%s' must be a number", path, key);
+    return json_number_value(v);
+}
+
+static int bool_field(json_t *root, const char *path, const char *key, int def)
+{
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v))
+        return def;
+    if (!json_is_boolean(v))
+        fail_input("%s: '%s' must be true or false", path, key);
+    return json_is_true(v);
+}
+
+static const char *str_field(json_t *root, const char *key, const char *def)
+{
+    json_t *v = json_object_get(root, key);
+    return v && json_is_string(v) ? json_string_value(v) : def;
+}
+
+/* The architecture: architectures[0], else from model_type. */
+static const char *architecture(json_t *root, const char *path)
+{
+    json_t *a = json_object_get(root, "architectures");
+    if (json_is_array(a) && json_array_size(a) > 0 && json_is_string(json_array_get(a, 0)))
+        return json_string_value(json_array_get(a, 0));
+    const char *type = str_field(root, "model_type", NULL);
+    if (type && strcmp(type, "llama") == 0)
+        return "LlamaForCausalLM";
+    if (type && strcmp(type, "mistral") == 0)
+        return "MistralForCausalLM";
+    if (type && strcmp(type, "gpt2") == 0)
+        return "GPT2LMHeadModel";
+    fail_input("%s: no 'architectures' and model_type '%s'; shardlm reads %s", path, type ? type : "(none)",
+               HF_ARCHITECTURES);
+}
+
+static void llama_keys(json_t *root, const char *path, void (*put)(void *, const char *, json_t *), void *ctx,
+                       int *sliding_window)
+{
+    const char *act = str_field(root, "hidden_act", "silu");
+    if (strcmp(act, "silu") != 0)
+        fail_input("%s: hidden_act is \"%s\"; shardlm's Llama MLP is SwiGLU (silu)", path, act);
+    if (bool_field(root, path, "attention_bias", 0) || bool_field(root, path, "mlp_bias", 0))
+        fail_input("%s: attention_bias / mlp_bias is true; shardlm's Llama has no biases", path);
+    long long C = int_field(root, path, "hidden_size", -1), NH = int_field(root, path, "num_attention_heads", -1);
+    long long hd = int_field(root, path, "head_dim", C / NH);
+    if (hd * NH != C)
+        fail_input("%s: head_dim %lld x num_attention_heads %lld != hidden_size %lld; shardlm needs head_dim = "
+                   "hidden_size / num_attention_heads",
+                   path, hd, NH, C);
+    put(ctx, "type", json_string("llama"));
+    put(ctx, "n_layer", json_integer(int_field(root, path, "num_hidden_layers", -1)));
+    put(ctx, "n_head", json_integer(NH));
+    put(ctx, "n_kv_head", json_integer(int_field(root, path, "num_key_value_heads", NH)));
+    put(ctx, "n_embd", json_integer(C));
+    put(ctx, "ffn_dim", json_integer(int_field(root, path, "intermediate_size", -1)));
+    put(ctx, "n_positions", json_integer(int_field(root, path, "max_position_embeddings", -1)));
+    put(ctx, "vocab_size", json_integer(int_field(root, path, "vocab_size", -1)));
+    put(ctx, "rms_norm_eps", json_real(num_field(root, path, "rms_norm_eps", 1e-6))); /* LlamaConfig's default */
+    put(ctx, "rope_theta", json_real(num_field(root, path, "rope_theta", 10000.0)));
+    put(ctx, "tie_word_embeddings", json_boolean(bool_field(root, path, "tie_word_embeddings", 0)));
+    json_t *rs = json_object_get(root, "rope_scaling");
+    if (rs && !json_is_null(rs))
+        put(ctx, "rope_scaling", json_deep_copy(rs));
+    *sliding_window = (int)int_field(root, path, "sliding_window", 0);
+}
+
+static void gpt2_keys(json_t *root, const char *path, void (*put)(void *, const char *, json_t *), void *ctx)
+{
+    const char *act = str_field(root, "activation_function", "gelu_new");
+    if (strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)
+        fail_input("%s: activation_function is \"%s\"; shardlm's GPT-2 uses the tanh GELU (gelu_new)", path, act);
+    double eps = num_field(root, path, "layer_norm_epsilon", 1e-5);
+    if (fabs(eps - 1e-5) > 1e-12)
+        fail_input("%s: layer_norm_epsilon is %g; shardlm's GPT-2 LayerNorm uses 1e-5", path, eps);
+    long long C = int_field(root, path, "n_embd", -1);
+    json_t *inner = json_object_get(root, "n_inner");
+    if (inner && !json_is_null(inner) && (!json_is_integer(inner) || json_integer_value(inner) != 4 * C))
+        fail_input("%s: n_inner is not 4 n_embd; shardlm's GPT-2 MLP is 4 n_embd wide", path);
+    if (bool_field(root, path, "scale_attn_by_inverse_layer_idx", 0) || bool_field(root, path, "reorder_and_upcast_attn", 0) ||
+        !bool_field(root, path, "scale_attn_weights", 1))
+        fail_input("%s: GPT-2 attention variants (scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, "
+                   "scale_attn_weights false) are not supported",
+                   path);
+    put(ctx, "type", json_string("gpt2"));
+    put(ctx, "n_layer", json_integer(int_field(root, path, "n_layer", -1)));
+    put(ctx, "n_head", json_integer(int_field(root, path, "n_head", -1)));
+    put(ctx, "n_embd", json_integer(C));
+    put(ctx, "n_positions", json_integer(int_field(root, path, "n_positions", int_field(root, path, "n_ctx", 1024))));
+    put(ctx, "vocab_size", json_integer(int_field(root, path, "vocab_size", -1)));
+}
+
+void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
+                    int *sliding_window)
+{
+    char path[1100];
+    json_t *root = load_config_json(dir, path, sizeof path);
+    const char *arch = architecture(root, path);
+    *sliding_window = 0;
+    if (strcmp(arch, "LlamaForCausalLM") == 0 || strcmp(arch, "MistralForCausalLM") == 0)
+        llama_keys(root, path, put, ctx, sliding_window);
+    else if (strcmp(arch, "GPT2LMHeadModel") == 0)
+        gpt2_keys(root, path, put, ctx);
+    else
+        fail_input("%s: architecture %s is not supported; shardlm reads %s", path, arch, HF_ARCHITECTURES);
+    json_decref(root);
+}
+
+static const char *torch_dtype(enum dtype dt)
+{
+    return dt == DTYPE_BF16 ? "bfloat16" : dt == DTYPE_F16 ? "float16" : "float32";
+}
+
+json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir)
+{
+    const struct model_config *c = &m->cfg;
+    json_t *out = NULL;
+    if (src_dir && src_dir[0]) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/config.json", src_dir);
+        out = json_load_file(path, 0, NULL);
+    }
+    if (!json_is_object(out)) {
+        json_decref(out);
+        out = json_object();
+    }
+    bool llama = strcmp(c->type, "llama") == 0;
+    if (llama) {
+        if (!json_object_get(out, "architectures")) {
+            json_object_set_new(out, "architectures", json_pack("[s]", "LlamaForCausalLM"));
+            json_object_set_new(out, "model_type", json_string("llama"));
+        }
+        json_object_set_new(out, "hidden_size", json_integer(c->n_embd));
+        json_object_set_new(out, "num_hidden_layers", json_integer(c->n_layer));
+        json_object_set_new(out, "num_attention_heads", json_integer(c->n_head));
+        json_object_set_new(out, "num_key_value_heads", json_integer(c->n_kv_head));
+        json_object_set_new(out, "intermediate_size", json_integer(c->ffn_dim));
+        json_object_set_new(out, "max_position_embeddings", json_integer(c->n_positions));
+        json_object_set_new(out, "vocab_size", json_integer(c->vocab_size));
+        json_object_set_new(out, "rms_norm_eps", json_real(c->norm_eps));
+        json_object_set_new(out, "rope_theta", json_real(c->rope_theta));
+        json_object_set_new(out, "tie_word_embeddings", json_boolean(c->tied_head));
+        json_object_set_new(out, "hidden_act", json_string("silu"));
+        json_object_set_new(out, "attention_bias", json_false());
+        if (c->rope_scaling.type == ROPE_SCALING_LLAMA3)
+            json_object_set_new(out, "rope_scaling",
+                                json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor",
+                                          c->rope_scaling.factor, "low_freq_factor", c->rope_scaling.low_freq_factor,
+                                          "high_freq_factor", c->rope_scaling.high_freq_factor,
+                                          "original_max_position_embeddings", c->rope_scaling.original_max_positions));
+        else
+            json_object_set_new(out, "rope_scaling", json_null());
+    } else {
+        json_object_set_new(out, "architectures", json_pack("[s]", "GPT2LMHeadModel"));
+        json_object_set_new(out, "model_type", json_string("gpt2"));
+        json_object_set_new(out, "n_embd", json_integer(c->n_embd));
+        json_object_set_new(out, "n_layer", json_integer(c->n_layer));
+        json_object_set_new(out, "n_head", json_integer(c->n_head));
+        json_object_set_new(out, "n_positions", json_integer(c->n_positions));
+        json_object_set_new(out, "n_ctx", json_integer(c->n_positions));
+        json_object_set_new(out, "vocab_size", json_integer(c->vocab_size));
+        json_object_set_new(out, "activation_function", json_string("gelu_new"));
+        json_object_set_new(out, "layer_norm_epsilon", json_real(1e-5));
+        json_object_set_new(out, "tie_word_embeddings", json_true());
+    }
+    json_object_set_new(out, "torch_dtype", json_string(torch_dtype(dt)));
+    return out;
+}
+
+/* ---- tensor names --------------------------------------------------------------------- */
+
+void hf_tensor_name(const struct model *m, const struct tensor_desc *t, int prefix, char *out, size_t cap)
+{
+    bool gpt2 = strcmp(m->cfg.type, "gpt2") == 0;
+    snprintf(out, cap, "%s%s", gpt2 && prefix ? "transformer." : "", t->name);
+}
+
+/* ---- the parameter source --------------------------------------------------------------- */
+
+static const struct st_tensor *find_tensor(const struct hf_source *s, const struct tensor_desc *t)
+{
+    char name[ST_MAX_NAME + 16];
+    hf_tensor_name(s->m, t, 0, name, sizeof name);
+    const struct st_tensor *st = st_find(&s->st, name);
+    if (!st) {
+        hf_tensor_name(s->m, t, 1, name, sizeof name);
+        st = st_find(&s->st, name);
+    }
+    return st;
+}
+
+void hf_source_open(struct hf_source *s, const struct model *m, const char *dir)
+{
+    memset(s, 0, sizeof *s);
+    s->m = m;
+    snprintf(s->dir, sizeof s->dir, "%s", dir);
+    st_open(&s->st, dir);
+    s->map = xcalloc((size_t)m->n_units, sizeof *s->map);
+    for (int u = 0; u < m->n_units; u++) {
+        const struct unit_desc *ud = &m->units[u];
+        s->map[u] = xcalloc((size_t)ud->n_tensors, sizeof *s->map[u]);
+        for (int i = 0; i < ud->n_tensors; i++) {
+            const struct tensor_desc *t = &ud->tensors[i];
+            const struct st_tensor *st = find_tensor(s, t);
+            if (!st)
+                fail_input("model.from_pretrained '%s': tensor '%s' is in no .safetensors file of the directory; "
+                           "the checkpoint does not match its config.json",
+                           dir, t->name);
+            /* (out, in) or (in, out) as stored; the embedding and LM head without the vocabulary padding */
+            int64_t want0 = t->rows_valid, want1 = t->ndim == 2 ? t->shape[1] : 0;
+            bool ok = st->ndim == t->ndim && st->shape[0] == want0 && (t->ndim == 1 || st->shape[1] == want1);
+            if (!ok)
+                fail_input("%s: tensor '%s' has shape [%lld%s%lld]; config.json gives [%lld%s%lld]",
+                           s->st.paths[st->file], st->name, (long long)st->shape[0], st->ndim > 1 ? ", " : "",
+                           st->ndim > 1 ? (long long)st->shape[1] : 0LL, (long long)want0, t->ndim > 1 ? ", " : "",
+                           t->ndim > 1 ? (long long)want1 : 0LL);
+            s->map[u][i] = st;
+        }
+    }
+}
+
+void hf_source_close(struct hf_source *s)
+{
+    for (int u = 0; s->map && u < s->m->n_units; u++)
+        free(s->map[u]);
+    free(s->map);
+    st_close(&s->st);
+    memset(s, 0, sizeof *s);
+}
+
+void hf_source_read(void *source, int u, size_t begin, size_t count, float *out)
+{
+    struct hf_source *s = source;
+    const struct unit_desc *ud = &s->m->units[u];
+    memset(out, 0, count * sizeof *out);
+    const size_t end = begin + count;
+    for (int i = 0; i < ud->n_tensors; i++) {
+        const struct tensor_desc *t = &ud->tensors[i];
+        /* the rows the file has; padded rows stay zero */
+        size_t valid = (size_t)t->rows_valid * (size_t)t->shape[1];
+        size_t lo = t->offset > begin ? t->offset : begin;
+        size_t hi = t->offset + valid < end ? t->offset + valid : end;
+        if (lo < hi)
+            st_read(&s->st, s->map[u][i], lo - t->offset, hi - lo, out + (lo - begin));
+    }
+}
+
+/* ---- tokenizer files ------------------------------------------------------------------- */
+
+static void copy_file(const char *src, const char *dst)
+{
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        return; /* absent: nothing to copy */
+    char tmp[2200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", dst);
+    int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0)
+        fail_input("cannot write '%s': %s", tmp, strerror(errno));
+    char buf[1 << 16];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof buf)) > 0)
+        if (write(out, buf, (size_t)n) != n)
+            fail_input("cannot write '%s': %s", tmp, strerror(errno));
+    if (n < 0 || fsync(out) != 0 || close(out) != 0)
+        fail_input("cannot copy '%s' to '%s': %s", src, tmp, strerror(errno));
+    close(in);
+    if (rename(tmp, dst) != 0)
+        fail_input("cannot rename '%s' to '%s': %s", tmp, dst, strerror(errno));
+}
+
+void hf_copy_tokenizer(const char *src_dir, const char *dst_dir)
+{
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                        "tokenizer.model", "generation_config.json", "vocab.json", "merges.txt"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char src[2100], dst[2100];
+        snprintf(src, sizeof src, "%s/%s", src_dir, files[i]);
+        snprintf(dst, sizeof dst, "%s/%s", dst_dir, files[i]);
+        copy_file(src, dst);
+    }
+}

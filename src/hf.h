@@ -1,0 +1,64 @@
+/*
+ * hf — Hugging Face model directories: config.json to shardlm's model keys
+ * and back, the names of a family's tensors in a Hugging Face checkpoint, and
+ * the weights of DIR as the source of a run's initial parameters, each rank
+ * reading only the element ranges it owns (safetensors.h).
+ *
+ * Architectures: LlamaForCausalLM and MistralForCausalLM (model.type
+ * "llama"), GPT2LMHeadModel ("gpt2"); anything else is refused with the
+ * list. Tensor names: a Llama's are shardlm's own; a GPT-2 checkpoint's may
+ * carry the "transformer." prefix, its tied lm_head.weight is not read, and
+ * the attn.bias / attn.masked_bias buffers of older files are ignored.
+ */
+#ifndef SHARDLM_HF_H
+#define SHARDLM_HF_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "safetensors.h"
+
+#define HF_ARCHITECTURES "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel"
+
+/* Reads DIR/config.json and calls put(ctx, key, value) for every shardlm
+ * model key it determines ("type", "n_layer", ...; value a new reference the
+ * callee owns). Refuses (fail_input, naming the file and the field) an
+ * unknown architecture and settings shardlm does not implement (a hidden_act
+ * other than silu, attention or MLP biases in a Llama, a GPT-2 activation
+ * other than gelu_new, ...). *sliding_window: Mistral's window (0: none). */
+void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
+                    int *sliding_window);
+
+/* config.json for model m in dtype dt (torch_dtype), as transformers writes
+ * it; when src_dir is given, its config.json's other fields (token ids,
+ * initializer_range, ...) are kept. A new reference. */
+json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir);
+
+/* The source of a run's initial parameters: DIR's weights. */
+struct hf_source {
+    const struct model *m;
+    struct st_model st;
+    const struct st_tensor ***map; /* [unit][tensor]: the file's tensor, NULL when not read (tied) */
+    char dir[1024];
+};
+
+/* Opens DIR's weights and checks that every tensor of m is there with the
+ * shape config.json implies (fail_input naming the file and the tensor). */
+void hf_source_open(struct hf_source *s, const struct model *m, const char *dir);
+void hf_source_close(struct hf_source *s);
+/* fp32 values of unit u's elements [begin, begin + count): the file's
+ * tensors where the unit has them, zero in alignment gaps and padded rows. */
+void hf_source_read(void *source, int u, size_t begin, size_t count, float *out);
+
+/* The name tensor t of m has in a Hugging Face checkpoint ("transformer."
+ * prefixed for GPT-2 when prefix is set), into out. */
+void hf_tensor_name(const struct model *m, const struct tensor_desc *t, int prefix, char *out, size_t cap);
+
+/* Copies the tokenizer and generation files of src_dir (tokenizer.json,
+ * tokenizer_config.json, special_tokens_map.json, tokenizer.model,
+ * generation_config.json, vocab.json, merges.txt, when present) into dst_dir. */
+void hf_copy_tokenizer(const char *src_dir, const char *dst_dir);
+
+#endif

@@ -1,0 +1,125 @@
+#include "hf_export.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hf.h"
+#include "util.h"
+
+/* The shape fields that say which model a config.json describes. */
+static const char *const shape_keys[] = {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                                         "num_key_value_heads", "intermediate_size", "vocab_size",
+                                         "n_embd", "n_layer", "n_head"};
+
+static void refuse_other_model(const struct model *m, const char *dir)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (access(path, F_OK) != 0)
+        return;
+    json_t *have = json_load_file(path, 0, NULL);
+    json_t *want = hf_config_json(m, DTYPE_F32, NULL);
+    for (size_t i = 0; json_is_object(have) && i < sizeof shape_keys / sizeof shape_keys[0]; i++) {
+        json_t *a = json_object_get(have, shape_keys[i]), *b = json_object_get(want, shape_keys[i]);
+        if (b && (!a || !json_equal(a, b)))
+            fail_input("export: '%s' already holds another model (config.json's %s is %lld, this checkpoint's "
+                       "%lld); export into a new or empty directory",
+                       dir, shape_keys[i], a ? (long long)json_integer_value(a) : -1LL,
+                       (long long)json_integer_value(b));
+    }
+    if (!json_is_object(have))
+        fail_input("export: '%s' holds a config.json that is not a model's; export into a new or empty directory",
+                   dir);
+    json_decref(have);
+    json_decref(want);
+}
+
+void hf_export_begin(struct hf_writer *w, const struct model *m, enum dtype dt, uint64_t max_file, const char *dir,
+                     struct comm *comm)
+{
+    memset(w, 0, sizeof *w);
+    w->m = m;
+    snprintf(w->dir, sizeof w->dir, "%s", dir);
+    if (comm->rank == 0) {
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            fail_input("export: cannot create directory '%s': %s", dir, strerror(errno));
+        struct stat st;
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+            fail_input("export: '%s' is not a directory", dir);
+        refuse_other_model(m, dir);
+    }
+    int n = 0;
+    for (int u = 0; u < m->n_units; u++)
+        n += m->units[u].n_tensors;
+    struct st_out *outs = xcalloc((size_t)n, sizeof *outs);
+    char (*names)[ST_MAX_NAME] = xcalloc((size_t)n, sizeof *names);
+    w->first = xcalloc((size_t)n, sizeof *w->first);
+    int k = 0;
+    for (int u = 0; u < m->n_units; u++)
+        for (int i = 0; i < m->units[u].n_tensors; i++, k++) {
+            const struct tensor_desc *t = &m->units[u].tensors[i];
+            hf_tensor_name(m, t, 1, names[k], sizeof names[k]);
+            outs[k] = (struct st_out){names[k], t->ndim, {t->rows_valid, t->ndim == 2 ? t->shape[1] : 0}};
+            w->first[k] = k;
+        }
+    st_layout_plan(&w->layout, outs, n, dt, max_file);
+    free(outs);
+    free(names);
+    comm_barrier(comm); /* the directory exists and holds no other model */
+    if (comm->rank == 0)
+        st_create(&w->layout, dir, 1, &w->fds);
+    comm_barrier(comm);
+    if (comm->rank != 0)
+        st_create(&w->layout, dir, 0, &w->fds);
+}
+
+void hf_export_write(struct hf_writer *w, int u, int t, size_t begin, size_t count, const float *src)
+{
+    int k = 0;
+    for (int v = 0; v < u; v++)
+        k += w->m->units[v].n_tensors;
+    k += t;
+    const struct tensor_desc *td = &w->m->units[u].tensors[t];
+    size_t valid = (size_t)td->rows_valid * (size_t)td->shape[1];
+    if (begin >= valid)
+        return;
+    if (begin + count > valid)
+        count = valid - begin;
+    st_write(&w->layout, w->fds, w->first[k], begin, count, src);
+    w->bytes_written += (uint64_t)count * (uint64_t)dtype_size(w->layout.dtype);
+}
+
+static void write_json(const char *path, json_t *j)
+{
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (json_dump_file(j, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+        fail_input("export: cannot write '%s': %s", tmp, strerror(errno));
+    if (rename(tmp, path) != 0)
+        fail_input("export: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+}
+
+void hf_export_end(struct hf_writer *w, enum dtype dt, const char *src_dir, struct comm *comm)
+{
+    st_close_files(&w->layout, w->fds);
+    w->fds = NULL;
+    comm_barrier(comm);
+    if (comm->rank == 0) {
+        st_publish(&w->layout, w->dir);
+        if (src_dir && src_dir[0])
+            hf_copy_tokenizer(src_dir, w->dir);
+        char path[1100];
+        snprintf(path, sizeof path, "%s/config.json", w->dir);
+        json_t *cfg = hf_config_json(w->m, dt, src_dir);
+        write_json(path, cfg);
+        json_decref(cfg);
+    }
+    comm_barrier(comm);
+    st_layout_free(&w->layout);
+    free(w->first);
+    w->first = NULL;
+}
