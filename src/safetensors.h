@@ -50,12 +50,13 @@ struct st_model {
 };
 
 /* Opens the weights of a Hugging Face directory: DIR/model.safetensors, or
- * DIR/model.safetensors.index.json and every file its weight_map names.
+ * DIR/model.safetensors.index.json and every file its weight_map names (the
+ * single file first when both are there, as transformers looks).
  * Validates each header before any data is read: the header length inside
  * the file, valid JSON, a supported dtype, a shape and data_offsets whose size
  * is numel x the dtype's size, offsets inside the file and not overlapping
  * another tensor's; with an index, every tensor it maps is in the file it
- * names and the files it names exist. */
+ * names and the files it names exist. A tensor name in two files is refused. */
 void st_open(struct st_model *st, const char *dir);
 void st_close(struct st_model *st);
 /* The tensor called name, or NULL. */
@@ -86,20 +87,26 @@ struct st_layout {
 /* The files tensors t[0..n) take in dtype dt: in the order given, a new file
  * whenever the next tensor would take the current one past max_file_bytes of
  * data (a tensor larger than that gets a file of its own), one file when they
- * all fit. Deterministic: every rank computes the same layout. */
+ * all fit; max_file_bytes 0: no limit. Deterministic: every rank computes the
+ * same layout. Two tensors of the same name are a fail_internal. */
 void st_layout_plan(struct st_layout *L, const struct st_out *t, int n, enum dtype dt, uint64_t max_file_bytes);
 void st_layout_free(struct st_layout *L);
 /* Rank 0 (create != 0): creates DIR/NAME.tmp for each file at its final size
  * with its header written; the data bytes are left for st_write. Then every
- * rank opens them for writing (after the caller's barrier). */
+ * rank opens them for writing (after the caller's barrier): create == 0 only
+ * opens, create != 0 creates and keeps the descriptors open. *fds_out: one
+ * descriptor per file, freed by st_close_files. */
 void st_create(const struct st_layout *L, const char *dir, int create, int **fds_out);
 /* Writes elements [begin, begin + count) of tensor i from fp32 src, converted
  * to the layout's dtype (round to nearest even), at their offset. */
 void st_write(const struct st_layout *L, const int *fds, int i, size_t begin, size_t count, const float *src);
-/* Each rank: fsync and close its descriptors. Then rank 0 (after the
- * caller's barrier, publish != 0): renames every NAME.tmp to NAME, writes
- * model.safetensors.index.json when there is more than one file, and fsyncs
- * the directory. */
+/* Each rank: fsync and close its descriptors, and free fds. Then rank 0
+ * (after the caller's barrier, st_publish): renames every NAME.tmp to NAME,
+ * writes model.safetensors.index.json when there is more than one file, removes
+ * the other kind an earlier export left in DIR (model.safetensors beside a new
+ * index, an index beside a new model.safetensors: a loader would take the
+ * stale one), and fsyncs the directory. A failed export leaves NAME.tmp files
+ * only, which the next export overwrites. */
 void st_close_files(const struct st_layout *L, int *fds);
 void st_publish(const struct st_layout *L, const char *dir);
 

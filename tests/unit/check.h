@@ -8,8 +8,11 @@
 #ifndef SHARDLM_CHECK_H
 #define SHARDLM_CHECK_H
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int check_failures;
 
@@ -34,6 +37,51 @@ static int check_failures;
         CHECK(name, fabs(_a - _b) <= (tol) * _den,                      \
               "got %.9g, want %.9g (tol %g)", _a, _b, (double)(tol));   \
     } while (0)
+
+/* Runs fn(arg) in a forked child with its stderr into a pipe, for the tests
+ * of a fail_input path: returns the child's exit status (0 when fn returned,
+ * -1 when it did not exit normally) and what it printed on stderr in msg. */
+static inline int check_run_child(void (*fn)(const void *), const void *arg, char *msg, size_t cap)
+{
+    int fds[2];
+    msg[0] = 0;
+    if (pipe(fds) != 0)
+        return -1;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], 2);
+        close(fds[1]);
+        fn(arg);
+        _exit(0); /* returned: the input was accepted */
+    }
+    close(fds[1]);
+    size_t len = 0;
+    for (;;) {
+        ssize_t r = read(fds[0], msg + len, cap - 1 - len);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        if (len == cap - 1) { /* drain the rest so the child never blocks */
+            char sink[256];
+            while (read(fds[0], sink, sizeof sink) > 0) {}
+            break;
+        }
+    }
+    msg[len] = 0;
+    close(fds[0]);
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
 
 static inline int check_status(void) { return check_failures ? 1 : 0; }
 

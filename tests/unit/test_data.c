@@ -349,50 +349,6 @@ static void child_write(const void *arg)
     data_write_bin(a->path, a->tokens, a->n, a->token_bytes);
 }
 
-/* Runs fn(arg) in a child with stderr into a pipe; returns the exit status
- * (-1 when it did not exit normally) and the captured text in msg. */
-static int run_in_child(void (*fn)(const void *), const void *arg, char *msg, size_t cap)
-{
-    int fds[2];
-    msg[0] = 0;
-    if (pipe(fds) != 0)
-        return -1;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        close(fds[0]);
-        dup2(fds[1], 2);
-        close(fds[1]);
-        fn(arg);
-        _exit(0); /* returned: the input was accepted */
-    }
-    close(fds[1]);
-    size_t len = 0;
-    for (;;) {
-        ssize_t r = read(fds[0], msg + len, cap - 1 - len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            break;
-        len += (size_t)r;
-        if (len == cap - 1) { /* drain the rest so the child never blocks */
-            char sink[256];
-            while (read(fds[0], sink, sizeof sink) > 0) {}
-            break;
-        }
-    }
-    msg[len] = 0;
-    close(fds[0]);
-    int status;
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR)
-            return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 /* Exit status 2, one line "shardlm: error: ...", naming the file and
  * containing phrase1 and, when not NULL, phrase2. */
 static void check_error(const char *name, int status, const char *msg, const char *file, const char *phrase1,
@@ -419,7 +375,7 @@ static void expect_open_error(const char *name, const char *path, int seq_len, i
 {
     char msg[8192];
     struct open_args a = {path, seq_len, vocab_size};
-    int status = run_in_child(child_open, &a, msg, sizeof msg);
+    int status = check_run_child(child_open, &a, msg, sizeof msg);
     check_error(name, status, msg, file, phrase1, phrase2);
 }
 
@@ -515,26 +471,26 @@ static void test_bad_input(void)
     uint32_t tokens[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     path_in_dir(path, sizeof path, "no_such_dir/out.bin");
     struct write_args w1 = {path, tokens, 8, 2};
-    int status = run_in_child(child_write, &w1, msg, sizeof msg);
+    int status = check_run_child(child_write, &w1, msg, sizeof msg);
     check_error("write_bad_dir", status, msg, "no_such_dir/out.bin", "cannot open token shard", NULL);
 
     struct write_args w2 = {"/dev/full", tokens, 8, 4};
     if (access("/dev/full", W_OK) == 0) {
-        status = run_in_child(child_write, &w2, msg, sizeof msg);
+        status = check_run_child(child_write, &w2, msg, sizeof msg);
         check_error("write_disk_full", status, msg, "/dev/full", "cannot write token shard", "No space left");
     }
 
     tokens[3] = 70000;
     path_in_dir(path, sizeof path, "wide.bin");
     struct write_args w3 = {path, tokens, 8, 2};
-    status = run_in_child(child_write, &w3, msg, sizeof msg);
+    status = check_run_child(child_write, &w3, msg, sizeof msg);
     check_error("write_u16_overflow", status, msg, "wide.bin", "token 70000 at position 3", "uint16");
 
     /* The harness itself: an accepted input exits 0, so the checks above can fail. */
     path_in_dir(path, sizeof path, "good.bin");
     write_raw(path, DATA_MAGIC_LLMC, DATA_VERSION_U16, 40, ok_tokens, sizeof ok_tokens);
     struct open_args good = {path, 4, 100};
-    status = run_in_child(child_open, &good, msg, sizeof msg);
+    status = check_run_child(child_open, &good, msg, sizeof msg);
     CHECK("child_good_input_exits_0", status == 0 && msg[0] == 0, "status %d stderr: %s", status, msg);
 }
 
