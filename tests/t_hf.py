@@ -94,12 +94,6 @@ def hf_loss(model, x, y):
         return logits, torch.nn.functional.cross_entropy(logits.reshape(-1, V), torch.from_numpy(y).reshape(-1)).item()
 
 
-def first_batch():
-    x = np.stack([TOKENS[i * T:i * T + T] for i in range(B)]).astype(np.int64)
-    y = np.stack([TOKENS[i * T + 1:i * T + T + 1] for i in range(B)]).astype(np.int64)
-    return x, y
-
-
 def config(name, src, stage=3, steps=1, extra=None):
     cfg = {"model": {"from_pretrained": src},
            "data": {"train": DATA, "seq_len": T, "shuffle": False},
@@ -127,10 +121,8 @@ def bytes_per_rank(out):
 
 
 def check_load(dirs):
-    x, y = first_batch()
     for tag in ("llama_fp32", "llama_bf16", "gpt2"):
         ref = hf_load(dirs[tag])
-        _, want = hf_loss(ref, x, y)
         for N, stage in ((1, 3), (2, 3), (3, 3), (2, 0), (2, 2)):
             name = f"load_{tag}_N{N}_s{stage}"
             dump = os.path.join(TMP, name + ".dump")
@@ -138,7 +130,13 @@ def check_load(dirs):
             if r.returncode != 0:
                 check(f"load.{tag}.N{N}_s{stage}", False, f"exit {r.returncode}: {r.stderr[-400:]}")
                 continue
-            got = float(read_dump(dump)["loss"].ravel()[0])
+            d = read_dump(dump)  # the first step's loss: the mean over every rank's micro-batch, windows 0..NB-1
+            x = np.stack([TOKENS[k * T:k * T + T] for k in range(N * B)]).astype(np.int64)
+            y = np.stack([TOKENS[k * T + 1:k * T + T + 1] for k in range(N * B)]).astype(np.int64)
+            _, want = hf_loss(ref, x, y)
+            check(f"load.{tag}.N{N}_s{stage}.tokens", np.array_equal(d["inputs"], x[:B].astype(np.float32)),
+                  "rank 0's dumped micro-batch is not windows 0..B-1")
+            got = float(d["loss"].ravel()[0])
             e = abs(got - want) / abs(want)
             check(f"load.{tag}.N{N}_s{stage}.loss", e <= 1e-5, f"{got} vs transformers {want} (rel {e:.2e})")
             total, per = bytes_per_rank(r.stdout)
@@ -156,7 +154,6 @@ def st_tensors(d):
 
 
 def check_export(dirs):
-    x, y = first_batch()
     for tag in ("llama_fp32", "gpt2"):
         ck = os.path.join(TMP, f"ck_{tag}")
         shutil.rmtree(ck, ignore_errors=True)
@@ -172,14 +169,15 @@ def check_export(dirs):
             check(f"export.{tag}.from_pretrained", False, f"{type(e).__name__}: {e}")
             continue
         check(f"export.{tag}.from_pretrained", True)
-        logits, _ = hf_loss(model, x, y)
         name2 = f"reload_{tag}"
         dump = os.path.join(TMP, name2 + ".dump")
         r = train(name2, 1, config(name2, hfdir, 3), "--dump", dump)
         if r.returncode != 0:
             check(f"export.{tag}.reload", False, r.stderr[-400:])
             continue
-        got = read_dump(dump)["logits"][..., :V]
+        d = read_dump(dump)
+        logits, _ = hf_loss(model, d["inputs"].astype(np.int64), d["targets"].astype(np.int64))
+        got = d["logits"][..., :V]
         e = rel(got, logits.numpy())
         check(f"export.{tag}.logits_equal_shardlm", e <= 1e-5, f"rel {e:.2e}")
         # shardlm export under mpirun, files capped small: the same tensors as one rank
