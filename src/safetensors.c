@@ -317,8 +317,8 @@ static void open_index(struct st_model *st, const char *dir, const char *index_p
     json_object_foreach(map, name, file) {
         const char *f = json_string_value(file);
         if (!f || !f[0] || strchr(f, '/') || strcmp(f, "..") == 0 || strlen(f) > ST_MAX_FILE_NAME)
-            fail_input("%s: tensor '%s' is mapped to %s, not the name of a file beside the index: the index is "
-                       "corrupt; download it again", index_path, name, f ? "a bad file name" : "a non-string");
+            fail_input("%s: tensor '%s' is mapped to '%.80s', not the name of a file beside the index: the index is "
+                       "corrupt; download it again", index_path, name, f ? f : "(not a string)");
         char *path = path_join(dir, f, "");
         if (!file_exists(path))
             fail_input("%s: tensor '%s' is in '%s', which is not in %s: the download is incomplete; download the "
