@@ -16,6 +16,7 @@
  * model under a name it would load. A failed export leaves NAME.tmp files that
  * the next export overwrites.
  */
+#define _GNU_SOURCE /* qsort_r */
 #include "safetensors.h"
 
 #include "dtype.h"
@@ -173,11 +174,11 @@ static void parse_entry(const char *path, const char *name, json_t *entry, uint6
     t->offset = data_start + (uint64_t)begin;
 }
 
-static const struct st_tensor *g_sort_tensors; /* qsort's context: set and used within one call */
-
-static int by_offset(const void *a, const void *b)
+/* qsort_r's order of indices into the tensor array ctx: by offset. */
+static int by_offset(const void *a, const void *b, void *ctx)
 {
-    const struct st_tensor *x = &g_sort_tensors[*(const int *)a], *y = &g_sort_tensors[*(const int *)b];
+    const struct st_tensor *tensors = ctx;
+    const struct st_tensor *x = &tensors[*(const int *)a], *y = &tensors[*(const int *)b];
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
@@ -190,8 +191,7 @@ static void check_overlaps(const struct st_model *st, int first, const char *pat
     for (int i = first; i < st->n_tensors; i++)
         if (tensor_bytes(&st->tensors[i]) > 0) /* an empty tensor holds no byte to share */
             order[m++] = i;
-    g_sort_tensors = st->tensors;
-    qsort(order, (size_t)m, sizeof *order, by_offset);
+    qsort_r(order, (size_t)m, sizeof *order, by_offset, st->tensors);
     for (int k = 1; k < m; k++) {
         const struct st_tensor *prev = &st->tensors[order[k - 1]], *t = &st->tensors[order[k]];
         if (t->offset < prev->offset + tensor_bytes(prev))
