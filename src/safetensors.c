@@ -277,16 +277,16 @@ static int file_exists(const char *path)
     return stat(path, &sb) == 0;
 }
 
-static int add_path(struct st_model *st, char *path)
+/* Appends path (taken over) to st->paths unless it is there already. */
+static void add_path(struct st_model *st, char *path)
 {
     for (int f = 0; f < st->n_files; f++)
         if (strcmp(st->paths[f], path) == 0) {
             free(path);
-            return f;
+            return;
         }
     st->paths = xrealloc(st->paths, (size_t)(st->n_files + 1) * sizeof *st->paths);
-    st->paths[st->n_files] = path;
-    return st->n_files++;
+    st->paths[st->n_files++] = path;
 }
 
 static json_t *load_index(const char *index_path)
