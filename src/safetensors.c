@@ -16,6 +16,7 @@
  * model under a name it would load. A failed export leaves NAME.tmp files that
  * the next export overwrites.
  */
+#define _GNU_SOURCE /* qsort_r */
 #include "safetensors.h"
 
 #include "dtype.h"
@@ -173,11 +174,11 @@ static void parse_entry(const char *path, const char *name, json_t *entry, uint6
     t->offset = data_start + (uint64_t)begin;
 }
 
-static const struct st_tensor *g_sort_tensors; /* qsort's context: set and used within one call */
-
-static int by_offset(const void *a, const void *b)
+/* qsort_r's order of indices into the tensor array ctx: by offset. */
+static int by_offset(const void *a, const void *b, void *ctx)
 {
-    const struct st_tensor *x = &g_sort_tensors[*(const int *)a], *y = &g_sort_tensors[*(const int *)b];
+    const struct st_tensor *tensors = ctx;
+    const struct st_tensor *x = &tensors[*(const int *)a], *y = &tensors[*(const int *)b];
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
@@ -190,8 +191,7 @@ static void check_overlaps(const struct st_model *st, int first, const char *pat
     for (int i = first; i < st->n_tensors; i++)
         if (tensor_bytes(&st->tensors[i]) > 0) /* an empty tensor holds no byte to share */
             order[m++] = i;
-    g_sort_tensors = st->tensors;
-    qsort(order, (size_t)m, sizeof *order, by_offset);
+    qsort_r(order, (size_t)m, sizeof *order, by_offset, st->tensors);
     for (int k = 1; k < m; k++) {
         const struct st_tensor *prev = &st->tensors[order[k - 1]], *t = &st->tensors[order[k]];
         if (t->offset < prev->offset + tensor_bytes(prev))
@@ -277,16 +277,16 @@ static int file_exists(const char *path)
     return stat(path, &sb) == 0;
 }
 
-static int add_path(struct st_model *st, char *path)
+/* Appends path (taken over) to st->paths unless it is there already. */
+static void add_path(struct st_model *st, char *path)
 {
     for (int f = 0; f < st->n_files; f++)
         if (strcmp(st->paths[f], path) == 0) {
             free(path);
-            return f;
+            return;
         }
     st->paths = xrealloc(st->paths, (size_t)(st->n_files + 1) * sizeof *st->paths);
-    st->paths[st->n_files] = path;
-    return st->n_files++;
+    st->paths[st->n_files++] = path;
 }
 
 static json_t *load_index(const char *index_path)
@@ -317,8 +317,8 @@ static void open_index(struct st_model *st, const char *dir, const char *index_p
     json_object_foreach(map, name, file) {
         const char *f = json_string_value(file);
         if (!f || !f[0] || strchr(f, '/') || strcmp(f, "..") == 0 || strlen(f) > ST_MAX_FILE_NAME)
-            fail_input("%s: tensor '%s' is mapped to %s, not the name of a file beside the index: the index is "
-                       "corrupt; download it again", index_path, name, f ? "a bad file name" : "a non-string");
+            fail_input("%s: tensor '%s' is mapped to '%.80s', not the name of a file beside the index: the index is "
+                       "corrupt; download it again", index_path, name, f ? f : "(not a string)");
         char *path = path_join(dir, f, "");
         if (!file_exists(path))
             fail_input("%s: tensor '%s' is in '%s', which is not in %s: the download is incomplete; download the "
