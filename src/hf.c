@@ -296,6 +296,15 @@ void hf_source_read(void *source, int u, size_t begin, size_t count, float *out)
     }
 }
 
+double hf_source_bytes(const struct hf_source *s)
+{
+    double total = 0;
+    for (int u = 0; u < s->m->n_units; u++)
+        for (int i = 0; i < s->m->units[u].n_tensors; i++)
+            total += (double)s->map[u][i]->numel * dtype_size(s->map[u][i]->dtype);
+    return total;
+}
+
 /* ---- tokenizer files ------------------------------------------------------------------- */
 
 static void copy_file(const char *src, const char *dst)

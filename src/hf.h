@@ -51,6 +51,8 @@ void hf_source_close(struct hf_source *s);
 /* fp32 values of unit u's elements [begin, begin + count): the file's
  * tensors where the unit has them, zero in alignment gaps and padded rows. */
 void hf_source_read(void *source, int u, size_t begin, size_t count, float *out);
+/* Bytes of the file tensors the model reads (buffers and unused tensors not counted). */
+double hf_source_bytes(const struct hf_source *s);
 
 /* The name tensor t of m has in a Hugging Face checkpoint ("transformer."
  * prefixed for GPT-2 when prefix is set), into out. */

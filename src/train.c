@@ -173,9 +173,7 @@ static void init_parameters(struct trainer *tr)
     struct param_source src = {hf_source_read, &hf};
     zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
               &tr->mem, &src);
-    double total = 0, *bytes = xcalloc((size_t)tr->world, sizeof *bytes);
-    for (int i = 0; i < hf.st.n_tensors; i++)
-        total += (double)hf.st.tensors[i].numel * dtype_size(hf.st.tensors[i].dtype);
+    double total = hf_source_bytes(&hf), *bytes = xcalloc((size_t)tr->world, sizeof *bytes);
     bytes[tr->rank] = (double)hf.st.bytes_read;
     comm_allgather(tr->comm, &bytes[tr->rank], bytes, 1, COMM_F64, NULL);
     char list[1024] = "";

@@ -8,7 +8,9 @@ index by a small max_shard_size, and a GPT2LMHeadModel (one file, keys with
 the "transformer." prefix, tied lm_head not stored).
 
 Checks:
-  load.*      shardlm starts from each directory (model.from_pretrained) at
+  load.*      (also a GPT-2 file without the prefix and with the attention's
+              mask buffers, and a MistralForCausalLM)
+              shardlm starts from each directory (model.from_pretrained) at
               N = 1, 2, 3 (ZeRO stage 3, and stages 0 and 2 at N = 2): the first
               step's loss equals transformers' loss on the same tokens within
               1e-5 (fp32 weights; the bf16 files compared with the fp32 model
@@ -52,7 +54,9 @@ except ImportError:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,  # noqa: E402
+                          MistralForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BIN, ENV, check, failures, note, read_dump, rel, scratch_dir, write_shard  # noqa: E402
@@ -79,13 +83,34 @@ def hf_dirs():
     gc = GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=2, n_positions=64, initializer_range=0.1)
     dirs["gpt2"] = os.path.join(TMP, "gpt2")
     GPT2LMHeadModel(gc).float().save_pretrained(dirs["gpt2"], safe_serialization=True)
+    # GPT-2 as older files store it: no "transformer." prefix, the attention's mask buffers beside the weights
+    dirs["gpt2_noprefix"] = os.path.join(TMP, "gpt2_noprefix")
+    shutil.copytree(dirs["gpt2"], dirs["gpt2_noprefix"], dirs_exist_ok=True)
+    old = load_file(os.path.join(dirs["gpt2"], "model.safetensors"))
+    new = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in old.items()}
+    for layer in range(2):
+        new[f"h.{layer}.attn.bias"] = torch.tril(torch.ones(1, 1, 64, 64))
+        new[f"h.{layer}.attn.masked_bias"] = torch.tensor(-1e4)
+    save_file(new, os.path.join(dirs["gpt2_noprefix"], "model.safetensors"), metadata={"format": "pt"})
+    # Mistral: the Llama layout with a sliding window (longer than the run's sequences here)
+    mc = MistralConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=1, max_position_embeddings=64, sliding_window=32, initializer_range=0.1)
+    dirs["mistral"] = os.path.join(TMP, "mistral")
+    MistralForCausalLM(mc).float().save_pretrained(dirs["mistral"], safe_serialization=True)
+    # tokenizer files travel with an export
+    for name, text in (("tokenizer.json", '{"version": "1.0", "model": {"type": "BPE"}}'),
+                       ("tokenizer_config.json", '{"model_max_length": 64}')):
+        with open(os.path.join(dirs["llama_fp32"], name), "w") as f:
+            f.write(text)
     return dirs
 
 
 def hf_load(d):
-    cls = GPT2LMHeadModel if "gpt2" in json.load(open(os.path.join(d, "config.json")))["model_type"] else \
-        LlamaForCausalLM
-    return cls.from_pretrained(d, torch_dtype=torch.float32).double().eval()
+    kind = json.load(open(os.path.join(d, "config.json")))["model_type"]
+    cls = {"gpt2": GPT2LMHeadModel, "mistral": MistralForCausalLM}.get(kind, LlamaForCausalLM)
+    model = cls.from_pretrained(d, torch_dtype=torch.float32).eval()
+    # float64 where transformers allows it (Mistral's 4.40 mask code overflows in float64: fp32 there)
+    return model if kind == "mistral" else model.double()
 
 
 def hf_loss(model, x, y):
@@ -121,9 +146,10 @@ def bytes_per_rank(out):
 
 
 def check_load(dirs):
-    for tag in ("llama_fp32", "llama_bf16", "gpt2"):
-        ref = hf_load(dirs[tag])
-        for N, stage in ((1, 3), (2, 3), (3, 3), (2, 0), (2, 2)):
+    for tag in ("llama_fp32", "llama_bf16", "gpt2", "gpt2_noprefix", "mistral"):
+        ref = hf_load(dirs["gpt2" if tag == "gpt2_noprefix" else tag])
+        runs = ((1, 3), (2, 3), (3, 3), (2, 0), (2, 2)) if tag in ("llama_fp32", "llama_bf16", "gpt2") else ((2, 3),)
+        for N, stage in runs:
             name = f"load_{tag}_N{N}_s{stage}"
             dump = os.path.join(TMP, name + ".dump")
             r = train(name, N, config(name, dirs[tag], stage), "--dump", dump)
@@ -180,6 +206,11 @@ def check_export(dirs):
         got = d["logits"][..., :V]
         e = rel(got, logits.numpy())
         check(f"export.{tag}.logits_equal_shardlm", e <= 1e-5, f"rel {e:.2e}")
+        if tag == "llama_fp32":
+            same = all(open(os.path.join(dirs[tag], f)).read() == open(os.path.join(hfdir, f)).read()
+                       for f in ("tokenizer.json", "tokenizer_config.json") if os.path.exists(os.path.join(hfdir, f)))
+            check("export.tokenizer_files_copied", same and os.path.exists(os.path.join(hfdir, "tokenizer.json")),
+                  f"{sorted(os.listdir(hfdir))}")
         # shardlm export under mpirun, files capped small: the same tensors as one rank
         outs = {}
         for N in (1, 2):
@@ -287,6 +318,8 @@ def check_bad(dirs):
     json.dump(c, open(os.path.join(d, "config.json"), "w"))
     expect_bad("unknown_architecture", d, ["BertForMaskedLM", "LlamaForCausalLM"])
     expect_bad("contradicting_key", g, ["model.n_layer", "config.json"], extra={"model": {"n_layer": 5}})
+    expect_bad("sequence_beyond_sliding_window", dirs["mistral"], ["sliding_window", "data.seq_len"],
+               extra={"data": {"seq_len": 48}})
     # an export into a directory that holds another model
     ck = os.path.join(TMP, "ck_llama_fp32")
     out = os.path.join(TMP, "bad_export_dir")
