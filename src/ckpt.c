@@ -8,6 +8,7 @@
 #define _GNU_SOURCE /* fallocate */
 #include "ckpt.h"
 #include "crc32c.h"
+#include "rawio.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -29,25 +30,11 @@
 #error "ckpt writes values in host order into little-endian datasets: the host must be little-endian"
 #endif
 
-/* O_DIRECT transfers start, end and sit in memory at multiples of this: the
- * largest logical block size of common devices (512 or 4096 bytes). */
-#define CKPT_IO_ALIGN ((size_t)4096)
-/* Each of the two staging buffers of O_DIRECT transfers: large enough that
- * each transfer is one big request, small enough to stay in warm memory. */
-#define CKPT_BOUNCE_BYTES ((size_t)8 << 20)
-
 enum { CRASH_NONE = -1, CRASH_BEFORE_DATA, CRASH_MID_DATA, CRASH_BEFORE_RENAME, CRASH_BEFORE_LATEST };
-
-/* A file open for raw data I/O (see raw_transfer). */
-struct raw_file {
-    int fd_direct;   /* opened with O_DIRECT, or -1 (refused: tmpfs, some network file systems) */
-    int fd_buffered; /* through the page cache */
-    char *bounce;    /* 2 * CKPT_BOUNCE_BYTES, CKPT_IO_ALIGN-aligned (double buffering) */
-};
 
 struct ckpt_reader {
     hid_t file;
-    struct raw_file raw; /* for the datasets' bytes */
+    struct rawio_file raw; /* for the datasets' bytes */
     int saved_world;
     char path[CKPT_MAX_PATH];
 };
@@ -173,175 +160,11 @@ static void format_shape(char *out, size_t cap, int ndim, const hsize_t *dims)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Raw data I/O                                                              */
-
-/* The bytes of contiguous datasets go straight between memory and the file,
- * past HDF5 (which only lays the file out and holds the metadata): whole
- * CKPT_IO_ALIGN blocks with O_DIRECT through an aligned bounce buffer, the
- * partial blocks at either end of a range (shared with a neighbouring rank's
- * range or with HDF5's metadata) through the page cache. O_DIRECT skips
- * filling the page cache with gigabytes that are written or read once; on
- * the development VM, whose free pages go back to the host, that made a
- * cold buffered write of a 1.5 GB state 4x slower than the same write with
- * O_DIRECT (tools/bench/ckpt_io.py prints both). struct raw_file is at the
- * top. */
-
-/* Opens path for raw I/O; 0 or an errno (of the buffered open). */
-static int raw_open(struct raw_file *f, const char *path, bool write)
-{
-    int flags = write ? O_WRONLY : O_RDONLY;
-    f->fd_direct = open(path, flags | O_DIRECT);
-    f->fd_buffered = open(path, flags);
-    f->bounce = xalloc_aligned(2 * CKPT_BOUNCE_BYTES);
-    return f->fd_buffered < 0 ? errno : 0;
-}
-
-/* 0 or an errno (of closing the buffered descriptor, where a delayed write
- * error shows). */
-static int raw_close(struct raw_file *f)
-{
-    if (f->fd_direct >= 0)
-        close(f->fd_direct);
-    int e = f->fd_buffered >= 0 && close(f->fd_buffered) != 0 ? errno : 0;
-    free(f->bounce);
-    *f = (struct raw_file){-1, -1, NULL};
-    return e;
-}
-
-/* pread or pwrite of all n bytes; 0, an errno, or -1 when a read meets the
- * end of the file. */
-static int transfer_all(int fd, bool write, char *buf, size_t n, off_t at)
-{
-    while (n > 0) {
-        ssize_t done = write ? pwrite(fd, buf, n, at) : pread(fd, buf, n, at);
-        if (done < 0 && errno == EINTR)
-            continue;
-        if (done <= 0)
-            return done < 0 ? errno : write ? EIO : -1;
-        buf += done, n -= (size_t)done, at += done;
-    }
-    return 0;
-}
-
-/* The O_DIRECT part of raw_transfer as a two-stage pipeline over the two
- * bounce buffers: pieces of CKPT_BOUNCE_BYTES are copied between memory and a
- * bounce buffer on one thread and transferred between that buffer and the
- * file on another, so a copy overlaps the transfer of the other buffer. For a
- * write the copy produces a piece and the transfer consumes it; for a read,
- * the other way round. The helper thread lives for one call: no thread
- * outlives a save or a load. */
-struct pipeline {
-    struct raw_file *f;
-    bool write;
-    char *mem;
-    size_t n;          /* bytes, a multiple of CKPT_IO_ALIGN */
-    off_t at;
-    size_t n_pieces;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    size_t produced, consumed; /* pieces */
-    int error;                 /* first error of either stage */
-};
-
-/* One stage's work on piece k: the file transfer (io) or the copy. */
-static int pipeline_step(struct pipeline *p, size_t k, bool io)
-{
-    char *slot = p->f->bounce + (k % 2) * CKPT_BOUNCE_BYTES, *mem = p->mem + k * CKPT_BOUNCE_BYTES;
-    size_t len = p->n - k * CKPT_BOUNCE_BYTES < CKPT_BOUNCE_BYTES ? p->n - k * CKPT_BOUNCE_BYTES : CKPT_BOUNCE_BYTES;
-    if (io)
-        return transfer_all(p->f->fd_direct, p->write, slot, len, p->at + (off_t)(k * CKPT_BOUNCE_BYTES));
-    if (p->write)
-        memcpy(slot, mem, len);
-    else
-        memcpy(mem, slot, len);
-    return 0;
-}
-
-/* Runs one stage over every piece: the producer fills a free bounce buffer
- * (at most two ahead of the consumer), the consumer empties a filled one. */
-static void pipeline_run(struct pipeline *p, bool producer)
-{
-    bool io = producer != p->write; /* write: copy, then transfer; read: transfer, then copy */
-    for (size_t k = 0; k < p->n_pieces; k++) {
-        pthread_mutex_lock(&p->lock);
-        while (!p->error && (producer ? p->produced - p->consumed == 2 : p->consumed == p->produced))
-            pthread_cond_wait(&p->cond, &p->lock);
-        bool stop = p->error != 0;
-        pthread_mutex_unlock(&p->lock);
-        if (stop)
-            return;
-        int e = pipeline_step(p, k, io);
-        pthread_mutex_lock(&p->lock);
-        if (e && !p->error)
-            p->error = e;
-        if (producer)
-            p->produced++;
-        else
-            p->consumed++;
-        pthread_cond_broadcast(&p->cond);
-        pthread_mutex_unlock(&p->lock);
-        if (e)
-            return;
-    }
-}
-
-static void *pipeline_thread(void *arg)
-{
-    struct pipeline *p = arg;
-    pipeline_run(p, !p->write); /* the helper does the file transfers */
-    return NULL;
-}
-
-/* 0, an errno (EINVAL: no O_DIRECT here), or -1 at the end of the file. */
-static int direct_transfer(struct raw_file *f, bool write, char *mem, size_t n, off_t at)
-{
-    struct pipeline p = {.f = f, .write = write, .mem = mem, .n = n, .at = at,
-                         .n_pieces = (n + CKPT_BOUNCE_BYTES - 1) / CKPT_BOUNCE_BYTES};
-    pthread_mutex_init(&p.lock, NULL);
-    pthread_cond_init(&p.cond, NULL);
-    pthread_t helper;
-    if (p.n_pieces > 1 && pthread_create(&helper, NULL, pipeline_thread, &p) == 0) {
-        pipeline_run(&p, write);
-        pthread_join(helper, NULL);
-    } else { /* one piece, or no thread to be had: one after the other */
-        for (size_t k = 0; k < p.n_pieces && !p.error; k++) {
-            p.error = pipeline_step(&p, k, !write);
-            if (!p.error)
-                p.error = pipeline_step(&p, k, write);
-        }
-    }
-    pthread_cond_destroy(&p.cond);
-    pthread_mutex_destroy(&p.lock);
-    return p.error;
-}
-
-/* Writes buf to, or reads it from, n bytes at file offset `at` (see
- * struct raw_file). Falls back to the page cache for good when the file
- * system refuses an O_DIRECT transfer (EINVAL). 0, an errno, or -1 at the
- * end of the file. */
-static int raw_transfer(struct raw_file *f, bool write, char *buf, size_t n, off_t at)
-{
-    size_t head = (size_t)((CKPT_IO_ALIGN - (size_t)at % CKPT_IO_ALIGN) % CKPT_IO_ALIGN);
-    if (f->fd_direct < 0 || n < head + CKPT_IO_ALIGN)
-        return transfer_all(f->fd_buffered, write, buf, n, at);
-    size_t middle = (n - head) / CKPT_IO_ALIGN * CKPT_IO_ALIGN, tail = n - head - middle;
-    int e = transfer_all(f->fd_buffered, write, buf, head, at);
-    if (!e)
-        e = direct_transfer(f, write, buf + head, middle, at + (off_t)head);
-    if (e == EINVAL) { /* no O_DIRECT here after all: the page cache, now and from now on */
-        close(f->fd_direct);
-        f->fd_direct = -1;
-        e = transfer_all(f->fd_buffered, write, buf + head, middle, at + (off_t)head);
-    }
-    return e ? e : transfer_all(f->fd_buffered, write, buf + head + middle, tail, at + (off_t)(head + middle));
-}
-
-/* ------------------------------------------------------------------------ */
 /* Saving                                                                    */
 
 struct writer {
     hid_t file;
-    struct raw_file raw; /* the .tmp file, for the datasets' bytes */
+    struct rawio_file raw; /* the .tmp file, for the datasets' bytes */
     const char *path; /* the temporary file */
     int rank, world;
     bool failed;      /* this rank hit an error since the last agreement */
@@ -593,7 +416,7 @@ static void *checksum_thread(void *arg)
 }
 
 /* Phase 2 (independent, no rank waits for another): this rank's raw data
- * of every dataset (raw_transfer; the values are already in the file's byte
+ * of every dataset (rawio_write; the values are already in the file's byte
  * order: little-endian host, same element size) and, meanwhile, their CRC-32C
  * pieces (checksum_thread). */
 static void write_raw_data(struct writer *w, struct pending_set *sets, int n_sets, struct piece **pieces,
@@ -605,8 +428,7 @@ static void write_raw_data(struct writer *w, struct pending_set *sets, int n_set
     for (int k = 0; k < n_sets && !w->all_failed; k++) {
         struct pending_set *p = &sets[k];
         if (p->count > 0 && !w->failed) {
-            int e = raw_transfer(&w->raw, true, (char *)p->data, p->count * p->elem,
-                                 (off_t)(p->offset + p->begin * p->elem));
+            int e = rawio_write(&w->raw, p->data, p->count * p->elem, (off_t)(p->offset + p->begin * p->elem));
             if (e)
                 writer_error(w, "cannot write dataset '%s': %s", p->full_name, strerror(e));
         }
@@ -724,18 +546,11 @@ static void check_same_layout(const struct ckpt_contents *c)
 /* 0, or -1 with the reason in w. */
 static int fsync_path(struct writer *w, const char *path, bool directory)
 {
-    int fd = open(path, directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-    if (fd < 0) {
-        writer_error(w, "cannot open '%s' to sync it: %s", path, strerror(errno));
-        return -1;
-    }
-    if (fsync(fd) != 0) {
-        writer_error(w, "cannot fsync '%s': %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    close(fd);
-    return 0;
+    char why[sizeof w->err];
+    if (rawio_fsync(path, directory, why, sizeof why) == 0)
+        return 0;
+    writer_error(w, "%s", why);
+    return -1;
 }
 
 static void make_dir(struct writer *w, const char *dir)
@@ -973,7 +788,7 @@ int ckpt_try_save(const char *dir, long step, int keep, const struct ckpt_conten
     g_save_error[0] = 0;
     struct writer w = {0};
     w.file = -1;
-    w.raw = (struct raw_file){-1, -1, NULL};
+    w.raw = RAWIO_FILE_CLOSED;
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &w.rank), "asking this rank's number");
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &w.world), "asking the world size");
     w.crash_point = crash_point_armed(w.rank);
@@ -1014,9 +829,9 @@ int ckpt_try_save(const char *dir, long step, int keep, const struct ckpt_conten
         if (fapl >= 0)
             H5Pclose(fapl);
         created = w.file >= 0;
-        /* Raw data bypass HDF5's MPI-IO path (see raw_transfer): two plain
+        /* Raw data bypass HDF5's MPI-IO path (see rawio.h): two plain
          * descriptors of the file HDF5 just created. */
-        int e = created ? raw_open(&w.raw, tmp_path, true) : 0;
+        int e = created ? rawio_open(&w.raw, tmp_path, true) : 0;
         if (e)
             writer_error(&w, "cannot open '%s' for writing: %s", tmp_path, strerror(e));
         /* Every rank knows whether every rank opened the file. */
@@ -1089,7 +904,7 @@ int ckpt_try_save(const char *dir, long step, int keep, const struct ckpt_conten
             H5Dclose(sets[k].dset);
     free(sets);
 
-    int close_error = raw_close(&w.raw);
+    int close_error = rawio_close(&w.raw);
     if (close_error)
         writer_error(&w, "cannot write '%s': %s", tmp_path, strerror(close_error));
     if (!w.all_failed) {
@@ -1392,7 +1207,7 @@ struct ckpt_reader *ckpt_open(const char *path)
                    path, msg);
     }
     H5Pclose(fapl);
-    int e = raw_open(&r->raw, path, false);
+    int e = rawio_open(&r->raw, path, false);
     if (e)
         fail_input("checkpoint '%s': cannot open: %s", path, strerror(e));
     char *format = ckpt_attr_str(r, "format");
@@ -1417,7 +1232,7 @@ void ckpt_close(struct ckpt_reader *r)
         return;
     if (H5Fclose(r->file) < 0)
         read_fail(r, "close", r->path);
-    raw_close(&r->raw);
+    rawio_close(&r->raw);
     free(r);
 }
 
@@ -1580,7 +1395,7 @@ static haddr_t raw_offset(hid_t dset, hid_t mem_type)
 }
 
 /* Reads [begin, begin+count) of dset into out: straight from the file when
- * the dataset is contiguous (raw_transfer), else through HDF5 with one
+ * the dataset is contiguous (rawio_read), else through HDF5 with one
  * independent read per block of the range, each with a memory space of the
  * block's own shape (see flat_blocks). */
 static void read_blocks(struct ckpt_reader *r, hid_t dset, const char *full_name, int ndim, const hsize_t *dims,
@@ -1591,11 +1406,11 @@ static void read_blocks(struct ckpt_reader *r, hid_t dset, const char *full_name
     haddr_t offset = raw_offset(dset, mem_type);
     if (offset != HADDR_UNDEF) {
         size_t elem = H5Tget_size(mem_type);
-        int e = raw_transfer(&r->raw, false, out, count * elem, (off_t)(offset + begin * elem));
+        int e = rawio_read(&r->raw, out, count * elem, (off_t)(offset + begin * elem));
         if (e)
             fail_input("checkpoint '%s': dataset '%s' cannot be read (elements [%zu, %zu)): %s. Hint: the file is "
                        "truncated or damaged; resume from an older checkpoint",
-                       r->path, full_name, begin, begin + count, e < 0 ? "the file ends before it" : strerror(e));
+                       r->path, full_name, begin, begin + count, e == RAWIO_EOF ? "the file ends before it" : strerror(e));
         return;
     }
     hid_t space = H5Dget_space(dset);
