@@ -30,7 +30,7 @@
  * allocated at creation) and writing the checksum attributes are collective
  * (MPI-IO); in between, each rank writes its ranges straight to the
  * datasets' file offsets, with O_DIRECT where the file system allows it
- * (see raw_transfer in ckpt.c), without waiting for the others.
+ * (see rawio.h), without waiting for the others.
  *
  * Publishing is atomic: the file is written as step_N.h5.tmp, flushed, closed
  * and fsynced, and only after every rank is done does rank 0 rename it to
@@ -52,6 +52,11 @@
  * MPI: this is the storage layer, so it uses MPI_COMM_WORLD directly (through
  * HDF5's MPI-IO driver, plus a few collectives of its own); MPI must be
  * initialised. Callers: the trainer (save every N steps, resume), export, tests.
+ *
+ * Implementation: ckpt_write.c (saving), ckpt_read.c (loading), ckpt_dir.c
+ * (the directory: names, latest, resolving, publishing, pruning, crash
+ * points), ckpt_hdf5.c (HDF5 errors), sharing ckpt_internal.h; the bytes move
+ * through rawio.c.
  */
 #ifndef SHARDLM_CKPT_H
 #define SHARDLM_CKPT_H
