@@ -74,6 +74,19 @@ static int transfer_all(int fd, int write, void *buf, size_t n, uint64_t at)
 
 static const char *transfer_error(int e) { return e < 0 ? "hit the end of the file" : strerror(e); }
 
+/* The data path of every file (rawio), once the headers are checked. */
+static void open_data(struct st_model *st)
+{
+    st->raw = xmalloc((size_t)st->n_files * sizeof *st->raw);
+    for (int f = 0; f < st->n_files; f++)
+        st->raw[f] = RAWIO_FILE_CLOSED;
+    for (int f = 0; f < st->n_files; f++) {
+        int e = rawio_open(&st->raw[f], st->paths[f], false);
+        if (e)
+            fail_input("cannot open '%s': %s; check the model directory", st->paths[f], strerror(e));
+    }
+}
+
 static void format_shape(char *out, size_t cap, const int64_t *shape, int ndim)
 {
     size_t len = (size_t)snprintf(out, cap, "[");
@@ -330,6 +343,7 @@ static void open_index(struct st_model *st, const char *dir, const char *index_p
         st->fds[f] = -1;
     for (int f = 0; f < st->n_files; f++)
         open_file(st, f);
+    open_data(st);
     sort_tensors(st);
     json_object_foreach(map, name, file) {
         const struct st_tensor *t = st_find(st, name);
@@ -359,6 +373,7 @@ void st_open(struct st_model *st, const char *dir)
         st->paths[0] = single;
         st->fds = xmalloc(sizeof *st->fds);
         open_file(st, 0);
+        open_data(st);
         sort_tensors(st);
     } else if (file_exists(index)) {
         free(single);
@@ -375,9 +390,12 @@ void st_close(struct st_model *st)
     for (int f = 0; f < st->n_files; f++) {
         if (st->fds && st->fds[f] >= 0)
             close(st->fds[f]);
+        if (st->raw)
+            rawio_close(&st->raw[f]);
         free(st->paths[f]);
     }
     free(st->fds);
+    free(st->raw);
     free(st->paths);
     free(st->tensors);
     memset(st, 0, sizeof *st);
@@ -397,7 +415,7 @@ const struct st_tensor *st_find(const struct st_model *st, const char *name)
 
 static void read_bytes(const struct st_model *st, const struct st_tensor *t, void *buf, size_t n, uint64_t at)
 {
-    int e = transfer_all(st->fds[t->file], 0, buf, n, at);
+    int e = rawio_read(&st->raw[t->file], buf, n, (off_t)at);
     if (e)
         fail_input("%s: tensor '%s': reading bytes [%llu, %llu): %s: the file changed after it was opened; do not "
                    "modify a model while it is being read", st->paths[t->file], t->name, (unsigned long long)at,
@@ -544,9 +562,11 @@ void st_layout_free(struct st_layout *L)
     memset(L, 0, sizeof *L);
 }
 
-void st_create(const struct st_layout *L, const char *dir, int create, int **fds_out)
+void st_create(const struct st_layout *L, const char *dir, int create, struct rawio_file **files_out)
 {
-    int *fds = xmalloc((size_t)L->n_files * sizeof *fds);
+    struct rawio_file *files = xmalloc((size_t)L->n_files * sizeof *files);
+    for (int f = 0; f < L->n_files; f++)
+        files[f] = RAWIO_FILE_CLOSED;
     for (int f = 0; f < L->n_files; f++) {
         char *path = path_join(dir, L->file_names[f], ".tmp");
         if (create) {
@@ -563,28 +583,29 @@ void st_create(const struct st_layout *L, const char *dir, int create, int **fds
             if (ftruncate(fd, (off_t)L->file_sizes[f]) != 0)
                 fail_input("%s: cannot size it to %llu bytes: %s; free space on the export filesystem", path,
                            (unsigned long long)L->file_sizes[f], strerror(errno));
-            fds[f] = fd;
-        } else {
-            fds[f] = open(path, O_WRONLY | O_CLOEXEC);
-            if (fds[f] < 0)
-                fail_input("cannot open '%s' for writing: %s; rank 0 creates it: the export directory must be on a "
-                           "filesystem every rank sees", path, strerror(errno));
+            if (close(fd) != 0)
+                fail_input("%s: close: %s; free space on the export filesystem", path, strerror(errno));
         }
+        int e = rawio_open(&files[f], path, true);
+        if (e)
+            fail_input("cannot open '%s' for writing: %s; rank 0 creates it: the export directory must be on a "
+                       "filesystem every rank sees", path, strerror(e));
         free(path);
     }
-    *fds_out = fds;
+    *files_out = files;
 }
 
-static void write_bytes(const struct st_layout *L, const int *fds, const struct st_tensor *t, const void *buf,
-                        size_t n, uint64_t at)
+static void write_bytes(const struct st_layout *L, struct rawio_file *files, const struct st_tensor *t,
+                        const void *buf, size_t n, uint64_t at)
 {
-    int e = transfer_all(fds[t->file], 1, (void *)buf, n, at);
+    int e = rawio_write(&files[t->file], buf, n, (off_t)at);
     if (e)
         fail_input("%s.tmp: tensor '%s': writing bytes [%llu, %llu): %s; free space on the export filesystem",
                    L->file_names[t->file], t->name, (unsigned long long)at, (unsigned long long)(at + n), strerror(e));
 }
 
-void st_write(const struct st_layout *L, const int *fds, int i, size_t begin, size_t count, const float *src)
+void st_write(const struct st_layout *L, struct rawio_file *files, int i, size_t begin, size_t count,
+              const float *src)
 {
     if (i < 0 || i >= L->n_tensors)
         fail_internal("st_write: tensor %d of %d", i, L->n_tensors);
@@ -594,7 +615,7 @@ void st_write(const struct st_layout *L, const int *fds, int i, size_t begin, si
     const size_t esize = (size_t)dtype_size(t->dtype);
     const uint64_t at = t->offset + begin * esize;
     if (t->dtype == DTYPE_F32) {
-        write_bytes(L, fds, t, src, count * esize, at);
+        write_bytes(L, files, t, src, count * esize, at);
         return;
     }
     const size_t chunk = count < ST_IO_CHUNK_BYTES / esize ? count : ST_IO_CHUNK_BYTES / esize;
@@ -602,21 +623,23 @@ void st_write(const struct st_layout *L, const int *fds, int i, size_t begin, si
     for (size_t done = 0; done < count; done += chunk) {
         size_t n = count - done < chunk ? count - done : chunk;
         dtype_convert(staging, t->dtype, src + done, DTYPE_F32, n);
-        write_bytes(L, fds, t, staging, n * esize, at + done * esize);
+        write_bytes(L, files, t, staging, n * esize, at + done * esize);
     }
     free(staging);
 }
 
-void st_close_files(const struct st_layout *L, int *fds)
+void st_close_files(const struct st_layout *L, struct rawio_file *files)
 {
     for (int f = 0; f < L->n_files; f++) {
-        if (fsync(fds[f]) != 0)
+        /* O_DIRECT writes bypass the cache, not the file system's metadata: fsync the page-cache descriptor */
+        if (fsync(files[f].fd_buffered) != 0)
             fail_input("%s.tmp: fsync: %s; the export did not reach the disk: free space and export again",
                        L->file_names[f], strerror(errno));
-        if (close(fds[f]) != 0)
-            fail_input("%s.tmp: close: %s; export again", L->file_names[f], strerror(errno));
+        int e = rawio_close(&files[f]);
+        if (e)
+            fail_input("%s.tmp: close: %s; export again", L->file_names[f], strerror(e));
     }
-    free(fds);
+    free(files);
 }
 
 static void fsync_dir(const char *dir)

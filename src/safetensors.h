@@ -9,6 +9,9 @@
  * model.safetensors.index.json {"metadata": {"total_size": S}, "weight_map":
  * {"NAME": "model-00001-of-00003.safetensors", ...}}.
  *
+ * The data of both directions move through rawio (the checkpoints' raw I/O
+ * pipeline: O_DIRECT where the file system allows it).
+ *
  * Reading: every rank opens the headers (small) and reads only the element
  * ranges it owns, converted to fp32 on the way (F32, F16, BF16; any other
  * dtype is refused). Writing: the layout (which tensor in which file at which
@@ -26,6 +29,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "rawio.h"
 
 #define ST_MAX_NAME 160
 #define ST_MAX_DIMS 4
@@ -46,7 +50,8 @@ struct st_model {
     int n_tensors;
     struct st_tensor *tensors; /* every tensor of every file, sorted by name */
     uint64_t bytes_read;       /* data bytes st_read read so far (the per-rank figure the logs print) */
-    int *fds;                  /* open file descriptors, one per file */
+    int *fds;                  /* open file descriptors, one per file (headers, checks) */
+    struct rawio_file *raw;    /* the same files for the data (rawio.h: O_DIRECT where it can) */
 };
 
 /* Opens the weights of a Hugging Face directory: DIR/model.safetensors, or
@@ -96,10 +101,11 @@ void st_layout_free(struct st_layout *L);
  * rank opens them for writing (after the caller's barrier): create == 0 only
  * opens, create != 0 creates and keeps the descriptors open. *fds_out: one
  * descriptor per file, freed by st_close_files. */
-void st_create(const struct st_layout *L, const char *dir, int create, int **fds_out);
+void st_create(const struct st_layout *L, const char *dir, int create, struct rawio_file **files_out);
 /* Writes elements [begin, begin + count) of tensor i from fp32 src, converted
  * to the layout's dtype (round to nearest even), at their offset. */
-void st_write(const struct st_layout *L, const int *fds, int i, size_t begin, size_t count, const float *src);
+void st_write(const struct st_layout *L, struct rawio_file *files, int i, size_t begin, size_t count,
+              const float *src);
 /* Each rank: fsync and close its descriptors, and free fds. Then rank 0
  * (after the caller's barrier, st_publish): renames every NAME.tmp to NAME,
  * writes model.safetensors.index.json when there is more than one file, removes
@@ -107,7 +113,7 @@ void st_write(const struct st_layout *L, const int *fds, int i, size_t begin, si
  * index, an index beside a new model.safetensors: a loader would take the
  * stale one), and fsyncs the directory. A failed export leaves NAME.tmp files
  * only, which the next export overwrites. */
-void st_close_files(const struct st_layout *L, int *fds);
+void st_close_files(const struct st_layout *L, struct rawio_file *files);
 void st_publish(const struct st_layout *L, const char *dir);
 
 #endif

@@ -103,7 +103,7 @@ static void tool_write(const char *dir, enum dtype dt, uint64_t max_file_bytes, 
 
     struct st_layout L;
     st_layout_plan(&L, outs, n, dt, max_file_bytes);
-    int *fds;
+    struct rawio_file *fds;
     st_create(&L, dir, 1, &fds);
     for (int i = 0; i < n; i++) {
         size_t numel = first[i + 1] - first[i];
