@@ -71,10 +71,10 @@ void hf_export_begin(struct hf_writer *w, const struct model *m, enum dtype dt, 
     free(names);
     comm_barrier(comm); /* the directory exists and holds no other model */
     if (comm->rank == 0)
-        st_create(&w->layout, dir, 1, &w->fds);
+        st_create(&w->layout, dir, 1, &w->files);
     comm_barrier(comm);
     if (comm->rank != 0)
-        st_create(&w->layout, dir, 0, &w->fds);
+        st_create(&w->layout, dir, 0, &w->files);
 }
 
 void hf_export_write(struct hf_writer *w, int u, int t, size_t begin, size_t count, const float *src)
@@ -89,7 +89,7 @@ void hf_export_write(struct hf_writer *w, int u, int t, size_t begin, size_t cou
         return;
     if (begin + count > valid)
         count = valid - begin;
-    st_write(&w->layout, w->fds, w->first[k], begin, count, src);
+    st_write(&w->layout, &w->files, w->first[k], begin, count, src);
     w->bytes_written += (uint64_t)count * (uint64_t)dtype_size(w->layout.dtype);
 }
 
@@ -105,8 +105,7 @@ static void write_json(const char *path, json_t *j)
 
 void hf_export_end(struct hf_writer *w, enum dtype dt, const char *src_dir, struct comm *comm)
 {
-    st_close_files(&w->layout, w->fds);
-    w->fds = NULL;
+    st_close_files(&w->layout, &w->files);
     comm_barrier(comm);
     if (comm->rank == 0) {
         st_publish(&w->layout, w->dir);

@@ -27,7 +27,7 @@
 struct hf_writer {
     const struct model *m;
     struct st_layout layout;
-    struct rawio_file *fds;
+    struct st_files files;
     int *first;          /* model tensor k (unit-major) -> its layout tensor; -1: not written */
     uint64_t bytes_written;
     char dir[1024];

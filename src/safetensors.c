@@ -74,18 +74,58 @@ static int transfer_all(int fd, int write, void *buf, size_t n, uint64_t at)
 
 static const char *transfer_error(int e) { return e < 0 ? "hit the end of the file" : strerror(e); }
 
-/* The data path of every file (rawio), once the headers are checked. */
-static void open_data(struct st_model *st)
+/* The data path (rawio) of files whose paths are given, opened lazily. */
+static void files_init(struct st_files *f, int n, char **paths, int write)
 {
-    st->raw = xmalloc((size_t)st->n_files * sizeof *st->raw);
-    for (int f = 0; f < st->n_files; f++)
-        st->raw[f] = RAWIO_FILE_CLOSED;
-    for (int f = 0; f < st->n_files; f++) {
-        int e = rawio_open(&st->raw[f], st->paths[f], false);
-        if (e)
-            fail_input("cannot open '%s': %s; check the model directory", st->paths[f], strerror(e));
-    }
+    f->n = n;
+    f->paths = xmalloc((size_t)n * sizeof *f->paths);
+    for (int i = 0; i < n; i++)
+        f->paths[i] = xstrdup(paths[i]);
+    f->write = write;
+    f->current = -1;
+    f->raw = RAWIO_FILE_CLOSED;
 }
+
+/* Closes the open file (fsynced first when written). */
+static void files_leave(struct st_files *f)
+{
+    if (f->current < 0)
+        return;
+    const char *path = f->paths[f->current];
+    if (f->write && fsync(f->raw.fd_buffered) != 0) /* O_DIRECT bypasses the cache, not the metadata */
+        fail_input("%s: fsync: %s; the export did not reach the disk: free space and export again", path,
+                   strerror(errno));
+    int e = rawio_close(&f->raw);
+    if (e)
+        fail_input("%s: close: %s; %s again", path, strerror(e), f->write ? "export" : "read it");
+    f->current = -1;
+}
+
+static struct rawio_file *files_get(struct st_files *f, int i)
+{
+    if (f->current == i)
+        return &f->raw;
+    files_leave(f);
+    int e = rawio_open(&f->raw, f->paths[i], f->write != 0);
+    if (e)
+        fail_input("cannot open '%s'%s: %s; %s", f->paths[i], f->write ? " for writing" : "", strerror(e),
+                   f->write ? "rank 0 creates it: the export directory must be on a filesystem every rank sees"
+                            : "check the model directory");
+    f->current = i;
+    return &f->raw;
+}
+
+static void files_free(struct st_files *f)
+{
+    files_leave(f);
+    for (int i = 0; i < f->n; i++)
+        free(f->paths[i]);
+    free(f->paths);
+    memset(f, 0, sizeof *f);
+    f->current = -1;
+}
+
+static void open_data(struct st_model *st) { files_init(&st->data, st->n_files, st->paths, 0); }
 
 static void format_shape(char *out, size_t cap, const int64_t *shape, int ndim)
 {
@@ -390,12 +430,11 @@ void st_close(struct st_model *st)
     for (int f = 0; f < st->n_files; f++) {
         if (st->fds && st->fds[f] >= 0)
             close(st->fds[f]);
-        if (st->raw)
-            rawio_close(&st->raw[f]);
         free(st->paths[f]);
     }
     free(st->fds);
-    free(st->raw);
+    if (st->data.paths)
+        files_free(&st->data);
     free(st->paths);
     free(st->tensors);
     memset(st, 0, sizeof *st);
@@ -415,7 +454,7 @@ const struct st_tensor *st_find(const struct st_model *st, const char *name)
 
 static void read_bytes(const struct st_model *st, const struct st_tensor *t, void *buf, size_t n, uint64_t at)
 {
-    int e = rawio_read(&st->raw[t->file], buf, n, (off_t)at);
+    int e = rawio_read(files_get((struct st_files *)&st->data, t->file), buf, n, (off_t)at);
     if (e)
         fail_input("%s: tensor '%s': reading bytes [%llu, %llu): %s: the file changed after it was opened; do not "
                    "modify a model while it is being read", st->paths[t->file], t->name, (unsigned long long)at,
@@ -562,49 +601,50 @@ void st_layout_free(struct st_layout *L)
     memset(L, 0, sizeof *L);
 }
 
-void st_create(const struct st_layout *L, const char *dir, int create, struct rawio_file **files_out)
+void st_create(const struct st_layout *L, const char *dir, int create, struct st_files *files)
 {
-    struct rawio_file *files = xmalloc((size_t)L->n_files * sizeof *files);
-    for (int f = 0; f < L->n_files; f++)
-        files[f] = RAWIO_FILE_CLOSED;
+    char **paths = xmalloc((size_t)L->n_files * sizeof *paths);
     for (int f = 0; f < L->n_files; f++) {
-        char *path = path_join(dir, L->file_names[f], ".tmp");
-        if (create) {
-            int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            if (fd < 0)
-                fail_input("cannot create '%s': %s; check that the export directory exists and is writable", path,
-                           strerror(errno));
-            uint64_t header_len = L->header_lens[f];
-            int e = transfer_all(fd, 1, &header_len, 8, 0);
-            if (!e)
-                e = transfer_all(fd, 1, L->headers[f], L->header_lens[f], 8);
-            if (e)
-                fail_input("%s: writing the header: %s; free space on the export filesystem", path, strerror(e));
-            if (ftruncate(fd, (off_t)L->file_sizes[f]) != 0)
-                fail_input("%s: cannot size it to %llu bytes: %s; free space on the export filesystem", path,
-                           (unsigned long long)L->file_sizes[f], strerror(errno));
-            if (close(fd) != 0)
-                fail_input("%s: close: %s; free space on the export filesystem", path, strerror(errno));
-        }
-        int e = rawio_open(&files[f], path, true);
+        paths[f] = path_join(dir, L->file_names[f], ".tmp");
+        if (!create)
+            continue;
+        const char *path = paths[f];
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0)
+            fail_input("cannot create '%s': %s; check that the export directory exists and is writable", path,
+                       strerror(errno));
+        uint64_t header_len = L->header_lens[f];
+        int e = transfer_all(fd, 1, &header_len, 8, 0);
+        if (!e)
+            e = transfer_all(fd, 1, L->headers[f], L->header_lens[f], 8);
         if (e)
-            fail_input("cannot open '%s' for writing: %s; rank 0 creates it: the export directory must be on a "
-                       "filesystem every rank sees", path, strerror(e));
-        free(path);
+            fail_input("%s: writing the header: %s; free space on the export filesystem", path, strerror(e));
+        if (ftruncate(fd, (off_t)L->file_sizes[f]) != 0)
+            fail_input("%s: cannot size it to %llu bytes: %s; free space on the export filesystem", path,
+                       (unsigned long long)L->file_sizes[f], strerror(errno));
+        if (fsync(fd) != 0 || close(fd) != 0)
+            fail_input("%s: %s; free space on the export filesystem", path, strerror(errno));
     }
-    *files_out = files;
+    files_init(files, L->n_files, paths, 1);
+    for (int f = 0; f < L->n_files; f++) {
+        if (!create && access(paths[f], W_OK) != 0)
+            fail_input("cannot open '%s' for writing: %s; rank 0 creates it: the export directory must be on a "
+                       "filesystem every rank sees", paths[f], strerror(errno));
+        free(paths[f]);
+    }
+    free(paths);
 }
 
-static void write_bytes(const struct st_layout *L, struct rawio_file *files, const struct st_tensor *t,
+static void write_bytes(const struct st_layout *L, struct st_files *files, const struct st_tensor *t,
                         const void *buf, size_t n, uint64_t at)
 {
-    int e = rawio_write(&files[t->file], buf, n, (off_t)at);
+    int e = rawio_write(files_get(files, t->file), buf, n, (off_t)at);
     if (e)
         fail_input("%s.tmp: tensor '%s': writing bytes [%llu, %llu): %s; free space on the export filesystem",
                    L->file_names[t->file], t->name, (unsigned long long)at, (unsigned long long)(at + n), strerror(e));
 }
 
-void st_write(const struct st_layout *L, struct rawio_file *files, int i, size_t begin, size_t count,
+void st_write(const struct st_layout *L, struct st_files *files, int i, size_t begin, size_t count,
               const float *src)
 {
     if (i < 0 || i >= L->n_tensors)
@@ -628,18 +668,10 @@ void st_write(const struct st_layout *L, struct rawio_file *files, int i, size_t
     free(staging);
 }
 
-void st_close_files(const struct st_layout *L, struct rawio_file *files)
+void st_close_files(const struct st_layout *L, struct st_files *files)
 {
-    for (int f = 0; f < L->n_files; f++) {
-        /* O_DIRECT writes bypass the cache, not the file system's metadata: fsync the page-cache descriptor */
-        if (fsync(files[f].fd_buffered) != 0)
-            fail_input("%s.tmp: fsync: %s; the export did not reach the disk: free space and export again",
-                       L->file_names[f], strerror(errno));
-        int e = rawio_close(&files[f]);
-        if (e)
-            fail_input("%s.tmp: close: %s; export again", L->file_names[f], strerror(e));
-    }
-    free(files);
+    (void)L;
+    files_free(files); /* the open file fsynced and closed; the others were when left */
 }
 
 static void fsync_dir(const char *dir)

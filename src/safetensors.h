@@ -34,6 +34,17 @@
 #define ST_MAX_NAME 160
 #define ST_MAX_DIMS 4
 
+/* A model's files on the data path: one rawio file open at a time (each holds
+ * two 8 MiB bounce buffers; a 70B model has 30 files), switched as the ranges
+ * move from file to file; a written file is fsynced when left. */
+struct st_files {
+    int n;
+    char **paths;
+    int write;
+    int current;               /* the open one, -1: none */
+    struct rawio_file raw;
+};
+
 struct st_tensor {
     char name[ST_MAX_NAME];
     enum dtype dtype;          /* F32, F16 or BF16 */
@@ -51,7 +62,7 @@ struct st_model {
     struct st_tensor *tensors; /* every tensor of every file, sorted by name */
     uint64_t bytes_read;       /* data bytes st_read read so far (the per-rank figure the logs print) */
     int *fds;                  /* open file descriptors, one per file (headers, checks) */
-    struct rawio_file *raw;    /* the same files for the data (rawio.h: O_DIRECT where it can) */
+    struct st_files data;      /* the same files for the data (rawio.h: O_DIRECT where it can) */
 };
 
 /* Opens the weights of a Hugging Face directory: DIR/model.safetensors, or
@@ -101,10 +112,10 @@ void st_layout_free(struct st_layout *L);
  * rank opens them for writing (after the caller's barrier): create == 0 only
  * opens, create != 0 creates and keeps the descriptors open. *fds_out: one
  * descriptor per file, freed by st_close_files. */
-void st_create(const struct st_layout *L, const char *dir, int create, struct rawio_file **files_out);
+void st_create(const struct st_layout *L, const char *dir, int create, struct st_files *files);
 /* Writes elements [begin, begin + count) of tensor i from fp32 src, converted
  * to the layout's dtype (round to nearest even), at their offset. */
-void st_write(const struct st_layout *L, struct rawio_file *files, int i, size_t begin, size_t count,
+void st_write(const struct st_layout *L, struct st_files *files, int i, size_t begin, size_t count,
               const float *src);
 /* Each rank: fsync and close its descriptors, and free fds. Then rank 0
  * (after the caller's barrier, st_publish): renames every NAME.tmp to NAME,
@@ -113,7 +124,7 @@ void st_write(const struct st_layout *L, struct rawio_file *files, int i, size_t
  * index, an index beside a new model.safetensors: a loader would take the
  * stale one), and fsyncs the directory. A failed export leaves NAME.tmp files
  * only, which the next export overwrites. */
-void st_close_files(const struct st_layout *L, struct rawio_file *files);
+void st_close_files(const struct st_layout *L, struct st_files *files);
 void st_publish(const struct st_layout *L, const char *dir);
 
 #endif

@@ -143,6 +143,30 @@ static void refuse_output_alias(const struct trainer *tr, const char *out, const
                    key, out, dir);
 }
 
+/* Logs every rank's peak resident memory (VmHWM) so far: what the parameters'
+ * init cost the host, whether seeded or read from a model directory. */
+static void log_peak_rss(struct trainer *tr, const char *when)
+{
+    double *kib = xcalloc((size_t)tr->world, sizeof *kib);
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long v = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &v) == 1)
+            break;
+    if (f)
+        fclose(f);
+    kib[tr->rank] = (double)v;
+    comm_allgather(tr->comm, &kib[tr->rank], kib, 1, COMM_F64, NULL);
+    char list[1024] = "";
+    for (int r = 0; r < tr->world; r++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s%.0f", r ? " " : "", kib[r]);
+    }
+    log_info("peak host memory per rank %s (KiB): %s", when, list);
+    free(kib);
+}
+
 /* Whether --resume will load a checkpoint (then the initial weights are not read). */
 static bool will_resume(const struct trainer *tr)
 {
@@ -165,6 +189,7 @@ static void init_parameters(struct trainer *tr)
     if (!cfg->model.pretrained[0] || will_resume(tr)) {
         zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
                   &tr->mem, NULL);
+        log_peak_rss(tr, "after the parameters' init");
         return;
     }
     struct hf_source hf;
@@ -185,6 +210,7 @@ static void init_parameters(struct trainer *tr)
              cfg->model.pretrained, total, hf.st.n_files, hf.st.n_files == 1 ? "" : "s", now_seconds() - t0, list);
     free(bytes);
     hf_source_close(&hf);
+    log_peak_rss(tr, "after the parameters' init");
 }
 
 static void trainer_setup(struct trainer *tr)

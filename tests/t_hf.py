@@ -333,8 +333,43 @@ def check_bad(dirs):
           and sorted(os.listdir(out)) == before, f"exit {r.returncode}: {lines}")
 
 
+def peak_kib(out):
+    m = re.search(r"peak host memory per rank after the parameters' init \(KiB\): ([\d ]+)", out)
+    return [int(v) for v in m.group(1).split()] if m else None
+
+
+def check_memory():
+    """A 33.6 M-parameter Llama (67 MB of bf16 files in 4) imported by 4 ranks at stage 3: every rank's peak
+    resident memory after the init exceeds that of the same run from the seeded init (which holds the same shard)
+    by at most 24 MiB, the bounded buffer (one file's rawio bounce buffers, 16 MiB, and a 4 MiB conversion
+    buffer), whatever the model's size; materialising the model would add 67 MB."""
+    lc = LlamaConfig(vocab_size=8000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                     num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=64)
+    d = os.path.join(TMP, "llama_mem")
+    LlamaForCausalLM(lc).to(torch.bfloat16).save_pretrained(d, max_shard_size="20MB", safe_serialization=True)
+    size = sum(os.path.getsize(f) for f in glob.glob(os.path.join(d, "*.safetensors")))
+    model = {"type": "llama", "n_layer": 8, "n_head": 8, "n_kv_head": 8, "n_embd": 512, "ffn_dim": 1376,
+             "n_positions": 64, "vocab_size": 8000, "rms_norm_eps": 1e-6}
+    peaks = {}
+    for tag, m in (("import", {"from_pretrained": d}), ("seeded", model)):
+        cfg = config(f"mem_{tag}", d, 3, extra={"bf16": {"enabled": True}})
+        c = json.load(open(cfg))
+        c["model"] = m
+        json.dump(c, open(cfg, "w"))
+        r = train(f"mem_{tag}", 4, cfg)
+        peaks[tag] = peak_kib(r.stdout) if r.returncode == 0 else None
+        if r.returncode != 0:
+            check(f"memory.{tag}.run", False, r.stderr[-300:])
+    a, b = peaks.get("import"), peaks.get("seeded")
+    extra = [x - y for x, y in zip(a, b)] if a and b and len(a) == len(b) == 4 else None
+    check("memory.import_adds_only_the_buffer", extra is not None and max(extra) <= 24 * 1024 and
+          max(extra) * 1024 < size / 2, f"extra KiB per rank {extra} (file {size} bytes, peaks {a} vs {b})")
+    note(f"memory: import peak per rank {a} KiB, seeded {b} KiB, file {size / 1e6:.1f} MB")
+
+
 def main():
     dirs = hf_dirs()
+    check_memory()
     note(f"llama_fp32 files: {sorted(os.listdir(dirs['llama_fp32']))}")
     check_load(dirs)
     check_export(dirs)

@@ -103,17 +103,17 @@ static void tool_write(const char *dir, enum dtype dt, uint64_t max_file_bytes, 
 
     struct st_layout L;
     st_layout_plan(&L, outs, n, dt, max_file_bytes);
-    struct rawio_file *fds;
+    struct st_files fds;
     st_create(&L, dir, 1, &fds);
     for (int i = 0; i < n; i++) {
         size_t numel = first[i + 1] - first[i];
         for (size_t end = numel; end > 0;) { /* last range first */
             size_t begin = end > READ_PIECE ? end - READ_PIECE : 0;
-            st_write(&L, fds, i, begin, end - begin, values + first[i] + begin);
+            st_write(&L, &fds, i, begin, end - begin, values + first[i] + begin);
             end = begin;
         }
     }
-    st_close_files(&L, fds);
+    st_close_files(&L, &fds);
     st_publish(&L, dir);
     for (int f = 0; f < L.n_files; f++)
         printf("%s\n", L.file_names[f]);

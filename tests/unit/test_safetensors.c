@@ -120,14 +120,14 @@ static void read_file_at(const char *path, void *buf, size_t n, uint64_t at)
  * each tensor is written in two ranges, the second first. */
 static void export_model(const struct st_layout *L, const char *dir, float *const *values)
 {
-    struct rawio_file *fds;
+    struct st_files fds;
     st_create(L, dir, 1, &fds);
     for (int i = 0; i < L->n_tensors; i++) {
         size_t half = L->tensors[i].numel / 2;
-        st_write(L, fds, i, half, L->tensors[i].numel - half, values[i] + half);
-        st_write(L, fds, i, 0, half, values[i]);
+        st_write(L, &fds, i, half, L->tensors[i].numel - half, values[i] + half);
+        st_write(L, &fds, i, 0, half, values[i]);
     }
-    st_close_files(L, fds);
+    st_close_files(L, &fds);
     st_publish(L, dir);
 }
 
@@ -271,7 +271,7 @@ static void test_round_trip(enum dtype dt)
           (unsigned long long)st.bytes_read);
     st_close(&st);
     CHECK(dt == DTYPE_F32 ? "close_zeroes" : dt == DTYPE_F16 ? "close_zeroes_f16" : "close_zeroes_bf16",
-          st.n_tensors == 0 && st.tensors == NULL && st.fds == NULL && st.raw == NULL, "not reset");
+          st.n_tensors == 0 && st.tensors == NULL && st.fds == NULL && st.data.paths == NULL, "not reset");
     free(back);
     st_layout_free(&L);
     free(matrix);
@@ -683,7 +683,7 @@ static void child_create(const void *arg)
     const struct st_out outs[] = {{"w", 1, {4, 0}}};
     struct st_layout L;
     st_layout_plan(&L, outs, 1, DTYPE_F32, 0);
-    struct rawio_file *fds;
+    struct st_files fds;
     st_create(&L, a->dir, a->create, &fds);
 }
 
