@@ -21,8 +21,9 @@ Checks:
               from_pretrained, and shardlm started from it has transformers'
               logits for it (1e-5); `shardlm export CKPT DIR` under mpirun -np
               2 with --max-shard-size gives the same tensors as -np 1
-  roundtrip.* import, one step at lr 0 and weight decay 0, export: every
-              tensor bitwise equal to the original, in the file's dtype
+  roundtrip.* import, one step at lr 0 and weight decay 0, export (N = 2 at
+              stages 3, 2 and 0): every tensor bitwise equal to the original, in
+              the file's dtype
   bad.*       one line naming the file (and the tensor), exit status 2, nothing
               written: a header length past the end of the file, offsets past
               the end (a truncated shard), overlapping tensors, an I8 and an
@@ -230,20 +231,22 @@ def check_export(dirs):
 
 
 def check_roundtrip(dirs):
-    for tag, dt in (("llama_fp32", None), ("llama_bf16", "bf16"), ("gpt2", None)):
-        ck = os.path.join(TMP, f"rt_{tag}")
+    for tag, dt, stage in (("llama_fp32", None, 3), ("llama_bf16", "bf16", 3), ("gpt2", None, 3),
+                           ("llama_fp32", None, 0), ("llama_bf16", "bf16", 2)):
+        name = f"rt_{tag}_s{stage}"
+        ck = os.path.join(TMP, name)
         shutil.rmtree(ck, ignore_errors=True)
         extra = {"checkpoint": {"dir": ck, "export_hf": True},
                  "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0}}}
         if dt:
             extra[dt] = {"enabled": True}
-        r = train(f"rt_{tag}", 2, config(f"rt_{tag}", dirs[tag], 3, extra=extra))
+        r = train(name, 2, config(name, dirs[tag], stage, extra=extra))
         if r.returncode != 0:
-            check(f"roundtrip.{tag}", False, r.stderr[-400:])
+            check(f"roundtrip.{tag}_s{stage}", False, r.stderr[-400:])
             continue
         a, b = st_tensors(dirs[tag]), st_tensors(os.path.join(ck, "hf"))
         bad = [k for k in a if k not in b or a[k].dtype != b[k].dtype or not torch.equal(a[k], b[k])]
-        check(f"roundtrip.{tag}.bitwise", not bad and len(a) == len(b), f"{len(bad)} differ, e.g. {bad[:3]}")
+        check(f"roundtrip.{tag}_s{stage}.bitwise", not bad and len(a) == len(b), f"{len(bad)} differ, e.g. {bad[:3]}")
 
 
 def expect_bad(name, cfg_src, words, extra=None):
