@@ -175,7 +175,10 @@ expect_error() {
   fi
 }
 expect_error "bad.export_dtype" "--dtype 'fp8'" export "$CK" --dtype fp8 "$TMP/x.safetensors"
-expect_error "bad.export_suffix" "must end with" export "$CK" --dtype fp32 "$TMP/x.bin"
+# OUT without .safetensors or .h5 is a Hugging Face directory: an existing file there is refused, untouched
+echo "not a model" >"$TMP/x.bin"
+expect_error "bad.export_dir_is_a_file" "is not a directory" export "$CK" --dtype fp32 "$TMP/x.bin"
+if [ "$(cat "$TMP/x.bin")" = "not a model" ]; then ok "bad.export_dir_is_a_file.untouched"; else fail "bad.export_dir_is_a_file.untouched" "the file changed"; fi
 expect_error "bad.inspect_missing" "$TMP/nope.h5" inspect "$TMP/nope.h5"
 # OUT = the checkpoint itself (by its name, through a link, through DIR/latest):
 # refused, and the checkpoint keeps every byte
