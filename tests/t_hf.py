@@ -250,10 +250,13 @@ def check_roundtrip(dirs):
 
 
 def expect_bad(name, cfg_src, words, extra=None):
-    r = train(name, 1, config(name, cfg_src, 3, extra=extra))
+    cfg = config(name, cfg_src, 3, extra=extra)
+    r = train(name, 1, cfg)
     lines = [x for x in r.stderr.splitlines() if "error" in x]
-    ok = r.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words)
-    check(f"bad.{name}", ok, f"exit {r.returncode}, lines {lines[:2]} (want one naming {words})")
+    written = os.path.exists(os.path.join(TMP, name + ".jsonl"))
+    ok = r.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words) and not written
+    check(f"bad.{name}", ok, f"exit {r.returncode}, lines {lines[:2]} (want one naming {words}), metrics written "
+                             f"{written}")
 
 
 def corrupt_copy(src, name):
