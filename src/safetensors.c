@@ -470,14 +470,25 @@ void st_read(struct st_model *st, const struct st_tensor *t, size_t begin, size_
     if (t->dtype == DTYPE_F32) {
         read_bytes(st, t, out, count * esize, at); /* already fp32: straight into out */
     } else {
-        const size_t chunk = count < ST_IO_CHUNK_BYTES / esize ? count : ST_IO_CHUNK_BYTES / esize;
-        void *staging = xmalloc(chunk * esize);
-        for (size_t done = 0; done < count; done += chunk) {
-            size_t n = count - done < chunk ? count - done : chunk;
-            read_bytes(st, t, staging, n * esize, at + done * esize);
-            dtype_convert(out + done, DTYPE_F32, staging, t->dtype, n);
+        /* The half-precision bytes land in the back half of out itself, in one
+         * read (rawio pipelines it), and widen in place from the front, in
+         * pieces whose outputs end before their inputs begin (out[d .. d+n)
+         * ends at byte 4(d + n), element d's source starts at 2(count + d):
+         * n <= (count - d) / 2), so a piece's parallel conversion never reads
+         * what it writes and never overwrites an element not yet widened. The
+         * last few go through a small buffer. */
+        enum { TAIL = 64 };
+        char *src = (char *)out + count * (sizeof(float) - esize);
+        read_bytes(st, t, src, count * esize, at);
+        size_t d = 0;
+        while (count - d > TAIL) {
+            size_t n = (count - d) / 2 < ST_IO_CHUNK_BYTES ? (count - d) / 2 : ST_IO_CHUNK_BYTES;
+            dtype_convert(out + d, DTYPE_F32, src + d * esize, t->dtype, n);
+            d += n;
         }
-        free(staging);
+        uint16_t last[TAIL];
+        memcpy(last, src + d * esize, (count - d) * esize);
+        dtype_convert(out + d, DTYPE_F32, last, t->dtype, count - d);
     }
     st->bytes_read += count * esize;
 }
