@@ -28,6 +28,12 @@ float *family_grad(const struct family_acts *a, float *grad, int u, int t)
     return (float *)elem_at(grad, a->m->units[u].tensors[t].offset, (size_t)dtype_size(backend_grad_dtype()));
 }
 
+size_t family_scratch_floats(const struct model *m, const struct exec_target *t, int T)
+{
+    size_t att = target_attention_scratch(t, T, m->cfg.n_head), norm = target_norm_scratch(t, m->cfg.n_embd);
+    return att > norm ? att : norm;
+}
+
 size_t family_f32_bytes(size_t n) { return arena_round(n * sizeof(float)); }
 
 static size_t act_size_now(void) { return (size_t)dtype_size(backend_act_dtype()); }

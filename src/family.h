@@ -120,6 +120,8 @@ void family_read_logits(const struct family_acts *a, int row, float *out);
 /* Tensor t of a gathered unit (parameters, [A]) or of a unit gradient buffer ([G]). */
 const float *family_param(const struct family_acts *a, const float *unit, int u, int t);
 float *family_grad(const struct family_acts *a, float *grad, int u, int t);
+/* Floats of the scratch the attention and norm backward kernels share on target t. */
+size_t family_scratch_floats(const struct model *m, const struct exec_target *t, int T);
 /* Bytes of n [A] elements of the target, and of n fp32, as the arena rounds them. */
 size_t family_f32_bytes(size_t n);
 /* Copies n [A] elements (the running backend's act dtype). */

@@ -6,12 +6,6 @@
 #include "backend.h"
 #include "util.h"
 
-static size_t scratch_floats(const struct model *m, const struct exec_target *t, int T)
-{
-    size_t att = target_attention_scratch(t, T, m->cfg.n_head), ln = target_norm_scratch(t, m->cfg.n_embd);
-    return att > ln ? att : ln;
-}
-
 /* Bytes of one set of block activations (struct block_acts). */
 static size_t block_set_bytes(const struct exec_target *t, size_t B, size_t T, size_t C, size_t NH)
 {
@@ -28,7 +22,7 @@ static void gpt2_plan(const struct model *m, const struct exec_target *t, int B,
     bytes[BUF_ACTIVATIONS] += (size_t)n_sets * block_set_bytes(t, (size_t)B, (size_t)T, C, (size_t)m->cfg.n_head);
     bytes[BUF_LOGITS] += 2 * family_f32_bytes(BT);
     bytes[BUF_WORKSPACE] += target_act_bytes(t, BT * 3 * C) + target_act_bytes(t, BT * 4 * C) +
-                            family_f32_bytes(scratch_floats(m, t, T));
+                            family_f32_bytes(family_scratch_floats(m, t, T));
 }
 
 static void gpt2_init(struct family_acts *fa, const struct exec_target *t, struct arena *dev, struct mem_tracker *mem)
@@ -61,7 +55,7 @@ static void gpt2_init(struct family_acts *fa, const struct exec_target *t, struc
     a->lnf_rstd = ALLOC(BUF_LOGITS, BT);
     a->dwork_3c = ALLOC_ACT(BUF_WORKSPACE, BT * 3 * C);
     a->dwork_4c = ALLOC_ACT(BUF_WORKSPACE, BT * 4 * C);
-    a->scratch = ALLOC(BUF_WORKSPACE, scratch_floats(m, t, fa->max_T));
+    a->scratch = ALLOC(BUF_WORKSPACE, family_scratch_floats(m, t, fa->max_T));
 #undef ALLOC
 #undef ALLOC_ACT
 }

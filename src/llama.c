@@ -54,12 +54,6 @@ static struct dims dims_of(const struct model *m, int B, int T)
     return d;
 }
 
-static size_t scratch_floats(const struct model *m, const struct exec_target *t, int T)
-{
-    size_t att = target_attention_scratch(t, T, m->cfg.n_head), norm = target_norm_scratch(t, m->cfg.n_embd);
-    return att > norm ? att : norm;
-}
-
 static size_t rope_floats(const struct model *m, int T) { return (size_t)T * (size_t)(m->cfg.n_embd / m->cfg.n_head / 2); }
 
 static void llama_plan(const struct model *m, const struct exec_target *t, int B, int T, int n_sets,
@@ -73,7 +67,7 @@ static void llama_plan(const struct model *m, const struct exec_target *t, int B
     bytes[BUF_ACTIVATIONS] += (size_t)n_sets * set;
     bytes[BUF_LOGITS] += family_f32_bytes(N);
     bytes[BUF_WORKSPACE] += target_act_bytes(t, N * QKV) + target_act_bytes(t, N * 2 * F) + target_act_bytes(t, N * F) +
-                            family_f32_bytes(scratch_floats(m, t, T)) + 2 * family_f32_bytes(rope_floats(m, T));
+                            family_f32_bytes(family_scratch_floats(m, t, T)) + 2 * family_f32_bytes(rope_floats(m, T));
 }
 
 /* The rotary frequency of pair i (Hugging Face's inv_freq, in fp32 as it
@@ -138,7 +132,7 @@ static void llama_init(struct family_acts *fa, const struct exec_target *t, stru
     a->dqkv = ALLOC_ACT(BUF_WORKSPACE, N * QKV);
     a->dgu = ALLOC_ACT(BUF_WORKSPACE, N * 2 * F);
     a->dh = ALLOC_ACT(BUF_WORKSPACE, N * F);
-    a->scratch = ALLOC(BUF_WORKSPACE, scratch_floats(m, t, fa->max_T));
+    a->scratch = ALLOC(BUF_WORKSPACE, family_scratch_floats(m, t, fa->max_T));
     const size_t nr = rope_floats(m, fa->max_T);
     a->rope_cos = ALLOC(BUF_WORKSPACE, nr);
     a->rope_sin = ALLOC(BUF_WORKSPACE, nr);

@@ -26,6 +26,23 @@ ENV.pop("SHARDLM_INJECT_INF_STEP", None)
 _failures = 0
 
 
+def use_ref_venv(module, check_name):
+    """Continues in build/ref-venv (transformers, tokenizers, safetensors over Debian's torch; tools/deps.sh
+    --test makes it) when `module` is not importable here: re-executes the script with the venv's Python, or
+    prints a FAIL line and exits 1 when there is no venv."""
+    try:
+        __import__(module)
+        return
+    except ImportError:
+        pass
+    venv = os.path.join(ROOT, "build", "ref-venv")
+    py = os.path.join(venv, "bin", "python")
+    if os.path.exists(py) and os.path.realpath(sys.prefix) != os.path.realpath(venv):
+        os.execv(py, [py] + sys.argv)
+    print(f"FAIL {check_name}: {module} is missing and {py} does not exist; run tools/deps.sh --test")
+    sys.exit(1)
+
+
 def scratch_dir(name):
     """A directory for one test: under SHARDLM_TEST_TMP, else a fresh temporary
     one removed when the test exits."""

@@ -41,16 +41,10 @@ import struct
 import subprocess
 import sys
 
-VENV_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "ref-venv", "bin",
-                       "python")
-try:
-    import transformers  # noqa: F401
-except ImportError:
-    if os.path.exists(VENV_PY) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.dirname(os.path.dirname(
-            VENV_PY))):
-        os.execv(VENV_PY, [VENV_PY] + sys.argv)
-    print(f"FAIL hf.env: transformers is missing and {VENV_PY} does not exist; run tools/deps.sh --test")
-    sys.exit(1)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import use_ref_venv  # noqa: E402
+
+use_ref_venv("transformers", "hf.env")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

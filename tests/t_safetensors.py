@@ -24,16 +24,10 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENV_PY = os.path.join(ROOT, "build", "ref-venv", "bin", "python")
-try:
-    import safetensors  # noqa: F401
-except ImportError:
-    if os.path.exists(VENV_PY) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.dirname(os.path.dirname(
-            VENV_PY))):
-        os.execv(VENV_PY, [VENV_PY] + sys.argv)
-    print(f"FAIL safetensors.env: the safetensors package is missing and {VENV_PY} does not exist; "
-          "run tools/deps.sh --test")
-    sys.exit(1)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import use_ref_venv  # noqa: E402
+
+use_ref_venv("safetensors", "safetensors.env")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
