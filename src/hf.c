@@ -279,21 +279,84 @@ void hf_source_close(struct hf_source *s)
     memset(s, 0, sizeof *s);
 }
 
-void hf_source_read(void *source, int u, size_t begin, size_t count, float *out)
+/* Walks unit u's elements [begin, begin + count) in order: the file's rows of
+ * each tensor go to read(t, first element in t, count, index into out), the
+ * rest (alignment gaps, padded rows, unit padding) to zero(index, count). */
+static void walk_range(const struct hf_source *s, int u, size_t begin, size_t count,
+                       void (*read)(void *, const struct st_tensor *, size_t, size_t, size_t),
+                       void (*zero)(void *, size_t, size_t), void *ctx)
 {
-    struct hf_source *s = source;
     const struct unit_desc *ud = &s->m->units[u];
-    memset(out, 0, count * sizeof *out);
     const size_t end = begin + count;
+    size_t pos = begin;
     for (int i = 0; i < ud->n_tensors; i++) {
         const struct tensor_desc *t = &ud->tensors[i];
-        /* the rows the file has; padded rows stay zero */
         size_t valid = (size_t)t->rows_valid * (size_t)t->shape[1];
-        size_t lo = t->offset > begin ? t->offset : begin;
+        size_t lo = t->offset > pos ? t->offset : pos;
         size_t hi = t->offset + valid < end ? t->offset + valid : end;
-        if (lo < hi)
-            st_read(&s->st, s->map[u][i], lo - t->offset, hi - lo, out + (lo - begin));
+        if (!s->map[u][i] || lo >= hi)
+            continue;
+        if (lo > pos)
+            zero(ctx, pos - begin, lo - pos);
+        read(ctx, s->map[u][i], lo - t->offset, hi - lo, lo - begin);
+        pos = hi;
     }
+    if (pos < end)
+        zero(ctx, pos - begin, end - pos);
+}
+
+struct read_ctx {
+    struct hf_source *s;
+    void *out;
+    size_t esize; /* of an element of out */
+    void (*landed)(void *, size_t); /* hf_source_read_as's progress, or NULL */
+    void *landed_ctx;
+    size_t at;    /* where in out the tensor being read starts */
+};
+
+static void landed_in_tensor(void *c, size_t k)
+{
+    struct read_ctx *r = c;
+    r->landed(r->landed_ctx, r->at + k);
+}
+
+static void read_f32(void *c, const struct st_tensor *t, size_t first, size_t n, size_t at)
+{
+    struct read_ctx *r = c;
+    st_read(&r->s->st, t, first, n, (float *)r->out + at);
+}
+
+static void read_raw(void *c, const struct st_tensor *t, size_t first, size_t n, size_t at)
+{
+    struct read_ctx *r = c;
+    r->at = at;
+    st_read_raw(&r->s->st, t, first, n, (char *)r->out + at * r->esize, r->landed ? landed_in_tensor : NULL, r);
+}
+
+static void zero_out(void *c, size_t at, size_t n)
+{
+    struct read_ctx *r = c;
+    memset((char *)r->out + at * r->esize, 0, n * r->esize);
+    if (r->landed)
+        r->landed(r->landed_ctx, at + n);
+}
+
+void hf_source_read(void *source, int u, size_t begin, size_t count, float *out)
+{
+    struct read_ctx r = {source, out, sizeof(float), NULL, NULL, 0};
+    walk_range(source, u, begin, count, read_f32, zero_out, &r);
+}
+
+bool hf_source_read_as(void *source, int u, size_t begin, size_t count, enum dtype dt, void *out,
+                       void (*landed)(void *ctx, size_t elems), void *ctx)
+{
+    struct hf_source *s = source;
+    for (int i = 0; i < s->m->units[u].n_tensors; i++)
+        if (s->map[u][i] && s->map[u][i]->dtype != dt)
+            return false;
+    struct read_ctx r = {s, out, (size_t)dtype_size(dt), landed, ctx, 0};
+    walk_range(s, u, begin, count, read_raw, zero_out, &r);
+    return true;
 }
 
 double hf_source_bytes(const struct hf_source *s)

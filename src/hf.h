@@ -51,6 +51,12 @@ void hf_source_close(struct hf_source *s);
 /* fp32 values of unit u's elements [begin, begin + count): the file's
  * tensors where the unit has them, zero in alignment gaps and padded rows. */
 void hf_source_read(void *source, int u, size_t begin, size_t count, float *out);
+/* The same elements in dtype dt, read as the files store them, when every
+ * tensor of unit u is stored in dt (true; the same answer on every rank);
+ * false, reading nothing, when one is not. landed (optional) is told each
+ * time the first k elements of out are final. */
+bool hf_source_read_as(void *source, int u, size_t begin, size_t count, enum dtype dt, void *out,
+                       void (*landed)(void *ctx, size_t elems), void *ctx);
 /* Bytes of the file tensors the model reads (buffers and unused tensors not counted). */
 double hf_source_bytes(const struct hf_source *s);
 

@@ -72,6 +72,9 @@ struct pipeline {
     pthread_cond_t cond;
     size_t produced, consumed; /* pieces */
     int error;                 /* first error of either stage */
+    void (*landed)(void *, size_t); /* a read's progress (rawio_read_landed), or NULL */
+    void *landed_ctx;
+    size_t landed_base;        /* bytes of the caller's buffer before mem */
 };
 
 /* One stage's work on piece k: the file transfer (io) or the copy. */
@@ -81,10 +84,13 @@ static int pipeline_step(struct pipeline *p, size_t k, bool io)
     size_t len = p->n - k * RAWIO_BOUNCE_BYTES < RAWIO_BOUNCE_BYTES ? p->n - k * RAWIO_BOUNCE_BYTES : RAWIO_BOUNCE_BYTES;
     if (io)
         return transfer_all(p->f->fd_direct, p->write, slot, len, p->at + (off_t)(k * RAWIO_BOUNCE_BYTES));
-    if (p->write)
+    if (p->write) {
         memcpy(slot, mem, len);
-    else
+    } else {
         memcpy(mem, slot, len);
+        if (p->landed)
+            p->landed(p->landed_ctx, p->landed_base + k * RAWIO_BOUNCE_BYTES + len);
+    }
     return 0;
 }
 
@@ -124,10 +130,13 @@ static void *pipeline_thread(void *arg)
 }
 
 /* 0, an errno (EINVAL: no O_DIRECT here), or RAWIO_EOF. */
-static int direct_transfer(struct rawio_file *f, bool write, char *mem, size_t n, off_t at)
+static int direct_transfer(struct rawio_file *f, bool write, char *mem, size_t n, off_t at,
+                           const struct pipeline *progress)
 {
     struct pipeline p = {.f = f, .write = write, .mem = mem, .n = n, .at = at,
-                         .n_pieces = (n + RAWIO_BOUNCE_BYTES - 1) / RAWIO_BOUNCE_BYTES};
+                         .n_pieces = (n + RAWIO_BOUNCE_BYTES - 1) / RAWIO_BOUNCE_BYTES,
+                         .landed = progress->landed, .landed_ctx = progress->landed_ctx,
+                         .landed_base = progress->landed_base};
     pthread_mutex_init(&p.lock, NULL);
     pthread_cond_init(&p.cond, NULL);
     pthread_t helper;
@@ -146,36 +155,70 @@ static int direct_transfer(struct rawio_file *f, bool write, char *mem, size_t n
     return p.error;
 }
 
+/* Reads n bytes at `at` through the page cache in bounce-sized steps,
+ * reporting each to progress->landed (when set) as bytes base + done. */
+static int buffered_read(struct rawio_file *f, char *buf, size_t n, off_t at, const struct pipeline *progress)
+{
+    for (size_t done = 0; done < n || n == 0;) {
+        size_t len = n - done < RAWIO_BOUNCE_BYTES || !progress->landed ? n - done : RAWIO_BOUNCE_BYTES;
+        int e = transfer_all(f->fd_buffered, false, buf + done, len, at + (off_t)done);
+        if (e)
+            return e;
+        done += len;
+        if (progress->landed)
+            progress->landed(progress->landed_ctx, progress->landed_base + done);
+        if (n == 0)
+            break;
+    }
+    return 0;
+}
+
 /* Writes buf to, or reads it from, n bytes at file offset `at`: the partial
  * blocks at either end through the page cache, the whole blocks between them
  * with O_DIRECT (direct_transfer). Falls back to the page cache for good when
  * the file system refuses an O_DIRECT transfer (EINVAL). 0, an errno, or
- * RAWIO_EOF. A write only reads buf. */
-static int transfer(struct rawio_file *f, bool write, char *buf, size_t n, off_t at)
+ * RAWIO_EOF. A write only reads buf. A read reports its progress to
+ * progress->landed when that is set. */
+static int transfer(struct rawio_file *f, bool write, char *buf, size_t n, off_t at, struct pipeline *progress)
 {
     size_t head = (size_t)((RAWIO_ALIGN - (size_t)at % RAWIO_ALIGN) % RAWIO_ALIGN);
     if (f->fd_direct < 0 || n < head + RAWIO_ALIGN)
-        return transfer_all(f->fd_buffered, write, buf, n, at);
+        return write ? transfer_all(f->fd_buffered, true, buf, n, at) : buffered_read(f, buf, n, at, progress);
     size_t middle = (n - head) / RAWIO_ALIGN * RAWIO_ALIGN, tail = n - head - middle;
-    int e = transfer_all(f->fd_buffered, write, buf, head, at);
+    int e = write ? transfer_all(f->fd_buffered, true, buf, head, at) : buffered_read(f, buf, head, at, progress);
+    progress->landed_base = head;
     if (!e)
-        e = direct_transfer(f, write, buf + head, middle, at + (off_t)head);
+        e = direct_transfer(f, write, buf + head, middle, at + (off_t)head, progress);
     if (e == EINVAL) { /* no O_DIRECT here after all: the page cache, now and from now on */
         close(f->fd_direct);
         f->fd_direct = -1;
-        e = transfer_all(f->fd_buffered, write, buf + head, middle, at + (off_t)head);
+        e = write ? transfer_all(f->fd_buffered, true, buf + head, middle, at + (off_t)head)
+                  : buffered_read(f, buf + head, middle, at + (off_t)head, progress);
     }
-    return e ? e : transfer_all(f->fd_buffered, write, buf + head + middle, tail, at + (off_t)(head + middle));
+    progress->landed_base = head + middle;
+    if (e)
+        return e;
+    return write ? transfer_all(f->fd_buffered, true, buf + head + middle, tail, at + (off_t)(head + middle))
+                 : buffered_read(f, buf + head + middle, tail, at + (off_t)(head + middle), progress);
 }
 
 int rawio_write(struct rawio_file *f, const void *buf, size_t n, off_t at)
 {
-    return transfer(f, true, (char *)buf, n, at); /* a write never stores into buf */
+    struct pipeline none = {0};
+    return transfer(f, true, (char *)buf, n, at, &none); /* a write never stores into buf */
 }
 
 int rawio_read(struct rawio_file *f, void *buf, size_t n, off_t at)
 {
-    return transfer(f, false, buf, n, at);
+    struct pipeline none = {0};
+    return transfer(f, false, buf, n, at, &none);
+}
+
+int rawio_read_landed(struct rawio_file *f, void *buf, size_t n, off_t at, void (*landed)(void *ctx, size_t k),
+                      void *ctx)
+{
+    struct pipeline progress = {.landed = landed, .landed_ctx = ctx};
+    return transfer(f, false, buf, n, at, &progress);
 }
 
 int rawio_fsync(const char *path, bool directory, char *why, size_t why_cap)

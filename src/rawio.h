@@ -67,6 +67,13 @@ int rawio_write(struct rawio_file *f, const void *buf, size_t n, off_t at);
  * RAWIO_EOF when the file ends before at + n. */
 int rawio_read(struct rawio_file *f, void *buf, size_t n, off_t at);
 
+/* rawio_read, calling landed(ctx, k) on the calling thread each time the
+ * first k bytes of buf hold what the file has there (k grows, in steps of
+ * at most a bounce buffer; the last call, on success, has k = n), so that
+ * the caller works on bytes still in cache while the next ones are read. */
+int rawio_read_landed(struct rawio_file *f, void *buf, size_t n, off_t at, void (*landed)(void *ctx, size_t k),
+                      void *ctx);
+
 /* Makes PATH (a file, or a directory when DIRECTORY: after creating, renaming
  * or deleting entries in it) durable with fsync. Returns 0, or -1 with one
  * line in WHY: "cannot open 'PATH' to sync it: ..." or "cannot fsync 'PATH':

@@ -452,45 +452,73 @@ const struct st_tensor *st_find(const struct st_model *st, const char *name)
 /* ------------------------------------------------------------------------ */
 /* Reading: data                                                             */
 
-static void read_bytes(const struct st_model *st, const struct st_tensor *t, void *buf, size_t n, uint64_t at)
+struct landed_elems {
+    void (*landed)(void *, size_t);
+    void *ctx;
+    size_t esize;
+};
+
+static void landed_bytes(void *c, size_t k)
 {
-    int e = rawio_read(files_get((struct st_files *)&st->data, t->file), buf, n, (off_t)at);
+    struct landed_elems *l = c;
+    l->landed(l->ctx, k / l->esize);
+}
+
+static void read_bytes(const struct st_model *st, const struct st_tensor *t, void *buf, size_t n, uint64_t at,
+                       struct landed_elems *landed)
+{
+    struct rawio_file *f = files_get((struct st_files *)&st->data, t->file);
+    int e = landed->landed ? rawio_read_landed(f, buf, n, (off_t)at, landed_bytes, landed)
+                           : rawio_read(f, buf, n, (off_t)at);
     if (e)
         fail_input("%s: tensor '%s': reading bytes [%llu, %llu): %s: the file changed after it was opened; do not "
                    "modify a model while it is being read", st->paths[t->file], t->name, (unsigned long long)at,
                    (unsigned long long)(at + n), transfer_error(e));
 }
 
-void st_read(struct st_model *st, const struct st_tensor *t, size_t begin, size_t count, float *out)
+static void check_range(const struct st_tensor *t, size_t begin, size_t count)
 {
     if (begin > t->numel || count > t->numel - begin)
         fail_internal("st_read: elements [%zu, %zu) of '%s', which has %zu", begin, begin + count, t->name, t->numel);
+}
+
+void st_read_raw(struct st_model *st, const struct st_tensor *t, size_t begin, size_t count, void *out,
+                 void (*landed)(void *ctx, size_t elems), void *ctx)
+{
+    check_range(t, begin, count);
     const size_t esize = (size_t)dtype_size(t->dtype);
-    const uint64_t at = t->offset + begin * esize;
-    if (t->dtype == DTYPE_F32) {
-        read_bytes(st, t, out, count * esize, at); /* already fp32: straight into out */
-    } else {
-        /* The half-precision bytes land in the back half of out itself, in one
-         * read (rawio pipelines it), and widen in place from the front, in
-         * pieces whose outputs end before their inputs begin (out[d .. d+n)
-         * ends at byte 4(d + n), element d's source starts at 2(count + d):
-         * n <= (count - d) / 2), so a piece's parallel conversion never reads
-         * what it writes and never overwrites an element not yet widened. The
-         * last few go through a small buffer. */
-        enum { TAIL = 64 };
-        char *src = (char *)out + count * (sizeof(float) - esize);
-        read_bytes(st, t, src, count * esize, at);
-        size_t d = 0;
-        while (count - d > TAIL) {
-            size_t n = (count - d) / 2 < ST_IO_CHUNK_BYTES ? (count - d) / 2 : ST_IO_CHUNK_BYTES;
-            dtype_convert(out + d, DTYPE_F32, src + d * esize, t->dtype, n);
-            d += n;
-        }
-        uint16_t last[TAIL];
-        memcpy(last, src + d * esize, (count - d) * esize);
-        dtype_convert(out + d, DTYPE_F32, last, t->dtype, count - d);
-    }
+    struct landed_elems l = {landed, ctx, esize};
+    read_bytes(st, t, out, count * esize, t->offset + begin * esize, &l);
     st->bytes_read += count * esize;
+}
+
+void st_read(struct st_model *st, const struct st_tensor *t, size_t begin, size_t count, float *out)
+{
+    check_range(t, begin, count);
+    if (t->dtype == DTYPE_F32) {
+        st_read_raw(st, t, begin, count, out, NULL, NULL); /* already fp32: straight into out */
+        return;
+    }
+    /* The half-precision bytes land in the back half of out itself, in one
+     * read (rawio pipelines it), and widen in place from the front, in
+     * pieces whose outputs end before their inputs begin (out[d .. d+n)
+     * ends at byte 4(d + n), element d's source starts at 2(count + d):
+     * n <= (count - d) / 2), so a piece's parallel conversion never reads
+     * what it writes and never overwrites an element not yet widened. The
+     * last few go through a small buffer. */
+    enum { TAIL = 64 };
+    const size_t esize = (size_t)dtype_size(t->dtype);
+    char *src = (char *)out + count * (sizeof(float) - esize);
+    st_read_raw(st, t, begin, count, src, NULL, NULL);
+    size_t d = 0;
+    while (count - d > TAIL) {
+        size_t n = (count - d) / 2 < ST_IO_CHUNK_BYTES ? (count - d) / 2 : ST_IO_CHUNK_BYTES;
+        dtype_convert(out + d, DTYPE_F32, src + d * esize, t->dtype, n);
+        d += n;
+    }
+    uint16_t last[TAIL];
+    memcpy(last, src + d * esize, (count - d) * esize);
+    dtype_convert(out + d, DTYPE_F32, last, t->dtype, count - d);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -60,7 +60,7 @@ struct st_model {
     char **paths;              /* DIR/model.safetensors or the index's files, in index order */
     int n_tensors;
     struct st_tensor *tensors; /* every tensor of every file, sorted by name */
-    uint64_t bytes_read;       /* data bytes st_read read so far (the per-rank figure the logs print) */
+    uint64_t bytes_read;       /* data bytes st_read and st_read_raw read so far (the per-rank figure the logs print) */
     int *fds;                  /* open file descriptors, one per file (headers, checks) */
     struct st_files data;      /* the same files for the data (rawio.h: O_DIRECT where it can) */
 };
@@ -79,6 +79,11 @@ void st_close(struct st_model *st);
 const struct st_tensor *st_find(const struct st_model *st, const char *name);
 /* Elements [begin, begin + count) of t (row-major), converted to fp32 into out. */
 void st_read(struct st_model *st, const struct st_tensor *t, size_t begin, size_t count, float *out);
+/* The same elements as the file stores them (t->dtype), unconverted; when
+ * landed is given, landed(ctx, k) whenever the first k elements of out are
+ * final (rawio_read_landed). */
+void st_read_raw(struct st_model *st, const struct st_tensor *t, size_t begin, size_t count, void *out,
+                 void (*landed)(void *ctx, size_t elems), void *ctx);
 
 /* ---- writing ---- */
 

@@ -195,7 +195,7 @@ static void init_parameters(struct trainer *tr)
     struct hf_source hf;
     double t0 = now_seconds();
     hf_source_open(&hf, &tr->model, cfg->model.pretrained);
-    struct param_source src = {hf_source_read, &hf};
+    struct param_source src = {hf_source_read, hf_source_read_as, &hf};
     zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
               &tr->mem, &src);
     double total = hf_source_bytes(&hf), *bytes = xcalloc((size_t)tr->world, sizeof *bytes);

@@ -161,12 +161,81 @@ static void initial_values(struct zero *z, const struct param_source *src, int u
     comm_allgather(z->comm, own, out, zu->shard, COMM_F32, NULL);
 }
 
+/* The master's widening from parameters read as stored: the master's
+ * elements [lo, hi) of the unit (its range) come from raw, which holds the
+ * unit's elements from raw_begin on; [lo, done) are widened so far. */
+struct widen {
+    struct zero *z;
+    struct zero_unit *zu;
+    void *raw;
+    size_t raw_begin;
+    float *master; /* the master, or host scratch standing in for one in device memory */
+    size_t done;
+};
+
+static void widen_to(struct widen *w, size_t end)
+{
+    size_t hi = end < w->zu->opt_begin + w->zu->opt_count ? end : w->zu->opt_begin + w->zu->opt_count;
+    if (hi <= w->done)
+        return;
+    dtype_convert(w->master + (w->done - w->zu->opt_begin), DTYPE_F32, elem(w->raw, w->done - w->raw_begin, w->z->esize),
+                  w->z->dtype, hi - w->done);
+    w->done = hi;
+}
+
+/* The read's progress: its first k elements landed (still in cache). */
+static void widen_landed(void *ctx, size_t k)
+{
+    struct widen *w = ctx;
+    if (w->done >= w->raw_begin) /* the master's range starts inside what is read */
+        widen_to(w, w->raw_begin + k);
+}
+
+/* Unit u's parameters straight in their dtype from a source that stores
+ * them so (false when it does not): into dst when it is host memory, else
+ * through cast; the master is widened from them as they land, while the next
+ * bytes are read. No fp32 round trip: a half value widened and narrowed
+ * again is itself. */
+static bool init_params_as_stored(struct zero *z, const struct param_source *src, int u, size_t begin,
+                                  size_t count, void *dst, float *scratch, void *cast)
+{
+    struct zero_unit *zu = &z->units[u];
+    void *raw = z->device ? cast : dst;
+    const bool master_on_device = z->device && !z->optimizer_on_host;
+    struct widen w = {z, zu, raw, begin, master_on_device ? scratch : zu->master, zu->opt_begin};
+    void (*landed)(void *, size_t) = z->master_copy ? widen_landed : NULL;
+    if (zu->sharded || z->world == 1) {
+        if (!src->read_as(src->ctx, u, begin, count, z->dtype, raw, landed, &w))
+            return false;
+    } else { /* 1/N each, all-gathered in the parameter dtype */
+        const size_t own_begin = (size_t)z->rank * zu->shard;
+        void *own = elem(raw, own_begin, z->esize);
+        w.raw = own;
+        w.raw_begin = own_begin;
+        if (!src->read_as(src->ctx, u, own_begin, zu->shard, z->dtype, own, landed, &w))
+            return false; /* every rank's answer */
+        comm_allgather(z->comm, own, raw, zu->shard, z->esize == 2 ? COMM_U16_SUM_BF16 : COMM_F32, NULL);
+        w.raw = raw;
+        w.raw_begin = 0;
+    }
+    if (z->device)
+        backend_copy(dst, raw, count * z->esize);
+    if (!z->master_copy)
+        return true;
+    widen_to(&w, zu->opt_begin + zu->opt_count); /* what the read's progress did not reach (beyond this rank's 1/N) */
+    if (master_on_device)
+        backend_copy(zu->master, scratch, zu->opt_count * sizeof(float));
+    return true;
+}
+
 /* scratch: fp32, then the parameter dtype, for the largest unit (host memory). */
 static void init_params(struct zero *z, const struct param_source *src, int u, float *scratch, void *cast)
 {
     struct zero_unit *zu = &z->units[u];
     size_t begin = zu->sharded ? zu->opt_begin : 0, count = zu->sharded ? zu->shard : zu->padded;
     void *dst = zu->sharded ? zu->param_shard : zu->params;
+    if (src && src->read_as && init_params_as_stored(z, src, u, begin, count, dst, scratch, cast))
+        return;
     if (!z->master_copy && !z->device) {
         initial_values(z, src, u, begin, count, dst);
         return;

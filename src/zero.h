@@ -165,7 +165,16 @@ struct zero {
  * writes the fp32 values of the unit's elements [begin, begin + count) (alignment
  * gaps and padding zero). NULL: model_init_range, the seeded random init. */
 struct param_source {
+    /* fp32 values of unit's elements [begin, begin + count), zero where the unit has no value */
     void (*read)(void *ctx, int unit, size_t begin, size_t count, float *out);
+    /* The same in dtype dt when the source stores the whole unit in dt
+     * (true), so that the parameters need no conversion; false, reading
+     * nothing, when it does not (the same answer for every range of a unit).
+     * landed(landed_ctx, k), when given, each time out's first k elements
+     * are final, so the caller can work on them while the rest is read.
+     * NULL: never. */
+    bool (*read_as)(void *ctx, int unit, size_t begin, size_t count, enum dtype dt, void *out,
+                    void (*landed)(void *landed_ctx, size_t elems), void *landed_ctx);
     void *ctx;
 };
 

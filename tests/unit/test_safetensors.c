@@ -8,12 +8,15 @@
  * (split points, a tensor too big for a file alone in its own, names, index);
  * reads sub-ranges, across the 4 MiB staging chunk too, and the bytes_read
  * count; reads a file written by hand (not by the writer) with an unpadded
- * header, a scalar and an empty tensor; and refuses, in a forked child with
+ * header, a scalar and an empty tensor; checks the progress a read reports
+ * (rawio_read_landed: every reported prefix already holds the file's bytes,
+ * over several bounce buffers and unaligned ends); and refuses, in a forked child with
  * exit status 2 and one line naming the file and the tensor, every bad input
  * st_open must catch before reading data.
  */
 #include "check.h"
 #include "dtype.h"
+#include "rawio.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -705,6 +708,46 @@ static void test_bad_io(void)
     check_error("open_before_create", status, msg, "model.safetensors.tmp", "rank 0 creates it", NULL);
 }
 
+static uint8_t pattern_byte(size_t i) { return (uint8_t)((i * 2654435761u) >> 13); }
+
+struct landed_check {
+    const uint8_t *buf;
+    size_t at, last, calls, bad;
+};
+
+static void on_landed(void *ctx, size_t k)
+{
+    struct landed_check *c = ctx;
+    if (k <= c->last && !(k == 0 && c->calls == 0))
+        c->bad++;
+    for (size_t i = c->last; i < k; i++)
+        c->bad += c->buf[i] != pattern_byte(c->at + i);
+    c->last = k > c->last ? k : c->last;
+    c->calls++;
+}
+
+static void test_read_landed(void)
+{
+    const char *dir = case_dir("landed");
+    char path[2100];
+    snprintf(path, sizeof path, "%s/bytes", dir);
+    const size_t size = ((size_t)20 << 20) + 4321, at = 777, n = size - at - 1000;
+    uint8_t *bytes = xmalloc(size), *buf = xcalloc(n, 1);
+    for (size_t i = 0; i < size; i++)
+        bytes[i] = pattern_byte(i);
+    write_bytes(path, bytes, size);
+    struct rawio_file f;
+    int e = rawio_open(&f, path, false);
+    struct landed_check c = {buf, at, 0, 0, 0};
+    e = e ? e : rawio_read_landed(&f, buf, n, (off_t)at, on_landed, &c);
+    rawio_close(&f);
+    CHECK("read_landed", e == 0 && c.bad == 0 && c.last == n && c.calls >= 4,
+          "error %d, %zu bad (not final when reported, or not growing), last %zu of %zu, %zu calls", e, c.bad, c.last,
+          n, c.calls);
+    free(bytes);
+    free(buf);
+}
+
 int main(void)
 {
     make_test_dir();
@@ -717,5 +760,6 @@ int main(void)
     test_bad_headers();
     test_bad_index();
     test_bad_io();
+    test_read_landed();
     return check_status();
 }
