@@ -3,7 +3,8 @@
 #
 # On a cluster with environment modules (pkg-config already finds MPI, HDF5,
 # OpenBLAS and jansson) this does nothing.  On Debian/Ubuntu it installs the
-# missing Debian packages with apt-get.  With --test it also makes sure the
+# missing Debian packages with apt-get, and makes build/data-venv, the
+# tokenizers and jinja2 of tools/prepare_data.py.  With --test it also makes sure the
 # reference-test tools (Debian's python3-torch, numpy, h5py, crc32c) and the
 # Slurm daemons for tests/t_slurm.sh are present.  With --slurm it checks only
 # Slurm (munge, slurmctld, slurmd, the clients, PMIx), for
@@ -36,14 +37,22 @@ if [ "$want_build" = 1 ]; then
     fi
   done
   command -v h5dump >/dev/null 2>&1 || missing+=(hdf5-tools)
+  # tools/prepare_data.py: Debian's numpy and h5py, venv for build/data-venv;
+  # where apt-get is missing (modules), only that tool goes without them.
+  data_pkgs=()
+  /usr/bin/python3 -c 'import numpy' 2>/dev/null || data_pkgs+=(python3-numpy)
+  /usr/bin/python3 -c 'import h5py' 2>/dev/null || data_pkgs+=(python3-h5py)
+  /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || data_pkgs+=(python3-venv)
+  if [ "$want_test" = 1 ] || command -v apt-get >/dev/null 2>&1; then
+    missing+=("${data_pkgs[@]}")
+  elif [ "${#data_pkgs[@]}" -gt 0 ]; then
+    echo "shardlm deps: tools/prepare_data.py needs ${data_pkgs[*]} for /usr/bin/python3 (no apt-get here)" >&2
+  fi
 fi
 command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
 if [ "$want_test" = 1 ]; then
   /usr/bin/python3 -c 'import torch' 2>/dev/null || missing+=(python3-torch)
-  /usr/bin/python3 -c 'import numpy' 2>/dev/null || missing+=(python3-numpy)
-  /usr/bin/python3 -c 'import h5py' 2>/dev/null || missing+=(python3-h5py)
   /usr/bin/python3 -c 'import crc32c' 2>/dev/null || missing+=(python3-crc32c)
-  /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
 fi
 installing_daemons=0
 if [ "$want_slurm" = 1 ]; then
@@ -55,40 +64,64 @@ if [ "$want_slurm" = 1 ]; then
   done
 fi
 
-# The Hugging Face reference for the tests (transformers' LlamaForCausalLM,
-# tokenizers, PEFT): a virtual environment over Debian's interpreter, so that
-# it sees Debian's torch 1.13 and numpy; pip must never bring PyPI's torch
-# (gigabytes of CUDA wheels), so PEFT and accelerate come without their
-# dependencies and the rest is pinned to versions that work with torch 1.13.
-ref_venv() {
+# A virtual environment over Debian's interpreter (--system-site-packages, so
+# that it sees Debian's numpy, h5py and torch 1.13), made when it does not
+# pass its import check: make_venv NAME CHECK WHAT INSTALL, where INSTALL is a
+# function given the venv's python that pip-installs into it. pip must never
+# bring PyPI's torch (gigabytes of CUDA wheels). Returns non-zero on failure.
+make_venv() {
   local venv py
-  venv="$(cd "$(dirname "$0")/.." && pwd)/build/ref-venv"
+  venv="$(cd "$(dirname "$0")/.." && pwd)/build/$1"
   py="$venv/bin/python"
-  local check='import transformers, tokenizers, safetensors, jinja2, peft, accelerate, torch
-assert transformers.__version__ == "4.40.2", transformers.__version__
-assert torch.__file__.startswith("/usr/lib/python3/dist-packages/"), torch.__file__'
-  if [ -x "$py" ] && "$py" -c "$check" 2>/dev/null; then
+  if [ -x "$py" ] && "$py" -c "$2" 2>/dev/null; then
     return 0
   fi
-  echo "shardlm deps: making the reference environment $venv (transformers 4.40.2, PEFT 0.10.0)" >&2
+  echo "shardlm deps: making $venv ($3)" >&2
   mkdir -p "$(dirname "$venv")"
-  /usr/bin/python3 -m venv --system-site-packages "$venv" &&
-    "$py" -m pip install -q --disable-pip-version-check transformers==4.40.2 'tokenizers>=0.19,<0.20' safetensors \
-      jinja2 psutil >/tmp/shardlm-deps-pip.log 2>&1 &&
-    "$py" -m pip install -q --disable-pip-version-check --no-deps peft==0.10.0 accelerate==0.29.3 \
-      >>/tmp/shardlm-deps-pip.log 2>&1 || {
+  /usr/bin/python3 -m venv --system-site-packages "$venv" && "$4" "$py" >/tmp/shardlm-deps-pip.log 2>&1 || {
     tail -20 /tmp/shardlm-deps-pip.log >&2
     echo "shardlm deps: pip could not make $venv; see /tmp/shardlm-deps-pip.log" >&2
-    exit 2
+    return 2
   }
-  "$py" -c "$check" || {
-    echo "shardlm deps: $venv does not import the reference packages over Debian's torch" >&2
-    exit 2
+  "$py" -c "$2" || {
+    echo "shardlm deps: $venv does not import its packages over Debian's" >&2
+    return 2
   }
+}
+pip_install() { local py=$1; shift; "$py" -m pip install -q --disable-pip-version-check "$@"; }
+
+# The Hugging Face reference for the tests (transformers' LlamaForCausalLM,
+# tokenizers, PEFT): PEFT and accelerate come without their dependencies (they
+# would bring torch) and the rest is pinned to versions that work with torch 1.13.
+ref_install() {
+  pip_install "$1" transformers==4.40.2 'tokenizers>=0.19,<0.20' safetensors jinja2 psutil &&
+    pip_install "$1" --no-deps peft==0.10.0 accelerate==0.29.3
+}
+ref_venv() {
+  make_venv ref-venv 'import transformers, tokenizers, safetensors, jinja2, peft, accelerate, torch
+assert transformers.__version__ == "4.40.2", transformers.__version__
+assert torch.__file__.startswith("/usr/lib/python3/dist-packages/"), torch.__file__' \
+    "transformers 4.40.2, PEFT 0.10.0" ref_install || exit 2
+}
+
+# tools/prepare_data.py: tokenizers and jinja2 only. Training does not need it,
+# so without it (no PyPI here) the build goes on with a warning.
+data_install() { pip_install "$1" 'tokenizers>=0.19,<0.20' jinja2; }
+data_venv() {
+  make_venv data-venv 'import tokenizers, jinja2, numpy, h5py
+assert tokenizers.__version__.startswith("0.19."), tokenizers.__version__' "tokenizers 0.19, jinja2" data_install ||
+    echo "shardlm deps: warning: no build/data-venv, so tools/prepare_data.py cannot run" >&2
+}
+
+# What the installed packages allow: the data tool's environment, and with
+# --test the reference one.
+venvs() {
+  if [ "$want_build" = 1 ]; then data_venv; fi
+  if [ "$want_test" = 1 ]; then ref_venv; fi
 }
 
 if [ "${#missing[@]}" -eq 0 ]; then
-  [ "$want_test" = 1 ] && ref_venv
+  venvs
   exit 0
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
@@ -120,5 +153,5 @@ if ! apt_install "${missing[@]}" >/tmp/shardlm-deps.log 2>&1; then
     exit 2
   }
 fi
-[ "$want_test" = 1 ] && ref_venv
+venvs
 exit 0

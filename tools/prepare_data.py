@@ -1,0 +1,717 @@
+#!/usr/bin/env python3
+"""prepare_data — instruction and pre-training JSONL to a shardlm sample file (HDF5).
+
+    tools/prepare_data.py [--tokenizer DIR_OR_tokenizer.json] [--format auto|text|completion|alpaca|chat|tokenized]
+                          [--skip-bad] [--vocab-size N] [--chat-template FILE] -o OUT.h5 INPUT.jsonl [MORE or GLOB...]
+
+Every non-blank line of every input (files and globs in the order given, the
+files of a glob sorted) is one JSON object and becomes one sample. Its format
+comes from its keys, or from --format for every line:
+
+  text        {"text"}: continued pre-training, every token trained
+  completion  {"prompt", "completion"} (or "response"): loss on the completion
+  alpaca      {"instruction", "input" (optional), "output"}: the Alpaca prompt
+              wording around instruction and input, loss on the output
+  chat        {"messages": [{"role", "content"}, ...]}: the tokenizer's chat
+              template (or --chat-template), loss on the assistant turns
+  tokenized   {"input_ids", "labels" (optional, -100 = not trained)}
+
+Tokenization (a Hugging Face directory: tokenizer.json, tokenizer_config.json,
+special_tokens_map.json; or a tokenizer.json, whose directory is read for the
+other two). Text is always encoded without the tokenizer's post-processor
+(add_special_tokens=False): this tool adds BOS and EOS itself, so no sample
+gets them twice.
+  * BOS starts text, completion and Alpaca samples when the tokenizer adds it:
+    tokenizer_config.json's add_bos_token when present (Llama sets it), else
+    what the post-processor of tokenizer.json does to a probe text.
+  * EOS ends text samples and completions (trained: the model learns to stop),
+    whatever add_eos_token says, so it is never doubled.
+  * A prompt and its completion are encoded separately and concatenated: the
+    prompt tokens are then exactly those the model sees when it is given the
+    prompt alone at inference, and the boundary is a token boundary, so the
+    loss mask is exact. No separator is inserted; the prompt carries its own
+    trailing space or newline (the Alpaca prompt ends in "### Response:\\n").
+    With a SentencePiece-style tokenizer that marks the start of every encoded
+    text with "\u2581" (Llama 2's normalizer), the completion starts with it.
+  * A chat is rendered once, as transformers' apply_chat_template(messages,
+    tokenize=False) does (jinja2 sandbox, trim_blocks, lstrip_blocks, the
+    loopcontrols extension, raise_exception, the special tokens as
+    bos_token, eos_token, ...), and encoded once with character offsets. The
+    characters of assistant turn k are those between the rendering of
+    messages[:k] with add_generation_prompt=True and the rendering of
+    messages[:k+1]: the content and the end-of-turn text the template writes
+    after it. A token is trained when all its characters lie in such a span.
+    Both renderings must be prefixes of the whole one, else the line is bad.
+    A chat gets no BOS or EOS beyond what its template writes (as with
+    apply_chat_template(tokenize=True)).
+  * Pre-tokenized ids are taken as they are (no BOS, EOS or template).
+
+Sample file (the C trainer reads it; every sample at least 2 tokens):
+  /tokens   int32 [n_tokens]       the samples' token ids, concatenated in order
+  /trained  uint8 [n_tokens]       1 where the token is a training target (its
+                                   prediction from the tokens before it counts);
+                                   0 for the first token of every sample
+  /offsets  int64 [n_samples + 1]  sample i is tokens[offsets[i]:offsets[i+1]]
+  root attributes: format "shardlm-samples", version 1, vocab_size,
+  tokenizer_sha256 (of tokenizer.json's bytes, "" without a tokenizer),
+  bos_token_id / eos_token_id / pad_token_id (-1 when none), source (JSON list
+  of the absolute input paths), n_samples, n_tokens, n_trained_tokens,
+  n_skipped_lines (int64), formats (JSON object: format -> samples). Strings
+  are scalar fixed-length NUL-terminated UTF-8, as in shardlm's checkpoints;
+  integers int64. Datasets are chunked, without filters.
+
+The file is written under a temporary name in OUT's directory and renamed
+over OUT at the end: a failed run leaves OUT as it was.
+
+Bad input is one line "FILE:LINE: problem; what to do" on stderr and exit
+status 2 with no output; --skip-bad skips bad lines instead, counts them and
+prints the first few. tokenizers and jinja2 come from build/data-venv (made by
+tools/deps.sh); run with a Python that lacks them, this script re-executes
+itself with that environment's Python.
+"""
+import argparse
+import glob
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXIT_BAD_INPUT = 2
+# Environments that hold tokenizers and jinja2 over Debian's numpy and h5py, in
+# order of preference: tools/deps.sh makes data-venv (and ref-venv with --test).
+VENVS = ("data-venv", "ref-venv")
+REEXEC_MARK = "SHARDLM_PREPARE_DATA_VENV"
+
+
+def fail(message):
+    print(message.replace("\n", " "), file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def use_data_venv():
+    """Continues in build/data-venv (or build/ref-venv) when a module this tool
+    needs is not importable here; re-executes at most once."""
+    try:
+        import h5py  # noqa: F401
+        import jinja2  # noqa: F401
+        import numpy  # noqa: F401
+        import tokenizers  # noqa: F401
+        return
+    except ImportError as e:
+        missing = e.name
+    if not os.environ.get(REEXEC_MARK):
+        for name in VENVS:
+            py = os.path.join(ROOT, "build", name, "bin", "python")
+            if os.path.exists(py):
+                os.environ[REEXEC_MARK] = py
+                os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
+    where = os.environ.get(REEXEC_MARK) or os.path.join(ROOT, "build", VENVS[0])
+    fail(f"prepare_data: Python module {missing} is missing ({sys.executable}, {where}); "
+         f"run tools/deps.sh (make deps) to make build/{VENVS[0]}")
+
+
+use_data_venv()
+
+import h5py  # noqa: E402
+import jinja2  # noqa: E402
+import jinja2.sandbox  # noqa: E402
+import numpy as np  # noqa: E402
+import tokenizers  # noqa: E402
+
+FORMATS = ("text", "completion", "alpaca", "chat", "tokenized")
+ROLES = ("system", "user", "assistant", "tool")
+IGNORE_LABEL = -100  # transformers' ignore_index: a label that is not trained
+# Special-token attributes that transformers passes to a chat template
+# (SPECIAL_TOKENS_ATTRIBUTES); they are also what tokenizer_config.json names.
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# Stanford Alpaca's prompt wording, with and without an input.
+ALPACA_WITH_INPUT = ("Below is an instruction that describes a task, paired with an input that provides further "
+                     "context. Write a response that appropriately completes the request.\n\n"
+                     "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
+ALPACA_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately completes "
+                   "the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+# Elements per HDF5 chunk (256 KiB of int32 tokens) and per buffered write.
+CHUNK = 1 << 16
+FLUSH_TOKENS = 1 << 20
+# Lines whose texts are encoded in one encode_batch call (which spreads them
+# over the cores), or fewer when they hold this many bytes.
+BATCH_LINES = 1024
+BATCH_BYTES = 16 << 20
+# The progress bar shows on a terminal, or when the input is at least this
+# large (a log of a long run then shows it was alive); updates at most this often.
+PROGRESS_MIN_BYTES = 64 << 20
+PROGRESS_EVERY_S = 0.5
+SHOWN_SKIPS = 10  # --skip-bad prints this many bad lines, then only counts
+
+
+class BadLine(Exception):
+    """A line that cannot become a sample: str(e) is "problem; what to do"."""
+
+
+class Tokenizer:
+    """tokenizer.json with the special tokens, BOS rule and chat template of its
+    directory's tokenizer_config.json and special_tokens_map.json."""
+
+    def __init__(self, path, chat_template_file):
+        path = os.path.abspath(path)
+        json_path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        folder = os.path.dirname(json_path)
+        try:
+            with open(json_path, "rb") as f:
+                raw = f.read()
+            self.tok = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as e:  # OSError, UnicodeDecodeError, the tokenizers library's parse errors
+            fail(f"{json_path}: cannot read the tokenizer ({type(e).__name__}: {e}); "
+                 "give --tokenizer a Hugging Face model directory or its tokenizer.json")
+        self.sha256 = hashlib.sha256(raw).hexdigest()
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        config = read_json_object(os.path.join(folder, "tokenizer_config.json"))
+        # transformers lets special_tokens_map.json override tokenizer_config.json
+        config.update(read_json_object(os.path.join(folder, "special_tokens_map.json")))
+        self.special = {}  # attribute -> token text
+        self.ids = {}  # attribute -> token id
+        for name in SPECIAL_TOKENS:
+            value = config.get(name)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if not value:
+                continue
+            if not isinstance(value, str) or self.tok.token_to_id(value) is None:
+                fail(f"{folder}: {name} {value!r} (tokenizer_config.json, special_tokens_map.json) is not a token "
+                     f"of {json_path}; fix the directory's tokenizer files")
+            self.special[name] = value
+            self.ids[name] = self.tok.token_to_id(value)
+        self.bos = self.ids.get("bos_token")
+        self.eos = self.ids.get("eos_token")
+        self.pad = self.ids.get("pad_token")
+        add_bos = config.get("add_bos_token")
+        if not isinstance(add_bos, bool):
+            add_bos = self.post_processor_adds_bos()
+        self.add_bos = add_bos and self.bos is not None
+        self.template_source = None
+        template = config.get("chat_template")
+        if chat_template_file:
+            try:
+                with open(chat_template_file, encoding="utf-8") as f:
+                    template = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                fail(f"{chat_template_file}: cannot read the chat template ({e}); give a jinja2 template file")
+            self.template_source = chat_template_file
+        elif isinstance(template, list):  # several named templates: transformers uses "default"
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        self.template = compile_template(template, self.template_source or folder) if template else None
+
+    def post_processor_adds_bos(self):
+        probe = "a"
+        plain = self.tok.encode(probe, add_special_tokens=False).ids
+        full = self.tok.encode(probe, add_special_tokens=True).ids
+        return self.bos is not None and len(full) > len(plain) and full[0] == self.bos
+
+    def render(self, messages, add_generation_prompt):
+        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.special)
+
+
+def read_json_object(path):
+    """A JSON object file's contents; {} when there is no such file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        fail(f"{path}: cannot read it ({e}); fix or remove the file")
+    if not isinstance(value, dict):
+        fail(f"{path}: not a JSON object; fix or remove the file")
+    return value
+
+
+def compile_template(source, where):
+    """The chat template compiled as transformers compiles it (4.40:
+    ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, a
+    raise_exception global; later releases add the loopcontrols extension)."""
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(source)
+    except jinja2.exceptions.TemplateError as e:
+        fail(f"{where}: the chat template does not compile ({e}); fix the template")
+
+
+def json_type(value):
+    """What a parsed JSON value is, in JSON's words."""
+    kinds = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list",
+             dict: "an object", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def string_field(obj, key, allow_empty=True):
+    value = obj.get(key)
+    if value is None:
+        raise BadLine(f"no \"{key}\" field; add it, or give the line's format with --format")
+    if not isinstance(value, str):
+        raise BadLine(f"\"{key}\" is {json_type(value)}, not a string; make it a string")
+    if not allow_empty and not value:
+        raise BadLine(f"\"{key}\" is empty; a sample needs a completion to train on")
+    return value
+
+
+def detect_format(obj):
+    if "messages" in obj:
+        return "chat"
+    if "input_ids" in obj:
+        return "tokenized"
+    if "instruction" in obj and "output" in obj:
+        return "alpaca"
+    if "prompt" in obj and ("completion" in obj or "response" in obj):
+        return "completion"
+    if "text" in obj:
+        return "text"
+    keys = ", ".join(sorted(obj)) or "none"
+    raise BadLine(f"no known format (keys: {keys}); give \"text\", \"prompt\"+\"completion\", "
+                  "\"instruction\"+\"output\", \"messages\" or \"input_ids\", or force one with --format")
+
+
+class SampleBuilder:
+    """Turns a line's JSON object into a plan of pieces, and pieces with their
+    encodings into (token ids, trained flags). The texts of many lines are
+    encoded together in between (the tokenizers library then uses every core).
+
+    A piece is (content, trained): content is a text to encode or a list of
+    token ids; trained is 0 or 1 for all its tokens, or, for a text, a list of
+    character spans whose tokens are trained (chat), or, for ids, a list of
+    flags, one per id (labels)."""
+
+    def __init__(self, tokenizer, vocab_size):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+
+    def need_tokenizer(self, fmt):
+        if self.tokenizer is None:
+            raise BadLine(f"a {fmt} line needs a tokenizer; give --tokenizer")
+        return self.tokenizer
+
+    def bos(self):
+        return [([self.tokenizer.bos], 0)] if self.tokenizer.add_bos else []
+
+    def eos(self):
+        return [([self.tokenizer.eos], 1)] if self.tokenizer.eos is not None else []
+
+    def text(self, obj):
+        self.need_tokenizer("text")
+        return self.bos() + [(string_field(obj, "text"), 1)] + self.eos()
+
+    def prompt_completion(self, prompt, completion):
+        # Encoded apart, then concatenated: see the module's docstring.
+        return self.bos() + [(prompt, 0), (completion, 1)] + self.eos()
+
+    def completion(self, obj):
+        self.need_tokenizer("completion")
+        key = "completion" if "completion" in obj or "response" not in obj else "response"
+        return self.prompt_completion(string_field(obj, "prompt"), string_field(obj, key, allow_empty=False))
+
+    def alpaca(self, obj):
+        self.need_tokenizer("alpaca")
+        instruction = string_field(obj, "instruction")
+        extra = obj.get("input") or ""
+        if not isinstance(extra, str):
+            raise BadLine(f"\"input\" is {json_type(extra)}, not a string; make it a string or leave it out")
+        wording = ALPACA_WITH_INPUT if extra else ALPACA_NO_INPUT
+        prompt = wording.format(instruction=instruction, input=extra)
+        return self.prompt_completion(prompt, string_field(obj, "output", allow_empty=False))
+
+    def chat(self, obj):
+        tok = self.need_tokenizer("chat")
+        if tok.template is None:
+            raise BadLine("the tokenizer has no chat_template (or no \"default\" among its named ones); "
+                          "give one with --chat-template FILE")
+        messages = obj.get("messages")
+        check_messages(messages)
+        full = render(tok, messages, False)
+        spans = []
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = render(tok, messages[:k], True)
+            through = render(tok, messages[:k + 1], False)
+            if not (full.startswith(before) and full.startswith(through) and len(before) <= len(through)):
+                raise BadLine(f"the chat template does not render messages[:{k}] as the start of the whole "
+                              "conversation, so assistant turns cannot be found; use a template that renders "
+                              "each turn independently of the later ones")
+            spans.append((len(before), len(through)))
+        return [(full, spans)]
+
+    def tokenized(self, obj):
+        ids = obj.get("input_ids")
+        if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            raise BadLine("\"input_ids\" is not a list of integers; give token ids as a JSON list of integers")
+        labels = obj.get("labels")
+        if labels is None:
+            return [(ids, 1)]
+        if not isinstance(labels, list) or not all(type(i) is int for i in labels) or len(labels) != len(ids):
+            raise BadLine(f"\"labels\" is not a list of {len(ids)} integers (one per input id); "
+                          f"give the input id or {IGNORE_LABEL} at each position")
+        for pos, (i, label) in enumerate(zip(ids, labels)):
+            if label != IGNORE_LABEL and label != i:
+                raise BadLine(f"label {label} at position {pos} is neither {IGNORE_LABEL} nor the input id {i}; "
+                              "labels here are unshifted (labels[i] is the target at position i)")
+        return [(ids, [int(label != IGNORE_LABEL) for label in labels])]
+
+    def plan(self, obj, fmt):
+        """(format, pieces) of a line's object; BadLine when it cannot be a sample."""
+        if not isinstance(obj, dict):
+            raise BadLine(f"the line is {json_type(obj)}, not an object; write one JSON object a line")
+        fmt = detect_format(obj) if fmt == "auto" else fmt
+        return fmt, getattr(self, fmt)(obj)
+
+    def assemble(self, pieces, encodings):
+        """(int32 ids, uint8 trained) of a plan, taking its texts' encodings in order from the iterator
+        ENCODINGS; BadLine when the sample is too short, has no trained token or an id outside the vocabulary."""
+        all_ids, all_trained = [], []
+        for content, trained in pieces:
+            if isinstance(content, str):
+                encoding = next(encodings)
+                ids = np.asarray(encoding.ids, dtype=np.int64)
+                if isinstance(trained, list):
+                    flags = spans_mask(np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2), trained)
+                else:
+                    flags = np.full(len(ids), trained, dtype=np.uint8)
+            else:
+                ids = np.asarray(content, dtype=np.int64)
+                flags = np.asarray(trained if isinstance(trained, list) else [trained] * len(ids), dtype=np.uint8)
+            all_ids.append(ids)
+            all_trained.append(flags)
+        ids = np.concatenate(all_ids) if all_ids else np.zeros(0, dtype=np.int64)
+        trained = np.concatenate(all_trained) if all_trained else np.zeros(0, dtype=np.uint8)
+        if len(ids) < 2:
+            raise BadLine(f"the sample has {len(ids)} token(s); a sample needs at least 2 (a context and a target)")
+        bad = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
+        if bad.size:
+            raise BadLine(f"token id {ids[bad[0]]} at position {bad[0]} is outside the vocabulary "
+                          f"(size {self.vocab_size}); check --vocab-size or the tokenizer the ids came from")
+        trained[0] = 0  # nothing comes before it to predict it from
+        if not trained.any():
+            raise BadLine("no token of the sample is trained; give it a target (completion, assistant turn "
+                          f"or labels other than {IGNORE_LABEL})")
+        return ids.astype(np.int32), trained
+
+
+def spans_mask(offsets, spans):
+    """1 for each token (character offsets [start, end), one row a token) that lies entirely in one of SPANS."""
+    mask = np.zeros(len(offsets), dtype=np.uint8)
+    for start, end in spans:
+        mask |= (offsets[:, 0] >= start) & (offsets[:, 1] <= end)
+    return mask
+
+
+def check_messages(messages):
+    if not isinstance(messages, list) or not messages:
+        raise BadLine("\"messages\" is not a non-empty list; give a list of {\"role\", \"content\"} objects")
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise BadLine(f"messages[{k}] is not an object with a string \"content\"; give each message "
+                          "\"role\" and \"content\" strings")
+        if m.get("role") not in ROLES:
+            raise BadLine(f"messages[{k}] has role {m.get('role')!r}; roles are {', '.join(ROLES)}")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise BadLine("no assistant turn; a chat sample trains on assistant turns only, so it needs one")
+
+
+def render(tok, messages, add_generation_prompt):
+    try:
+        return tok.render(messages, add_generation_prompt)
+    except Exception as e:  # the template's raise_exception, or any error inside the template
+        raise BadLine(f"the chat template failed ({type(e).__name__}: {e}); fix the messages or the template")
+
+
+class SampleWriter:
+    """Appends samples to a temporary HDF5 file in the output's directory;
+    commit() renames it over the output, abort() removes it."""
+
+    def __init__(self, out):
+        self.out = out
+        folder = os.path.dirname(out) or "."
+        try:
+            fd, self.tmp = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", suffix=".tmp", dir=folder)
+            os.close(fd)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the data from the job's other users
+            self.file = h5py.File(self.tmp, "w")
+        except OSError as e:
+            fail(f"{out}: cannot write in {folder} ({e}); check the directory and its permissions")
+        growing = dict(shape=(0,), maxshape=(None,), chunks=(CHUNK,))
+        self.tokens = self.file.create_dataset("tokens", dtype="<i4", **growing)
+        self.trained = self.file.create_dataset("trained", dtype="u1", **growing)
+        self.offsets = self.file.create_dataset("offsets", dtype="<i8", **growing)
+        self.pending = []  # (ids, trained) not yet written
+        self.pending_tokens = 0
+        self.n_tokens = 0
+        self.n_samples = 0
+        self.n_trained = 0
+        self.offset_list = [0]
+
+    def add(self, ids, trained):
+        self.pending.append((ids, trained))
+        self.pending_tokens += len(ids)
+        self.n_tokens += len(ids)
+        self.n_samples += 1
+        self.n_trained += int(trained.sum())
+        self.offset_list.append(self.n_tokens)
+        if self.pending_tokens >= FLUSH_TOKENS:
+            self.flush()
+
+    def flush(self):
+        if self.pending:
+            append(self.tokens, np.concatenate([p[0] for p in self.pending]))
+            append(self.trained, np.concatenate([p[1] for p in self.pending]))
+        append(self.offsets, np.asarray(self.offset_list, dtype=np.int64))
+        self.pending, self.pending_tokens, self.offset_list = [], 0, []
+
+    def commit(self, attrs):
+        self.flush()
+        for name, value in attrs.items():
+            set_attr(self.file, name, value)
+        self.file.close()
+        with open(self.tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(self.tmp, self.out)
+
+    def abort(self):
+        try:
+            self.file.close()
+        except Exception:
+            pass
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass
+
+
+def append(dataset, values):
+    n = dataset.shape[0]
+    dataset.resize((n + len(values),))
+    dataset[n:] = values
+
+
+def set_attr(file, name, value):
+    """int -> int64 scalar; str -> scalar fixed-length NUL-terminated UTF-8 (what src/ckpt_write.c writes and
+    ckpt_attr_str reads: a variable-length string would need another read path in C)."""
+    if isinstance(value, int):
+        file.attrs.create(name, np.int64(value), dtype="<i8")
+        return
+    data = value.encode("utf-8") + b"\0"
+    string_type = h5py.h5t.C_S1.copy()
+    string_type.set_size(len(data))
+    string_type.set_strpad(h5py.h5t.STR_NULLTERM)
+    string_type.set_cset(h5py.h5t.CSET_UTF8)
+    space = h5py.h5s.create(h5py.h5s.SCALAR)
+    attr = h5py.h5a.create(file.id, name.encode(), string_type, space)
+    attr.write(np.array(data, dtype=f"S{len(data)}"), mtype=string_type)
+
+
+class Progress:
+    """A one-line progress bar on stderr, rewritten with \\r."""
+
+    def __init__(self, total_bytes):
+        self.total = max(total_bytes, 1)
+        self.enabled = sys.stderr.isatty() or total_bytes >= PROGRESS_MIN_BYTES
+        self.last = 0.0
+        self.shown = False
+
+    def update(self, done_bytes, samples, tokens, force=False):
+        now = time.monotonic()
+        if not self.enabled or (not force and now - self.last < PROGRESS_EVERY_S):
+            return
+        self.last = now
+        self.shown = True
+        print(f"\rprepare_data: {100.0 * done_bytes / self.total:5.1f}% of {self.total / 2**20:.1f} MiB, "
+              f"{samples} samples, {tokens} tokens", end="", file=sys.stderr, flush=True)
+
+    def finish(self):
+        """Ends the bar's line, so that a message can follow it."""
+        if self.shown:
+            print(file=sys.stderr, flush=True)
+            self.shown = False
+
+
+def expand_inputs(patterns):
+    """Input files in the order given, each glob's matches sorted; exits on a glob that matches nothing."""
+    paths = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+            if not matches:
+                fail(f"{pattern}: the pattern matches no file; check the path (quote globs for this tool)")
+            paths += matches
+        elif not os.path.isfile(pattern):
+            fail(f"{pattern}: no such file; check the path")
+        else:
+            paths.append(pattern)
+    return paths
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit status 2, like bad input
+        fail(f"prepare_data: {message}; see tools/prepare_data.py --help")
+
+
+def parse_args():
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL files or globs, in order")
+    parser.add_argument("-o", "--output", required=True, metavar="OUT.h5", help="the sample file to write")
+    parser.add_argument("--tokenizer", metavar="DIR_OR_JSON",
+                        help="a Hugging Face model directory (tokenizer.json, tokenizer_config.json) "
+                             "or a tokenizer.json")
+    parser.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
+                        help="the format of every line (default: from each line's keys)")
+    parser.add_argument("--skip-bad", action="store_true", help="skip and count bad lines instead of stopping")
+    parser.add_argument("--vocab-size", type=int, metavar="N", help="vocabulary size of pre-tokenized input "
+                                                                    "without --tokenizer")
+    parser.add_argument("--chat-template", metavar="FILE", help="a jinja2 chat template in place of the tokenizer's")
+    args = parser.parse_args()
+    if args.tokenizer and args.vocab_size is not None:
+        parser.error("--vocab-size is for pre-tokenized input without --tokenizer; the tokenizer fixes the size")
+    if not args.tokenizer:
+        if args.vocab_size is None:
+            parser.error("give --tokenizer, or --vocab-size for pre-tokenized input")
+        if args.vocab_size < 1:
+            parser.error("--vocab-size must be positive")
+        if args.chat_template:
+            parser.error("--chat-template needs --tokenizer")
+        if args.format not in ("auto", "tokenized"):
+            parser.error(f"--format {args.format} needs --tokenizer")
+    return args
+
+
+def parse_line(raw):
+    try:
+        return json.loads(raw.decode("utf-8").strip())
+    except UnicodeDecodeError:
+        raise BadLine("not UTF-8 text; convert the file to UTF-8")
+    except json.JSONDecodeError as e:
+        raise BadLine(f"not JSON ({e.msg} at character {e.pos + 1}); write one JSON object a line")
+
+
+class Conversion:
+    """Lines to samples in the writer, a batch of lines at a time: the texts of
+    a batch are encoded in one call. Bad lines are reported in line order."""
+
+    def __init__(self, args, tokenizer, writer, total_bytes):
+        self.builder = SampleBuilder(tokenizer, tokenizer.vocab_size if tokenizer else args.vocab_size)
+        self.tokenizer = tokenizer
+        self.format = args.format
+        self.skip_bad = args.skip_bad
+        self.writer = writer
+        self.counts = dict.fromkeys(FORMATS, 0)
+        self.skipped = 0
+        self.progress = Progress(total_bytes)
+        self.done_bytes = 0
+        self.batch = []  # (FILE:LINE, format, pieces), or (FILE:LINE, None, BadLine)
+        self.batch_bytes = 0
+
+    def add_line(self, where, raw):
+        self.done_bytes += len(raw)
+        if not raw.strip():
+            return
+        try:
+            fmt, pieces = self.builder.plan(parse_line(raw), self.format)
+            self.batch.append((where, fmt, pieces))
+        except BadLine as e:
+            self.batch.append((where, None, e))
+        self.batch_bytes += len(raw)
+        if len(self.batch) >= BATCH_LINES or self.batch_bytes >= BATCH_BYTES:
+            self.flush()
+
+    def flush(self):
+        texts = [content for _, fmt, pieces in self.batch if fmt for content, _ in pieces if isinstance(content, str)]
+        encodings = self.tokenizer.tok.encode_batch(texts, add_special_tokens=False) if texts else []
+        used = 0
+        for where, fmt, pieces in self.batch:
+            if fmt is None:
+                self.bad_line(where, pieces)
+                continue
+            n_texts = sum(isinstance(content, str) for content, _ in pieces)
+            try:
+                ids, trained = self.builder.assemble(pieces, iter(encodings[used:used + n_texts]))
+            except BadLine as e:
+                self.bad_line(where, e)
+                continue
+            finally:
+                used += n_texts
+            self.writer.add(ids, trained)
+            self.counts[fmt] += 1
+        self.batch, self.batch_bytes = [], 0
+        self.progress.update(self.done_bytes, self.writer.n_samples, self.writer.n_tokens)
+
+    def bad_line(self, where, error):
+        message = f"{where}: {error}".replace("\n", " ")
+        if not self.skip_bad:
+            self.progress.finish()
+            fail(message)
+        self.skipped += 1
+        if self.skipped <= SHOWN_SKIPS:
+            self.progress.finish()
+            print(f"skipped {message}", file=sys.stderr)
+
+    def run(self, paths):
+        """Reads every line of PATHS; returns (per-format counts, skipped lines)."""
+        for path in paths:
+            try:
+                f = open(path, "rb")
+            except OSError as e:
+                fail(f"{path}: cannot read it ({e.strerror}); check the path and its permissions")
+            with f:
+                for number, raw in enumerate(f, 1):
+                    self.add_line(f"{path}:{number}", raw)
+        self.flush()
+        self.progress.update(self.done_bytes, self.writer.n_samples, self.writer.n_tokens, force=True)
+        self.progress.finish()
+        if self.skipped > SHOWN_SKIPS:
+            print(f"skipped {self.skipped} bad lines in all, the first {SHOWN_SKIPS} listed above", file=sys.stderr)
+        return self.counts, self.skipped
+
+
+def main():
+    args = parse_args()
+    paths = expand_inputs(args.inputs)
+    out = os.path.abspath(args.output)
+    if out in map(os.path.abspath, paths):
+        fail(f"{args.output}: the output is also an input; write the sample file elsewhere")
+    tokenizer = Tokenizer(args.tokenizer, args.chat_template) if args.tokenizer else None
+    writer = SampleWriter(out)
+    try:
+        counts, skipped = Conversion(args, tokenizer, writer, sum(os.path.getsize(p) for p in paths)).run(paths)
+        if writer.n_samples == 0:
+            fail(f"{args.output}: no sample in {len(paths)} input file(s) ({skipped} bad lines skipped); "
+                 "give JSONL with at least one good line")
+        attrs = {
+            "format": "shardlm-samples", "version": 1,
+            "vocab_size": tokenizer.vocab_size if tokenizer else args.vocab_size,
+            "tokenizer_sha256": tokenizer.sha256 if tokenizer else "",
+            "bos_token_id": -1 if tokenizer is None or tokenizer.bos is None else tokenizer.bos,
+            "eos_token_id": -1 if tokenizer is None or tokenizer.eos is None else tokenizer.eos,
+            "pad_token_id": -1 if tokenizer is None or tokenizer.pad is None else tokenizer.pad,
+            "source": json.dumps([os.path.abspath(p) for p in paths]),
+            "n_samples": writer.n_samples, "n_tokens": writer.n_tokens, "n_trained_tokens": writer.n_trained,
+            "n_skipped_lines": skipped,
+            "formats": json.dumps(counts),
+        }
+        writer.commit(attrs)
+    except BaseException:
+        writer.abort()
+        raise
+    per_format = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
+    print(f"{args.output}: {writer.n_samples} samples ({per_format}), {writer.n_tokens} tokens, "
+          f"{writer.n_trained} trained, {skipped} bad lines skipped")
+
+
+if __name__ == "__main__":
+    main()
