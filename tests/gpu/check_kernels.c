@@ -347,22 +347,23 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     float *att = malloc(natt * 4), *aout = malloc(NC * 4), *d_aout = act_poisoned(NC);
     float *d_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
     float *d_fscratch = poisoned(backend_attention_scratch(T, NH) + 1);
-    cpu_attention_forward(aout, att, qkv, NULL, B, T, C, NH);
-    backend_attention_forward(d_aout, d_att, d_qkv, d_fscratch, B, T, C, NH);
+    cpu_attention_forward(aout, att, qkv, NULL, NULL, B, T, C, NH);
+    backend_attention_forward(d_aout, d_att, d_qkv, d_fscratch, NULL, B, T, C, NH);
     compare_act(named("attention_forward_out"), aout, d_aout, NC, tol);
     float *want_lse = attention_lse(qkv, B, T, NH, NH, C / NH);
     compare(named("attention_forward_lse"), want_lse, d_att, (size_t)B * NH * T, 1e-5);
     float *dqkv = malloc(nqkv * 4), *d_dqkv = act_poisoned(nqkv);
     float *ascratch = malloc((cpu_attention_scratch(T, NH) + 1) * 4);
     float *d_ascratch = poisoned(backend_attention_scratch(T, NH) + 1);
-    cpu_attention_backward(dqkv, lndout, qkv, att, NULL, ascratch, B, T, C, NH);
-    backend_attention_backward(d_dqkv, d_lndout, d_qkv, d_att, d_aout, d_ascratch, B, T, C, NH);
+    cpu_attention_backward(dqkv, lndout, qkv, att, NULL, ascratch, NULL, B, T, C, NH);
+    backend_attention_backward(d_dqkv, d_lndout, d_qkv, d_att, d_aout, d_ascratch, NULL, B, T, C, NH);
     compare_act(named("attention_backward"), dqkv, d_dqkv, nqkv, tol);
     /* backend.h: the GPT-2 calls are the grouped-query ones with NKV = NH, to the bit */
     float *d_gqa_out = act_poisoned(NC), *d_gqa_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
     float *d_gqa_dqkv = act_poisoned(nqkv);
-    backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_fscratch, B, T, NH, NH, C / NH);
-    backend_attention_gqa_backward(d_gqa_dqkv, d_lndout, d_qkv, d_gqa_att, d_gqa_out, d_ascratch, B, T, NH, NH, C / NH);
+    backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_fscratch, NULL, B, T, NH, NH, C / NH);
+    backend_attention_gqa_backward(d_gqa_dqkv, d_lndout, d_qkv, d_gqa_att, d_gqa_out, d_ascratch, NULL, B, T, NH, NH,
+                                   C / NH);
     check_value(named("attention_gqa_equals_mha_bits"),
                 same_bits(d_gqa_out, d_aout, act_bytes(NC)) && same_bits(d_gqa_dqkv, d_dqkv, act_bytes(nqkv)) &&
                     same_bits(d_gqa_att, d_att, (size_t)B * NH * T * 4),
@@ -381,13 +382,13 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     float *wte = act_round(host_random((size_t)Vp * C, 1), (size_t)Vp * C), *wpe = act_round(host_random((size_t)T * C, 1), (size_t)T * C);
     float *d_wte = act_to_device(wte, (size_t)Vp * C), *d_wpe = act_to_device(wpe, (size_t)T * C);
     float *emb = malloc(NC * 4), *d_emb = act_poisoned(NC);
-    cpu_embedding_forward(emb, tokens, wte, wpe, B, T, C);
-    backend_embedding_forward(d_emb, d_tokens, d_wte, d_wpe, B, T, C);
+    cpu_embedding_forward(emb, tokens, wte, wpe, NULL, B, T, C);
+    backend_embedding_forward(d_emb, d_tokens, d_wte, d_wpe, NULL, B, T, C);
     compare_act(named("embedding_forward"), emb, d_emb, NC, tol);
     float *dwte = host_random((size_t)Vp * C, 1), *dwpe = host_random((size_t)T * C, 1);
     float *d_dwte = to_device(dwte, (size_t)Vp * C * 4), *d_dwpe = to_device(dwpe, (size_t)T * C * 4);
-    cpu_embedding_backward(dwte, dwpe, x, tokens, B, T, C);
-    backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, B, T, C);
+    cpu_embedding_backward(dwte, dwpe, x, tokens, NULL, B, T, C);
+    backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, NULL, B, T, C);
     compare(named("embedding_backward_dwte"), dwte, d_dwte, (size_t)Vp * C, TOL);
     compare(named("embedding_backward_dwpe"), dwpe, d_dwpe, (size_t)T * C, TOL);
 
@@ -476,12 +477,12 @@ static void check_llama_norm_and_mlp(const struct llama_shape *sh, const char *v
     int32_t *d_tokens = to_device(tokens, N * 4);
     float *wte = act_round(host_random((size_t)sh->V * C, 1), (size_t)sh->V * C);
     float *d_wte = act_to_device(wte, (size_t)sh->V * C), *d_emb = act_poisoned(NC);
-    cpu_embedding_forward(out, tokens, wte, NULL, sh->B, sh->T, C);
-    backend_embedding_forward(d_emb, d_tokens, d_wte, NULL, sh->B, sh->T, C);
+    cpu_embedding_forward(out, tokens, wte, NULL, NULL, sh->B, sh->T, C);
+    backend_embedding_forward(d_emb, d_tokens, d_wte, NULL, NULL, sh->B, sh->T, C);
     compare_act(named2("embedding_forward_nopos", v), out, d_emb, NC, g_tol);
     float *dwte = host_random((size_t)sh->V * C, 1), *d_dwte = to_device(dwte, (size_t)sh->V * C * 4);
-    cpu_embedding_backward(dwte, NULL, dout, tokens, sh->B, sh->T, C);
-    backend_embedding_backward(d_dwte, NULL, d_dout, d_tokens, sh->B, sh->T, C);
+    cpu_embedding_backward(dwte, NULL, dout, tokens, NULL, sh->B, sh->T, C);
+    backend_embedding_backward(d_dwte, NULL, d_dout, d_tokens, NULL, sh->B, sh->T, C);
     compare(named2("embedding_backward_nopos_dwte", v), dwte, d_dwte, (size_t)sh->V * C, TOL);
 
     cudaFree(d_x), cudaFree(d_w), cudaFree(d_out), cudaFree(d_rstd), cudaFree(d_dout), cudaFree(d_dinp);
@@ -500,12 +501,12 @@ static void check_llama_attention(const struct llama_shape *sh, const char *v)
     rope_tables(cos_t, sin_t, T, hs);
     float *d_cos = to_device(cos_t, (size_t)T * (hs / 2) * 4), *d_sin = to_device(sin_t, (size_t)T * (hs / 2) * 4);
     float *qkv = act_round(host_random(nqkv, 1), nqkv), *d_qkv = act_to_device(qkv, nqkv);
-    cpu_rope_forward(qkv, cos_t, sin_t, B, T, NH, NKV, hs);
-    backend_rope_forward(d_qkv, d_cos, d_sin, B, T, NH, NKV, hs);
+    cpu_rope_forward(qkv, cos_t, sin_t, NULL, B, T, NH, NKV, hs);
+    backend_rope_forward(d_qkv, d_cos, d_sin, NULL, B, T, NH, NKV, hs);
     compare_act(named2("rope_forward", v), qkv, d_qkv, nqkv, g_tol);
     float *grad = act_round(host_random(nqkv, 1), nqkv), *d_grad = act_to_device(grad, nqkv);
-    cpu_rope_backward(grad, cos_t, sin_t, B, T, NH, NKV, hs);
-    backend_rope_backward(d_grad, d_cos, d_sin, B, T, NH, NKV, hs);
+    cpu_rope_backward(grad, cos_t, sin_t, NULL, B, T, NH, NKV, hs);
+    backend_rope_backward(d_grad, d_cos, d_sin, NULL, B, T, NH, NKV, hs);
     compare_act(named2("rope_backward", v), grad, d_grad, nqkv, g_tol);
 
     /* grouped-query attention on the rotated qkv (both sides from the same rounded values) */
@@ -516,15 +517,15 @@ static void check_llama_attention(const struct llama_shape *sh, const char *v)
     float *scratch = malloc((cpu_attention_scratch(T, NH) + 1) * 4);
     float *d_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
     float *d_scratch = poisoned(backend_attention_scratch(T, NH) + 1);
-    cpu_attention_gqa_forward(out, att, qkv, scratch, B, T, NH, NKV, hs);
-    backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, B, T, NH, NKV, hs);
+    cpu_attention_gqa_forward(out, att, qkv, scratch, NULL, B, T, NH, NKV, hs);
+    backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, NULL, B, T, NH, NKV, hs);
     compare_act(named2("attention_gqa_forward_out", v), out, d_out, nout, g_tol);
     float *want_lse = attention_lse(qkv, B, T, NH, NKV, hs);
     compare(named2("attention_gqa_forward_lse", v), want_lse, d_att, (size_t)B * NH * T, 1e-5);
     float *dout = act_round(host_random(nout, 1), nout), *d_dout = act_to_device(dout, nout);
     float *dqkv = malloc(nqkv * 4), *d_dqkv = act_poisoned(nqkv);
-    cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, B, T, NH, NKV, hs);
-    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, B, T, NH, NKV, hs);
+    cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, NULL, B, T, NH, NKV, hs);
+    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, NULL, B, T, NH, NKV, hs);
     compare_act(named2("attention_gqa_backward", v), dqkv, d_dqkv, nqkv, g_tol);
 
     cudaFree(d_cos), cudaFree(d_sin), cudaFree(d_qkv), cudaFree(d_grad), cudaFree(d_out), cudaFree(d_att);
@@ -686,12 +687,12 @@ static void check_half_grads(enum dtype dt, double tol, const char *tag, struct 
     float *dwte = act_round(host_random((size_t)Vp * C, 1), (size_t)Vp * C);
     float *dwpe = act_round(host_random((size_t)T * C, 1), (size_t)T * C);
     float *d_dwte = act_to_device(dwte, (size_t)Vp * C), *d_dwpe = act_to_device(dwpe, (size_t)T * C);
-    cpu_embedding_backward(dwte, dwpe, x, tokens, B, T, C);
-    backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, B, T, C);
+    cpu_embedding_backward(dwte, dwpe, x, tokens, NULL, B, T, C);
+    backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, NULL, B, T, C);
     compare_act(named("grad_embedding_backward_dwte"), dwte, d_dwte, (size_t)Vp * C, tol);
     compare_act(named("grad_embedding_backward_dwpe"), dwpe, d_dwpe, (size_t)T * C, tol);
-    cpu_embedding_backward(dwte, NULL, x, tokens, B, T, C);
-    backend_embedding_backward(d_dwte, NULL, d_x, d_tokens, B, T, C);
+    cpu_embedding_backward(dwte, NULL, x, tokens, NULL, B, T, C);
+    backend_embedding_backward(d_dwte, NULL, d_x, d_tokens, NULL, B, T, C);
     compare_act(named("grad_embedding_backward_nopos_dwte"), dwte, d_dwte, (size_t)Vp * C, tol);
     backend_set_grad_dtype(DTYPE_F32);
     cudaFree(d_inp), cudaFree(d_w), cudaFree(d_dout), cudaFree(d_dinp), cudaFree(d_dw), cudaFree(d_db);

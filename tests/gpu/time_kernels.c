@@ -157,16 +157,17 @@ static void time_llama(const struct shape *sh)
     float *cos_t = device_random((size_t)T * (hs / 2), DTYPE_F32, 1.0f);
     float *sin_t = device_random((size_t)T * (hs / 2), DTYPE_F32, 1.0f);
     const double rope_bytes = 2.0 * a * (double)N * (NH + NKV) * hs;
-    TIME_OP("rope_fwd", rope_bytes, 0, backend_rope_forward(qkv, cos_t, sin_t, B, T, NH, NKV, hs));
-    TIME_OP("rope_bwd", rope_bytes, 0, backend_rope_backward(dqkv, cos_t, sin_t, B, T, NH, NKV, hs));
+    TIME_OP("rope_fwd", rope_bytes, 0, backend_rope_forward(qkv, cos_t, sin_t, NULL, B, T, NH, NKV, hs));
+    TIME_OP("rope_bwd", rope_bytes, 0, backend_rope_backward(dqkv, cos_t, sin_t, NULL, B, T, NH, NKV, hs));
 
     /* grouped-query attention (NH / NKV query heads a kv head): the FLOPs of NH heads, as the products are */
     size_t scratch_n = backend_attention_scratch(T, NH) + 1, att_n = backend_attention_saved(B, T, NH) / 4 + 1;
     float *att = device_zeros(att_n), *att_scratch = device_zeros(scratch_n);
     double attn = 4.0 * B * (double)T * T * NH * hs;
-    TIME_OP("attention_gqa_fwd", attn, 1, backend_attention_gqa_forward(y, att, qkv, att_scratch, B, T, NH, NKV, hs));
+    TIME_OP("attention_gqa_fwd", attn, 1,
+            backend_attention_gqa_forward(y, att, qkv, att_scratch, NULL, B, T, NH, NKV, hs));
     TIME_OP("attention_gqa_bwd", 2 * attn, 1,
-            backend_attention_gqa_backward(dqkv, x, qkv, att, y, att_scratch, B, T, NH, NKV, hs));
+            backend_attention_gqa_backward(dqkv, x, qkv, att, y, att_scratch, NULL, B, T, NH, NKV, hs));
 
     /* SwiGLU over the gate and up projections (N, 2F) */
     const size_t nf = N * F;
@@ -224,9 +225,10 @@ static void time_all(const struct shape *sh)
     float *qkv = device_random(N * 3 * C, sh->act, 1.0f), *att = device_zeros(att_n);
     float *scratch = device_zeros(scratch_n), *dqkv = device_zeros(N * 3 * C);
     double attn = 4.0 * B * (double)T * T * C; /* QK^T and PV, 2 FLOPs per multiply-add */
-    TIME_OP("attention_fwd", attn, 1, backend_attention_forward(dx, att, qkv, scratch, B, T, C, NH));
+    TIME_OP("attention_fwd", attn, 1, backend_attention_forward(dx, att, qkv, scratch, NULL, B, T, C, NH));
     /* the output of the forward is dx's contents (any values time the same) */
-    TIME_OP("attention_bwd", 2 * attn, 1, backend_attention_backward(dqkv, dx, qkv, att, dx, scratch, B, T, C, NH));
+    TIME_OP("attention_bwd", 2 * attn, 1,
+            backend_attention_backward(dqkv, dx, qkv, att, dx, scratch, NULL, B, T, C, NH));
     backend_mem_free(SPACE_DEVICE, qkv, N * 3 * C * 4);
     backend_mem_free(SPACE_DEVICE, att, att_n * 4);
     backend_mem_free(SPACE_DEVICE, scratch, scratch_n * 4);

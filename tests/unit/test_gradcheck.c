@@ -638,7 +638,7 @@ static void rope_objective(void *ctx, double *out)
 {
     struct rope_case *r = ctx;
     memcpy(out, r->qkv, (size_t)r->B * r->T * (r->NH + 2 * r->NKV) * r->hs * sizeof *out);
-    f64_rope_forward(out, r->cos_table, r->sin_table, r->B, r->T, r->NH, r->NKV, r->hs);
+    f64_rope_forward(out, r->cos_table, r->sin_table, NULL, r->B, r->T, r->NH, r->NKV, r->hs);
 }
 
 /* Element c of head `head` of row (b, t) after the rotation, from backend.h's
@@ -692,7 +692,7 @@ static void test_rope(int B, int T, int NH, int NKV, int hs, uint64_t *rng)
     check_err("rotate-half formula", kernel, "out", max_rel_err(out, ref, n_qkv, FLOAT_FLOOR), FORMULA_TOL);
     /* the backward rotates dout in place: the gradient of the input */
     double *dqkv = copy_tensor(w, n_qkv);
-    f64_rope_backward(dqkv, cos_table, sin_table, B, T, NH, NKV, hs);
+    f64_rope_backward(dqkv, cos_table, sin_table, NULL, B, T, NH, NKV, hs);
 
     struct objective obj = {rope_objective, &r, w, n_qkv};
     double *num_qkv = numeric(r.qkv, n_qkv, &obj);
@@ -700,8 +700,8 @@ static void test_rope(int B, int T, int NH, int NKV, int hs, uint64_t *rng)
 
     float *qkv_f = narrow(r.qkv, n_qkv), *dqkv_f = narrow(w, n_qkv);
     float *cos_f = narrow(cos_table, n_table), *sin_f = narrow(sin_table, n_table);
-    backend_rope_forward(qkv_f, cos_f, sin_f, B, T, NH, NKV, hs);
-    backend_rope_backward(dqkv_f, cos_f, sin_f, B, T, NH, NKV, hs);
+    backend_rope_forward(qkv_f, cos_f, sin_f, NULL, B, T, NH, NKV, hs);
+    backend_rope_backward(dqkv_f, cos_f, sin_f, NULL, B, T, NH, NKV, hs);
     check_float_f(kernel, "out", qkv_f, out, n_qkv);
     check_float_f(kernel, "dqkv", dqkv_f, dqkv, n_qkv);
     double *out_f_wide = increment_f(qkv_f, NULL, n_qkv), *dqkv_f_wide = increment_f(dqkv_f, NULL, n_qkv);
@@ -769,18 +769,18 @@ static void attention_objective(void *ctx, double *out)
 {
     struct attention_case *a = ctx;
     if (a->gpt2_call)
-        f64_attention_forward(out, a->att, a->qkv, NULL, a->B, a->T, a->NH * a->hs, a->NH);
+        f64_attention_forward(out, a->att, a->qkv, NULL, NULL, a->B, a->T, a->NH * a->hs, a->NH);
     else
-        f64_attention_gqa_forward(out, a->att, a->qkv, NULL, a->B, a->T, a->NH, a->NKV, a->hs);
+        f64_attention_gqa_forward(out, a->att, a->qkv, NULL, NULL, a->B, a->T, a->NH, a->NKV, a->hs);
 }
 
 static void attention_backward_f64(double *dqkv, const double *dout, const double *att, const struct attention_case *a)
 {
     double *scratch = xmalloc(f64_attention_scratch(a->T, a->NH) * sizeof *scratch);
     if (a->gpt2_call)
-        f64_attention_backward(dqkv, dout, a->qkv, att, NULL, scratch, a->B, a->T, a->NH * a->hs, a->NH);
+        f64_attention_backward(dqkv, dout, a->qkv, att, NULL, scratch, NULL, a->B, a->T, a->NH * a->hs, a->NH);
     else
-        f64_attention_gqa_backward(dqkv, dout, a->qkv, att, NULL, scratch, a->B, a->T, a->NH, a->NKV, a->hs);
+        f64_attention_gqa_backward(dqkv, dout, a->qkv, att, NULL, scratch, NULL, a->B, a->T, a->NH, a->NKV, a->hs);
     free(scratch);
 }
 
@@ -792,11 +792,11 @@ static void attention_f32(float *out, float *att, float *dqkv, const float *qkv,
     const int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, hs = a->hs;
     float *scratch = xmalloc(backend_attention_scratch(T, NH) * sizeof *scratch);
     if (a->gpt2_call) {
-        backend_attention_forward(out, att, qkv, NULL, B, T, NH * hs, NH);
-        backend_attention_backward(dqkv, dout, qkv, att, NULL, scratch, B, T, NH * hs, NH);
+        backend_attention_forward(out, att, qkv, NULL, NULL, B, T, NH * hs, NH);
+        backend_attention_backward(dqkv, dout, qkv, att, NULL, scratch, NULL, B, T, NH * hs, NH);
     } else {
-        backend_attention_gqa_forward(out, att, qkv, NULL, B, T, NH, NKV, hs);
-        backend_attention_gqa_backward(dqkv, dout, qkv, att, NULL, scratch, B, T, NH, NKV, hs);
+        backend_attention_gqa_forward(out, att, qkv, NULL, NULL, B, T, NH, NKV, hs);
+        backend_attention_gqa_backward(dqkv, dout, qkv, att, NULL, scratch, NULL, B, T, NH, NKV, hs);
     }
     free(scratch);
 }
@@ -913,7 +913,7 @@ struct embedding_case {
 static void embedding_objective(void *ctx, double *out)
 {
     struct embedding_case *e = ctx;
-    f64_embedding_forward(out, e->tokens, e->wte, e->wpe, e->B, e->T, e->C);
+    f64_embedding_forward(out, e->tokens, e->wte, e->wpe, NULL, e->B, e->T, e->C);
 }
 
 /* 1 when every row of out (B T, C) is bitwise the row of wte its token names. */
@@ -944,7 +944,7 @@ static void test_embedding(int with_positions, uint64_t *rng)
     double *out = xmalloc(n_out * sizeof *out);
     embedding_objective(&e, out);
     double *dwte = copy_tensor(dwte0, n_wte), *dwpe = copy_tensor(dwpe0, n_wpe);
-    f64_embedding_backward(dwte, with_positions ? dwpe : NULL, w, tokens, B, T, C);
+    f64_embedding_backward(dwte, with_positions ? dwpe : NULL, w, tokens, NULL, B, T, C);
     double *dwte_inc = increment(dwte, dwte0, n_wte), *dwpe_inc = increment(dwpe, dwpe0, n_wpe);
 
     struct objective obj = {embedding_objective, &e, w, n_out};
@@ -969,7 +969,7 @@ static void test_embedding(int with_positions, uint64_t *rng)
         /* nothing added to the token rows, and the token gradient is the one
          * a backward with positions leaves, to the bit */
         double *dwte_with = copy_tensor(dwte0, n_wte);
-        f64_embedding_backward(dwte_with, dwpe, w, tokens, B, T, C);
+        f64_embedding_backward(dwte_with, dwpe, w, tokens, NULL, B, T, C);
         snprintf(name, sizeof name, "gradcheck %s: out = wte[tokens], dwte = dwte with positions (bitwise)", kernel);
         CHECK(name,
               rows_are_token_rows(out, e.wte, tokens, (size_t)B * T, C) &&
@@ -980,8 +980,8 @@ static void test_embedding(int with_positions, uint64_t *rng)
 
     float *wte_f = narrow(e.wte, n_wte), *wpe_f = with_positions ? narrow(e.wpe, n_wpe) : NULL, *w_f = narrow(w, n_out);
     float *out_f = xmalloc(n_out * sizeof *out_f), *dwte_f = narrow(dwte0, n_wte), *dwpe_f = narrow(dwpe0, n_wpe);
-    backend_embedding_forward(out_f, tokens, wte_f, wpe_f, B, T, C);
-    backend_embedding_backward(dwte_f, with_positions ? dwpe_f : NULL, w_f, tokens, B, T, C);
+    backend_embedding_forward(out_f, tokens, wte_f, wpe_f, NULL, B, T, C);
+    backend_embedding_backward(dwte_f, with_positions ? dwpe_f : NULL, w_f, tokens, NULL, B, T, C);
     check_float_f(kernel, "out", out_f, out, n_out);
     double *dwte_f_inc = increment_f(dwte_f, dwte0, n_wte), *dwpe_f_inc = increment_f(dwpe_f, dwpe0, n_wpe);
     check_float(kernel, "dwte", dwte_f_inc, dwte_inc, n_wte);
