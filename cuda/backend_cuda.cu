@@ -748,18 +748,18 @@ extern "C" void backend_copy_async(void *dst, const void *src, size_t bytes)
 /* ---- rotary position embedding and SwiGLU (Llama) ---------------------------------------------- */
 
 /* Rotate-half rotary embedding in place on the first NH + NKV heads of each (NH + 2 NKV) hs row of x [A]: thread
- * per (row, head, i < hs / 2) rotates the pair (i, i + hs / 2) by the angle of (t, i); sin_sign -1 rotates back
- * (the backward: the transpose of a rotation is its inverse). */
+ * per (row, head, i < hs / 2) rotates the pair (i, i + hs / 2) by the angle of (p, i), p = pos[row] (t without
+ * positions); sin_sign -1 rotates back (the backward: the transpose of a rotation is its inverse). */
 template <typename A>
-__global__ static void rope_kernel(A *x, const float *cos, const float *sin, float sin_sign, int BT, int T,
-                                   int heads, int width, int hs)
+__global__ static void rope_kernel(A *x, const float *cos, const float *sin, const int32_t *pos, float sin_sign,
+                                   int BT, int T, int heads, int width, int hs)
 {
     const int half = hs / 2;
     const size_t n = (size_t)BT * heads * half;
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
         const int i = (int)(k % half), head = (int)(k / half % heads);
         const size_t bt = k / half / heads;
-        const int t = (int)(bt % T);
+        const int t = pos ? pos[bt] : (int)(bt % T);
         const size_t at = bt * width + (size_t)head * hs + i;
         const float c = cos[(size_t)t * half + i], s = sin_sign * sin[(size_t)t * half + i];
         const float x0 = ld(x, at), x1 = ld(x, at + half);
@@ -768,27 +768,28 @@ __global__ static void rope_kernel(A *x, const float *cos, const float *sin, flo
     }
 }
 
-static void rope(float *x, const float *cos, const float *sin, float sin_sign, int B, int T, int NH, int NKV, int hs)
+static void rope(float *x, const float *cos, const float *sin, const int32_t *pos, float sin_sign, int B, int T, int NH,
+                 int NKV, int hs)
 {
     if (hs % 2)
         fail_input("rotary embedding: head size %d is odd (rotate-half pairs channel i with i + hs/2; use an even "
                    "head size)",
                    hs);
     const size_t n = (size_t)B * T * (NH + NKV) * (hs / 2);
-    WITH_ACT(rope_kernel<A><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>((A *)x, cos, sin, sin_sign, B * T, T,
+    WITH_ACT(rope_kernel<A><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>((A *)x, cos, sin, pos, sin_sign, B * T, T,
                                                                           NH + NKV, (NH + 2 * NKV) * hs, hs));
 }
 
-extern "C" void backend_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,
-                                     int hs)
+extern "C" void backend_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T,
+                                     int NH, int NKV, int hs)
 {
-    rope(qkv, cos, sin, 1.0f, B, T, NH, NKV, hs);
+    rope(qkv, cos, sin, pos, 1.0f, B, T, NH, NKV, hs);
 }
 
-extern "C" void backend_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV,
-                                      int hs)
+extern "C" void backend_rope_backward(float *dqkv, const float *cos, const float *sin, const int32_t *pos, int B, int T,
+                                      int NH, int NKV, int hs)
 {
-    rope(dqkv, cos, sin, -1.0f, B, T, NH, NKV, hs);
+    rope(dqkv, cos, sin, pos, -1.0f, B, T, NH, NKV, hs);
 }
 
 __device__ static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -840,7 +841,11 @@ extern "C" void backend_swiglu_backward(float *dgu, const float *dout, const flo
  * a fixed order, memory O(T). Grouped-query attention (Llama): NH query
  * heads share NKV key/value heads, query head h reading kv head h / (NH /
  * NKV); a kv head's dk/dv thread walks its query heads in order. GPT-2 is
- * NKV = NH. Head size at most ATT_MAX_HS. */
+ * NKV = NH. Head size at most ATT_MAX_HS. Packed rows (pos, backend.h): a
+ * query's thread walks only the keys of its sample, from the sample's first
+ * token, and a key's thread only the queries of its sample, to the next
+ * sample's first token; so a row of samples of length n_k costs sum n_k^2,
+ * not T^2, and nothing outside a sample is computed or added. */
 #define ATT_MAX_HS 256
 #define ATT_ROWS 64 /* threads (rows) per block */
 
@@ -848,7 +853,26 @@ struct att_shape {
     int B, T, NH, NKV, hs;
     int group; /* query heads per kv head, NH / NKV */
     float scale;
+    const int32_t *pos; /* (B, T) each token's position in its sample, or NULL: one sample per row */
 };
+
+/* The first key that query t of sequence b sees: its sample's first token (0 without positions). */
+__device__ static int att_first_key(const struct att_shape &s, int b, int t)
+{
+    return s.pos ? t - s.pos[(size_t)b * s.T + t] : 0;
+}
+
+/* One past the last query that sees key j of sequence b: the next sample's first token (T without positions). */
+__device__ static int att_query_end(const struct att_shape &s, int b, int j)
+{
+    if (!s.pos)
+        return s.T;
+    const int32_t *p = s.pos + (size_t)b * s.T;
+    int i = j + 1;
+    while (i < s.T && p[i] != 0)
+        i++;
+    return i;
+}
 
 /* Row t of sequence b in the (B, T, (NH + 2 NKV) hs) qkv: query head h (part 0), key head h (part 1) or value
  * head h (part 2). */
@@ -899,7 +923,7 @@ __global__ static void attention_forward_kernel(A *out, float *lse, const A *qkv
     for (int d = 0; d < s.hs; d++)
         acc[d] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int j = 0; j <= t; j++) {
+    for (int j = att_first_key(s, b, t); j <= t; j++) {
         const float x = att_dot(q, att_row(qkv, s, b, j, kvh, 1), s.hs) * s.scale;
         const float m_new = fmaxf(m, x), correction = expf(m - m_new), p = expf(x - m_new);
         const A *v = att_row(qkv, s, b, j, kvh, 2);
@@ -921,7 +945,7 @@ template <typename A> __device__ static float att_row_term(const A *dout, const 
     return att_dot(att_out_row(dout, s, b, i, h), att_out_row(out, s, b, i, h), s.hs);
 }
 
-/* dq_i = scale sum_{j <= i} P_ij (dP_ij - D_i) k_j, dP_ij = dout_i . v_j. */
+/* dq_i = scale sum_{first key <= j <= i} P_ij (dP_ij - D_i) k_j, dP_ij = dout_i . v_j. */
 template <typename A>
 __global__ static void attention_backward_dq(A *dqkv, const A *dout, const A *out, const A *qkv, const float *lse,
                                              struct att_shape s)
@@ -935,7 +959,7 @@ __global__ static void attention_backward_dq(A *dqkv, const A *dout, const A *ou
     float acc[ATT_MAX_HS];
     for (int d = 0; d < s.hs; d++)
         acc[d] = 0.0f;
-    for (int j = 0; j <= i; j++) {
+    for (int j = att_first_key(s, b, i); j <= i; j++) {
         const A *k = att_row(qkv, s, b, j, kvh, 1);
         const float p = expf(att_dot(q, k, s.hs) * s.scale - L);
         const float ds = p * (att_dot(dy, att_row(qkv, s, b, j, kvh, 2), s.hs) - D) * s.scale;
@@ -947,8 +971,8 @@ __global__ static void attention_backward_dq(A *dqkv, const A *dout, const A *ou
         st(dq, d, acc[d]);
 }
 
-/* For kv head g: dk_j = scale sum_{h in g's group} sum_{i >= j} P^h_ij (dP^h_ij - D^h_i) q^h_i;
- * dv_j = sum_h sum_{i >= j} P^h_ij dout^h_i; the query heads in order, then the rows in order. */
+/* For kv head g: dk_j = scale sum_{h in g's group} sum_{j <= i < query end} P^h_ij (dP^h_ij - D^h_i) q^h_i;
+ * dv_j = sum_h sum_{j <= i < query end} P^h_ij dout^h_i; the query heads in order, then the rows in order. */
 template <typename A>
 __global__ static void attention_backward_dkdv(A *dqkv, const A *dout, const A *out, const A *qkv, const float *lse,
                                                struct att_shape s)
@@ -960,8 +984,9 @@ __global__ static void attention_backward_dkdv(A *dqkv, const A *dout, const A *
     float dk[ATT_MAX_HS], dv[ATT_MAX_HS];
     for (int d = 0; d < s.hs; d++)
         dk[d] = dv[d] = 0.0f;
+    const int end = att_query_end(s, b, j);
     for (int h = g * s.group; h < (g + 1) * s.group; h++)
-        for (int i = j; i < s.T; i++) {
+        for (int i = j; i < end; i++) {
             const A *q = att_row(qkv, s, b, i, h, 0), *dy = att_out_row(dout, s, b, i, h);
             const float p = expf(att_dot(q, k, s.hs) * s.scale - lse[att_lse_at(s, b, h, i)]);
             const float ds = p * (att_dot(dy, v, s.hs) - att_row_term(dout, out, s, b, i, h)) * s.scale;
@@ -977,7 +1002,7 @@ __global__ static void attention_backward_dkdv(A *dqkv, const A *dout, const A *
     }
 }
 
-static struct att_shape att_shape_of(int B, int T, int NH, int NKV, int hs)
+static struct att_shape att_shape_of(const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
     if (NKV < 1 || NH % NKV != 0)
         fail_input("attention: %d key/value heads do not divide %d query heads (model.n_kv_head must divide "
@@ -987,26 +1012,27 @@ static struct att_shape att_shape_of(int B, int T, int NH, int NKV, int hs)
         fail_input("attention: head size %d is more than the %d this CUDA kernel supports (a smaller head size: "
                    "more heads for the same width)",
                    hs, ATT_MAX_HS);
-    struct att_shape s = {B, T, NH, NKV, hs, NH / NKV, 1.0f / sqrtf((float)hs)};
+    struct att_shape s = {B, T, NH, NKV, hs, NH / NKV, 1.0f / sqrtf((float)hs), pos};
     return s;
 }
 
 /* att: the rows' log-sum-exp (B NH T fp32), kept for the backward. */
-extern "C" void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T,
-                                              int NH, int NKV, int hs)
+extern "C" void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch,
+                                              const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
     (void)scratch;
-    const struct att_shape s = att_shape_of(B, T, NH, NKV, hs);
+    const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs);
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS));
     WITH_ACT(attention_forward_kernel<A><<<grid, ATT_ROWS, 0, g_stream>>>((A *)out, att, (const A *)qkv, s));
 }
 
 /* out: the forward's output (backend.h: the attention's output is kept). */
 extern "C" void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                                               const float *out, float *scratch, int B, int T, int NH, int NKV, int hs)
+                                               const float *out, float *scratch, const int32_t *pos, int B, int T,
+                                               int NH, int NKV, int hs)
 {
     (void)scratch;
-    const struct att_shape s = att_shape_of(B, T, NH, NKV, hs);
+    const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs);
     const unsigned row_blocks = (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS);
     const dim3 q_grid((unsigned)(B * NH), row_blocks), kv_grid((unsigned)(B * NKV), row_blocks);
     WITH_ACT({
@@ -1018,16 +1044,17 @@ extern "C" void backend_attention_gqa_backward(float *dqkv, const float *dout, c
 }
 
 /* GPT-2: NKV = NH heads of C / NH channels. */
-extern "C" void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T,
-                                          int C, int NH)
+extern "C" void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
+                                          int B, int T, int C, int NH)
 {
-    backend_attention_gqa_forward(out, att, qkv, scratch, B, T, NH, NH, C / NH);
+    backend_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NH, C / NH);
 }
 
 extern "C" void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                                           const float *out, float *scratch, int B, int T, int C, int NH)
+                                           const float *out, float *scratch, const int32_t *pos, int B, int T, int C,
+                                           int NH)
 {
-    backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, B, T, NH, NH, C / NH);
+    backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NH, C / NH);
 }
 
 extern "C" size_t backend_attention_saved(int B, int T, int NH) { return BACKEND_CUDA_ATTENTION_SAVED(B, T, NH); }
@@ -1046,13 +1073,13 @@ extern "C" void backend_set_library_workspace(void *p, size_t bytes)
 /* ---- embedding ------------------------------------------------------------------------------- */
 
 template <typename A>
-__global__ static void embedding_forward_kernel(A *out, const int32_t *tokens, const A *wte, const A *wpe, int B,
-                                                int T, int C)
+__global__ static void embedding_forward_kernel(A *out, const int32_t *tokens, const A *wte, const A *wpe,
+                                                const int32_t *pos, int B, int T, int C)
 {
     size_t n = (size_t)B * T * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t bt = i / C;
-        int c = (int)(i % C), t = (int)(bt % T);
+        int c = (int)(i % C), t = pos ? pos[bt] : (int)(bt % T);
         const float e = ld(wte, (size_t)tokens[bt] * C + c);
         st(out, i, wpe ? e + ld(wpe, (size_t)t * C + c) : e);
     }
@@ -1071,40 +1098,76 @@ __global__ static void embedding_backward_wpe(void *dwpe, enum dtype dt, const v
     }
 }
 
-/* dwte[token][c] += dout[bt][c], tokens in order. Thread (c, part) owns the
- * tokens with token % parts == part, so every row is added to by one thread,
- * in token order: a fixed order, no atomics, parts x C threads at work. */
+/* dst[rows[bt]][c] += dout[bt][c0 + c] for c < width, bt in order: the token
+ * embedding's gradient (rows = tokens, dst = dwte, the whole width) and the
+ * sums of packed rows' positions (rows = pos, dst a (T, width) fp32 window).
+ * dst has ld elements a row. Thread (c, part) owns the rows with row % parts
+ * == part, so every row is added to by one thread, in token order: a fixed
+ * order, no atomics, parts x width threads at work. */
 #define WTE_PARTS 64
-__global__ static void embedding_backward_wte(void *dwte, enum dtype dt, const void *dout, enum dtype act,
-                                              const int32_t *tokens, int BT, int C)
+__global__ static void embedding_backward_rows(void *dst, enum dtype dt, int ld, const void *dout, enum dtype act,
+                                               const int32_t *rows, int BT, int C, int c0, int width)
 {
     int c = blockIdx.x * blockDim.x + threadIdx.x, part = blockIdx.y;
-    if (c >= C)
+    if (c >= width)
         return;
     for (int bt = 0; bt < BT; bt++) {
-        int tok = tokens[bt];
-        if (tok % WTE_PARTS == part) {
-            size_t i = (size_t)tok * C + c;
-            store_from_f32(dwte, dt, i, load_as_f32(dwte, dt, i) + load_as_f32(dout, act, (size_t)bt * C + c));
+        int r = rows[bt];
+        if (r % WTE_PARTS == part) {
+            size_t i = (size_t)r * ld + c;
+            store_from_f32(dst, dt, i, load_as_f32(dst, dt, i) + load_as_f32(dout, act, (size_t)bt * C + c0 + c));
         }
     }
 }
 
-extern "C" void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                                          int B, int T, int C)
+/* dwpe[p][c0 + c] += sums[p][c] for p < T, c < width: one rounding per element. */
+__global__ static void embedding_backward_wpe_finish(void *dwpe, enum dtype dt, const float *sums, int T, int C,
+                                                     int c0, int width)
 {
-    WITH_ACT(embedding_forward_kernel<A><<<blocks_for((size_t)B * T * C, BLOCK), BLOCK, 0, g_stream>>>(
-        (A *)out, tokens, (const A *)wte, (const A *)wpe, B, T, C));
+    size_t n = (size_t)T * width;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t at = i / width * C + c0 + i % width;
+        store_from_f32(dwpe, dt, at, load_as_f32(dwpe, dt, at) + sums[i]);
+    }
 }
 
-extern "C" void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B,
-                                           int T, int C)
+/* dwpe[pos[bt]] += dout[bt] for packed rows: summed in fp32 in token order in
+ * g_colsum, as many columns at a time as T rows of them fit, then added into
+ * dwpe once, as the per-position sums of embedding_backward_wpe are. */
+static void embedding_backward_wpe_packed(float *dwpe, const float *dout, const int32_t *pos, int B, int T, int C)
 {
-    if (dwpe)
+    if ((size_t)T > COLSUM_FLOATS)
+        fail_internal("a sequence of %d tokens exceeds the %zu-float column-sum buffer", T, (size_t)COLSUM_FLOATS);
+    const int window = (int)(COLSUM_FLOATS / (size_t)T) < C ? (int)(COLSUM_FLOATS / (size_t)T) : C;
+    for (int c0 = 0; c0 < C; c0 += window) {
+        const int width = C - c0 < window ? C - c0 : window;
+        const size_t n = (size_t)T * width;
+        zero_kernel<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(g_colsum, n);
+        dim3 grid((width + BLOCK - 1) / BLOCK, WTE_PARTS);
+        embedding_backward_rows<<<grid, BLOCK, 0, g_stream>>>(g_colsum, DTYPE_F32, width, dout, g_act, pos, B * T, C,
+                                                             c0, width);
+        embedding_backward_wpe_finish<<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>(dwpe, g_grad, g_colsum, T, C, c0,
+                                                                                    width);
+    }
+}
+
+extern "C" void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                                          const int32_t *pos, int B, int T, int C)
+{
+    WITH_ACT(embedding_forward_kernel<A><<<blocks_for((size_t)B * T * C, BLOCK), BLOCK, 0, g_stream>>>(
+        (A *)out, tokens, (const A *)wte, (const A *)wpe, pos, B, T, C));
+}
+
+extern "C" void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                           const int32_t *pos, int B, int T, int C)
+{
+    if (dwpe && pos)
+        embedding_backward_wpe_packed(dwpe, dout, pos, B, T, C);
+    else if (dwpe)
         embedding_backward_wpe<<<blocks_for((size_t)T * C, BLOCK), BLOCK, 0, g_stream>>>(dwpe, g_grad, dout, g_act, B,
                                                                                          T, C);
     dim3 grid((C + BLOCK - 1) / BLOCK, WTE_PARTS);
-    embedding_backward_wte<<<grid, BLOCK, 0, g_stream>>>(dwte, g_grad, dout, g_act, tokens, B * T, C);
+    embedding_backward_rows<<<grid, BLOCK, 0, g_stream>>>(dwte, g_grad, C, dout, g_act, tokens, B * T, C, 0, C);
 }
 
 /* ---- cross-entropy --------------------------------------------------------------------------- */
@@ -1140,8 +1203,9 @@ __global__ static void crossentropy_forward_kernel(float *losses, A *logits, con
     for (int j = threadIdx.x; j < V; j += blockDim.x)
         s += expf(ld(x, j) - m);
     s = block_reduce(s, false);
-    if (threadIdx.x == 0) /* -log p[target] = log sum exp - logit[target], before x is overwritten */
-        losses[blockIdx.x] = logf(s) + m - ld(x, targets[blockIdx.x]);
+    const int target = targets[blockIdx.x];
+    if (threadIdx.x == 0) /* -log p[target] = log sum exp - logit[target], before x is overwritten; 0 when ignored */
+        losses[blockIdx.x] = target >= 0 ? logf(s) + m - ld(x, target) : 0.0f;
     __syncthreads();
     for (int j = threadIdx.x; j < Vp; j += blockDim.x)
         st(x, j, j < V ? expf(ld(x, j) - m) / s : 0.0f);
@@ -1152,8 +1216,8 @@ __global__ static void crossentropy_backward_kernel(A *probs, const int32_t *tar
 {
     A *p = probs + (size_t)blockIdx.x * Vp;
     int target = targets[blockIdx.x];
-    for (int j = threadIdx.x; j < Vp; j += blockDim.x)
-        st(p, j, j < V ? (ld(p, j) - (j == target ? 1.0f : 0.0f)) * dloss : 0.0f);
+    for (int j = threadIdx.x; j < Vp; j += blockDim.x) /* an ignored target (< 0): the whole row 0 */
+        st(p, j, j < V && target >= 0 ? (ld(p, j) - (j == target ? 1.0f : 0.0f)) * dloss : 0.0f);
 }
 
 extern "C" void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V,

@@ -110,19 +110,35 @@ void backend_add(float *out, const float *a, const float *b, size_t n);
 /* out [A] (n) = a [A] + b [A]: a projection's output added into the residual stream. */
 void backend_add_act(float *out, const float *a, const float *b, size_t n);
 
+/* Packed rows (instruction fine-tuning: several samples laid end to end in
+ * one row of T tokens). pos (B, T) int32, in the kernels' memory (device
+ * memory on a device backend, like the token arrays), holds each token's
+ * position within its sample: 0 at a sample's first token, then 1, 2, ...;
+ * so pos[b, 0] = 0 and pos[b, t] is 0 or pos[b, t - 1] + 1. Token t belongs
+ * to the sample that starts at t - pos[b, t]. pos NULL: one sample per row,
+ * pos[b, t] = t, bit for bit today's results. The attention keeps each
+ * query inside its sample (block-diagonal causal), rotary and the learned
+ * position table read row pos[b, t]; trailing padding is one more sample (or
+ * several) whose targets the cross-entropy ignores. */
+
 /* Causal multi-head self-attention.
  * qkv [A] (B, T, 3C): q, k, v concatenated as GPT-2's c_attn produces them;
  * out [A] (B, T, C); att: what the forward keeps for the backward,
  * backend_attention_saved(B, T, NH) bytes: the CPU backend the softmax
- * probabilities [A] (B, NH, T, T) (upper triangle zero), the CUDA backend
- * each row's log-sum-exp (B, NH, T) in fp32 (it recomputes the probabilities
- * in the backward: memory O(T)); scratch: backend_attention_scratch(T, NH)
- * floats. */
-void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH);
+ * probabilities [A] (B, NH, T, T) (zero outside each row's keys), the CUDA
+ * backend each row's log-sum-exp (B, NH, T) in fp32 (it recomputes the
+ * probabilities in the backward: memory O(T)); scratch:
+ * backend_attention_scratch(T, NH) floats. Query t attends keys j with
+ * t - pos[b, t] <= j <= t (pos NULL: 0 <= j <= t): the probabilities outside
+ * are exactly 0, and a packed row gives each sample what it gives alone.
+ * Keys outside every query's range are skipped, not computed and masked, so
+ * a packed row costs less than T x T. */
+void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B,
+                               int T, int C, int NH);
 /* dqkv [A] (B, T, 3C) overwritten; dout [A], qkv [A], att as the forward
- * left it, out [A] the forward's output. */
+ * left it, out [A] the forward's output, pos the forward's. */
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
-                                float *scratch, int B, int T, int C, int NH);
+                                float *scratch, const int32_t *pos, int B, int T, int C, int NH);
 size_t backend_attention_scratch(int T, int NH);
 size_t backend_attention_saved(int B, int T, int NH);
 /* Grouped-query attention (Llama): the same, with qkv [A] (B, T, (NH + 2 NKV) hs)
@@ -132,10 +148,11 @@ size_t backend_attention_saved(int B, int T, int NH);
  * calls above are this one with NKV = NH and hs = C / NH (the same bits). The
  * backward sums a key/value head's gradient over its query heads in head
  * order. att, scratch: sized for NH heads as above. */
-void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int NH,
-                                   int NKV, int hs);
+void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
+                                   int B, int T, int NH, int NKV, int hs);
 void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                                    const float *out, float *scratch, int B, int T, int NH, int NKV, int hs);
+                                    const float *out, float *scratch, const int32_t *pos, int B, int T, int NH,
+                                    int NKV, int hs);
 
 /* RMSNorm (Llama): rstd (N) = 1 / sqrt(mean(inp^2) + eps) in fp32, out [A] (N, C) =
  * inp [A] * rstd * weight [A], as Hugging Face's LlamaRMSNorm. */
@@ -148,12 +165,15 @@ void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, co
 /* Rotary position embedding in place on the query and key heads of qkv [A]
  * (B, T, (NH + 2 NKV) hs) (the first NH + NKV heads of each row; values are
  * left alone), Hugging Face's rotate-half convention: for i < hs / 2 and
- * position t, (x[i], x[i + hs/2]) becomes (x[i] cos - x[i + hs/2] sin,
- * x[i + hs/2] cos + x[i] sin) with cos = cos[t, i], sin = sin[t, i], tables
- * (T, hs / 2) fp32. hs is even. The backward applies the inverse rotation
- * (sin negated) to the gradient dqkv [A] in place. */
-void backend_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int hs);
-void backend_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int hs);
+ * token (b, t) at position p = pos[b, t] (pos NULL: p = t), (x[i], x[i + hs/2])
+ * becomes (x[i] cos - x[i + hs/2] sin, x[i + hs/2] cos + x[i] sin) with
+ * cos = cos[p, i], sin = sin[p, i], tables (at least T rows, hs / 2) fp32. hs
+ * is even. The backward applies the inverse rotation (sin negated) to the
+ * gradient dqkv [A] in place. */
+void backend_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
+                          int NKV, int hs);
+void backend_rope_backward(float *dqkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
+                           int NKV, int hs);
 
 /* SwiGLU (Llama's MLP): out [A] (N, F) = silu(gu[:, :F]) * gu[:, F:] with gu [A]
  * (N, 2F) the gate and up projections side by side (one matmul over gate_proj
@@ -176,19 +196,22 @@ void backend_swiglu_backward(float *dgu, const float *dout, const float *gu, int
 size_t backend_library_workspace(void);
 void backend_set_library_workspace(void *p, size_t bytes);
 
-/* out [A] (B, T, C) = wte [A] [tokens] + wpe [A] [position]; wpe NULL: no
- * position table (Llama, whose positions are rotary) */
+/* out [A] (B, T, C) = wte [A] [tokens] + wpe [A] [position], position = pos[b, t]
+ * (pos NULL: t); wpe NULL: no position table (Llama, whose positions are rotary) */
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                               int B, int T, int C);
-/* dwte [G] [tokens] += dout [A]; dwpe [G] [position] += dout (skipped when dwpe is NULL) */
+                               const int32_t *pos, int B, int T, int C);
+/* dwte [G] [tokens] += dout [A]; dwpe [G] [position] += dout (skipped when dwpe is NULL), tokens in order */
 void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                                int B, int T, int C);
+                                const int32_t *pos, int B, int T, int C);
 
 /* Cross-entropy over the first V of Vp logits per row, fp32.
  * logits [A] (N, Vp) are replaced by the softmax probabilities (padded columns 0);
- * losses (N) receive -log p[target]. */
+ * losses (N) receive -log p[target]. A target < 0 marks a position that is
+ * not trained (a prompt token, padding): its loss is 0 (its probabilities
+ * are still written). */
 void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp);
-/* probs [A] (N, Vp) are replaced by dlogits = (probs - onehot(target)) * dloss; padded columns 0. */
+/* probs [A] (N, Vp) are replaced by dlogits = (probs - onehot(target)) * dloss; padded columns 0;
+ * the whole row 0 where the target is < 0. */
 void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
 
 /* Sum of squares in double (for the global gradient norm). */

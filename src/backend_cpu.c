@@ -335,15 +335,17 @@ void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, co
             dweight[c] += partial[(size_t)t * C + c];
 }
 
-/* Rotates the query and key heads of every row of x by +sin (forward) or -sin (backward). */
-static void rope_rotate(float *x, const float *cos, const float *sin, float sign, int B, int T, int NH, int NKV,
-                        int hs)
+/* Rotates the query and key heads of every row of x by +sin (forward) or -sin (backward), token (b, t) by the
+ * tables' row pos[b, t] (t without positions). */
+static void rope_rotate(float *x, const float *cos, const float *sin, const int32_t *pos, float sign, int B, int T,
+                        int NH, int NKV, int hs)
 {
     const int heads = NH + NKV, row = (NH + 2 * NKV) * hs, half = hs / 2;
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
-            const float *ct = cos + (size_t)t * half, *st = sin + (size_t)t * half;
+            const size_t at = (size_t)(pos ? pos[(size_t)b * T + t] : t) * half;
+            const float *ct = cos + at, *st = sin + at;
             for (int h = 0; h < heads; h++) {
                 float *v = x + ((size_t)b * T + t) * row + (size_t)h * hs;
 #pragma omp simd
@@ -356,22 +358,26 @@ static void rope_rotate(float *x, const float *cos, const float *sin, float sign
         }
 }
 
-void backend_rope_forward(float *qkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int hs)
+void backend_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
+                          int NKV, int hs)
 {
-    ACT_DISPATCH(act_rope(qkv, cos, sin, 1.0f, B, T, NH, NKV, hs));
+    ACT_DISPATCH(act_rope(qkv, cos, sin, pos, 1.0f, B, T, NH, NKV, hs));
     DEVEMU_VIEW(qkv);
     DEVEMU_VIEW(cos);
     DEVEMU_VIEW(sin);
-    rope_rotate(qkv, cos, sin, 1.0f, B, T, NH, NKV, hs);
+    DEVEMU_VIEW(pos);
+    rope_rotate(qkv, cos, sin, pos, 1.0f, B, T, NH, NKV, hs);
 }
 
-void backend_rope_backward(float *dqkv, const float *cos, const float *sin, int B, int T, int NH, int NKV, int hs)
+void backend_rope_backward(float *dqkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
+                           int NKV, int hs)
 {
-    ACT_DISPATCH(act_rope(dqkv, cos, sin, -1.0f, B, T, NH, NKV, hs));
+    ACT_DISPATCH(act_rope(dqkv, cos, sin, pos, -1.0f, B, T, NH, NKV, hs));
     DEVEMU_VIEW(dqkv);
     DEVEMU_VIEW(cos);
     DEVEMU_VIEW(sin);
-    rope_rotate(dqkv, cos, sin, -1.0f, B, T, NH, NKV, hs);
+    DEVEMU_VIEW(pos);
+    rope_rotate(dqkv, cos, sin, pos, -1.0f, B, T, NH, NKV, hs);
 }
 
 void backend_swiglu_forward(float *out, const float *gu, int N, int F)
@@ -436,119 +442,166 @@ size_t backend_attention_scratch(int T, int NH)
     return (size_t)omp_get_max_threads() * (size_t)T * (size_t)T;
 }
 
-void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int NH,
-                                   int NKV, int hs)
+/* Packed rows (backend.h): the first key query i of a row may see, i - pos[i]
+ * (0 without positions); pos_row is the row's positions or NULL. */
+static inline int attention_first_key(const int32_t *pos_row, int i) { return pos_row ? i - pos_row[i] : 0; }
+
+/* One past the last query that sees key j: the next sample's first token (T without positions). */
+static inline int attention_query_end(const int32_t *pos_row, int j, int T)
 {
-    ACT_DISPATCH(act_attention_forward(out, att, qkv, scratch, B, T, NH, NKV, hs));
+    if (!pos_row)
+        return T;
+    int i = j + 1;
+    while (i < T && pos_row[i] != 0)
+        i++;
+    return i;
+}
+
+/* The attention's reading of pos (backend.h): every row samples laid end to end, so that a query's keys and a
+ * key's queries are contiguous ranges. Anything else would index outside the row. */
+static void attention_check_positions(const int32_t *pos, int B, int T)
+{
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const int32_t p = pos[(size_t)b * T + t], before = t ? pos[(size_t)b * T + t - 1] : -1;
+            if (p != 0 && p != before + 1)
+                fail_internal("attention: position %d of token %d in row %d follows %d; a row's positions must be "
+                              "samples laid end to end (0, 1, 2, ... for each sample)",
+                              p, t, b, before);
+        }
+}
+
+void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
+                                   int B, int T, int NH, int NKV, int hs)
+{
+    ACT_DISPATCH(act_attention_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs));
     (void)scratch; /* the CPU computes the scores in att itself */
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(att);
     DEVEMU_VIEW(qkv);
+    DEVEMU_VIEW(pos);
+    if (pos)
+        attention_check_positions(pos, B, T);
     const int C = NH * hs, row = (NH + 2 * NKV) * hs, group = NH / NKV;
     const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
+            const int32_t *pos_row = pos ? pos + (size_t)b * T : NULL;
             const float *q = qkv + (size_t)b * T * row + (size_t)h * hs;
             const float *k = qkv + (size_t)b * T * row + (size_t)(NH + h / group) * hs;
             const float *v = k + (size_t)NKV * hs;
             float *p = att + ((size_t)b * NH + h) * T * T;
             float *y = out + (size_t)b * T * C + (size_t)h * hs;
-            /* Scores of rows [i0, i1) against the keys they may see, [0, i1). */
+            /* Scores of rows [i0, i1) against the keys they may see, [k0, i1): k0 the first row's first key. */
             for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
-                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hs, scale,
-                            q + (size_t)i0 * row, row, k, row, 0.0f, p + (size_t)i0 * T, T);
+                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(pos_row, i0);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1 - k0, hs, scale,
+                            q + (size_t)i0 * row, row, k + (size_t)k0 * row, row, 0.0f, p + (size_t)i0 * T + k0, T);
             }
             for (int i = 0; i < T; i++) {
                 float *prow = p + (size_t)i * T;
+                const int j0 = attention_first_key(pos_row, i);
                 float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-                for (int j = 0; j <= i; j++)
+                for (int j = j0; j <= i; j++)
                     mx = prow[j] > mx ? prow[j] : mx;
                 float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-                for (int j = 0; j <= i; j++) {
+                for (int j = j0; j <= i; j++) {
                     prow[j] = fast_expf(prow[j] - mx);
                     sum += prow[j];
                 }
                 float inv = 1.0f / sum;
-                for (int j = 0; j <= i; j++)
+                for (int j = j0; j <= i; j++)
                     prow[j] *= inv;
+                for (int j = 0; j < j0; j++)
+                    prow[j] = 0.0f;
                 for (int j = i + 1; j < T; j++)
                     prow[j] = 0.0f;
             }
             for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
-                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1, 1.0f,
-                            p + (size_t)i0 * T, T, v, row, 0.0f, y + (size_t)i0 * C, C);
+                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(pos_row, i0);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1 - k0, 1.0f,
+                            p + (size_t)i0 * T + k0, T, v + (size_t)k0 * row, row, 0.0f, y + (size_t)i0 * C, C);
             }
         }
 }
 
 /* The backward of one query head h; dk and dv of its key/value head are
- * overwritten by the group's first head (beta 0) and accumulated by the others. */
+ * overwritten by the group's first head (beta 0) and accumulated by the others.
+ * P and dS are zero outside each row's keys [first key, i]: rows [i0, i1)
+ * need the keys from the first row's first key, and keys [j0, j1) the rows up
+ * to the end of the sample of key j1 - 1. */
 static void attention_head_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *ds,
-                                    int b, int h, int T, int NH, int NKV, int hs)
+                                    const int32_t *pos, int b, int h, int T, int NH, int NKV, int hs)
 {
     const int C = NH * hs, row = (NH + 2 * NKV) * hs, group = NH / NKV;
     const float scale = 1.0f / sqrtf((float)hs);
     const float beta = h % group == 0 ? 0.0f : 1.0f;
     const size_t kv_at = (size_t)(NH + h / group) * hs;
+    const int32_t *pos_row = pos ? pos + (size_t)b * T : NULL;
     const float *q = qkv + (size_t)b * T * row + (size_t)h * hs;
     const float *k = qkv + (size_t)b * T * row + kv_at, *v = k + (size_t)NKV * hs;
     float *dq = dqkv + (size_t)b * T * row + (size_t)h * hs;
     float *dk = dqkv + (size_t)b * T * row + kv_at, *dv = dk + (size_t)NKV * hs;
     const float *p = att + ((size_t)b * NH + h) * T * T;
     const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
-    /* dP = dY V^T over the causal blocks; dV = P^T dY. */
+    /* dP = dY V^T over the rows' blocks of keys; dV = P^T dY. */
     for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
-        int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hs, 1.0f,
-                    dy + (size_t)i0 * C, C, v, row, 0.0f, ds + (size_t)i0 * T, T);
+        int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(pos_row, i0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1 - k0, hs, 1.0f,
+                    dy + (size_t)i0 * C, C, v + (size_t)k0 * row, row, 0.0f, ds + (size_t)i0 * T + k0, T);
     }
-    /* P is lower triangular: rows [j0, j1) of dV need only rows i >= j0 of P and dY. */
+    /* Rows [j0, j1) of dV need only rows j0 <= i < the end of key j1 - 1's sample of P and dY. */
     for (int j0 = 0; j0 < T; j0 += ATTN_ROW_BLOCK) {
-        int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, T - j0, 1.0f,
+        int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T, i1 = attention_query_end(pos_row, j1 - 1, T);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, i1 - j0, 1.0f,
                     p + (size_t)j0 * T + j0, T, dy + (size_t)j0 * C, C, beta, dv + (size_t)j0 * row, row);
     }
     /* Softmax backward in place, with the 1/sqrt(hs) of the scores folded in. */
     for (int i = 0; i < T; i++) {
         const float *prow = p + (size_t)i * T;
         float *drow = ds + (size_t)i * T;
+        const int j0 = attention_first_key(pos_row, i);
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int j = 0; j <= i; j++)
+        for (int j = j0; j <= i; j++)
             dot += prow[j] * drow[j];
-        for (int j = 0; j <= i; j++)
+        for (int j = j0; j <= i; j++)
             drow[j] = prow[j] * (drow[j] - dot) * scale;
+        for (int j = 0; j < j0; j++)
+            drow[j] = 0.0f;
         for (int j = i + 1; j < T; j++)
             drow[j] = 0.0f;
     }
-    /* dQ = dS K and dK = dS^T Q, over the causal blocks of the lower-triangular dS. */
+    /* dQ = dS K and dK = dS^T Q, over the same blocks of the block-diagonal lower-triangular dS. */
     for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
-        int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1, 1.0f,
-                    ds + (size_t)i0 * T, T, k, row, 0.0f, dq + (size_t)i0 * row, row);
+        int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(pos_row, i0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1 - k0, 1.0f,
+                    ds + (size_t)i0 * T + k0, T, k + (size_t)k0 * row, row, 0.0f, dq + (size_t)i0 * row, row);
     }
     for (int j0 = 0; j0 < T; j0 += ATTN_ROW_BLOCK) {
-        int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, T - j0, 1.0f,
+        int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T, i1 = attention_query_end(pos_row, j1 - 1, T);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, i1 - j0, 1.0f,
                     ds + (size_t)j0 * T + j0, T, q + (size_t)j0 * row, row, beta, dk + (size_t)j0 * row, row);
     }
 }
 
 void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                                    const float *out, float *scratch, int B, int T, int NH, int NKV, int hs)
+                                    const float *out, float *scratch, const int32_t *pos, int B, int T, int NH,
+                                    int NKV, int hs)
 {
     (void)out; /* the probabilities are kept: the forward's output is not needed */
-    ACT_DISPATCH(act_attention_backward(dqkv, dout, qkv, att, scratch, B, T, NH, NKV, hs));
+    ACT_DISPATCH(act_attention_backward(dqkv, dout, qkv, att, scratch, pos, B, T, NH, NKV, hs));
     DEVEMU_VIEW(dqkv);
     DEVEMU_VIEW(dout);
     DEVEMU_VIEW(qkv);
     DEVEMU_VIEW(att);
     DEVEMU_VIEW(scratch);
+    DEVEMU_VIEW(pos);
+    if (pos)
+        attention_check_positions(pos, B, T);
     /* One task per key/value head: its query heads in order, so the shared
      * dk and dv add up in a fixed order and never race. */
     const int group = NH / NKV;
@@ -557,29 +610,31 @@ void backend_attention_gqa_backward(float *dqkv, const float *dout, const float 
         for (int g = 0; g < NKV; g++) {
             float *ds = scratch + (size_t)omp_get_thread_num() * T * T;
             for (int h = g * group; h < (g + 1) * group; h++)
-                attention_head_backward(dqkv, dout, qkv, att, ds, b, h, T, NH, NKV, hs);
+                attention_head_backward(dqkv, dout, qkv, att, ds, pos, b, h, T, NH, NKV, hs);
         }
 }
 
-void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int C, int NH)
+void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B,
+                               int T, int C, int NH)
 {
-    backend_attention_gqa_forward(out, att, qkv, scratch, B, T, NH, NH, C / NH);
+    backend_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NH, C / NH);
 }
 
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
-                                float *scratch, int B, int T, int C, int NH)
+                                float *scratch, const int32_t *pos, int B, int T, int C, int NH)
 {
-    backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, B, T, NH, NH, C / NH);
+    backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NH, C / NH);
 }
 
 void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                               int B, int T, int C)
+                               const int32_t *pos, int B, int T, int C)
 {
-    ACT_DISPATCH(act_embedding_forward(out, tokens, wte, wpe, B, T, C));
+    ACT_DISPATCH(act_embedding_forward(out, tokens, wte, wpe, pos, B, T, C));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(tokens);
     DEVEMU_VIEW(wte);
     DEVEMU_VIEW(wpe);
+    DEVEMU_VIEW(pos);
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -589,20 +644,21 @@ void backend_embedding_forward(float *out, const int32_t *tokens, const float *w
                 memcpy(o, we, (size_t)C * sizeof *o);
                 continue;
             }
-            const float *pe = wpe + (size_t)t * C;
+            const float *pe = wpe + (size_t)(pos ? pos[(size_t)b * T + t] : t) * C;
             for (int c = 0; c < C; c++)
                 o[c] = we[c] + pe[c];
         }
 }
 
 void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                                int B, int T, int C)
+                                const int32_t *pos, int B, int T, int C)
 {
-    ACT_DISPATCH(act_embedding_backward(dwte, dwpe, dout, tokens, B, T, C));
+    ACT_DISPATCH(act_embedding_backward(dwte, dwpe, dout, tokens, pos, B, T, C));
     DEVEMU_VIEW(dwte);
     DEVEMU_VIEW(dwpe);
     DEVEMU_VIEW(dout);
     DEVEMU_VIEW(tokens);
+    DEVEMU_VIEW(pos);
     /* Threads own disjoint column ranges, so repeated tokens never race. */
 #pragma omp parallel
     {
@@ -616,7 +672,7 @@ void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, con
                     we[c] += d[c];
                 if (!dwpe)
                     continue;
-                float *pe = dwpe + (size_t)t * C;
+                float *pe = dwpe + (size_t)(pos ? pos[(size_t)b * T + t] : t) * C;
                 for (int c = c0; c < c1; c++)
                     pe[c] += d[c];
             }
@@ -632,7 +688,7 @@ void backend_crossentropy_forward(float *losses, float *logits, const int32_t *t
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
         float *row = logits + (size_t)i * Vp;
-        float target_logit = row[targets[i]];
+        float target_logit = targets[i] >= 0 ? row[targets[i]] : 0.0f;
         float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
         for (int j = 0; j < V; j++)
@@ -648,8 +704,8 @@ void backend_crossentropy_forward(float *losses, float *logits, const int32_t *t
             row[j] *= inv;
         for (int j = V; j < Vp; j++)
             row[j] = 0.0f;
-        /* log-sum-exp form: exact even when the target's probability underflows */
-        losses[i] = logf(sum) + mx - target_logit;
+        /* log-sum-exp form: exact even when the target's probability underflows; 0 for an ignored target */
+        losses[i] = targets[i] >= 0 ? logf(sum) + mx - target_logit : 0.0f;
     }
 }
 
@@ -661,6 +717,10 @@ void backend_crossentropy_backward(float *probs, const int32_t *targets, float d
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
         float *row = probs + (size_t)i * Vp;
+        if (targets[i] < 0) { /* not trained: no gradient */
+            memset(row, 0, (size_t)Vp * sizeof *row);
+            continue;
+        }
         for (int j = 0; j < V; j++)
             row[j] *= dloss;
         row[targets[i]] -= dloss;

@@ -163,25 +163,25 @@ void act_gelu_backward(float *dinp, const float *inp, const float *dout, size_t 
     free(i), free(d);
 }
 
-void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int NH, int NKV,
-                           int hs)
+void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B, int T,
+                           int NH, int NKV, int hs)
 {
     const size_t BT = (size_t)B * T, natt = (size_t)B * NH * T * T, C = (size_t)NH * hs;
     const size_t row = (size_t)(NH + 2 * NKV) * hs;
     float *q = widen(qkv, BT * row), *o = xcalloc(BT * C, sizeof *o), *p = xcalloc(natt, sizeof *p);
-    FP32(backend_attention_gqa_forward(o, p, q, scratch, B, T, NH, NKV, hs));
+    FP32(backend_attention_gqa_forward(o, p, q, scratch, pos, B, T, NH, NKV, hs));
     narrow(out, o, BT * C);
     narrow(att, p, natt);
     free(q);
 }
 
 void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *scratch,
-                            int B, int T, int NH, int NKV, int hs)
+                            const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
     const size_t BT = (size_t)B * T, C = (size_t)NH * hs, row = (size_t)(NH + 2 * NKV) * hs;
     float *d = widen(dout, BT * C), *q = widen(qkv, BT * row), *dq = xcalloc(BT * row, sizeof *dq);
     float *p = widen(att, (size_t)B * NH * T * T);
-    FP32(backend_attention_gqa_backward(dq, d, q, p, NULL, scratch, B, T, NH, NKV, hs));
+    FP32(backend_attention_gqa_backward(dq, d, q, p, NULL, scratch, pos, B, T, NH, NKV, hs));
     narrow(dqkv, dq, BT * row);
     free(d), free(q), free(p);
 }
@@ -206,14 +206,15 @@ void act_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
     free(d), free(w), free(x);
 }
 
-void act_rope(float *x, const float *cos, const float *sin, float sign, int B, int T, int NH, int NKV, int hs)
+void act_rope(float *x, const float *cos, const float *sin, const int32_t *pos, float sign, int B, int T, int NH,
+              int NKV, int hs)
 {
     const size_t n = (size_t)B * T * (size_t)(NH + 2 * NKV) * hs;
     float *w = widen(x, n);
     if (sign > 0)
-        FP32(backend_rope_forward(w, cos, sin, B, T, NH, NKV, hs));
+        FP32(backend_rope_forward(w, cos, sin, pos, B, T, NH, NKV, hs));
     else
-        FP32(backend_rope_backward(w, cos, sin, B, T, NH, NKV, hs));
+        FP32(backend_rope_backward(w, cos, sin, pos, B, T, NH, NKV, hs));
     narrow(x, w, n);
 }
 
@@ -233,19 +234,20 @@ void act_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, 
     free(g), free(d);
 }
 
-void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T,
-                           int C)
+void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                           const int32_t *pos, int B, int T, int C)
 {
     float *o = xcalloc((size_t)B * T * C, sizeof *o);
-    const int32_t *tok = devemu_host(tokens);
+    const int32_t *tok = devemu_host(tokens), *position = devemu_host(pos);
     const char *we = devemu_host(wte), *pe = devemu_host(wpe);
     const size_t es = (size_t)dtype_size(g_act);
     float *row = xcalloc((size_t)2 * C, sizeof *row);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             dtype_convert(row, DTYPE_F32, we + (size_t)tok[(size_t)b * T + t] * C * es, g_act, (size_t)C);
+            const size_t p = (size_t)(position ? position[(size_t)b * T + t] : t);
             if (pe) /* no position table: row + C stays zero */
-                dtype_convert(row + C, DTYPE_F32, pe + (size_t)t * C * es, g_act, (size_t)C);
+                dtype_convert(row + C, DTYPE_F32, pe + p * C * es, g_act, (size_t)C);
             float *y = o + ((size_t)b * T + t) * C;
             for (int c = 0; c < C; c++)
                 y[c] = row[c] + row[C + c];
@@ -256,8 +258,10 @@ void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, 
 
 /* Half-precision embedding backward: dout [A] widened; with half-precision
  * gradients ([G]) the rows of dwte up to the largest token are widened too
- * (rounding an untouched row back leaves it as it was). */
-void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T, int C)
+ * (rounding an untouched row back leaves it as it was), and the first T rows
+ * of dwpe (a position is below T). */
+void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, const int32_t *pos,
+                            int B, int T, int C)
 {
     float *d = widen(dout, (size_t)B * T * C);
     const int32_t *tok = devemu_host(tokens);
@@ -265,7 +269,7 @@ void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const i
     for (size_t i = 0; i < (size_t)B * T; i++)
         V = (size_t)tok[i] + 1 > V ? (size_t)tok[i] + 1 : V;
     float *dw = grad_begin(dwte, V * C), *dp = grad_begin(dwpe, (size_t)T * C);
-    FP32(backend_embedding_backward(dw, dp, d, tokens, B, T, C));
+    FP32(backend_embedding_backward(dw, dp, d, tokens, pos, B, T, C));
     grad_done(dwte, dw, V * C);
     grad_done(dwpe, dp, (size_t)T * C);
     free(d);

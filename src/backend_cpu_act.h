@@ -10,7 +10,8 @@
 #include "backend.h"
 
 int act_half(void);
-void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, int B, int T, int C);
+void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, const int32_t *pos,
+                            int B, int T, int C);
 void act_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC);
 void act_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                          const float *weight, int N, int C, int OC);
@@ -23,18 +24,19 @@ void act_layernorm_backward(float *dinp, float *dweight, float *dbias, const flo
                             const float *weight, const float *mean, const float *rstd, float *scratch, int N, int C);
 void act_gelu_forward(float *out, const float *inp, size_t n);
 void act_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
-void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, int B, int T, int NH, int NKV,
-                           int hs);
+void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B, int T,
+                           int NH, int NKV, int hs);
 void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *scratch,
-                            int B, int T, int NH, int NKV, int hs);
+                            const int32_t *pos, int B, int T, int NH, int NKV, int hs);
 void act_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C);
 void act_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                           const float *rstd, float *scratch, int N, int C);
-void act_rope(float *x, const float *cos, const float *sin, float sign, int B, int T, int NH, int NKV, int hs);
+void act_rope(float *x, const float *cos, const float *sin, const int32_t *pos, float sign, int B, int T, int NH,
+              int NKV, int hs);
 void act_swiglu_forward(float *out, const float *gu, int N, int F);
 void act_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F);
-void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, int B, int T,
-                           int C);
+void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                           const int32_t *pos, int B, int T, int C);
 void act_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp);
 void act_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
 

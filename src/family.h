@@ -59,6 +59,7 @@ struct family_acts {
     float *dwork_c;           /* (B, T, C) backward work: the final norm's output gradient, a block's */
     int32_t *inputs, *targets; /* (B, T) host memory: the caller fills them before forward */
     int32_t *dev_inputs, *dev_targets; /* (B, T) the kernels' copies (the same buffers on the CPU) */
+    int32_t *positions, *dev_positions; /* (B, T) each token's position in its sample (host; the kernels' copy), NULL: row positions 0..T-1 */
     float *host_losses;       /* (B, T) the losses read back (losses on the CPU) */
     float *debug_logits;      /* when set, forward copies the logits here (host memory; tests) */
     const float *head_lm;     /* tied: the gathered LM head weight, from the forward to the backward */

@@ -109,13 +109,14 @@ static void project_add(float *y, const float *x, const float *inp, const float 
     backend_add_act(y, y, x, (size_t)N * C);
 }
 
+/* pos: the positions of packed rows (backend.h), or NULL. */
 static void block_forward(const struct model *m, const struct block_params *p, struct block_acts *ba,
-                          struct gpt2_acts *a, const float *x, float *y, int B, int T)
+                          struct gpt2_acts *a, const float *x, float *y, const int32_t *pos, int B, int T)
 {
     const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
     backend_layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_w, p->ln1_b, N, C);
     backend_matmul_forward(ba->qkv, ba->ln1, p->qkv_w, p->qkv_b, N, C, 3 * C);
-    backend_attention_forward(ba->atty, ba->att, ba->qkv, a->scratch, B, T, C, NH);
+    backend_attention_forward(ba->atty, ba->att, ba->qkv, a->scratch, pos, B, T, C, NH);
     project_add(ba->res2, x, ba->atty, p->attproj_w, p->attproj_b, N, C, C);
     backend_layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->res2, p->ln2_w, p->ln2_b, N, C);
     backend_matmul_forward_gelu(ba->fch, ba->fch_gelu, ba->ln2, p->fc_w, p->fc_b, N, C, 4 * C);
@@ -140,7 +141,8 @@ static void block_backward(const struct model *m, const struct block_params *p, 
     /* attention */
     backend_matmul_backward(dwork_c, g->attproj_w, g->attproj_b, dres2, ba->atty, p->attproj_w, N,
                             C, C);
-    backend_attention_backward(a->dwork_3c, dwork_c, ba->qkv, ba->att, ba->atty, a->scratch, B, T, C, NH);
+    backend_attention_backward(a->dwork_3c, dwork_c, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, B, T,
+                               C, NH);
     backend_matmul_backward(dwork_c, g->qkv_w, g->qkv_b, a->dwork_3c, ba->ln1, p->qkv_w, N, C, 3 * C);
     family_copy_act(dy, dres2, NC);
     backend_layernorm_backward(dy, g->ln1_w, g->ln1_b, dwork_c, x, p->ln1_w, ba->ln1_mean, ba->ln1_rstd,
@@ -150,13 +152,13 @@ static void block_backward(const struct model *m, const struct block_params *p, 
 static void gpt2_embed_forward(struct family_acts *fa, const float *unit, float *out)
 {
     backend_embedding_forward(out, fa->dev_inputs, family_param(fa, unit, 0, ET_WTE), family_param(fa, unit, 0, ET_WPE),
-                              fa->B, fa->T, fa->m->cfg.n_embd);
+                              fa->dev_positions, fa->B, fa->T, fa->m->cfg.n_embd);
 }
 
 static void gpt2_embed_backward(struct family_acts *fa, float *grad, const float *dout)
 {
     backend_embedding_backward(family_grad(fa, grad, 0, ET_WTE), family_grad(fa, grad, 0, ET_WPE), dout,
-                               fa->dev_inputs, fa->B, fa->T, fa->m->cfg.n_embd);
+                               fa->dev_inputs, fa->dev_positions, fa->B, fa->T, fa->m->cfg.n_embd);
 }
 
 static void gpt2_block_forward(struct family_acts *fa, int l, const float *unit, const float *x, float *y)
@@ -165,7 +167,7 @@ static void gpt2_block_forward(struct family_acts *fa, int l, const float *unit,
     struct gpt2_acts *a = fa->priv;
     struct block_params p;
     BLOCK_VIEW(p, unit, &m->units[model_block_unit(l)], (size_t)dtype_size(backend_act_dtype()));
-    block_forward(m, &p, &a->sets[l % fa->n_sets], a, x, y, fa->B, fa->T);
+    block_forward(m, &p, &a->sets[l % fa->n_sets], a, x, y, fa->dev_positions, fa->B, fa->T);
 }
 
 static void gpt2_block_backward(struct family_acts *fa, int l, const float *unit, float *grad, const float *x)

@@ -156,13 +156,13 @@ static void llama_free(struct family_acts *fa)
 
 static void llama_embed_forward(struct family_acts *fa, const float *unit, float *out)
 {
-    backend_embedding_forward(out, fa->dev_inputs, family_param(fa, unit, 0, 0), NULL, fa->B, fa->T,
+    backend_embedding_forward(out, fa->dev_inputs, family_param(fa, unit, 0, 0), NULL, fa->dev_positions, fa->B, fa->T,
                               fa->m->cfg.n_embd);
 }
 
 static void llama_embed_backward(struct family_acts *fa, float *grad, const float *dout)
 {
-    backend_embedding_backward(family_grad(fa, grad, 0, 0), NULL, dout, fa->dev_inputs, fa->B, fa->T,
+    backend_embedding_backward(family_grad(fa, grad, 0, 0), NULL, dout, fa->dev_inputs, fa->dev_positions, fa->B, fa->T,
                                fa->m->cfg.n_embd);
 }
 
@@ -184,8 +184,9 @@ static void llama_block_forward(struct family_acts *fa, int l, const float *unit
 #define P(t) family_param(fa, unit, u, t)
     backend_rmsnorm_forward(ba->ln1, ba->rstd1, x, P(LT_IN_NORM), eps, d.N, d.C);
     backend_matmul_forward_transposed(ba->qkv, ba->ln1, P(LT_Q), d.N, d.C, d.QKV);
-    backend_rope_forward(ba->qkv, a->rope_cos, a->rope_sin, fa->B, fa->T, d.NH, d.NKV, d.hs);
-    backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    backend_rope_forward(ba->qkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV,
+                                  d.hs);
     project_add(ba->res2, x, ba->atty, P(LT_O), d.N, d.C, d.C);
     backend_rmsnorm_forward(ba->ln2, ba->rstd2, ba->res2, P(LT_POST_NORM), eps, d.N, d.C);
     backend_matmul_forward_transposed(ba->gu, ba->ln2, P(LT_GATE), d.N, d.C, 2 * d.F);
@@ -213,9 +214,9 @@ static void llama_block_backward(struct family_acts *fa, int l, const float *uni
     backend_rmsnorm_backward(dres2, G(LT_POST_NORM), dc, ba->res2, P(LT_POST_NORM), ba->rstd2, a->scratch, d.N, d.C);
     /* attention */
     backend_matmul_backward_transposed(dc, G(LT_O), dres2, ba->atty, P(LT_O), d.N, d.C, d.C);
-    backend_attention_gqa_backward(a->dqkv, dc, ba->qkv, ba->att, ba->atty, a->scratch, fa->B, fa->T, d.NH, d.NKV,
-                                   d.hs);
-    backend_rope_backward(a->dqkv, a->rope_cos, a->rope_sin, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    backend_attention_gqa_backward(a->dqkv, dc, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, fa->B, fa->T,
+                                   d.NH, d.NKV, d.hs);
+    backend_rope_backward(a->dqkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
     backend_matmul_backward_transposed(dc, G(LT_Q), a->dqkv, ba->ln1, P(LT_Q), d.N, d.C, d.QKV);
     family_copy_act(dy, dres2, NC);
     backend_rmsnorm_backward(dy, G(LT_IN_NORM), dc, x, P(LT_IN_NORM), ba->rstd1, a->scratch, d.N, d.C);

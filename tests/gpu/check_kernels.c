@@ -186,8 +186,9 @@ static int same_bits(const void *a, const void *b, size_t bytes)
 }
 
 /* What the device's attention keeps: the log-sum-exp (B, NH, T) of each row's causal scores, in double from
- * qkv (B, T, (NH + 2 NKV) hs) as the CPU sees it; query head h reads key head h / (NH / NKV). */
-static float *attention_lse(const float *qkv, int B, int T, int NH, int NKV, int hs)
+ * qkv (B, T, (NH + 2 NKV) hs) as the CPU sees it; query head h reads key head h / (NH / NKV), query i the keys
+ * of its sample from i - pos[b, i] (pos NULL: from 0). */
+static float *attention_lse(const float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
     float *lse = malloc((size_t)B * NH * T * 4);
     const size_t width = (size_t)(NH + 2 * NKV) * hs;
@@ -197,7 +198,8 @@ static float *attention_lse(const float *qkv, int B, int T, int NH, int NKV, int
             for (int i = 0; i < T; i++) {
                 const float *q = qkv + ((size_t)b * T + i) * width + (size_t)h * hs;
                 double m = -INFINITY, sum = 0.0;
-                for (int j = 0; j <= i; j++) {
+                const int first = pos ? i - pos[(size_t)b * T + i] : 0;
+                for (int j = first; j <= i; j++) {
                     const float *k = qkv + ((size_t)b * T + j) * width + (size_t)(NH + h / (NH / NKV)) * hs;
                     double d = 0.0;
                     for (int c = 0; c < hs; c++)
@@ -205,12 +207,33 @@ static float *attention_lse(const float *qkv, int B, int T, int NH, int NKV, int
                     scores[j] = d / sqrt((double)hs);
                     m = fmax(m, scores[j]);
                 }
-                for (int j = 0; j <= i; j++)
+                for (int j = first; j <= i; j++)
                     sum += exp(scores[j] - m);
                 lse[((size_t)b * NH + h) * T + i] = (float)(m + log(sum));
             }
     free(scores);
     return lse;
+}
+
+/* Packed rows (backend.h): row b holds samples of the lengths PACK_LENGTHS rotated by b, laid end to end, the
+ * last one cut at T; what is left after them is trailing padding: one more sample (b even) or one token samples
+ * (b odd). Every third row is a single sample of T tokens (pos = t, what NULL means). Host memory, (B, T). */
+static const int PACK_LENGTHS[] = {1, 2, 7, 33};
+#define PACK_COUNT ((int)(sizeof PACK_LENGTHS / sizeof PACK_LENGTHS[0]))
+
+static int32_t *packed_positions(int B, int T)
+{
+    int32_t *pos = malloc((size_t)B * T * sizeof *pos);
+    for (int b = 0; b < B; b++) {
+        int32_t *row = pos + (size_t)b * T;
+        int t = 0;
+        for (int k = 0; k < PACK_COUNT && b % 3 != 2; k++)
+            for (int i = 0; i < PACK_LENGTHS[(b + k) % PACK_COUNT] && t < T; i++)
+                row[t++] = i;
+        for (int i = 0; t < T; i++, t++)
+            row[t] = b % 2 && b % 3 != 2 ? 0 : i;
+    }
+    return pos;
 }
 
 /* Every kernel with [A] operands, activations in dt: inputs rounded to dt on
@@ -224,7 +247,7 @@ static const struct shape EVEN = {2, 64, 96, 4, 288, 300, 384}, ODD = {3, 50, 72
 
 static const char *named2(const char *name, const char *variant)
 {
-    static char buf[128];
+    static char buf[256];
     snprintf(buf, sizeof buf, "%s%s%s", name, variant, g_tag);
     return buf;
 }
@@ -261,10 +284,73 @@ static void check_fused_mlp(const float *d_inp, const float *inp, const float *d
     free(pre), free(out), free(pre2), free(gin), free(dout), free(w2), free(dpre), free(dw), free(db);
 }
 
+/* The embedding with its position table at shape sh: tokens (N), pos NULL or packed rows (host); wte, wpe, out,
+ * dout [A]; the backward into random starting dwte, dwpe fp32. */
+static void check_embedding(const int32_t *tokens, const int32_t *pos, struct shape sh, const char *variant)
+{
+    const int B = sh.B, T = sh.T, C = sh.C, Vp = sh.Vp, N = B * T;
+    const size_t NC = (size_t)N * C, VC = (size_t)Vp * C, TC = (size_t)T * C;
+    int32_t *d_tokens = to_device(tokens, N * 4), *d_pos = pos ? to_device(pos, N * 4) : NULL;
+    float *wte = act_round(host_random(VC, 1), VC), *wpe = act_round(host_random(TC, 1), TC);
+    float *d_wte = act_to_device(wte, VC), *d_wpe = act_to_device(wpe, TC);
+    float *emb = malloc(NC * 4), *d_emb = act_poisoned(NC);
+    cpu_embedding_forward(emb, tokens, wte, wpe, pos, B, T, C);
+    backend_embedding_forward(d_emb, d_tokens, d_wte, d_wpe, d_pos, B, T, C);
+    compare_act(named2("embedding_forward", variant), emb, d_emb, NC, g_tol);
+    float *dout = act_round(host_random(NC, 1), NC), *d_dout = act_to_device(dout, NC);
+    float *dwte = host_random(VC, 1), *dwpe = host_random(TC, 1);
+    float *d_dwte = to_device(dwte, VC * 4), *d_dwpe = to_device(dwpe, TC * 4);
+    cpu_embedding_backward(dwte, dwpe, dout, tokens, pos, B, T, C);
+    backend_embedding_backward(d_dwte, d_dwpe, d_dout, d_tokens, d_pos, B, T, C);
+    compare(named2("embedding_backward_dwte", variant), dwte, d_dwte, VC, TOL);
+    compare(named2("embedding_backward_dwpe", variant), dwpe, d_dwpe, TC, TOL);
+    cudaFree(d_tokens), cudaFree(d_pos), cudaFree(d_wte), cudaFree(d_wpe), cudaFree(d_emb), cudaFree(d_dout);
+    cudaFree(d_dwte), cudaFree(d_dwpe);
+    free(wte), free(wpe), free(emb), free(dout), free(dwte), free(dwpe);
+}
+
+/* The cross-entropy over random logits [A] (in place) at shape sh, targets (N); losses fp32. Where a target is
+ * < 0 (not trained) the loss and the whole dlogits row must be exactly 0 too. */
+static void check_crossentropy(const int32_t *targets, struct shape sh, const char *variant)
+{
+    const int N = sh.B * sh.T, V = sh.V, Vp = sh.Vp;
+    const size_t NV = (size_t)N * Vp;
+    int32_t *d_targets = to_device(targets, N * 4);
+    float *logits = act_round(host_random(NV, 4), NV), *d_logits = act_to_device(logits, NV);
+    float *losses = malloc(N * 4), *d_losses = poisoned(N);
+    cpu_crossentropy_forward(losses, logits, targets, N, V, Vp);
+    backend_crossentropy_forward(d_losses, d_logits, d_targets, N, V, Vp);
+    compare(named2("crossentropy_forward_losses", variant), losses, d_losses, N, TOL);
+    compare_act(named2("crossentropy_forward_probs", variant), logits, d_logits, NV, g_tol);
+    act_round(logits, NV);
+    cpu_crossentropy_backward(logits, targets, 1.0f / N, N, V, Vp);
+    backend_crossentropy_backward(d_logits, d_targets, 1.0f / N, N, V, Vp);
+    compare_act(named2("crossentropy_backward", variant), logits, d_logits, NV, g_tol);
+    float *got_losses = malloc(N * 4);
+    unsigned char *got = malloc(act_bytes(NV));
+    cuda_ok(cudaDeviceSynchronize(), "crossentropy");
+    cuda_ok(cudaMemcpy(got_losses, d_losses, N * 4, cudaMemcpyDeviceToHost), "crossentropy");
+    cuda_ok(cudaMemcpy(got, d_logits, act_bytes(NV), cudaMemcpyDeviceToHost), "crossentropy");
+    size_t ignored = 0, nonzero = 0;
+    for (int i = 0; i < N; i++) {
+        if (targets[i] >= 0)
+            continue;
+        ignored++;
+        nonzero += got_losses[i] != 0.0f;
+        for (size_t j = 0; j < act_bytes(Vp); j++) /* +0.0 in every dtype: all bits clear */
+            nonzero += got[act_bytes((size_t)i * Vp) + j] != 0;
+    }
+    if (ignored)
+        check_value(named2("crossentropy_ignored_rows_exactly_zero", variant), nonzero == 0,
+                    "an ignored target has a nonzero loss or dlogits element");
+    cudaFree(d_targets), cudaFree(d_logits), cudaFree(d_losses);
+    free(logits), free(losses), free(got_losses), free(got);
+}
+
 static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct shape sh)
 {
     use_act(dt, tol, tag);
-    const int B = sh.B, T = sh.T, C = sh.C, NH = sh.NH, OC = sh.OC, V = sh.V, Vp = sh.Vp, N = B * T;
+    const int B = sh.B, T = sh.T, C = sh.C, NH = sh.NH, OC = sh.OC, V = sh.V, N = B * T;
     const size_t NC = (size_t)N * C;
 
     /* matmul: inp, weight, bias, out, dout, dinp [A]; dweight, dbias fp32 (accumulated) */
@@ -347,22 +433,23 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     float *att = malloc(natt * 4), *aout = malloc(NC * 4), *d_aout = act_poisoned(NC);
     float *d_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
     float *d_fscratch = poisoned(backend_attention_scratch(T, NH) + 1);
-    cpu_attention_forward(aout, att, qkv, NULL, B, T, C, NH);
-    backend_attention_forward(d_aout, d_att, d_qkv, d_fscratch, B, T, C, NH);
+    cpu_attention_forward(aout, att, qkv, NULL, NULL, B, T, C, NH);
+    backend_attention_forward(d_aout, d_att, d_qkv, d_fscratch, NULL, B, T, C, NH);
     compare_act(named("attention_forward_out"), aout, d_aout, NC, tol);
-    float *want_lse = attention_lse(qkv, B, T, NH, NH, C / NH);
+    float *want_lse = attention_lse(qkv, NULL, B, T, NH, NH, C / NH);
     compare(named("attention_forward_lse"), want_lse, d_att, (size_t)B * NH * T, 1e-5);
     float *dqkv = malloc(nqkv * 4), *d_dqkv = act_poisoned(nqkv);
     float *ascratch = malloc((cpu_attention_scratch(T, NH) + 1) * 4);
     float *d_ascratch = poisoned(backend_attention_scratch(T, NH) + 1);
-    cpu_attention_backward(dqkv, lndout, qkv, att, NULL, ascratch, B, T, C, NH);
-    backend_attention_backward(d_dqkv, d_lndout, d_qkv, d_att, d_aout, d_ascratch, B, T, C, NH);
+    cpu_attention_backward(dqkv, lndout, qkv, att, NULL, ascratch, NULL, B, T, C, NH);
+    backend_attention_backward(d_dqkv, d_lndout, d_qkv, d_att, d_aout, d_ascratch, NULL, B, T, C, NH);
     compare_act(named("attention_backward"), dqkv, d_dqkv, nqkv, tol);
     /* backend.h: the GPT-2 calls are the grouped-query ones with NKV = NH, to the bit */
     float *d_gqa_out = act_poisoned(NC), *d_gqa_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
     float *d_gqa_dqkv = act_poisoned(nqkv);
-    backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_fscratch, B, T, NH, NH, C / NH);
-    backend_attention_gqa_backward(d_gqa_dqkv, d_lndout, d_qkv, d_gqa_att, d_gqa_out, d_ascratch, B, T, NH, NH, C / NH);
+    backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_fscratch, NULL, B, T, NH, NH, C / NH);
+    backend_attention_gqa_backward(d_gqa_dqkv, d_lndout, d_qkv, d_gqa_att, d_gqa_out, d_ascratch, NULL, B, T, NH, NH,
+                                   C / NH);
     check_value(named("attention_gqa_equals_mha_bits"),
                 same_bits(d_gqa_out, d_aout, act_bytes(NC)) && same_bits(d_gqa_dqkv, d_dqkv, act_bytes(nqkv)) &&
                     same_bits(d_gqa_att, d_att, (size_t)B * NH * T * 4),
@@ -370,39 +457,16 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     cudaFree(d_gqa_out), cudaFree(d_gqa_att), cudaFree(d_gqa_dqkv);
     free(want_lse);
 
-    /* embedding: wte, wpe, out, dout [A]; dwte, dwpe fp32 */
+    /* embedding and cross-entropy: a repeated token (its rows add up), every target trained */
     int32_t *tokens = malloc(N * sizeof *tokens), *targets = malloc(N * sizeof *targets);
     for (int i = 0; i < N; i++) {
         tokens[i] = (int32_t)((uniform() + 1.0f) * 0.5f * (V - 1));
         targets[i] = (int32_t)((uniform() + 1.0f) * 0.5f * (V - 1));
     }
-    tokens[1] = tokens[0]; /* a repeated token: its rows add up */
-    int32_t *d_tokens = to_device(tokens, N * 4), *d_targets = to_device(targets, N * 4);
-    float *wte = act_round(host_random((size_t)Vp * C, 1), (size_t)Vp * C), *wpe = act_round(host_random((size_t)T * C, 1), (size_t)T * C);
-    float *d_wte = act_to_device(wte, (size_t)Vp * C), *d_wpe = act_to_device(wpe, (size_t)T * C);
-    float *emb = malloc(NC * 4), *d_emb = act_poisoned(NC);
-    cpu_embedding_forward(emb, tokens, wte, wpe, B, T, C);
-    backend_embedding_forward(d_emb, d_tokens, d_wte, d_wpe, B, T, C);
-    compare_act(named("embedding_forward"), emb, d_emb, NC, tol);
-    float *dwte = host_random((size_t)Vp * C, 1), *dwpe = host_random((size_t)T * C, 1);
-    float *d_dwte = to_device(dwte, (size_t)Vp * C * 4), *d_dwpe = to_device(dwpe, (size_t)T * C * 4);
-    cpu_embedding_backward(dwte, dwpe, x, tokens, B, T, C);
-    backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, B, T, C);
-    compare(named("embedding_backward_dwte"), dwte, d_dwte, (size_t)Vp * C, TOL);
-    compare(named("embedding_backward_dwpe"), dwpe, d_dwpe, (size_t)T * C, TOL);
-
-    /* cross-entropy: logits [A] in place; losses fp32 */
-    float *logits = act_round(host_random((size_t)N * Vp, 4), (size_t)N * Vp);
-    float *d_logits = act_to_device(logits, (size_t)N * Vp);
-    float *losses = malloc(N * 4), *d_losses = poisoned(N);
-    cpu_crossentropy_forward(losses, logits, targets, N, V, Vp);
-    backend_crossentropy_forward(d_losses, d_logits, d_targets, N, V, Vp);
-    compare(named("crossentropy_forward_losses"), losses, d_losses, N, TOL);
-    compare_act(named("crossentropy_forward_probs"), logits, d_logits, (size_t)N * Vp, tol);
-    act_round(logits, (size_t)N * Vp);
-    cpu_crossentropy_backward(logits, targets, 1.0f / N, N, V, Vp);
-    backend_crossentropy_backward(d_logits, d_targets, 1.0f / N, N, V, Vp);
-    compare_act(named("crossentropy_backward"), logits, d_logits, (size_t)N * Vp, tol);
+    tokens[1] = tokens[0];
+    check_embedding(tokens, NULL, sh, "");
+    check_crossentropy(targets, sh, "");
+    free(tokens), free(targets);
     use_act(DTYPE_F32, TOL, "");
 }
 
@@ -476,12 +540,12 @@ static void check_llama_norm_and_mlp(const struct llama_shape *sh, const char *v
     int32_t *d_tokens = to_device(tokens, N * 4);
     float *wte = act_round(host_random((size_t)sh->V * C, 1), (size_t)sh->V * C);
     float *d_wte = act_to_device(wte, (size_t)sh->V * C), *d_emb = act_poisoned(NC);
-    cpu_embedding_forward(out, tokens, wte, NULL, sh->B, sh->T, C);
-    backend_embedding_forward(d_emb, d_tokens, d_wte, NULL, sh->B, sh->T, C);
+    cpu_embedding_forward(out, tokens, wte, NULL, NULL, sh->B, sh->T, C);
+    backend_embedding_forward(d_emb, d_tokens, d_wte, NULL, NULL, sh->B, sh->T, C);
     compare_act(named2("embedding_forward_nopos", v), out, d_emb, NC, g_tol);
     float *dwte = host_random((size_t)sh->V * C, 1), *d_dwte = to_device(dwte, (size_t)sh->V * C * 4);
-    cpu_embedding_backward(dwte, NULL, dout, tokens, sh->B, sh->T, C);
-    backend_embedding_backward(d_dwte, NULL, d_dout, d_tokens, sh->B, sh->T, C);
+    cpu_embedding_backward(dwte, NULL, dout, tokens, NULL, sh->B, sh->T, C);
+    backend_embedding_backward(d_dwte, NULL, d_dout, d_tokens, NULL, sh->B, sh->T, C);
     compare(named2("embedding_backward_nopos_dwte", v), dwte, d_dwte, (size_t)sh->V * C, TOL);
 
     cudaFree(d_x), cudaFree(d_w), cudaFree(d_out), cudaFree(d_rstd), cudaFree(d_dout), cudaFree(d_dinp);
@@ -491,46 +555,84 @@ static void check_llama_norm_and_mlp(const struct llama_shape *sh, const char *v
     free(dmlp), free(dgu), free(tokens), free(wte), free(dwte);
 }
 
-static void check_llama_attention(const struct llama_shape *sh, const char *v)
+/* Attention on qkv (host, already rounded to the activation dtype) against the CPU backend, pos NULL or packed
+ * rows (host; the device gets a copy): forward output, the device's log-sum-exp, backward. gpt2_call: through the
+ * GPT-2 calls (NKV = NH), which must then also equal the grouped-query ones to the bit. */
+static void check_attention(const float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int hs, int gpt2_call,
+                            const char *v)
+{
+    const int N = B * T, C = NH * hs;
+    const size_t nqkv = (size_t)N * (NH + 2 * NKV) * hs, nout = (size_t)N * C;
+    const char *kind = gpt2_call ? "attention" : "attention_gqa";
+    char name[96];
+    float *d_qkv = act_to_device(qkv, nqkv);
+    int32_t *d_pos = pos ? to_device(pos, (size_t)N * sizeof *pos) : NULL;
+    float *att = malloc(cpu_attention_saved(B, T, NH) + 4), *out = malloc(nout * 4), *d_out = act_poisoned(nout);
+    float *scratch = malloc((cpu_attention_scratch(T, NH) + 1) * 4);
+    float *d_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
+    float *d_scratch = poisoned(backend_attention_scratch(T, NH) + 1);
+    float *dout = act_round(host_random(nout, 1), nout), *d_dout = act_to_device(dout, nout);
+    float *dqkv = malloc(nqkv * 4), *d_dqkv = act_poisoned(nqkv);
+    if (gpt2_call) {
+        cpu_attention_forward(out, att, qkv, scratch, pos, B, T, C, NH);
+        backend_attention_forward(d_out, d_att, d_qkv, d_scratch, d_pos, B, T, C, NH);
+        cpu_attention_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, C, NH);
+        backend_attention_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, C, NH);
+    } else {
+        cpu_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs);
+        backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, d_pos, B, T, NH, NKV, hs);
+        cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs);
+        backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, NH, NKV, hs);
+    }
+    snprintf(name, sizeof name, "%s_forward_out", kind);
+    compare_act(named2(name, v), out, d_out, nout, g_tol);
+    float *want_lse = attention_lse(qkv, pos, B, T, NH, NKV, hs);
+    snprintf(name, sizeof name, "%s_forward_lse", kind);
+    compare(named2(name, v), want_lse, d_att, (size_t)B * NH * T, 1e-5);
+    snprintf(name, sizeof name, "%s_backward", kind);
+    compare_act(named2(name, v), dqkv, d_dqkv, nqkv, g_tol);
+    if (gpt2_call) { /* backend.h: the GPT-2 calls are the grouped-query ones with NKV = NH, to the bit */
+        float *d_gqa_out = act_poisoned(nout), *d_gqa_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
+        float *d_gqa_dqkv = act_poisoned(nqkv);
+        backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_scratch, d_pos, B, T, NH, NH, hs);
+        backend_attention_gqa_backward(d_gqa_dqkv, d_dout, d_qkv, d_gqa_att, d_gqa_out, d_scratch, d_pos, B, T, NH, NH,
+                                       hs);
+        check_value(named2("attention_gqa_equals_mha_bits", v),
+                    same_bits(d_gqa_out, d_out, act_bytes(nout)) && same_bits(d_gqa_dqkv, d_dqkv, act_bytes(nqkv)) &&
+                        same_bits(d_gqa_att, d_att, (size_t)B * NH * T * 4),
+                    "the grouped-query attention with NKV = NH differs from the GPT-2 call");
+        cudaFree(d_gqa_out), cudaFree(d_gqa_att), cudaFree(d_gqa_dqkv);
+    }
+    cudaFree(d_qkv), cudaFree(d_pos), cudaFree(d_out), cudaFree(d_att), cudaFree(d_scratch), cudaFree(d_dout);
+    cudaFree(d_dqkv);
+    free(att), free(out), free(scratch), free(want_lse), free(dout), free(dqkv);
+}
+
+/* Rotary and grouped-query attention at a Llama shape; pos NULL or packed rows (host). */
+static void check_llama_attention(const struct llama_shape *sh, const int32_t *pos, const char *v)
 {
     const int B = sh->B, T = sh->T, NH = sh->NH, NKV = sh->NKV, hs = sh->hs, N = B * T;
-    const size_t nqkv = (size_t)N * (NH + 2 * NKV) * hs, nout = (size_t)N * NH * hs;
+    const size_t nqkv = (size_t)N * (NH + 2 * NKV) * hs;
+    int32_t *d_pos = pos ? to_device(pos, (size_t)N * sizeof *pos) : NULL;
     /* rotary, in place on qkv [A]: the value heads must come back untouched */
     float *cos_t = malloc((size_t)T * (hs / 2) * 4), *sin_t = malloc((size_t)T * (hs / 2) * 4);
     rope_tables(cos_t, sin_t, T, hs);
     float *d_cos = to_device(cos_t, (size_t)T * (hs / 2) * 4), *d_sin = to_device(sin_t, (size_t)T * (hs / 2) * 4);
     float *qkv = act_round(host_random(nqkv, 1), nqkv), *d_qkv = act_to_device(qkv, nqkv);
-    cpu_rope_forward(qkv, cos_t, sin_t, B, T, NH, NKV, hs);
-    backend_rope_forward(d_qkv, d_cos, d_sin, B, T, NH, NKV, hs);
+    cpu_rope_forward(qkv, cos_t, sin_t, pos, B, T, NH, NKV, hs);
+    backend_rope_forward(d_qkv, d_cos, d_sin, d_pos, B, T, NH, NKV, hs);
     compare_act(named2("rope_forward", v), qkv, d_qkv, nqkv, g_tol);
     float *grad = act_round(host_random(nqkv, 1), nqkv), *d_grad = act_to_device(grad, nqkv);
-    cpu_rope_backward(grad, cos_t, sin_t, B, T, NH, NKV, hs);
-    backend_rope_backward(d_grad, d_cos, d_sin, B, T, NH, NKV, hs);
+    cpu_rope_backward(grad, cos_t, sin_t, pos, B, T, NH, NKV, hs);
+    backend_rope_backward(d_grad, d_cos, d_sin, d_pos, B, T, NH, NKV, hs);
     compare_act(named2("rope_backward", v), grad, d_grad, nqkv, g_tol);
 
     /* grouped-query attention on the rotated qkv (both sides from the same rounded values) */
     act_round(qkv, nqkv);
-    cudaFree(d_qkv);
-    d_qkv = act_to_device(qkv, nqkv);
-    float *att = malloc(cpu_attention_saved(B, T, NH) + 4), *out = malloc(nout * 4), *d_out = act_poisoned(nout);
-    float *scratch = malloc((cpu_attention_scratch(T, NH) + 1) * 4);
-    float *d_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
-    float *d_scratch = poisoned(backend_attention_scratch(T, NH) + 1);
-    cpu_attention_gqa_forward(out, att, qkv, scratch, B, T, NH, NKV, hs);
-    backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, B, T, NH, NKV, hs);
-    compare_act(named2("attention_gqa_forward_out", v), out, d_out, nout, g_tol);
-    float *want_lse = attention_lse(qkv, B, T, NH, NKV, hs);
-    compare(named2("attention_gqa_forward_lse", v), want_lse, d_att, (size_t)B * NH * T, 1e-5);
-    float *dout = act_round(host_random(nout, 1), nout), *d_dout = act_to_device(dout, nout);
-    float *dqkv = malloc(nqkv * 4), *d_dqkv = act_poisoned(nqkv);
-    cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, B, T, NH, NKV, hs);
-    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, B, T, NH, NKV, hs);
-    compare_act(named2("attention_gqa_backward", v), dqkv, d_dqkv, nqkv, g_tol);
+    check_attention(qkv, pos, B, T, NH, NKV, hs, 0, v);
 
-    cudaFree(d_cos), cudaFree(d_sin), cudaFree(d_qkv), cudaFree(d_grad), cudaFree(d_out), cudaFree(d_att);
-    cudaFree(d_scratch), cudaFree(d_dout), cudaFree(d_dqkv);
-    free(cos_t), free(sin_t), free(qkv), free(grad), free(att), free(out), free(scratch), free(want_lse), free(dout);
-    free(dqkv);
+    cudaFree(d_pos), cudaFree(d_cos), cudaFree(d_sin), cudaFree(d_qkv), cudaFree(d_grad);
+    free(cos_t), free(sin_t), free(qkv), free(grad);
 }
 
 static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
@@ -541,9 +643,72 @@ static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
         char v[48];
         snprintf(v, sizeof v, "_nh%d_kv%d_hs%d", sh->NH, sh->NKV, sh->hs);
         check_llama_norm_and_mlp(sh, v);
-        check_llama_attention(sh, v);
+        check_llama_attention(sh, NULL, v);
+        int32_t *pos = packed_positions(sh->B, sh->T);
+        snprintf(v, sizeof v, "_nh%d_kv%d_hs%d_packed", sh->NH, sh->NKV, sh->hs);
+        check_llama_attention(sh, pos, v);
+        free(pos);
     }
     use_act(DTYPE_F32, TOL, "");
+}
+
+/* Attention over packed rows at odd head sizes and partial row blocks (the device's 64 rows a block; T = 130: a
+ * third, partial one), through the GPT-2 calls and the grouped-query ones. */
+struct packed_attention_shape {
+    int B, T, NH, NKV, hs, gpt2_call;
+};
+static const struct packed_attention_shape PACKED_ATTENTION_SHAPES[] = {
+    {3, 50, 3, 3, 5, 1}, {2, 130, 2, 2, 7, 1}, {2, 70, 4, 2, 3, 0}, {3, 64, 3, 1, 9, 0},
+};
+
+/* The kernels that read pos or ignore targets, activations in dt: attention (above), the embedding with its
+ * position table and the cross-entropy with ignored targets (< 0) at shape sh. */
+static void check_packing(enum dtype dt, double tol, const char *tag, struct shape sh)
+{
+    use_act(dt, tol, tag);
+    for (size_t k = 0; k < sizeof PACKED_ATTENTION_SHAPES / sizeof PACKED_ATTENTION_SHAPES[0]; k++) {
+        const struct packed_attention_shape *a = &PACKED_ATTENTION_SHAPES[k];
+        const size_t nqkv = (size_t)a->B * a->T * (a->NH + 2 * a->NKV) * a->hs;
+        char v[64];
+        snprintf(v, sizeof v, "_packed_T%d_nh%d_kv%d_hs%d", a->T, a->NH, a->NKV, a->hs);
+        float *qkv = act_round(host_random(nqkv, 1.5f), nqkv);
+        int32_t *pos = packed_positions(a->B, a->T);
+        check_attention(qkv, pos, a->B, a->T, a->NH, a->NKV, a->hs, a->gpt2_call, v);
+        free(qkv), free(pos);
+    }
+
+    const int N = sh.B * sh.T, V = sh.V;
+    int32_t *pos = packed_positions(sh.B, sh.T), *tokens = malloc(N * sizeof *tokens);
+    int32_t *targets = malloc(N * sizeof *targets);
+    for (int i = 0; i < N; i++) {
+        tokens[i] = (int32_t)((uniform() + 1.0f) * 0.5f * (V - 1));
+        /* every third target ignored, one of them far below 0 */
+        targets[i] = i % 3 == 1 ? (i == 1 ? -100 : -1) : (int32_t)((uniform() + 1.0f) * 0.5f * (V - 1));
+    }
+    check_embedding(tokens, pos, sh, "_packed"); /* position rows repeated within and across rows */
+    check_crossentropy(targets, sh, "_ignored");
+    free(pos), free(tokens), free(targets);
+    use_act(DTYPE_F32, TOL, "");
+}
+
+/* The packed position-table gradient over more than one window of the device's fp32 sums (T x C beyond its
+ * 2^20 floats: columns in windows), fp32, one sequence. */
+static void check_packed_wpe_windows(void)
+{
+    enum { T = 1000, C = 1050, V = 16 };
+    int32_t *pos = packed_positions(1, T), *tokens = malloc(T * sizeof *tokens);
+    for (int i = 0; i < T; i++)
+        tokens[i] = i % V;
+    float *dout = host_random((size_t)T * C, 1), *dwte = host_random((size_t)V * C, 1);
+    float *dwpe = host_random((size_t)T * C, 1);
+    int32_t *d_pos = to_device(pos, T * 4), *d_tokens = to_device(tokens, T * 4);
+    float *d_dout = to_device(dout, (size_t)T * C * 4), *d_dwte = to_device(dwte, (size_t)V * C * 4);
+    float *d_dwpe = to_device(dwpe, (size_t)T * C * 4);
+    cpu_embedding_backward(dwte, dwpe, dout, tokens, pos, 1, T, C);
+    backend_embedding_backward(d_dwte, d_dwpe, d_dout, d_tokens, d_pos, 1, T, C);
+    compare("embedding_backward_packed_dwpe_windows", dwpe, d_dwpe, (size_t)T * C, TOL);
+    cudaFree(d_pos), cudaFree(d_tokens), cudaFree(d_dout), cudaFree(d_dwte), cudaFree(d_dwpe);
+    free(pos), free(tokens), free(dout), free(dwte), free(dwpe);
 }
 
 /* ---- the optimizer: fused AdamW and the gradient statistics ------------------------------------ */
@@ -686,12 +851,18 @@ static void check_half_grads(enum dtype dt, double tol, const char *tag, struct 
     float *dwte = act_round(host_random((size_t)Vp * C, 1), (size_t)Vp * C);
     float *dwpe = act_round(host_random((size_t)T * C, 1), (size_t)T * C);
     float *d_dwte = act_to_device(dwte, (size_t)Vp * C), *d_dwpe = act_to_device(dwpe, (size_t)T * C);
-    cpu_embedding_backward(dwte, dwpe, x, tokens, B, T, C);
-    backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, B, T, C);
+    cpu_embedding_backward(dwte, dwpe, x, tokens, NULL, B, T, C);
+    backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, NULL, B, T, C);
     compare_act(named("grad_embedding_backward_dwte"), dwte, d_dwte, (size_t)Vp * C, tol);
     compare_act(named("grad_embedding_backward_dwpe"), dwpe, d_dwpe, (size_t)T * C, tol);
-    cpu_embedding_backward(dwte, NULL, x, tokens, B, T, C);
-    backend_embedding_backward(d_dwte, NULL, d_x, d_tokens, B, T, C);
+    int32_t *pos = packed_positions(B, T), *d_pos = to_device(pos, N * 4);
+    cpu_embedding_backward(dwte, dwpe, x, tokens, pos, B, T, C);
+    backend_embedding_backward(d_dwte, d_dwpe, d_x, d_tokens, d_pos, B, T, C);
+    compare_act(named("grad_embedding_backward_packed_dwte"), dwte, d_dwte, (size_t)Vp * C, tol);
+    compare_act(named("grad_embedding_backward_packed_dwpe"), dwpe, d_dwpe, (size_t)T * C, tol);
+    cudaFree(d_pos), free(pos);
+    cpu_embedding_backward(dwte, NULL, x, tokens, NULL, B, T, C);
+    backend_embedding_backward(d_dwte, NULL, d_x, d_tokens, NULL, B, T, C);
     compare_act(named("grad_embedding_backward_nopos_dwte"), dwte, d_dwte, (size_t)Vp * C, tol);
     backend_set_grad_dtype(DTYPE_F32);
     cudaFree(d_inp), cudaFree(d_w), cudaFree(d_dout), cudaFree(d_dinp), cudaFree(d_dw), cudaFree(d_db);
@@ -717,6 +888,10 @@ int main(void)
     check_llama_kernels(DTYPE_F32, TOL, "");
     check_llama_kernels(DTYPE_BF16, 1e-2, "_bf16");
     check_llama_kernels(DTYPE_F16, 5e-3, "_fp16");
+    check_packing(DTYPE_F32, TOL, "", ODD);
+    check_packing(DTYPE_BF16, 1e-2, "_bf16", EVEN);
+    check_packing(DTYPE_F16, 5e-3, "_fp16", ODD);
+    check_packed_wpe_windows();
 
     /* fp32-only kernels */
     const size_t NC = 2 * 64 * 96;

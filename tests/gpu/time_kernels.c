@@ -12,7 +12,9 @@
  * the mean includes the launch overhead, as training pays it.
  *
  * Work per call: matmuls and attention in FLOPs (attention's GEMMs compute
- * the full T x T square, so that is what is counted), the memory-bound
+ * the full T x T square, so that is what is counted; over packed rows, the
+ * squares of the samples: the _packed lines show what a row of
+ * PACKED_SAMPLES samples costs against one sample of T), the memory-bound
  * operations in bytes read + written once (their minimum traffic). Inputs are
  * random (scale 1; logits 4), targets below V.
  *
@@ -100,7 +102,7 @@ static size_t g_json_len;
 static void report(const char *name, double seconds, int reps, double work, int is_flops)
 {
     double ms = 1e3 * seconds / reps, rate = work / (seconds / reps);
-    printf("op %-22s ms %9.4g %s %9.4g\n", name, ms, is_flops ? "tflops" : "gbps  ", rate / (is_flops ? 1e12 : 1e9));
+    printf("op %-26s ms %9.4g %s %9.4g\n", name, ms, is_flops ? "tflops" : "gbps  ", rate / (is_flops ? 1e12 : 1e9));
     g_json_len += (size_t)snprintf(g_json + g_json_len, sizeof g_json - g_json_len,
                                    "%s\"%s\": {\"ms\": %.5g, \"%s\": %.5g}", g_json_len ? ", " : "", name, ms,
                                    is_flops ? "tflops" : "gbps", rate / (is_flops ? 1e12 : 1e9));
@@ -137,6 +139,38 @@ static void time_matmul(const struct shape *sh, const char *tag, int C, int OC)
         backend_mem_free(SPACE_DEVICE, bufs[i], sizes[i] * 4);
 }
 
+/* Packed rows (backend.h): each row PACKED_SAMPLES samples of T / PACKED_SAMPLES tokens (the last one takes the
+ * remainder), as instruction fine-tuning packs short samples. */
+#define PACKED_SAMPLES 4
+
+static int packed_length(int T, int k)
+{
+    return k < PACKED_SAMPLES - 1 ? T / PACKED_SAMPLES : T - (PACKED_SAMPLES - 1) * (T / PACKED_SAMPLES);
+}
+
+/* The positions (B, T) of those rows, in device memory (free: B T 4 bytes). */
+static int32_t *packed_positions(int B, int T)
+{
+    int32_t *host = malloc((size_t)B * T * sizeof *host);
+    for (int b = 0; b < B; b++)
+        for (int k = 0, t = 0; k < PACKED_SAMPLES; k++)
+            for (int i = 0; i < packed_length(T, k); i++)
+                host[(size_t)b * T + t++] = i;
+    int32_t *pos = backend_mem_alloc(SPACE_DEVICE, (size_t)B * T * 4, "time_kernels positions");
+    backend_copy(pos, host, (size_t)B * T * 4);
+    free(host);
+    return pos;
+}
+
+/* The share of the full T x T square (the unpacked work) that those samples' squares are. */
+static double packed_fraction(int T)
+{
+    double squares = 0.0;
+    for (int k = 0; k < PACKED_SAMPLES; k++)
+        squares += (double)packed_length(T, k) * packed_length(T, k);
+    return squares / ((double)T * T);
+}
+
 /* The Llama block's own kernels: RMSNorm, rotary, grouped-query attention, SwiGLU. */
 static void time_llama(const struct shape *sh)
 {
@@ -157,16 +191,25 @@ static void time_llama(const struct shape *sh)
     float *cos_t = device_random((size_t)T * (hs / 2), DTYPE_F32, 1.0f);
     float *sin_t = device_random((size_t)T * (hs / 2), DTYPE_F32, 1.0f);
     const double rope_bytes = 2.0 * a * (double)N * (NH + NKV) * hs;
-    TIME_OP("rope_fwd", rope_bytes, 0, backend_rope_forward(qkv, cos_t, sin_t, B, T, NH, NKV, hs));
-    TIME_OP("rope_bwd", rope_bytes, 0, backend_rope_backward(dqkv, cos_t, sin_t, B, T, NH, NKV, hs));
+    TIME_OP("rope_fwd", rope_bytes, 0, backend_rope_forward(qkv, cos_t, sin_t, NULL, B, T, NH, NKV, hs));
+    TIME_OP("rope_bwd", rope_bytes, 0, backend_rope_backward(dqkv, cos_t, sin_t, NULL, B, T, NH, NKV, hs));
 
     /* grouped-query attention (NH / NKV query heads a kv head): the FLOPs of NH heads, as the products are */
     size_t scratch_n = backend_attention_scratch(T, NH) + 1, att_n = backend_attention_saved(B, T, NH) / 4 + 1;
     float *att = device_zeros(att_n), *att_scratch = device_zeros(scratch_n);
     double attn = 4.0 * B * (double)T * T * NH * hs;
-    TIME_OP("attention_gqa_fwd", attn, 1, backend_attention_gqa_forward(y, att, qkv, att_scratch, B, T, NH, NKV, hs));
+    TIME_OP("attention_gqa_fwd", attn, 1,
+            backend_attention_gqa_forward(y, att, qkv, att_scratch, NULL, B, T, NH, NKV, hs));
     TIME_OP("attention_gqa_bwd", 2 * attn, 1,
-            backend_attention_gqa_backward(dqkv, x, qkv, att, y, att_scratch, B, T, NH, NKV, hs));
+            backend_attention_gqa_backward(dqkv, x, qkv, att, y, att_scratch, NULL, B, T, NH, NKV, hs));
+    /* the same over packed rows of PACKED_SAMPLES samples: the FLOPs of those samples alone */
+    int32_t *pos = packed_positions(B, T);
+    const double packed_attn = attn * packed_fraction(T);
+    TIME_OP("attention_gqa_fwd_packed", packed_attn, 1,
+            backend_attention_gqa_forward(y, att, qkv, att_scratch, pos, B, T, NH, NKV, hs));
+    TIME_OP("attention_gqa_bwd_packed", 2 * packed_attn, 1,
+            backend_attention_gqa_backward(dqkv, x, qkv, att, y, att_scratch, pos, B, T, NH, NKV, hs));
+    backend_mem_free(SPACE_DEVICE, pos, (size_t)B * T * 4);
 
     /* SwiGLU over the gate and up projections (N, 2F) */
     const size_t nf = N * F;
@@ -224,9 +267,17 @@ static void time_all(const struct shape *sh)
     float *qkv = device_random(N * 3 * C, sh->act, 1.0f), *att = device_zeros(att_n);
     float *scratch = device_zeros(scratch_n), *dqkv = device_zeros(N * 3 * C);
     double attn = 4.0 * B * (double)T * T * C; /* QK^T and PV, 2 FLOPs per multiply-add */
-    TIME_OP("attention_fwd", attn, 1, backend_attention_forward(dx, att, qkv, scratch, B, T, C, NH));
+    TIME_OP("attention_fwd", attn, 1, backend_attention_forward(dx, att, qkv, scratch, NULL, B, T, C, NH));
     /* the output of the forward is dx's contents (any values time the same) */
-    TIME_OP("attention_bwd", 2 * attn, 1, backend_attention_backward(dqkv, dx, qkv, att, dx, scratch, B, T, C, NH));
+    TIME_OP("attention_bwd", 2 * attn, 1,
+            backend_attention_backward(dqkv, dx, qkv, att, dx, scratch, NULL, B, T, C, NH));
+    /* packed rows of PACKED_SAMPLES samples: the FLOPs of those samples alone */
+    int32_t *pos = packed_positions(B, T);
+    const double packed_attn = attn * packed_fraction(T);
+    TIME_OP("attention_fwd_packed", packed_attn, 1, backend_attention_forward(dx, att, qkv, scratch, pos, B, T, C, NH));
+    TIME_OP("attention_bwd_packed", 2 * packed_attn, 1,
+            backend_attention_backward(dqkv, dx, qkv, att, dx, scratch, pos, B, T, C, NH));
+    backend_mem_free(SPACE_DEVICE, pos, (size_t)B * T * 4);
     backend_mem_free(SPACE_DEVICE, qkv, N * 3 * C * 4);
     backend_mem_free(SPACE_DEVICE, att, att_n * 4);
     backend_mem_free(SPACE_DEVICE, scratch, scratch_n * 4);

@@ -198,6 +198,26 @@ static double *copy_tensor(const double *x, size_t n)
     return y;
 }
 
+/* Packed rows (backend.h): row b holds samples of the lengths PACK_LENGTHS[(b + k) % n], k = 0, 1, ..., laid end
+ * to end, the last one cut at T (as trailing padding would be). pos (B, T), freed by the caller. */
+static const int PACK_LENGTHS[] = {1, 2, 7, 33, 3};
+
+static int32_t *packed_positions(int B, int T)
+{
+    const int n = (int)(sizeof PACK_LENGTHS / sizeof PACK_LENGTHS[0]);
+    int32_t *pos = xmalloc((size_t)B * T * sizeof *pos);
+    for (int b = 0; b < B; b++)
+        for (int t = 0, k = 0, at = 0; t < T; t++, at++) {
+            if (at == PACK_LENGTHS[(b + k) % n])
+                k++, at = 0;
+            pos[(size_t)b * T + t] = at;
+        }
+    return pos;
+}
+
+/* The position of token t of row b: pos[b, t], or t without positions. */
+static int position_of(const int32_t *pos, int b, int t, int T) { return pos ? pos[(size_t)b * T + t] : t; }
+
 /* The fp32 copy of x (exact for random_tensor's values). */
 static float *narrow(const double *x, size_t n)
 {
@@ -632,18 +652,19 @@ struct rope_case {
     int B, T, NH, NKV, hs;
     double *qkv;                         /* (B, T, (NH + 2 NKV) hs), the input */
     const double *cos_table, *sin_table; /* (T, hs / 2) */
+    const int32_t *pos;                  /* (B, T) packed rows, or NULL */
 };
 
 static void rope_objective(void *ctx, double *out)
 {
     struct rope_case *r = ctx;
     memcpy(out, r->qkv, (size_t)r->B * r->T * (r->NH + 2 * r->NKV) * r->hs * sizeof *out);
-    f64_rope_forward(out, r->cos_table, r->sin_table, r->B, r->T, r->NH, r->NKV, r->hs);
+    f64_rope_forward(out, r->cos_table, r->sin_table, r->pos, r->B, r->T, r->NH, r->NKV, r->hs);
 }
 
 /* Element c of head `head` of row (b, t) after the rotation, from backend.h's
  * rotate-half convention: for i < hs/2, x[i] cos - x[i + hs/2] sin and
- * x[i + hs/2] cos + x[i] sin, cos and sin read at (t, i); value heads as they were. */
+ * x[i + hs/2] cos + x[i] sin, cos and sin read at (position, i); value heads as they were. */
 static double rope_reference(const struct rope_case *r, int b, int t, int head, int c)
 {
     const int half = r->hs / 2, row = (r->NH + 2 * r->NKV) * r->hs;
@@ -651,7 +672,8 @@ static double rope_reference(const struct rope_case *r, int b, int t, int head, 
     if (head >= r->NH + r->NKV)
         return x[c];
     const int i = c % half;
-    const double cs = r->cos_table[(size_t)t * half + i], sn = r->sin_table[(size_t)t * half + i];
+    const size_t p = (size_t)position_of(r->pos, b, t, r->T);
+    const double cs = r->cos_table[p * half + i], sn = r->sin_table[p * half + i];
     return c < half ? x[i] * cs - x[i + half] * sn : x[i + half] * cs + x[i] * sn;
 }
 
@@ -665,10 +687,12 @@ static int value_heads_equal(const double *after, const double *before, const st
     return equal;
 }
 
-static void test_rope(int B, int T, int NH, int NKV, int hs, uint64_t *rng)
+/* packed: rows of several samples (packed_positions). */
+static void test_rope(int B, int T, int NH, int NKV, int hs, int packed, uint64_t *rng)
 {
     char kernel[80], name[160];
-    snprintf(kernel, sizeof kernel, "rope B=%d T=%d NH=%d NKV=%d hs=%d", B, T, NH, NKV, hs);
+    snprintf(kernel, sizeof kernel, "rope B=%d T=%d NH=%d NKV=%d hs=%d%s", B, T, NH, NKV, hs, packed ? " packed" : "");
+    int32_t *pos = packed ? packed_positions(B, T) : NULL;
     const int half = hs / 2, heads = NH + 2 * NKV;
     const size_t n_qkv = (size_t)B * T * heads * hs, n_table = (size_t)T * half;
     /* cos and sin of random angles, as the model's tables are of position times
@@ -679,7 +703,7 @@ static void test_rope(int B, int T, int NH, int NKV, int hs, uint64_t *rng)
         cos_table[i] = (double)(float)cos(angle[i]);
         sin_table[i] = (double)(float)sin(angle[i]);
     }
-    struct rope_case r = {B, T, NH, NKV, hs, random_tensor(n_qkv, -1, 1, rng), cos_table, sin_table};
+    struct rope_case r = {B, T, NH, NKV, hs, random_tensor(n_qkv, -1, 1, rng), cos_table, sin_table, pos};
     double *w = random_tensor(n_qkv, -1, 1, rng);
 
     double *out = xmalloc(n_qkv * sizeof *out), *ref = xmalloc(n_qkv * sizeof *ref);
@@ -692,7 +716,7 @@ static void test_rope(int B, int T, int NH, int NKV, int hs, uint64_t *rng)
     check_err("rotate-half formula", kernel, "out", max_rel_err(out, ref, n_qkv, FLOAT_FLOOR), FORMULA_TOL);
     /* the backward rotates dout in place: the gradient of the input */
     double *dqkv = copy_tensor(w, n_qkv);
-    f64_rope_backward(dqkv, cos_table, sin_table, B, T, NH, NKV, hs);
+    f64_rope_backward(dqkv, cos_table, sin_table, pos, B, T, NH, NKV, hs);
 
     struct objective obj = {rope_objective, &r, w, n_qkv};
     double *num_qkv = numeric(r.qkv, n_qkv, &obj);
@@ -700,8 +724,8 @@ static void test_rope(int B, int T, int NH, int NKV, int hs, uint64_t *rng)
 
     float *qkv_f = narrow(r.qkv, n_qkv), *dqkv_f = narrow(w, n_qkv);
     float *cos_f = narrow(cos_table, n_table), *sin_f = narrow(sin_table, n_table);
-    backend_rope_forward(qkv_f, cos_f, sin_f, B, T, NH, NKV, hs);
-    backend_rope_backward(dqkv_f, cos_f, sin_f, B, T, NH, NKV, hs);
+    backend_rope_forward(qkv_f, cos_f, sin_f, pos, B, T, NH, NKV, hs);
+    backend_rope_backward(dqkv_f, cos_f, sin_f, pos, B, T, NH, NKV, hs);
     check_float_f(kernel, "out", qkv_f, out, n_qkv);
     check_float_f(kernel, "dqkv", dqkv_f, dqkv, n_qkv);
     double *out_f_wide = increment_f(qkv_f, NULL, n_qkv), *dqkv_f_wide = increment_f(dqkv_f, NULL, n_qkv);
@@ -712,7 +736,7 @@ static void test_rope(int B, int T, int NH, int NKV, int hs, uint64_t *rng)
           "a value head changed");
 
     free(angle), free(cos_table), free(sin_table), free(r.qkv), free(w), free(out), free(ref), free(dqkv);
-    free(num_qkv), free(qkv_f), free(dqkv_f), free(cos_f), free(sin_f), free(out_f_wide), free(dqkv_f_wide);
+    free(num_qkv), free(qkv_f), free(dqkv_f), free(cos_f), free(sin_f), free(out_f_wide), free(dqkv_f_wide), free(pos);
 }
 
 /* ---- swiglu -------------------------------------------------------------- */
@@ -763,24 +787,25 @@ struct attention_case {
     int gpt2_call; /* 1: through backend_attention_forward/backward (.., C, NH), which need NKV = NH */
     double *qkv;   /* (B, T, (NH + 2 NKV) hs) */
     double *att;   /* (B, NH, T, T), side output */
+    const int32_t *pos; /* (B, T) packed rows, or NULL */
 };
 
 static void attention_objective(void *ctx, double *out)
 {
     struct attention_case *a = ctx;
     if (a->gpt2_call)
-        f64_attention_forward(out, a->att, a->qkv, NULL, a->B, a->T, a->NH * a->hs, a->NH);
+        f64_attention_forward(out, a->att, a->qkv, NULL, a->pos, a->B, a->T, a->NH * a->hs, a->NH);
     else
-        f64_attention_gqa_forward(out, a->att, a->qkv, NULL, a->B, a->T, a->NH, a->NKV, a->hs);
+        f64_attention_gqa_forward(out, a->att, a->qkv, NULL, a->pos, a->B, a->T, a->NH, a->NKV, a->hs);
 }
 
 static void attention_backward_f64(double *dqkv, const double *dout, const double *att, const struct attention_case *a)
 {
     double *scratch = xmalloc(f64_attention_scratch(a->T, a->NH) * sizeof *scratch);
     if (a->gpt2_call)
-        f64_attention_backward(dqkv, dout, a->qkv, att, NULL, scratch, a->B, a->T, a->NH * a->hs, a->NH);
+        f64_attention_backward(dqkv, dout, a->qkv, att, NULL, scratch, a->pos, a->B, a->T, a->NH * a->hs, a->NH);
     else
-        f64_attention_gqa_backward(dqkv, dout, a->qkv, att, NULL, scratch, a->B, a->T, a->NH, a->NKV, a->hs);
+        f64_attention_gqa_backward(dqkv, dout, a->qkv, att, NULL, scratch, a->pos, a->B, a->T, a->NH, a->NKV, a->hs);
     free(scratch);
 }
 
@@ -792,17 +817,18 @@ static void attention_f32(float *out, float *att, float *dqkv, const float *qkv,
     const int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, hs = a->hs;
     float *scratch = xmalloc(backend_attention_scratch(T, NH) * sizeof *scratch);
     if (a->gpt2_call) {
-        backend_attention_forward(out, att, qkv, NULL, B, T, NH * hs, NH);
-        backend_attention_backward(dqkv, dout, qkv, att, NULL, scratch, B, T, NH * hs, NH);
+        backend_attention_forward(out, att, qkv, NULL, a->pos, B, T, NH * hs, NH);
+        backend_attention_backward(dqkv, dout, qkv, att, NULL, scratch, a->pos, B, T, NH * hs, NH);
     } else {
-        backend_attention_gqa_forward(out, att, qkv, NULL, B, T, NH, NKV, hs);
-        backend_attention_gqa_backward(dqkv, dout, qkv, att, NULL, scratch, B, T, NH, NKV, hs);
+        backend_attention_gqa_forward(out, att, qkv, NULL, a->pos, B, T, NH, NKV, hs);
+        backend_attention_gqa_backward(dqkv, dout, qkv, att, NULL, scratch, a->pos, B, T, NH, NKV, hs);
     }
     free(scratch);
 }
 
 /* out (B, T, NH hs): causal softmax(q k^T / sqrt(hs)) v written out row by
- * row, query head h reading key and value head h / (NH / NKV) (backend.h). */
+ * row, query head h reading key and value head h / (NH / NKV), query i the
+ * keys of its sample from i - pos[i] (backend.h). */
 static void attention_reference(double *out, const struct attention_case *a)
 {
     const int T = a->T, NH = a->NH, NKV = a->NKV, hs = a->hs;
@@ -813,7 +839,8 @@ static void attention_reference(double *out, const struct attention_case *a)
             for (int i = 0; i < T; i++) {
                 const double *q = a->qkv + ((size_t)b * T + i) * row + (size_t)h * hs;
                 double mx = -INFINITY, sum = 0.0;
-                for (int j = 0; j <= i; j++) {
+                const int first = i - position_of(a->pos, b, i, T);
+                for (int j = first; j <= i; j++) {
                     const double *k = a->qkv + ((size_t)b * T + j) * row + (size_t)(NH + h / group) * hs;
                     p[j] = 0.0;
                     for (int c = 0; c < hs; c++)
@@ -821,12 +848,12 @@ static void attention_reference(double *out, const struct attention_case *a)
                     p[j] /= sqrt((double)hs);
                     mx = p[j] > mx ? p[j] : mx;
                 }
-                for (int j = 0; j <= i; j++)
+                for (int j = first; j <= i; j++)
                     sum += p[j] = exp(p[j] - mx);
                 double *y = out + ((size_t)b * T + i) * NH * hs + (size_t)h * hs;
                 for (int c = 0; c < hs; c++) {
                     y[c] = 0.0;
-                    for (int j = 0; j <= i; j++) {
+                    for (int j = first; j <= i; j++) {
                         const double *v = a->qkv + ((size_t)b * T + j) * row + (size_t)(NH + NKV + h / group) * hs;
                         y[c] += p[j] / sum * v[c];
                     }
@@ -835,19 +862,23 @@ static void attention_reference(double *out, const struct attention_case *a)
     free(p);
 }
 
-/* gpt2_call: the GPT-2 calls (NKV = NH), else the grouped-query ones. */
-static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call, uint64_t *rng)
+/* gpt2_call: the GPT-2 calls (NKV = NH), else the grouped-query ones; packed: rows of several samples
+ * (packed_positions). */
+static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call, int packed, uint64_t *rng)
 {
-    char kernel[80];
+    char kernel[96];
     if (gpt2_call)
         snprintf(kernel, sizeof kernel, "attention B=%d T=%d C=%d NH=%d", B, T, NH * hs, NH);
     else
         snprintf(kernel, sizeof kernel, "attention_gqa B=%d T=%d NH=%d NKV=%d hs=%d", B, T, NH, NKV, hs);
+    if (packed)
+        strcat(kernel, " packed");
+    int32_t *pos = packed ? packed_positions(B, T) : NULL;
     const size_t n_qkv = (size_t)B * T * (NH + 2 * NKV) * hs, n_out = (size_t)B * T * NH * hs;
     const size_t n_att = (size_t)B * NH * T * T;
     /* scores of a few units: softmax rows neither uniform nor one-hot */
     struct attention_case a = {B, T, NH, NKV, hs, gpt2_call, random_tensor(n_qkv, -1.5, 1.5, rng),
-                               xmalloc(n_att * sizeof(double))};
+                               xmalloc(n_att * sizeof(double)), pos};
     double *w = random_tensor(n_out, -1, 1, rng);
 
     double *out = xmalloc(n_out * sizeof *out), *ref = xmalloc(n_out * sizeof *ref);
@@ -855,6 +886,16 @@ static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call,
     attention_reference(ref, &a);
     check_err("causal attention formula", kernel, "out", max_rel_err(out, ref, n_out, FLOAT_FLOOR), FORMULA_TOL);
     double *att = copy_tensor(a.att, n_att);
+    size_t outside = 0; /* probabilities of keys before the query's sample or after the query: exactly 0 */
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++)
+                for (int j = 0; j < T; j++)
+                    outside += (j < i - position_of(pos, b, i, T) || j > i) &&
+                               att[(((size_t)b * NH + h) * T + i) * T + j] != 0.0;
+    char name[160];
+    snprintf(name, sizeof name, "gradcheck %s: probabilities outside each query's keys exactly 0", kernel);
+    CHECK(name, outside == 0, "%zu nonzero", outside);
     double *dqkv = filled_tensor(n_qkv, OVERWRITE_SENTINEL);
     attention_backward_f64(dqkv, w, att, &a);
 
@@ -870,23 +911,24 @@ static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call,
     check_float_f(kernel, "dqkv", dqkv_f, dqkv, n_qkv);
 
     free(a.qkv), free(a.att), free(w), free(out), free(ref), free(att), free(dqkv), free(num_qkv);
-    free(qkv_f), free(w_f), free(out_f), free(att_f), free(dqkv_f);
+    free(qkv_f), free(w_f), free(out_f), free(att_f), free(dqkv_f), free(pos);
 }
 
 /* The GPT-2 calls are the grouped-query ones with NKV = NH and hs = C / NH,
  * bit for bit (backend.h): the GPT-2 model keeps its results. */
-static void test_attention_gpt2_is_gqa(int B, int T, int NH, int hs, uint64_t *rng)
+static void test_attention_gpt2_is_gqa(int B, int T, int NH, int hs, int packed, uint64_t *rng)
 {
-    char name[120];
-    snprintf(name, sizeof name, "attention B=%d T=%d C=%d NH=%d: the GPT-2 calls equal gqa NKV=NH bitwise (fp32)", B,
-             T, NH * hs, NH);
+    char name[140];
+    snprintf(name, sizeof name, "attention B=%d T=%d C=%d NH=%d%s: the GPT-2 calls equal gqa NKV=NH bitwise (fp32)", B,
+             T, NH * hs, NH, packed ? " packed" : "");
+    int32_t *pos = packed ? packed_positions(B, T) : NULL;
     const size_t n_qkv = (size_t)B * T * 3 * NH * hs, n_out = (size_t)B * T * NH * hs;
     const size_t n_att = (size_t)B * NH * T * T;
     double *qkv = random_tensor(n_qkv, -1.5, 1.5, rng), *w = random_tensor(n_out, -1, 1, rng);
     float *qkv_f = narrow(qkv, n_qkv), *w_f = narrow(w, n_out);
     float *out[2], *att[2], *dqkv[2];
     for (int gpt2_call = 0; gpt2_call < 2; gpt2_call++) {
-        struct attention_case a = {B, T, NH, NH, hs, gpt2_call, NULL, NULL};
+        struct attention_case a = {B, T, NH, NH, hs, gpt2_call, NULL, NULL, pos};
         out[gpt2_call] = xmalloc(n_out * sizeof(float));
         att[gpt2_call] = xmalloc(n_att * sizeof(float));
         dqkv[gpt2_call] = sentinel_tensor_f(n_qkv);
@@ -896,7 +938,7 @@ static void test_attention_gpt2_is_gqa(int B, int T, int NH, int hs, uint64_t *r
           memcmp(out[0], out[1], n_out * sizeof(float)) == 0 && memcmp(att[0], att[1], n_att * sizeof(float)) == 0 &&
               memcmp(dqkv[0], dqkv[1], n_qkv * sizeof(float)) == 0,
           "out, att or dqkv differ");
-    free(qkv), free(w), free(qkv_f), free(w_f);
+    free(qkv), free(w), free(qkv_f), free(w_f), free(pos);
     for (int i = 0; i < 2; i++)
         free(out[i]), free(att[i]), free(dqkv[i]);
 }
@@ -908,12 +950,13 @@ struct embedding_case {
     const int32_t *tokens; /* (B, T) */
     double *wte;           /* (VOCAB, C) */
     double *wpe;           /* (MAX_T, C), or NULL: no positions (Llama) */
+    const int32_t *pos;    /* (B, T) packed rows, or NULL */
 };
 
 static void embedding_objective(void *ctx, double *out)
 {
     struct embedding_case *e = ctx;
-    f64_embedding_forward(out, e->tokens, e->wte, e->wpe, e->B, e->T, e->C);
+    f64_embedding_forward(out, e->tokens, e->wte, e->wpe, e->pos, e->B, e->T, e->C);
 }
 
 /* 1 when every row of out (B T, C) is bitwise the row of wte its token names. */
@@ -925,26 +968,32 @@ static int rows_are_token_rows(const double *out, const double *wte, const int32
     return equal;
 }
 
-/* with_positions 0: wpe and dwpe NULL, as the Llama model calls it. */
-static void test_embedding(int with_positions, uint64_t *rng)
+/* with_positions 0: wpe and dwpe NULL, as the Llama model calls it; packed: rows of several samples, whose
+ * positions repeat within a row (with or without the table: Llama's packed rows). */
+static void test_embedding(int with_positions, int packed, uint64_t *rng)
 {
-    const char *kernel = with_positions ? "embedding" : "embedding without positions";
-    char name[160];
+    char kernel[64], name[160];
+    snprintf(kernel, sizeof kernel, "embedding%s%s", with_positions ? "" : " without positions",
+             packed ? " packed" : "");
     /* C = 5 does not split evenly over the threads' column ranges; tokens 3
      * and 0 repeat (within and across sequences), 2, 4 and 5 never occur, and
-     * wpe has rows past T: their gradients must stay exactly as they were. */
+     * wpe has rows past the last position: their gradients must stay exactly
+     * as they were. Packed: samples of 2, 1, 2 and 3, 2 tokens. */
     enum { B = 2, T = 5, C = 5, VOCAB = 7, MAX_T = 7 };
     static const int32_t tokens[B * T] = {3, 1, 3, 3, 0, 1, 6, 3, 0, 0};
+    static const int32_t packed_pos[B * T] = {0, 1, 0, 0, 1, 0, 1, 2, 0, 1};
+    const int32_t *pos = packed ? packed_pos : NULL;
+    const int positions = packed ? 3 : T; /* rows of wpe that receive a gradient */
     const size_t n_wte = (size_t)VOCAB * C, n_wpe = (size_t)MAX_T * C, n_out = (size_t)B * T * C;
     struct embedding_case e = {B, T, C, tokens, random_tensor(n_wte, -1, 1, rng),
-                               with_positions ? random_tensor(n_wpe, -1, 1, rng) : NULL};
+                               with_positions ? random_tensor(n_wpe, -1, 1, rng) : NULL, pos};
     double *w = random_tensor(n_out, -1, 1, rng);
     double *dwte0 = random_tensor(n_wte, -1, 1, rng), *dwpe0 = random_tensor(n_wpe, -1, 1, rng);
 
     double *out = xmalloc(n_out * sizeof *out);
     embedding_objective(&e, out);
     double *dwte = copy_tensor(dwte0, n_wte), *dwpe = copy_tensor(dwpe0, n_wpe);
-    f64_embedding_backward(dwte, with_positions ? dwpe : NULL, w, tokens, B, T, C);
+    f64_embedding_backward(dwte, with_positions ? dwpe : NULL, w, tokens, pos, B, T, C);
     double *dwte_inc = increment(dwte, dwte0, n_wte), *dwpe_inc = increment(dwpe, dwpe0, n_wpe);
 
     struct objective obj = {embedding_objective, &e, w, n_out};
@@ -960,16 +1009,17 @@ static void test_embedding(int with_positions, uint64_t *rng)
         check_gradient(kernel, "dwpe (accumulated)", dwpe_inc, num_wpe, n_wpe);
         free(num_wpe);
         for (int c = 0; c < C; c++)
-            for (int t = T; t < MAX_T; t++)
+            for (int t = positions; t < MAX_T; t++)
                 untouched &= dwpe[(size_t)t * C + c] == dwpe0[(size_t)t * C + c];
-        CHECK("gradcheck embedding rows of absent tokens and positions untouched", untouched, "a row changed");
+        snprintf(name, sizeof name, "gradcheck %s rows of absent tokens and positions untouched", kernel);
+        CHECK(name, untouched, "a row changed");
     } else {
         snprintf(name, sizeof name, "gradcheck %s rows of absent tokens untouched", kernel);
         CHECK(name, untouched, "a row changed");
         /* nothing added to the token rows, and the token gradient is the one
          * a backward with positions leaves, to the bit */
         double *dwte_with = copy_tensor(dwte0, n_wte);
-        f64_embedding_backward(dwte_with, dwpe, w, tokens, B, T, C);
+        f64_embedding_backward(dwte_with, dwpe, w, tokens, pos, B, T, C);
         snprintf(name, sizeof name, "gradcheck %s: out = wte[tokens], dwte = dwte with positions (bitwise)", kernel);
         CHECK(name,
               rows_are_token_rows(out, e.wte, tokens, (size_t)B * T, C) &&
@@ -980,8 +1030,8 @@ static void test_embedding(int with_positions, uint64_t *rng)
 
     float *wte_f = narrow(e.wte, n_wte), *wpe_f = with_positions ? narrow(e.wpe, n_wpe) : NULL, *w_f = narrow(w, n_out);
     float *out_f = xmalloc(n_out * sizeof *out_f), *dwte_f = narrow(dwte0, n_wte), *dwpe_f = narrow(dwpe0, n_wpe);
-    backend_embedding_forward(out_f, tokens, wte_f, wpe_f, B, T, C);
-    backend_embedding_backward(dwte_f, with_positions ? dwpe_f : NULL, w_f, tokens, B, T, C);
+    backend_embedding_forward(out_f, tokens, wte_f, wpe_f, pos, B, T, C);
+    backend_embedding_backward(dwte_f, with_positions ? dwpe_f : NULL, w_f, tokens, pos, B, T, C);
     check_float_f(kernel, "out", out_f, out, n_out);
     double *dwte_f_inc = increment_f(dwte_f, dwte0, n_wte), *dwpe_f_inc = increment_f(dwpe_f, dwpe0, n_wpe);
     check_float(kernel, "dwte", dwte_f_inc, dwte_inc, n_wte);
@@ -1015,11 +1065,14 @@ static void crossentropy_objective(void *ctx, double *losses)
     f64_crossentropy_forward(losses, x->work, x->targets, x->N, x->V, x->Vp);
 }
 
-static void test_crossentropy(uint64_t *rng)
+/* ignored: rows 1 and 3 have targets < 0 (not trained): loss 0, whole dlogits row 0. */
+static void test_crossentropy(int ignored, uint64_t *rng)
 {
-    const char *kernel = "crossentropy";
+    const char *kernel = ignored ? "crossentropy ignored targets" : "crossentropy";
+    char name[160];
     enum { N = 4, V = 5, Vp = 8 };
-    static const int32_t targets[N] = {2, 0, 4, 2};
+    static const int32_t all_targets[N] = {2, 0, 4, 2}, some_targets[N] = {2, -1, 4, -100};
+    const int32_t *targets = ignored ? some_targets : all_targets;
     const size_t n_logits = (size_t)N * Vp;
     struct crossentropy_case x = {N, V, Vp, targets, random_tensor(n_logits, -3, 3, rng),
                                   xmalloc(n_logits * sizeof(double))};
@@ -1048,8 +1101,8 @@ static void test_crossentropy(uint64_t *rng)
             size_t k = (size_t)i * Vp + j;
             padded_zero &= probs[k] == 0.0 && dlogits[k] == 0.0 && num_logits[k] == 0.0;
         }
-    CHECK("gradcheck crossentropy padded columns: zero probability and zero gradient", padded_zero,
-          "a padded column is non-zero");
+    snprintf(name, sizeof name, "gradcheck %s padded columns: zero probability and zero gradient", kernel);
+    CHECK(name, padded_zero, "a padded column is non-zero");
 
     float *logits_f = narrow(x.logits, n_logits), losses_f[N];
     backend_crossentropy_forward(losses_f, logits_f, targets, N, V, Vp);
@@ -1057,6 +1110,18 @@ static void test_crossentropy(uint64_t *rng)
     check_float_f(kernel, "probs", logits_f, probs, n_logits);
     backend_crossentropy_backward(logits_f, targets, (float)dloss, N, V, Vp);
     check_float_f(kernel, "dlogits", logits_f, dlogits, n_logits);
+    if (ignored) { /* the ignored rows exactly: loss 0 and the whole row 0, f64 and fp32 */
+        int zero = 1;
+        for (int i = 0; i < N; i++) {
+            if (targets[i] >= 0)
+                continue;
+            zero &= losses[i] == 0.0 && losses_f[i] == 0.0f;
+            for (int j = 0; j < Vp; j++)
+                zero &= dlogits[(size_t)i * Vp + j] == 0.0 && logits_f[(size_t)i * Vp + j] == 0.0f;
+        }
+        snprintf(name, sizeof name, "gradcheck %s: loss 0 and dlogits row 0 where the target is < 0", kernel);
+        CHECK(name, zero, "an ignored row has a loss or a gradient");
+    }
 
     free(x.logits), free(x.work), free(probs), free(dlogits), free(num_logits), free(logits_f);
 }
@@ -1104,25 +1169,36 @@ int main(void)
     test_matmul_transposed(&rng);
     test_layernorm(&rng);
     test_gelu(&rng);
-    test_attention(2, 5, 2, 2, 4, 1, &rng);  /* T below the row block */
-    test_attention(2, 70, 2, 2, 4, 1, &rng); /* T past ATTN_ROW_BLOCK = 64: a second, partial block */
-    test_embedding(1, &rng);
-    test_crossentropy(&rng);
+    test_attention(2, 5, 2, 2, 4, 1, 0, &rng);  /* T below the row block */
+    test_attention(2, 70, 2, 2, 4, 1, 0, &rng); /* T past ATTN_ROW_BLOCK = 64: a second, partial block */
+    test_embedding(1, 0, &rng);
+    test_crossentropy(0, &rng);
     test_add(&rng);
     /* the Llama kernels */
     test_rmsnorm(&rng);
-    test_rope(2, 3, 4, 2, 8, &rng); /* NKV < NH */
-    test_rope(2, 3, 4, 1, 2, &rng);
-    test_rope(2, 3, 3, 3, 8, &rng); /* NKV = NH */
-    test_rope(2, 3, 2, 2, 2, &rng);
+    test_rope(2, 3, 4, 2, 8, 0, &rng); /* NKV < NH */
+    test_rope(2, 3, 4, 1, 2, 0, &rng);
+    test_rope(2, 3, 3, 3, 8, 0, &rng); /* NKV = NH */
+    test_rope(2, 3, 2, 2, 2, 0, &rng);
     test_swiglu(&rng);
-    test_attention(2, 5, 4, 1, 4, 0, &rng); /* T prime: no head count or block size divides it */
-    test_attention(2, 7, 4, 2, 3, 0, &rng);
-    test_attention(2, 7, 4, 4, 4, 0, &rng);
-    test_attention(2, 5, 4, 4, 3, 0, &rng);
-    test_attention_gpt2_is_gqa(2, 7, 4, 3, &rng);
-    test_attention_gpt2_is_gqa(2, 70, 2, 4, &rng);
-    test_embedding(0, &rng);
+    test_attention(2, 5, 4, 1, 4, 0, 0, &rng); /* T prime: no head count or block size divides it */
+    test_attention(2, 7, 4, 2, 3, 0, 0, &rng);
+    test_attention(2, 7, 4, 4, 4, 0, 0, &rng);
+    test_attention(2, 5, 4, 4, 3, 0, 0, &rng);
+    test_attention_gpt2_is_gqa(2, 7, 4, 3, 0, &rng);
+    test_attention_gpt2_is_gqa(2, 70, 2, 4, 0, &rng);
+    test_embedding(0, 0, &rng);
+    /* packed rows (backend.h): samples of 1, 2, 7, 33 and 3 tokens laid end to end, the last cut at T */
+    test_attention(2, 13, 2, 2, 4, 1, 1, &rng); /* several samples a row, T below the row block */
+    test_attention(2, 70, 2, 2, 4, 1, 1, &rng); /* a sample across the 64-row block border */
+    test_attention(2, 13, 4, 2, 3, 0, 1, &rng); /* grouped-query, odd head size */
+    test_attention(2, 70, 4, 1, 2, 0, 1, &rng);
+    test_attention_gpt2_is_gqa(2, 70, 2, 4, 1, &rng);
+    test_rope(2, 13, 4, 2, 8, 1, &rng);
+    test_rope(2, 13, 3, 3, 2, 1, &rng);
+    test_embedding(1, 1, &rng);
+    test_embedding(0, 1, &rng);
+    test_crossentropy(1, &rng);
     printf("# worst gradcheck error %.2e (tol %.0e), worst fp32-vs-f64 error %.2e (tol %.0e)\n",
            g_worst_grad_err, GRAD_TOL, g_worst_float_err, FLOAT_TOL);
     return check_status();

@@ -1,0 +1,292 @@
+/*
+ * test_packing — packed rows on the CPU backend (backend.h "Packed rows"): a
+ * row holding several samples laid end to end, with each token's position
+ * in its sample (pos), gives every sample what that sample gives alone as a
+ * row of its own with pos NULL, in fp32:
+ *   - attention (the GPT-2 and the grouped-query calls): the output, the
+ *     probabilities (the sample's block; every probability outside the
+ *     samples' blocks exactly 0) and the input gradient dqkv;
+ *   - rotary embedding, forward and backward;
+ *   - the embedding with a position table: the output, and the gradients of
+ *     wte and wpe (the packed row adds into them what the samples add one
+ *     after the other);
+ * and positions that are not samples laid end to end are refused with an
+ * error. The rows have samples of lengths 1, 2, 7 and 33 and trailing
+ * padding (a last sample, or one token samples), with T past the attention's
+ * 64-row block so that samples straddle it.
+ */
+#include "backend.h"
+#include "check.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Packed against alone: max |packed - alone| / max |alone| over a tensor. The
+ * attention's sums run over other lengths and offsets in the two layouts
+ * (the GEMMs' blocking, the softmax's vector lanes), so they round
+ * differently, about 1e-7 relative; a key or query leaking across a sample's
+ * border is off by 1e-2 .. 1. */
+#define PACK_TOL 1e-6
+
+enum { B = 2, T = 80, MAX_SAMPLES = 16 };
+
+/* The samples of each row: lengths, then what is left of T as padding
+ * (row 0: one more sample; row 1: one token samples, pos 0 each). */
+static const int ROW_LENGTHS[B][MAX_SAMPLES] = {{1, 2, 7, 33, 30}, {33, 7, 2, 1, 29}};
+
+struct sample {
+    int b, start, len;
+};
+
+/* Fills pos (B, T) from ROW_LENGTHS and lists the samples (padding included); returns their count. */
+static int layout(int32_t *pos, struct sample *samples)
+{
+    int n = 0;
+    for (int b = 0; b < B; b++) {
+        int t = 0;
+        for (int k = 0; k < MAX_SAMPLES && ROW_LENGTHS[b][k]; k++) {
+            samples[n++] = (struct sample){b, t, ROW_LENGTHS[b][k]};
+            for (int i = 0; i < ROW_LENGTHS[b][k]; i++, t++)
+                pos[(size_t)b * T + t] = i;
+        }
+        if (b == 0 && t < T) {
+            samples[n++] = (struct sample){b, t, T - t};
+            for (int i = 0; t < T; i++, t++)
+                pos[(size_t)b * T + t] = i;
+        }
+        for (; t < T; t++) {
+            samples[n++] = (struct sample){b, t, 1};
+            pos[(size_t)b * T + t] = 0;
+        }
+    }
+    return n;
+}
+
+static float *random_floats(size_t n, float scale, uint64_t *rng)
+{
+    float *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (2.0f * rng_uniform(rng) - 1.0f) * scale;
+    return x;
+}
+
+/* Rows [start, start + len) of sequence b of x (B, T, width), and back. */
+static float *rows_of(const float *x, const struct sample *s, int width)
+{
+    float *y = xmalloc((size_t)s->len * width * sizeof *y);
+    memcpy(y, x + ((size_t)s->b * T + s->start) * width, (size_t)s->len * width * sizeof *y);
+    return y;
+}
+
+/* The worst relative error of a sample's rows of the packed tensor x (B, T, width) against alone (len, width),
+ * folded into *worst as max error and max reference. */
+struct error {
+    double diff, scale;
+};
+
+static void fold(struct error *e, const float *got, const float *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        e->diff = !(d <= e->diff) ? d : e->diff; /* NaN sticks */
+        e->scale = fmax(e->scale, fabs(want[i]));
+    }
+}
+
+static void check_error(const char *name, const struct error *e)
+{
+    double rel = e->diff / (e->scale > 0 ? e->scale : 1e-30);
+    printf("# %s: max rel err %.2e\n", name, rel);
+    CHECK(name, rel <= PACK_TOL, "max |packed - alone| %.3g relative to max |alone| %.3g: %.3g > %g", e->diff,
+          e->scale, rel, PACK_TOL);
+}
+
+/* Attention of NH query heads over NKV key/value heads of hs channels; gpt2_call: the GPT-2 calls (NKV = NH). */
+static void test_attention(int NH, int NKV, int hs, int gpt2_call, uint64_t *rng)
+{
+    char kernel[96], name[160];
+    snprintf(kernel, sizeof kernel, "%s NH=%d NKV=%d hs=%d", gpt2_call ? "attention" : "attention_gqa", NH, NKV, hs);
+    const int width = (NH + 2 * NKV) * hs, C = NH * hs;
+    const size_t n_qkv = (size_t)B * T * width, n_out = (size_t)B * T * C;
+    int32_t pos[B * T];
+    struct sample samples[B * T];
+    const int n_samples = layout(pos, samples);
+    float *qkv = random_floats(n_qkv, 1.5f, rng), *dout = random_floats(n_out, 1.0f, rng);
+    float *out = xmalloc(n_out * sizeof *out), *att = xmalloc(backend_attention_saved(B, T, NH));
+    float *dqkv = xmalloc(n_qkv * sizeof *dqkv);
+    float *scratch = xmalloc((backend_attention_scratch(T, NH) + 1) * sizeof *scratch);
+    if (gpt2_call) {
+        backend_attention_forward(out, att, qkv, NULL, pos, B, T, C, NH);
+        backend_attention_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, C, NH);
+    } else {
+        backend_attention_gqa_forward(out, att, qkv, NULL, pos, B, T, NH, NKV, hs);
+        backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs);
+    }
+    /* every probability outside the samples' diagonal blocks is exactly 0 */
+    size_t outside_nonzero = 0;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++)
+                for (int j = 0; j < T; j++) {
+                    const int first = i - pos[(size_t)b * T + i];
+                    if (j < first || j > i)
+                        outside_nonzero += att[(((size_t)b * NH + h) * T + i) * T + j] != 0.0f;
+                }
+    snprintf(name, sizeof name, "packing %s: probabilities outside each query's sample exactly 0", kernel);
+    CHECK(name, outside_nonzero == 0, "%zu nonzero", outside_nonzero);
+
+    struct error e_out = {0, 0}, e_att = {0, 0}, e_dqkv = {0, 0};
+    for (int k = 0; k < n_samples; k++) {
+        const struct sample *s = &samples[k];
+        const int L = s->len;
+        float *q1 = rows_of(qkv, s, width), *dy1 = rows_of(dout, s, C);
+        float *out1 = xmalloc((size_t)L * C * sizeof *out1), *att1 = xmalloc(backend_attention_saved(1, L, NH));
+        float *dqkv1 = xmalloc((size_t)L * width * sizeof *dqkv1);
+        float *scratch1 = xmalloc((backend_attention_scratch(L, NH) + 1) * sizeof *scratch1);
+        if (gpt2_call) {
+            backend_attention_forward(out1, att1, q1, NULL, NULL, 1, L, C, NH);
+            backend_attention_backward(dqkv1, dy1, q1, att1, out1, scratch1, NULL, 1, L, C, NH);
+        } else {
+            backend_attention_gqa_forward(out1, att1, q1, NULL, NULL, 1, L, NH, NKV, hs);
+            backend_attention_gqa_backward(dqkv1, dy1, q1, att1, out1, scratch1, NULL, 1, L, NH, NKV, hs);
+        }
+        float *packed_out = rows_of(out, s, C), *packed_dqkv = rows_of(dqkv, s, width);
+        fold(&e_out, packed_out, out1, (size_t)L * C);
+        fold(&e_dqkv, packed_dqkv, dqkv1, (size_t)L * width);
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < L; i++)
+                fold(&e_att, att + (((size_t)s->b * NH + h) * T + s->start + i) * T + s->start,
+                     att1 + ((size_t)h * L + i) * L, (size_t)L);
+        free(q1), free(dy1), free(out1), free(att1), free(dqkv1), free(scratch1), free(packed_out), free(packed_dqkv);
+    }
+    snprintf(name, sizeof name, "packing %s: out = each sample alone", kernel);
+    check_error(name, &e_out);
+    snprintf(name, sizeof name, "packing %s: probabilities = each sample alone", kernel);
+    check_error(name, &e_att);
+    snprintf(name, sizeof name, "packing %s: dqkv = each sample alone", kernel);
+    check_error(name, &e_dqkv);
+    free(qkv), free(dout), free(out), free(att), free(dqkv), free(scratch);
+}
+
+/* Rotary tables of T rows, as Llama's: angle t theta^(-2i / hs). */
+#define ROPE_THETA 10000.0
+
+static void test_rope(int NH, int NKV, int hs, uint64_t *rng)
+{
+    char name[160];
+    const int width = (NH + 2 * NKV) * hs, half = hs / 2;
+    const size_t n_qkv = (size_t)B * T * width;
+    int32_t pos[B * T];
+    struct sample samples[B * T];
+    const int n_samples = layout(pos, samples);
+    float *cos_t = xmalloc((size_t)T * half * sizeof *cos_t), *sin_t = xmalloc((size_t)T * half * sizeof *sin_t);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            const double angle = t * pow(ROPE_THETA, -2.0 * i / hs);
+            cos_t[(size_t)t * half + i] = (float)cos(angle);
+            sin_t[(size_t)t * half + i] = (float)sin(angle);
+        }
+    float *qkv = random_floats(n_qkv, 1.0f, rng), *dqkv = random_floats(n_qkv, 1.0f, rng);
+    float *x = xmalloc(n_qkv * sizeof *x), *dx = xmalloc(n_qkv * sizeof *dx);
+    memcpy(x, qkv, n_qkv * sizeof *x);
+    memcpy(dx, dqkv, n_qkv * sizeof *dx);
+    backend_rope_forward(x, cos_t, sin_t, pos, B, T, NH, NKV, hs);
+    backend_rope_backward(dx, cos_t, sin_t, pos, B, T, NH, NKV, hs);
+    struct error e_fwd = {0, 0}, e_bwd = {0, 0};
+    for (int k = 0; k < n_samples; k++) {
+        float *x1 = rows_of(qkv, &samples[k], width), *dx1 = rows_of(dqkv, &samples[k], width);
+        backend_rope_forward(x1, cos_t, sin_t, NULL, 1, samples[k].len, NH, NKV, hs);
+        backend_rope_backward(dx1, cos_t, sin_t, NULL, 1, samples[k].len, NH, NKV, hs);
+        float *px = rows_of(x, &samples[k], width), *pdx = rows_of(dx, &samples[k], width);
+        fold(&e_fwd, px, x1, (size_t)samples[k].len * width);
+        fold(&e_bwd, pdx, dx1, (size_t)samples[k].len * width);
+        free(x1), free(dx1), free(px), free(pdx);
+    }
+    snprintf(name, sizeof name, "packing rope NH=%d NKV=%d hs=%d: forward = each sample alone", NH, NKV, hs);
+    check_error(name, &e_fwd);
+    snprintf(name, sizeof name, "packing rope NH=%d NKV=%d hs=%d: backward = each sample alone", NH, NKV, hs);
+    check_error(name, &e_bwd);
+    free(cos_t), free(sin_t), free(qkv), free(dqkv), free(x), free(dx);
+}
+
+/* The embedding with a position table; the gradients accumulate from the same random start. */
+static void test_embedding(uint64_t *rng)
+{
+    enum { C = 12, V = 50 };
+    int32_t pos[B * T], tokens[B * T];
+    struct sample samples[B * T];
+    const int n_samples = layout(pos, samples);
+    for (int i = 0; i < B * T; i++)
+        tokens[i] = (int32_t)(rng_uniform(rng) * V);
+    const size_t n_out = (size_t)B * T * C;
+    float *wte = random_floats((size_t)V * C, 1, rng), *wpe = random_floats((size_t)T * C, 1, rng);
+    float *dout = random_floats(n_out, 1, rng), *out = xmalloc(n_out * sizeof *out);
+    float *dwte0 = random_floats((size_t)V * C, 1, rng), *dwpe0 = random_floats((size_t)T * C, 1, rng);
+    float *dwte = xmalloc((size_t)V * C * sizeof *dwte), *dwpe = xmalloc((size_t)T * C * sizeof *dwpe);
+    float *dwte1 = xmalloc((size_t)V * C * sizeof *dwte1), *dwpe1 = xmalloc((size_t)T * C * sizeof *dwpe1);
+    memcpy(dwte, dwte0, (size_t)V * C * sizeof *dwte), memcpy(dwte1, dwte0, (size_t)V * C * sizeof *dwte);
+    memcpy(dwpe, dwpe0, (size_t)T * C * sizeof *dwpe), memcpy(dwpe1, dwpe0, (size_t)T * C * sizeof *dwpe);
+    backend_embedding_forward(out, tokens, wte, wpe, pos, B, T, C);
+    backend_embedding_backward(dwte, dwpe, dout, tokens, pos, B, T, C);
+    struct error e_out = {0, 0};
+    for (int k = 0; k < n_samples; k++) {
+        const struct sample *s = &samples[k];
+        const int32_t *tok1 = tokens + (size_t)s->b * T + s->start;
+        float *out1 = xmalloc((size_t)s->len * C * sizeof *out1), *dy1 = rows_of(dout, s, C);
+        backend_embedding_forward(out1, tok1, wte, wpe, NULL, 1, s->len, C);
+        backend_embedding_backward(dwte1, dwpe1, dy1, tok1, NULL, 1, s->len, C);
+        float *packed = rows_of(out, s, C);
+        fold(&e_out, packed, out1, (size_t)s->len * C);
+        free(out1), free(dy1), free(packed);
+    }
+    check_error("packing embedding: out = each sample alone", &e_out);
+    /* the packed row adds each position's gradients in the order the samples, alone one after the other, do */
+    CHECK("packing embedding: dwte and dwpe = the samples' alone, one after the other (bitwise)",
+          memcmp(dwte, dwte1, (size_t)V * C * sizeof *dwte) == 0 && memcmp(dwpe, dwpe1, (size_t)T * C * sizeof *dwpe) == 0,
+          "the gradients differ");
+    size_t moved = 0; /* positions past the longest sample (33) get nothing */
+    for (size_t i = (size_t)33 * C; i < (size_t)T * C; i++)
+        moved += dwpe[i] != dwpe0[i];
+    CHECK("packing embedding: dwpe rows of positions no sample reaches untouched", moved == 0, "%zu changed", moved);
+    free(wte), free(wpe), free(dout), free(out), free(dwte0), free(dwpe0), free(dwte), free(dwpe), free(dwte1);
+    free(dwpe1);
+}
+
+/* Positions that are not samples laid end to end (a gap, a row not starting at 0) end the run with an error. */
+static void attention_with_bad_positions(const void *arg)
+{
+    const int32_t *pos = arg;
+    enum { NH = 1, hs = 2, TB = 4 };
+    float qkv[TB * 3 * NH * hs] = {0}, out[TB * NH * hs], att[NH * TB * TB];
+    backend_attention_gqa_forward(out, att, qkv, NULL, pos, 1, TB, NH, NH, hs);
+}
+
+static void test_bad_positions(void)
+{
+    static const int32_t gap[4] = {0, 1, 3, 4}, late_start[4] = {1, 2, 3, 4};
+    const int32_t *bad[2] = {gap, late_start};
+    const char *what[2] = {"a gap", "a row not starting at 0"};
+    for (int k = 0; k < 2; k++) {
+        char msg[512], name[128];
+        int rc = check_run_child(attention_with_bad_positions, bad[k], msg, sizeof msg);
+        snprintf(name, sizeof name, "packing attention: positions with %s are refused", what[k]);
+        CHECK(name, rc != 0 && strstr(msg, "samples laid end to end"), "exit %d, stderr '%s'", rc, msg);
+    }
+}
+
+int main(void)
+{
+    uint64_t rng = 0x9acced5a3b1e0001ull;
+    test_attention(2, 2, 4, 1, &rng);  /* GPT-2 */
+    test_attention(3, 3, 5, 1, &rng);  /* GPT-2, odd head size */
+    test_attention(4, 2, 6, 0, &rng);  /* grouped-query */
+    test_attention(4, 1, 3, 0, &rng);  /* one kv head, odd head size */
+    test_rope(4, 2, 8, &rng);
+    test_rope(3, 3, 6, &rng);
+    test_embedding(&rng);
+    test_bad_positions();
+    return check_status();
+}
