@@ -17,6 +17,7 @@
  */
 #include "config.h"
 #include "hf.h"
+#include "samples.h"
 
 #include "util.h"
 
@@ -179,7 +180,12 @@ static const struct key_spec data_keys[] = {
     {"train", K_STR, F_NULLABLE, NULL, NULL},
     {"val", K_STR, F_NULLABLE, NULL, NULL},
     {"seq_len", K_INT, 0, NULL, NULL},
+    {"max_seq_length", K_INT, 0, NULL, NULL},
     {"shuffle", K_BOOL, 0, NULL, NULL},
+    {"pad_to_multiple_of", K_INT, 0, NULL, NULL},
+    {"group_by_length", K_BOOL, 0, NULL, NULL},
+    {"truncation", K_STR, 0, NULL, NULL},
+    {"packing", K_BOOL, 0, NULL, NULL},
     {0},
 };
 
@@ -1075,9 +1081,29 @@ static void read_data(struct config *cfg, json_t *root)
     struct data_config *d = &cfg->data;
     d->train_path = read_path(root, "data.train");
     d->val_path = read_path(root, "data.val");
-    d->seq_len = read_int(root, "data.seq_len", cfg->model.n_positions, FILL);
+    /* max_seq_length (Hugging Face's name, for sample files) is seq_len */
+    const int max_seq = read_int(root, "data.max_seq_length", 0, NO_FILL);
+    d->seq_len = read_int(root, "data.seq_len", max_seq > 0 ? max_seq : cfg->model.n_positions, FILL);
+    if (max_seq > 0 && max_seq != d->seq_len)
+        fail_input("config: 'data.max_seq_length' (%d) and 'data.seq_len' (%d) name the same length; give one",
+                   max_seq, d->seq_len);
     d->shuffle = read_bool(root, "data.shuffle", true, FILL);
     require_positive("data.seq_len", d->seq_len);
+    d->samples = d->train_path && samples_is_sample_file(d->train_path);
+    if (d->val_path && samples_is_sample_file(d->val_path) != d->samples)
+        fail_input("config: 'data.train' and 'data.val' must both be sample files (.h5) or both token shards (.bin)");
+    d->pad_multiple = read_int(root, "data.pad_to_multiple_of", 8, FILL);
+    require_positive("data.pad_to_multiple_of", d->pad_multiple);
+    d->group_by_length = read_bool(root, "data.group_by_length", false, FILL);
+    d->packing = read_bool(root, "data.packing", false, FILL);
+    const char *trunc = read_str(root, "data.truncation", "truncate", FILL);
+    if (strcmp(trunc, "truncate") != 0 && strcmp(trunc, "drop") != 0)
+        fail_input("config: 'data.truncation' is \"%s\"; use \"truncate\" (cut samples longer than data.seq_len) or "
+                   "\"drop\" (leave them out)", trunc);
+    d->truncate = strcmp(trunc, "truncate") == 0;
+    if (!d->samples && (d->group_by_length || d->packing))
+        fail_input("config: data.%s needs a sample file (.h5 from tools/prepare_data.py) in data.train; token "
+                   "shards (.bin) are cut into full windows already", d->packing ? "packing" : "group_by_length");
     if (cfg->model.sliding_window > 0 && d->seq_len > cfg->model.sliding_window)
         fail_input("config: 'data.seq_len' (%d) is longer than the model's sliding attention window (%d, "
                    "sliding_window in %s/config.json), which shardlm does not implement; lower data.seq_len",

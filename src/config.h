@@ -140,8 +140,13 @@ struct act_ckpt_config {
 struct data_config {
     char *train_path;   /* file or glob of .bin shards */
     char *val_path;     /* file or glob; NULL: no validation */
-    int seq_len;        /* T; defaults to model.n_positions */
+    int seq_len;        /* T (alias data.max_seq_length); defaults to model.n_positions */
     bool shuffle;       /* shuffled window order (default); false: file order, epoch after epoch */
+    bool samples;       /* data.train is a sample file (.h5, samples.h), not .bin shards */
+    int pad_multiple;   /* data.pad_to_multiple_of: a micro-batch's length rounds up to it (default 8) */
+    bool group_by_length; /* sort each megabatch by length */
+    bool truncate;      /* data.truncation "truncate" (default): longer samples are cut; false: "drop" */
+    bool packing;       /* rows of seq_len hold whole samples, attention confined to each */
 };
 
 struct train_config {

@@ -268,7 +268,7 @@ static inline uint64_t feistel_round(uint64_t half, uint64_t key)
  * function; cycle walking (re-applying it until the value lands below S)
  * restricts it to a bijection of [0, S). The domain is < 4*S, so the walk
  * takes under four steps on average. */
-static size_t shuffle_index(uint64_t i, uint64_t S, uint64_t seed, uint64_t epoch)
+size_t data_shuffle_index(uint64_t i, uint64_t S, uint64_t seed, uint64_t epoch)
 {
     if (S <= 1)
         return 0;
@@ -304,7 +304,7 @@ size_t dataset_window(const struct dataset *ds, uint64_t k)
     if (S == 0)
         fail_internal("dataset_window on a data set with no windows");
     uint64_t epoch = k / S, i = k % S;
-    return ds->shuffle ? shuffle_index(i, S, ds->seed, epoch) : (size_t)i;
+    return ds->shuffle ? data_shuffle_index(i, S, ds->seed, epoch) : (size_t)i;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -73,6 +73,10 @@ void dataset_open(struct dataset *ds, const char *path, int seq_len, int vocab_s
                   bool shuffle, uint64_t seed, const char *what);
 void dataset_close(struct dataset *ds);
 
+/* Position i of epoch `epoch`'s order of [0, S) (the keyed Feistel
+ * bijection above, from seed and epoch; the sample files' shuffle too). */
+size_t data_shuffle_index(uint64_t i, uint64_t S, uint64_t seed, uint64_t epoch);
+
 /* Window index of global sample k (the permutation when shuffling). */
 size_t dataset_window(const struct dataset *ds, uint64_t k);
 /* Copies window w into inputs[0..T) and targets[0..T) as int32. */

@@ -141,7 +141,7 @@ static int lm_tensor(const struct model *m) { return m->cfg.tied_head ? 0 : m->u
 
 /* ---- forward and backward: the one source of the pass order --------------------- */
 
-static float walk_forward(struct walk *w, struct family_acts *a, int with_targets, enum family_mode mode)
+static double walk_forward(struct walk *w, struct family_acts *a, int with_targets, enum family_mode mode)
 {
     const struct model *m = a->m;
     const struct family *f = a->f;
@@ -196,7 +196,7 @@ static float walk_forward(struct walk *w, struct family_acts *a, int with_target
     double sum = 0.0;
     for (int i = 0; i < N; i++)
         sum += a->host_losses[i];
-    return (float)(sum / N);
+    return sum;
 }
 
 /* dlogits -> the LM head's weight gradient and a->dwork_c (the final norm's output gradient). */
@@ -279,6 +279,8 @@ static void upload_tokens(struct family_acts *a, int N, int with_targets)
     if (a->dev_inputs == a->inputs)
         return;
     backend_copy(a->dev_inputs, a->inputs, (size_t)N * sizeof(int32_t));
+    if (a->positions)
+        backend_copy(a->dev_positions, a->positions, (size_t)N * sizeof(int32_t));
     if (with_targets)
         backend_copy(a->dev_targets, a->targets, (size_t)N * sizeof(int32_t));
 }
@@ -291,7 +293,7 @@ static void set_batch(struct family_acts *a, int B, int T)
     a->T = T;
 }
 
-float family_forward(struct zero *z, struct family_acts *a, int B, int T, int with_targets, enum family_mode mode)
+double family_forward(struct zero *z, struct family_acts *a, int B, int T, int with_targets, enum family_mode mode)
 {
     set_batch(a, B, T);
     upload_tokens(a, B * T, with_targets);
@@ -331,7 +333,7 @@ void family_free_passes(struct zero_pass *train, struct zero_pass *eval)
 
 static int sets_for(const struct model *m, int interval) { return interval > 0 ? interval : m->cfg.n_layer; }
 
-void family_plan(const struct model *m, const struct exec_target *t, int B, int T, int interval,
+void family_plan(const struct model *m, const struct exec_target *t, int B, int T, int interval, bool positions,
                  size_t bytes[BUF_COUNT])
 {
     const size_t L = (size_t)m->cfg.n_layer, BT = (size_t)B * (size_t)T, C = (size_t)m->cfg.n_embd;
@@ -344,14 +346,15 @@ void family_plan(const struct model *m, const struct exec_target *t, int B, int 
         bytes[BUF_ACTIVATIONS] += resid;
     }
     bytes[BUF_LOGITS] += resid + target_act_bytes(t, BT * (size_t)m->cfg.padded_vocab) + family_f32_bytes(BT);
-    bytes[BUF_WORKSPACE] += 3 * resid + 2 * tokens + target_library_arena_bytes(target_library_workspace(t));
+    const size_t token_arrays = positions ? 3 : 2; /* inputs, targets, packed rows' positions */
+    bytes[BUF_WORKSPACE] += 3 * resid + token_arrays * tokens + target_library_arena_bytes(target_library_workspace(t));
     if (t->device)
-        bytes[BUF_STAGING] += 2 * tokens + family_f32_bytes(BT);
+        bytes[BUF_STAGING] += token_arrays * tokens + family_f32_bytes(BT);
     family_of(m)->plan(m, t, B, T, sets_for(m, interval), bytes);
 }
 
 void family_acts_init(struct family_acts *a, const struct model *m, const struct exec_target *t, int B, int T,
-                      int interval, enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT],
+                      int interval, bool positions, enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT],
                       struct mem_tracker *mem)
 {
     const size_t L = (size_t)m->cfg.n_layer, C = (size_t)m->cfg.n_embd, BT = (size_t)B * (size_t)T;
@@ -395,6 +398,8 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
 #undef ALLOC_ACT
     a->dev_inputs = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
     a->dev_targets = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
+    if (positions)
+        a->dev_positions = arena_alloc(dev, mem, BUF_WORKSPACE, BT * sizeof(int32_t), 1);
     const size_t lib = target_library_workspace(t);
     if (lib) {
         uintptr_t at = (uintptr_t)arena_alloc(dev, mem, BUF_WORKSPACE, target_library_arena_bytes(lib), 1);
@@ -405,10 +410,13 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
         struct arena *pinned = &arenas[SPACE_PINNED];
         a->inputs = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(int32_t), 1);
         a->targets = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(int32_t), 1);
+        if (positions)
+            a->positions = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(int32_t), 1);
         a->host_losses = arena_alloc(pinned, mem, BUF_STAGING, BT * sizeof(float), 1);
     } else {
         a->inputs = a->dev_inputs;
         a->targets = a->dev_targets;
+        a->positions = a->dev_positions;
         a->host_losses = a->losses;
     }
 }

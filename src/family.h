@@ -25,8 +25,9 @@
  * again at the end for its gradient, so every unit is gathered twice per
  * micro-batch as DESIGN §3 counts.
  *
- * The loss is the mean over every target token of the global batch: each
- * micro-batch's dlogits carry 1 / (B T accumulation world).
+ * The loss is the mean over every trained target of the global batch: each
+ * micro-batch's dlogits carry 1 / (the step's trained targets), which for
+ * token windows is 1 / (B T accumulation world).
  */
 #ifndef SHARDLM_FAMILY_H
 #define SHARDLM_FAMILY_H
@@ -97,21 +98,24 @@ void family_build_passes(const struct model *m, int interval, struct zero_pass *
 void family_free_passes(struct zero_pass *train, struct zero_pass *eval);
 
 /* Bytes per buffer class of the activations of micro-batch B x T with
- * checkpointing every `interval` blocks (0: off) on target t. */
-void family_plan(const struct model *m, const struct exec_target *t, int B, int T, int interval,
+ * checkpointing every `interval` blocks (0: off) on target t; positions:
+ * with the packed rows' positions (a->positions, data.packing). */
+void family_plan(const struct model *m, const struct exec_target *t, int B, int T, int interval, bool positions,
                  size_t bytes[BUF_COUNT]);
 /* Carves them out of the arenas (ckpt_space: where the kept segment inputs live). */
 void family_acts_init(struct family_acts *a, const struct model *m, const struct exec_target *t, int B, int T,
-                      int interval, enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT],
+                      int interval, bool positions, enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT],
                       struct mem_tracker *mem);
 void family_acts_free(struct family_acts *a);
 
-/* Forward over a->inputs (B x T). With targets (a->targets) it returns the
- * mean loss of this micro-batch; without, only the logits are computed.
+/* Forward over a->inputs (B x T). With targets (a->targets; -1: not
+ * trained) it returns the sum of the losses of this micro-batch's trained
+ * positions; without, only the logits are computed.
  * FAMILY_TRAIN must be followed by family_backward; the caller brackets them
  * with zero_begin_pass / zero_end_pass. */
-float family_forward(struct zero *z, struct family_acts *a, int B, int T, int with_targets, enum family_mode mode);
-/* Backward after a FAMILY_TRAIN forward with targets; dloss_scale = 1 / (B T accum world). */
+double family_forward(struct zero *z, struct family_acts *a, int B, int T, int with_targets, enum family_mode mode);
+/* Backward after a FAMILY_TRAIN forward with targets; dloss_scale = 1 / (the
+ * step's trained positions over every micro-batch and rank). */
 void family_backward(struct zero *z, struct family_acts *a, int B, int T, float dloss_scale);
 /* Copies row `row` of the logits (Vp floats) into host memory. */
 void family_read_logits(const struct family_acts *a, int row, float *out);

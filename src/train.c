@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "arena.h"
 #include "backend.h"
@@ -15,6 +16,7 @@
 #include "family.h"
 #include "hf.h"
 #include "hf_export.h"
+#include "loader.h"
 #include "loss_scaler.h"
 #include "model.h"
 #include "plan.h"
@@ -102,7 +104,7 @@ struct trainer {
     struct zero_pass train_pass, eval_pass;
     struct exec_target target; /* the backend this binary runs, as configured */
     struct family_acts acts;
-    struct dataset train_data, val_data;
+    struct loader train_data, val_data;
     int have_val;
     int comm_only;          /* SHARDLM_BENCH=comm-only: passes walked without compute */
     FILE *metrics;
@@ -110,7 +112,8 @@ struct trainer {
     long skipped_steps;     /* steps skipped on fp16 overflow (the scheduler does not advance on them) */
     struct loss_scaler scaler;
     long inject_inf_step;   /* SHARDLM_INJECT_INF_STEP: make that step's gradients overflow (tests) */
-    uint64_t samples_seen;  /* global samples consumed (data position) */
+    uint64_t samples_seen;  /* global units (windows, samples or packed rows) consumed: the data position */
+    uint64_t real_tokens, trained_tokens, slots; /* the last step's: tokens of samples, trained targets, rows x length */
 };
 
 /* An output the run opens for writing (train.metrics, the dumps) must not be
@@ -119,12 +122,12 @@ struct trainer {
  * manages ('w' would truncate it). */
 static void refuse_output_alias(const struct trainer *tr, const char *out, const char *key)
 {
-    const struct dataset *sets[2] = {&tr->train_data, tr->have_val ? &tr->val_data : NULL};
+    const struct loader *sets[2] = {&tr->train_data, tr->have_val ? &tr->val_data : NULL};
+    const char *name;
     for (int s = 0; s < 2; s++)
-        for (int i = 0; sets[s] && i < sets[s]->n_files; i++)
-            if (util_same_file(out, NULL, sets[s]->files[i].fd))
-                fail_input("%s '%s' is the %s file '%s': writing there would destroy it. Hint: name another file",
-                           key, out, sets[s]->what, sets[s]->files[i].path);
+        if (sets[s] && loader_has_file(sets[s], out, &name))
+            fail_input("%s '%s' is the %s file '%s': writing there would destroy it. Hint: name another file", key,
+                       out, sets[s]->what, name);
     const char *inputs[3] = {tr->opt->config_path, tr->opt->deepspeed_path, tr->opt->resume};
     const char *what[3] = {"config file", "DeepSpeed config file", "checkpoint to resume from"};
     for (int i = 0; i < 3; i++)
@@ -226,17 +229,18 @@ static void trainer_setup(struct trainer *tr)
     if (!cfg->data.train_path)
         fail_input("config: 'data.train' is required for training: give the path (or glob) of .bin token shards");
     model_build(&tr->model, &cfg->model);
-    dataset_open(&tr->train_data, cfg->data.train_path, cfg->data.seq_len, cfg->model.vocab_size, cfg->data.shuffle,
-                 cfg->train.seed, "train data");
+    char tokenizer[CKPT_MAX_PATH + 32];
+    snprintf(tokenizer, sizeof tokenizer, "%s/tokenizer.json", cfg->model.pretrained);
+    const char *tok = cfg->model.pretrained[0] && access(tokenizer, R_OK) == 0 ? tokenizer : NULL;
+    loader_open(&tr->train_data, cfg, cfg->data.train_path, true, tok, "train data");
     if (cfg->data.val_path) {
-        dataset_open(&tr->val_data, cfg->data.val_path, cfg->data.seq_len, cfg->model.vocab_size, false,
-                     cfg->train.seed, "validation data");
+        loader_open(&tr->val_data, cfg, cfg->data.val_path, false, tok, "validation data");
         tr->have_val = 1;
-        if (tr->val_data.n_windows < (size_t)cfg->micro_batch * tr->world)
-            fail_input("validation data '%s' has %zu sequences of %d tokens, fewer than one micro-batch on every "
-                       "rank (%d x %d); give a larger validation set or drop data.val",
-                       cfg->data.val_path, tr->val_data.n_windows, cfg->data.seq_len + 1, cfg->micro_batch,
-                       tr->world);
+        if (loader_units(&tr->val_data) < (uint64_t)cfg->micro_batch * (uint64_t)tr->world)
+            fail_input("validation data '%s' has %llu %s, fewer than one micro-batch on every rank (%d x %d); give "
+                       "a larger validation set or drop data.val",
+                       cfg->data.val_path, (unsigned long long)loader_units(&tr->val_data),
+                       tr->val_data.samples ? "samples (or packed rows)" : "windows", cfg->micro_batch, tr->world);
     }
     tr->target = target_running();
     family_build_passes(&tr->model, plan_ckpt_interval(cfg), &tr->train_pass, &tr->eval_pass);
@@ -246,7 +250,7 @@ static void trainer_setup(struct trainer *tr)
         arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
     init_parameters(tr);
     family_acts_init(&tr->acts, &tr->model, &tr->target, cfg->micro_batch, cfg->data.seq_len,
-                     plan_ckpt_interval(cfg), target_space(&tr->target, cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
+                     plan_ckpt_interval(cfg), cfg->data.packing, target_space(&tr->target, cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
     char why[2 * CKPT_MAX_PATH];
     if (cfg->checkpoint.dir && tr->rank == 0 && ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {
         if (!cfg->checkpoint.on_error_continue)
@@ -274,9 +278,9 @@ static void trainer_teardown(struct trainer *tr)
 {
     if (tr->metrics)
         fclose(tr->metrics);
-    dataset_close(&tr->train_data);
+    loader_close(&tr->train_data);
     if (tr->have_val)
-        dataset_close(&tr->val_data);
+        loader_close(&tr->val_data);
     family_acts_free(&tr->acts);
     zero_free(&tr->zero);
     family_free_passes(&tr->train_pass, &tr->eval_pass);
@@ -309,10 +313,10 @@ static void dump_params(FILE *f, struct trainer *tr, int grads)
 /* The first step's state, before the optimizer touches it: weights, the first
  * micro-batch's tokens and logits, the step's loss and its full gradients. */
 static void dump_first_step(struct trainer *tr, const int32_t *inputs, const int32_t *targets,
-                            const float *logits, float loss)
+                            const float *logits, float loss, int T_micro)
 {
     const struct config *cfg = tr->cfg;
-    const size_t B = (size_t)cfg->micro_batch, T = (size_t)cfg->data.seq_len;
+    const size_t B = (size_t)cfg->micro_batch, T = (size_t)T_micro;
     FILE *f = tr->rank == 0 ? dump_open(tr->opt->dump_path) : NULL;
     float *tokens = xcalloc(2 * B * T, sizeof *tokens);
     for (size_t i = 0; i < B * T; i++) {
@@ -339,11 +343,17 @@ static void dump_first_step(struct trainer *tr, const int32_t *inputs, const int
 static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *skipped)
 {
     const struct config *cfg = tr->cfg;
-    const int B = cfg->micro_batch, T = cfg->data.seq_len, accum = cfg->grad_accum;
-    const size_t BT = (size_t)B * T;
+    const int B = cfg->micro_batch, accum = cfg->grad_accum;
+    const size_t BT = (size_t)B * cfg->data.seq_len;
+    /* The step's trained targets, known from the order before any is read:
+     * the loss is their mean over every micro-batch of every rank. */
+    struct sample_batch step = loader_step(&tr->train_data, tr->samples_seen, B, accum, tr->world, &tr->slots);
+    tr->real_tokens = step.real;
+    tr->trained_tokens = step.trained;
     /* the loss scale multiplies the backward; the optimizer divides it out */
     const double scale = tr->scaler.scale;
-    const float dloss = (float)(scale / ((double)B * T * accum * tr->world));
+    const float dloss = (float)(scale / (double)step.trained);
+    int dump_T = 0;
     const int dumping = tr->opt->dump_path && tr->step == 0;
     float *dump_logits = NULL;
     int32_t *dump_tokens = NULL;
@@ -355,11 +365,12 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
     double loss_sum = 0.0;
     for (int micro = 0; micro < accum; micro++) {
         uint64_t first = tr->samples_seen + (uint64_t)micro * B * tr->world + (uint64_t)tr->rank * B;
-        dataset_read_batch(&tr->train_data, first, B, tr->acts.inputs, tr->acts.targets);
+        const int T = loader_read(&tr->train_data, first, B, tr->acts.inputs, tr->acts.targets, tr->acts.positions);
         tr->acts.debug_logits = dumping && micro == 0 ? dump_logits : NULL;
         if (dumping && micro == 0) {
-            memcpy(dump_tokens, tr->acts.inputs, BT * sizeof *dump_tokens);
-            memcpy(dump_tokens + BT, tr->acts.targets, BT * sizeof *dump_tokens);
+            dump_T = T;
+            memcpy(dump_tokens, tr->acts.inputs, (size_t)B * T * sizeof *dump_tokens);
+            memcpy(dump_tokens + BT, tr->acts.targets, (size_t)B * T * sizeof *dump_tokens);
         }
         if (tr->comm_only) {
             zero_replay_pass(&tr->zero, &tr->train_pass);
@@ -373,11 +384,11 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
     }
     tr->acts.debug_logits = NULL;
     zero_reduce_grads(&tr->zero);
-    /* the step's loss: the mean over every rank's micro-batches */
+    /* the step's loss: the mean over every trained target of every rank's micro-batches */
     comm_allreduce(tr->comm, &loss_sum, 1, COMM_F64, COMM_SUM, NULL);
-    float loss = (float)(loss_sum / ((double)accum * tr->world));
+    float loss = (float)(loss_sum / (double)step.trained);
     if (dumping) {
-        dump_first_step(tr, dump_tokens, dump_tokens + BT, dump_logits, loss);
+        dump_first_step(tr, dump_tokens, dump_tokens + BT, dump_logits, loss, dump_T);
         free(dump_logits);
         free(dump_tokens);
     }
@@ -430,21 +441,23 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
 static float evaluate(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
-    const int B = cfg->micro_batch, T = cfg->data.seq_len;
+    const int B = cfg->micro_batch;
     const size_t group = (size_t)B * tr->world;
     size_t groups = (size_t)cfg->train.eval_batches * cfg->grad_accum;
-    if (groups * group > tr->val_data.n_windows)
-        groups = tr->val_data.n_windows / group;
+    if (groups * group > loader_units(&tr->val_data))
+        groups = loader_units(&tr->val_data) / group;
+    uint64_t slots;
+    const struct sample_batch all = loader_step(&tr->val_data, 0, B, (int)groups, tr->world, &slots);
     double sum = 0.0;
     for (size_t i = 0; i < groups; i++) {
         uint64_t first = (uint64_t)(i * group) + (uint64_t)tr->rank * B;
-        dataset_read_batch(&tr->val_data, first, B, tr->acts.inputs, tr->acts.targets);
+        const int T = loader_read(&tr->val_data, first, B, tr->acts.inputs, tr->acts.targets, tr->acts.positions);
         zero_begin_pass(&tr->zero, &tr->eval_pass);
         sum += family_forward(&tr->zero, &tr->acts, B, T, 1, FAMILY_EVAL);
         zero_end_pass(&tr->zero);
     }
     comm_allreduce(tr->comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
-    return (float)(sum / ((double)groups * tr->world));
+    return (float)(sum / (double)all.trained);
 }
 
 /* Samples tokens from the model, starting from a newline; prints bytes when the
@@ -466,6 +479,8 @@ static void sample_text(struct trainer *tr)
     for (int i = 0; i < n; i++) {
         int start = len > T ? len - T : 0, t = len - start;
         memcpy(tr->acts.inputs, ctx + start, (size_t)t * sizeof *ctx);
+        for (int p = 0; tr->acts.positions && p < t; p++) /* one sample: positions 0 .. t-1 */
+            tr->acts.positions[p] = p;
         zero_begin_pass(&tr->zero, &tr->eval_pass);
         family_forward(&tr->zero, &tr->acts, 1, t, 0, FAMILY_EVAL);
         zero_end_pass(&tr->zero);
@@ -761,7 +776,6 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     backend_check_performance();
 
     const int T = cfg->data.seq_len;
-    const double tokens_per_step = (double)cfg->train_batch_size * T;
     char a[32], b[64];
     log_info("shardlm %s | backend %s | %d rank%s | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(), tr.world,
              tr.world > 1 ? "s" : "", cfg->zero.stage, dtype_name(cfg->dtype));
@@ -770,8 +784,30 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
              cfg->model.type, cfg->model.n_layer, cfg->model.n_head, cfg->model.n_kv_head, cfg->model.n_embd,
              cfg->model.ffn_dim, cfg->model.n_positions, cfg->model.vocab_size, cfg->model.padded_vocab,
              tr.model.cfg.tied_head ? ", LM head tied" : "", tr.model.n_params);
-    log_info("batch: %d sequences of %d tokens = %d micro x %d accumulation x %d ranks; %zu training windows",
-             cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.world, tr.train_data.n_windows);
+    if (!tr.train_data.samples) {
+        log_info("batch: %d sequences of %d tokens = %d micro x %d accumulation x %d ranks; %zu training windows",
+                 cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.world, tr.train_data.bin.n_windows);
+    } else {
+        const struct sample_set *smp = &tr.train_data.smp;
+        log_info("batch: %d %s of at most %d tokens = %d micro x %d accumulation x %d ranks, padded to the longest "
+                 "(a multiple of %d)%s",
+                 cfg->train_batch_size, cfg->data.packing ? "packed rows" : "samples", T, cfg->micro_batch,
+                 cfg->grad_accum, tr.world, cfg->data.pad_multiple,
+                 cfg->data.group_by_length ? ", grouped by length" : "");
+        log_info("train data %s: %u samples (%llu tokens, %llu trained) of %zu; %zu truncated to %d tokens, %zu "
+                 "dropped as longer, %zu dropped with no trained token; %llu %s per epoch",
+                 smp->path, smp->n, (unsigned long long)smp->tokens_kept, (unsigned long long)smp->trained_kept,
+                 smp->n_file, smp->n_truncated, T, smp->n_dropped_long, smp->n_dropped_untrained,
+                 (unsigned long long)loader_units(&tr.train_data), cfg->data.packing ? "packed rows" : "samples");
+        if (tr.metrics)
+            fprintf(tr.metrics,
+                    "{\"data\": \"%s\", \"samples\": %u, \"samples_in_file\": %zu, \"tokens\": %llu, "
+                    "\"trained_tokens\": %llu, \"truncated\": %zu, \"dropped_longer\": %zu, "
+                    "\"dropped_untrained\": %zu, \"units_per_epoch\": %llu}\n",
+                    smp->path, smp->n, smp->n_file, (unsigned long long)smp->tokens_kept,
+                    (unsigned long long)smp->trained_kept, smp->n_truncated, smp->n_dropped_long,
+                    smp->n_dropped_untrained, (unsigned long long)loader_units(&tr.train_data));
+    }
     if (opt->print_config) {
         char *config_json = config_dump(cfg);
         log_info("resolved config:\n%s", config_json);
@@ -800,18 +836,27 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
             fail_input("step %ld: the loss is %f; lower optimizer.params.lr or enable gradient_clipping", tr.step,
                        loss);
         uint64_t total = bytes[COMM_ALLGATHER] + bytes[COMM_REDUCE_SCATTER] + bytes[COMM_ALLREDUCE];
+        /* tokens of samples (not padding) and trained targets per second, the padding's share of the rows */
+        const double real_per_s = (double)tr.real_tokens / dt, trained_per_s = (double)tr.trained_tokens / dt;
+        const double padding = tr.slots ? 1.0 - (double)tr.real_tokens / (double)tr.slots : 0.0;
+        char fill[96] = "";
+        if (tr.train_data.samples)
+            snprintf(fill, sizeof fill, " | trained %.0f tok/s | padding %.1f%%", trained_per_s, 100.0 * padding);
         if (!opt->quiet && (tr.step % cfg->steps_per_print == 0 || tr.step == 1 || tr.step == cfg->train.steps))
-            log_info("step %5ld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms | sent %s%s", tr.step,
-                     cfg->train.steps, loss, lr, norm, tokens_per_step / dt, dt * 1e3,
+            log_info("step %5ld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s%s | %7.1f ms | sent %s%s",
+                     tr.step, cfg->train.steps, loss, lr, norm, real_per_s, fill, dt * 1e3,
                      plan_format_bytes((double)total, a, sizeof a), scale_note(&tr, b, sizeof b));
         if (tr.metrics) {
             char traffic[256];
             log_traffic(&tr, bytes, traffic, sizeof traffic);
             fprintf(tr.metrics,
                     "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, "
-                    "\"ms\": %.3f, \"loss_scale\": %.9g, \"skipped\": %s, \"skipped_steps\": %ld%s}\n",
-                    tr.step, loss, lr, skipped ? 0.0 : norm, tokens_per_step / dt, dt * 1e3, tr.scaler.scale,
-                    skipped ? "true" : "false", tr.skipped_steps, traffic);
+                    "\"trained_tokens_per_s\": %.1f, \"real_tokens\": %llu, \"trained_tokens\": %llu, "
+                    "\"padding\": %.6f, \"ms\": %.3f, \"loss_scale\": %.9g, \"skipped\": %s, "
+                    "\"skipped_steps\": %ld%s}\n",
+                    tr.step, loss, lr, skipped ? 0.0 : norm, real_per_s, trained_per_s,
+                    (unsigned long long)tr.real_tokens, (unsigned long long)tr.trained_tokens, padding, dt * 1e3,
+                    tr.scaler.scale, skipped ? "true" : "false", tr.skipped_steps, traffic);
         }
         if (tr.have_val && cfg->train.eval_every > 0 &&
             (tr.step % cfg->train.eval_every == 0 || tr.step == cfg->train.steps)) {

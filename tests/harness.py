@@ -3,6 +3,7 @@ the MPI environment, and the "ok NAME" / "FAIL NAME: why" lines that
 tests/run.sh counts.
 """
 import atexit
+import json
 import math
 import os
 import shutil
@@ -41,6 +42,16 @@ def use_ref_venv(module, check_name):
         os.execv(py, [py] + sys.argv)
     print(f"FAIL {check_name}: {module} is missing and {py} does not exist; run tools/deps.sh --test")
     sys.exit(1)
+
+
+def write_config(path, cfg, extra=None):
+    """Writes cfg, with extra's sections merged into it (a dict updates the section, another value replaces it),
+    as JSON to path; returns path."""
+    for k, v in (extra or {}).items():
+        cfg.setdefault(k, {}).update(v) if isinstance(v, dict) else cfg.__setitem__(k, v)
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
 
 
 def scratch_dir(name):

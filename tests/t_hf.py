@@ -54,7 +54,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           MistralForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, ENV, check, failures, note, read_dump, rel, scratch_dir, write_shard  # noqa: E402
+from harness import BIN, ENV, check, failures, note, read_dump, rel, scratch_dir, write_shard, write_config  # noqa: E402
 
 TMP = scratch_dir("t_hf")
 torch.manual_seed(3)
@@ -121,12 +121,7 @@ def config(name, src, stage=3, steps=1, extra=None):
            "train_micro_batch_size_per_gpu": B,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0}},
            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
-    for k, v in (extra or {}).items():
-        cfg.setdefault(k, {}).update(v) if isinstance(v, dict) else cfg.__setitem__(k, v)
-    path = os.path.join(TMP, name + ".json")
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-    return path
+    return write_config(os.path.join(TMP, name + ".json"), cfg, extra)
 
 
 def train(name, N, cfg, *args):

@@ -1,0 +1,110 @@
+/*
+ * samples — fine-tuning data: the HDF5 sample files of tools/prepare_data.py
+ * (DESIGN §8), ordered, padded or packed into micro-batches.
+ *
+ * File: /tokens int32 [n_tokens], /trained uint8 [n_tokens] (1: the token is
+ * a training target, its prediction from the tokens before it counts; the
+ * first token of a sample never is), /offsets int64 [n_samples + 1], and the
+ * root attributes format "shardlm-samples", version 1, vocab_size (of the
+ * tokenizer that made it), pad_token_id, ... (tools/prepare_data.py).
+ *
+ * A sample of L tokens occupies L positions of a row, as in Hugging Face:
+ * position p < L - 1 predicts token p + 1 when that token is trained (target
+ * -1 otherwise: no loss, no gradient), the last position predicts nothing.
+ * Samples longer than the row (max_len = data.seq_len) are cut to max_len
+ * tokens (truncation "truncate") or left out ("drop"); samples with no
+ * trained target left are left out too. Both counts are kept and printed.
+ *
+ * Units: without packing one unit is one sample; with packing, one row of at
+ * most max_len tokens holding whole samples (first fit over the epoch's
+ * order, a bounded number of rows open at a time). Global unit k of the run
+ * is unit k - (units of the earlier epochs) of its epoch; an epoch's order of
+ * samples is the seeded keyed permutation of data.c (or file order without
+ * shuffling), with group_by_length sorting each megabatch of 50 steps' units
+ * by length, longest first (Hugging Face's LengthGroupedSampler). Everything
+ * follows from the seed: every rank computes the same order without
+ * communicating, and the position in the run is one integer.
+ *
+ * A micro-batch of B units is padded to its longest unit rounded up to
+ * pad_multiple (at most max_len): dynamic padding. Packed rows carry each
+ * token's position in its sample, so attention and positions restart at
+ * every sample (padding forms a segment of its own).
+ */
+#ifndef SHARDLM_SAMPLES_H
+#define SHARDLM_SAMPLES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SAMPLES_FORMAT "shardlm-samples"
+#define SAMPLES_VERSION 1
+/* group_by_length: a megabatch is this many steps' units (Hugging Face's megabatch_mult) */
+#define SAMPLES_MEGABATCH_STEPS 50
+/* packing: rows open for a sample to be placed in (first fit) */
+#define SAMPLES_OPEN_ROWS 64
+
+struct sample_opts {
+    int max_len;            /* data.seq_len: a row's tokens at most */
+    int pad_multiple;       /* data.pad_to_multiple_of */
+    bool truncate;          /* data.truncation "truncate" (else "drop") */
+    bool packing, shuffle, group_by_length;
+    uint64_t seed;
+    int step_units;         /* units per optimizer step (train_batch_size), for group_by_length */
+    int vocab_size;         /* the model's: every token id must be below it */
+    const char *tokenizer_json; /* the run's tokenizer (from_pretrained's tokenizer.json), or NULL */
+};
+
+struct sample_epoch {
+    int64_t epoch;          /* -1: empty slot */
+    uint32_t *order;        /* the kept samples in this epoch's order */
+    uint32_t *row_first;    /* packing: row r holds order[row_first[r] .. row_first[r + 1]) */
+    size_t n_rows;
+};
+
+struct sample_set {
+    char *path;
+    const char *what;       /* "train data", "validation data" (a literal) */
+    int64_t file, tokens, trained; /* HDF5 ids */
+    size_t n_file;          /* samples in the file */
+    int64_t *offsets;       /* n_file + 1 */
+    uint32_t n;             /* samples kept */
+    uint32_t *index;        /* kept sample -> file sample */
+    uint32_t *len;          /* kept sample's tokens (after truncation) */
+    uint32_t *n_trained;    /* kept sample's trained targets */
+    size_t n_truncated, n_dropped_long, n_dropped_untrained;
+    uint64_t tokens_kept, trained_kept;
+    int pad_id;
+    struct sample_opts o;
+    struct sample_epoch cache[2];
+    uint64_t *epoch_start;  /* units before epoch e, for the epochs computed so far */
+    int64_t n_epoch_start;
+    int32_t *tok_buf;       /* max_len tokens of one sample */
+    uint8_t *tr_buf;
+};
+
+/* What a micro-batch of B units holds. */
+struct sample_batch {
+    int T;                  /* the padded row length */
+    uint64_t real;          /* tokens of samples (not padding) */
+    uint64_t trained;       /* trained targets */
+};
+
+/* True when path names a sample file (.h5 / .hdf5), not .bin token shards. */
+bool samples_is_sample_file(const char *path);
+/* Opens and checks the file (fail_input naming it: not a sample file, a
+ * token id at or above the model's vocabulary, another tokenizer than the
+ * run's, a truncated file), counts what truncation drops. */
+void samples_open(struct sample_set *s, const char *path, const struct sample_opts *o, const char *what);
+void samples_close(struct sample_set *s);
+/* Units in the first epoch (samples, or packed rows). */
+uint64_t samples_epoch_units(struct sample_set *s);
+/* Length, real and trained tokens of the micro-batch of units [first, first + B). */
+struct sample_batch samples_batch(struct sample_set *s, uint64_t first, int B);
+/* Fills B rows of T (samples_batch's T) from units [first, first + B): token
+ * ids, targets (-1: not trained) and, packing, each token's position in its
+ * sample (positions may be NULL without packing). */
+void samples_read_batch(struct sample_set *s, uint64_t first, int B, int T, int32_t *inputs, int32_t *targets,
+                        int32_t *positions);
+
+#endif
