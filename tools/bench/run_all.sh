@@ -18,3 +18,5 @@ python3 tools/bench/memory_ladder.py
 [ -f tools/bench/adamw.sh ] && bash tools/bench/adamw.sh
 # Hugging Face import/export of a ~1B Llama (~8.5 minutes; ~22 GiB of memory, ~19 GB of disk in /tmp)
 bash tools/bench/hf_io.sh --no-build
+# instruction data at skewed lengths: fixed padding, dynamic padding, group_by_length, packing (issue 18)
+python3 tools/bench/packing.py "${core[@]}"
