@@ -10,6 +10,8 @@
  *   - the embedding with a position table: the output, and the gradients of
  *     wte and wpe (the packed row adds into them what the samples add one
  *     after the other);
+ * that the half-precision path of an emulated device (backend_cpu_act.c:
+ * bf16 activations, pos in device memory) reads pos as the fp32 kernels do;
  * and positions that are not samples laid end to end are refused with an
  * error. The rows have samples of lengths 1, 2, 7 and 33 and trailing
  * padding (a last sample, or one token samples), with T past the attention's
@@ -17,6 +19,7 @@
  */
 #include "backend.h"
 #include "check.h"
+#include "dtype.h"
 #include "util.h"
 
 #include <math.h>
@@ -171,8 +174,18 @@ static void test_attention(int NH, int NKV, int hs, int gpt2_call, uint64_t *rng
     free(qkv), free(dout), free(out), free(att), free(dqkv), free(scratch);
 }
 
-/* Rotary tables of T rows, as Llama's: angle t theta^(-2i / hs). */
+/* Rotary tables (T, hs / 2), as Llama's: angle t theta^(-2i / hs). */
 #define ROPE_THETA 10000.0
+
+static void rope_tables(float *cos_t, float *sin_t, int hs)
+{
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < hs / 2; i++) {
+            const double angle = t * pow(ROPE_THETA, -2.0 * i / hs);
+            cos_t[(size_t)t * (hs / 2) + i] = (float)cos(angle);
+            sin_t[(size_t)t * (hs / 2) + i] = (float)sin(angle);
+        }
+}
 
 static void test_rope(int NH, int NKV, int hs, uint64_t *rng)
 {
@@ -183,12 +196,7 @@ static void test_rope(int NH, int NKV, int hs, uint64_t *rng)
     struct sample samples[B * T];
     const int n_samples = layout(pos, samples);
     float *cos_t = xmalloc((size_t)T * half * sizeof *cos_t), *sin_t = xmalloc((size_t)T * half * sizeof *sin_t);
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < half; i++) {
-            const double angle = t * pow(ROPE_THETA, -2.0 * i / hs);
-            cos_t[(size_t)t * half + i] = (float)cos(angle);
-            sin_t[(size_t)t * half + i] = (float)sin(angle);
-        }
+    rope_tables(cos_t, sin_t, hs);
     float *qkv = random_floats(n_qkv, 1.0f, rng), *dqkv = random_floats(n_qkv, 1.0f, rng);
     float *x = xmalloc(n_qkv * sizeof *x), *dx = xmalloc(n_qkv * sizeof *dx);
     memcpy(x, qkv, n_qkv * sizeof *x);
@@ -245,7 +253,8 @@ static void test_embedding(uint64_t *rng)
     check_error("packing embedding: out = each sample alone", &e_out);
     /* the packed row adds each position's gradients in the order the samples, alone one after the other, do */
     CHECK("packing embedding: dwte and dwpe = the samples' alone, one after the other (bitwise)",
-          memcmp(dwte, dwte1, (size_t)V * C * sizeof *dwte) == 0 && memcmp(dwpe, dwpe1, (size_t)T * C * sizeof *dwpe) == 0,
+          memcmp(dwte, dwte1, (size_t)V * C * sizeof *dwte) == 0 &&
+              memcmp(dwpe, dwpe1, (size_t)T * C * sizeof *dwpe) == 0,
           "the gradients differ");
     size_t moved = 0; /* positions past the longest sample (33) get nothing */
     for (size_t i = (size_t)33 * C; i < (size_t)T * C; i++)
@@ -253,6 +262,116 @@ static void test_embedding(uint64_t *rng)
     CHECK("packing embedding: dwpe rows of positions no sample reaches untouched", moved == 0, "%zu changed", moved);
     free(wte), free(wpe), free(dout), free(out), free(dwte0), free(dwpe0), free(dwte), free(dwpe), free(dwte1);
     free(dwpe1);
+}
+
+/* ---- the emulated device's half-precision path ----------------------------------------------------------- */
+
+/* bf16 storage against fp32 storage of the same (bf16-exact) inputs: the outputs differ by bf16's rounding, 2^-8
+ * relative at most per element, the attention's a few of those; a kernel reading the wrong position is off by
+ * 1e-1 .. 1. */
+#define BF16_TOL 2e-2
+
+/* x rounded to bf16 in place (both paths then see the same inputs). */
+static float *bf16_round(float *x, size_t n)
+{
+    uint16_t *tmp = xmalloc(n * sizeof *tmp);
+    dtype_convert(tmp, DTYPE_BF16, x, DTYPE_F32, n);
+    dtype_convert(x, DTYPE_F32, tmp, DTYPE_BF16, n);
+    free(tmp);
+    return x;
+}
+
+/* Emulated device memory holding a copy of x's bytes. */
+static void *on_device(const void *x, size_t bytes)
+{
+    void *d = backend_mem_alloc(SPACE_DEVICE, bytes, "test_packing");
+    backend_copy(d, x, bytes);
+    return d;
+}
+
+/* Emulated device memory holding x (n floats) in bf16. */
+static void *on_device_bf16(const float *x, size_t n)
+{
+    uint16_t *tmp = xmalloc(n * sizeof *tmp);
+    dtype_convert(tmp, DTYPE_BF16, x, DTYPE_F32, n);
+    void *d = on_device(tmp, n * sizeof *tmp);
+    free(tmp);
+    return d;
+}
+
+/* The bf16 tensor of n elements at device address d, widened into host fp32 and compared with want. */
+static void check_bf16(const char *name, const void *d, const float *want, size_t n)
+{
+    uint16_t *tmp = xmalloc(n * sizeof *tmp);
+    float *got = xmalloc(n * sizeof *got);
+    backend_copy(tmp, d, n * sizeof *tmp);
+    dtype_convert(got, DTYPE_F32, tmp, DTYPE_BF16, n);
+    struct error e = {0, 0};
+    fold(&e, got, want, n);
+    double rel = e.diff / (e.scale > 0 ? e.scale : 1e-30);
+    printf("# %s: max rel err %.2e\n", name, rel);
+    CHECK(name, rel <= BF16_TOL, "max error %.3g relative to max |fp32| %.3g: %.3g > %g", e.diff, e.scale, rel,
+          BF16_TOL);
+    free(tmp), free(got);
+}
+
+/* Grouped-query attention, rotary and the embedding over packed rows with bf16 activations in emulated device
+ * memory, against the fp32 kernels on the host. */
+static void test_emulated_bf16(uint64_t *rng)
+{
+    enum { NH = 4, NKV = 2, hs = 6, C = NH * hs, width = (NH + 2 * NKV) * hs, V = 40 };
+    const size_t n_qkv = (size_t)B * T * width, n_out = (size_t)B * T * C;
+    int32_t pos[B * T], tokens[B * T];
+    struct sample samples[B * T];
+    layout(pos, samples);
+    for (int i = 0; i < B * T; i++)
+        tokens[i] = (int32_t)(rng_uniform(rng) * V);
+    const size_t n_table = (size_t)T * (hs / 2);
+    float *cos_t = xmalloc(n_table * sizeof *cos_t), *sin_t = xmalloc(n_table * sizeof *sin_t);
+    rope_tables(cos_t, sin_t, hs);
+    float *qkv = bf16_round(random_floats(n_qkv, 1.5f, rng), n_qkv);
+    float *dout = bf16_round(random_floats(n_out, 1, rng), n_out);
+    float *wte = bf16_round(random_floats((size_t)V * C, 1, rng), (size_t)V * C);
+    float *wpe = bf16_round(random_floats((size_t)T * C, 1, rng), (size_t)T * C);
+    /* fp32 on the host */
+    float *rot = xmalloc(n_qkv * sizeof *rot), *out = xmalloc(n_out * sizeof *out);
+    float *dqkv = xmalloc(n_qkv * sizeof *dqkv);
+    float *att = xmalloc(backend_attention_saved(B, T, NH)), *emb = xmalloc(n_out * sizeof *emb);
+    float *scratch = xmalloc((backend_attention_scratch(T, NH) + 1) * sizeof *scratch);
+    memcpy(rot, qkv, n_qkv * sizeof *rot);
+    backend_rope_forward(rot, cos_t, sin_t, pos, B, T, NH, NKV, hs);
+    bf16_round(rot, n_qkv);
+    backend_attention_gqa_forward(out, att, rot, NULL, pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_backward(dqkv, dout, rot, att, out, scratch, pos, B, T, NH, NKV, hs);
+    backend_embedding_forward(emb, tokens, wte, wpe, pos, B, T, C);
+    /* bf16 on the emulated device, pos in device memory */
+    backend_set_act_dtype(DTYPE_BF16);
+    int32_t *d_pos = on_device(pos, sizeof pos), *d_tokens = on_device(tokens, sizeof tokens);
+    float *d_cos = on_device(cos_t, n_table * sizeof *cos_t), *d_sin = on_device(sin_t, n_table * sizeof *sin_t);
+    float *d_qkv = on_device_bf16(qkv, n_qkv), *d_dout = on_device_bf16(dout, n_out);
+    float *d_wte = on_device_bf16(wte, (size_t)V * C), *d_wpe = on_device_bf16(wpe, (size_t)T * C);
+    float *d_out = backend_mem_alloc(SPACE_DEVICE, n_out * 2, "test_packing");
+    float *d_emb = backend_mem_alloc(SPACE_DEVICE, n_out * 2, "test_packing");
+    float *d_dqkv = backend_mem_alloc(SPACE_DEVICE, n_qkv * 2, "test_packing");
+    float *d_att = backend_mem_alloc(SPACE_DEVICE, backend_attention_saved(B, T, NH), "test_packing");
+    float *d_scratch = backend_mem_alloc(SPACE_DEVICE, (backend_attention_scratch(T, NH) + 1) * 4, "test_packing");
+    backend_rope_forward(d_qkv, d_cos, d_sin, d_pos, B, T, NH, NKV, hs);
+    check_bf16("packing emulated bf16: rope forward = fp32", d_qkv, rot, n_qkv);
+    backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, d_pos, B, T, NH, NKV, hs);
+    check_bf16("packing emulated bf16: attention out = fp32", d_out, out, n_out);
+    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, NH, NKV, hs);
+    check_bf16("packing emulated bf16: attention dqkv = fp32", d_dqkv, dqkv, n_qkv);
+    backend_embedding_forward(d_emb, d_tokens, d_wte, d_wpe, d_pos, B, T, C);
+    check_bf16("packing emulated bf16: embedding out = fp32", d_emb, emb, n_out);
+    backend_set_act_dtype(DTYPE_F32);
+    void *dev[] = {d_pos, d_tokens, d_cos, d_sin, d_qkv, d_dout, d_wte, d_wpe, d_out, d_emb, d_dqkv, d_att, d_scratch};
+    const size_t bytes[] = {sizeof pos, sizeof tokens, n_table * 4, n_table * 4, n_qkv * 2,
+                            n_out * 2, (size_t)V * C * 2, (size_t)T * C * 2, n_out * 2, n_out * 2, n_qkv * 2,
+                            backend_attention_saved(B, T, NH), (backend_attention_scratch(T, NH) + 1) * 4};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        backend_mem_free(SPACE_DEVICE, dev[i], bytes[i]);
+    free(cos_t), free(sin_t), free(qkv), free(dout), free(wte), free(wpe), free(rot), free(out), free(dqkv), free(att);
+    free(emb), free(scratch);
 }
 
 /* Positions that are not samples laid end to end (a gap, a row not starting at 0) end the run with an error. */
@@ -279,6 +398,9 @@ static void test_bad_positions(void)
 
 int main(void)
 {
+    /* device memory emulated (before the first backend call reads it): test_emulated_bf16 needs it; the fp32
+     * tests use host memory, which the kernels take as it is */
+    setenv("SHARDLM_EMULATE_DEVICE", "1", 1);
     uint64_t rng = 0x9acced5a3b1e0001ull;
     test_attention(2, 2, 4, 1, &rng);  /* GPT-2 */
     test_attention(3, 3, 5, 1, &rng);  /* GPT-2, odd head size */
@@ -287,6 +409,7 @@ int main(void)
     test_rope(4, 2, 8, &rng);
     test_rope(3, 3, 6, &rng);
     test_embedding(&rng);
+    test_emulated_bf16(&rng);
     test_bad_positions();
     return check_status();
 }
