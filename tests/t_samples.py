@@ -14,6 +14,8 @@ exact loss normalisation, on GPT-2 and Llama (CPU backend, fp32).
                 same samples one by one
   accum.*       1 x 8, 4 x 2 and 8 x 1 (micro-batch x accumulation) at N = 1,
                 and N = 2 and 4, on lengths from 3 to 500: the same step
+  validation.*  data.val on a sample file: its loss over the step's samples
+                with lr 0 equals the step's loss
   memory.*      the measured peak within the plan for data.seq_len, on data
                 whose longest sample is exactly data.seq_len
   truncation.*  truncate / drop counts in the metrics
@@ -165,6 +167,21 @@ def check_accumulation(model):
     del rng
 
 
+def check_validation():
+    """data.val on a sample file: with lr 0 the validation loss over the first step's samples is that step's loss."""
+    data = write_samples(os.path.join(TMP, "val.h5"), make([9, 30, 4, 17, 25, 11, 6, 40], 10))
+    name = "val"
+    cfg = config(name, "llama", data, 64, 2, 2, extra={
+        "data": {"val": data}, "train": {"eval_every": 1, "eval_batches": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0}}})
+    r = train(2, cfg)
+    rows = metrics(name) if r.returncode == 0 else []
+    loss = [x["loss"] for x in rows if "loss" in x]
+    val = [x["val_loss"] for x in rows if "val_loss" in x]
+    check("validation.equals_step_loss", loss and val and abs(val[0] - loss[0]) <= 1e-6 * abs(loss[0]),
+          f"val {val} step {loss} {r.stderr[-300:]}")
+
+
 def check_memory():
     lens = [256, 7, 100, 31]
     data = write_samples(os.path.join(TMP, "mem.h5"), make(lens, 5))
@@ -251,6 +268,7 @@ def main():
         check_targets(model)
         check_padding_packing(model)
         check_accumulation(model)
+    check_validation()
     check_memory()
     check_truncation()
     check_resume()

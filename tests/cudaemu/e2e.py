@@ -6,7 +6,9 @@ on one emulated device over host-staged MPI (SHARDLM_SHARE_GPUS=1), bf16
 N=1, and fp32 and bf16 N=2 over NCCL with offload_param, gradient
 accumulation and host activation checkpoints; and a tiny Llama (grouped-query
 attention, RMSNorm, rotary, SwiGLU) in fp32 N=1, bf16 N=1 and fp32 N=2 over
-NCCL. The emulated streams are lazy
+NCCL; and packed sample files (rows of several samples with positions and
+ignored targets, issue 18) for GPT-2 over NCCL and Llama in fp32 and bf16.
+The emulated streams are lazy
 (README.md), so a missing synchronisation in the engine or the CUDA code
 changes the losses; the offload cases also run with CUDAEMU_EAGER=1 (every
 operation at its call) and must give bitwise the same losses and grad norms. Every step's loss and grad norm agree within 1e-5 relative in fp32
@@ -24,6 +26,7 @@ import numpy as np
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from harness import check, failures, scratch_dir, write_shard  # noqa: E402
+import samplefile  # noqa: E402  (tools/, on the path through harness)
 
 TMP = scratch_dir("cudaemu_e2e")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -41,6 +44,20 @@ OFFLOAD_ACCUM_CKPT = {"zero_optimization": {"offload_param": {"device": "cpu"}},
 # a Llama of the same vocabulary and length: 2 query heads a key/value head, head size 10
 LLAMA = {"model": {"type": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 40, "ffn_dim": 48,
                    "n_positions": MODEL["n_positions"], "vocab_size": MODEL["vocab_size"]}}
+
+
+def packed_data():
+    """A sample file of 60 samples of 3 to 32 tokens, each a prompt then a trained completion, packed."""
+    path = os.path.join(TMP, "samples.h5")
+    if not os.path.exists(path):
+        rng = np.random.default_rng(9)
+        lens = rng.integers(3, MODEL["n_positions"] + 1, size=60)
+        trained = np.concatenate([(np.arange(n) >= rng.integers(1, n)).astype(np.uint8) for n in lens])
+        samplefile.write(path, rng.integers(0, MODEL["vocab_size"], size=int(lens.sum())), trained,
+                         np.concatenate([[0], np.cumsum(lens)]), MODEL["vocab_size"])
+    return {"data": {"train": path, "max_seq_length": MODEL["n_positions"], "packing": True}}
+
+
 FP32_TOL = 1e-5  # the brief's fp32 bound: cuBLAS-order vs OpenBLAS-order sums
 BF16_TOL = 2e-2  # tests/gpu/e2e.py's bf16 bound
 
@@ -95,9 +112,14 @@ def main():
              ("bf16_n2_nccl_offload_accum_ckpt", 2, "bf16", {"CUDAEMU_DEVICES": "2"}, BF16_TOL),
              ("llama_fp32_n1", 1, "fp32", {}, FP32_TOL),
              ("llama_bf16_n1", 1, "bf16", {}, BF16_TOL),
-             ("llama_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
+             ("llama_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("fp32_n2_nccl_packed", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("llama_fp32_n1_packed", 1, "fp32", {}, FP32_TOL),
+             ("llama_bf16_n1_packed", 1, "bf16", {}, BF16_TOL))
     for tag, N, dtype, env, tol in cases:
         extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else None
+        if tag.endswith("_packed"):
+            extra = dict(extra or {}, **packed_data())
         cpu, out_c = train(f"cpu_{tag}", CPU_BIN, N, dtype, {}, extra)
         emu, out_e = train(f"emu_{tag}", EMU_BIN, N, dtype, env, extra)
         if cpu is None or emu is None:
