@@ -21,7 +21,8 @@ exact loss normalisation, on GPT-2 and Llama (CPU backend, fp32).
   truncation.*  truncate / drop counts in the metrics
   resume.*      bitwise at the same world size, within 1e-6 at another
   bad.*         token id outside the vocabulary, another tokenizer's
-                vocabulary, a truncated file, not a sample file: one line, exit 2
+                vocabulary, a truncated file, not a sample file, and the data
+                keys' errors: one line, exit 2
 """
 import json
 import os
@@ -31,7 +32,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, ENV, check, failures, read_dump, rel, scratch_dir, write_config  # noqa: E402
+from harness import BIN, ENV, check, failures, read_dump, rel, scratch_dir, write_config, write_shard  # noqa: E402
 
 import samplefile  # noqa: E402  (tools/, on the path through harness)
 
@@ -233,11 +234,12 @@ def check_resume():
     check("resume.other_world", worst <= 1e-6, f"worst rel {worst:.2e}")
 
 
-def expect_bad(tag, data, words, model_vocab=V):
+def expect_bad(tag, data, words, model_vocab=V, data_extra=None):
     cfg = config(f"bad_{tag}", "gpt2", data, 64, 1, 1)
     with open(cfg) as f:
         c = json.load(f)
     c["model"] = dict(c["model"], vocab_size=model_vocab)
+    c["data"].update(data_extra or {})
     with open(cfg, "w") as f:
         json.dump(c, f)
     r = train(1, cfg)
@@ -261,6 +263,13 @@ def check_bad():
     with open(junk, "w") as f:
         f.write("not hdf5\n")
     expect_bad("not_hdf5", junk, ["bad_junk.h5"])
+    ok = write_samples(os.path.join(TMP, "ok.h5"), good)
+    shard = os.path.join(TMP, "tokens.bin")
+    write_shard(shard, np.arange(200) % V)
+    expect_bad("config_truncation", ok, ["data.truncation", "cut"], data_extra={"truncation": "left"})
+    expect_bad("config_packing_bin", shard, ["data.packing", "sample file"], data_extra={"packing": True})
+    expect_bad("config_val_kind", ok, ["data.val", "both"], data_extra={"val": shard})
+    expect_bad("config_two_lengths", ok, ["max_seq_length", "seq_len"], data_extra={"seq_len": 32})
 
 
 def main():
