@@ -1,3 +1,5 @@
+#define _GNU_SOURCE /* qsort_r */
+
 #include "samples.h"
 
 #include "data.h"
@@ -307,13 +309,13 @@ void samples_close(struct sample_set *s)
 /* ------------------------------------------------------------------------ */
 /* Order, packing, units                                                     */
 
-static const uint32_t *sort_len; /* qsort has no context: the lengths group_by_length sorts by */
-
-static int longer_first(const void *a, const void *b)
+/* qsort_r's order for group_by_length; ctx: the kept samples' lengths. */
+static int longer_first(const void *a, const void *b, void *ctx)
 {
+    const uint32_t *len = ctx;
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    if (sort_len[x] != sort_len[y])
-        return sort_len[x] > sort_len[y] ? -1 : 1;
+    if (len[x] != len[y])
+        return len[x] > len[y] ? -1 : 1;
     return x < y ? -1 : x > y; /* ties by sample: a total order, the same on every rank */
 }
 
@@ -372,9 +374,8 @@ static void build_epoch(const struct sample_set *s, struct sample_epoch *e, int6
         e->order[i] = s->o.shuffle ? (uint32_t)data_shuffle_index(i, s->n, s->o.seed, (uint64_t)epoch) : i;
     if (s->o.group_by_length) {
         const size_t mega = (size_t)SAMPLES_MEGABATCH_STEPS * (size_t)s->o.step_units;
-        sort_len = s->len;
         for (size_t at = 0; at < s->n; at += mega)
-            qsort(e->order + at, s->n - at < mega ? s->n - at : mega, sizeof *e->order, longer_first);
+            qsort_r(e->order + at, s->n - at < mega ? s->n - at : mega, sizeof *e->order, longer_first, s->len);
     }
     if (s->o.packing)
         pack(s, e);
