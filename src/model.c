@@ -211,6 +211,65 @@ bool model_find_tensor(const struct model *m, const char *name, int *unit, int *
     return false;
 }
 
+/* Length of the module part of a tensor name (up to its last dot). */
+static size_t module_length(const char *tensor_name)
+{
+    const char *dot = strrchr(tensor_name, '.');
+    return dot ? (size_t)(dot - tensor_name) : strlen(tensor_name);
+}
+
+static bool in_set(const struct unit_desc *ud, const struct tensor_desc *td, enum model_modules set)
+{
+    /* a block's 2-D tensors are exactly its linear layers' weights, in both families */
+    return set == MODEL_MODULES_ALL || (ud->kind == UNIT_BLOCK && td->ndim == 2);
+}
+
+bool model_module_matches(const struct model *m, const char *name, enum model_modules set)
+{
+    const size_t n = strlen(name);
+    if (n == 0)
+        return false;
+    for (int u = 0; u < m->n_units; u++)
+        for (int t = 0; t < m->units[u].n_tensors; t++) {
+            const struct tensor_desc *td = &m->units[u].tensors[t];
+            const size_t len = module_length(td->name);
+            if (!in_set(&m->units[u], td, set) || n > len || memcmp(td->name + len - n, name, n) != 0)
+                continue;
+            if (n == len || td->name[len - n - 1] == '.')
+                return true;
+        }
+    return false;
+}
+
+/* Whether the ", "-separated list holds word. */
+static bool listed(const char *list, const char *word)
+{
+    const size_t n = strlen(word);
+    for (const char *p = list; (p = strstr(p, word)) != NULL; p++)
+        if ((p == list || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0'))
+            return true;
+    return false;
+}
+
+void model_module_names(const struct model *m, enum model_modules set, char *out, size_t cap)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int u = 0; u < m->n_units; u++)
+        for (int t = 0; t < m->units[u].n_tensors; t++) {
+            const struct tensor_desc *td = &m->units[u].tensors[t];
+            if (!in_set(&m->units[u], td, set))
+                continue;
+            size_t end = module_length(td->name), begin = end;
+            while (begin > 0 && td->name[begin - 1] != '.')
+                begin--;
+            char word[MODEL_MAX_NAME];
+            snprintf(word, sizeof word, "%.*s", (int)(end - begin), td->name + begin);
+            if (!listed(out, word) && used < cap)
+                used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? ", " : "", word);
+        }
+}
+
 double model_flops_per_token(const struct model *m, int seq_len)
 {
     /* 6 flops per parameter per token (2 forward, 4 backward) over the matmul

@@ -103,6 +103,19 @@ void model_init_range(const struct model *m, int u, size_t start, size_t count, 
 /* Finds a tensor by name; returns false when absent. */
 bool model_find_tensor(const struct model *m, const char *name, int *unit, int *tensor);
 
+/* Modules, as PEFT names them: a tensor's module is its name without the
+ * last component ("model.layers.3.self_attn.q_proj" holds q_proj.weight). */
+enum model_modules {
+    MODEL_MODULES_ALL,          /* every module with parameters */
+    MODEL_MODULES_BLOCK_LINEAR, /* the linear layers of the blocks (LoRA's targets) */
+};
+/* Whether name matches some module of the set as PEFT matches target_modules
+ * and modules_to_save (peft/tuners/tuners_utils.py check_target_module_exists):
+ * the module's whole name, or its end after a dot ("q_proj", "self_attn.q_proj"). */
+bool model_module_matches(const struct model *m, const char *name, enum model_modules set);
+/* The distinct last components of the set's module names, ", "-separated, for messages. */
+void model_module_names(const struct model *m, enum model_modules set, char *out, size_t cap);
+
 /* Model FLOPs per token for forward+backward (6N + attention), as in the PaLM MFU definition. */
 double model_flops_per_token(const struct model *m, int seq_len);
 

@@ -551,6 +551,7 @@ int cmd_plan(int argc, char **argv)
         config_load(&cfg, deepspeed, NULL, sets, n_sets);
     else
         config_load_string(&cfg, "{}", sets, n_sets);
+    config_check_implemented(&cfg);
     if (cfg.train_batch_size == 0 && cfg.micro_batch == 0)
         cfg.micro_batch = 1;
     config_resolve_batch(&cfg, o.ranks);

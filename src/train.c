@@ -219,6 +219,7 @@ static void init_parameters(struct trainer *tr)
 static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
+    config_check_implemented(cfg);
     config_resolve_batch(cfg, tr->world);
     loss_scaler_init(&tr->scaler, cfg);
     const char *inject = getenv("SHARDLM_INJECT_INF_STEP");
