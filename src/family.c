@@ -25,6 +25,8 @@ const float *family_param(const struct family_acts *a, const float *unit, int u,
 
 float *family_grad(const struct family_acts *a, float *grad, int u, int t)
 {
+    if (!grad) /* a frozen unit: no gradient, the kernels compute input gradients only */
+        return NULL;
     return (float *)elem_at(grad, a->m->units[u].tensors[t].offset, (size_t)dtype_size(backend_grad_dtype()));
 }
 

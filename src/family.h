@@ -81,7 +81,8 @@ struct family {
     void (*embed_forward)(struct family_acts *a, const float *unit, float *out);
     void (*embed_backward)(struct family_acts *a, float *grad, const float *dout);
     void (*block_forward)(struct family_acts *a, int layer, const float *unit, const float *x, float *y);
-    /* a->dresid_a holds dL/dy on entry and dL/dx on return. */
+    /* a->dresid_a holds dL/dy on entry and dL/dx on return; grad NULL: the unit is
+     * frozen, only dL/dx is computed (every weight gradient pointer NULL). */
     void (*block_backward)(struct family_acts *a, int layer, const float *unit, float *grad, const float *x);
     /* a->final -> a->norm_out; backward: a->dwork_c -> a->dresid_a (accumulated). */
     void (*norm_forward)(struct family_acts *a, const float *head);
@@ -122,7 +123,8 @@ void family_read_logits(const struct family_acts *a, int row, float *out);
 
 /* ---- for the families ---- */
 
-/* Tensor t of a gathered unit (parameters, [A]) or of a unit gradient buffer ([G]). */
+/* Tensor t of a gathered unit (parameters, [A]) or of a unit gradient buffer ([G]);
+ * NULL for a frozen unit's (grad NULL), which the kernels take as "input gradient only". */
 const float *family_param(const struct family_acts *a, const float *unit, int u, int t);
 float *family_grad(const struct family_acts *a, float *grad, int u, int t);
 /* Floats of the scratch the attention and norm backward kernels share on target t. */
