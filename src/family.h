@@ -19,6 +19,10 @@
  * Backward: the LM head and the head unit, the blocks in segments from the
  *           last (each segment's blocks gathered together, their forward
  *           recomputed from the kept input when checkpointing), embedding.
+ * Frozen units (model.h) open no gradient buffer: the pass has no gradient
+ * events for them and their kernels compute input gradients only. Below the
+ * lowest trained unit the backward stops: those blocks are neither gathered
+ * nor computed, and a frozen untied embedding is not gathered again.
  * A tied embedding stays gathered from the logits to the end of the backward
  * and its gradient buffer stays open through it (the LM head writes it
  * first, the token embedding last); an untied model gathers the embedding

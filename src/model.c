@@ -199,6 +199,55 @@ void model_init_range(const struct model *m, int u, size_t start, size_t count, 
     }
 }
 
+static void freeze_one(struct model *m, const char *item, const char *what)
+{
+    if (strcmp(item, "embedding") == 0) {
+        m->units[0].frozen = true;
+    } else if (strcmp(item, "head") == 0) {
+        m->units[model_head_unit(m)].frozen = true;
+    } else if (strcmp(item, "blocks") == 0) {
+        for (int l = 0; l < m->cfg.n_layer; l++)
+            m->units[model_block_unit(l)].frozen = true;
+    } else {
+        char *end;
+        long u = strtol(item, &end, 10);
+        if (end == item || *end || u < 0 || u >= m->n_units)
+            fail_input("%s: \"%s\" names no unit; give \"embedding\", \"head\", \"blocks\" or unit indices 0..%d, "
+                       "comma-separated",
+                       what, item, m->n_units - 1);
+        m->units[u].frozen = true;
+    }
+}
+
+int model_freeze(struct model *m, const char *spec, const char *what)
+{
+    char item[32];
+    for (const char *p = spec;;) {
+        size_t n = strcspn(p, ",");
+        snprintf(item, sizeof item, "%.*s", (int)(n < sizeof item ? n : sizeof item - 1), p);
+        freeze_one(m, item, what);
+        if (!p[n])
+            break;
+        p += n + 1;
+    }
+    int frozen = 0;
+    for (int u = 0; u < m->n_units; u++)
+        frozen += m->units[u].frozen;
+    if (frozen == m->n_units)
+        fail_input("%s: \"%s\" freezes every unit, which leaves nothing to train; leave one unit trainable", what,
+                   spec);
+    return frozen;
+}
+
+size_t model_frozen_params(const struct model *m)
+{
+    size_t n = 0;
+    for (int u = 0; u < m->n_units; u++)
+        for (int t = 0; m->units[u].frozen && t < m->units[u].n_tensors; t++)
+            n += m->units[u].tensors[t].numel;
+    return n;
+}
+
 bool model_find_tensor(const struct model *m, const char *name, int *unit, int *tensor)
 {
     for (int u = 0; u < m->n_units; u++)

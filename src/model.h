@@ -78,6 +78,7 @@ struct unit_desc {
     int n_tensors;
     struct tensor_desc *tensors;
     size_t numel;              /* elements including alignment gaps */
+    bool frozen;               /* not trained: no gradient, master or optimizer state (zero.h) */
 };
 
 struct model {
@@ -99,6 +100,21 @@ static inline int model_head_unit(const struct model *m) { return m->cfg.n_layer
  * tensor and the element, so any rank can initialise just its shard and every
  * world size starts from the same weights. */
 void model_init_range(const struct model *m, int u, size_t start, size_t count, float *out);
+
+/* Frozen units (DESIGN §11): a frozen unit is sharded and gathered like any
+ * other, but has no gradient, master or optimizer state, and the backward
+ * computes only the input gradients of its layers. model_build trains every
+ * unit; LoRA will freeze the base units beside trainable adapter units.
+ *
+ * model_freeze marks the units that spec names: a comma-separated list of
+ * "embedding", "head", "blocks" (every block) or unit indices. For now its
+ * only caller is the test hook SHARDLM_TEST_FREEZE (train and plan), which
+ * `what` names in errors; a bad spec, or one that leaves nothing to train,
+ * fails with exit status 2. Returns the number of frozen units. */
+int model_freeze(struct model *m, const char *spec, const char *what);
+#define MODEL_TEST_FREEZE_ENV "SHARDLM_TEST_FREEZE"
+/* The parameters (tensor elements) of the frozen units. */
+size_t model_frozen_params(const struct model *m);
 
 /* Finds a tensor by name; returns false when absent. */
 bool model_find_tensor(const struct model *m, const char *name, int *unit, int *tensor);

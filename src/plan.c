@@ -69,7 +69,7 @@ void plan_traffic(const struct model *m, const struct config *cfg, int world, in
         const double shard = padded / N;
         if (r.grad == GRAD_ALLREDUCE) /* all-reduce of the gradients at the boundary: 2 (N-1)/N of the buffer */
             bytes[COMM_ALLREDUCE] += floor(2.0 * (N - 1) * padded * esize / N);
-        else /* reduce-scattered after every micro-batch's backward */
+        else if (r.grad != GRAD_NONE) /* reduce-scattered after every micro-batch's backward; frozen: never */
             bytes[COMM_REDUCE_SCATTER] += accum * (N - 1) * shard * esize;
         if (r.gather_after_step) /* the updated slices gathered after the step */
             bytes[COMM_ALLGATHER] += (N - 1) * shard * esize;

@@ -51,14 +51,14 @@ static void set_mode(struct zero *z, const struct config *cfg, const struct exec
     z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;
 }
 
-/* The sizes of unit u at this world size, and the range this rank's optimizer updates. */
+/* The sizes of unit u at this world size, and the range this rank's optimizer updates (none when frozen). */
 static void size_unit(const struct zero *z, int u, struct zero_unit *zu)
 {
     zu->numel = z->model->units[u].numel;
     zu->padded = round_up(zu->numel, (size_t)z->world * MODEL_TENSOR_ALIGN);
     zu->shard = zu->padded / (size_t)z->world;
     zu->opt_begin = z->stage == 0 ? 0 : (size_t)z->rank * zu->shard;
-    zu->opt_count = z->stage == 0 ? zu->padded : zu->shard;
+    zu->opt_count = z->model->units[u].frozen ? 0 : z->stage == 0 ? zu->padded : zu->shard;
 }
 
 static void own(struct unit_role *r, enum unit_buf b, size_t elems, size_t elem_size, enum buf_class cls)
@@ -67,26 +67,29 @@ static void own(struct unit_role *r, enum unit_buf b, size_t elems, size_t elem_
 }
 
 /* The one place where a unit's buffers, pools and gradient path are decided. */
-static void decide_role(const struct zero *z, const struct config *cfg, const struct zero_unit *zu,
+static void decide_role(const struct zero *z, const struct config *cfg, int u, const struct zero_unit *zu,
                         struct unit_role *r)
 {
     memset(r, 0, sizeof *r);
+    r->trained = !z->model->units[u].frozen;
     /* With offload_param no unit persists: every unit is gathered from its host shards. */
     r->sharded = z->stage == 3 &&
                  (cfg->zero.offload_param || (double)zu->numel > cfg->zero.stage3_param_persistence_threshold);
+    r->pools[POOL_GATHER] = r->sharded;
+    r->pools[POOL_COMPUTE] = z->compute_copies;
+    own(r, UBUF_PARAMS, r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
+    if (!r->trained) /* GRAD_NONE: the parameters alone */
+        return;
     r->gather_after_step = z->stage >= 1 && !r->sharded;
     r->grad = z->stage <= 1         ? GRAD_ALLREDUCE
               : z->half_grad_buffers ? GRAD_RS_HALF
               : z->master_copy       ? GRAD_RS_CAST
                                      : GRAD_RS_FP32;
     const bool reduce_scatter = r->grad != GRAD_ALLREDUCE;
-    r->pools[POOL_GATHER] = r->sharded;
-    r->pools[POOL_COMPUTE] = z->compute_copies;
     r->pools[POOL_GRAD] = reduce_scatter;
     r->pools[POOL_SEND] = r->grad == GRAD_RS_CAST;
 
     const size_t f32 = sizeof(float), d = z->esize;
-    own(r, UBUF_PARAMS, r->sharded ? zu->shard : zu->padded, d, BUF_PARAMS);
     if (z->master_copy)
         own(r, UBUF_MASTER, zu->opt_count, f32, BUF_MASTER);
     own(r, UBUF_ADAM_M, zu->opt_count, f32, BUF_ADAM_M);
@@ -120,7 +123,7 @@ static void layout_units(struct zero *z, const struct config *cfg)
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         size_unit(z, u, zu);
-        decide_role(z, cfg, zu, &zu->role);
+        decide_role(z, cfg, u, zu, &zu->role);
         zu->gather_slot = zu->compute_slot = zu->grad_slot = zu->send_slot = -1;
         for (int set = 0; set < POOL_SETS; set++) {
             struct zero_pool *p = pool(z, set, u);
@@ -137,7 +140,7 @@ void zero_unit_role(const struct model *m, const struct config *cfg, const struc
     set_mode(&z, cfg, t, world);
     struct zero_unit zu;
     size_unit(&z, u, &zu);
-    decide_role(&z, cfg, &zu, role);
+    decide_role(&z, cfg, u, &zu, role);
 }
 
 int zero_pass_gathers(const struct zero_pass *pass, int u)
@@ -358,6 +361,8 @@ static void build_optimizer_tables(struct zero *z, const struct config *cfg)
     for (int u = 0; u < units; u++) {
         struct zero_unit *zu = &z->units[u];
         const struct unit_desc *ud = &z->model->units[u];
+        if (!zu->role.trained)
+            continue;
         void *p = opt_params(z, zu);
         float *master = has_master(zu) ? zu->master : p, *g = opt_grads(zu);
         z->grad_ranges[z->n_grad_ranges] = g;
@@ -626,6 +631,8 @@ float *zero_grad_open(struct zero *z, int u)
 {
     expect_event(z, PASS_GRAD_OPEN, u);
     struct zero_unit *zu = &z->units[u];
+    if (zu->role.grad == GRAD_NONE)
+        fail_internal("pass '%s' opens a gradient buffer for unit %d, which is frozen", z->pass->name, u);
     if (zu->role.grad == GRAD_ALLREDUCE)
         return zu->grads;
     zu->grad_slot = pool_take(z, POOL_GRAD, u);
@@ -641,6 +648,8 @@ void zero_grad_done(struct zero *z, int u)
 {
     expect_event(z, PASS_GRAD_DONE, u);
     struct zero_unit *zu = &z->units[u];
+    if (zu->role.grad == GRAD_NONE)
+        fail_internal("pass '%s' hands back a gradient of unit %d, which is frozen", z->pass->name, u);
     if (zu->role.grad == GRAD_ALLREDUCE)
         return;
     /* At most one reduce-scatter in flight: the previous unit's finishes first. */
@@ -701,7 +710,7 @@ void zero_zero_grads(struct zero *z)
         struct zero_unit *zu = &z->units[u];
         if (zu->role.grad == GRAD_ALLREDUCE) /* a device's host range is overwritten at the boundary */
             backend_zero(zu->grads, zu->padded);
-        else
+        else if (zu->role.grad != GRAD_NONE)
             backend_zero(zu->grad_shard, zu->shard);
     }
 }
@@ -749,7 +758,8 @@ void zero_grad_stats(struct zero *z, bool *overflow, double *norm)
 void zero_inject_inf(struct zero *z)
 {
     const float inf = INFINITY;
-    backend_copy(opt_grads(&z->units[0]), &inf, sizeof inf); /* the gradients may be device memory */
+    /* the first trained unit's first gradient (they may be device memory) */
+    backend_copy((float *)z->grad_ranges[0], &inf, sizeof inf);
     backend_synchronize();
 }
 
@@ -836,6 +846,8 @@ void zero_gather_unit(struct zero *z, int u, float *out)
 void zero_gather_grads(struct zero *z, int u, float *out)
 {
     struct zero_unit *zu = &z->units[u];
+    if (!zu->role.trained)
+        fail_internal("zero_gather_grads: unit %d is frozen and has no gradients", u);
     if (zu->grads)
         backend_copy(out, zu->grads, zu->padded * sizeof *out);
     else

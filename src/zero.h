@@ -36,7 +36,8 @@
  * half-precision activations (backend.h [A]) computes from the unit itself.
  *
  * Each unit's part in all this is decided once, at set-up (struct
- * unit_role, zero_unit_role): whether it is sharded, which buffers it owns
+ * unit_role, zero_unit_role): whether it trains or is frozen (model.h),
+ * whether it is sharded, which buffers it owns
  * (which exist, how large, in which dtype and memory class), which pools it
  * draws from and which way its gradients travel (enum grad_path). The
  * allocation, the memory plan and every step read that decision; none of
@@ -92,7 +93,9 @@ enum zero_pool_set {
 
 /* Which way a unit's gradients travel, from the kernels to the optimizer. */
 enum grad_path {
-    GRAD_ALLREDUCE = 0, /* stages 0-1: whole-unit fp32 gradients accumulated in place over the micro-batches,
+    GRAD_NONE = 0,      /* frozen (model.h): no gradient at all; the pass opens no gradient buffer for the unit,
+                         * the backward computes its layers' input gradients only (backend.h) */
+    GRAD_ALLREDUCE,     /* stages 0-1: whole-unit fp32 gradients accumulated in place over the micro-batches,
                          * all-reduced at the boundary (through a half-precision copy in half precision) */
     GRAD_RS_FP32,       /* stages 2-3, fp32 without a master: a pooled fp32 buffer per micro-batch; this rank's
                          * accumulated shard is added into its slice, and the reduce-scatter writes the new shard */
@@ -120,8 +123,14 @@ struct unit_buffer {
     enum buf_class cls; /* its class in the memory plan; its space is target_space() of the class */
 };
 
-/* What the engine does with one unit, decided once at set-up. */
+/* What the engine does with one unit, decided once at set-up. A frozen unit
+ * (model.h) owns its parameters and nothing else: no master, no Adam state,
+ * no gradient buffer, shard or reduction, no part in the gradient norm or the
+ * optimizer step; at stage 3 it is gathered like any unit (from pinned host
+ * memory with offload_param): for forward, and for backward where the
+ * backward needs its input gradients (family.h). */
 struct unit_role {
+    bool trained;            /* false: frozen */
     bool sharded;            /* stage 3 and not persistent: only this rank's shard is stored */
     bool gather_after_step;  /* stored whole at stages 1-3: the updated slices are all-gathered after each step */
     enum grad_path grad;
@@ -144,7 +153,7 @@ struct zero_unit {
     size_t padded;      /* numel rounded up to a multiple of world * MODEL_TENSOR_ALIGN */
     size_t shard;       /* padded / world */
     struct unit_role role;
-    size_t opt_begin;   /* the range of the unit this rank's optimizer updates */
+    size_t opt_begin;   /* the range of the unit this rank's optimizer updates (count 0: frozen) */
     size_t opt_count;
     void *params;       /* whole unit (replicated) in the parameter dtype, or NULL when sharded */
     void *param_shard;  /* this rank's shard when sharded, parameter dtype */
@@ -271,7 +280,7 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
 
 /* Records each pool's high-water mark as its class's peak in the tracker. */
 void zero_note_pool_peaks(struct zero *z);
-/* Copies the full gradients of unit u into out (all ranks must call; after zero_reduce_grads). */
+/* Copies the full gradients of trained unit u into out (all ranks must call; after zero_reduce_grads). */
 void zero_gather_grads(struct zero *z, int u, float *out);
 
 /* Walks a whole pass without computing: every gather, reduce-scatter and
