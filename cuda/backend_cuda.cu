@@ -438,10 +438,13 @@ extern "C" void backend_matmul_forward_gelu(float *pre, float *out, const float 
     backend_gelu_forward(out, pre, (size_t)N * OC);
 }
 
-/* dweight (C, OC) += inp^T @ dout; dbias (OC) += column sums of dout (skipped when NULL). */
+/* dweight (C, OC) += inp^T @ dout; dbias (OC) += column sums of dout (skipped when NULL); nothing when
+ * dweight is NULL (frozen weights, backend.h). */
 static void weight_and_bias_grad(float *dweight, float *dbias, const float *dout, const float *inp, int N, int C,
                                  int OC)
 {
+    if (!dweight)
+        return;
     if (dbias) {
         if ((size_t)OC > COLSUM_FLOATS)
             fail_internal("a bias of %d elements exceeds the %zu-float column-sum buffer", OC, (size_t)COLSUM_FLOATS);
@@ -491,7 +494,8 @@ extern "C" void backend_matmul_backward_transposed(float *dinp, float *dweight, 
                                                    const float *weight, int N, int C, int OC)
 {
     gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, 1.0f, weight, C, dout, OC, 0.0f, dinp, C, 0);
-    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, 1);
+    if (dweight)
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, 1);
 }
 
 /* ---- layernorm and RMSNorm -------------------------------------------------------------- */
@@ -604,7 +608,8 @@ __global__ static void norm_backward_params(float *partial, const A *dout, const
         partial[(size_t)(chunks + chunk) * C + c] = db;
 }
 
-/* dinp [A] +=, dweight [G] +=, dbias [G] += (layernorm: mean and dbias non-NULL; RMSNorm: both NULL). */
+/* dinp [A] +=, dweight [G] +=, dbias [G] += (layernorm: mean and dbias non-NULL; RMSNorm: both NULL);
+ * dweight NULL (frozen weights): the input gradient only. */
 static void norm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                           const float *weight, const float *mean, const float *rstd, int N, int C)
 {
@@ -613,6 +618,8 @@ static void norm_backward(float *dinp, float *dweight, float *dbias, const float
         norm_backward_input<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
             (A *)dinp, (const A *)dout, (const A *)inp, (const A *)weight, mean, rstd, N, C);
     });
+    if (!dweight)
+        return;
     int chunks = colsum_chunks(N, C, dbias ? 2 : 1);
     dim3 grid((C + BLOCK - 1) / BLOCK, chunks);
     WITH_ACT(norm_backward_params<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, (const A *)inp, mean,

@@ -11,6 +11,9 @@
  *     B batch, T sequence, C channels, NH heads, V real vocabulary,
  *     Vp padded vocabulary, OC output channels;
  *   - weight and bias gradients are accumulated (+=), so micro-batches add up;
+ *   - a NULL weight gradient (the matmuls' and the norms' dweight) means the
+ *     weights are frozen (zero.h): only the input gradient is computed, and
+ *     the bias gradient is skipped with it, whatever dbias is;
  *   - input gradients of matmuls and attention are overwritten; layernorm's
  *     input gradient is accumulated, because its input is the residual stream
  *     whose gradient already holds the skip connection's share.

@@ -92,6 +92,8 @@ void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const fl
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, OC, 1.0f, dout, OC, weight, OC,
                     0.0f, dinp, C);
+    if (!dweight) /* frozen: the input gradient only (backend.h) */
+        return;
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f,
                 dweight, OC);
     if (dbias) {
@@ -133,7 +135,8 @@ void backend_matmul_backward_transposed(float *dinp, float *dweight, const float
     DEVEMU_VIEW(inp);
     DEVEMU_VIEW(weight);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dweight)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
 }
 
 void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -217,7 +220,9 @@ void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const
             }
         }
     }
-    for (int t = 0; t < nthreads; t++)
+    /* the column sums above cost little beside the input gradient; without
+     * dweight (a frozen unit) they are dropped */
+    for (int t = 0; dweight && t < nthreads; t++)
         for (int c = 0; c < C; c++) {
             dweight[c] += partial[(size_t)t * 2 * C + c];
             dbias[c] += partial[(size_t)t * 2 * C + C + c];
@@ -330,7 +335,7 @@ void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, co
                 dx[c] += s * (weight[c] * dy[c] - x[c] * k);
         }
     }
-    for (int t = 0; t < nthreads; t++)
+    for (int t = 0; dweight && t < nthreads; t++)
         for (int c = 0; c < C; c++)
             dweight[c] += partial[(size_t)t * C + c];
 }

@@ -168,6 +168,36 @@ struct checkpoint_config {
     bool export_hf;         /* checkpoint.export_hf: a Hugging Face directory (dir/hf) beside every checkpoint */
 };
 
+/* lora: low-rank adapters on a frozen base (issue 19), PEFT's LoraConfig
+ * meaning: y = W x + (alpha / r) B A dropout(x) on each targeted linear layer,
+ * A (r, in) Kaiming-uniform and B (out, r) zero at the start (PEFT's
+ * init_lora_weights=True), so training starts from the base model's output.
+ * Defaults are PEFT's: r 8, alpha 8, dropout 0, and when target_modules is
+ * not given PEFT's per-architecture default (Llama: q_proj, v_proj; GPT-2:
+ * c_attn). Names are matched as PEFT matches them (model.h,
+ * model_module_matches): "q_proj" adapts every block's q_proj.
+ *
+ * Phase 1: the section is read and validated here, but nothing acts on it
+ * yet; the trainer and `shardlm plan` refuse a config that has it (exit 2)
+ * rather than train the full model. */
+enum lora_init {
+    LORA_INIT_DEFAULT = 0, /* "default": A Kaiming-uniform (a = sqrt(5), as nn.Linear), B zero */
+    LORA_INIT_GAUSSIAN,    /* "gaussian": A normal(0, 1 / r), B zero (PEFT's "gaussian") */
+};
+
+struct lora_config {
+    bool enabled;              /* the config has a lora section */
+    int r;                     /* the adapters' rank */
+    double alpha;              /* lora_alpha: the adapters' output scaled by alpha / r */
+    double dropout;            /* lora_dropout on the adapters' input, in [0, 1) */
+    enum lora_init init;
+    bool all_linear;           /* target_modules "all-linear": every linear layer of the blocks */
+    int n_target_modules;      /* else these names (strings owned by the config's document) */
+    const char **target_modules;
+    int n_modules_to_save;     /* modules trained in full beside the adapters (e.g. lm_head) */
+    const char **modules_to_save;
+};
+
 struct config {
     struct model_config model;
     struct optimizer_config optimizer;
@@ -180,6 +210,7 @@ struct config {
     struct data_config data;
     struct train_config train;
     struct checkpoint_config checkpoint;
+    struct lora_config lora;
 
     /* Batch: any two of the three given; the third derived at resolve time. 0 = not given. */
     int train_batch_size;
@@ -197,6 +228,9 @@ void config_load(struct config *cfg, const char *path, const char *deepspeed_pat
                  const char *const *sets, int n_sets);
 /* Same, from a JSON string (tests). */
 void config_load_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets);
+/* Fails (exit 2) on a section that is read and checked but not implemented
+ * yet: lora (issue 19, phase 1). The trainer and `shardlm plan` call it. */
+void config_check_implemented(const struct config *cfg);
 /* Derives the missing batch number for this world size; inconsistent triples fail. */
 void config_resolve_batch(struct config *cfg, int world);
 /* The resolved configuration as a JSON string (caller frees). */

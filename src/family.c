@@ -25,6 +25,8 @@ const float *family_param(const struct family_acts *a, const float *unit, int u,
 
 float *family_grad(const struct family_acts *a, float *grad, int u, int t)
 {
+    if (!grad) /* a frozen unit: no gradient, the kernels compute input gradients only */
+        return NULL;
     return (float *)elem_at(grad, a->m->units[u].tensors[t].offset, (size_t)dtype_size(backend_grad_dtype()));
 }
 
@@ -207,6 +209,22 @@ static void lm_backward(struct family_acts *a, const float *lm, float *lm_grad_u
                                        a->norm_out, lm, a->B * a->T, m->cfg.n_embd, m->cfg.padded_vocab);
 }
 
+static bool trained(const struct model *m, int u) { return !m->units[u].frozen; }
+
+/* The lowest layer whose backward anything needs: 0 when the embedding
+ * trains (its gradient takes every block's input gradient), else the lowest
+ * trained block; n_layer when no block or embedding trains. Below it the
+ * backward neither gathers nor computes. */
+static int lowest_backward_layer(const struct model *m)
+{
+    if (trained(m, 0))
+        return 0;
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        if (trained(m, model_block_unit(l)))
+            return l;
+    return m->cfg.n_layer;
+}
+
 static void walk_backward(struct walk *w, struct family_acts *a, float dloss_scale)
 {
     const struct model *m = a->m;
@@ -214,20 +232,24 @@ static void walk_backward(struct walk *w, struct family_acts *a, float dloss_sca
     const int L = m->cfg.n_layer, head = model_head_unit(m), N = a->B * a->T;
     const size_t NC = (size_t)N * (size_t)m->cfg.n_embd;
     const bool tied = m->cfg.tied_head;
+    /* a frozen unit (model.h) opens no gradient buffer: its kernels get NULL
+     * and compute input gradients only */
+    const bool emb_trained = trained(m, 0), head_trained = trained(m, head);
 
     if (live(w))
         backend_crossentropy_backward(a->logits, a->dev_targets, dloss_scale, N, m->cfg.vocab_size,
                                       m->cfg.padded_vocab);
     float *emb_grad = NULL;
     if (tied) {
-        emb_grad = grad_open(w, 0);
+        if (emb_trained)
+            emb_grad = grad_open(w, 0);
         if (live(w))
             lm_backward(a, a->head_lm, emb_grad);
         a->head_lm = NULL;
         release(w, 0);
     }
     const float *hp = acquire(w, head);
-    float *hg = grad_open(w, head);
+    float *hg = head_trained ? grad_open(w, head) : NULL;
     if (live(w)) {
         if (!tied)
             lm_backward(a, family_param(a, hp, head, lm_tensor(m)), hg);
@@ -235,14 +257,18 @@ static void walk_backward(struct walk *w, struct family_acts *a, float dloss_sca
         backend_zero(a->dresid_a, (NC * act_size_now() + sizeof(float) - 1) / sizeof(float));
         f->norm_backward(a, hp, hg);
     }
-    grad_done(w, head);
+    if (head_trained)
+        grad_done(w, head);
     release(w, head);
 
     /* Segment by segment, last first: acquire the segment's blocks (recomputing
-     * their forward from the kept input when checkpointing), then backward. */
-    const int k = a->interval > 0 ? a->interval : 1;
+     * their forward from the kept input when checkpointing), then backward,
+     * down to the lowest block anything below the head needs. */
+    const int k = a->interval > 0 ? a->interval : 1, lowest = lowest_backward_layer(m);
     for (int s = n_segments(L, k) - 1; s >= 0; s--) {
         int l0 = s * k, l1 = l0 + k < L ? l0 + k : L;
+        if (l1 <= lowest)
+            break;
         if (live(w) && a->interval)
             family_copy_act(a->work[0], a->ckpt[s], NC);
         for (int l = l0; l < l1; l++) {
@@ -253,15 +279,19 @@ static void walk_backward(struct walk *w, struct family_acts *a, float dloss_sca
             }
         }
         for (int l = l1 - 1; l >= l0; l--) {
-            int u = model_block_unit(l);
-            float *g = grad_open(w, u);
-            if (live(w))
+            const int u = model_block_unit(l);
+            const bool block_trained = trained(m, u), needed = l >= lowest;
+            float *g = needed && block_trained ? grad_open(w, u) : NULL;
+            if (live(w) && needed)
                 f->block_backward(a, l, a->seg_params[l - l0], g, block_in(a, l));
-            grad_done(w, u);
+            if (needed && block_trained)
+                grad_done(w, u);
             release(w, u);
         }
     }
 
+    if (!emb_trained) /* frozen: no gradient to compute, an untied embedding is not even gathered */
+        return;
     if (!tied) {
         acquire(w, 0);
         emb_grad = grad_open(w, 0);

@@ -19,6 +19,10 @@
  * Backward: the LM head and the head unit, the blocks in segments from the
  *           last (each segment's blocks gathered together, their forward
  *           recomputed from the kept input when checkpointing), embedding.
+ * Frozen units (model.h) open no gradient buffer: the pass has no gradient
+ * events for them and their kernels compute input gradients only. Below the
+ * lowest trained unit the backward stops: those blocks are neither gathered
+ * nor computed, and a frozen untied embedding is not gathered again.
  * A tied embedding stays gathered from the logits to the end of the backward
  * and its gradient buffer stays open through it (the LM head writes it
  * first, the token embedding last); an untied model gathers the embedding
@@ -81,7 +85,8 @@ struct family {
     void (*embed_forward)(struct family_acts *a, const float *unit, float *out);
     void (*embed_backward)(struct family_acts *a, float *grad, const float *dout);
     void (*block_forward)(struct family_acts *a, int layer, const float *unit, const float *x, float *y);
-    /* a->dresid_a holds dL/dy on entry and dL/dx on return. */
+    /* a->dresid_a holds dL/dy on entry and dL/dx on return; grad NULL: the unit is
+     * frozen, only dL/dx is computed (every weight gradient pointer NULL). */
     void (*block_backward)(struct family_acts *a, int layer, const float *unit, float *grad, const float *x);
     /* a->final -> a->norm_out; backward: a->dwork_c -> a->dresid_a (accumulated). */
     void (*norm_forward)(struct family_acts *a, const float *head);
@@ -122,7 +127,8 @@ void family_read_logits(const struct family_acts *a, int row, float *out);
 
 /* ---- for the families ---- */
 
-/* Tensor t of a gathered unit (parameters, [A]) or of a unit gradient buffer ([G]). */
+/* Tensor t of a gathered unit (parameters, [A]) or of a unit gradient buffer ([G]);
+ * NULL for a frozen unit's (grad NULL), which the kernels take as "input gradient only". */
 const float *family_param(const struct family_acts *a, const float *unit, int u, int t);
 float *family_grad(const struct family_acts *a, float *grad, int u, int t);
 /* Floats of the scratch the attention and norm backward kernels share on target t. */

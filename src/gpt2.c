@@ -178,7 +178,10 @@ static void gpt2_block_backward(struct family_acts *fa, int l, const float *unit
     struct block_params p;
     struct block_grads g;
     BLOCK_VIEW(p, unit, ud, (size_t)dtype_size(backend_act_dtype()));
-    BLOCK_VIEW(g, grad, ud, (size_t)dtype_size(backend_grad_dtype()));
+    if (grad)
+        BLOCK_VIEW(g, grad, ud, (size_t)dtype_size(backend_grad_dtype()));
+    else /* frozen: the kernels take NULL weight gradients as "input gradient only" */
+        memset(&g, 0, sizeof g);
     block_backward(m, &p, &g, &a->sets[l % fa->n_sets], x, fa, fa->B, fa->T);
 }
 

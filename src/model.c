@@ -199,6 +199,55 @@ void model_init_range(const struct model *m, int u, size_t start, size_t count, 
     }
 }
 
+static void freeze_one(struct model *m, const char *item, const char *what)
+{
+    if (strcmp(item, "embedding") == 0) {
+        m->units[0].frozen = true;
+    } else if (strcmp(item, "head") == 0) {
+        m->units[model_head_unit(m)].frozen = true;
+    } else if (strcmp(item, "blocks") == 0) {
+        for (int l = 0; l < m->cfg.n_layer; l++)
+            m->units[model_block_unit(l)].frozen = true;
+    } else {
+        char *end;
+        long u = strtol(item, &end, 10);
+        if (end == item || *end || u < 0 || u >= m->n_units)
+            fail_input("%s: \"%s\" names no unit; give \"embedding\", \"head\", \"blocks\" or unit indices 0..%d, "
+                       "comma-separated",
+                       what, item, m->n_units - 1);
+        m->units[u].frozen = true;
+    }
+}
+
+int model_freeze(struct model *m, const char *spec, const char *what)
+{
+    char item[32];
+    for (const char *p = spec;;) {
+        size_t n = strcspn(p, ",");
+        snprintf(item, sizeof item, "%.*s", (int)(n < sizeof item ? n : sizeof item - 1), p);
+        freeze_one(m, item, what);
+        if (!p[n])
+            break;
+        p += n + 1;
+    }
+    int frozen = 0;
+    for (int u = 0; u < m->n_units; u++)
+        frozen += m->units[u].frozen;
+    if (frozen == m->n_units)
+        fail_input("%s: \"%s\" freezes every unit, which leaves nothing to train; leave one unit trainable", what,
+                   spec);
+    return frozen;
+}
+
+size_t model_frozen_params(const struct model *m)
+{
+    size_t n = 0;
+    for (int u = 0; u < m->n_units; u++)
+        for (int t = 0; m->units[u].frozen && t < m->units[u].n_tensors; t++)
+            n += m->units[u].tensors[t].numel;
+    return n;
+}
+
 bool model_find_tensor(const struct model *m, const char *name, int *unit, int *tensor)
 {
     for (int u = 0; u < m->n_units; u++)
@@ -209,6 +258,65 @@ bool model_find_tensor(const struct model *m, const char *name, int *unit, int *
                 return true;
             }
     return false;
+}
+
+/* Length of the module part of a tensor name (up to its last dot). */
+static size_t module_length(const char *tensor_name)
+{
+    const char *dot = strrchr(tensor_name, '.');
+    return dot ? (size_t)(dot - tensor_name) : strlen(tensor_name);
+}
+
+static bool in_set(const struct unit_desc *ud, const struct tensor_desc *td, enum model_modules set)
+{
+    /* a block's 2-D tensors are exactly its linear layers' weights, in both families */
+    return set == MODEL_MODULES_ALL || (ud->kind == UNIT_BLOCK && td->ndim == 2);
+}
+
+bool model_module_matches(const struct model *m, const char *name, enum model_modules set)
+{
+    const size_t n = strlen(name);
+    if (n == 0)
+        return false;
+    for (int u = 0; u < m->n_units; u++)
+        for (int t = 0; t < m->units[u].n_tensors; t++) {
+            const struct tensor_desc *td = &m->units[u].tensors[t];
+            const size_t len = module_length(td->name);
+            if (!in_set(&m->units[u], td, set) || n > len || memcmp(td->name + len - n, name, n) != 0)
+                continue;
+            if (n == len || td->name[len - n - 1] == '.')
+                return true;
+        }
+    return false;
+}
+
+/* Whether the ", "-separated list holds word. */
+static bool listed(const char *list, const char *word)
+{
+    const size_t n = strlen(word);
+    for (const char *p = list; (p = strstr(p, word)) != NULL; p++)
+        if ((p == list || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0'))
+            return true;
+    return false;
+}
+
+void model_module_names(const struct model *m, enum model_modules set, char *out, size_t cap)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int u = 0; u < m->n_units; u++)
+        for (int t = 0; t < m->units[u].n_tensors; t++) {
+            const struct tensor_desc *td = &m->units[u].tensors[t];
+            if (!in_set(&m->units[u], td, set))
+                continue;
+            size_t end = module_length(td->name), begin = end;
+            while (begin > 0 && td->name[begin - 1] != '.')
+                begin--;
+            char word[MODEL_MAX_NAME];
+            snprintf(word, sizeof word, "%.*s", (int)(end - begin), td->name + begin);
+            if (!listed(out, word) && used < cap)
+                used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? ", " : "", word);
+        }
 }
 
 double model_flops_per_token(const struct model *m, int seq_len)

@@ -78,6 +78,7 @@ struct unit_desc {
     int n_tensors;
     struct tensor_desc *tensors;
     size_t numel;              /* elements including alignment gaps */
+    bool frozen;               /* not trained: no gradient, master or optimizer state (zero.h) */
 };
 
 struct model {
@@ -100,8 +101,36 @@ static inline int model_head_unit(const struct model *m) { return m->cfg.n_layer
  * world size starts from the same weights. */
 void model_init_range(const struct model *m, int u, size_t start, size_t count, float *out);
 
+/* Frozen units (DESIGN §11): a frozen unit is sharded and gathered like any
+ * other, but has no gradient, master or optimizer state, and the backward
+ * computes only the input gradients of its layers. model_build trains every
+ * unit; LoRA will freeze the base units beside trainable adapter units.
+ *
+ * model_freeze marks the units that spec names: a comma-separated list of
+ * "embedding", "head", "blocks" (every block) or unit indices. For now its
+ * only caller is the test hook SHARDLM_TEST_FREEZE (train and plan), which
+ * `what` names in errors; a bad spec, or one that leaves nothing to train,
+ * fails with exit status 2. Returns the number of frozen units. */
+int model_freeze(struct model *m, const char *spec, const char *what);
+#define MODEL_TEST_FREEZE_ENV "SHARDLM_TEST_FREEZE"
+/* The parameters (tensor elements) of the frozen units. */
+size_t model_frozen_params(const struct model *m);
+
 /* Finds a tensor by name; returns false when absent. */
 bool model_find_tensor(const struct model *m, const char *name, int *unit, int *tensor);
+
+/* Modules, as PEFT names them: a tensor's module is its name without the
+ * last component ("model.layers.3.self_attn.q_proj" holds q_proj.weight). */
+enum model_modules {
+    MODEL_MODULES_ALL,          /* every module with parameters */
+    MODEL_MODULES_BLOCK_LINEAR, /* the linear layers of the blocks (LoRA's targets) */
+};
+/* Whether name matches some module of the set as PEFT matches target_modules
+ * and modules_to_save (peft/tuners/tuners_utils.py check_target_module_exists):
+ * the module's whole name, or its end after a dot ("q_proj", "self_attn.q_proj"). */
+bool model_module_matches(const struct model *m, const char *name, enum model_modules set);
+/* The distinct last components of the set's module names, ", "-separated, for messages. */
+void model_module_names(const struct model *m, enum model_modules set, char *out, size_t cap);
 
 /* Model FLOPs per token for forward+backward (6N + attention), as in the PaLM MFU definition. */
 double model_flops_per_token(const struct model *m, int seq_len);

@@ -58,21 +58,25 @@ void plan_traffic(const struct model *m, const struct config *cfg, int world, in
 {
     memset(bytes, 0, COMM_KINDS * sizeof *bytes);
     const double N = world, esize = dtype_size(cfg->dtype);
-    const int stage = cfg->zero.stage;
+    /* the units' roles decide the traffic whatever the target; the train pass says how often each is gathered */
+    const struct exec_target t = target_running();
+    struct zero_pass train, eval;
+    family_build_passes(m, plan_ckpt_interval(cfg), &train, &eval);
     for (int u = 0; u < m->n_units; u++) {
-        const size_t numel = m->units[u].numel;
-        const double padded = (double)round_up(numel, (size_t)world * MODEL_TENSOR_ALIGN), shard = padded / N;
-        const bool sharded = stage == 3 &&
-                             (cfg->zero.offload_param || (double)numel > cfg->zero.stage3_param_persistence_threshold);
-        if (stage <= 1) /* all-reduce of the gradients at the boundary: 2 (N-1)/N of the buffer */
+        struct unit_role r;
+        zero_unit_role(m, cfg, &t, world, u, &r);
+        const double padded = (double)round_up(m->units[u].numel, (size_t)world * MODEL_TENSOR_ALIGN);
+        const double shard = padded / N;
+        if (r.grad == GRAD_ALLREDUCE) /* all-reduce of the gradients at the boundary: 2 (N-1)/N of the buffer */
             bytes[COMM_ALLREDUCE] += floor(2.0 * (N - 1) * padded * esize / N);
-        if (stage == 1 || (stage >= 2 && !sharded)) /* the updated slices gathered after the step */
-            bytes[COMM_ALLGATHER] += (N - 1) * shard * esize;
-        if (stage >= 2)
+        else if (r.grad != GRAD_NONE) /* reduce-scattered after every micro-batch's backward; frozen: never */
             bytes[COMM_REDUCE_SCATTER] += accum * (N - 1) * shard * esize;
-        if (sharded) /* gathered for forward and again for backward, every micro-batch */
-            bytes[COMM_ALLGATHER] += 2.0 * accum * (N - 1) * shard * esize;
+        if (r.gather_after_step) /* the updated slices gathered after the step */
+            bytes[COMM_ALLGATHER] += (N - 1) * shard * esize;
+        if (r.sharded) /* gathered wherever the pass acquires it unheld: for forward and again for backward */
+            bytes[COMM_ALLGATHER] += zero_pass_gathers(&train, u) * accum * (N - 1) * shard * esize;
     }
+    family_free_passes(&train, &eval);
 }
 
 /* ---- sizes ---------------------------------------------------------------------- */

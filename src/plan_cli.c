@@ -134,6 +134,8 @@ static void print_model(const struct model *m)
            c->preset[0] ? c->preset : "", c->preset[0] ? " (" : "", c->type, c->preset[0] ? ")" : "", c->n_layer,
            c->n_embd, c->n_head, kv, c->ffn_dim, c->mlp == MLP_SWIGLU ? "SwiGLU" : "GELU", c->vocab_size,
            c->padded_vocab, c->n_positions, c->tied_head ? "tied" : "untied", m->n_params, (double)m->n_params / 1e9);
+    if (model_frozen_params(m))
+        printf("frozen: %zu parameters (no gradients, master weights or Adam state)\n", model_frozen_params(m));
 }
 
 static void print_settings(const struct config *cfg, const struct plan_options *o)
@@ -551,6 +553,7 @@ int cmd_plan(int argc, char **argv)
         config_load(&cfg, deepspeed, NULL, sets, n_sets);
     else
         config_load_string(&cfg, "{}", sets, n_sets);
+    config_check_implemented(&cfg);
     if (cfg.train_batch_size == 0 && cfg.micro_batch == 0)
         cfg.micro_batch = 1;
     config_resolve_batch(&cfg, o.ranks);
@@ -559,6 +562,9 @@ int cmd_plan(int argc, char **argv)
                    "DeepSpeed); raise the stage or set offload_optimizer.device to \"none\"");
     struct model m;
     model_build(&m, &cfg.model);
+    const char *freeze = getenv(MODEL_TEST_FREEZE_ENV); /* the trainer's test hook, planned the same way */
+    if (freeze && *freeze)
+        model_freeze(&m, freeze, MODEL_TEST_FREEZE_ENV);
     print_model(&m);
     int status = EXIT_OK;
     if (o.fit)

@@ -20,8 +20,6 @@ static const enum buf_class pool_class[POOL_SETS] = {
 
 static int kind_of(const struct model *m, int u) { return (int)m->units[u].kind; }
 
-static size_t f32_bytes(size_t n) { return arena_round(n * sizeof(float)); }
-
 static size_t d_bytes(const struct zero *z, size_t n) { return arena_round(n * z->esize); }
 
 static struct zero_pool *pool(struct zero *z, enum zero_pool_set set, int u)
@@ -33,7 +31,85 @@ static void *slot_ptr(struct zero_pool *p, int slot) { return p->slots[slot]; }
 
 static void *elem(void *base, size_t i, size_t esize) { return (char *)base + i * esize; }
 
-/* ---- layout ---------------------------------------------------------------- */
+/* ---- the engine's mode and each unit's role ------------------------------------ */
+
+/* The decisions that hold for every unit: the stage, the precision and where
+ * the backend computes. */
+static void set_mode(struct zero *z, const struct config *cfg, const struct exec_target *t, int world)
+{
+    z->stage = cfg->zero.stage;
+    z->world = world;
+    z->dtype = cfg->dtype;
+    z->esize = (size_t)dtype_size(cfg->dtype);
+    z->half = cfg->dtype != DTYPE_F32;
+    z->compute_copies = z->half && t->act == DTYPE_F32;
+    z->half_grad_buffers = z->half && t->device && t->act != DTYPE_F32 && cfg->zero.stage >= 2;
+    z->device = t->device;
+    z->params_offloaded = target_space(t, cfg, BUF_PARAMS) != SPACE_DEVICE;
+    z->optimizer_on_host = z->device && target_space(t, cfg, BUF_MASTER) != SPACE_DEVICE;
+    z->master_copy = z->half || cfg->zero.offload_optimizer;
+    z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;
+}
+
+/* The sizes of unit u at this world size, and the range this rank's optimizer updates (none when frozen). */
+static void size_unit(const struct zero *z, int u, struct zero_unit *zu)
+{
+    zu->numel = z->model->units[u].numel;
+    zu->padded = round_up(zu->numel, (size_t)z->world * MODEL_TENSOR_ALIGN);
+    zu->shard = zu->padded / (size_t)z->world;
+    zu->opt_begin = z->stage == 0 ? 0 : (size_t)z->rank * zu->shard;
+    zu->opt_count = z->model->units[u].frozen ? 0 : z->stage == 0 ? zu->padded : zu->shard;
+}
+
+static void own(struct unit_role *r, enum unit_buf b, size_t elems, size_t elem_size, enum buf_class cls)
+{
+    r->buf[b] = (struct unit_buffer){elems, elem_size, cls};
+}
+
+/* The one place where a unit's buffers, pools and gradient path are decided. */
+static void decide_role(const struct zero *z, const struct config *cfg, int u, const struct zero_unit *zu,
+                        struct unit_role *r)
+{
+    memset(r, 0, sizeof *r);
+    r->trained = !z->model->units[u].frozen;
+    /* With offload_param no unit persists: every unit is gathered from its host shards. */
+    r->sharded = z->stage == 3 &&
+                 (cfg->zero.offload_param || (double)zu->numel > cfg->zero.stage3_param_persistence_threshold);
+    r->pools[POOL_GATHER] = r->sharded;
+    r->pools[POOL_COMPUTE] = z->compute_copies;
+    own(r, UBUF_PARAMS, r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
+    if (!r->trained) /* GRAD_NONE: the parameters alone */
+        return;
+    r->gather_after_step = z->stage >= 1 && !r->sharded;
+    r->grad = z->stage <= 1         ? GRAD_ALLREDUCE
+              : z->half_grad_buffers ? GRAD_RS_HALF
+              : z->master_copy       ? GRAD_RS_CAST
+                                     : GRAD_RS_FP32;
+    const bool reduce_scatter = r->grad != GRAD_ALLREDUCE;
+    r->pools[POOL_GRAD] = reduce_scatter;
+    r->pools[POOL_SEND] = r->grad == GRAD_RS_CAST;
+
+    const size_t f32 = sizeof(float), d = z->esize;
+    if (z->master_copy)
+        own(r, UBUF_MASTER, zu->opt_count, f32, BUF_MASTER);
+    own(r, UBUF_ADAM_M, zu->opt_count, f32, BUF_ADAM_M);
+    own(r, UBUF_ADAM_V, zu->opt_count, f32, BUF_ADAM_V);
+    /* the fp32 gradients the optimizer reads are "fp32 gradients" beside a master, else the gradient shard */
+    const enum buf_class fp32_grads = z->master_copy ? BUF_FP32_GRADS : BUF_GRADS;
+    if (reduce_scatter) {
+        own(r, UBUF_GRAD_SHARD, zu->shard, f32, fp32_grads);
+    } else if (z->optimizer_on_host) {
+        /* the kernels accumulate on the device; the optimizer reads its range from the host */
+        own(r, UBUF_GRADS, zu->padded, f32, BUF_GRADS);
+        if (z->half)
+            own(r, UBUF_GRADS_COMM, zu->padded, d, BUF_GRADS);
+        own(r, UBUF_GRAD_SHARD, zu->opt_count, f32, BUF_FP32_GRADS);
+    } else {
+        own(r, UBUF_GRADS, zu->padded, f32, fp32_grads);
+        if (z->master_copy)
+            own(r, UBUF_GRADS_COMM, zu->padded, d, BUF_GRADS);
+    }
+}
 
 static void layout_units(struct zero *z, const struct config *cfg)
 {
@@ -46,32 +122,38 @@ static void layout_units(struct zero *z, const struct config *cfg)
     }
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
-        zu->numel = m->units[u].numel;
-        zu->padded = round_up(zu->numel, (size_t)z->world * MODEL_TENSOR_ALIGN);
-        zu->shard = zu->padded / (size_t)z->world;
-        /* With offload_param no unit persists: every unit is gathered from its host shards. */
-        zu->sharded = z->stage == 3 &&
-                      (cfg->zero.offload_param || (double)zu->numel > cfg->zero.stage3_param_persistence_threshold);
-        if (z->stage == 0) {
-            zu->opt_begin = 0;
-            zu->opt_count = zu->padded;
-        } else {
-            zu->opt_begin = (size_t)z->rank * zu->shard;
-            zu->opt_count = zu->shard;
-        }
+        size_unit(z, u, zu);
+        decide_role(z, cfg, u, zu, &zu->role);
         zu->gather_slot = zu->compute_slot = zu->grad_slot = zu->send_slot = -1;
-        bool used[POOL_SETS] = {
-            [POOL_GATHER] = zu->sharded,
-            [POOL_COMPUTE] = z->compute_copies,
-            [POOL_GRAD] = z->stage >= 2,
-            [POOL_SEND] = z->stage >= 2 && z->master_copy && !z->half_grad_buffers,
-        };
         for (int set = 0; set < POOL_SETS; set++) {
             struct zero_pool *p = pool(z, set, u);
-            if (used[set] && zu->padded > p->slot_elems)
+            if (zu->role.pools[set] && zu->padded > p->slot_elems)
                 p->slot_elems = zu->padded;
         }
     }
+}
+
+void zero_unit_role(const struct model *m, const struct config *cfg, const struct exec_target *t, int world, int u,
+                    struct unit_role *role)
+{
+    struct zero z = {.model = m};
+    set_mode(&z, cfg, t, world);
+    struct zero_unit zu;
+    size_unit(&z, u, &zu);
+    decide_role(&z, cfg, u, &zu, role);
+}
+
+int zero_pass_gathers(const struct zero_pass *pass, int u)
+{
+    int held = 0, gathers = 0;
+    for (int e = 0; e < pass->n_events; e++) {
+        const struct pass_event *ev = &pass->events[e];
+        if (ev->unit == u && ev->kind == PASS_ACQUIRE && held++ == 0)
+            gathers++;
+        else if (ev->unit == u && ev->kind == PASS_RELEASE)
+            held--;
+    }
+    return gathers;
 }
 
 /* ---- pools ------------------------------------------------------------------ */
@@ -133,13 +215,21 @@ static bool pool_has_free(struct zero *z, enum zero_pool_set set, int unit)
 
 /* ---- init ------------------------------------------------------------------ */
 
-static size_t largest_shard(const struct zero *z)
+/* Stages 2-3 with a master: one buffer receives every reduce-scatter (at most
+ * one is in flight) before its result is added into the fp32 shard; it holds
+ * the largest shard of the units that reduce through it (0: none does). */
+static size_t receive_elems(const struct zero *z)
 {
     size_t largest = 0;
-    for (int u = 0; u < z->model->n_units; u++)
-        largest = z->units[u].shard > largest ? z->units[u].shard : largest;
+    for (int u = 0; u < z->model->n_units; u++) {
+        const struct zero_unit *zu = &z->units[u];
+        if ((zu->role.grad == GRAD_RS_CAST || zu->role.grad == GRAD_RS_HALF) && zu->shard > largest)
+            largest = zu->shard;
+    }
     return largest;
 }
+
+static bool has_master(const struct zero_unit *zu) { return zu->role.buf[UBUF_MASTER].elems > 0; }
 
 /* The initial fp32 values of unit u's elements [begin, begin + count) (host
  * memory): from the source, or the seeded init. A unit every rank holds whole
@@ -152,7 +242,7 @@ static void initial_values(struct zero *z, const struct param_source *src, int u
         model_init_range(z->model, u, begin, count, out);
         return;
     }
-    if (zu->sharded || z->world == 1) {
+    if (zu->role.sharded || z->world == 1) {
         src->read(src->ctx, u, begin, count, out);
         return;
     }
@@ -203,8 +293,8 @@ static bool init_params_as_stored(struct zero *z, const struct param_source *src
     void *raw = z->device ? cast : dst;
     const bool master_on_device = z->device && !z->optimizer_on_host;
     struct widen w = {z, zu, raw, begin, master_on_device ? scratch : zu->master, zu->opt_begin};
-    void (*landed)(void *, size_t) = z->master_copy ? widen_landed : NULL;
-    if (zu->sharded || z->world == 1) {
+    void (*landed)(void *, size_t) = has_master(zu) ? widen_landed : NULL;
+    if (zu->role.sharded || z->world == 1) {
         if (!src->read_as(src->ctx, u, begin, count, z->dtype, raw, landed, &w))
             return false;
     } else { /* 1/N each, all-gathered in the parameter dtype */
@@ -220,7 +310,7 @@ static bool init_params_as_stored(struct zero *z, const struct param_source *src
     }
     if (z->device)
         backend_copy(dst, raw, count * z->esize);
-    if (!z->master_copy)
+    if (!has_master(zu))
         return true;
     widen_to(&w, zu->opt_begin + zu->opt_count); /* what the read's progress did not reach (beyond this rank's 1/N) */
     if (master_on_device)
@@ -232,23 +322,24 @@ static bool init_params_as_stored(struct zero *z, const struct param_source *src
 static void init_params(struct zero *z, const struct param_source *src, int u, float *scratch, void *cast)
 {
     struct zero_unit *zu = &z->units[u];
-    size_t begin = zu->sharded ? zu->opt_begin : 0, count = zu->sharded ? zu->shard : zu->padded;
-    void *dst = zu->sharded ? zu->param_shard : zu->params;
+    size_t begin = zu->role.sharded ? zu->opt_begin : 0, count = zu->role.sharded ? zu->shard : zu->padded;
+    void *dst = zu->role.sharded ? zu->param_shard : zu->params;
     if (src && src->read_as && init_params_as_stored(z, src, u, begin, count, dst, scratch, cast))
         return;
-    if (!z->master_copy && !z->device) {
+    const bool master = has_master(zu);
+    if (!master && !z->half && !z->device) {
         initial_values(z, src, u, begin, count, dst);
         return;
     }
     initial_values(z, src, u, begin, count, scratch);
-    if (!z->master_copy) { /* fp32 on a device: the parameters are the master */
+    if (!master && !z->half) { /* fp32 on a device: the parameters are the master */
         backend_copy(dst, scratch, count * sizeof(float));
         return;
     }
     dtype_convert(cast, z->dtype, scratch, DTYPE_F32, count);
     backend_copy(dst, cast, count * z->esize);
-    /* the master may be device memory */
-    backend_copy(zu->master, scratch + (zu->opt_begin - begin), zu->opt_count * sizeof(float));
+    if (master) /* the master may be device memory */
+        backend_copy(zu->master, scratch + (zu->opt_begin - begin), zu->opt_count * sizeof(float));
 }
 
 static float *opt_grads(struct zero_unit *zu);
@@ -270,10 +361,12 @@ static void build_optimizer_tables(struct zero *z, const struct config *cfg)
     for (int u = 0; u < units; u++) {
         struct zero_unit *zu = &z->units[u];
         const struct unit_desc *ud = &z->model->units[u];
+        if (!zu->role.trained)
+            continue;
         void *p = opt_params(z, zu);
-        float *master = z->master_copy ? zu->master : p, *g = opt_grads(zu);
-        z->grad_ranges[u] = g;
-        z->grad_counts[u] = zu->opt_count;
+        float *master = has_master(zu) ? zu->master : p, *g = opt_grads(zu);
+        z->grad_ranges[z->n_grad_ranges] = g;
+        z->grad_counts[z->n_grad_ranges++] = zu->opt_count;
         const size_t r0 = zu->opt_begin, r1 = zu->opt_begin + zu->opt_count;
         for (int t = 0; t < ud->n_tensors; t++) {
             const struct tensor_desc *td = &ud->tensors[t];
@@ -287,7 +380,7 @@ static void build_optimizer_tables(struct zero *z, const struct config *cfg)
                 .m = zu->adam_m + off,
                 .v = zu->adam_v + off,
                 .grad = g + off,
-                .param_out = z->master_copy && !z->optimizer_on_host ? elem(p, off, z->esize) : NULL,
+                .param_out = has_master(zu) && !z->optimizer_on_host ? elem(p, off, z->esize) : NULL,
                 .n = hi - lo,
                 .weight_decay = td->decay ? cfg->optimizer.weight_decay : 0.0f,
             };
@@ -303,20 +396,9 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     memset(z, 0, sizeof *z);
     z->model = m;
     z->comm = comm;
-    z->stage = cfg->zero.stage;
     z->rank = rank;
-    z->world = world;
     z->dry = dry;
-    z->dtype = cfg->dtype;
-    z->esize = (size_t)dtype_size(cfg->dtype);
-    z->half = cfg->dtype != DTYPE_F32;
-    z->compute_copies = z->half && t->act == DTYPE_F32;
-    z->half_grad_buffers = z->half && t->device && t->act != DTYPE_F32 && cfg->zero.stage >= 2;
-    z->device = t->device;
-    z->params_offloaded = target_space(t, cfg, BUF_PARAMS) != SPACE_DEVICE;
-    z->optimizer_on_host = z->device && target_space(t, cfg, BUF_MASTER) != SPACE_DEVICE;
-    z->master_copy = z->half || cfg->zero.offload_optimizer;
-    z->comm_dtype = cfg->dtype == DTYPE_F16 ? COMM_U16_SUM_F16 : cfg->dtype == DTYPE_BF16 ? COMM_U16_SUM_BF16 : COMM_F32;
+    set_mode(z, cfg, t, world);
     z->prefetch_elems = cfg->zero.stage3_prefetch_bucket_size;
     z->max_live_elems = cfg->zero.stage3_max_live_parameters;
     z->mem = mem;
@@ -327,45 +409,33 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
         return;
 
     struct arena *dev = &arenas[SPACE_DEVICE];
-    struct arena *opt = &arenas[target_space(t, cfg, BUF_ADAM_M)];
-    struct arena *param_arena = &arenas[target_space(t, cfg, BUF_PARAMS)];
     size_t largest = 0;
     for (int u = 0; u < m->n_units; u++)
         largest = z->units[u].padded > largest ? z->units[u].padded : largest;
     float *scratch = z->master_copy || z->device ? xcalloc(largest, sizeof *scratch) : NULL;
     void *cast = z->master_copy ? xcalloc(largest, z->esize) : NULL;
-    /* Stages 2-3 with a master copy: one buffer receives every reduce-scatter
-     * (at most one is in flight) before its result is added into the fp32 shard. */
-    void *grad_recv = z->stage >= 2 && z->master_copy
-                          ? arena_alloc(dev, mem, BUF_GRADS, largest_shard(z) * z->esize, 1) : NULL;
+    const size_t recv = receive_elems(z);
+    void *grad_recv = recv ? arena_alloc(dev, mem, BUF_GRADS, recv * z->esize, 1) : NULL;
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
-        if (zu->sharded)
-            zu->param_shard = arena_alloc(param_arena, mem, BUF_PARAMS, zu->shard * z->esize, 1);
-        else
-            zu->params = arena_alloc(param_arena, mem, BUF_PARAMS, zu->padded * z->esize, 1);
-        if (z->master_copy)
-            zu->master = arena_alloc(&arenas[target_space(t, cfg, BUF_MASTER)], mem, BUF_MASTER,
-                                     zu->opt_count * sizeof(float), 1);
-        if (z->stage <= 1 && z->optimizer_on_host) {
-            /* the kernels accumulate on the device; the optimizer reads its range from the host */
-            zu->grads = arena_alloc(dev, mem, BUF_GRADS, zu->padded * sizeof(float), 1);
-            if (z->half)
-                zu->grads_comm = arena_alloc(dev, mem, BUF_GRADS, zu->padded * z->esize, 1);
-            zu->grad_shard = arena_alloc(&arenas[target_space(t, cfg, BUF_FP32_GRADS)], mem, BUF_FP32_GRADS,
-                                         zu->opt_count * sizeof(float), 1);
-        } else if (z->stage <= 1) {
-            zu->grads = arena_alloc(&arenas[target_space(t, cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
-                                    z->master_copy ? BUF_FP32_GRADS : BUF_GRADS, zu->padded * sizeof(float), 1);
-            if (z->master_copy)
-                zu->grads_comm = arena_alloc(dev, mem, BUF_GRADS, zu->padded * z->esize, 1);
-        } else {
-            zu->grad_shard = arena_alloc(&arenas[target_space(t, cfg, z->master_copy ? BUF_FP32_GRADS : BUF_GRADS)], mem,
-                                         z->master_copy ? BUF_FP32_GRADS : BUF_GRADS, zu->shard * sizeof(float), 1);
-            zu->grad_recv = grad_recv;
+        void *own[UBUF_COUNT] = {0};
+        for (int b = 0; b < UBUF_COUNT; b++) {
+            const struct unit_buffer *ub = &zu->role.buf[b];
+            if (ub->elems)
+                own[b] = arena_alloc(&arenas[target_space(t, cfg, ub->cls)], mem, ub->cls, ub->elems * ub->elem_size, 1);
         }
-        zu->adam_m = arena_alloc(opt, mem, BUF_ADAM_M, zu->opt_count * sizeof(float), 1);
-        zu->adam_v = arena_alloc(opt, mem, BUF_ADAM_V, zu->opt_count * sizeof(float), 1);
+        if (zu->role.sharded)
+            zu->param_shard = own[UBUF_PARAMS];
+        else
+            zu->params = own[UBUF_PARAMS];
+        zu->master = own[UBUF_MASTER];
+        zu->grads = own[UBUF_GRADS];
+        zu->grads_comm = own[UBUF_GRADS_COMM];
+        zu->grad_shard = own[UBUF_GRAD_SHARD];
+        zu->adam_m = own[UBUF_ADAM_M];
+        zu->adam_v = own[UBUF_ADAM_V];
+        if (zu->role.grad == GRAD_RS_CAST || zu->role.grad == GRAD_RS_HALF)
+            zu->grad_recv = grad_recv;
         init_params(z, src, u, scratch, cast);
     }
     free(scratch);
@@ -451,7 +521,7 @@ static void prefetch(struct zero *z)
         if (ev->kind != PASS_ACQUIRE)
             continue;
         struct zero_unit *zu = &z->units[ev->unit];
-        if (!zu->sharded)
+        if (!zu->role.sharded)
             continue;
         if (zu->gather_slot >= 0) {
             if (zu->refs == 0)
@@ -487,14 +557,14 @@ static void finish_reduce_scatter(struct zero *z)
     struct zero_unit *zu = &z->units[u];
     if (!z->dry) {
         comm_wait(z->comm, &zu->rs_req);
-        if (z->half)
+        if (zu->role.grad != GRAD_RS_FP32 && z->half)
             backend_add_to_f32(zu->grad_shard, zu->grad_recv, z->dtype, zu->shard);
-        else if (z->master_copy) /* fp32 offload: the result already holds the accumulated shard; a
-                                  * device moves it to host memory on its copy stream */
+        else if (zu->role.grad != GRAD_RS_FP32) /* fp32 offload: the result already holds the accumulated
+                                                 * shard; a device moves it to host memory on its copy stream */
             backend_convert(zu->grad_shard, DTYPE_F32, zu->grad_recv, DTYPE_F32, zu->shard);
     }
     zu->rs_pending = false;
-    if (z->master_copy && !z->half_grad_buffers)
+    if (zu->role.grad == GRAD_RS_CAST)
         pool_give(z, POOL_SEND, u, &zu->send_slot);
     else
         pool_give(z, POOL_GRAD, u, &zu->grad_slot);
@@ -518,11 +588,11 @@ const float *zero_acquire(struct zero *z, int u)
 {
     expect_event(z, PASS_ACQUIRE, u);
     struct zero_unit *zu = &z->units[u];
-    if (zu->refs++ > 0 && !zu->sharded && !z->compute_copies)
+    if (zu->refs++ > 0 && !zu->role.sharded && !z->compute_copies)
         return zu->params;
-    if (zu->sharded && zu->gather_slot < 0)
+    if (zu->role.sharded && zu->gather_slot < 0)
         start_gather(z, u);
-    if (zu->sharded)
+    if (zu->role.sharded)
         prefetch(z);
     if (z->compute_copies && zu->compute_slot < 0)
         zu->compute_slot = pool_take(z, POOL_COMPUTE, u);
@@ -532,7 +602,7 @@ const float *zero_acquire(struct zero *z, int u)
         comm_wait(z->comm, &zu->gather_req);
         zu->gather_pending = false;
     }
-    const void *full = zu->sharded ? slot_ptr(pool(z, POOL_GATHER, u), zu->gather_slot) : zu->params;
+    const void *full = zu->role.sharded ? slot_ptr(pool(z, POOL_GATHER, u), zu->gather_slot) : zu->params;
     if (!z->compute_copies) /* fp32, or half-precision activations: the kernels take the unit as it is */
         return full;
     float *copy = slot_ptr(pool(z, POOL_COMPUTE, u), zu->compute_slot);
@@ -551,7 +621,7 @@ void zero_release(struct zero *z, int u)
         return;
     if (zu->compute_slot >= 0)
         pool_give(z, POOL_COMPUTE, u, &zu->compute_slot);
-    if (zu->sharded) {
+    if (zu->role.sharded) {
         pool_give(z, POOL_GATHER, u, &zu->gather_slot);
         z->live_gathered_elems -= zu->padded;
     }
@@ -561,7 +631,9 @@ float *zero_grad_open(struct zero *z, int u)
 {
     expect_event(z, PASS_GRAD_OPEN, u);
     struct zero_unit *zu = &z->units[u];
-    if (z->stage <= 1)
+    if (zu->role.grad == GRAD_NONE)
+        fail_internal("pass '%s' opens a gradient buffer for unit %d, which is frozen", z->pass->name, u);
+    if (zu->role.grad == GRAD_ALLREDUCE)
         return zu->grads;
     zu->grad_slot = pool_take(z, POOL_GRAD, u);
     if (z->dry)
@@ -575,15 +647,17 @@ float *zero_grad_open(struct zero *z, int u)
 void zero_grad_done(struct zero *z, int u)
 {
     expect_event(z, PASS_GRAD_DONE, u);
-    if (z->stage <= 1)
-        return;
     struct zero_unit *zu = &z->units[u];
+    if (zu->role.grad == GRAD_NONE)
+        fail_internal("pass '%s' hands back a gradient of unit %d, which is frozen", z->pass->name, u);
+    if (zu->role.grad == GRAD_ALLREDUCE)
+        return;
     /* At most one reduce-scatter in flight: the previous unit's finishes first. */
     finish_reduce_scatter(z);
     count_traffic(z, COMM_REDUCE_SCATTER, zu->shard, z->esize);
     z->rs_unit = u;
     zu->rs_pending = true;
-    if (z->half_grad_buffers) {
+    if (zu->role.grad == GRAD_RS_HALF) {
         /* the kernels wrote the parameter dtype: the buffer goes to the wire as it is, and
          * stays taken until its reduce-scatter is done (finish_reduce_scatter) */
         if (!z->dry)
@@ -591,7 +665,7 @@ void zero_grad_done(struct zero *z, int u)
                                 z->comm_dtype, &zu->rs_req);
         return;
     }
-    if (z->master_copy) {
+    if (zu->role.grad == GRAD_RS_CAST) {
         /* Cast to the parameter dtype for the wire; the fp32 buffer is free at once. */
         zu->send_slot = pool_take(z, POOL_SEND, u);
         if (!z->dry) {
@@ -627,26 +701,26 @@ static float *opt_grads(struct zero_unit *zu) { return zu->grad_shard ? zu->grad
 /* The parameter-dtype storage of the optimizer range. */
 static void *opt_params(const struct zero *z, struct zero_unit *zu)
 {
-    return zu->sharded ? zu->param_shard : elem(zu->params, zu->opt_begin, z->esize);
+    return zu->role.sharded ? zu->param_shard : elem(zu->params, zu->opt_begin, z->esize);
 }
 
 void zero_zero_grads(struct zero *z)
 {
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
-        if (zu->grads) /* stages 0-1: a device's host range is overwritten at the boundary */
+        if (zu->role.grad == GRAD_ALLREDUCE) /* a device's host range is overwritten at the boundary */
             backend_zero(zu->grads, zu->padded);
-        else
+        else if (zu->role.grad != GRAD_NONE)
             backend_zero(zu->grad_shard, zu->shard);
     }
 }
 
 void zero_reduce_grads(struct zero *z)
 {
-    if (z->stage >= 2)
-        return;
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
+        if (zu->role.grad != GRAD_ALLREDUCE)
+            continue;
         count_traffic(z, COMM_ALLREDUCE, zu->padded, z->esize);
         void *buf = zu->grads;
         if (zu->grads_comm) {
@@ -657,6 +731,8 @@ void zero_reduce_grads(struct zero *z)
     }
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
+        if (zu->role.grad != GRAD_ALLREDUCE)
+            continue;
         comm_wait(z->comm, &zu->rs_req);
         if (z->optimizer_on_host && zu->grads_comm)
             backend_convert(zu->grad_shard, DTYPE_F32, elem(zu->grads_comm, zu->opt_begin, z->esize), z->dtype,
@@ -672,7 +748,7 @@ void zero_grad_stats(struct zero *z, bool *overflow, double *norm)
 {
     /* squares in double cannot overflow for finite fp32 values: a non-finite
      * sum means a non-finite gradient somewhere, on some rank */
-    double sum = backend_sum_squares_multi(z->grad_ranges, z->grad_counts, z->model->n_units);
+    double sum = backend_sum_squares_multi(z->grad_ranges, z->grad_counts, z->n_grad_ranges);
     if (z->stage > 0) /* at stage 0 every rank holds all of the reduced gradients */
         comm_allreduce(z->comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
     *overflow = !isfinite(sum);
@@ -682,7 +758,8 @@ void zero_grad_stats(struct zero *z, bool *overflow, double *norm)
 void zero_inject_inf(struct zero *z)
 {
     const float inf = INFINITY;
-    backend_copy(opt_grads(&z->units[0]), &inf, sizeof inf); /* the gradients may be device memory */
+    /* the first trained unit's first gradient (they may be device memory) */
+    backend_copy((float *)z->grad_ranges[0], &inf, sizeof inf);
     backend_synchronize();
 }
 
@@ -719,21 +796,20 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
         /* the device casts the new parameters from the pinned master */
         for (int u = 0; u < z->model->n_units; u++) {
             struct zero_unit *zu = &z->units[u];
-            backend_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
+            if (has_master(zu))
+                backend_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
         }
     }
     /* Where a stage keeps parameters whole, every rank takes the others' updated slices. */
-    if (z->stage == 0)
-        return;
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
-        if (zu->sharded)
+        if (!zu->role.gather_after_step)
             continue;
         count_traffic(z, COMM_ALLGATHER, zu->shard, z->esize);
         comm_allgather(z->comm, opt_params(z, zu), zu->params, zu->shard, z->comm_dtype, &zu->gather_req);
     }
     for (int u = 0; u < z->model->n_units; u++)
-        if (!z->units[u].sharded)
+        if (z->units[u].role.gather_after_step)
             comm_wait(z->comm, &z->units[u].gather_req);
 }
 
@@ -757,7 +833,7 @@ void zero_gather_unit(struct zero *z, int u, float *out)
 {
     struct zero_unit *zu = &z->units[u];
     void *full = z->half ? xcalloc(zu->padded, z->esize) : out;
-    if (zu->sharded)
+    if (zu->role.sharded)
         gather_to_host(z, zu->param_shard, zu->shard, z->esize, z->comm_dtype, full);
     else
         backend_copy(full, zu->params, zu->padded * z->esize);
@@ -770,6 +846,8 @@ void zero_gather_unit(struct zero *z, int u, float *out)
 void zero_gather_grads(struct zero *z, int u, float *out)
 {
     struct zero_unit *zu = &z->units[u];
+    if (!zu->role.trained)
+        fail_internal("zero_gather_grads: unit %d is frozen and has no gradients", u);
     if (zu->grads)
         backend_copy(out, zu->grads, zu->padded * sizeof *out);
     else
@@ -860,7 +938,7 @@ static float *device_group_base(struct zero *z, struct zero_unit *zu, enum zero_
         return zu->adam_m;
     if (g == ZERO_CKPT_ADAM_V)
         return zu->adam_v;
-    return z->master_copy ? zu->master : (float *)opt_params(z, zu);
+    return has_master(zu) ? zu->master : (float *)opt_params(z, zu);
 }
 
 void zero_ckpt_slices(struct zero *z, enum zero_ckpt_group g, struct ckpt_slice *out)
@@ -937,9 +1015,9 @@ void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
     /* The parameters in their dtype from the master, then whole where the stage keeps them whole. */
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
-        if (z->master_copy)
+        if (has_master(zu))
             backend_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
-        if (z->stage > 0 && !zu->sharded)
+        if (zu->role.gather_after_step)
             comm_allgather(z->comm, opt_params(z, zu), zu->params, zu->shard, z->comm_dtype, NULL);
     }
 }
@@ -969,27 +1047,14 @@ void zero_plan(const struct model *m, const struct config *cfg, const struct exe
     zero_init(&z, m, cfg, t, NULL, 0, world, true, NULL, NULL, NULL, NULL);
     for (int p = 0; p < n_passes; p++)
         zero_replay_pass(&z, &passes[p]);
-    for (int u = 0; u < m->n_units; u++) {
-        struct zero_unit *zu = &z.units[u];
-        bytes[BUF_PARAMS] += d_bytes(&z, zu->sharded ? zu->shard : zu->padded);
-        size_t grad_elems = z.stage <= 1 ? zu->padded : zu->shard;
-        if (z.optimizer_on_host && z.stage <= 1) {
-            bytes[BUF_GRADS] += f32_bytes(zu->padded) + (z.half ? d_bytes(&z, zu->padded) : 0);
-            bytes[BUF_FP32_GRADS] += f32_bytes(zu->opt_count);
-            bytes[BUF_MASTER] += f32_bytes(zu->opt_count);
-        } else if (z.master_copy) {
-            bytes[BUF_MASTER] += f32_bytes(zu->opt_count);
-            bytes[BUF_FP32_GRADS] += f32_bytes(grad_elems);
-            if (z.stage <= 1)
-                bytes[BUF_GRADS] += d_bytes(&z, grad_elems);
-        } else {
-            bytes[BUF_GRADS] += f32_bytes(grad_elems);
+    for (int u = 0; u < m->n_units; u++)
+        for (int b = 0; b < UBUF_COUNT; b++) {
+            const struct unit_buffer *ub = &z.units[u].role.buf[b];
+            if (ub->elems)
+                bytes[ub->cls] += arena_round(ub->elems * ub->elem_size);
         }
-        bytes[BUF_ADAM_M] += f32_bytes(zu->opt_count);
-        bytes[BUF_ADAM_V] += f32_bytes(zu->opt_count);
-    }
-    if (z.stage >= 2 && z.master_copy)
-        bytes[BUF_GRADS] += d_bytes(&z, largest_shard(&z)); /* the one reduce-scatter receive buffer */
+    if (receive_elems(&z))
+        bytes[BUF_GRADS] += d_bytes(&z, receive_elems(&z)); /* the one reduce-scatter receive buffer */
     for (int set = 0; set < POOL_SETS; set++)
         for (int k = 0; k < ZERO_POOLS; k++) {
             slots[set][k] = z.pools[set][k].peak;

@@ -35,6 +35,14 @@
  * computes in fp32, from an fp32 copy of each acquired unit; a GPU with
  * half-precision activations (backend.h [A]) computes from the unit itself.
  *
+ * Each unit's part in all this is decided once, at set-up (struct
+ * unit_role, zero_unit_role): whether it trains or is frozen (model.h),
+ * whether it is sharded, which buffers it owns
+ * (which exist, how large, in which dtype and memory class), which pools it
+ * draws from and which way its gradients travel (enum grad_path). The
+ * allocation, the memory plan and every step read that decision; none of
+ * them re-derives it from the stage and precision.
+ *
  * Gathered units and gradient buffers come from pools, one per unit kind
  * (embedding, block, head) and buffer kind (enum zero_pool_set), each with as
  * many slots as a dry run of the passes needs (zero_plan); the memory plan
@@ -83,6 +91,53 @@ enum zero_pool_set {
     POOL_SETS
 };
 
+/* Which way a unit's gradients travel, from the kernels to the optimizer. */
+enum grad_path {
+    GRAD_NONE = 0,      /* frozen (model.h): no gradient at all; the pass opens no gradient buffer for the unit,
+                         * the backward computes its layers' input gradients only (backend.h) */
+    GRAD_ALLREDUCE,     /* stages 0-1: whole-unit fp32 gradients accumulated in place over the micro-batches,
+                         * all-reduced at the boundary (through a half-precision copy in half precision) */
+    GRAD_RS_FP32,       /* stages 2-3, fp32 without a master: a pooled fp32 buffer per micro-batch; this rank's
+                         * accumulated shard is added into its slice, and the reduce-scatter writes the new shard */
+    GRAD_RS_CAST,       /* stages 2-3 with a master: the pooled fp32 buffer cast into a send slot (parameter dtype),
+                         * reduce-scattered into the shared receive buffer, then added into the fp32 shard */
+    GRAD_RS_HALF,       /* stages 2-3, half-precision gradient buffers (a device, backend.h [G]): the buffer goes to
+                         * the reduce-scatter as the kernels wrote it, the result is added into the fp32 shard */
+};
+
+/* The buffers a unit owns (its pooled ones aside). */
+enum unit_buf {
+    UBUF_PARAMS = 0,  /* params, or param_shard when sharded: parameter dtype */
+    UBUF_MASTER,      /* fp32 master of the optimizer range */
+    UBUF_GRADS,       /* fp32 whole-unit gradients (GRAD_ALLREDUCE) */
+    UBUF_GRADS_COMM,  /* those gradients cast for the all-reduce */
+    UBUF_GRAD_SHARD,  /* fp32 gradient shard, or the host copy of the optimizer range's reduced gradients */
+    UBUF_ADAM_M,
+    UBUF_ADAM_V,
+    UBUF_COUNT
+};
+
+struct unit_buffer {
+    size_t elems;       /* 0: the unit has no such buffer */
+    size_t elem_size;   /* bytes per element */
+    enum buf_class cls; /* its class in the memory plan; its space is target_space() of the class */
+};
+
+/* What the engine does with one unit, decided once at set-up. A frozen unit
+ * (model.h) owns its parameters and nothing else: no master, no Adam state,
+ * no gradient buffer, shard or reduction, no part in the gradient norm or the
+ * optimizer step; at stage 3 it is gathered like any unit (from pinned host
+ * memory with offload_param): for forward, and for backward where the
+ * backward needs its input gradients (family.h). */
+struct unit_role {
+    bool trained;            /* false: frozen */
+    bool sharded;            /* stage 3 and not persistent: only this rank's shard is stored */
+    bool gather_after_step;  /* stored whole at stages 1-3: the updated slices are all-gathered after each step */
+    enum grad_path grad;
+    bool pools[POOL_SETS];   /* the pooled buffers it takes (gathered unit, compute copy, gradient, send) */
+    struct unit_buffer buf[UBUF_COUNT];
+};
+
 struct zero_pool {
     size_t slot_elems;  /* the largest unit of this kind (padded) */
     size_t elem_size;   /* bytes per element */
@@ -97,8 +152,8 @@ struct zero_unit {
     size_t numel;       /* elements of the unit (model.c, with alignment gaps) */
     size_t padded;      /* numel rounded up to a multiple of world * MODEL_TENSOR_ALIGN */
     size_t shard;       /* padded / world */
-    bool sharded;       /* stage 3 and not persistent: only this rank's shard is stored */
-    size_t opt_begin;   /* the range of the unit this rank's optimizer updates */
+    struct unit_role role;
+    size_t opt_begin;   /* the range of the unit this rank's optimizer updates (count 0: frozen) */
     size_t opt_count;
     void *params;       /* whole unit (replicated) in the parameter dtype, or NULL when sharded */
     void *param_shard;  /* this rank's shard when sharded, parameter dtype */
@@ -151,6 +206,7 @@ struct zero {
     int n_adam_ranges;
     const float **grad_ranges;    /* each unit's fp32 gradient range and its length (made at init) */
     size_t *grad_counts;
+    int n_grad_ranges;
     struct zero_pool pools[POOL_SETS][ZERO_POOLS];
     size_t live_gathered_elems;   /* gathered or being gathered */
     const struct zero_pass *pass;
@@ -187,6 +243,14 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
                struct mem_tracker *mem, const struct param_source *src);
 void zero_free(struct zero *z);
 
+/* The role of unit u of m under cfg on target t at world size N: what
+ * zero_init decides for it (every rank decides the same). */
+void zero_unit_role(const struct model *m, const struct config *cfg, const struct exec_target *t, int world, int u,
+                    struct unit_role *role);
+/* How many times the pass gathers unit u when the unit is sharded: once per
+ * acquire that finds it not held (prefetching moves a gather, never adds one). */
+int zero_pass_gathers(const struct zero_pass *pass, int u);
+
 /* Bytes of each buffer class on this rank, and the pool slots they contain,
  * from a dry run of the passes. */
 void zero_plan(const struct model *m, const struct config *cfg, const struct exec_target *t, int world,
@@ -216,7 +280,7 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
 
 /* Records each pool's high-water mark as its class's peak in the tracker. */
 void zero_note_pool_peaks(struct zero *z);
-/* Copies the full gradients of unit u into out (all ranks must call; after zero_reduce_grads). */
+/* Copies the full gradients of trained unit u into out (all ranks must call; after zero_reduce_grads). */
 void zero_gather_grads(struct zero *z, int u, float *out);
 
 /* Walks a whole pass without computing: every gather, reduce-scatter and

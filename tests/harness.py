@@ -23,6 +23,7 @@ BIN = os.environ.get("SHARDLM_BIN") or os.path.join(ROOT, "bin", "shardlm")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
 ENV.pop("SHARDLM_INJECT_INF_STEP", None)
+ENV.pop("SHARDLM_TEST_FREEZE", None)
 
 _failures = 0
 

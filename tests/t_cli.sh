@@ -112,6 +112,8 @@ expect_error "bad.bad_magic" "magic" train "$TMP/good.json" --set "data.train=$T
 write_bin "$TMP/vocab.bin" 20240520 1 4000 4000 64
 expect_error "bad.token_out_of_vocab" "vocab" train "$TMP/good.json" --set "data.train=$TMP/vocab.bin"
 expect_error "bad.bad_val_data" "magic" train "$TMP/good.json" --set "data.val=$TMP/magic.bin"
+expect_error "bad.lora_not_implemented_yet" "LoRA training is not implemented yet" train "$TMP/good.json" --set lora.r=4
+expect_error "bad.lora_target_matches_nothing" "lora.target_modules" train "$TMP/good.json" --set 'lora.target_modules=["q_proj"]'
 expect_error "bad.offload_at_stage_0" "offload_optimizer" train "$TMP/good.json" --set zero_optimization.offload_optimizer.device=cpu
 
 # offload_optimizer.pin_memory false: the optimizer state in ordinary host memory, not pinned

@@ -111,7 +111,7 @@ INT_KEYS = [
     "fp16.hysteresis", "zero_optimization.stage", "zero_optimization.stage3_prefetch_bucket_size",
     "zero_optimization.stage3_max_live_parameters", "zero_optimization.stage3_param_persistence_threshold",
     "zero_optimization.reduce_bucket_size", "activation_checkpointing.interval", "train_batch_size",
-    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print",
+    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print", "lora.r",
 ]
 EXTREMES = ["-1", "0", str(2**31 - 1), str(2**31), str(2**63 - 1), "1e300", "1.5"]
 

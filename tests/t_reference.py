@@ -25,6 +25,10 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
                 (all elements but the key bias, see final_rel)
   accum.*       micro 2 x accumulation 4 vs micro 8 x accumulation 1, 3 steps:
                 step-1 gradients, per-step losses, final params (rel <= 1e-5)
+  frozen.*      every block frozen (SHARDLM_TEST_FREEZE=blocks), 10 steps with
+                clipping active on some steps: loss, grad norm and final params
+                against torch with the blocks out of AdamW and of the norm
+                (rel <= 1e-4); the blocks bit for bit unchanged
 
 Environment: SHARDLM_BIN (default bin/shardlm under the repo root),
 SHARDLM_TEST_TMP (scratch directory; default a fresh temporary directory).
@@ -130,8 +134,8 @@ def make_config(name, micro, accum, steps, clip, init_std):
     return path
 
 
-def run_shardlm(name, micro, accum, steps, clip, init_std):
-    """Returns (first-step dump, final dump, metrics rows) or None on failure."""
+def run_shardlm(name, micro, accum, steps, clip, init_std, freeze=None):
+    """Returns (first-step dump, final dump, metrics rows) or None on failure; freeze: SHARDLM_TEST_FREEZE."""
     cfg = make_config(name, micro, accum, steps, clip, init_std)
     dump = os.path.join(TMP, name + ".dump")
     final = os.path.join(TMP, name + ".final")
@@ -139,6 +143,9 @@ def run_shardlm(name, micro, accum, steps, clip, init_std):
         if os.path.exists(p):
             os.remove(p)
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("SHARDLM_TEST_FREEZE", None)
+    if freeze:
+        env["SHARDLM_TEST_FREEZE"] = freeze
     cmd = [BIN, "train", cfg, "--dump", dump, "--dump-final", final, "--quiet"]
     try:
         r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
@@ -302,10 +309,15 @@ def check_first_step(dump):
 
 
 # ---- 4: ten AdamW steps ----------------------------------------------------------------
-def reference_training(dump, steps, micro, accum, clip):
+def reference_training(dump, steps, micro, accum, clip, frozen=()):
+    """torch AdamW + clip_grad_norm_ from the dumped weights; the tensors named in frozen do not require
+    gradients and are left out of the optimizer and the norm, as PEFT freezes a base model."""
     P = params_from(dump)
-    decay = [P[n] for n in NAMES if P[n].dim() == 2]
-    no_decay = [P[n] for n in NAMES if P[n].dim() != 2]
+    for n in frozen:
+        P[n].requires_grad_(False)
+    trained = [n for n in NAMES if n not in frozen]
+    decay = [P[n] for n in trained if P[n].dim() == 2]
+    no_decay = [P[n] for n in trained if P[n].dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=LR_MIN, betas=BETAS, eps=EPS)
     losses, norms, lrs = [], [], []
@@ -319,7 +331,7 @@ def reference_training(dump, steps, micro, accum, clip):
             (loss / accum).backward()
             total += loss.item()
         seen += micro * accum
-        norm = torch.nn.utils.clip_grad_norm_(list(P.values()), clip if clip > 0 else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_([P[n] for n in trained], clip if clip > 0 else float("inf"))
         lr = sched_lr(s)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -399,6 +411,37 @@ def check_accumulation():
     print(f"# accum.grads_vs_reference: max rel err {e:.3e}", flush=True)
 
 
+# ---- 6: frozen blocks ----------------------------------------------------------------------------
+FROZEN_CLIP = 1.04  # the frozen run's grad norms (embedding and ln_f only) straddle it
+
+
+def check_frozen():
+    """Every block frozen (SHARDLM_TEST_FREEZE=blocks): ten steps against torch with the blocks'
+    parameters not requiring gradients (out of AdamW and of clip_grad_norm_)."""
+    res = run_shardlm("frozen", B, 1, STEPS, FROZEN_CLIP, INIT_STD, freeze="blocks")
+    if res is None:
+        return
+    dump, final, rows = res
+    frozen = [n for n in NAMES if n.startswith("h.")]
+    losses, norms, _, ref_final = reference_training(dump, STEPS, B, 1, FROZEN_CLIP, frozen)
+    got_loss = [r["loss"] for r in rows]
+    got_norm = [r["grad_norm"] for r in rows]
+    check("frozen.clip_active", any(n > FROZEN_CLIP for n in got_norm) and any(n < FROZEN_CLIP for n in got_norm),
+          f"grad norms {got_norm} do not straddle the clip {FROZEN_CLIP}: pick another clip value")
+    el = max(abs(a - b) / abs(b) for a, b in zip(got_loss, losses))
+    en = max(abs(a - b) / abs(b) for a, b in zip(got_norm, norms))
+    check("frozen.loss", el <= TOL_REF, f"max rel err {el:.3e}; shardlm {got_loss} torch {losses}")
+    check("frozen.grad_norm", en <= TOL_REF, f"max rel err {en:.3e}; shardlm {got_norm} torch {norms}")
+    ep = {n: final_rel(final[n], ref_final[n], n) for n in NAMES}
+    worst = max(ep, key=ep.get)
+    check("frozen.final_params", ep[worst] <= TOL_REF, f"worst {worst} rel err {ep[worst]:.3e}")
+    same = all(np.array_equal(final[n], dump[n]) for n in frozen)
+    check("frozen.blocks_bitwise_unchanged", same, "a frozen block's parameters changed")
+    check("frozen.no_block_gradients_dumped", not any("grad." + n in dump for n in frozen),
+          "the first-step dump has gradients of frozen tensors")
+    print(f"# frozen: loss {el:.2e}, grad norm {en:.2e}, final params {ep[worst]:.2e} ({worst})", flush=True)
+
+
 def main():
     if not os.access(BIN, os.X_OK):
         check("binary", False, f"{BIN} is not an executable; run 'make all' or set SHARDLM_BIN")
@@ -408,6 +451,7 @@ def main():
         check_first_step(res[0])
         check_training(res)
     check_accumulation()
+    check_frozen()
 
 
 if __name__ == "__main__":

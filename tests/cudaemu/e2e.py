@@ -7,7 +7,11 @@ N=1, and fp32 and bf16 N=2 over NCCL with offload_param, gradient
 accumulation and host activation checkpoints; and a tiny Llama (grouped-query
 attention, RMSNorm, rotary, SwiGLU) in fp32 N=1, bf16 N=1 and fp32 N=2 over
 NCCL; and packed sample files (rows of several samples with positions and
-ignored targets, issue 18) for GPT-2 over NCCL and Llama in fp32 and bf16.
+ignored targets, issue 18) for GPT-2 over NCCL and Llama in fp32 and bf16;
+and frozen units (SHARDLM_TEST_FREEZE, issue 19: the input-gradient-only
+kernels, no gradient path for the frozen units) in both builds: GPT-2 with
+its blocks frozen (fp32 N=2 over NCCL, bf16 N=2 with offload), Llama with
+its embedding and first block frozen (bf16 N=1, fp32 N=2 over NCCL).
 The emulated streams are lazy
 (README.md), so a missing synchronisation in the engine or the CUDA code
 changes the losses; the offload cases also run with CUDAEMU_EAGER=1 (every
@@ -32,6 +36,7 @@ TMP = scratch_dir("cudaemu_e2e")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
 ENV.pop("SHARDLM_TF32", None)
+ENV.pop("SHARDLM_TEST_FREEZE", None)
 EMU_BIN = os.path.join(ROOT, "build", "cudaemu", "shardlm-cudaemu")
 CPU_BIN = os.path.join(ROOT, "bin", "shardlm")
 STEPS = 6
@@ -115,12 +120,19 @@ def main():
              ("llama_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("fp32_n2_nccl_packed", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("llama_fp32_n1_packed", 1, "fp32", {}, FP32_TOL),
-             ("llama_bf16_n1_packed", 1, "bf16", {}, BF16_TOL))
+             ("llama_bf16_n1_packed", 1, "bf16", {}, BF16_TOL),
+             ("frozen_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("frozen_bf16_n2_nccl_offload_accum_ckpt", 2, "bf16", {"CUDAEMU_DEVICES": "2"}, BF16_TOL),
+             ("llama_frozen_bf16_n1", 1, "bf16", {}, BF16_TOL),
+             ("llama_frozen_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
     for tag, N, dtype, env, tol in cases:
         extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else None
         if tag.endswith("_packed"):
             extra = dict(extra or {}, **packed_data())
-        cpu, out_c = train(f"cpu_{tag}", CPU_BIN, N, dtype, {}, extra)
+        # frozen units in both builds: GPT-2's blocks; Llama's embedding and first block
+        frozen = {} if "frozen" not in tag else {"SHARDLM_TEST_FREEZE": "embedding,1" if "llama" in tag else "blocks"}
+        env = dict(env, **frozen)
+        cpu, out_c = train(f"cpu_{tag}", CPU_BIN, N, dtype, frozen, extra)
         emu, out_e = train(f"emu_{tag}", EMU_BIN, N, dtype, env, extra)
         if cpu is None or emu is None:
             check(f"cudaemu.e2e.{tag}", False, ("cpu: " + out_c) if cpu is None else ("emulated cuda: " + out_e))

@@ -279,6 +279,13 @@ static void check_fused_mlp(const float *d_inp, const float *inp, const float *d
     compare(named2("matmul_backward_gelu_dweight_accumulates", variant), dw, d_dw, (size_t)C * OC, g_tol);
     compare(named2(bias ? "matmul_backward_gelu_dbias_accumulates" : "matmul_backward_gelu_dbias_untouched", variant),
             db, d_db, OC, g_tol);
+    /* frozen weights (dweight NULL): the same input gradient bits, the bias gradient untouched */
+    float *d_dpre_frozen = act_poisoned(NC), *d_db_kept = to_device(db, OC * 4), *d_db_was = to_device(db, OC * 4);
+    backend_matmul_backward_gelu(d_dpre_frozen, NULL, d_db_kept, d_dout, d_gin, d_w2, d_pre2, N, C, OC);
+    check_value(named2("matmul_backward_gelu_frozen_same_dpre_no_dbias", variant),
+                same_bits(d_dpre_frozen, d_dpre, act_bytes(NC)) && same_bits(d_db_kept, d_db_was, OC * 4),
+                "dweight NULL changed dpre or wrote dbias");
+    cudaFree(d_dpre_frozen), cudaFree(d_db_kept), cudaFree(d_db_was);
     cudaFree(d_pre), cudaFree(d_out), cudaFree(d_pre2), cudaFree(d_gin), cudaFree(d_dout), cudaFree(d_w2);
     cudaFree(d_dpre), cudaFree(d_dw), cudaFree(d_db);
     free(pre), free(out), free(pre2), free(gin), free(dout), free(w2), free(dpre), free(dw), free(db);
@@ -370,6 +377,12 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     compare_act(named("matmul_backward_dinp"), dinp, d_dinp, NC, tol);
     compare(named("matmul_backward_dweight_accumulates"), dw, d_dw, (size_t)C * OC, tol);
     compare(named("matmul_backward_dbias_accumulates"), db, d_db, OC, tol);
+    /* frozen weights (dweight NULL, backend.h): the same input gradient bits, the bias gradient untouched */
+    float *d_dinp_frozen = act_poisoned(NC), *d_db_kept = to_device(db, OC * 4), *d_db_was = to_device(db, OC * 4);
+    backend_matmul_backward(d_dinp_frozen, NULL, d_db_kept, d_dout, d_inp, d_w, N, C, OC);
+    check_value(named("matmul_backward_frozen_same_dinp_no_dbias"),
+                same_bits(d_dinp_frozen, d_dinp, act_bytes(NC)) && same_bits(d_db_kept, d_db_was, OC * 4),
+                "dweight NULL changed dinp or wrote dbias");
     /* tied head: weight (OC, C) */
     float *d_out2 = act_poisoned((size_t)N * OC);
     cpu_matmul_forward_transposed(out, inp, w, N, C, OC);
@@ -380,6 +393,10 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     backend_matmul_backward_transposed(d_dinp2, d_dw, d_dout, d_inp, d_w, N, C, OC);
     compare_act(named("matmul_backward_transposed_dinp"), dinp, d_dinp2, NC, tol);
     compare(named("matmul_backward_transposed_dweight"), dw, d_dw, (size_t)C * OC, tol);
+    backend_matmul_backward_transposed(d_dinp_frozen, NULL, d_dout, d_inp, d_w, N, C, OC);
+    check_value(named("matmul_backward_transposed_frozen_same_dinp"), same_bits(d_dinp_frozen, d_dinp2, act_bytes(NC)),
+                "dweight NULL changed dinp");
+    cudaFree(d_dinp_frozen), cudaFree(d_db_kept), cudaFree(d_db_was);
 
     /* the fused MLP matmuls: as OC and C are, multiples of 8 (cuBLASLt's epilogues), and 4 less (the unfused
      * fallback); with and without the bias */
@@ -406,11 +423,16 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     float *ldw = host_random(C, 1), *ldb = host_random(C, 1), *d_ldw = to_device(ldw, C * 4), *d_ldb = to_device(ldb, C * 4);
     float *scratch = malloc((cpu_layernorm_scratch(C) + 1) * 4);
     float *d_scratch = poisoned(backend_layernorm_scratch(C) + 1);
+    float *d_lndinp_frozen = act_to_device(lndinp, NC); /* the same start as d_lndinp */
     cpu_layernorm_backward(lndinp, ldw, ldb, lndout, x, lw, mean, rstd, scratch, N, C);
     backend_layernorm_backward(d_lndinp, d_ldw, d_ldb, d_lndout, d_x, d_lw, d_mean, d_rstd, d_scratch, N, C);
     compare_act(named("layernorm_backward_dinp_accumulates"), lndinp, d_lndinp, NC, tol);
     compare(named("layernorm_backward_dweight"), ldw, d_ldw, C, tol);
     compare(named("layernorm_backward_dbias"), ldb, d_ldb, C, tol);
+    backend_layernorm_backward(d_lndinp_frozen, NULL, NULL, d_lndout, d_x, d_lw, d_mean, d_rstd, d_scratch, N, C);
+    check_value(named("layernorm_backward_frozen_same_dinp"), same_bits(d_lndinp_frozen, d_lndinp, act_bytes(NC)),
+                "dweight NULL changed dinp");
+    cudaFree(d_lndinp_frozen);
 
     /* element-wise: GELU [A]; add_act: [A] + [A] */
     float *g = malloc(NC * 4), *d_g = act_poisoned(NC);
@@ -515,9 +537,14 @@ static void check_llama_norm_and_mlp(const struct llama_shape *sh, const char *v
     float *d_dout = act_to_device(dout, NC), *d_dinp = act_to_device(dinp, NC);
     float *dw = host_random(C, 1), *d_dw = to_device(dw, C * 4);
     float *scratch = malloc((cpu_layernorm_scratch(C) + 1) * 4), *d_scratch = poisoned(backend_layernorm_scratch(C) + 1);
+    float *d_dinp_frozen = act_to_device(dinp, NC); /* the same start as d_dinp */
     cpu_rmsnorm_backward(dinp, dw, dout, x, w, rstd, scratch, N, C);
     backend_rmsnorm_backward(d_dinp, d_dw, d_dout, d_x, d_w, d_rstd, d_scratch, N, C);
     compare_act(named2("rmsnorm_backward_dinp_accumulates", v), dinp, d_dinp, NC, g_tol);
+    backend_rmsnorm_backward(d_dinp_frozen, NULL, d_dout, d_x, d_w, d_rstd, d_scratch, N, C);
+    check_value(named2("rmsnorm_backward_frozen_same_dinp", v), same_bits(d_dinp_frozen, d_dinp, act_bytes(NC)),
+                "dweight NULL changed dinp");
+    cudaFree(d_dinp_frozen);
     compare(named2("rmsnorm_backward_dweight_accumulates", v), dw, d_dw, C, g_tol);
 
     /* SwiGLU: gu (N, 2F), out (N, F), dout, dgu [A] */

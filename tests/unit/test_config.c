@@ -794,6 +794,165 @@ static void test_llama(void)
     config_free(&c);
 }
 
+/* ---- lora (issue 19: read and checked; the trainer refuses it for now) ---- */
+
+#define LLAMA_SMALL "\"model\": {\"type\": \"llama\", \"n_layer\": 2, \"n_head\": 4, \"n_embd\": 64, \"ffn_dim\": 96}"
+
+static bool names_are(const char *const *got, int n, const char *const *want)
+{
+    int k = 0;
+    while (want[k])
+        k++;
+    if (n != k)
+        return false;
+    for (int i = 0; i < n; i++)
+        if (strcmp(got[i], want[i]) != 0)
+            return false;
+    return true;
+}
+
+static void test_lora_values(void)
+{
+    struct config c;
+    load(&c, "{}", NULL, NULL);
+    CHECK("lora: off without the section", !c.lora.enabled, "enabled");
+    config_free(&c);
+    load(&c, "{\"lora\": null}", NULL, NULL);
+    CHECK("lora: null is off", !c.lora.enabled, "enabled");
+    config_free(&c);
+
+    load(&c, "{\"lora\": {}}", NULL, NULL);
+    static const char *const gpt2_default[] = {"c_attn", NULL};
+    CHECK("lora: PEFT's defaults (r 8, alpha 8, dropout 0, init default)",
+          c.lora.enabled && c.lora.r == 8 && c.lora.alpha == 8.0 && c.lora.dropout == 0.0 &&
+              c.lora.init == LORA_INIT_DEFAULT && c.lora.n_modules_to_save == 0 && !c.lora.all_linear,
+          "enabled %d r %d alpha %g dropout %g init %d", c.lora.enabled, c.lora.r, c.lora.alpha, c.lora.dropout,
+          c.lora.init);
+    CHECK("lora: GPT-2's default target is PEFT's (c_attn)",
+          names_are(c.lora.target_modules, c.lora.n_target_modules, gpt2_default), "%d targets",
+          c.lora.n_target_modules);
+    char *dump = config_dump(&c);
+    CHECK("lora: the resolved config shows the defaults",
+          strstr(dump, "\"target_modules\": [\n      \"c_attn\"\n    ]") && strstr(dump, "\"r\": 8") &&
+              strstr(dump, "\"init\": \"default\""),
+          "%s", dump);
+    free(dump);
+    config_free(&c);
+
+    load(&c, "{" LLAMA_SMALL ", \"lora\": {}}", NULL, NULL);
+    static const char *const llama_default[] = {"q_proj", "v_proj", NULL};
+    CHECK("lora: Llama's default targets are PEFT's (q_proj, v_proj)",
+          names_are(c.lora.target_modules, c.lora.n_target_modules, llama_default), "%d targets",
+          c.lora.n_target_modules);
+    config_free(&c);
+
+    load(&c,
+         "{" LLAMA_SMALL ", \"lora\": {\"r\": 16, \"lora_alpha\": 32, \"lora_dropout\": 0.05, \"init\": "
+         "\"gaussian\", \"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", "
+         "\"up_proj\", \"down_proj\"], \"modules_to_save\": [\"lm_head\", \"embed_tokens\"]}}",
+         NULL, NULL);
+    static const char *const all7[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                                       NULL};
+    static const char *const saved[] = {"lm_head", "embed_tokens", NULL};
+    CHECK("lora: PEFT's key names, every Llama linear layer, modules_to_save",
+          c.lora.r == 16 && c.lora.alpha == 32.0 && c.lora.dropout == 0.05 && c.lora.init == LORA_INIT_GAUSSIAN &&
+              names_are(c.lora.target_modules, c.lora.n_target_modules, all7) &&
+              names_are(c.lora.modules_to_save, c.lora.n_modules_to_save, saved),
+          "r %d alpha %g dropout %g init %d targets %d saved %d", c.lora.r, c.lora.alpha, c.lora.dropout, c.lora.init,
+          c.lora.n_target_modules, c.lora.n_modules_to_save);
+    config_free(&c);
+
+    load(&c, "{\"lora\": {\"alpha\": 16, \"lora_alpha\": 16, \"target_modules\": \"all-linear\"}}", NULL, NULL);
+    CHECK("lora: all-linear; alpha given under both names with one value",
+          c.lora.all_linear && c.lora.n_target_modules == 0 && c.lora.alpha == 16.0, "all_linear %d alpha %g",
+          c.lora.all_linear, c.lora.alpha);
+    config_free(&c);
+
+    load(&c, "{\"lora\": {\"target_modules\": [\"attn.c_proj\", \"mlp.c_fc\"], \"modules_to_save\": [\"ln_f\"]}}",
+         NULL, NULL);
+    CHECK("lora: dotted module names match as in PEFT", c.lora.n_target_modules == 2 && c.lora.n_modules_to_save == 1,
+          "%d targets %d saved", c.lora.n_target_modules, c.lora.n_modules_to_save);
+    config_free(&c);
+
+    load(&c, "{}", "lora.r=4", "lora.dropout=0.1");
+    CHECK("lora: --set creates the section", c.lora.enabled && c.lora.r == 4 && c.lora.dropout == 0.1,
+          "enabled %d r %d dropout %g", c.lora.enabled, c.lora.r, c.lora.dropout);
+    config_free(&c);
+}
+
+/* Every bad lora input: exit 2, one line that names the key and what to do. */
+static void test_lora_errors(void)
+{
+    static const struct error_case cases[] = {
+        {"r zero", "{\"lora\": {\"r\": 0}}", NULL,
+         "'lora.r' must be a positive integer (the adapters' rank; PEFT's default is 8), got 0"},
+        {"r negative", "{\"lora\": {}}", "lora.r=-4", "'lora.r' must be a positive integer"},
+        {"r not an integer", "{\"lora\": {\"r\": 8.5}}", NULL, "'lora.r' must be an integer, got 8.5"},
+        {"r too large", "{\"lora\": {\"r\": 2000000000}}", NULL,
+         "the adapters of one linear layer would hold 7.68e+12 elements (lora.r 2000000000"},
+        {"alpha zero", "{\"lora\": {\"alpha\": 0}}", NULL,
+         "'lora.alpha' must be positive (the adapters' output is scaled by alpha / r; PEFT's default is 8), got 0"},
+        {"lora_alpha negative", "{\"lora\": {\"lora_alpha\": -16}}", NULL, "'lora.lora_alpha' must be positive"},
+        {"alpha under two names", "{\"lora\": {\"alpha\": 16, \"lora_alpha\": 32}}", NULL,
+         "'lora.alpha' and 'lora.lora_alpha' name the same setting with different values; give one"},
+        {"dropout one", "{\"lora\": {\"dropout\": 1}}", NULL,
+         "'lora.dropout' must be in [0, 1) (the probability that an adapter input is zeroed; 0: no dropout), got 1"},
+        {"dropout negative", "{\"lora\": {\"dropout\": -0.1}}", NULL, "'lora.dropout' must be in [0, 1)"},
+        {"lora_dropout too large", "{\"lora\": {\"lora_dropout\": 1.5}}", NULL,
+         "'lora.lora_dropout' must be in [0, 1)"},
+        {"target on no linear layer (Llama)", "{" LLAMA_SMALL ", \"lora\": {\"target_modules\": [\"q_proj\", "
+         "\"qproj\"]}}", NULL, "'lora.target_modules' has \"qproj\", which matches no linear layer of this llama "
+         "model; its linear layers are: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"},
+        {"Llama name on GPT-2", "{\"lora\": {\"target_modules\": [\"q_proj\"]}}", NULL,
+         "matches no linear layer of this gpt2 model; its linear layers are: c_attn, c_proj, c_fc"},
+        {"a norm is no linear layer", "{\"lora\": {\"target_modules\": [\"ln_1\"]}}", NULL,
+         "'lora.target_modules' has \"ln_1\", which matches no linear layer"},
+        {"a partial name matches nothing", "{\"lora\": {\"target_modules\": [\"attn\"]}}", NULL,
+         "'lora.target_modules' has \"attn\", which matches no linear layer"},
+        {"lm_head as a target", "{" LLAMA_SMALL ", \"lora\": {\"target_modules\": [\"lm_head\"]}}", NULL,
+         "(to train the LM head, list it in lora.modules_to_save)"},
+        {"empty targets", "{\"lora\": {\"target_modules\": []}}", NULL, "'lora.target_modules' is empty"},
+        {"a regex", "{\"lora\": {\"target_modules\": \".*proj\"}}", NULL,
+         "'lora.target_modules' is \".*proj\"; give a list of module names"},
+        {"targets of the wrong type", "{\"lora\": {\"target_modules\": 3}}", NULL,
+         "'lora.target_modules' must be a list of module names or \"all-linear\", got 3"},
+        {"a target that is no string", "{\"lora\": {\"target_modules\": [\"c_attn\", 3]}}", NULL,
+         "'lora.target_modules[1]' must be a string (a module name), got 3"},
+        {"lm_head of a tied model", "{\"lora\": {\"modules_to_save\": [\"lm_head\"]}}", NULL,
+         "'lora.modules_to_save' has \"lm_head\", which matches no module of this gpt2 model (its LM head is the "
+         "token embedding, tied); its modules are: wte, wpe, ln_1, c_attn, c_proj, ln_2, c_fc, ln_f"},
+        {"lm_head of a tied Llama", "{\"model\": {\"type\": \"llama\", \"tie_word_embeddings\": true}, \"lora\": "
+         "{\"modules_to_save\": [\"lm_head\"]}}", NULL, "(its LM head is the token embedding, tied)"},
+        {"a missing module to save", "{" LLAMA_SMALL ", \"lora\": {\"modules_to_save\": [\"score\"]}}", NULL,
+         "'lora.modules_to_save' has \"score\", which matches no module of this llama model; its modules are: "
+         "embed_tokens, input_layernorm, q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, gate_proj, "
+         "up_proj, down_proj, norm, lm_head"},
+        {"modules_to_save of the wrong type", "{\"lora\": {\"modules_to_save\": \"lm_head\"}}", NULL,
+         "'lora.modules_to_save' must be an array, got string"},
+        {"adapted and saved", "{\"lora\": {\"target_modules\": [\"c_attn\"], \"modules_to_save\": [\"c_attn\"]}}",
+         NULL, "\"c_attn\" is in lora.modules_to_save and adapted by lora.target_modules; a module is either adapted "
+         "or trained in full: remove it from one of them"},
+        {"all-linear and saved", "{\"lora\": {\"target_modules\": \"all-linear\", \"modules_to_save\": "
+         "[\"c_fc\"]}}", NULL, "\"c_fc\" is in lora.modules_to_save and adapted"},
+        {"unknown init", "{\"lora\": {\"init\": \"pissa\"}}", NULL,
+         "'lora.init' is \"pissa\"; known: \"default\" (PEFT's: A Kaiming-uniform, B zero), \"gaussian\""},
+        {"unknown key", "{\"lora\": {\"rank\": 8}}", NULL, "unknown key 'lora.rank'"},
+        {"not an object", "{\"lora\": true}", NULL, "'lora' must be an object"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[160];
+        struct child_result r;
+        struct load_args a = {.json = cases[i].json, .sets = {cases[i].set}};
+        run_child(&a, &r);
+        snprintf(name, sizeof name, "lora error: %s", cases[i].name);
+        const char *nl = strchr(r.err, '\n');
+        CHECK(name,
+              r.status == EXIT_BAD_INPUT && strstr(r.err, "error: config: ") && strstr(r.err, cases[i].needle) &&
+                  nl && nl[1] == '\0',
+              "status %d, stderr: %s (wanted status 2 and one line with \"%s\")", r.status, r.err, cases[i].needle);
+    }
+}
+
 int main(void)
 {
     test_defaults();
@@ -807,5 +966,7 @@ int main(void)
     test_batch();
     test_errors();
     test_warnings();
+    test_lora_values();
+    test_lora_errors();
     return check_status();
 }
