@@ -16,6 +16,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from dumpfile import read_dump  # noqa: E402,F401  (re-exported for the tests)
+from datafiles import write_shard  # noqa: E402,F401  (re-exported for the tests)
 
 BIN = os.environ.get("SHARDLM_BIN") or os.path.join(ROOT, "bin", "shardlm")
 
@@ -103,15 +104,6 @@ def round_up(x, m):
 def arena_round(nbytes):
     """Every arena buffer is rounded up to 64 bytes (src/arena.h)."""
     return round_up(nbytes, 64)
-
-
-def write_shard(path, tokens):
-    """An llm.c uint16 token shard: 256 int32 header (magic, version 1, count), tokens."""
-    header = np.zeros(256, dtype="<i4")
-    header[0], header[1], header[2] = 20240520, 1, len(tokens)
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
 
 
 def rank_pids(cfg_path, parent):

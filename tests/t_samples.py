@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import BIN, ENV, check, failures, read_dump, rel, scratch_dir, write_config, write_shard  # noqa: E402
 
-import samplefile  # noqa: E402  (tools/, on the path through harness)
+import datafiles  # noqa: E402  (tools/, on the path through harness)
 
 TMP = scratch_dir("samples")
 V = 256
@@ -43,7 +43,7 @@ V = 256
 def write_samples(path, samples, vocab=V):
     """samples: list of (tokens, trained) arrays."""
     off = np.cumsum([0] + [len(t) for t, _ in samples])
-    return samplefile.write(path, np.concatenate([t for t, _ in samples]), np.concatenate([m for _, m in samples]),
+    return datafiles.write_samples(path, np.concatenate([t for t, _ in samples]), np.concatenate([m for _, m in samples]),
                             off, vocab)
 
 

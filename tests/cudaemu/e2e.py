@@ -30,7 +30,7 @@ import numpy as np
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from harness import check, failures, scratch_dir, write_shard  # noqa: E402
-import samplefile  # noqa: E402  (tools/, on the path through harness)
+import datafiles  # noqa: E402  (tools/, on the path through harness)
 
 TMP = scratch_dir("cudaemu_e2e")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -58,7 +58,7 @@ def packed_data():
         rng = np.random.default_rng(9)
         lens = rng.integers(3, MODEL["n_positions"] + 1, size=60)
         trained = np.concatenate([(np.arange(n) >= rng.integers(1, n)).astype(np.uint8) for n in lens])
-        samplefile.write(path, rng.integers(0, MODEL["vocab_size"], size=int(lens.sum())), trained,
+        datafiles.write_samples(path, rng.integers(0, MODEL["vocab_size"], size=int(lens.sum())), trained,
                          np.concatenate([[0], np.cumsum(lens)]), MODEL["vocab_size"])
     return {"data": {"train": path, "max_seq_length": MODEL["n_positions"], "packing": True}}
 

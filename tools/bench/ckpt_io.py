@@ -85,12 +85,11 @@ def shardlm(cfg, ranks, *extra):
 BLOCK = 16 << 20  # plain I/O request size
 
 
-def plain_write(path, nbytes, direct, settle):
+def timed_write(path, nbytes, direct):
     """Seconds to write nbytes in BLOCK requests and fsync, from a page-aligned
     buffer (an anonymous mmap), through the page cache or with O_DIRECT."""
     buf = mmap.mmap(-1, BLOCK)
     buf.write(os.urandom(BLOCK))
-    drop_caches(settle)
     t0 = time.time()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o644)
     left = nbytes
@@ -108,16 +107,29 @@ def plain_write(path, nbytes, direct, settle):
     return time.time() - t0
 
 
-def plain_read(path, direct, settle):
-    """Seconds to read path in BLOCK requests, through the page cache or with O_DIRECT."""
-    buf = mmap.mmap(-1, BLOCK)
+def plain_write(path, nbytes, direct, settle):
+    """timed_write after dropping the page cache and settle idle seconds."""
     drop_caches(settle)
+    return timed_write(path, nbytes, direct)
+
+
+def timed_read(paths, direct):
+    """Seconds to read the files one after the other in BLOCK requests into a
+    page-aligned buffer, through the page cache or with O_DIRECT."""
+    buf = mmap.mmap(-1, BLOCK)
     t0 = time.time()
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
-    while os.readv(fd, [buf]) == BLOCK:
-        pass
-    os.close(fd)
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+        while os.readv(fd, [buf]) == BLOCK:
+            pass
+        os.close(fd)
     return time.time() - t0
+
+
+def plain_read(path, direct, settle):
+    """timed_read of path after dropping the page cache and settle idle seconds."""
+    drop_caches(settle)
+    return timed_read([path], direct)
 
 
 def main():

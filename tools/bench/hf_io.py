@@ -69,7 +69,6 @@ Usage: tools/bench/hf_io.py [--dir DIR] [--ranks N] [--layers L] [--rounds R] [-
 """
 import argparse
 import json
-import mmap
 import os
 import re
 import resource
@@ -81,12 +80,16 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ckpt_io import drop_caches, timed_read, timed_write  # noqa: E402  (the plain side, as ckpt_io times it)
+from datafiles import write_shard  # noqa: E402  (tools/)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("SHARDLM_BIN") or os.path.join(ROOT, "bin", "shardlm")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1")
 
-BLOCK = 16 << 20          # plain I/O request size
 GEN_CHUNK = 32 << 20      # elements generated and written at a time when making the model
 # Bytes per parameter of host memory over all ranks: fp32 master, Adam m and v,
 # fp32 gradient shard (16), bf16 parameter shard, unit gradient buffers and fp32
@@ -95,19 +98,6 @@ BYTES_PER_PARAM_RAM = 23
 BYTES_PER_PARAM_DISK = 20  # model 2 + checkpoint 12 + two exports 4 + plain file 2
 TARGET = 0.70             # issue 17: import and export at >= 70% of the plain figure
 OTHER_CPU_WARN = 0.10     # as train_throughput.py: above this share of the CPUs taken by others, say so
-
-
-def drop_caches(settle):
-    """Syncs, drops the page cache and waits settle seconds; False when not allowed."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        dropped = True
-    except OSError:
-        dropped = False
-    time.sleep(settle)
-    return dropped
 
 
 # ---- the model directory -------------------------------------------------------------------
@@ -194,55 +184,8 @@ def make_model(d, a):
     return total, len(files)
 
 
-def write_shard(path, tokens):
-    """An llm.c uint16 token shard: 256 int32 header (magic, version 1, count), tokens."""
-    header = np.zeros(256, dtype="<i4")
-    header[0], header[1], header[2] = 20240520, 1, len(tokens)
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype="<u2").tobytes())
-
-
 def weight_files(d):
     return [os.path.join(d, f) for f in sorted(os.listdir(d)) if f.endswith(".safetensors")]
-
-
-# ---- plain I/O ------------------------------------------------------------------------------
-
-def plain_read(paths, direct):
-    """Seconds to read the files one after the other in BLOCK requests into a
-    page-aligned buffer, through the page cache or with O_DIRECT."""
-    buf = mmap.mmap(-1, BLOCK)
-    t0 = time.time()
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY | (os.O_DIRECT if direct else 0))
-        while os.readv(fd, [buf]) == BLOCK:
-            pass
-        os.close(fd)
-    return time.time() - t0
-
-
-def plain_write(path, nbytes, direct):
-    """Seconds to write nbytes in BLOCK requests and fsync, from a page-aligned
-    buffer, through the page cache or with O_DIRECT (the last partial block
-    through the page cache)."""
-    buf = mmap.mmap(-1, BLOCK)
-    buf.write(os.urandom(BLOCK))
-    t0 = time.time()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o644)
-    left = nbytes
-    while left >= BLOCK or (left > 0 and not direct):
-        n = min(left, BLOCK)
-        os.write(fd, buf if n == BLOCK else buf[:n])
-        left -= n
-    os.close(fd)
-    if left:
-        with open(path, "ab") as f:
-            f.write(buf[:left])
-    fd = os.open(path, os.O_WRONLY)
-    os.fsync(fd)
-    os.close(fd)
-    return time.time() - t0
 
 
 # ---- shardlm --------------------------------------------------------------------------------
@@ -290,19 +233,19 @@ def plain_side(a, t, files, plain_path, nbytes):
     the drop and --settle idle seconds, then right after a drop of the pages
     the first one just filled; and with O_DIRECT."""
     drop_caches(a.settle)
-    t["read_settled"] = plain_read(files, direct=False)
+    t["read_settled"] = timed_read(files, direct=False)
     drop_caches(0)
-    t["read_fresh"] = plain_read(files, direct=False)
+    t["read_fresh"] = timed_read(files, direct=False)
     drop_caches(a.settle)
-    t["read_direct"] = plain_read(files, direct=True)
+    t["read_direct"] = timed_read(files, direct=True)
     drop_caches(a.settle)
-    t["write_settled"] = plain_write(plain_path, nbytes, direct=False)
+    t["write_settled"] = timed_write(plain_path, nbytes, direct=False)
     drop_caches(0)
     os.unlink(plain_path)
-    t["write_fresh"] = plain_write(plain_path, nbytes, direct=False)
+    t["write_fresh"] = timed_write(plain_path, nbytes, direct=False)
     os.unlink(plain_path)
     drop_caches(a.settle)
-    t["write_direct"] = plain_write(plain_path, nbytes, direct=True)
+    t["write_direct"] = timed_write(plain_path, nbytes, direct=True)
     os.unlink(plain_path)
 
 

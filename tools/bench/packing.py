@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import coretype  # noqa: E402
-import samplefile  # noqa: E402  (tools/)
+import datafiles  # noqa: E402  (tools/)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(ROOT, "bin", "shardlm")
@@ -46,7 +46,7 @@ def make_samples(path, n, max_len, seed=0):
     off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     for i in range(n):
         trained[off[i] + int(0.3 * lens[i]) + 1:off[i + 1]] = 1
-    samplefile.write(path, tokens, trained, off, V)
+    datafiles.write_samples(path, tokens, trained, off, V)
     return lens
 
 
