@@ -217,6 +217,57 @@ void backend_crossentropy_forward(float *losses, float *logits, const int32_t *t
  * the whole row 0 where the target is < 0. */
 void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
 
+/* LoRA (issue 19): one linear layer's low-rank adapter,
+ *   y[:, 0:OC] += scale * (drop(x) @ A^T) @ B^T,
+ * x [A] (N, C); A [A] (r, C) (lora_A); B [A] (OC, r) (lora_B); y [A] rows of
+ * ld elements, the layer's output at columns [0, OC) of each row (ld > OC:
+ * a slice of a fused output such as q|k|v, y pointing at the slice's first
+ * column). t [A] (N, r) receives drop(x) @ A^T, which the backward reads.
+ * drop: inverted dropout with probability d->p (0: none, and d may be NULL):
+ * element (n, c) of x is kept, and scaled by 1 / (1 - p), iff
+ * lora_dropout_keeps(d, n, c); scratch [A] (N, C) holds drop(x) then, and
+ * is unused without dropout (may be NULL). */
+struct lora_dropout {
+    float p;          /* in [0, 1) */
+    uint64_t key;     /* the mask of this layer, module and step (lora_dropout_key) */
+    uint64_t row0;    /* the global index of the micro-batch's first row (sample or packed row) */
+    int T;            /* tokens per row: token n is row row0 + n / T, position n % T */
+};
+#ifdef __CUDACC__
+#define LORA_HD __host__ __device__
+#else
+#define LORA_HD
+#endif
+/* The mask as a function of the row, the position and the channel only, so
+ * that it does not depend on the world size, the micro-batch split or the
+ * padding: a splitmix64 finalizer over (key, row, position, channel). */
+static inline LORA_HD uint64_t lora_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline LORA_HD int lora_dropout_keeps(const struct lora_dropout *d, size_t n, int c)
+{
+    const uint64_t row = d->row0 + n / (size_t)d->T, t = n % (size_t)d->T;
+    const uint64_t h = lora_mix(d->key ^ lora_mix(row * 0x9E3779B97F4A7C15ull + (t << 32) + (uint64_t)c));
+    /* keep iff the top 32 bits are at or above p * 2^32 */
+    return (double)(h >> 32) >= (double)d->p * 4294967296.0;
+}
+void backend_lora_forward(float *y, int ld, float *t, float *scratch, const float *x, const float *A, const float *B,
+                          float scale, const struct lora_dropout *d, int N, int C, int r, int OC);
+/* After the layer's own backward (which overwrote dx with dy @ W): with dy [A]
+ * the gradient of y (rows of ld, columns [0, OC)),
+ *   dB [G] (OC, r) += scale * dy^T @ t,  dt = scale * dy @ B  (N, r),
+ *   dA [G] (r, C) += dt^T @ drop(x),     dx [A] (N, C) += drop'(dt @ A)
+ * (accumulated: dx already holds the frozen weight's share). x, t, d as in
+ * the forward (the mask is computed again, not stored); dt [A] (N, r) and
+ * scratch [A] (N, C) (with dropout; else unused) are work space. dA and dB
+ * NULL: the adapters are frozen, dx only. */
+void backend_lora_backward(float *dx, float *dA, float *dB, float *dt, float *scratch, const float *dy, int ld,
+                           const float *x, const float *t, const float *A, const float *B, float scale,
+                           const struct lora_dropout *d, int N, int C, int r, int OC);
+
 /* Sum of squares in double (for the global gradient norm). */
 double backend_sum_squares(const float *x, size_t n);
 /* 1 when every element is finite, else 0. */

@@ -420,6 +420,76 @@ void backend_swiglu_backward(float *dgu, const float *dout, const float *gu, int
     }
 }
 
+/* ---- LoRA ---------------------------------------------------------------------- */
+
+static int lora_drops(const struct lora_dropout *d) { return d && d->p > 0.0f; }
+
+/* out (N, C) = drop(x), or out += drop(x) when accumulating. */
+static void lora_drop(float *out, const float *x, const struct lora_dropout *d, int N, int C, int accumulate)
+{
+    const float keep_scale = 1.0f / (1.0f - d->p);
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *o = out + (size_t)n * C;
+        const float *in = x + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            float v = lora_dropout_keeps(d, (size_t)n, c) ? in[c] * keep_scale : 0.0f;
+            o[c] = accumulate ? o[c] + v : v;
+        }
+    }
+}
+
+void backend_lora_forward(float *y, int ld, float *t, float *scratch, const float *x, const float *A, const float *B,
+                          float scale, const struct lora_dropout *d, int N, int C, int r, int OC)
+{
+    ACT_DISPATCH(act_lora_forward(y, ld, t, x, A, B, scale, d, N, C, r, OC));
+    DEVEMU_VIEW(y);
+    DEVEMU_VIEW(t);
+    DEVEMU_VIEW(scratch);
+    DEVEMU_VIEW(x);
+    DEVEMU_VIEW(A);
+    DEVEMU_VIEW(B);
+    if (lora_drops(d)) {
+        lora_drop(scratch, x, d, N, C, 0);
+        x = scratch;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, C, 1.0f, x, C, A, C, 0.0f, t, r);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, r, scale, t, r, B, r, 1.0f, y, ld);
+}
+
+void backend_lora_backward(float *dx, float *dA, float *dB, float *dt, float *scratch, const float *dy, int ld,
+                           const float *x, const float *t, const float *A, const float *B, float scale,
+                           const struct lora_dropout *d, int N, int C, int r, int OC)
+{
+    ACT_DISPATCH(act_lora_backward(dx, dA, dB, dy, ld, x, t, A, B, scale, d, N, C, r, OC));
+    DEVEMU_VIEW(dx);
+    DEVEMU_VIEW(dA);
+    DEVEMU_VIEW(dB);
+    DEVEMU_VIEW(dt);
+    DEVEMU_VIEW(scratch);
+    DEVEMU_VIEW(dy);
+    DEVEMU_VIEW(x);
+    DEVEMU_VIEW(t);
+    DEVEMU_VIEW(A);
+    DEVEMU_VIEW(B);
+    if (dB)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, r, N, scale, dy, ld, t, r, 1.0f, dB, r);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, OC, scale, dy, ld, B, r, 0.0f, dt, r);
+    const int drops = lora_drops(d);
+    if (dA) {
+        if (drops)
+            lora_drop(scratch, x, d, N, C, 0);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, C, N, 1.0f, dt, r, drops ? scratch : x, C, 1.0f, dA,
+                    C);
+    }
+    if (!drops) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, r, 1.0f, dt, r, A, C, 1.0f, dx, C);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, r, 1.0f, dt, r, A, C, 0.0f, scratch, C);
+    lora_drop(dx, scratch, d, N, C, 1);
+}
+
 void backend_add(float *out, const float *a, const float *b, size_t n)
 {
     DEVEMU_VIEW(out);

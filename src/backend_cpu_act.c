@@ -300,3 +300,34 @@ void backend_add_act(float *out, const float *a, const float *b, size_t n)
     narrow(out, o, n);
     free(wa), free(wb);
 }
+
+/* The elements a strided (N rows of ld, OC columns) [A] slice spans. */
+static size_t slice_span(int N, int ld, int OC) { return N ? (size_t)(N - 1) * (size_t)ld + (size_t)OC : 0; }
+
+void act_lora_forward(float *y, int ld, float *t, const float *x, const float *A, const float *B, float scale,
+                      const struct lora_dropout *d, int N, int C, int r, int OC)
+{
+    const size_t span = slice_span(N, ld, OC);
+    float *yw = widen(y, span), *xw = widen(x, (size_t)N * C), *a = widen(A, (size_t)r * C);
+    float *b = widen(B, (size_t)OC * r), *tw = xcalloc((size_t)N * r + 1, sizeof *tw);
+    float *scratch = xcalloc((size_t)N * C + 1, sizeof *scratch);
+    FP32(backend_lora_forward(yw, ld, tw, scratch, xw, a, b, scale, d, N, C, r, OC));
+    narrow(y, yw, span); /* the other columns widen and round back to themselves */
+    narrow(t, tw, (size_t)N * r);
+    free(xw), free(a), free(b), free(scratch);
+}
+
+void act_lora_backward(float *dx, float *dA, float *dB, const float *dy, int ld, const float *x, const float *t,
+                       const float *A, const float *B, float scale, const struct lora_dropout *d, int N, int C, int r,
+                       int OC)
+{
+    float *dyw = widen(dy, slice_span(N, ld, OC)), *xw = widen(x, (size_t)N * C), *tw = widen(t, (size_t)N * r);
+    float *a = widen(A, (size_t)r * C), *b = widen(B, (size_t)OC * r), *dxw = widen(dx, (size_t)N * C);
+    float *da = grad_begin(dA, (size_t)r * C), *db = grad_begin(dB, (size_t)OC * r);
+    float *dt = xcalloc((size_t)N * r + 1, sizeof *dt), *scratch = xcalloc((size_t)N * C + 1, sizeof *scratch);
+    FP32(backend_lora_backward(dxw, da, db, dt, scratch, dyw, ld, xw, tw, a, b, scale, d, N, C, r, OC));
+    grad_done(dA, da, (size_t)r * C);
+    grad_done(dB, db, (size_t)OC * r);
+    narrow(dx, dxw, (size_t)N * C);
+    free(dyw), free(xw), free(tw), free(a), free(b), free(dt), free(scratch);
+}

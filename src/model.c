@@ -141,7 +141,7 @@ void model_build(struct model *m, const struct model_config *cfg)
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     set_arch(&m->cfg);
-    m->n_units = cfg->n_layer + 2;
+    m->n_units = m->n_base_units = cfg->n_layer + 2;
     m->units = xcalloc((size_t)m->n_units, sizeof *m->units);
     if (strcmp(m->cfg.type, "llama") == 0)
         build_llama(m);
@@ -161,6 +161,8 @@ void model_free(struct model *m)
     for (int u = 0; u < m->n_units; u++)
         free(m->units[u].tensors);
     free(m->units);
+    free(m->lora.unit);
+    free(m->lora.a_tensor);
     memset(m, 0, sizeof *m);
 }
 
@@ -171,6 +173,14 @@ static float counter_normal(uint64_t seed, int tensor_id, size_t element)
     uint64_t state = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)tensor_id << 48) ^ (uint64_t)element;
     splitmix64(&state);
     return rng_normal(&state);
+}
+
+/* uniform(-bound, bound) from a counter, as counter_normal. */
+static float counter_uniform(uint64_t seed, int tensor_id, size_t element, float bound)
+{
+    uint64_t state = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)tensor_id << 48) ^ (uint64_t)element;
+    splitmix64(&state);
+    return (2.0f * rng_uniform(&state) - 1.0f) * bound;
 }
 
 void model_init_range(const struct model *m, int u, size_t start, size_t count, float *out)
@@ -192,6 +202,8 @@ void model_init_range(const struct model *m, int u, size_t start, size_t count, 
             case INIT_NORMAL: v = std * counter_normal(m->cfg.init_seed, t->id, e); break;
             case INIT_NORMAL_RES: v = res_std * counter_normal(m->cfg.init_seed, t->id, e); break;
             case INIT_ONES: v = 1.0f; break;
+            case INIT_KAIMING_UNIFORM: v = counter_uniform(m->cfg.init_seed, t->id, e, 1.0f / sqrtf((float)t->shape[1])); break;
+            case INIT_NORMAL_INV_R: v = counter_normal(m->cfg.init_seed, t->id, e) / (float)t->shape[0]; break;
             default: v = 0.0f; break;
             }
             out[i - start] = v;
@@ -231,8 +243,11 @@ int model_freeze(struct model *m, const char *spec, const char *what)
         p += n + 1;
     }
     int frozen = 0;
-    for (int u = 0; u < m->n_units; u++)
+    for (int u = 0; u < m->n_units; u++) {
         frozen += m->units[u].frozen;
+        for (int t = 0; m->units[u].frozen && t < m->units[u].n_tensors; t++)
+            m->units[u].tensors[t].frozen = true;
+    }
     if (frozen == m->n_units)
         fail_input("%s: \"%s\" freezes every unit, which leaves nothing to train; leave one unit trainable", what,
                    spec);
@@ -243,9 +258,127 @@ size_t model_frozen_params(const struct model *m)
 {
     size_t n = 0;
     for (int u = 0; u < m->n_units; u++)
-        for (int t = 0; m->units[u].frozen && t < m->units[u].n_tensors; t++)
+        for (int t = 0; t < m->units[u].n_tensors; t++)
+            if (m->units[u].tensors[t].frozen)
+                n += m->units[u].tensors[t].numel;
+    return n;
+}
+
+size_t model_adapter_params(const struct model *m)
+{
+    size_t n = 0;
+    for (int u = m->n_base_units; u < m->n_units; u++)
+        for (int t = 0; t < m->units[u].n_tensors; t++)
             n += m->units[u].tensors[t].numel;
     return n;
+}
+
+static size_t module_length(const char *tensor_name);
+
+/* ---- LoRA ------------------------------------------------------------------------------ */
+
+int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX_LINEAR])
+{
+    const int C = m->cfg.n_embd, F = m->cfg.ffn_dim, KV = C / m->cfg.n_head * m->cfg.n_kv_head;
+    if (strcmp(m->cfg.type, "llama") == 0) {
+        const struct model_linear l[] = {
+            {"self_attn.q_proj", 1, C, C, 0},    {"self_attn.k_proj", 2, C, KV, C}, {"self_attn.v_proj", 3, C, KV, C + KV},
+            {"self_attn.o_proj", 4, C, C, 0},    {"mlp.gate_proj", 6, C, F, 0},     {"mlp.up_proj", 7, C, F, F},
+            {"mlp.down_proj", 8, F, C, 0},
+        };
+        memcpy(out, l, sizeof l);
+        return 7;
+    }
+    const struct model_linear l[] = {
+        {"attn.c_attn", BT_QKV_W, C, 3 * C, 0},
+        {"attn.c_proj", BT_ATTPROJ_W, C, C, 0},
+        {"mlp.c_fc", BT_FC_W, C, 4 * C, 0},
+        {"mlp.c_proj", BT_FCPROJ_W, 4 * C, C, 0},
+    };
+    memcpy(out, l, sizeof l);
+    return 4;
+}
+
+/* PEFT's match of a module name against one configured name: the whole name,
+ * or its end after a dot. */
+static bool module_named(const char *module, size_t len, const char *name)
+{
+    const size_t n = strlen(name);
+    return n && n <= len && memcmp(module + len - n, name, n) == 0 && (n == len || module[len - n - 1] == '.');
+}
+
+static bool in_list(const char *module, size_t len, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (module_named(module, len, names[i]))
+            return true;
+    return false;
+}
+
+void model_add_lora(struct model *m, const struct lora_config *l)
+{
+    if (!l->enabled)
+        return;
+    struct model_lora *lo = &m->lora;
+    const int L = m->cfg.n_layer;
+    lo->on = true;
+    lo->r = l->r;
+    lo->scale = (float)(l->alpha / l->r);
+    lo->dropout = (float)l->dropout;
+    lo->n_linear = model_block_linears(m, lo->linear);
+    lo->unit = xcalloc((size_t)L, sizeof *lo->unit);
+    lo->a_tensor = xcalloc((size_t)L, sizeof *lo->a_tensor);
+    /* every base tensor frozen, but those of modules_to_save */
+    for (int u = 0; u < m->n_units; u++) {
+        struct unit_desc *ud = &m->units[u];
+        bool any = false;
+        for (int t = 0; t < ud->n_tensors; t++) {
+            struct tensor_desc *td = &ud->tensors[t];
+            td->frozen = !in_list(td->name, module_length(td->name), l->modules_to_save, l->n_modules_to_save);
+            any = any || !td->frozen;
+        }
+        ud->frozen = !any;
+    }
+    int id = 0;
+    for (int u = 0; u < m->n_units; u++)
+        id += m->units[u].n_tensors;
+    char name[MODEL_MAX_NAME], uname[32];
+    for (int b = 0; b < L; b++) {
+        const struct unit_desc *block = &m->units[model_block_unit(b)];
+        lo->unit[b] = -1;
+        int adapted[MODEL_MAX_LINEAR], n = 0;
+        for (int k = 0; k < lo->n_linear; k++) {
+            const char *wname = block->tensors[lo->linear[k].tensor].name;
+            const size_t len = module_length(wname);
+            lo->a_tensor[b][k] = -1;
+            if (l->all_linear || in_list(wname, len, l->target_modules, l->n_target_modules))
+                adapted[n++] = k;
+        }
+        if (!n)
+            continue;
+        m->units = xrealloc(m->units, (size_t)(m->n_units + 1) * sizeof *m->units);
+        memset(&m->units[m->n_units], 0, sizeof m->units[m->n_units]);
+        snprintf(uname, sizeof uname, "adapters %d", b);
+        lo->unit[b] = m->n_units;
+        struct unit_desc *ad = start_unit(m, m->n_units++, UNIT_ADAPTER, b, uname, 2 * n);
+        block = &m->units[model_block_unit(b)]; /* m->units moved */
+        for (int i = 0; i < n; i++) {
+            const struct model_linear *li = &lo->linear[adapted[i]];
+            const char *wname = block->tensors[li->tensor].name;
+            const int len = (int)module_length(wname);
+            lo->a_tensor[b][adapted[i]] = ad->n_tensors;
+            snprintf(name, sizeof name, "%.*s.lora_A.weight", len, wname);
+            add_tensor(ad, &id, name, l->r, li->in, true,
+                       l->init == LORA_INIT_GAUSSIAN ? INIT_NORMAL_INV_R : INIT_KAIMING_UNIFORM);
+            snprintf(name, sizeof name, "%.*s.lora_B.weight", len, wname);
+            add_tensor(ad, &id, name, li->out, l->r, true, INIT_ZEROS);
+            lo->n_adapted++;
+        }
+        ad->numel = round_up(ad->numel, MODEL_TENSOR_ALIGN);
+        m->n_elements += ad->numel;
+        for (int t = 0; t < ad->n_tensors; t++)
+            m->n_params += ad->tensors[t].numel;
+    }
 }
 
 bool model_find_tensor(const struct model *m, const char *name, int *unit, int *tensor)

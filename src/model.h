@@ -41,13 +41,16 @@
 #define MODEL_TENSOR_ALIGN 16 /* elements: 64 bytes in fp32, one cache line */
 #define MODEL_MAX_NAME 80
 
-enum unit_kind { UNIT_EMBED, UNIT_BLOCK, UNIT_HEAD };
+enum unit_kind { UNIT_EMBED, UNIT_BLOCK, UNIT_HEAD, UNIT_ADAPTER };
+#define MODEL_UNIT_KINDS 4
 
 enum init_kind {
     INIT_NORMAL,     /* normal(0, init_std) */
     INIT_NORMAL_RES, /* normal(0, init_std / sqrt(2 n_layer)): projections into the residual stream */
     INIT_ONES,
     INIT_ZEROS,
+    INIT_KAIMING_UNIFORM, /* uniform(-1 / sqrt(fan_in), 1 / sqrt(fan_in)): nn.Linear's kaiming_uniform_(a = sqrt(5)) */
+    INIT_NORMAL_INV_R,    /* normal(0, 1 / r): PEFT's "gaussian" lora_A */
 };
 
 struct tensor_desc {
@@ -60,6 +63,8 @@ struct tensor_desc {
     enum init_kind init;
     int id;                    /* index over the whole model (seeds the init) */
     int rows_valid;            /* rows holding real values (wte: vocab_size of Vp); others stay zero */
+    bool frozen;               /* not trained (model_add_lora): no gradient is computed for it and the optimizer
+                                * leaves it alone, also inside a trained unit (modules_to_save) */
 };
 
 /* Offsets of one block's tensors in its unit, in canonical order. */
@@ -81,12 +86,42 @@ struct unit_desc {
     bool frozen;               /* not trained: no gradient, master or optimizer state (zero.h) */
 };
 
+/* LoRA (issue 19, config.h struct lora_config): y = W x + scale B A drop(x)
+ * on each adapted linear layer of a block. The adapters of block l are one
+ * unit of kind UNIT_ADAPTER, after the base units (unit L + 2 + k for the
+ * k-th adapted block), holding for each adapted layer, in the block's linear
+ * order (model_block_linears), lora_A (r, in) then lora_B (out, r), named as
+ * PEFT names them without its "base_model.model." prefix:
+ * "model.layers.3.self_attn.q_proj.lora_A.weight". Every base tensor is
+ * frozen except those of lora.modules_to_save; a base unit none of whose
+ * tensors trains is frozen as a whole. */
+#define MODEL_MAX_LINEAR 7
+struct model_linear {
+    const char *module;        /* the module's name inside a block: "self_attn.q_proj", "attn.c_attn" */
+    int tensor;                /* its weight's index in the block unit */
+    int in, out;               /* features */
+    int col;                   /* where its output starts in the fused output the kernels compute (q|k|v, gate|up) */
+};
+struct model_lora {
+    bool on;
+    int r;
+    float scale;               /* alpha / r */
+    float dropout;
+    int n_linear;              /* linear layers per block (Llama 7, GPT-2 4) */
+    struct model_linear linear[MODEL_MAX_LINEAR];
+    int *unit;                 /* [n_layer] the block's adapter unit, -1: none */
+    int (*a_tensor)[MODEL_MAX_LINEAR]; /* [n_layer][linear] lora_A's index in that unit (lora_B follows), -1: not adapted */
+    int n_adapted;             /* adapted layers in all */
+};
+
 struct model {
     struct model_config cfg;
     int n_units;
     struct unit_desc *units;
     size_t n_params;           /* sum of tensor numel (real parameters, no gaps) */
     size_t n_elements;         /* sum of unit numel */
+    int n_base_units;          /* n_layer + 2: the units model_build makes; adapters follow */
+    struct model_lora lora;
 };
 
 void model_build(struct model *m, const struct model_config *cfg);
@@ -100,6 +135,18 @@ static inline int model_head_unit(const struct model *m) { return m->cfg.n_layer
  * tensor and the element, so any rank can initialise just its shard and every
  * world size starts from the same weights. */
 void model_init_range(const struct model *m, int u, size_t start, size_t count, float *out);
+
+/* The linear layers of one block, in order (the same for every block). */
+int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX_LINEAR]);
+
+/* Adds LoRA's adapter units for the config's target_modules, freezes the
+ * base except lora.modules_to_save, and seeds the adapters' init from
+ * init_seed (A as lora.init says, B zero). Nothing when l is not enabled. */
+void model_add_lora(struct model *m, const struct lora_config *l);
+/* The parameters of the adapter units. */
+size_t model_adapter_params(const struct model *m);
+/* Whether unit u holds adapters. */
+static inline bool model_is_adapter(const struct model *m, int u) { return u >= m->n_base_units; }
 
 /* Frozen units (DESIGN §11): a frozen unit is sharded and gathered like any
  * other, but has no gradient, master or optimizer state, and the backward

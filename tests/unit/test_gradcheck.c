@@ -62,6 +62,8 @@
 #define backend_gelu_forward f64_gelu_forward
 #define backend_gelu_backward f64_gelu_backward
 #define backend_add f64_add
+#define backend_lora_forward f64_lora_forward
+#define backend_lora_backward f64_lora_backward
 #define backend_attention_forward f64_attention_forward
 #define backend_attention_backward f64_attention_backward
 #define backend_attention_scratch f64_attention_scratch
