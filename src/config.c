@@ -364,7 +364,7 @@ static const struct key_spec lora_keys[] = {
     {"lora_dropout", K_NUM, 0, NULL, NULL},   /* PEFT's name of dropout */
     {"target_modules", K_ANY, 0, NULL, NULL}, /* a list of module names, or "all-linear" (read_lora) */
     {"modules_to_save", K_ARRAY, F_NULLABLE, NULL, NULL},
-    {"init", K_STR, 0, NULL, NULL},
+    {"init", K_ANY, 0, NULL, NULL},            /* "default", "gaussian", or PEFT's init_lora_weights true / false */
     {0},
 };
 
@@ -1602,6 +1602,7 @@ static void read_lora(struct config *cfg, json_t *root)
     l->enabled = true;
     const struct model_config *mc = &cfg->model;
     const char *named;
+    char text[128];
     l->r = read_int(root, "lora.r", LORA_R_DEFAULT, FILL);
     if (l->r <= 0)
         fail_input("config: 'lora.r' must be a positive integer (the adapters' rank; PEFT's default is %d), got %d",
@@ -1620,15 +1621,19 @@ static void read_lora(struct config *cfg, json_t *root)
         fail_input("config: '%s' must be in [0, 1) (the probability that an adapter input is zeroed; 0: no "
                    "dropout), got %g",
                    named, l->dropout);
-    const char *init = read_str(root, "lora.init", "default", FILL);
-    if (strcmp(init, "default") == 0)
+    json_t *init = doc_get(root, "lora.init");
+    const char *init_name = json_is_string(init) ? json_string_value(init) : NULL;
+    if (!init || json_is_true(init) || (init_name && strcmp(init_name, "default") == 0))
         l->init = LORA_INIT_DEFAULT;
-    else if (strcmp(init, "gaussian") == 0)
+    else if (json_is_false(init))
+        l->init = LORA_INIT_RANDOM;
+    else if (init_name && strcmp(init_name, "gaussian") == 0)
         l->init = LORA_INIT_GAUSSIAN;
     else
-        fail_input("config: 'lora.init' is \"%s\"; known: \"default\" (PEFT's: A Kaiming-uniform, B zero), "
-                   "\"gaussian\" (A normal with std 1 / r, B zero)",
-                   init);
+        fail_input("config: 'lora.init' is %s; known: \"default\" or true (PEFT's: A Kaiming-uniform, B zero), "
+                   "\"gaussian\" (A normal with std 1 / r, B zero), false (A and B both as nn.Linear's default, "
+                   "PEFT's init_lora_weights=False: the adapters change the output from the first step)",
+                   json_brief(init, text, sizeof text));
     /* the module names are checked against the model they will adapt */
     struct model m;
     model_build(&m, mc);
@@ -1673,13 +1678,6 @@ static void config_finish(struct config *cfg, json_t *root, const char *const *s
     read_precision(cfg, root);
     read_zero(cfg, root);
     read_act_ckpt(cfg, root);
-}
-
-void config_check_implemented(const struct config *cfg)
-{
-    if (cfg->lora.enabled)
-        fail_input("config: the 'lora' section is read and checked, but LoRA training is not implemented yet "
-                   "(issue 19); remove the section to train or plan the full model");
 }
 
 void config_load(struct config *cfg, const char *path, const char *deepspeed_path, const char *const *sets,

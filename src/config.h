@@ -176,13 +176,11 @@ struct checkpoint_config {
  * not given PEFT's per-architecture default (Llama: q_proj, v_proj; GPT-2:
  * c_attn). Names are matched as PEFT matches them (model.h,
  * model_module_matches): "q_proj" adapts every block's q_proj.
- *
- * Phase 1: the section is read and validated here, but nothing acts on it
- * yet; the trainer and `shardlm plan` refuse a config that has it (exit 2)
- * rather than train the full model. */
+ * model_add_lora (model.h) lays the adapters out and freezes the base. */
 enum lora_init {
     LORA_INIT_DEFAULT = 0, /* "default": A Kaiming-uniform (a = sqrt(5), as nn.Linear), B zero */
     LORA_INIT_GAUSSIAN,    /* "gaussian": A normal(0, 1 / r), B zero (PEFT's "gaussian") */
+    LORA_INIT_RANDOM,      /* false: A and B Kaiming-uniform (PEFT's init_lora_weights=False, for tests) */
 };
 
 struct lora_config {
@@ -228,9 +226,6 @@ void config_load(struct config *cfg, const char *path, const char *deepspeed_pat
                  const char *const *sets, int n_sets);
 /* Same, from a JSON string (tests). */
 void config_load_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets);
-/* Fails (exit 2) on a section that is read and checked but not implemented
- * yet: lora (issue 19, phase 1). The trainer and `shardlm plan` call it. */
-void config_check_implemented(const struct config *cfg);
 /* Derives the missing batch number for this world size; inconsistent triples fail. */
 void config_resolve_batch(struct config *cfg, int world);
 /* The resolved configuration as a JSON string (caller frees). */

@@ -18,6 +18,8 @@ const struct family *family_of(const struct model *m)
 
 static const float *elem_at(const float *p, size_t i, size_t es) { return (const float *)((const char *)p + i * es); }
 
+static size_t act_size_now(void) { return (size_t)dtype_size(backend_act_dtype()); }
+
 const float *family_param(const struct family_acts *a, const float *unit, int u, int t)
 {
     return elem_at(unit, a->m->units[u].tensors[t].offset, (size_t)dtype_size(backend_act_dtype()));
@@ -25,9 +27,110 @@ const float *family_param(const struct family_acts *a, const float *unit, int u,
 
 float *family_grad(const struct family_acts *a, float *grad, int u, int t)
 {
-    if (!grad) /* a frozen unit: no gradient, the kernels compute input gradients only */
+    /* a frozen unit or tensor: no gradient, the kernels compute input gradients only */
+    if (!grad || a->m->units[u].tensors[t].frozen)
         return NULL;
     return (float *)elem_at(grad, a->m->units[u].tensors[t].offset, (size_t)dtype_size(backend_grad_dtype()));
+}
+
+float *family_group_grad(const struct family_acts *a, float *grad, int u, int t0, int t1)
+{
+    for (int t = t0; grad && t <= t1; t++)
+        if (!a->m->units[u].tensors[t].frozen)
+            return (float *)elem_at(grad, a->m->units[u].tensors[t0].offset, (size_t)dtype_size(backend_grad_dtype()));
+    return NULL;
+}
+
+void family_group_grad_done(const struct family_acts *a, float *grad, int u, int t0, int t1)
+{
+    if (!family_group_grad(a, grad, u, t0, t1))
+        return;
+    const size_t es = (size_t)dtype_size(backend_grad_dtype());
+    for (int t = t0; t <= t1; t++) {
+        const struct tensor_desc *td = &a->m->units[u].tensors[t];
+        if (!td->frozen)
+            continue;
+        if (td->numel * es % sizeof(float))
+            fail_internal("tensor '%s': %zu elements of %zu bytes are not whole floats", td->name, td->numel, es);
+        backend_zero((float *)elem_at(grad, td->offset, es), td->numel * es / sizeof(float));
+    }
+}
+
+/* ---- LoRA ------------------------------------------------------------------------- */
+
+bool family_lora_adapts(const struct family_acts *a, int l, int k)
+{
+    const struct model_lora *lo = &a->m->lora;
+    return lo->on && lo->unit[l] >= 0 && lo->a_tensor[l][k] >= 0;
+}
+
+/* Whether some block adapts linear k. */
+static bool lora_linear_used(const struct model *m, int k)
+{
+    for (int l = 0; m->lora.on && l < m->cfg.n_layer; l++)
+        if (m->lora.unit[l] >= 0 && m->lora.a_tensor[l][k] >= 0)
+            return true;
+    return false;
+}
+
+static int lora_widest_input(const struct model *m)
+{
+    int w = 0;
+    for (int k = 0; k < m->lora.n_linear; k++)
+        if (lora_linear_used(m, k) && m->lora.linear[k].in > w)
+            w = m->lora.linear[k].in;
+    return w;
+}
+
+void family_lora_step(struct family_acts *a, uint64_t seed, long step, uint64_t row0)
+{
+    a->lora_key = lora_mix(seed * 0x9E3779B97F4A7C15ull ^ lora_mix((uint64_t)step));
+    a->lora_row0 = row0;
+}
+
+static struct lora_dropout dropout_of(const struct family_acts *a, int l, int k)
+{
+    struct lora_dropout d = {0};
+    if (a->lora_dropout_on && a->m->lora.dropout > 0.0f) {
+        d.p = a->m->lora.dropout;
+        d.key = lora_mix(a->lora_key ^ lora_mix(((uint64_t)l << 8) | (uint64_t)k));
+        d.row0 = a->lora_row0;
+        d.T = a->T;
+    }
+    return d;
+}
+
+static float *lora_t(const struct family_acts *a, int l, int k)
+{
+    return a->lora_t[(size_t)(l % a->n_sets) * MODEL_MAX_LINEAR + (size_t)k];
+}
+
+void family_lora_forward(struct family_acts *a, int l, const float *adapters, int k, const float *x, float *y, int ld)
+{
+    if (!adapters || !family_lora_adapts(a, l, k))
+        return;
+    const struct model_lora *lo = &a->m->lora;
+    const struct model_linear *li = &lo->linear[k];
+    const int u = lo->unit[l], ta = lo->a_tensor[l][k];
+    const struct lora_dropout d = dropout_of(a, l, k);
+    backend_lora_forward((float *)elem_at(y, (size_t)li->col, act_size_now()), ld, lora_t(a, l, k), a->lora_scratch,
+                         x, family_param(a, adapters, u, ta), family_param(a, adapters, u, ta + 1), lo->scale, &d,
+                         a->B * a->T, li->in, lo->r, li->out);
+}
+
+void family_lora_backward(struct family_acts *a, int l, const float *adapters, float *adapter_grad, int k,
+                          const float *x, const float *dy, int ld, float *dx)
+{
+    if (!adapters || !family_lora_adapts(a, l, k))
+        return;
+    const struct model_lora *lo = &a->m->lora;
+    const struct model_linear *li = &lo->linear[k];
+    const int u = lo->unit[l], ta = lo->a_tensor[l][k];
+    const struct lora_dropout d = dropout_of(a, l, k);
+    backend_lora_backward(dx, family_grad(a, adapter_grad, u, ta), family_grad(a, adapter_grad, u, ta + 1), a->lora_dt,
+                          a->lora_scratch, elem_at(dy, (size_t)li->col, act_size_now()), ld, x, lora_t(a, l, k),
+                          family_param(a, adapters, u, ta), family_param(a, adapters, u, ta + 1), lo->scale, &d,
+                          a->B * a->T, li->in, lo->r, li->out);
 }
 
 size_t family_scratch_floats(const struct model *m, const struct exec_target *t, int T)
@@ -37,8 +140,6 @@ size_t family_scratch_floats(const struct model *m, const struct exec_target *t,
 }
 
 size_t family_f32_bytes(size_t n) { return arena_round(n * sizeof(float)); }
-
-static size_t act_size_now(void) { return (size_t)dtype_size(backend_act_dtype()); }
 
 void family_copy_act(float *dst, const float *src, size_t n) { backend_copy(dst, src, n * act_size_now()); }
 
@@ -137,6 +238,9 @@ static float *block_out(const struct family_acts *a, int l)
 
 /* The LM head's weight inside the unit that holds it: the head unit's own
  * tensor, or the token embedding (tensor 0 of unit 0) when tied. */
+/* Block l's adapter unit (LoRA), -1: none. */
+static int adapter_unit(const struct model *m, int l) { return m->lora.on ? m->lora.unit[l] : -1; }
+
 static int lm_unit(const struct model *m) { return m->cfg.tied_head ? 0 : model_head_unit(m); }
 
 static int lm_tensor(const struct model *m) { return m->cfg.tied_head ? 0 : m->units[model_head_unit(m)].n_tensors - 1; }
@@ -161,8 +265,12 @@ static double walk_forward(struct walk *w, struct family_acts *a, int with_targe
         if (live(w) && a->interval && l % a->interval == 0)
             family_copy_act(a->ckpt[l / a->interval], block_in(a, l), NC);
         const float *p = acquire(w, u);
+        const int au = adapter_unit(m, l);
+        const float *ad = au >= 0 ? acquire(w, au) : NULL;
         if (live(w))
-            f->block_forward(a, l, p, block_in(a, l), block_out(a, l));
+            f->block_forward(a, l, p, ad, block_in(a, l), block_out(a, l));
+        if (au >= 0)
+            release(w, au);
         release(w, u);
         /* a segment's output is the next segment's input, in work[0] */
         if (live(w) && a->interval && (l + 1) % a->interval == 0 && l + 1 < L)
@@ -211,6 +319,13 @@ static void lm_backward(struct family_acts *a, const float *lm, float *lm_grad_u
 
 static bool trained(const struct model *m, int u) { return !m->units[u].frozen; }
 
+/* Whether layer l trains anything: its block or its adapters. */
+static bool layer_trained(const struct model *m, int l)
+{
+    const int au = adapter_unit(m, l);
+    return trained(m, model_block_unit(l)) || (au >= 0 && trained(m, au));
+}
+
 /* The lowest layer whose backward anything needs: 0 when the embedding
  * trains (its gradient takes every block's input gradient), else the lowest
  * trained block; n_layer when no block or embedding trains. Below it the
@@ -220,7 +335,7 @@ static int lowest_backward_layer(const struct model *m)
     if (trained(m, 0))
         return 0;
     for (int l = 0; l < m->cfg.n_layer; l++)
-        if (trained(m, model_block_unit(l)))
+        if (layer_trained(m, l))
             return l;
     return m->cfg.n_layer;
 }
@@ -272,20 +387,28 @@ static void walk_backward(struct walk *w, struct family_acts *a, float dloss_sca
         if (live(w) && a->interval)
             family_copy_act(a->work[0], a->ckpt[s], NC);
         for (int l = l0; l < l1; l++) {
+            const int au = adapter_unit(m, l);
             a->seg_params[l - l0] = acquire(w, model_block_unit(l));
+            a->seg_adapters[l - l0] = au >= 0 ? acquire(w, au) : NULL;
             if (live(w) && a->interval) {
                 float *out = l + 1 < l1 ? block_in(a, l + 1) : a->work[l - l0 + 1];
-                f->block_forward(a, l, a->seg_params[l - l0], block_in(a, l), out);
+                f->block_forward(a, l, a->seg_params[l - l0], a->seg_adapters[l - l0], block_in(a, l), out);
             }
         }
         for (int l = l1 - 1; l >= l0; l--) {
-            const int u = model_block_unit(l);
-            const bool block_trained = trained(m, u), needed = l >= lowest;
-            float *g = needed && block_trained ? grad_open(w, u) : NULL;
+            const int u = model_block_unit(l), au = adapter_unit(m, l);
+            const bool needed = l >= lowest, block_trained = needed && trained(m, u);
+            const bool adapters_trained = needed && au >= 0 && trained(m, au);
+            float *g = block_trained ? grad_open(w, u) : NULL;
+            float *ag = adapters_trained ? grad_open(w, au) : NULL;
             if (live(w) && needed)
-                f->block_backward(a, l, a->seg_params[l - l0], g, block_in(a, l));
-            if (needed && block_trained)
+                f->block_backward(a, l, a->seg_params[l - l0], g, a->seg_adapters[l - l0], ag, block_in(a, l));
+            if (adapters_trained)
+                grad_done(w, au);
+            if (block_trained)
                 grad_done(w, u);
+            if (au >= 0)
+                release(w, au);
             release(w, u);
         }
     }
@@ -327,6 +450,7 @@ double family_forward(struct zero *z, struct family_acts *a, int B, int T, int w
 {
     set_batch(a, B, T);
     upload_tokens(a, B * T, with_targets);
+    a->lora_dropout_on = mode == FAMILY_TRAIN;
     struct walk w = {z, NULL, 0};
     return walk_forward(&w, a, with_targets, mode);
 }
@@ -343,6 +467,7 @@ void family_build_passes(const struct model *m, int interval, struct zero_pass *
     struct family_acts dry = {.m = m, .f = family_of(m), .interval = interval};
     const int k = interval > 0 ? interval : 1;
     dry.seg_params = xcalloc((size_t)k, sizeof *dry.seg_params);
+    dry.seg_adapters = xcalloc((size_t)k, sizeof *dry.seg_adapters);
     *train = (struct zero_pass){.name = "train"};
     *eval = (struct zero_pass){.name = "eval"};
     struct walk we = {NULL, eval, 0}, wt = {NULL, train, 0};
@@ -350,6 +475,7 @@ void family_build_passes(const struct model *m, int interval, struct zero_pass *
     walk_forward(&wt, &dry, 1, FAMILY_TRAIN);
     walk_backward(&wt, &dry, 0.0f);
     free(dry.seg_params);
+    free(dry.seg_adapters);
 }
 
 void family_free_passes(struct zero_pass *train, struct zero_pass *eval)
@@ -381,6 +507,16 @@ void family_plan(const struct model *m, const struct exec_target *t, int B, int 
     if (t->device)
         bytes[BUF_STAGING] += token_arrays * tokens + family_f32_bytes(BT);
     family_of(m)->plan(m, t, B, T, sets_for(m, interval), bytes);
+    if (!m->lora.on)
+        return;
+    /* LoRA: drop(x) A^T of every adapted linear in each set, and the backward's work */
+    const size_t r = (size_t)m->lora.r;
+    for (int k = 0; k < m->lora.n_linear; k++)
+        if (lora_linear_used(m, k))
+            bytes[BUF_ACTIVATIONS] += (size_t)sets_for(m, interval) * target_act_bytes(t, BT * r);
+    bytes[BUF_WORKSPACE] += target_act_bytes(t, BT * r);
+    if (m->lora.dropout > 0.0f)
+        bytes[BUF_WORKSPACE] += target_act_bytes(t, BT * (size_t)lora_widest_input(m));
 }
 
 void family_acts_init(struct family_acts *a, const struct model *m, const struct exec_target *t, int B, int T,
@@ -418,6 +554,19 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
     if (a->resid)
         a->resid[L] = a->final;
     a->seg_params = xcalloc((size_t)(interval > 0 ? interval : 1), sizeof *a->seg_params);
+    a->seg_adapters = xcalloc((size_t)(interval > 0 ? interval : 1), sizeof *a->seg_adapters);
+    if (m->lora.on) {
+        const size_t r = (size_t)m->lora.r;
+        a->lora_t = xcalloc((size_t)a->n_sets * MODEL_MAX_LINEAR, sizeof *a->lora_t);
+        for (int i = 0; i < a->n_sets; i++)
+            for (int k = 0; k < m->lora.n_linear; k++)
+                if (lora_linear_used(m, k))
+                    a->lora_t[(size_t)i * MODEL_MAX_LINEAR + (size_t)k] =
+                        arena_alloc(dev, mem, BUF_ACTIVATIONS, BT * r * ae, 1);
+        a->lora_dt = arena_alloc(dev, mem, BUF_WORKSPACE, BT * r * ae, 1);
+        if (m->lora.dropout > 0.0f)
+            a->lora_scratch = arena_alloc(dev, mem, BUF_WORKSPACE, BT * (size_t)lora_widest_input(m) * ae, 1);
+    }
     a->norm_out = ALLOC_ACT(BUF_LOGITS, BT * C);
     a->logits = ALLOC_ACT(BUF_LOGITS, BT * Vp);
     a->losses = ALLOC(BUF_LOGITS, BT);
@@ -459,5 +608,7 @@ void family_acts_free(struct family_acts *a)
     free(a->ckpt);
     free(a->work);
     free(a->seg_params);
+    free(a->seg_adapters);
+    free(a->lora_t);
     memset(a, 0, sizeof *a);
 }

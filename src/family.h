@@ -69,6 +69,14 @@ struct family_acts {
     float *debug_logits;      /* when set, forward copies the logits here (host memory; tests) */
     const float *head_lm;     /* tied: the gathered LM head weight, from the forward to the backward */
     const float **seg_params; /* (interval or 1) a segment's gathered blocks during recompute + backward */
+    const float **seg_adapters; /* (interval or 1) their adapter units (LoRA), NULL where none */
+    /* LoRA (model.h struct model_lora): what the adapters keep and use */
+    float **lora_t;           /* [set * MODEL_MAX_LINEAR + k] (B, T, r) [A]: drop(x) A^T of linear k, NULL: never adapted */
+    float *lora_dt;           /* (B, T, r) [A] backward work */
+    float *lora_scratch;      /* (B, T, widest input) [A]: the dropped input (dropout > 0), else NULL */
+    uint64_t lora_key;        /* this step's dropout seed (family_lora_step) */
+    uint64_t lora_row0;       /* the global index of this micro-batch's first row (sample, packed row or window) */
+    bool lora_dropout_on;     /* dropout in this pass: training, not evaluation */
     void *priv;               /* the family's own buffers */
 };
 
@@ -84,10 +92,14 @@ struct family {
     /* Kernels; unit: the gathered unit (parameters [A]), grad: its gradient buffer ([G]). */
     void (*embed_forward)(struct family_acts *a, const float *unit, float *out);
     void (*embed_backward)(struct family_acts *a, float *grad, const float *dout);
-    void (*block_forward)(struct family_acts *a, int layer, const float *unit, const float *x, float *y);
+    /* adapters: the block's gathered adapter unit (LoRA), NULL when it has none */
+    void (*block_forward)(struct family_acts *a, int layer, const float *unit, const float *adapters, const float *x,
+                          float *y);
     /* a->dresid_a holds dL/dy on entry and dL/dx on return; grad NULL: the unit is
-     * frozen, only dL/dx is computed (every weight gradient pointer NULL). */
-    void (*block_backward)(struct family_acts *a, int layer, const float *unit, float *grad, const float *x);
+     * frozen, only dL/dx is computed (every weight gradient pointer NULL);
+     * adapter_grad: the adapter unit's gradient buffer. */
+    void (*block_backward)(struct family_acts *a, int layer, const float *unit, float *grad, const float *adapters,
+                           float *adapter_grad, const float *x);
     /* a->final -> a->norm_out; backward: a->dwork_c -> a->dresid_a (accumulated). */
     void (*norm_forward)(struct family_acts *a, const float *head);
     void (*norm_backward)(struct family_acts *a, const float *head, float *grad);
@@ -122,6 +134,10 @@ double family_forward(struct zero *z, struct family_acts *a, int B, int T, int w
 /* Backward after a FAMILY_TRAIN forward with targets; dloss_scale = 1 / (the
  * step's trained positions over every micro-batch and rank). */
 void family_backward(struct zero *z, struct family_acts *a, int B, int T, float dloss_scale);
+/* Sets the dropout of the adapters for the next micro-batch: seed (train.seed),
+ * the optimizer step and the global index of the micro-batch's first row, so
+ * that a row's mask is the same at every world size and split. */
+void family_lora_step(struct family_acts *a, uint64_t seed, long step, uint64_t row0);
 /* Copies row `row` of the logits (Vp floats) into host memory. */
 void family_read_logits(const struct family_acts *a, int row, float *out);
 
@@ -131,6 +147,20 @@ void family_read_logits(const struct family_acts *a, int row, float *out);
  * NULL for a frozen unit's (grad NULL), which the kernels take as "input gradient only". */
 const float *family_param(const struct family_acts *a, const float *unit, int u, int t);
 float *family_grad(const struct family_acts *a, float *grad, int u, int t);
+/* Tensors t0..t1 of unit u, one matrix to the kernels (q|k|v, gate|up): the
+ * group's gradient when any of them trains (NULL when none does), and, after
+ * the kernel wrote it, zeros over the members that are frozen. */
+float *family_group_grad(const struct family_acts *a, float *grad, int u, int t0, int t1);
+void family_group_grad_done(const struct family_acts *a, float *grad, int u, int t0, int t1);
+/* LoRA on linear k (model_block_linears) of block l, when adapted: y [A],
+ * rows of ld elements, is the fused output the linear's columns are part of
+ * (the helper adds the linear's column offset); the backward adds the
+ * adapters' input gradient into dx and their weight gradients into
+ * adapter_grad. Nothing when the layer has no adapter. */
+void family_lora_forward(struct family_acts *a, int l, const float *adapters, int k, const float *x, float *y, int ld);
+void family_lora_backward(struct family_acts *a, int l, const float *adapters, float *adapter_grad, int k,
+                          const float *x, const float *dy, int ld, float *dx);
+bool family_lora_adapts(const struct family_acts *a, int l, int k);
 /* Floats of the scratch the attention and norm backward kernels share on target t. */
 size_t family_scratch_floats(const struct model *m, const struct exec_target *t, int T);
 /* Bytes of n [A] elements of the target, and of n fp32, as the arena rounds them. */

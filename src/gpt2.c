@@ -109,41 +109,65 @@ static void project_add(float *y, const float *x, const float *inp, const float 
     backend_add_act(y, y, x, (size_t)N * C);
 }
 
-/* pos: the positions of packed rows (backend.h), or NULL. */
-static void block_forward(const struct model *m, const struct block_params *p, struct block_acts *ba,
-                          struct gpt2_acts *a, const float *x, float *y, const int32_t *pos, int B, int T)
+/* Linear layers of a block in model_block_linears' order (LoRA's k). */
+enum { GL_ATTN, GL_ATTN_PROJ, GL_FC, GL_FC_PROJ };
+
+/* ad: the block's adapters (LoRA), or NULL. */
+static void block_forward(struct family_acts *fa, int l, const struct block_params *p, const float *ad,
+                          struct block_acts *ba, const float *x, float *y)
 {
-    const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
+    const struct model *m = fa->m;
+    struct gpt2_acts *a = fa->priv;
+    const int C = m->cfg.n_embd, NH = m->cfg.n_head, B = fa->B, T = fa->T, N = B * T;
     backend_layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_w, p->ln1_b, N, C);
     backend_matmul_forward(ba->qkv, ba->ln1, p->qkv_w, p->qkv_b, N, C, 3 * C);
-    backend_attention_forward(ba->atty, ba->att, ba->qkv, a->scratch, pos, B, T, C, NH);
+    family_lora_forward(fa, l, ad, GL_ATTN, ba->ln1, ba->qkv, 3 * C);
+    backend_attention_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, B, T, C, NH);
     project_add(ba->res2, x, ba->atty, p->attproj_w, p->attproj_b, N, C, C);
+    family_lora_forward(fa, l, ad, GL_ATTN_PROJ, ba->atty, ba->res2, C);
     backend_layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->res2, p->ln2_w, p->ln2_b, N, C);
-    backend_matmul_forward_gelu(ba->fch, ba->fch_gelu, ba->ln2, p->fc_w, p->fc_b, N, C, 4 * C);
+    if (family_lora_adapts(fa, l, GL_FC) && ad) { /* the adapter goes in before the GELU */
+        backend_matmul_forward(ba->fch, ba->ln2, p->fc_w, p->fc_b, N, C, 4 * C);
+        family_lora_forward(fa, l, ad, GL_FC, ba->ln2, ba->fch, 4 * C);
+        backend_gelu_forward(ba->fch_gelu, ba->fch, (size_t)N * 4 * C);
+    } else {
+        backend_matmul_forward_gelu(ba->fch, ba->fch_gelu, ba->ln2, p->fc_w, p->fc_b, N, C, 4 * C);
+    }
     project_add(y, ba->res2, ba->fch_gelu, p->fcproj_w, p->fcproj_b, N, 4 * C, C);
+    family_lora_forward(fa, l, ad, GL_FC_PROJ, ba->fch_gelu, y, C);
 }
 
 /* dresid holds dL/dy on entry and dL/dx on return. */
-static void block_backward(const struct model *m, const struct block_params *p, struct block_grads *g,
-                           const struct block_acts *ba, const float *x, struct family_acts *fa, int B, int T)
+static void block_backward(struct family_acts *fa, int l, const struct block_params *p, struct block_grads *g,
+                           const float *ad, float *ag, const struct block_acts *ba, const float *x)
 {
-    const int C = m->cfg.n_embd, NH = m->cfg.n_head, N = B * T;
+    const struct model *m = fa->m;
+    const int C = m->cfg.n_embd, NH = m->cfg.n_head, B = fa->B, T = fa->T, N = B * T;
     const size_t NC = (size_t)N * C;
     struct gpt2_acts *a = fa->priv;
     float *dy = fa->dresid_a, *dres2 = fa->dresid_b, *dwork_c = fa->dwork_c;
     /* MLP */
-    backend_matmul_backward_gelu(a->dwork_4c, g->fcproj_w, g->fcproj_b, dy, ba->fch_gelu, p->fcproj_w,
-                                 ba->fch, N, 4 * C, C);
+    if (family_lora_adapts(fa, l, GL_FC_PROJ) && ad) { /* the adapter's input gradient goes in before the GELU's */
+        backend_matmul_backward(a->dwork_4c, g->fcproj_w, g->fcproj_b, dy, ba->fch_gelu, p->fcproj_w, N, 4 * C, C);
+        family_lora_backward(fa, l, ad, ag, GL_FC_PROJ, ba->fch_gelu, dy, C, a->dwork_4c);
+        backend_gelu_backward(a->dwork_4c, ba->fch, a->dwork_4c, (size_t)N * 4 * C);
+    } else {
+        backend_matmul_backward_gelu(a->dwork_4c, g->fcproj_w, g->fcproj_b, dy, ba->fch_gelu, p->fcproj_w, ba->fch, N,
+                                     4 * C, C);
+    }
     backend_matmul_backward(dwork_c, g->fc_w, g->fc_b, a->dwork_4c, ba->ln2, p->fc_w, N, C, 4 * C);
+    family_lora_backward(fa, l, ad, ag, GL_FC, ba->ln2, a->dwork_4c, 4 * C, dwork_c);
     family_copy_act(dres2, dy, NC);
     backend_layernorm_backward(dres2, g->ln2_w, g->ln2_b, dwork_c, ba->res2, p->ln2_w, ba->ln2_mean,
                                ba->ln2_rstd, a->scratch, N, C);
     /* attention */
     backend_matmul_backward(dwork_c, g->attproj_w, g->attproj_b, dres2, ba->atty, p->attproj_w, N,
                             C, C);
+    family_lora_backward(fa, l, ad, ag, GL_ATTN_PROJ, ba->atty, dres2, C, dwork_c);
     backend_attention_backward(a->dwork_3c, dwork_c, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, B, T,
                                C, NH);
     backend_matmul_backward(dwork_c, g->qkv_w, g->qkv_b, a->dwork_3c, ba->ln1, p->qkv_w, N, C, 3 * C);
+    family_lora_backward(fa, l, ad, ag, GL_ATTN, ba->ln1, a->dwork_3c, 3 * C, dwork_c);
     family_copy_act(dy, dres2, NC);
     backend_layernorm_backward(dy, g->ln1_w, g->ln1_b, dwork_c, x, p->ln1_w, ba->ln1_mean, ba->ln1_rstd,
                                a->scratch, N, C);
@@ -161,28 +185,31 @@ static void gpt2_embed_backward(struct family_acts *fa, float *grad, const float
                                fa->dev_inputs, fa->dev_positions, fa->B, fa->T, fa->m->cfg.n_embd);
 }
 
-static void gpt2_block_forward(struct family_acts *fa, int l, const float *unit, const float *x, float *y)
+static void gpt2_block_forward(struct family_acts *fa, int l, const float *unit, const float *ad, const float *x,
+                               float *y)
 {
     const struct model *m = fa->m;
     struct gpt2_acts *a = fa->priv;
     struct block_params p;
     BLOCK_VIEW(p, unit, &m->units[model_block_unit(l)], (size_t)dtype_size(backend_act_dtype()));
-    block_forward(m, &p, &a->sets[l % fa->n_sets], a, x, y, fa->dev_positions, fa->B, fa->T);
+    block_forward(fa, l, &p, ad, &a->sets[l % fa->n_sets], x, y);
 }
 
-static void gpt2_block_backward(struct family_acts *fa, int l, const float *unit, float *grad, const float *x)
+static void gpt2_block_backward(struct family_acts *fa, int l, const float *unit, float *grad, const float *ad,
+                                float *ag, const float *x)
 {
     const struct model *m = fa->m;
     struct gpt2_acts *a = fa->priv;
-    const struct unit_desc *ud = &m->units[model_block_unit(l)];
+    const int u = model_block_unit(l);
     struct block_params p;
-    struct block_grads g;
-    BLOCK_VIEW(p, unit, ud, (size_t)dtype_size(backend_act_dtype()));
-    if (grad)
-        BLOCK_VIEW(g, grad, ud, (size_t)dtype_size(backend_grad_dtype()));
-    else /* frozen: the kernels take NULL weight gradients as "input gradient only" */
-        memset(&g, 0, sizeof g);
-    block_backward(m, &p, &g, &a->sets[l % fa->n_sets], x, fa, fa->B, fa->T);
+    BLOCK_VIEW(p, unit, &m->units[u], (size_t)dtype_size(backend_act_dtype()));
+    /* NULL for a frozen unit or tensor: the kernels take NULL weight gradients as "input gradient only" */
+    float *gv[BT_COUNT];
+    for (int t = 0; t < BT_COUNT; t++)
+        gv[t] = family_grad(fa, grad, u, t);
+    struct block_grads g = {gv[BT_LN1_W], gv[BT_LN1_B], gv[BT_QKV_W],  gv[BT_QKV_B],  gv[BT_ATTPROJ_W], gv[BT_ATTPROJ_B],
+                            gv[BT_LN2_W], gv[BT_LN2_B], gv[BT_FC_W], gv[BT_FC_B], gv[BT_FCPROJ_W], gv[BT_FCPROJ_B]};
+    block_backward(fa, l, &p, &g, ad, ag, &a->sets[l % fa->n_sets], x);
 }
 
 static void gpt2_norm_forward(struct family_acts *fa, const float *head)

@@ -250,7 +250,7 @@ void hf_source_open(struct hf_source *s, const struct model *m, const char *dir)
     for (int u = 0; u < m->n_units; u++) {
         const struct unit_desc *ud = &m->units[u];
         s->map[u] = xcalloc((size_t)ud->n_tensors, sizeof *s->map[u]);
-        for (int i = 0; i < ud->n_tensors; i++) {
+        for (int i = 0; i < ud->n_tensors && !model_is_adapter(m, u); i++) {
             const struct tensor_desc *t = &ud->tensors[i];
             const struct st_tensor *st = find_tensor(s, t);
             if (!st)
@@ -343,6 +343,11 @@ static void zero_out(void *c, size_t at, size_t n)
 
 void hf_source_read(void *source, int u, size_t begin, size_t count, float *out)
 {
+    const struct hf_source *s = source;
+    if (model_is_adapter(s->m, u)) { /* LoRA's adapters are not in the base model's files: their init */
+        model_init_range(s->m, u, begin, count, out);
+        return;
+    }
     struct read_ctx r = {source, out, sizeof(float), NULL, NULL, 0};
     walk_range(source, u, begin, count, read_f32, zero_out, &r);
 }
@@ -351,6 +356,8 @@ bool hf_source_read_as(void *source, int u, size_t begin, size_t count, enum dty
                        void (*landed)(void *ctx, size_t elems), void *ctx)
 {
     struct hf_source *s = source;
+    if (model_is_adapter(s->m, u))
+        return false;
     for (int i = 0; i < s->m->units[u].n_tensors; i++)
         if (s->map[u][i] && s->map[u][i]->dtype != dt)
             return false;
@@ -364,7 +371,8 @@ double hf_source_bytes(const struct hf_source *s)
     double total = 0;
     for (int u = 0; u < s->m->n_units; u++)
         for (int i = 0; i < s->m->units[u].n_tensors; i++)
-            total += (double)s->map[u][i]->numel * dtype_size(s->map[u][i]->dtype);
+            if (s->map[u][i])
+                total += (double)s->map[u][i]->numel * dtype_size(s->map[u][i]->dtype);
     return total;
 }
 

@@ -371,7 +371,8 @@ void model_add_lora(struct model *m, const struct lora_config *l)
             add_tensor(ad, &id, name, l->r, li->in, true,
                        l->init == LORA_INIT_GAUSSIAN ? INIT_NORMAL_INV_R : INIT_KAIMING_UNIFORM);
             snprintf(name, sizeof name, "%.*s.lora_B.weight", len, wname);
-            add_tensor(ad, &id, name, li->out, l->r, true, INIT_ZEROS);
+            add_tensor(ad, &id, name, li->out, l->r, true,
+                       l->init == LORA_INIT_RANDOM ? INIT_KAIMING_UNIFORM : INIT_ZEROS);
             lo->n_adapted++;
         }
         ad->numel = round_up(ad->numel, MODEL_TENSOR_ALIGN);

@@ -553,7 +553,6 @@ int cmd_plan(int argc, char **argv)
         config_load(&cfg, deepspeed, NULL, sets, n_sets);
     else
         config_load_string(&cfg, "{}", sets, n_sets);
-    config_check_implemented(&cfg);
     if (cfg.train_batch_size == 0 && cfg.micro_batch == 0)
         cfg.micro_batch = 1;
     config_resolve_batch(&cfg, o.ranks);
@@ -562,6 +561,7 @@ int cmd_plan(int argc, char **argv)
                    "DeepSpeed); raise the stage or set offload_optimizer.device to \"none\"");
     struct model m;
     model_build(&m, &cfg.model);
+    model_add_lora(&m, &cfg.lora);
     const char *freeze = getenv(MODEL_TEST_FREEZE_ENV); /* the trainer's test hook, planned the same way */
     if (freeze && *freeze)
         model_freeze(&m, freeze, MODEL_TEST_FREEZE_ENV);

@@ -237,7 +237,6 @@ static void freeze_for_tests(struct trainer *tr)
 static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
-    config_check_implemented(cfg);
     config_resolve_batch(cfg, tr->world);
     loss_scaler_init(&tr->scaler, cfg);
     const char *inject = getenv("SHARDLM_INJECT_INF_STEP");
@@ -248,6 +247,7 @@ static void trainer_setup(struct trainer *tr)
     if (!cfg->data.train_path)
         fail_input("config: 'data.train' is required for training: give the path (or glob) of .bin token shards");
     model_build(&tr->model, &cfg->model);
+    model_add_lora(&tr->model, &cfg->lora);
     freeze_for_tests(tr);
     char tokenizer[CKPT_MAX_PATH + 32];
     snprintf(tokenizer, sizeof tokenizer, "%s/tokenizer.json", cfg->model.pretrained);
@@ -399,6 +399,8 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
             continue;
         }
         zero_begin_pass(&tr->zero, &tr->train_pass);
+        /* LoRA's dropout: the mask of a row depends on the step and the row's index in the run's order */
+        family_lora_step(&tr->acts, tr->cfg->train.seed, tr->step, first);
         loss_sum += family_forward(&tr->zero, &tr->acts, B, T, 1, FAMILY_TRAIN);
         family_backward(&tr->zero, &tr->acts, B, T, dloss);
         zero_end_pass(&tr->zero);

@@ -372,7 +372,7 @@ static void build_optimizer_tables(struct zero *z, const struct config *cfg)
             const struct tensor_desc *td = &ud->tensors[t];
             size_t lo = td->offset > r0 ? td->offset : r0;
             size_t hi = td->offset + td->numel < r1 ? td->offset + td->numel : r1;
-            if (lo >= hi)
+            if (lo >= hi || td->frozen) /* a frozen tensor of a trained unit (modules_to_save) stays as it is */
                 continue;
             size_t off = lo - r0;
             z->adam_ranges[n++] = (struct adamw_range){

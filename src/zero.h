@@ -44,7 +44,7 @@
  * them re-derives it from the stage and precision.
  *
  * Gathered units and gradient buffers come from pools, one per unit kind
- * (embedding, block, head) and buffer kind (enum zero_pool_set), each with as
+ * (embedding, block, head, adapters) and buffer kind (enum zero_pool_set), each with as
  * many slots as a dry run of the passes needs (zero_plan); the memory plan
  * reserves exactly those slots.
  *
@@ -79,7 +79,7 @@ struct zero_pass {
     struct pass_event *events;
 };
 
-#define ZERO_POOLS 3 /* one per unit kind */
+#define ZERO_POOLS MODEL_UNIT_KINDS /* one per unit kind */
 
 /* The kinds of pooled buffer; each has one pool per unit kind. */
 enum zero_pool_set {
