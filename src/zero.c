@@ -853,9 +853,11 @@ uint64_t zero_params_checksum(struct zero *z, int u_end)
         struct zero_unit *zu = &z->units[u];
         /* the range this rank hashes: its shard, or its 1/N of a unit every rank holds whole */
         const size_t begin = zu->role.sharded ? (size_t)z->rank * zu->shard : zu->padded * (size_t)z->rank / (size_t)z->world;
-        const size_t end = zu->role.sharded ? begin + zu->shard : zu->padded * (size_t)(z->rank + 1) / (size_t)z->world;
+        size_t end = zu->role.sharded ? begin + zu->shard : zu->padded * (size_t)(z->rank + 1) / (size_t)z->world;
+        /* the unit's own elements only: the padding to a multiple of the world size varies with it */
+        end = end < zu->numel ? end : zu->numel;
         const char *src = zu->role.sharded ? zu->param_shard : elem(zu->params, begin, z->esize);
-        for (size_t at = begin; at < end; at += CHUNK) {
+        for (size_t at = begin; begin < end && at < end; at += CHUNK) {
             const size_t n = end - at < CHUNK ? end - at : CHUNK;
             backend_copy(raw, src + (at - begin) * z->esize, n * z->esize);
             dtype_convert(f32, DTYPE_F32, raw, z->dtype, n);

@@ -32,7 +32,9 @@ what must not depend on the world size):
   resume.bitwise       6 steps saved at 3 and resumed at the same world size: final
                     adapters bit for bit those of the run without a stop
   resume.other_world   resumed at another world size: within 1e-5
-  bad.*             another base's checkpoint, and config errors: exit 2, one line
+  checksum.*        the base checksum the same at N = 1, 2, 3 and stages 0, 2, 3, and
+                    another for another base
+  bad.*             another base's checkpoint: exit 2, one line (config errors: t_cli.sh)
 """
 import json
 import os
@@ -375,12 +377,40 @@ def check_resume():
           f"exit {r.returncode}: {err}")
 
 
+def check_base_checksum():
+    """The base's checksum, which a resume compares, at N = 1, 2, 3 and stages 0 and 3 (bf16 too: the values
+    widened to fp32 are hashed), and another for another base."""
+    import h5py
+    sums = {}
+    for tag, n, stage, dtype, seed in [("n1_s0", 1, 0, "fp32", 11), ("n2_s3", 2, 3, "fp32", 11),
+                                       ("n3_s3", 3, 3, "fp32", 11), ("n3_s2", 3, 2, "fp32", 11),
+                                       ("n2_s3_seed12", 2, 3, "fp32", 12)]:
+        name = f"checksum.{tag}"
+        ck = os.path.join(TMP, name + "_ck")
+        path = config(name, LLAMA, {"target_modules": ["q_proj"]}, stage=stage, micro=6 // n, batch_size=6,
+                      dtype=dtype, steps=1, extra={"checkpoint": {"dir": ck}})
+        if seed != 11:
+            cfg = json.load(open(path))
+            cfg["model"]["init_seed"] = seed
+            json.dump(cfg, open(path, "w"))
+        if train(name, path, ranks=n, args=["--resume", "none"]) is None:
+            continue
+        with h5py.File(os.path.join(ck, "step_000001.h5"), "r") as f:
+            sums[tag] = f.attrs["base_checksum"]
+            sums[tag] = sums[tag].decode() if isinstance(sums[tag], bytes) else str(sums[tag])
+    same = {k: v for k, v in sums.items() if "seed12" not in k}
+    check("checksum.same_at_every_world_size_and_stage", len(same) == 4 and len(set(same.values())) == 1, f"{sums}")
+    check("checksum.differs_for_another_base", "n2_s3_seed12" in sums and sums["n2_s3_seed12"] not in same.values(),
+          f"{sums}")
+
+
 def main():
     check_reference("llama", LLAMA, LLAMA_LINEARS)
     check_reference("llama_mts", LLAMA, ["q_proj", "v_proj"], modules_to_save=["lm_head"])
     check_reference("gpt2", GPT2, GPT2_LINEARS)
     check_engine()
     check_resume()
+    check_base_checksum()
     sys.exit(1 if failures() else 0)
 
 
