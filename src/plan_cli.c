@@ -134,6 +134,9 @@ static void print_model(const struct model *m)
            c->preset[0] ? c->preset : "", c->preset[0] ? " (" : "", c->type, c->preset[0] ? ")" : "", c->n_layer,
            c->n_embd, c->n_head, kv, c->ffn_dim, c->mlp == MLP_SWIGLU ? "SwiGLU" : "GELU", c->vocab_size,
            c->padded_vocab, c->n_positions, c->tied_head ? "tied" : "untied", m->n_params, (double)m->n_params / 1e9);
+    if (m->lora.on)
+        printf("LoRA: r %d, alpha / r %g, %d adapted layers, %zu adapter parameters\n", m->lora.r, m->lora.scale,
+               m->lora.n_adapted, model_adapter_params(m));
     if (model_frozen_params(m))
         printf("frozen: %zu parameters (no gradients, master weights or Adam state)\n", model_frozen_params(m));
 }

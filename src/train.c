@@ -115,6 +115,9 @@ struct trainer {
     long inject_inf_step;   /* SHARDLM_INJECT_INF_STEP: make that step's gradients overflow (tests) */
     uint64_t samples_seen;  /* global units (windows, samples or packed rows) consumed: the data position */
     uint64_t real_tokens, trained_tokens, slots; /* the last step's: tokens of samples, trained targets, rows x length */
+    /* LoRA: the frozen base's identity, which checkpoints record and resumes check */
+    char base_source[CKPT_MAX_PATH + 64];
+    char base_checksum[24];
 };
 
 /* An output the run opens for writing (train.metrics, the dumps) must not be
@@ -235,6 +238,28 @@ static void freeze_for_tests(struct trainer *tr)
                  tr->model.n_units, model_frozen_params(&tr->model), tr->model.n_params);
 }
 
+/* LoRA: where the base came from and a checksum of its tensors as loaded
+ * (zero_params_checksum over the base units), before any step changes a
+ * modules_to_save tensor. */
+static void identify_base(struct trainer *tr)
+{
+    const struct config *cfg = tr->cfg;
+    double t0 = now_seconds();
+    uint64_t sum = zero_params_checksum(&tr->zero, tr->model.n_base_units);
+    snprintf(tr->base_checksum, sizeof tr->base_checksum, "%016llx", (unsigned long long)sum);
+    if (cfg->model.pretrained[0])
+        snprintf(tr->base_source, sizeof tr->base_source, "%s", cfg->model.pretrained);
+    else
+        snprintf(tr->base_source, sizeof tr->base_source, "random init (model.init_seed %llu)",
+                 (unsigned long long)cfg->model.init_seed);
+    if (tr->rank == 0)
+        log_info("LoRA: r %d, alpha/r %g, dropout %g, %d adapted layers, %zu adapter parameters on a frozen base of "
+                 "%zu (%s, checksum %s, %.2f s)",
+                 tr->model.lora.r, tr->model.lora.scale, tr->model.lora.dropout, tr->model.lora.n_adapted,
+                 model_adapter_params(&tr->model), tr->model.n_params - model_adapter_params(&tr->model),
+                 tr->base_source, tr->base_checksum, now_seconds() - t0);
+}
+
 static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
@@ -270,6 +295,8 @@ static void trainer_setup(struct trainer *tr)
     for (int s = 0; s < SPACE_COUNT; s++)
         arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
     init_parameters(tr);
+    if (tr->model.lora.on)
+        identify_base(tr);
     family_acts_init(&tr->acts, &tr->model, &tr->target, cfg->micro_batch, cfg->data.seq_len,
                      plan_ckpt_interval(cfg), cfg->data.packing, target_space(&tr->target, cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
     char why[2 * CKPT_MAX_PATH];
@@ -637,8 +664,12 @@ static void save_checkpoint(struct trainer *tr)
         {"tie_word_embeddings", CKPT_ATTR_I64, shape[7], 0, NULL},
         {"rms_norm_eps", CKPT_ATTR_F64, 0, cfg->model.norm_eps, NULL},
         {"rope_theta", CKPT_ATTR_F64, 0, cfg->model.rope_theta, NULL},
+        /* LoRA: the adapters only; the base is named and checksummed */
+        {"base_source", CKPT_ATTR_STR, 0, 0, tr->base_source},
+        {"base_checksum", CKPT_ATTR_STR, 0, 0, tr->base_checksum},
     };
-    struct ckpt_contents contents = {groups, ZERO_CKPT_GROUPS, state, 2, attrs, (int)(sizeof attrs / sizeof *attrs)};
+    const int n_attrs = (int)(sizeof attrs / sizeof *attrs) - (tr->model.lora.on ? 0 : 2);
+    struct ckpt_contents contents = {groups, ZERO_CKPT_GROUPS, state, 2, attrs, n_attrs};
     char path[4096];
     double t0 = now_seconds();
     train_fault_point("save");
@@ -658,6 +689,29 @@ static void save_checkpoint(struct trainer *tr)
     log_info("step %5ld | checkpoint %s (%.2f s)", tr->step, path, now_seconds() - t0);
     if (cfg->checkpoint.export_hf)
         export_hf(tr);
+}
+
+/* A LoRA checkpoint holds adapters for one base: the run's must be it. */
+static void check_base(struct trainer *tr, struct ckpt_reader *r, const char *path)
+{
+    const bool lora_ckpt = ckpt_has_attr(r, "base_checksum");
+    if (!tr->model.lora.on && lora_ckpt)
+        fail_input("checkpoint '%s' holds LoRA adapters, not a whole model; resume it with the 'lora' section it was "
+                   "trained with, or start fresh (--resume none)",
+                   path);
+    if (!tr->model.lora.on)
+        return;
+    if (!lora_ckpt)
+        fail_input("checkpoint '%s' holds a whole model, not LoRA adapters; to train adapters on it, export it "
+                   "(shardlm export) and give that directory as model.from_pretrained, or start fresh (--resume none)",
+                   path);
+    char *sum = ckpt_attr_str(r, "base_checksum"), *source = ckpt_attr_str(r, "base_source");
+    if (strcmp(sum, tr->base_checksum) != 0)
+        fail_input("checkpoint '%s' trained its adapters on another base: %s (checksum %s), and this run's base is "
+                   "%s (checksum %s); resume with the base it was trained on, or start fresh (--resume none)",
+                   path, source, sum, tr->base_source, tr->base_checksum);
+    free(sum);
+    free(source);
 }
 
 /* Continues from a checkpoint when --resume names one (or "auto" finds one). */
@@ -695,6 +749,7 @@ static void resume_checkpoint(struct trainer *tr, const char *spec)
             fail_input("checkpoint '%s' holds a different model: %s is %lld there and %lld in the config", path,
                        model_attr_names[i], (long long)got, (long long)want[i]);
     }
+    check_base(tr, r, path);
     zero_ckpt_load(&tr->zero, r);
     train_fault_point("resume");
     tr->step = (long)ckpt_attr_i64(r, "step");

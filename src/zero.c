@@ -843,6 +843,43 @@ void zero_gather_unit(struct zero *z, int u, float *out)
     }
 }
 
+uint64_t zero_params_checksum(struct zero *z, int u_end)
+{
+    enum { CHUNK = 1 << 20 };
+    void *raw = xcalloc(CHUNK, z->esize);
+    float *f32 = xcalloc(CHUNK, sizeof *f32);
+    uint64_t sum = 0;
+    for (int u = 0; u < u_end; u++) {
+        struct zero_unit *zu = &z->units[u];
+        /* the range this rank hashes: its shard, or its 1/N of a unit every rank holds whole */
+        const size_t begin = zu->role.sharded ? (size_t)z->rank * zu->shard : zu->padded * (size_t)z->rank / (size_t)z->world;
+        const size_t end = zu->role.sharded ? begin + zu->shard : zu->padded * (size_t)(z->rank + 1) / (size_t)z->world;
+        const char *src = zu->role.sharded ? zu->param_shard : elem(zu->params, begin, z->esize);
+        for (size_t at = begin; at < end; at += CHUNK) {
+            const size_t n = end - at < CHUNK ? end - at : CHUNK;
+            backend_copy(raw, src + (at - begin) * z->esize, n * z->esize);
+            dtype_convert(f32, DTYPE_F32, raw, z->dtype, n);
+            const uint64_t salt = (uint64_t)u << 44;
+            for (size_t i = 0; i < n; i++) {
+                uint32_t bits;
+                memcpy(&bits, &f32[i], sizeof bits);
+                sum += lora_mix(((salt + at + i) << 32 | bits) ^ (salt + at + i) * 0x9E3779B97F4A7C15ull);
+            }
+        }
+    }
+    free(raw);
+    free(f32);
+    uint64_t *all = xcalloc((size_t)z->world, sizeof *all);
+    all[z->rank] = sum;
+    /* 8-byte values, moved bit for bit */
+    comm_allgather(z->comm, &all[z->rank], all, 1, COMM_F64, NULL);
+    sum = 0;
+    for (int r = 0; r < z->world; r++)
+        sum += all[r];
+    free(all);
+    return sum;
+}
+
 void zero_gather_grads(struct zero *z, int u, float *out)
 {
     struct zero_unit *zu = &z->units[u];
@@ -872,7 +909,8 @@ int zero_ckpt_n_slices(const struct zero *z)
 {
     int n = 0;
     for (int u = 0; u < z->model->n_units; u++)
-        n += z->model->units[u].n_tensors;
+        if (z->units[u].role.trained)
+            n += z->model->units[u].n_tensors;
     return n;
 }
 
@@ -948,7 +986,7 @@ void zero_ckpt_slices(struct zero *z, enum zero_ckpt_group g, struct ckpt_slice 
         struct zero_unit *zu = &z->units[u];
         const struct unit_desc *ud = &z->model->units[u];
         const bool owner = z->stage > 0 || z->rank == 0;
-        for (int t = 0; t < ud->n_tensors; t++, i++) {
+        for (int t = 0; zu->role.trained && t < ud->n_tensors; t++, i++) {
             const struct tensor_desc *td = &ud->tensors[t];
             struct ckpt_slice *sl = &out[i];
             sl->name = td->name;
@@ -972,7 +1010,7 @@ void zero_export_slices(struct zero *z, struct ckpt_slice *out)
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         const struct unit_desc *ud = &z->model->units[u];
-        for (int t = 0; t < ud->n_tensors; t++, i++) {
+        for (int t = 0; zu->role.trained && t < ud->n_tensors; t++, i++) {
             const struct tensor_desc *td = &ud->tensors[t];
             size_t lo = td->numel * (size_t)z->rank / (size_t)z->world;
             size_t hi = td->numel * (size_t)(z->rank + 1) / (size_t)z->world;
@@ -995,7 +1033,7 @@ void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
         for (int u = 0; u < z->model->n_units; u++) {
             struct zero_unit *zu = &z->units[u];
             const struct unit_desc *ud = &z->model->units[u];
-            for (int t = 0; t < ud->n_tensors; t++, i++) {
+            for (int t = 0; zu->role.trained && t < ud->n_tensors; t++, i++) {
                 const struct tensor_desc *td = &ud->tensors[t];
                 struct ckpt_slice *sl = &slices[i];
                 sl->name = td->name;

@@ -292,6 +292,11 @@ void zero_replay_pass(struct zero *z, const struct zero_pass *pass);
 void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS]);
 /* Copies the full value of unit u's parameters into out, in fp32 (all ranks must call). */
 void zero_gather_unit(struct zero *z, int u, float *out);
+/* A checksum of the parameters of units 0 .. u_end - 1 (LoRA: the base
+ * model's identity), the same at every world size, stage and precision of
+ * the same values: the sum over elements of a hash of (unit, element, its
+ * value widened to fp32), each rank hashing its part. Collective. */
+uint64_t zero_params_checksum(struct zero *z, int u_end);
 struct ckpt_slice;
 struct ckpt_reader;
 /* The checkpoint groups of the optimizer state: fp32 master weights, Adam m and v. */

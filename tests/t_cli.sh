@@ -112,7 +112,14 @@ expect_error "bad.bad_magic" "magic" train "$TMP/good.json" --set "data.train=$T
 write_bin "$TMP/vocab.bin" 20240520 1 4000 4000 64
 expect_error "bad.token_out_of_vocab" "vocab" train "$TMP/good.json" --set "data.train=$TMP/vocab.bin"
 expect_error "bad.bad_val_data" "magic" train "$TMP/good.json" --set "data.val=$TMP/magic.bin"
-expect_error "bad.lora_not_implemented_yet" "LoRA training is not implemented yet" train "$TMP/good.json" --set lora.r=4
+expect_error "bad.lora_r_zero" "lora.r" train "$TMP/good.json" --set lora.r=0
+expect_error "bad.lora_r_negative" "lora.r" train "$TMP/good.json" --set lora.r=-4
+expect_error "bad.lora_alpha_zero" "lora.alpha" train "$TMP/good.json" --set lora.alpha=0
+expect_error "bad.lora_alpha_negative" "lora.lora_alpha" train "$TMP/good.json" --set lora.lora_alpha=-1
+expect_error "bad.lora_dropout_one" "lora.dropout" train "$TMP/good.json" --set lora.dropout=1
+expect_error "bad.lora_dropout_negative" "lora.dropout" train "$TMP/good.json" --set lora.dropout=-0.1
+expect_error "bad.lora_modules_to_save_missing" "lora.modules_to_save" train "$TMP/good.json" --set 'lora.modules_to_save=["lm_head"]'
+expect_error "bad.lora_init_unknown" "lora.init" train "$TMP/good.json" --set 'lora.init="pissa"'
 expect_error "bad.lora_target_matches_nothing" "lora.target_modules" train "$TMP/good.json" --set 'lora.target_modules=["q_proj"]'
 expect_error "bad.offload_at_stage_0" "offload_optimizer" train "$TMP/good.json" --set zero_optimization.offload_optimizer.device=cpu
 

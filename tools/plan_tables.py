@@ -3,10 +3,12 @@
 
     python3 tools/plan_tables.py [--bin bin/shardlm]
 
-Prints two Markdown tables: model states per GPU of a 7.5 B-parameter model on
-64 GPUs at ZeRO stages 0-3 beside the ZeRO paper's figures, and the Llama-2-70B
-ladder on one node of 8 x 80 GB GPUs at sequence length 4096. Every number
-comes from the command each row shows.
+Prints three Markdown tables: model states per GPU of a 7.5 B-parameter model on
+64 GPUs at ZeRO stages 0-3 beside the ZeRO paper's figures, the Llama-2-70B
+ladder on one node of 8 x 80 GB GPUs at sequence length 4096, and Llama-2-70B
+LoRA (r 16, all seven linear layers of every block, bf16 base) on 8 x 80 GB
+and on 2 x 24 GB (base and optimizer offloaded) at sequence lengths 2048 and
+4096. Every number comes from the command each row shows.
 """
 import argparse
 import json
@@ -74,6 +76,32 @@ def ladder_table(binary):
               f"{j['host_per_node'] / GB:.0f} GB | {'yes' if j['fits'] else 'no'} |")
 
 
+LORA = ["--preset", "llama2-70b", "--set", "bf16.enabled=true", "--set", "zero_optimization.stage=3",
+        "--set", "lora.r=16", "--set", "lora.alpha=32",
+        "--set", 'lora.target_modules=["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj"]'] + CKPT
+LORA_ROWS = [
+    ("8 x 80 GB", ["--ranks", "8", "--gpu-mem", "80GB"]),
+    ("2 x 24 GB, base + optimizer offloaded", ["--ranks", "2", "--gpu-mem", "24GB"] + OFF_OPT + OFF_PARAM),
+    ("2 x 24 GB, + cpu_checkpointing", ["--ranks", "2", "--gpu-mem", "24GB"] + OFF_OPT + OFF_PARAM + CPU_CKPT),
+]
+
+
+def lora_table(binary):
+    print("| GPUs | sequence | device per GPU | of which model states | pinned host per GPU | host per node "
+          "| fits |")
+    print("|---|---|---|---|---|---|---|")
+    for label, args in LORA_ROWS:
+        for seq in (2048, 4096):
+            j = plan(binary, LORA + args + ["--set", f"data.seq_len={seq}"])
+            host = j["space_total"]["pinned host"] + j["space_total"]["host"]
+            m = j["memory"]
+            states = sum(m[k]["bytes"] for k in ("parameter shard", "gradient shard", "fp32 gradient shard",
+                                                 "fp32 master weights", "Adam m", "Adam v")
+                         if m[k]["space"] == "device")
+            print(f"| {label} | {seq} | {j['space_total']['device'] / GB:.1f} GB | {states / GB:.2f} GB | "
+                  f"{host / GB:.1f} GB | {j['host_per_node'] / GB:.0f} GB | {'yes' if j['fits'] else 'no'} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(ROOT, "bin", "shardlm"))
@@ -81,6 +109,8 @@ def main():
     paper_table(a.bin)
     print()
     ladder_table(a.bin)
+    print()
+    lora_table(a.bin)
 
 
 if __name__ == "__main__":
