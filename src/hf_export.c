@@ -10,32 +10,27 @@
 #include "hf.h"
 #include "util.h"
 
-/* The shape fields that say which model a config.json describes. */
-static const char *const shape_keys[] = {"hidden_size", "num_hidden_layers", "num_attention_heads",
-                                         "num_key_value_heads", "intermediate_size", "vocab_size",
-                                         "n_embd", "n_layer", "n_head"};
-
 static void refuse_other_model(const struct model *m, const char *dir)
 {
     char path[1100];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (access(path, F_OK) == 0) /* transformers would load the adapters named there instead */
+        fail_input("export: '%s' holds PEFT adapters (adapter_config.json); a Hugging Face model must not stand "
+                   "beside them: export into a new or empty directory",
+                   dir);
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (access(path, F_OK) != 0)
         return;
-    json_t *have = json_load_file(path, 0, NULL);
-    json_t *want = hf_config_json(m, DTYPE_F32, NULL);
-    for (size_t i = 0; json_is_object(have) && i < sizeof shape_keys / sizeof shape_keys[0]; i++) {
-        json_t *a = json_object_get(have, shape_keys[i]), *b = json_object_get(want, shape_keys[i]);
-        if (b && (!a || !json_equal(a, b)))
-            fail_input("export: '%s' already holds another model (config.json's %s is %lld, this checkpoint's "
-                       "%lld); export into a new or empty directory",
-                       dir, shape_keys[i], a ? (long long)json_integer_value(a) : -1LL,
-                       (long long)json_integer_value(b));
-    }
-    if (!json_is_object(have))
+    const char *key;
+    long long have, want;
+    int differs = hf_config_differs(m, dir, &key, &have, &want);
+    if (differs < 0)
         fail_input("export: '%s' holds a config.json that is not a model's; export into a new or empty directory",
                    dir);
-    json_decref(have);
-    json_decref(want);
+    if (differs)
+        fail_input("export: '%s' already holds another model (config.json's %s is %lld, this checkpoint's "
+                   "%lld); export into a new or empty directory",
+                   dir, key, have, want);
 }
 
 /* Rank 0: DIR exists and is a directory. */
