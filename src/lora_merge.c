@@ -29,6 +29,10 @@ static void check_base(const struct model *m, const char *dir, const char *what)
         fail_input("export --merge: the base '%s' (%s) has no readable config.json; give the Hugging Face directory "
                    "the adapters were trained on with --base DIR",
                    dir, what);
+    if (differs && have < 0)
+        fail_input("export --merge: the base '%s' (%s) is another model: its config.json has no %s (the "
+                   "checkpoint's model has %lld); give the base the adapters were trained on with --base DIR",
+                   dir, what, key, want);
     if (differs)
         fail_input("export --merge: the base '%s' (%s) is another model: its config.json's %s is %lld, the "
                    "checkpoint's %lld; give the base the adapters were trained on with --base DIR",
