@@ -837,6 +837,72 @@ extern "C" void backend_swiglu_backward(float *dgu, const float *dout, const flo
         (A *)dgu, (const A *)dout, (const A *)gu, N, F));
 }
 
+/* ---- LoRA (issue 19) ------------------------------------------------------------------------------ */
+
+/* out (N, C) [A] = drop(x), or out += drop(x) (accumulate): element (n, c) kept, times keep_scale, iff
+ * lora_dropout_keeps(d, n, c), else 0; added in fp32, rounded once. The CPU backend's lora_drop, the same mask
+ * (backend.h's function on the device) and the same keep_scale (computed on the host as the CPU does). */
+template <typename A>
+__global__ static void lora_drop_kernel(A *out, const A *x, struct lora_dropout d, float keep_scale, int N, int C,
+                                        int accumulate)
+{
+    const size_t n = (size_t)N * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float v = lora_dropout_keeps(&d, i / C, (int)(i % C)) ? ld(x, i) * keep_scale : 0.0f;
+        st(out, i, accumulate ? ld(out, i) + v : v);
+    }
+}
+
+static int lora_drops(const struct lora_dropout *d) { return d && d->p > 0.0f; }
+
+static void lora_drop(float *out, const float *x, const struct lora_dropout *d, int N, int C, int accumulate)
+{
+    const float keep_scale = 1.0f / (1.0f - d->p);
+    WITH_ACT(lora_drop_kernel<A><<<blocks_for((size_t)N * C, BLOCK), BLOCK, 0, g_stream>>>(
+        (A *)out, (const A *)x, *d, keep_scale, N, C, accumulate));
+}
+
+/* t [A] (N, r) = drop(x) @ A^T, then y [A] (rows of ld) += scale t @ B^T with beta 1, the GEMM writing columns
+ * [0, OC) of each row only (column-major: t^T = op_T(A) x^T, y^T += scale op_T(B) t^T with ldc = ld). */
+extern "C" void backend_lora_forward(float *y, int ld, float *t, float *scratch, const float *x, const float *A,
+                                     const float *B, float scale, const struct lora_dropout *d, int N, int C, int r,
+                                     int OC)
+{
+    if (N <= 0 || C <= 0 || r <= 0 || OC <= 0)
+        return;
+    if (lora_drops(d)) {
+        lora_drop(scratch, x, d, N, C, 0);
+        x = scratch;
+    }
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, r, N, C, 1.0f, A, C, x, C, 0.0f, t, r, 0);
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, r, scale, B, r, t, r, 1.0f, y, ld, 0);
+}
+
+/* dB [G] (OC, r) += scale dy^T @ t; dt [A] (N, r) = scale dy @ B; dA [G] (r, C) += dt^T @ drop(x); dx [A] += dt @ A,
+ * through scratch and the mask with dropout. */
+extern "C" void backend_lora_backward(float *dx, float *dA, float *dB, float *dt, float *scratch, const float *dy,
+                                      int ld, const float *x, const float *t, const float *A, const float *B,
+                                      float scale, const struct lora_dropout *d, int N, int C, int r, int OC)
+{
+    if (N <= 0 || C <= 0 || r <= 0 || OC <= 0)
+        return;
+    if (dB)
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, r, OC, N, scale, t, r, dy, ld, 1.0f, dB, r, 1);
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, r, N, OC, scale, B, r, dy, ld, 0.0f, dt, r, 0);
+    const int drops = lora_drops(d);
+    if (dA) {
+        if (drops)
+            lora_drop(scratch, x, d, N, C, 0);
+        gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, r, N, 1.0f, drops ? scratch : x, C, dt, r, 1.0f, dA, C, 1);
+    }
+    if (!drops) {
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, r, 1.0f, A, C, dt, r, 1.0f, dx, C, 0);
+        return;
+    }
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, r, 1.0f, A, C, dt, r, 0.0f, scratch, C, 0);
+    lora_drop(dx, scratch, d, N, C, 1);
+}
+
 /* ---- attention ----------------------------------------------------------------------------- */
 
 /* Causal attention without the T x T matrices (the FlashAttention recurrence,

@@ -227,6 +227,8 @@ void backend_crossentropy_backward(float *probs, const int32_t *targets, float d
  * element (n, c) of x is kept, and scaled by 1 / (1 - p), iff
  * lora_dropout_keeps(d, n, c); scratch [A] (N, C) holds drop(x) then, and
  * is unused without dropout (may be NULL). */
+#ifndef SHARDLM_LORA_DROPOUT /* tests/gpu/cpu_names_decl.h reads this header twice */
+#define SHARDLM_LORA_DROPOUT
 struct lora_dropout {
     float p;          /* in [0, 1) */
     uint64_t key;     /* the mask of this layer, module and step (lora_dropout_key) */
@@ -254,6 +256,7 @@ static inline LORA_HD int lora_dropout_keeps(const struct lora_dropout *d, size_
     /* keep iff the top 32 bits are at or above p * 2^32 */
     return (double)(h >> 32) >= (double)d->p * 4294967296.0;
 }
+#endif
 void backend_lora_forward(float *y, int ld, float *t, float *scratch, const float *x, const float *A, const float *B,
                           float scale, const struct lora_dropout *d, int N, int C, int r, int OC);
 /* After the layer's own backward (which overwrote dx with dy @ W): with dy [A]

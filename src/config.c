@@ -1622,6 +1622,10 @@ static void read_lora(struct config *cfg, json_t *root)
                    "dropout), got %g",
                    named, l->dropout);
     json_t *init = doc_get(root, "lora.init");
+    if (!init) { /* the resolved config shows the default */
+        json_object_set_new(section, "init", json_string("default"));
+        init = doc_get(root, "lora.init");
+    }
     const char *init_name = json_is_string(init) ? json_string_value(init) : NULL;
     if (!init || json_is_true(init) || (init_name && strcmp(init_name, "default") == 0))
         l->init = LORA_INIT_DEFAULT;

@@ -738,6 +738,123 @@ static void check_packed_wpe_windows(void)
     free(pos), free(tokens), free(dout), free(dwte), free(dwpe);
 }
 
+/* ---- LoRA (issue 19) ------------------------------------------------------------------------------ */
+
+/* The element i of device [A] memory (a slice's first column). */
+static float *act_at(float *device, size_t i) { return (float *)((char *)device + act_bytes(i)); }
+
+/* How many elements of the device [A] buffer differ in their bits from the host values rounded to the activation
+ * dtype; only the columns [c0, c1) of rows of ld when c1 > c0, else all n. */
+static size_t act_bits_differ(const float *device, const float *want, size_t n, int ld, int c0, int c1)
+{
+    const size_t es = act_bytes(1);
+    unsigned char *got = malloc(act_bytes(n)), *ref = malloc(act_bytes(n));
+    cuda_ok(cudaDeviceSynchronize(), "act_bits_differ");
+    cuda_ok(cudaMemcpy(got, device, act_bytes(n), cudaMemcpyDeviceToHost), "act_bits_differ");
+    dtype_convert(ref, g_act, want, DTYPE_F32, n);
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int c = c1 > c0 ? (int)(i % (size_t)ld) : 0;
+        if (c1 <= c0 || (c >= c0 && c < c1))
+            diff += memcmp(got + i * es, ref + i * es, es) != 0;
+    }
+    free(got), free(ref);
+    return diff;
+}
+
+/* backend_lora_forward and backend_lora_backward against the CPU backend: x (N, C), A (r, C), B (OC, r), scale
+ * alpha / r; the layer's output y and its gradient dy are the middle OC of rows of 3 OC (the k slice of a fused
+ * q|k|v output), whose other columns must come back bit for bit (and dy's, random, must not be read). t, dt and
+ * scratch are poisoned (overwritten); dx, dA, dB start random (accumulated); dA, dB [G] in the activation dtype
+ * when half_grads. p 0: d NULL, and a d of p = 0 gives the same bits; p > 0: the mask with row0 5 and T tokens a
+ * row, drop(x) in scratch equal to the CPU's to the bit, about p of it dropped. dA and dB NULL (frozen adapters):
+ * the same dx bits. */
+static void check_lora(float p, int r, int half_grads, struct shape sh, const char *variant)
+{
+    const int N = sh.B * sh.T, C = sh.C, OC = sh.OC, LD = 3 * OC;
+    const size_t NC = (size_t)N * C, NY = (size_t)N * LD, NR = (size_t)N * r, RC = (size_t)r * C, OR = (size_t)OC * r;
+    const float scale = 16.0f / r;
+    const struct lora_dropout drop = {p, 0x243F6A8885A308D3ull, 5, sh.T}, no_drop = {0.0f, 0x243F6A8885A308D3ull, 5,
+                                                                                     sh.T};
+    const struct lora_dropout *d = p > 0 ? &drop : NULL;
+    char why[160];
+    if (half_grads)
+        backend_set_grad_dtype(g_act);
+    float *x = act_round(host_random(NC, 1), NC), *A = act_round(host_random(RC, 0.2f), RC);
+    float *B = act_round(host_random(OR, 0.2f), OR), *y0 = act_round(host_random(NY, 1), NY);
+    float *d_x = act_to_device(x, NC), *d_A = act_to_device(A, RC), *d_B = act_to_device(B, OR);
+    float *d_y = act_to_device(y0, NY), *y = malloc(NY * 4), *t = malloc(NR * 4), *scratch = malloc(NC * 4);
+    memcpy(y, y0, NY * 4);
+    float *d_t = act_poisoned(NR), *d_scratch = p > 0 ? act_poisoned(NC) : NULL;
+    cpu_lora_forward(y + OC, LD, t, scratch, x, A, B, scale, d, N, C, r, OC);
+    backend_lora_forward(act_at(d_y, OC), LD, d_t, d_scratch, d_x, d_A, d_B, scale, d, N, C, r, OC);
+    compare_act(named2("lora_forward_y", variant), y, d_y, NY, g_tol);
+    compare_act(named2("lora_forward_t", variant), t, d_t, NR, g_tol);
+    const size_t moved = act_bits_differ(d_y, y0, NY, LD, 0, OC) + act_bits_differ(d_y, y0, NY, LD, 2 * OC, LD);
+    snprintf(why, sizeof why, "%zu elements outside the slice changed", moved);
+    check_value(named2("lora_forward_other_columns_untouched", variant), moved == 0, why);
+    if (p > 0) {
+        size_t dropped = 0, nonzero = 0;
+        for (size_t i = 0; i < NC; i++)
+            if (x[i] != 0.0f)
+                nonzero++, dropped += scratch[i] == 0.0f;
+        const double frac = (double)dropped / (double)nonzero;
+        const size_t diff = act_bits_differ(d_scratch, scratch, NC, 0, 0, 0);
+        snprintf(why, sizeof why, "%zu of %zu elements of drop(x) differ from the CPU's; dropped %.3f (p %.2f)", diff,
+                 NC, frac, p);
+        check_value(named2("lora_forward_dropout_mask_bits", variant), diff == 0 && fabs(frac - p) < 0.05, why);
+    } else {
+        float *d_y_p0 = act_to_device(y0, NY), *d_t_p0 = act_poisoned(NR);
+        backend_lora_forward(act_at(d_y_p0, OC), LD, d_t_p0, NULL, d_x, d_A, d_B, scale, &no_drop, N, C, r, OC);
+        check_value(named2("lora_forward_p0_same_bits_as_no_dropout", variant),
+                    same_bits(d_y_p0, d_y, act_bytes(NY)) && same_bits(d_t_p0, d_t, act_bytes(NR)),
+                    "a dropout of p = 0 changed y or t");
+        cudaFree(d_y_p0), cudaFree(d_t_p0);
+    }
+
+    /* the backward from the forward's t as both sides hold it (rounded to the activation dtype) */
+    act_round(t, NR);
+    float *d_t_in = act_to_device(t, NR);
+    float *dy = act_round(host_random(NY, 1), NY), *d_dy = act_to_device(dy, NY);
+    float *dx = act_round(host_random(NC, 1), NC), *d_dx = act_to_device(dx, NC), *d_dx_frozen = act_to_device(dx, NC);
+    float *dA = host_random(RC, 1), *dB = host_random(OR, 1);
+    if (half_grads)
+        act_round(dA, RC), act_round(dB, OR);
+    float *d_dA = half_grads ? act_to_device(dA, RC) : to_device(dA, RC * 4);
+    float *d_dB = half_grads ? act_to_device(dB, OR) : to_device(dB, OR * 4);
+    float *dt = malloc(NR * 4), *d_dt = act_poisoned(NR), *d_dt_frozen = act_poisoned(NR);
+    float *d_scratch_frozen = p > 0 ? act_poisoned(NC) : NULL;
+    cpu_lora_backward(dx, dA, dB, dt, scratch, dy + OC, LD, x, t, A, B, scale, d, N, C, r, OC);
+    backend_lora_backward(d_dx, d_dA, d_dB, d_dt, d_scratch, act_at(d_dy, OC), LD, d_x, d_t_in, d_A, d_B, scale, d, N,
+                          C, r, OC);
+    compare_act(named2("lora_backward_dx_accumulates", variant), dx, d_dx, NC, g_tol);
+    compare_act(named2("lora_backward_dt", variant), dt, d_dt, NR, g_tol);
+    (half_grads ? compare_act : compare)(named2("lora_backward_dA_accumulates", variant), dA, d_dA, RC, g_tol);
+    (half_grads ? compare_act : compare)(named2("lora_backward_dB_accumulates", variant), dB, d_dB, OR, g_tol);
+    backend_lora_backward(d_dx_frozen, NULL, NULL, d_dt_frozen, d_scratch_frozen, act_at(d_dy, OC), LD, d_x, d_t_in,
+                          d_A, d_B, scale, d, N, C, r, OC);
+    check_value(named2("lora_backward_frozen_same_dx", variant), same_bits(d_dx_frozen, d_dx, act_bytes(NC)),
+                "dA and dB NULL changed dx");
+    backend_set_grad_dtype(DTYPE_F32);
+    cudaFree(d_x), cudaFree(d_A), cudaFree(d_B), cudaFree(d_y), cudaFree(d_t), cudaFree(d_scratch);
+    cudaFree(d_t_in), cudaFree(d_dy), cudaFree(d_dx), cudaFree(d_dx_frozen), cudaFree(d_dA), cudaFree(d_dB);
+    cudaFree(d_dt), cudaFree(d_dt_frozen), cudaFree(d_scratch_frozen);
+    free(x), free(A), free(B), free(y0), free(y), free(t), free(scratch), free(dy), free(dx), free(dA), free(dB);
+    free(dt);
+}
+
+/* LoRA with activations in dt (and its gradients [G] when half_grads): without dropout and with p = 0.3, rank 8 and
+ * an odd rank at the odd shape. */
+static void check_lora_kernels(enum dtype dt, double tol, const char *tag, int half_grads)
+{
+    use_act(dt, tol, tag);
+    check_lora(0.0f, 8, half_grads, EVEN, "");
+    check_lora(0.3f, 8, half_grads, EVEN, "_p0.3");
+    check_lora(0.0f, 5, half_grads, ODD, "_odd_r5");
+    check_lora(0.3f, 5, half_grads, ODD, "_odd_r5_p0.3");
+    use_act(DTYPE_F32, TOL, "");
+}
+
 /* ---- the optimizer: fused AdamW and the gradient statistics ------------------------------------ */
 
 /* 40 ranges (more than one launch's group), sizes from 0 to beyond a chunk,
@@ -919,6 +1036,10 @@ int main(void)
     check_packing(DTYPE_BF16, 1e-2, "_bf16", EVEN);
     check_packing(DTYPE_F16, 5e-3, "_fp16", ODD);
     check_packed_wpe_windows();
+    check_lora_kernels(DTYPE_F32, TOL, "", 0);
+    check_lora_kernels(DTYPE_BF16, 1e-2, "_bf16", 0);
+    check_lora_kernels(DTYPE_BF16, 1e-2, "_bf16_grads_bf16", 1);
+    check_lora_kernels(DTYPE_F16, 5e-3, "_fp16_grads_fp16", 1);
 
     /* fp32-only kernels */
     const size_t NC = 2 * 64 * 96;

@@ -20,6 +20,8 @@
 #define backend_layernorm_backward cpu_layernorm_backward
 #define backend_layernorm_forward cpu_layernorm_forward
 #define backend_layernorm_scratch cpu_layernorm_scratch
+#define backend_lora_backward cpu_lora_backward
+#define backend_lora_forward cpu_lora_forward
 #define backend_matmul_backward cpu_matmul_backward
 #define backend_matmul_backward_transposed cpu_matmul_backward_transposed
 #define backend_matmul_forward cpu_matmul_forward

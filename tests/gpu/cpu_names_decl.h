@@ -23,6 +23,8 @@
 #undef backend_layernorm_backward
 #undef backend_layernorm_forward
 #undef backend_layernorm_scratch
+#undef backend_lora_backward
+#undef backend_lora_forward
 #undef backend_matmul_backward
 #undef backend_matmul_backward_transposed
 #undef backend_matmul_forward

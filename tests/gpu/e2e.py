@@ -15,6 +15,9 @@ trained by the CPU build and by the CUDA build with the same config, cases:
   llama_n1_fp32, llama_n1_bf16, llama_n2nccl_bf16, llama_offload_bf16
                         the same with a small Llama (4 heads over 2 KV heads,
                         SwiGLU, rotary, untied head)
+  llama_lora_n1_fp32, llama_lora_offload_bf16
+                        LoRA on every linear layer (r 8, dropout 0.1, B random
+                        from the start) over the frozen Llama
 The per-step losses agree within 1e-4 (fp32, TF32 off) / 2e-2 (bf16)
 relative, the CUDA run's planned bytes equal its peak, and `shardlm plan
 --target cuda` (run by the CPU build) predicted them exactly. Every run has
@@ -59,6 +62,7 @@ RUN_TIMEOUT = float(os.environ.get("E2E_TIMEOUT", "120"))
 # gradient accumulation, activation checkpoints in host memory
 OFFLOAD = {"zero_optimization": {"offload_param": {"device": "cpu"}}, "gradient_accumulation_steps": 2,
            "activation_checkpointing": {"enabled": True, "interval": 1, "cpu_checkpointing": True}}
+LORA = {"lora": {"r": 8, "alpha": 16, "dropout": 0.1, "init": False, "target_modules": "all-linear"}}
 TOL = {"fp32": 1e-4, "bf16": 2e-2}
 passed = 0
 
@@ -127,7 +131,8 @@ def e2e():
              ("offload_fp32", 1, "fp32", {}, OFFLOAD), ("offload_bf16", 1, "bf16", {}, OFFLOAD),
              ("llama_n1_fp32", 1, "fp32", {}, None), ("llama_n1_bf16", 1, "bf16", {}, None),
              ("llama_n2nccl_bf16", 2, "bf16", dict(share, SHARDLM_COMM="nccl"), None),
-             ("llama_offload_bf16", 1, "bf16", {}, OFFLOAD)]
+             ("llama_offload_bf16", 1, "bf16", {}, OFFLOAD),
+             ("llama_lora_n1_fp32", 1, "fp32", {}, LORA), ("llama_lora_offload_bf16", 1, "bf16", {}, dict(OFFLOAD, **LORA))]
     unknown = set(CASES) - {c[0] for c in cases}
     ok("e2e.cases_known", not unknown, f"E2E_CASES names no case {sorted(unknown)}")
     worst_of = {}

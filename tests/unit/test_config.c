@@ -794,7 +794,7 @@ static void test_llama(void)
     config_free(&c);
 }
 
-/* ---- lora (issue 19: read and checked; the trainer refuses it for now) ---- */
+/* ---- lora (issue 19) ---- */
 
 #define LLAMA_SMALL "\"model\": {\"type\": \"llama\", \"n_layer\": 2, \"n_head\": 4, \"n_embd\": 64, \"ffn_dim\": 96}"
 
@@ -874,6 +874,11 @@ static void test_lora_values(void)
           "%d targets %d saved", c.lora.n_target_modules, c.lora.n_modules_to_save);
     config_free(&c);
 
+    load(&c, "{\"lora\": {\"init\": false}}", NULL, NULL);
+    CHECK("lora: init false is PEFT's init_lora_weights=False", c.lora.init == LORA_INIT_RANDOM, "init %d",
+          c.lora.init);
+    config_free(&c);
+
     load(&c, "{}", "lora.r=4", "lora.dropout=0.1");
     CHECK("lora: --set creates the section", c.lora.enabled && c.lora.r == 4 && c.lora.dropout == 0.1,
           "enabled %d r %d dropout %g", c.lora.enabled, c.lora.r, c.lora.dropout);
@@ -935,7 +940,8 @@ static void test_lora_errors(void)
         {"all-linear and saved", "{\"lora\": {\"target_modules\": \"all-linear\", \"modules_to_save\": "
          "[\"c_fc\"]}}", NULL, "\"c_fc\" is in lora.modules_to_save and adapted"},
         {"unknown init", "{\"lora\": {\"init\": \"pissa\"}}", NULL,
-         "'lora.init' is \"pissa\"; known: \"default\" (PEFT's: A Kaiming-uniform, B zero), \"gaussian\""},
+         "'lora.init' is \"pissa\"; known: \"default\" or true (PEFT's: A Kaiming-uniform, B zero), \"gaussian\""},
+        {"init not a name", "{\"lora\": {\"init\": 3}}", NULL, "'lora.init' is 3; known: \"default\" or true"},
         {"unknown key", "{\"lora\": {\"rank\": 8}}", NULL, "unknown key 'lora.rank'"},
         {"not an object", "{\"lora\": true}", NULL, "'lora' must be an object"},
     };

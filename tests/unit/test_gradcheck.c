@@ -108,6 +108,8 @@
 #undef backend_gelu_forward
 #undef backend_gelu_backward
 #undef backend_add
+#undef backend_lora_forward
+#undef backend_lora_backward
 #undef backend_attention_forward
 #undef backend_attention_backward
 #undef backend_attention_scratch
@@ -1163,6 +1165,148 @@ static void test_add(uint64_t *rng)
     free(s.a), free(s.b), free(w), free(out), free(num_a), free(num_b), free(a_f), free(b_f), free(out_f);
 }
 
+/* ---- LoRA ---------------------------------------------------------------- */
+
+/* The layer's output is columns [LORA_AT, LORA_AT + OC) of rows of LORA_LD (a slice of a fused output). */
+enum { LORA_LD = 11, LORA_AT = 3 };
+
+struct lora_case {
+    int N, C, r, OC;
+    double *x, *A, *B;             /* (N, C), (r, C), (OC, r) */
+    const double *y0;              /* (N, LORA_LD): what the layer's own matmul left in y */
+    double *t, *scratch;           /* (N, r), (N, C): side output, work space */
+    double scale;
+    const struct lora_dropout *d;  /* NULL: no dropout */
+};
+
+static void lora_objective(void *ctx, double *out)
+{
+    struct lora_case *l = ctx;
+    memcpy(out, l->y0, (size_t)l->N * LORA_LD * sizeof *out);
+    f64_lora_forward(out + LORA_AT, LORA_LD, l->t, l->scratch, l->x, l->A, l->B, l->scale, l->d, l->N, l->C, l->r,
+                     l->OC);
+}
+
+/* 1 when the columns of rows of LORA_LD outside [LORA_AT, LORA_AT + OC) are bitwise as in y0. */
+static int lora_other_columns_kept(const double *y, const double *y0, int N, int OC)
+{
+    int kept = 1;
+    for (size_t i = 0; i < (size_t)N * LORA_LD; i++) {
+        const int c = (int)(i % LORA_LD);
+        if (c < LORA_AT || c >= LORA_AT + OC)
+            kept &= memcmp(&y[i], &y0[i], sizeof *y) == 0;
+    }
+    return kept;
+}
+
+/* drop(x)[n, c] of backend.h: x scaled by the CPU's 1 / (1 - p) (a float) where the mask keeps it, else 0. */
+static double lora_dropped(const struct lora_dropout *d, const double *x, int n, int c, int C)
+{
+    if (!d || d->p <= 0.0f)
+        return x[(size_t)n * C + c];
+    return lora_dropout_keeps(d, (size_t)n, c) ? x[(size_t)n * C + c] * (double)(1.0f / (1.0f - d->p)) : 0.0;
+}
+
+/* p 0: no dropout (d NULL); p > 0: a mask with T tokens a row from row row0, which drops some of x and keeps some. */
+static void test_lora(float p, uint64_t *rng)
+{
+    char kernel[48], name[160];
+    snprintf(kernel, sizeof kernel, "lora p=%.2f", p);
+    const int N = 6, C = 5, r = 3, OC = 4;
+    const size_t n_x = (size_t)N * C, n_A = (size_t)r * C, n_B = (size_t)OC * r, n_t = (size_t)N * r;
+    const size_t n_out = (size_t)N * LORA_LD;
+    const struct lora_dropout drop = {p, 0x9E3779B97F4A7C15ull, 7, 3};
+    double *y0 = random_tensor(n_out, -1, 1, rng);
+    struct lora_case l = {N, C, r, OC, random_tensor(n_x, -1, 1, rng), random_tensor(n_A, -1, 1, rng),
+                          random_tensor(n_B, -1, 1, rng), y0, xmalloc(n_t * sizeof(double)),
+                          filled_tensor(n_x, OVERWRITE_SENTINEL), 1.75, p > 0 ? &drop : NULL};
+    /* dy = w, random in the other columns too: a backward that read them would be off */
+    double *w = random_tensor(n_out, -1, 1, rng);
+    double *dx0 = random_tensor(n_x, -1, 1, rng), *dA0 = random_tensor(n_A, -1, 1, rng);
+    double *dB0 = random_tensor(n_B, -1, 1, rng);
+    if (p > 0) {
+        size_t dropped = 0;
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++)
+                dropped += !lora_dropout_keeps(&drop, (size_t)n, c);
+        snprintf(name, sizeof name, "gradcheck %s: the mask drops some of x and keeps some", kernel);
+        CHECK(name, dropped > 0 && dropped < n_x, "%zu of %zu dropped", dropped, n_x);
+    }
+
+    double *out = xmalloc(n_out * sizeof *out);
+    lora_objective(&l, out);
+    double *t = copy_tensor(l.t, n_t);
+    /* the forward against backend.h's formula written out, and the other columns untouched */
+    double *ref = copy_tensor(y0, n_out);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double sum = 0.0;
+            for (int j = 0; j < r; j++) {
+                double tj = 0.0;
+                for (int c = 0; c < C; c++)
+                    tj += lora_dropped(l.d, l.x, n, c, C) * l.A[(size_t)j * C + c];
+                sum += tj * l.B[(size_t)o * r + j];
+            }
+            ref[(size_t)n * LORA_LD + LORA_AT + o] += l.scale * sum;
+        }
+    check_err("LoRA formula", kernel, "out", max_rel_err(out, ref, n_out, FLOAT_FLOOR), FORMULA_TOL);
+    snprintf(name, sizeof name, "gradcheck %s: the columns outside the slice untouched (f64)", kernel);
+    CHECK(name, lora_other_columns_kept(out, y0, N, OC), "a column outside the slice changed");
+
+    double *dx = copy_tensor(dx0, n_x), *dA = copy_tensor(dA0, n_A), *dB = copy_tensor(dB0, n_B);
+    double *dt = filled_tensor(n_t, OVERWRITE_SENTINEL), *scratch = filled_tensor(n_x, OVERWRITE_SENTINEL);
+    f64_lora_backward(dx, dA, dB, dt, scratch, w + LORA_AT, LORA_LD, l.x, t, l.A, l.B, l.scale, l.d, N, C, r, OC);
+    double *dx_inc = increment(dx, dx0, n_x), *dA_inc = increment(dA, dA0, n_A), *dB_inc = increment(dB, dB0, n_B);
+    /* dt = scale dy @ B, overwritten */
+    double *dt_ref = xmalloc(n_t * sizeof *dt_ref);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < r; j++) {
+            double sum = 0.0;
+            for (int o = 0; o < OC; o++)
+                sum += w[(size_t)n * LORA_LD + LORA_AT + o] * l.B[(size_t)o * r + j];
+            dt_ref[(size_t)n * r + j] = l.scale * sum;
+        }
+    check_err("LoRA formula", kernel, "dt (overwritten)", max_rel_err(dt, dt_ref, n_t, FLOAT_FLOOR), FORMULA_TOL);
+
+    struct objective obj = {lora_objective, &l, w, n_out};
+    double *num_x = numeric(l.x, n_x, &obj), *num_A = numeric(l.A, n_A, &obj), *num_B = numeric(l.B, n_B, &obj);
+    check_gradient(kernel, "dx (accumulated)", dx_inc, num_x, n_x);
+    check_gradient(kernel, "dA (accumulated)", dA_inc, num_A, n_A);
+    check_gradient(kernel, "dB (accumulated)", dB_inc, num_B, n_B);
+
+    /* frozen adapters (dA, dB NULL): dx only, the same bits */
+    double *dx_frozen = copy_tensor(dx0, n_x), *dt_frozen = filled_tensor(n_t, OVERWRITE_SENTINEL);
+    f64_lora_backward(dx_frozen, NULL, NULL, dt_frozen, scratch, w + LORA_AT, LORA_LD, l.x, t, l.A, l.B, l.scale, l.d,
+                      N, C, r, OC);
+    snprintf(name, sizeof name, "gradcheck %s: dA and dB NULL give the same dx (bitwise)", kernel);
+    CHECK(name, memcmp(dx_frozen, dx, n_x * sizeof *dx) == 0, "dx differs");
+
+    /* fp32 against f64 */
+    float *x_f = narrow(l.x, n_x), *A_f = narrow(l.A, n_A), *B_f = narrow(l.B, n_B), *w_f = narrow(w, n_out);
+    float *y_f = narrow(y0, n_out), *t_f = sentinel_tensor_f(n_t), *scratch_f = sentinel_tensor_f(n_x);
+    float *dx_f = narrow(dx0, n_x), *dA_f = narrow(dA0, n_A), *dB_f = narrow(dB0, n_B), *dt_f = sentinel_tensor_f(n_t);
+    backend_lora_forward(y_f + LORA_AT, LORA_LD, t_f, scratch_f, x_f, A_f, B_f, (float)l.scale, l.d, N, C, r, OC);
+    backend_lora_backward(dx_f, dA_f, dB_f, dt_f, scratch_f, w_f + LORA_AT, LORA_LD, x_f, t_f, A_f, B_f,
+                          (float)l.scale, l.d, N, C, r, OC);
+    check_float_f(kernel, "y", y_f, out, n_out);
+    double *y_f_wide = increment_f(y_f, NULL, n_out);
+    snprintf(name, sizeof name, "fp32 %s: the columns outside the slice untouched", kernel);
+    CHECK(name, lora_other_columns_kept(y_f_wide, y0, N, OC), "a column outside the slice changed");
+    check_float_f(kernel, "t", t_f, t, n_t);
+    check_float_f(kernel, "dt", dt_f, dt, n_t);
+    double *dx_f_inc = increment_f(dx_f, dx0, n_x), *dA_f_inc = increment_f(dA_f, dA0, n_A);
+    double *dB_f_inc = increment_f(dB_f, dB0, n_B);
+    check_float(kernel, "dx", dx_f_inc, dx_inc, n_x);
+    check_float(kernel, "dA", dA_f_inc, dA_inc, n_A);
+    check_float(kernel, "dB", dB_f_inc, dB_inc, n_B);
+
+    free(y0), free(l.x), free(l.A), free(l.B), free(l.t), free(l.scratch), free(w), free(dx0), free(dA0), free(dB0);
+    free(out), free(t), free(ref), free(dx), free(dA), free(dB), free(dt), free(scratch), free(dx_inc), free(dA_inc);
+    free(dB_inc), free(dt_ref), free(num_x), free(num_A), free(num_B), free(dx_frozen), free(dt_frozen), free(x_f);
+    free(A_f), free(B_f), free(w_f), free(y_f), free(t_f), free(scratch_f), free(dx_f), free(dA_f), free(dB_f);
+    free(dt_f), free(y_f_wide), free(dx_f_inc), free(dA_f_inc), free(dB_f_inc);
+}
+
 int main(void)
 {
     uint64_t rng = 0x5eed0fc0ffee1234ull;
@@ -1201,6 +1345,9 @@ int main(void)
     test_embedding(1, 1, &rng);
     test_embedding(0, 1, &rng);
     test_crossentropy(1, &rng);
+    /* LoRA: a slice of a wider output, without dropout and with p = 0.25 (a fixed mask) */
+    test_lora(0.0f, &rng);
+    test_lora(0.25f, &rng);
     printf("# worst gradcheck error %.2e (tol %.0e), worst fp32-vs-f64 error %.2e (tol %.0e)\n",
            g_worst_grad_err, GRAD_TOL, g_worst_float_err, FLOAT_TOL);
     return check_status();
