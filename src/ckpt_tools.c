@@ -100,22 +100,30 @@ static void checkpoint_model(struct ckpt_reader *r, const char *path, struct mod
     model_build(m, &mc);
 }
 
-/* A LoRA checkpoint's lora section, from the run's resolved config read
- * again without model.from_pretrained (the base directory may have moved:
- * the model keys are all there, resolved); false, with cfg untouched, for a
- * checkpoint without one. cfg owns the strings model_add_lora keeps. */
-static bool checkpoint_lora(struct ckpt_reader *r, struct config *cfg)
+/* A LoRA checkpoint's lora section, read from the run's resolved config
+ * with its model section alone (whose keys are all there, resolved) and
+ * without model.from_pretrained (the base directory may have moved), so
+ * that the rest of the run's config neither warns nor fails again here;
+ * false, with cfg untouched, for a checkpoint without one. cfg owns the
+ * strings model_add_lora keeps. */
+static bool checkpoint_lora(struct ckpt_reader *r, const char *path, struct config *cfg)
 {
     char *text = ckpt_has_attr(r, "config") ? ckpt_attr_str(r, "config") : NULL;
     json_t *doc = text ? json_loads(text, 0, NULL) : NULL;
     free(text);
-    json_t *lora = json_object_get(doc, "lora");
+    json_t *lora = json_object_get(doc, "lora"), *model = json_object_get(doc, "model");
     bool on = lora && !json_is_null(lora);
+    if (on && !json_is_object(model))
+        fail_input("checkpoint '%s': its config has a lora section but no model section; it was not written by "
+                   "shardlm train",
+                   path);
     if (on) {
-        json_object_del(json_object_get(doc, "model"), "from_pretrained");
-        char *stripped = json_dumps(doc, JSON_COMPACT);
-        config_load_string(cfg, stripped, NULL, 0);
-        free(stripped);
+        json_t *part = json_pack("{sosO}", "model", json_deep_copy(model), "lora", lora);
+        json_object_del(json_object_get(part, "model"), "from_pretrained");
+        char *part_text = json_dumps(part, JSON_COMPACT);
+        config_load_string(cfg, part_text, NULL, 0);
+        free(part_text);
+        json_decref(part);
     }
     json_decref(doc);
     return on;
@@ -272,15 +280,16 @@ static void usage_export(FILE *out)
             "                adapter_model.safetensors (the adapters, and the tensors of lora.modules_to_save) and\n"
             "                adapter_config.json\n"
             "  --merge       a Hugging Face model directory of the base with the adapters folded in,\n"
-            "                W + (alpha / r) B A (GPT-2's Conv1D weights: the transpose), the base's tensors read from\n"
-            "                its directory, lora.modules_to_save's from the checkpoint\n"
+            "                W + (alpha / r) B A (GPT-2's Conv1D weights: the transpose), the base's tensors read\n"
+            "                from its directory, lora.modules_to_save's from the checkpoint\n"
             "\n"
             "options:\n"
             "  --dtype DTYPE   bf16, fp16 or fp32 (default fp32; a LoRA checkpoint's: its run's)\n"
             "  --max-shard-size SIZE   largest weight file of a directory export (default 5GB; 5GB = 5e9 bytes,\n"
             "                  5GiB = 2^32 x 1.25)\n"
             "  --merge         (LoRA checkpoints) the base with the adapters folded in, as a Hugging Face directory\n"
-            "  --base DIR      (LoRA checkpoints) the base model directory, instead of the run's model.from_pretrained\n"
+            "  --base DIR      (LoRA checkpoints) the base model directory (default: the run's\n"
+            "                  model.from_pretrained)\n"
             "  -h, --help      this text\n"
             "\n"
             "exit status: 0 written; 2 bad input (arguments, missing or corrupted checkpoint, unwritable OUT, --merge\n"
@@ -528,7 +537,7 @@ static int export_hf_dir(const struct export_request *q)
     struct model m;
     checkpoint_model(r, path, &m);
     struct config lora_cfg;
-    const bool lora = checkpoint_lora(r, &lora_cfg);
+    const bool lora = checkpoint_lora(r, path, &lora_cfg);
     if ((q->merge || q->base) && !lora)
         fail_input("export %s: '%s' is not a LoRA checkpoint (its config has no lora section) but a whole model; "
                    "export it without %s",
