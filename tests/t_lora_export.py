@@ -8,13 +8,14 @@ transformers saves the bases the runs start from (model.from_pretrained):
 a tiny untied Llama with grouped-query attention and a tiny GPT-2. Cases
 (r 4, alpha 8, lora.init false so that B is nonzero from the start):
   llama      every linear layer ("all-linear")
-  llama_mts  the same with lora.modules_to_save ["lm_head"]
+  llama_mts  the same with lora.modules_to_save ["lm_head"], at ZeRO stage 0
+             (every rank holds every tensor and exports 1/N of each)
   gpt2       c_attn, mlp.c_fc and mlp.c_proj (Conv1D: fan_in_fan_out; GPT-2's
              attn.c_proj stays unadapted, so target_modules must say
              "mlp.c_proj", not "c_proj")
   llama_bf16 all-linear in bf16
 
-Checks, per case, with two runs at N = 2 (ZeRO stage 3):
+Checks, per case, with two runs at N = 2 (ZeRO stage 3 but llama_mts):
   X.lr0.*    one step at lr 0 with --dump (the step's logits, from the
              adapters the export holds): peft.PeftModel.from_pretrained(base,
              ckpt/hf) loads every tensor of adapter_model.safetensors (no
@@ -55,7 +56,8 @@ from peft import (AutoPeftModelForCausalLM, LoraConfig, PeftModel, get_peft_mode
 from safetensors.torch import load_file  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from harness import BIN, ENV, check, note, read_dump, rel, run_main, scratch_dir, write_config, write_shard  # noqa: E402
+from harness import (BIN, ENV, check, note, read_dump, rel, run_main, scratch_dir, write_config,  # noqa: E402
+                     write_shard)
 
 TMP = scratch_dir("t_lora_export")
 torch.manual_seed(7)
@@ -70,11 +72,12 @@ write_shard(DATA, TOKENS)
 
 LLAMA_LINEARS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 CASES = {
-    # name: base, lora section, dtype, target_modules adapter_config.json must hold
-    "llama": ("llama", {"target_modules": "all-linear"}, "fp32", LLAMA_LINEARS),
-    "llama_mts": ("llama", {"target_modules": "all-linear", "modules_to_save": ["lm_head"]}, "fp32", LLAMA_LINEARS),
-    "gpt2": ("gpt2", {"target_modules": ["c_attn", "mlp.c_fc", "mlp.c_proj"]}, "fp32", {"c_attn", "c_fc", "mlp.c_proj"}),
-    "llama_bf16": ("llama", {"target_modules": "all-linear"}, "bf16", LLAMA_LINEARS),
+    # name: base, lora section, dtype, ZeRO stage, target_modules adapter_config.json must hold
+    "llama": ("llama", {"target_modules": "all-linear"}, "fp32", 3, LLAMA_LINEARS),
+    "llama_mts": ("llama", {"target_modules": "all-linear", "modules_to_save": ["lm_head"]}, "fp32", 0, LLAMA_LINEARS),
+    "gpt2": ("gpt2", {"target_modules": ["c_attn", "mlp.c_fc", "mlp.c_proj"]}, "fp32", 3,
+             {"c_attn", "c_fc", "mlp.c_proj"}),
+    "llama_bf16": ("llama", {"target_modules": "all-linear"}, "bf16", 3, LLAMA_LINEARS),
 }
 
 
@@ -107,7 +110,7 @@ def run(args, N=1):
     return subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
 
 
-def train(name, base, lora, dtype, lr, steps, dump_flag):
+def train(name, base, lora, dtype, lr, steps, dump_flag, stage=3):
     ck = os.path.join(TMP, name)
     shutil.rmtree(ck, ignore_errors=True)
     cfg = {"model": {"from_pretrained": base},
@@ -115,7 +118,7 @@ def train(name, base, lora, dtype, lr, steps, dump_flag):
            "train": {"steps": steps, "eval_every": 0, "sample_tokens": 0},
            "train_micro_batch_size_per_gpu": B,
            "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.0}},
-           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+           "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
            "checkpoint": {"dir": ck, "export_hf": True}}
     if lora is not None:
         cfg["lora"] = dict({"r": R, "alpha": ALPHA, "init": False}, **lora)
@@ -152,7 +155,8 @@ def check_loaded(name, model, adapters):
     sd = get_peft_model_state_dict(model, save_embedding_layers=False)
     same = sd.keys() == f.keys() and all(torch.equal(sd[k], f[k].double()) for k in f)
     check(f"{name}.peft_keys", not res.unexpected_keys and not missing and same,
-          f"unexpected {res.unexpected_keys[:3]}, missing {missing[:3]}, file {sorted(f)[:2]} vs model {sorted(sd)[:2]}")
+          f"unexpected {res.unexpected_keys[:3]}, missing {missing[:3]}, file {sorted(f)[:2]} vs model "
+          f"{sorted(sd)[:2]}")
     return f
 
 
@@ -177,9 +181,9 @@ def check_adapter_config(name, d, base, lora, kind, targets):
 
 
 def check_lr0(case, bases):
-    kind, lora, dtype, targets = CASES[case]
+    kind, lora, dtype, stage, targets = CASES[case]
     name = f"{case}.lr0"
-    ck, d = train(name.replace(".", "_"), bases[kind], lora, dtype, 0.0, 1, "--dump")
+    ck, d = train(name.replace(".", "_"), bases[kind], lora, dtype, 0.0, 1, "--dump", stage)
     if ck is None:
         return
     hf = os.path.join(ck, "hf")
@@ -208,9 +212,9 @@ def st_dtypes(path):
 
 
 def check_train(case, bases):
-    kind, lora, dtype, _ = CASES[case]
+    kind, lora, dtype, stage, _ = CASES[case]
     name = f"{case}.train"
-    ck, final = train(name.replace(".", "_"), bases[kind], lora, dtype, 1e-2, 3, "--dump-final")
+    ck, final = train(name.replace(".", "_"), bases[kind], lora, dtype, 1e-2, 3, "--dump-final", stage)
     if ck is None:
         return
     hf = os.path.join(ck, "hf")
