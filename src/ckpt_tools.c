@@ -18,6 +18,8 @@
 
 #include "ckpt.h"
 #include "hf_export.h"
+#include "lora_merge.h"
+#include "peft_export.h"
 #include "plan.h"
 #include "comm.h"
 #include "config.h"
@@ -96,6 +98,35 @@ static void checkpoint_model(struct ckpt_reader *r, const char *path, struct mod
     json_decref(doc);
     free(config);
     model_build(m, &mc);
+}
+
+/* A LoRA checkpoint's lora section, read from the run's resolved config
+ * with its model section alone (whose keys are all there, resolved) and
+ * without model.from_pretrained (the base directory may have moved), so
+ * that the rest of the run's config neither warns nor fails again here;
+ * false, with cfg untouched, for a checkpoint without one. cfg owns the
+ * strings model_add_lora keeps. */
+static bool checkpoint_lora(struct ckpt_reader *r, const char *path, struct config *cfg)
+{
+    char *text = ckpt_has_attr(r, "config") ? ckpt_attr_str(r, "config") : NULL;
+    json_t *doc = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    json_t *lora = json_object_get(doc, "lora"), *model = json_object_get(doc, "model");
+    bool on = lora && !json_is_null(lora);
+    if (on && !json_is_object(model))
+        fail_input("checkpoint '%s': its config has a lora section but no model section; it was not written by "
+                   "shardlm train",
+                   path);
+    if (on) {
+        json_t *part = json_pack("{sosO}", "model", json_deep_copy(model), "lora", lora);
+        json_object_del(json_object_get(part, "model"), "from_pretrained");
+        char *part_text = json_dumps(part, JSON_COMPACT);
+        config_load_string(cfg, part_text, NULL, 0);
+        free(part_text);
+        json_decref(part);
+    }
+    json_decref(doc);
+    return on;
 }
 
 static void tensor_shape(const struct tensor_desc *t, size_t shape[2])
@@ -224,7 +255,7 @@ int cmd_inspect(int argc, char **argv)
 static void usage_export(FILE *out)
 {
     fprintf(out,
-            "usage: shardlm export CKPT --dtype bf16|fp16|fp32 [--max-shard-size 5GB] OUT\n"
+            "usage: shardlm export CKPT [--dtype bf16|fp16|fp32] [--max-shard-size 5GB] [--merge [--base DIR]] OUT\n"
             "\n"
             "Writes the weights of a checkpoint (its fp32 master copy; no optimizer state) under their Hugging Face\n"
             "names (wte.weight, h.0.attn.c_attn.weight, ...) at full shape, converted to the dtype (round to\n"
@@ -243,13 +274,26 @@ static void usage_export(FILE *out)
             "  .h5           plain HDF5: one dataset per tensor at the root; fp32 as 32-bit float, fp16 as IEEE\n"
             "                16-bit float, bf16 as uint16 (the bf16 bits); every dataset has a 'dtype' attribute\n"
             "\n"
+            "A LoRA checkpoint (a run with a lora section) exports as a directory only, in the run's dtype unless\n"
+            "--dtype says otherwise:\n"
+            "  (default)     PEFT's adapter directory, which peft.PeftModel.from_pretrained(base, OUT) loads:\n"
+            "                adapter_model.safetensors (the adapters, and the tensors of lora.modules_to_save) and\n"
+            "                adapter_config.json\n"
+            "  --merge       a Hugging Face model directory of the base with the adapters folded in,\n"
+            "                W + (alpha / r) B A (GPT-2's Conv1D weights: the transpose), the base's tensors read\n"
+            "                from its directory, lora.modules_to_save's from the checkpoint\n"
+            "\n"
             "options:\n"
-            "  --dtype DTYPE   bf16, fp16 or fp32 (default fp32)\n"
+            "  --dtype DTYPE   bf16, fp16 or fp32 (default fp32; a LoRA checkpoint's: its run's)\n"
             "  --max-shard-size SIZE   largest weight file of a directory export (default 5GB; 5GB = 5e9 bytes,\n"
             "                  5GiB = 2^32 x 1.25)\n"
+            "  --merge         (LoRA checkpoints) the base with the adapters folded in, as a Hugging Face directory\n"
+            "  --base DIR      (LoRA checkpoints) the base model directory (default: the run's\n"
+            "                  model.from_pretrained)\n"
             "  -h, --help      this text\n"
             "\n"
-            "exit status: 0 written; 2 bad input (arguments, missing or corrupted checkpoint, unwritable OUT)\n");
+            "exit status: 0 written; 2 bad input (arguments, missing or corrupted checkpoint, unwritable OUT, --merge\n"
+            "             of a checkpoint without LoRA, a missing base directory or one of another shape)\n");
 }
 
 struct out_tensor {
@@ -445,28 +489,84 @@ static void export_h5(struct ckpt_reader *r, const struct model *m, const struct
     util_keep_file(tmp_path);
 }
 
+/* What `shardlm export` was asked for. */
+struct export_request {
+    const char *spec, *out;
+    const char *dtype;          /* --dtype; NULL: fp32, or a LoRA checkpoint's own dtype */
+    const char *max_shard_size; /* --max-shard-size */
+    bool merge;                 /* --merge: the base with the adapters folded in */
+    const char *base;           /* --base; NULL: the checkpoint's model.from_pretrained */
+};
+
+static enum dtype parse_dtype(const char *name, const char *what)
+{
+    if (strcmp(name, "fp32") == 0)
+        return DTYPE_F32;
+    if (strcmp(name, "fp16") == 0)
+        return DTYPE_F16;
+    if (strcmp(name, "bf16") == 0)
+        return DTYPE_BF16;
+    fail_input("export: %s '%s' is not one of bf16, fp16, fp32", what, name);
+}
+
+/* The dtype of a directory export: --dtype, else a LoRA checkpoint's run's. */
+static enum dtype export_dtype(const struct export_request *q, struct ckpt_reader *r, bool lora)
+{
+    if (q->dtype || !lora)
+        return parse_dtype(q->dtype ? q->dtype : "fp32", "--dtype");
+    char *name = ckpt_attr_str(r, "dtype");
+    enum dtype dt = parse_dtype(name, "the checkpoint's dtype");
+    free(name);
+    return dt;
+}
+
 /* `shardlm export CKPT DIR`: a Hugging Face directory, every rank reading and
- * writing 1/N of every tensor. */
-static int export_hf_dir(const char *spec, const char *out, enum dtype dt, const char *max_arg)
+ * writing 1/N of every tensor. A LoRA checkpoint gives PEFT's adapter
+ * directory, or with --merge the base with its adapters folded in. */
+static int export_hf_dir(const struct export_request *q)
 {
     double max_file;
     const char *why;
-    if (plan_parse_bytes(max_arg, &max_file, &why) != 0)
-        fail_input("export: --max-shard-size '%s': %s", max_arg, why);
+    if (plan_parse_bytes(q->max_shard_size, &max_file, &why) != 0)
+        fail_input("export: --max-shard-size '%s': %s", q->max_shard_size, why);
     H5dont_atexit();
     struct comm comm;
     comm_init(&comm, NULL, NULL);
     char *path = NULL;
-    struct ckpt_reader *r = open_checkpoint(spec, &path);
+    struct ckpt_reader *r = open_checkpoint(q->spec, &path);
     struct model m;
     checkpoint_model(r, path, &m);
+    struct config lora_cfg;
+    const bool lora = checkpoint_lora(r, path, &lora_cfg);
+    if ((q->merge || q->base) && !lora)
+        fail_input("export %s: '%s' is not a LoRA checkpoint (its config has no lora section) but a whole model; "
+                   "export it without %s",
+                   q->merge ? "--merge" : "--base", path, q->merge ? "--merge" : "--base");
+    if (lora)
+        model_add_lora(&m, &lora_cfg.lora);
+    const enum dtype dt = export_dtype(q, r, lora);
+    const char *base = q->base ? q->base : m.cfg.pretrained;
+    struct lora_merge merge;
+    if (q->merge) {
+        if (!base[0])
+            fail_input("export --merge: checkpoint '%s' names no base model directory (its run had no "
+                       "model.from_pretrained); give the base the adapters were trained on with --base DIR",
+                       path);
+        lora_merge_open(&merge, &m, r, base, q->base ? "--base" : "the checkpoint's model.from_pretrained");
+    }
+    const bool adapters = lora && !q->merge;
     double t0 = now_seconds();
     struct hf_writer w;
-    hf_export_begin(&w, &m, dt, (uint64_t)max_file, out, &comm);
+    if (adapters)
+        peft_export_begin(&w, &m, dt, q->out, &comm);
+    else
+        hf_export_begin(&w, &m, dt, (uint64_t)max_file, q->out, &comm);
     float *tmp = xmalloc(TOOLS_PIECE * sizeof *tmp);
     size_t total = 0;
     for (int u = 0; u < m.n_units; u++)
         for (int i = 0; i < m.units[u].n_tensors; i++) {
+            if (!hf_export_writes(&w, u, i))
+                continue;
             const struct tensor_desc *t = &m.units[u].tensors[i];
             size_t shape[2], valid = (size_t)t->rows_valid * (size_t)t->shape[1];
             tensor_shape(t, shape);
@@ -475,7 +575,10 @@ static int export_hf_dir(const char *spec, const char *out, enum dtype dt, const
             size_t hi = valid * (size_t)(comm.rank + 1) / (size_t)comm.world;
             for (size_t b = lo; b < hi; b += TOOLS_PIECE) {
                 size_t n = hi - b < TOOLS_PIECE ? hi - b : TOOLS_PIECE;
-                ckpt_read(r, "master", t->name, t->ndim, shape, b, n, tmp);
+                if (q->merge)
+                    lora_merge_read(&merge, u, i, b, n, tmp);
+                else
+                    ckpt_read(r, "master", t->name, t->ndim, shape, b, n, tmp);
                 hf_export_write(&w, u, i, b, n, tmp);
             }
         }
@@ -484,18 +587,26 @@ static int export_hf_dir(const char *spec, const char *out, enum dtype dt, const
     per_rank[comm.rank] = written;
     comm_allgather(&comm, &per_rank[comm.rank], per_rank, 1, COMM_F64, NULL);
     int n_files = w.layout.n_files;
-    hf_export_end(&w, dt, m.cfg.pretrained, &comm);
+    if (adapters)
+        peft_export_end(&w, &lora_cfg.lora, base, &comm);
+    else
+        hf_export_end(&w, dt, q->merge ? base : m.cfg.pretrained, &comm);
     if (comm.rank == 0) {
-        printf("exported %zu parameters (%s) of %s step %lld to %s: %d weight file%s, %.2f s; bytes written per "
+        printf("exported %zu parameters (%s%s) of %s step %lld to %s: %d weight file%s, %.2f s; bytes written per "
                "rank:",
-               total, dtype_name(dt), path, (long long)ckpt_attr_i64(r, "step"), out, n_files, n_files == 1 ? "" : "s",
+               total, dtype_name(dt), adapters ? ", PEFT adapters" : q->merge ? ", adapters merged into the base" : "",
+               path, (long long)ckpt_attr_i64(r, "step"), q->out, n_files, n_files == 1 ? "" : "s",
                now_seconds() - t0);
         for (int k = 0; k < comm.world; k++)
             printf(" %.0f", per_rank[k]);
         printf("\n");
     }
     free(per_rank);
+    if (q->merge)
+        lora_merge_close(&merge);
     model_free(&m);
+    if (lora)
+        config_free(&lora_cfg);
     ckpt_close(r);
     free(path);
     comm_finalize(&comm);
@@ -507,16 +618,20 @@ int cmd_export(int argc, char **argv)
     static const struct option opts[] = {
         {"dtype", required_argument, NULL, 'd'},
         {"max-shard-size", required_argument, NULL, 'm'},
+        {"merge", no_argument, NULL, 'M'},
+        {"base", required_argument, NULL, 'b'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *dtype_arg = "fp32", *max_arg = "5GB";
+    struct export_request q = {NULL, NULL, NULL, "5GB", false, NULL};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
-        case 'd': dtype_arg = optarg; break;
-        case 'm': max_arg = optarg; break;
+        case 'd': q.dtype = optarg; break;
+        case 'm': q.max_shard_size = optarg; break;
+        case 'M': q.merge = true; break;
+        case 'b': q.base = optarg; break;
         case 'h': usage_export(stdout); return EXIT_OK;
         default: usage_export(stderr); return EXIT_BAD_INPUT;
         }
@@ -525,19 +640,18 @@ int cmd_export(int argc, char **argv)
         fprintf(stderr, "shardlm: error: export needs CKPT and OUT; see 'shardlm export --help'\n");
         return EXIT_BAD_INPUT;
     }
-    enum dtype dt;
-    if (strcmp(dtype_arg, "fp32") == 0)
-        dt = DTYPE_F32;
-    else if (strcmp(dtype_arg, "fp16") == 0)
-        dt = DTYPE_F16;
-    else if (strcmp(dtype_arg, "bf16") == 0)
-        dt = DTYPE_BF16;
-    else
-        fail_input("export: --dtype '%s' is not one of bf16, fp16, fp32", dtype_arg);
-    const char *spec = argv[optind], *out = argv[optind + 1];
+    if (q.dtype)
+        parse_dtype(q.dtype, "--dtype");
+    q.spec = argv[optind];
+    q.out = argv[optind + 1];
+    const char *spec = q.spec, *out = q.out;
     bool safetensors = ends_with(out, ".safetensors");
     if (!safetensors && !ends_with(out, ".h5"))
-        return export_hf_dir(spec, out, dt, max_arg);
+        return export_hf_dir(&q);
+    if (q.merge || q.base)
+        fail_input("export: %s writes a Hugging Face directory, and OUT '%s' names a file; name a directory",
+                   q.merge ? "--merge" : "--base", out);
+    const enum dtype dt = parse_dtype(q.dtype ? q.dtype : "fp32", "--dtype");
     char tmp_path[CKPT_MAX_PATH];
     if (snprintf(tmp_path, sizeof tmp_path, "%s.tmp", out) >= (int)sizeof tmp_path)
         fail_input("export: OUT path is too long: '%s'", out);
@@ -565,6 +679,10 @@ int cmd_export(int argc, char **argv)
                    out, access(out, F_OK) == 0 ? "would replace that checkpoint, optimizer state and all"
                                                : "could be taken for one, and --resume auto or checkpoint.keep "
                                                  "would then read or delete it");
+    if (ckpt_has_attr(r, "base_checksum"))
+        fail_input("export: '%s' is a LoRA checkpoint (adapters, not a whole model); export it as a directory: "
+                   "PEFT's adapter files, or the base with the adapters folded in (--merge)",
+                   path);
     struct model m;
     checkpoint_model(r, path, &m);
 

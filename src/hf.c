@@ -218,6 +218,36 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
     return out;
 }
 
+/* The shape fields that say which model a config.json describes. */
+static const char *const shape_keys[] = {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                                         "num_key_value_heads", "intermediate_size", "vocab_size",
+                                         "n_embd", "n_layer", "n_head"};
+
+int hf_config_differs(const struct model *m, const char *dir, const char **key, long long *have, long long *want)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *file = json_load_file(path, 0, NULL);
+    if (!json_is_object(file)) {
+        json_decref(file);
+        return -1;
+    }
+    json_t *model = hf_config_json(m, DTYPE_F32, NULL);
+    int differs = 0;
+    for (size_t i = 0; !differs && i < sizeof shape_keys / sizeof shape_keys[0]; i++) {
+        json_t *a = json_object_get(file, shape_keys[i]), *b = json_object_get(model, shape_keys[i]);
+        if (b && (!a || !json_equal(a, b))) {
+            differs = 1;
+            *key = shape_keys[i];
+            *have = a ? (long long)json_integer_value(a) : -1LL;
+            *want = (long long)json_integer_value(b);
+        }
+    }
+    json_decref(file);
+    json_decref(model);
+    return differs;
+}
+
 /* ---- tensor names --------------------------------------------------------------------- */
 
 void hf_tensor_name(const struct model *m, const struct tensor_desc *t, int prefix, char *out, size_t cap)

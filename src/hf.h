@@ -36,6 +36,12 @@ void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, jso
  * initializer_range, ...) are kept. A new reference. */
 json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir);
 
+/* Whether DIR/config.json describes another shape than model m's: 1 with
+ * the first field that differs in *key and its values in *have (the file's;
+ * -1: absent) and *want (m's), 0 when every field that lays out the tensors
+ * agrees, -1 when the file is missing or not a JSON object. */
+int hf_config_differs(const struct model *m, const char *dir, const char **key, long long *have, long long *want);
+
 /* The source of a run's initial parameters: DIR's weights. */
 struct hf_source {
     const struct model *m;

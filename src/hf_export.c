@@ -10,47 +10,48 @@
 #include "hf.h"
 #include "util.h"
 
-/* The shape fields that say which model a config.json describes. */
-static const char *const shape_keys[] = {"hidden_size", "num_hidden_layers", "num_attention_heads",
-                                         "num_key_value_heads", "intermediate_size", "vocab_size",
-                                         "n_embd", "n_layer", "n_head"};
-
 static void refuse_other_model(const struct model *m, const char *dir)
 {
     char path[1100];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (access(path, F_OK) == 0) /* transformers would load the adapters named there instead */
+        fail_input("export: '%s' holds PEFT adapters (adapter_config.json); a Hugging Face model must not stand "
+                   "beside them: export into a new or empty directory",
+                   dir);
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (access(path, F_OK) != 0)
         return;
-    json_t *have = json_load_file(path, 0, NULL);
-    json_t *want = hf_config_json(m, DTYPE_F32, NULL);
-    for (size_t i = 0; json_is_object(have) && i < sizeof shape_keys / sizeof shape_keys[0]; i++) {
-        json_t *a = json_object_get(have, shape_keys[i]), *b = json_object_get(want, shape_keys[i]);
-        if (b && (!a || !json_equal(a, b)))
-            fail_input("export: '%s' already holds another model (config.json's %s is %lld, this checkpoint's "
-                       "%lld); export into a new or empty directory",
-                       dir, shape_keys[i], a ? (long long)json_integer_value(a) : -1LL,
-                       (long long)json_integer_value(b));
-    }
-    if (!json_is_object(have))
+    const char *key;
+    long long have, want;
+    int differs = hf_config_differs(m, dir, &key, &have, &want);
+    if (differs < 0)
         fail_input("export: '%s' holds a config.json that is not a model's; export into a new or empty directory",
                    dir);
-    json_decref(have);
-    json_decref(want);
+    if (differs)
+        fail_input("export: '%s' already holds another model (config.json's %s is %lld, this checkpoint's "
+                   "%lld); export into a new or empty directory",
+                   dir, key, have, want);
 }
 
-void hf_export_begin(struct hf_writer *w, const struct model *m, enum dtype dt, uint64_t max_file, const char *dir,
-                     struct comm *comm)
+/* Rank 0: DIR exists and is a directory. */
+static void make_dir(const char *dir)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        fail_input("export: cannot create directory '%s': %s", dir, strerror(errno));
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        fail_input("export: '%s' is not a directory", dir);
+}
+
+void hf_writer_open(struct hf_writer *w, const struct model *m, enum dtype dt, const struct hf_writer_spec *spec,
+                    const char *dir, struct comm *comm)
 {
     memset(w, 0, sizeof *w);
     w->m = m;
     snprintf(w->dir, sizeof w->dir, "%s", dir);
     if (comm->rank == 0) {
-        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-            fail_input("export: cannot create directory '%s': %s", dir, strerror(errno));
-        struct stat st;
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-            fail_input("export: '%s' is not a directory", dir);
-        refuse_other_model(m, dir);
+        make_dir(dir);
+        spec->check_dir(m, dir);
     }
     int n = 0;
     for (int u = 0; u < m->n_units; u++)
@@ -58,18 +59,22 @@ void hf_export_begin(struct hf_writer *w, const struct model *m, enum dtype dt, 
     struct st_out *outs = xcalloc((size_t)n, sizeof *outs);
     char (*names)[ST_MAX_NAME] = xcalloc((size_t)n, sizeof *names);
     w->first = xcalloc((size_t)n, sizeof *w->first);
-    int k = 0;
+    int k = 0, written = 0;
     for (int u = 0; u < m->n_units; u++)
         for (int i = 0; i < m->units[u].n_tensors; i++, k++) {
             const struct tensor_desc *t = &m->units[u].tensors[i];
-            hf_tensor_name(m, t, 1, names[k], sizeof names[k]);
-            outs[k] = (struct st_out){names[k], t->ndim, {t->rows_valid, t->ndim == 2 ? t->shape[1] : 0}};
-            w->first[k] = k;
+            w->first[k] = -1;
+            if (!spec->name(m, u, i, names[written], sizeof names[written]))
+                continue;
+            outs[written] = (struct st_out){names[written], t->ndim, {t->rows_valid, t->ndim == 2 ? t->shape[1] : 0}};
+            w->first[k] = written++;
         }
-    st_layout_plan(&w->layout, outs, n, dt, max_file);
+    st_layout_plan(&w->layout, outs, written, dt, spec->max_file);
+    if (w->layout.n_files == 1 && spec->file_name)
+        snprintf(w->layout.file_names[0], sizeof w->layout.file_names[0], "%s", spec->file_name);
     free(outs);
     free(names);
-    comm_barrier(comm); /* the directory exists and holds no other model */
+    comm_barrier(comm); /* the directory exists and holds nothing this export must not mix with */
     if (comm->rank == 0)
         st_create(&w->layout, dir, 1, &w->files);
     comm_barrier(comm);
@@ -77,23 +82,60 @@ void hf_export_begin(struct hf_writer *w, const struct model *m, enum dtype dt, 
         st_create(&w->layout, dir, 0, &w->files);
 }
 
-void hf_export_write(struct hf_writer *w, int u, int t, size_t begin, size_t count, const float *src)
+/* A model's tensors under their Hugging Face names; LoRA's adapters are no part of it. */
+static bool model_tensor_name(const struct model *m, int u, int t, char *out, size_t cap)
+{
+    if (model_is_adapter(m, u))
+        return false;
+    hf_tensor_name(m, &m->units[u].tensors[t], 1, out, cap);
+    return true;
+}
+
+void hf_export_begin(struct hf_writer *w, const struct model *m, enum dtype dt, uint64_t max_file, const char *dir,
+                     struct comm *comm)
+{
+    const struct hf_writer_spec spec = {NULL, max_file, model_tensor_name, refuse_other_model};
+    hf_writer_open(w, m, dt, &spec, dir, comm);
+}
+
+/* Model tensor t of unit u as the unit-major index of w->first. */
+static int model_tensor_index(const struct model *m, int u, int t)
 {
     int k = 0;
     for (int v = 0; v < u; v++)
-        k += w->m->units[v].n_tensors;
-    k += t;
+        k += m->units[v].n_tensors;
+    return k + t;
+}
+
+bool hf_export_writes(const struct hf_writer *w, int u, int t)
+{
+    return w->first[model_tensor_index(w->m, u, t)] >= 0;
+}
+
+void hf_export_write(struct hf_writer *w, int u, int t, size_t begin, size_t count, const float *src)
+{
+    const int k = w->first[model_tensor_index(w->m, u, t)];
+    if (k < 0)
+        return;
     const struct tensor_desc *td = &w->m->units[u].tensors[t];
     size_t valid = (size_t)td->rows_valid * (size_t)td->shape[1];
     if (begin >= valid)
         return;
     if (begin + count > valid)
         count = valid - begin;
-    st_write(&w->layout, &w->files, w->first[k], begin, count, src);
+    st_write(&w->layout, &w->files, k, begin, count, src);
     w->bytes_written += (uint64_t)count * (uint64_t)dtype_size(w->layout.dtype);
 }
 
-static void write_json(const char *path, json_t *j)
+void hf_export_write_named(struct hf_writer *w, const char *name, size_t begin, size_t count, const float *src)
+{
+    int u, t;
+    if (!model_find_tensor(w->m, name, &u, &t))
+        fail_internal("export: the model has no tensor '%s'", name);
+    hf_export_write(w, u, t, begin, count, src);
+}
+
+void hf_write_json(const char *path, json_t *j)
 {
     char tmp[1200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -103,22 +145,41 @@ static void write_json(const char *path, json_t *j)
         fail_input("export: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
 }
 
-void hf_export_end(struct hf_writer *w, enum dtype dt, const char *src_dir, struct comm *comm)
+void hf_writer_close(struct hf_writer *w, void (*publish)(void *ctx, const char *dir), void *ctx, struct comm *comm)
 {
     st_close_files(&w->layout, &w->files);
     comm_barrier(comm);
     if (comm->rank == 0) {
         st_publish(&w->layout, w->dir);
-        if (src_dir && src_dir[0])
-            hf_copy_tokenizer(src_dir, w->dir);
-        char path[1100];
-        snprintf(path, sizeof path, "%s/config.json", w->dir);
-        json_t *cfg = hf_config_json(w->m, dt, src_dir);
-        write_json(path, cfg);
-        json_decref(cfg);
+        publish(ctx, w->dir);
     }
     comm_barrier(comm);
     st_layout_free(&w->layout);
     free(w->first);
     w->first = NULL;
+}
+
+struct model_files {
+    const struct model *m;
+    enum dtype dt;
+    const char *src_dir;
+};
+
+/* The model's files beside its weights: the tokenizer's, then config.json last. */
+static void publish_model(void *ctx, const char *dir)
+{
+    const struct model_files *f = ctx;
+    if (f->src_dir && f->src_dir[0])
+        hf_copy_tokenizer(f->src_dir, dir);
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *cfg = hf_config_json(f->m, f->dt, f->src_dir);
+    hf_write_json(path, cfg);
+    json_decref(cfg);
+}
+
+void hf_export_end(struct hf_writer *w, enum dtype dt, const char *src_dir, struct comm *comm)
+{
+    struct model_files f = {w->m, dt, src_dir};
+    hf_writer_close(w, publish_model, &f, comm);
 }

@@ -299,9 +299,7 @@ int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX
     return 4;
 }
 
-/* PEFT's match of a module name against one configured name: the whole name,
- * or its end after a dot. */
-static bool module_named(const char *module, size_t len, const char *name)
+bool model_module_named(const char *module, size_t len, const char *name)
 {
     const size_t n = strlen(name);
     return n && n <= len && memcmp(module + len - n, name, n) == 0 && (n == len || module[len - n - 1] == '.');
@@ -310,7 +308,7 @@ static bool module_named(const char *module, size_t len, const char *name)
 static bool in_list(const char *module, size_t len, const char *const *names, int n)
 {
     for (int i = 0; i < n; i++)
-        if (module_named(module, len, names[i]))
+        if (model_module_named(module, len, names[i]))
             return true;
     return false;
 }

@@ -176,6 +176,9 @@ enum model_modules {
  * and modules_to_save (peft/tuners/tuners_utils.py check_target_module_exists):
  * the module's whole name, or its end after a dot ("q_proj", "self_attn.q_proj"). */
 bool model_module_matches(const struct model *m, const char *name, enum model_modules set);
+/* PEFT's match of one module name (its first len characters) against one
+ * configured name: the whole name, or its end after a dot. */
+bool model_module_named(const char *module, size_t len, const char *name);
 /* The distinct last components of the set's module names, ", "-separated, for messages. */
 void model_module_names(const struct model *m, enum model_modules set, char *out, size_t cap);
 

@@ -19,6 +19,7 @@
 #include "loader.h"
 #include "loss_scaler.h"
 #include "model.h"
+#include "peft_export.h"
 #include "plan.h"
 #include "sched.h"
 #include "util.h"
@@ -592,8 +593,10 @@ static void model_attr_values(const struct model_config *mc, int64_t v[N_MODEL_A
 }
 
 /* checkpoint.export_hf: the model as a Hugging Face directory in
- * checkpoint.dir/hf, every rank writing its own master range in the
- * parameter dtype (collective). */
+ * checkpoint.dir/hf, or with LoRA its adapters as PEFT's directory there,
+ * every rank writing its own master range in the parameter dtype
+ * (collective). The slices are matched to tensors by name: with LoRA, the
+ * frozen units have no master. */
 static void export_hf(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
@@ -605,17 +608,21 @@ static void export_hf(struct trainer *tr)
     struct ckpt_slice *slices = xcalloc((size_t)n, sizeof *slices);
     zero_export_slices(&tr->zero, slices);
     struct hf_writer w;
-    hf_export_begin(&w, &tr->model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, tr->comm);
-    int k = 0;
-    for (int u = 0; u < tr->model.n_units; u++)
-        for (int i = 0; i < tr->model.units[u].n_tensors; i++, k++)
-            if (slices[k].count)
-                hf_export_write(&w, u, i, slices[k].begin, slices[k].count, slices[k].data);
-    hf_export_end(&w, cfg->dtype, cfg->model.pretrained, tr->comm);
+    if (cfg->lora.enabled)
+        peft_export_begin(&w, &tr->model, cfg->dtype, dir, tr->comm);
+    else
+        hf_export_begin(&w, &tr->model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, tr->comm);
+    for (int k = 0; k < n; k++)
+        if (slices[k].count)
+            hf_export_write_named(&w, slices[k].name, slices[k].begin, slices[k].count, slices[k].data);
+    if (cfg->lora.enabled)
+        peft_export_end(&w, &cfg->lora, cfg->model.pretrained, tr->comm);
+    else
+        hf_export_end(&w, cfg->dtype, cfg->model.pretrained, tr->comm);
     free(slices);
     zero_ckpt_unstage(&tr->zero);
-    log_info("step %5ld | Hugging Face export %s (%s, %.2f s)", tr->step, dir, dtype_name(cfg->dtype),
-             now_seconds() - t0);
+    log_info("step %5ld | %s export %s (%s, %.2f s)", tr->step, cfg->lora.enabled ? "PEFT adapter" : "Hugging Face",
+             dir, dtype_name(cfg->dtype), now_seconds() - t0);
 }
 
 /* Saves the whole training state: fp32 master weights, Adam m and v, and the
