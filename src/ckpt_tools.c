@@ -190,6 +190,10 @@ int cmd_inspect(int argc, char **argv)
         fail_input("checkpoint '%s': cannot stat: %s", path, strerror(errno));
     struct model m;
     checkpoint_model(r, path, &m);
+    struct config lora_cfg;
+    const bool lora = checkpoint_lora(r, path, &lora_cfg);
+    if (lora)
+        model_add_lora(&m, &lora_cfg.lora);
     char *dtype = ckpt_attr_str(r, "dtype");
     char *version = ckpt_attr_str(r, "shardlm_version");
 
@@ -204,12 +208,22 @@ int cmd_inspect(int argc, char **argv)
     printf("model: %s, n_layer %d, n_head %d, n_embd %d, n_positions %d, vocab_size %d (wte stored with %d rows)\n",
            m.cfg.type, m.cfg.n_layer, m.cfg.n_head, m.cfg.n_embd, m.cfg.n_positions, m.cfg.vocab_size,
            m.cfg.padded_vocab);
+    /* a LoRA checkpoint stores the trained units only: the adapters (and modules_to_save's units) */
     int n_tensors = 0;
     for (int u = 0; u < m.n_units; u++)
-        n_tensors += m.units[u].n_tensors;
+        n_tensors += m.units[u].frozen ? 0 : m.units[u].n_tensors;
     size_t trimmed = m.n_params - (size_t)(m.cfg.padded_vocab - m.cfg.vocab_size) * (size_t)m.cfg.n_embd;
     printf("tensors: %d per group (groups master, adam_m, adam_v)\n", n_tensors);
-    printf("parameters: %zu (%zu stored, with the padded wte rows)\n", trimmed, m.n_params);
+    if (lora) {
+        char *source = ckpt_attr_str(r, "base_source"), *sum = ckpt_attr_str(r, "base_checksum");
+        printf("LoRA: r %d, alpha / r %g, %d adapted layers, %zu adapter parameters; base %s (checksum %s, not "
+               "stored)\n",
+               m.lora.r, m.lora.scale, m.lora.n_adapted, model_adapter_params(&m), source, sum);
+        free(source);
+        free(sum);
+    } else {
+        printf("parameters: %zu (%zu stored, with the padded wte rows)\n", trimmed, m.n_params);
+    }
     printf("file size: %lld bytes\n", (long long)st.st_size);
     fflush(stdout);
 
@@ -217,7 +231,7 @@ int cmd_inspect(int argc, char **argv)
     int n_datasets = 0;
     for (int g = 0; g < N_STATE_GROUPS; g++) {
         for (int u = 0; u < m.n_units; u++) {
-            for (int i = 0; i < m.units[u].n_tensors; i++) {
+            for (int i = 0; !m.units[u].frozen && i < m.units[u].n_tensors; i++) {
                 const struct tensor_desc *t = &m.units[u].tensors[i];
                 size_t shape[2];
                 tensor_shape(t, shape);
@@ -243,6 +257,8 @@ int cmd_inspect(int argc, char **argv)
     free(dtype);
     free(version);
     model_free(&m);
+    if (lora)
+        config_free(&lora_cfg);
     ckpt_close(r);
     free(path);
     comm_finalize(&comm);

@@ -32,6 +32,7 @@ what must not depend on the world size):
   resume.bitwise       6 steps saved at 3 and resumed at the same world size: final
                     adapters bit for bit those of the run without a stop
   resume.other_world   resumed at another world size: within 1e-5
+  inspect.lora_checkpoint  `shardlm inspect` reads and verifies the adapters' datasets
   checksum.*        the base checksum the same at N = 1, 2, 3 and stages 0, 2, 3, and
                     another for another base
   bad.*             another base's checkpoint: exit 2, one line (config errors: t_cli.sh)
@@ -352,6 +353,11 @@ def check_resume():
         f.write("step_000003.h5\n")
     stopped = os.path.join(TMP, "resume_ck3")
     subprocess.run(["cp", "-r", ck, stopped], check=True)
+    r = subprocess.run([BIN, "inspect", ck], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    out = r.stdout.decode(errors="replace")
+    n_tensors = 2 * 3 * LLAMA["n_layer"]  # lora_A and lora_B of q, v and down in every block
+    check("inspect.lora_checkpoint", r.returncode == 0 and f"tensors: {n_tensors} per group" in out and
+          "LoRA: r 4" in out and f"all {3 * n_tensors + 2} datasets verified" in out, out[-600:])
     res = train("resume.same", config("resume.same", LLAMA, lora, stage=3, micro=1, steps=6, extra=extra), ranks=2,
                 args=["--resume", "auto"])
     if res:
