@@ -104,12 +104,13 @@ def main():
     adapted.ref_args += ["--lora", args.r, "--lora-alpha", args.alpha, "--lora-targets", ",".join(TARGETS),
                          "--lora-dropout", 0.0]
     peft = tt.Reference("peft", args.hf_python, label="PEFT")
+    label = f"{args.shape} {full.label.split(' ', 1)[1]}"  # train_llama's label, without the run's file name
     n = str(args.threads)
     print(f"cpu: {cpu}; shardlm: {os.path.relpath(tt.SHARDLM, tt.ROOT)}; PEFT: {os.path.relpath(args.hf_python, tt.ROOT)} "
           f"{os.path.relpath(peft.script, tt.ROOT)} --lora {args.r}")
     print(f"env: OMP_NUM_THREADS={n} OPENBLAS_NUM_THREADS={n} OMP_WAIT_POLICY=passive "
           f"OPENBLAS_CORETYPE={coretype_env}  (same for shardlm, PEFT and sgemm_peak)")
-    print(f"shape: {full.label}, fp32, untied head; LoRA r {args.r}, alpha {args.alpha:g}, dropout 0, "
+    print(f"shape: {label}, fp32, untied head; LoRA r {args.r}, alpha {args.alpha:g}, dropout 0, "
           f"{', '.join(TARGETS)}")
     with open("/proc/loadavg") as f:
         print(f"load average before: {' '.join(f.read().split()[:3])} on {os.cpu_count()} CPUs")
@@ -163,7 +164,7 @@ def main():
     peft_ratio, peft_ratio_best = lo["tok_s"] / pe["tok_s"], lo["best_tok_s"] / pe["best_tok_s"]
 
     print()
-    print(f"{cpu}: threads {n}, OPENBLAS_CORETYPE={coretype_env}, OpenBLAS kernel {core}; {full.label}; "
+    print(f"{cpu}: threads {n}, OPENBLAS_CORETYPE={coretype_env}, OpenBLAS kernel {core}; {label}; "
           f"median (best) over the steps after {args.warmup} warm-up")
     hdr = f"{'run':<26} {'step ms':>20} {'tok/s':>16} {'GFLOP/token':>11} {'MFU':>6} {'other procs':>11}"
     print(hdr)
@@ -191,7 +192,7 @@ def main():
           f"{'met' if peft_ratio >= PEFT_RATIO_TARGET else 'NOT met'} ({peft_ratio:.2f}x)")
     with open(args.json, "w") as f:
         json.dump({"cpu": cpu, "isa": args.isa, "threads": args.threads, "coretype_env": coretype_env,
-                      "corename": core, "shape": full.label, "model": full.model, "seq_len": T, "batch": B,
+                      "corename": core, "shape": label, "model": full.model, "seq_len": T, "batch": B,
                       "tokens_per_step": tok, "lora": lora, "adapter_params": adapters,
                       "peft": {k: summary.get(k) for k in ("peft", "transformers", "torch", "attn",
                                                            "trainable_params", "corename")},

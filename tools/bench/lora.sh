@@ -15,7 +15,8 @@
 # (tools/bench/torch_gpt2.py --lora, AdamW and clipping over the adapters).
 # Prints median (best) step ms, tokens/s and MFU of each, with the CPU model;
 # targets: shardlm LoRA step <= 0.7 x its full step, shardlm LoRA >= 1.5x
-# PEFT's tokens/s. About 6 minutes on a quiet 2-core machine.
+# PEFT's tokens/s. About 6 minutes on a quiet 2-core machine (about 11 with
+# --rounds 2).
 #
 # --threads, --coretype, --isa, --budget (here 300 s per run), --rounds,
 # --wait-quiet and --no-build are train_throughput.sh's (see there). PEFT runs
