@@ -10,8 +10,10 @@ core=()
 bash tools/bench/train_throughput.sh "${core[@]}"
 if [ -x build/ref-venv/bin/python ]; then
     bash tools/bench/train_llama.sh --no-build "${core[@]}"
+    # LoRA (issue 19): shardlm's LoRA step against its full step and PEFT's LoRA (~6 minutes)
+    bash tools/bench/lora.sh --no-build "${core[@]}"
 else
-    echo "train_llama: skipped: build/ref-venv (transformers) missing; make it with bash tools/deps.sh --test"
+    echo "train_llama, lora: skipped: build/ref-venv (transformers, peft) missing; make it with bash tools/deps.sh --test"
 fi
 python3 tools/bench/zero_overlap.py "${core[@]}"
 python3 tools/bench/memory_ladder.py

@@ -33,6 +33,16 @@ build/ref-venv (transformers 4.40.2 over Debian's torch 1.13) against
 shardlm's Llama. Its FLOPs per token count the grouped K/V projections as
 they are.
 
+--lora R (with --arch llama) trains LoRA adapters instead, as PEFT does:
+get_peft_model(LlamaForCausalLM, LoraConfig(r=R, lora_alpha=--lora-alpha,
+target_modules=--lora-targets, lora_dropout=--lora-dropout)), the base
+frozen (requires_grad False: autograd computes no weight gradient for it),
+AdamW and clip_grad_norm_ over the trainable parameters only, the same timed
+step. Its FLOPs per token are then 4 per frozen matmul parameter (forward and
+input gradient), 6 per adapter parameter, plus attention; the summary names
+peft's version and the trainable parameters. tools/bench/lora.py runs it
+against shardlm's LoRA.
+
 Prints one JSON object per step ({"step", "ms", "tokens_per_s"}), then a
 summary line starting with "summary ". Stops early, after at least
 --min-steps steps, when --time-budget seconds are spent.
@@ -180,12 +190,22 @@ def main():
     ap.add_argument("--rms-norm-eps", type=float, default=None, help="llama: RMSNorm epsilon (default transformers')")
     ap.add_argument("--attn", default="auto", choices=["auto", "eager", "sdpa"],
                     help="llama: transformers' attn_implementation (auto: its default)")
+    ap.add_argument("--lora", type=int, default=0, metavar="R",
+                    help="llama: train PEFT LoRA adapters of rank R on the frozen model (0 = full fine-tune)")
+    ap.add_argument("--lora-alpha", type=float, default=0.0, help="LoRA alpha (default R)")
+    ap.add_argument("--lora-targets", default="all-linear",
+                    help="LoRA target_modules: all-linear or a comma list (q_proj,v_proj,...)")
+    ap.add_argument("--lora-dropout", type=float, default=0.0)
     args = ap.parse_args()
+    if args.lora and args.arch != "llama":
+        ap.error("--lora needs --arch llama")
     if args.arch == "llama":
         try:
             import transformers
+            if args.lora:
+                import peft
         except ImportError as e:
-            print(f"skip: --arch llama needs transformers ({e})", flush=True)
+            print(f"skip: --arch llama{' --lora' if args.lora else ''} needs transformers and peft ({e})", flush=True)
             return 3
 
     if args.threads > 0:
@@ -202,12 +222,22 @@ def main():
     else:
         model = GPT2(L, NH, C, T, V).to(dev)
         fpt = flops_per_token(L, C, V, T)
+    if args.lora:
+        targets = args.lora_targets if args.lora_targets == "all-linear" else args.lora_targets.split(",")
+        model.m = peft.get_peft_model(model.m, peft.LoraConfig(
+            r=args.lora, lora_alpha=args.lora_alpha or args.lora, target_modules=targets,
+            lora_dropout=args.lora_dropout, task_type="CAUSAL_LM")).to(dev)
+        n_adapter = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        # 6 flops per adapter parameter, 4 (forward, input gradient) per frozen matmul parameter, attention as is
+        attn = 12.0 * L * C * T
+        fpt = attn + (fpt - attn) * 4.0 / 6.0 + 6.0 * n_adapter
     model.train()
     cuda = dev.type == "cuda"
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.dtype == "bf16") if cuda
                 else torch.autocast("cpu", enabled=False))
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() >= 2]
+    no_decay = [p for p in trained if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
@@ -229,7 +259,7 @@ def main():
             with autocast:
                 loss = model(x, y)
             (loss / args.accum).backward() if args.accum > 1 else loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         if cuda:
             torch.cuda.synchronize()
@@ -248,6 +278,10 @@ def main():
     }
     if args.arch == "llama":
         summary.update(transformers=transformers.__version__, attn=model.attn)
+    if args.lora:
+        summary.update(peft=peft.__version__, trainable_params=n_adapter,
+                       lora={"r": args.lora, "alpha": args.lora_alpha or args.lora, "target_modules": targets,
+                             "dropout": args.lora_dropout})
     print("summary " + json.dumps(summary), flush=True)
 
 

@@ -79,6 +79,7 @@ class Shape:
     flops_per_token: float = 0.0  # filled from `shardlm plan --json`
     cfg_path: str = ""
     extra: dict = field(default_factory=dict)  # more fields for the JSON results
+    config: dict = field(default_factory=dict)  # more top-level sections of shardlm's config (e.g. "lora")
 
 
 @dataclass
@@ -205,6 +206,7 @@ def write_config(shape, threads):
         "gradient_clipping": 1.0,
         "zero_optimization": {"stage": 0},
     }
+    cfg.update(shape.config)
     shape.cfg_path = os.path.join(OUT, f"cfg_{shape.name}.json")
     with open(shape.cfg_path, "w") as f:
         json.dump(cfg, f, indent=1)
@@ -258,6 +260,29 @@ def run_reference(ref, shape, threads, warmup, budget, env, tag):
         raise SystemExit(f"{ref.key} failed on shape {shape.name} (rc {rc}); log {log}")
     return {"ms": summary["ms"], "wall": wall, "other": other, "cpu_util": own / (wall * threads),
             "summary": summary, "corename": summary["corename"], "log": log}
+
+
+def measure(args, shape, ref, env, tag, who, core):
+    """One measured run on SHAPE of shardlm (REF None) or of the reference REF: the run's dict (run_shardlm's or
+    run_reference's) with median_ms, best_ms and n (steps after the warm-up) added. Prints its line, WHO
+    naming the run, and a warning where the run's OpenBLAS core is not CORE (sgemm_peak's)."""
+    if ref is None:
+        res = run_shardlm(shape, args.threads, args.warmup, args.budget, env, tag)
+    else:
+        res = run_reference(ref, shape, args.threads, args.warmup, args.budget, env, tag)
+    res["median_ms"], res["best_ms"], res["n"] = stats(res["ms"], args.warmup)
+    print(f"  {who}: median {res['median_ms']:9.1f} ms  best {res['best_ms']:9.1f} ms  over {res['n']} steps "
+          f"(+{args.warmup} warm-up)  cpu {100 * res['cpu_util']:3.0f}% of {args.threads} threads  "
+          f"other procs {100 * res['other']:3.0f}%" + ("  [stopped at budget]" if res.get("stopped") else ""),
+          flush=True)
+    name = (ref.label or ref.key) if ref else "shardlm"
+    if ref is not None and res["corename"] != core:
+        print(f"  warning: {name}'s OpenBLAS core is {res['corename']}, sgemm_peak's {core}")
+    if ref is None and res["kernel_warning"]:
+        if res["kernel_warning"] != core:
+            print(f"  warning: shardlm reports OpenBLAS core {res['kernel_warning']}, sgemm_peak's {core}")
+        print(f"  (shardlm's log names OpenBLAS core {res['kernel_warning']})")
+    return res
 
 
 def add_common_args(ap, default_json, default_steps):
@@ -328,23 +353,10 @@ def compare(args, shapes, ref, env, coretype_env, cpu, mfu_targets=None):
         for r in range(args.rounds):
             tag = f"r{r}"
             for side in ("shardlm", R):
-                quiet(f"{RL if side == R else side} {shape.name}")
-                if side == "shardlm":
-                    res = run_shardlm(shape, args.threads, args.warmup, args.budget, env, tag)
-                else:
-                    res = run_reference(ref, shape, args.threads, args.warmup, args.budget, env, tag)
-                res["median_ms"], res["best_ms"], res["n"] = stats(res["ms"], args.warmup)
                 who = RL if side == R else side
-                print(f"  {shape.name:5s} round {r} {who:7s}: median {res['median_ms']:9.1f} ms  best "
-                      f"{res['best_ms']:9.1f} ms  over {res['n']} steps (+{args.warmup} warm-up)  "
-                      f"cpu {100 * res['cpu_util']:3.0f}% of {n} threads  other procs {100 * res['other']:3.0f}%"
-                      + ("  [stopped at budget]" if res.get("stopped") else ""), flush=True)
-                if side == R and res["corename"] != core:
-                    print(f"  warning: {RL}'s OpenBLAS core is {res['corename']}, sgemm_peak's {core}")
-                if side == "shardlm" and res["kernel_warning"] and res["kernel_warning"] != core:
-                    print(f"  warning: shardlm reports OpenBLAS core {res['kernel_warning']}, sgemm_peak's {core}")
-                if side == "shardlm" and res["kernel_warning"]:
-                    print(f"  (shardlm's log names OpenBLAS core {res['kernel_warning']})")
+                quiet(f"{who} {shape.name}")
+                res = measure(args, shape, ref if side == R else None, env, tag,
+                              f"{shape.name:5s} round {r} {who:7s}", core)
                 if best[side] is None or res["median_ms"] < best[side]["median_ms"]:
                     best[side] = res
         tok = shape.batch * shape.seq_len
