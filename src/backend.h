@@ -217,21 +217,26 @@ void backend_crossentropy_forward(float *losses, float *logits, const int32_t *t
  * the whole row 0 where the target is < 0. */
 void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
 
-/* LoRA (issue 19): one linear layer's low-rank adapter,
- *   y[:, 0:OC] += scale * (drop(x) @ A^T) @ B^T,
- * x [A] (N, C); A [A] (r, C) (lora_A); B [A] (OC, r) (lora_B); y [A] rows of
- * ld elements, the layer's output at columns [0, OC) of each row (ld > OC:
- * a slice of a fused output such as q|k|v, y pointing at the slice's first
- * column). t [A] (N, r) receives drop(x) @ A^T, which the backward reads.
+/* LoRA (issue 19): the low-rank adapters of k linear layers that read the
+ * same input x (q|k|v, gate|up; k = 1 for one layer),
+ *   y_j[:, 0:OC_j] += scale * (drop(x) @ A_j^T) @ B_j^T,   j < k,
+ * x [A] (N, C); A [A] (k r, C): A_0 (r, C) (lora_A) to A_{k-1}, one after the
+ * other, so that x is read once for all of them; out[j].B [A] (OC_j, r)
+ * (lora_B); out[j].y [A] rows of ld elements, layer j's output at columns
+ * [0, OC_j) of each row (ld > OC_j: a slice of a fused output such as q|k|v,
+ * y pointing at the slice's first column; every layer of a group lives in
+ * the same fused output, so one ld). t [A] (N, k r) receives drop(x) @ A^T
+ * (layer j's r columns at j r), which the backward reads.
  * drop: inverted dropout with probability d->p (0: none, and d may be NULL):
  * element (n, c) of x is kept, and scaled by 1 / (1 - p), iff
  * lora_dropout_keeps(d, n, c); scratch [A] (N, C) holds drop(x) then, and
- * is unused without dropout (may be NULL). */
+ * is unused without dropout (may be NULL). Each layer has its own mask (as
+ * PEFT's separate dropout modules), so with dropout k must be 1. */
 #ifndef SHARDLM_LORA_DROPOUT /* tests/gpu/cpu_names_decl.h reads this header twice */
 #define SHARDLM_LORA_DROPOUT
 struct lora_dropout {
     float p;          /* in [0, 1) */
-    uint64_t key;     /* the mask of this layer, module and step (lora_dropout_key) */
+    uint64_t key;     /* the mask of this layer, module and step (family.c dropout_of) */
     uint64_t row0;    /* the global index of the micro-batch's first row (sample or packed row) */
     int T;            /* tokens per row: token n is row row0 + n / T, position n % T */
 };
@@ -256,20 +261,28 @@ static inline LORA_HD int lora_dropout_keeps(const struct lora_dropout *d, size_
     /* keep iff the top 32 bits are at or above p * 2^32 */
     return (double)(h >> 32) >= (double)d->p * 4294967296.0;
 }
+struct lora_out {
+    float *y;         /* forward: the layer's output slice; backward: its gradient dy (read only) */
+    const float *B;   /* (OC, r) [A] */
+    float *dB;        /* backward: [G] (OC, r), accumulated; NULL: frozen */
+    int OC;
+};
 #endif
-void backend_lora_forward(float *y, int ld, float *t, float *scratch, const float *x, const float *A, const float *B,
-                          float scale, const struct lora_dropout *d, int N, int C, int r, int OC);
-/* After the layer's own backward (which overwrote dx with dy @ W): with dy [A]
- * the gradient of y (rows of ld, columns [0, OC)),
- *   dB [G] (OC, r) += scale * dy^T @ t,  dt = scale * dy @ B  (N, r),
- *   dA [G] (r, C) += dt^T @ drop(x),     dx [A] (N, C) += drop'(dt @ A)
- * (accumulated: dx already holds the frozen weight's share). x, t, d as in
- * the forward (the mask is computed again, not stored); dt [A] (N, r) and
- * scratch [A] (N, C) (with dropout; else unused) are work space. dA and dB
- * NULL: the adapters are frozen, dx only. */
-void backend_lora_backward(float *dx, float *dA, float *dB, float *dt, float *scratch, const float *dy, int ld,
-                           const float *x, const float *t, const float *A, const float *B, float scale,
-                           const struct lora_dropout *d, int N, int C, int r, int OC);
+void backend_lora_forward(float *t, float *scratch, const float *x, const float *A, const struct lora_out *out, int k,
+                          int ld, float scale, const struct lora_dropout *d, int N, int C, int r);
+/* After the layers' own backward (which overwrote dx with dy @ W): with
+ * out[j].y = dy_j [A] the gradient of y_j (rows of ld, columns [0, OC_j)),
+ *   dB_j [G] (OC_j, r) += scale * dy_j^T @ t_j,  dt_j = scale * dy_j @ B_j  (dt [A] (N, k r), j r columns on),
+ *   dA [G] (k r, C) += dt^T @ drop(x),           dx [A] (N, C) += drop'(dt @ A)
+ * (accumulated: dx already holds the frozen weights' share). x, t, A, d as
+ * in the forward (the mask is computed again, not stored); dt and scratch
+ * [A] (N, C) (with dropout; else unused) are work space. dA and every dB
+ * NULL: the adapters are frozen, dx only. The CPU backend's half-precision
+ * emulation keeps t, dt and drop(x) in fp32 inside the call, where a device
+ * rounds them to [A] between its GEMMs. */
+void backend_lora_backward(float *dx, float *dA, float *dt, float *scratch, const float *x, const float *t,
+                           const float *A, const struct lora_out *out, int k, int ld, float scale,
+                           const struct lora_dropout *d, int N, int C, int r);
 
 /* Sum of squares in double (for the global gradient norm). */
 double backend_sum_squares(const float *x, size_t n);

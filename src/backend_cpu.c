@@ -439,51 +439,73 @@ static void lora_drop(float *out, const float *x, const struct lora_dropout *d, 
     }
 }
 
-void backend_lora_forward(float *y, int ld, float *t, float *scratch, const float *x, const float *A, const float *B,
-                          float scale, const struct lora_dropout *d, int N, int C, int r, int OC)
+static void lora_check_group(const struct lora_dropout *d, int k)
 {
-    ACT_DISPATCH(act_lora_forward(y, ld, t, x, A, B, scale, d, N, C, r, OC));
-    DEVEMU_VIEW(y);
+    if (lora_drops(d) && k != 1)
+        fail_internal("LoRA dropout with %d layers in one call: each layer has its own mask", k);
+}
+
+void backend_lora_forward(float *t, float *scratch, const float *x, const float *A, const struct lora_out *out, int k,
+                          int ld, float scale, const struct lora_dropout *d, int N, int C, int r)
+{
+    ACT_DISPATCH(act_lora_forward(t, x, A, out, k, ld, scale, d, N, C, r));
+    lora_check_group(d, k);
     DEVEMU_VIEW(t);
     DEVEMU_VIEW(scratch);
     DEVEMU_VIEW(x);
     DEVEMU_VIEW(A);
-    DEVEMU_VIEW(B);
     if (lora_drops(d)) {
         lora_drop(scratch, x, d, N, C, 0);
         x = scratch;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, r, C, 1.0f, x, C, A, C, 0.0f, t, r);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, r, scale, t, r, B, r, 1.0f, y, ld);
+    const int kr = k * r;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, kr, C, 1.0f, x, C, A, C, 0.0f, t, kr);
+    for (int j = 0; j < k; j++) {
+        float *y = out[j].y;
+        const float *B = out[j].B;
+        DEVEMU_VIEW(y);
+        DEVEMU_VIEW(B);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out[j].OC, r, scale, t + (size_t)j * r, kr, B, r,
+                    1.0f, y, ld);
+    }
 }
 
-void backend_lora_backward(float *dx, float *dA, float *dB, float *dt, float *scratch, const float *dy, int ld,
-                           const float *x, const float *t, const float *A, const float *B, float scale,
-                           const struct lora_dropout *d, int N, int C, int r, int OC)
+void backend_lora_backward(float *dx, float *dA, float *dt, float *scratch, const float *x, const float *t,
+                           const float *A, const struct lora_out *out, int k, int ld, float scale,
+                           const struct lora_dropout *d, int N, int C, int r)
 {
-    ACT_DISPATCH(act_lora_backward(dx, dA, dB, dy, ld, x, t, A, B, scale, d, N, C, r, OC));
+    ACT_DISPATCH(act_lora_backward(dx, dA, x, t, A, out, k, ld, scale, d, N, C, r));
+    lora_check_group(d, k);
     DEVEMU_VIEW(dx);
     DEVEMU_VIEW(dA);
-    DEVEMU_VIEW(dB);
     DEVEMU_VIEW(dt);
     DEVEMU_VIEW(scratch);
-    DEVEMU_VIEW(dy);
     DEVEMU_VIEW(x);
     DEVEMU_VIEW(t);
     DEVEMU_VIEW(A);
-    DEVEMU_VIEW(B);
-    if (dB)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, r, N, scale, dy, ld, t, r, 1.0f, dB, r);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, OC, scale, dy, ld, B, r, 0.0f, dt, r);
+    const int kr = k * r;
+    for (int j = 0; j < k; j++) {
+        const float *dy = out[j].y, *B = out[j].B;
+        float *dB = out[j].dB;
+        DEVEMU_VIEW(dy);
+        DEVEMU_VIEW(B);
+        DEVEMU_VIEW(dB);
+        const int OC = out[j].OC;
+        if (dB)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, r, N, scale, dy, ld, t + (size_t)j * r, kr, 1.0f,
+                        dB, r);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, r, OC, scale, dy, ld, B, r, 0.0f,
+                    dt + (size_t)j * r, kr);
+    }
     const int drops = lora_drops(d);
     if (dA) {
         if (drops)
             lora_drop(scratch, x, d, N, C, 0);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r, C, N, 1.0f, dt, r, drops ? scratch : x, C, 1.0f, dA,
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kr, C, N, 1.0f, dt, kr, drops ? scratch : x, C, 1.0f, dA,
                     C);
     }
     if (!drops) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, r, 1.0f, dt, r, A, C, 1.0f, dx, C);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, kr, 1.0f, dt, kr, A, C, 1.0f, dx, C);
         return;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, r, 1.0f, dt, r, A, C, 0.0f, scratch, C);

@@ -304,30 +304,80 @@ void backend_add_act(float *out, const float *a, const float *b, size_t n)
 /* The elements a strided (N rows of ld, OC columns) [A] slice spans. */
 static size_t slice_span(int N, int ld, int OC) { return N ? (size_t)(N - 1) * (size_t)ld + (size_t)OC : 0; }
 
-void act_lora_forward(float *y, int ld, float *t, const float *x, const float *A, const float *B, float scale,
-                      const struct lora_dropout *d, int N, int C, int r, int OC)
+/* The layers' [A] slices, parts of one fused output (rows of ld), widened
+ * into one fp32 copy of the span they cover; *lo: its first element. */
+struct lora_span {
+    const char *lo;
+    size_t n;
+    float *wide;
+};
+
+static struct lora_out *lora_outs_begin(const struct lora_out *out, int k, int ld, int N, int r, int grads,
+                                        struct lora_span *sp)
 {
-    const size_t span = slice_span(N, ld, OC);
-    float *yw = widen(y, span), *xw = widen(x, (size_t)N * C), *a = widen(A, (size_t)r * C);
-    float *b = widen(B, (size_t)OC * r), *tw = xcalloc((size_t)N * r + 1, sizeof *tw);
-    float *scratch = xcalloc((size_t)N * C + 1, sizeof *scratch);
-    FP32(backend_lora_forward(yw, ld, tw, scratch, xw, a, b, scale, d, N, C, r, OC));
-    narrow(y, yw, span); /* the other columns widen and round back to themselves */
-    narrow(t, tw, (size_t)N * r);
-    free(xw), free(a), free(b), free(scratch);
+    const size_t es = (size_t)dtype_size(g_act);
+    const char *lo = (const char *)out[0].y, *hi = lo;
+    for (int j = 0; j < k; j++) {
+        const char *a = (const char *)out[j].y, *b = a + slice_span(N, ld, out[j].OC) * es;
+        lo = a < lo ? a : lo;
+        hi = b > hi ? b : hi;
+    }
+    sp->lo = lo;
+    sp->n = (size_t)(hi - lo) / es;
+    sp->wide = widen(lo, sp->n);
+    struct lora_out *w = xcalloc((size_t)k, sizeof *w);
+    for (int j = 0; j < k; j++) {
+        w[j].OC = out[j].OC;
+        w[j].y = sp->wide + ((const char *)out[j].y - lo) / es;
+        w[j].B = widen(out[j].B, (size_t)out[j].OC * r);
+        w[j].dB = grads ? grad_begin(out[j].dB, (size_t)out[j].OC * r) : NULL;
+    }
+    return w;
 }
 
-void act_lora_backward(float *dx, float *dA, float *dB, const float *dy, int ld, const float *x, const float *t,
-                       const float *A, const float *B, float scale, const struct lora_dropout *d, int N, int C, int r,
-                       int OC)
+/* Rounds the span back when the call wrote it (the columns of other layers widen and round back to
+ * themselves) and the weight gradients. */
+static void lora_outs_done(const struct lora_out *out, struct lora_out *w, int k, int r, struct lora_span *sp,
+                           int wrote_y)
 {
-    float *dyw = widen(dy, slice_span(N, ld, OC)), *xw = widen(x, (size_t)N * C), *tw = widen(t, (size_t)N * r);
-    float *a = widen(A, (size_t)r * C), *b = widen(B, (size_t)OC * r), *dxw = widen(dx, (size_t)N * C);
-    float *da = grad_begin(dA, (size_t)r * C), *db = grad_begin(dB, (size_t)OC * r);
-    float *dt = xcalloc((size_t)N * r + 1, sizeof *dt), *scratch = xcalloc((size_t)N * C + 1, sizeof *scratch);
-    FP32(backend_lora_backward(dxw, da, db, dt, scratch, dyw, ld, xw, tw, a, b, scale, d, N, C, r, OC));
-    grad_done(dA, da, (size_t)r * C);
-    grad_done(dB, db, (size_t)OC * r);
+    if (wrote_y)
+        narrow((void *)sp->lo, sp->wide, sp->n);
+    else
+        free(sp->wide);
+    for (int j = 0; j < k; j++) {
+        free((void *)w[j].B);
+        grad_done(out[j].dB, w[j].dB, (size_t)out[j].OC * r);
+    }
+    free(w);
+}
+
+void act_lora_forward(float *t, const float *x, const float *A, const struct lora_out *out, int k, int ld,
+                      float scale, const struct lora_dropout *d, int N, int C, int r)
+{
+    const size_t kr = (size_t)k * r;
+    struct lora_span sp;
+    struct lora_out *w = lora_outs_begin(out, k, ld, N, r, 0, &sp);
+    float *xw = widen(x, (size_t)N * C), *a = widen(A, kr * C), *tw = xcalloc((size_t)N * kr + 1, sizeof *tw);
+    float *scratch = d && d->p > 0.0f ? xcalloc((size_t)N * C + 1, sizeof *scratch) : NULL;
+    FP32(backend_lora_forward(tw, scratch, xw, a, w, k, ld, scale, d, N, C, r));
+    lora_outs_done(out, w, k, r, &sp, 1);
+    narrow(t, tw, (size_t)N * kr);
+    free(xw), free(a), free(scratch);
+}
+
+void act_lora_backward(float *dx, float *dA, const float *x, const float *t, const float *A,
+                       const struct lora_out *out, int k, int ld, float scale, const struct lora_dropout *d, int N,
+                       int C, int r)
+{
+    const size_t kr = (size_t)k * r;
+    struct lora_span sp;
+    struct lora_out *w = lora_outs_begin(out, k, ld, N, r, 1, &sp);
+    float *xw = widen(x, (size_t)N * C), *tw = widen(t, (size_t)N * kr), *a = widen(A, kr * C);
+    float *dxw = widen(dx, (size_t)N * C), *da = grad_begin(dA, kr * C), *dt = xcalloc((size_t)N * kr + 1, sizeof *dt);
+    float *scratch = d && d->p > 0.0f ? xcalloc((size_t)N * C + 1, sizeof *scratch) : NULL;
+    FP32(backend_lora_backward(dxw, da, dt, scratch, xw, tw, a, w, k, ld, scale, d, N, C, r));
+    lora_outs_done(out, w, k, r, &sp, 0);
+    grad_done(dA, da, kr * C);
     narrow(dx, dxw, (size_t)N * C);
-    free(dyw), free(xw), free(tw), free(a), free(b), free(dt), free(scratch);
+    free(xw), free(tw), free(a), free(dt), free(scratch);
 }

@@ -39,10 +39,10 @@ void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, 
                            const int32_t *pos, int B, int T, int C);
 void act_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp);
 void act_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
-void act_lora_forward(float *y, int ld, float *t, const float *x, const float *A, const float *B, float scale,
-                      const struct lora_dropout *d, int N, int C, int r, int OC);
-void act_lora_backward(float *dx, float *dA, float *dB, const float *dy, int ld, const float *x, const float *t,
-                       const float *A, const float *B, float scale, const struct lora_dropout *d, int N, int C, int r,
-                       int OC);
+void act_lora_forward(float *t, const float *x, const float *A, const struct lora_out *out, int k, int ld,
+                      float scale, const struct lora_dropout *d, int N, int C, int r);
+void act_lora_backward(float *dx, float *dA, const float *x, const float *t, const float *A,
+                       const struct lora_out *out, int k, int ld, float scale, const struct lora_dropout *d, int N,
+                       int C, int r);
 
 #endif

@@ -64,20 +64,32 @@ bool family_lora_adapts(const struct family_acts *a, int l, int k)
     return lo->on && lo->unit[l] >= 0 && lo->a_tensor[l][k] >= 0;
 }
 
-/* Whether some block adapts linear k. */
-static bool lora_linear_used(const struct model *m, int k)
+/* The adapted layers of group g in block l, in order (their linear indices); returns how many. */
+static int group_members(const struct model *m, int l, int g, int out[MODEL_MAX_LINEAR])
 {
-    for (int l = 0; m->lora.on && l < m->cfg.n_layer; l++)
-        if (m->lora.unit[l] >= 0 && m->lora.a_tensor[l][k] >= 0)
-            return true;
-    return false;
+    int n = 0;
+    for (int k = 0; m->lora.on && m->lora.unit[l] >= 0 && k < m->lora.n_linear; k++)
+        if (m->lora.linear[k].group == g && m->lora.a_tensor[l][k] >= 0)
+            out[n++] = k;
+    return n;
+}
+
+/* The most layers of group g any block adapts (the width of its t buffers is that times r). */
+static int group_width(const struct model *m, int g)
+{
+    int w = 0, members[MODEL_MAX_LINEAR];
+    for (int l = 0; m->lora.on && l < m->cfg.n_layer; l++) {
+        int n = group_members(m, l, g, members);
+        w = n > w ? n : w;
+    }
+    return w;
 }
 
 static int lora_widest_input(const struct model *m)
 {
     int w = 0;
     for (int k = 0; k < m->lora.n_linear; k++)
-        if (lora_linear_used(m, k) && m->lora.linear[k].in > w)
+        if (group_width(m, m->lora.linear[k].group) && m->lora.linear[k].in > w)
             w = m->lora.linear[k].in;
     return w;
 }
@@ -100,37 +112,85 @@ static struct lora_dropout dropout_of(const struct family_acts *a, int l, int k)
     return d;
 }
 
-static float *lora_t(const struct family_acts *a, int l, int k)
+static float *lora_t(const struct family_acts *a, int l, int g)
 {
-    return a->lora_t[(size_t)(l % a->n_sets) * MODEL_MAX_LINEAR + (size_t)k];
+    return a->lora_t[(size_t)(l % a->n_sets) * MODEL_MAX_LINEAR + (size_t)g];
 }
 
-void family_lora_forward(struct family_acts *a, int l, const float *adapters, int k, const float *x, float *y, int ld)
+/* Group g's adapters in block l as the kernels take them: the stacked lora_A
+ * (the first member's, the others follow it) and one lora_out per member;
+ * returns the members (0: none). */
+static int group_view(const struct family_acts *a, int l, const float *adapters, float *agrad, int g, float *y,
+                      struct lora_out out[MODEL_MAX_LINEAR], const float **A, float **dA)
 {
-    if (!adapters || !family_lora_adapts(a, l, k))
+    const struct model_lora *lo = &a->m->lora;
+    int members[MODEL_MAX_LINEAR];
+    const int n = adapters ? group_members(a->m, l, g, members) : 0;
+    const int u = n ? lo->unit[l] : 0;
+    for (int j = 0; j < n; j++) {
+        const int k = members[j];
+        out[j] = (struct lora_out){(float *)elem_at(y, (size_t)lo->linear[k].col, act_size_now()),
+                                   family_param(a, adapters, u, lo->b_tensor[l][k]),
+                                   family_grad(a, agrad, u, lo->b_tensor[l][k]), lo->linear[k].out};
+    }
+    if (n) {
+        *A = family_param(a, adapters, u, lo->a_tensor[l][members[0]]);
+        *dA = family_grad(a, agrad, u, lo->a_tensor[l][members[0]]);
+    }
+    return n;
+}
+
+/* With dropout each layer has its own mask: one call per layer, layer j's t
+ * at j N r of the group's buffer, its A the j-th of the stacked ones. */
+void family_lora_forward(struct family_acts *a, int l, const float *adapters, int g, const float *x, float *y, int ld)
+{
+    struct lora_out out[MODEL_MAX_LINEAR];
+    const float *A;
+    float *dA;
+    const int n = group_view(a, l, adapters, NULL, g, y, out, &A, &dA);
+    if (!n)
         return;
     const struct model_lora *lo = &a->m->lora;
-    const struct model_linear *li = &lo->linear[k];
-    const int u = lo->unit[l], ta = lo->a_tensor[l][k];
-    const struct lora_dropout d = dropout_of(a, l, k);
-    backend_lora_forward((float *)elem_at(y, (size_t)li->col, act_size_now()), ld, lora_t(a, l, k), a->lora_scratch,
-                         x, family_param(a, adapters, u, ta), family_param(a, adapters, u, ta + 1), lo->scale, &d,
-                         a->B * a->T, li->in, lo->r, li->out);
+    const int N = a->B * a->T, r = lo->r;
+    int members[MODEL_MAX_LINEAR];
+    group_members(a->m, l, g, members);
+    const int in = lo->linear[members[0]].in;
+    if (dropout_of(a, l, members[0]).p == 0.0f) {
+        backend_lora_forward(lora_t(a, l, g), NULL, x, A, out, n, ld, lo->scale, NULL, N, in, r);
+        return;
+    }
+    for (int j = 0; j < n; j++) {
+        const struct lora_dropout d = dropout_of(a, l, members[j]);
+        backend_lora_forward((float *)elem_at(lora_t(a, l, g), (size_t)j * N * r, act_size_now()), a->lora_scratch, x,
+                             elem_at(A, (size_t)j * r * in, act_size_now()), &out[j], 1, ld, lo->scale, &d, N, in, r);
+    }
 }
 
-void family_lora_backward(struct family_acts *a, int l, const float *adapters, float *adapter_grad, int k,
+void family_lora_backward(struct family_acts *a, int l, const float *adapters, float *adapter_grad, int g,
                           const float *x, const float *dy, int ld, float *dx)
 {
-    if (!adapters || !family_lora_adapts(a, l, k))
+    struct lora_out out[MODEL_MAX_LINEAR];
+    const float *A;
+    float *dA;
+    const int n = group_view(a, l, adapters, adapter_grad, g, (float *)dy, out, &A, &dA);
+    if (!n)
         return;
     const struct model_lora *lo = &a->m->lora;
-    const struct model_linear *li = &lo->linear[k];
-    const int u = lo->unit[l], ta = lo->a_tensor[l][k];
-    const struct lora_dropout d = dropout_of(a, l, k);
-    backend_lora_backward(dx, family_grad(a, adapter_grad, u, ta), family_grad(a, adapter_grad, u, ta + 1), a->lora_dt,
-                          a->lora_scratch, elem_at(dy, (size_t)li->col, act_size_now()), ld, x, lora_t(a, l, k),
-                          family_param(a, adapters, u, ta), family_param(a, adapters, u, ta + 1), lo->scale, &d,
-                          a->B * a->T, li->in, lo->r, li->out);
+    const int N = a->B * a->T, r = lo->r;
+    int members[MODEL_MAX_LINEAR];
+    group_members(a->m, l, g, members);
+    const int in = lo->linear[members[0]].in;
+    if (dropout_of(a, l, members[0]).p == 0.0f) {
+        backend_lora_backward(dx, dA, a->lora_dt, NULL, x, lora_t(a, l, g), A, out, n, ld, lo->scale, NULL, N, in, r);
+        return;
+    }
+    const size_t es = (size_t)dtype_size(backend_grad_dtype());
+    for (int j = 0; j < n; j++) {
+        const struct lora_dropout d = dropout_of(a, l, members[j]);
+        backend_lora_backward(dx, dA ? (float *)elem_at(dA, (size_t)j * r * in, es) : NULL, a->lora_dt,
+                              a->lora_scratch, x, elem_at(lora_t(a, l, g), (size_t)j * N * r, act_size_now()),
+                              elem_at(A, (size_t)j * r * in, act_size_now()), &out[j], 1, ld, lo->scale, &d, N, in, r);
+    }
 }
 
 size_t family_scratch_floats(const struct model *m, const struct exec_target *t, int T)
@@ -511,10 +571,14 @@ void family_plan(const struct model *m, const struct exec_target *t, int B, int 
         return;
     /* LoRA: drop(x) A^T of every adapted linear in each set, and the backward's work */
     const size_t r = (size_t)m->lora.r;
-    for (int k = 0; k < m->lora.n_linear; k++)
-        if (lora_linear_used(m, k))
-            bytes[BUF_ACTIVATIONS] += (size_t)sets_for(m, interval) * target_act_bytes(t, BT * r);
-    bytes[BUF_WORKSPACE] += target_act_bytes(t, BT * r);
+    int widest = 0;
+    for (int g = 0; g < m->lora.n_groups; g++) {
+        const int w = group_width(m, g);
+        widest = w > widest ? w : widest;
+        if (w)
+            bytes[BUF_ACTIVATIONS] += (size_t)sets_for(m, interval) * target_act_bytes(t, BT * r * (size_t)w);
+    }
+    bytes[BUF_WORKSPACE] += target_act_bytes(t, BT * r * (size_t)widest);
     if (m->lora.dropout > 0.0f)
         bytes[BUF_WORKSPACE] += target_act_bytes(t, BT * (size_t)lora_widest_input(m));
 }
@@ -558,12 +622,15 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
     if (m->lora.on) {
         const size_t r = (size_t)m->lora.r;
         a->lora_t = xcalloc((size_t)a->n_sets * MODEL_MAX_LINEAR, sizeof *a->lora_t);
+        int widest = 0;
+        for (int g = 0; g < m->lora.n_groups; g++)
+            widest = group_width(m, g) > widest ? group_width(m, g) : widest;
         for (int i = 0; i < a->n_sets; i++)
-            for (int k = 0; k < m->lora.n_linear; k++)
-                if (lora_linear_used(m, k))
-                    a->lora_t[(size_t)i * MODEL_MAX_LINEAR + (size_t)k] =
-                        arena_alloc(dev, mem, BUF_ACTIVATIONS, BT * r * ae, 1);
-        a->lora_dt = arena_alloc(dev, mem, BUF_WORKSPACE, BT * r * ae, 1);
+            for (int g = 0; g < m->lora.n_groups; g++)
+                if (group_width(m, g))
+                    a->lora_t[(size_t)i * MODEL_MAX_LINEAR + (size_t)g] =
+                        arena_alloc(dev, mem, BUF_ACTIVATIONS, BT * r * (size_t)group_width(m, g) * ae, 1);
+        a->lora_dt = arena_alloc(dev, mem, BUF_WORKSPACE, BT * r * (size_t)widest * ae, 1);
         if (m->lora.dropout > 0.0f)
             a->lora_scratch = arena_alloc(dev, mem, BUF_WORKSPACE, BT * (size_t)lora_widest_input(m) * ae, 1);
     }

@@ -71,8 +71,8 @@ struct family_acts {
     const float **seg_params; /* (interval or 1) a segment's gathered blocks during recompute + backward */
     const float **seg_adapters; /* (interval or 1) their adapter units (LoRA), NULL where none */
     /* LoRA (model.h struct model_lora): what the adapters keep and use */
-    float **lora_t;           /* [set * MODEL_MAX_LINEAR + k] (B, T, r) [A]: drop(x) A^T of linear k, NULL: never adapted */
-    float *lora_dt;           /* (B, T, r) [A] backward work */
+    float **lora_t;           /* [set * MODEL_MAX_LINEAR + g] (B, T, w r) [A]: drop(x) A^T of group g's w layers, NULL: never adapted */
+    float *lora_dt;           /* (B, T, w r) [A] backward work, w the widest group */
     float *lora_scratch;      /* (B, T, widest input) [A]: the dropped input (dropout > 0), else NULL */
     uint64_t lora_key;        /* this step's dropout seed (family_lora_step) */
     uint64_t lora_row0;       /* the global index of this micro-batch's first row (sample, packed row or window) */
@@ -152,14 +152,18 @@ float *family_grad(const struct family_acts *a, float *grad, int u, int t);
  * the kernel wrote it, zeros over the members that are frozen. */
 float *family_group_grad(const struct family_acts *a, float *grad, int u, int t0, int t1);
 void family_group_grad_done(const struct family_acts *a, float *grad, int u, int t0, int t1);
-/* LoRA on linear k (model_block_linears) of block l, when adapted: y [A],
- * rows of ld elements, is the fused output the linear's columns are part of
- * (the helper adds the linear's column offset); the backward adds the
- * adapters' input gradient into dx and their weight gradients into
- * adapter_grad. Nothing when the layer has no adapter. */
-void family_lora_forward(struct family_acts *a, int l, const float *adapters, int k, const float *x, float *y, int ld);
-void family_lora_backward(struct family_acts *a, int l, const float *adapters, float *adapter_grad, int k,
+/* LoRA on group g (model_linear.group: q|k|v, o, gate|up, down; GPT-2's four
+ * layers one each) of block l: x is the group's input, y [A], rows of ld
+ * elements, the fused output its layers' columns are part of (the helper
+ * adds each layer's column offset). The adapted layers of the group go to
+ * the kernels as one call, x read once (with dropout, one call per layer:
+ * each has its own mask). The backward adds the adapters' input gradient
+ * into dx and their weight gradients into adapter_grad. Nothing when the
+ * group has no adapter in this block. */
+void family_lora_forward(struct family_acts *a, int l, const float *adapters, int g, const float *x, float *y, int ld);
+void family_lora_backward(struct family_acts *a, int l, const float *adapters, float *adapter_grad, int g,
                           const float *x, const float *dy, int ld, float *dx);
+/* Whether linear k of block l is adapted. */
 bool family_lora_adapts(const struct family_acts *a, int l, int k);
 /* Floats of the scratch the attention and norm backward kernels share on target t. */
 size_t family_scratch_floats(const struct model *m, const struct exec_target *t, int T);

@@ -109,7 +109,7 @@ static void project_add(float *y, const float *x, const float *inp, const float 
     backend_add_act(y, y, x, (size_t)N * C);
 }
 
-/* Linear layers of a block in model_block_linears' order (LoRA's k). */
+/* Linear layers of a block in model_block_linears' order (LoRA's k), each its own group. */
 enum { GL_ATTN, GL_ATTN_PROJ, GL_FC, GL_FC_PROJ };
 
 /* ad: the block's adapters (LoRA), or NULL. */

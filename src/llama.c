@@ -173,8 +173,8 @@ static void project_add(float *y, const float *x, const float *inp, const float 
     backend_add_act(y, y, x, (size_t)N * C);
 }
 
-/* Linear layers of a block in model_block_linears' order (LoRA's k). */
-enum { LL_Q, LL_K, LL_V, LL_O, LL_GATE, LL_UP, LL_DOWN };
+/* LoRA's groups of linear layers (model_block_linears): q|k|v, o, gate|up, down. */
+enum { LG_QKV, LG_O, LG_GATE_UP, LG_DOWN };
 
 static void llama_block_forward(struct family_acts *fa, int l, const float *unit, const float *ad, const float *x,
                                 float *y)
@@ -188,20 +188,18 @@ static void llama_block_forward(struct family_acts *fa, int l, const float *unit
 #define P(t) family_param(fa, unit, u, t)
     backend_rmsnorm_forward(ba->ln1, ba->rstd1, x, P(LT_IN_NORM), eps, d.N, d.C);
     backend_matmul_forward_transposed(ba->qkv, ba->ln1, P(LT_Q), d.N, d.C, d.QKV);
-    for (int k = LL_Q; k <= LL_V; k++)
-        family_lora_forward(fa, l, ad, k, ba->ln1, ba->qkv, d.QKV);
+    family_lora_forward(fa, l, ad, LG_QKV, ba->ln1, ba->qkv, d.QKV);
     backend_rope_forward(ba->qkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
     backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV,
                                   d.hs);
     project_add(ba->res2, x, ba->atty, P(LT_O), d.N, d.C, d.C);
-    family_lora_forward(fa, l, ad, LL_O, ba->atty, ba->res2, d.C);
+    family_lora_forward(fa, l, ad, LG_O, ba->atty, ba->res2, d.C);
     backend_rmsnorm_forward(ba->ln2, ba->rstd2, ba->res2, P(LT_POST_NORM), eps, d.N, d.C);
     backend_matmul_forward_transposed(ba->gu, ba->ln2, P(LT_GATE), d.N, d.C, 2 * d.F);
-    family_lora_forward(fa, l, ad, LL_GATE, ba->ln2, ba->gu, 2 * d.F);
-    family_lora_forward(fa, l, ad, LL_UP, ba->ln2, ba->gu, 2 * d.F);
+    family_lora_forward(fa, l, ad, LG_GATE_UP, ba->ln2, ba->gu, 2 * d.F);
     backend_swiglu_forward(ba->h, ba->gu, d.N, d.F);
     project_add(y, ba->res2, ba->h, P(LT_DOWN), d.N, d.F, d.C);
-    family_lora_forward(fa, l, ad, LL_DOWN, ba->h, y, d.C);
+    family_lora_forward(fa, l, ad, LG_DOWN, ba->h, y, d.C);
 #undef P
 }
 
@@ -219,26 +217,24 @@ static void llama_block_backward(struct family_acts *fa, int l, const float *uni
 #define G(t) family_grad(fa, grad, u, t)
     /* MLP */
     backend_matmul_backward_transposed(a->dh, G(LT_DOWN), dy, ba->h, P(LT_DOWN), d.N, d.F, d.C);
-    family_lora_backward(fa, l, ad, ag, LL_DOWN, ba->h, dy, d.C, a->dh);
+    family_lora_backward(fa, l, ad, ag, LG_DOWN, ba->h, dy, d.C, a->dh);
     backend_swiglu_backward(a->dgu, a->dh, ba->gu, d.N, d.F);
     backend_matmul_backward_transposed(dc, family_group_grad(fa, grad, u, LT_GATE, LT_UP), a->dgu, ba->ln2,
                                        P(LT_GATE), d.N, d.C, 2 * d.F);
     family_group_grad_done(fa, grad, u, LT_GATE, LT_UP);
-    family_lora_backward(fa, l, ad, ag, LL_GATE, ba->ln2, a->dgu, 2 * d.F, dc);
-    family_lora_backward(fa, l, ad, ag, LL_UP, ba->ln2, a->dgu, 2 * d.F, dc);
+    family_lora_backward(fa, l, ad, ag, LG_GATE_UP, ba->ln2, a->dgu, 2 * d.F, dc);
     family_copy_act(dres2, dy, NC);
     backend_rmsnorm_backward(dres2, G(LT_POST_NORM), dc, ba->res2, P(LT_POST_NORM), ba->rstd2, a->scratch, d.N, d.C);
     /* attention */
     backend_matmul_backward_transposed(dc, G(LT_O), dres2, ba->atty, P(LT_O), d.N, d.C, d.C);
-    family_lora_backward(fa, l, ad, ag, LL_O, ba->atty, dres2, d.C, dc);
+    family_lora_backward(fa, l, ad, ag, LG_O, ba->atty, dres2, d.C, dc);
     backend_attention_gqa_backward(a->dqkv, dc, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, fa->B, fa->T,
                                    d.NH, d.NKV, d.hs);
     backend_rope_backward(a->dqkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
     backend_matmul_backward_transposed(dc, family_group_grad(fa, grad, u, LT_Q, LT_V), a->dqkv, ba->ln1, P(LT_Q), d.N,
                                        d.C, d.QKV);
     family_group_grad_done(fa, grad, u, LT_Q, LT_V);
-    for (int k = LL_Q; k <= LL_V; k++)
-        family_lora_backward(fa, l, ad, ag, k, ba->ln1, a->dqkv, d.QKV, dc);
+    family_lora_backward(fa, l, ad, ag, LG_QKV, ba->ln1, a->dqkv, d.QKV, dc);
     family_copy_act(dy, dres2, NC);
     backend_rmsnorm_backward(dy, G(LT_IN_NORM), dc, x, P(LT_IN_NORM), ba->rstd1, a->scratch, d.N, d.C);
 #undef P

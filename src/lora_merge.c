@@ -68,11 +68,11 @@ static void read_master(struct ckpt_reader *r, const struct tensor_desc *t, size
 }
 
 /* Reads the adapter pair whose lora_A is tensor a of unit u into A and B. */
-static void load_pair(struct lora_merge *g, int u, int a)
+static void load_pair(struct lora_merge *g, int u, int a, int b)
 {
     if (g->pair_unit == u && g->pair_a == a)
         return;
-    const struct tensor_desc *ta = &g->m->units[u].tensors[a], *tb = &g->m->units[u].tensors[a + 1];
+    const struct tensor_desc *ta = &g->m->units[u].tensors[a], *tb = &g->m->units[u].tensors[b];
     g->A = xrealloc(g->A, ta->numel * sizeof *g->A);
     g->B = xrealloc(g->B, tb->numel * sizeof *g->B);
     read_master(g->r, ta, 0, ta->numel, g->A);
@@ -123,7 +123,7 @@ void lora_merge_read(struct lora_merge *g, int u, int t, size_t begin, size_t co
         const int a = m->lora.a_tensor[ud->block][k];
         if (m->lora.linear[k].tensor != t || a < 0)
             continue;
-        load_pair(g, m->lora.unit[ud->block], a);
+        load_pair(g, m->lora.unit[ud->block], a, m->lora.b_tensor[ud->block][k]);
         add_delta(g, &m->lora.linear[k], begin, count, out);
     }
 }

@@ -163,6 +163,7 @@ void model_free(struct model *m)
     free(m->units);
     free(m->lora.unit);
     free(m->lora.a_tensor);
+    free(m->lora.b_tensor);
     memset(m, 0, sizeof *m);
 }
 
@@ -282,18 +283,18 @@ int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX
     const int C = m->cfg.n_embd, F = m->cfg.ffn_dim, KV = C / m->cfg.n_head * m->cfg.n_kv_head;
     if (strcmp(m->cfg.type, "llama") == 0) {
         const struct model_linear l[] = {
-            {"self_attn.q_proj", 1, C, C, 0},    {"self_attn.k_proj", 2, C, KV, C}, {"self_attn.v_proj", 3, C, KV, C + KV},
-            {"self_attn.o_proj", 4, C, C, 0},    {"mlp.gate_proj", 6, C, F, 0},     {"mlp.up_proj", 7, C, F, F},
-            {"mlp.down_proj", 8, F, C, 0},
+            {"self_attn.q_proj", 1, C, C, 0, 0},  {"self_attn.k_proj", 2, C, KV, C, 0}, {"self_attn.v_proj", 3, C, KV, C + KV, 0},
+            {"self_attn.o_proj", 4, C, C, 0, 1},  {"mlp.gate_proj", 6, C, F, 0, 2},     {"mlp.up_proj", 7, C, F, F, 2},
+            {"mlp.down_proj", 8, F, C, 0, 3},
         };
         memcpy(out, l, sizeof l);
         return 7;
     }
     const struct model_linear l[] = {
-        {"attn.c_attn", BT_QKV_W, C, 3 * C, 0},
-        {"attn.c_proj", BT_ATTPROJ_W, C, C, 0},
-        {"mlp.c_fc", BT_FC_W, C, 4 * C, 0},
-        {"mlp.c_proj", BT_FCPROJ_W, 4 * C, C, 0},
+        {"attn.c_attn", BT_QKV_W, C, 3 * C, 0, 0},
+        {"attn.c_proj", BT_ATTPROJ_W, C, C, 0, 1},
+        {"mlp.c_fc", BT_FC_W, C, 4 * C, 0, 2},
+        {"mlp.c_proj", BT_FCPROJ_W, 4 * C, C, 0, 3},
     };
     memcpy(out, l, sizeof l);
     return 4;
@@ -326,6 +327,8 @@ void model_add_lora(struct model *m, const struct lora_config *l)
     lo->n_linear = model_block_linears(m, lo->linear);
     lo->unit = xcalloc((size_t)L, sizeof *lo->unit);
     lo->a_tensor = xcalloc((size_t)L, sizeof *lo->a_tensor);
+    lo->b_tensor = xcalloc((size_t)L, sizeof *lo->b_tensor);
+    lo->n_groups = lo->linear[lo->n_linear - 1].group + 1;
     /* every base tensor frozen, but those of modules_to_save */
     for (int u = 0; u < m->n_units; u++) {
         struct unit_desc *ud = &m->units[u];
@@ -360,18 +363,30 @@ void model_add_lora(struct model *m, const struct lora_config *l)
         lo->unit[b] = m->n_units;
         struct unit_desc *ad = start_unit(m, m->n_units++, UNIT_ADAPTER, b, uname, 2 * n);
         block = &m->units[model_block_unit(b)]; /* m->units moved */
-        for (int i = 0; i < n; i++) {
-            const struct model_linear *li = &lo->linear[adapted[i]];
-            const char *wname = block->tensors[li->tensor].name;
-            const int len = (int)module_length(wname);
-            lo->a_tensor[b][adapted[i]] = ad->n_tensors;
-            snprintf(name, sizeof name, "%.*s.lora_A.weight", len, wname);
-            add_tensor(ad, &id, name, l->r, li->in, true,
-                       l->init == LORA_INIT_GAUSSIAN ? INIT_NORMAL_INV_R : INIT_KAIMING_UNIFORM);
-            snprintf(name, sizeof name, "%.*s.lora_B.weight", len, wname);
-            add_tensor(ad, &id, name, li->out, l->r, true,
-                       l->init == LORA_INIT_RANDOM ? INIT_KAIMING_UNIFORM : INIT_ZEROS);
-            lo->n_adapted++;
+        /* per group: the lora_A of its adapted layers one after the other (one matrix), then their lora_B */
+        for (int g = 0, i0 = 0; g < lo->n_groups; g++) {
+            int i1 = i0;
+            while (i1 < n && lo->linear[adapted[i1]].group == g)
+                i1++;
+            for (int pass = 0; pass < 2; pass++)
+                for (int i = i0; i < i1; i++) {
+                    const struct model_linear *li = &lo->linear[adapted[i]];
+                    const char *wname = block->tensors[li->tensor].name;
+                    const int len = (int)module_length(wname);
+                    if (pass == 0) {
+                        lo->a_tensor[b][adapted[i]] = ad->n_tensors;
+                        snprintf(name, sizeof name, "%.*s.lora_A.weight", len, wname);
+                        add_tensor_at(ad, &id, name, l->r, li->in, true,
+                                      l->init == LORA_INIT_GAUSSIAN ? INIT_NORMAL_INV_R : INIT_KAIMING_UNIFORM, i > i0);
+                    } else {
+                        lo->b_tensor[b][adapted[i]] = ad->n_tensors;
+                        snprintf(name, sizeof name, "%.*s.lora_B.weight", len, wname);
+                        add_tensor(ad, &id, name, li->out, l->r, true,
+                                   l->init == LORA_INIT_RANDOM ? INIT_KAIMING_UNIFORM : INIT_ZEROS);
+                        lo->n_adapted++;
+                    }
+                }
+            i0 = i1;
         }
         ad->numel = round_up(ad->numel, MODEL_TENSOR_ALIGN);
         m->n_elements += ad->numel;

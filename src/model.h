@@ -89,8 +89,10 @@ struct unit_desc {
 /* LoRA (issue 19, config.h struct lora_config): y = W x + scale B A drop(x)
  * on each adapted linear layer of a block. The adapters of block l are one
  * unit of kind UNIT_ADAPTER, after the base units (unit L + 2 + k for the
- * k-th adapted block), holding for each adapted layer, in the block's linear
- * order (model_block_linears), lora_A (r, in) then lora_B (out, r), named as
+ * k-th adapted block), holding for each group of adapted layers that read
+ * one input (q|k|v, o, gate|up, down), in the block's linear order
+ * (model_block_linears), their lora_A (r, in) one after the other (one
+ * (k r, in) matrix to the kernels), then their lora_B (out, r), named as
  * PEFT names them without its "base_model.model." prefix:
  * "model.layers.3.self_attn.q_proj.lora_A.weight". Every base tensor is
  * frozen except those of lora.modules_to_save; a base unit none of whose
@@ -101,6 +103,7 @@ struct model_linear {
     int tensor;                /* its weight's index in the block unit */
     int in, out;               /* features */
     int col;                   /* where its output starts in the fused output the kernels compute (q|k|v, gate|up) */
+    int group;                 /* layers of a group read the same input (q|k|v, gate|up); groups number 0, 1, ... */
 };
 struct model_lora {
     bool on;
@@ -110,7 +113,9 @@ struct model_lora {
     int n_linear;              /* linear layers per block (Llama 7, GPT-2 4) */
     struct model_linear linear[MODEL_MAX_LINEAR];
     int *unit;                 /* [n_layer] the block's adapter unit, -1: none */
-    int (*a_tensor)[MODEL_MAX_LINEAR]; /* [n_layer][linear] lora_A's index in that unit (lora_B follows), -1: not adapted */
+    int n_groups;
+    int (*a_tensor)[MODEL_MAX_LINEAR]; /* [n_layer][linear] lora_A's index in that unit, -1: not adapted */
+    int (*b_tensor)[MODEL_MAX_LINEAR]; /* [n_layer][linear] lora_B's */
     int n_adapted;             /* adapted layers in all */
 };
 

@@ -22,8 +22,8 @@ final dump bitwise equal to the first.
 Engine cases (tiny Llama, dropout 0.1 so the counter-based mask is part of
 what must not depend on the world size):
   zero.sN_nM        stages 0-3 at N = 1, 2, 4 (and bf16 with offloaded parameters
-                    and optimizer at stage 3, N = 2): losses and final adapters
-                    within 1e-5 of stage 0 at N = 1 (bf16: the losses within 1e-3)
+                    and optimizer at stage 3, N = 2): losses within 1e-5 and final
+                    adapters within 3e-5 of stage 0 at N = 1 (bf16: the losses within 1e-3)
   zero.*.base_bitwise  every base tensor unchanged, bit for bit
   zero.*.plan_eq_peak  every buffer class planned = measured peak (metrics)
   zero.*.state_bytes   gradient, master and Adam classes hold the adapters alone:
@@ -298,7 +298,10 @@ def check_engine():
                 # a step, and bf16 rounding can flip that gradient's sign, so the weights are not compared
                 e, tol = rel(losses, ref[0]), 1e-3
             else:
-                e, tol = max([rel(losses, ref[0])] + [rel(adapters[k], ref[1][k]) for k in ref[1]]), 1e-5
+                # adapters 3e-5: Adam turns an fp32 rounding difference in a gradient element near 0 into a
+                # step of up to lr (seen: 1.1e-5 on one lora_B of magnitude 0.02 after 8 steps)
+                e = max([rel(losses, ref[0]) * 3] + [rel(adapters[k], ref[1][k]) for k in ref[1]])
+                tol = 3e-5
             check(f"{name}.same_as_s0_n1", e <= tol and set(adapters) == set(ref[1]), f"rel {e:.3e}")
         base = [k for k in final if not is_adapter(k) and k in dump and not k.startswith("grad.")
                 and k not in ("inputs", "targets", "logits", "loss")]
