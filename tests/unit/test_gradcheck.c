@@ -85,8 +85,18 @@
 #define backend_scale f64_scale
 #define backend_zero f64_zero
 #define backend_copy f64_copy
+/* backend.h's struct lora_out (float pointers) in the twin: the same members in double */
+struct lora_out_f64 {
+    double *y;
+    const double *B;
+    double *dB;
+    int OC;
+};
+#define lora_out lora_out_f64
 
 #include "../../src/backend_cpu.c"
+
+#undef lora_out
 
 #undef float
 #undef cblas_sgemm
@@ -1167,33 +1177,46 @@ static void test_add(uint64_t *rng)
 
 /* ---- LoRA ---------------------------------------------------------------- */
 
-/* The layer's output is columns [LORA_AT, LORA_AT + OC) of rows of LORA_LD (a slice of a fused output). */
-enum { LORA_LD = 11, LORA_AT = 3 };
+/* The k layers of a group are slices of one fused output, rows of LORA_LD:
+ * layer j's columns [at_j, at_j + OC_j); the columns outside every slice stay. */
+enum { LORA_LD = 11, LORA_MAX = 3 };
 
 struct lora_case {
-    int N, C, r, OC;
-    double *x, *A, *B;             /* (N, C), (r, C), (OC, r) */
-    const double *y0;              /* (N, LORA_LD): what the layer's own matmul left in y */
-    double *t, *scratch;           /* (N, r), (N, C): side output, work space */
+    int N, C, r, k;
+    int OC[LORA_MAX], at[LORA_MAX];
+    double *x, *A, *B[LORA_MAX];   /* (N, C), (k r, C): A_0 .. A_{k-1} stacked, (OC_j, r) */
+    const double *y0;              /* (N, LORA_LD): what the layers' own matmul left in y */
+    double *t, *scratch;           /* (N, k r), (N, C): side output, work space */
     double scale;
     const struct lora_dropout *d;  /* NULL: no dropout */
 };
 
+/* The group's lora_out (f64) on y (rows of LORA_LD; the gradient dy in the backward), dB NULL: none. */
+static void lora_outs_f64(const struct lora_case *l, double *y, double *const *dB, struct lora_out_f64 *out)
+{
+    for (int j = 0; j < l->k; j++)
+        out[j] = (struct lora_out_f64){y + l->at[j], l->B[j], dB ? dB[j] : NULL, l->OC[j]};
+}
+
 static void lora_objective(void *ctx, double *out)
 {
     struct lora_case *l = ctx;
+    struct lora_out_f64 o[LORA_MAX];
     memcpy(out, l->y0, (size_t)l->N * LORA_LD * sizeof *out);
-    f64_lora_forward(out + LORA_AT, LORA_LD, l->t, l->scratch, l->x, l->A, l->B, l->scale, l->d, l->N, l->C, l->r,
-                     l->OC);
+    lora_outs_f64(l, out, NULL, o);
+    f64_lora_forward(l->t, l->scratch, l->x, l->A, o, l->k, LORA_LD, l->scale, l->d, l->N, l->C, l->r);
 }
 
-/* 1 when the columns of rows of LORA_LD outside [LORA_AT, LORA_AT + OC) are bitwise as in y0. */
-static int lora_other_columns_kept(const double *y, const double *y0, int N, int OC)
+/* 1 when the columns of rows of LORA_LD outside every layer's slice are bitwise as in y0. */
+static int lora_other_columns_kept(const struct lora_case *l, const double *y, const double *y0)
 {
     int kept = 1;
-    for (size_t i = 0; i < (size_t)N * LORA_LD; i++) {
+    for (size_t i = 0; i < (size_t)l->N * LORA_LD; i++) {
         const int c = (int)(i % LORA_LD);
-        if (c < LORA_AT || c >= LORA_AT + OC)
+        int inside = 0;
+        for (int j = 0; j < l->k; j++)
+            inside |= c >= l->at[j] && c < l->at[j] + l->OC[j];
+        if (!inside)
             kept &= memcmp(&y[i], &y0[i], sizeof *y) == 0;
     }
     return kept;
@@ -1207,23 +1230,32 @@ static double lora_dropped(const struct lora_dropout *d, const double *x, int n,
     return lora_dropout_keeps(d, (size_t)n, c) ? x[(size_t)n * C + c] * (double)(1.0f / (1.0f - d->p)) : 0.0;
 }
 
-/* p 0: no dropout (d NULL); p > 0: a mask with T tokens a row from row row0, which drops some of x and keeps some. */
-static void test_lora(float p, uint64_t *rng)
+/* k layers (a group that reads one x: OC and column offsets in oc, at) of rank r; p 0: no dropout (d NULL);
+ * p > 0 (k = 1): a mask with T tokens a row from row row0, which drops some of x and keeps some. */
+static void test_lora(int k, const int *oc, const int *at, float p, uint64_t *rng)
 {
-    char kernel[48], name[160];
-    snprintf(kernel, sizeof kernel, "lora p=%.2f", p);
-    const int N = 6, C = 5, r = 3, OC = 4;
-    const size_t n_x = (size_t)N * C, n_A = (size_t)r * C, n_B = (size_t)OC * r, n_t = (size_t)N * r;
-    const size_t n_out = (size_t)N * LORA_LD;
+    char kernel[48], name[160], tensor[48];
+    if (k == 1)
+        snprintf(kernel, sizeof kernel, "lora p=%.2f", p);
+    else
+        snprintf(kernel, sizeof kernel, "lora k=%d p=%.2f", k, p);
+    const int N = 6, C = 5, r = 3, kr = k * r;
+    const size_t n_x = (size_t)N * C, n_A = (size_t)kr * C, n_t = (size_t)N * kr, n_out = (size_t)N * LORA_LD;
+    size_t n_B[LORA_MAX];
     const struct lora_dropout drop = {p, 0x9E3779B97F4A7C15ull, 7, 3};
     double *y0 = random_tensor(n_out, -1, 1, rng);
-    struct lora_case l = {N, C, r, OC, random_tensor(n_x, -1, 1, rng), random_tensor(n_A, -1, 1, rng),
-                          random_tensor(n_B, -1, 1, rng), y0, xmalloc(n_t * sizeof(double)),
-                          filled_tensor(n_x, OVERWRITE_SENTINEL), 1.75, p > 0 ? &drop : NULL};
+    struct lora_case l = {N, C, r, k, {0}, {0}, random_tensor(n_x, -1, 1, rng), random_tensor(n_A, -1, 1, rng),
+                          {NULL}, y0, xmalloc(n_t * sizeof(double)), filled_tensor(n_x, OVERWRITE_SENTINEL), 1.75,
+                          p > 0 ? &drop : NULL};
+    for (int j = 0; j < k; j++) {
+        l.OC[j] = oc[j], l.at[j] = at[j], n_B[j] = (size_t)oc[j] * r;
+        l.B[j] = random_tensor(n_B[j], -1, 1, rng);
+    }
     /* dy = w, random in the other columns too: a backward that read them would be off */
     double *w = random_tensor(n_out, -1, 1, rng);
-    double *dx0 = random_tensor(n_x, -1, 1, rng), *dA0 = random_tensor(n_A, -1, 1, rng);
-    double *dB0 = random_tensor(n_B, -1, 1, rng);
+    double *dx0 = random_tensor(n_x, -1, 1, rng), *dA0 = random_tensor(n_A, -1, 1, rng), *dB0[LORA_MAX];
+    for (int j = 0; j < k; j++)
+        dB0[j] = random_tensor(n_B[j], -1, 1, rng);
     if (p > 0) {
         size_t dropped = 0;
         for (int n = 0; n < N; n++)
@@ -1236,75 +1268,112 @@ static void test_lora(float p, uint64_t *rng)
     double *out = xmalloc(n_out * sizeof *out);
     lora_objective(&l, out);
     double *t = copy_tensor(l.t, n_t);
-    /* the forward against backend.h's formula written out, and the other columns untouched */
-    double *ref = copy_tensor(y0, n_out);
+    /* the forward against backend.h's formula written out (t: layer j's r columns at j r of rows of k r, from the
+     * j-th of the stacked A), and the other columns untouched */
+    double *ref = copy_tensor(y0, n_out), *t_ref = xmalloc(n_t * sizeof *t_ref);
     for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) {
+        for (int i = 0; i < kr; i++) {
             double sum = 0.0;
-            for (int j = 0; j < r; j++) {
-                double tj = 0.0;
-                for (int c = 0; c < C; c++)
-                    tj += lora_dropped(l.d, l.x, n, c, C) * l.A[(size_t)j * C + c];
-                sum += tj * l.B[(size_t)o * r + j];
+            for (int c = 0; c < C; c++)
+                sum += lora_dropped(l.d, l.x, n, c, C) * l.A[(size_t)i * C + c];
+            t_ref[(size_t)n * kr + i] = sum;
+        }
+    for (int j = 0; j < k; j++)
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < l.OC[j]; o++) {
+                double sum = 0.0;
+                for (int i = 0; i < r; i++)
+                    sum += t_ref[(size_t)n * kr + (size_t)j * r + i] * l.B[j][(size_t)o * r + i];
+                ref[(size_t)n * LORA_LD + l.at[j] + o] += l.scale * sum;
             }
-            ref[(size_t)n * LORA_LD + LORA_AT + o] += l.scale * sum;
-        }
     check_err("LoRA formula", kernel, "out", max_rel_err(out, ref, n_out, FLOAT_FLOOR), FORMULA_TOL);
-    snprintf(name, sizeof name, "gradcheck %s: the columns outside the slice untouched (f64)", kernel);
-    CHECK(name, lora_other_columns_kept(out, y0, N, OC), "a column outside the slice changed");
+    check_err("LoRA formula", kernel, "t", max_rel_err(t, t_ref, n_t, FLOAT_FLOOR), FORMULA_TOL);
+    snprintf(name, sizeof name, "gradcheck %s: the columns outside the slices untouched (f64)", kernel);
+    CHECK(name, lora_other_columns_kept(&l, out, y0), "a column outside the slices changed");
 
-    double *dx = copy_tensor(dx0, n_x), *dA = copy_tensor(dA0, n_A), *dB = copy_tensor(dB0, n_B);
+    double *dx = copy_tensor(dx0, n_x), *dA = copy_tensor(dA0, n_A), *dB[LORA_MAX], *dB_inc[LORA_MAX];
+    for (int j = 0; j < k; j++)
+        dB[j] = copy_tensor(dB0[j], n_B[j]);
     double *dt = filled_tensor(n_t, OVERWRITE_SENTINEL), *scratch = filled_tensor(n_x, OVERWRITE_SENTINEL);
-    f64_lora_backward(dx, dA, dB, dt, scratch, w + LORA_AT, LORA_LD, l.x, t, l.A, l.B, l.scale, l.d, N, C, r, OC);
-    double *dx_inc = increment(dx, dx0, n_x), *dA_inc = increment(dA, dA0, n_A), *dB_inc = increment(dB, dB0, n_B);
-    /* dt = scale dy @ B, overwritten */
+    struct lora_out_f64 o[LORA_MAX];
+    lora_outs_f64(&l, w, dB, o);
+    f64_lora_backward(dx, dA, dt, scratch, l.x, t, l.A, o, k, LORA_LD, l.scale, l.d, N, C, r);
+    double *dx_inc = increment(dx, dx0, n_x), *dA_inc = increment(dA, dA0, n_A);
+    for (int j = 0; j < k; j++)
+        dB_inc[j] = increment(dB[j], dB0[j], n_B[j]);
+    /* dt_j = scale dy_j @ B_j, overwritten, at j r of rows of k r */
     double *dt_ref = xmalloc(n_t * sizeof *dt_ref);
-    for (int n = 0; n < N; n++)
-        for (int j = 0; j < r; j++) {
-            double sum = 0.0;
-            for (int o = 0; o < OC; o++)
-                sum += w[(size_t)n * LORA_LD + LORA_AT + o] * l.B[(size_t)o * r + j];
-            dt_ref[(size_t)n * r + j] = l.scale * sum;
-        }
+    for (int j = 0; j < k; j++)
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < r; i++) {
+                double sum = 0.0;
+                for (int oo = 0; oo < l.OC[j]; oo++)
+                    sum += w[(size_t)n * LORA_LD + l.at[j] + oo] * l.B[j][(size_t)oo * r + i];
+                dt_ref[(size_t)n * kr + (size_t)j * r + i] = l.scale * sum;
+            }
     check_err("LoRA formula", kernel, "dt (overwritten)", max_rel_err(dt, dt_ref, n_t, FLOAT_FLOOR), FORMULA_TOL);
 
     struct objective obj = {lora_objective, &l, w, n_out};
-    double *num_x = numeric(l.x, n_x, &obj), *num_A = numeric(l.A, n_A, &obj), *num_B = numeric(l.B, n_B, &obj);
+    double *num_x = numeric(l.x, n_x, &obj), *num_A = numeric(l.A, n_A, &obj);
     check_gradient(kernel, "dx (accumulated)", dx_inc, num_x, n_x);
-    check_gradient(kernel, "dA (accumulated)", dA_inc, num_A, n_A);
-    check_gradient(kernel, "dB (accumulated)", dB_inc, num_B, n_B);
+    check_gradient(kernel, k == 1 ? "dA (accumulated)" : "dA stacked (accumulated)", dA_inc, num_A, n_A);
+    for (int j = 0; j < k; j++) {
+        double *num_B = numeric(l.B[j], n_B[j], &obj);
+        if (k == 1)
+            snprintf(tensor, sizeof tensor, "dB (accumulated)");
+        else
+            snprintf(tensor, sizeof tensor, "dB_%d (accumulated)", j);
+        check_gradient(kernel, tensor, dB_inc[j], num_B, n_B[j]);
+        free(num_B);
+    }
 
-    /* frozen adapters (dA, dB NULL): dx only, the same bits */
+    /* frozen adapters (dA and every dB NULL): dx only, the same bits */
     double *dx_frozen = copy_tensor(dx0, n_x), *dt_frozen = filled_tensor(n_t, OVERWRITE_SENTINEL);
-    f64_lora_backward(dx_frozen, NULL, NULL, dt_frozen, scratch, w + LORA_AT, LORA_LD, l.x, t, l.A, l.B, l.scale, l.d,
-                      N, C, r, OC);
+    lora_outs_f64(&l, w, NULL, o);
+    f64_lora_backward(dx_frozen, NULL, dt_frozen, scratch, l.x, t, l.A, o, k, LORA_LD, l.scale, l.d, N, C, r);
     snprintf(name, sizeof name, "gradcheck %s: dA and dB NULL give the same dx (bitwise)", kernel);
     CHECK(name, memcmp(dx_frozen, dx, n_x * sizeof *dx) == 0, "dx differs");
 
     /* fp32 against f64 */
-    float *x_f = narrow(l.x, n_x), *A_f = narrow(l.A, n_A), *B_f = narrow(l.B, n_B), *w_f = narrow(w, n_out);
+    float *x_f = narrow(l.x, n_x), *A_f = narrow(l.A, n_A), *w_f = narrow(w, n_out), *B_f[LORA_MAX], *dB_f[LORA_MAX];
     float *y_f = narrow(y0, n_out), *t_f = sentinel_tensor_f(n_t), *scratch_f = sentinel_tensor_f(n_x);
-    float *dx_f = narrow(dx0, n_x), *dA_f = narrow(dA0, n_A), *dB_f = narrow(dB0, n_B), *dt_f = sentinel_tensor_f(n_t);
-    backend_lora_forward(y_f + LORA_AT, LORA_LD, t_f, scratch_f, x_f, A_f, B_f, (float)l.scale, l.d, N, C, r, OC);
-    backend_lora_backward(dx_f, dA_f, dB_f, dt_f, scratch_f, w_f + LORA_AT, LORA_LD, x_f, t_f, A_f, B_f,
-                          (float)l.scale, l.d, N, C, r, OC);
+    float *dx_f = narrow(dx0, n_x), *dA_f = narrow(dA0, n_A), *dt_f = sentinel_tensor_f(n_t);
+    struct lora_out o_f[LORA_MAX];
+    for (int j = 0; j < k; j++) {
+        B_f[j] = narrow(l.B[j], n_B[j]), dB_f[j] = narrow(dB0[j], n_B[j]);
+        o_f[j] = (struct lora_out){y_f + l.at[j], B_f[j], NULL, l.OC[j]};
+    }
+    backend_lora_forward(t_f, scratch_f, x_f, A_f, o_f, k, LORA_LD, (float)l.scale, l.d, N, C, r);
+    for (int j = 0; j < k; j++)
+        o_f[j] = (struct lora_out){w_f + l.at[j], B_f[j], dB_f[j], l.OC[j]};
+    backend_lora_backward(dx_f, dA_f, dt_f, scratch_f, x_f, t_f, A_f, o_f, k, LORA_LD, (float)l.scale, l.d, N, C, r);
     check_float_f(kernel, "y", y_f, out, n_out);
     double *y_f_wide = increment_f(y_f, NULL, n_out);
-    snprintf(name, sizeof name, "fp32 %s: the columns outside the slice untouched", kernel);
-    CHECK(name, lora_other_columns_kept(y_f_wide, y0, N, OC), "a column outside the slice changed");
+    snprintf(name, sizeof name, "fp32 %s: the columns outside the slices untouched", kernel);
+    CHECK(name, lora_other_columns_kept(&l, y_f_wide, y0), "a column outside the slices changed");
     check_float_f(kernel, "t", t_f, t, n_t);
     check_float_f(kernel, "dt", dt_f, dt, n_t);
     double *dx_f_inc = increment_f(dx_f, dx0, n_x), *dA_f_inc = increment_f(dA_f, dA0, n_A);
-    double *dB_f_inc = increment_f(dB_f, dB0, n_B);
     check_float(kernel, "dx", dx_f_inc, dx_inc, n_x);
     check_float(kernel, "dA", dA_f_inc, dA_inc, n_A);
-    check_float(kernel, "dB", dB_f_inc, dB_inc, n_B);
+    for (int j = 0; j < k; j++) {
+        double *dB_f_inc = increment_f(dB_f[j], dB0[j], n_B[j]);
+        if (k == 1)
+            snprintf(tensor, sizeof tensor, "dB");
+        else
+            snprintf(tensor, sizeof tensor, "dB_%d", j);
+        check_float(kernel, tensor, dB_f_inc, dB_inc[j], n_B[j]);
+        free(dB_f_inc);
+    }
 
-    free(y0), free(l.x), free(l.A), free(l.B), free(l.t), free(l.scratch), free(w), free(dx0), free(dA0), free(dB0);
-    free(out), free(t), free(ref), free(dx), free(dA), free(dB), free(dt), free(scratch), free(dx_inc), free(dA_inc);
-    free(dB_inc), free(dt_ref), free(num_x), free(num_A), free(num_B), free(dx_frozen), free(dt_frozen), free(x_f);
-    free(A_f), free(B_f), free(w_f), free(y_f), free(t_f), free(scratch_f), free(dx_f), free(dA_f), free(dB_f);
-    free(dt_f), free(y_f_wide), free(dx_f_inc), free(dA_f_inc), free(dB_f_inc);
+    for (int j = 0; j < k; j++) {
+        free(l.B[j]), free(dB0[j]), free(dB[j]), free(dB_inc[j]), free(B_f[j]), free(dB_f[j]);
+    }
+    free(y0), free(l.x), free(l.A), free(l.t), free(l.scratch), free(w), free(dx0), free(dA0);
+    free(out), free(t), free(ref), free(t_ref), free(dx), free(dA), free(dt), free(scratch), free(dx_inc);
+    free(dA_inc), free(dt_ref), free(num_x), free(num_A), free(dx_frozen), free(dt_frozen), free(x_f), free(A_f);
+    free(w_f), free(y_f), free(t_f), free(scratch_f), free(dx_f), free(dA_f), free(dt_f), free(y_f_wide);
+    free(dx_f_inc), free(dA_f_inc);
 }
 
 int main(void)
@@ -1345,9 +1414,12 @@ int main(void)
     test_embedding(1, 1, &rng);
     test_embedding(0, 1, &rng);
     test_crossentropy(1, &rng);
-    /* LoRA: a slice of a wider output, without dropout and with p = 0.25 (a fixed mask) */
-    test_lora(0.0f, &rng);
-    test_lora(0.25f, &rng);
+    /* LoRA: a slice of a wider output, without dropout and with p = 0.25 (a fixed mask); a group of three layers
+     * of different widths (q|k|v-like) side by side in one fused output, columns 0 and 10 outside them */
+    const int lora_oc[] = {4}, lora_at[] = {3}, group_oc[] = {4, 2, 3}, group_at[] = {1, 5, 7};
+    test_lora(1, lora_oc, lora_at, 0.0f, &rng);
+    test_lora(1, lora_oc, lora_at, 0.25f, &rng);
+    test_lora(3, group_oc, group_at, 0.0f, &rng);
     printf("# worst gradcheck error %.2e (tol %.0e), worst fp32-vs-f64 error %.2e (tol %.0e)\n",
            g_worst_grad_err, GRAD_TOL, g_worst_float_err, FLOAT_TOL);
     return check_status();
