@@ -744,8 +744,8 @@ static void check_packed_wpe_windows(void)
 static float *act_at(float *device, size_t i) { return (float *)((char *)device + act_bytes(i)); }
 
 /* How many elements of the device [A] buffer differ in their bits from the host values rounded to the activation
- * dtype; only the columns [c0, c1) of rows of ld when c1 > c0, else all n. */
-static size_t act_bits_differ(const float *device, const float *want, size_t n, int ld, int c0, int c1)
+ * dtype; only the columns c of rows of ld with cols[c] set when cols is given, else all n. */
+static size_t act_bits_differ(const float *device, const float *want, size_t n, int ld, const unsigned char *cols)
 {
     const size_t es = act_bytes(1);
     unsigned char *got = malloc(act_bytes(n)), *ref = malloc(act_bytes(n));
@@ -753,26 +753,72 @@ static size_t act_bits_differ(const float *device, const float *want, size_t n, 
     cuda_ok(cudaMemcpy(got, device, act_bytes(n), cudaMemcpyDeviceToHost), "act_bits_differ");
     dtype_convert(ref, g_act, want, DTYPE_F32, n);
     size_t diff = 0;
-    for (size_t i = 0; i < n; i++) {
-        const int c = c1 > c0 ? (int)(i % (size_t)ld) : 0;
-        if (c1 <= c0 || (c >= c0 && c < c1))
+    for (size_t i = 0; i < n; i++)
+        if (!cols || cols[i % (size_t)ld])
             diff += memcmp(got + i * es, ref + i * es, es) != 0;
-    }
     free(got), free(ref);
     return diff;
 }
 
-/* backend_lora_forward and backend_lora_backward against the CPU backend: x (N, C), A (r, C), B (OC, r), scale
- * alpha / r; the layer's output y and its gradient dy are the middle OC of rows of 3 OC (the k slice of a fused
- * q|k|v output), whose other columns must come back bit for bit (and dy's, random, must not be read). t, dt and
- * scratch are poisoned (overwritten); dx, dA, dB start random (accumulated); dA, dB [G] in the activation dtype
- * when half_grads. p 0: d NULL, and a d of p = 0 gives the same bits; p > 0: the mask with row0 5 and T tokens a
- * row, drop(x) in scratch equal to the CPU's to the bit, about p of it dropped. dA and dB NULL (frozen adapters):
- * the same dx bits. */
-static void check_lora(float p, int r, int half_grads, struct shape sh, const char *variant)
+/* compare_act on the columns [c0, c0 + w) of N rows of ld: want the whole host buffer, device the whole [A] one. */
+static void compare_act_cols(const char *name, const float *want, const float *device, int N, int ld, int c0, int w,
+                             double tol)
 {
-    const int N = sh.B * sh.T, C = sh.C, OC = sh.OC, LD = 3 * OC;
-    const size_t NC = (size_t)N * C, NY = (size_t)N * LD, NR = (size_t)N * r, RC = (size_t)r * C, OR = (size_t)OC * r;
+    const size_t n = (size_t)N * ld, m = (size_t)N * w;
+    void *tmp = malloc(act_bytes(n));
+    float *wide = malloc(n * sizeof *wide), *got = malloc(m * sizeof *got), *ref = malloc(m * sizeof *ref);
+    cuda_ok(cudaDeviceSynchronize(), name);
+    cuda_ok(cudaMemcpy(tmp, device, act_bytes(n), cudaMemcpyDeviceToHost), name);
+    dtype_convert(wide, DTYPE_F32, tmp, g_act, n);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < w; c++) {
+            got[(size_t)i * w + c] = wide[(size_t)i * ld + c0 + c];
+            ref[(size_t)i * w + c] = want[(size_t)i * ld + c0 + c];
+        }
+    float *d = to_device(got, m * sizeof *got);
+    compare(name, ref, d, m, tol);
+    cudaFree(d);
+    free(tmp), free(wide), free(got), free(ref);
+}
+
+/* name, layer j's index when the group has more than one layer, suffix, then the variant and the tag. */
+static const char *named_layer(const char *name, int k, int j, const char *suffix, const char *variant)
+{
+    static char buf[256];
+    char index[16] = "";
+    if (k > 1)
+        snprintf(index, sizeof index, "%d", j);
+    snprintf(buf, sizeof buf, "%s%s%s%s%s", name, index, suffix, variant, g_tag);
+    return buf;
+}
+
+enum { LORA_MAX_GROUP = 3 };
+
+/* backend_lora_forward and backend_lora_backward against the CPU backend, for one layer or a group of three that
+ * read one x (N, C): A (k r, C) the stacked A_j, B_j (OC_j, r), scale alpha / r. One layer (group 0): its output y
+ * and gradient dy are the middle OC of rows of 3 OC (the k slice of a fused q|k|v output). A group (group 1, q|k|v
+ * as grouped-query attention has it): layers of OC, OC/2 and OC/2 side by side at columns 0, OC and 3 OC / 2 of
+ * rows of 2 OC + 5, the last 5 columns belonging to none. Every column outside the slices must come back bit for
+ * bit (and dy's, random, must not be read); every slice, t (N, k r), dt, dx, dA and each dB_j are compared. t, dt
+ * and scratch are poisoned (overwritten); dx, dA, dB start random (accumulated); dA, dB [G] in the activation dtype
+ * when half_grads. p 0: d NULL, and a d of p = 0 gives the same bits; p > 0 (one layer only): the mask with row0 5
+ * and T tokens a row, drop(x) in scratch equal to the CPU's to the bit, about p of it dropped. dA and every dB NULL
+ * (frozen adapters): the same dx bits. */
+static void check_lora(float p, int r, int half_grads, struct shape sh, int group, const char *variant)
+{
+    const int N = sh.B * sh.T, C = sh.C, OC = sh.OC, k = group ? 3 : 1, kr = k * r;
+    const int LD = group ? 2 * OC + 5 : 3 * OC;
+    int oc[LORA_MAX_GROUP] = {OC}, at[LORA_MAX_GROUP] = {OC};
+    if (group) {
+        oc[0] = OC, oc[1] = OC / 2, oc[2] = OC / 2;
+        at[0] = 0, at[1] = OC, at[2] = OC + OC / 2;
+    }
+    unsigned char *outside = malloc((size_t)LD); /* the columns of no layer */
+    memset(outside, 1, (size_t)LD);
+    for (int j = 0; j < k; j++)
+        memset(outside + at[j], 0, (size_t)oc[j]);
+    const size_t NC = (size_t)N * C, NY = (size_t)N * LD, NR = (size_t)N * kr, RC = (size_t)kr * C;
+    size_t OR[LORA_MAX_GROUP];
     const float scale = 16.0f / r;
     const struct lora_dropout drop = {p, 0x243F6A8885A308D3ull, 5, sh.T}, no_drop = {0.0f, 0x243F6A8885A308D3ull, 5,
                                                                                      sh.T};
@@ -781,17 +827,29 @@ static void check_lora(float p, int r, int half_grads, struct shape sh, const ch
     if (half_grads)
         backend_set_grad_dtype(g_act);
     float *x = act_round(host_random(NC, 1), NC), *A = act_round(host_random(RC, 0.2f), RC);
-    float *B = act_round(host_random(OR, 0.2f), OR), *y0 = act_round(host_random(NY, 1), NY);
-    float *d_x = act_to_device(x, NC), *d_A = act_to_device(A, RC), *d_B = act_to_device(B, OR);
+    float *B[LORA_MAX_GROUP], *d_B[LORA_MAX_GROUP];
+    for (int j = 0; j < k; j++) {
+        OR[j] = (size_t)oc[j] * r;
+        B[j] = act_round(host_random(OR[j], 0.2f), OR[j]);
+        d_B[j] = act_to_device(B[j], OR[j]);
+    }
+    float *y0 = act_round(host_random(NY, 1), NY);
+    float *d_x = act_to_device(x, NC), *d_A = act_to_device(A, RC);
     float *d_y = act_to_device(y0, NY), *y = malloc(NY * 4), *t = malloc(NR * 4), *scratch = malloc(NC * 4);
     memcpy(y, y0, NY * 4);
     float *d_t = act_poisoned(NR), *d_scratch = p > 0 ? act_poisoned(NC) : NULL;
-    cpu_lora_forward(y + OC, LD, t, scratch, x, A, B, scale, d, N, C, r, OC);
-    backend_lora_forward(act_at(d_y, OC), LD, d_t, d_scratch, d_x, d_A, d_B, scale, d, N, C, r, OC);
-    compare_act(named2("lora_forward_y", variant), y, d_y, NY, g_tol);
+    struct lora_out out[LORA_MAX_GROUP], d_out[LORA_MAX_GROUP];
+    for (int j = 0; j < k; j++) {
+        out[j] = (struct lora_out){y + at[j], B[j], NULL, oc[j]};
+        d_out[j] = (struct lora_out){act_at(d_y, at[j]), d_B[j], NULL, oc[j]};
+    }
+    cpu_lora_forward(t, scratch, x, A, out, k, LD, scale, d, N, C, r);
+    backend_lora_forward(d_t, d_scratch, d_x, d_A, d_out, k, LD, scale, d, N, C, r);
+    for (int j = 0; j < k; j++)
+        compare_act_cols(named_layer("lora_forward_y", k, j, "", variant), y, d_y, N, LD, at[j], oc[j], g_tol);
     compare_act(named2("lora_forward_t", variant), t, d_t, NR, g_tol);
-    const size_t moved = act_bits_differ(d_y, y0, NY, LD, 0, OC) + act_bits_differ(d_y, y0, NY, LD, 2 * OC, LD);
-    snprintf(why, sizeof why, "%zu elements outside the slice changed", moved);
+    const size_t moved = act_bits_differ(d_y, y0, NY, LD, outside);
+    snprintf(why, sizeof why, "%zu elements outside the slices changed", moved);
     check_value(named2("lora_forward_other_columns_untouched", variant), moved == 0, why);
     if (p > 0) {
         size_t dropped = 0, nonzero = 0;
@@ -799,13 +857,16 @@ static void check_lora(float p, int r, int half_grads, struct shape sh, const ch
             if (x[i] != 0.0f)
                 nonzero++, dropped += scratch[i] == 0.0f;
         const double frac = (double)dropped / (double)nonzero;
-        const size_t diff = act_bits_differ(d_scratch, scratch, NC, 0, 0, 0);
+        const size_t diff = act_bits_differ(d_scratch, scratch, NC, C, NULL);
         snprintf(why, sizeof why, "%zu of %zu elements of drop(x) differ from the CPU's; dropped %.3f (p %.2f)", diff,
                  NC, frac, p);
         check_value(named2("lora_forward_dropout_mask_bits", variant), diff == 0 && fabs(frac - p) < 0.05, why);
     } else {
         float *d_y_p0 = act_to_device(y0, NY), *d_t_p0 = act_poisoned(NR);
-        backend_lora_forward(act_at(d_y_p0, OC), LD, d_t_p0, NULL, d_x, d_A, d_B, scale, &no_drop, N, C, r, OC);
+        struct lora_out p0_out[LORA_MAX_GROUP];
+        for (int j = 0; j < k; j++)
+            p0_out[j] = (struct lora_out){act_at(d_y_p0, at[j]), d_B[j], NULL, oc[j]};
+        backend_lora_forward(d_t_p0, NULL, d_x, d_A, p0_out, k, LD, scale, &no_drop, N, C, r);
         check_value(named2("lora_forward_p0_same_bits_as_no_dropout", variant),
                     same_bits(d_y_p0, d_y, act_bytes(NY)) && same_bits(d_t_p0, d_t, act_bytes(NR)),
                     "a dropout of p = 0 changed y or t");
@@ -817,41 +878,59 @@ static void check_lora(float p, int r, int half_grads, struct shape sh, const ch
     float *d_t_in = act_to_device(t, NR);
     float *dy = act_round(host_random(NY, 1), NY), *d_dy = act_to_device(dy, NY);
     float *dx = act_round(host_random(NC, 1), NC), *d_dx = act_to_device(dx, NC), *d_dx_frozen = act_to_device(dx, NC);
-    float *dA = host_random(RC, 1), *dB = host_random(OR, 1);
+    float *dA = host_random(RC, 1), *dB[LORA_MAX_GROUP], *d_dB[LORA_MAX_GROUP];
     if (half_grads)
-        act_round(dA, RC), act_round(dB, OR);
+        act_round(dA, RC);
     float *d_dA = half_grads ? act_to_device(dA, RC) : to_device(dA, RC * 4);
-    float *d_dB = half_grads ? act_to_device(dB, OR) : to_device(dB, OR * 4);
+    for (int j = 0; j < k; j++) {
+        dB[j] = host_random(OR[j], 1);
+        if (half_grads)
+            act_round(dB[j], OR[j]);
+        d_dB[j] = half_grads ? act_to_device(dB[j], OR[j]) : to_device(dB[j], OR[j] * 4);
+    }
     float *dt = malloc(NR * 4), *d_dt = act_poisoned(NR), *d_dt_frozen = act_poisoned(NR);
     float *d_scratch_frozen = p > 0 ? act_poisoned(NC) : NULL;
-    cpu_lora_backward(dx, dA, dB, dt, scratch, dy + OC, LD, x, t, A, B, scale, d, N, C, r, OC);
-    backend_lora_backward(d_dx, d_dA, d_dB, d_dt, d_scratch, act_at(d_dy, OC), LD, d_x, d_t_in, d_A, d_B, scale, d, N,
-                          C, r, OC);
+    struct lora_out frozen[LORA_MAX_GROUP];
+    for (int j = 0; j < k; j++) {
+        out[j] = (struct lora_out){dy + at[j], B[j], dB[j], oc[j]};
+        d_out[j] = (struct lora_out){act_at(d_dy, at[j]), d_B[j], d_dB[j], oc[j]};
+        frozen[j] = (struct lora_out){act_at(d_dy, at[j]), d_B[j], NULL, oc[j]};
+    }
+    cpu_lora_backward(dx, dA, dt, scratch, x, t, A, out, k, LD, scale, d, N, C, r);
+    backend_lora_backward(d_dx, d_dA, d_dt, d_scratch, d_x, d_t_in, d_A, d_out, k, LD, scale, d, N, C, r);
     compare_act(named2("lora_backward_dx_accumulates", variant), dx, d_dx, NC, g_tol);
     compare_act(named2("lora_backward_dt", variant), dt, d_dt, NR, g_tol);
     (half_grads ? compare_act : compare)(named2("lora_backward_dA_accumulates", variant), dA, d_dA, RC, g_tol);
-    (half_grads ? compare_act : compare)(named2("lora_backward_dB_accumulates", variant), dB, d_dB, OR, g_tol);
-    backend_lora_backward(d_dx_frozen, NULL, NULL, d_dt_frozen, d_scratch_frozen, act_at(d_dy, OC), LD, d_x, d_t_in,
-                          d_A, d_B, scale, d, N, C, r, OC);
+    for (int j = 0; j < k; j++)
+        (half_grads ? compare_act : compare)(named_layer("lora_backward_dB", k, j, "_accumulates", variant), dB[j],
+                                             d_dB[j], OR[j], g_tol);
+    backend_lora_backward(d_dx_frozen, NULL, d_dt_frozen, d_scratch_frozen, d_x, d_t_in, d_A, frozen, k, LD, scale, d,
+                          N, C, r);
     check_value(named2("lora_backward_frozen_same_dx", variant), same_bits(d_dx_frozen, d_dx, act_bytes(NC)),
                 "dA and dB NULL changed dx");
     backend_set_grad_dtype(DTYPE_F32);
-    cudaFree(d_x), cudaFree(d_A), cudaFree(d_B), cudaFree(d_y), cudaFree(d_t), cudaFree(d_scratch);
-    cudaFree(d_t_in), cudaFree(d_dy), cudaFree(d_dx), cudaFree(d_dx_frozen), cudaFree(d_dA), cudaFree(d_dB);
+    for (int j = 0; j < k; j++) {
+        cudaFree(d_B[j]), cudaFree(d_dB[j]);
+        free(B[j]), free(dB[j]);
+    }
+    cudaFree(d_x), cudaFree(d_A), cudaFree(d_y), cudaFree(d_t), cudaFree(d_scratch);
+    cudaFree(d_t_in), cudaFree(d_dy), cudaFree(d_dx), cudaFree(d_dx_frozen), cudaFree(d_dA);
     cudaFree(d_dt), cudaFree(d_dt_frozen), cudaFree(d_scratch_frozen);
-    free(x), free(A), free(B), free(y0), free(y), free(t), free(scratch), free(dy), free(dx), free(dA), free(dB);
-    free(dt);
+    free(x), free(A), free(y0), free(y), free(t), free(scratch), free(dy), free(dx), free(dA);
+    free(dt), free(outside);
 }
 
-/* LoRA with activations in dt (and its gradients [G] when half_grads): without dropout and with p = 0.3, rank 8 and
- * an odd rank at the odd shape. */
+/* LoRA with activations in dt (and its gradients [G] when half_grads): one layer without dropout and with p = 0.3,
+ * rank 8 and an odd rank at the odd shape; a q|k|v group of three at both shapes. */
 static void check_lora_kernels(enum dtype dt, double tol, const char *tag, int half_grads)
 {
     use_act(dt, tol, tag);
-    check_lora(0.0f, 8, half_grads, EVEN, "");
-    check_lora(0.3f, 8, half_grads, EVEN, "_p0.3");
-    check_lora(0.0f, 5, half_grads, ODD, "_odd_r5");
-    check_lora(0.3f, 5, half_grads, ODD, "_odd_r5_p0.3");
+    check_lora(0.0f, 8, half_grads, EVEN, 0, "");
+    check_lora(0.3f, 8, half_grads, EVEN, 0, "_p0.3");
+    check_lora(0.0f, 5, half_grads, ODD, 0, "_odd_r5");
+    check_lora(0.3f, 5, half_grads, ODD, 0, "_odd_r5_p0.3");
+    check_lora(0.0f, 8, half_grads, EVEN, 1, "_qkv");
+    check_lora(0.0f, 5, half_grads, ODD, 1, "_qkv_odd_r5");
     use_act(DTYPE_F32, TOL, "");
 }
 
