@@ -15,7 +15,10 @@ its embedding and first block frozen (bf16 N=1, fp32 N=2 over NCCL);
 and LoRA (issue 19: adapter units beside a frozen base, the strided adapter
 kernels, dropout 0.1, B random from the start): GPT-2 with all four Conv1D
 layers adapted (fp32 N=2 over NCCL, bf16 N=2 with offload), Llama with
-every linear layer adapted (bf16 N=1, fp32 N=2 over NCCL).
+every linear layer adapted (bf16 N=1, fp32 N=2 over NCCL), and the same
+Llama without dropout (bf16 N=1, fp32 N=2 over NCCL), where q|k|v and
+gate|up each take one group call of the LoRA kernels (dropout calls them
+layer by layer).
 The emulated streams are lazy
 (README.md), so a missing synchronisation in the engine or the CUDA code
 changes the losses; the offload cases also run with CUDAEMU_EAGER=1 (every
@@ -138,15 +141,17 @@ def main():
              ("lora_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("lora_bf16_n2_nccl_offload_accum_ckpt", 2, "bf16", {"CUDAEMU_DEVICES": "2"}, LORA_BF16_TOL),
              ("llama_lora_bf16_n1", 1, "bf16", {}, LORA_BF16_TOL),
-             ("llama_lora_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
+             ("llama_lora_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("llama_lora_nodrop_bf16_n1", 1, "bf16", {}, LORA_BF16_TOL),
+             ("llama_lora_nodrop_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
     for tag, N, dtype, env, tol in cases:
         extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else None
         if tag.endswith("_packed"):
             extra = dict(extra or {}, **packed_data())
         if "lora" in tag:
             targets = "all-linear" if tag.startswith("llama") else ["c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
-            extra = dict(extra or {}, lora={"r": 4, "alpha": 8, "dropout": 0.1, "init": False,
-                                            "target_modules": targets})
+            extra = dict(extra or {}, lora={"r": 4, "alpha": 8, "dropout": 0.0 if "nodrop" in tag else 0.1,
+                                            "init": False, "target_modules": targets})
         # frozen units in both builds: GPT-2's blocks; Llama's embedding and first block
         frozen = {} if "frozen" not in tag else {"SHARDLM_TEST_FREEZE": "embedding,1" if "llama" in tag else "blocks"}
         env = dict(env, **frozen)
