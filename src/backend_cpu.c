@@ -508,7 +508,7 @@ void backend_lora_backward(float *dx, float *dA, float *dt, float *scratch, cons
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, kr, 1.0f, dt, kr, A, C, 1.0f, dx, C);
         return;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, r, 1.0f, dt, r, A, C, 0.0f, scratch, C);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, kr, 1.0f, dt, kr, A, C, 0.0f, scratch, C);
     lora_drop(dx, scratch, d, N, C, 1);
 }
 

@@ -117,79 +117,83 @@ static float *lora_t(const struct family_acts *a, int l, int g)
     return a->lora_t[(size_t)(l % a->n_sets) * MODEL_MAX_LINEAR + (size_t)g];
 }
 
-/* Group g's adapters in block l as the kernels take them: the stacked lora_A
- * (the first member's, the others follow it) and one lora_out per member;
- * returns the members (0: none). */
-static int group_view(const struct family_acts *a, int l, const float *adapters, float *agrad, int g, float *y,
-                      struct lora_out out[MODEL_MAX_LINEAR], const float **A, float **dA)
+/* Group g's adapters in block l as the kernels take them. */
+struct lora_group {
+    int n;                              /* adapted layers (0: none) */
+    int members[MODEL_MAX_LINEAR];      /* their linear indices */
+    int in;                             /* their input's features */
+    const float *A;                     /* the stacked lora_A (the first member's; the others follow it) */
+    float *dA;                          /* its gradient, NULL: none */
+    float *t;                           /* the group's saved drop(x) A^T */
+    struct lora_out out[MODEL_MAX_LINEAR];
+};
+
+static void group_view(const struct family_acts *a, int l, const float *adapters, float *agrad, int g, float *y,
+                       struct lora_group *grp)
 {
     const struct model_lora *lo = &a->m->lora;
-    int members[MODEL_MAX_LINEAR];
-    const int n = adapters ? group_members(a->m, l, g, members) : 0;
-    const int u = n ? lo->unit[l] : 0;
-    for (int j = 0; j < n; j++) {
-        const int k = members[j];
-        out[j] = (struct lora_out){(float *)elem_at(y, (size_t)lo->linear[k].col, act_size_now()),
-                                   family_param(a, adapters, u, lo->b_tensor[l][k]),
-                                   family_grad(a, agrad, u, lo->b_tensor[l][k]), lo->linear[k].out};
+    grp->n = adapters ? group_members(a->m, l, g, grp->members) : 0;
+    if (!grp->n)
+        return;
+    const int u = lo->unit[l], first = grp->members[0];
+    for (int j = 0; j < grp->n; j++) {
+        const int k = grp->members[j];
+        grp->out[j] = (struct lora_out){(float *)elem_at(y, (size_t)lo->linear[k].col, act_size_now()),
+                                        family_param(a, adapters, u, lo->b_tensor[l][k]),
+                                        family_grad(a, agrad, u, lo->b_tensor[l][k]), lo->linear[k].out};
     }
-    if (n) {
-        *A = family_param(a, adapters, u, lo->a_tensor[l][members[0]]);
-        *dA = family_grad(a, agrad, u, lo->a_tensor[l][members[0]]);
-    }
-    return n;
+    grp->in = lo->linear[first].in;
+    grp->A = family_param(a, adapters, u, lo->a_tensor[l][first]);
+    grp->dA = family_grad(a, agrad, u, lo->a_tensor[l][first]);
+    grp->t = lora_t(a, l, g);
 }
 
 /* With dropout each layer has its own mask: one call per layer, layer j's t
- * at j N r of the group's buffer, its A the j-th of the stacked ones. */
+ * at j N r of the group's buffer, its A (and dA) the j-th of the stacked
+ * ones. The t layout thus depends on the dropout, which the forward and the
+ * backward of a micro-batch share. */
 void family_lora_forward(struct family_acts *a, int l, const float *adapters, int g, const float *x, float *y, int ld)
 {
-    struct lora_out out[MODEL_MAX_LINEAR];
-    const float *A;
-    float *dA;
-    const int n = group_view(a, l, adapters, NULL, g, y, out, &A, &dA);
-    if (!n)
+    struct lora_group grp;
+    group_view(a, l, adapters, NULL, g, y, &grp);
+    if (!grp.n)
         return;
     const struct model_lora *lo = &a->m->lora;
     const int N = a->B * a->T, r = lo->r;
-    int members[MODEL_MAX_LINEAR];
-    group_members(a->m, l, g, members);
-    const int in = lo->linear[members[0]].in;
-    if (dropout_of(a, l, members[0]).p == 0.0f) {
-        backend_lora_forward(lora_t(a, l, g), NULL, x, A, out, n, ld, lo->scale, NULL, N, in, r);
+    const size_t ae = act_size_now();
+    if (dropout_of(a, l, grp.members[0]).p == 0.0f) {
+        backend_lora_forward(grp.t, NULL, x, grp.A, grp.out, grp.n, ld, lo->scale, NULL, N, grp.in, r);
         return;
     }
-    for (int j = 0; j < n; j++) {
-        const struct lora_dropout d = dropout_of(a, l, members[j]);
-        backend_lora_forward((float *)elem_at(lora_t(a, l, g), (size_t)j * N * r, act_size_now()), a->lora_scratch, x,
-                             elem_at(A, (size_t)j * r * in, act_size_now()), &out[j], 1, ld, lo->scale, &d, N, in, r);
+    for (int j = 0; j < grp.n; j++) {
+        const struct lora_dropout d = dropout_of(a, l, grp.members[j]);
+        backend_lora_forward((float *)elem_at(grp.t, (size_t)j * (size_t)N * r, ae), a->lora_scratch, x,
+                             elem_at(grp.A, (size_t)j * (size_t)r * grp.in, ae), &grp.out[j], 1, ld, lo->scale, &d, N,
+                             grp.in, r);
     }
 }
 
 void family_lora_backward(struct family_acts *a, int l, const float *adapters, float *adapter_grad, int g,
                           const float *x, const float *dy, int ld, float *dx)
 {
-    struct lora_out out[MODEL_MAX_LINEAR];
-    const float *A;
-    float *dA;
-    const int n = group_view(a, l, adapters, adapter_grad, g, (float *)dy, out, &A, &dA);
-    if (!n)
+    struct lora_group grp;
+    group_view(a, l, adapters, adapter_grad, g, (float *)dy, &grp);
+    if (!grp.n)
         return;
     const struct model_lora *lo = &a->m->lora;
     const int N = a->B * a->T, r = lo->r;
-    int members[MODEL_MAX_LINEAR];
-    group_members(a->m, l, g, members);
-    const int in = lo->linear[members[0]].in;
-    if (dropout_of(a, l, members[0]).p == 0.0f) {
-        backend_lora_backward(dx, dA, a->lora_dt, NULL, x, lora_t(a, l, g), A, out, n, ld, lo->scale, NULL, N, in, r);
+    const size_t ae = act_size_now(), ge = (size_t)dtype_size(backend_grad_dtype());
+    if (dropout_of(a, l, grp.members[0]).p == 0.0f) {
+        backend_lora_backward(dx, grp.dA, a->lora_dt, NULL, x, grp.t, grp.A, grp.out, grp.n, ld, lo->scale, NULL, N,
+                              grp.in, r);
         return;
     }
-    const size_t es = (size_t)dtype_size(backend_grad_dtype());
-    for (int j = 0; j < n; j++) {
-        const struct lora_dropout d = dropout_of(a, l, members[j]);
-        backend_lora_backward(dx, dA ? (float *)elem_at(dA, (size_t)j * r * in, es) : NULL, a->lora_dt,
-                              a->lora_scratch, x, elem_at(lora_t(a, l, g), (size_t)j * N * r, act_size_now()),
-                              elem_at(A, (size_t)j * r * in, act_size_now()), &out[j], 1, ld, lo->scale, &d, N, in, r);
+    for (int j = 0; j < grp.n; j++) {
+        const struct lora_dropout d = dropout_of(a, l, grp.members[j]);
+        float *dA = grp.dA ? (float *)elem_at(grp.dA, (size_t)j * (size_t)r * grp.in, ge) : NULL;
+        backend_lora_backward(dx, dA, a->lora_dt, a->lora_scratch, x, elem_at(grp.t, (size_t)j * (size_t)N * r, ae),
+                              elem_at(grp.A, (size_t)j * (size_t)r * grp.in, ae), &grp.out[j], 1, ld, lo->scale, &d, N,
+                              grp.in, r);
     }
 }
 
