@@ -1284,6 +1284,88 @@ __device__ static float block_reduce(float v, bool take_max)
     return v;
 }
 
+/* ---- attention with a key/value cache (generation) ------------------------------------------------ */
+
+/* The new tokens' keys and values into the cache at their rows' positions. */
+template <typename A>
+__global__ static void kv_store_kernel(A *kc, A *vc, const A *qkv, const int32_t *past, int B, int T, int NH, int NKV,
+                                       int hs, int Tmax)
+{
+    const size_t kvw = (size_t)NKV * hs, row = (size_t)(NH + 2 * NKV) * hs, n = (size_t)B * T * kvw;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t tok = i / kvw, c = i % kvw;
+        const int b = (int)(tok / T), t = (int)(tok % T);
+        const size_t at = ((size_t)b * Tmax + (size_t)(past[b] + t)) * kvw + c;
+        kc[at] = qkv[tok * row + (size_t)NH * hs + c];
+        vc[at] = qkv[tok * row + (size_t)NH * hs + kvw + c];
+    }
+}
+
+/* Head sizes the cached attention takes (Llama and GPT-2 models have 64 or 128). */
+#define KV_MAX_HS 256
+
+/* One block (BLOCK threads) per (token, query head): the keys of its row up
+ * to its position in chunks of BLOCK, one score per thread, with the online
+ * softmax (running maximum and sum, the accumulated values rescaled). Shared:
+ * q and the accumulator (hs each), the chunk's weights (BLOCK). */
+template <typename A>
+__global__ static void kv_attention_kernel(A *out, const A *qkv, const A *kc, const A *vc, const int32_t *past, int T,
+                                           int NH, int NKV, int hs, int Tmax, float scale)
+{
+    __shared__ float q[KV_MAX_HS], acc[KV_MAX_HS], w[BLOCK];
+    const int tok = blockIdx.x / NH, h = blockIdx.x % NH, b = tok / T, t = tok % T;
+    const size_t kvw = (size_t)NKV * hs, row = (size_t)(NH + 2 * NKV) * hs;
+    for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+        q[i] = ld(qkv, (size_t)tok * row + (size_t)h * hs + i);
+        acc[i] = 0.0f;
+    }
+    __syncthreads();
+    const A *k = kc + (size_t)b * Tmax * kvw + (size_t)(h / (NH / NKV)) * hs;
+    const A *v = vc + (size_t)b * Tmax * kvw + (size_t)(h / (NH / NKV)) * hs;
+    const int n = past[b] + t + 1;
+    float m = -INFINITY, l = 0.0f;
+    for (int j0 = 0; j0 < n; j0 += blockDim.x) {
+        const int j = j0 + threadIdx.x, cnt = n - j0 < (int)blockDim.x ? n - j0 : (int)blockDim.x;
+        float s = -INFINITY;
+        if (j < n) {
+            s = 0.0f;
+            for (int i = 0; i < hs; i++)
+                s += q[i] * ld(k, (size_t)j * kvw + i);
+            s *= scale;
+        }
+        const float m_new = fmaxf(m, block_reduce(s, true));
+        const float e = j < n ? expf(s - m_new) : 0.0f;
+        w[threadIdx.x] = e;
+        const float chunk = block_reduce(e, false), corr = expf(m - m_new);
+        __syncthreads();
+        for (int i = threadIdx.x; i < hs; i += blockDim.x) {
+            float a = acc[i] * corr;
+            for (int jj = 0; jj < cnt; jj++)
+                a += w[jj] * ld(v, (size_t)(j0 + jj) * kvw + i);
+            acc[i] = a;
+        }
+        l = l * corr + chunk;
+        m = m_new;
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < hs; i += blockDim.x)
+        st(out, (size_t)tok * NH * hs + (size_t)h * hs + i, acc[i] / l);
+}
+
+extern "C" void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past,
+                                             int B, int T, int NH, int NKV, int hs, int Tmax)
+{
+    if (hs > KV_MAX_HS)
+        fail_internal("attention with a cache: head size %d, above the %d the kernel holds", hs, KV_MAX_HS);
+    const float scale = 1.0f / sqrtf((float)hs);
+    WITH_ACT({
+        kv_store_kernel<A><<<blocks_for((size_t)B * T * NKV * hs, BLOCK), BLOCK, 0, g_stream>>>(
+            (A *)kc, (A *)vc, (const A *)qkv, past, B, T, NH, NKV, hs, Tmax);
+        kv_attention_kernel<A><<<(unsigned)(B * T * NH), BLOCK, 0, g_stream>>>(
+            (A *)out, (const A *)qkv, (const A *)kc, (const A *)vc, past, T, NH, NKV, hs, Tmax, scale);
+    });
+}
+
 /* One block per row: softmax over the first V logits in fp32, padded columns 0. */
 template <typename A>
 __global__ static void crossentropy_forward_kernel(float *losses, A *logits, const int32_t *targets, int V, int Vp)

@@ -159,6 +159,16 @@ void backend_attention_gqa_backward(float *dqkv, const float *dout, const float 
 
 /* RMSNorm (Llama): rstd (N) = 1 / sqrt(mean(inp^2) + eps) in fp32, out [A] (N, C) =
  * inp [A] * rstd * weight [A], as Hugging Face's LlamaRMSNorm. */
+/* Generation with a key/value cache (family.h struct family_kv): T new tokens
+ * of each of B rows, qkv [A] (B, T, (NH + 2 NKV) hs) as above (after rotary);
+ * row b's token t sits at position past[b] + t, below Tmax. Their keys and
+ * values are stored in kc, vc [A] (B, Tmax, NKV hs) at those positions, then
+ * each token attends causally to positions 0 .. its own of its row, which the
+ * cache holds: out [A] (B, T, NH hs). Scores scaled by 1 / sqrt(hs), softmax
+ * in fp32. past: int32 in the kernels' memory (the device's on a GPU). */
+void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
+                                  int NH, int NKV, int hs, int Tmax);
+
 void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C);
 /* dinp [A] += ... (accumulated, as layernorm's), dweight [G] += ...; dout [A], inp [A], weight [A];
  * scratch: backend_layernorm_scratch(C) floats. */

@@ -12,6 +12,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "devemu.h"
@@ -715,6 +716,67 @@ void backend_attention_forward(float *out, float *att, const float *qkv, float *
                                int T, int C, int NH)
 {
     backend_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NH, C / NH);
+}
+
+void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
+                                  int NH, int NKV, int hs, int Tmax)
+{
+    ACT_DISPATCH(act_attention_kv_forward(out, qkv, kc, vc, past, B, T, NH, NKV, hs, Tmax));
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(qkv);
+    DEVEMU_VIEW(kc);
+    DEVEMU_VIEW(vc);
+    DEVEMU_VIEW(past);
+    const size_t row = (size_t)(NH + 2 * NKV) * hs, kvw = (size_t)NKV * hs, C = (size_t)NH * hs;
+    const int group = NH / NKV;
+    const float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++) {
+        if (past[b] < 0 || past[b] + T > Tmax)
+            fail_internal("attention with a cache: row %d's tokens at %d .. %d, the cache holds %d positions", b,
+                          past[b], past[b] + T - 1, Tmax);
+        for (int t = 0; t < T; t++) {
+            const float *src = qkv + ((size_t)b * T + t) * row + C;
+            const size_t at = ((size_t)b * Tmax + (size_t)(past[b] + t)) * kvw;
+            memcpy(kc + at, src, kvw * sizeof *kc);
+            memcpy(vc + at, src + kvw, kvw * sizeof *vc);
+        }
+    }
+#pragma omp parallel
+    {
+        float *p = xcalloc((size_t)Tmax, sizeof *p);
+#pragma omp for collapse(3) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++)
+                for (int t = 0; t < T; t++) {
+                    const float *q = qkv + ((size_t)b * T + t) * row + (size_t)h * hs;
+                    const float *k = kc + (size_t)b * Tmax * kvw + (size_t)(h / group) * hs;
+                    const float *v = vc + (size_t)b * Tmax * kvw + (size_t)(h / group) * hs;
+                    const int n = past[b] + t + 1;
+                    float mx = -INFINITY;
+                    for (int j = 0; j < n; j++) {
+                        const float *kj = k + (size_t)j * kvw;
+                        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                        for (int i = 0; i < hs; i++)
+                            s += q[i] * kj[i];
+                        p[j] = s * scale;
+                        mx = p[j] > mx ? p[j] : mx;
+                    }
+                    float sum = 0.0f;
+                    for (int j = 0; j < n; j++)
+                        sum += p[j] = expf(p[j] - mx);
+                    float *y = out + ((size_t)b * T + t) * C + (size_t)h * hs;
+                    memset(y, 0, (size_t)hs * sizeof *y);
+                    const float inv = 1.0f / sum;
+                    for (int j = 0; j < n; j++) {
+                        const float *vj = v + (size_t)j * kvw, w = p[j] * inv;
+#pragma omp simd
+                        for (int i = 0; i < hs; i++)
+                            y[i] += w * vj[i];
+                    }
+                }
+        free(p);
+    }
 }
 
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,

@@ -186,6 +186,19 @@ void act_attention_backward(float *dqkv, const float *dout, const float *qkv, co
     free(d), free(q), free(p);
 }
 
+void act_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
+                              int NH, int NKV, int hs, int Tmax)
+{
+    const size_t BT = (size_t)B * T, C = (size_t)NH * hs, row = (size_t)(NH + 2 * NKV) * hs;
+    const size_t ncache = (size_t)B * Tmax * NKV * hs;
+    float *q = widen(qkv, BT * row), *o = xcalloc(BT * C, sizeof *o), *k = widen(kc, ncache), *v = widen(vc, ncache);
+    FP32(backend_attention_kv_forward(o, q, k, v, past, B, T, NH, NKV, hs, Tmax));
+    narrow(out, o, BT * C);
+    narrow(kc, k, ncache);
+    narrow(vc, v, ncache);
+    free(q);
+}
+
 void act_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
 {
     float *w = widen(weight, (size_t)C), *x = widen(inp, (size_t)N * C), *o = xcalloc((size_t)N * C, sizeof *o);

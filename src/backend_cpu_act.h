@@ -28,6 +28,8 @@ void act_attention_forward(float *out, float *att, const float *qkv, float *scra
                            int NH, int NKV, int hs);
 void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *scratch,
                             const int32_t *pos, int B, int T, int NH, int NKV, int hs);
+void act_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
+                              int NH, int NKV, int hs, int Tmax);
 void act_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C);
 void act_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                           const float *rstd, float *scratch, int N, int C);

@@ -311,6 +311,23 @@ static int lm_tensor(const struct model *m) { return m->cfg.tied_head ? 0 : m->u
 
 /* ---- forward and backward: the one source of the pass order --------------------- */
 
+/* Generation: row b's last real token's final-norm output moves to row b of
+ * norm_out (rows only move down, so none is overwritten before it moves), the
+ * LM head's input for the B logits rows. */
+static int kv_last_rows(struct family_acts *a)
+{
+    const size_t C = (size_t)a->m->cfg.n_embd, esize = act_size_now();
+    for (int b = 0; b < a->B; b++) {
+        const size_t from = (size_t)b * a->T + (size_t)a->kv->last[b];
+        if (a->kv->last[b] < 0 || a->kv->last[b] >= a->T)
+            fail_internal("generation: row %d's last token %d is outside the forward's %d", b, a->kv->last[b], a->T);
+        if (from != (size_t)b)
+            backend_copy((float *)elem_at(a->norm_out, (size_t)b * C, esize), elem_at(a->norm_out, from * C, esize),
+                         C * esize);
+    }
+    return a->B;
+}
+
 static double walk_forward(struct walk *w, struct family_acts *a, int with_targets, enum family_mode mode)
 {
     const struct model *m = a->m;
@@ -351,7 +368,8 @@ static double walk_forward(struct walk *w, struct family_acts *a, int with_targe
     }
     if (live(w)) {
         const float *lm = family_param(a, lm_base, lm_unit(m), lm_tensor(m));
-        backend_matmul_forward_transposed(a->logits, a->norm_out, lm, N, m->cfg.n_embd, Vp);
+        const int rows = a->kv ? kv_last_rows(a) : N;
+        backend_matmul_forward_transposed(a->logits, a->norm_out, lm, rows, m->cfg.n_embd, Vp);
         if (mode == FAMILY_TRAIN && m->cfg.tied_head)
             a->head_lm = lm;
     }
@@ -514,6 +532,12 @@ double family_forward(struct zero *z, struct family_acts *a, int B, int T, int w
 {
     set_batch(a, B, T);
     upload_tokens(a, B * T, with_targets);
+    if (a->kv) {
+        if (mode != FAMILY_EVAL || with_targets)
+            fail_internal("generation's forward computes logits only");
+        if (a->kv->dev_past != a->kv->past)
+            backend_copy(a->kv->dev_past, a->kv->past, (size_t)B * sizeof(int32_t));
+    }
     a->lora_dropout_on = mode == FAMILY_TRAIN;
     struct walk w = {z, NULL, 0};
     return walk_forward(&w, a, with_targets, mode);
@@ -553,8 +577,8 @@ void family_free_passes(struct zero_pass *train, struct zero_pass *eval)
 
 static int sets_for(const struct model *m, int interval) { return interval > 0 ? interval : m->cfg.n_layer; }
 
-void family_plan(const struct model *m, const struct exec_target *t, int B, int T, int interval, bool positions,
-                 size_t bytes[BUF_COUNT])
+void family_plan(const struct model *m, const struct exec_target *t, int B, int T, int max_pos, int interval,
+                 bool positions, size_t bytes[BUF_COUNT])
 {
     const size_t L = (size_t)m->cfg.n_layer, BT = (size_t)B * (size_t)T, C = (size_t)m->cfg.n_embd;
     const size_t resid = target_act_bytes(t, BT * C), tokens = arena_round(BT * sizeof(int32_t));
@@ -570,7 +594,7 @@ void family_plan(const struct model *m, const struct exec_target *t, int B, int 
     bytes[BUF_WORKSPACE] += 3 * resid + token_arrays * tokens + target_library_arena_bytes(target_library_workspace(t));
     if (t->device)
         bytes[BUF_STAGING] += token_arrays * tokens + family_f32_bytes(BT);
-    family_of(m)->plan(m, t, B, T, sets_for(m, interval), bytes);
+    family_of(m)->plan(m, t, B, T, max_pos, sets_for(m, interval), bytes);
     if (!m->lora.on)
         return;
     /* LoRA: drop(x) A^T of every adapted linear in each set, and the backward's work */
@@ -588,8 +612,8 @@ void family_plan(const struct model *m, const struct exec_target *t, int B, int 
 }
 
 void family_acts_init(struct family_acts *a, const struct model *m, const struct exec_target *t, int B, int T,
-                      int interval, bool positions, enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT],
-                      struct mem_tracker *mem)
+                      int max_pos, int interval, bool positions, enum mem_space ckpt_space,
+                      struct arena arenas[SPACE_COUNT], struct mem_tracker *mem)
 {
     const size_t L = (size_t)m->cfg.n_layer, C = (size_t)m->cfg.n_embd, BT = (size_t)B * (size_t)T;
     const size_t Vp = (size_t)m->cfg.padded_vocab, ae = (size_t)dtype_size(t->act);
@@ -599,6 +623,7 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
     a->f = family_of(m);
     a->max_B = a->B = B;
     a->max_T = a->T = T;
+    a->max_pos = max_pos;
     a->interval = interval;
     a->n_sets = sets_for(m, interval);
 #define ALLOC(cls, n) arena_alloc(dev, mem, cls, (n) * sizeof(float), 1)
@@ -669,6 +694,60 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
         a->positions = a->dev_positions;
         a->host_losses = a->losses;
     }
+}
+
+void family_kv_plan(const struct model *m, const struct exec_target *t, int B, int Tmax, size_t bytes[BUF_COUNT])
+{
+    const size_t kvw = (size_t)m->cfg.n_kv_head * (size_t)(m->cfg.n_embd / m->cfg.n_head);
+    bytes[BUF_ACTIVATIONS] += 2 * (size_t)m->cfg.n_layer * target_act_bytes(t, (size_t)B * (size_t)Tmax * kvw);
+    if (t->device)
+        bytes[BUF_WORKSPACE] += arena_round((size_t)B * sizeof(int32_t));
+}
+
+void family_kv_init(struct family_acts *a, struct family_kv *kv, const struct exec_target *t, int Tmax,
+                    struct arena arenas[SPACE_COUNT], struct mem_tracker *mem)
+{
+    const struct model *m = a->m;
+    const int L = m->cfg.n_layer, B = a->max_B;
+    if (Tmax > a->max_pos)
+        fail_internal("a cache of %d positions beyond the rotary tables' %d", Tmax, a->max_pos);
+    const size_t kvw = (size_t)m->cfg.n_kv_head * (size_t)(m->cfg.n_embd / m->cfg.n_head);
+    const size_t bytes = (size_t)B * (size_t)Tmax * kvw * (size_t)dtype_size(t->act);
+    memset(kv, 0, sizeof *kv);
+    kv->Tmax = Tmax;
+    kv->k = xcalloc((size_t)L, sizeof *kv->k);
+    kv->v = xcalloc((size_t)L, sizeof *kv->v);
+    for (int l = 0; l < L; l++) {
+        kv->k[l] = arena_alloc(&arenas[SPACE_DEVICE], mem, BUF_ACTIVATIONS, bytes, 1);
+        kv->v[l] = arena_alloc(&arenas[SPACE_DEVICE], mem, BUF_ACTIVATIONS, bytes, 1);
+    }
+    kv->past = xcalloc((size_t)B, sizeof *kv->past);
+    kv->last = xcalloc((size_t)B, sizeof *kv->last);
+    kv->dev_past = t->device ? arena_alloc(&arenas[SPACE_DEVICE], mem, BUF_WORKSPACE, (size_t)B * sizeof(int32_t), 1)
+                             : kv->past;
+    a->kv = kv;
+}
+
+void family_kv_free(struct family_acts *a)
+{
+    struct family_kv *kv = a->kv;
+    if (!kv)
+        return;
+    free(kv->k);
+    free(kv->v);
+    free(kv->past);
+    free(kv->last);
+    memset(kv, 0, sizeof *kv);
+    a->kv = NULL;
+}
+
+bool family_attention_kv(struct family_acts *a, int l, float *out, const float *qkv, int NH, int NKV, int hs)
+{
+    if (!a->kv)
+        return false;
+    backend_attention_kv_forward(out, qkv, a->kv->k[l], a->kv->v[l], a->kv->dev_past, a->B, a->T, NH, NKV, hs,
+                                 a->kv->Tmax);
+    return true;
 }
 
 void family_acts_free(struct family_acts *a)

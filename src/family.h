@@ -46,10 +46,21 @@
 
 struct family;
 
+/* Generation (family_kv_init): every block's keys and values of B rows of up
+ * to Tmax positions, so that a forward computes only the new tokens. */
+struct family_kv {
+    int Tmax;
+    float **k, **v;           /* [n_layer] (B, Tmax, n_kv_head hs) [A] */
+    int32_t *past;            /* (B) host: positions of each row already in the cache (the caller advances it) */
+    int32_t *dev_past;        /* the kernels' copy (the same buffer on the CPU) */
+    int32_t *last;            /* (B) host: each row's last real token among this forward's T (its logits row) */
+};
+
 struct family_acts {
     const struct model *m;
     const struct family *f;
     int max_B, max_T;         /* the largest micro-batch these buffers hold */
+    int max_pos;              /* positions the rotary tables cover (max_T, or the cache's Tmax) */
     int B, T;                 /* the micro-batch being computed */
     int interval;             /* activation checkpointing: blocks per segment (0: off) */
     int n_sets;               /* sets of block activations the family keeps: L, or the interval */
@@ -77,6 +88,7 @@ struct family_acts {
     uint64_t lora_key;        /* this step's dropout seed (family_lora_step) */
     uint64_t lora_row0;       /* the global index of this micro-batch's first row (sample, packed row or window) */
     bool lora_dropout_on;     /* dropout in this pass: training, not evaluation */
+    struct family_kv *kv;     /* generation's cache (family_kv_init), NULL: attention over the micro-batch itself */
     void *priv;               /* the family's own buffers */
 };
 
@@ -84,9 +96,9 @@ struct family {
     const char *type;         /* model.type */
     /* Bytes of the family's own buffers per class for micro-batch B x T and
      * n_sets sets of block activations. */
-    void (*plan)(const struct model *m, const struct exec_target *t, int B, int T, int n_sets,
+    void (*plan)(const struct model *m, const struct exec_target *t, int B, int T, int max_pos, int n_sets,
                  size_t bytes[BUF_COUNT]);
-    /* Carves those buffers out of dev (a->max_B, max_T, n_sets are set). */
+    /* Carves those buffers out of dev (a->max_B, max_T, max_pos, n_sets are set). */
     void (*init)(struct family_acts *a, const struct exec_target *t, struct arena *dev, struct mem_tracker *mem);
     void (*free)(struct family_acts *a);
     /* Kernels; unit: the gathered unit (parameters [A]), grad: its gradient buffer ([G]). */
@@ -116,14 +128,27 @@ void family_free_passes(struct zero_pass *train, struct zero_pass *eval);
 
 /* Bytes per buffer class of the activations of micro-batch B x T with
  * checkpointing every `interval` blocks (0: off) on target t; positions:
- * with the packed rows' positions (a->positions, data.packing). */
-void family_plan(const struct model *m, const struct exec_target *t, int B, int T, int interval, bool positions,
-                 size_t bytes[BUF_COUNT]);
+ * with the packed rows' positions (a->positions, data.packing); max_pos: the
+ * positions the rotary tables cover (T in training). */
+void family_plan(const struct model *m, const struct exec_target *t, int B, int T, int max_pos, int interval,
+                 bool positions, size_t bytes[BUF_COUNT]);
 /* Carves them out of the arenas (ckpt_space: where the kept segment inputs live). */
 void family_acts_init(struct family_acts *a, const struct model *m, const struct exec_target *t, int B, int T,
-                      int interval, bool positions, enum mem_space ckpt_space, struct arena arenas[SPACE_COUNT],
-                      struct mem_tracker *mem);
+                      int max_pos, int interval, bool positions, enum mem_space ckpt_space,
+                      struct arena arenas[SPACE_COUNT], struct mem_tracker *mem);
 void family_acts_free(struct family_acts *a);
+
+/* Generation's key/value cache for a->max_B rows of Tmax positions (a->max_pos
+ * at most): its bytes per buffer class (the cache itself in activations, the
+ * kernels' copy of past in the workspace), and carving it out of the device
+ * arena. With a->kv set, family_forward (FAMILY_EVAL, no targets) takes row
+ * b's T tokens at positions kv->past[b] + 0 .. T-1 (a->positions must say so),
+ * stores their keys and values, attends over the cache, and computes the
+ * logits of row b's token kv->last[b] only, into logits row b. */
+void family_kv_plan(const struct model *m, const struct exec_target *t, int B, int Tmax, size_t bytes[BUF_COUNT]);
+void family_kv_init(struct family_acts *a, struct family_kv *kv, const struct exec_target *t, int Tmax,
+                    struct arena arenas[SPACE_COUNT], struct mem_tracker *mem);
+void family_kv_free(struct family_acts *a);
 
 /* Forward over a->inputs (B x T). With targets (a->targets; -1: not
  * trained) it returns the sum of the losses of this micro-batch's trained
@@ -163,6 +188,9 @@ void family_group_grad_done(const struct family_acts *a, float *grad, int u, int
 void family_lora_forward(struct family_acts *a, int l, const float *adapters, int g, const float *x, float *y, int ld);
 void family_lora_backward(struct family_acts *a, int l, const float *adapters, float *adapter_grad, int g,
                           const float *x, const float *dy, int ld, float *dx);
+/* Attention of block l through the key/value cache when generating (a->kv):
+ * false, doing nothing, in training and evaluation. */
+bool family_attention_kv(struct family_acts *a, int l, float *out, const float *qkv, int NH, int NKV, int hs);
 /* Whether linear k of block l is adapted. */
 bool family_lora_adapts(const struct family_acts *a, int l, int k);
 /* Floats of the scratch the attention and norm backward kernels share on target t. */

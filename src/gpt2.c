@@ -15,7 +15,7 @@ static size_t block_set_bytes(const struct exec_target *t, size_t B, size_t T, s
            2 * family_f32_bytes(BT) + 2 * target_act_bytes(t, BT * 4 * C);
 }
 
-static void gpt2_plan(const struct model *m, const struct exec_target *t, int B, int T, int n_sets,
+static void gpt2_plan(const struct model *m, const struct exec_target *t, int B, int T, int max_pos, int n_sets,
                       size_t bytes[BUF_COUNT])
 {
     const size_t C = (size_t)m->cfg.n_embd, BT = (size_t)B * (size_t)T;
@@ -122,7 +122,8 @@ static void block_forward(struct family_acts *fa, int l, const struct block_para
     backend_layernorm_forward(ba->ln1, ba->ln1_mean, ba->ln1_rstd, x, p->ln1_w, p->ln1_b, N, C);
     backend_matmul_forward(ba->qkv, ba->ln1, p->qkv_w, p->qkv_b, N, C, 3 * C);
     family_lora_forward(fa, l, ad, GL_ATTN, ba->ln1, ba->qkv, 3 * C);
-    backend_attention_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, B, T, C, NH);
+    if (!family_attention_kv(fa, l, ba->atty, ba->qkv, NH, NH, C / NH))
+        backend_attention_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, B, T, C, NH);
     project_add(ba->res2, x, ba->atty, p->attproj_w, p->attproj_b, N, C, C);
     family_lora_forward(fa, l, ad, GL_ATTN_PROJ, ba->atty, ba->res2, C);
     backend_layernorm_forward(ba->ln2, ba->ln2_mean, ba->ln2_rstd, ba->res2, p->ln2_w, p->ln2_b, N, C);

@@ -56,7 +56,7 @@ static struct dims dims_of(const struct model *m, int B, int T)
 
 static size_t rope_floats(const struct model *m, int T) { return (size_t)T * (size_t)(m->cfg.n_embd / m->cfg.n_head / 2); }
 
-static void llama_plan(const struct model *m, const struct exec_target *t, int B, int T, int n_sets,
+static void llama_plan(const struct model *m, const struct exec_target *t, int B, int T, int max_pos, int n_sets,
                        size_t bytes[BUF_COUNT])
 {
     const struct dims d = dims_of(m, B, T);
@@ -67,7 +67,7 @@ static void llama_plan(const struct model *m, const struct exec_target *t, int B
     bytes[BUF_ACTIVATIONS] += (size_t)n_sets * set;
     bytes[BUF_LOGITS] += family_f32_bytes(N);
     bytes[BUF_WORKSPACE] += target_act_bytes(t, N * QKV) + target_act_bytes(t, N * 2 * F) + target_act_bytes(t, N * F) +
-                            family_f32_bytes(family_scratch_floats(m, t, T)) + 2 * family_f32_bytes(rope_floats(m, T));
+                            family_f32_bytes(family_scratch_floats(m, t, T)) + 2 * family_f32_bytes(rope_floats(m, max_pos));
 }
 
 /* The rotary frequency of pair i (Hugging Face's inv_freq, in fp32 as it
@@ -133,13 +133,13 @@ static void llama_init(struct family_acts *fa, const struct exec_target *t, stru
     a->dgu = ALLOC_ACT(BUF_WORKSPACE, N * 2 * F);
     a->dh = ALLOC_ACT(BUF_WORKSPACE, N * F);
     a->scratch = ALLOC(BUF_WORKSPACE, family_scratch_floats(m, t, fa->max_T));
-    const size_t nr = rope_floats(m, fa->max_T);
+    const size_t nr = rope_floats(m, fa->max_pos);
     a->rope_cos = ALLOC(BUF_WORKSPACE, nr);
     a->rope_sin = ALLOC(BUF_WORKSPACE, nr);
 #undef ALLOC
 #undef ALLOC_ACT
     float *cs = xcalloc(2 * nr + 1, sizeof *cs);
-    rope_tables(&m->cfg, fa->max_T, cs, cs + nr);
+    rope_tables(&m->cfg, fa->max_pos, cs, cs + nr);
     backend_copy(a->rope_cos, cs, nr * sizeof *cs);
     backend_copy(a->rope_sin, cs + nr, nr * sizeof *cs);
     free(cs);
@@ -190,8 +190,9 @@ static void llama_block_forward(struct family_acts *fa, int l, const float *unit
     backend_matmul_forward_transposed(ba->qkv, ba->ln1, P(LT_Q), d.N, d.C, d.QKV);
     family_lora_forward(fa, l, ad, LG_QKV, ba->ln1, ba->qkv, d.QKV);
     backend_rope_forward(ba->qkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
-    backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV,
-                                  d.hs);
+    if (!family_attention_kv(fa, l, ba->atty, ba->qkv, d.NH, d.NKV, d.hs))
+        backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH,
+                                      d.NKV, d.hs);
     project_add(ba->res2, x, ba->atty, P(LT_O), d.N, d.C, d.C);
     family_lora_forward(fa, l, ad, LG_O, ba->atty, ba->res2, d.C);
     backend_rmsnorm_forward(ba->ln2, ba->rstd2, ba->res2, P(LT_POST_NORM), eps, d.N, d.C);

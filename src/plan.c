@@ -37,7 +37,7 @@ void plan_compute_for(struct mem_plan *p, const struct model *m, const struct co
     struct zero_pass passes[2];
     family_build_passes(m, interval, &passes[0], &passes[1]);
     zero_plan(m, cfg, &t, world, passes, 2, p->bytes, p->pool_slots);
-    family_plan(m, &t, cfg->micro_batch, cfg->data.seq_len, interval, cfg->data.packing, p->bytes);
+    family_plan(m, &t, cfg->micro_batch, cfg->data.seq_len, cfg->data.seq_len, interval, cfg->data.packing, p->bytes);
     family_free_passes(&passes[0], &passes[1]);
     for (int c = 0; c < BUF_COUNT; c++) {
         p->space[c] = target_space(&t, cfg, c);

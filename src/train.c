@@ -297,7 +297,7 @@ static void trainer_setup(struct trainer *tr)
     init_parameters(tr);
     if (tr->model.lora.on)
         identify_base(tr);
-    family_acts_init(&tr->acts, &tr->model, &tr->target, cfg->micro_batch, cfg->data.seq_len,
+    family_acts_init(&tr->acts, &tr->model, &tr->target, cfg->micro_batch, cfg->data.seq_len, cfg->data.seq_len,
                      plan_ckpt_interval(cfg), cfg->data.packing, target_space(&tr->target, cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
     char why[2 * CKPT_MAX_PATH];
     if (cfg->checkpoint.dir && tr->rank == 0 && ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {

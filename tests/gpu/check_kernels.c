@@ -662,6 +662,31 @@ static void check_llama_attention(const struct llama_shape *sh, const int32_t *p
     free(cos_t), free(sin_t), free(qkv), free(grad);
 }
 
+/* Generation's attention with a key/value cache: T new tokens per row at
+ * different positions (one row starting empty, one half full, one whose
+ * chunk of keys spans more than a device block: 300 positions), the caches
+ * given the same random start on both sides; the new keys and values land
+ * in both caches and the outputs agree. */
+static void check_attention_kv(int NH, int NKV, int hs, int T, const char *v)
+{
+    const int B = 3, Tmax = 320;
+    const int32_t past[3] = {0, 7, Tmax - T - 3};
+    const size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * hs, nout = (size_t)B * T * NH * hs;
+    const size_t ncache = (size_t)B * Tmax * NKV * hs;
+    float *qkv = act_round(host_random(nqkv, 1), nqkv), *d_qkv = act_to_device(qkv, nqkv);
+    float *kc = act_round(host_random(ncache, 1), ncache), *d_kc = act_to_device(kc, ncache);
+    float *vc = act_round(host_random(ncache, 1), ncache), *d_vc = act_to_device(vc, ncache);
+    float *out = malloc(nout * 4), *d_out = act_poisoned(nout);
+    int32_t *d_past = to_device(past, sizeof past);
+    cpu_attention_kv_forward(out, qkv, kc, vc, past, B, T, NH, NKV, hs, Tmax);
+    backend_attention_kv_forward(d_out, d_qkv, d_kc, d_vc, d_past, B, T, NH, NKV, hs, Tmax);
+    compare_act(named2("attention_kv_out", v), out, d_out, nout, g_tol);
+    compare_act(named2("attention_kv_keys", v), kc, d_kc, ncache, 0.0);
+    compare_act(named2("attention_kv_values", v), vc, d_vc, ncache, 0.0);
+    cudaFree(d_qkv), cudaFree(d_kc), cudaFree(d_vc), cudaFree(d_out), cudaFree(d_past);
+    free(qkv), free(kc), free(vc), free(out);
+}
+
 static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
 {
     use_act(dt, tol, tag);
@@ -675,6 +700,10 @@ static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
         snprintf(v, sizeof v, "_nh%d_kv%d_hs%d_packed", sh->NH, sh->NKV, sh->hs);
         check_llama_attention(sh, pos, v);
         free(pos);
+        for (int T = 1; T <= 3; T += 2) {
+            snprintf(v, sizeof v, "_nh%d_kv%d_hs%d_T%d", sh->NH, sh->NKV, sh->hs, T);
+            check_attention_kv(sh->NH, sh->NKV, sh->hs, T, v);
+        }
     }
     use_act(DTYPE_F32, TOL, "");
 }

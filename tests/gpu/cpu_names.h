@@ -5,6 +5,7 @@
 #define backend_attention_forward cpu_attention_forward
 #define backend_attention_gqa_backward cpu_attention_gqa_backward
 #define backend_attention_gqa_forward cpu_attention_gqa_forward
+#define backend_attention_kv_forward cpu_attention_kv_forward
 #define backend_attention_saved cpu_attention_saved
 #define backend_attention_scratch cpu_attention_scratch
 #define backend_check_performance cpu_check_performance

@@ -8,6 +8,7 @@
 #undef backend_attention_forward
 #undef backend_attention_gqa_backward
 #undef backend_attention_gqa_forward
+#undef backend_attention_kv_forward
 #undef backend_attention_saved
 #undef backend_attention_scratch
 #undef backend_check_performance

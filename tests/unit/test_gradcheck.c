@@ -70,6 +70,7 @@
 #define backend_attention_saved f64_attention_saved
 #define backend_attention_gqa_forward f64_attention_gqa_forward
 #define backend_attention_gqa_backward f64_attention_gqa_backward
+#define backend_attention_kv_forward f64_attention_kv_forward
 #define backend_rmsnorm_forward f64_rmsnorm_forward
 #define backend_rmsnorm_backward f64_rmsnorm_backward
 #define backend_rope_forward f64_rope_forward
@@ -126,6 +127,7 @@ struct lora_out_f64 {
 #undef backend_attention_saved
 #undef backend_attention_gqa_forward
 #undef backend_attention_gqa_backward
+#undef backend_attention_kv_forward
 #undef backend_rmsnorm_forward
 #undef backend_rmsnorm_backward
 #undef backend_rope_forward
