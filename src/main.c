@@ -10,6 +10,7 @@
 #include "ckpt_tools.h"
 #include "comm.h"
 #include "config.h"
+#include "generate.h"
 #include "plan_cli.h"
 #include "train.h"
 #include "util.h"
@@ -25,6 +26,9 @@ static void usage_main(FILE *out)
             "  train CONFIG     train a model as the config says (see 'shardlm train --help')\n"
             "  inspect CKPT     summarise a checkpoint and verify its checksums (see 'shardlm inspect --help')\n"
             "  export CKPT OUT  write a checkpoint's weights as safetensors or HDF5 (see 'shardlm export --help')\n"
+            "  generate MODEL   continue prompts with a model, checkpoint or Hugging Face directory (see\n"
+            "                   'shardlm generate --help')\n"
+            "  eval MODEL       mean loss and perplexity of a model over a data file (see 'shardlm eval --help')\n"
             "  plan [CONFIG]    memory per rank, communication and FLOPs of a model and settings, without\n"
             "                   running; --fit finds settings that fit (see 'shardlm plan --help')\n"
             "  version          print the version\n"
@@ -137,6 +141,10 @@ int main(int argc, char **argv)
         return cmd_inspect(argc - 1, argv + 1);
     if (strcmp(cmd, "export") == 0)
         return cmd_export(argc - 1, argv + 1);
+    if (strcmp(cmd, "generate") == 0)
+        return cmd_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "eval") == 0)
+        return cmd_eval(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0)
         return cmd_plan(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

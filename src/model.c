@@ -255,6 +255,15 @@ int model_freeze(struct model *m, const char *spec, const char *what)
     return frozen;
 }
 
+void model_freeze_all(struct model *m)
+{
+    for (int u = 0; u < m->n_units; u++) {
+        m->units[u].frozen = true;
+        for (int t = 0; t < m->units[u].n_tensors; t++)
+            m->units[u].tensors[t].frozen = true;
+    }
+}
+
 size_t model_frozen_params(const struct model *m)
 {
     size_t n = 0;

@@ -167,6 +167,8 @@ int model_freeze(struct model *m, const char *spec, const char *what);
 #define MODEL_TEST_FREEZE_ENV "SHARDLM_TEST_FREEZE"
 /* The parameters (tensor elements) of the frozen units. */
 size_t model_frozen_params(const struct model *m);
+/* Freezes every unit and tensor: a model only run forward (generation, evaluation). */
+void model_freeze_all(struct model *m);
 
 /* Finds a tensor by name; returns false when absent. */
 bool model_find_tensor(const struct model *m, const char *name, int *unit, int *tensor);

@@ -27,17 +27,21 @@ static struct exec_target target_of(const struct config *cfg, enum plan_target t
     return target_cuda(f32 ? DTYPE_F32 : cfg->dtype);
 }
 
-void plan_compute_for(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
-                      enum plan_target target)
+/* The engine's buffers for micro-batch B x T with rotary tables of max_pos
+ * positions, and a key/value cache of kv_T positions per row (0: none). */
+static void plan_fill(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
+                      const struct exec_target *tp, int B, int T, int max_pos, bool positions, int kv_T)
 {
+    const struct exec_target t = *tp;
     memset(p, 0, sizeof *p);
     p->world = world;
-    const struct exec_target t = target_of(cfg, target);
     const int interval = plan_ckpt_interval(cfg);
     struct zero_pass passes[2];
     family_build_passes(m, interval, &passes[0], &passes[1]);
     zero_plan(m, cfg, &t, world, passes, 2, p->bytes, p->pool_slots);
-    family_plan(m, &t, cfg->micro_batch, cfg->data.seq_len, cfg->data.seq_len, interval, cfg->data.packing, p->bytes);
+    family_plan(m, &t, B, T, max_pos, interval, positions, p->bytes);
+    if (kv_T)
+        family_kv_plan(m, &t, B, kv_T, p->bytes);
     family_free_passes(&passes[0], &passes[1]);
     for (int c = 0; c < BUF_COUNT; c++) {
         p->space[c] = target_space(&t, cfg, c);
@@ -45,6 +49,20 @@ void plan_compute_for(struct mem_plan *p, const struct model *m, const struct co
         if (__builtin_add_overflow(p->space_total[p->space[c]], p->bytes[c], &p->space_total[p->space[c]]))
             fail_internal("memory plan: the %s total wraps at 2^64 bytes", arena_class_name(c));
     }
+}
+
+void plan_compute_for(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
+                      enum plan_target target)
+{
+    const struct exec_target t = target_of(cfg, target);
+    plan_fill(p, m, cfg, world, &t, cfg->micro_batch, cfg->data.seq_len, cfg->data.seq_len, cfg->data.packing, 0);
+}
+
+void plan_compute_generate(struct mem_plan *p, const struct model *m, const struct config *cfg, int world, int B,
+                           int T, int Tmax)
+{
+    const struct exec_target t = target_running();
+    plan_fill(p, m, cfg, world, &t, B, T, Tmax, true, Tmax);
 }
 
 void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world)

@@ -47,6 +47,11 @@ void plan_compute_for(struct mem_plan *p, const struct model *m, const struct co
                       enum plan_target target);
 /* Bytes one rank sends per optimizer step with accum micro-batches (DESIGN §3,
  * the ring formulas the engine counts), per collective kind. */
+/* Generation's buffers on the running backend: forwards of at most B rows
+ * of T tokens (positions given) and a key/value cache of Tmax positions per
+ * row (family_kv_plan), the rotary tables covering Tmax. */
+void plan_compute_generate(struct mem_plan *p, const struct model *m, const struct config *cfg, int world, int B,
+                           int T, int Tmax);
 void plan_traffic(const struct model *m, const struct config *cfg, int world, int accum, double bytes[COMM_KINDS]);
 /* Parses a memory size: "80GB" (10^9), "80GiB" (2^30), "8e10", "1TiB", "512"
  * (bytes; suffixes B, kB/KB, MB, GB, TB, KiB, MiB, GiB, TiB, any case). Returns

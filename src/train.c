@@ -14,6 +14,7 @@
 #include "data.h"
 #include "dump.h"
 #include "family.h"
+#include "generate.h"
 #include "hf.h"
 #include "hf_export.h"
 #include "loader.h"
@@ -22,6 +23,7 @@
 #include "peft_export.h"
 #include "plan.h"
 #include "sched.h"
+#include "tokenizer.h"
 #include "util.h"
 #include "zero.h"
 
@@ -512,22 +514,32 @@ static float evaluate(struct trainer *tr)
     return (float)(sum / (double)all.trained);
 }
 
-/* Samples tokens from the model, starting from a newline; prints bytes when the
- * vocabulary is byte-level (256), token ids otherwise. */
+/* Samples tokens from the model, starting from a newline (byte-level models)
+ * or the tokenizer's end-of-sequence token, with `shardlm generate`'s choice
+ * of a token (generate_choose at train.sample_temperature); prints the text,
+ * decoded by model.from_pretrained's tokenizer.json when there is one, bytes
+ * when the vocabulary is byte-level (256), token ids otherwise. Without a key
+ * and value cache: the trainer's buffers hold one micro-batch, so each token
+ * runs the context again (generate caches them). */
 static void sample_text(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
     const int n = cfg->train.sample_tokens, T = cfg->data.seq_len, V = cfg->model.vocab_size;
     const int Vp = cfg->model.padded_vocab;
-    const float temp = cfg->train.sample_temperature;
+    const struct sampling sp = {cfg->train.sample_temperature, 0, 1.0f, cfg->train.seed};
     if (n <= 0)
         return;
+    struct tokenizer *tok = NULL;
+    char path[CKPT_MAX_PATH + 32], err[512];
+    snprintf(path, sizeof path, "%s/tokenizer.json", cfg->model.pretrained);
+    if (cfg->model.pretrained[0] && access(path, R_OK) == 0 && !(tok = tokenizer_load(path, err, sizeof err)))
+        log_warn("the sample after the last step prints token ids: %s", err);
     int32_t *ctx = xcalloc((size_t)n + 1, sizeof *ctx);
-    double *probs = xcalloc((size_t)V, sizeof *probs);
+    void *work = xmalloc(GENERATE_WORK_BYTES(V));
     float *row = xcalloc((size_t)Vp, sizeof *row);
     uint64_t rng = cfg->train.seed ^ 0x5A3F1E5ull;
     int len = 1;
-    ctx[0] = V >= 256 ? '\n' : 0;
+    ctx[0] = tok && tokenizer_eos_id(tok) >= 0 ? tokenizer_eos_id(tok) : V >= 256 ? '\n' : 0;
     for (int i = 0; i < n; i++) {
         int start = len > T ? len - T : 0, t = len - start;
         memcpy(tr->acts.inputs, ctx + start, (size_t)t * sizeof *ctx);
@@ -537,20 +549,7 @@ static void sample_text(struct trainer *tr)
         family_forward(&tr->zero, &tr->acts, 1, t, 0, FAMILY_EVAL);
         zero_end_pass(&tr->zero);
         family_read_logits(&tr->acts, t - 1, row);
-        double mx = -INFINITY, sum = 0.0;
-        for (int j = 0; j < V; j++)
-            mx = row[j] > mx ? row[j] : mx;
-        for (int j = 0; j < V; j++)
-            sum += probs[j] = exp((row[j] - mx) / (temp > 0 ? temp : 1.0f));
-        double r = rng_uniform(&rng) * sum, acc = 0.0;
-        int next = V - 1;
-        for (int j = 0; j < V; j++) {
-            acc += probs[j];
-            if (r < acc) {
-                next = j;
-                break;
-            }
-        }
+        int32_t next = generate_choose(row, V, &sp, &rng, work);
         /* rank 0's choice, so every rank feeds the same context next */
         comm_broadcast(tr->comm, &next, 1, COMM_I32, 0, NULL);
         ctx[len++] = next;
@@ -563,17 +562,24 @@ static void sample_text(struct trainer *tr)
     }
     if (tr->rank == 0) {
         printf("---- sample (%d tokens) ----\n", len - 1);
-        for (int i = 1; i < len; i++) {
+        size_t bytes = 0;
+        char *text = tok ? tokenizer_decode(tok, ctx + 1, (size_t)len - 1, 1, &bytes) : NULL;
+        if (text)
+            fwrite(text, 1, bytes, stdout);
+        for (int i = 1; !tok && i < len; i++) {
             if (V <= 256)
                 putchar(ctx[i]);
             else
                 printf("%d ", ctx[i]);
         }
+        free(text);
         printf("\n---- end of sample ----\n");
         fflush(stdout);
     }
+    if (tok)
+        tokenizer_free(tok);
     free(ctx);
-    free(probs);
+    free(work);
     free(row);
 }
 

@@ -1,6 +1,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -116,16 +117,21 @@ void log_warn(const char *fmt, ...)
     print_message("warning", line);
 }
 
+static bool g_info_stderr;
+
+void log_info_to_stderr(void) { g_info_stderr = true; }
+
 void log_info(const char *fmt, ...)
 {
     if (g_rank > 0)
         return;
+    FILE *out = g_info_stderr ? stderr : stdout;
     va_list ap;
     va_start(ap, fmt);
-    vprintf(fmt, ap);
+    vfprintf(out, fmt, ap);
     va_end(ap);
-    putchar('\n');
-    fflush(stdout);
+    fputc('\n', out);
+    fflush(out);
 }
 
 int util_same_file(const char *a, const char *b, int b_fd)

@@ -42,6 +42,8 @@ __attribute__((format(printf, 1, 2), noreturn)) void fail_internal(const char *f
 __attribute__((format(printf, 1, 2))) void log_warn(const char *fmt, ...);
 /* Rank-0-only informational line on stdout (every rank when rank not set). */
 __attribute__((format(printf, 1, 2))) void log_info(const char *fmt, ...);
+/* From here on log_info writes to stderr: commands whose stdout is their result (generate, eval). */
+void log_info_to_stderr(void);
 /* Leaves through the abort hook with the given status (after a message was printed). */
 __attribute__((noreturn)) void util_exit(int status);
 

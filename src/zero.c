@@ -343,6 +343,20 @@ static void init_params(struct zero *z, const struct param_source *src, int u, f
 }
 
 static float *opt_grads(struct zero_unit *zu);
+
+void zero_load_units(struct zero *z, const struct param_source *src, const bool *which)
+{
+    size_t largest = 1;
+    for (int u = 0; u < z->model->n_units; u++)
+        largest = z->units[u].padded > largest ? z->units[u].padded : largest;
+    float *scratch = xcalloc(largest, sizeof *scratch);
+    void *cast = xcalloc(largest, z->esize);
+    for (int u = 0; u < z->model->n_units; u++)
+        if (which[u])
+            init_params(z, src, u, scratch, cast);
+    free(scratch);
+    free(cast);
+}
 static void *opt_params(const struct zero *z, struct zero_unit *zu);
 
 /* The step's fixed tables, made once: one AdamW range per tensor slice of

@@ -242,6 +242,10 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
                struct comm *comm, int rank, int world, bool dry, const int planned_slots[POOL_SETS][ZERO_POOLS], struct arena arenas[SPACE_COUNT],
                struct mem_tracker *mem, const struct param_source *src);
 void zero_free(struct zero *z);
+/* Reads the parameters (and masters) of the units `which` marks again from
+ * src, as zero_init read them (collective where a unit is read 1/N per rank):
+ * generation puts a LoRA checkpoint's adapters over the base read first. */
+void zero_load_units(struct zero *z, const struct param_source *src, const bool *which);
 
 /* The role of unit u of m under cfg on target t at world size N: what
  * zero_init decides for it (every rank decides the same). */

@@ -1,0 +1,718 @@
+/*
+ * generate — `shardlm generate` and `shardlm eval` (infer.h opens the model).
+ *
+ * generate: prompts are tokenized (the model's tokenizer.json, special
+ * tokens added as tokenizers' encode does), dealt out B per rank per round
+ * (prompt i of a round of B N to rank i / B), prefilled in one forward per
+ * rank (rows right-padded; a row's padding writes cache positions that its
+ * next tokens overwrite before they are read), then decoded one token per
+ * row per forward through the key/value cache. Every rank runs the same
+ * number of forwards: the round goes on while any rank has a row still
+ * generating (an all-reduce per token), rows that are done or empty just
+ * ride along, so no rank waits in a gather for one that stopped. A prompt's
+ * tokens depend only on the model, the prompt, the options and its index
+ * (the sampling generator is seeded per prompt), not on the world size or
+ * the batch. Rank 0 gathers the rounds' tokens and prints the results in
+ * prompt order.
+ *
+ * eval: the mean loss over every trained target of a token file (.bin,
+ * windows of data.seq_len + 1) or a sample file, summed as the trainer's
+ * validation sums it, and its perplexity.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "generate.h"
+#include "infer.h"
+#include "loader.h"
+#include "tokenizer.h"
+#include "train.h"
+#include "util.h"
+
+#define MAX_SETS 256
+#define MAX_STOPS 16
+
+/* ---- sampling ------------------------------------------------------------------------- */
+
+struct by_logit {
+    float v;
+    int32_t id;
+};
+_Static_assert(sizeof(struct by_logit) * 1 == 8, "GENERATE_WORK_BYTES");
+
+static int by_logit_desc(const void *a, const void *b)
+{
+    const struct by_logit *x = a, *y = b;
+    return x->v < y->v ? 1 : x->v > y->v ? -1 : x->id - y->id;
+}
+
+int32_t generate_choose(const float *logits, int V, const struct sampling *sp, uint64_t *rng, void *work)
+{
+    if (sp->temperature <= 0.0f) {
+        int32_t best = 0;
+        for (int j = 1; j < V; j++)
+            if (logits[j] > logits[best])
+                best = j;
+        return best;
+    }
+    struct by_logit *w = work;
+    for (int j = 0; j < V; j++)
+        w[j] = (struct by_logit){logits[j] / sp->temperature, j};
+    qsort(w, (size_t)V, sizeof *w, by_logit_desc);
+    int keep = sp->top_k > 0 && sp->top_k < V ? sp->top_k : V;
+    double sum = 0.0;
+    for (int j = 0; j < keep; j++)
+        sum += exp((double)w[j].v - w[0].v);
+    if (sp->top_p < 1.0f) {
+        double acc = 0.0;
+        for (int j = 0; j < keep; j++) {
+            acc += exp((double)w[j].v - w[0].v) / sum;
+            if (acc >= sp->top_p) {
+                keep = j + 1;
+                break;
+            }
+        }
+        sum = 0.0;
+        for (int j = 0; j < keep; j++)
+            sum += exp((double)w[j].v - w[0].v);
+    }
+    double r = rng_uniform(rng) * sum, acc = 0.0;
+    for (int j = 0; j < keep; j++) {
+        acc += exp((double)w[j].v - w[0].v);
+        if (r < acc)
+            return w[j].id;
+    }
+    return w[keep - 1].id;
+}
+
+/* ---- prompts ---------------------------------------------------------------------------- */
+
+enum finish { FINISH_NONE = 0, FINISH_EOS, FINISH_STOP, FINISH_LENGTH };
+static const char *const finish_names[] = {"", "eos", "stop", "length"};
+
+struct prompt {
+    char *text;       /* NULL: given as ids */
+    int32_t *ids;
+    int n;            /* prompt tokens (after truncation) */
+    int truncated;    /* tokens cut from its start (--truncate-prompt) */
+    int32_t *out;     /* generated tokens */
+    int n_out;
+    int finish;
+    uint64_t rng;
+};
+
+struct gen_options {
+    const char *prompt, *prompt_file;
+    int max_new, batch;
+    bool truncate, json, add_special, ignore_eos;
+    const char *stops[MAX_STOPS];
+    int n_stops;
+    struct sampling sp;
+};
+
+static char *read_text_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_input("cannot read --prompt-file '%s': %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (n + 1 == cap)
+            buf = xrealloc(buf, cap *= 2);
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* A prompt given as token ids ({"ids": [...]}), checked against the vocabulary. */
+static void prompt_ids(struct prompt *p, json_t *ids, const char *file, int line_no)
+{
+    p->n = (int)json_array_size(ids);
+    p->ids = xcalloc((size_t)p->n + 1, sizeof *p->ids);
+    for (int i = 0; i < p->n; i++) {
+        json_t *v = json_array_get(ids, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            fail_input("--prompt-file '%s' line %d: \"ids\" holds %s; give token ids (integers from 0)", file, line_no,
+                       json_is_integer(v) ? "a negative id" : "something else than an integer");
+        p->ids[i] = (int32_t)json_integer_value(v);
+    }
+}
+
+/* --prompt, or --prompt-file: one JSON value per line, a string, an object
+ * with a "prompt" string, or one with "ids" (token ids, not tokenized);
+ * blank lines skipped. */
+static struct prompt *read_prompts(const struct gen_options *g, int *n_out)
+{
+    struct prompt *p = NULL;
+    int n = 0;
+    if (g->prompt) {
+        p = xcalloc(1, sizeof *p);
+        p[0].text = xstrdup(g->prompt);
+        *n_out = 1;
+        return p;
+    }
+    size_t len;
+    char *all = read_text_file(g->prompt_file, &len);
+    int line_no = 0;
+    for (char *line = all, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        line_no++;
+        if (strspn(line, " \t\r") == strlen(line))
+            continue;
+        json_error_t err;
+        json_t *v = json_loads(line, JSON_DECODE_ANY, &err);
+        json_t *s = json_is_object(v) ? json_object_get(v, "prompt") : v;
+        json_t *ids = json_is_object(v) ? json_object_get(v, "ids") : NULL;
+        if (!json_is_string(s) && !json_is_array(ids))
+            fail_input("--prompt-file '%s' line %d: %s; each line must be a JSON string or an object with a "
+                       "\"prompt\" string or an \"ids\" array",
+                       g->prompt_file, line_no, v ? "no \"prompt\" string" : err.text);
+        p = xrealloc(p, (size_t)(n + 1) * sizeof *p);
+        memset(&p[n], 0, sizeof *p);
+        if (json_is_string(s))
+            p[n].text = xstrdup(json_string_value(s));
+        else
+            prompt_ids(&p[n], ids, g->prompt_file, line_no);
+        n++;
+        json_decref(v);
+    }
+    free(all);
+    if (!n)
+        fail_input("--prompt-file '%s' holds no prompt", g->prompt_file);
+    *n_out = n;
+    return p;
+}
+
+/* Token ids of text: the tokenizer's, or its bytes for a byte-level model. */
+static void encode(const struct infer *s, const char *text, bool add_special, int32_t **ids, int *n)
+{
+    const size_t len = strlen(text);
+    if (!s->tok) {
+        *ids = xcalloc(len + 1, sizeof **ids);
+        for (size_t i = 0; i < len; i++)
+            (*ids)[i] = (unsigned char)text[i];
+        *n = (int)len;
+        return;
+    }
+    char err[512];
+    size_t count = 0;
+    if (tokenizer_encode(s->tok, text, len, add_special, ids, &count, err, sizeof err) != 0)
+        fail_input("tokenizer '%s': %s", s->tokenizer_path, err);
+    *n = (int)count;
+}
+
+/* The text of ids (NUL-terminated; *len bytes, which may hold NUL). */
+static char *decode(const struct infer *s, const int32_t *ids, int n, size_t *len)
+{
+    if (!s->tok) {
+        char *t = xcalloc((size_t)n + 1, 1);
+        for (int i = 0; i < n; i++)
+            t[i] = (char)ids[i];
+        *len = (size_t)n;
+        return t;
+    }
+    return tokenizer_decode(s->tok, ids, (size_t)n, 1, len);
+}
+
+/* Where the first stop string starts in text, or NULL. */
+static char *find_stop(const struct gen_options *g, char *text)
+{
+    char *first = NULL;
+    for (int i = 0; i < g->n_stops; i++) {
+        char *at = strstr(text, g->stops[i]);
+        if (at && (!first || at < first))
+            first = at;
+    }
+    return first;
+}
+
+static bool is_eos(const struct infer *s, int32_t id)
+{
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos[i] == id)
+            return true;
+    return false;
+}
+
+/* ---- the generation loop ---------------------------------------------------------------- */
+
+struct round_row {
+    struct prompt *p; /* NULL: an empty row */
+    int32_t last;     /* the token fed next */
+};
+
+/* Row b's new token: chosen, appended, and whether the prompt is done. */
+static void take_token(struct infer *s, const struct gen_options *g, struct prompt *p, const float *logits,
+                       void *work, int ctx)
+{
+    const int32_t id = generate_choose(logits, s->cfg.model.vocab_size, &g->sp, &p->rng, work);
+    p->out[p->n_out++] = id;
+    if (!g->ignore_eos && is_eos(s, id)) {
+        p->finish = FINISH_EOS;
+        return;
+    }
+    if (g->n_stops) {
+        size_t len;
+        char *text = decode(s, p->out, p->n_out, &len);
+        bool stop = find_stop(g, text) != NULL;
+        free(text);
+        if (stop) {
+            p->finish = FINISH_STOP;
+            return;
+        }
+    }
+    if (p->n_out == g->max_new || p->n + p->n_out >= ctx)
+        p->finish = FINISH_LENGTH;
+}
+
+/* One round: rows of this rank (B at most, prompts or empty). */
+static void run_round(struct infer *s, const struct gen_options *g, struct round_row *rows, int B, int ctx,
+                      float *logits, void *work, double *t_prefill, double *t_decode)
+{
+    struct family_acts *a = &s->acts;
+    struct family_kv *kv = &s->kv;
+    int T = 1;
+    for (int b = 0; b < B; b++)
+        if (rows[b].p && rows[b].p->n > T)
+            T = rows[b].p->n;
+    for (int b = 0; b < B; b++) {
+        const struct prompt *p = rows[b].p;
+        for (int t = 0; t < T; t++) {
+            a->inputs[b * T + t] = p && t < p->n ? p->ids[t] : 0;
+            a->positions[b * T + t] = t;
+        }
+        kv->past[b] = 0;
+        kv->last[b] = p ? p->n - 1 : 0;
+    }
+    double t0 = now_seconds();
+    infer_forward(s, B, T, 0);
+    int active = 0;
+    for (int b = 0; b < B; b++) {
+        struct prompt *p = rows[b].p;
+        if (!p)
+            continue;
+        family_read_logits(a, b, logits);
+        take_token(s, g, p, logits, work, ctx);
+        kv->past[b] = p->n;
+        active += !p->finish;
+    }
+    *t_prefill += now_seconds() - t0;
+    t0 = now_seconds();
+    for (;;) {
+        comm_allreduce(s->comm, &active, 1, COMM_I32, COMM_MAX, NULL);
+        if (!active)
+            break;
+        for (int b = 0; b < B; b++) {
+            struct prompt *p = rows[b].p;
+            const bool on = p && !p->finish;
+            a->inputs[b] = on ? p->out[p->n_out - 1] : 0;
+            if (!on) /* done or empty: rewrites a position of its own, never read */
+                kv->past[b] = kv->past[b] ? kv->past[b] - 1 : 0;
+            a->positions[b] = kv->past[b];
+            kv->last[b] = 0;
+        }
+        infer_forward(s, B, 1, 0);
+        active = 0;
+        for (int b = 0; b < B; b++) {
+            struct prompt *p = rows[b].p;
+            kv->past[b]++;
+            if (!p || p->finish)
+                continue;
+            family_read_logits(a, b, logits);
+            take_token(s, g, p, logits, work, ctx);
+            active += !p->finish;
+        }
+    }
+    *t_decode += now_seconds() - t0;
+}
+
+/* Rank 0 collects every rank's rows of a round: per row its token count, its
+ * finish and max_new tokens. */
+static void gather_round(struct infer *s, const struct gen_options *g, struct prompt *prompts, int n_prompts,
+                         int first, int B)
+{
+    const size_t per = (size_t)2 + (size_t)g->max_new;
+    int32_t *mine = xcalloc((size_t)B * per, sizeof *mine), *all = xcalloc((size_t)B * per * s->world, sizeof *all);
+    for (int b = 0; b < B; b++) {
+        const int i = first + s->rank * B + b;
+        if (i >= n_prompts)
+            continue;
+        mine[b * per] = prompts[i].n_out;
+        mine[b * per + 1] = prompts[i].finish;
+        memcpy(mine + b * per + 2, prompts[i].out, (size_t)prompts[i].n_out * sizeof *mine);
+    }
+    comm_allgather(s->comm, mine, all, (size_t)B * per, COMM_I32, NULL);
+    for (int k = 0; k < B * s->world; k++) {
+        const int i = first + k;
+        if (i >= n_prompts)
+            break;
+        prompts[i].n_out = all[k * per];
+        prompts[i].finish = all[k * per + 1];
+        memcpy(prompts[i].out, all + k * per + 2, (size_t)prompts[i].n_out * sizeof *mine);
+    }
+    free(mine);
+    free(all);
+}
+
+static void print_result(const struct infer *s, const struct gen_options *g, const struct prompt *p, int index)
+{
+    size_t len;
+    char *text = decode(s, p->out, p->n_out, &len);
+    char *stop = p->finish == FINISH_STOP ? find_stop(g, text) : NULL;
+    if (stop)
+        len = (size_t)(stop - text);
+    if (!g->json && !g->prompt_file) {
+        fwrite(text, 1, len, stdout);
+        fputc('\n', stdout);
+    } else {
+        json_t *ids = json_array();
+        for (int i = 0; i < p->n_out; i++)
+            json_array_append_new(ids, json_integer(p->out[i]));
+        json_t *o = json_pack("{si s:s? s:s% s:o si si s:s}", "index", index, "prompt", p->text, "completion", text, len,
+                              "ids", ids, "prompt_tokens", p->n, "truncated", p->truncated, "finish_reason",
+                              finish_names[p->finish]);
+        char *line = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        puts(line);
+        free(line);
+        json_decref(o);
+    }
+    free(text);
+}
+
+static void usage_generate(FILE *out)
+{
+    fprintf(out,
+            "usage: shardlm generate MODEL (--prompt TEXT | --prompt-file FILE) [options]\n"
+            "\n"
+            "Continues prompts with the model: MODEL is a Hugging Face directory, a checkpoint or a run's\n"
+            "checkpoint.dir (a LoRA checkpoint with its base). Under mpirun the ranks share the model (ZeRO) and\n"
+            "the prompts.\n"
+            "\n"
+            "options:\n"
+            "  --prompt TEXT          one prompt; its completion is printed\n"
+            "  --prompt-file FILE     one JSON string, {\"prompt\": TEXT} or {\"ids\": [token ids]} per line; one\n"
+            "                         JSON line per result\n"
+            "  --max-new-tokens N     tokens to generate at most (default 128)\n"
+            "  --temperature T        0: greedy (default); else sampling at this temperature\n"
+            "  --top-k K              sample among the K most likely (default 0: all)\n"
+            "  --top-p P              sample among the most likely reaching probability P (default 1)\n"
+            "  --seed S               the sampling seed (default 0); a prompt's draws depend on it and its index\n"
+            "  --stop TEXT            stop a completion where TEXT appears (repeatable, at most %d)\n"
+            "  --batch B              prompts per rank per forward (default 8)\n"
+            "  --truncate-prompt      cut prompts longer than the context from their start (default: error)\n"
+            "  --no-special           no special tokens added to the prompts (default: the tokenizer adds them)\n"
+            "  --ignore-eos           go on past the end-of-sequence token (benchmarks)\n"
+            "  --json                 the --prompt result as a JSON line too (ids, finish reason)\n"
+            "  --base DIR             a LoRA checkpoint's base (default: the directory its run started from)\n"
+            "  --tokenizer FILE       a tokenizer.json (default: MODEL's or its base's)\n"
+            "  --set KEY.PATH=VALUE   override a config key, e.g. --set zero_optimization.stage=3\n"
+            "  -h, --help             this text\n",
+            MAX_STOPS);
+}
+
+static float parse_float(const char *s, const char *opt)
+{
+    char *end;
+    float v = strtof(s, &end);
+    if (end == s || *end || !isfinite(v))
+        fail_input("%s '%s' is not a number", opt, s);
+    return v;
+}
+
+static long parse_int(const char *s, const char *opt, long lo, long hi)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi)
+        fail_input("%s '%s' is not an integer in [%ld, %ld]", opt, s, lo, hi);
+    return v;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"prompt", required_argument, NULL, 'p'},      {"prompt-file", required_argument, NULL, 'f'},
+        {"max-new-tokens", required_argument, NULL, 'n'}, {"temperature", required_argument, NULL, 't'},
+        {"top-k", required_argument, NULL, 'k'},       {"top-p", required_argument, NULL, 'P'},
+        {"seed", required_argument, NULL, 'S'},        {"stop", required_argument, NULL, 'x'},
+        {"batch", required_argument, NULL, 'b'},       {"truncate-prompt", no_argument, NULL, 'T'},
+        {"no-special", no_argument, NULL, 'N'},        {"json", no_argument, NULL, 'j'},
+        {"ignore-eos", no_argument, NULL, 'E'},
+        {"base", required_argument, NULL, 'B'},        {"tokenizer", required_argument, NULL, 'z'},
+        {"set", required_argument, NULL, 's'},         {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct gen_options g = {.max_new = 128, .batch = 8, .add_special = true, .sp = {0.0f, 0, 1.0f, 0}};
+    struct infer_options o = {.need_tokenizer = true};
+    const char *sets[MAX_SETS];
+    int n_sets = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'p': g.prompt = optarg; break;
+        case 'f': g.prompt_file = optarg; break;
+        case 'n': g.max_new = (int)parse_int(optarg, "--max-new-tokens", 1, 1 << 20); break;
+        case 't': g.sp.temperature = parse_float(optarg, "--temperature"); break;
+        case 'k': g.sp.top_k = (int)parse_int(optarg, "--top-k", 0, 1 << 30); break;
+        case 'P': g.sp.top_p = parse_float(optarg, "--top-p"); break;
+        case 'S': g.sp.seed = (uint64_t)parse_int(optarg, "--seed", 0, (1L << 62)); break;
+        case 'x':
+            if (g.n_stops == MAX_STOPS)
+                fail_input("too many --stop strings (at most %d)", MAX_STOPS);
+            if (!*optarg)
+                fail_input("--stop needs a non-empty string");
+            g.stops[g.n_stops++] = optarg;
+            break;
+        case 'b': g.batch = (int)parse_int(optarg, "--batch", 1, 4096); break;
+        case 'T': g.truncate = true; break;
+        case 'N': g.add_special = false; break;
+        case 'j': g.json = true; break;
+        case 'E': g.ignore_eos = true; break;
+        case 'B': o.base = optarg; break;
+        case 'z': o.tokenizer = optarg; break;
+        case 's':
+            if (n_sets == MAX_SETS)
+                fail_input("too many --set options (at most %d)", MAX_SETS);
+            sets[n_sets++] = optarg;
+            break;
+        case 'h': usage_generate(stdout); return EXIT_OK;
+        default: usage_generate(stderr); return EXIT_BAD_INPUT;
+        }
+    }
+    if (optind != argc - 1)
+        fail_input("generate needs exactly one MODEL; see 'shardlm generate --help'");
+    if (!g.prompt == !g.prompt_file)
+        fail_input("generate needs --prompt TEXT or --prompt-file FILE (one of them); see 'shardlm generate --help'");
+    if (g.sp.temperature < 0.0f)
+        fail_input("--temperature %g is negative; 0 means greedy", g.sp.temperature);
+    if (!(g.sp.top_p > 0.0f && g.sp.top_p <= 1.0f))
+        fail_input("--top-p %g is outside (0, 1]", g.sp.top_p);
+    o.model = argv[optind];
+    o.sets = sets;
+    o.n_sets = n_sets;
+    log_info_to_stderr();
+
+    struct comm comm;
+    comm_init(&comm, NULL, NULL);
+    int n_prompts = 0;
+    struct prompt *prompts = read_prompts(&g, &n_prompts);
+    struct infer s;
+    infer_open(&s, &comm, &o);
+    const int ctx = s.cfg.model.n_positions;
+    int longest = 1, reach = 2;
+    for (int i = 0; i < n_prompts; i++) {
+        struct prompt *p = &prompts[i];
+        if (p->text)
+            encode(&s, p->text, g.add_special, &p->ids, &p->n);
+        for (int k = 0; k < p->n; k++)
+            if (p->ids[k] >= s.cfg.model.vocab_size)
+                fail_input("prompt %d: token id %d is outside the model's vocabulary of %d", i + 1, p->ids[k],
+                           s.cfg.model.vocab_size);
+        if (p->n == 0)
+            fail_input("prompt %d is empty: give it some text", i + 1);
+        if (p->n >= ctx) {
+            if (!g.truncate)
+                fail_input("prompt %d has %d tokens and the model's context is %d: shorten it, or pass "
+                           "--truncate-prompt to keep its last tokens",
+                           i + 1, p->n, ctx);
+            const int keep = ctx - g.max_new > ctx / 2 ? ctx - g.max_new : ctx / 2;
+            p->truncated = p->n - keep;
+            memmove(p->ids, p->ids + p->truncated, (size_t)keep * sizeof *p->ids);
+            p->n = keep;
+        }
+        p->out = xcalloc((size_t)g.max_new, sizeof *p->out);
+        uint64_t st = g.sp.seed * 0x9E3779B97F4A7C15ull + (uint64_t)i;
+        p->rng = splitmix64(&st);
+        longest = p->n > longest ? p->n : longest;
+        reach = p->n + g.max_new > reach ? p->n + g.max_new : reach;
+    }
+    const int B = g.batch < n_prompts ? g.batch : n_prompts, Tmax = reach < ctx ? reach : ctx;
+    infer_start(&s, &o, B, longest, Tmax);
+    if (s.rank == 0)
+        log_info("generate: %d prompt%s (%d tokens at most) on %d rank%s, %d rows per rank, cache of %d positions",
+                 n_prompts, n_prompts > 1 ? "s" : "", longest, s.world, s.world > 1 ? "s" : "", B, Tmax);
+    const int V = s.cfg.model.vocab_size;
+    float *logits = xcalloc((size_t)s.cfg.model.padded_vocab, sizeof *logits);
+    void *work = xmalloc(GENERATE_WORK_BYTES(V));
+    struct round_row *rows = xcalloc((size_t)B, sizeof *rows);
+    double t_prefill = 0.0, t_decode = 0.0, t0 = now_seconds();
+    for (int first = 0; first < n_prompts; first += B * s.world) {
+        for (int b = 0; b < B; b++) {
+            const int i = first + s.rank * B + b;
+            rows[b].p = i < n_prompts ? &prompts[i] : NULL;
+        }
+        run_round(&s, &g, rows, B, ctx, logits, work, &t_prefill, &t_decode);
+        gather_round(&s, &g, prompts, n_prompts, first, B);
+    }
+    const double elapsed = now_seconds() - t0;
+    long new_tokens = 0;
+    for (int i = 0; i < n_prompts; i++)
+        new_tokens += prompts[i].n_out;
+    if (s.rank == 0) {
+        for (int i = 0; i < n_prompts; i++)
+            print_result(&s, &g, &prompts[i], i);
+        fflush(stdout);
+        log_info("generate: %ld new tokens in %.2f s (%.1f tokens/s; prefill %.2f s, decode %.2f s)", new_tokens,
+                 elapsed, (double)new_tokens / elapsed, t_prefill, t_decode);
+    }
+    free(logits);
+    free(work);
+    free(rows);
+    for (int i = 0; i < n_prompts; i++) {
+        free(prompts[i].text);
+        free(prompts[i].ids);
+        free(prompts[i].out);
+    }
+    free(prompts);
+    infer_close(&s);
+    comm_finalize(&comm);
+    return EXIT_OK;
+}
+
+/* ---- eval ------------------------------------------------------------------------------ */
+
+static void usage_eval(FILE *out)
+{
+    fprintf(out, "usage: shardlm eval MODEL --data FILE [options]\n"
+                 "\n"
+                 "The mean loss and perplexity of MODEL (a Hugging Face directory, a checkpoint or a run's\n"
+                 "checkpoint.dir) over every trained target of FILE: a .bin token file (windows of data.seq_len\n"
+                 "+ 1 tokens) or a sample file (tools/prepare_data.py), as the trainer's validation loss counts.\n"
+                 "A checkpoint's data options (seq_len, packing, ...) apply unless --set changes them.\n"
+                 "\n"
+                 "options:\n"
+                 "  --data FILE            the tokens (required)\n"
+                 "  --seq-len T            data.seq_len (default: the checkpoint's, or the model's context)\n"
+                 "  --batch B              sequences per rank per forward (default 8)\n"
+                 "  --max-batches N        at most N forwards per rank (default: the whole file)\n"
+                 "  --json                 the result as a JSON line\n"
+                 "  --base DIR             a LoRA checkpoint's base (default: the directory its run started from)\n"
+                 "  --tokenizer FILE       the tokenizer a sample file was made with (checked as in training)\n"
+                 "  --set KEY.PATH=VALUE   override a config key\n"
+                 "  -h, --help             this text\n");
+}
+
+/* The data as the trainer reads validation data, with the config's data options; agreed across ranks. */
+static void open_eval_data(struct infer *s, struct loader *ld, const char *path, int B)
+{
+    struct fail_trap trap;
+    if (FAIL_TRAP(&trap) == 0) {
+        s->cfg.micro_batch = B;
+        s->cfg.train_batch_size = B * s->world;
+        loader_open(ld, &s->cfg, path, false, s->tokenizer_path[0] ? s->tokenizer_path : NULL, "eval data");
+        if (loader_units(ld) == 0)
+            fail_input("eval data '%s' holds no sequence of data.seq_len %d", path, s->cfg.data.seq_len);
+    }
+    fail_untrap();
+    comm_agree_failure(s->comm, &trap);
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"data", required_argument, NULL, 'd'},  {"seq-len", required_argument, NULL, 'T'},
+        {"batch", required_argument, NULL, 'b'}, {"max-batches", required_argument, NULL, 'm'},
+        {"json", no_argument, NULL, 'j'},        {"base", required_argument, NULL, 'B'},
+        {"tokenizer", required_argument, NULL, 'z'}, {"set", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0},
+    };
+    struct infer_options o = {0};
+    const char *sets[MAX_SETS + 1];
+    char seq_set[64];
+    int n_sets = 0, c, B = 8;
+    long max_batches = 0;
+    bool json = false;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'd': o.data = optarg; break;
+        case 'T':
+            snprintf(seq_set, sizeof seq_set, "data.seq_len=%ld", parse_int(optarg, "--seq-len", 1, 1 << 24));
+            sets[n_sets++] = seq_set;
+            break;
+        case 'b': B = (int)parse_int(optarg, "--batch", 1, 1 << 16); break;
+        case 'm': max_batches = parse_int(optarg, "--max-batches", 1, 1L << 40); break;
+        case 'j': json = true; break;
+        case 'B': o.base = optarg; break;
+        case 'z': o.tokenizer = optarg; break;
+        case 's':
+            if (n_sets == MAX_SETS)
+                fail_input("too many --set options (at most %d)", MAX_SETS);
+            sets[n_sets++] = optarg;
+            break;
+        case 'h': usage_eval(stdout); return EXIT_OK;
+        default: usage_eval(stderr); return EXIT_BAD_INPUT;
+        }
+    }
+    if (optind != argc - 1)
+        fail_input("eval needs exactly one MODEL; see 'shardlm eval --help'");
+    if (!o.data)
+        fail_input("eval needs --data FILE (a .bin token file or a sample file); see 'shardlm eval --help'");
+    o.model = argv[optind];
+    o.sets = sets;
+    o.n_sets = n_sets;
+    log_info_to_stderr();
+    struct comm comm;
+    comm_init(&comm, NULL, NULL);
+    struct infer s;
+    infer_open(&s, &comm, &o);
+    struct loader ld;
+    open_eval_data(&s, &ld, o.data, B);
+    const int T = s.cfg.data.seq_len;
+    infer_start(&s, &o, B, T, 0);
+    const uint64_t units = loader_units(&ld), group = (uint64_t)B * (uint64_t)s.world;
+    uint64_t groups = (units + group - 1) / group;
+    if (max_batches > 0 && (uint64_t)max_batches < groups)
+        groups = (uint64_t)max_batches;
+    double sums[2] = {0.0, 0.0}; /* losses, trained targets */
+    const double t0 = now_seconds();
+    for (uint64_t i = 0; i < groups; i++) {
+        const uint64_t first = i * group + (uint64_t)s.rank * B;
+        int rows = first < units ? (int)(units - first < (uint64_t)B ? units - first : (uint64_t)B) : 0, t = 1;
+        if (rows) {
+            t = loader_read(&ld, first, rows, s.acts.inputs, s.acts.targets, s.acts.positions);
+        } else { /* past the end: one untrained token, so that this rank's gathers still match */
+            rows = 1;
+            s.acts.inputs[0] = 0;
+            s.acts.targets[0] = -1;
+            if (s.acts.positions)
+                s.acts.positions[0] = 0;
+        }
+        for (int k = 0; k < rows * t; k++)
+            sums[1] += s.acts.targets[k] >= 0;
+        sums[0] += infer_forward(&s, rows, t, 1);
+    }
+    comm_allreduce(&comm, sums, 2, COMM_F64, COMM_SUM, NULL);
+    const uint64_t used = groups * group < units ? groups * group : units;
+    if (sums[1] == 0.0)
+        fail_input("eval data '%s' has no trained target in the sequences read", o.data);
+    const double loss = sums[0] / sums[1];
+    if (s.rank == 0) {
+        if (json)
+            printf("{\"model\": \"%s\", \"data\": \"%s\", \"loss\": %.9g, \"perplexity\": %.9g, \"tokens\": %.0f, "
+                   "\"sequences\": %llu}\n",
+                   o.model, o.data, loss, exp(loss), sums[1], (unsigned long long)used);
+        else
+            printf("eval %s on %s: loss %.6f | perplexity %.4f | %.0f tokens in %llu sequences\n", o.model, o.data,
+                   loss, exp(loss), sums[1], (unsigned long long)used);
+        fflush(stdout);
+        log_info("eval: %.2f s", now_seconds() - t0);
+    }
+    loader_close(&ld);
+    infer_close(&s);
+    comm_finalize(&comm);
+    return EXIT_OK;
+}

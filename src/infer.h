@@ -1,0 +1,84 @@
+/*
+ * infer — a model opened for forward passes only: `shardlm generate` and
+ * `shardlm eval` (generate.c), and the trainer's end-of-run sample.
+ *
+ * MODEL is a Hugging Face directory (config.json + safetensors, as
+ * model.from_pretrained reads it), a checkpoint file, or a directory of
+ * checkpoints (a run's checkpoint.dir: its latest). A checkpoint brings its
+ * run's resolved config (model, lora, dtype, ZeRO settings, data options);
+ * its weights are the fp32 masters it holds. A LoRA checkpoint holds only
+ * the adapters (and modules_to_save): its base is read from --base, else
+ * from the model.from_pretrained its run recorded, else the run's seeded
+ * init, and must have the checksum the checkpoint records.
+ *
+ * Every unit is frozen (model_freeze_all): no gradient, master or optimizer
+ * state, so a sharded model costs its parameter shards and the gathered
+ * units, as in a LoRA run's base. Under mpirun every rank opens the same
+ * model; ZeRO's stage (zero_optimization.stage, --set) shards it as in
+ * training, default stage 3 at more than one rank. Failures are agreed
+ * across ranks and reported once (exit status 2 for bad input).
+ */
+#ifndef SHARDLM_INFER_H
+#define SHARDLM_INFER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "arena.h"
+#include "comm.h"
+#include "config.h"
+#include "family.h"
+#include "model.h"
+#include "plan.h"
+#include "target.h"
+#include "zero.h"
+
+struct tokenizer;
+
+struct infer_options {
+    const char *model;             /* MODEL as above */
+    const char *base;              /* --base: a LoRA checkpoint's base directory (NULL: the recorded one) */
+    const char *tokenizer;         /* --tokenizer: a tokenizer.json (NULL: the model's or base's directory) */
+    const char *data;              /* eval: the data file (data.train of the config, so its options apply) */
+    const char *const *sets;       /* --set KEY.PATH=VALUE overrides */
+    int n_sets;
+    bool need_tokenizer;           /* fail without one */
+};
+
+struct infer {
+    struct config cfg;
+    struct comm *comm;
+    int rank, world;
+    struct model model;
+    struct mem_plan plan;
+    struct mem_tracker mem;
+    struct arena arenas[SPACE_COUNT];
+    struct zero zero;
+    struct zero_pass train_pass, eval_pass;
+    struct exec_target target;
+    struct family_acts acts;
+    struct family_kv kv;
+    struct tokenizer *tok;         /* NULL: none found (byte-level models print bytes) */
+    char tokenizer_path[4096];
+    int32_t eos[8];                /* end-of-sequence ids (config.json's eos_token_id, else the tokenizer's) */
+    int n_eos;
+    char ckpt_path[4096];          /* the checkpoint read, "" for a Hugging Face directory */
+    char hf_dir[4096];             /* the Hugging Face directory read (the model, or a LoRA checkpoint's base), "" */
+    bool lora_ckpt;
+    bool started;
+};
+
+/* Resolves MODEL, builds the config (o->sets applied) and the model, finds
+ * the tokenizer; reads no weights yet. Collective. */
+void infer_open(struct infer *s, struct comm *comm, const struct infer_options *o);
+/* Plans and allocates forwards of B rows of at most T tokens (and a cache of
+ * Tmax positions per row when Tmax > 0), then reads the weights. Collective. */
+void infer_start(struct infer *s, const struct infer_options *o, int B, int T, int Tmax);
+void infer_close(struct infer *s);
+
+/* One forward of s->acts' B x T tokens (inputs and positions filled; with a
+ * cache, kv.past and kv.last too) in evaluation mode; with targets, the sum
+ * of the trained positions' losses. */
+double infer_forward(struct infer *s, int B, int T, int with_targets);
+
+#endif
