@@ -61,6 +61,96 @@ void backend_check_performance(void)
 
 const char *backend_name(void) { return "cpu (OpenBLAS + OpenMP)"; }
 
+/* Products of a handful of rows (generation's decoding: one token per row):
+ * OpenBLAS's sgemm packs the whole weight before it multiplies, which for a
+ * few rows costs several times the product; these read each weight element
+ * once, from memory, for all the rows together. */
+#define SMALL_ROWS 16
+#define SMALL_COLS 256 /* columns of out per task of the (C, OC) product: the rows' slices stay in L1 */
+
+/* Rows [n0, N) of out (N, OC) at column o = inp @ weight row o (w, C long): four rows at a time share each
+ * load of the weight (four independent sums, so the FMAs do not wait on one another). */
+static void small_rows_t_col(float *out, const float *inp, const float *w, int o, int n0, int N, int C, int OC)
+{
+    int n = n0;
+    for (; n + 4 <= N; n += 4) {
+        const float *x0 = inp + (size_t)n * C, *x1 = x0 + C, *x2 = x1 + C, *x3 = x2 + C;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+        for (int c = 0; c < C; c++) {
+            const float wc = w[c];
+            s0 += x0[c] * wc;
+            s1 += x1[c] * wc;
+            s2 += x2[c] * wc;
+            s3 += x3[c] * wc;
+        }
+        out[(size_t)n * OC + o] = s0;
+        out[(size_t)(n + 1) * OC + o] = s1;
+        out[(size_t)(n + 2) * OC + o] = s2;
+        out[(size_t)(n + 3) * OC + o] = s3;
+    }
+    for (; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int c = 0; c < C; c++)
+            s += x[c] * w[c];
+        out[(size_t)n * OC + o] = s;
+    }
+}
+
+/* out (N, OC) = inp (N, C) @ weight^T, weight (OC, C), in blocks of four weight rows: the rows of inp four
+ * at a time (small_rows_t_col), the last N % 4 one at a time against the four weight rows together. */
+static void small_rows_t(float *out, const float *inp, const float *weight, int N, int C, int OC)
+{
+    const int N4 = N / 4 * 4;
+#pragma omp parallel for schedule(static)
+    for (int o0 = 0; o0 < OC; o0 += 4) {
+        const int o1 = o0 + 4 < OC ? o0 + 4 : OC, tail = o1 - o0 == 4 ? N4 : N;
+        for (int o = o0; o < o1; o++)
+            small_rows_t_col(out, inp, weight + (size_t)o * C, o, 0, tail, C, OC);
+        for (int n = tail; n < N; n++) {
+            const float *x = inp + (size_t)n * C, *w0 = weight + (size_t)o0 * C, *w1 = w0 + C, *w2 = w1 + C,
+                        *w3 = w2 + C;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+            for (int c = 0; c < C; c++) {
+                const float xc = x[c];
+                s0 += xc * w0[c];
+                s1 += xc * w1[c];
+                s2 += xc * w2[c];
+                s3 += xc * w3[c];
+            }
+            float *y = out + (size_t)n * OC + o0;
+            y[0] = s0, y[1] = s1, y[2] = s2, y[3] = s3;
+        }
+    }
+}
+
+/* out (N, OC) = inp (N, C) @ weight (+ bias), weight (C, OC): each task a block of columns, row c of the
+ * weight's block read once and added into every row's block. */
+static void small_rows(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC)
+{
+    const int blocks = (OC + SMALL_COLS - 1) / SMALL_COLS;
+#pragma omp parallel for schedule(static)
+    for (int k = 0; k < blocks; k++) {
+        const int o0 = k * SMALL_COLS, w = OC - o0 < SMALL_COLS ? OC - o0 : SMALL_COLS;
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < w; o++)
+                out[(size_t)n * OC + o0 + o] = bias ? bias[o0 + o] : 0.0f;
+        for (int c = 0; c < C; c++) {
+            const float *wr = weight + (size_t)c * OC + o0;
+            for (int n = 0; n < N; n++) {
+                const float x = inp[(size_t)n * C + c];
+                float *y = out + (size_t)n * OC + o0;
+#pragma omp simd
+                for (int o = 0; o < w; o++)
+                    y[o] += x * wr[o];
+            }
+        }
+    }
+}
+
 void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                             int N, int C, int OC)
 {
@@ -69,6 +159,10 @@ void backend_matmul_forward(float *out, const float *inp, const float *weight, c
     DEVEMU_VIEW(inp);
     DEVEMU_VIEW(weight);
     DEVEMU_VIEW(bias);
+    if (N <= SMALL_ROWS) {
+        small_rows(out, inp, weight, bias, N, C, OC);
+        return;
+    }
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for
@@ -123,6 +217,10 @@ void backend_matmul_forward_transposed(float *out, const float *inp, const float
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(inp);
     DEVEMU_VIEW(weight);
+    if (N <= SMALL_ROWS) {
+        small_rows_t(out, inp, weight, N, C, OC);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
 }
 

@@ -214,9 +214,13 @@ static void encode(const struct infer *s, const char *text, bool add_special, in
     *n = (int)count;
 }
 
-/* The text of ids (NUL-terminated; *len bytes, which may hold NUL). */
+/* The text of ids (NUL-terminated; *len bytes, which may hold NUL); NULL
+ * without a tokenizer (but for a byte-level model). */
 static char *decode(const struct infer *s, const int32_t *ids, int n, size_t *len)
 {
+    *len = 0;
+    if (!s->tok && s->cfg.model.vocab_size > 256)
+        return NULL;
     if (!s->tok) {
         char *t = xcalloc((size_t)n + 1, 1);
         for (int i = 0; i < n; i++)
@@ -264,7 +268,7 @@ static void take_token(struct infer *s, const struct gen_options *g, struct prom
         p->finish = FINISH_EOS;
         return;
     }
-    if (g->n_stops) {
+    if (g->n_stops) { /* --stop needs text: infer_require_tokenizer checked */
         size_t len;
         char *text = decode(s, p->out, p->n_out, &len);
         bool stop = find_stop(g, text) != NULL;
@@ -374,14 +378,15 @@ static void print_result(const struct infer *s, const struct gen_options *g, con
     char *stop = p->finish == FINISH_STOP ? find_stop(g, text) : NULL;
     if (stop)
         len = (size_t)(stop - text);
-    if (!g->json && !g->prompt_file) {
+    if (!g->json && !g->prompt_file) { /* a --prompt: text, so a tokenizer */
         fwrite(text, 1, len, stdout);
         fputc('\n', stdout);
     } else {
         json_t *ids = json_array();
         for (int i = 0; i < p->n_out; i++)
             json_array_append_new(ids, json_integer(p->out[i]));
-        json_t *o = json_pack("{si s:s? s:s% s:o si si s:s}", "index", index, "prompt", p->text, "completion", text, len,
+        json_t *o = json_pack("{si s:s? s:o s:o si si s:s}", "index", index, "prompt", p->text, "completion",
+                              text ? json_stringn(text, len) : json_null(),
                               "ids", ids, "prompt_tokens", p->n, "truncated", p->truncated, "finish_reason",
                               finish_names[p->finish]);
         char *line = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
@@ -456,7 +461,7 @@ int cmd_generate(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     struct gen_options g = {.max_new = 128, .batch = 8, .add_special = true, .sp = {0.0f, 0, 1.0f, 0}};
-    struct infer_options o = {.need_tokenizer = true};
+    struct infer_options o = {0};
     const char *sets[MAX_SETS];
     int n_sets = 0, c;
     optind = 1;
@@ -512,11 +517,15 @@ int cmd_generate(int argc, char **argv)
     struct infer s;
     infer_open(&s, &comm, &o);
     const int ctx = s.cfg.model.n_positions;
+    if (g.n_stops)
+        infer_require_tokenizer(&s, o.model, "--stop compares text");
     int longest = 1, reach = 2;
     for (int i = 0; i < n_prompts; i++) {
         struct prompt *p = &prompts[i];
-        if (p->text)
+        if (p->text) {
+            infer_require_tokenizer(&s, o.model, "a prompt is text");
             encode(&s, p->text, g.add_special, &p->ids, &p->n);
+        }
         for (int k = 0; k < p->n; k++)
             if (p->ids[k] >= s.cfg.model.vocab_size)
                 fail_input("prompt %d: token id %d is outside the model's vocabulary of %d", i + 1, p->ids[k],

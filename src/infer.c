@@ -91,13 +91,8 @@ static void find_tokenizer(struct infer *s, const struct infer_options *o)
         snprintf(path, sizeof path, "%s/tokenizer.json", s->hf_dir);
     if (o->tokenizer && !readable(path))
         fail_input("--tokenizer '%s': %s", path, strerror(errno));
-    if (!path[0] || !readable(path)) {
-        if (o->need_tokenizer && s->cfg.model.vocab_size > 256)
-            fail_input("no tokenizer for MODEL '%s' (%s): give its tokenizer.json with --tokenizer FILE", o->model,
-                       s->hf_dir[0] ? "its Hugging Face directory has no tokenizer.json" : "a checkpoint of a run "
-                                                                                            "without from_pretrained");
-        return; /* a byte-level model (vocabulary 256): bytes are tokens */
-    }
+    if (!path[0] || !readable(path))
+        return; /* none: token ids only, or bytes for a byte-level model (vocabulary 256) */
     char err[512];
     s->tok = tokenizer_load(path, err, sizeof err);
     if (!s->tok)
@@ -187,6 +182,16 @@ void infer_open(struct infer *s, struct comm *comm, const struct infer_options *
     backend_init(s->cfg.train.threads);
     backend_attach_comm(comm);
     backend_set_act_dtype(backend_is_device() ? s->cfg.dtype : DTYPE_F32);
+}
+
+void infer_require_tokenizer(const struct infer *s, const char *model, const char *why)
+{
+    if (s->tok || s->cfg.model.vocab_size <= 256)
+        return;
+    fail_input("no tokenizer for MODEL '%s' (%s), and %s: give its tokenizer.json with --tokenizer FILE", model,
+               s->hf_dir[0] ? "its Hugging Face directory has no tokenizer.json"
+                            : "a checkpoint of a run that did not start from a Hugging Face directory",
+               why);
 }
 
 /* ---- the weights ------------------------------------------------------------------------ */

@@ -42,7 +42,6 @@ struct infer_options {
     const char *data;              /* eval: the data file (data.train of the config, so its options apply) */
     const char *const *sets;       /* --set KEY.PATH=VALUE overrides */
     int n_sets;
-    bool need_tokenizer;           /* fail without one */
 };
 
 struct infer {
@@ -71,6 +70,9 @@ struct infer {
 /* Resolves MODEL, builds the config (o->sets applied) and the model, finds
  * the tokenizer; reads no weights yet. Collective. */
 void infer_open(struct infer *s, struct comm *comm, const struct infer_options *o);
+/* Fails (exit status 2) when the model has no tokenizer and its vocabulary
+ * is not byte-level: `why` says what needs one. */
+void infer_require_tokenizer(const struct infer *s, const char *model, const char *why);
 /* Plans and allocates forwards of B rows of at most T tokens (and a cache of
  * Tmax positions per row when Tmax > 0), then reads the weights. Collective. */
 void infer_start(struct infer *s, const struct infer_options *o, int B, int T, int Tmax);
