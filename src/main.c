@@ -11,6 +11,7 @@
 #include "comm.h"
 #include "config.h"
 #include "plan_cli.h"
+#include "tokenize_cli.h"
 #include "train.h"
 #include "util.h"
 
@@ -27,6 +28,8 @@ static void usage_main(FILE *out)
             "  export CKPT OUT  write a checkpoint's weights as safetensors or HDF5 (see 'shardlm export --help')\n"
             "  plan [CONFIG]    memory per rank, communication and FLOPs of a model and settings, without\n"
             "                   running; --fit finds settings that fit (see 'shardlm plan --help')\n"
+            "  tokenize TOK [FILE]  encode a text with a Hugging Face tokenizer.json (or --decode ids) as\n"
+            "                   Python's tokenizers does (see 'shardlm tokenize --help')\n"
             "  version          print the version\n"
             "  help             this text\n");
 }
@@ -139,6 +142,8 @@ int main(int argc, char **argv)
         return cmd_export(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0)
         return cmd_plan(argc - 1, argv + 1);
+    if (strcmp(cmd, "tokenize") == 0)
+        return cmd_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("shardlm %s\n", SHARDLM_VERSION);
         return EXIT_OK;
