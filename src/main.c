@@ -12,6 +12,7 @@
 #include "config.h"
 #include "generate.h"
 #include "plan_cli.h"
+#include "tokenize_cli.h"
 #include "train.h"
 #include "util.h"
 
@@ -31,6 +32,8 @@ static void usage_main(FILE *out)
             "  eval MODEL       mean loss and perplexity of a model over a data file (see 'shardlm eval --help')\n"
             "  plan [CONFIG]    memory per rank, communication and FLOPs of a model and settings, without\n"
             "                   running; --fit finds settings that fit (see 'shardlm plan --help')\n"
+            "  tokenize TOK [FILE]  encode a text with a Hugging Face tokenizer.json (or --decode ids) as\n"
+            "                   Python's tokenizers does (see 'shardlm tokenize --help')\n"
             "  version          print the version\n"
             "  help             this text\n");
 }
@@ -147,6 +150,8 @@ int main(int argc, char **argv)
         return cmd_eval(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0)
         return cmd_plan(argc - 1, argv + 1);
+    if (strcmp(cmd, "tokenize") == 0)
+        return cmd_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("shardlm %s\n", SHARDLM_VERSION);
         return EXIT_OK;

@@ -2,7 +2,7 @@
 # Install what shardlm needs to build and test, only where it is missing.
 #
 # On a cluster with environment modules (pkg-config already finds MPI, HDF5,
-# OpenBLAS and jansson) this does nothing.  On Debian/Ubuntu it installs the
+# OpenBLAS, jansson and PCRE2) this does nothing.  On Debian/Ubuntu it installs the
 # missing Debian packages with apt-get, and makes build/data-venv, the
 # tokenizers and jinja2 of tools/prepare_data.py.  With --test it also makes sure the
 # reference-test tools (Debian's python3-torch, numpy, h5py, crc32c) and the
@@ -27,6 +27,7 @@ declare -A pc_pkg=(
   [hdf5-openmpi]=libhdf5-openmpi-dev
   [openblas]=libopenblas-openmp-dev
   [jansson]=libjansson-dev
+  [libpcre2-8]=libpcre2-dev
 )
 missing=()
 if [ "$want_build" = 1 ]; then
@@ -126,7 +127,7 @@ if [ "${#missing[@]}" -eq 0 ]; then
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "shardlm deps: missing ${missing[*]} and no apt-get here;" \
-       "load the MPI, parallel HDF5, OpenBLAS and jansson modules (pkg-config must find them)" >&2
+       "load the MPI, parallel HDF5, OpenBLAS, jansson and PCRE2 modules (pkg-config must find them)" >&2
   exit 2
 fi
 SUDO=""

@@ -1,0 +1,228 @@
+/*
+ * tokenizer_regex — tokenizers' regexes with PCRE2 (tokenizer_internal.h).
+ *
+ * tokenizers compiles its patterns with Oniguruma (the onig crate, Ruby
+ * syntax). Where Oniguruma and PCRE2 (UTF + UCP) read the same spelling
+ * differently, the pattern is rewritten before PCRE2 compiles it:
+ *   \s \S  Oniguruma: Unicode White_Space; PCRE2 adds U+180E (in its \h)
+ *          -> \p{White_Space} / \P{White_Space}
+ *   \w \W  Oniguruma: letters, marks, numbers, connector punctuation; PCRE2
+ *          10.42 leaves out marks -> [\p{L}\p{M}\p{N}\p{Pc}] and its negation
+ *   \h \H  Oniguruma: a hexadecimal digit; PCRE2: horizontal space
+ *          -> [0-9a-fA-F] and its negation
+ *   \uHHHH Oniguruma's escape -> \x{HHHH}
+ *   ^ $    Ruby semantics: at every line -> PCRE2_MULTILINE
+ *   (?m)   Ruby's option for . to match a newline -> (?s) (PCRE2's (?m)
+ *          is already on)
+ * A negated class escape inside a class ([^\W]) has no PCRE2 spelling and is
+ * refused. GPT-2's and Llama 3's patterns need only the \s rewrite; the test
+ * (tests/t_tokenizer.py) compares the splits with tokenizers' on text in many
+ * scripts and on patterns that use the other rewrites.
+ *
+ * Matching runs PCRE2's JIT when the library has it; encoding gives it a JIT
+ * stack of up to TOK_JIT_STACK_MAX bytes (a backtracking pattern over a long
+ * run of spaces needs more than the default 32 KiB), decoding (one token at a
+ * time) the default.
+ */
+#define _GNU_SOURCE /* memmem */
+#include "tokenizer_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#define TOK_JIT_STACK_MIN (32 * 1024)
+#define TOK_JIT_STACK_MAX (8 * 1024 * 1024)
+
+/* What each rewritten escape becomes outside a class and inside one (NULL:
+ * no spelling inside a class). */
+struct escape_rewrite {
+    char escape;
+    const char *outside, *inside;
+};
+static const struct escape_rewrite rewrites[] = {
+    {'s', "\\p{White_Space}", "\\p{White_Space}"},
+    {'S', "\\P{White_Space}", "\\P{White_Space}"},
+    {'w', "[\\p{L}\\p{M}\\p{N}\\p{Pc}]", "\\p{L}\\p{M}\\p{N}\\p{Pc}"},
+    {'W', "[^\\p{L}\\p{M}\\p{N}\\p{Pc}]", NULL},
+    {'h', "[0-9a-fA-F]", "0-9a-fA-F"},
+    {'H', "[^0-9a-fA-F]", NULL},
+};
+
+static bool is_option(char c) { return c == 'i' || c == 'm' || c == 'x' || c == '-'; }
+
+static bool is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+/* Oniguruma pattern p[0, len) in PCRE2's spelling, appended to out. Returns 0,
+ * or -1 with why filled. */
+static int translate(const char *p, size_t len, struct tok_bytes *out, char *why, size_t whylen)
+{
+    bool in_class = false;
+    for (size_t i = 0; i < len;) {
+        char c = p[i];
+        if (c == '[' && !in_class) {
+            in_class = true;
+            tok_bytes_append(out, p + i, 1);
+            i++;
+            /* A ']' first in the class (after an optional '^') is a literal. */
+            if (i < len && p[i] == '^')
+                tok_bytes_append(out, p + i++, 1);
+            if (i < len && p[i] == ']')
+                tok_bytes_append(out, p + i++, 1);
+            continue;
+        }
+        if (c == '[' && in_class && i + 1 < len && p[i + 1] == ':') { /* POSIX class: copied to its ":]" */
+            const char *end = memmem(p + i, len - i, ":]", 2);
+            size_t n = end ? (size_t)(end - (p + i)) + 2 : len - i;
+            tok_bytes_append(out, p + i, n);
+            i += n;
+            continue;
+        }
+        if (c == ']' && in_class) {
+            in_class = false;
+            tok_bytes_append(out, p + i++, 1);
+            continue;
+        }
+        if (c == '(' && !in_class && i + 2 < len && p[i + 1] == '?' && is_option(p[i + 2])) {
+            /* an option group (?imx-imx) or (?imx-imx:...): Ruby's m is PCRE2's s */
+            tok_bytes_append(out, "(?", 2);
+            for (i += 2; i < len && is_option(p[i]); i++)
+                tok_bytes_append(out, p[i] == 'm' ? "s" : p + i, 1);
+            continue;
+        }
+        if (c != '\\' || i + 1 >= len) {
+            tok_bytes_append(out, p + i++, 1);
+            continue;
+        }
+        char e = p[i + 1];
+        const struct escape_rewrite *r = NULL;
+        for (size_t k = 0; k < sizeof rewrites / sizeof *rewrites; k++)
+            if (rewrites[k].escape == e)
+                r = &rewrites[k];
+        if (r) {
+            const char *with = in_class ? r->inside : r->outside;
+            if (!with) {
+                tok_err(why, whylen, "\\%c inside a character class has no PCRE2 equivalent", e);
+                return -1;
+            }
+            tok_bytes_append(out, with, strlen(with));
+            i += 2;
+        } else if (e == 'u' && i + 5 < len && is_hex(p[i + 2]) && is_hex(p[i + 3]) && is_hex(p[i + 4]) &&
+                   is_hex(p[i + 5])) {
+            tok_bytes_append(out, "\\x{", 3);
+            tok_bytes_append(out, p + i + 2, 4);
+            tok_bytes_append(out, "}", 1);
+            i += 6;
+        } else { /* any other escape, with the whole character it escapes */
+            size_t n = 1 + tok_utf8_len((unsigned char)e);
+            if (i + n > len)
+                n = len - i;
+            tok_bytes_append(out, p + i, n);
+            i += n;
+        }
+    }
+    return 0;
+}
+
+int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, bool literal, char *why, size_t whylen)
+{
+    struct tok_bytes text = {0};
+    uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE;
+    if (literal) {
+        options = PCRE2_UTF | PCRE2_LITERAL; /* the only options PCRE2 takes with a literal */
+        tok_bytes_append(&text, pattern, len);
+    } else if (translate(pattern, len, &text, why, whylen) != 0) {
+        free(text.b);
+        return -1;
+    }
+    int code;
+    PCRE2_SIZE at;
+    tok_bytes_reserve(&text, 0);
+    re->code = pcre2_compile((PCRE2_SPTR)(text.b ? text.b : ""), text.len, options, &code, &at, NULL);
+    if (!re->code) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(code, msg, sizeof msg);
+        tok_err(why, whylen, "PCRE2 cannot compile it (as rewritten: %.*s): %s at offset %zu", (int)text.len,
+                text.b ? text.b : "", (const char *)msg, (size_t)at);
+        free(text.b);
+        return -1;
+    }
+    free(text.b);
+    pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE); /* without JIT support, the interpreter runs it */
+    return 0;
+}
+
+void tok_regex_free(struct tok_regex *re)
+{
+    pcre2_code_free(re->code);
+    re->code = NULL;
+}
+
+void tok_matcher_init(struct tok_matcher *m, bool long_texts)
+{
+    memset(m, 0, sizeof *m);
+    m->md = pcre2_match_data_create(1, NULL);
+    m->mctx = pcre2_match_context_create(NULL);
+    if (!m->md || !m->mctx)
+        fail_internal("out of host memory creating PCRE2 match data");
+    if (long_texts)
+        m->jit_stack = pcre2_jit_stack_create(TOK_JIT_STACK_MIN, TOK_JIT_STACK_MAX, NULL);
+    if (m->jit_stack)
+        pcre2_jit_stack_assign(m->mctx, NULL, m->jit_stack);
+}
+
+void tok_matcher_free(struct tok_matcher *m)
+{
+    pcre2_match_data_free(m->md);
+    pcre2_match_context_free(m->mctx);
+    pcre2_jit_stack_free(m->jit_stack);
+    memset(m, 0, sizeof *m);
+}
+
+void tok_spans_push(struct tok_spans *s, size_t start, size_t end, bool match)
+{
+    tok_grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v);
+    s->v[s->n++] = (struct tok_span){.start = start, .end = end, .match = match};
+}
+
+int tok_find_matches(const struct tok_regex *re, struct tok_matcher *m, const char *s, size_t len,
+                     struct tok_spans *out, char *err, size_t errlen)
+{
+    out->n = 0;
+    if (len == 0) {
+        tok_spans_push(out, 0, 0, false);
+        return 0;
+    }
+    /* The onig crate's find_iter: search from last_end; an empty match at the
+     * end of the previous match is passed over (the search moves on by one
+     * character), any other match is taken. */
+    size_t prev = 0, last_end = 0;
+    size_t last_match_end = SIZE_MAX;
+    while (last_end <= len) {
+        int rc = pcre2_match(re->code, (PCRE2_SPTR)s, len, last_end, PCRE2_NO_UTF_CHECK, m->md, m->mctx);
+        if (rc == PCRE2_ERROR_NOMATCH)
+            break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            tok_err(err, errlen, "the regex failed on a text of %zu bytes: %s", len, (const char *)msg);
+            return -1;
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(m->md);
+        size_t start = ov[0], end = ov[1];
+        if (start == end && end == last_match_end) {
+            last_end += last_end < len ? tok_utf8_len((unsigned char)s[last_end]) : 1;
+            continue;
+        }
+        last_end = end;
+        last_match_end = end;
+        if (prev != start)
+            tok_spans_push(out, prev, start, false);
+        tok_spans_push(out, start, end, true);
+        prev = end;
+    }
+    if (prev != len)
+        tok_spans_push(out, prev, len, false);
+    return 0;
+}

@@ -1,0 +1,482 @@
+#!/usr/bin/env python3
+"""t_tokenizer — shardlm's tokenizer.json reader (src/tokenizer*.c, through
+`shardlm tokenize`) against Python's tokenizers 0.19 (build/ref-venv; this
+script re-executes itself there). Nothing is downloaded: the tokenizers are
+trained here on the repository's own sources and documentation.
+
+Tokenizers:
+  gpt2       byte-level BPE (ByteLevel pre-tokenizer, post-processor and
+             decoder), vocabulary 2000, special tokens <|endoftext|>, <mask>
+             (lstrip) and [SEP] (rstrip), added tokens ZeRO (single_word,
+             normalized) and ckpt_ (not normalized)
+  gpt2_pairs the same with its merges written as ["a", "b"] pairs (the format
+             of tokenizers 0.20, which 0.19 cannot read: compared with gpt2's ids)
+  llama3     Split on Llama 3's regex + ByteLevel(use_regex=False),
+             ignore_merges with whole words in the vocabulary that the merges
+             would cut (llama3_merged: the same without ignore_merges, whose
+             ids must differ), TemplateProcessing <|begin_of_text|> $A inside
+             a post-processor Sequence, Llama 3's special tokens
+  llama2     Prepend "▁" + Replace " " -> "▁", no pre-tokenizer (the whole
+             text is one word for BPE), byte_fallback with <0x00>..<0xFF>,
+             unk <unk>, fuse_unk, decoder Replace + ByteFallback + Fuse +
+             Strip, TemplateProcessing <s> $A; llama2_unk: the same without
+             byte_fallback (unknown characters become fused <unk>)
+  metaspace  the llama2 vocabulary with Metaspace(prepend_scheme "first",
+             split false) and no normalizer; metaspace_split: Metaspace
+             (prepend_scheme "always", split true) with the Metaspace decoder
+  splits_*   the gpt2 vocabulary behind Split pre-tokenizers with every
+             behavior, invert, a String pattern, and patterns where Oniguruma
+             and PCRE2 differ (\\w, \\h, \\s, \\uHHHH, $ at every line end,
+             . matching a newline only under Ruby's (?m), empty matches, an
+             empty lookahead match)
+
+Checks, for each tokenizer:
+  *.encode.{src,docs,multilingual,edge}[.no_special]
+      ids of every file of src/, every *.md of the repository, a text in many
+      scripts (CJK, emoji with ZWJ and skin tones, combining marks, Arabic,
+      Hebrew, long digit runs, runs of spaces, tabs, newlines and CRLF, the
+      special tokens) and short edge cases (empty, spaces only, a lone
+      special token ...) equal tokenizers' encode(text).ids, with and without
+      add_special_tokens
+  *.decode.*  our decode of those ids equals tokenizers' decode (with and
+              without skip_special_tokens), and equals the text where
+              tokenizers' does; random id sequences decode as tokenizers does
+  *.stream.*  the streaming decoder's pieces (shardlm tokenize --decode
+              --stream), joined, equal what decode(ids) adds to decoding the
+              first 0, 3 or 50 ids (the context)
+  llama3.ignore_merges_matters  the ids with and without ignore_merges differ
+bad.*: a WordPiece and a Unigram tokenizer.json, an NFKC normalizer, a
+Whitespace pre-tokenizer, a WordPiece decoder, BPE dropout, a merge of tokens
+not in the vocabulary, malformed JSON, a missing tokenizer or text, an
+out-of-range id and an object for --decode, text that is not UTF-8: one line
+on stderr naming the problem, exit status 2.
+
+shardlm tokenize runs once per tokenizer and check with every file (one line
+of ids each), so that the comparisons, not process starts, take the time.
+"""
+import glob
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import use_ref_venv  # noqa: E402
+
+use_ref_venv("tokenizers", "tokenizer.env")
+
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors,  # noqa: E402
+                        trainers)
+
+from harness import BIN, ROOT, check, failures, note, scratch_dir  # noqa: E402
+
+TMP = scratch_dir("t_tokenizer")
+# Llama 3's pre-tokenization regex (its tokenizer.json's Split pattern).
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
+VOCAB = 2000
+# Random id sequences decoded per tokenizer, and their length.
+RANDOM_DECODES, RANDOM_LEN = 40, 24
+# Ids of context before the streamed ones (--stream --context N).
+STREAM_CONTEXTS = (0, 3, 50)
+
+MULTILINGUAL = "\n".join([
+    "English: It's a test; we'll see what they've done, I'd say. IT'S LOUD! 'S 'ſx 'REx",
+    "Français : l'élève a reçu « 3 » prix — façade, cœur, naïveté.",
+    "Deutsch: Größenwahn, Straße, ÄÖÜ äöü ß ẞ.",
+    "Русский: Съешь же ещё этих мягких французских булок, да выпей чаю.",
+    "Ελληνικά: Ξεσκεπάζω την ψυχοφθόρα βδελυγμία. ς σ Σ",
+    "日本語: 私はガラスを食べられます。それは私を傷つけません。ｶﾀｶﾅ",
+    "中文：我能吞下玻璃而不伤身体。繁體字與簡体字。",
+    "한국어: 나는 유리를 먹을 수 있어요. 그래도 아프지 않아요",
+    "العربية: أنا قادر على أكل الزجاج و هذا لا يؤلمني. مَرْحَبًا",
+    "עברית: אני יכול לאכול זכוכית וזה לא מזיק לי. שָׁלוֹם",
+    "हिन्दी: मैं काँच खा सकता हूँ और मुझे उससे कोई चोट नहीं पहुंचती. क्षत्रिय",
+    "ไทย: ฉันกินกระจกได้ แต่มันไม่ทำให้ฉันเจ็บ",
+    "Emoji: 👍 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 🇫🇷🇩🇪 ❤️ 1️⃣ 🤷🏾‍♀️ 😀😃😄",
+    "Combining: e\u0301 a\u0308\u0304 Z\u0335\u0321\u0322 n\u0303",
+    "Digits: 1234567890123456789 3.14159 1,000,000 ٠١٢٣٤٥ १२३ ①②③ ½",
+    "Spaces:   three\t\ttabs  \u00a0nbsp\u3000ideographic\u2003em\u180emongolian\u200bzwsp\ufeffbom",
+    "Lines:\r\nCRLF\r\n\r\nand\n\n\nblank\r\rCR only   \n   \n",
+    "Code: for (int i = 0; i < n; i++) { x += a[i] * b[i]; } // done",
+    "Special: <|endoftext|>after <|endoftext|> spaced<mask> [SEP] ZeRO ZeROs ckpt_dir <s> </s> <unk> <0x41>",
+    "Llama 3: <|begin_of_text|>hello<|end_of_text|><|eot_id|>",
+    "Marker ▁ in text ▁▁ and __ underscores",
+    "Long: " + "a" * 3000 + " " + "9" * 200 + " " * 500 + "end",
+    "Math: ∀x∈ℝ, x² ≥ 0; ∑ᵢ aᵢ ≠ ∞; ﬁnal ﬂow",
+]) + "\n   "
+
+EDGE = ["", " ", "  ", "\n", "\r\n", "\t", " leading", "trailing ", "  both  ", "a", "<|endoftext|>",
+        "a<|endoftext|>b", " <|endoftext|> ", "<mask>", "x <mask> y", "[SEP]  z", "ZeRO", "aZeROb", "ZeRO!",
+        "ckpt_x", "<s>", "<s> hello", "hello </s>", "<unk>", "<0x41>", "▁", "▁x", "\x00", "\x00a\x00",
+        "\u180e", "'ſx", "ab\u0301", "é", "   \n\n   x", "<|begin_of_text|>", "hi<|eot_id|>"]
+
+
+def shardlm(*args, stdin=None):
+    out = subprocess.run([BIN, "tokenize", *args], input=stdin, capture_output=True)
+    return out.returncode, out.stdout, out.stderr.decode("utf-8", "replace")
+
+
+def read_text(path):
+    with open(path, encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+def write_text(name, text):
+    path = os.path.join(TMP, name)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    return path
+
+
+def write_json(name, obj):
+    path = os.path.join(TMP, name)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, ensure_ascii=False)
+    return path
+
+
+# ---- inputs -------------------------------------------------------------
+
+def corpus_files():
+    src = sorted(glob.glob(os.path.join(ROOT, "src", "*.[ch]")))
+    docs = sorted(subprocess.run(["git", "-C", ROOT, "ls-files", "*.md"], capture_output=True, text=True)
+                  .stdout.split())
+    return src, [os.path.join(ROOT, d) for d in docs]
+
+
+def input_groups():
+    """{group: [(name, path, text)]}"""
+    src, docs = corpus_files()
+    groups = {
+        "src": [(os.path.basename(p), p, read_text(p)) for p in src],
+        "docs": [(os.path.relpath(p, ROOT), p, read_text(p)) for p in docs],
+        "multilingual": [("multilingual", write_text("multilingual.txt", MULTILINGUAL), MULTILINGUAL)],
+        "edge": [(repr(t), write_text(f"edge{i}.txt", t), t) for i, t in enumerate(EDGE)],
+    }
+    return groups
+
+
+# ---- tokenizers -----------------------------------------------------------
+
+def train_byte_level(files):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train(files, trainer)
+    return tok
+
+
+def make_gpt2(files):
+    tok = train_byte_level(files)
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True, normalized=False),
+                            AddedToken("[SEP]", rstrip=True, special=True, normalized=False)])
+    tok.add_tokens([AddedToken("ZeRO", single_word=True, normalized=True),
+                    AddedToken("ckpt_", normalized=False)])
+    return tok
+
+
+def pairs_json(tok):
+    j = json.loads(tok.to_str())
+    j["model"]["merges"] = [m.split(" ") for m in j["model"]["merges"]]
+    return j
+
+
+def make_llama3(files):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|eot_id|>"]
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train(files, trainer)
+    j = json.loads(tok.to_str())
+    # Whole words the merges would cut differently: only ignore_merges emits them whole.
+    vocab = j["model"]["vocab"]
+    for word in ["Ġtokenizer", "Ġshardlm", "Ġgradient", "Ġcheckpoint", "Ġthe", "Ġconfiguration", "Ġfunction"]:
+        if word not in vocab:
+            vocab[word] = len(vocab)
+    for t in j["added_tokens"]:
+        t["id"] = vocab[t["content"]]
+    j["model"]["ignore_merges"] = True
+    bos = vocab["<|begin_of_text|>"]
+    j["post_processor"] = {"type": "Sequence", "processors": [
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        {"type": "TemplateProcessing",
+         "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                    {"Sequence": {"id": "A", "type_id": 0}}],
+         "pair": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                  {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+         "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [bos],
+                                                  "tokens": ["<|begin_of_text|>"]}}}]}
+    merged = json.loads(json.dumps(j))
+    merged["model"]["ignore_merges"] = False
+    return j, merged
+
+
+LLAMA2_DECODER = {"type": "Sequence", "decoders": [
+    {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+    {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+
+
+def make_llama2(files):
+    """Llama 2's layout: <unk> <s> </s>, the 256 byte tokens, then the merged pieces (trained with a Metaspace
+    pre-tokenizer so that they look like SentencePiece's; the file then has none, as Llama 2's)."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=120,
+                                  show_progress=False)
+    tok.train(files, trainer)
+    j = json.loads(tok.to_str())
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    for t, _ in sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        vocab.setdefault(t, len(vocab))
+    j["model"].update(vocab=vocab, byte_fallback=True, fuse_unk=True, unk_token="<unk>")
+    j["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}
+    j["pre_tokenizer"] = None
+    j["decoder"] = LLAMA2_DECODER
+    j["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+    unk = json.loads(json.dumps(j))
+    unk["model"]["byte_fallback"] = False
+    meta = json.loads(json.dumps(j))
+    meta["normalizer"] = None
+    meta["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+    meta_split = json.loads(json.dumps(meta))
+    meta_split["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always",
+                                   "split": True}
+    meta_split["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always",
+                                   "split": True}]}
+    return j, unk, meta, meta_split
+
+
+def split_variants(gpt2):
+    """The gpt2 vocabulary behind Split pre-tokenizers (ByteLevel without its regex maps the bytes)."""
+    base = json.loads(gpt2.to_str())
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    cases = {
+        "isolated_w": (r"\w+", "Isolated", False),
+        "removed_s": (r"\s+", "Removed", False),
+        "prev_punct": (r"[.,;:!?]", "MergedWithPrevious", False),
+        "next_h": (r"\h+", "MergedWithNext", False),
+        "contiguous_d": (r"\d", "Contiguous", False),
+        "invert_w": (r"\w+", "Isolated", True),
+        "dot_newline": (r"a.b|$", "Isolated", False),
+        "empty_matches": (r"x*", "Isolated", False),
+        "string": ({"String": "the"}, "MergedWithNext", False),
+        "lookahead": (r"a|(?=c)", "Isolated", False),
+        "dotall_option": (r"(?m:a.b)|e.", "Isolated", False),
+        "u_escape": (r"\u00e9|\u4e2d", "Isolated", False),
+    }
+    out = {}
+    for name, (pattern, behavior, invert) in cases.items():
+        j = json.loads(json.dumps(base))
+        pat = pattern if isinstance(pattern, dict) else {"Regex": pattern}
+        j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": pat, "behavior": behavior, "invert": invert}, byte_level]}
+        out["splits_" + name] = j
+    return out
+
+
+# ---- comparisons ----------------------------------------------------------
+
+def first_difference(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def run_lines(name, *args):
+    """shardlm tokenize's output lines, each parsed as JSON; None and a message when it failed."""
+    rc, out, err = shardlm(*args)
+    if rc != 0:
+        return None, f"{name}: exit {rc}: {err.strip()[:300]}"
+    return [json.loads(line) for line in out.decode("utf-8").splitlines()], ""
+
+
+def write_ids(tag, id_lists):
+    paths = []
+    for k, ids in enumerate(id_lists):
+        paths.append(os.path.join(TMP, f"ids_{tag}_{k}.json"))
+        with open(paths[-1], "w") as f:
+            json.dump(ids, f)
+    return paths
+
+
+def encode_check(name, path, ref, groups):
+    """Checks the ids of every group with and without special tokens; returns [(input name, special, text, ids)]."""
+    cases = []
+    items = [item for members in groups.values() for item in members]
+    for special in (True, False):
+        got, err = run_lines(name, path, *([] if special else ["--no-special"]), *[p for _, p, _ in items])
+        k = 0
+        for group, members in groups.items():
+            bad = [err] if got is None else []
+            for iname, _, text in members:
+                want = ref.encode(text, add_special_tokens=special).ids
+                cases.append((iname, special, text, want))
+                mine = got[k] if got is not None else None
+                k += 1
+                if got is not None and mine != want:
+                    i = first_difference(mine, want)
+                    bad.append(f"{iname}: {len(mine)} ids vs {len(want)}, first difference at {i}: "
+                               f"{mine[i:i + 5]} vs {want[i:i + 5]}")
+            check(f"{name}.encode.{group}{'' if special else '.no_special'}", not bad, "; ".join(bad[:3]))
+    return cases
+
+
+def decode_lines(name, path, id_lists, *flags):
+    got, err = run_lines(name, path, "--decode", "--json", *flags, *write_ids(name, id_lists))
+    return got if got is not None else [f"<{err}>"] * len(id_lists)
+
+
+def decode_check(name, path, ref, cases):
+    bad, not_text = [], []
+    for skip in (False, True):
+        flags = ["--skip-special"] if skip else []
+        got = decode_lines(name, path, [ids for _, _, _, ids in cases], *flags)
+        for (iname, special, text, ids), mine in zip(cases, got):
+            want = ref.decode(ids, skip_special_tokens=skip)
+            if mine != want:
+                i = first_difference(mine, want)
+                bad.append(f"{iname} special={special} skip={skip}: at {i}: {mine[i:i + 20]!r} vs {want[i:i + 20]!r}")
+            if skip and want == text and mine != text:
+                not_text.append(iname)
+    check(f"{name}.decode.equals_tokenizers", not bad, "; ".join(bad[:3]))
+    round_trips = sum(1 for _, special, text, ids in cases if ref.decode(ids, skip_special_tokens=True) == text)
+    check(f"{name}.decode.round_trip", not not_text and round_trips > len(cases) // 2,
+          f"{round_trips} of {len(cases)} texts round-trip in tokenizers; ours differs for {not_text[:3]}")
+    rng = random.Random(name)
+    vocab_size = ref.get_vocab_size(with_added_tokens=True)
+    random_ids = [[rng.randrange(vocab_size) for _ in range(RANDOM_LEN)] for _ in range(RANDOM_DECODES)]
+    bad = []
+    for skip in (False, True):
+        got = decode_lines(name, path, random_ids, *(["--skip-special"] if skip else []))
+        for ids, mine in zip(random_ids, got):
+            want = ref.decode(ids, skip_special_tokens=skip)
+            if mine != want:
+                bad.append(f"{ids}: {mine!r} vs {want!r}")
+    check(f"{name}.decode.random_ids", not bad, "; ".join(bad[:2]))
+
+
+def stream_check(name, path, ref, cases):
+    """The stream's pieces, joined, are what decoding all the ids adds to decoding the context's."""
+    cases = [c for c in cases if c[1]]
+    bad, compared = [], 0
+    for context in STREAM_CONTEXTS:
+        got, err = run_lines(name, path, "--decode", "--stream", "--context", str(context),
+                             *write_ids(name, [ids for _, _, _, ids in cases]))
+        if got is None:
+            bad.append(err)
+            continue
+        for (iname, _, _, ids), pieces in zip(cases, got):
+            whole = ref.decode(ids, skip_special_tokens=False)
+            before = ref.decode(ids[:context], skip_special_tokens=False)
+            if "\ufffd" in whole or not whole.startswith(before):
+                continue
+            compared += 1
+            if "".join(pieces) != whole[len(before):]:
+                bad.append(f"{iname} context {context}: {''.join(pieces)[:60]!r} vs {whole[len(before):][:60]!r}")
+    check(f"{name}.stream.joined_equals_decode", not bad and compared > len(cases), "; ".join(bad[:3]))
+
+
+def compare(name, path, ref, groups, full=True):
+    start = time.time()
+    cases = encode_check(name, path, ref, groups)
+    if full:
+        decode_check(name, path, ref, cases)
+        stream_check(name, path, ref, cases)
+    note(f"{name}: {time.time() - start:.1f} s")
+    return [ids for _, _, _, ids in cases]
+
+
+# ---- bad inputs -------------------------------------------------------------
+
+def expect_refusal(name, args, *needles, stdin=None):
+    rc, out, err = shardlm(*args, stdin=stdin)
+    lines = err.strip().splitlines()
+    ok = rc == 2 and len(lines) == 1 and all(n.lower() in err.lower() for n in needles)
+    check(f"bad.{name}", ok, f"exit {rc}, stderr {err.strip()!r} (want one line naming {needles})")
+
+
+def bad_inputs(gpt2_path, gpt2_json):
+    text = write_text("a.txt", "ab")
+    wordpiece = os.path.join(TMP, "wordpiece.json")
+    Tokenizer(models.WordPiece(vocab={"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]")).save(wordpiece)
+    expect_refusal("wordpiece", [wordpiece, text], "model type WordPiece")
+    unigram = os.path.join(TMP, "unigram.json")
+    Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0, False)).save(unigram)
+    expect_refusal("unigram", [unigram, text], "model type Unigram")
+    for field, value, needle in [
+            ("normalizer", {"type": "NFKC"}, "normalizer NFKC"),
+            ("pre_tokenizer", {"type": "Whitespace"}, "pre_tokenizer Whitespace"),
+            ("decoder", {"type": "WordPiece", "prefix": "##", "cleanup": True}, "decoder WordPiece")]:
+        j = json.loads(json.dumps(gpt2_json))
+        j[field] = value
+        expect_refusal(field + "_" + value["type"].lower(), [write_json(f"bad_{field}.json", j),
+                                                               text], needle)
+    j = json.loads(json.dumps(gpt2_json))
+    j["model"]["dropout"] = 0.1
+    expect_refusal("bpe_dropout", [write_json("bad_dropout.json", j), text], "dropout")
+    j = json.loads(json.dumps(gpt2_json))
+    j["model"]["merges"][5] = "nothere alsonot"
+    expect_refusal("merge_out_of_vocab", [write_json("bad_merge.json", j), text],
+                   "merges[5]", "nothere")
+    with open(os.path.join(TMP, "malformed.json"), "w") as f:
+        f.write('{"model": {"type": "BPE", "vocab": {"a": 0,}')
+    expect_refusal("malformed_json", [os.path.join(TMP, "malformed.json"), text],
+                   "malformed.json", "not valid JSON")
+    expect_refusal("missing_tokenizer", [os.path.join(TMP, "nope.json"), text], "nope.json")
+    expect_refusal("missing_text", [gpt2_path, os.path.join(TMP, "nope.txt")], "nope.txt")
+    expect_refusal("decode_out_of_range", [gpt2_path, "--decode"], "out of range", stdin=b"[1, 2, 999999]")
+    expect_refusal("decode_not_ids", [gpt2_path, "--decode"], "JSON array", stdin=b'{"ids": [1]}')
+    expect_refusal("not_utf8", [gpt2_path], "UTF-8", "offset 3", stdin=b"abc\xff\xfe")
+
+
+def main():
+    groups = input_groups()
+    src, docs = corpus_files()
+    train_files = src + docs
+    note(f"{sum(len(v) for v in groups.values())} inputs: {', '.join(f'{k} {len(v)}' for k, v in groups.items())}")
+
+    gpt2 = make_gpt2(train_files)
+    gpt2_path = os.path.join(TMP, "gpt2.json")
+    gpt2.save(gpt2_path)
+    compare("gpt2", gpt2_path, gpt2, groups)
+    compare("gpt2_pairs", write_json("gpt2_pairs.json", pairs_json(gpt2)), gpt2, groups, full=False)
+
+    llama3, llama3_merged = make_llama3(train_files)
+    ref3 = Tokenizer.from_str(json.dumps(llama3))
+    ids3 = compare("llama3", write_json("llama3.json", llama3), ref3, groups)
+    ref3m = Tokenizer.from_str(json.dumps(llama3_merged))
+    ids3m = compare("llama3_merged", write_json("llama3_merged.json", llama3_merged), ref3m, groups, full=False)
+    check("llama3.ignore_merges_matters", ids3 != ids3m, "the same ids with and without ignore_merges")
+
+    for name, j in zip(("llama2", "llama2_unk", "metaspace", "metaspace_split"), make_llama2(train_files)):
+        ref = Tokenizer.from_str(json.dumps(j))
+        compare(name, write_json(name + ".json", j), ref, groups)
+
+    small = {k: v if k != "src" else v[:12] for k, v in groups.items()}
+    for name, j in split_variants(gpt2).items():
+        compare(name, write_json(name + ".json", j), Tokenizer.from_str(json.dumps(j)), small, full=False)
+
+    bad_inputs(gpt2_path, json.loads(gpt2.to_str()))
+
+
+main()
+sys.exit(1 if failures() else 0)
