@@ -14,12 +14,14 @@ Tokenizers:
   llama3     Split on Llama 3's regex + ByteLevel(use_regex=False),
              ignore_merges with whole words in the vocabulary that the merges
              would cut (llama3_merged: the same without ignore_merges, whose
-             ids must differ), TemplateProcessing <|begin_of_text|> $A inside
-             a post-processor Sequence, Llama 3's special tokens
+             ids must differ, and without a decoder), TemplateProcessing
+             <|begin_of_text|> $A inside a post-processor Sequence, Llama 3's
+             special tokens
   llama2     Prepend "▁" + Replace " " -> "▁", no pre-tokenizer (the whole
              text is one word for BPE), byte_fallback with <0x00>..<0xFF>,
              unk <unk>, fuse_unk, decoder Replace + ByteFallback + Fuse +
-             Strip, TemplateProcessing <s> $A; llama2_unk: the same without
+             Strip, TemplateProcessing <s> $A, added tokens ZeRO (normalized:
+             matched as "▁ZeRO") and ckpt_; llama2_unk: the same without
              byte_fallback (unknown characters become fused <unk>)
   metaspace  the llama2 vocabulary with Metaspace(prepend_scheme "first",
              split false) and no normalizer; metaspace_split: Metaspace
@@ -218,6 +220,7 @@ def make_llama3(files):
                                                   "tokens": ["<|begin_of_text|>"]}}}]}
     merged = json.loads(json.dumps(j))
     merged["model"]["ignore_merges"] = False
+    merged["decoder"] = None  # tokenizers then joins the tokens with spaces
     return j, merged
 
 
@@ -240,6 +243,12 @@ def make_llama2(files):
     for t, _ in sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1]):
         vocab.setdefault(t, len(vocab))
     j["model"].update(vocab=vocab, byte_fallback=True, fuse_unk=True, unk_token="<unk>")
+    # Added tokens that are not special: one matched in the normalized text ("▁ZeRO" after Prepend and
+    # Replace), one in the raw text.
+    for content, normalized in (("ZeRO", True), ("ckpt_", False)):
+        j["added_tokens"].append({"id": len(vocab) + len(j["added_tokens"]) - 3, "content": content,
+                                  "single_word": False, "lstrip": False, "rstrip": False,
+                                  "normalized": normalized, "special": False})
     j["normalizer"] = {"type": "Sequence", "normalizers": [
         {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]}
     j["pre_tokenizer"] = None
@@ -345,7 +354,7 @@ def decode_lines(name, path, id_lists, *flags):
     return got if got is not None else [f"<{err}>"] * len(id_lists)
 
 
-def decode_check(name, path, ref, cases):
+def decode_check(name, path, ref, cases, round_trips_expected):
     bad, not_text = [], []
     for skip in (False, True):
         flags = ["--skip-special"] if skip else []
@@ -359,7 +368,7 @@ def decode_check(name, path, ref, cases):
                 not_text.append(iname)
     check(f"{name}.decode.equals_tokenizers", not bad, "; ".join(bad[:3]))
     round_trips = sum(1 for _, special, text, ids in cases if ref.decode(ids, skip_special_tokens=True) == text)
-    check(f"{name}.decode.round_trip", not not_text and round_trips > len(cases) // 2,
+    check(f"{name}.decode.round_trip", not not_text and (round_trips > len(cases) // 2 or not round_trips_expected),
           f"{round_trips} of {len(cases)} texts round-trip in tokenizers; ours differs for {not_text[:3]}")
     rng = random.Random(name)
     vocab_size = ref.get_vocab_size(with_added_tokens=True)
@@ -395,11 +404,13 @@ def stream_check(name, path, ref, cases):
     check(f"{name}.stream.joined_equals_decode", not bad and compared > len(cases), "; ".join(bad[:3]))
 
 
-def compare(name, path, ref, groups, full=True):
+def compare(name, path, ref, groups, full=True, round_trips=True):
+    """The checks of one tokenizer; full: decode and stream too; round_trips: most texts decode back to
+    themselves in tokenizers (not without a decoder)."""
     start = time.time()
     cases = encode_check(name, path, ref, groups)
     if full:
-        decode_check(name, path, ref, cases)
+        decode_check(name, path, ref, cases, round_trips)
         stream_check(name, path, ref, cases)
     note(f"{name}: {time.time() - start:.1f} s")
     return [ids for _, _, _, ids in cases]
@@ -464,7 +475,8 @@ def main():
     ref3 = Tokenizer.from_str(json.dumps(llama3))
     ids3 = compare("llama3", write_json("llama3.json", llama3), ref3, groups)
     ref3m = Tokenizer.from_str(json.dumps(llama3_merged))
-    ids3m = compare("llama3_merged", write_json("llama3_merged.json", llama3_merged), ref3m, groups, full=False)
+    ids3m = compare("llama3_merged", write_json("llama3_merged.json", llama3_merged), ref3m, groups,
+                    round_trips=False)
     check("llama3.ignore_merges_matters", ids3 != ids3m, "the same ids with and without ignore_merges")
 
     for name, j in zip(("llama2", "llama2_unk", "metaspace", "metaspace_split"), make_llama2(train_files)):
