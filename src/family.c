@@ -224,7 +224,25 @@ static void read_act(float *out, const float *p, size_t n)
 void family_read_logits(const struct family_acts *a, int row, float *out)
 {
     const size_t Vp = (size_t)a->m->cfg.padded_vocab;
-    read_act(out, elem_at(a->logits, (size_t)row * Vp, act_size_now()), Vp);
+    if (row < a->logits_r0 || row >= a->logits_r0 + a->logits_rows)
+        fail_internal("logits row %d is not in the last chunk computed (rows %d .. %d)", row, a->logits_r0,
+                      a->logits_r0 + a->logits_rows - 1);
+    read_act(out, elem_at(a->logits, (size_t)(row - a->logits_r0) * Vp, act_size_now()), Vp);
+}
+
+int family_logits_rows(const struct model *m, int B, int T)
+{
+    const struct model_config *c = &m->cfg;
+    const long long N = (long long)B * T, hs = c->n_embd / c->n_head;
+    const long long qkv = c->n_embd + 2LL * c->n_kv_head * hs;
+    const long long mlp = c->mlp == MLP_SWIGLU ? 2LL * c->ffn_dim : c->ffn_dim;
+    long long widest = qkv > mlp ? qkv : mlp, rows = N * widest / c->padded_vocab;
+    rows = rows < LOGITS_MIN_ROWS ? LOGITS_MIN_ROWS : rows;
+    const char *force = getenv(LOGITS_ROWS_ENV);
+    if (force && *force)
+        rows = atoll(force) > 0 ? atoll(force) : 1;
+    rows = rows < B ? B : rows;
+    return (int)(rows < N ? rows : N);
 }
 
 static int n_segments(int L, int interval) { return (L + interval - 1) / interval; }
@@ -328,13 +346,53 @@ static int kv_last_rows(struct family_acts *a)
     return a->B;
 }
 
+/* The LM head over the final norm's output, a->logits_rows rows at a time:
+ * the chunk's logits, and with targets its losses; with backward, its
+ * dlogits (scaled by a->dloss_scale) folded at once into the LM head's
+ * gradient (lm_grad_unit's tensor, NULL: frozen) and the rows of a->dwork_c,
+ * the final norm's output gradient. Returns the sum of the losses. The
+ * buffer keeps the last chunk's logits (family_read_logits). */
+static double lm_chunks(struct family_acts *a, const float *lm, float *lm_grad_unit, int with_targets, bool backward)
+{
+    const struct model *m = a->m;
+    const int C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
+    const int rows = a->kv ? kv_last_rows(a) : a->B * a->T;
+    const size_t es = act_size_now();
+    float *dlm = backward ? family_grad(a, lm_grad_unit, lm_unit(m), lm_tensor(m)) : NULL;
+    for (int r0 = 0; r0 < rows; r0 += a->logits_rows) {
+        const int n = rows - r0 < a->logits_rows ? rows - r0 : a->logits_rows;
+        const float *x = elem_at(a->norm_out, (size_t)r0 * C, es);
+        backend_matmul_forward_transposed(a->logits, x, lm, n, C, Vp);
+        a->logits_r0 = r0;
+        if (a->debug_logits)
+            read_act(a->debug_logits + (size_t)r0 * Vp, a->logits, (size_t)n * Vp);
+        if (!with_targets)
+            continue;
+        backend_crossentropy_forward(a->losses + r0, a->logits, a->dev_targets + r0, n, V, Vp);
+        if (!backward)
+            continue;
+        backend_crossentropy_backward(a->logits, a->dev_targets + r0, a->dloss_scale, n, V, Vp);
+        backend_matmul_backward_transposed((float *)elem_at(a->dwork_c, (size_t)r0 * C, es), dlm, a->logits, x, lm, n,
+                                           C, Vp);
+    }
+    if (!with_targets)
+        return 0.0;
+    if (a->host_losses != a->losses)
+        backend_copy(a->host_losses, a->losses, (size_t)rows * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < rows; i++)
+        sum += a->host_losses[i];
+    return sum;
+}
+
+static bool trained(const struct model *m, int u) { return !m->units[u].frozen; }
+
 static double walk_forward(struct walk *w, struct family_acts *a, int with_targets, enum family_mode mode)
 {
     const struct model *m = a->m;
     const struct family *f = a->f;
     const int L = m->cfg.n_layer, head = model_head_unit(m), N = a->B * a->T;
     const size_t NC = (size_t)N * (size_t)m->cfg.n_embd;
-    const int Vp = m->cfg.padded_vocab;
 
     const float *emb = acquire(w, 0);
     if (live(w))
@@ -358,48 +416,48 @@ static double walk_forward(struct walk *w, struct family_acts *a, int with_targe
             family_copy_act(a->work[0], block_out(a, l), NC);
     }
 
+    /* The head: the final norm, then the LM head chunk by chunk (lm_chunks). In
+     * training the head's backward runs here too, each chunk's dlogits folded
+     * into the LM head's gradient and the final norm's output gradient as soon
+     * as it exists, then the final norm's backward: the backward starts at the
+     * blocks, and no buffer of every row's logits exists. */
+    const bool train = mode == FAMILY_TRAIN, tied = m->cfg.tied_head;
+    const bool emb_trained = trained(m, 0), head_trained = trained(m, head);
     const float *hp = acquire(w, head);
     if (live(w))
         f->norm_forward(a, hp);
     const float *lm_base = hp;
-    if (m->cfg.tied_head) {
+    float *lm_grad = NULL, *hg = NULL;
+    if (tied) {
         release(w, head);
         lm_base = acquire(w, 0);
+        /* a tied head's gradient is the embedding's: open until the embedding's backward adds into it */
+        if (train && emb_trained)
+            a->tied_grad = lm_grad = grad_open(w, 0);
+    } else if (train && head_trained) {
+        lm_grad = hg = grad_open(w, head);
+    }
+    double sum = 0.0;
+    if (live(w))
+        sum = lm_chunks(a, family_param(a, lm_base, lm_unit(m), lm_tensor(m)), lm_grad, with_targets, train);
+    if (tied || !train) /* the embedding, or the head unit when nothing follows */
+        release(w, lm_unit(m));
+    if (!train)
+        return sum;
+    if (tied) {
+        hp = acquire(w, head);
+        hg = head_trained ? grad_open(w, head) : NULL;
     }
     if (live(w)) {
-        const float *lm = family_param(a, lm_base, lm_unit(m), lm_tensor(m));
-        const int rows = a->kv ? kv_last_rows(a) : N;
-        backend_matmul_forward_transposed(a->logits, a->norm_out, lm, rows, m->cfg.n_embd, Vp);
-        if (mode == FAMILY_TRAIN && m->cfg.tied_head)
-            a->head_lm = lm;
+        /* whole floats: the arena rounds every buffer up to 64 bytes */
+        backend_zero(a->dresid_a, (NC * act_size_now() + sizeof(float) - 1) / sizeof(float));
+        f->norm_backward(a, hp, hg);
     }
-    /* a tied LM head stays gathered for the backward; an untied one is gathered again there */
-    if (mode == FAMILY_EVAL || !m->cfg.tied_head)
-        release(w, lm_unit(m));
-    if (!live(w))
-        return 0.0f;
-    if (a->debug_logits)
-        read_act(a->debug_logits, a->logits, (size_t)N * Vp);
-    if (!with_targets)
-        return 0.0f;
-    backend_crossentropy_forward(a->losses, a->logits, a->dev_targets, N, m->cfg.vocab_size, Vp);
-    if (a->host_losses != a->losses)
-        backend_copy(a->host_losses, a->losses, (size_t)N * sizeof(float));
-    double sum = 0.0;
-    for (int i = 0; i < N; i++)
-        sum += a->host_losses[i];
+    if (head_trained)
+        grad_done(w, head);
+    release(w, head);
     return sum;
 }
-
-/* dlogits -> the LM head's weight gradient and a->dwork_c (the final norm's output gradient). */
-static void lm_backward(struct family_acts *a, const float *lm, float *lm_grad_unit)
-{
-    const struct model *m = a->m;
-    backend_matmul_backward_transposed(a->dwork_c, family_grad(a, lm_grad_unit, lm_unit(m), lm_tensor(m)), a->logits,
-                                       a->norm_out, lm, a->B * a->T, m->cfg.n_embd, m->cfg.padded_vocab);
-}
-
-static bool trained(const struct model *m, int u) { return !m->units[u].frozen; }
 
 /* Whether layer l trains anything: its block or its adapters. */
 static bool layer_trained(const struct model *m, int l)
@@ -422,41 +480,20 @@ static int lowest_backward_layer(const struct model *m)
     return m->cfg.n_layer;
 }
 
-static void walk_backward(struct walk *w, struct family_acts *a, float dloss_scale)
+static void walk_backward(struct walk *w, struct family_acts *a)
 {
     const struct model *m = a->m;
     const struct family *f = a->f;
-    const int L = m->cfg.n_layer, head = model_head_unit(m), N = a->B * a->T;
+    const int L = m->cfg.n_layer, N = a->B * a->T;
     const size_t NC = (size_t)N * (size_t)m->cfg.n_embd;
     const bool tied = m->cfg.tied_head;
     /* a frozen unit (model.h) opens no gradient buffer: its kernels get NULL
      * and compute input gradients only */
-    const bool emb_trained = trained(m, 0), head_trained = trained(m, head);
+    const bool emb_trained = trained(m, 0);
 
-    if (live(w))
-        backend_crossentropy_backward(a->logits, a->dev_targets, dloss_scale, N, m->cfg.vocab_size,
-                                      m->cfg.padded_vocab);
-    float *emb_grad = NULL;
-    if (tied) {
-        if (emb_trained)
-            emb_grad = grad_open(w, 0);
-        if (live(w))
-            lm_backward(a, a->head_lm, emb_grad);
-        a->head_lm = NULL;
-        release(w, 0);
-    }
-    const float *hp = acquire(w, head);
-    float *hg = head_trained ? grad_open(w, head) : NULL;
-    if (live(w)) {
-        if (!tied)
-            lm_backward(a, family_param(a, hp, head, lm_tensor(m)), hg);
-        /* whole floats: the arena rounds every buffer up to 64 bytes */
-        backend_zero(a->dresid_a, (NC * act_size_now() + sizeof(float) - 1) / sizeof(float));
-        f->norm_backward(a, hp, hg);
-    }
-    if (head_trained)
-        grad_done(w, head);
-    release(w, head);
+    /* the head's backward ran in the forward (walk_forward) */
+    float *emb_grad = tied ? a->tied_grad : NULL;
+    a->tied_grad = NULL;
 
     /* Segment by segment, last first: acquire the segment's blocks (recomputing
      * their forward from the kept input when checkpointing), then backward,
@@ -528,9 +565,11 @@ static void set_batch(struct family_acts *a, int B, int T)
     a->T = T;
 }
 
-double family_forward(struct zero *z, struct family_acts *a, int B, int T, int with_targets, enum family_mode mode)
+double family_forward(struct zero *z, struct family_acts *a, int B, int T, int with_targets, enum family_mode mode,
+                      float dloss_scale)
 {
     set_batch(a, B, T);
+    a->dloss_scale = dloss_scale;
     upload_tokens(a, B * T, with_targets);
     if (a->kv) {
         if (mode != FAMILY_EVAL || with_targets)
@@ -543,11 +582,11 @@ double family_forward(struct zero *z, struct family_acts *a, int B, int T, int w
     return walk_forward(&w, a, with_targets, mode);
 }
 
-void family_backward(struct zero *z, struct family_acts *a, int B, int T, float dloss_scale)
+void family_backward(struct zero *z, struct family_acts *a, int B, int T)
 {
     set_batch(a, B, T);
     struct walk w = {z, NULL, 0};
-    walk_backward(&w, a, dloss_scale);
+    walk_backward(&w, a);
 }
 
 void family_build_passes(const struct model *m, int interval, struct zero_pass *train, struct zero_pass *eval)
@@ -561,7 +600,7 @@ void family_build_passes(const struct model *m, int interval, struct zero_pass *
     struct walk we = {NULL, eval, 0}, wt = {NULL, train, 0};
     walk_forward(&we, &dry, 0, FAMILY_EVAL);
     walk_forward(&wt, &dry, 1, FAMILY_TRAIN);
-    walk_backward(&wt, &dry, 0.0f);
+    walk_backward(&wt, &dry);
     free(dry.seg_params);
     free(dry.seg_adapters);
 }
@@ -589,7 +628,8 @@ void family_plan(const struct model *m, const struct exec_target *t, int B, int 
         bytes[BUF_ACT_CKPT] += L * resid;
         bytes[BUF_ACTIVATIONS] += resid;
     }
-    bytes[BUF_LOGITS] += resid + target_act_bytes(t, BT * (size_t)m->cfg.padded_vocab) + family_f32_bytes(BT);
+    const size_t logits_rows = (size_t)family_logits_rows(m, B, T);
+    bytes[BUF_LOGITS] += resid + target_act_bytes(t, logits_rows * (size_t)m->cfg.padded_vocab) + family_f32_bytes(BT);
     const size_t token_arrays = positions ? 3 : 2; /* inputs, targets, packed rows' positions */
     bytes[BUF_WORKSPACE] += 3 * resid + token_arrays * tokens + target_library_arena_bytes(target_library_workspace(t));
     if (t->device)
@@ -664,7 +704,8 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
             a->lora_scratch = arena_alloc(dev, mem, BUF_WORKSPACE, BT * (size_t)lora_widest_input(m) * ae, 1);
     }
     a->norm_out = ALLOC_ACT(BUF_LOGITS, BT * C);
-    a->logits = ALLOC_ACT(BUF_LOGITS, BT * Vp);
+    a->logits_rows = family_logits_rows(m, B, T);
+    a->logits = ALLOC_ACT(BUF_LOGITS, (size_t)a->logits_rows * Vp);
     a->losses = ALLOC(BUF_LOGITS, BT);
     a->dresid_a = ALLOC_ACT(BUF_WORKSPACE, BT * C);
     a->dresid_b = ALLOC_ACT(BUF_WORKSPACE, BT * C);

@@ -15,19 +15,24 @@
  * checks every live walk against that record.
  *
  * Forward:  embedding, block 0 .. L-1, head (final norm), the LM head
- *           (the embedding again when tied).
- * Backward: the LM head and the head unit, the blocks in segments from the
- *           last (each segment's blocks gathered together, their forward
- *           recomputed from the kept input when checkpointing), embedding.
+ *           (the embedding again when tied) a chunk of rows at a time
+ *           (family_logits_rows): logits, loss and, in training, at once
+ *           their gradient into the LM head's weight gradient and the final
+ *           norm's output gradient (no buffer of every row's logits exists),
+ *           then the final norm's backward (the head unit again when tied).
+ * Backward: the blocks in segments from the last (each segment's blocks
+ *           gathered together, their forward recomputed from the kept input
+ *           when checkpointing), embedding.
  * Frozen units (model.h) open no gradient buffer: the pass has no gradient
  * events for them and their kernels compute input gradients only. Below the
  * lowest trained unit the backward stops: those blocks are neither gathered
  * nor computed, and a frozen untied embedding is not gathered again.
- * A tied embedding stays gathered from the logits to the end of the backward
- * and its gradient buffer stays open through it (the LM head writes it
- * first, the token embedding last); an untied model gathers the embedding
- * again at the end for its gradient, so every unit is gathered twice per
- * micro-batch as DESIGN §3 counts.
+ * A tied embedding's gradient buffer stays open from the LM head (which
+ * writes it first) to the token embedding's backward (last); an untied model
+ * gathers the embedding again at the end for its gradient. So the blocks and
+ * the embedding are gathered twice per micro-batch as DESIGN §3 counts, and
+ * the head unit once (twice when tied: for the final norm's forward and its
+ * backward around the LM head).
  *
  * The loss is the mean over every trained target of the global batch: each
  * micro-batch's dlogits carry 1 / (the step's trained targets), which for
@@ -69,7 +74,10 @@ struct family_acts {
     float **work;             /* on: (interval + 1) the residual stream of the segment being computed */
     float *final;             /* (B, T, C) the last block's output */
     float *norm_out;          /* (B, T, C) the final norm's output, the LM head's input */
-    float *logits;            /* (B, T, Vp): logits, then probabilities, then dlogits */
+    float *logits;            /* (logits_rows, Vp): a chunk's logits, then probabilities, then dlogits */
+    int logits_rows;          /* rows of logits computed at a time (family_logits_rows) */
+    int logits_r0;            /* the first row of the chunk the buffer holds */
+    float dloss_scale;        /* the training forward's: its dlogits scale (family_forward) */
     float *losses;            /* (B, T) */
     float *dresid_a, *dresid_b; /* (B, T, C) gradient of the residual stream; dresid_a: dy in, dx out of a block */
     float *dwork_c;           /* (B, T, C) backward work: the final norm's output gradient, a block's */
@@ -78,7 +86,8 @@ struct family_acts {
     int32_t *positions, *dev_positions; /* (B, T) each token's position in its sample (host; the kernels' copy), NULL: row positions 0..T-1 */
     float *host_losses;       /* (B, T) the losses read back (losses on the CPU) */
     float *debug_logits;      /* when set, forward copies the logits here (host memory; tests) */
-    const float *head_lm;     /* tied: the gathered LM head weight, from the forward to the backward */
+    float *tied_grad;         /* tied, training: the embedding's gradient buffer, open from the LM head (forward) to the
+                               * embedding's backward */
     const float **seg_params; /* (interval or 1) a segment's gathered blocks during recompute + backward */
     const float **seg_adapters; /* (interval or 1) their adapter units (LoRA), NULL where none */
     /* LoRA (model.h struct model_lora): what the adapters keep and use */
@@ -152,19 +161,31 @@ void family_kv_free(struct family_acts *a);
 
 /* Forward over a->inputs (B x T). With targets (a->targets; -1: not
  * trained) it returns the sum of the losses of this micro-batch's trained
- * positions; without, only the logits are computed.
- * FAMILY_TRAIN must be followed by family_backward; the caller brackets them
- * with zero_begin_pass / zero_end_pass. */
-double family_forward(struct zero *z, struct family_acts *a, int B, int T, int with_targets, enum family_mode mode);
-/* Backward after a FAMILY_TRAIN forward with targets; dloss_scale = 1 / (the
- * step's trained positions over every micro-batch and rank). */
-void family_backward(struct zero *z, struct family_acts *a, int B, int T, float dloss_scale);
+ * positions; without, only the logits are computed. FAMILY_TRAIN (with
+ * targets) also runs the head's backward: the LM head's and the final norm's
+ * gradients and the gradient into the last block, dloss_scale = 1 / (the
+ * step's trained positions over every micro-batch and rank) (ignored
+ * otherwise); family_backward must follow. The caller brackets them with
+ * zero_begin_pass / zero_end_pass. */
+double family_forward(struct zero *z, struct family_acts *a, int B, int T, int with_targets, enum family_mode mode,
+                      float dloss_scale);
+/* The blocks' and the embedding's backward after a FAMILY_TRAIN forward. */
+void family_backward(struct zero *z, struct family_acts *a, int B, int T);
 /* Sets the dropout of the adapters for the next micro-batch: seed (train.seed),
  * the optimizer step and the global index of the micro-batch's first row, so
  * that a row's mask is the same at every world size and split. */
 void family_lora_step(struct family_acts *a, uint64_t seed, long step, uint64_t row0);
-/* Copies row `row` of the logits (Vp floats) into host memory. */
+/* Copies row `row` of the logits (Vp floats) into host memory: a row of the
+ * last chunk the forward computed (the last rows; with a cache, rows 0 .. B-1). */
 void family_read_logits(const struct family_acts *a, int row, float *out);
+/* Rows of logits computed at a time for micro-batch B x T: as many as keep
+ * the chunk no larger than the widest activation of a block (q|k|v or the
+ * MLP's), at least LOGITS_MIN_ROWS (and B), at most B T; so the logits'
+ * memory grows with T as the activations do, never as B T V. */
+#define LOGITS_MIN_ROWS 256
+/* Tests: this many rows instead (the plan follows). */
+#define LOGITS_ROWS_ENV "SHARDLM_LOGITS_ROWS"
+int family_logits_rows(const struct model *m, int B, int T);
 
 /* ---- for the families ---- */
 

@@ -307,7 +307,7 @@ void infer_start(struct infer *s, const struct infer_options *o, int B, int T, i
 double infer_forward(struct infer *s, int B, int T, int with_targets)
 {
     zero_begin_pass(&s->zero, &s->eval_pass);
-    double sum = family_forward(&s->zero, &s->acts, B, T, with_targets, FAMILY_EVAL);
+    double sum = family_forward(&s->zero, &s->acts, B, T, with_targets, FAMILY_EVAL, 0.0f);
     zero_end_pass(&s->zero);
     return sum;
 }

@@ -431,8 +431,8 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
         zero_begin_pass(&tr->zero, &tr->train_pass);
         /* LoRA's dropout: the mask of a row depends on the step and the row's index in the run's order */
         family_lora_step(&tr->acts, tr->cfg->train.seed, tr->step, first);
-        loss_sum += family_forward(&tr->zero, &tr->acts, B, T, 1, FAMILY_TRAIN);
-        family_backward(&tr->zero, &tr->acts, B, T, dloss);
+        loss_sum += family_forward(&tr->zero, &tr->acts, B, T, 1, FAMILY_TRAIN, dloss);
+        family_backward(&tr->zero, &tr->acts, B, T);
         zero_end_pass(&tr->zero);
         train_fault_point("step");
     }
@@ -507,7 +507,7 @@ static float evaluate(struct trainer *tr)
         uint64_t first = (uint64_t)(i * group) + (uint64_t)tr->rank * B;
         const int T = loader_read(&tr->val_data, first, B, tr->acts.inputs, tr->acts.targets, tr->acts.positions);
         zero_begin_pass(&tr->zero, &tr->eval_pass);
-        sum += family_forward(&tr->zero, &tr->acts, B, T, 1, FAMILY_EVAL);
+        sum += family_forward(&tr->zero, &tr->acts, B, T, 1, FAMILY_EVAL, 0.0f);
         zero_end_pass(&tr->zero);
     }
     comm_allreduce(tr->comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
@@ -546,7 +546,7 @@ static void sample_text(struct trainer *tr)
         for (int p = 0; tr->acts.positions && p < t; p++) /* one sample: positions 0 .. t-1 */
             tr->acts.positions[p] = p;
         zero_begin_pass(&tr->zero, &tr->eval_pass);
-        family_forward(&tr->zero, &tr->acts, 1, t, 0, FAMILY_EVAL);
+        family_forward(&tr->zero, &tr->acts, 1, t, 0, FAMILY_EVAL, 0.0f);
         zero_end_pass(&tr->zero);
         family_read_logits(&tr->acts, t - 1, row);
         int32_t next = generate_choose(row, V, &sp, &rng, work);

@@ -129,15 +129,15 @@ def frozen_units(model, spec):
 
 
 def backward_gathers(model, frozen, interval):
-    """{unit: times the train pass gathers it} (family.c's walk): forward once each (a tied embedding twice: the
-    token embedding and the LM head); backward the head, then the segments down to the lowest trained unit
-    (a frozen embedding not at all), so a block below it is gathered there only to recompute a needed block's
-    input inside its segment."""
+    """{unit: times the train pass gathers it} (family.c's walk): forward once each, the head's backward inside
+    the forward (tied: the embedding again for the LM head, then the head unit again for the final norm's
+    backward); backward the segments down to the lowest trained unit (a frozen embedding not at all), so a block
+    below it is gathered there only to recompute a needed block's input inside its segment."""
     L, tied = model["n_layer"], model.get("type") != "llama" or model.get("tie_word_embeddings", False)
     gathers = {u: 1 for u in range(L + 2)}
-    gathers[L + 1] += 1  # the head's backward
     if tied:
-        gathers[0] += 1  # the LM head, kept gathered into the backward
+        gathers[0] += 1  # the LM head
+        gathers[L + 1] += 1  # the final norm's backward after it
     lowest = 0 if 0 not in frozen else next((l for l in range(L) if l + 1 not in frozen), L)
     k = interval or 1
     for s in range((L + k - 1) // k):
