@@ -58,7 +58,7 @@ struct infer {
     struct family_acts acts;
     struct family_kv kv;
     struct tokenizer *tok;         /* NULL: none found (byte-level models print bytes) */
-    char tokenizer_path[4096];
+    char tokenizer_path[4200];
     int32_t eos[8];                /* end-of-sequence ids (config.json's eos_token_id, else the tokenizer's) */
     int n_eos;
     char ckpt_path[4096];          /* the checkpoint read, "" for a Hugging Face directory */
