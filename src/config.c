@@ -55,6 +55,7 @@ const struct model_preset config_presets[] = {
     {"llama2-7b", "llama", 32, 32, 32, 4096, 11008, 4096, 32000, 6738415616.0},
     {"llama2-13b", "llama", 40, 40, 40, 5120, 13824, 4096, 32000, 13015864320.0},
     {"llama2-70b", "llama", 80, 64, 8, 8192, 28672, 4096, 32000, 68976648192.0},
+    {"llama3-8b", "llama", 32, 32, 8, 4096, 14336, 8192, 128256, 8030261248.0},
 };
 const int config_n_presets = (int)(sizeof config_presets / sizeof config_presets[0]);
 

@@ -20,6 +20,7 @@ struct plan_options {
     double gpu_mem, host_mem;    /* bytes per GPU, per node; 0: not given */
     enum plan_target target;
     int fit;
+    int max_seq;                  /* --max-seq: the longest sequence that fits */
     int json;                     /* also one JSON line with the exact numbers */
 };
 
@@ -53,6 +54,9 @@ static void usage_plan(FILE *out)
             "                       cpu: what this CPU build's trainer allocates (fp32 compute)\n"
             "  --fit                search micro-batch, activation checkpointing, cpu_checkpointing and\n"
             "                       offload for the most tokens per step within --gpu-mem (and --host-mem)\n"
+            "  --max-seq            the longest data.seq_len (up to model.n_positions) that fits within\n"
+            "                       --gpu-mem (and --host-mem) at the micro-batch of CONFIG (default 1), with\n"
+            "                       the checkpointing and offload settings --fit would choose there\n"
             "  --json               end with one JSON line: bytes per buffer class and space, traffic, FLOPs\n"
             "  -h, --help           this text\n"
             "\n"
@@ -490,6 +494,44 @@ static int run_fit(struct config *cfg, const struct model *m, const struct plan_
     return EXIT_OK;
 }
 
+/* --max-seq: memory grows with the sequence (the activations, the logits'
+ * chunk and the attention's statistics all linearly), so the longest length
+ * at which the fit search finds a setting for the config's micro-batch is
+ * found by bisection over [1, model.n_positions]. */
+static int run_max_seq(struct config *cfg, const struct model *m, const struct plan_options *o)
+{
+    if (o->gpu_mem <= 0)
+        fail_input("--max-seq needs --gpu-mem (and, to bound the offloaded buffers, --host-mem)");
+    const int was_T = cfg->data.seq_len, micro = cfg->micro_batch;
+    struct setting best, s;
+    double device = 0, d;
+    int lo = 0, hi = m->cfg.n_positions;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo + 1) / 2;
+        cfg->data.seq_len = mid;
+        if (fit_search(cfg, m, o, micro, &s, &d))
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    char a[32];
+    if (lo == 0) {
+        cfg->data.seq_len = was_T;
+        printf("max-seq: not even 1 token per sequence fits at micro-batch %d in %s per GPU on %d rank%s\n", micro,
+               gib(o->gpu_mem, a, sizeof a), o->ranks, o->ranks > 1 ? "s" : "");
+        return EXIT_PLAN_DOES_NOT_FIT;
+    }
+    cfg->data.seq_len = lo;
+    fit_search(cfg, m, o, micro, &best, &device);
+    struct setting was = current_setting(cfg);
+    apply_setting(cfg, &best);
+    printf("max-seq: %d tokens per sequence at micro-batch %d (%s per GPU)%s; config keys:\n", lo, micro,
+           gib(device, a, sizeof a), lo == m->cfg.n_positions ? ", the model's context (model.n_positions)" : "");
+    printf("  --set data.seq_len=%d\n", lo);
+    print_setting_keys(&best, &was);
+    return EXIT_OK;
+}
+
 /* ---- the command ------------------------------------------------------------ */
 
 int cmd_plan(int argc, char **argv)
@@ -500,10 +542,10 @@ int cmd_plan(int argc, char **argv)
         {"nodes", required_argument, NULL, 'N'},    {"gpu-mem", required_argument, NULL, 'g'},
         {"host-mem", required_argument, NULL, 'H'}, {"target", required_argument, NULL, 't'},
         {"fit", no_argument, NULL, 'f'},            {"help", no_argument, NULL, 'h'},
-        {"json", no_argument, NULL, 'j'},
+        {"json", no_argument, NULL, 'j'},          {"max-seq", no_argument, NULL, 'x'},
         {NULL, 0, NULL, 0},
     };
-    struct plan_options o = {1, 1, 0, 0, PLAN_TARGET_GPU, 0, 0};
+    struct plan_options o = {1, 1, 0, 0, PLAN_TARGET_GPU, 0, 0, 0};
     const char *sets[MAX_SETS + 1];
     int n_sets = 0;
     const char *deepspeed = NULL;
@@ -538,6 +580,7 @@ int cmd_plan(int argc, char **argv)
             break;
         case 'f': o.fit = 1; break;
         case 'j': o.json = 1; break;
+        case 'x': o.max_seq = 1; break;
         case 'h': usage_plan(stdout); return EXIT_OK;
         default: usage_plan(stderr); return EXIT_BAD_INPUT;
         }
@@ -570,8 +613,12 @@ int cmd_plan(int argc, char **argv)
         model_freeze(&m, freeze, MODEL_TEST_FREEZE_ENV);
     print_model(&m);
     int status = EXIT_OK;
+    if (o.fit && o.max_seq)
+        fail_input("--fit and --max-seq: give one (--max-seq searches the same settings at each length)");
     if (o.fit)
         status = run_fit(&cfg, &m, &o);
+    if (o.max_seq)
+        status = run_max_seq(&cfg, &m, &o);
     struct plan_eval *e = xcalloc(1, sizeof *e);
     print_settings(&cfg, &o);
     evaluate(e, &m, &cfg, &o);

@@ -103,10 +103,73 @@ def check_chunks(kind):
               f"want {want}")
 
 
+LONG_MODEL = dict(type="llama", n_layer=2, n_head=4, n_kv_head=2, n_embd=64, ffn_dim=96, n_positions=4096,
+                  vocab_size=V, tie_word_embeddings=False, init_seed=5)
+ACT_CLASSES = ("activation checkpoints", "block activations", "logits and loss", "workspace")
+
+
+def check_lengths():
+    """One step at T = 512 .. 4096 (micro-batch 1): planned == peak, and the activations' bytes double with T."""
+    data = os.path.join(TMP, "long.bin")
+    write_shard(data, np.random.default_rng(4).integers(0, V, 2 * 4096 + 1))
+    acts = {}
+    for T_ in (512, 1024, 2048, 4096):
+        cfg = {"model": LONG_MODEL, "data": {"train": data, "seq_len": T_},
+               "train": {"steps": 1, "eval_every": 0, "sample_tokens": 0,
+                         "metrics": os.path.join(TMP, f"long{T_}.jsonl")},
+               "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+        path = os.path.join(TMP, f"long{T_}.json")
+        json.dump(cfg, open(path, "w"))
+        env = dict(ENV)
+        env.pop("SHARDLM_LOGITS_ROWS", None)
+        r = subprocess.run([BIN, "train", path, "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=600)
+        check(f"length.T{T_}.run", r.returncode == 0, f"exit {r.returncode}: {r.stdout[-600:]}")
+        if r.returncode != 0:
+            continue
+        mem = [json.loads(x)["memory"] for x in open(os.path.join(TMP, f"long{T_}.jsonl")) if '"memory"' in x][-1]
+        bad = {k: v for k, v in mem.items() if v["planned"] != v["peak"]}
+        check(f"length.T{T_}.plan_equals_peak", not bad, f"{bad}")
+        acts[T_] = sum(mem[k]["peak"] for k in ACT_CLASSES)
+    for T_ in (1024, 2048, 4096):
+        if T_ in acts and T_ // 2 in acts:
+            ratio = acts[T_] / acts[T_ // 2]
+            check(f"length.T{T_}.linear", 1.8 <= ratio <= 2.05,
+                  f"activation bytes {acts[T_ // 2]} at T {T_ // 2}, {acts[T_]} at T {T_}: ratio {ratio:.3f}")
+
+
+def plan_run(args):
+    r = subprocess.run([BIN, "plan"] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+def check_max_seq():
+    """plan --max-seq: the length it prints fits with the keys it prints, one token more fits with no setting."""
+    base = ["--preset", "llama3-8b", "--ranks", "8", "--gpu-mem", "24GB", "--host-mem", "512GB", "--set",
+            "bf16.enabled=true", "--set", "zero_optimization.stage=3", "--set", "model.n_positions=131072",
+            "--set", "data.seq_len=1024"]
+    rc, out, err = plan_run(base + ["--max-seq"])
+    keys = [line.strip().split(" ", 1)[1] for line in out.splitlines() if line.strip().startswith("--set ")]
+    T_ = next((int(k.split("=")[1]) for k in keys if k.startswith("data.seq_len=")), None)
+    check("max_seq.found", rc == 0 and T_ and 1024 < T_ < 131072, f"exit {rc}: {out[:400]} {err[-300:]}")
+    if not T_:
+        return
+    sets = [a for k in keys for a in ("--set", k)]
+    rc, out, err = plan_run(base + sets)
+    check("max_seq.fits", rc == 0 and "fits:" in out, f"exit {rc}: {out[-300:]}")
+    rc, out, err = plan_run(base + ["--set", f"data.seq_len={T_ + 1}", "--fit"])
+    check("max_seq.one_more_does_not", rc != 0 and "nothing fits" in out, f"exit {rc}: {out[-300:]}")
+    rc, out, err = plan_run(base + ["--max-seq", "--fit"])
+    check("max_seq.bad_with_fit", rc == 2 and "--max-seq" in err, f"exit {rc}: {err[-300:]}")
+    rc, out, err = plan_run(base[:4] + ["--max-seq"])
+    check("max_seq.bad_without_gpu_mem", rc == 2 and "--gpu-mem" in err, f"exit {rc}: {err[-300:]}")
+
+
 def main():
     write_shard(DATA, TOKENS)
     for kind in MODELS:
         check_chunks(kind)
+    check_max_seq()
 
 
 run_main("long.main", main)

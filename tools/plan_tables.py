@@ -8,7 +8,9 @@ Prints three Markdown tables: model states per GPU of a 7.5 B-parameter model on
 ladder on one node of 8 x 80 GB GPUs at sequence length 4096, and Llama-2-70B
 LoRA (r 16, all seven linear layers of every block, bf16 base) on 8 x 80 GB
 and on 2 x 24 GB (base and optimizer offloaded) at sequence lengths 2048 and
-4096. Every number comes from the command each row shows.
+4096, and long sequences: Llama-2-70B and Llama-3-8B on 8 x 80 GB (2 TB of
+host memory per node, bf16, ZeRO stage 3) at 4K to 32K tokens with the
+settings `--fit` picks. Every number comes from the command each row shows.
 """
 import argparse
 import json
@@ -102,6 +104,41 @@ def lora_table(binary):
                   f"{host / GB:.1f} GB | {j['host_per_node'] / GB:.0f} GB | {'yes' if j['fits'] else 'no'} |")
 
 
+LONG_MODELS = [("Llama-2-70B", ["--preset", "llama2-70b"]), ("Llama-3-8B", ["--preset", "llama3-8b"])]
+LONG = ["--ranks", "8", "--gpu-mem", "80GB", "--host-mem", "2TB", "--set", "bf16.enabled=true",
+        "--set", "zero_optimization.stage=3", "--set", "model.n_positions=32768", "--fit"]
+
+
+def long_table(binary):
+    print("| model | sequence | micro-batch | checkpointing | offload | device per GPU | of which activations "
+          "and logits | host per node |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, model in LONG_MODELS:
+        for seq in (4096, 8192, 16384, 32768):
+            args = model + LONG + ["--set", f"data.seq_len={seq}"]
+            r = subprocess.run([binary, "plan", *args, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+            if r.returncode not in (0, 4):
+                raise SystemExit(f"shardlm plan {' '.join(args)}: exit {r.returncode}: {r.stderr}")
+            keys = dict(line.strip()[len("--set "):].split("=", 1) for line in r.stdout.splitlines()
+                        if line.strip().startswith("--set "))
+            j = json.loads(r.stdout.strip().splitlines()[-1])
+            m = j["memory"]
+            acts = sum(m[k]["bytes"] for k in ("activation checkpoints", "block activations",
+                                               "logits and loss") if m[k]["space"] == "device")
+            if "fit: nothing fits" in r.stdout:
+                print(f"| {name} | {seq} | - | - | - | does not fit | | |")
+                continue
+            ckpt = (f"every {keys['activation_checkpointing.interval']}"
+                    + (" to host" if keys.get("activation_checkpointing.cpu_checkpointing") == "true" else "")
+                    if keys.get("activation_checkpointing.enabled") == "true" else "off")
+            off = [w for w, k in (("optimizer", "zero_optimization.offload_optimizer.device"),
+                                  ("parameters", "zero_optimization.offload_param.device")) if keys.get(k) == "cpu"]
+            print(f"| {name} | {seq} | {keys['train_micro_batch_size_per_gpu']} | {ckpt} | "
+                  f"{', '.join(off) or 'none'} | {j['space_total']['device'] / GB:.1f} GB | {acts / GB:.1f} GB | "
+                  f"{j['host_per_node'] / GB:.0f} GB |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(ROOT, "bin", "shardlm"))
@@ -111,6 +148,8 @@ def main():
     ladder_table(a.bin)
     print()
     lora_table(a.bin)
+    print()
+    long_table(a.bin)
 
 
 if __name__ == "__main__":

@@ -600,9 +600,9 @@ static void test_errors(void)
          "'model.n_embd' (100) must be divisible by 'model.n_head' (12)"},
         {"unknown model type", "{\"model\": {\"type\": \"mamba\"}}", NULL,
          "'model.type' is \"mamba\"; known model types: gpt2, llama"},
-        {"unknown preset lists the known ones", "{\"model\": {\"preset\": \"llama3-8b\"}}", NULL,
-         "'model.preset' is \"llama3-8b\"; known presets: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama2-7b, "
-         "llama2-13b, llama2-70b"},
+        {"unknown preset lists the known ones", "{\"model\": {\"preset\": \"llama3-70b\"}}", NULL,
+         "'model.preset' is \"llama3-70b\"; known presets: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama2-7b, "
+         "llama2-13b, llama2-70b, llama3-8b"},
         {"n_head not a multiple of n_kv_head", "{\"model\": {\"type\": \"llama\", \"n_kv_head\": 5}}", NULL,
          "'model.n_head' (12) must be a multiple of 'model.n_kv_head' (5)"},
         {"gpt2 with a custom ffn_dim", "{\"model\": {\"ffn_dim\": 1000}}", NULL,
