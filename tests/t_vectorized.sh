@@ -6,8 +6,9 @@
 # training step) although they vectorised on AVX-512 machines: GCC had turned
 # the exp clamp into branches, and under -ftrapping-math only AVX-512's masked
 # operations may execute them speculatively (see the Makefile's
-# -fno-trapping-math). This test builds src/backend_cpu.o with the Makefile's
-# own flags for each target below (compiling only: no target CPU is needed)
+# -fno-trapping-math). This test builds src/backend_cpu.o and
+# src/backend_cpu_attention.o with the Makefile's own flags for each target
+# below (compiling only: no target CPU is needed)
 # and reads the disassembly of each hot loop's OpenMP body: it must hold
 # packed single-precision FMAs (the exp polynomial alone has 7 per vector),
 # and the softmax loops a packed max (their max reduction). SwiGLU (Llama)
@@ -22,7 +23,10 @@ cd "$(dirname "$0")/.."
 mkdir -p build/vectorized
 
 MIN_PACKED_FMA=7   # the degree-7 polynomial of fast_expf (src/fastmath.h)
-KERNELS="backend_gelu_forward._omp_fn.0 backend_gelu_backward._omp_fn.0 backend_crossentropy_forward._omp_fn.0 backend_attention_gqa_forward._omp_fn.0 backend_swiglu_forward._omp_fn.0 backend_swiglu_backward._omp_fn.0"
+# OBJECT:FUNCTION, the object under src/
+KERNELS="backend_cpu:backend_gelu_forward._omp_fn.0 backend_cpu:backend_gelu_backward._omp_fn.0
+backend_cpu:backend_crossentropy_forward._omp_fn.0 backend_cpu_attention:backend_attention_gqa_forward._omp_fn.0
+backend_cpu:backend_swiglu_forward._omp_fn.0 backend_cpu:backend_swiglu_backward._omp_fn.0"
 NEEDS_MAX="backend_crossentropy_forward._omp_fn.0 backend_attention_gqa_forward._omp_fn.0"
 status=0
 
@@ -42,12 +46,13 @@ for target in zen3 haswell avx512 native; do
     native) march="-march=native" ;;
   esac
   build=build/vectorized/$target
-  if ! make --no-print-directory -s OPT="-O3 $march" BUILD="$build" "$build/src/backend_cpu.o" >"$build.log" 2>&1; then
+  if ! make --no-print-directory -s OPT="-O3 $march" BUILD="$build" "$build/src/backend_cpu.o" \
+    "$build/src/backend_cpu_attention.o" >"$build.log" 2>&1; then
     check "vectorized.$target.builds" 1 "$(tail -5 "$build.log")"
     continue
   fi
-  obj=$build/src/backend_cpu.o
-  for fn in $KERNELS; do
+  for kernel in $KERNELS; do
+    obj=$build/src/${kernel%%:*}.o fn=${kernel#*:}
     code=$(body "$obj" "$fn")
     name=vectorized.$target.${fn%._omp_fn.0}
     if [ -z "$code" ]; then

@@ -1,10 +1,11 @@
 /*
  * test_gradcheck — the backward pass of every CPU kernel against central finite
- * differences in double precision (src/backend_cpu.c).
+ * differences in double precision (src/backend_cpu.c, src/backend_cpu_attention.c).
  *
- * The same source, src/backend_cpu.c, is compiled a second time in this file
- * with float replaced by double and sgemm by dgemm; its functions are renamed
- * f64_* so that they live beside the real fp32 backend_* linked in from src/.
+ * The same sources, src/backend_cpu.c and src/backend_cpu_attention.c, are
+ * compiled a second time in this file with float replaced by double and sgemm
+ * by dgemm; their functions are renamed f64_* so that they live beside the
+ * real fp32 backend_* linked in from src/.
  * For each kernel, on a tiny random problem:
  *   - the objective is L = sum(w * forward(x)) with random weights w;
  *   - the analytic gradient is the f64 backward with dout = w;
@@ -34,9 +35,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the double-precision twin of src/backend_cpu.c ----------------------
- * Every header it includes is already included above, so their include guards
- * keep the macros below away from them (util.h's float helpers stay float). */
+/* ---- the double-precision twin of src/backend_cpu.c and backend_cpu_attention.c
+ * Every header they include is already included above, so their include guards
+ * keep the macros below away from them (util.h's float helpers stay float), but
+ * backend_cpu_act.h: read here under BACKEND_CPU_NO_ACT, its ACT_DISPATCH is off
+ * (its act_ prototypes in double are never called). */
 #define BACKEND_CPU_NO_ACT
 #define float double
 #define cblas_sgemm cblas_dgemm
@@ -96,6 +99,7 @@ struct lora_out_f64 {
 #define lora_out lora_out_f64
 
 #include "../../src/backend_cpu.c"
+#include "../../src/backend_cpu_attention.c"
 
 #undef lora_out
 
