@@ -43,8 +43,8 @@ void act_gelu_forward(float *out, const float *inp, size_t n);
 void act_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B, int T,
                            int NH, int NKV, int hs);
-void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *scratch,
-                            const int32_t *pos, int B, int T, int NH, int NKV, int hs);
+void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
+                            float *scratch, const int32_t *pos, int B, int T, int NH, int NKV, int hs);
 void act_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
                               int NH, int NKV, int hs, int Tmax);
 void act_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C);

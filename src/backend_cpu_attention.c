@@ -1,8 +1,30 @@
 /*
  * CPU backend, causal self-attention (backend.h): the multi-head and
  * grouped-query kernels over packed rows, and attention through a key/value
- * cache for generation. OpenBLAS sgemm for the products, OpenMP over heads;
- * sgemm calls inside our parallel regions run single-threaded.
+ * cache for generation. OpenBLAS sgemm for the products, OpenMP over heads
+ * and tiles; sgemm calls inside our parallel regions run single-threaded.
+ *
+ * Two kernels compute the same attention (backend_cpu_attention.h picks one):
+ *
+ * tiled (the default): FlashAttention-2 (Dao 2023). The forward walks tiles
+ * of ATTN_TILE_Q queries x ATTN_TILE_K keys with an online softmax (a
+ * running maximum and sum per row, fp32) and accumulates the output in place;
+ * it keeps the output and each row's log-sum-exp (B, NH, T) fp32, exactly
+ * what the CUDA backend keeps. The backward recomputes the probabilities of
+ * each tile from q, k and that log-sum-exp, P = exp(S - lse), with
+ * D_i = dout_i . out_i, dS = P (dP - D) and the products dV += P^T dout,
+ * dK += dS^T Q, dQ += dS K. Memory: no T x T anywhere; the scratch is two
+ * tiles and three row vectors per thread, whatever T.
+ *
+ * materialized (SHARDLM_ATTENTION=materialized): the forward keeps the
+ * probabilities (B, NH, T, T) [A]; the backward uses them with a T x T
+ * scratch per thread. Fewer FLOPs (no recomputation), O(T^2) memory.
+ *
+ * Both skip the keys a block of queries cannot see: tiles above the diagonal
+ * and, in packed rows, before the block's first query's sample; rows then
+ * mask only the keys of the tiles they share with other samples. Both are
+ * deterministic: each output element is owned by one task and its sums run
+ * in a fixed order, whatever the thread count.
  */
 #include "backend.h"
 
@@ -13,15 +35,61 @@
 #include <string.h>
 
 #include "backend_cpu_act.h"
+#include "backend_cpu_attention.h"
 #include "devemu.h"
 #include "fastmath.h"
 #include "util.h"
 
-#define ATTN_ROW_BLOCK 64        /* rows per causal block: skips most of the masked half */
+#define ATTN_ROW_BLOCK 64 /* materialized: rows per causal block, skips most of the masked half */
+/* tiled: queries x keys per tile. The products are OpenBLAS calls on tiles, whose packing and call overhead
+ * shrink as tiles grow, while a larger tile wastes more of the masked half of the diagonal tiles and a thread's
+ * two tiles (2 x 128 x 512 floats, 512 KiB) should stay in its L2 cache. Measured on a 2-core AVX-512 Xeon
+ * (OpenBLAS SkylakeX, B 1, 12 heads over 4, hs 64, T 256 .. 4096; tools/bench/attention.sh), 128 x 512 was
+ * the fastest or within the noise of it at every length among 64..256 x 128..1024. */
+#ifndef ATTN_TILE_Q /* the gradient check's f64 twin sets small tiles, so that a few tokens cross them */
+#define ATTN_TILE_Q 128
+#define ATTN_TILE_K 512
+#endif
 
-/* The probabilities (B, NH, T, T) [A]. */
+/* ---- which kernel ---------------------------------------------------------------------------------------- */
+
+static int g_kernel = -1; /* enum cpu_attention, -1 until SHARDLM_ATTENTION is read */
+
+enum cpu_attention backend_cpu_attention_kernel(void)
+{
+    if (g_kernel < 0) {
+        const char *name = getenv("SHARDLM_ATTENTION");
+        if (!name || !*name || strcmp(name, "tiled") == 0)
+            g_kernel = CPU_ATTENTION_TILED;
+        else if (strcmp(name, "materialized") == 0)
+            g_kernel = CPU_ATTENTION_MATERIALIZED;
+        else
+            fail_input("SHARDLM_ATTENTION='%s' is not a CPU attention kernel; set it to 'tiled' (the default) or "
+                       "'materialized'",
+                       name);
+    }
+    return (enum cpu_attention)g_kernel;
+}
+
+void backend_cpu_attention_use(enum cpu_attention kernel) { g_kernel = (int)kernel; }
+
+static int tiled(void) { return backend_cpu_attention_kernel() == CPU_ATTENTION_TILED; }
+
+/* Queries and keys per tile of a T-token row, and one thread's workspace in
+ * floats: the scores (then probabilities) tile, dP (then dS) in the backward,
+ * and three row vectors (running max and sum in the forward, D in the backward). */
+static int tile_rows(int T) { return T < ATTN_TILE_Q ? T : ATTN_TILE_Q; }
+static int tile_keys(int T) { return T < ATTN_TILE_K ? T : ATTN_TILE_K; }
+static size_t tiled_thread_floats(int T)
+{
+    return 2 * (size_t)tile_rows(T) * (size_t)tile_keys(T) + 3 * (size_t)tile_rows(T);
+}
+
+/* tiled: each row's log-sum-exp, fp32 (B, NH, T); materialized: the probabilities (B, NH, T, T) [A]. */
 size_t backend_attention_saved(int B, int T, int NH)
 {
+    if (tiled())
+        return (size_t)B * (size_t)NH * (size_t)T * sizeof(float);
 #ifdef BACKEND_CPU_NO_ACT
     const size_t es = sizeof(float);
 #else
@@ -30,10 +98,11 @@ size_t backend_attention_saved(int B, int T, int NH)
     return (size_t)B * (size_t)NH * (size_t)T * (size_t)T * es;
 }
 
+/* Per thread: tiled, two tiles and three row vectors; materialized, one (T, T) matrix. */
 size_t backend_attention_scratch(int T, int NH)
 {
-    (void)NH; /* one (T, T) matrix per thread */
-    return (size_t)omp_get_max_threads() * (size_t)T * (size_t)T;
+    (void)NH;
+    return (size_t)omp_get_max_threads() * (tiled() ? tiled_thread_floats(T) : (size_t)T * (size_t)T);
 }
 
 /* Packed rows (backend.h): the first key query i of a row may see, i - pos[i]
@@ -65,21 +134,32 @@ static void attention_check_positions(const int32_t *pos, int B, int T)
         }
 }
 
-void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
-                                   int B, int T, int NH, int NKV, int hs)
+/* The shape of one attention call. */
+struct attn_dims {
+    int B, T, NH, NKV, hs;
+    int row;     /* a token's width in qkv, (NH + 2 NKV) hs */
+    int C;       /* a token's width in out and dout, NH hs */
+    int group;   /* query heads per key/value head, NH / NKV */
+    float scale; /* of the scores, 1 / sqrt(hs) */
+};
+
+/* The shape of a call whose positions pos (host view) are checked. */
+static struct attn_dims attn_dims_of(const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
-    ACT_DISPATCH(act_attention_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs));
-    (void)scratch; /* the CPU computes the scores in att itself */
-    DEVEMU_VIEW(out);
-    DEVEMU_VIEW(att);
-    DEVEMU_VIEW(qkv);
-    DEVEMU_VIEW(pos);
     if (pos)
         attention_check_positions(pos, B, T);
-    const int C = NH * hs, row = (NH + 2 * NKV) * hs, group = NH / NKV;
-    const float scale = 1.0f / sqrtf((float)hs);
+    return (struct attn_dims){B, T, NH, NKV, hs, (NH + 2 * NKV) * hs, NH * hs, NH / NKV, 1.0f / sqrtf((float)hs)};
+}
+
+/* ---- materialized ---------------------------------------------------------------------------------------- */
+
+static void materialized_forward(float *out, float *att, const float *qkv, const int32_t *pos,
+                                 const struct attn_dims *d)
+{
+    const int T = d->T, NH = d->NH, NKV = d->NKV, hs = d->hs, C = d->C, row = d->row, group = d->group;
+    const float scale = d->scale;
 #pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
+    for (int b = 0; b < d->B; b++)
         for (int h = 0; h < NH; h++) {
             const int32_t *pos_row = pos ? pos + (size_t)b * T : NULL;
             const float *q = qkv + (size_t)b * T * row + (size_t)h * hs;
@@ -127,11 +207,11 @@ void backend_attention_gqa_forward(float *out, float *att, const float *qkv, flo
  * P and dS are zero outside each row's keys [first key, i]: rows [i0, i1)
  * need the keys from the first row's first key, and keys [j0, j1) the rows up
  * to the end of the sample of key j1 - 1. */
-static void attention_head_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *ds,
-                                    const int32_t *pos, int b, int h, int T, int NH, int NKV, int hs)
+static void materialized_head_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                       float *ds, const int32_t *pos, const struct attn_dims *d, int b, int h)
 {
-    const int C = NH * hs, row = (NH + 2 * NKV) * hs, group = NH / NKV;
-    const float scale = 1.0f / sqrtf((float)hs);
+    const int T = d->T, NH = d->NH, NKV = d->NKV, hs = d->hs, C = d->C, row = d->row, group = d->group;
+    const float scale = d->scale;
     const float beta = h % group == 0 ? 0.0f : 1.0f;
     const size_t kv_at = (size_t)(NH + h / group) * hs;
     const int32_t *pos_row = pos ? pos + (size_t)b * T : NULL;
@@ -182,30 +262,232 @@ static void attention_head_backward(float *dqkv, const float *dout, const float 
     }
 }
 
+/* One task per key/value head: its query heads in order, so the shared dk and dv add up in a fixed order and
+ * never race. */
+static void materialized_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *scratch,
+                                  const int32_t *pos, const struct attn_dims *d)
+{
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < d->B; b++)
+        for (int g = 0; g < d->NKV; g++) {
+            float *ds = scratch + (size_t)omp_get_thread_num() * d->T * d->T;
+            for (int h = g * d->group; h < (g + 1) * d->group; h++)
+                materialized_head_backward(dqkv, dout, qkv, att, ds, pos, d, b, h);
+        }
+}
+
+/* ---- tiled ----------------------------------------------------------------------------------------------- */
+
+/* Row r of a forward tile: s[0, n) its scaled scores against keys [j0, j0 + n), of which it sees [lo, hi)
+ * (maybe none). Overwrites s with exp(s - the new running maximum), 0 outside [lo, hi); updates the running
+ * maximum m and sum l, and rescales y (hs), the row's output so far, to the new maximum. */
+static void tiled_softmax_row(float *s, int n, int lo, int hi, float *m, float *l, float *y, int hs)
+{
+    if (lo >= hi) {
+        memset(s, 0, (size_t)n * sizeof *s);
+        return;
+    }
+    float mx = *m;
+#pragma omp simd reduction(max : mx)
+    for (int j = lo; j < hi; j++)
+        mx = s[j] > mx ? s[j] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = lo; j < hi; j++) {
+        s[j] = fast_expf(s[j] - mx);
+        sum += s[j];
+    }
+    for (int j = 0; j < lo; j++)
+        s[j] = 0.0f;
+    for (int j = hi; j < n; j++)
+        s[j] = 0.0f;
+    /* no keys yet: y and l are 0 */
+    const float correction = *m == -INFINITY ? 0.0f : fast_expf(*m - mx);
+    *l = *l * correction + sum;
+    *m = mx;
+    if (correction != 1.0f)
+        for (int c = 0; c < hs; c++)
+            y[c] *= correction;
+}
+
+/* Queries [i0, i0 + ATTN_TILE_Q) of head h of sequence b: out and their log-sum-exp lse (B, NH, T). The key
+ * tiles run from the first query's first key to the last query; each row masks the keys outside its own. */
+static void tiled_forward_rows(float *out, float *lse, const float *qkv, const int32_t *pos_row, float *work,
+                               const struct attn_dims *d, int b, int h, int i0)
+{
+    const int T = d->T, hs = d->hs, row = d->row, ld = tile_keys(T);
+    const int i1 = i0 + ATTN_TILE_Q < T ? i0 + ATTN_TILE_Q : T, rows = i1 - i0;
+    const float *q = qkv + ((size_t)b * T + i0) * row + (size_t)h * hs;
+    const float *k = qkv + (size_t)b * T * row + (size_t)(d->NH + h / d->group) * hs, *v = k + (size_t)d->NKV * hs;
+    float *y = out + ((size_t)b * T + i0) * d->C + (size_t)h * hs;
+    float *s = work, *m = work + (size_t)tile_rows(T) * ld, *l = m + tile_rows(T);
+    for (int r = 0; r < rows; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        memset(y + (size_t)r * d->C, 0, (size_t)hs * sizeof *y);
+    }
+    for (int j0 = attention_first_key(pos_row, i0); j0 < i1; j0 += ATTN_TILE_K) {
+        const int j1 = j0 + ATTN_TILE_K < i1 ? j0 + ATTN_TILE_K : i1;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, j1 - j0, hs, d->scale, q, row,
+                    k + (size_t)j0 * row, row, 0.0f, s, ld);
+        for (int r = 0; r < rows; r++) {
+            const int first = attention_first_key(pos_row, i0 + r);
+            const int lo = first > j0 ? first - j0 : 0, hi = i0 + r + 1 < j1 ? i0 + r + 1 - j0 : j1 - j0;
+            tiled_softmax_row(s + (size_t)r * ld, j1 - j0, lo, hi, &m[r], &l[r], y + (size_t)r * d->C, hs);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, j1 - j0, 1.0f, s, ld,
+                    v + (size_t)j0 * row, row, 1.0f, y, d->C);
+    }
+    float *row_lse = lse + ((size_t)b * d->NH + h) * T + i0;
+    for (int r = 0; r < rows; r++) {
+        const float inv = 1.0f / l[r];
+        for (int c = 0; c < hs; c++)
+            y[(size_t)r * d->C + c] *= inv;
+        row_lse[r] = m[r] + logf(l[r]);
+    }
+}
+
+/* One task per (sequence, head, query tile), the last tiles (the most keys) first. */
+static void tiled_forward(float *out, float *lse, const float *qkv, float *scratch, const int32_t *pos,
+                          const struct attn_dims *d)
+{
+    const long long heads = (long long)d->B * d->NH, tiles = (d->T + ATTN_TILE_Q - 1) / ATTN_TILE_Q;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long long task = 0; task < heads * tiles; task++) {
+        const int tile = (int)(tiles - 1 - task / heads), b = (int)(task % heads / d->NH), h = (int)(task % d->NH);
+        float *work = scratch + (size_t)omp_get_thread_num() * tiled_thread_floats(d->T);
+        tiled_forward_rows(out, lse, qkv, pos ? pos + (size_t)b * d->T : NULL, work, d, b, h, tile * ATTN_TILE_Q);
+    }
+}
+
+/* The gradients of queries [i0, i1) of head h against keys [j0, j1) of its key/value head, sequence b: adds
+ * into dq of those queries and dk, dv of those keys. Each row sees the keys of the tile in [its first key, itself]. */
+static void tiled_backward_tile(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *out,
+                                const int32_t *pos_row, float *work, const struct attn_dims *d, int b, int h, int i0,
+                                int i1, int j0, int j1)
+{
+    const int T = d->T, hs = d->hs, row = d->row, C = d->C, ld = tile_keys(T), rows = i1 - i0, n = j1 - j0;
+    const size_t q_at = ((size_t)b * T + i0) * row + (size_t)h * hs;
+    const size_t k_at = ((size_t)b * T + j0) * row + (size_t)(d->NH + h / d->group) * hs;
+    const size_t v_at = k_at + (size_t)d->NKV * hs, y_at = ((size_t)b * T + i0) * C + (size_t)h * hs;
+    const float *row_lse = lse + ((size_t)b * d->NH + h) * T + i0;
+    float *p = work, *ds = work + (size_t)tile_rows(T) * ld;
+    /* S = scale Q K^T (into p) and dP = dout V^T (into ds) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, hs, d->scale, qkv + q_at, row, qkv + k_at, row,
+                0.0f, p, ld);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, hs, 1.0f, dout + y_at, C, qkv + v_at, row, 0.0f,
+                ds, ld);
+    for (int r = 0; r < rows; r++) {
+        const int i = i0 + r, first = attention_first_key(pos_row, i);
+        const int lo = first > j0 ? first - j0 : 0, hi = i + 1 < j1 ? i + 1 - j0 : n;
+        const float *dy = dout + y_at + (size_t)r * C, *y = out + y_at + (size_t)r * C;
+        float D = 0.0f; /* dout_i . out_i = sum_j P_ij dP_ij */
+#pragma omp simd reduction(+ : D)
+        for (int c = 0; c < hs; c++)
+            D += dy[c] * y[c];
+        float *pr = p + (size_t)r * ld, *dsr = ds + (size_t)r * ld;
+        const float L = row_lse[r];
+#pragma omp simd
+        for (int j = lo; j < hi; j++) {
+            pr[j] = fast_expf(pr[j] - L);
+            dsr[j] = pr[j] * (dsr[j] - D) * d->scale; /* the scale of the scores folded in */
+        }
+        for (int j = 0; j < lo; j++)
+            pr[j] = dsr[j] = 0.0f;
+        for (int j = hi > lo ? hi : lo; j < n; j++)
+            pr[j] = dsr[j] = 0.0f;
+    }
+    /* dV += P^T dout, dK += dS^T Q, dQ += dS K */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hs, rows, 1.0f, p, ld, dout + y_at, C, 1.0f, dqkv + v_at,
+                row);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hs, rows, 1.0f, ds, ld, qkv + q_at, row, 1.0f,
+                dqkv + k_at, row);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, n, 1.0f, ds, ld, qkv + k_at, row, 1.0f,
+                dqkv + q_at, row);
+}
+
+/* Key/value head g of sequence b: dk and dv of its keys and dq of its query heads, which no other task writes.
+ * Key tiles in order; for each, the group's query heads in order and their query tiles from the key tile's first
+ * key to the end of its last key's sample; each tile pair clipped to the keys its rows may see. So every sum runs
+ * in a fixed order. */
+static void tiled_backward_kv_head(float *dqkv, const float *dout, const float *qkv, const float *lse,
+                                   const float *out, const int32_t *pos_row, float *work, const struct attn_dims *d,
+                                   int b, int g)
+{
+    const int T = d->T, hs = d->hs;
+    for (int t = 0; t < T; t++) {
+        float *x = dqkv + ((size_t)b * T + t) * d->row;
+        memset(x + (size_t)g * d->group * hs, 0, (size_t)d->group * hs * sizeof *x);
+        memset(x + (size_t)(d->NH + g) * hs, 0, (size_t)hs * sizeof *x);
+        memset(x + (size_t)(d->NH + d->NKV + g) * hs, 0, (size_t)hs * sizeof *x);
+    }
+    for (int j0 = 0; j0 < T; j0 += ATTN_TILE_K) {
+        const int j1 = j0 + ATTN_TILE_K < T ? j0 + ATTN_TILE_K : T, end = attention_query_end(pos_row, j1 - 1, T);
+        for (int h = g * d->group; h < (g + 1) * d->group; h++)
+            for (int i0 = j0; i0 < end; i0 += ATTN_TILE_Q) {
+                const int i1 = i0 + ATTN_TILE_Q < end ? i0 + ATTN_TILE_Q : end;
+                const int first = attention_first_key(pos_row, i0);
+                const int k0 = first > j0 ? first : j0, k1 = i1 < j1 ? i1 : j1;
+                if (k0 < k1)
+                    tiled_backward_tile(dqkv, dout, qkv, lse, out, pos_row, work, d, b, h, i0, i1, k0, k1);
+            }
+    }
+}
+
+static void tiled_backward(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *out,
+                           float *scratch, const int32_t *pos, const struct attn_dims *d)
+{
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int b = 0; b < d->B; b++)
+        for (int g = 0; g < d->NKV; g++) {
+            float *work = scratch + (size_t)omp_get_thread_num() * tiled_thread_floats(d->T);
+            tiled_backward_kv_head(dqkv, dout, qkv, lse, out, pos ? pos + (size_t)b * d->T : NULL, work, d, b, g);
+        }
+}
+
+/* ---- the calls ------------------------------------------------------------------------------------------- */
+
+void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
+                                   int B, int T, int NH, int NKV, int hs)
+{
+    ACT_DISPATCH(act_attention_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs));
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(att);
+    DEVEMU_VIEW(qkv);
+    DEVEMU_VIEW(scratch);
+    DEVEMU_VIEW(pos);
+    const struct attn_dims d = attn_dims_of(pos, B, T, NH, NKV, hs);
+    if (!tiled()) {
+        materialized_forward(out, att, qkv, pos, &d); /* the scores in att itself: no scratch */
+        return;
+    }
+    if (!scratch)
+        fail_internal("attention: the tiled kernel's forward needs its scratch (backend_attention_scratch)");
+    tiled_forward(out, att, qkv, scratch, pos, &d);
+}
+
+/* out: the forward's output, which the tiled backward reads (D_i = dout_i . out_i) and the materialized one
+ * does not need (it keeps the probabilities). */
 void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                     const float *out, float *scratch, const int32_t *pos, int B, int T, int NH,
                                     int NKV, int hs)
 {
-    (void)out; /* the probabilities are kept: the forward's output is not needed */
-    ACT_DISPATCH(act_attention_backward(dqkv, dout, qkv, att, scratch, pos, B, T, NH, NKV, hs));
+    ACT_DISPATCH(act_attention_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs));
     DEVEMU_VIEW(dqkv);
     DEVEMU_VIEW(dout);
     DEVEMU_VIEW(qkv);
     DEVEMU_VIEW(att);
+    DEVEMU_VIEW(out);
     DEVEMU_VIEW(scratch);
     DEVEMU_VIEW(pos);
-    if (pos)
-        attention_check_positions(pos, B, T);
-    /* One task per key/value head: its query heads in order, so the shared
-     * dk and dv add up in a fixed order and never race. */
-    const int group = NH / NKV;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < NKV; g++) {
-            float *ds = scratch + (size_t)omp_get_thread_num() * T * T;
-            for (int h = g * group; h < (g + 1) * group; h++)
-                attention_head_backward(dqkv, dout, qkv, att, ds, pos, b, h, T, NH, NKV, hs);
-        }
+    const struct attn_dims d = attn_dims_of(pos, B, T, NH, NKV, hs);
+    if (tiled()) {
+        if (!out)
+            fail_internal("attention: the tiled kernel's backward needs the forward's output");
+        tiled_backward(dqkv, dout, qkv, att, out, scratch, pos, &d);
+    } else {
+        materialized_backward(dqkv, dout, qkv, att, scratch, pos, &d);
+    }
 }
 
 void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B,

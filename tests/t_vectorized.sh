@@ -23,11 +23,16 @@ cd "$(dirname "$0")/.."
 mkdir -p build/vectorized
 
 MIN_PACKED_FMA=7   # the degree-7 polynomial of fast_expf (src/fastmath.h)
-# OBJECT:FUNCTION, the object under src/
+# OBJECT:FUNCTION[+HELPER...], the object under src/; a kernel's code is its function's with the static helpers
+# it calls, where the compiler keeps them out of line (it inlines them for some targets and not for others).
+# Attention: the materialized kernel's softmax, the tiled kernel's online softmax (forward) and its
+# recomputed probabilities (backward).
 KERNELS="backend_cpu:backend_gelu_forward._omp_fn.0 backend_cpu:backend_gelu_backward._omp_fn.0
-backend_cpu:backend_crossentropy_forward._omp_fn.0 backend_cpu_attention:backend_attention_gqa_forward._omp_fn.0
+backend_cpu:backend_crossentropy_forward._omp_fn.0 backend_cpu_attention:materialized_forward._omp_fn.0
+backend_cpu_attention:tiled_forward._omp_fn.0+tiled_softmax_row
+backend_cpu_attention:tiled_backward._omp_fn.0+tiled_backward_kv_head
 backend_cpu:backend_swiglu_forward._omp_fn.0 backend_cpu:backend_swiglu_backward._omp_fn.0"
-NEEDS_MAX="backend_crossentropy_forward._omp_fn.0 backend_attention_gqa_forward._omp_fn.0"
+NEEDS_MAX="backend_crossentropy_forward._omp_fn.0 materialized_forward._omp_fn.0 tiled_forward._omp_fn.0"
 status=0
 
 check() {   # NAME CONDITION-STATUS DETAILS
@@ -52,8 +57,8 @@ for target in zen3 haswell avx512 native; do
     continue
   fi
   for kernel in $KERNELS; do
-    obj=$build/src/${kernel%%:*}.o fn=${kernel#*:}
-    code=$(body "$obj" "$fn")
+    obj=$build/src/${kernel%%:*}.o fns=${kernel#*:} fn=${fns%%+*} code=''
+    for f in ${fns//+/ }; do code+=$(body "$obj" "$f")$'\n'; done
     name=vectorized.$target.${fn%._omp_fn.0}
     if [ -z "$code" ]; then
       check "$name" 1 "no function $fn in $obj"
