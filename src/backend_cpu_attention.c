@@ -41,14 +41,18 @@
 #include "util.h"
 
 #define ATTN_ROW_BLOCK 64 /* materialized: rows per causal block, skips most of the masked half */
-/* tiled: queries x keys per tile. The products are OpenBLAS calls on tiles, whose packing and call overhead
- * shrink as tiles grow, while a larger tile wastes more of the masked half of the diagonal tiles and a thread's
- * two tiles (2 x 128 x 512 floats, 512 KiB) should stay in its L2 cache. Measured on a 2-core AVX-512 Xeon
- * (OpenBLAS SkylakeX, B 1, 12 heads over 4, hs 64, T 256 .. 4096; tools/bench/attention.sh), 128 x 512 was
- * the fastest or within the noise of it at every length among 64..256 x 128..1024. */
+/* tiled: queries x keys per tile, and rows per block of a query tile's own keys (the causal triangle, which a
+ * whole tile would compute twice over). The products are OpenBLAS calls on tiles, whose packing and call
+ * overhead shrink as tiles grow, while a thread's two tiles (2 x 128 x 512 floats, 512 KiB) should stay in its
+ * L2 cache. Measured on a 2-core AVX-512 Xeon (OpenBLAS SkylakeX; B 1, 12 heads over 4, hs 64, T 256 .. 4096;
+ * tools/bench/attention.sh, best of many rounds on a shared machine): among 64..256 x 128..1024 tiles, 128 x
+ * 512 was the fastest, or within the noise of it, at every length; triangles in blocks of 32 rows cut the
+ * work at T = 256 by a quarter (the whole tile: 1.5 times the needed products; the materialized kernel's
+ * 64-row blocks: 1.25) and cost nothing measurable at T >= 1024. */
 #ifndef ATTN_TILE_Q /* the gradient check's f64 twin sets small tiles, so that a few tokens cross them */
 #define ATTN_TILE_Q 128
 #define ATTN_TILE_K 512
+#define ATTN_TILE_DIAG 32
 #endif
 
 /* ---- which kernel ---------------------------------------------------------------------------------------- */
@@ -310,40 +314,68 @@ static void tiled_softmax_row(float *s, int n, int lo, int hi, float *m, float *
             y[c] *= correction;
 }
 
-/* Queries [i0, i0 + ATTN_TILE_Q) of head h of sequence b: out and their log-sum-exp lse (B, NH, T). The key
- * tiles run from the first query's first key to the last query; each row masks the keys outside its own. */
+/* One forward task: queries [i0, i1) of one head of one sequence. */
+struct forward_tile {
+    const float *q;       /* row i0 of the query head */
+    const float *k, *v;   /* row 0 of its key and value heads */
+    float *y;             /* row i0 of the output head, accumulated in place */
+    float *s, *m, *l;     /* workspace: the scores (ld a row), each row's running maximum and sum */
+    const int32_t *pos_row;
+    int i0, ld;
+};
+
+/* Rows [r0, r1) of the tile against keys [j0, j1): one step of the online softmax. */
+static void tiled_forward_step(const struct forward_tile *t, const struct attn_dims *d, int r0, int r1, int j0,
+                               int j1)
+{
+    const int n = j1 - j0, row = d->row, C = d->C;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, n, d->hs, d->scale, t->q + (size_t)(r0 - t->i0) * row,
+                row, t->k + (size_t)j0 * row, row, 0.0f, t->s, t->ld);
+    for (int i = r0; i < r1; i++) {
+        const int first = attention_first_key(t->pos_row, i);
+        const int lo = first > j0 ? first - j0 : 0, hi = i + 1 < j1 ? i + 1 - j0 : n, r = i - t->i0;
+        tiled_softmax_row(t->s + (size_t)(i - r0) * t->ld, n, lo, hi, &t->m[r], &t->l[r], t->y + (size_t)r * C, d->hs);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, d->hs, n, 1.0f, t->s, t->ld,
+                t->v + (size_t)j0 * row, row, 1.0f, t->y + (size_t)(r0 - t->i0) * C, C);
+}
+
+/* Queries [i0, i0 + ATTN_TILE_Q) of head h of sequence b: out and their log-sum-exp lse (B, NH, T). First the
+ * keys before the tile, from its first query's first key, in tiles of ATTN_TILE_K with every row; then the
+ * triangle of the tile's own keys, rows in blocks of ATTN_TILE_DIAG against the keys up to their last row
+ * (a whole tile would compute its masked half). Each row masks the keys outside its own. */
 static void tiled_forward_rows(float *out, float *lse, const float *qkv, const int32_t *pos_row, float *work,
                                const struct attn_dims *d, int b, int h, int i0)
 {
-    const int T = d->T, hs = d->hs, row = d->row, ld = tile_keys(T);
-    const int i1 = i0 + ATTN_TILE_Q < T ? i0 + ATTN_TILE_Q : T, rows = i1 - i0;
-    const float *q = qkv + ((size_t)b * T + i0) * row + (size_t)h * hs;
-    const float *k = qkv + (size_t)b * T * row + (size_t)(d->NH + h / d->group) * hs, *v = k + (size_t)d->NKV * hs;
-    float *y = out + ((size_t)b * T + i0) * d->C + (size_t)h * hs;
-    float *s = work, *m = work + (size_t)tile_rows(T) * ld, *l = m + tile_rows(T);
-    for (int r = 0; r < rows; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-        memset(y + (size_t)r * d->C, 0, (size_t)hs * sizeof *y);
+    const int T = d->T, hs = d->hs, ld = tile_keys(T), i1 = i0 + ATTN_TILE_Q < T ? i0 + ATTN_TILE_Q : T;
+    const float *k = qkv + (size_t)b * T * d->row + (size_t)(d->NH + h / d->group) * hs;
+    const struct forward_tile t = {.q = qkv + ((size_t)b * T + i0) * d->row + (size_t)h * hs,
+                                   .k = k,
+                                   .v = k + (size_t)d->NKV * hs,
+                                   .y = out + ((size_t)b * T + i0) * d->C + (size_t)h * hs,
+                                   .s = work,
+                                   .m = work + (size_t)tile_rows(T) * ld,
+                                   .l = work + (size_t)tile_rows(T) * ld + tile_rows(T),
+                                   .pos_row = pos_row,
+                                   .i0 = i0,
+                                   .ld = ld};
+    for (int r = 0; r < i1 - i0; r++) {
+        t.m[r] = -INFINITY;
+        t.l[r] = 0.0f;
+        memset(t.y + (size_t)r * d->C, 0, (size_t)hs * sizeof *t.y);
     }
-    for (int j0 = attention_first_key(pos_row, i0); j0 < i1; j0 += ATTN_TILE_K) {
-        const int j1 = j0 + ATTN_TILE_K < i1 ? j0 + ATTN_TILE_K : i1;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, j1 - j0, hs, d->scale, q, row,
-                    k + (size_t)j0 * row, row, 0.0f, s, ld);
-        for (int r = 0; r < rows; r++) {
-            const int first = attention_first_key(pos_row, i0 + r);
-            const int lo = first > j0 ? first - j0 : 0, hi = i0 + r + 1 < j1 ? i0 + r + 1 - j0 : j1 - j0;
-            tiled_softmax_row(s + (size_t)r * ld, j1 - j0, lo, hi, &m[r], &l[r], y + (size_t)r * d->C, hs);
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, j1 - j0, 1.0f, s, ld,
-                    v + (size_t)j0 * row, row, 1.0f, y, d->C);
+    for (int j0 = attention_first_key(pos_row, i0); j0 < i0; j0 += ATTN_TILE_K)
+        tiled_forward_step(&t, d, i0, i1, j0, j0 + ATTN_TILE_K < i0 ? j0 + ATTN_TILE_K : i0);
+    for (int r0 = i0; r0 < i1; r0 += ATTN_TILE_DIAG) {
+        const int r1 = r0 + ATTN_TILE_DIAG < i1 ? r0 + ATTN_TILE_DIAG : i1;
+        tiled_forward_step(&t, d, r0, r1, i0, r1);
     }
     float *row_lse = lse + ((size_t)b * d->NH + h) * T + i0;
-    for (int r = 0; r < rows; r++) {
-        const float inv = 1.0f / l[r];
+    for (int r = 0; r < i1 - i0; r++) {
+        const float inv = 1.0f / t.l[r];
         for (int c = 0; c < hs; c++)
-            y[(size_t)r * d->C + c] *= inv;
-        row_lse[r] = m[r] + logf(l[r]);
+            t.y[(size_t)r * d->C + c] *= inv;
+        row_lse[r] = t.m[r] + logf(t.l[r]);
     }
 }
 
@@ -427,9 +459,16 @@ static void tiled_backward_kv_head(float *dqkv, const float *dout, const float *
             for (int i0 = j0; i0 < end; i0 += ATTN_TILE_Q) {
                 const int i1 = i0 + ATTN_TILE_Q < end ? i0 + ATTN_TILE_Q : end;
                 const int first = attention_first_key(pos_row, i0);
-                const int k0 = first > j0 ? first : j0, k1 = i1 < j1 ? i1 : j1;
-                if (k0 < k1)
-                    tiled_backward_tile(dqkv, dout, qkv, lse, out, pos_row, work, d, b, h, i0, i1, k0, k1);
+                const int k0 = first > j0 ? first : j0, k1 = i1 < j1 ? i1 : j1, before = k1 < i0 ? k1 : i0;
+                /* the keys before the query tile with every row, then the triangle of the tile's own keys in
+                 * blocks of rows, as the forward */
+                if (k0 < before)
+                    tiled_backward_tile(dqkv, dout, qkv, lse, out, pos_row, work, d, b, h, i0, i1, k0, before);
+                for (int r0 = i0; r0 < i1 && i0 < k1; r0 += ATTN_TILE_DIAG) {
+                    const int r1 = r0 + ATTN_TILE_DIAG < i1 ? r0 + ATTN_TILE_DIAG : i1;
+                    tiled_backward_tile(dqkv, dout, qkv, lse, out, pos_row, work, d, b, h, r0, r1,
+                                        k0 > i0 ? k0 : i0, r1 < k1 ? r1 : k1);
+                }
             }
     }
 }

@@ -29,8 +29,8 @@ MIN_PACKED_FMA=7   # the degree-7 polynomial of fast_expf (src/fastmath.h)
 # recomputed probabilities (backward).
 KERNELS="backend_cpu:backend_gelu_forward._omp_fn.0 backend_cpu:backend_gelu_backward._omp_fn.0
 backend_cpu:backend_crossentropy_forward._omp_fn.0 backend_cpu_attention:materialized_forward._omp_fn.0
-backend_cpu_attention:tiled_forward._omp_fn.0+tiled_softmax_row
-backend_cpu_attention:tiled_backward._omp_fn.0+tiled_backward_kv_head
+backend_cpu_attention:tiled_forward._omp_fn.0+tiled_forward_rows+tiled_forward_step+tiled_softmax_row
+backend_cpu_attention:tiled_backward._omp_fn.0+tiled_backward_kv_head+tiled_backward_tile
 backend_cpu:backend_swiglu_forward._omp_fn.0 backend_cpu:backend_swiglu_backward._omp_fn.0"
 NEEDS_MAX="backend_crossentropy_forward._omp_fn.0 materialized_forward._omp_fn.0 tiled_forward._omp_fn.0"
 status=0

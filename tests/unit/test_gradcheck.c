@@ -100,10 +100,11 @@ struct lora_out_f64 {
     int OC;
 };
 #define lora_out lora_out_f64
-/* tiles of 8 queries x 16 keys in the twin (fp32: backend_cpu_attention.c's), so that the short rows here cross
- * several of them, packed samples too */
+/* tiles of 8 queries x 16 keys, triangles in blocks of 3 rows in the twin (fp32: backend_cpu_attention.c's), so
+ * that the short rows here cross several of them, packed samples too */
 #define ATTN_TILE_Q 8
 #define ATTN_TILE_K 16
+#define ATTN_TILE_DIAG 3
 
 #include "../../src/backend_cpu.c"
 #include "../../src/backend_cpu_attention.c"
@@ -111,6 +112,7 @@ struct lora_out_f64 {
 #undef lora_out
 #undef ATTN_TILE_Q
 #undef ATTN_TILE_K
+#undef ATTN_TILE_DIAG
 
 #undef float
 #undef cblas_sgemm
