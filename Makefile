@@ -79,7 +79,8 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -lcubl
              -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64
 CUDA_SRCS := $(wildcard cuda/*.cu)
 CUDA_OBJS := $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))
-CUDA_HOST_OBJS := $(filter-out $(BUILD)/src/backend_cpu.o $(BUILD)/src/backend_cpu_mem.o $(BUILD)/src/backend_cpu_act.o,$(OBJS))
+CUDA_HOST_OBJS := $(filter-out $(BUILD)/src/backend_cpu.o $(BUILD)/src/backend_cpu_attention.o $(BUILD)/src/backend_cpu_mem.o \
+                  $(BUILD)/src/backend_cpu_act.o,$(OBJS))
 
 .PHONY: all deps test test-asan run clean check-deps bench
 

@@ -26,8 +26,8 @@
  * operands, their outputs, attention's inputs and outputs, GELU, the
  * layernorm inputs, outputs and weights, the residual stream and its
  * gradient and the logits are half precision, as in a model held in that
- * dtype (DESIGN §5), while the layernorm statistics, the attention
- * probabilities, the softmax arithmetic and the losses stay fp32 (weight
+ * dtype (DESIGN §5), while the layernorm statistics, the attention's
+ * log-sum-exp, the softmax arithmetic and the losses stay fp32 (weight
  * gradients: [G] below). Unmarked float pointers are always fp32.
  */
 #ifndef SHARDLM_BACKEND_H
@@ -127,11 +127,15 @@ void backend_add_act(float *out, const float *a, const float *b, size_t n);
 /* Causal multi-head self-attention.
  * qkv [A] (B, T, 3C): q, k, v concatenated as GPT-2's c_attn produces them;
  * out [A] (B, T, C); att: what the forward keeps for the backward,
- * backend_attention_saved(B, T, NH) bytes: the CPU backend the softmax
- * probabilities [A] (B, NH, T, T) (zero outside each row's keys), the CUDA
- * backend each row's log-sum-exp (B, NH, T) in fp32 (it recomputes the
- * probabilities in the backward: memory O(T)); scratch:
- * backend_attention_scratch(T, NH) floats. Query t attends keys j with
+ * backend_attention_saved(B, T, NH) bytes: each row's log-sum-exp of its
+ * scaled scores (natural log) (B, NH, T) in fp32, from which the backward
+ * recomputes the probabilities (memory O(T)) — the CUDA backend, and the
+ * CPU backend's tiled kernel (the default); the CPU backend's materialized
+ * kernel (SHARDLM_ATTENTION=materialized, backend_cpu_attention.h) keeps
+ * the softmax probabilities [A] (B, NH, T, T) (zero outside each row's
+ * keys). scratch: backend_attention_scratch(T, NH) floats, for the forward
+ * and the backward (the CPU's tiled kernel: a few tiles per thread, not
+ * growing with T past one tile). Query t attends keys j with
  * t - pos[b, t] <= j <= t (pos NULL: 0 <= j <= t): the probabilities outside
  * are exactly 0, and a packed row gives each sample what it gives alone.
  * Keys outside every query's range are skipped, not computed and masked, so
@@ -139,7 +143,8 @@ void backend_add_act(float *out, const float *a, const float *b, size_t n);
 void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B,
                                int T, int C, int NH);
 /* dqkv [A] (B, T, 3C) overwritten; dout [A], qkv [A], att as the forward
- * left it, out [A] the forward's output, pos the forward's. */
+ * left it, out [A] the forward's output (D_i = dout_i . out_i where the
+ * probabilities are recomputed), pos the forward's. */
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
                                 float *scratch, const int32_t *pos, int B, int T, int C, int NH);
 size_t backend_attention_scratch(int T, int NH);

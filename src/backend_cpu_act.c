@@ -11,6 +11,7 @@
 
 #include <stdlib.h>
 
+#include "backend_cpu_attention.h"
 #include "devemu.h"
 #include "dtype.h"
 #include "util.h"
@@ -163,27 +164,32 @@ void act_gelu_backward(float *dinp, const float *inp, const float *dout, size_t 
     free(i), free(d);
 }
 
+/* att: the tiled kernel's log-sum-exp is fp32 in every activation dtype (backend_cpu_attention.h), written and
+ * read in place; the materialized kernel's probabilities are [A]. */
 void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B, int T,
                            int NH, int NKV, int hs)
 {
     const size_t BT = (size_t)B * T, natt = (size_t)B * NH * T * T, C = (size_t)NH * hs;
     const size_t row = (size_t)(NH + 2 * NKV) * hs;
-    float *q = widen(qkv, BT * row), *o = xcalloc(BT * C, sizeof *o), *p = xcalloc(natt, sizeof *p);
+    const int tiled = backend_cpu_attention_kernel() == CPU_ATTENTION_TILED;
+    float *q = widen(qkv, BT * row), *o = xcalloc(BT * C, sizeof *o), *p = tiled ? att : xcalloc(natt, sizeof *p);
     FP32(backend_attention_gqa_forward(o, p, q, scratch, pos, B, T, NH, NKV, hs));
     narrow(out, o, BT * C);
-    narrow(att, p, natt);
+    if (!tiled)
+        narrow(att, p, natt);
     free(q);
 }
 
-void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *scratch,
-                            const int32_t *pos, int B, int T, int NH, int NKV, int hs)
+void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
+                            float *scratch, const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
     const size_t BT = (size_t)B * T, C = (size_t)NH * hs, row = (size_t)(NH + 2 * NKV) * hs;
+    const int tiled = backend_cpu_attention_kernel() == CPU_ATTENTION_TILED;
     float *d = widen(dout, BT * C), *q = widen(qkv, BT * row), *dq = xcalloc(BT * row, sizeof *dq);
-    float *p = widen(att, (size_t)B * NH * T * T);
-    FP32(backend_attention_gqa_backward(dq, d, q, p, NULL, scratch, pos, B, T, NH, NKV, hs));
+    float *p = tiled ? NULL : widen(att, (size_t)B * NH * T * T), *y = tiled ? widen(out, BT * C) : NULL;
+    FP32(backend_attention_gqa_backward(dq, d, q, tiled ? att : p, y, scratch, pos, B, T, NH, NKV, hs));
     narrow(dqkv, dq, BT * row);
-    free(d), free(q), free(p);
+    free(d), free(q), free(p), free(y);
 }
 
 void act_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,

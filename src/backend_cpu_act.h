@@ -2,12 +2,29 @@
  * backend_cpu_act — the CPU backend's half-precision activation path
  * (backend_cpu_act.c): act_half() says whether the [A] tensors are fp16/bf16
  * now, and act_X runs kernel X on them by widening to fp32 and back.
- * backend_cpu.c calls these at the top of each kernel with [A] operands.
+ * backend_cpu.c and backend_cpu_attention.c call these at the top of each
+ * kernel with [A] operands (ACT_DISPATCH).
  */
 #ifndef SHARDLM_BACKEND_CPU_ACT_H
 #define SHARDLM_BACKEND_CPU_ACT_H
 
 #include "backend.h"
+
+/* At the top of a CPU kernel with [A] operands: hands half-precision
+ * activations to the act_ wrapper (emulated devices only). The f64 gradient
+ * check and check_kernels' renamed CPU backend compile the kernels without
+ * that path (BACKEND_CPU_NO_ACT). */
+#ifdef BACKEND_CPU_NO_ACT
+#define ACT_DISPATCH(call) ((void)0)
+#else
+#define ACT_DISPATCH(call)  \
+    do {                    \
+        if (act_half()) {   \
+            call;           \
+            return;         \
+        }                   \
+    } while (0)
+#endif
 
 int act_half(void);
 void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, const int32_t *pos,
@@ -26,8 +43,8 @@ void act_gelu_forward(float *out, const float *inp, size_t n);
 void act_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B, int T,
                            int NH, int NKV, int hs);
-void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, float *scratch,
-                            const int32_t *pos, int B, int T, int NH, int NKV, int hs);
+void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
+                            float *scratch, const int32_t *pos, int B, int T, int NH, int NKV, int hs);
 void act_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
                               int NH, int NKV, int hs, int Tmax);
 void act_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C);

@@ -25,6 +25,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
 ENV.pop("SHARDLM_INJECT_INF_STEP", None)
 ENV.pop("SHARDLM_TEST_FREEZE", None)
+ENV.pop("SHARDLM_ATTENTION", None)  # the CPU's default attention kernel (tiled), which the tests' sizes assume
 
 _failures = 0
 

@@ -32,10 +32,10 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 the reverse) to the same final parameters as an uninterrupted run
   plan.CASE     `shardlm plan --target cuda --json` (what bin/shardlm-cuda
                 allocates) equals the emulated run's planned and peak bytes
-                and spaces for every buffer class, but the attention (the CPU
-                backend keeps the probabilities and a T x T scratch, the CUDA
-                backend each row's log-sum-exp) and cuBLAS's workspace, which
-                must be exactly the difference
+                and spaces for every buffer class, but the attention's scratch
+                (the CPU backend's tiled kernel needs a few tiles; both keep
+                each row's log-sum-exp) and cuBLAS's workspace, which must be
+                exactly the difference
   gpu_target.CASE  what the CUDA build
                 allocates (--target cuda, tied to the run by plan.CASE) in
                 every buffer class equals `shardlm plan --target gpu`
@@ -167,24 +167,26 @@ def plan_memory(name, cfg, target, env=ENV):
         return None
 
 
-def block_sets(extra):
-    ckpt = extra.get("activation_checkpointing", {})
-    return ckpt.get("interval", 1) if ckpt.get("enabled") else MODEL["n_layer"]
+# The CPU backend's tiled attention (src/backend_cpu_attention.c): tiles of ATTN_TILE_Q queries x ATTN_TILE_K
+# keys, its scratch per thread two tiles and three row vectors.
+ATTN_TILE_Q, ATTN_TILE_K = 128, 512
 
 
-def check_cuda_plan(tag, cfg, run_memory, f32_acts, extra):
-    """plan --target cuda against an emulated run: the same but for the attention, where the CPU backend
-    keeps the probabilities (B NH T T [A] per block set) and a T T scratch (OMP_NUM_THREADS=1) and the CUDA
-    backend each row's log-sum-exp (B NH T fp32) and no scratch; and cuBLAS's workspace."""
+def cpu_attention_scratch_floats(T):
+    rows, keys = min(T, ATTN_TILE_Q), min(T, ATTN_TILE_K)
+    return 2 * rows * keys + 3 * rows
+
+
+def check_cuda_plan(tag, cfg, run_memory, f32_acts):
+    """plan --target cuda against an emulated run: the same but for the attention's scratch, which the CPU
+    backend's tiled kernel needs (OMP_NUM_THREADS=1) and the CUDA backend does not (both keep each row's
+    log-sum-exp, B NH T fp32), and cuBLAS's workspace."""
     planned = plan_memory(f"plan.{tag}", cfg, "cuda", dict(ENV, SHARDLM_FP32_ACTIVATIONS="1" if f32_acts else "0"))
     if planned is None:
         return
-    B, NH = 2, MODEL["n_head"]
-    es = 4 if f32_acts else 2
     delta = {
-        "block activations": block_sets(extra) * (arena_round(4 * B * NH * T) - arena_round(es * B * NH * T * T)),
         "workspace": arena_round((32 << 20) + 256 - 64)  # cuBLAS's workspace, 256-byte aligned (gpt2.c)
-        - arena_round(4 * max(T * T, 2 * MODEL["n_embd"])),
+        - arena_round(4 * max(cpu_attention_scratch_floats(T), 2 * MODEL["n_embd"])),
     }
     bad = []
     for k, v in run_memory.items():
@@ -237,7 +239,7 @@ def main():
             continue
         compare(tag, plain, emu)
         if dtype == "fp32":
-            check_cuda_plan(tag, cfg, emu["memory"], True, extra)
+            check_cuda_plan(tag, cfg, emu["memory"], True)
             check_gpu_target(tag, cfg)
         if "sample_tokens" in extra.get("train", {}):
             samples = [o[o.find("---- sample"):o.find("---- end of sample")] for o in (out_p, out_e)]
@@ -264,7 +266,7 @@ def main():
             worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(half["rows"], plain["rows"]))
             device = [sum(v["peak"] for v in r["memory"].values() if v["space"] == "device") for r in (half, emu)]
             bad = [k for k, v in half["memory"].items() if v["planned"] != v["peak"]]
-            check_cuda_plan(tag, cfg, half["memory"], False, extra)
+            check_cuda_plan(tag, cfg, half["memory"], False)
             check_gpu_target(tag, cfg)
             check(f"act.{tag}", len(half["rows"]) == STEPS and worst <= tol and not bad and device[0] < device[1],
                   f"worst loss difference {worst:.3g} (tol {tol}), planned != peak {bad}, device {device}")

@@ -34,6 +34,11 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
               plan and its measured peak (metrics file), and the bytes sent per
               step equal the plan's communication figures; offload_param gives
               the losses and gradient norms of the same run without it, exactly
+  attention.* SHARDLM_ATTENTION=materialized (the CPU's T x T attention): plan
+              equals peak for every class, the block activations exceed the
+              tiled kernel's (the default) by exactly the probabilities each layer
+              keeps instead of its log-sum-exp, and the losses agree within 1e-5;
+              an unknown kernel is refused (exit 2, one line naming the variable)
 """
 import json
 import os
@@ -315,6 +320,44 @@ def check_peaks():
     check("peak.offload_param_same_losses_and_norms", a is not None and a == b, f"{a} vs {b}")
 
 
+def arena_round(n):
+    return (n + 63) // 64 * 64  # src/arena.h: ARENA_ALIGN
+
+
+def check_attention_kernels():
+    """The materialized kernel against the tiled one (default) on case A at N = 2, stage 2."""
+    name, N, kw = "A_N2_s2", 2, dict(model=A, stage=2)
+    env = dict(ENV, SHARDLM_ATTENTION="materialized")
+    cfg = peak_config(name + "_materialized", **kw)
+    r = subprocess.run(["mpirun", "-np", str(N), "--oversubscribe", BIN, "train", cfg, "--quiet"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+    mpath = os.path.join(TMP, name + "_materialized.jsonl")
+    if r.returncode != 0 or not os.path.exists(mpath):
+        check("attention.materialized_run", False, f"exit {r.returncode}: {r.stdout.decode()[-400:]}")
+        return
+    rows = [json.loads(line) for line in open(mpath) if line.strip()]
+    mem = next((row["memory"] for row in rows if "memory" in row), None)
+    p = subprocess.run([BIN, "plan", cfg, "--target", "cpu", "--ranks", str(N), "--json"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    j = json.loads([line for line in p.stdout.decode().splitlines() if line.startswith("{")][-1])
+    bad = [c for c, v in mem.items() if not j["memory"][c]["bytes"] == v["planned"] == v["peak"]]
+    check("attention.materialized_plan_eq_peak", not bad, f"{bad}: {mem} vs {j['memory']}")
+    rc, tiled, _, err = plan_json("--target", "cpu", "--ranks", str(N), cfg=peak_config(name, **kw))
+    micro, NH, L = 2, A["n_head"], A["n_layer"]
+    want = L * (arena_round(4 * micro * NH * T * T) - arena_round(4 * micro * NH * T))
+    got = j["memory"]["block activations"]["bytes"] - tiled["memory"]["block activations"]["bytes"]
+    check("attention.materialized_keeps_probabilities", rc == 0 and got == want, f"{got} more bytes, want {want}")
+    tiled_rows = [json.loads(line) for line in open(os.path.join(TMP, name + ".jsonl")) if line.strip()]
+    losses = [[row["loss"] for row in rs if "loss" in row] for rs in (rows, tiled_rows)]
+    check("attention.materialized_same_losses", len(losses[0]) == len(losses[1]) > 0 and
+          all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(*losses)), f"{losses}")
+    r = subprocess.run([BIN, "plan", cfg, "--target", "cpu"], env=dict(ENV, SHARDLM_ATTENTION="flash"),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    err = r.stderr.decode()
+    check("attention.unknown_kernel_refused", r.returncode == 2 and one_error_line(err) and "SHARDLM_ATTENTION" in err,
+          f"exit {r.returncode}: {err!r}")
+
+
 def main():
     check_presets()
     check_bad_input()
@@ -323,6 +366,7 @@ def main():
     check_goal_and_fit()
     check_zero_paper()
     check_peaks()
+    check_attention_kernels()
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
 # training step) although they vectorised on AVX-512 machines: GCC had turned
 # the exp clamp into branches, and under -ftrapping-math only AVX-512's masked
 # operations may execute them speculatively (see the Makefile's
-# -fno-trapping-math). This test builds src/backend_cpu.o with the Makefile's
-# own flags for each target below (compiling only: no target CPU is needed)
+# -fno-trapping-math). This test builds src/backend_cpu.o and
+# src/backend_cpu_attention.o with the Makefile's own flags for each target
+# below (compiling only: no target CPU is needed)
 # and reads the disassembly of each hot loop's OpenMP body: it must hold
 # packed single-precision FMAs (the exp polynomial alone has 7 per vector),
 # and the softmax loops a packed max (their max reduction). SwiGLU (Llama)
@@ -22,8 +23,16 @@ cd "$(dirname "$0")/.."
 mkdir -p build/vectorized
 
 MIN_PACKED_FMA=7   # the degree-7 polynomial of fast_expf (src/fastmath.h)
-KERNELS="backend_gelu_forward._omp_fn.0 backend_gelu_backward._omp_fn.0 backend_crossentropy_forward._omp_fn.0 backend_attention_gqa_forward._omp_fn.0 backend_swiglu_forward._omp_fn.0 backend_swiglu_backward._omp_fn.0"
-NEEDS_MAX="backend_crossentropy_forward._omp_fn.0 backend_attention_gqa_forward._omp_fn.0"
+# OBJECT:FUNCTION[+HELPER...], the object under src/; a kernel's code is its function's with the static helpers
+# it calls, where the compiler keeps them out of line (it inlines them for some targets and not for others).
+# Attention: the materialized kernel's softmax, the tiled kernel's online softmax (forward) and its
+# recomputed probabilities (backward).
+KERNELS="backend_cpu:backend_gelu_forward._omp_fn.0 backend_cpu:backend_gelu_backward._omp_fn.0
+backend_cpu:backend_crossentropy_forward._omp_fn.0 backend_cpu_attention:materialized_forward._omp_fn.0
+backend_cpu_attention:tiled_forward._omp_fn.0+tiled_forward_rows+tiled_forward_step+tiled_softmax_row
+backend_cpu_attention:tiled_backward._omp_fn.0+tiled_backward_kv_head+tiled_backward_tile
+backend_cpu:backend_swiglu_forward._omp_fn.0 backend_cpu:backend_swiglu_backward._omp_fn.0"
+NEEDS_MAX="backend_crossentropy_forward._omp_fn.0 materialized_forward._omp_fn.0 tiled_forward._omp_fn.0"
 status=0
 
 check() {   # NAME CONDITION-STATUS DETAILS
@@ -42,13 +51,14 @@ for target in zen3 haswell avx512 native; do
     native) march="-march=native" ;;
   esac
   build=build/vectorized/$target
-  if ! make --no-print-directory -s OPT="-O3 $march" BUILD="$build" "$build/src/backend_cpu.o" >"$build.log" 2>&1; then
+  if ! make --no-print-directory -s OPT="-O3 $march" BUILD="$build" "$build/src/backend_cpu.o" \
+    "$build/src/backend_cpu_attention.o" >"$build.log" 2>&1; then
     check "vectorized.$target.builds" 1 "$(tail -5 "$build.log")"
     continue
   fi
-  obj=$build/src/backend_cpu.o
-  for fn in $KERNELS; do
-    code=$(body "$obj" "$fn")
+  for kernel in $KERNELS; do
+    obj=$build/src/${kernel%%:*}.o fns=${kernel#*:} fn=${fns%%+*} code=''
+    for f in ${fns//+/ }; do code+=$(body "$obj" "$f")$'\n'; done
     name=vectorized.$target.${fn%._omp_fn.0}
     if [ -z "$code" ]; then
       check "$name" 1 "no function $fn in $obj"

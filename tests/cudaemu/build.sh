@@ -34,19 +34,22 @@ for f in backend_cuda comm_nccl; do
   g++ $CXXFLAGS -x c++ -c "$OUT/$f.cc" -o "$OUT/$f.o" & pids+=($!)
 done
 # the CPU backend renamed cpu_*, and the kernel checker, as tests/gpu/session.sh builds them
-gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT $PC_CFLAGS \
-  -c src/backend_cpu.c -o "$OUT/backend_cpu_renamed.o" & pids+=($!)
+for f in backend_cpu backend_cpu_attention; do
+  gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT $PC_CFLAGS \
+    -c "src/$f.c" -o "$OUT/${f}_renamed.o" & pids+=($!)
+done
 gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu -I tests/cudaemu/include $PC_CFLAGS \
   -c tests/gpu/check_kernels.c -o "$OUT/check_kernels.o" & pids+=($!)
 gcc -std=gnu11 -O2 -Wall -Wextra -Werror -iquote src $PC_CFLAGS \
   -c tests/gpu/time_kernels.c -o "$OUT/time_kernels.o" & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
 EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/cublaslt.o $OUT/nccl_mpi.o $OUT/backend_cuda.o $OUT/comm_nccl.o"
-g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" $EMU \
+g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" "$OUT/backend_cpu_attention_renamed.o" $EMU \
   $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
 g++ $SAN -fopenmp "$OUT/time_kernels.o" $EMU \
   $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/time_kernels" $PC_LIBS -lm
-g++ $SAN -fopenmp $(ls build/src/*.o | grep -v -e '/backend_cpu.o$' -e '/backend_cpu_mem.o$' -e '/backend_cpu_act.o$') \
+g++ $SAN -fopenmp $(ls build/src/*.o | grep -v -e '/backend_cpu.o$' -e '/backend_cpu_attention.o$' -e '/backend_cpu_mem.o$' \
+  -e '/backend_cpu_act.o$') \
   $EMU -o "$OUT/shardlm-cudaemu" $PC_LIBS -lm
 
 g++ $CXXFLAGS tests/cudaemu/selftest.cc "$OUT/cudaemu.o" "$OUT/cublas.o" "$OUT/cublaslt.o" "$OUT/nccl_mpi.o" -o "$OUT/selftest" $PC_LIBS

@@ -178,7 +178,10 @@ stage_build() {
   objs=$(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu')
   # shellcheck disable=SC2086  # word lists from make
   if gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend_cpu.c -o "$WORK/backend_cpu_renamed.o" &&
+    gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend_cpu_attention.c \
+      -o "$WORK/backend_cpu_attention_renamed.o" &&
     gcc $cflags -iquote tests/gpu -I"$CUDA_HOME/include" tests/gpu/check_kernels.c "$WORK/backend_cpu_renamed.o" \
+      "$WORK/backend_cpu_attention_renamed.o" \
       build/cuda/*.o $objs -o "$WORK/check_kernels" $ldlibs $cudalibs; then ok build.check_kernels; else
     fail build.check_kernels "compiling or linking tests/gpu/check_kernels.c failed"; fi
   # shellcheck disable=SC2086

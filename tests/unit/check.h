@@ -14,6 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "util.h"
+
 static int check_failures;
 
 #define CHECK(name, cond, ...)                                          \
@@ -84,5 +86,14 @@ static inline int check_run_child(void (*fn)(const void *), const void *arg, cha
 }
 
 static inline int check_status(void) { return check_failures ? 1 : 0; }
+
+/* A kernel test's input: n floats uniform in [-scale, scale) from rng (util.h's generator), malloc'ed. */
+static inline float *check_random_floats(size_t n, float scale, uint64_t *rng)
+{
+    float *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (2.0f * rng_uniform(rng) - 1.0f) * scale;
+    return x;
+}
 
 #endif

@@ -1,10 +1,11 @@
 /*
  * test_gradcheck — the backward pass of every CPU kernel against central finite
- * differences in double precision (src/backend_cpu.c).
+ * differences in double precision (src/backend_cpu.c, src/backend_cpu_attention.c).
  *
- * The same source, src/backend_cpu.c, is compiled a second time in this file
- * with float replaced by double and sgemm by dgemm; its functions are renamed
- * f64_* so that they live beside the real fp32 backend_* linked in from src/.
+ * The same sources, src/backend_cpu.c and src/backend_cpu_attention.c, are
+ * compiled a second time in this file with float replaced by double and sgemm
+ * by dgemm; their functions are renamed f64_* so that they live beside the
+ * real fp32 backend_* linked in from src/.
  * For each kernel, on a tiny random problem:
  *   - the objective is L = sum(w * forward(x)) with random weights w;
  *   - the analytic gradient is the f64 backward with dout = w;
@@ -22,6 +23,7 @@
  * Lines starting with '#' report the measured errors; they are not checks.
  */
 #include "backend.h"
+#include "backend_cpu_attention.h"
 #include "check.h"
 #include "util.h"
 #include "fastmath.h"
@@ -34,9 +36,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the double-precision twin of src/backend_cpu.c ----------------------
- * Every header it includes is already included above, so their include guards
- * keep the macros below away from them (util.h's float helpers stay float). */
+/* ---- the double-precision twin of src/backend_cpu.c and backend_cpu_attention.c
+ * Every header they include is already included above, so their include guards
+ * keep the macros below away from them (util.h's float helpers stay float), but
+ * backend_cpu_act.h: read here under BACKEND_CPU_NO_ACT, its ACT_DISPATCH is off
+ * (its act_ prototypes in double are never called). */
 #define BACKEND_CPU_NO_ACT
 #define float double
 #define cblas_sgemm cblas_dgemm
@@ -71,6 +75,8 @@
 #define backend_attention_gqa_forward f64_attention_gqa_forward
 #define backend_attention_gqa_backward f64_attention_gqa_backward
 #define backend_attention_kv_forward f64_attention_kv_forward
+#define backend_cpu_attention_kernel f64_attention_kernel
+#define backend_cpu_attention_use f64_attention_use
 #define backend_rmsnorm_forward f64_rmsnorm_forward
 #define backend_rmsnorm_backward f64_rmsnorm_backward
 #define backend_rope_forward f64_rope_forward
@@ -94,10 +100,19 @@ struct lora_out_f64 {
     int OC;
 };
 #define lora_out lora_out_f64
+/* tiles of 8 queries x 16 keys, triangles in blocks of 3 rows in the twin (fp32: backend_cpu_attention.c's), so
+ * that the short rows here cross several of them, packed samples too */
+#define ATTN_TILE_Q 8
+#define ATTN_TILE_K 16
+#define ATTN_TILE_DIAG 3
 
 #include "../../src/backend_cpu.c"
+#include "../../src/backend_cpu_attention.c"
 
 #undef lora_out
+#undef ATTN_TILE_Q
+#undef ATTN_TILE_K
+#undef ATTN_TILE_DIAG
 
 #undef float
 #undef cblas_sgemm
@@ -128,6 +143,8 @@ struct lora_out_f64 {
 #undef backend_attention_gqa_forward
 #undef backend_attention_gqa_backward
 #undef backend_attention_kv_forward
+#undef backend_cpu_attention_kernel
+#undef backend_cpu_attention_use
 #undef backend_rmsnorm_forward
 #undef backend_rmsnorm_backward
 #undef backend_rope_forward
@@ -798,31 +815,45 @@ static void test_swiglu(uint64_t *rng)
 
 /* ---- attention ----------------------------------------------------------- */
 
+/* Both CPU attention kernels (backend_cpu_attention.h), chosen in the fp32 backend and its f64 twin alike. */
+static const char *use_attention(enum cpu_attention kernel)
+{
+    backend_cpu_attention_use(kernel);
+    f64_attention_use(kernel);
+    return kernel == CPU_ATTENTION_TILED ? "tiled" : "materialized";
+}
+
 struct attention_case {
     int B, T, NH, NKV, hs;
-    int gpt2_call; /* 1: through backend_attention_forward/backward (.., C, NH), which need NKV = NH */
-    double *qkv;   /* (B, T, (NH + 2 NKV) hs) */
-    double *att;   /* (B, NH, T, T), side output */
+    int gpt2_call;      /* 1: through backend_attention_forward/backward (.., C, NH), which need NKV = NH */
+    double *qkv;        /* (B, T, (NH + 2 NKV) hs) */
+    double *att;        /* what the forward keeps: tiled the rows' log-sum-exp (B, NH, T), materialized the
+                         * probabilities (B, NH, T, T) */
+    double *scratch;    /* f64_attention_scratch(T, NH) */
     const int32_t *pos; /* (B, T) packed rows, or NULL */
 };
+
+/* Elements of what the forward keeps (both kernels keep one element type: fp32, or double in the twin). */
+static size_t attention_saved_n(int B, int T, int NH) { return f64_attention_saved(B, T, NH) / sizeof(double); }
 
 static void attention_objective(void *ctx, double *out)
 {
     struct attention_case *a = ctx;
     if (a->gpt2_call)
-        f64_attention_forward(out, a->att, a->qkv, NULL, a->pos, a->B, a->T, a->NH * a->hs, a->NH);
+        f64_attention_forward(out, a->att, a->qkv, a->scratch, a->pos, a->B, a->T, a->NH * a->hs, a->NH);
     else
-        f64_attention_gqa_forward(out, a->att, a->qkv, NULL, a->pos, a->B, a->T, a->NH, a->NKV, a->hs);
+        f64_attention_gqa_forward(out, a->att, a->qkv, a->scratch, a->pos, a->B, a->T, a->NH, a->NKV, a->hs);
 }
 
-static void attention_backward_f64(double *dqkv, const double *dout, const double *att, const struct attention_case *a)
+/* out: the forward's output (the tiled backward reads it). */
+static void attention_backward_f64(double *dqkv, const double *dout, const double *att, const double *out,
+                                   const struct attention_case *a)
 {
-    double *scratch = xmalloc(f64_attention_scratch(a->T, a->NH) * sizeof *scratch);
     if (a->gpt2_call)
-        f64_attention_backward(dqkv, dout, a->qkv, att, NULL, scratch, a->pos, a->B, a->T, a->NH * a->hs, a->NH);
+        f64_attention_backward(dqkv, dout, a->qkv, att, out, a->scratch, a->pos, a->B, a->T, a->NH * a->hs, a->NH);
     else
-        f64_attention_gqa_backward(dqkv, dout, a->qkv, att, NULL, scratch, a->pos, a->B, a->T, a->NH, a->NKV, a->hs);
-    free(scratch);
+        f64_attention_gqa_backward(dqkv, dout, a->qkv, att, out, a->scratch, a->pos, a->B, a->T, a->NH, a->NKV,
+                                   a->hs);
 }
 
 /* The fp32 kernel's forward, then its backward with dout into dqkv, through
@@ -831,21 +862,22 @@ static void attention_f32(float *out, float *att, float *dqkv, const float *qkv,
                           const struct attention_case *a)
 {
     const int B = a->B, T = a->T, NH = a->NH, NKV = a->NKV, hs = a->hs;
-    float *scratch = xmalloc(backend_attention_scratch(T, NH) * sizeof *scratch);
+    float *scratch = xmalloc((backend_attention_scratch(T, NH) + 1) * sizeof *scratch);
     if (a->gpt2_call) {
-        backend_attention_forward(out, att, qkv, NULL, a->pos, B, T, NH * hs, NH);
-        backend_attention_backward(dqkv, dout, qkv, att, NULL, scratch, a->pos, B, T, NH * hs, NH);
+        backend_attention_forward(out, att, qkv, scratch, a->pos, B, T, NH * hs, NH);
+        backend_attention_backward(dqkv, dout, qkv, att, out, scratch, a->pos, B, T, NH * hs, NH);
     } else {
-        backend_attention_gqa_forward(out, att, qkv, NULL, a->pos, B, T, NH, NKV, hs);
-        backend_attention_gqa_backward(dqkv, dout, qkv, att, NULL, scratch, a->pos, B, T, NH, NKV, hs);
+        backend_attention_gqa_forward(out, att, qkv, scratch, a->pos, B, T, NH, NKV, hs);
+        backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, a->pos, B, T, NH, NKV, hs);
     }
     free(scratch);
 }
 
 /* out (B, T, NH hs): causal softmax(q k^T / sqrt(hs)) v written out row by
  * row, query head h reading key and value head h / (NH / NKV), query i the
- * keys of its sample from i - pos[i] (backend.h). */
-static void attention_reference(double *out, const struct attention_case *a)
+ * keys of its sample from i - pos[i] (backend.h); lse (B, NH, T): each row's
+ * log-sum-exp of its scaled scores. */
+static void attention_reference(double *out, double *lse, const struct attention_case *a)
 {
     const int T = a->T, NH = a->NH, NKV = a->NKV, hs = a->hs;
     const int row = (NH + 2 * NKV) * hs, group = NH / NKV;
@@ -866,6 +898,7 @@ static void attention_reference(double *out, const struct attention_case *a)
                 }
                 for (int j = first; j <= i; j++)
                     sum += p[j] = exp(p[j] - mx);
+                lse[((size_t)b * NH + h) * T + i] = mx + log(sum);
                 double *y = out + ((size_t)b * T + i) * NH * hs + (size_t)h * hs;
                 for (int c = 0; c < hs; c++) {
                     y[c] = 0.0;
@@ -878,42 +911,59 @@ static void attention_reference(double *out, const struct attention_case *a)
     free(p);
 }
 
-/* gpt2_call: the GPT-2 calls (NKV = NH), else the grouped-query ones; packed: rows of several samples
- * (packed_positions). */
-static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call, int packed, uint64_t *rng)
+/* What the forward kept, against the formula: tiled, the rows' log-sum-exp; materialized, the probabilities,
+ * exactly 0 outside each query's keys (those before its sample or after it). */
+static void check_attention_saved(const char *kernel, const double *att, const double *lse,
+                                  const struct attention_case *a)
 {
-    char kernel[96];
-    if (gpt2_call)
-        snprintf(kernel, sizeof kernel, "attention B=%d T=%d C=%d NH=%d", B, T, NH * hs, NH);
-    else
-        snprintf(kernel, sizeof kernel, "attention_gqa B=%d T=%d NH=%d NKV=%d hs=%d", B, T, NH, NKV, hs);
-    if (packed)
-        strcat(kernel, " packed");
-    int32_t *pos = packed ? packed_positions(B, T) : NULL;
-    const size_t n_qkv = (size_t)B * T * (NH + 2 * NKV) * hs, n_out = (size_t)B * T * NH * hs;
-    const size_t n_att = (size_t)B * NH * T * T;
-    /* scores of a few units: softmax rows neither uniform nor one-hot */
-    struct attention_case a = {B, T, NH, NKV, hs, gpt2_call, random_tensor(n_qkv, -1.5, 1.5, rng),
-                               xmalloc(n_att * sizeof(double)), pos};
-    double *w = random_tensor(n_out, -1, 1, rng);
-
-    double *out = xmalloc(n_out * sizeof *out), *ref = xmalloc(n_out * sizeof *ref);
-    attention_objective(&a, out);
-    attention_reference(ref, &a);
-    check_err("causal attention formula", kernel, "out", max_rel_err(out, ref, n_out, FLOAT_FLOOR), FORMULA_TOL);
-    double *att = copy_tensor(a.att, n_att);
-    size_t outside = 0; /* probabilities of keys before the query's sample or after the query: exactly 0 */
+    const int B = a->B, T = a->T, NH = a->NH;
+    if (backend_cpu_attention_kernel() == CPU_ATTENTION_TILED) {
+        check_err("causal attention formula", kernel, "lse", max_rel_err(att, lse, (size_t)B * NH * T, FLOAT_FLOOR),
+                  FORMULA_TOL);
+        return;
+    }
+    size_t outside = 0;
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int i = 0; i < T; i++)
                 for (int j = 0; j < T; j++)
-                    outside += (j < i - position_of(pos, b, i, T) || j > i) &&
+                    outside += (j < i - position_of(a->pos, b, i, T) || j > i) &&
                                att[(((size_t)b * NH + h) * T + i) * T + j] != 0.0;
-    char name[160];
+    char name[200];
     snprintf(name, sizeof name, "gradcheck %s: probabilities outside each query's keys exactly 0", kernel);
     CHECK(name, outside == 0, "%zu nonzero", outside);
+}
+
+/* gpt2_call: the GPT-2 calls (NKV = NH), else the grouped-query ones; packed: rows of several samples
+ * (packed_positions); the kernel use_attention chose last. */
+static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call, int packed, uint64_t *rng)
+{
+    char kernel[128];
+    const char *which = backend_cpu_attention_kernel() == CPU_ATTENTION_TILED ? "tiled" : "materialized";
+    if (gpt2_call)
+        snprintf(kernel, sizeof kernel, "attention %s B=%d T=%d C=%d NH=%d", which, B, T, NH * hs, NH);
+    else
+        snprintf(kernel, sizeof kernel, "attention_gqa %s B=%d T=%d NH=%d NKV=%d hs=%d", which, B, T, NH, NKV, hs);
+    if (packed)
+        strcat(kernel, " packed");
+    int32_t *pos = packed ? packed_positions(B, T) : NULL;
+    const size_t n_qkv = (size_t)B * T * (NH + 2 * NKV) * hs, n_out = (size_t)B * T * NH * hs;
+    const size_t n_att = attention_saved_n(B, T, NH);
+    /* scores of a few units: softmax rows neither uniform nor one-hot */
+    struct attention_case a = {B, T, NH, NKV, hs, gpt2_call, random_tensor(n_qkv, -1.5, 1.5, rng),
+                               xmalloc(n_att * sizeof(double)),
+                               xmalloc((f64_attention_scratch(T, NH) + 1) * sizeof(double)), pos};
+    double *w = random_tensor(n_out, -1, 1, rng);
+
+    double *out = xmalloc(n_out * sizeof *out), *ref = xmalloc(n_out * sizeof *ref);
+    double *lse = xmalloc((size_t)B * NH * T * sizeof *lse);
+    attention_objective(&a, out);
+    attention_reference(ref, lse, &a);
+    check_err("causal attention formula", kernel, "out", max_rel_err(out, ref, n_out, FLOAT_FLOOR), FORMULA_TOL);
+    double *att = copy_tensor(a.att, n_att);
+    check_attention_saved(kernel, att, lse, &a);
     double *dqkv = filled_tensor(n_qkv, OVERWRITE_SENTINEL);
-    attention_backward_f64(dqkv, w, att, &a);
+    attention_backward_f64(dqkv, w, att, out, &a);
 
     struct objective obj = {attention_objective, &a, w, n_out};
     double *num_qkv = numeric(a.qkv, n_qkv, &obj);
@@ -926,25 +976,26 @@ static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call,
     check_float_f(kernel, "att", att_f, att, n_att);
     check_float_f(kernel, "dqkv", dqkv_f, dqkv, n_qkv);
 
-    free(a.qkv), free(a.att), free(w), free(out), free(ref), free(att), free(dqkv), free(num_qkv);
-    free(qkv_f), free(w_f), free(out_f), free(att_f), free(dqkv_f), free(pos);
+    free(a.qkv), free(a.att), free(a.scratch), free(w), free(out), free(ref), free(lse), free(att), free(dqkv);
+    free(num_qkv), free(qkv_f), free(w_f), free(out_f), free(att_f), free(dqkv_f), free(pos);
 }
 
 /* The GPT-2 calls are the grouped-query ones with NKV = NH and hs = C / NH,
  * bit for bit (backend.h): the GPT-2 model keeps its results. */
 static void test_attention_gpt2_is_gqa(int B, int T, int NH, int hs, int packed, uint64_t *rng)
 {
-    char name[140];
-    snprintf(name, sizeof name, "attention B=%d T=%d C=%d NH=%d%s: the GPT-2 calls equal gqa NKV=NH bitwise (fp32)", B,
-             T, NH * hs, NH, packed ? " packed" : "");
+    char name[160];
+    snprintf(name, sizeof name, "attention %s B=%d T=%d C=%d NH=%d%s: the GPT-2 calls equal gqa NKV=NH bitwise (fp32)",
+             backend_cpu_attention_kernel() == CPU_ATTENTION_TILED ? "tiled" : "materialized", B, T, NH * hs, NH,
+             packed ? " packed" : "");
     int32_t *pos = packed ? packed_positions(B, T) : NULL;
     const size_t n_qkv = (size_t)B * T * 3 * NH * hs, n_out = (size_t)B * T * NH * hs;
-    const size_t n_att = (size_t)B * NH * T * T;
+    const size_t n_att = backend_attention_saved(B, T, NH) / sizeof(float);
     double *qkv = random_tensor(n_qkv, -1.5, 1.5, rng), *w = random_tensor(n_out, -1, 1, rng);
     float *qkv_f = narrow(qkv, n_qkv), *w_f = narrow(w, n_out);
     float *out[2], *att[2], *dqkv[2];
     for (int gpt2_call = 0; gpt2_call < 2; gpt2_call++) {
-        struct attention_case a = {B, T, NH, NH, hs, gpt2_call, NULL, NULL, pos};
+        struct attention_case a = {B, T, NH, NH, hs, gpt2_call, NULL, NULL, NULL, pos};
         out[gpt2_call] = xmalloc(n_out * sizeof(float));
         att[gpt2_call] = xmalloc(n_att * sizeof(float));
         dqkv[gpt2_call] = sentinel_tensor_f(n_qkv);
@@ -957,6 +1008,28 @@ static void test_attention_gpt2_is_gqa(int B, int T, int NH, int hs, int packed,
     free(qkv), free(w), free(qkv_f), free(w_f), free(pos);
     for (int i = 0; i < 2; i++)
         free(out[i]), free(att[i]), free(dqkv[i]);
+}
+
+/* Every attention case with one kernel. Blocks and tiles: the materialized kernel's 64-row blocks, the tiled
+ * kernel's tiles of 8 queries x 16 keys in the f64 twin (128 x 512 in fp32). */
+static void test_attention_kernel(enum cpu_attention kernel, uint64_t *rng)
+{
+    use_attention(kernel);
+    test_attention(2, 5, 2, 2, 4, 1, 0, rng);  /* T below the row block and the tiles */
+    test_attention(2, 70, 2, 2, 4, 1, 0, rng); /* T past 64 rows: a second, partial block; partial tiles */
+    test_attention(2, 5, 4, 1, 4, 0, 0, rng);  /* T prime: no head count or block size divides it */
+    test_attention(2, 7, 4, 2, 3, 0, 0, rng);
+    test_attention(2, 7, 4, 4, 4, 0, 0, rng);
+    test_attention(2, 5, 4, 4, 3, 0, 0, rng);
+    test_attention_gpt2_is_gqa(2, 7, 4, 3, 0, rng);
+    test_attention_gpt2_is_gqa(2, 70, 2, 4, 0, rng);
+    /* packed rows (backend.h): samples of 1, 2, 7, 33 and 3 tokens laid end to end, the last cut at T */
+    test_attention(2, 13, 2, 2, 4, 1, 1, rng);  /* several samples a row, T below the row block */
+    test_attention(2, 70, 2, 2, 4, 1, 1, rng);  /* a sample across the 64-row block border */
+    test_attention(2, 13, 4, 2, 3, 0, 1, rng);  /* grouped-query, odd head size */
+    test_attention(2, 70, 4, 1, 2, 0, 1, rng);
+    test_attention(1, 47, 2, 1, 3, 0, 1, rng); /* a 33-token sample across three 16-key tiles */
+    test_attention_gpt2_is_gqa(2, 70, 2, 4, 1, rng);
 }
 
 /* ---- embedding ----------------------------------------------------------- */
@@ -1386,8 +1459,9 @@ int main(void)
     test_matmul_transposed(&rng);
     test_layernorm(&rng);
     test_gelu(&rng);
-    test_attention(2, 5, 2, 2, 4, 1, 0, &rng);  /* T below the row block */
-    test_attention(2, 70, 2, 2, 4, 1, 0, &rng); /* T past ATTN_ROW_BLOCK = 64: a second, partial block */
+    test_attention_kernel(CPU_ATTENTION_TILED, &rng);
+    test_attention_kernel(CPU_ATTENTION_MATERIALIZED, &rng);
+    use_attention(CPU_ATTENTION_TILED);
     test_embedding(1, 0, &rng);
     test_crossentropy(0, &rng);
     test_add(&rng);
@@ -1398,19 +1472,8 @@ int main(void)
     test_rope(2, 3, 3, 3, 8, 0, &rng); /* NKV = NH */
     test_rope(2, 3, 2, 2, 2, 0, &rng);
     test_swiglu(&rng);
-    test_attention(2, 5, 4, 1, 4, 0, 0, &rng); /* T prime: no head count or block size divides it */
-    test_attention(2, 7, 4, 2, 3, 0, 0, &rng);
-    test_attention(2, 7, 4, 4, 4, 0, 0, &rng);
-    test_attention(2, 5, 4, 4, 3, 0, 0, &rng);
-    test_attention_gpt2_is_gqa(2, 7, 4, 3, 0, &rng);
-    test_attention_gpt2_is_gqa(2, 70, 2, 4, 0, &rng);
     test_embedding(0, 0, &rng);
     /* packed rows (backend.h): samples of 1, 2, 7, 33 and 3 tokens laid end to end, the last cut at T */
-    test_attention(2, 13, 2, 2, 4, 1, 1, &rng); /* several samples a row, T below the row block */
-    test_attention(2, 70, 2, 2, 4, 1, 1, &rng); /* a sample across the 64-row block border */
-    test_attention(2, 13, 4, 2, 3, 0, 1, &rng); /* grouped-query, odd head size */
-    test_attention(2, 70, 4, 1, 2, 0, 1, &rng);
-    test_attention_gpt2_is_gqa(2, 70, 2, 4, 1, &rng);
     test_rope(2, 13, 4, 2, 8, 1, &rng);
     test_rope(2, 13, 3, 3, 2, 1, &rng);
     test_embedding(1, 1, &rng);
