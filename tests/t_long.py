@@ -14,6 +14,11 @@ training step with --dump and three with --dump-final:
   chunk.KIND.plan      the plan's logits grow with the chunk (rows x padded
                        vocabulary x 4 bytes), and equal the measured peak,
                        class by class
+  max_seq.*            plan --max-seq: the length it prints fits with the
+                       keys it prints, one token more fits with no setting
+  length.T*            one step of a small Llama at T = 512 .. 4096: plan =
+                       measured peak, and the activation classes' bytes
+                       double when T doubles (the tiled attention keeps O(T))
 """
 import json
 import os
@@ -170,6 +175,7 @@ def main():
     for kind in MODELS:
         check_chunks(kind)
     check_max_seq()
+    check_lengths()
 
 
 run_main("long.main", main)
