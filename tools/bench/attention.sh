@@ -28,11 +28,12 @@ done
 mkdir -p build/bench
 if [ "$build" = 1 ]; then
     make --no-print-directory all >build/bench/make.log 2>&1 || { tail -20 build/bench/make.log >&2; exit 1; }
-    cflags=$(make -s --no-print-directory --eval 'print-%: ; @echo $($*)' print-CFLAGS)
-    ldlibs=$(make -s --no-print-directory --eval 'print-%: ; @echo $($*)' print-LDLIBS)
-    # shellcheck disable=SC2046,SC2086  # word lists from make and ls
-    gcc $cflags tools/bench/attention_bench.c $(ls build/src/*.o | grep -v '/main.o$') \
-        -o build/bench/attention_bench $ldlibs
+    # shellcheck disable=SC2016  # $($*) is make's
+    make_var() { make -s --no-print-directory --eval 'print-%: ; @echo $($*)' "print-$1"; }
+    objs=()
+    for o in build/src/*.o; do [ "$o" = build/src/main.o ] || objs+=("$o"); done
+    # shellcheck disable=SC2046  # word lists from make
+    gcc $(make_var CFLAGS) tools/bench/attention_bench.c "${objs[@]}" -o build/bench/attention_bench $(make_var LDLIBS)
 fi
 core=$(python3 -c 'import sys; sys.path.insert(0, "tools/bench"); import coretype
 try:

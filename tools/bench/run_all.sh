@@ -16,6 +16,8 @@ else
     echo "train_llama, lora: skipped: build/ref-venv (transformers, peft) missing; make it with bash tools/deps.sh --test"
 fi
 python3 tools/bench/zero_overlap.py "${core[@]}"
+# CPU attention: tiled against materialized, T 256 .. 4096 (issue 21; ~2 minutes)
+bash tools/bench/attention.sh "${core[@]}"
 python3 tools/bench/memory_ladder.py
 [ -f tools/bench/adamw.sh ] && bash tools/bench/adamw.sh
 # Hugging Face import/export of a ~1B Llama (~8.5 minutes; ~22 GiB of memory, ~19 GB of disk in /tmp)
