@@ -14,7 +14,7 @@
  * each tile from q, k and that log-sum-exp, P = exp(S - lse), with
  * D_i = dout_i . out_i, dS = P (dP - D) and the products dV += P^T dout,
  * dK += dS^T Q, dQ += dS K. Memory: no T x T anywhere; the scratch is two
- * tiles and three row vectors per thread, whatever T.
+ * tiles and two row vectors per thread, whatever T.
  *
  * materialized (SHARDLM_ATTENTION=materialized): the forward keeps the
  * probabilities (B, NH, T, T) [A]; the backward uses them with a T x T
@@ -80,13 +80,13 @@ void backend_cpu_attention_use(enum cpu_attention kernel) { g_kernel = (int)kern
 static int tiled(void) { return backend_cpu_attention_kernel() == CPU_ATTENTION_TILED; }
 
 /* Queries and keys per tile of a T-token row, and one thread's workspace in
- * floats: the scores (then probabilities) tile, dP (then dS) in the backward,
- * and three row vectors (running max and sum in the forward, D in the backward). */
+ * floats: the scores (then probabilities) tile, a second tile (the backward's
+ * dP, then dS) and two row vectors (the forward's running maximum and sum). */
 static int tile_rows(int T) { return T < ATTN_TILE_Q ? T : ATTN_TILE_Q; }
 static int tile_keys(int T) { return T < ATTN_TILE_K ? T : ATTN_TILE_K; }
 static size_t tiled_thread_floats(int T)
 {
-    return 2 * (size_t)tile_rows(T) * (size_t)tile_keys(T) + 3 * (size_t)tile_rows(T);
+    return 2 * (size_t)tile_rows(T) * (size_t)tile_keys(T) + 2 * (size_t)tile_rows(T);
 }
 
 /* tiled: each row's log-sum-exp, fp32 (B, NH, T); materialized: the probabilities (B, NH, T, T) [A]. */
@@ -102,7 +102,7 @@ size_t backend_attention_saved(int B, int T, int NH)
     return (size_t)B * (size_t)NH * (size_t)T * (size_t)T * es;
 }
 
-/* Per thread: tiled, two tiles and three row vectors; materialized, one (T, T) matrix. */
+/* Per thread: tiled, two tiles and two row vectors; materialized, one (T, T) matrix. */
 size_t backend_attention_scratch(int T, int NH)
 {
     (void)NH;
@@ -410,8 +410,8 @@ static void tiled_backward_tile(float *dqkv, const float *dout, const float *qkv
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, hs, 1.0f, dout + y_at, C, qkv + v_at, row, 0.0f,
                 ds, ld);
     for (int r = 0; r < rows; r++) {
-        const int i = i0 + r, first = attention_first_key(pos_row, i);
-        const int lo = first > j0 ? first - j0 : 0, hi = i + 1 < j1 ? i + 1 - j0 : n;
+        const int i = i0 + r, first = attention_first_key(pos_row, i), hi = i + 1 < j1 ? i + 1 - j0 : n;
+        const int lo = first - j0 < 0 ? 0 : first - j0 < hi ? first - j0 : hi; /* lo = hi: none of these keys */
         const float *dy = dout + y_at + (size_t)r * C, *y = out + y_at + (size_t)r * C;
         float D = 0.0f; /* dout_i . out_i = sum_j P_ij dP_ij */
 #pragma omp simd reduction(+ : D)
@@ -426,7 +426,7 @@ static void tiled_backward_tile(float *dqkv, const float *dout, const float *qkv
         }
         for (int j = 0; j < lo; j++)
             pr[j] = dsr[j] = 0.0f;
-        for (int j = hi > lo ? hi : lo; j < n; j++)
+        for (int j = hi; j < n; j++)
             pr[j] = dsr[j] = 0.0f;
     }
     /* dV += P^T dout, dK += dS^T Q, dQ += dS K */

@@ -168,13 +168,13 @@ def plan_memory(name, cfg, target, env=ENV):
 
 
 # The CPU backend's tiled attention (src/backend_cpu_attention.c): tiles of ATTN_TILE_Q queries x ATTN_TILE_K
-# keys, its scratch per thread two tiles and three row vectors.
+# keys, its scratch per thread two tiles and two row vectors.
 ATTN_TILE_Q, ATTN_TILE_K = 128, 512
 
 
 def cpu_attention_scratch_floats(T):
     rows, keys = min(T, ATTN_TILE_Q), min(T, ATTN_TILE_K)
-    return 2 * rows * keys + 3 * rows
+    return 2 * rows * keys + 2 * rows
 
 
 def check_cuda_plan(tag, cfg, run_memory, f32_acts):
