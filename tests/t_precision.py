@@ -115,9 +115,10 @@ def f32(n):
 
 
 def expected_act_bytes(L, B, T, C, NH, interval):
-    """(activation checkpoints, block activations) bytes, gpt2.c's gpt2_plan."""
+    """(activation checkpoints, block activations) bytes, gpt2.c's gpt2_plan; attention keeps each row's
+    log-sum-exp (B NH T fp32: the CPU backend's tiled kernel, the default)."""
     BT = B * T
-    block_set = (f32(BT * C) + 2 * f32(BT) + f32(BT * 3 * C) + f32(B * NH * T * T) + f32(BT * C) + f32(BT * C)
+    block_set = (f32(BT * C) + 2 * f32(BT) + f32(BT * 3 * C) + f32(B * NH * T) + f32(BT * C) + f32(BT * C)
                  + f32(BT * C) + 2 * f32(BT) + 2 * f32(BT * 4 * C))
     if interval > 0:
         segments = (L + interval - 1) // interval
