@@ -437,6 +437,21 @@ static float parse_float(const char *s, const char *opt)
     return v;
 }
 
+/* The options generate and eval share ('B' --base, 'z' --tokenizer, 's' --set): whether c was one. */
+static bool model_option(int c, struct infer_options *o, const char **sets, int *n_sets)
+{
+    switch (c) {
+    case 'B': o->base = optarg; return true;
+    case 'z': o->tokenizer = optarg; return true;
+    case 's':
+        if (*n_sets == MAX_SETS)
+            fail_input("too many --set options (at most %d)", MAX_SETS);
+        sets[(*n_sets)++] = optarg;
+        return true;
+    default: return false;
+    }
+}
+
 static long parse_int(const char *s, const char *opt, long lo, long hi)
 {
     char *end;
@@ -486,15 +501,12 @@ int cmd_generate(int argc, char **argv)
         case 'N': g.add_special = false; break;
         case 'j': g.json = true; break;
         case 'E': g.ignore_eos = true; break;
-        case 'B': o.base = optarg; break;
-        case 'z': o.tokenizer = optarg; break;
-        case 's':
-            if (n_sets == MAX_SETS)
-                fail_input("too many --set options (at most %d)", MAX_SETS);
-            sets[n_sets++] = optarg;
-            break;
         case 'h': usage_generate(stdout); return EXIT_OK;
-        default: usage_generate(stderr); return EXIT_BAD_INPUT;
+        default:
+            if (model_option(c, &o, sets, &n_sets))
+                break;
+            usage_generate(stderr);
+            return EXIT_BAD_INPUT;
         }
     }
     if (optind != argc - 1)
@@ -655,15 +667,12 @@ int cmd_eval(int argc, char **argv)
         case 'b': B = (int)parse_int(optarg, "--batch", 1, 1 << 16); break;
         case 'm': max_batches = parse_int(optarg, "--max-batches", 1, 1L << 40); break;
         case 'j': json = true; break;
-        case 'B': o.base = optarg; break;
-        case 'z': o.tokenizer = optarg; break;
-        case 's':
-            if (n_sets == MAX_SETS)
-                fail_input("too many --set options (at most %d)", MAX_SETS);
-            sets[n_sets++] = optarg;
-            break;
         case 'h': usage_eval(stdout); return EXIT_OK;
-        default: usage_eval(stderr); return EXIT_BAD_INPUT;
+        default:
+            if (model_option(c, &o, sets, &n_sets))
+                break;
+            usage_eval(stderr);
+            return EXIT_BAD_INPUT;
         }
     }
     if (optind != argc - 1)
