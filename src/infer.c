@@ -255,15 +255,7 @@ static void load_weights(struct infer *s)
         free(want);
         free(source);
         /* the adapters and modules_to_save: the units the run trained (model_add_lora's choice) */
-        bool *which = xcalloc((size_t)s->model.n_units, sizeof *which);
-        struct model trained;
-        model_build(&trained, &s->cfg.model);
-        model_add_lora(&trained, &s->cfg.lora);
-        for (int u = 0; u < s->model.n_units; u++)
-            which[u] = !trained.units[u].frozen;
-        model_free(&trained);
-        zero_load_units(&s->zero, &ck_src, which);
-        free(which);
+        zero_load_units(&s->zero, &ck_src, s->trained);
     }
     if (r)
         ckpt_close(r);
@@ -282,6 +274,9 @@ void infer_start(struct infer *s, const struct infer_options *o, int B, int T, i
         /* forward only: one set of block activations, the block inputs kept */
         cfg->act_ckpt.enabled = true;
         cfg->act_ckpt.interval = 1;
+        s->trained = xcalloc((size_t)s->model.n_units, sizeof *s->trained);
+        for (int u = 0; u < s->model.n_units; u++)
+            s->trained[u] = !s->model.units[u].frozen;
         model_freeze_all(&s->model);
         s->target = target_running();
         family_build_passes(&s->model, 1, &s->train_pass, &s->eval_pass);
@@ -322,6 +317,7 @@ void infer_close(struct infer *s)
         for (int sp = 0; sp < SPACE_COUNT; sp++)
             arena_destroy(&s->arenas[sp]);
     }
+    free(s->trained);
     if (s->tok)
         tokenizer_free(s->tok);
     model_free(&s->model);

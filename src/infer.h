@@ -64,6 +64,8 @@ struct infer {
     char ckpt_path[4096];          /* the checkpoint read, "" for a Hugging Face directory */
     char hf_dir[4096];             /* the Hugging Face directory read (the model, or a LoRA checkpoint's base), "" */
     bool lora_ckpt;
+    bool *trained;                 /* [unit] what the run trained (model_add_lora's choice), before every unit is
+                                    * frozen: a LoRA checkpoint's units */
     bool started;
 };
 
