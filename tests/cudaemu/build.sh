@@ -20,7 +20,8 @@ PC_CFLAGS=$(pkg-config --cflags $PC)
 PC_LIBS=$(pkg-config --libs $PC)
 SAN=""
 [ "${CUDAEMU_ASAN:-0}" = 1 ] && SAN="-fsanitize=address -fno-omit-frame-pointer"
-CXXFLAGS="-std=c++17 -O2 -g $SAN -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -DOMPI_SKIP_MPICXX=1 -iquote src -iquote cuda -I tests/cudaemu/include $PC_CFLAGS"
+# -Wno-unknown-pragmas: nvcc's "#pragma unroll" (an unrolling hint; g++ spells it "#pragma GCC unroll")
+CXXFLAGS="-std=c++17 -O2 -g $SAN -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -Wno-unknown-pragmas -DOMPI_SKIP_MPICXX=1 -iquote src -iquote cuda -I tests/cudaemu/include $PC_CFLAGS"
 pids=()
 # the emulation itself
 # (the fiber scheduler is never instrumented: ASan cannot follow its stack switches)

@@ -679,13 +679,16 @@ static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
     use_act(DTYPE_F32, TOL, "");
 }
 
-/* Attention over packed rows at odd head sizes and partial row blocks (the device's 64 rows a block; T = 130: a
- * third, partial one), through the GPT-2 calls and the grouped-query ones. */
+/* Attention over packed rows at odd head sizes and partial row blocks (the device's 32 rows a block; T = 130: a
+ * fifth, partial one), through the GPT-2 calls and the grouped-query ones; and at the head sizes of real models,
+ * whose staged tiles of keys or queries hold 64 (hs 64), 32 (128) or 16 (256) rows, so that a block walks
+ * several tiles, partial ones and tiles cut by the sample boundaries of the packed rows. */
 struct packed_attention_shape {
     int B, T, NH, NKV, hs, gpt2_call;
 };
 static const struct packed_attention_shape PACKED_ATTENTION_SHAPES[] = {
-    {3, 50, 3, 3, 5, 1}, {2, 130, 2, 2, 7, 1}, {2, 70, 4, 2, 3, 0}, {3, 64, 3, 1, 9, 0},
+    {3, 50, 3, 3, 5, 1},  {2, 130, 2, 2, 7, 1},   {2, 70, 4, 2, 3, 0},   {3, 64, 3, 1, 9, 0},
+    {3, 150, 4, 2, 64, 0}, {3, 170, 2, 1, 128, 0}, {3, 97, 2, 2, 256, 1},
 };
 
 /* The kernels that read pos or ignore targets, activations in dt: attention (above), the embedding with its

@@ -30,6 +30,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __noinline__
+#define __launch_bounds__(...) /* an occupancy hint to nvcc; nothing to emulate */
 #define __shared__ static
 #define __restrict__ __restrict
 
