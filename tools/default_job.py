@@ -2,7 +2,8 @@
 """default_job — the data of `make run` (tools/run_default.sh), made from this checkout's own text.
 
     tools/default_job.py tokenizer --out DIR --vocab-size N --shards DIR TEXT...
-        Trains a byte-level BPE tokenizer (Python's tokenizers) on the texts and writes it as the tokenizer files
+        Trains a byte-level BPE tokenizer (Python's tokenizers) on the texts, without the lines of the
+        configuration table (the questions of `instructions` and their answers stay new to the base), and writes it as the tokenizer files
         of a Hugging Face model directory: tokenizer.json, tokenizer_config.json, special_tokens_map.json and
         generation_config.json (the end-of-text token ends a generation). The texts, encoded with it and
         each ended by that token, become llm.c token shards for pre-training: --shards DIR/corpus_train.bin
@@ -95,7 +96,7 @@ def write_tokenizer_dir(tok, out):
 
 def cmd_tokenizer(args):
     from datafiles import write_shard
-    texts = [read_text(p) for p in args.texts]
+    texts = [without_config_table(read_text(p)) for p in args.texts]
     if args.vocab_size < 300 or args.vocab_size > 65535:
         fail(f"--vocab-size {args.vocab_size} is outside [300, 65535]; the 256 bytes need room to merge and the "
              "shards hold uint16 ids")
@@ -110,7 +111,8 @@ def cmd_tokenizer(args):
     os.makedirs(args.shards, exist_ok=True)
     write_shard(os.path.join(args.shards, "corpus_train.bin"), train)
     write_shard(os.path.join(args.shards, "corpus_val.bin"), val)
-    print(f"tokenizer: byte-level BPE, {tok.get_vocab_size()} tokens, trained on {len(texts)} file(s) "
+    print(f"tokenizer: byte-level BPE, {tok.get_vocab_size()} tokens, trained on {len(texts)} file(s) without "
+          f"the configuration table "
           f"({sum(len(t.encode()) for t in texts)} bytes) -> {args.out}/tokenizer.json; "
           f"{len(train)} training and {len(val)} validation tokens -> {args.shards}/corpus_{{train,val}}.bin")
 
@@ -130,19 +132,34 @@ def split_cells(row):
     return cells
 
 
+def config_table(lines):
+    """(first, end): the lines of the configuration table, its header and separator included; None without one."""
+    if CONFIG_TABLE_HEADER not in lines:
+        return None
+    first = end = lines.index(CONFIG_TABLE_HEADER)
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return first, end
+
+
+def without_config_table(text):
+    """The text with the configuration table's lines left out: the questions' answers are new to the base
+    model, as a fine-tune's data is to a released model."""
+    lines = text.splitlines(keepends=True)
+    span = config_table([line.rstrip("\n") for line in lines])
+    return text if span is None else "".join(lines[:span[0]] + lines[span[1]:])
+
+
 def config_keys(readme_path):
-    """[(key, description, whether the row names this key alone)] of the README's configuration table, in its order. A row naming several keys
-    ("`model.n_kv_head`, `ffn_dim`") gives one pair per key, the later ones completed with the first one's
-    section ("model.ffn_dim")."""
+    """[(key, description, whether the row names this key alone)] of the README's configuration table, in its
+    order. A row naming several keys ("`model.n_kv_head`, `ffn_dim`") gives one pair per key, the later ones
+    completed with the first one's section ("model.ffn_dim")."""
     lines = read_text(readme_path).splitlines()
-    try:
-        start = lines.index(CONFIG_TABLE_HEADER)
-    except ValueError:
+    span = config_table(lines)
+    if span is None:
         fail(f"{readme_path}: no configuration table (a line '{CONFIG_TABLE_HEADER}'); give the project's README.md")
     pairs = []
-    for row in lines[start + 2:]:
-        if not row.startswith("|"):
-            break
+    for row in lines[span[0] + 2:span[1]]:
         cells = split_cells(row)
         if len(cells) != 3:
             fail(f"{readme_path}: a configuration row without 3 cells: {row[:60]!r}; fix the table")
