@@ -36,6 +36,8 @@ HOLD_EVERY = 7  # every 7th key held back: 8 of the README table's 57 keys, one 
 CONFIG_TABLE_HEADER = "| key | default | meaning |"
 # The prompt around a question; the completion starts with a space, as the README's cells do after "|".
 PROMPT_FORMAT = "Question: What does {key} do?\nAnswer:"
+# shardlm generate's finish_reason, in words
+FINISH_REASONS = {"eos": "ended by the end-of-text token", "length": "cut at --max-new-tokens"}
 
 
 def fail(message):
@@ -219,9 +221,10 @@ def cmd_answers(args):
                  f"{args.questions} again")
     for q, base, tuned in zip(questions, *answers):
         print(q["prompt"].replace("\n", " "))
-        print(f"  README:     {q['answer']}")
-        print(f"  base:       {base['completion'].strip()!r}")
-        print(f"  fine-tuned: {tuned['completion'].strip()!r}")
+        print(f"  {'README:':11} {q['answer']}")
+        for name, row in (("base", base), ("fine-tuned", tuned)):
+            end = FINISH_REASONS.get(row.get("finish_reason"), row.get("finish_reason"))
+            print(f"  {name + ':':11} {row['completion'].strip()!r} ({end})")
 
 
 class Parser(argparse.ArgumentParser):
