@@ -35,7 +35,8 @@ DPI, WIDTH_IN, PANEL_IN, MARGIN_IN = 100, 8, 2.6, 0.6  # plot_loss's figure size
 
 
 def step_line(step, loss, scale=1.0, skipped=False):
-    return {"step": step, "loss": loss, "lr": 1e-3, "grad_norm": 0.0 if skipped else 1.5, "tokens_per_s": 1000.0 + step,
+    return {"step": step, "loss": loss, "lr": 1e-3, "grad_norm": 0.0 if skipped else 1.5,
+            "tokens_per_s": 1000.0 + step,
             "trained_tokens_per_s": 500.0, "real_tokens": 512, "trained_tokens": 256, "padding": 0.25, "ms": 50.0,
             "loss_scale": scale, "skipped": skipped, "skipped_steps": 0, "bytes_allgather": 100,
             "bytes_reduce_scatter": 50, "bytes_allreduce": 0}

@@ -27,6 +27,9 @@ Checks:
                       paths printed
   run.bad_env         a step count that is not a positive integer: one line,
                       exit status 2
+  run.bad_tool.*      tools/default_job.py: a README without the configuration
+                      table, a vocabulary under 300, answers that are not JSON
+                      lines: one line, exit status 2
 """
 import json
 import os
@@ -189,9 +192,27 @@ def main():
     if found:
         check_exports(found)
     check_outputs(log)
+    check_bad_input()
+
+
+def check_bad_input():
+    """A bad step count, a README without the configuration table, a vocabulary too small: one line, exit 2."""
     p = run_job({"SHARDLM_RUN_FINETUNE_STEPS": "ten"})
     check("run.bad_env", p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "'ten'" in p.stderr
           and not p.stdout, f"rc {p.returncode}, stdout {p.stdout!r}, stderr {p.stderr!r}")
+    tool = os.path.join(ROOT, "tools", "default_job.py")
+    no_table = os.path.join(TMP, "no_table.md")
+    with open(no_table, "w") as f:
+        f.write("# a README\n\n| key | meaning |\n|---|---|\n| `a.b` | c |\n")
+    for name, args, expect in (
+            ("no_table", ["instructions", no_table, "--out", TMP], "no configuration table"),
+            ("vocab", ["tokenizer", "--vocab-size", "100", "--out", TMP, "--shards", TMP, no_table],
+             "--vocab-size 100"),
+            ("answers", ["answers", no_table, no_table, no_table], "cannot read JSON lines")):
+        p = subprocess.run([sys.executable, tool] + args, capture_output=True, text=True)
+        one_line = len(p.stderr.strip().splitlines()) == 1
+        check(f"run.bad_tool.{name}", p.returncode == 2 and one_line and expect in p.stderr,
+              f"rc {p.returncode}, stderr {p.stderr!r}")
 
 
 if __name__ == "__main__":

@@ -3,16 +3,17 @@
 
     tools/default_job.py tokenizer --out DIR --vocab-size N --shards DIR TEXT...
         Trains a byte-level BPE tokenizer (Python's tokenizers) on the texts, without the lines of the
-        configuration table (the questions of `instructions` and their answers stay new to the base), and writes it as the tokenizer files
-        of a Hugging Face model directory: tokenizer.json, tokenizer_config.json, special_tokens_map.json and
-        generation_config.json (the end-of-text token ends a generation). The texts, encoded with it and
-        each ended by that token, become llm.c token shards for pre-training: --shards DIR/corpus_train.bin
-        and corpus_val.bin (the last tenth of every text).
+        configuration table (the questions of `instructions` and their answers stay new to the base), and
+        writes it as the tokenizer files of a Hugging Face model directory: tokenizer.json,
+        tokenizer_config.json, special_tokens_map.json and generation_config.json (the end-of-text token
+        ends a generation). The texts, encoded with it and each ended by that token, become llm.c token
+        shards for pre-training: --shards DIR/corpus_train.bin and corpus_val.bin (the last tenth of every
+        text).
     tools/default_job.py instructions README --out DIR [--hold-every K]
         One prompt/completion pair per configuration key of the README's table (the one headed
         "| key | default | meaning |"): "What does `train.steps` do?" -> its description. Every K-th pair
         (default 7) is held back: DIR/train.jsonl, DIR/held.jsonl, and DIR/questions.jsonl, the prompts of
-        the two held-back pairs with the shortest answers (of rows naming one key) (for shardlm generate).
+        the two held-back pairs with the shortest answers among rows naming one key (for shardlm generate).
     tools/default_job.py answers QUESTIONS BASE.jsonl FINETUNED.jsonl
         Prints each question with the README's answer and the completions of the two models (the JSON lines
         of shardlm generate --prompt-file).
@@ -53,7 +54,8 @@ def use_data_venv():
     except ImportError:
         pass
     py = os.path.join(ROOT, "build", "data-venv", "bin", "python")
-    if not os.path.exists(py) or os.path.realpath(sys.prefix) == os.path.realpath(os.path.dirname(os.path.dirname(py))):
+    venv = os.path.dirname(os.path.dirname(py))
+    if not os.path.exists(py) or os.path.realpath(sys.prefix) == os.path.realpath(venv):
         fail(f"Python's tokenizers is missing and {py} does not exist; run tools/deps.sh (make deps)")
     os.execv(py, [py] + sys.argv)
 
@@ -200,21 +202,22 @@ def cmd_instructions(args):
           f"train on -> {args.out}/train.jsonl, {len(held)} held back -> {args.out}/held.jsonl")
 
 
-def read_jsonl(path):
+def read_jsonl(path, key):
+    """The JSON objects of a file, one a line, each with KEY."""
     rows = []
     try:
         with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    rows.append(json.loads(line))
+            rows = [json.loads(line) for line in f if line.strip()]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         fail(f"{path}: cannot read JSON lines ({e}); give the files tools/run_default.sh writes")
+    if not all(isinstance(r, dict) and isinstance(r.get(key), str) for r in rows):
+        fail(f"{path}: a line without a \"{key}\" string; give the files tools/run_default.sh writes")
     return rows
 
 
 def cmd_answers(args):
-    questions = read_jsonl(args.questions)
-    answers = [read_jsonl(args.base), read_jsonl(args.finetuned)]
+    questions = read_jsonl(args.questions, "answer")
+    answers = [read_jsonl(args.base, "completion"), read_jsonl(args.finetuned, "completion")]
     for model, rows in zip(("base", "fine-tuned"), answers):
         if len(rows) != len(questions):
             fail(f"{model} answers: {len(rows)} lines for {len(questions)} questions; run shardlm generate on "

@@ -26,7 +26,8 @@ finetune_steps=${SHARDLM_RUN_FINETUNE_STEPS:-60}
 ranks=${SHARDLM_RANKS:-2}
 for n in "$pretrain_steps" "$finetune_steps" "$ranks"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || {
-    echo "run_default: '$n' is not a positive count; set SHARDLM_RUN_PRETRAIN_STEPS, SHARDLM_RUN_FINETUNE_STEPS and SHARDLM_RANKS to integers >= 1" >&2
+    echo "run_default: '$n' is not a positive count; set SHARDLM_RUN_PRETRAIN_STEPS," \
+         "SHARDLM_RUN_FINETUNE_STEPS and SHARDLM_RANKS to integers >= 1" >&2
     exit 2
   }
 done
@@ -39,10 +40,12 @@ threads=$(( cores / ranks > 0 ? cores / ranks : 1 ))
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 # Debian's OpenBLAS falls back to its generic kernels on CPUs newer than it;
 # the best kernels this CPU's flags allow (tools/bench/coretype.py) run the
-# pre-training 2-3 times faster. An OPENBLAS_CORETYPE already set is kept.
+# pre-training 2-3 times faster. An OPENBLAS_CORETYPE already set is kept;
+# on CPUs the module does not know (not x86-64) OpenBLAS chooses.
 if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-  core=$(python3 -c 'import sys; sys.path.insert(0, "tools/bench"); import coretype; print(coretype.resolve("auto") or "")')
-  [ -n "$core" ] && export OPENBLAS_CORETYPE=$core
+  core=$(python3 -c 'import sys; sys.path.insert(0, "tools/bench"); import coretype
+print(coretype.resolve("auto") or "")' 2>/dev/null) || core=""
+  if [ -n "$core" ]; then export OPENBLAS_CORETYPE=$core; fi
 fi
 mpi=(mpirun -np "$ranks" --oversubscribe --bind-to none)
 data=$out/data
