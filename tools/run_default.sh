@@ -17,7 +17,8 @@
 #
 # Environment: SHARDLM_RUN_DIR (default build/run) holds everything;
 # SHARDLM_RUN_PRETRAIN_STEPS (300), SHARDLM_RUN_FINETUNE_STEPS (60) shorten
-# the run (tests/t_run_default.py); SHARDLM_RANKS (2).
+# the run (tests/t_run_default.py); SHARDLM_RANKS (2); SHARDLM_BIN (bin/shardlm:
+# tests/run.sh sets it to the build under test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${SHARDLM_RUN_DIR:-build/run}
@@ -48,6 +49,7 @@ print(coretype.resolve("auto") or "")' 2>/dev/null) || core=""
   if [ -n "$core" ]; then export OPENBLAS_CORETYPE=$core; fi
 fi
 mpi=(mpirun -np "$ranks" --oversubscribe --bind-to none)
+shardlm=${SHARDLM_BIN:-bin/shardlm}
 data=$out/data
 
 section() { printf '\n== %s\n' "$*"; }
@@ -61,11 +63,11 @@ section "1/6 the base model's tokenizer: byte-level BPE trained on README.md"
 show python3 tools/default_job.py tokenizer --vocab-size 1024 --out "$out/base-tokenizer" --shards "$data" README.md
 
 section "2/6 pre-train the base: a 1 M-parameter Llama, $pretrain_steps steps on $ranks ranks, ZeRO stage 3"
-show "${mpi[@]}" bin/shardlm train input/run_pretrain.json --set train.steps="$pretrain_steps" \
+show "${mpi[@]}" "$shardlm" train input/run_pretrain.json --set train.steps="$pretrain_steps" \
   --set scheduler.params.total_num_steps="$pretrain_steps" --set train.eval_every=$(( (pretrain_steps + 2) / 3 )) \
   --set data.train="$data/corpus_train.bin" --set data.val="$data/corpus_val.bin" \
   --set checkpoint.dir="$out/pretrain" --set train.metrics="$out/pretrain/metrics.jsonl"
-show "${mpi[@]}" bin/shardlm export "$out/pretrain" "$out/base"
+show "${mpi[@]}" "$shardlm" export "$out/pretrain" "$out/base"
 cp "$out"/base-tokenizer/* "$out/base/"
 echo "base model (Hugging Face layout): $out/base"
 
@@ -75,7 +77,7 @@ show python3 tools/prepare_data.py --tokenizer "$out/base" -o "$data/train.h5" "
 show python3 tools/prepare_data.py --tokenizer "$out/base" -o "$data/held.h5" "$data/held.jsonl"
 
 finetune() {  # finetune CONFIG DIR: CONFIG from the base on the instruction data into DIR
-  show "${mpi[@]}" bin/shardlm train "$1" --set model.from_pretrained="$out/base" \
+  show "${mpi[@]}" "$shardlm" train "$1" --set model.from_pretrained="$out/base" \
     --set train.steps="$finetune_steps" --set scheduler.params.total_num_steps="$finetune_steps" \
     --set train.eval_every=$(( (finetune_steps + 2) / 3 )) --set data.train="$data/train.h5" \
     --set data.val="$data/held.h5" --set checkpoint.dir="$2" --set train.metrics="$2/metrics.jsonl"
@@ -86,18 +88,18 @@ finetune input/run_lora.json "$out/lora"
 
 section "5/6 the held-back questions: loss of the base and of the fine-tunes, and two answers"
 for model in "$out/base" "$out/finetune" "$out/lora"; do
-  show "${mpi[@]}" bin/shardlm eval "$model" --data "$data/held.h5"
+  show "${mpi[@]}" "$shardlm" eval "$model" --data "$data/held.h5"
 done
 for model in base finetune; do
-  ask=("${mpi[@]}" bin/shardlm generate "$out/$model" --prompt-file "$data/questions.jsonl" --max-new-tokens 40)
+  ask=("${mpi[@]}" "$shardlm" generate "$out/$model" --prompt-file "$data/questions.jsonl" --max-new-tokens 40)
   printf '$ %s > %s\n' "${ask[*]}" "$out/answers_$model.jsonl"
   "${ask[@]}" >"$out/answers_$model.jsonl"
 done
 python3 tools/default_job.py answers "$data/questions.jsonl" "$out/answers_base.jsonl" "$out/answers_finetune.jsonl"
 
 section "6/6 the results: Hugging Face directories and plots"
-show "${mpi[@]}" bin/shardlm export "$out/finetune" "$out/finetuned"
-show "${mpi[@]}" bin/shardlm export "$out/lora" "$out/lora-adapter"
+show "${mpi[@]}" "$shardlm" export "$out/finetune" "$out/finetuned"
+show "${mpi[@]}" "$shardlm" export "$out/lora" "$out/lora-adapter"
 show /usr/bin/python3 tools/plot_metrics.py "$out/pretrain/metrics.jsonl" -o "$out/pretrain_loss.png"
 show /usr/bin/python3 tools/plot_metrics.py "$out/finetune/metrics.jsonl" -o "$out/finetune_loss.png" \
   --memory "$out/finetune_memory.png"
