@@ -3,7 +3,7 @@
 #   make            bin/shardlm (CPU backend)
 #   make CUDA=1     also the CUDA backend (cuda/), bin/shardlm-cuda
 #   make test       install what is missing, build, run every test
-#   make run        install what is missing, build, train the default job
+#   make run        install what is missing, build, run the default job (tools/run_default.sh: a fine-tune)
 #   make deps       install missing system packages (apt-get), no-op under modules
 #   make SANITIZE=1 AddressSanitizer + UBSan build (into build-asan/)
 #   make KIT=gpu-kit  dependencies from the kit of tools/gpu-kit.sh, not pkg-config

@@ -39,15 +39,17 @@ if [ "$want_build" = 1 ]; then
   done
   command -v h5dump >/dev/null 2>&1 || missing+=(hdf5-tools)
   # tools/prepare_data.py: Debian's numpy and h5py, venv for build/data-venv;
-  # where apt-get is missing (modules), only that tool goes without them.
+  # tools/plot_metrics.py (the plots of make run): matplotlib; where apt-get
+  # is missing (modules), only those tools go without them.
   data_pkgs=()
+  /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || data_pkgs+=(python3-matplotlib)
   /usr/bin/python3 -c 'import numpy' 2>/dev/null || data_pkgs+=(python3-numpy)
   /usr/bin/python3 -c 'import h5py' 2>/dev/null || data_pkgs+=(python3-h5py)
   /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || data_pkgs+=(python3-venv)
   if [ "$want_test" = 1 ] || command -v apt-get >/dev/null 2>&1; then
     missing+=("${data_pkgs[@]}")
   elif [ "${#data_pkgs[@]}" -gt 0 ]; then
-    echo "shardlm deps: tools/prepare_data.py needs ${data_pkgs[*]} for /usr/bin/python3 (no apt-get here)" >&2
+    echo "shardlm deps: tools/prepare_data.py and tools/plot_metrics.py need ${data_pkgs[*]} for /usr/bin/python3 (no apt-get here)" >&2
   fi
 fi
 command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
