@@ -27,9 +27,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "devemu.h"
 #include "dtype.h"
+#include "liveness.h"
 #include "util.h"
 
 #define COMM_QUEUE_LEN 256
@@ -44,6 +46,13 @@
 #define COMM_POLL_SECONDS 1e-3
 #define COMM_SLEEP_FIRST_NS 20000L
 #define COMM_SLEEP_MAX_NS 1000000L
+/* After a timeout: how long the peers are pinged (liveness.h) before those
+ * that never answered are named, and how long a rank that is not the lowest
+ * surviving one waits for that rank's report and abort before it reports
+ * itself (one line in the job log, not one per survivor). A ping crosses
+ * a network in well under a millisecond; the margin is for loaded hosts. */
+#define COMM_PROBE_SECONDS 5.0
+#define COMM_REPORT_GRACE_SECONDS 15
 
 struct comm_op {
     enum comm_kind kind;
@@ -66,6 +75,8 @@ struct comm_mpi {
     int thread_started;
     double timeout;
     struct comm *owner;
+    struct liveness *liveness; /* NULL with one rank */
+    struct rank_card *cards;   /* (world): every rank's host, pid, node-local rank */
 };
 
 static int g_world_for_abort = 1;
@@ -219,6 +230,71 @@ static void *comm_thread_main(void *arg)
     return NULL;
 }
 
+/* Every rank's card (liveness.h) to every rank, and this rank's responder
+ * started, so that a timeout can name the ranks that are gone. */
+static void exchange_cards(struct comm *c, struct comm_mpi *m)
+{
+    struct rank_card mine;
+    m->liveness = liveness_start(c->rank, &mine);
+    mine.local_rank = c->local_rank;
+    mine.local_world = c->local_world;
+    m->cards = xcalloc((size_t)c->world, sizeof *m->cards);
+    mpi_check(MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, m->cards, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD),
+              "all-gather of the rank cards");
+    liveness_set_peers(m->liveness, m->cards, c->world);
+}
+
+void comm_log_ranks(const struct comm *c)
+{
+    const struct comm_mpi *m = c->impl;
+    for (int r = 0; m->cards && r < c->world; r++) {
+        const struct rank_card *k = &m->cards[r];
+        log_info("rank %d of %d | host %s | pid %d | node-local rank %d of %d", r, c->world, k->host, (int)k->pid,
+                 (int)k->local_rank, (int)k->local_world);
+    }
+}
+
+/* "2, 3 (host node2), 6 (host node4)": the ranks with answered[r] == 0,
+ * each run on one host followed by the host's name. */
+static void name_lost_ranks(const struct comm_mpi *m, int world, const int *answered, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int r = 0; r < world && n + 1 < cap; r++) {
+        if (answered[r])
+            continue;
+        n += (size_t)snprintf(out + n, cap - n, "%s%d", n ? ", " : "", r);
+        int next = r + 1;
+        while (next < world && answered[next])
+            next++;
+        if ((next == world || strcmp(m->cards[next].host, m->cards[r].host) != 0) && n + 1 < cap)
+            n += (size_t)snprintf(out + n, cap - n, " (host %s)", m->cards[r].host);
+    }
+}
+
+/* A collective timed out: ask every rank whether it is still there and fail
+ * with one line that names those that are not. The lowest rank that answers
+ * reports; the others give it COMM_REPORT_GRACE_SECONDS to abort the job. */
+__attribute__((noreturn)) static void fail_timed_out(struct comm *c, struct comm_mpi *m)
+{
+    int *answered = xcalloc((size_t)c->world, sizeof *answered);
+    int lost = liveness_probe(m->liveness, COMM_PROBE_SECONDS, answered);
+    if (!lost)
+        fail_internal("a collective did not finish within %.0f s, yet every rank answers: one is stuck, not gone "
+                      "(SHARDLM_COMM_TIMEOUT sets the limit)",
+                      m->timeout);
+    int reporter = 0;
+    while (!answered[reporter])
+        reporter++;
+    if (reporter != c->rank)
+        sleep(COMM_REPORT_GRACE_SECONDS);
+    char names[1024];
+    name_lost_ranks(m, c->world, answered, names, sizeof names);
+    fail_internal("a collective did not finish within %.0f s: lost rank%s %s (no answer: process or host gone); "
+                  "%d of %d ranks answer; resume from the last checkpoint (SHARDLM_COMM_TIMEOUT sets the limit)",
+                  m->timeout, lost > 1 ? "s" : "", names, c->world - lost, c->world);
+}
+
 void comm_init(struct comm *c, int *argc, char ***argv)
 {
     memset(c, 0, sizeof *c);
@@ -256,6 +332,7 @@ void comm_init(struct comm *c, int *argc, char ***argv)
     pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->cond, NULL);
     if (c->world > 1) {
+        exchange_cards(c, m);
         if (pthread_create(&m->thread, NULL, comm_thread_main, m) != 0)
             fail_internal("cannot start the communication thread: %s", strerror(errno));
         m->thread_started = 1;
@@ -278,6 +355,8 @@ void comm_finalize(struct comm *c)
     }
     pthread_cond_destroy(&m->cond);
     pthread_mutex_destroy(&m->lock);
+    liveness_stop(m->liveness);
+    free(m->cards);
     free(m);
     c->impl = NULL;
     util_set_abort_hook(NULL);
@@ -394,9 +473,7 @@ void comm_wait(struct comm *c, struct comm_request *req)
             int rc = pthread_cond_timedwait(&m->cond, &m->lock, &deadline);
             if (rc == ETIMEDOUT && !req->done) {
                 pthread_mutex_unlock(&m->lock);
-                fail_internal("a collective did not finish within %.0f s: another rank has probably died or "
-                              "hangs (SHARDLM_COMM_TIMEOUT sets the limit)",
-                              m->timeout);
+                fail_timed_out(c, m);
             }
         }
         pthread_mutex_unlock(&m->lock);

@@ -869,6 +869,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
 
     const int T = cfg->data.seq_len;
     char a[32], b[64];
+    comm_log_ranks(comm);
     log_info("shardlm %s | backend %s | %d rank%s | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(), tr.world,
              tr.world > 1 ? "s" : "", cfg->zero.stage, dtype_name(cfg->dtype));
     log_info("model %s: %d layers, %d heads (%d key/value), %d channels, MLP %d, context %d, vocab %d (padded %d%s): "
