@@ -18,7 +18,7 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
               succeeds on the 3rd try (gives up with status 1 after 5)
   cluster.*   start.sh brings the node up (idle); stop.sh leaves no daemon of its own
   sbatch2.*, sbatch4.*
-              jobs/cpu.sbatch with --ntasks 2 and 4, 20 steps: COMPLETED 0:0, the
+              jobs/cpu.sbatch with --ntasks-per-node 2 and 4, 20 steps: COMPLETED 0:0, the
               log (logs/shardlm-cpu-JOBID.out) has the allocation ("tasks N"),
               "N ranks", the resolved config (its train.steps 20 and the derived
               gradient_accumulation_steps 16/(2N)), the memory plan table, "no
@@ -460,7 +460,7 @@ def main():
     reference_cfg = write_config("uninterrupted", PREEMPT_BATCH, steps=PREEMPT_STEPS)
     preempt_job = sbatch("cpu.sbatch", preempt_cfg)
     reference_job = sbatch("cpu.sbatch", reference_cfg)
-    short = {n: sbatch("cpu.sbatch", write_config(f"tasks{n}"), f"--ntasks={n}") for n in (2, 4)}
+    short = {n: sbatch("cpu.sbatch", write_config(f"tasks{n}"), f"--ntasks-per-node={n}") for n in (2, 4)}
     bad_cfg = write_config("bad")
     with open(bad_cfg) as f:
         bad = json.load(f)
