@@ -80,6 +80,15 @@ void comm_finalize(struct comm *c);
 
 size_t comm_dtype_size(enum comm_dtype dt);
 
+/* A phase in which the main thread calls MPI itself, outside comm_wait's
+ * timeout: checkpoint I/O (HDF5 over MPI-IO), which may legitimately take
+ * long. While one is open a watchdog thread asks every rank, once per comm
+ * timeout, whether it is still there, and fails the job naming the lost ranks
+ * when one is not ("WHAT did not finish within N s: lost ranks ..."); a phase
+ * that is only slow runs on. No-ops with one rank. */
+void comm_watch_begin(struct comm *c, const char *what);
+void comm_watch_end(struct comm *c);
+
 /* Rank 0 logs one line per rank: its host, pid, node-local rank and the
  * number of ranks on its node, as each rank found them (nothing with one rank). */
 void comm_log_ranks(const struct comm *c);

@@ -77,6 +77,14 @@ struct comm_mpi {
     struct comm *owner;
     struct liveness *liveness; /* NULL with one rank */
     struct rank_card *cards;   /* (world): every rank's host, pid, node-local rank */
+    /* The watchdog of comm_watch_begin/end; watch_lock guards the fields below. */
+    pthread_t watchdog;
+    int watchdog_started;
+    pthread_mutex_t watch_lock;
+    pthread_cond_t watch_cond;
+    const char *watching;      /* the phase being watched, NULL when none */
+    int watch_shutdown;
+    double watch_since;        /* when it began, or when every rank last answered */
 };
 
 static int g_world_for_abort = 1;
@@ -272,17 +280,12 @@ static void name_lost_ranks(const struct comm_mpi *m, int world, const int *answ
     }
 }
 
-/* A collective timed out: ask every rank whether it is still there and fail
- * with one line that names those that are not. The lowest rank that answers
- * reports; the others give it COMM_REPORT_GRACE_SECONDS to abort the job. */
-__attribute__((noreturn)) static void fail_timed_out(struct comm *c, struct comm_mpi *m)
+/* Fails with one line that names the ranks with answered[r] == 0 (LOST of
+ * them) and their hosts. The lowest rank that answered reports; the others
+ * give it COMM_REPORT_GRACE_SECONDS to abort the job first. */
+__attribute__((noreturn)) static void fail_lost(struct comm *c, struct comm_mpi *m, const char *what,
+                                                const int *answered, int lost)
 {
-    int *answered = xcalloc((size_t)c->world, sizeof *answered);
-    int lost = liveness_probe(m->liveness, COMM_PROBE_SECONDS, answered);
-    if (!lost)
-        fail_internal("a collective did not finish within %.0f s, yet every rank answers: one is stuck, not gone "
-                      "(SHARDLM_COMM_TIMEOUT sets the limit)",
-                      m->timeout);
     int reporter = 0;
     while (!answered[reporter])
         reporter++;
@@ -290,10 +293,76 @@ __attribute__((noreturn)) static void fail_timed_out(struct comm *c, struct comm
         sleep(COMM_REPORT_GRACE_SECONDS);
     char names[1024];
     name_lost_ranks(m, c->world, answered, names, sizeof names);
-    fail_internal("a collective did not finish within %.0f s: lost rank%s %s (no answer: process or host gone); "
+    fail_internal("%s did not finish within %.0f s: lost rank%s %s (no answer: process or host gone); "
                   "%d of %d ranks answer; resume from the last checkpoint (SHARDLM_COMM_TIMEOUT sets the limit)",
-                  m->timeout, lost > 1 ? "s" : "", names, c->world - lost, c->world);
+                  what, m->timeout, lost > 1 ? "s" : "", names, c->world - lost, c->world);
 }
+
+/* Pings every rank (liveness.h); fails naming the lost ones when a rank does
+ * not answer, returns when all do. */
+static void fail_if_ranks_lost(struct comm *c, struct comm_mpi *m, const char *what)
+{
+    int *answered = xcalloc((size_t)c->world, sizeof *answered);
+    int lost = liveness_probe(m->liveness, COMM_PROBE_SECONDS, answered);
+    if (lost)
+        fail_lost(c, m, what, answered, lost);
+    free(answered);
+}
+
+/* A collective timed out: a lost rank is named; with every rank there, one
+ * is stuck, which is an error as well. */
+__attribute__((noreturn)) static void fail_timed_out(struct comm *c, struct comm_mpi *m)
+{
+    fail_if_ranks_lost(c, m, "a collective");
+    fail_internal("a collective did not finish within %.0f s, yet every rank answers: one is stuck, not gone "
+                  "(SHARDLM_COMM_TIMEOUT sets the limit)",
+                  m->timeout);
+}
+
+/* The watchdog of comm_watch_begin/end: once a watched phase has lasted the
+ * comm timeout, it asks every rank; a lost one ends the job, a phase that is
+ * only slow (every rank answers) is given another timeout. */
+static void *watchdog_main(void *arg)
+{
+    struct comm_mpi *m = arg;
+    pthread_mutex_lock(&m->watch_lock);
+    while (!m->watch_shutdown) {
+        if (!m->watching) {
+            pthread_cond_wait(&m->watch_cond, &m->watch_lock);
+            continue;
+        }
+        double due = m->watch_since + m->timeout;
+        if (now_seconds() < due) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += (time_t)(due - now_seconds()) + 1;
+            pthread_cond_timedwait(&m->watch_cond, &m->watch_lock, &until);
+            continue;
+        }
+        const char *what = m->watching;
+        pthread_mutex_unlock(&m->watch_lock);
+        fail_if_ranks_lost(m->owner, m, what);
+        pthread_mutex_lock(&m->watch_lock);
+        m->watch_since = now_seconds();
+    }
+    pthread_mutex_unlock(&m->watch_lock);
+    return NULL;
+}
+
+static void set_watch(struct comm *c, const char *what)
+{
+    struct comm_mpi *m = c->impl;
+    if (!m->watchdog_started)
+        return;
+    pthread_mutex_lock(&m->watch_lock);
+    m->watching = what;
+    m->watch_since = now_seconds();
+    pthread_cond_broadcast(&m->watch_cond);
+    pthread_mutex_unlock(&m->watch_lock);
+}
+
+void comm_watch_begin(struct comm *c, const char *what) { set_watch(c, what); }
+void comm_watch_end(struct comm *c) { set_watch(c, NULL); }
 
 void comm_init(struct comm *c, int *argc, char ***argv)
 {
@@ -331,12 +400,27 @@ void comm_init(struct comm *c, int *argc, char ***argv)
     m->timeout = t && atof(t) > 0 ? atof(t) : COMM_TIMEOUT_DEFAULT;
     pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->cond, NULL);
+    pthread_mutex_init(&m->watch_lock, NULL);
+    pthread_cond_init(&m->watch_cond, NULL);
     if (c->world > 1) {
         exchange_cards(c, m);
         if (pthread_create(&m->thread, NULL, comm_thread_main, m) != 0)
             fail_internal("cannot start the communication thread: %s", strerror(errno));
         m->thread_started = 1;
+        if (pthread_create(&m->watchdog, NULL, watchdog_main, m) != 0)
+            fail_internal("cannot start the communication watchdog: %s", strerror(errno));
+        m->watchdog_started = 1;
     }
+}
+
+/* Sets *FLAG under LOCK, wakes the thread waiting on COND and joins it. */
+static void stop_thread(pthread_t thread, pthread_mutex_t *lock, pthread_cond_t *cond, int *flag)
+{
+    pthread_mutex_lock(lock);
+    *flag = 1;
+    pthread_cond_broadcast(cond);
+    pthread_mutex_unlock(lock);
+    pthread_join(thread, NULL);
 }
 
 void comm_finalize(struct comm *c)
@@ -346,13 +430,12 @@ void comm_finalize(struct comm *c)
         c->device = NULL;
     }
     struct comm_mpi *m = c->impl;
-    if (m->thread_started) {
-        pthread_mutex_lock(&m->lock);
-        m->shutdown = 1;
-        pthread_cond_broadcast(&m->cond);
-        pthread_mutex_unlock(&m->lock);
-        pthread_join(m->thread, NULL);
-    }
+    if (m->thread_started)
+        stop_thread(m->thread, &m->lock, &m->cond, &m->shutdown);
+    if (m->watchdog_started)
+        stop_thread(m->watchdog, &m->watch_lock, &m->watch_cond, &m->watch_shutdown);
+    pthread_cond_destroy(&m->watch_cond);
+    pthread_mutex_destroy(&m->watch_lock);
     pthread_cond_destroy(&m->cond);
     pthread_mutex_destroy(&m->lock);
     liveness_stop(m->liveness);

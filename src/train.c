@@ -680,7 +680,9 @@ static void save_checkpoint(struct trainer *tr)
     double t0 = now_seconds();
     train_fault_point("save");
     /* Every rank gets the same status (ckpt_try_save agrees on failure). */
+    comm_watch_begin(tr->comm, "saving a checkpoint");
     int rc = ckpt_try_save(cfg->checkpoint.dir, tr->step, cfg->checkpoint.keep, &contents, path, sizeof path);
+    comm_watch_end(tr->comm);
     free(config_json);
     free(slices);
     zero_ckpt_unstage(&tr->zero);
