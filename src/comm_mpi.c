@@ -293,7 +293,7 @@ __attribute__((noreturn)) static void fail_lost(struct comm *c, struct comm_mpi 
         sleep(COMM_REPORT_GRACE_SECONDS);
     char names[1024];
     name_lost_ranks(m, c->world, answered, names, sizeof names);
-    fail_internal("%s did not finish within %.0f s: lost rank%s %s (no answer: process or host gone); "
+    fail_internal("%s did not finish within %.0f s: lost rank%s %s, no answer: process or host gone; "
                   "%d of %d ranks answer; resume from the last checkpoint (SHARDLM_COMM_TIMEOUT sets the limit)",
                   what, m->timeout, lost > 1 ? "s" : "", names, c->world - lost, c->world);
 }

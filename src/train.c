@@ -91,6 +91,19 @@ static int agree_stop_signal(struct comm *comm)
     return signalled;
 }
 
+/* After the save of a stop: how many ranks the signal itself reached (the
+ * stop needs only one; a launcher that signals the ranks of one node only
+ * shows here). By then the save has given a signal sent to all of them
+ * time to arrive everywhere. A collective; nothing with one rank. */
+static void log_ranks_signalled(struct comm *comm, long step, const char *name)
+{
+    if (comm->world == 1)
+        return;
+    int32_t received = g_stop_signal != 0;
+    comm_allreduce(comm, &received, 1, COMM_I32, COMM_SUM, NULL);
+    log_info("step %5ld | %s reached %d of %d ranks", step, name, (int)received, comm->world);
+}
+
 /* PyTorch's clip_grad_norm_ adds this to the norm before dividing. */
 #define CLIP_EPS 1e-6
 
@@ -977,6 +990,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         train_fault_point("exit");
     if (stop_signal) {
         const char *name = stop_signal_name(stop_signal);
+        log_ranks_signalled(comm, tr.step, name);
         trainer_teardown(&tr);
         if (cfg->checkpoint.dir) {
             log_info("step %5ld | stopped by %s after saving a checkpoint; exit status %d asks the job script to "

@@ -25,7 +25,7 @@
 #
 # Environment: SHARDLM_TWO_HOSTS_DIR (state, config, logs, pid files; default
 # /dev/shm/shardlm-two-hosts where /dev/shm is a tmpfs, else /tmp/...),
-# SHARDLM_TWO_HOSTS_CPUS (CPUs each node advertises, default 4).
+# SHARDLM_TWO_HOSTS_CPUS (CPUs each node advertises, default 8, so that several 4-rank jobs run at once on 2 cores).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=tools/slurm-local/common.sh
@@ -34,7 +34,7 @@ say() { echo "[two-hosts] $*" >&2; }
 
 DIR=${SHARDLM_TWO_HOSTS_DIR:-$(dirname "$(default_slurm_dir)")/shardlm-two-hosts}
 CONF=$DIR/slurm.conf
-CPUS=${SHARDLM_TWO_HOSTS_CPUS:-4}
+CPUS=${SHARDLM_TWO_HOSTS_CPUS:-8}
 HOSTS=(node1 node2)
 SUBNET=10.213.77
 CTLD_PORT=6917   # the single-node cluster keeps Slurm's 6817/6818
