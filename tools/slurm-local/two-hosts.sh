@@ -177,6 +177,11 @@ cmd_stop() {
   for host in "${HOSTS[@]}"; do
     [ -e "/run/netns/$(netns_of "$host")" ] && ip netns del "$(netns_of "$host")"
   done
+  # Open MPI's shared-memory segments of ranks that were killed (a lost
+  # host): they are named after the host, and these host names are ours.
+  for host in "${HOSTS[@]}"; do
+    rm -f /dev/shm/vader_segment."$host".*
+  done
   # the namespace files (DIR/ns/*), bound to keep the namespaces alive
   findmnt -rn -o TARGET | grep "^$DIR/" | sort -r | xargs -r umount
   rm -f "$DIR/ns/"*
