@@ -293,9 +293,14 @@ __attribute__((noreturn)) static void fail_lost(struct comm *c, struct comm_mpi 
         sleep(COMM_REPORT_GRACE_SECONDS);
     char names[1024];
     name_lost_ranks(m, c->world, answered, names, sizeof names);
-    fail_internal("%s did not finish within %.0f s: lost rank%s %s, no answer: process or host gone; "
+    /* No peer at all answering, not even one on this host, is more likely a
+     * firewall dropping the pings than every other rank gone. */
+    const char *caveat = lost == c->world - 1 && c->world > 2
+                             ? " (or UDP between the ranks is blocked here, and the ranks are merely stuck)"
+                             : "";
+    fail_internal("%s did not finish within %.0f s: lost rank%s %s, no answer: process or host gone%s; "
                   "%d of %d ranks answer; resume from the last checkpoint (SHARDLM_COMM_TIMEOUT sets the limit)",
-                  what, m->timeout, lost > 1 ? "s" : "", names, c->world - lost, c->world);
+                  what, m->timeout, lost > 1 ? "s" : "", names, caveat, c->world - lost, c->world);
 }
 
 /* Pings every rank (liveness.h); fails naming the lost ones when a rank does
