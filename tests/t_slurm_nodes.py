@@ -37,12 +37,13 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
                     5 steps; once one exists, node2 is lost (its link down, then everything on
                     it SIGKILLed): the ranks on node1 are gone within COMM_TIMEOUT +
                     LOSS_MARGIN s, the job log holds exactly one line naming the lost ranks,
-                    "lost ranks 2, 3 (host node2)", and the latest checkpoint resumes (mpirun,
-                    2 ranks, outside the cluster)
+                    "lost ranks 2, 3 (host node2)", the job script on node1 ends (once srun
+                    gives the lost node's part up) with a failure, not a requeue, and the
+                    latest checkpoint resumes (mpirun, 2 ranks, outside the cluster)
   cluster.stops     two-hosts.sh stop: no namespace, veth, mount under its directory,
                     process of the cluster, or Open MPI shared-memory segment of its hosts left
 
-About 95 s on the 2-core development machine. Jobs are not held to a wall time while
+About 2 minutes on the 2-core development machine. Jobs are not held to a wall time while
 they share the cores: one fails when it pends or runs for JOB_LIMIT s.
 """
 import json
@@ -76,6 +77,7 @@ COMM_TIMEOUT = 20       # SHARDLM_COMM_TIMEOUT of the job whose host is lost
 # and rank 1 waits up to 15 s for rank 0's abort (COMM_REPORT_GRACE_SECONDS); the rest is
 # margin for a loaded machine.
 LOSS_MARGIN = 60
+SRUN_GIVES_UP = 60     # srun waits about 30 s for the step on a node that does not answer
 SHRINK_TOLERANCE = 1e-4
 JOB_LIMIT = 600
 SLURM_PATIENCE = 90
@@ -360,6 +362,15 @@ def test_lost_host():
         time.sleep(0.5)
     check("lost.one_line", len(lines) == 1 and "lost ranks 2, 3 (host node2), no answer" in lines[0]
           and f"within {COMM_TIMEOUT} s" in lines[0], f"lines naming lost ranks: {lines}")
+    # srun gives the unreachable node's step up after its own wait (about 30 s); the batch
+    # script on node1 then reports the failure, without a requeue (a lost rank is no preemption).
+    deadline = t_lost + COMM_TIMEOUT + LOSS_MARGIN + SRUN_GIVES_UP
+    while "| failed (exit status" not in log_of("lost", job) and time.time() < deadline:
+        time.sleep(0.5)
+    log = log_of("lost", job)
+    end = re.search(r"\| failed \(exit status (\d+)\): not requeued", log)
+    note(f"lost: the job script ended {time.time() - t_lost:.1f} s after node2 was lost")
+    check("lost.job_script_ends", end is not None and end[1] != "3" and "requeueing" not in log, log[-600:])
     path = latest("lost")
     m = re.search(r"step_(\d+)\.h5$", path or "")
     step = int(m[1]) if m else 0
