@@ -49,7 +49,8 @@ void train_install_stop_handlers(void)
 }
 
 /* Fault injection for the tests (tests/t_faults.py): SHARDLM_INJECT_SIGNAL=
- * PHASE:SIG raises SIG (USR1, TERM or INT) in this process the first time the
+ * PHASE:SIG raises SIG (USR1, TERM, INT; STOP freezes the rank, which the
+ * others then see as lost: tests/t_lost_rank.py) in this process the first time the
  * run reaches PHASE: start (before MPI and the config), config (after it),
  * setup, resume (after the checkpoint is read), step (inside the first step,
  * between the backward and the optimizer), save (as a checkpoint save
@@ -71,9 +72,10 @@ void train_fault_point(const char *phase)
     const char *name = spec + n + 1;
     int sig = strcmp(name, "USR1") == 0 ? SIGUSR1 : strcmp(name, "TERM") == 0 ? SIGTERM
             : strcmp(name, "INT") == 0  ? SIGINT
+            : strcmp(name, "STOP") == 0 ? SIGSTOP
                                         : 0;
     if (!sig)
-        fail_input("SHARDLM_INJECT_SIGNAL='%s': the signal must be USR1, TERM or INT", spec);
+        fail_input("SHARDLM_INJECT_SIGNAL='%s': the signal must be USR1, TERM, INT or STOP", spec);
     fired = 1;
     raise(sig);
 }
