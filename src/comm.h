@@ -34,7 +34,8 @@
  * comm_wait orders the device's compute after the collective instead of
  * blocking the host.
  *
- * Owns: MPI initialisation and finalisation, the communication thread. The
+ * Owns: MPI initialisation and finalisation, the communication thread, the
+ * liveness responder (liveness.h) and the watchdog of watched phases. The
  * engine never includes mpi.h.
  */
 #ifndef SHARDLM_COMM_H
