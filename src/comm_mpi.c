@@ -293,8 +293,8 @@ __attribute__((noreturn)) static void fail_lost(struct comm *c, struct comm_mpi 
         sleep(COMM_REPORT_GRACE_SECONDS);
     char names[1024];
     name_lost_ranks(m, c->world, answered, names, sizeof names);
-    /* No peer at all answering, not even one on this host, is more likely a
-     * firewall dropping the pings than every other rank gone. */
+    /* Not one of several peers answering may as well be a firewall that
+     * drops the pings as every other rank gone: say so. */
     const char *caveat = lost == c->world - 1 && c->world > 2
                              ? " (or UDP between the ranks is blocked here, and the ranks are merely stuck)"
                              : "";
