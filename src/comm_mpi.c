@@ -249,6 +249,13 @@ static void exchange_cards(struct comm *c, struct comm_mpi *m)
     m->cards = xcalloc((size_t)c->world, sizeof *m->cards);
     mpi_check(MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, m->cards, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD),
               "all-gather of the rank cards");
+    /* A rank without a responder would look lost: then no rank asks. */
+    for (int r = 0; r < c->world; r++)
+        if (m->cards[r].port == 0) {
+            liveness_stop(m->liveness);
+            m->liveness = NULL;
+            return;
+        }
     liveness_set_peers(m->liveness, m->cards, c->world);
 }
 
@@ -304,22 +311,28 @@ __attribute__((noreturn)) static void fail_lost(struct comm *c, struct comm_mpi 
 }
 
 /* Pings every rank (liveness.h); fails naming the lost ones when a rank does
- * not answer, returns when all do. */
-static void fail_if_ranks_lost(struct comm *c, struct comm_mpi *m, const char *what)
+ * not answer. Returns 1 when all answer, 0 when they cannot be asked. */
+static int fail_if_ranks_lost(struct comm *c, struct comm_mpi *m, const char *what)
 {
+    if (!m->liveness)
+        return 0;
     int *answered = xcalloc((size_t)c->world, sizeof *answered);
     int lost = liveness_probe(m->liveness, COMM_PROBE_SECONDS, answered);
-    if (lost)
+    if (lost > 0)
         fail_lost(c, m, what, answered, lost);
     free(answered);
+    return lost == 0;
 }
 
 /* A collective timed out: a lost rank is named; with every rank there, one
  * is stuck, which is an error as well. */
 __attribute__((noreturn)) static void fail_timed_out(struct comm *c, struct comm_mpi *m)
 {
-    fail_if_ranks_lost(c, m, "a collective");
-    fail_internal("a collective did not finish within %.0f s, yet every rank answers: one is stuck, not gone "
+    if (fail_if_ranks_lost(c, m, "a collective"))
+        fail_internal("a collective did not finish within %.0f s, yet every rank answers: one is stuck, not gone "
+                      "(SHARDLM_COMM_TIMEOUT sets the limit)",
+                      m->timeout);
+    fail_internal("a collective did not finish within %.0f s: another rank has probably died or hangs "
                   "(SHARDLM_COMM_TIMEOUT sets the limit)",
                   m->timeout);
 }
@@ -412,9 +425,11 @@ void comm_init(struct comm *c, int *argc, char ***argv)
         if (pthread_create(&m->thread, NULL, comm_thread_main, m) != 0)
             fail_internal("cannot start the communication thread: %s", strerror(errno));
         m->thread_started = 1;
-        if (pthread_create(&m->watchdog, NULL, watchdog_main, m) != 0)
-            fail_internal("cannot start the communication watchdog: %s", strerror(errno));
-        m->watchdog_started = 1;
+        if (m->liveness) {
+            if (pthread_create(&m->watchdog, NULL, watchdog_main, m) != 0)
+                fail_internal("cannot start the communication watchdog: %s", strerror(errno));
+            m->watchdog_started = 1;
+        }
     }
 }
 

@@ -84,32 +84,45 @@ static void host_addresses(struct rank_card *card)
         card->addrs[card->n_addrs++] = htonl(INADDR_LOOPBACK);
 }
 
+/* A UDP socket bound to a port of the kernel's choice on every address;
+ * -1 with errno set when there is none to be had. */
 static int udp_socket(uint16_t *port)
 {
     int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        fail_internal("liveness: cannot open a UDP socket: %s", strerror(errno));
+        return -1;
     struct sockaddr_in any = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY), .sin_port = 0};
     socklen_t len = sizeof any;
-    if (bind(fd, (struct sockaddr *)&any, sizeof any) != 0 || getsockname(fd, (struct sockaddr *)&any, &len) != 0)
-        fail_internal("liveness: cannot bind a UDP socket: %s", strerror(errno));
+    if (bind(fd, (struct sockaddr *)&any, sizeof any) != 0 || getsockname(fd, (struct sockaddr *)&any, &len) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
     *port = any.sin_port;
     return fd;
 }
 
 struct liveness *liveness_start(int rank, struct rank_card *card)
 {
-    struct liveness *l = xcalloc(1, sizeof *l);
-    l->rank = rank;
     memset(card, 0, sizeof *card);
     if (gethostname(card->host, sizeof card->host - 1) != 0)
         strcpy(card->host, "?");
     card->rank = rank;
     card->pid = (int32_t)getpid();
     host_addresses(card);
+    struct liveness *l = xcalloc(1, sizeof *l);
+    l->rank = rank;
     l->fd = udp_socket(&card->port);
-    if (pthread_create(&l->thread, NULL, responder_main, l) != 0)
-        fail_internal("liveness: cannot start the responder thread: %s", strerror(errno));
+    if (l->fd < 0 || pthread_create(&l->thread, NULL, responder_main, l) != 0) {
+        log_warn("liveness: no UDP responder (%s): a collective that times out will not name the lost ranks",
+                 strerror(errno));
+        if (l->fd >= 0)
+            close(l->fd);
+        free(l);
+        card->port = 0;
+        return NULL;
+    }
     l->thread_started = 1;
     return l;
 }
@@ -145,6 +158,8 @@ int liveness_probe(struct liveness *l, double seconds, int *answered)
 {
     uint16_t port;
     int fd = udp_socket(&port);
+    if (fd < 0)
+        return -1;
     uint64_t token = atomic_load(&l->token);
     int missing = 0;
     for (int r = 0; r < l->world; r++) {

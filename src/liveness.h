@@ -41,12 +41,15 @@ struct rank_card {
 
 struct liveness;
 
-/* Starts this rank's responder and fills its card (all but local_rank/world). */
+/* Starts this rank's responder and fills its card (all but local_rank/world).
+ * NULL, with a warning and port 0 on the card, where no UDP socket can be had:
+ * the job then runs without (comm_mpi.c drops it on every rank). */
 struct liveness *liveness_start(int rank, struct rank_card *card);
 /* The cards of all WORLD ranks, indexed by rank (copied). */
 void liveness_set_peers(struct liveness *l, const struct rank_card *cards, int world);
 /* Pings every other rank for up to SECONDS; answered[r] = 1 for each rank that
- * answered (this rank counts as answering). Returns the number that did not. */
+ * answered (this rank counts as answering). Returns the number that did not,
+ * or -1 when this rank cannot ping (no socket). */
 int liveness_probe(struct liveness *l, double seconds, int *answered);
 /* Stops the responder and frees L (NULL is fine). */
 void liveness_stop(struct liveness *l);
