@@ -15,7 +15,9 @@
  *
  * A request not finished after comm timeout seconds (SHARDLM_COMM_TIMEOUT,
  * default 600) aborts the job: a dead or stuck rank never leaves the others
- * waiting forever. Any fail_input/fail_internal on a rank aborts every rank
+ * waiting forever. Before it aborts, the rank asks every peer outside MPI
+ * whether it is still there (liveness.h) and names those that are not, with
+ * their hosts: a lost node is one line in the job log. Any fail_input/fail_internal on a rank aborts every rank
  * (MPI_Abort) once comm_init has run.
  *
  * SHARDLM_BENCH=compute-only turns every collective into a no-op, so that the
@@ -32,7 +34,8 @@
  * comm_wait orders the device's compute after the collective instead of
  * blocking the host.
  *
- * Owns: MPI initialisation and finalisation, the communication thread. The
+ * Owns: MPI initialisation and finalisation, the communication thread, the
+ * liveness responder (liveness.h) and the watchdog of watched phases. The
  * engine never includes mpi.h.
  */
 #ifndef SHARDLM_COMM_H
@@ -77,6 +80,19 @@ void comm_init(struct comm *c, int *argc, char ***argv);
 void comm_finalize(struct comm *c);
 
 size_t comm_dtype_size(enum comm_dtype dt);
+
+/* A phase in which the main thread calls MPI itself, outside comm_wait's
+ * timeout: checkpoint I/O (HDF5 over MPI-IO), which may legitimately take
+ * long. While one is open a watchdog thread asks every rank, once per comm
+ * timeout, whether it is still there, and fails the job naming the lost ranks
+ * when one is not ("WHAT did not finish within N s: lost ranks ..."); a phase
+ * that is only slow runs on. No-ops with one rank. */
+void comm_watch_begin(struct comm *c, const char *what);
+void comm_watch_end(struct comm *c);
+
+/* Rank 0 logs one line per rank: its host, pid, node-local rank and the
+ * number of ranks on its node, as each rank found them (nothing with one rank). */
+void comm_log_ranks(const struct comm *c);
 
 struct fail_trap;
 /* After a trapped start-up phase (util.h FAIL_TRAP) that every rank ran: when

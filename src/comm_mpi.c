@@ -27,9 +27,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "devemu.h"
 #include "dtype.h"
+#include "liveness.h"
 #include "util.h"
 
 #define COMM_QUEUE_LEN 256
@@ -44,6 +46,13 @@
 #define COMM_POLL_SECONDS 1e-3
 #define COMM_SLEEP_FIRST_NS 20000L
 #define COMM_SLEEP_MAX_NS 1000000L
+/* After a timeout: how long the peers are pinged (liveness.h) before those
+ * that never answered are named, and how long a rank that is not the lowest
+ * surviving one waits for that rank's report and abort before it reports
+ * itself (one line in the job log, not one per survivor). A ping crosses
+ * a network in well under a millisecond; the margin is for loaded hosts. */
+#define COMM_PROBE_SECONDS 5.0
+#define COMM_REPORT_GRACE_SECONDS 15
 
 struct comm_op {
     enum comm_kind kind;
@@ -66,6 +75,16 @@ struct comm_mpi {
     int thread_started;
     double timeout;
     struct comm *owner;
+    struct liveness *liveness; /* NULL with one rank */
+    struct rank_card *cards;   /* (world): every rank's host, pid, node-local rank */
+    /* The watchdog of comm_watch_begin/end; watch_lock guards the fields below. */
+    pthread_t watchdog;
+    int watchdog_started;
+    pthread_mutex_t watch_lock;
+    pthread_cond_t watch_cond;
+    const char *watching;      /* the phase being watched, NULL when none */
+    int watch_shutdown;
+    double watch_since;        /* when it began, or when every rank last answered */
 };
 
 static int g_world_for_abort = 1;
@@ -219,6 +238,150 @@ static void *comm_thread_main(void *arg)
     return NULL;
 }
 
+/* Every rank's card (liveness.h) to every rank, and this rank's responder
+ * started, so that a timeout can name the ranks that are gone. */
+static void exchange_cards(struct comm *c, struct comm_mpi *m)
+{
+    struct rank_card mine;
+    m->liveness = liveness_start(c->rank, &mine);
+    mine.local_rank = c->local_rank;
+    mine.local_world = c->local_world;
+    m->cards = xcalloc((size_t)c->world, sizeof *m->cards);
+    mpi_check(MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, m->cards, (int)sizeof mine, MPI_BYTE, MPI_COMM_WORLD),
+              "all-gather of the rank cards");
+    /* A rank without a responder would look lost: then no rank asks. */
+    for (int r = 0; r < c->world; r++)
+        if (m->cards[r].port == 0) {
+            liveness_stop(m->liveness);
+            m->liveness = NULL;
+            return;
+        }
+    liveness_set_peers(m->liveness, m->cards, c->world);
+}
+
+void comm_log_ranks(const struct comm *c)
+{
+    const struct comm_mpi *m = c->impl;
+    for (int r = 0; m->cards && r < c->world; r++) {
+        const struct rank_card *k = &m->cards[r];
+        log_info("rank %d of %d | host %s | pid %d | node-local rank %d of %d", r, c->world, k->host, (int)k->pid,
+                 (int)k->local_rank, (int)k->local_world);
+    }
+}
+
+/* "2, 3 (host node2), 6 (host node4)": the ranks with answered[r] == 0,
+ * each run on one host followed by the host's name. */
+static void name_lost_ranks(const struct comm_mpi *m, int world, const int *answered, char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (int r = 0; r < world && n + 1 < cap; r++) {
+        if (answered[r])
+            continue;
+        n += (size_t)snprintf(out + n, cap - n, "%s%d", n ? ", " : "", r);
+        int next = r + 1;
+        while (next < world && answered[next])
+            next++;
+        if ((next == world || strcmp(m->cards[next].host, m->cards[r].host) != 0) && n + 1 < cap)
+            n += (size_t)snprintf(out + n, cap - n, " (host %s)", m->cards[r].host);
+    }
+}
+
+/* Fails with one line that names the ranks with answered[r] == 0 (LOST of
+ * them) and their hosts. The lowest rank that answered reports; the others
+ * give it COMM_REPORT_GRACE_SECONDS to abort the job first. */
+__attribute__((noreturn)) static void fail_lost(struct comm *c, struct comm_mpi *m, const char *what,
+                                                const int *answered, int lost)
+{
+    int reporter = 0;
+    while (!answered[reporter])
+        reporter++;
+    if (reporter != c->rank)
+        sleep(COMM_REPORT_GRACE_SECONDS);
+    char names[1024];
+    name_lost_ranks(m, c->world, answered, names, sizeof names);
+    /* Not one of several peers answering may as well be a firewall that
+     * drops the pings as every other rank gone: say so. */
+    const char *caveat = lost == c->world - 1 && c->world > 2
+                             ? " (or UDP between the ranks is blocked here, and the ranks are merely stuck)"
+                             : "";
+    fail_internal("%s did not finish within %.0f s: lost rank%s %s, no answer: process or host gone%s; "
+                  "%d of %d ranks answer; resume from the last checkpoint (SHARDLM_COMM_TIMEOUT sets the limit)",
+                  what, m->timeout, lost > 1 ? "s" : "", names, caveat, c->world - lost, c->world);
+}
+
+/* Pings every rank (liveness.h); fails naming the lost ones when a rank does
+ * not answer. Returns 1 when all answer, 0 when they cannot be asked. */
+static int fail_if_ranks_lost(struct comm *c, struct comm_mpi *m, const char *what)
+{
+    if (!m->liveness)
+        return 0;
+    int *answered = xcalloc((size_t)c->world, sizeof *answered);
+    int lost = liveness_probe(m->liveness, COMM_PROBE_SECONDS, answered);
+    if (lost > 0)
+        fail_lost(c, m, what, answered, lost);
+    free(answered);
+    return lost == 0;
+}
+
+/* A collective timed out: a lost rank is named; with every rank there, one
+ * is stuck, which is an error as well. */
+__attribute__((noreturn)) static void fail_timed_out(struct comm *c, struct comm_mpi *m)
+{
+    if (fail_if_ranks_lost(c, m, "a collective"))
+        fail_internal("a collective did not finish within %.0f s, yet every rank answers: one is stuck, not gone "
+                      "(SHARDLM_COMM_TIMEOUT sets the limit)",
+                      m->timeout);
+    fail_internal("a collective did not finish within %.0f s: another rank has probably died or hangs "
+                  "(SHARDLM_COMM_TIMEOUT sets the limit)",
+                  m->timeout);
+}
+
+/* The watchdog of comm_watch_begin/end: once a watched phase has lasted the
+ * comm timeout, it asks every rank; a lost one ends the job, a phase that is
+ * only slow (every rank answers) is given another timeout. */
+static void *watchdog_main(void *arg)
+{
+    struct comm_mpi *m = arg;
+    pthread_mutex_lock(&m->watch_lock);
+    while (!m->watch_shutdown) {
+        if (!m->watching) {
+            pthread_cond_wait(&m->watch_cond, &m->watch_lock);
+            continue;
+        }
+        double due = m->watch_since + m->timeout;
+        if (now_seconds() < due) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_sec += (time_t)(due - now_seconds()) + 1;
+            pthread_cond_timedwait(&m->watch_cond, &m->watch_lock, &until);
+            continue;
+        }
+        const char *what = m->watching;
+        pthread_mutex_unlock(&m->watch_lock);
+        fail_if_ranks_lost(m->owner, m, what);
+        pthread_mutex_lock(&m->watch_lock);
+        m->watch_since = now_seconds();
+    }
+    pthread_mutex_unlock(&m->watch_lock);
+    return NULL;
+}
+
+static void set_watch(struct comm *c, const char *what)
+{
+    struct comm_mpi *m = c->impl;
+    if (!m->watchdog_started)
+        return;
+    pthread_mutex_lock(&m->watch_lock);
+    m->watching = what;
+    m->watch_since = now_seconds();
+    pthread_cond_broadcast(&m->watch_cond);
+    pthread_mutex_unlock(&m->watch_lock);
+}
+
+void comm_watch_begin(struct comm *c, const char *what) { set_watch(c, what); }
+void comm_watch_end(struct comm *c) { set_watch(c, NULL); }
+
 void comm_init(struct comm *c, int *argc, char ***argv)
 {
     memset(c, 0, sizeof *c);
@@ -255,11 +418,29 @@ void comm_init(struct comm *c, int *argc, char ***argv)
     m->timeout = t && atof(t) > 0 ? atof(t) : COMM_TIMEOUT_DEFAULT;
     pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->cond, NULL);
+    pthread_mutex_init(&m->watch_lock, NULL);
+    pthread_cond_init(&m->watch_cond, NULL);
     if (c->world > 1) {
+        exchange_cards(c, m);
         if (pthread_create(&m->thread, NULL, comm_thread_main, m) != 0)
             fail_internal("cannot start the communication thread: %s", strerror(errno));
         m->thread_started = 1;
+        if (m->liveness) {
+            if (pthread_create(&m->watchdog, NULL, watchdog_main, m) != 0)
+                fail_internal("cannot start the communication watchdog: %s", strerror(errno));
+            m->watchdog_started = 1;
+        }
     }
+}
+
+/* Sets *FLAG under LOCK, wakes the thread waiting on COND and joins it. */
+static void stop_thread(pthread_t thread, pthread_mutex_t *lock, pthread_cond_t *cond, int *flag)
+{
+    pthread_mutex_lock(lock);
+    *flag = 1;
+    pthread_cond_broadcast(cond);
+    pthread_mutex_unlock(lock);
+    pthread_join(thread, NULL);
 }
 
 void comm_finalize(struct comm *c)
@@ -269,15 +450,16 @@ void comm_finalize(struct comm *c)
         c->device = NULL;
     }
     struct comm_mpi *m = c->impl;
-    if (m->thread_started) {
-        pthread_mutex_lock(&m->lock);
-        m->shutdown = 1;
-        pthread_cond_broadcast(&m->cond);
-        pthread_mutex_unlock(&m->lock);
-        pthread_join(m->thread, NULL);
-    }
+    if (m->thread_started)
+        stop_thread(m->thread, &m->lock, &m->cond, &m->shutdown);
+    if (m->watchdog_started)
+        stop_thread(m->watchdog, &m->watch_lock, &m->watch_cond, &m->watch_shutdown);
+    pthread_cond_destroy(&m->watch_cond);
+    pthread_mutex_destroy(&m->watch_lock);
     pthread_cond_destroy(&m->cond);
     pthread_mutex_destroy(&m->lock);
+    liveness_stop(m->liveness);
+    free(m->cards);
     free(m);
     c->impl = NULL;
     util_set_abort_hook(NULL);
@@ -394,9 +576,7 @@ void comm_wait(struct comm *c, struct comm_request *req)
             int rc = pthread_cond_timedwait(&m->cond, &m->lock, &deadline);
             if (rc == ETIMEDOUT && !req->done) {
                 pthread_mutex_unlock(&m->lock);
-                fail_internal("a collective did not finish within %.0f s: another rank has probably died or "
-                              "hangs (SHARDLM_COMM_TIMEOUT sets the limit)",
-                              m->timeout);
+                fail_timed_out(c, m);
             }
         }
         pthread_mutex_unlock(&m->lock);

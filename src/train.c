@@ -49,7 +49,8 @@ void train_install_stop_handlers(void)
 }
 
 /* Fault injection for the tests (tests/t_faults.py): SHARDLM_INJECT_SIGNAL=
- * PHASE:SIG raises SIG (USR1, TERM or INT) in this process the first time the
+ * PHASE:SIG raises SIG (USR1, TERM, INT; STOP freezes the rank, which the
+ * others then see as lost: tests/t_lost_rank.py) in this process the first time the
  * run reaches PHASE: start (before MPI and the config), config (after it),
  * setup, resume (after the checkpoint is read), step (inside the first step,
  * between the backward and the optimizer), save (as a checkpoint save
@@ -71,9 +72,10 @@ void train_fault_point(const char *phase)
     const char *name = spec + n + 1;
     int sig = strcmp(name, "USR1") == 0 ? SIGUSR1 : strcmp(name, "TERM") == 0 ? SIGTERM
             : strcmp(name, "INT") == 0  ? SIGINT
+            : strcmp(name, "STOP") == 0 ? SIGSTOP
                                         : 0;
     if (!sig)
-        fail_input("SHARDLM_INJECT_SIGNAL='%s': the signal must be USR1, TERM or INT", spec);
+        fail_input("SHARDLM_INJECT_SIGNAL='%s': the signal must be USR1, TERM, INT or STOP", spec);
     fired = 1;
     raise(sig);
 }
@@ -89,6 +91,19 @@ static int agree_stop_signal(struct comm *comm)
     int32_t signalled = g_stop_signal;
     comm_allreduce(comm, &signalled, 1, COMM_I32, COMM_MAX, NULL);
     return signalled;
+}
+
+/* After the save of a stop: how many ranks the signal itself reached (the
+ * stop needs only one; a launcher that signals the ranks of one node only
+ * shows here). By then the save has given a signal sent to all of them
+ * time to arrive everywhere. A collective; nothing with one rank. */
+static void log_ranks_signalled(struct comm *comm, long step, const char *name)
+{
+    if (comm->world == 1)
+        return;
+    int32_t received = g_stop_signal != 0;
+    comm_allreduce(comm, &received, 1, COMM_I32, COMM_SUM, NULL);
+    log_info("step %5ld | %s reached %d of %d ranks", step, name, (int)received, comm->world);
 }
 
 /* PyTorch's clip_grad_norm_ adds this to the norm before dividing. */
@@ -680,7 +695,9 @@ static void save_checkpoint(struct trainer *tr)
     double t0 = now_seconds();
     train_fault_point("save");
     /* Every rank gets the same status (ckpt_try_save agrees on failure). */
+    comm_watch_begin(tr->comm, "saving a checkpoint");
     int rc = ckpt_try_save(cfg->checkpoint.dir, tr->step, cfg->checkpoint.keep, &contents, path, sizeof path);
+    comm_watch_end(tr->comm);
     free(config_json);
     free(slices);
     zero_ckpt_unstage(&tr->zero);
@@ -869,6 +886,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
 
     const int T = cfg->data.seq_len;
     char a[32], b[64];
+    comm_log_ranks(comm);
     log_info("shardlm %s | backend %s | %d rank%s | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(), tr.world,
              tr.world > 1 ? "s" : "", cfg->zero.stage, dtype_name(cfg->dtype));
     log_info("model %s: %d layers, %d heads (%d key/value), %d channels, MLP %d, context %d, vocab %d (padded %d%s): "
@@ -974,6 +992,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         train_fault_point("exit");
     if (stop_signal) {
         const char *name = stop_signal_name(stop_signal);
+        log_ranks_signalled(comm, tr.step, name);
         trainer_teardown(&tr);
         if (cfg->checkpoint.dir) {
             log_info("step %5ld | stopped by %s after saving a checkpoint; exit status %d asks the job script to "

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -107,6 +108,41 @@ def arena_round(nbytes):
     return round_up(nbytes, 64)
 
 
+def text_of(path):
+    """The contents of PATH; "" when it cannot be read (a log not written yet)."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def alive(pid):
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def slurm_job_config(tmp, name, steps, batch, checkpoint=None):
+    """The Slurm tests' tiny model (2 layers, C=64, vocab 100) on TMP/train.bin, ZeRO stage 3,
+    lr 1e-3, a line per step; its metrics (TMP/NAME.metrics.jsonl) and checkpoints
+    (TMP/NAME.ckpt, with CHECKPOINT's keys) named after NAME. Returns the config (a dict)."""
+    return {
+        "model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 64, "vocab_size": 100},
+        "data": {"train": os.path.join(tmp, "train.bin")},
+        "train": {"steps": steps, "metrics": os.path.join(tmp, f"{name}.metrics.jsonl")},
+        "checkpoint": dict({"dir": os.path.join(tmp, f"{name}.ckpt")}, **(checkpoint or {})),
+        "train_batch_size": batch,
+        "train_micro_batch_size_per_gpu": 2,
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "steps_per_print": 1,
+    }
+
+
 def rank_pids(cfg_path, parent):
     """{rank: pid} of the shardlm processes that mpirun (pid parent) started with cfg_path
     on their command line, found through /proc."""
@@ -165,3 +201,17 @@ def run_main(name, main):
         traceback.print_exc()
         check(name, False, f"{type(e).__name__}: {e}")
     sys.exit(1 if failures() else 0)
+
+
+def run_main_with_cluster(name, main, stop_cluster):
+    """run_main for a test that starts a Slurm cluster (as root): STOP_CLUSTER() runs on the
+    way out whatever happened, also on SIGTERM (run.sh's timeout); the total time is noted."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    t0 = time.time()
+    try:
+        run_main(name, main)
+    finally:
+        if os.geteuid() == 0:
+            stop_cluster()
+        note(f"{name} took {time.time() - t0:.0f} s")
+        sys.exit(1 if failures() else 0)

@@ -18,7 +18,7 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
               succeeds on the 3rd try (gives up with status 1 after 5)
   cluster.*   start.sh brings the node up (idle); stop.sh leaves no daemon of its own
   sbatch2.*, sbatch4.*
-              jobs/cpu.sbatch with --ntasks 2 and 4, 20 steps: COMPLETED 0:0, the
+              jobs/cpu.sbatch with --ntasks-per-node 2 and 4, 20 steps: COMPLETED 0:0, the
               log (logs/shardlm-cpu-JOBID.out) has the allocation ("tasks N"),
               "N ranks", the resolved config (its train.steps 20 and the derived
               gradient_accumulation_steps 16/(2N)), the memory plan table, "no
@@ -57,7 +57,6 @@ slurmctld does not answer (see slurm()); the cluster keeps its state on /dev/shm
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -129,17 +128,8 @@ def slurm(*cmd):
 
 def write_config(name, batch=16, **train):
     """A tiny config whose checkpoints and metrics are named after NAME."""
-    cfg = {
-        "model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "n_positions": 64, "vocab_size": 100},
-        "data": {"train": os.path.join(TMP, "train.bin")},
-        "train": dict({"steps": SHORT_STEPS, "metrics": os.path.join(TMP, f"{name}.metrics.jsonl")}, **train),
-        "checkpoint": {"dir": os.path.join(TMP, f"{name}.ckpt")},
-        "train_batch_size": batch,
-        "train_micro_batch_size_per_gpu": 2,
-        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-        "steps_per_print": 1,
-    }
+    cfg = harness.slurm_job_config(TMP, name, SHORT_STEPS, batch)
+    cfg["train"].update(train)
     path = os.path.join(TMP, f"{name}.json")
     with open(path, "w") as f:
         json.dump(cfg, f)
@@ -240,11 +230,7 @@ def wait_job(job, until=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FA
 
 
 def log_of(job, name="shardlm-cpu"):
-    try:
-        with open(os.path.join(TMP, "logs", f"{name}-{job}.out")) as f:
-            return f.read()
-    except OSError:
-        return ""
+    return harness.text_of(os.path.join(TMP, "logs", f"{name}-{job}.out"))
 
 
 def losses(name):
@@ -460,7 +446,7 @@ def main():
     reference_cfg = write_config("uninterrupted", PREEMPT_BATCH, steps=PREEMPT_STEPS)
     preempt_job = sbatch("cpu.sbatch", preempt_cfg)
     reference_job = sbatch("cpu.sbatch", reference_cfg)
-    short = {n: sbatch("cpu.sbatch", write_config(f"tasks{n}"), f"--ntasks={n}") for n in (2, 4)}
+    short = {n: sbatch("cpu.sbatch", write_config(f"tasks{n}"), f"--ntasks-per-node={n}") for n in (2, 4)}
     bad_cfg = write_config("bad")
     with open(bad_cfg) as f:
         bad = json.load(f)
@@ -507,13 +493,4 @@ def stop_cluster():
 
 
 if __name__ == "__main__":
-    # run.sh's timeout sends SIGTERM: stop the cluster on the way out as well.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    t0 = time.time()
-    try:
-        harness.run_main("t_slurm", main)
-    finally:
-        if os.geteuid() == 0:
-            stop_cluster()
-        note(f"t_slurm took {time.time() - t0:.0f} s")
-        sys.exit(1 if harness.failures() else 0)
+    harness.run_main_with_cluster("t_slurm", main, stop_cluster)

@@ -54,7 +54,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import (BIN, ENV, ROOT, arena_round, check, failures, note, rank_pids, read_dump,  # noqa: E402,F401
+from harness import (BIN, ENV, ROOT, alive, arena_round, check, failures, note, rank_pids, read_dump,  # noqa: E402,F401
                      rel, round_up, scratch_dir, wait_for_steps, write_shard)
 
 TMP = scratch_dir("t_zero")
@@ -561,14 +561,6 @@ def check_bad_batch():
 
 
 # ---- 4c: a rank killed mid-run -----------------------------------------------------------------------
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def raise_priority():
     try:
         old = (os.sched_getscheduler(0), os.sched_getparam(0))

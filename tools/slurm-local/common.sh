@@ -65,3 +65,26 @@ stop_daemon() {
   fi
   rm -f "$pidfile"
 }
+
+# The slurm.conf lines that start.sh's and two-hosts.sh's clusters share: no
+# cgroups, no accounting, ranks started by srun through PMIx, nodes that
+# advertise more CPUs than the machine has.
+conf_local_cluster() {
+  cat <<'CONF'
+MpiDefault=pmix
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# slurmd takes the CPU count below on trust
+SlurmdParameters=config_overrides
+# jobs larger than the node are refused at submission, not left pending
+EnforcePartLimits=ALL
+ReturnToService=2
+MailProg=/bin/true
+# batch jobs start at the next scheduler tick, not 3 s later
+SchedulerParameters=batch_sched_delay=0
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+CONF
+}

@@ -50,21 +50,7 @@ ClusterName=shardlm-local
 SlurmctldHost=$node(127.0.0.1)
 SlurmUser=root
 AuthType=auth/munge
-MpiDefault=pmix
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-# slurmd takes the CPU count below on trust
-SlurmdParameters=config_overrides
-# jobs larger than the node are refused at submission, not left pending
-EnforcePartLimits=ALL
-ReturnToService=2
-MailProg=/bin/true
-# batch jobs start at the next scheduler tick, not 3 s later
-SchedulerParameters=batch_sched_delay=0
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
+$(conf_local_cluster)
 StateSaveLocation=$SLURM_DIR/state
 SlurmdSpoolDir=$SLURM_DIR/spool
 TmpFS=$SLURM_DIR/tmp
