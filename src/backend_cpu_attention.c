@@ -138,6 +138,13 @@ static void attention_check_positions(const int32_t *pos, int B, int T)
         }
 }
 
+/* x[0, lo) and x[hi, n) set to 0: a row's entries outside the keys it sees, [lo, hi). */
+static void zero_outside(float *x, int n, int lo, int hi)
+{
+    memset(x, 0, (size_t)lo * sizeof *x);
+    memset(x + hi, 0, (size_t)(n - hi) * sizeof *x);
+}
+
 /* The shape of one attention call. */
 struct attn_dims {
     int B, T, NH, NKV, hs;
@@ -193,10 +200,7 @@ static void materialized_forward(float *out, float *att, const float *qkv, const
                 float inv = 1.0f / sum;
                 for (int j = j0; j <= i; j++)
                     prow[j] *= inv;
-                for (int j = 0; j < j0; j++)
-                    prow[j] = 0.0f;
-                for (int j = i + 1; j < T; j++)
-                    prow[j] = 0.0f;
+                zero_outside(prow, T, j0, i + 1);
             }
             for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
                 int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(pos_row, i0);
@@ -248,10 +252,7 @@ static void materialized_head_backward(float *dqkv, const float *dout, const flo
             dot += prow[j] * drow[j];
         for (int j = j0; j <= i; j++)
             drow[j] = prow[j] * (drow[j] - dot) * scale;
-        for (int j = 0; j < j0; j++)
-            drow[j] = 0.0f;
-        for (int j = i + 1; j < T; j++)
-            drow[j] = 0.0f;
+        zero_outside(drow, T, j0, i + 1);
     }
     /* dQ = dS K and dK = dS^T Q, over the same blocks of the block-diagonal lower-triangular dS. */
     for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
@@ -301,10 +302,7 @@ static void tiled_softmax_row(float *s, int n, int lo, int hi, float *m, float *
         s[j] = fast_expf(s[j] - mx);
         sum += s[j];
     }
-    for (int j = 0; j < lo; j++)
-        s[j] = 0.0f;
-    for (int j = hi; j < n; j++)
-        s[j] = 0.0f;
+    zero_outside(s, n, lo, hi);
     /* no keys yet: y and l are 0 */
     const float correction = *m == -INFINITY ? 0.0f : fast_expf(*m - mx);
     *l = *l * correction + sum;
@@ -424,10 +422,8 @@ static void tiled_backward_tile(float *dqkv, const float *dout, const float *qkv
             pr[j] = fast_expf(pr[j] - L);
             dsr[j] = pr[j] * (dsr[j] - D) * d->scale; /* the scale of the scores folded in */
         }
-        for (int j = 0; j < lo; j++)
-            pr[j] = dsr[j] = 0.0f;
-        for (int j = hi; j < n; j++)
-            pr[j] = dsr[j] = 0.0f;
+        zero_outside(pr, n, lo, hi);
+        zero_outside(dsr, n, lo, hi);
     }
     /* dV += P^T dout, dK += dS^T Q, dQ += dS K */
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hs, rows, 1.0f, p, ld, dout + y_at, C, 1.0f, dqkv + v_at,
