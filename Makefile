@@ -15,7 +15,8 @@ HDF5_PC  ?= hdf5-openmpi
 BLAS_PC  ?= openblas
 JSON_PC  ?= jansson
 PCRE_PC  ?= libpcre2-8
-PKGS     := $(MPI_PC) $(HDF5_PC) $(BLAS_PC) $(JSON_PC) $(PCRE_PC)
+URING_PC ?= liburing
+PKGS     := $(MPI_PC) $(HDF5_PC) $(BLAS_PC) $(JSON_PC) $(PCRE_PC) $(URING_PC)
 
 CC       ?= gcc
 ifeq ($(CC),cc)
@@ -48,6 +49,14 @@ else
 PC_CFLAGS := -I$(KIT)/include
 PC_LIBS   := -L$(KIT)/lib -Wl,-rpath-link,$(KIT)/lib -lhdf5 -lmpi -lopenblas -ljansson -lpcre2-8
 RPATHS    :=
+# liburing (src/nvme.c): a kit without it builds with synchronous reads and
+# writes for offload "nvme", and says so when such a job starts.
+ifneq ($(wildcard $(KIT)/include/liburing.h),)
+PC_LIBS   += -luring
+else
+PC_CFLAGS += -DSHARDLM_NO_URING
+$(info shardlm: $(KIT) has no liburing: offload "nvme" uses synchronous I/O in this build)
+endif
 endif
 
 # -fno-trapping-math: the elementwise loops (GELU, softmax, cross-entropy) clamp

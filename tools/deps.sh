@@ -28,6 +28,7 @@ declare -A pc_pkg=(
   [openblas]=libopenblas-openmp-dev
   [jansson]=libjansson-dev
   [libpcre2-8]=libpcre2-dev
+  [liburing]=liburing-dev
 )
 missing=()
 if [ "$want_build" = 1 ]; then

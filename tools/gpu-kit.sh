@@ -135,6 +135,9 @@ done
 hdf5_lib=$(readlink -f "$SYSLIB/hdf5/openmpi/libhdf5.so")
 blas_lib=$(readlink -f "$(pkg-config --variable=libdir openblas)/libopenblas.so")
 roots+=("$SYSLIB/libmpi.so.40" "$hdf5_lib" "$SYSLIB/libjansson.so.4" "$SYSLIB/libpcre2-8.so.0" "$blas_lib")
+# liburing (offload "nvme"): optional; without it the KIT= build says it uses synchronous I/O
+have_uring=0
+[ -e "$SYSLIB/liburing.so.2" ] && pkg-config --exists liburing && have_uring=1 && roots+=("$SYSLIB/liburing.so.2")
 
 # Every library those need (ldd: the whole transitive closure), less the base.
 mapfile -t closure < <(ldd "${roots[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u)
@@ -153,6 +156,7 @@ hdf5_soname=$(objdump -p "$hdf5_lib" | awk '$1 == "SONAME" {print $2}')
 copy_lib "$SYSLIB/libmpi.so.40" "$KIT/lib"
 copy_lib "$SYSLIB/libjansson.so.4" "$KIT/lib"
 copy_lib "$SYSLIB/libpcre2-8.so.0" "$KIT/lib"
+[ "$have_uring" = 1 ] && copy_lib "$SYSLIB/liburing.so.2" "$KIT/lib"
 [ -e "$KIT/lib/$hdf5_soname" ] || copy "$hdf5_lib" "$KIT/lib/$hdf5_soname"
 xz -6 -T1 -c "$blas_lib" >"$KIT/lib/libopenblas.so.0.xz"
 printf 'lib/libopenblas.so.0.xz\t%s\n' "$blas_lib" >>"$SOURCES"
@@ -164,6 +168,7 @@ printf 'INPUT(%s)\n' "$hdf5_soname" >"$KIT/lib/libhdf5.so"
 printf 'INPUT(libopenblas.so.0)\n' >"$KIT/lib/libopenblas.so"
 printf 'INPUT(libjansson.so.4)\n' >"$KIT/lib/libjansson.so"
 printf 'INPUT(libpcre2-8.so.0)\n' >"$KIT/lib/libpcre2-8.so"
+[ "$have_uring" = 1 ] && printf 'INPUT(liburing.so.2)\n' >"$KIT/lib/liburing.so"
 
 # Help texts, so that Open MPI's and PMIx's messages say something.
 for f in /usr/share/openmpi/help-*.txt; do copy "$f" "$KIT/share/openmpi/${f##*/}"; done
@@ -181,7 +186,7 @@ mapfile -t headers < <(gcc -std=gnu11 -M -fopenmp -iquote src $(pkg-config --cfl
 learn_owners "${headers[@]}"
 for h in "${headers[@]}"; do
   case $(pkg_owning "$h") in
-    libopenmpi-dev | libhdf5-*dev | libjansson-dev | libpcre2-dev | libopenblas*-dev) ;;
+    libopenmpi-dev | libhdf5-*dev | libjansson-dev | libpcre2-dev | libopenblas*-dev | liburing-dev) ;;
     *) continue ;;
   esac
   best=
