@@ -19,9 +19,12 @@ Checks:
                  completions their first L - P; short pairs untouched; counts
   bad.*          every bad preference input: exit 2, one line naming FILE:LINE (or
                  the option), nothing written
+  trainer.*      shardlm train refuses a preference file by name (DPO training is
+                 not there yet), rather than training SFT on both completions
 """
 import json
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +33,7 @@ from harness import use_ref_venv  # noqa: E402
 use_ref_venv("transformers", "prepare_pref.env")
 
 import t_prepare_data as base  # noqa: E402
-from harness import check, run_main, scratch_dir  # noqa: E402
+from harness import BIN, ENV, check, run_main, scratch_dir, write_config  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 base.TMP = scratch_dir("t_prepare_pref")
@@ -167,12 +170,30 @@ def check_bad(paths):
     same("bad.skip.counts", (attrs.get("n_pairs"), len(samples), attrs.get("n_skipped_lines")), (2, 4, 2))
 
 
+def check_trainer_refuses(tok):
+    """shardlm trains SFT sample files only: a preference file is refused by name, not trained as SFT."""
+    data = os.path.join(base.TMP, "strings.h5")
+    model = {"type": "llama", "n_layer": 1, "n_head": 2, "n_kv_head": 2, "n_embd": 16, "ffn_dim": 32,
+             "vocab_size": tok.get_vocab_size(with_added_tokens=True), "n_positions": 64}
+    cfg = write_config(os.path.join(base.TMP, "refuse.json"), {
+        "model": model, "data": {"train": data, "max_seq_length": 64},
+        "train": {"steps": 1, "eval_every": 0, "sample_tokens": 0},
+        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 3}})
+    r = subprocess.run([BIN, "train", cfg], env=ENV, capture_output=True, text=True,
+                       timeout=300)
+    lines = [x for x in r.stderr.splitlines() if "error" in x]
+    check("trainer.refuses_preference_file", r.returncode == 2 and len(lines) == 1
+          and "a preference file" in lines[0] and "strings.h5" in lines[0], f"exit {r.returncode}: {r.stderr[-300:]}")
+
+
 def main():
     paths, tok = base.make_tokenizers()
     check_strings(paths, tok)
     check_conversational(paths, tok)
     check_truncation(paths, tok)
     check_bad(paths)
+    check_trainer_refuses(tok)
 
 
 if __name__ == "__main__":
