@@ -4,6 +4,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "util.h"
+
 const char *const dpo_metric_names[DPO_N_METRICS] = {
     "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected",
 };
@@ -84,4 +86,33 @@ void dpo_metrics_mean(const struct dpo_metrics *m, double out[DPO_N_METRICS], do
     for (int i = 0; i < DPO_N_METRICS; i++)
         out[i] = m->sum[i] / n;
     *loss = m->loss_sum / n;
+}
+
+int dpo_sequence_logps(const float *losses, const int32_t *targets, const int32_t *positions, int B, int T,
+                       double *logps, int64_t *n_targets, int cap)
+{
+    int n = 0;
+    for (int b = 0; b < B; b++) {
+        double sum = 0.0;
+        int64_t count = 0;
+        for (int t = 0; t <= T; t++) {
+            const size_t i = (size_t)b * T + (size_t)t;
+            const bool ends = t == T || (positions && t > 0 && positions[i] == 0);
+            if (ends && count > 0) {
+                if (n >= cap)
+                    fail_internal("dpo: more than %d samples in a micro-batch of %d rows", cap, B);
+                logps[n] = -sum;
+                if (n_targets)
+                    n_targets[n] = count;
+                n++;
+                sum = 0.0;
+                count = 0;
+            }
+            if (t < T && targets[i] >= 0) {
+                sum += losses[i];
+                count++;
+            }
+        }
+    }
+    return n;
 }

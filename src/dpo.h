@@ -68,4 +68,13 @@ void dpo_metrics_add(struct dpo_metrics *m, const struct dpo_pair *x, const stru
 /* out[i] = mean of metric i, *loss = the mean loss; zeros when there is no pair. */
 void dpo_metrics_mean(const struct dpo_metrics *m, double out[DPO_N_METRICS], double *loss);
 
+/* The log-probability of each sample of a micro-batch of B rows of T positions: minus the sum of the
+ * per-position losses (family_forward's cross-entropy) over its trained targets (targets >= 0). positions
+ * NULL: one sample a row (the padding after it has no trained target); else a sample starts where positions
+ * is 0 (packing, samples.h) and a segment without a trained target (padding) is no sample. Writes the
+ * samples' sums in row order into logps (and their trained-target counts into n_targets when not NULL), at
+ * most cap of them; returns how many there were. */
+int dpo_sequence_logps(const float *losses, const int32_t *targets, const int32_t *positions, int B, int T,
+                       double *logps, int64_t *n_targets, int cap);
+
 #endif

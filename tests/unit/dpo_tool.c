@@ -119,6 +119,25 @@ static void check_params_and_metrics(void)
     CHECK_CLOSE("metrics.loss", loss, (ra.loss + rb.loss) / 2.0, 1e-15, 1.0);
 }
 
+static void check_sequence_logps(void)
+{
+    /* two rows of 6: padded (one sample a row), then packed (positions restart) */
+    const float losses[12] = {9, 1, 2, 9, 9, 9, 0.5f, 0.25f, 9, 4, 8, 9};
+    const int32_t targets[12] = {-1, 5, 6, -1, -1, -1, 7, 7, -1, 3, 3, -1};
+    double logps[4];
+    int64_t counts[4];
+    int n = dpo_sequence_logps(losses, targets, NULL, 2, 6, logps, counts, 4);
+    CHECK("seq.padded.count", n == 2, "got %d", n);
+    CHECK("seq.padded.values", n == 2 && logps[0] == -3.0 && logps[1] == -12.75 && counts[0] == 2 && counts[1] == 4,
+          "got %g %g (%lld %lld)", logps[0], logps[1], (long long)counts[0], (long long)counts[1]);
+    /* row 0: a sample of 3 then padding (a segment with no target); row 1: samples of 3 and 2, padding of 1 */
+    const int32_t positions[12] = {0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 0};
+    n = dpo_sequence_logps(losses, targets, positions, 2, 6, logps, counts, 4);
+    CHECK("seq.packed.count", n == 3, "got %d", n);
+    CHECK("seq.packed.values", n == 3 && logps[0] == -3.0 && logps[1] == -0.75 && logps[2] == -12.0,
+          "got %g %g %g", logps[0], logps[1], logps[2]);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "-") == 0)
@@ -126,5 +145,6 @@ int main(int argc, char **argv)
     check_reference_equals_policy();
     check_finite_differences();
     check_params_and_metrics();
+    check_sequence_logps();
     return check_status();
 }
