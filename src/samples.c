@@ -151,6 +151,9 @@ static void check_header(struct sample_set *s)
 {
     char format[64];
     attr_str(s, "format", format, sizeof format);
+    if (strcmp(format, PREFERENCES_FORMAT) == 0)
+        fail_input("%s '%s': a preference file (DPO pairs, tools/prefdata.py); this shardlm trains on SFT sample "
+                   "files only: give a sample file of tools/prepare_data.py's SFT formats", s->what, s->path);
     if (strcmp(format, SAMPLES_FORMAT) != 0)
         fail_input("%s '%s': not a sample file (attribute format '%s', want '%s'); make it with tools/prepare_data.py",
                    s->what, s->path, format, SAMPLES_FORMAT);

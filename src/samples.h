@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #define SAMPLES_FORMAT "shardlm-samples"
+#define PREFERENCES_FORMAT "shardlm-preferences" /* tools/prefdata.py: DPO pairs, not trained yet */
 #define SAMPLES_VERSION 1
 /* group_by_length: a megabatch is this many steps' units (Hugging Face's megabatch_mult) */
 #define SAMPLES_MEGABATCH_STEPS 50

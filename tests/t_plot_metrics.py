@@ -124,6 +124,22 @@ def test_fp16():
           so)
 
 
+def dpo_line(step, loss):
+    margin = 0.01 * (step - 1)
+    return dict(step_line(step, loss), **{"rewards/chosen": margin / 2, "rewards/rejected": -margin / 2,
+                                          "rewards/accuracies": 0.0 if step == 1 else 0.75, "rewards/margins": margin,
+                                          "logps/chosen": -40.0 + 0.1 * step, "logps/rejected": -45.0 - 0.1 * step})
+
+
+def test_dpo():
+    path = write("dpo.jsonl", [dpo_line(s, 0.6931 - 0.001 * s) for s in range(1, 21)])
+    out = os.path.join(TMP, "dpo.png")
+    rc, so, se = run(path, "-o", out)
+    check("plot.dpo.exit", rc == 0, f"rc {rc}: {se}")
+    check("plot.dpo.panels", png_size(out) == (WIDTH_IN * DPI, panels_height(5)), f"{png_size(out)}")
+    check("plot.dpo.summary", "DPO: reward accuracy 0.000 -> 0.750, margin 0.0000 -> 0.1900" in so, so)
+
+
 def test_memory():
     path = write("memory.jsonl", [step_line(1, 3.0), step_line(2, 2.5), MEMORY])
     out, mem = os.path.join(TMP, "m.png"), os.path.join(TMP, "m_memory.png")
@@ -140,6 +156,8 @@ def test_bad():
         ("not_json", [step_line(1, 3.0), step_line(2, 2.9), '{"step": 3, "loss"'], [], "not_json.jsonl:3:"),
         ("shape", [step_line(1, 3.0), {"hello": 1}], [], "bad_shape.jsonl:2: neither a step"),
         ("loss", [step_line(1, 3.0), dict(step_line(2, 2.0), loss="x")], [], "bad_loss.jsonl:2: step 2: loss 'x'"),
+        ("dpo_partial", [dpo_line(1, 0.69), {k: v for k, v in dpo_line(2, 0.68).items() if k != "logps/rejected"}],
+         [], "bad_dpo_partial.jsonl:2: step 2: logps/rejected None"),
         ("no_memory", [step_line(1, 3.0)], ["--memory", os.path.join(TMP, "bad_mem.png")], "no memory table"),
     ]
     for name, rows, extra, expect in cases:
@@ -158,6 +176,7 @@ def main():
     test_val()
     test_resume()
     test_fp16()
+    test_dpo()
     test_memory()
     test_bad()
 

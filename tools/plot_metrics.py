@@ -6,7 +6,9 @@
 LOSS.png (default: METRICS with .png for its suffix) has, against the step:
 the training loss with the validation losses as points, tokens per second, and,
 when the run used fp16's loss scaler (a scale other than 1 or a skipped step),
-the loss scale with the skipped steps marked. MEMORY.png is a bar chart of the
+the loss scale with the skipped steps marked, and for a DPO run (steps with
+TRL's metrics, issue 37) the rewards of the chosen and rejected completions
+with their margin, the reward accuracy and the policy's log-probs. MEMORY.png is a bar chart of the
 memory plan against the measured peak of every buffer class, from the run's
 last line; a run that did not finish has no such line.
 
@@ -28,6 +30,9 @@ import os
 import sys
 
 EXIT_BAD_INPUT = 2
+# TRL's DPO metric names (src/dpo.c dpo_metric_names): a step has all of them or none
+DPO_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+            "logps/rejected")
 MIB = 1024.0 * 1024.0
 
 
@@ -63,7 +68,8 @@ class Metrics:
             self.val[step] = float(obj["val_loss"])
         elif "loss" in obj:
             step = self.step_of(obj)
-            for key in ("loss", "tokens_per_s"):
+            keys = ("loss", "tokens_per_s") + (DPO_KEYS if any(k in obj for k in DPO_KEYS) else ())
+            for key in keys:
                 if not is_number(obj.get(key)):
                     raise ValueError(f"step {step}: {key} {obj.get(key)!r} is not a finite number")
             self.repeated += step in self.steps
@@ -85,6 +91,9 @@ class Metrics:
             if not isinstance(row, dict) or not is_number(row.get("planned")) or not is_number(row.get("peak")):
                 raise ValueError(f"memory class {name!r} lacks planned and peak byte counts")
         self.memory = table
+
+    def is_dpo(self):
+        return any("rewards/margins" in r for r in self.steps.values())
 
     def uses_loss_scaler(self):
         return any(r.get("skipped") is True or r.get("loss_scale", 1) != 1 for r in self.steps.values())
@@ -125,7 +134,8 @@ def plot_loss(plt, metrics, title, out):
     steps = sorted(metrics.steps)
     rows = [metrics.steps[s] for s in steps]
     scaler = metrics.uses_loss_scaler()
-    panels = 3 if scaler else 2
+    dpo = metrics.is_dpo()
+    panels = 2 + scaler + 3 * dpo
     fig, axes = plt.subplots(panels, 1, figsize=(8, 2.6 * panels + 0.6), sharex=True)
     ax = axes[0]
     ax.plot(steps, [r["loss"] for r in rows], lw=1.2, label="training loss")
@@ -151,6 +161,8 @@ def plot_loss(plt, metrics, title, out):
         ax.set_yscale("log", base=2)
         ax.set_ylabel("loss scale")
         ax.grid(alpha=0.3)
+    if dpo:
+        plot_dpo(axes[-3:], steps, rows)
     axes[-1].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -158,7 +170,28 @@ def plot_loss(plt, metrics, title, out):
     skipped = sum(1 for r in rows if r.get("skipped") is True)
     print(f"plot_metrics: {len(steps)} steps ({steps[0]}..{steps[-1]}; {metrics.repeated} repeated after a resume, "
           f"{skipped} skipped), {len(metrics.val)} validation losses, loss {rows[0]['loss']:.4f} -> "
-          f"{rows[-1]['loss']:.4f}{', loss scale' if scaler else ''} -> {out}")
+          f"{rows[-1]['loss']:.4f}{', loss scale' if scaler else ''}{dpo_summary(rows) if dpo else ''} -> {out}")
+
+
+def plot_dpo(axes, steps, rows):
+    """TRL's DPO metrics in three panels: rewards and margin, reward accuracy, the policy's log-probs."""
+    dpo_steps = [s for s, r in zip(steps, rows) if "rewards/margins" in r]
+    dpo_rows = [r for r in rows if "rewards/margins" in r]
+    for ax, keys, label in ((axes[0], ("rewards/chosen", "rewards/rejected", "rewards/margins"), "reward"),
+                            (axes[1], ("rewards/accuracies",), "reward accuracy"),
+                            (axes[2], ("logps/chosen", "logps/rejected"), "log-prob")):
+        for key in keys:
+            ax.plot(dpo_steps, [r[key] for r in dpo_rows], lw=1, label=key)
+        ax.set_ylabel(label)
+        ax.legend()
+        ax.grid(alpha=0.3)
+    axes[1].set_ylim(-0.05, 1.05)
+
+
+def dpo_summary(rows):
+    dpo_rows = [r for r in rows if "rewards/margins" in r]
+    return (f", DPO: reward accuracy {dpo_rows[0]['rewards/accuracies']:.3f} -> {dpo_rows[-1]['rewards/accuracies']:.3f}"
+            f", margin {dpo_rows[0]['rewards/margins']:.4f} -> {dpo_rows[-1]['rewards/margins']:.4f}")
 
 
 def plot_memory(plt, metrics, title, out):

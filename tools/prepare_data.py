@@ -15,6 +15,9 @@ comes from its keys, or from --format for every line:
   chat        {"messages": [{"role", "content"}, ...]}: the tokenizer's chat
               template (or --chat-template), loss on the assistant turns
   tokenized   {"input_ids", "labels" (optional, -100 = not trained)}
+  preference  {"prompt", "chosen", "rejected"}: a DPO pair, strings or message
+              lists (TRL's two formats); a file of pairs only, written as a
+              preference file: see tools/prefdata.py
 
 Tokenization (a Hugging Face directory: tokenizer.json, tokenizer_config.json,
 special_tokens_map.json; or a tokenizer.json, whose directory is read for the
@@ -120,6 +123,9 @@ import jinja2  # noqa: E402
 import jinja2.sandbox  # noqa: E402
 import numpy as np  # noqa: E402
 import tokenizers  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import prefdata  # noqa: E402
 
 FORMATS = ("text", "completion", "alpaca", "chat", "tokenized")
 ROLES = ("system", "user", "assistant", "tool")
@@ -570,13 +576,21 @@ def parse_args():
     parser.add_argument("--tokenizer", metavar="DIR_OR_JSON",
                         help="a Hugging Face model directory (tokenizer.json, tokenizer_config.json) "
                              "or a tokenizer.json")
-    parser.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
+    parser.add_argument("--format", default="auto", choices=("auto",) + FORMATS + (prefdata.FORMAT,),
                         help="the format of every line (default: from each line's keys)")
     parser.add_argument("--skip-bad", action="store_true", help="skip and count bad lines instead of stopping")
     parser.add_argument("--vocab-size", type=int, metavar="N", help="vocabulary size of pre-tokenized input "
                                                                     "without --tokenizer")
     parser.add_argument("--chat-template", metavar="FILE", help="a jinja2 chat template in place of the tokenizer's")
+    parser.add_argument("--max-seq-length", type=int, metavar="L", help="preference pairs: cut a pair longer "
+                        "than L tokens (TRL's rule, see tools/prefdata.py)")
+    parser.add_argument("--max-prompt-length", type=int, metavar="P", help="preference pairs: the prompt tokens a "
+                        "cut pair keeps (default L // 2)")
     args = parser.parse_args()
+    if args.max_prompt_length is not None and args.max_seq_length is None:
+        parser.error("--max-prompt-length needs --max-seq-length")
+    if args.max_seq_length is not None and not 0 < (args.max_prompt_length or 1) < args.max_seq_length:
+        parser.error("--max-prompt-length must be positive and below --max-seq-length")
     if args.tokenizer and args.vocab_size is not None:
         parser.error("--vocab-size is for pre-tokenized input without --tokenizer; the tokenizer fixes the size")
     if not args.tokenizer:
@@ -606,11 +620,14 @@ class Conversion:
 
     def __init__(self, args, tokenizer, writer, total_bytes):
         self.builder = SampleBuilder(tokenizer, tokenizer.vocab_size if tokenizer else args.vocab_size)
+        self.pairs = prefdata.PairBuilder(sys.modules[__name__], self.builder, args.max_seq_length,
+                                          args.max_prompt_length)
+        self.kind = None  # True for a file of preference pairs, False for SFT samples (its first line decides)
         self.tokenizer = tokenizer
         self.format = args.format
         self.skip_bad = args.skip_bad
         self.writer = writer
-        self.counts = dict.fromkeys(FORMATS, 0)
+        self.counts = dict.fromkeys(FORMATS + (prefdata.FORMAT,), 0)
         self.skipped = 0
         self.progress = Progress(total_bytes)
         self.done_bytes = 0
@@ -622,7 +639,13 @@ class Conversion:
         if not raw.strip():
             return
         try:
-            fmt, pieces = self.builder.plan(parse_line(raw), self.format)
+            obj = parse_line(raw)
+            if isinstance(obj, dict) and (self.format == prefdata.FORMAT
+                                          or self.format == "auto" and prefdata.is_pair(obj)):
+                fmt, pieces = prefdata.FORMAT, self.pairs.plan(obj)
+            else:
+                fmt, pieces = self.builder.plan(obj, self.format)
+            self.check_kind(where, fmt == prefdata.FORMAT)
             self.batch.append((where, fmt, pieces))
         except BadLine as e:
             self.batch.append((where, None, e))
@@ -640,16 +663,32 @@ class Conversion:
                 continue
             n_texts = sum(isinstance(content, str) for content, _ in pieces)
             try:
-                ids, trained = self.builder.assemble(pieces, iter(encodings[used:used + n_texts]))
+                texts = iter(encodings[used:used + n_texts])
+                if fmt == prefdata.FORMAT:
+                    samples = self.pairs.assemble(pieces, texts)
+                else:
+                    samples = [self.builder.assemble(pieces, texts)]
             except BadLine as e:
                 self.bad_line(where, e)
                 continue
             finally:
                 used += n_texts
-            self.writer.add(ids, trained)
+            for ids, trained in samples:
+                self.writer.add(ids, trained)
             self.counts[fmt] += 1
         self.batch, self.batch_bytes = [], 0
         self.progress.update(self.done_bytes, self.writer.n_samples, self.writer.n_tokens)
+
+    def check_kind(self, where, pair):
+        """A file holds preference pairs only or SFT samples only: its first planned line decides."""
+        if self.kind is None:
+            self.kind = pair
+            if not pair and self.pairs.max_seq_length:
+                fail(f"{where}: --max-seq-length is for preference pairs and this is an SFT sample; "
+                     "leave it out (the trainer cuts SFT samples)")
+        elif pair != self.kind:
+            what = "a preference pair among SFT samples" if pair else "an SFT sample among preference pairs"
+            raise BadLine(what + "; put preference pairs and SFT samples in separate files")
 
     def bad_line(self, where, error):
         message = f"{where}: {error}".replace("\n", " ")
@@ -688,7 +727,8 @@ def main():
     tokenizer = Tokenizer(args.tokenizer, args.chat_template) if args.tokenizer else None
     writer = SampleWriter(out)
     try:
-        counts, skipped = Conversion(args, tokenizer, writer, sum(os.path.getsize(p) for p in paths)).run(paths)
+        conversion = Conversion(args, tokenizer, writer, sum(os.path.getsize(p) for p in paths))
+        counts, skipped = conversion.run(paths)
         if writer.n_samples == 0:
             fail(f"{args.output}: no sample in {len(paths)} input file(s) ({skipped} bad lines skipped); "
                  "give JSONL with at least one good line")
@@ -702,8 +742,10 @@ def main():
             "source": json.dumps([os.path.abspath(p) for p in paths]),
             "n_samples": writer.n_samples, "n_tokens": writer.n_tokens, "n_trained_tokens": writer.n_trained,
             "n_skipped_lines": skipped,
-            "formats": json.dumps(counts),
+            "formats": json.dumps({name: n for name, n in counts.items() if name in FORMATS}),
         }
+        if counts[prefdata.FORMAT]:
+            attrs.update(conversion.pairs.write(writer))
         writer.commit(attrs)
     except BaseException:
         writer.abort()
