@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -38,6 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from harness import check, failures, scratch_dir, write_shard  # noqa: E402
+from procgroup import run_group  # noqa: E402
 
 PEAK_TFLOPS = float(os.environ.get("SHARDLM_PEAK_TFLOPS", "989"))  # H200 SXM dense bf16; see the docstring
 TORCH_PY = os.path.join(ROOT, "tools", "bench", "torch_gpt2.py")
@@ -119,11 +119,9 @@ def run_shardlm(args, tag, model, micro, accum, steps):
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = ["mpirun", "-np", "1", "--bind-to", "none", args.shardlm, "train", path, "--quiet"]
-    try:
-        r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=args.part_timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {args.part_timeout} s"
+    r = run_group(cmd, ENV, args.part_timeout)
+    if r is None:
+        return None, f"timed out after {args.part_timeout} s (its process group killed)"
     out = r.stdout.decode(errors="replace")
     if r.returncode != 0 or not os.path.exists(metrics):
         return None, f"exit {r.returncode}: " + " | ".join(out.strip().splitlines()[-4:])
@@ -144,10 +142,9 @@ def run_torch(args, L, NH, C, T, B, V, Vp, accum, steps, extra=()):
     cmd = [args.python, TORCH_PY, "--n-layer", str(L), "--n-head", str(NH), "--n-embd", str(C), "--seq-len", str(T),
            "--batch", str(B), "--vocab", str(Vp), "--real-vocab", str(V), "--steps", str(steps),
            "--accum", str(accum), "--device", "cpu" if args.emulate else "cuda", "--dtype", "bf16", *extra]
-    try:
-        t = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=args.part_timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {args.part_timeout} s"
+    t = run_group(cmd, None, args.part_timeout)
+    if t is None:
+        return None, f"timed out after {args.part_timeout} s (its process group killed)"
     lines = t.stdout.decode(errors="replace").strip().splitlines()
     if t.returncode == 3 and lines and lines[-1].startswith("skip"):
         return None, lines[-1]
