@@ -100,6 +100,12 @@ check("gpu_session.throughput.llama_runs", llama.get("status") == "pass" and lla
 acc = [tp.get(f"gpt2_350m_acc{a}", {}) for a in (1, 8)]
 check("gpu_session.throughput.figures", all(a.get("shardlm", {}).get("tokens_per_s", 0) > 0 and a.get("emulated")
                                             for a in acc) and tp.get("gemm", {}).get("tflops", 0) > 0, str(acc))
+# issue 35: medians over both alternated runs, their spread, the GPU state after each run
+check("gpu_session.throughput.medians", all(len(a.get(side, {}).get("run_medians", [])) == 2
+                                            and a[side]["steps_used"] >= 2 and a[side]["min"] <= a[side]["tokens_per_s"] <= a[side]["max"]
+                                            and "spread" in a[side] for a in acc for side in ("shardlm", "pytorch"))
+      and all(a.get("order") == ["shardlm.0", "pytorch.0", "shardlm.1", "pytorch.1"] and len(a.get("after_each", [])) == 4
+              for a in acc), str(acc)[:400])
 ops = stages["timings"]["figures"].get("kernels", {})
 check("gpu_session.timings.ops", len(ops) >= 15 and all(v.get("ms", 0) > 0 for v in ops.values()), str(ops)[:300])
 PYEOF
