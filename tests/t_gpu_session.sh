@@ -108,6 +108,10 @@ check("gpu_session.throughput.medians", all(len(a.get(side, {}).get("run_medians
               for a in acc), str(acc)[:400])
 ops = stages["timings"]["figures"].get("kernels", {})
 check("gpu_session.timings.ops", len(ops) >= 15 and all(v.get("ms", 0) > 0 for v in ops.values()), str(ops)[:300])
+att = {k: v for k, v in ops.items() if k.startswith("attention_") and "gqa" not in k}
+check("gpu_session.timings.attention_medians", len(att) == 4 and all(
+    v.get("stat") == "median" and v["ms_min"] <= v["ms"] <= v["ms_max"] and 0.5 < v["executed_tflops"] / v["tflops"] < 0.53
+    for v in att.values()), str(att)[:400])
 PYEOF
 
 # the carried binaries (tools/gpu-bins.sh's layout: the four programs and
