@@ -120,7 +120,11 @@ PYEOF
 mkdir -p "$TMP/bins"
 cp bin/shardlm bin/shardlm-cuda "$TMP/work/check_kernels" "$TMP/work/time_kernels" "$TMP/bins/" 2>/dev/null
 printf '{"commit": "c0ffee", "glibc_needed_max": "%s"}\n' "$(getconf GNU_LIBC_VERSION | awk '{print $2}')" >"$TMP/bins/INFO.json"
-SESSION_BINS=$TMP/bins OUT=$TMP/out3 bash tests/gpu/session.sh --rehearse --stages probe,build >"$TMP/stdout3" 2>&1
+# with tests/gpu/e2e.py's CPU side precomputed into bins/refs, as tools/gpu-bins.sh does
+E2E_SIZE=tiny E2E_CASES=n1_fp32 E2E_PRECOMPUTE=1 E2E_REFS=$TMP/bins/refs SHARDLM_TEST_TMP=$TMP/refs-tmp \
+  "$PY" tests/gpu/e2e.py >"$TMP/refs.log" 2>&1 || fail gpu_session.precompute "$(tail -3 "$TMP/refs.log" | tr '\n' ' ')"
+SESSION_BINS=$TMP/bins SESSION_E2E_CASES=n1_fp32 OUT=$TMP/out3 bash tests/gpu/session.sh --rehearse \
+  --stages probe,build,e2e >"$TMP/stdout3" 2>&1
 "$PY" - "$TMP/out3/results.json" "$TMP/out3/session.log" <<'PYEOF'
 import json, sys
 try:
@@ -136,6 +140,10 @@ ok = (b.get("status") == "pass" and "ok build.carried" in log and "make -j" not 
 print("ok gpu_session.carried_used" if ok else
       f"FAIL gpu_session.carried_used: build {b.get('status')} {b.get('failed_checks')}, binaries {res.get('binaries')}, "
       f"make ran: {'make -j' in log}")
+e = st.get("e2e", {})
+ok = e.get("status") == "pass" and e.get("figures", {}).get("cpu_reference_precomputed") == ["n1_fp32"] and "ok e2e.n1_fp32.planned_is_peak" in log
+print("ok gpu_session.precomputed_refs_used" if ok else
+      f"FAIL gpu_session.precomputed_refs_used: e2e {e.get('status')} {e.get('failed_checks')} {e.get('figures')}")
 ok = st.get("probe", {}).get("status") == "pass" and "ok probe.glibc" in log
 print("ok gpu_session.carried_glibc_fits" if ok else f"FAIL gpu_session.carried_glibc_fits: probe {st.get('probe')}")
 PYEOF

@@ -9,6 +9,7 @@
 #                            default x86-64-v2: not this CPU's native), no -g
 #   check_kernels, time_kernels   tests/gpu's checkers, linked as the session's
 #                            build stage links them
+#   refs/                    tests/gpu/e2e.py's CPU runs and plans, precomputed
 #   INFO.json                the commit (.git does not travel), when and with
 #                            which nvcc and gcc they were built, and for each
 #                            program its size and the newest glibc symbol
@@ -38,6 +39,17 @@ rm -rf "$DIR" && mkdir -p "$DIR"
 cp "$B/bin/shardlm" "$B/bin/shardlm-cuda" "$DIR/"
 bash tests/gpu/session.sh --link-checkers "$B" "$DIR" "${ARGS[@]}" || die "linking the checkers failed"
 for f in shardlm shardlm-cuda check_kernels time_kernels; do strip --strip-debug "$DIR/$f"; done
+
+# The CPU side of tests/gpu/e2e.py (each case's CPU run and `plan --target
+# cuda`), precomputed here into DIR/refs so that the GPU machine spends its
+# time on the GPU side (GPU_BINS_REFS=0: not)
+if [ "${GPU_BINS_REFS:-1}" = 1 ]; then
+  [ -x bin/shardlm ] || make --no-print-directory -j"$(nproc)" bin/shardlm
+  refs_tmp=$(mktemp -d)
+  E2E_PRECOMPUTE=1 E2E_REFS=$(cd "$DIR" && pwd)/refs SHARDLM_TEST_TMP=$refs_tmp /usr/bin/python3 tests/gpu/e2e.py >"$refs_tmp/log" 2>&1 ||
+    { tail -5 "$refs_tmp/log" >&2; rm -rf "$refs_tmp"; die "precomputing the CPU references failed"; }
+  rm -rf "$refs_tmp"
+fi
 
 # glibc: the newest GLIBC_x.y symbol version each program needs
 glibc_of() { objdump -T "$1" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1; }

@@ -266,6 +266,8 @@ stage_e2e() {
     export E2E_SIZE=tiny E2E_CASES=${SESSION_E2E_CASES:-}
   fi
   [ -x "$bin" ] || [ -x "bin/$bin" ] || { echo "@skip no $bin (the build stage failed)"; return 0; }
+  # the CPU side precomputed by tools/gpu-bins.sh (used where its config is the case's)
+  [ -d "$BINS/refs" ] && export E2E_REFS=$BINS/refs
   E2E_GPU_BIN=$bin E2E_TIMEOUT=$((STAGE_LIMIT / 3)) SHARDLM_COMM_TIMEOUT=60 "$PY" -u tests/gpu/e2e.py
 }
 
