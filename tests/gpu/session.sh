@@ -5,30 +5,37 @@
 #
 # Stages, each under its own time limit (timeout), each run even when an
 # earlier one failed, all within SESSION_BUDGET seconds (default 540: 9 min):
-#   probe       (10 s)  nvidia-smi (compute mode, MIG, clocks, memory), nvcc,
+#   probe       (60 s)  nvidia-smi (compute mode, MIG, clocks, memory), nvcc,
 #                       where cuBLAS and NCCL are (the nvidia-nccl-cu13 wheel's
 #                       libnccl.so.2 gets a libnccl.so link in $SESSION_WORK/nccl,
 #                       the build's NCCL_HOME), which Python has numpy and torch
-#                       (with CUDA?), compute-sanitizer
-#   build      (150 s)  make CUDA=1 bin/shardlm bin/shardlm-cuda, sm_90 only (KIT=gpu-kit when gpu-kit/ is
-#                       there: MPI, HDF5, jansson, OpenBLAS come from it), then
-#                       check_kernels and time_kernels linked against the CUDA
-#                       backend objects
+#                       (with CUDA?), compute-sanitizer, the machine's glibc, OS,
+#                       gcc and make; defaults are written before it runs
+#   build      (150 s)  the carried binaries of gpu-bins/ (tools/gpu-bins.sh:
+#                       sm_90, portable -march) when all four load; else
+#                       make CUDA=1 WERROR= bin/shardlm bin/shardlm-cuda, sm_90
+#                       only (KIT=gpu-kit when gpu-kit/ is there: MPI, HDF5,
+#                       jansson, OpenBLAS come from it), then check_kernels and
+#                       time_kernels linked against the CUDA backend objects
 #   kernels     (60 s)  check_kernels (every kernel against the CPU backend); if it
 #                       fails, again under compute-sanitizer memcheck with
 #                       CUDA_LAUNCH_BLOCKING=1
-#   e2e        (140 s)  tests/gpu/e2e.py: CUDA build vs CPU build, fp32/bf16, N=1,
-#                       N=2 on one GPU host-staged and over NCCL, offload
-#   throughput (140 s)  tests/gpu/throughput.py: GPT-2 350M bf16, accumulation 1
-#                       and 8, tokens/s and MFU (vs 989 TFLOP/s and vs a measured
-#                       bf16 GEMM), PyTorch beside it; Llama 12L: shardlm "skip"
+#   e2e        (120 s)  tests/gpu/e2e.py: CUDA build vs CPU build (precomputed
+#                       in gpu-bins/refs where present), fp32/bf16, N=1 over
+#                       NCCL, N=2 on one GPU host-staged MPI, offload
+#   throughput (200 s)  tests/gpu/throughput.py: GPT-2 350M bf16, accumulation 1
+#                       and 8, 12 steps a run, shardlm and PyTorch alternated
+#                       twice: median tokens/s and MFU (vs 989 TFLOP/s and vs a
+#                       measured bf16 GEMM) of the last 8 steps; Llama 12L
 #   timings     (30 s)  time_kernels: each backend operation at the 350M shapes
 # Limits: SESSION_LIMIT_<STAGE> (e.g. SESSION_LIMIT_E2E=200) override them.
 #
 # Output, in $OUT (default build/gpu-session), at most 8 files: session.log
-# (everything, stage by stage), results.json (per stage: status
-# pass/fail/skip/timeout, seconds, limit, checks passed/failed, failed and
-# skipped check names, figures) and one log per stage. Scratch (the NCCL links,
+# (everything, stage by stage), results.json (commit, machine, binaries,
+# clocks; per stage: status pass/fail/skip/timeout, seconds, limit, checks
+# passed/failed, failed and skipped check names, figures), metrics.jsonl
+# (every training run's rows) and smi.csv (nvidia-smi each second; GPU only).
+# Between stages, GPU processes left behind are listed and killed. Scratch (the NCCL links,
 # the checkers, probe results) goes to $SESSION_WORK (default
 # build/gpu-session-work). Ends with a table and "N passed, N failed" (stages;
 # a timeout is a failure, a skip neither); exit status 0 when none failed.
@@ -49,7 +56,7 @@ ROOT=$PWD
 SELF=$ROOT/tests/gpu/session.sh
 ALL_STAGES="probe build kernels e2e throughput timings"
 # stage time limits in seconds (the brief's: at most 9 minutes in all)
-declare -A LIMIT=([probe]=60 [build]=150 [kernels]=60 [e2e]=140 [throughput]=140 [timings]=30)
+declare -A LIMIT=([probe]=60 [build]=150 [kernels]=60 [e2e]=120 [throughput]=200 [timings]=30)
 
 usage() { sed -n '2,/^set -u/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; }
 
