@@ -177,3 +177,21 @@ ok = sys.argv[2] != "0" and sys.argv[3] == "2 passed, 1 failed" and st.get("buil
 print("ok gpu_session.hang_counts_as_failure" if ok else
       f"FAIL gpu_session.hang_counts_as_failure: exit {sys.argv[2]}, last line '{sys.argv[3]}'")
 PYEOF
+
+# run_group (tests/gpu/procgroup.py): a timeout kills the whole process group,
+# the grandchildren an mpirun would leave holding the GPU included
+"$PY" - "$TMP/pg.pid" <<'PYEOF'
+import os, sys, time
+sys.path.insert(0, "tests/gpu")
+from procgroup import run_group
+r = run_group(["bash", "-c", f"sleep 300 & echo $! > {sys.argv[1]}; wait"], None, 2)
+pid = int(open(sys.argv[1]).read())
+time.sleep(0.5)
+try:
+    os.kill(pid, 0)
+    alive = open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+except (ProcessLookupError, FileNotFoundError):
+    alive = False
+print("ok gpu_session.run_group_kills_group" if r is None and not alive else
+      f"FAIL gpu_session.run_group_kills_group: result {r}, grandchild {pid} alive {alive}")
+PYEOF
