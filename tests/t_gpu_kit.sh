@@ -48,12 +48,58 @@ base=$(cd "$KIT" && find . \( -name 'libc.so*' -o -name 'libm.so*' -o -name 'lib
   -o -name 'libgomp*' -o -name 'libcuda*' -o -name 'libcublas*' -o -name 'libnccl*' -o -name 'ld-linux*' \) | tr '\n' ' ')
 [ -z "$base" ] && ok no_base_or_cuda_libs || fail no_base_or_cuda_libs "the kit carries $base"
 
-# env.sh unpacks OpenBLAS (on the host here: the root has no xz)
-if (unset LD_LIBRARY_PATH; . "$KIT/env.sh" && [ -f "$KIT/lib/libopenblas.so.0" ]) 2>"$TMP/env.err"; then
+# env.sh unpacks OpenBLAS outside the kit (on the host here: the root has no
+# xz), and the kit stays within its budget after it (issue 35: unpacked inside,
+# the kit grew to 72 MiB, over the 64 MiB that travel)
+export SHARDLM_KIT_LIBS=$ROOT/kitlibs # /kitlibs inside the root
+if (unset LD_LIBRARY_PATH; . "$KIT/env.sh" && [ -f "$SHARDLM_KIT_LIBS/libopenblas.so.0" ] &&
+  [[ ":$LD_LIBRARY_PATH:" == *":$SHARDLM_KIT_LIBS:"* ]]) 2>"$TMP/env.err"; then
   ok env_sh_unpacks_openblas
 else
   fail env_sh_unpacks_openblas "$(head -2 "$TMP/env.err")"
 fi
+after=$(du -sb "$KIT" | cut -f1)
+if [ "$after" -le "$KIT_BUDGET" ] && [ ! -e "$KIT/lib/libopenblas.so.0" ]; then
+  ok "kit_budget_after_env_sh ($after bytes)"
+else
+  fail kit_budget_after_env_sh "$after bytes after sourcing env.sh (budget $KIT_BUDGET); $(ls "$KIT/lib" | grep -c openblas) openblas files in the kit"
+fi
+
+# --- the carried binaries (tools/gpu-bins.sh): sm_90, portable -march, their
+# glibc recorded; the tree, the kit and they fit the 64 MiB that travel
+if GPU_BINS_REFS=0 GPU_KIT_DIR=$KIT bash tools/gpu-bins.sh "$TMP/bins" >"$TMP/bins.log" 2>&1; then
+  ok gpu_bins_build
+else
+  fail gpu_bins_build "tools/gpu-bins.sh: $(tail -3 "$TMP/bins.log" | tr '\n' ' ')"
+fi
+tree=$( (git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s -- 2>/dev/null || true) |
+  awk '{s += $1} END {print s + 0}')
+travel=$((tree + $(du -sb "$KIT" | cut -f1) + $(du -sb "$TMP/bins" 2>/dev/null | cut -f1)))
+if [ -f "$TMP/bins/shardlm-cuda" ] && [ "$travel" -le $((64 * 1048576)) ]; then
+  ok "travel_under_64_mib ($travel bytes: tree $tree, kit, binaries)"
+else
+  fail travel_under_64_mib "$travel bytes (tree $tree) with the kit and $(ls "$TMP/bins" 2>/dev/null | tr '\n' ' ')"
+fi
+/usr/bin/python3 - "$TMP/bins" "$(git rev-parse HEAD)" <<'PY'
+import json, os, subprocess, sys
+d = sys.argv[1]
+try:
+    info = json.load(open(os.path.join(d, "INFO.json")))
+except (OSError, ValueError) as e:
+    info = {}
+progs = info.get("programs", {})
+good = (sorted(progs) == ["check_kernels", "shardlm", "shardlm-cuda", "time_kernels"] and info["commit"].startswith(sys.argv[2])
+        and info["cuda_arch"] == "sm_90" and "native" not in info["march"]
+        and all(p["glibc_needed"].startswith("2.") and p["bytes"] == os.path.getsize(os.path.join(d, n))
+                for n, p in progs.items()))
+print("ok gpu_bins_info" if good else f"FAIL gpu_bins_info: {info}")
+# sm_90 device code only (no sm_80, no PTX to JIT), in the trainer that runs on
+# the H200: the targets nvcc names in the embedded device code (no cuobjdump here)
+import re
+blob = open(os.path.join(d, "shardlm-cuda"), "rb").read() if os.path.exists(os.path.join(d, "shardlm-cuda")) else b""
+arches = sorted(set(re.findall(rb"(?:sm|compute)_[0-9]+[a-z]?", blob)))
+print("ok gpu_bins_sm90_only" if arches == [b"sm_90"] else f"FAIL gpu_bins_sm90_only: {arches}")
+PY
 
 # --- the bare root: base libraries, bash, the kit; nothing else of /usr/lib
 mkdir -p "$ROOT"/{bin,etc,proc,sys,dev,tmp,work/bin}
@@ -129,7 +175,7 @@ JSON
 # environment only (plus the suite's root-permission and thread settings);
 # MOUNTS, a command run first in the mount namespace ($1 is the root).
 in_root() {
-  timeout 300 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/work OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 \
+  timeout 300 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/work OMP_NUM_THREADS=1 SHARDLM_KIT_LIBS=/kitlibs OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
     unshare -m --propagation private bash -c '
       set -e
@@ -143,7 +189,7 @@ in_root() {
 # are the GPU machine's, and only they may resolve there.
 mkdir -p "$ROOT/usr/local/cuda"
 # shellcheck disable=SC2016
-in_root 'for f in /kit/bin/mpirun /kit/bin/orted /kit/lib/openmpi/*.so /kit/lib/pmix/*.so /kit/lib/*.so.*[0-9] /work/bin/shardlm; do
+in_root 'for f in /kit/bin/mpirun /kit/bin/orted /kit/lib/openmpi/*.so /kit/lib/pmix/*.so /kit/lib/*.so.*[0-9] /kitlibs/*.so.*[0-9] /work/bin/shardlm; do
   echo "== $f"; /lib64/ld-linux-x86-64.so.2 --list "$f" || echo "LIST-FAILED"; done' >"$TMP/ldd.log" 2>&1
 # shellcheck disable=SC2016
 in_root 'f=/work/bin/shardlm-cuda; echo "== $f"; /lib64/ld-linux-x86-64.so.2 --list "$f" || echo "LIST-FAILED"' \
@@ -153,7 +199,7 @@ check_ldd() { # NAME FILE-PATTERN [ALLOWED-OUTSIDE-REGEX]
   out=$(awk -v pat="$2" '/^== /{cur = ($2 ~ pat)} cur' "$TMP/ldd.log")
   missing=$(echo "$out" | grep -E 'not found|LIST-FAILED|error' | sort -u | tr '\n' ' ')
   outside=$(echo "$out" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' |
-    grep -vE '^(/kit/lib/|/lib/x86_64-linux-gnu/|/usr/lib/x86_64-linux-gnu/|/lib64/)' | sort -u)
+    grep -vE '^(/kit/lib/|/kitlibs/|/lib/x86_64-linux-gnu/|/usr/lib/x86_64-linux-gnu/|/lib64/)' | sort -u)
   [ -n "${3:-}" ] && outside=$(echo "$outside" | grep -vE "$3")
   outside=$(echo "$outside" | tr '\n' ' ' | sed 's/ *$//')
   if [ "$(echo "$out" | grep -c '=>')" -gt 0 ] && [ -z "$missing" ] && [ -z "$outside" ]; then
@@ -163,7 +209,7 @@ check_ldd() { # NAME FILE-PATTERN [ALLOWED-OUTSIDE-REGEX]
   fi
 }
 check_ldd ldd_mpirun_orted '^/kit/bin/'
-check_ldd ldd_kit_libs_and_plugins '^/kit/lib/'
+check_ldd ldd_kit_libs_and_plugins '^/kit/lib/|^/kitlibs/'
 check_ldd ldd_shardlm '^/work/bin/shardlm$'
 check_ldd ldd_shardlm_cuda_all_but_cuda '^/work/bin/shardlm-cuda$' \
   '^/usr/local/cuda/lib64/lib(cudart|cublas|cublasLt|nccl)\.so\.[0-9]+$'

@@ -29,7 +29,9 @@
 # OpenBLAS: Debian's build carries kernels for every x86 core type in one
 # 36 MB file, which does not fit the budget beside the rest; it travels
 # xz-compressed (about 4 MB) as lib/libopenblas.so.0.xz and env.sh unpacks it
-# on first use (xz, or Python's lzma module where xz is missing). The
+# on first use (xz, or Python's lzma module where xz is missing) into
+# $SHARDLM_KIT_LIBS, outside the kit (issue 35: unpacked inside, the kit grew
+# past the 64 MiB that travel). The
 # reference BLAS (libblas3) would be 0.5 MB but 10-50x slower on the CPU
 # reference runs the GPU checks compare against.
 #
@@ -210,19 +212,22 @@ KIT_DIR=${BASH_SOURCE[0]}
 [[ $KIT_DIR == */* ]] || KIT_DIR=./$KIT_DIR
 KIT_DIR=$(cd "${KIT_DIR%/*}" && pwd)
 export SHARDLM_KIT=$KIT_DIR
-# OpenBLAS travels compressed (tools/gpu-kit.sh says why); unpack it once.
-if [ ! -f "$KIT_DIR/lib/libopenblas.so.0" ]; then
-  if command -v xz >/dev/null 2>&1; then
-    xz -dc "$KIT_DIR/lib/libopenblas.so.0.xz" >"$KIT_DIR/lib/libopenblas.so.0.part"
+# OpenBLAS travels compressed (tools/gpu-kit.sh says why); it is unpacked once
+# into SHARDLM_KIT_LIBS (default: a folder under TMPDIR), never into the kit,
+# which must stay within the size that travels with the working tree.
+export SHARDLM_KIT_LIBS=${SHARDLM_KIT_LIBS:-${TMPDIR:-/tmp}/shardlm-kit-libs.$(id -u 2>/dev/null || echo 0)}
+if [ ! -f "$SHARDLM_KIT_LIBS/libopenblas.so.0" ] || [ "$KIT_DIR/lib/libopenblas.so.0.xz" -nt "$SHARDLM_KIT_LIBS/libopenblas.so.0" ]; then
+  mkdir -p "$SHARDLM_KIT_LIBS" && if command -v xz >/dev/null 2>&1; then
+    xz -dc "$KIT_DIR/lib/libopenblas.so.0.xz" >"$SHARDLM_KIT_LIBS/libopenblas.so.0.part"
   else
     "${PYTHON:-python3}" -c 'import lzma, shutil, sys
 with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst: shutil.copyfileobj(src, dst)' \
-      "$KIT_DIR/lib/libopenblas.so.0.xz" "$KIT_DIR/lib/libopenblas.so.0.part"
-  fi && mv "$KIT_DIR/lib/libopenblas.so.0.part" "$KIT_DIR/lib/libopenblas.so.0" ||
-    echo "gpu-kit: could not unpack $KIT_DIR/lib/libopenblas.so.0.xz (needs xz or python3 with lzma)" >&2
+      "$KIT_DIR/lib/libopenblas.so.0.xz" "$SHARDLM_KIT_LIBS/libopenblas.so.0.part"
+  fi && mv "$SHARDLM_KIT_LIBS/libopenblas.so.0.part" "$SHARDLM_KIT_LIBS/libopenblas.so.0" ||
+    echo "gpu-kit: could not unpack $KIT_DIR/lib/libopenblas.so.0.xz into $SHARDLM_KIT_LIBS (needs xz or python3 with lzma)" >&2
 fi
 export PATH=$KIT_DIR/bin:$PATH
-export LD_LIBRARY_PATH=$KIT_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$KIT_DIR/lib:$SHARDLM_KIT_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # Open MPI relocated: its configure-time directories are Debian's.
 export OPAL_PREFIX=$KIT_DIR OPAL_EXEC_PREFIX=$KIT_DIR OPAL_BINDIR=$KIT_DIR/bin OPAL_LIBEXECDIR=$KIT_DIR/bin
 export OPAL_LIBDIR=$KIT_DIR/lib OPAL_PKGLIBDIR=$KIT_DIR/lib/openmpi OPAL_INCLUDEDIR=$KIT_DIR/include

@@ -5,30 +5,37 @@
 #
 # Stages, each under its own time limit (timeout), each run even when an
 # earlier one failed, all within SESSION_BUDGET seconds (default 540: 9 min):
-#   probe       (10 s)  nvidia-smi (compute mode, MIG, clocks, memory), nvcc,
+#   probe       (60 s)  nvidia-smi (compute mode, MIG, clocks, memory), nvcc,
 #                       where cuBLAS and NCCL are (the nvidia-nccl-cu13 wheel's
 #                       libnccl.so.2 gets a libnccl.so link in $SESSION_WORK/nccl,
 #                       the build's NCCL_HOME), which Python has numpy and torch
-#                       (with CUDA?), compute-sanitizer
-#   build      (150 s)  make CUDA=1 bin/shardlm bin/shardlm-cuda, sm_90 only (KIT=gpu-kit when gpu-kit/ is
-#                       there: MPI, HDF5, jansson, OpenBLAS come from it), then
-#                       check_kernels and time_kernels linked against the CUDA
-#                       backend objects
+#                       (with CUDA?), compute-sanitizer, the machine's glibc, OS,
+#                       gcc and make; defaults are written before it runs
+#   build      (150 s)  the carried binaries of gpu-bins/ (tools/gpu-bins.sh:
+#                       sm_90, portable -march) when all four load; else
+#                       make CUDA=1 WERROR= bin/shardlm bin/shardlm-cuda, sm_90
+#                       only (KIT=gpu-kit when gpu-kit/ is there: MPI, HDF5,
+#                       jansson, OpenBLAS come from it), then check_kernels and
+#                       time_kernels linked against the CUDA backend objects
 #   kernels     (60 s)  check_kernels (every kernel against the CPU backend); if it
 #                       fails, again under compute-sanitizer memcheck with
 #                       CUDA_LAUNCH_BLOCKING=1
-#   e2e        (140 s)  tests/gpu/e2e.py: CUDA build vs CPU build, fp32/bf16, N=1,
-#                       N=2 on one GPU host-staged and over NCCL, offload
-#   throughput (140 s)  tests/gpu/throughput.py: GPT-2 350M bf16, accumulation 1
-#                       and 8, tokens/s and MFU (vs 989 TFLOP/s and vs a measured
-#                       bf16 GEMM), PyTorch beside it; Llama 12L: shardlm "skip"
+#   e2e        (120 s)  tests/gpu/e2e.py: CUDA build vs CPU build (precomputed
+#                       in gpu-bins/refs where present), fp32/bf16, N=1 over
+#                       NCCL, N=2 on one GPU host-staged MPI, offload
+#   throughput (200 s)  tests/gpu/throughput.py: GPT-2 350M bf16, accumulation 1
+#                       and 8, 12 steps a run, shardlm and PyTorch alternated
+#                       twice: median tokens/s and MFU (vs 989 TFLOP/s and vs a
+#                       measured bf16 GEMM) of the last 8 steps; Llama 12L
 #   timings     (30 s)  time_kernels: each backend operation at the 350M shapes
 # Limits: SESSION_LIMIT_<STAGE> (e.g. SESSION_LIMIT_E2E=200) override them.
 #
 # Output, in $OUT (default build/gpu-session), at most 8 files: session.log
-# (everything, stage by stage), results.json (per stage: status
-# pass/fail/skip/timeout, seconds, limit, checks passed/failed, failed and
-# skipped check names, figures) and one log per stage. Scratch (the NCCL links,
+# (everything, stage by stage), results.json (commit, machine, binaries,
+# clocks; per stage: status pass/fail/skip/timeout, seconds, limit, checks
+# passed/failed, failed and skipped check names, figures), metrics.jsonl
+# (every training run's rows) and smi.csv (nvidia-smi each second; GPU only).
+# Between stages, GPU processes left behind are listed and killed. Scratch (the NCCL links,
 # the checkers, probe results) goes to $SESSION_WORK (default
 # build/gpu-session-work). Ends with a table and "N passed, N failed" (stages;
 # a timeout is a failure, a skip neither); exit status 0 when none failed.
@@ -49,7 +56,7 @@ ROOT=$PWD
 SELF=$ROOT/tests/gpu/session.sh
 ALL_STAGES="probe build kernels e2e throughput timings"
 # stage time limits in seconds (the brief's: at most 9 minutes in all)
-declare -A LIMIT=([probe]=10 [build]=150 [kernels]=60 [e2e]=140 [throughput]=140 [timings]=30)
+declare -A LIMIT=([probe]=60 [build]=150 [kernels]=60 [e2e]=120 [throughput]=200 [timings]=30)
 
 usage() { sed -n '2,/^set -u/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -149,6 +156,17 @@ except ImportError:
     fail probe.python_torch "no Python imports numpy and torch; set SESSION_PYTHON"
   fi
   san=$(command -v compute-sanitizer || ls "$CUDA_HOME/bin/compute-sanitizer" 2>/dev/null || true)
+  # the machine's C library, OS, compiler and make, beside what the carried binaries need
+  local glibc os gccv makev need
+  glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+  os=$(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")
+  gccv=$(gcc -dumpfullversion 2>/dev/null || echo none) makev=$(make --version 2>/dev/null | head -1 || true)
+  say "machine: glibc ${glibc:-?}, ${os:-unknown OS}, gcc ${gccv}, ${makev:-no make}"
+  need=$(sed -n 's/.*"glibc_needed_max": *"\([0-9.]*\)".*/\1/p' "$BINS/INFO.json" 2>/dev/null | head -1)
+  if [ -z "$need" ]; then say "carried binaries: none in $BINS (the build stage compiles here)"
+  elif [ -n "$glibc" ] && [ "$(printf '%s\n%s\n' "$need" "$glibc" | sort -V | tail -1)" != "$glibc" ]; then
+    fail probe.glibc "the carried binaries need glibc $need, this machine has $glibc: the build stage compiles here instead"
+  else ok probe.glibc; fi
   say "compute-sanitizer: ${san:-none}"
   say "MPI: $(command -v mpirun || echo none) ${OPAL_PREFIX:+(OPAL_PREFIX $OPAL_PREFIX)}; kit: ${KIT_ARG:-none (system libraries)}"
   {
@@ -158,35 +176,67 @@ except ImportError:
   PY=${py_np:-python3} figure gpu_visible="$gpu" nccl="${lib:-}" cuda_home="$CUDA_HOME" python="${py_np:-}" \
     torch_python="${py_torch:-}" torch_cuda="$cuda_torch" compute_sanitizer="${san:-}" \
     gpu="$(nvidia-smi --query-gpu=name,compute_mode,mig.mode.current,clocks.max.sm,memory.total --format=csv,noheader 2>/dev/null | head -1)" \
-    nvcc="$("$CUDA_HOME/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+    nvcc="$("$CUDA_HOME/bin/nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p')" \
+    glibc="${glibc:-}" os="${os:-}" gcc="$gccv" make="${makev:-none}" carried_glibc_needed="${need:-}"
 }
 
 # The make variables of this build (KIT-aware: whatever the Makefile computes).
 make_var() { make -s --no-print-directory CUDA=1 "${MAKE_ARGS[@]}" --eval 'print-%: ; @echo $($*)' "print-$1"; }
 
+# link_checkers BUILD DIR: check_kernels and time_kernels into DIR, against the
+# CUDA backend objects in BUILD (build/ or tools/gpu-bins.sh's), linked as the
+# trainer is; MAKE_ARGS are that build's make arguments.
+link_checkers() {
+  local b=$1 d=$2 cflags ldlibs cudalibs objs
+  cflags=$(make_var CFLAGS) ldlibs=$(make_var LDLIBS) cudalibs=$(make_var CUDA_LIBS)
+  objs=$(ls "$b"/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu')
+  # shellcheck disable=SC2086  # word lists from make
+  if gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend_cpu.c -o "$d/backend_cpu_renamed.o" &&
+    gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend_cpu_attention.c \
+      -o "$d/backend_cpu_attention_renamed.o" &&
+    gcc $cflags -iquote tests/gpu -I"$CUDA_HOME/include" tests/gpu/check_kernels.c "$d/backend_cpu_renamed.o" \
+      "$d/backend_cpu_attention_renamed.o" \
+      "$b"/cuda/*.o $objs -o "$d/check_kernels" $ldlibs $cudalibs; then ok build.check_kernels; else
+    fail build.check_kernels "compiling or linking tests/gpu/check_kernels.c failed"; fi
+  rm -f "$d/backend_cpu_renamed.o" "$d/backend_cpu_attention_renamed.o"
+  # shellcheck disable=SC2086
+  if gcc $cflags tests/gpu/time_kernels.c "$b"/cuda/*.o $objs -o "$d/time_kernels" $ldlibs $cudalibs; then
+    ok build.time_kernels; else fail build.time_kernels "compiling or linking tests/gpu/time_kernels.c failed"; fi
+}
+
+# use_carried: the binaries tools/gpu-bins.sh built (sm_90, portable -march) in
+# $BINS, when all four are there and the loader resolves every library of them
+# here; bin/shardlm, bin/shardlm-cuda and $WORK's checkers become copies.
+use_carried() {
+  local f missing
+  for f in shardlm shardlm-cuda check_kernels time_kernels; do
+    [ -x "$BINS/$f" ] || { say "carried binaries: no $BINS/$f"; return 1; }
+  done
+  missing=$(for f in shardlm shardlm-cuda check_kernels time_kernels; do ldd "$BINS/$f" 2>&1; done | grep -E 'not found|GLIBC_[0-9.]+.* not found|version .* not found' | sort -u | tr -s ' \t\n' ' ')
+  if [ -n "$missing" ]; then
+    fail build.carried "the carried binaries in $BINS do not load here: $missing(rebuilding from source)"
+    return 1
+  fi
+  mkdir -p bin && cp -p "$BINS/shardlm" "$BINS/shardlm-cuda" bin/ && cp -p "$BINS/check_kernels" "$BINS/time_kernels" "$WORK/" || return 1
+  say "carried binaries from $BINS: $(tr -s ' \n' ' ' <"$BINS/INFO.json" 2>/dev/null | cut -c1-400)"
+  ok build.carried
+  PY=${PY:-python3} figure binaries=carried
+}
+
 stage_build() {
-  local cflags ldlibs cudalibs objs
-  # the two trainers only (not the unit tests: time on the GPU machine is short)
-  say "make -j$JOBS CUDA=1 ${MAKE_ARGS[*]} bin/shardlm bin/shardlm-cuda"
-  if make --no-print-directory -j"$JOBS" CUDA=1 "${MAKE_ARGS[@]}" bin/shardlm bin/shardlm-cuda; then ok build.make; else
-    fail build.make "make CUDA=1 failed (the errors above)"; fi
+  if use_carried; then :; else
+    # the fallback: the two trainers only (not the unit tests: time on the GPU
+    # machine is short), warnings not fatal (the machine's compiler may be newer)
+    PY=${PY:-python3} figure binaries=built-here
+    say "make -j$JOBS CUDA=1 WERROR= ${MAKE_ARGS[*]} bin/shardlm bin/shardlm-cuda"
+    if ! command -v make >/dev/null 2>&1; then fail build.make "no make on this machine and no carried binaries (tools/gpu-bins.sh)"
+    elif make --no-print-directory -j"$JOBS" CUDA=1 WERROR= "${MAKE_ARGS[@]}" bin/shardlm bin/shardlm-cuda; then ok build.make; else
+      fail build.make "make CUDA=1 failed (the errors above)"; fi
+    command -v make >/dev/null 2>&1 && link_checkers build "$WORK"
+  fi
   if ldd bin/shardlm-cuda 2>/dev/null | grep -q 'libnccl.*not found'; then
     fail build.nccl_resolves "bin/shardlm-cuda: $(ldd bin/shardlm-cuda | grep 'not found' | tr -s ' \t\n' ' ')"
   elif [ -x bin/shardlm-cuda ]; then ok build.nccl_resolves; fi
-  # check_kernels and time_kernels against the CUDA backend objects, linked as the trainer is
-  cflags=$(make_var CFLAGS) ldlibs=$(make_var LDLIBS) cudalibs=$(make_var CUDA_LIBS)
-  objs=$(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu')
-  # shellcheck disable=SC2086  # word lists from make
-  if gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend_cpu.c -o "$WORK/backend_cpu_renamed.o" &&
-    gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend_cpu_attention.c \
-      -o "$WORK/backend_cpu_attention_renamed.o" &&
-    gcc $cflags -iquote tests/gpu -I"$CUDA_HOME/include" tests/gpu/check_kernels.c "$WORK/backend_cpu_renamed.o" \
-      "$WORK/backend_cpu_attention_renamed.o" \
-      build/cuda/*.o $objs -o "$WORK/check_kernels" $ldlibs $cudalibs; then ok build.check_kernels; else
-    fail build.check_kernels "compiling or linking tests/gpu/check_kernels.c failed"; fi
-  # shellcheck disable=SC2086
-  if gcc $cflags tests/gpu/time_kernels.c build/cuda/*.o $objs -o "$WORK/time_kernels" $ldlibs $cudalibs; then
-    ok build.time_kernels; else fail build.time_kernels "compiling or linking tests/gpu/time_kernels.c failed"; fi
   if [ "$EMULATE" = 1 ]; then
     # rebuilt only when a source is newer than its oldest output (the machine is small and shared)
     local oldest=build/cudaemu/time_kernels stale=1
@@ -223,6 +273,8 @@ stage_e2e() {
     export E2E_SIZE=tiny E2E_CASES=${SESSION_E2E_CASES:-}
   fi
   [ -x "$bin" ] || [ -x "bin/$bin" ] || { echo "@skip no $bin (the build stage failed)"; return 0; }
+  # the CPU side precomputed by tools/gpu-bins.sh (used where its config is the case's)
+  [ -d "$BINS/refs" ] && export E2E_REFS=$BINS/refs
   E2E_GPU_BIN=$bin E2E_TIMEOUT=$((STAGE_LIMIT / 3)) SHARDLM_COMM_TIMEOUT=60 "$PY" -u tests/gpu/e2e.py
 }
 
@@ -253,6 +305,10 @@ while [ $# -gt 0 ]; do
     --stages) STAGES=${2//,/ }; shift ;;
     --stages=*) STAGES=${1#--stages=}; STAGES=${STAGES//,/ } ;;
     --stage-body) BODY=$2; shift ;;
+    --link-checkers) # BUILD DIR [MAKE ARGS...]: for tools/gpu-bins.sh
+      shift; LINK_B=$1 LINK_D=$2; shift 2; MAKE_ARGS=("$@"); CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+      n_fail=$(link_checkers "$LINK_B" "$LINK_D" | tee /dev/stderr | grep -c '^FAIL')
+      exit $((n_fail > 0)) ;;
     -h|--help) usage; exit 0 ;;
     *) echo "session.sh: unknown argument $1; see --help" >&2; exit 2 ;;
   esac
@@ -266,6 +322,7 @@ export SESSION_EMULATE=$EMULATE # for the stage bodies
 if [ -n "$BODY" ]; then
   # shellcheck disable=SC1091
   [ -f "$WORK/probe.env" ] && . "$WORK/probe.env"
+  PY=${PY:-python3} TORCH_PY=${TORCH_PY:-${PY:-python3}} SANITIZER=${SANITIZER:-} GPU_VISIBLE=${GPU_VISIBLE:-0}
   [ -n "${NCCL_REAL:-}" ] && export LD_LIBRARY_PATH=$(dirname "$NCCL_REAL")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   read -r -a MAKE_ARGS <<<"$MAKE_ARGS_STR"
   # a stage that hangs, for tests/t_gpu_session.sh's time-limit check
@@ -274,7 +331,25 @@ if [ -n "$BODY" ]; then
   exit $?
 fi
 
-export EMULATE CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+# CUDA_HOME: the caller's, else where nvcc is, else /usr/local/cuda, else the
+# cuBLAS wheel's folder (libraries only: the build then needs carried binaries)
+if [ -z "${CUDA_HOME:-}" ]; then
+  if nv=$(command -v nvcc 2>/dev/null); then CUDA_HOME=$(cd "$(dirname "$(readlink -f "$nv")")/.." && pwd)
+  elif [ -x /usr/local/cuda/bin/nvcc ]; then CUDA_HOME=/usr/local/cuda
+  else
+    for p in ${SESSION_PYTHON:-} /opt/torch/.venv/bin/python /usr/bin/python3 python3; do
+      command -v "$p" >/dev/null 2>&1 || continue
+      CUDA_HOME=$(timeout 20 "$p" -c 'import nvidia.cublas as m; print(list(m.__path__)[0])' 2>/dev/null) && break
+    done
+    CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+  fi
+fi
+export EMULATE CUDA_HOME
+# the carried binaries' rpath names this machine's toolkit; the libraries of
+# the one found here come first
+for d in "$CUDA_HOME/lib64" "$CUDA_HOME/lib"; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 unset SHARDLM_TF32 # the fp32 checks hold TF32 off
 OUT=${OUT:-build/gpu-session}
@@ -283,6 +358,8 @@ WORK=${SESSION_WORK:-$ROOT/build/gpu-session-work}
 mkdir -p "$WORK" && WORK=$(cd "$WORK" && pwd)
 export OUT WORK
 export SHARDLM_TEST_TMP=$WORK/tmp # the Python scripts' scratch (harness.scratch_dir)
+# the carried binaries (tools/gpu-bins.sh) and the kit's unpacked OpenBLAS, outside the kit
+export BINS=${SESSION_BINS:-$ROOT/gpu-bins} SHARDLM_KIT_LIBS=${SHARDLM_KIT_LIBS:-$WORK/kit-libs}
 rm -rf "$SHARDLM_TEST_TMP" && mkdir -p "$SHARDLM_TEST_TMP"
 BUDGET=${SESSION_BUDGET:-540}
 export JOBS=$(nproc 2>/dev/null || echo 4)
@@ -296,11 +373,43 @@ fi
 export KIT_ARG
 # NCCL_HOME: the probe's link folder (unless the caller named one)
 export MAKE_ARGS_STR="CUDA_ARCH=-gencode=arch=compute_90,code=sm_90 NCCL_HOME=${NCCL_HOME:-$WORK/nccl} $KIT_ARG"
-for f in session.log results.json probe.log build.log kernels.log e2e.log throughput.log timings.log; do rm -f "$OUT/$f"; done
+for f in session.log results.json metrics.jsonl smi.csv; do rm -f "$OUT/$f"; done
 : >"$WORK/stages.tsv"
+# Defaults first, so that a probe that hangs or is killed leaves every later
+# stage something to run with: the first Python that imports numpy (a quick
+# check, no torch), torch's from its usual place.
+py0=
+for p in ${SESSION_PYTHON:-} /opt/torch/.venv/bin/python /usr/bin/python3 python3; do
+  command -v "$p" >/dev/null 2>&1 && timeout 20 "$p" -c 'import numpy' 2>/dev/null && { py0=$(command -v "$p"); break; }
+done
+tpy0=$py0
+[ -x /opt/torch/.venv/bin/python ] && [ -z "${SESSION_PYTHON:-}" ] && tpy0=/opt/torch/.venv/bin/python
+printf 'GPU_VISIBLE=0\nNCCL_REAL=\nPY=%q\nTORCH_PY=%q\nSANITIZER=\n' "${py0:-python3}" "${tpy0:-python3}" >"$WORK/probe.env"
+# the commit: git's where .git travelled, else what tools/gpu-bins.sh recorded
+COMMIT=$(git rev-parse HEAD 2>/dev/null) && ! git diff --quiet HEAD 2>/dev/null && COMMIT="$COMMIT-dirty"
+[ -n "$COMMIT" ] || COMMIT=$(sed -n 's/.*"commit": *"\([^"]*\)".*/\1/p' "$BINS/INFO.json" 2>/dev/null | head -1)
+export COMMIT=${COMMIT:-unknown}
+# between stages: GPU processes a stage left behind (its mpirun killed at the
+# limit) are listed and killed, so that the next stage has the device
+reap_gpu() {
+  command -v nvidia-smi >/dev/null 2>&1 || return 0
+  local pids
+  pids=$(timeout 20 nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -dc '0-9\n' | sort -u)
+  [ -z "$pids" ] && return 0
+  log "   leftover GPU processes after $1: $(echo "$pids" | tr '\n' ' ')(killed)"
+  for pid in $pids; do kill -9 "$pid" 2>/dev/null; done
+  sleep 2
+}
+# an nvidia-smi trace (SM clock, power, temperature, use, memory), 1 s apart
+SMI_PID=
+if [ "$EMULATE" != 1 ] && command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used \
+    --format=csv,nounits -lms 1000 >"$OUT/smi.csv" 2>/dev/null &
+  SMI_PID=$!
+fi
 T0=$(date +%s)
 log() { echo "$@" | tee -a "$OUT/session.log"; }
-log "GPU session $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?') on $(hostname)," \
+log "GPU session $(date -u +%FT%TZ), commit $COMMIT on $(hostname)," \
   "mode $([ "$EMULATE" = 1 ] && echo 'rehearsal (CPU emulation)' || echo gpu), budget ${BUDGET}s, out $OUT"
 
 for s in $ALL_STAGES; do
@@ -319,21 +428,22 @@ for s in $ALL_STAGES; do
   [ "$limit" -gt "$left" ] && limit=$left
   log "== $s (limit ${limit}s) =="
   t_start=$(date +%s.%N)
-  STAGE_LIMIT=$limit timeout -k 10 "$limit" bash "$SELF" --stage-body "$s" >"$OUT/$s.log" 2>&1
+  STAGE_LIMIT=$limit timeout -k 10 "$limit" bash "$SELF" --stage-body "$s" >"$WORK/$s.log" 2>&1
   rc=$?
+  reap_gpu "$s"
   secs=$(awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-  cat "$OUT/$s.log" >>"$OUT/session.log"
-  n_ok=$(grep -c '^ok ' "$OUT/$s.log") n_fail=$(grep -c '^FAIL ' "$OUT/$s.log") n_skip=$(grep -c '^skip ' "$OUT/$s.log")
+  cat "$WORK/$s.log" >>"$OUT/session.log"
+  n_ok=$(grep -c '^ok ' "$WORK/$s.log") n_fail=$(grep -c '^FAIL ' "$WORK/$s.log") n_skip=$(grep -c '^skip ' "$WORK/$s.log")
   note=
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status=timeout note="killed after ${limit}s"
-  elif grep -q '^@skip ' "$OUT/$s.log"; then status=skip note=$(sed -n 's/^@skip //p' "$OUT/$s.log" | head -1)
+  elif grep -q '^@skip ' "$WORK/$s.log"; then status=skip note=$(sed -n 's/^@skip //p' "$WORK/$s.log" | head -1)
   elif [ "$n_fail" -gt 0 ]; then status=fail
   elif [ "$rc" != 0 ]; then status=fail note="exit status $rc"
   elif [ "$n_ok" = 0 ]; then status=fail note="no check passed"
   else status=pass
   fi
   printf '%s\t%s\t%s\t%s\t%s\n' "$s" "$status" "$secs" "$limit" "$note" >>"$WORK/stages.tsv"
-  grep -E '^(FAIL|skip) ' "$OUT/$s.log" | head -20 | sed 's/^/   /' | tee -a "$OUT/session.log"
+  grep -E '^(FAIL|skip) ' "$WORK/$s.log" | head -20 | sed 's/^/   /' | tee -a "$OUT/session.log"
   log "== $s: $status in ${secs}s ($n_ok ok, $n_fail failed, $n_skip skipped)${note:+: $note}"
 done
 
@@ -344,17 +454,20 @@ RPY=
 for p in ${PY:-} ${SESSION_PYTHON:-} /opt/torch/.venv/bin/python /usr/bin/python3 python3; do
   command -v "$p" >/dev/null 2>&1 && { RPY=$p; break; }
 done
-"$RPY" - "$WORK/stages.tsv" "$OUT" "$EMULATE" "$BUDGET" "$(($(date +%s) - T0))" <<'EOF' | tee -a "$OUT/session.log"
-import json, os, sys
+[ -n "$SMI_PID" ] && kill "$SMI_PID" 2>/dev/null && wait "$SMI_PID" 2>/dev/null
+"$RPY" - "$WORK/stages.tsv" "$OUT" "$EMULATE" "$BUDGET" "$(($(date +%s) - T0))" "$WORK" "$COMMIT" "$BINS" \
+  <<'EOF' | tee -a "$OUT/session.log"
+import csv, glob, json, os, statistics, sys
 tsv, out, emulate, budget, total = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4]), int(sys.argv[5])
+work, commit, bins = sys.argv[6], sys.argv[7], sys.argv[8]
 stages = []
 for line in open(tsv):
     name, status, secs, limit, note = (line.rstrip("\n").split("\t") + [""] * 5)[:5]
     st = {"name": name, "status": status, "seconds": float(secs), "limit_s": int(limit), "note": note,
           "log": None, "passed": 0, "failed": 0, "failed_checks": [], "skipped": [], "figures": {}}
-    log = os.path.join(out, name + ".log")
+    log = os.path.join(work, name + ".log")
     if os.path.exists(log):
-        st["log"] = name + ".log"
+        st["log"] = "session.log"  # each stage's log is copied into it, under "== NAME"
         for row in open(log, errors="replace"):
             row = row.rstrip("\n")
             if row.startswith("ok "):
@@ -373,7 +486,55 @@ for line in open(tsv):
     if emulate:
         st["figures"]["emulated"] = True
     stages.append(st)
-res = {"mode": "rehearsal" if emulate else "gpu", "budget_s": budget, "seconds": total,
+by = {s["name"]: s for s in stages}
+probe = by.get("probe", {}).get("figures", {})
+try:
+    carried = json.load(open(os.path.join(bins, "INFO.json")))
+except (OSError, ValueError):
+    carried = None
+# the nvidia-smi trace: SM clock and power over the session (medians, not means)
+clocks = {"source": None, "reason": "no nvidia-smi trace (no GPU, or the rehearsal)"}
+try:
+    rows = [r for r in csv.reader(open(os.path.join(out, "smi.csv"))) if r and not r[0].startswith("timestamp")]
+    def col(i):
+        v = []
+        for r in rows:
+            try:
+                v.append(float(r[i]))
+            except (ValueError, IndexError):
+                pass
+        return v
+    sm, pw = col(1), col(3)
+    if sm:
+        clocks = {"source": "smi.csv", "samples": len(sm), "sm_mhz_median": statistics.median(sm),
+                  "sm_mhz_min": min(sm), "sm_mhz_max": max(sm),
+                  "power_w_median": statistics.median(pw) if pw else None, "power_w_max": max(pw) if pw else None}
+except OSError:
+    pass
+# every training run's metrics, one JSONL, each row naming its run (within 16 MiB)
+n_rows, size = 0, 0
+with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+    for path in sorted(glob.glob(os.path.join(work, "tmp", "**", "*.jsonl"), recursive=True)):
+        run = os.path.relpath(path, os.path.join(work, "tmp"))
+        for line in open(path, errors="replace"):
+            try:
+                row = dict(json.loads(line), run=run)
+            except ValueError:
+                continue
+            text = json.dumps(row) + "\n"
+            if size + len(text) > 15 << 20:
+                break
+            f.write(text)
+            size += len(text)
+            n_rows += 1
+res = {"mode": "rehearsal" if emulate else "gpu", "commit": commit, "budget_s": budget, "seconds": total,
+       "machine": {k: None if probe.get(k) is None else str(probe[k])  # versions as written ("2.36", "13.0")
+                   for k in ("gpu", "glibc", "os", "gcc", "make", "nvcc", "cuda_home")},
+       "binaries": {"source": by.get("build", {}).get("figures", {}).get("binaries"),
+                    "carried": carried},
+       "clocks": clocks, "metrics_rows": n_rows,
+       "nccl_bus_bandwidth": "not measured: it needs more than one GPU (one is lent); N = 2 on one GPU runs "
+                             "through the host-staged MPI path, NCCL at N = 1 is a load-and-run check",
        "passed": sum(s["status"] == "pass" for s in stages),
        "failed": sum(s["status"] in ("fail", "timeout") for s in stages),
        "skipped": sum(s["status"] == "skip" for s in stages), "stages": stages}

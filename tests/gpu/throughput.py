@@ -10,7 +10,10 @@
                 two; after the first with accumulation 8), MFU against the
                 dense bf16 peak and against the GEMM above, peak device
                 memory; then tools/bench/torch_gpt2.py --device cuda --dtype
-                bf16 with the same shapes and accumulation
+                bf16 with the same shapes and accumulation; 12 steps per run,
+                shardlm and PyTorch alternated twice, each side's median and
+                spread over the last 8 steps of both runs (medians, not
+                means), the SM clock, power and temperature after each run
   llama_12l     the Llama shape (12 layers, C 768, 12 heads, 4 KV heads, FFN
                 2048, vocab 32000, T 512), bf16, ZeRO stage 3: shardlm-cuda
                 and PyTorch (when transformers is importable, else "skip")
@@ -30,7 +33,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -38,6 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from harness import check, failures, scratch_dir, write_shard  # noqa: E402
+from procgroup import run_group  # noqa: E402
 
 PEAK_TFLOPS = float(os.environ.get("SHARDLM_PEAK_TFLOPS", "989"))  # H200 SXM dense bf16; see the docstring
 TORCH_PY = os.path.join(ROOT, "tools", "bench", "torch_gpt2.py")
@@ -76,6 +79,29 @@ def llama_flops_per_token(L, C, NH, KVH, F, Vp, T):
     """src/model.c model_flops_per_token for a Llama: q, o (C x C), k, v (KV x C), SwiGLU's three matrices."""
     KV = C // NH * KVH
     return 6.0 * (L * (2.0 * C * C + 2.0 * C * KV + 3.0 * C * F) + Vp * C) + 12.0 * L * C * T
+
+
+WINDOW = 8  # steps whose median and spread are reported: the last 8 of at least 12
+
+
+def gpu_state():
+    """SM clock (MHz) and power (W) now, from nvidia-smi; None without one."""
+    try:
+        out = run_group(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits"],
+                        None, 20)
+        sm, pw, temp = (float(x) for x in out.stdout.decode().splitlines()[0].split(","))
+        return {"sm_mhz": sm, "power_w": pw, "temp_c": temp}
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def summarize(per_run):
+    """per_run: [(median, peak, tokens/s of the window steps), ...] of one side; medians, not means."""
+    every = [x for r in per_run for x in r[2]]
+    med = statistics.median(every)
+    return {"tokens_per_s": round(med, 1), "run_medians": [round(r[0], 1) for r in per_run],
+            "steps_used": len(every), "spread": round((max(every) - min(every)) / med, 4),
+            "min": round(min(every), 1), "max": round(max(every), 1), "peak_device_bytes": max(r[1] for r in per_run)}
 
 
 def gemm_tflops(emulate):
@@ -119,11 +145,9 @@ def run_shardlm(args, tag, model, micro, accum, steps):
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = ["mpirun", "-np", "1", "--bind-to", "none", args.shardlm, "train", path, "--quiet"]
-    try:
-        r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           timeout=args.part_timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {args.part_timeout} s"
+    r = run_group(cmd, ENV, args.part_timeout)
+    if r is None:
+        return None, f"timed out after {args.part_timeout} s (its process group killed)"
     out = r.stdout.decode(errors="replace")
     if r.returncode != 0 or not os.path.exists(metrics):
         return None, f"exit {r.returncode}: " + " | ".join(out.strip().splitlines()[-4:])
@@ -135,7 +159,8 @@ def run_shardlm(args, tag, model, micro, accum, steps):
     if not tps:
         return None, "no step in the metrics"
     mem = next((r["memory"] for r in rows if "memory" in r), {})
-    return (statistics.median(tps), sum(v["peak"] for v in mem.values() if v["space"] == "device")), ""
+    return (statistics.median(tps[-WINDOW:]), sum(v["peak"] for v in mem.values() if v["space"] == "device"),
+            tps[-WINDOW:]), ""
 
 
 def run_torch(args, L, NH, C, T, B, V, Vp, accum, steps, extra=()):
@@ -144,10 +169,9 @@ def run_torch(args, L, NH, C, T, B, V, Vp, accum, steps, extra=()):
     cmd = [args.python, TORCH_PY, "--n-layer", str(L), "--n-head", str(NH), "--n-embd", str(C), "--seq-len", str(T),
            "--batch", str(B), "--vocab", str(Vp), "--real-vocab", str(V), "--steps", str(steps),
            "--accum", str(accum), "--device", "cpu" if args.emulate else "cuda", "--dtype", "bf16", *extra]
-    try:
-        t = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=args.part_timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {args.part_timeout} s"
+    t = run_group(cmd, None, args.part_timeout)
+    if t is None:
+        return None, f"timed out after {args.part_timeout} s (its process group killed)"
     lines = t.stdout.decode(errors="replace").strip().splitlines()
     if t.returncode == 3 and lines and lines[-1].startswith("skip"):
         return None, lines[-1]
@@ -155,8 +179,9 @@ def run_torch(args, L, NH, C, T, B, V, Vp, accum, steps, extra=()):
     if summary is None:
         return None, f"exit {t.returncode}: " + " | ".join(lines[-3:])
     warm = 2 if accum == 1 else 1
-    ms = summary["ms"][warm:] or summary["ms"][-1:]
-    return (statistics.median(B * T * accum / (m / 1e3) for m in ms), summary["peak_bytes"] or 0), summary
+    ms = (summary["ms"][warm:] or summary["ms"][-1:])[-WINDOW:]
+    tps = [B * T * accum / (m / 1e3) for m in ms]
+    return (statistics.median(tps), summary["peak_bytes"] or 0, tps), summary
 
 
 def main():
@@ -181,24 +206,37 @@ def main():
         ok("throughput.gemm", False, f"{type(e).__name__}: {e}")
 
     # GPT-2 350M (emulated: a tiny GPT-2 of the same layout)
-    L, NH, C, T, V, B, steps = (2, 2, 64, 32, 256, 2, 3) if emulate else (24, 16, 1024, 1024, 50257, 8, 5)
+    # At least 12 steps (the median and spread of the last 8), shardlm and PyTorch
+    # alternated twice, the SM clock and power read after each run (issue 35)
+    L, NH, C, T, V, B, steps = (2, 2, 64, 32, 256, 2, 3) if emulate else (24, 16, 1024, 1024, 50257, 8, 12)
     Vp = padded(V)
     fpt = gpt2_flops_per_token(L, C, Vp, T)
     model = {"n_layer": L, "n_head": NH, "n_embd": C, "n_positions": T, "vocab_size": V}
     rows = []
     for accum in (1, 8):
-        st = steps if accum == 1 else max(3, steps - 2)
-        fig = {"model": "gpt2_350m", "B": B, "T": T, "accum": accum, "emulated": emulate}
-        s, why = run_shardlm(args, f"gpt2_acc{accum}", model, B, accum, st)
-        ok(f"throughput.gpt2_350m.acc{accum}.shardlm", s is not None and s[0] > 0, why)
-        p, pwhy = run_torch(args, L, NH, C, T, B, V, Vp, accum, st)
-        ok(f"throughput.gpt2_350m.acc{accum}.pytorch", p is not None and p[0] > 0, pwhy)
-        for side, res in (("shardlm", s), ("pytorch", p)):
-            if res is not None:
-                fig[side] = {"tokens_per_s": round(res[0], 1), "mfu_vs_peak": round(res[0] * fpt / 1e12 / PEAK_TFLOPS, 4),
-                             "mfu_vs_gemm": round(res[0] * fpt / 1e12 / gemm, 4) if gemm else None,
-                             "peak_device_bytes": res[1]}
+        fig = {"model": "gpt2_350m", "B": B, "T": T, "accum": accum, "steps": steps, "window": WINDOW,
+               "emulated": emulate, "order": [], "after_each": []}
+        got = {"shardlm": [], "pytorch": []}
+        for rep in range(2):
+            s, why = run_shardlm(args, f"gpt2_acc{accum}_{rep}", model, B, accum, steps)
+            ok(f"throughput.gpt2_350m.acc{accum}.shardlm.{rep}", s is not None and s[0] > 0, why)
+            fig["after_each"].append({"run": f"shardlm.{rep}", "gpu": gpu_state()})
+            p, pwhy = run_torch(args, L, NH, C, T, B, V, Vp, accum, steps)
+            ok(f"throughput.gpt2_350m.acc{accum}.pytorch.{rep}", p is not None and p[0] > 0, pwhy)
+            fig["after_each"].append({"run": f"pytorch.{rep}", "gpu": gpu_state()})
+            fig["order"] += [f"shardlm.{rep}", f"pytorch.{rep}"]
+            for side, res in (("shardlm", s), ("pytorch", p)):
+                if res is not None:
+                    got[side].append(res)
+        for side, runs in got.items():
+            if runs:
+                fig[side] = summarize(runs)
+                tps = fig[side]["tokens_per_s"]
+                fig[side].update(mfu_vs_peak=round(tps * fpt / 1e12 / PEAK_TFLOPS, 4),
+                                 mfu_vs_gemm=round(tps * fpt / 1e12 / gemm, 4) if gemm else None)
         figure(**{f"gpt2_350m_acc{accum}": fig})
+        s = (fig["shardlm"]["tokens_per_s"],) if "shardlm" in fig else None
+        p = (fig["pytorch"]["tokens_per_s"],) if "pytorch" in fig else None
         rows.append((f"GPT-2 350M acc {accum}", s, p, fpt))
 
     # the 12-layer Llama shape
