@@ -616,7 +616,9 @@ static void usage_eval(FILE *out)
                  "\n"
                  "options:\n"
                  "  --data FILE            the tokens (required)\n"
-                 "  --seq-len T            data.seq_len (default: the checkpoint's, or the model's context)\n"
+                 "  --seq-len T            eval's length (default: a sample file's longest sample within the\n"
+                 "                         model's context; a .bin file's data.seq_len); longer samples are\n"
+                 "                         truncated, and a warning says how many\n"
                  "  --batch B              sequences per rank per forward (default 8)\n"
                  "  --max-batches N        at most N forwards per rank (default: the whole file)\n"
                  "  --json                 the result as a JSON line\n"
@@ -626,19 +628,44 @@ static void usage_eval(FILE *out)
                  "  -h, --help             this text\n");
 }
 
-/* The data as the trainer reads validation data, with the config's data options; agreed across ranks. */
-static void open_eval_data(struct infer *s, struct loader *ld, const char *path, int B)
+/* The data as the trainer reads validation data, with the config's data
+ * options, at eval's own length: --seq-len, else a sample file's longest
+ * sample (within the model's context), else data.seq_len (a .bin file's
+ * windows). Longer samples are truncated and reported. Agreed across ranks. */
+static void open_eval_data(struct infer *s, struct loader *ld, const char *path, int B, int seq_len)
 {
     struct fail_trap trap;
     if (FAIL_TRAP(&trap) == 0) {
-        s->cfg.micro_batch = B;
-        s->cfg.train_batch_size = B * s->world;
-        loader_open(ld, &s->cfg, path, false, s->tokenizer_path[0] ? s->tokenizer_path : NULL, "eval data");
+        struct config *cfg = &s->cfg;
+        cfg->micro_batch = B;
+        cfg->train_batch_size = B * s->world;
+        if (seq_len > 0)
+            cfg->data.seq_len = seq_len;
+        else if (samples_is_sample_file(path)) {
+            size_t longest = samples_longest(path, cfg->model.vocab_size, "eval data");
+            cfg->data.seq_len = longest < (size_t)cfg->model.n_positions ? (int)longest : cfg->model.n_positions;
+        }
+        if (cfg->data.seq_len > cfg->model.n_positions)
+            fail_input("eval --seq-len %d is longer than the model's context (%d positions); lower it",
+                       cfg->data.seq_len, cfg->model.n_positions);
+        cfg->data.truncate = true;
+        loader_open(ld, cfg, path, false, s->tokenizer_path[0] ? s->tokenizer_path : NULL, "eval data");
         if (loader_units(ld) == 0)
-            fail_input("eval data '%s' holds no sequence of data.seq_len %d", path, s->cfg.data.seq_len);
+            fail_input("eval data '%s' holds no sequence of data.seq_len %d", path, cfg->data.seq_len);
     }
     fail_untrap();
     comm_agree_failure(s->comm, &trap);
+    if (ld->samples && ld->smp.n_truncated && s->rank == 0) {
+        const struct sample_set *smp = &ld->smp;
+        unsigned long long cut = 0;
+        for (size_t i = 0; i < smp->n_file; i++) {
+            long long L = smp->offsets[i + 1] - smp->offsets[i];
+            cut += L > s->cfg.data.seq_len ? (unsigned long long)(L - s->cfg.data.seq_len) : 0;
+        }
+        log_warn("eval data '%s': %zu of %zu samples are longer than the eval length %d and were truncated to it "
+                 "(%llu tokens not scored); give --seq-len to score them whole",
+                 path, smp->n_truncated, smp->n_file, s->cfg.data.seq_len, cut);
+    }
 }
 
 int cmd_eval(int argc, char **argv)
@@ -652,7 +679,6 @@ int cmd_eval(int argc, char **argv)
     };
     struct infer_options o = {0};
     const char *sets[MAX_SETS + 1];
-    char seq_set[64];
     int n_sets = 0, c, B = 8;
     long max_batches = 0;
     bool json = false;
@@ -660,10 +686,7 @@ int cmd_eval(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'd': o.data = optarg; break;
-        case 'T':
-            snprintf(seq_set, sizeof seq_set, "data.seq_len=%ld", parse_int(optarg, "--seq-len", 1, 1 << 24));
-            sets[n_sets++] = seq_set;
-            break;
+        case 'T': o.seq_len = (int)parse_int(optarg, "--seq-len", 1, 1 << 24); break;
         case 'b': B = (int)parse_int(optarg, "--batch", 1, 1 << 16); break;
         case 'm': max_batches = parse_int(optarg, "--max-batches", 1, 1L << 40); break;
         case 'j': json = true; break;
@@ -688,7 +711,7 @@ int cmd_eval(int argc, char **argv)
     struct infer s;
     infer_open(&s, &comm, &o);
     struct loader ld;
-    open_eval_data(&s, &ld, o.data, B);
+    open_eval_data(&s, &ld, o.data, B, o.seq_len);
     const int T = s.cfg.data.seq_len;
     infer_start(&s, &o, B, T, 0);
     const uint64_t units = loader_units(&ld), group = (uint64_t)B * (uint64_t)s.world;

@@ -159,8 +159,17 @@ void infer_open(struct infer *s, struct comm *comm, const struct infer_options *
     json_t *doc = resolve_model(s, o, &r);
     if (r)
         ckpt_close(r);
+    json_t *data = json_object_get(doc, "data");
+    /* a length given here (eval --seq-len, --set) replaces the checkpoint's under either of its two names */
+    bool own_length = o->seq_len > 0;
+    for (int i = 0; i < o->n_sets; i++)
+        own_length |= strncmp(o->sets[i], "data.seq_len=", 13) == 0 ||
+                      strncmp(o->sets[i], "data.max_seq_length=", 20) == 0;
+    if (data && own_length) {
+        json_object_del(data, "seq_len");
+        json_object_del(data, "max_seq_length");
+    }
     if (o->data) {
-        json_t *data = json_object_get(doc, "data");
         if (!data)
             json_object_set_new(doc, "data", data = json_object());
         json_object_set_new(data, "train", json_string(o->data));
