@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hf_json.h"
 #include "util.h"
 
 /* Rust regex's \w (Alphabetic, marks, decimal numbers, connector punctuation,
@@ -502,7 +503,7 @@ static int load_config(struct tok_load *L)
     }
     fclose(f);
     json_error_t jerr;
-    json_t *config = json_load_file(config_path, 0, &jerr);
+    json_t *config = hf_json_load_file(config_path, 0, &jerr);
     int rc = 0;
     if (!json_is_object(config)) {
         tok_err(L->err, L->errlen, "%s (beside %s): %s at line %d: fix or remove it (shardlm reads bos_token and "
@@ -550,7 +551,7 @@ struct tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
     }
     fclose(f);
     json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_ALLOW_NUL, &jerr);
+    json_t *root = hf_json_load_file(path, JSON_ALLOW_NUL, &jerr);
     if (!root) {
         tok_err(err, errlen, "%s: not valid JSON (line %d, column %d: %s); download or save the tokenizer again",
                 path, jerr.line, jerr.column, jerr.text);
