@@ -301,6 +301,30 @@ def split_variants(gpt2):
     return out
 
 
+def pretok_variants(gpt2):
+    """The gpt2 vocabulary behind the pre-tokenizers that are fixed splits in tokenizers, as released
+    families use them: SmolLM2 / StarCoder's Digits(individual_digits=true) + ByteLevel, Digits without
+    individual digits, Punctuation with every behavior, Whitespace, WhitespaceSplit (each before
+    ByteLevel(use_regex=false), which maps the bytes)."""
+    base = json.loads(gpt2.to_str())
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    plain_bytes = dict(byte_level, use_regex=False)
+    cases = {
+        "smollm2": [{"type": "Digits", "individual_digits": True}, byte_level],
+        "digits_contiguous": [{"type": "Digits", "individual_digits": False}, byte_level],
+        "whitespace": [{"type": "Whitespace"}, plain_bytes],
+        "whitespace_split": [{"type": "WhitespaceSplit"}, plain_bytes],
+    }
+    for behavior in ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"):
+        cases["punctuation_" + behavior.lower()] = [{"type": "Punctuation", "behavior": behavior}, plain_bytes]
+    out = {}
+    for name, members in cases.items():
+        j = json.loads(json.dumps(base))
+        j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": members}
+        out[name] = j
+    return out
+
+
 # ---- comparisons ----------------------------------------------------------
 
 def first_difference(a, b):
@@ -434,8 +458,8 @@ def bad_inputs(gpt2_path, gpt2_json):
     Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0, False)).save(unigram)
     expect_refusal("unigram", [unigram, text], "model type Unigram")
     for field, value, needle in [
-            ("normalizer", {"type": "NFKC"}, "normalizer NFKC"),
-            ("pre_tokenizer", {"type": "Whitespace"}, "pre_tokenizer Whitespace"),
+            ("normalizer", {"type": "BertNormalizer"}, "normalizer BertNormalizer"),
+            ("pre_tokenizer", {"type": "BertPreTokenizer"}, "pre_tokenizer BertPreTokenizer"),
             ("decoder", {"type": "WordPiece", "prefix": "##", "cleanup": True}, "decoder WordPiece")]:
         j = json.loads(json.dumps(gpt2_json))
         j[field] = value
@@ -486,6 +510,11 @@ def main():
     small = {k: v if k != "src" else v[:12] for k, v in groups.items()}
     for name, j in split_variants(gpt2).items():
         compare(name, write_json(name + ".json", j), Tokenizer.from_str(json.dumps(j)), small, full=False)
+
+    for name, j in pretok_variants(gpt2).items():
+        full = name == "smollm2"
+        compare(name, write_json(name + ".json", j), Tokenizer.from_str(json.dumps(j)), groups if full else small,
+                full=full)
 
     bad_inputs(gpt2_path, json.loads(gpt2.to_str()))
 
