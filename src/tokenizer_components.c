@@ -126,15 +126,25 @@ static int begin_component(struct tok_load *L, json_t *obj, const char *what, co
 
 int tok_load_normalizer(struct tok_load *L, json_t *n)
 {
-    static const char *const kinds[] = {[NORM_PREPEND] = "Prepend", [NORM_REPLACE] = "Replace"};
+    static const char *const kinds[] = {[NORM_PREPEND] = "Prepend", [NORM_REPLACE] = "Replace", [NORM_NFC] = "NFC",
+                                        [NORM_NFD] = "NFD", [NORM_NFKC] = "NFKC", [NORM_NFKD] = "NFKD",
+                                        [NORM_LOWERCASE] = "Lowercase", [NORM_STRIP] = "Strip"};
     struct tokenizer *tok = L->tok;
-    int kind, rc = begin_component(L, n, "normalizer", "normalizers", tok_load_normalizer, kinds, 2, &kind);
+    int kind, rc = begin_component(L, n, "normalizer", "normalizers", tok_load_normalizer, kinds,
+                                   (int)(sizeof kinds / sizeof *kinds), &kind);
     if (rc <= 0)
         return rc;
     struct tok_normalizer *nm = append_zeroed((void **)&tok->normalizers, &tok->n_normalizers, sizeof *nm);
     const char *s;
     size_t len;
     nm->kind = (enum tok_normalizer_kind)kind;
+    if (nm->kind == NORM_STRIP)
+        return tok_json_bool(L, n, "strip_left", false, &nm->strip_left, "normalizer Strip") ||
+                       tok_json_bool(L, n, "strip_right", false, &nm->strip_right, "normalizer Strip")
+                   ? -1
+                   : 0;
+    if (nm->kind != NORM_PREPEND && nm->kind != NORM_REPLACE)
+        return 0; /* the Unicode forms and Lowercase have no settings */
     if (nm->kind == NORM_PREPEND) {
         if (tok_json_string(L, n, "prepend", false, &s, &len, "normalizer Prepend") != 0)
             return -1;
