@@ -15,7 +15,8 @@ HDF5_PC  ?= hdf5-openmpi
 BLAS_PC  ?= openblas
 JSON_PC  ?= jansson
 PCRE_PC  ?= libpcre2-8
-PKGS     := $(MPI_PC) $(HDF5_PC) $(BLAS_PC) $(JSON_PC) $(PCRE_PC)
+UTF8_PC  ?= libutf8proc
+PKGS     := $(MPI_PC) $(HDF5_PC) $(BLAS_PC) $(JSON_PC) $(PCRE_PC) $(UTF8_PC)
 
 CC       ?= gcc
 ifeq ($(CC),cc)
@@ -46,7 +47,7 @@ else
 # plugins carry a RUNPATH (/usr/lib/x86_64-linux-gnu/openmpi/lib) that makes
 # the loader skip an executable's RPATH for their own dependencies.
 PC_CFLAGS := -I$(KIT)/include
-PC_LIBS   := -L$(KIT)/lib -Wl,-rpath-link,$(KIT)/lib -lhdf5 -lmpi -lopenblas -ljansson -lpcre2-8
+PC_LIBS   := -L$(KIT)/lib -Wl,-rpath-link,$(KIT)/lib -lhdf5 -lmpi -lopenblas -ljansson -lpcre2-8 -lutf8proc
 RPATHS    :=
 endif
 
@@ -91,7 +92,8 @@ check-deps:
 	@pkg-config --exists $(PKGS) || { echo "shardlm: missing build dependencies ($(PKGS)); run 'make deps' or load the modules" >&2; exit 2; }
 else
 KIT_FILES := $(KIT)/env.sh $(KIT)/include/mpi.h $(KIT)/include/hdf5.h $(KIT)/include/cblas.h $(KIT)/include/jansson.h \
-             $(KIT)/include/pcre2.h $(KIT)/lib/libmpi.so.40 $(KIT)/lib/libjansson.so.4 $(KIT)/lib/libpcre2-8.so.0 \
+             $(KIT)/include/pcre2.h $(KIT)/include/utf8proc.h $(KIT)/lib/libmpi.so.40 $(KIT)/lib/libjansson.so.4 \
+             $(KIT)/lib/libpcre2-8.so.0 $(KIT)/lib/libutf8proc.so.2 \
              $(KIT)/lib/libopenblas.so.0
 check-deps:
 	@test -f $(KIT)/env.sh || { echo "shardlm: no kit in $(KIT); build it with 'bash tools/gpu-kit.sh' on a Debian machine" >&2; exit 2; }

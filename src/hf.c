@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "dtype.h"
+#include "hf_json.h"
 #include "util.h"
 
 /* ---- config.json ------------------------------------------------------------------- */
@@ -18,7 +19,7 @@ static json_t *load_config_json(const char *dir, char *path, size_t cap)
 {
     snprintf(path, cap, "%s/config.json", dir);
     json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = hf_json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!root)
         fail_input("model.from_pretrained: cannot read '%s': %s (line %d); give a Hugging Face model directory "
                    "(config.json and its .safetensors files)",
@@ -47,9 +48,10 @@ static double num_field(json_t *root, const char *path, const char *key, double 
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v))
         return def;
-    if (!json_is_number(v))
+    double x;
+    if (!hf_json_number(v, &x))
         fail_input("%s: '%s' must be a number", path, key);
-    return json_number_value(v);
+    return x;
 }
 
 static int bool_field(json_t *root, const char *path, const char *key, int def)
@@ -169,7 +171,7 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
     if (src_dir && src_dir[0]) {
         char path[1100];
         snprintf(path, sizeof path, "%s/config.json", src_dir);
-        out = json_load_file(path, 0, NULL);
+        out = hf_json_load_file(path, 0, NULL);
     }
     if (!json_is_object(out)) {
         json_decref(out);
@@ -227,7 +229,7 @@ int hf_config_differs(const struct model *m, const char *dir, const char **key, 
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    json_t *file = json_load_file(path, 0, NULL);
+    json_t *file = hf_json_load_file(path, 0, NULL);
     if (!json_is_object(file)) {
         json_decref(file);
         return -1;

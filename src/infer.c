@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "ckpt.h"
 #include "hf.h"
+#include "hf_json.h"
 #include "tokenizer.h"
 #include "util.h"
 
@@ -71,7 +72,7 @@ static void read_eos(struct infer *s, const char *dir)
     for (int f = 0; f < 2 && !s->n_eos; f++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/%s", dir, files[f]);
-        json_t *doc = readable(path) ? json_load_file(path, 0, NULL) : NULL;
+        json_t *doc = readable(path) ? hf_json_load_file(path, 0, NULL) : NULL;
         json_t *eos = json_object_get(doc, "eos_token_id");
         if (json_is_integer(eos))
             s->eos[s->n_eos++] = (int32_t)json_integer_value(eos);

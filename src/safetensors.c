@@ -20,6 +20,7 @@
 #include "safetensors.h"
 
 #include "dtype.h"
+#include "hf_json.h"
 #include "util.h"
 
 #include <errno.h>
@@ -285,7 +286,7 @@ static void open_file(struct st_model *st, int fi)
     if ((e = transfer_all(fd, 0, text, (size_t)header_bytes, 8)))
         fail_input("%s: reading the %llu-byte header: %s", path, (unsigned long long)header_bytes, transfer_error(e));
     json_error_t err;
-    json_t *root = json_loadb(text, (size_t)header_bytes, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = hf_json_loadb(text, (size_t)header_bytes, JSON_REJECT_DUPLICATES, &err);
     free(text);
     if (!root)
         fail_input("%s: the header is not valid JSON (%s, at byte %d): the file is corrupt or not safetensors; "
@@ -348,7 +349,7 @@ static json_t *load_index(const char *index_path)
     if (fd < 0)
         fail_input("cannot open '%s': %s", index_path, strerror(errno));
     json_error_t err;
-    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = hf_json_loadfd(fd, JSON_REJECT_DUPLICATES, &err);
     close(fd);
     if (!root)
         fail_input("%s: not valid JSON (%s, line %d): the download is corrupt; download it again", index_path,

@@ -3,6 +3,7 @@
 #include "samples.h"
 
 #include "data.h"
+#include "hf_json.h"
 #include "util.h"
 
 #include <hdf5.h>
@@ -128,7 +129,7 @@ bool samples_is_sample_file(const char *path)
 static int64_t tokenizer_vocab(const char *path)
 {
     json_error_t err;
-    json_t *root = json_load_file(path, 0, &err);
+    json_t *root = hf_json_load_file(path, 0, &err);
     if (!root)
         return 0;
     int64_t top = -1;

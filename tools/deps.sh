@@ -28,6 +28,7 @@ declare -A pc_pkg=(
   [openblas]=libopenblas-openmp-dev
   [jansson]=libjansson-dev
   [libpcre2-8]=libpcre2-dev
+  [libutf8proc]=libutf8proc-dev
 )
 missing=()
 if [ "$want_build" = 1 ]; then
@@ -136,7 +137,7 @@ if [ "${#missing[@]}" -eq 0 ]; then
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "shardlm deps: missing ${missing[*]} and no apt-get here;" \
-       "load the MPI, parallel HDF5, OpenBLAS, jansson and PCRE2 modules (pkg-config must find them)" >&2
+       "load the MPI, parallel HDF5, OpenBLAS, jansson, PCRE2 and utf8proc modules (pkg-config must find them)" >&2
   exit 2
 fi
 SUDO=""
