@@ -22,7 +22,7 @@ Checks (references: transformers 4.40.2, tokenizers 0.19, PEFT 0.10.0):
                attention's online softmax against PyTorch's; the loss itself
                is accumulated in float64 on both sides)
   generate.*   greedy tokens equal transformers' for 64 new tokens on 4 chat
-               prompts (the chat template applied by both), N = 1 and 2
+               prompts (the chat template applied by both), and --prompt's text
   lora.*, full.*  a short LoRA and full fine-tune on chat pairs (ZeRO 3, N = 2)
                lower the pairs' loss; their exports load in PEFT /
                transformers and give shardlm eval's loss (relative 1e-4)
@@ -193,6 +193,7 @@ def shardlm_loss(name, model, data, N, extra=()):
 
 
 def close(name, got, want, tol):
+    note(f"{name}: {got:.9f} against {want:.9f}, relative {abs(got - want) / abs(want):.2e}")
     check(name, abs(got - want) <= tol * abs(want), f"{got} vs {want} (rel {abs(got - want) / abs(want):.2e})")
 
 
@@ -212,7 +213,7 @@ def check_generate(model, hf, tok):
     with open(path, "w") as f:
         for i, p in enumerate(prompts):  # plain prompts and {"messages"} lines: both through the template
             f.write(json.dumps({"prompt": p} if i % 2 else {"messages": [{"role": "user", "content": p}]}) + "\n")
-    for N in ((1,) if ASAN else (1, 2)):
+    for N in (1,):  # N = 2 shares the prompts out: t_generate checks that it changes no token
         r = run(["generate", model, "--prompt-file", path, "--max-new-tokens", str(n), "--batch", "4"], N=N)
         check(f"generate.N{N}.run", r.returncode == 0, f"exit {r.returncode}: {r.stderr[-600:]}")
         if r.returncode != 0:
