@@ -15,8 +15,38 @@
 
 /* ---- config.json ------------------------------------------------------------------- */
 
+void hf_refuse_gguf(const char *path, const char *what)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return;
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(magic, 1, sizeof magic, f) : 0;
+    if (f)
+        fclose(f);
+    if (got == 4 && memcmp(magic, "GGUF", 4) == 0)
+        fail_input("%s '%s' is a GGUF file (llama.cpp), not a Hugging Face directory; convert it once with "
+                   "tools/gguf_to_hf.py '%s' DIR and give DIR",
+                   what, path, path);
+}
+
+/* A GGUF file or another file given where a model directory belongs: named,
+ * with what to do, before config.json is looked for. */
+static void refuse_model_file(const char *dir)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || S_ISDIR(sb.st_mode))
+        return;
+    hf_refuse_gguf(dir, "model.from_pretrained");
+    fail_input("model.from_pretrained '%s' is a file, not a directory; give the Hugging Face model directory "
+               "(config.json and its .safetensors files)",
+               dir);
+}
+
 static json_t *load_config_json(const char *dir, char *path, size_t cap)
 {
+    refuse_model_file(dir);
     snprintf(path, cap, "%s/config.json", dir);
     json_error_t err;
     json_t *root = hf_json_load_file(path, JSON_REJECT_DUPLICATES, &err);
@@ -109,6 +139,11 @@ static void llama_keys(json_t *root, const char *path, void (*put)(void *, const
     put(ctx, "ffn_dim", json_integer(int_field(root, path, "intermediate_size", -1)));
     put(ctx, "n_positions", json_integer(int_field(root, path, "max_position_embeddings", -1)));
     put(ctx, "vocab_size", json_integer(int_field(root, path, "vocab_size", -1)));
+    static const char *const defaulted[] = {"rms_norm_eps", "rope_theta", "tie_word_embeddings"};
+    for (int i = 0; i < 3; i++)
+        if (!json_object_get(root, defaulted[i]))
+            log_info("%s has no %s: transformers' LlamaConfig default, %s", path, defaulted[i],
+                     i == 0 ? "1e-6" : i == 1 ? "10000" : "false (an lm_head.weight of its own)");
     put(ctx, "rms_norm_eps", json_real(num_field(root, path, "rms_norm_eps", 1e-6))); /* LlamaConfig's default */
     put(ctx, "rope_theta", json_real(num_field(root, path, "rope_theta", 10000.0)));
     put(ctx, "tie_word_embeddings", json_boolean(bool_field(root, path, "tie_word_embeddings", 0)));

@@ -123,6 +123,7 @@ static json_t *resolve_model(struct infer *s, const struct infer_options *o, str
         fail_input("MODEL '%s' does not exist: give a Hugging Face directory (config.json and safetensors), a "
                    "checkpoint file or a run's checkpoint.dir",
                    o->model);
+    hf_refuse_gguf(o->model, "MODEL");
     char *path = ckpt_resolve(o->model, o->model);
     if (!path)
         fail_input("MODEL '%s' holds no checkpoint and no config.json: give a Hugging Face directory, a checkpoint "

@@ -420,6 +420,13 @@ void st_open(struct st_model *st, const char *dir)
         free(single);
         open_index(st, dir, index);
     } else {
+        char *bin = path_join(dir, "pytorch_model.bin", ""), *bin_index = path_join(dir, "pytorch_model.bin.index.json", "");
+        if (file_exists(bin) || file_exists(bin_index))
+            fail_input("%s holds PyTorch pickles (pytorch_model.bin), which shardlm does not read (they run code when "
+                       "loaded); convert them once: python3 -c \"import transformers as t; "
+                       "t.AutoModelForCausalLM.from_pretrained('%s').save_pretrained('%s-safetensors', "
+                       "safe_serialization=True)\" and copy the tokenizer files beside",
+                       dir, dir, dir);
         fail_input("%s: neither %s nor %s: give the directory of a Hugging Face model saved with safetensors "
                    "(save_pretrained(..., safe_serialization=True))", dir, ST_SINGLE_NAME, ST_INDEX_NAME);
     }

@@ -10,6 +10,10 @@ prints one "skip" line and no check (tests/run.sh counts it as skipped, never
 as passed).
 
 Checks (references: transformers 4.40.2, tokenizers 0.19, PEFT 0.10.0):
+  mistake.*    a GGUF file given as the model, a directory with only
+               pytorch_model.bin: one line naming the fix, exit 2; a config.json
+               without rms_norm_eps, rope_theta (tie_word_embeddings):
+               transformers' defaults, said in the log, the same loss
   convert.*    the directory's config.json as the GGUF metadata says; bad
                GGUF input (not GGUF, truncated) one line, exit 2, nothing
                written
@@ -102,6 +106,46 @@ def check_convert(model):
         lines = r.stderr.strip().splitlines()
         check(f"convert.bad_{name}", r.returncode == 2 and len(lines) == 1 and lines[0].startswith("gguf_to_hf:")
               and not os.path.exists(out), f"exit {r.returncode}: {r.stderr[-400:]}")
+
+
+def check_user_mistakes(model, gguf):
+    """Mistakes a user makes with real directories: one line naming the problem and the fix, exit 2."""
+    pt = os.path.join(TMP, "pytorch_only")
+    os.makedirs(pt, exist_ok=True)
+    shutil.copy(os.path.join(model, "config.json"), pt)
+    open(os.path.join(pt, "pytorch_model.bin"), "wb").close()
+    cases = {"gguf_as_model": (gguf, ["GGUF", "tools/gguf_to_hf.py"]),
+             "pytorch_bin_only": (pt, ["pytorch_model.bin", "safe_serialization=True"])}
+    for name, (path, words) in cases.items():
+        r = run(["eval", path, "--data", os.path.join(TMP, "pairs.h5")])
+        lines = r.stderr.strip().splitlines()
+        check(f"mistake.{name}", r.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words),
+              f"exit {r.returncode}: {r.stderr[-400:]}")
+    # config.json without rms_norm_eps and rope_theta: transformers' LlamaConfig defaults on both sides
+    bare = os.path.join(TMP, "defaults")
+    os.makedirs(bare, exist_ok=True)
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    for k in ("rms_norm_eps", "rope_theta"):
+        cfg.pop(k)
+    for name in os.listdir(model):
+        if name != "config.json" and not os.path.exists(os.path.join(bare, name)):
+            os.symlink(os.path.join(model, name), os.path.join(bare, name))
+    with open(os.path.join(bare, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    data = os.path.join(TMP, "pairs.h5")
+    hf = transformers.LlamaForCausalLM.from_pretrained(bare, torch_dtype=torch.float32).eval()
+    r = run(["eval", bare, "--data", data, "--json"])
+    got = json.loads(r.stdout.splitlines()[-1])["loss"] if r.returncode == 0 else float("nan")
+    close("mistake.absent_defaults", got, hf_loss(hf, data), 2e-5)
+    check("mistake.absent_defaults_said", "no rope_theta: transformers' LlamaConfig default, 10000" in r.stderr,
+          r.stderr[-400:])
+    # without tie_word_embeddings the head is untied (transformers' default), and this model has none
+    del cfg["tie_word_embeddings"]
+    with open(os.path.join(bare, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    r = run(["eval", bare, "--data", data])
+    check("mistake.absent_tie", r.returncode == 2 and "lm_head.weight" in r.stderr, f"exit {r.returncode}: "
+          f"{r.stderr[-400:]}")
 
 
 def chat_ids(tok, question):
@@ -276,6 +320,7 @@ def main():
     else:
         note("AddressSanitizer build: convert, eval at N = 1 and one short generation only")
     data = sample_file(model, "pairs", PAIRS)
+    check_user_mistakes(model, os.path.join(ROOT, "build", "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     base_loss = check_eval(model, hf, data)
     check_generate(model, hf, tok)
     if not ASAN:
