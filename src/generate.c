@@ -20,12 +20,16 @@
  * validation sums it, and its perplexity.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "generate.h"
@@ -98,6 +102,8 @@ static const char *const finish_names[] = {"", "eos", "stop", "length"};
 
 struct prompt {
     char *text;       /* NULL: given as ids */
+    json_t *messages; /* {"messages": [...]} of --prompt-file: a conversation for the chat template */
+    struct tokenizer_stream *stream; /* the --prompt streamed to stdout as its tokens come (rank 0) */
     int32_t *ids;
     int n;            /* prompt tokens (after truncation) */
     int truncated;    /* tokens cut from its start (--truncate-prompt) */
@@ -109,6 +115,7 @@ struct prompt {
 
 struct gen_options {
     const char *prompt, *prompt_file;
+    int chat;         /* --chat 1, --no-chat 0, else -1: when the tokenizer has a chat template */
     int max_new, batch;
     bool truncate, json, add_special, ignore_eos;
     const char *stops[MAX_STOPS];
@@ -176,14 +183,17 @@ static struct prompt *read_prompts(const struct gen_options *g, int *n_out)
         json_t *v = json_loads(line, JSON_DECODE_ANY, &err);
         json_t *s = json_is_object(v) ? json_object_get(v, "prompt") : v;
         json_t *ids = json_is_object(v) ? json_object_get(v, "ids") : NULL;
-        if (!json_is_string(s) && !json_is_array(ids))
+        json_t *messages = json_is_object(v) ? json_object_get(v, "messages") : NULL;
+        if (!json_is_string(s) && !json_is_array(ids) && !json_is_array(messages))
             fail_input("--prompt-file '%s' line %d: %s; each line must be a JSON string or an object with a "
-                       "\"prompt\" string or an \"ids\" array",
+                       "\"prompt\" string, a \"messages\" list or an \"ids\" array",
                        g->prompt_file, line_no, v ? "no \"prompt\" string" : err.text);
         p = xrealloc(p, (size_t)(n + 1) * sizeof *p);
         memset(&p[n], 0, sizeof *p);
         if (json_is_string(s))
             p[n].text = xstrdup(json_string_value(s));
+        else if (json_is_array(messages))
+            p[n].messages = json_incref(messages);
         else
             prompt_ids(&p[n], ids, g->prompt_file, line_no);
         n++;
@@ -194,6 +204,112 @@ static struct prompt *read_prompts(const struct gen_options *g, int *n_out)
         fail_input("--prompt-file '%s' holds no prompt", g->prompt_file);
     *n_out = n;
     return p;
+}
+
+/* ---- the chat template ---------------------------------------------------------------- */
+
+/* Whether the tokenizer's directory has a chat template (tokenizer_config.json's chat_template key). */
+static bool has_chat_template(const char *tokenizer_json)
+{
+    char path[4200];
+    const char *slash = strrchr(tokenizer_json, '/');
+    snprintf(path, sizeof path, "%.*stokenizer_config.json", slash ? (int)(slash - tokenizer_json) + 1 : 0,
+             tokenizer_json);
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return false;
+    size_t len;
+    char *text = read_text_file(path, &len);
+    bool has = strstr(text, "\"chat_template\"") != NULL;
+    free(text);
+    return has;
+}
+
+/* tools/chat_template.py beside this binary's bin/ (SHARDLM_TOOLS: another tools directory). */
+static void chat_tool(char *out, size_t cap)
+{
+    const char *dir = getenv("SHARDLM_TOOLS");
+    if (dir && *dir) {
+        snprintf(out, cap, "%s/chat_template.py", dir);
+        return;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash)
+        *slash = '\0';
+    snprintf(out, cap, "%s/../tools/chat_template.py", exe);
+}
+
+/* Renders every text or messages prompt through the chat template
+ * (tools/chat_template.py: transformers' apply_chat_template with
+ * add_generation_prompt), one run for all of them. */
+static void apply_chat_template(struct prompt *p, int n, const char *tokenizer_json)
+{
+    char tool[4200], in_path[] = "/tmp/shardlm-chat.XXXXXX";
+    chat_tool(tool, sizeof tool);
+    if (access(tool, R_OK) != 0)
+        fail_input("--chat needs %s (shardlm's tools directory; set SHARDLM_TOOLS to it), or give --no-chat", tool);
+    int fd = mkstemp(in_path);
+    if (fd < 0)
+        fail_input("--chat: cannot make a temporary file in /tmp: %s", strerror(errno));
+    FILE *in = fdopen(fd, "w");
+    for (int i = 0; i < n; i++) {
+        if (!p[i].text && !p[i].messages)
+            continue;
+        json_t *m = p[i].messages ? json_incref(p[i].messages)
+                                  : json_pack("[{s:s,s:s}]", "role", "user", "content", p[i].text);
+        char *line = json_dumps(m, JSON_COMPACT);
+        fprintf(in, "%s\n", line);
+        free(line);
+        json_decref(m);
+    }
+    if (fclose(in) != 0)
+        fail_input("--chat: cannot write the temporary file %s: %s", in_path, strerror(errno));
+    int pipefd[2];
+    if (pipe(pipefd) != 0)
+        fail_input("--chat: pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid == 0) {
+        int infd = open(in_path, O_RDONLY);
+        dup2(infd, 0);
+        dup2(pipefd[1], 1);
+        close(pipefd[0]);
+        execl(tool, tool, "--tokenizer", tokenizer_json, (char *)NULL);
+        fprintf(stderr, "shardlm: error: --chat: cannot run %s: %s\n", tool, strerror(errno));
+        _exit(EXIT_BAD_INPUT);
+    }
+    close(pipefd[1]);
+    FILE *out = fdopen(pipefd[0], "r");
+    char *line = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < n; i++) {
+        if (!p[i].text && !p[i].messages)
+            continue;
+        json_error_t err;
+        json_t *v = getline(&line, &cap, out) > 0 ? json_loads(line, JSON_DECODE_ANY, &err) : NULL;
+        if (!json_is_string(v))
+            break; /* the tool said why on stderr; its exit status ends this below */
+        free(p[i].text);
+        p[i].text = xstrdup(json_string_value(v));
+        json_decref(v);
+        if (p[i].messages) {
+            json_decref(p[i].messages);
+            p[i].messages = NULL;
+        }
+    }
+    free(line);
+    fclose(out);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    unlink(in_path);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_input("--chat: %s could not render the prompts with the chat template of '%s' (its message above)",
+                   tool, tokenizer_json);
+    for (int i = 0; i < n; i++)
+        if (p[i].messages)
+            fail_input("--chat: %s gave fewer prompts than it was given", tool);
 }
 
 /* Token ids of text: the tokenizer's, or its bytes for a byte-level model. */
@@ -264,6 +380,12 @@ static void take_token(struct infer *s, const struct gen_options *g, struct prom
 {
     const int32_t id = generate_choose(logits, s->cfg.model.vocab_size, &g->sp, &p->rng, work);
     p->out[p->n_out++] = id;
+    if (p->stream && (g->ignore_eos || !is_eos(s, id))) {
+        size_t len;
+        const char *piece = tokenizer_stream_push(p->stream, id, &len);
+        fwrite(piece, 1, len, stdout);
+        fflush(stdout);
+    }
     if (!g->ignore_eos && is_eos(s, id)) {
         p->finish = FINISH_EOS;
         return;
@@ -379,7 +501,11 @@ static void print_result(const struct infer *s, const struct gen_options *g, con
     if (stop)
         len = (size_t)(stop - text);
     if (!g->json && !g->prompt_file) { /* a --prompt: text, so a tokenizer */
-        fwrite(text, 1, len, stdout);
+        if (p->stream) { /* its text went out as it came */
+            const char *rest = tokenizer_stream_finish(p->stream, &len);
+            fwrite(rest, 1, len, stdout);
+        } else
+            fwrite(text, 1, len, stdout);
         fputc('\n', stdout);
     } else {
         json_t *ids = json_array();
@@ -407,8 +533,9 @@ static void usage_generate(FILE *out)
             "the prompts.\n"
             "\n"
             "options:\n"
-            "  --prompt TEXT          one prompt; its completion is printed\n"
-            "  --prompt-file FILE     one JSON string, {\"prompt\": TEXT} or {\"ids\": [token ids]} per line; one\n"
+            "  --prompt TEXT          one prompt; its completion is printed as it is made\n"
+            "  --prompt-file FILE     one JSON string, {\"prompt\": TEXT}, {\"messages\": [...]} or {\"ids\": [token\n"
+            "                         ids]} per line; one\n"
             "                         JSON line per result\n"
             "  --max-new-tokens N     tokens to generate at most (default 128)\n"
             "  --temperature T        0: greedy (default); else sampling at this temperature\n"
@@ -420,6 +547,11 @@ static void usage_generate(FILE *out)
             "  --truncate-prompt      cut prompts longer than the context from their start (default: error)\n"
             "  --no-special           no special tokens added to the prompts (default: the tokenizer adds them)\n"
             "  --ignore-eos           go on past the end-of-sequence token (benchmarks)\n"
+            "  --chat                 render each text prompt as a user turn with the tokenizer's chat template\n"
+            "                         (transformers' apply_chat_template, add_generation_prompt), and\n"
+            "                         {\"messages\": [...]} lines as conversations; the default when\n"
+            "                         tokenizer_config.json has a chat_template (tools/chat_template.py renders)\n"
+            "  --no-chat              prompts as given, without the chat template\n"
             "  --json                 the --prompt result as a JSON line too (ids, finish reason)\n"
             "  --base DIR             a LoRA checkpoint's base (default: the directory its run started from)\n"
             "  --tokenizer FILE       a tokenizer.json (default: MODEL's or its base's)\n"
@@ -470,12 +602,13 @@ int cmd_generate(int argc, char **argv)
         {"seed", required_argument, NULL, 'S'},        {"stop", required_argument, NULL, 'x'},
         {"batch", required_argument, NULL, 'b'},       {"truncate-prompt", no_argument, NULL, 'T'},
         {"no-special", no_argument, NULL, 'N'},        {"json", no_argument, NULL, 'j'},
-        {"ignore-eos", no_argument, NULL, 'E'},
+        {"ignore-eos", no_argument, NULL, 'E'},       {"chat", no_argument, NULL, 'c'},
+        {"no-chat", no_argument, NULL, 'C'},
         {"base", required_argument, NULL, 'B'},        {"tokenizer", required_argument, NULL, 'z'},
         {"set", required_argument, NULL, 's'},         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    struct gen_options g = {.max_new = 128, .batch = 8, .add_special = true, .sp = {0.0f, 0, 1.0f, 0}};
+    struct gen_options g = {.max_new = 128, .batch = 8, .chat = -1, .add_special = true, .sp = {0.0f, 0, 1.0f, 0}};
     struct infer_options o = {0};
     const char *sets[MAX_SETS];
     int n_sets = 0, c;
@@ -501,6 +634,8 @@ int cmd_generate(int argc, char **argv)
         case 'N': g.add_special = false; break;
         case 'j': g.json = true; break;
         case 'E': g.ignore_eos = true; break;
+        case 'c': g.chat = 1; break;
+        case 'C': g.chat = 0; break;
         case 'h': usage_generate(stdout); return EXIT_OK;
         default:
             if (model_option(c, &o, sets, &n_sets))
@@ -531,13 +666,29 @@ int cmd_generate(int argc, char **argv)
     const int ctx = s.cfg.model.n_positions;
     if (g.n_stops)
         infer_require_tokenizer(&s, o.model, "--stop compares text");
+    bool any_text = false, any_messages = false;
+    for (int i = 0; i < n_prompts; i++) {
+        any_text |= prompts[i].text != NULL;
+        any_messages |= prompts[i].messages != NULL;
+    }
+    if (any_messages && !g.chat)
+        fail_input("--prompt-file '%s' holds {\"messages\"} conversations, which need the chat template: drop "
+                   "--no-chat", g.prompt_file);
+    if (any_text || any_messages)
+        infer_require_tokenizer(&s, o.model, "a prompt is text");
+    const bool chat = (any_text || any_messages) &&
+                      (g.chat == 1 || (g.chat == -1 && (any_messages || has_chat_template(s.tokenizer_path))));
+    if (chat) {
+        apply_chat_template(prompts, n_prompts, s.tokenizer_path);
+        if (s.rank == 0)
+            log_info("generate: prompts rendered with the chat template of %s (--no-chat: as given)",
+                     s.tokenizer_path);
+    }
     int longest = 1, reach = 2;
     for (int i = 0; i < n_prompts; i++) {
         struct prompt *p = &prompts[i];
-        if (p->text) {
-            infer_require_tokenizer(&s, o.model, "a prompt is text");
-            encode(&s, p->text, g.add_special, &p->ids, &p->n);
-        }
+        if (p->text) /* a rendered chat carries its special tokens as text, as apply_chat_template's */
+            encode(&s, p->text, chat ? false : g.add_special, &p->ids, &p->n);
         for (int k = 0; k < p->n; k++)
             if (p->ids[k] >= s.cfg.model.vocab_size)
                 fail_input("prompt %d: token id %d is outside the model's vocabulary of %d", i + 1, p->ids[k],
@@ -562,6 +713,11 @@ int cmd_generate(int argc, char **argv)
     }
     const int B = g.batch < n_prompts ? g.batch : n_prompts, Tmax = reach < ctx ? reach : ctx;
     infer_start(&s, &o, B, longest, Tmax);
+    struct tokenizer_stream stream;
+    if (g.prompt && !g.json && !g.n_stops && s.tok && s.rank == 0) { /* --prompt's text as it comes */
+        tokenizer_stream_init(&stream, s.tok, prompts[0].ids, prompts[0].n, 1);
+        prompts[0].stream = &stream;
+    }
     if (s.rank == 0)
         log_info("generate: %d prompt%s (%d tokens at most) on %d rank%s, %d rows per rank, cache of %d positions",
                  n_prompts, n_prompts > 1 ? "s" : "", longest, s.world, s.world > 1 ? "s" : "", B, Tmax);
@@ -592,7 +748,10 @@ int cmd_generate(int argc, char **argv)
     free(logits);
     free(work);
     free(rows);
+    if (prompts[0].stream)
+        tokenizer_stream_free(prompts[0].stream);
     for (int i = 0; i < n_prompts; i++) {
+        json_decref(prompts[i].messages);
         free(prompts[i].text);
         free(prompts[i].ids);
         free(prompts[i].out);
@@ -616,7 +775,9 @@ static void usage_eval(FILE *out)
                  "\n"
                  "options:\n"
                  "  --data FILE            the tokens (required)\n"
-                 "  --seq-len T            data.seq_len (default: the checkpoint's, or the model's context)\n"
+                 "  --seq-len T            eval's length (default: a sample file's longest sample within the\n"
+                 "                         model's context; a .bin file's data.seq_len); longer samples are\n"
+                 "                         truncated, and a warning says how many\n"
                  "  --batch B              sequences per rank per forward (default 8)\n"
                  "  --max-batches N        at most N forwards per rank (default: the whole file)\n"
                  "  --json                 the result as a JSON line\n"
@@ -626,19 +787,44 @@ static void usage_eval(FILE *out)
                  "  -h, --help             this text\n");
 }
 
-/* The data as the trainer reads validation data, with the config's data options; agreed across ranks. */
-static void open_eval_data(struct infer *s, struct loader *ld, const char *path, int B)
+/* The data as the trainer reads validation data, with the config's data
+ * options, at eval's own length: --seq-len, else a sample file's longest
+ * sample (within the model's context), else data.seq_len (a .bin file's
+ * windows). Longer samples are truncated and reported. Agreed across ranks. */
+static void open_eval_data(struct infer *s, struct loader *ld, const char *path, int B, int seq_len)
 {
     struct fail_trap trap;
     if (FAIL_TRAP(&trap) == 0) {
-        s->cfg.micro_batch = B;
-        s->cfg.train_batch_size = B * s->world;
-        loader_open(ld, &s->cfg, path, false, s->tokenizer_path[0] ? s->tokenizer_path : NULL, "eval data");
+        struct config *cfg = &s->cfg;
+        cfg->micro_batch = B;
+        cfg->train_batch_size = B * s->world;
+        if (seq_len > 0)
+            cfg->data.seq_len = seq_len;
+        else if (samples_is_sample_file(path)) {
+            size_t longest = samples_longest(path, cfg->model.vocab_size, "eval data");
+            cfg->data.seq_len = longest < (size_t)cfg->model.n_positions ? (int)longest : cfg->model.n_positions;
+        }
+        if (cfg->data.seq_len > cfg->model.n_positions)
+            fail_input("eval --seq-len %d is longer than the model's context (%d positions); lower it",
+                       cfg->data.seq_len, cfg->model.n_positions);
+        cfg->data.truncate = true;
+        loader_open(ld, cfg, path, false, s->tokenizer_path[0] ? s->tokenizer_path : NULL, "eval data");
         if (loader_units(ld) == 0)
-            fail_input("eval data '%s' holds no sequence of data.seq_len %d", path, s->cfg.data.seq_len);
+            fail_input("eval data '%s' holds no sequence of data.seq_len %d", path, cfg->data.seq_len);
     }
     fail_untrap();
     comm_agree_failure(s->comm, &trap);
+    if (ld->samples && ld->smp.n_truncated && s->rank == 0) {
+        const struct sample_set *smp = &ld->smp;
+        unsigned long long cut = 0;
+        for (size_t i = 0; i < smp->n_file; i++) {
+            long long L = smp->offsets[i + 1] - smp->offsets[i];
+            cut += L > s->cfg.data.seq_len ? (unsigned long long)(L - s->cfg.data.seq_len) : 0;
+        }
+        log_warn("eval data '%s': %zu of %zu samples are longer than the eval length %d and were truncated to it "
+                 "(%llu tokens not scored); give --seq-len to score them whole",
+                 path, smp->n_truncated, smp->n_file, s->cfg.data.seq_len, cut);
+    }
 }
 
 int cmd_eval(int argc, char **argv)
@@ -652,7 +838,6 @@ int cmd_eval(int argc, char **argv)
     };
     struct infer_options o = {0};
     const char *sets[MAX_SETS + 1];
-    char seq_set[64];
     int n_sets = 0, c, B = 8;
     long max_batches = 0;
     bool json = false;
@@ -660,10 +845,7 @@ int cmd_eval(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'd': o.data = optarg; break;
-        case 'T':
-            snprintf(seq_set, sizeof seq_set, "data.seq_len=%ld", parse_int(optarg, "--seq-len", 1, 1 << 24));
-            sets[n_sets++] = seq_set;
-            break;
+        case 'T': o.seq_len = (int)parse_int(optarg, "--seq-len", 1, 1 << 24); break;
         case 'b': B = (int)parse_int(optarg, "--batch", 1, 1 << 16); break;
         case 'm': max_batches = parse_int(optarg, "--max-batches", 1, 1L << 40); break;
         case 'j': json = true; break;
@@ -688,7 +870,7 @@ int cmd_eval(int argc, char **argv)
     struct infer s;
     infer_open(&s, &comm, &o);
     struct loader ld;
-    open_eval_data(&s, &ld, o.data, B);
+    open_eval_data(&s, &ld, o.data, B, o.seq_len);
     const int T = s.cfg.data.seq_len;
     infer_start(&s, &o, B, T, 0);
     const uint64_t units = loader_units(&ld), group = (uint64_t)B * (uint64_t)s.world;

@@ -10,15 +10,46 @@
 #include <unistd.h>
 
 #include "dtype.h"
+#include "hf_json.h"
 #include "util.h"
 
 /* ---- config.json ------------------------------------------------------------------- */
 
+void hf_refuse_gguf(const char *path, const char *what)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return;
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(magic, 1, sizeof magic, f) : 0;
+    if (f)
+        fclose(f);
+    if (got == 4 && memcmp(magic, "GGUF", 4) == 0)
+        fail_input("%s '%s' is a GGUF file (llama.cpp), not a Hugging Face directory; convert it once with "
+                   "tools/gguf_to_hf.py '%s' DIR and give DIR",
+                   what, path, path);
+}
+
+/* A GGUF file or another file given where a model directory belongs: named,
+ * with what to do, before config.json is looked for. */
+static void refuse_model_file(const char *dir)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || S_ISDIR(sb.st_mode))
+        return;
+    hf_refuse_gguf(dir, "model.from_pretrained");
+    fail_input("model.from_pretrained '%s' is a file, not a directory; give the Hugging Face model directory "
+               "(config.json and its .safetensors files)",
+               dir);
+}
+
 static json_t *load_config_json(const char *dir, char *path, size_t cap)
 {
+    refuse_model_file(dir);
     snprintf(path, cap, "%s/config.json", dir);
     json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = hf_json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!root)
         fail_input("model.from_pretrained: cannot read '%s': %s (line %d); give a Hugging Face model directory "
                    "(config.json and its .safetensors files)",
@@ -47,9 +78,10 @@ static double num_field(json_t *root, const char *path, const char *key, double 
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v))
         return def;
-    if (!json_is_number(v))
+    double x;
+    if (!hf_json_number(v, &x))
         fail_input("%s: '%s' must be a number", path, key);
-    return json_number_value(v);
+    return x;
 }
 
 static int bool_field(json_t *root, const char *path, const char *key, int def)
@@ -107,6 +139,11 @@ static void llama_keys(json_t *root, const char *path, void (*put)(void *, const
     put(ctx, "ffn_dim", json_integer(int_field(root, path, "intermediate_size", -1)));
     put(ctx, "n_positions", json_integer(int_field(root, path, "max_position_embeddings", -1)));
     put(ctx, "vocab_size", json_integer(int_field(root, path, "vocab_size", -1)));
+    static const char *const defaulted[] = {"rms_norm_eps", "rope_theta", "tie_word_embeddings"};
+    for (int i = 0; i < 3; i++)
+        if (!json_object_get(root, defaulted[i]))
+            log_info("%s has no %s: transformers' LlamaConfig default, %s", path, defaulted[i],
+                     i == 0 ? "1e-6" : i == 1 ? "10000" : "false (an lm_head.weight of its own)");
     put(ctx, "rms_norm_eps", json_real(num_field(root, path, "rms_norm_eps", 1e-6))); /* LlamaConfig's default */
     put(ctx, "rope_theta", json_real(num_field(root, path, "rope_theta", 10000.0)));
     put(ctx, "tie_word_embeddings", json_boolean(bool_field(root, path, "tie_word_embeddings", 0)));
@@ -169,7 +206,7 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
     if (src_dir && src_dir[0]) {
         char path[1100];
         snprintf(path, sizeof path, "%s/config.json", src_dir);
-        out = json_load_file(path, 0, NULL);
+        out = hf_json_load_file(path, 0, NULL);
     }
     if (!json_is_object(out)) {
         json_decref(out);
@@ -227,7 +264,7 @@ int hf_config_differs(const struct model *m, const char *dir, const char **key, 
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    json_t *file = json_load_file(path, 0, NULL);
+    json_t *file = hf_json_load_file(path, 0, NULL);
     if (!json_is_object(file)) {
         json_decref(file);
         return -1;

@@ -75,4 +75,8 @@ void hf_tensor_name(const struct model *m, const struct tensor_desc *t, int pref
  * generation_config.json, vocab.json, merges.txt, when present) into dst_dir. */
 void hf_copy_tokenizer(const char *src_dir, const char *dst_dir);
 
+/* Fails (exit status 2) when PATH is a GGUF file (llama.cpp), naming the
+ * conversion command; WHAT names the option or argument that gave it. */
+void hf_refuse_gguf(const char *path, const char *what);
+
 #endif

@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "ckpt.h"
 #include "hf.h"
+#include "hf_json.h"
 #include "tokenizer.h"
 #include "util.h"
 
@@ -71,7 +72,7 @@ static void read_eos(struct infer *s, const char *dir)
     for (int f = 0; f < 2 && !s->n_eos; f++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/%s", dir, files[f]);
-        json_t *doc = readable(path) ? json_load_file(path, 0, NULL) : NULL;
+        json_t *doc = readable(path) ? hf_json_load_file(path, 0, NULL) : NULL;
         json_t *eos = json_object_get(doc, "eos_token_id");
         if (json_is_integer(eos))
             s->eos[s->n_eos++] = (int32_t)json_integer_value(eos);
@@ -122,6 +123,7 @@ static json_t *resolve_model(struct infer *s, const struct infer_options *o, str
         fail_input("MODEL '%s' does not exist: give a Hugging Face directory (config.json and safetensors), a "
                    "checkpoint file or a run's checkpoint.dir",
                    o->model);
+    hf_refuse_gguf(o->model, "MODEL");
     char *path = ckpt_resolve(o->model, o->model);
     if (!path)
         fail_input("MODEL '%s' holds no checkpoint and no config.json: give a Hugging Face directory, a checkpoint "
@@ -159,8 +161,17 @@ void infer_open(struct infer *s, struct comm *comm, const struct infer_options *
     json_t *doc = resolve_model(s, o, &r);
     if (r)
         ckpt_close(r);
+    json_t *data = json_object_get(doc, "data");
+    /* a length given here (eval --seq-len, --set) replaces the checkpoint's under either of its two names */
+    bool own_length = o->seq_len > 0;
+    for (int i = 0; i < o->n_sets; i++)
+        own_length |= strncmp(o->sets[i], "data.seq_len=", 13) == 0 ||
+                      strncmp(o->sets[i], "data.max_seq_length=", 20) == 0;
+    if (data && own_length) {
+        json_object_del(data, "seq_len");
+        json_object_del(data, "max_seq_length");
+    }
     if (o->data) {
-        json_t *data = json_object_get(doc, "data");
         if (!data)
             json_object_set_new(doc, "data", data = json_object());
         json_object_set_new(data, "train", json_string(o->data));

@@ -40,6 +40,7 @@ struct infer_options {
     const char *base;              /* --base: a LoRA checkpoint's base directory (NULL: the recorded one) */
     const char *tokenizer;         /* --tokenizer: a tokenizer.json (NULL: the model's or base's directory) */
     const char *data;              /* eval: the data file (data.train of the config, so its options apply) */
+    int seq_len;                   /* eval --seq-len: its own length, over the checkpoint's (0: none given) */
     const char *const *sets;       /* --set KEY.PATH=VALUE overrides */
     int n_sets;
 };

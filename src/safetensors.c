@@ -20,6 +20,7 @@
 #include "safetensors.h"
 
 #include "dtype.h"
+#include "hf_json.h"
 #include "util.h"
 
 #include <errno.h>
@@ -285,7 +286,7 @@ static void open_file(struct st_model *st, int fi)
     if ((e = transfer_all(fd, 0, text, (size_t)header_bytes, 8)))
         fail_input("%s: reading the %llu-byte header: %s", path, (unsigned long long)header_bytes, transfer_error(e));
     json_error_t err;
-    json_t *root = json_loadb(text, (size_t)header_bytes, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = hf_json_loadb(text, (size_t)header_bytes, JSON_REJECT_DUPLICATES, &err);
     free(text);
     if (!root)
         fail_input("%s: the header is not valid JSON (%s, at byte %d): the file is corrupt or not safetensors; "
@@ -348,7 +349,7 @@ static json_t *load_index(const char *index_path)
     if (fd < 0)
         fail_input("cannot open '%s': %s", index_path, strerror(errno));
     json_error_t err;
-    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = hf_json_loadfd(fd, JSON_REJECT_DUPLICATES, &err);
     close(fd);
     if (!root)
         fail_input("%s: not valid JSON (%s, line %d): the download is corrupt; download it again", index_path,
@@ -419,6 +420,13 @@ void st_open(struct st_model *st, const char *dir)
         free(single);
         open_index(st, dir, index);
     } else {
+        char *bin = path_join(dir, "pytorch_model.bin", ""), *bin_index = path_join(dir, "pytorch_model.bin.index.json", "");
+        if (file_exists(bin) || file_exists(bin_index))
+            fail_input("%s holds PyTorch pickles (pytorch_model.bin), which shardlm does not read (they run code when "
+                       "loaded); convert them once: python3 -c \"import transformers as t; "
+                       "t.AutoModelForCausalLM.from_pretrained('%s').save_pretrained('%s-safetensors', "
+                       "safe_serialization=True)\" and copy the tokenizer files beside",
+                       dir, dir, dir);
         fail_input("%s: neither %s nor %s: give the directory of a Hugging Face model saved with safetensors "
                    "(save_pretrained(..., safe_serialization=True))", dir, ST_SINGLE_NAME, ST_INDEX_NAME);
     }

@@ -3,6 +3,7 @@
 #include "samples.h"
 
 #include "data.h"
+#include "hf_json.h"
 #include "util.h"
 
 #include <hdf5.h>
@@ -128,7 +129,7 @@ bool samples_is_sample_file(const char *path)
 static int64_t tokenizer_vocab(const char *path)
 {
     json_error_t err;
-    json_t *root = json_load_file(path, 0, &err);
+    json_t *root = hf_json_load_file(path, 0, &err);
     if (!root)
         return 0;
     int64_t top = -1;
@@ -233,6 +234,27 @@ static void scan(struct sample_set *s, uint32_t *trained_of)
     }
     free(tok);
     free(tr);
+}
+
+size_t samples_longest(const char *path, int vocab_size, const char *what)
+{
+    struct sample_set s = {.path = xstrdup(path), .what = what, .o.vocab_size = vocab_size};
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        fail_input("%s '%s': no such file; make it with tools/prepare_data.py", what, path);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    s.file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (s.file < 0)
+        h5_fail(&s, "open it as HDF5");
+    check_header(&s);
+    read_offsets(&s);
+    size_t longest = 0;
+    for (size_t i = 0; i < s.n_file; i++) {
+        size_t L = (size_t)(s.offsets[i + 1] - s.offsets[i]);
+        longest = L > longest ? L : longest;
+    }
+    samples_close(&s);
+    return longest;
 }
 
 void samples_open(struct sample_set *s, const char *path, const struct sample_opts *o, const char *what)

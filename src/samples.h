@@ -96,6 +96,9 @@ bool samples_is_sample_file(const char *path);
 /* Opens and checks the file (fail_input naming it: not a sample file, a
  * token id at or above the model's vocabulary, another tokenizer than the
  * run's, a truncated file), counts what truncation drops. */
+/* The length in tokens of the longest sample of a sample file (what an eval
+ * sizes its rows by), after the file's header and offsets are checked. */
+size_t samples_longest(const char *path, int vocab_size, const char *what);
 void samples_open(struct sample_set *s, const char *path, const struct sample_opts *o, const char *what);
 void samples_close(struct sample_set *s);
 /* Units in the first epoch (samples, or packed rows). */

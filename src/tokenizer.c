@@ -191,6 +191,19 @@ int tok_normalize(const struct tokenizer *tok, const char *text, size_t len, str
             tok_bytes_append(&b, nm->text, nm->text_len);
             tok_bytes_append(&b, a.b, a.len);
             added += nm->text_len;
+        } else if (nm->kind != NORM_REPLACE && a.len == 0) {
+            continue; /* the empty text stays empty */
+        } else if (nm->kind >= NORM_NFC && nm->kind <= NORM_NFKD) {
+            if (tok_unicode_normalize((enum tok_unicode_form)(nm->kind - NORM_NFC), a.b, a.len, &b) != 0) {
+                tok_err(err, errlen, "utf8proc cannot normalize the text (%zu bytes)", a.len);
+                rc = -1;
+            }
+        } else if (nm->kind == NORM_LOWERCASE) {
+            tok_lowercase(a.b, a.len, &b);
+        } else if (nm->kind == NORM_STRIP) {
+            size_t left = nm->strip_left ? white_space_at_start(a.b, a.len) : 0;
+            size_t right = nm->strip_right ? white_space_at_end(a.b + left, a.len - left) : 0;
+            tok_bytes_append(&b, a.b + left, a.len - left - right);
         } else {
             rc = tok_find_matches(&nm->pattern, m, a.b ? a.b : "", a.len, &spans, err, errlen);
             for (size_t k = 0; rc == 0 && k < spans.n; k++) {

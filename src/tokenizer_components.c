@@ -126,15 +126,25 @@ static int begin_component(struct tok_load *L, json_t *obj, const char *what, co
 
 int tok_load_normalizer(struct tok_load *L, json_t *n)
 {
-    static const char *const kinds[] = {[NORM_PREPEND] = "Prepend", [NORM_REPLACE] = "Replace"};
+    static const char *const kinds[] = {[NORM_PREPEND] = "Prepend", [NORM_REPLACE] = "Replace", [NORM_NFC] = "NFC",
+                                        [NORM_NFD] = "NFD", [NORM_NFKC] = "NFKC", [NORM_NFKD] = "NFKD",
+                                        [NORM_LOWERCASE] = "Lowercase", [NORM_STRIP] = "Strip"};
     struct tokenizer *tok = L->tok;
-    int kind, rc = begin_component(L, n, "normalizer", "normalizers", tok_load_normalizer, kinds, 2, &kind);
+    int kind, rc = begin_component(L, n, "normalizer", "normalizers", tok_load_normalizer, kinds,
+                                   (int)(sizeof kinds / sizeof *kinds), &kind);
     if (rc <= 0)
         return rc;
     struct tok_normalizer *nm = append_zeroed((void **)&tok->normalizers, &tok->n_normalizers, sizeof *nm);
     const char *s;
     size_t len;
     nm->kind = (enum tok_normalizer_kind)kind;
+    if (nm->kind == NORM_STRIP)
+        return tok_json_bool(L, n, "strip_left", false, &nm->strip_left, "normalizer Strip") ||
+                       tok_json_bool(L, n, "strip_right", false, &nm->strip_right, "normalizer Strip")
+                   ? -1
+                   : 0;
+    if (nm->kind != NORM_PREPEND && nm->kind != NORM_REPLACE)
+        return 0; /* the Unicode forms and Lowercase have no settings */
     if (nm->kind == NORM_PREPEND) {
         if (tok_json_string(L, n, "prepend", false, &s, &len, "normalizer Prepend") != 0)
             return -1;
@@ -168,15 +178,77 @@ static int load_split(struct tok_load *L, json_t *p, struct tok_pretok *pt)
     return get_pattern(L, p, &pt->pattern, "pre_tokenizer Split");
 }
 
+/* Rust regex's \w and \s (tokenizers' Whitespace pre-tokenizer runs the regex
+ * crate, not Oniguruma), spelled for PCRE2 inside a class. */
+#define RUST_WORD "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}"
+#define RUST_SPACE "\\p{White_Space}"
+
+/* The pre-tokenizers that are a Split with a fixed pattern in tokenizers
+ * (pre_tokenizers/{digits,punctuation,whitespace}.rs), indexed from
+ * PRETOK_FIXED_FIRST. A character predicate there is a one-character class
+ * here: tokenizers makes each matching character a match of its own, as a
+ * class without a repeat does. */
+enum { PRETOK_FIXED_FIRST = PRETOK_METASPACE + 1 };
+static const struct fixed_split {
+    const char *name;
+    const char *pattern;
+    enum tok_split_behavior behavior; /* when the file names none */
+    bool invert;
+} fixed_splits[] = {
+    /* char::is_ascii_digit; individual_digits picks Isolated, else Contiguous */
+    {"Digits", "[0-9]", SPLIT_CONTIGUOUS, false},
+    /* char::is_ascii_punctuation or Unicode's P* categories; behavior from the file */
+    {"Punctuation", "[\\p{P}\\x{21}-\\x{2F}\\x{3A}-\\x{40}\\x{5B}-\\x{60}\\x{7B}-\\x{7E}]", SPLIT_ISOLATED, false},
+    /* \w+|[^\w\s]+ kept, the rest (white space) removed */
+    {"Whitespace", "[" RUST_WORD "]+|[^" RUST_WORD RUST_SPACE "]+", SPLIT_REMOVED, true},
+    /* char::is_whitespace, each removed */
+    {"WhitespaceSplit", "[" RUST_SPACE "]", SPLIT_REMOVED, false},
+};
+#define N_FIXED_SPLITS (sizeof fixed_splits / sizeof *fixed_splits)
+
+static int load_fixed_split(struct tok_load *L, json_t *p, struct tok_pretok *pt, const struct fixed_split *fs)
+{
+    char what[64], why[256];
+    snprintf(what, sizeof what, "pre_tokenizer %s", fs->name);
+    pt->kind = PRETOK_SPLIT;
+    pt->behavior = fs->behavior;
+    pt->invert = fs->invert;
+    if (strcmp(fs->name, "Digits") == 0) {
+        bool individual;
+        if (tok_json_bool(L, p, "individual_digits", false, &individual, what) != 0)
+            return -1;
+        if (individual)
+            pt->behavior = SPLIT_ISOLATED;
+    } else if (strcmp(fs->name, "Punctuation") == 0) {
+        const char *behavior;
+        if (tok_json_string(L, p, "behavior", true, &behavior, NULL, what) != 0)
+            return -1;
+        int found = name_index(behavior, behavior_names, sizeof behavior_names / sizeof *behavior_names);
+        if (behavior && found < 0)
+            return tok_load_fail(L, "%s: behavior '%s' is not one of tokenizers' (Removed, Isolated, "
+                                 "MergedWithPrevious, MergedWithNext, Contiguous)", what, behavior);
+        if (found >= 0)
+            pt->behavior = (enum tok_split_behavior)found;
+    }
+    if (tok_regex_compile(&pt->pattern, fs->pattern, strlen(fs->pattern), false, why, sizeof why) != 0)
+        return tok_load_fail(L, "%s's pattern: %s", what, why);
+    return 0;
+}
+
 int tok_load_pre_tokenizer(struct tok_load *L, json_t *p)
 {
-    static const char *const kinds[] = {[PRETOK_BYTE_LEVEL] = "ByteLevel", [PRETOK_SPLIT] = "Split",
-                                        [PRETOK_METASPACE] = "Metaspace"};
+    const char *kinds[PRETOK_FIXED_FIRST + N_FIXED_SPLITS] = {
+        [PRETOK_BYTE_LEVEL] = "ByteLevel", [PRETOK_SPLIT] = "Split", [PRETOK_METASPACE] = "Metaspace"};
+    for (size_t k = 0; k < N_FIXED_SPLITS; k++)
+        kinds[PRETOK_FIXED_FIRST + k] = fixed_splits[k].name;
     struct tokenizer *tok = L->tok;
-    int kind, rc = begin_component(L, p, "pre_tokenizer", "pretokenizers", tok_load_pre_tokenizer, kinds, 3, &kind);
+    int kind, rc = begin_component(L, p, "pre_tokenizer", "pretokenizers", tok_load_pre_tokenizer, kinds,
+                                   (int)(sizeof kinds / sizeof *kinds), &kind);
     if (rc <= 0)
         return rc;
     struct tok_pretok *pt = append_zeroed((void **)&tok->pretoks, &tok->n_pretoks, sizeof *pt);
+    if (kind >= PRETOK_FIXED_FIRST)
+        return load_fixed_split(L, p, pt, &fixed_splits[kind - PRETOK_FIXED_FIRST]);
     pt->kind = (enum tok_pretok_kind)kind;
     if (pt->kind == PRETOK_BYTE_LEVEL) {
         if (tok_json_bool(L, p, "add_prefix_space", true, &pt->add_prefix_space, "pre_tokenizer ByteLevel") != 0 ||

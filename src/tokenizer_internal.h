@@ -57,6 +57,13 @@ size_t tok_utf8_check(const char *s, size_t len);
 void tok_utf8_lossy(struct tok_bytes *out, const char *s, size_t len);
 /* 1 for Unicode's White_Space (Rust regex \s, Oniguruma \s). */
 bool tok_is_white_space(uint32_t cp);
+/* s[0, len) (valid UTF-8) in Unicode normalization form NFC, NFD, NFKC or
+ * NFKD (utf8proc), appended to out; 0, or -1 (utf8proc refused it). */
+enum tok_unicode_form { TOK_NFC, TOK_NFD, TOK_NFKC, TOK_NFKD };
+int tok_unicode_normalize(enum tok_unicode_form form, const char *s, size_t len, struct tok_bytes *out);
+/* s[0, len) (valid UTF-8) lowercased as Rust's char::to_lowercase does, a
+ * character at a time (tokenizers' Lowercase), appended to out. */
+void tok_lowercase(const char *s, size_t len, struct tok_bytes *out);
 
 /* ---- hash maps ---- */
 
@@ -148,12 +155,15 @@ enum tok_split_behavior { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_WITH_PREVI
                           SPLIT_CONTIGUOUS };
 enum tok_prepend_scheme { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER };
 
-enum tok_normalizer_kind { NORM_PREPEND, NORM_REPLACE };
+/* The four Unicode forms in the order of enum tok_unicode_form. */
+enum tok_normalizer_kind { NORM_PREPEND, NORM_REPLACE, NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_LOWERCASE,
+                           NORM_STRIP };
 struct tok_normalizer {
     enum tok_normalizer_kind kind;
     char *text;              /* Prepend: what is prepended; Replace: the replacement */
     size_t text_len;
     struct tok_regex pattern; /* Replace */
+    bool strip_left, strip_right; /* Strip */
 };
 
 enum tok_pretok_kind { PRETOK_BYTE_LEVEL, PRETOK_SPLIT, PRETOK_METASPACE };

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hf_json.h"
 #include "util.h"
 
 /* Rust regex's \w (Alphabetic, marks, decimal numbers, connector punctuation,
@@ -473,6 +474,34 @@ static int32_t config_token(const struct tokenizer *tok, json_t *config, const c
     return json_is_string(v) ? tokenizer_token_to_id_n(tok, json_string_value(v), json_string_length(v)) : -1;
 }
 
+/* tokenizer_config.json's added_tokens_decoder ({"ID": {"content": ...}},
+ * what transformers >= 4.34 writes) against this tokenizer: an id whose
+ * token here has other text means that the two files belong to different
+ * tokenizers. Ids this tokenizer lacks are left alone (transformers would
+ * add them). 0, or -1 with err filled. */
+static int check_added_tokens_decoder(struct tok_load *L, json_t *config, const char *config_path)
+{
+    json_t *decoder = json_object_get(config, "added_tokens_decoder"), *entry;
+    const char *key;
+    json_object_foreach(decoder, key, entry) {
+        char *end;
+        long id = strtol(key, &end, 10);
+        json_t *content = json_object_get(entry, "content");
+        size_t len;
+        const char *have = *end == '\0' && id >= 0 && id <= INT32_MAX ? tokenizer_id_to_token(L->tok, (int32_t)id, &len)
+                                                                       : NULL;
+        if (!have || !json_is_string(content))
+            continue;
+        if (len != json_string_length(content) || memcmp(have, json_string_value(content), len) != 0) {
+            tok_err(L->err, L->errlen, "%s: added_tokens_decoder says token %ld is '%.60s', but %s has '%.*s' "
+                    "there: the two files come from different tokenizers; save both from the same one",
+                    config_path, id, json_string_value(content), L->path, (int)(len > 60 ? 60 : len), have);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* BOS: what the first template puts before $A. */
 static int32_t template_bos(const struct tokenizer *tok)
 {
@@ -502,7 +531,7 @@ static int load_config(struct tok_load *L)
     }
     fclose(f);
     json_error_t jerr;
-    json_t *config = json_load_file(config_path, 0, &jerr);
+    json_t *config = hf_json_load_file(config_path, 0, &jerr);
     int rc = 0;
     if (!json_is_object(config)) {
         tok_err(L->err, L->errlen, "%s (beside %s): %s at line %d: fix or remove it (shardlm reads bos_token and "
@@ -513,6 +542,7 @@ static int load_config(struct tok_load *L)
         if (bos >= 0)
             tok->bos_id = bos;
         tok->eos_id = config_token(tok, config, "eos_token");
+        rc = check_added_tokens_decoder(L, config, config_path);
     }
     json_decref(config);
     free(config_path);
@@ -550,7 +580,7 @@ struct tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
     }
     fclose(f);
     json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_ALLOW_NUL, &jerr);
+    json_t *root = hf_json_load_file(path, JSON_ALLOW_NUL, &jerr);
     if (!root) {
         tok_err(err, errlen, "%s: not valid JSON (line %d, column %d: %s); download or save the tokenizer again",
                 path, jerr.line, jerr.column, jerr.text);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "util.h"
 
@@ -165,6 +166,39 @@ void tok_utf8_lossy(struct tok_bytes *out, const char *s, size_t len)
         run = i;
     }
     tok_bytes_append(out, s + run, i - run);
+}
+
+int tok_unicode_normalize(enum tok_unicode_form form, const char *s, size_t len, struct tok_bytes *out)
+{
+    static const int options[] = {
+        [TOK_NFC] = UTF8PROC_STABLE | UTF8PROC_COMPOSE,
+        [TOK_NFD] = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE,
+        [TOK_NFKC] = UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT,
+        [TOK_NFKD] = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT,
+    };
+    utf8proc_uint8_t *result = NULL;
+    /* The length is given (no UTF8PROC_NULLTERM): a NUL in the text is a character like any other. */
+    utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &result,
+                                      (utf8proc_option_t)options[form]);
+    if (n < 0)
+        return -1;
+    tok_bytes_append(out, result, (size_t)n);
+    free(result);
+    return 0;
+}
+
+void tok_lowercase(const char *s, size_t len, struct tok_bytes *out)
+{
+    for (size_t i = 0; i < len;) {
+        uint32_t cp = tok_utf8_decode(s + i);
+        i += tok_utf8_len((unsigned char)s[i]);
+        char buf[4];
+        if (cp == 0x130) { /* the one unconditional multi-character lowercase (SpecialCasing.txt): i + U+0307 */
+            tok_bytes_append(out, "i\xcc\x87", 3);
+            continue;
+        }
+        tok_bytes_append(out, buf, tok_utf8_encode((uint32_t)utf8proc_tolower((utf8proc_int32_t)cp), buf));
+    }
 }
 
 bool tok_is_white_space(uint32_t cp)

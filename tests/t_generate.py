@@ -30,6 +30,11 @@ Checks:
                      validation loss (rel 1e-6) at N = 1 and 2; with partial
                      last batches (13 windows) every window counts once and
                      N = 1 and 2 agree
+  saved_tokenizer.*  the Llama directory with its tokenizer saved by transformers'
+                     PreTrainedTokenizerFast.save_pretrained (model_max_length
+                     int(1e30), added_tokens_decoder, named chat templates):
+                     generate prints what it prints with the bare
+                     tokenizer.json, eval gives the same loss (issue 33)
   bad.*              one line on stderr, exit status 2: a missing MODEL, an
                      empty prompt, a prompt longer than the context (and
                      --truncate-prompt then works), a tokenizer with more
@@ -276,6 +281,31 @@ def check_bad(bases, tok):
     expect_bad("prompt_file_line", ["generate", base, "--prompt-file", bad_file], ["line 2"])
 
 
+def check_saved_tokenizer(bases, tok):
+    """A directory whose tokenizer transformers' PreTrainedTokenizerFast.save_pretrained wrote: its
+    tokenizer_config.json carries model_max_length int(1e30) (no limit set), added_tokens_decoder and a
+    list of named chat templates, which jansson alone refuses (issue 33). generate and eval read it and
+    give what they give with the bare tokenizer.json."""
+    from transformers import PreTrainedTokenizerFast
+    d = os.path.join(TMP, "saved_tokenizer")
+    shutil.copytree(bases["llama"], d)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN)
+    fast.chat_template = {"default": "{{ messages[0]['content'] }}", "rag": "R {{ messages[0]['content'] }}"}
+    fast.save_pretrained(d)
+    text = open(os.path.join(d, "tokenizer_config.json")).read()
+    check("saved_tokenizer.config_as_transformers_writes",
+          '"model_max_length": 1000000000000000019884624838656' in text and "added_tokens_decoder" in text and
+          '"name": "rag"' in text, text[:400])
+    ref = run(["generate", bases["llama"], "--prompt", PROMPTS[1], "--max-new-tokens", str(NEW)])
+    r = run(["generate", d, "--prompt", PROMPTS[1], "--max-new-tokens", str(NEW)])
+    check("saved_tokenizer.generate", r.returncode == 0 and ref.returncode == 0 and r.stdout == ref.stdout and
+          r.stdout.strip(), f"exit {r.returncode}: {r.stdout!r} vs {ref.stdout!r} {r.stderr[-300:]}")
+    a, b = eval_json("saved_tokenizer.eval", d, VAL_DATA, 1, 4), eval_json("saved_tokenizer.eval_bare", bases["llama"],
+                                                                        VAL_DATA, 1, 4)
+    check("saved_tokenizer.eval_equals_bare", a and b and a["loss"] == b["loss"] and a["tokens"] == b["tokens"] > 0,
+          f"{a} vs {b}")
+
+
 def main():
     global PROMPT_FILE
     tok = make_tokenizer()
@@ -289,6 +319,7 @@ def main():
     check_checkpoints(bases, tok)
     check_eval(bases)
     check_bad(bases, tok)
+    check_saved_tokenizer(bases, tok)
 
 
 if __name__ == "__main__":

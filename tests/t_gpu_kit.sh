@@ -135,10 +135,10 @@ if make -C "$TREE" KIT="$KIT" CUDA=1 check-deps bin/shardlm-cuda >"$TMP/make-cud
 else
   fail build_cuda_with_kit "$(tail -3 "$TMP/make-cuda.log" | tr '\n' ' ')"
 fi
-# Every header of the five packages that the sources include comes from the kit.
+# Every header of the six packages that the sources include comes from the kit.
 strays=$(gcc -std=gnu11 -M -fopenmp -iquote src -I"$KIT/include" -I/usr/local/cuda/include -iquote tests/gpu \
   src/*.c tests/gpu/check_kernels.c 2>"$TMP/deps.err" | tr ' \\' '\n\n' | grep '\.h$' | sort -u |
-  grep -E '/(mpi[^/]*|H5[^/]*|hdf5[^/]*|jansson[^/]*|pcre2[^/]*|cblas|openblas_config)\.h$' | grep -v "^$KIT/include/")
+  grep -E '/(mpi[^/]*|H5[^/]*|hdf5[^/]*|jansson[^/]*|pcre2[^/]*|utf8proc|cblas|openblas_config)\.h$' | grep -v "^$KIT/include/")
 if [ ! -s "$TMP/deps.err" ] && [ -z "$strays" ]; then
   ok headers_from_kit
 else

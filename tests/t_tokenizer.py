@@ -31,6 +31,18 @@ Tokenizers:
              and PCRE2 differ (\\w, \\h, \\s, \\uHHHH, $ at every line end,
              . matching a newline only under Ruby's (?m), empty matches, an
              empty lookahead match)
+  smollm2    the gpt2 vocabulary behind SmolLM2's (and StarCoder's)
+             Digits(individual_digits=true) + ByteLevel; digits_contiguous:
+             Digits(individual_digits=false)
+  qwen2      the gpt2 vocabulary behind Qwen2's NFC normalizer and Split on
+             its regex + ByteLevel(use_regex=false)
+  whitespace, whitespace_split, punctuation_<behavior>  those pre-tokenizers
+  norm_*     NFD, NFKC, NFKD, Lowercase, Strip (both ends, then Prepend; left
+             only) normalizers
+  (Mistral's shape, Metaspace(prepend_scheme "first", split false) over a
+  byte_fallback BPE, is metaspace above.) Each of these is also checked to
+  give other ids than gpt2's on the multilingual text (*.differs_from_gpt2),
+  so that a component left out would show.
 
 Checks, for each tokenizer:
   *.encode.{src,docs,multilingual,edge}[.no_special]
@@ -47,8 +59,8 @@ Checks, for each tokenizer:
               --stream), joined, equal what decode(ids) adds to decoding the
               first 0, 3 or 50 ids (the context)
   llama3.ignore_merges_matters  the ids with and without ignore_merges differ
-bad.*: a WordPiece and a Unigram tokenizer.json, an NFKC normalizer, a
-Whitespace pre-tokenizer, a WordPiece decoder, BPE dropout, a merge of tokens
+bad.*: a WordPiece and a Unigram tokenizer.json, a BertNormalizer, a
+BertPreTokenizer, a WordPiece decoder, BPE dropout, a merge of tokens
 not in the vocabulary, malformed JSON, a missing tokenizer or text, an
 out-of-range id and an object for --decode, text that is not UTF-8: one line
 on stderr naming the problem, exit status 2.
@@ -78,6 +90,9 @@ TMP = scratch_dir("t_tokenizer")
 # Llama 3's pre-tokenization regex (its tokenizer.json's Split pattern).
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                   r"\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen2's (its tokenizer.json's Split pattern): Llama 3's with digits one at a time.
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
 VOCAB = 2000
 # Random id sequences decoded per tokenizer, and their length.
 RANDOM_DECODES, RANDOM_LEN = 40, 24
@@ -108,6 +123,7 @@ MULTILINGUAL = "\n".join([
     "Marker ▁ in text ▁▁ and __ underscores",
     "Long: " + "a" * 3000 + " " + "9" * 200 + " " * 500 + "end",
     "Math: ∀x∈ℝ, x² ≥ 0; ∑ᵢ aᵢ ≠ ∞; ﬁnal ﬂow",
+    "Case: İstanbul ΑΘΗΝΑ ǅ Ǆ ẞ ΣΑΣ Ⅻ ＡＢＣ Å Ω K",
 ]) + "\n   "
 
 EDGE = ["", " ", "  ", "\n", "\r\n", "\t", " leading", "trailing ", "  both  ", "a", "<|endoftext|>",
@@ -301,6 +317,44 @@ def split_variants(gpt2):
     return out
 
 
+def pretok_variants(gpt2):
+    """The gpt2 vocabulary behind the pre-tokenizers that are fixed splits in tokenizers, as released
+    families use them: SmolLM2 / StarCoder's Digits(individual_digits=true) + ByteLevel, Digits without
+    individual digits, Punctuation with every behavior, Whitespace, WhitespaceSplit (each before
+    ByteLevel(use_regex=false), which maps the bytes)."""
+    base = json.loads(gpt2.to_str())
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    plain_bytes = dict(byte_level, use_regex=False)
+    cases = {
+        "smollm2": [{"type": "Digits", "individual_digits": True}, byte_level],
+        "digits_contiguous": [{"type": "Digits", "individual_digits": False}, byte_level],
+        "whitespace": [{"type": "Whitespace"}, plain_bytes],
+        "whitespace_split": [{"type": "WhitespaceSplit"}, plain_bytes],
+        "qwen2": [{"type": "Split", "pattern": {"Regex": QWEN2_PATTERN}, "behavior": "Isolated", "invert": False},
+                  plain_bytes],
+    }
+    for behavior in ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"):
+        cases["punctuation_" + behavior.lower()] = [{"type": "Punctuation", "behavior": behavior}, plain_bytes]
+    out = {}
+    for name, members in cases.items():
+        j = json.loads(json.dumps(base))
+        j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": members}
+        out[name] = j
+    out["qwen2"]["normalizer"] = {"type": "NFC"}
+    normalizers = {
+        "nfd": {"type": "NFD"}, "nfkc": {"type": "NFKC"}, "nfkd": {"type": "NFKD"},
+        "lowercase": {"type": "Lowercase"},
+        "strip": {"type": "Sequence", "normalizers": [{"type": "Strip", "strip_left": True, "strip_right": True},
+                                                      {"type": "Prepend", "prepend": "<"}]},
+        "strip_left": {"type": "Strip", "strip_left": True, "strip_right": False},
+    }
+    for name, normalizer in normalizers.items():
+        j = json.loads(json.dumps(base))
+        j["normalizer"] = normalizer
+        out["norm_" + name] = j
+    return out
+
+
 # ---- comparisons ----------------------------------------------------------
 
 def first_difference(a, b):
@@ -434,8 +488,8 @@ def bad_inputs(gpt2_path, gpt2_json):
     Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0, False)).save(unigram)
     expect_refusal("unigram", [unigram, text], "model type Unigram")
     for field, value, needle in [
-            ("normalizer", {"type": "NFKC"}, "normalizer NFKC"),
-            ("pre_tokenizer", {"type": "Whitespace"}, "pre_tokenizer Whitespace"),
+            ("normalizer", {"type": "BertNormalizer"}, "normalizer BertNormalizer"),
+            ("pre_tokenizer", {"type": "BertPreTokenizer"}, "pre_tokenizer BertPreTokenizer"),
             ("decoder", {"type": "WordPiece", "prefix": "##", "cleanup": True}, "decoder WordPiece")]:
         j = json.loads(json.dumps(gpt2_json))
         j[field] = value
@@ -486,6 +540,14 @@ def main():
     small = {k: v if k != "src" else v[:12] for k, v in groups.items()}
     for name, j in split_variants(gpt2).items():
         compare(name, write_json(name + ".json", j), Tokenizer.from_str(json.dumps(j)), small, full=False)
+
+    for name, j in pretok_variants(gpt2).items():
+        full = name in ("smollm2", "qwen2")
+        ref = Tokenizer.from_str(json.dumps(j))
+        compare(name, write_json(name + ".json", j), ref, groups if full else small, full=full)
+        # the component acts on the text: without it the ids would be gpt2's
+        check(f"{name}.differs_from_gpt2", ref.encode(MULTILINGUAL).ids != gpt2.encode(MULTILINGUAL).ids,
+              "the same ids as the gpt2 tokenizer: the test would not see the component")
 
     bad_inputs(gpt2_path, json.loads(gpt2.to_str()))
 

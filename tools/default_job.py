@@ -37,6 +37,8 @@ HOLD_EVERY = 7  # every 7th key held back: 8 of the README table's 57 keys, one 
 CONFIG_TABLE_HEADER = "| key | default | meaning |"
 # The prompt around a question; the completion starts with a space, as the README's cells do after "|".
 PROMPT_FORMAT = "Question: What does {key} do?\nAnswer:"
+# make run's real instruct model (--chat): the question as a user turn, the README's words as the answer
+CHAT_QUESTION = "In shardlm's configuration, what does {key} do?"
 # shardlm generate's finish_reason, in words
 FINISH_REASONS = {"eos": "ended by the end-of-text token", "length": "cut at --max-new-tokens"}
 
@@ -183,21 +185,32 @@ def cmd_instructions(args):
         fail(f"--hold-every {args.hold_every}: give 2 or more (every K-th pair is held back)")
     os.makedirs(args.out, exist_ok=True)
     train, held, askable = [], [], []
+    trained_askable = []
     for i, (key, description, alone) in enumerate(pairs):
-        sample = {"prompt": PROMPT_FORMAT.format(key=key), "completion": " " + description}
+        if args.chat:
+            sample = {"messages": [{"role": "user", "content": CHAT_QUESTION.format(key=key)},
+                                   {"role": "assistant", "content": description}],
+                      "prompt": CHAT_QUESTION.format(key=key), "completion": description}
+        else:
+            sample = {"prompt": PROMPT_FORMAT.format(key=key), "completion": " " + description}
         is_held = i % args.hold_every == args.hold_every - 1
         (held if is_held else train).append(sample)
-        if is_held and alone:
-            askable.append(sample)
+        if alone:
+            (askable if is_held else trained_askable).append(sample)
     for name, samples in (("train", train), ("held", held)):
         with open(os.path.join(args.out, name + ".jsonl"), "w", encoding="utf-8") as f:
             for s in samples:
-                f.write(json.dumps(s) + "\n")
-    # asked: the shortest answers whose row describes that key alone (not "shape" for n_layer, n_head, n_embd)
-    questions = sorted(askable, key=lambda s: len(s["completion"]))[:2]
+                f.write(json.dumps({"messages": s["messages"]} if args.chat else s) + "\n")
+    # asked: the shortest answers whose row describes that key alone (not "shape" for n_layer, n_head, n_embd);
+    # with --chat two trained questions too, after the held-back ones
+    def shortest(rows, n):
+        return sorted(rows, key=lambda s: len(s["completion"]))[:n]
+    questions = [dict(s, held=True) for s in shortest(askable, 2)]
+    if args.chat:
+        questions += [dict(s, held=False) for s in shortest(trained_askable, 2)]
     with open(os.path.join(args.out, "questions.jsonl"), "w", encoding="utf-8") as f:
         for s in questions:
-            f.write(json.dumps({"prompt": s["prompt"], "answer": s["completion"].strip()}) + "\n")
+            f.write(json.dumps({"prompt": s["prompt"], "answer": s["completion"].strip(), "held": s["held"]}) + "\n")
     print(f"instructions: {len(pairs)} questions from the configuration table of {args.readme}: {len(train)} to "
           f"train on -> {args.out}/train.jsonl, {len(held)} held back -> {args.out}/held.jsonl")
 
@@ -223,7 +236,7 @@ def cmd_answers(args):
             fail(f"{model} answers: {len(rows)} lines for {len(questions)} questions; run shardlm generate on "
                  f"{args.questions} again")
     for q, base, tuned in zip(questions, *answers):
-        print(q["prompt"].replace("\n", " "))
+        print(q["prompt"].replace("\n", " ") + ("  [held back]" if q.get("held") else "  [trained on]"))
         print(f"  {'README:':11} {q['answer']}")
         for name, row in (("base", base), ("fine-tuned", tuned)):
             end = FINISH_REASONS.get(row.get("finish_reason"), row.get("finish_reason"))
@@ -247,6 +260,7 @@ def main():
     p.add_argument("readme", metavar="README")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--hold-every", type=int, default=HOLD_EVERY)
+    p.add_argument("--chat", action="store_true", help="chat samples ({\"messages\"}) for an instruct model")
     p = sub.add_parser("answers", help="the held-back questions with the base's and the fine-tune's answers")
     p.add_argument("questions", metavar="QUESTIONS")
     p.add_argument("base", metavar="BASE.jsonl")

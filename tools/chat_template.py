@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""chat_template — renders conversations with a tokenizer's chat template, as
+transformers' apply_chat_template(messages, tokenize=False,
+add_generation_prompt=True) does; shardlm generate --chat runs it.
+
+    tools/chat_template.py --tokenizer DIR_OR_tokenizer.json [--chat-template FILE] < IN > OUT
+
+Each line of IN is a JSON list of {"role", "content"} messages; each line of
+OUT is the rendered prompt as a JSON string, in the same order. The template
+is compiled exactly as tools/prepare_data.py compiles it for chat samples
+(the same code), so a fine-tune's training prompts and generate's prompts
+agree. Errors: one line on stderr, exit status 2.
+"""
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+MARK = "SHARDLM_CHAT_TEMPLATE_VENV"
+
+
+def venv():
+    """Continues in build/data-venv (or build/ref-venv) when jinja2 or tokenizers is missing here."""
+    try:
+        import h5py  # noqa: F401
+        import jinja2  # noqa: F401
+        import tokenizers  # noqa: F401
+        return
+    except ImportError as e:
+        missing = e.name
+    if not os.environ.get(MARK):
+        for name in ("data-venv", "ref-venv"):
+            py = os.path.join(ROOT, "build", name, "bin", "python")
+            if os.path.exists(py):
+                os.environ[MARK] = py
+                os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
+    print(f"chat_template: Python module {missing} is missing ({sys.executable}); run tools/deps.sh (make deps)",
+          file=sys.stderr)
+    sys.exit(2)
+
+
+venv()
+
+import argparse  # noqa: E402
+
+from prepare_data import Tokenizer, fail  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--chat-template", metavar="FILE")
+    a = ap.parse_args()
+    tok = Tokenizer(a.tokenizer, a.chat_template)
+    if tok.template is None:
+        fail(f"{a.tokenizer}: the tokenizer has no chat_template (tokenizer_config.json); drop --chat, or give "
+             "--chat-template FILE")
+    for number, line in enumerate(sys.stdin, 1):
+        messages = json.loads(line)
+        try:
+            text = tok.render(messages, True)
+        except Exception as e:  # the template's raise_exception, or any error inside it
+            fail(f"prompt {number}: the chat template failed ({type(e).__name__}: {e}); fix the messages")
+        print(json.dumps(text), flush=False)
+
+
+if __name__ == "__main__":
+    main()
