@@ -2,7 +2,7 @@
 # The GPU kit (tools/gpu-kit.sh, issue 15) is complete: assembled into a bare
 # root that holds only the base libraries (glibc, libstdc++, libgcc_s, libgomp;
 # bash to source env.sh) and the kit, so every system copy of Open MPI, PMIx,
-# HDF5, jansson, PCRE2 and OpenBLAS is out of reach, it
+# HDF5, jansson, PCRE2, utf8proc and OpenBLAS is out of reach, it
 #   * stays within its 48 MiB budget, with a MANIFEST naming every file's package;
 #   * supplies the headers and libraries to build bin/shardlm and (CUDA=1)
 #     bin/shardlm-cuda with make KIT=... (objects of the normal build, relinked);

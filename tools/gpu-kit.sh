@@ -3,7 +3,7 @@
 # shardlm that it lacks (issue 15, item 1). Run on a Debian development machine
 # with the build dependencies installed (tools/deps.sh); the GPU machine has
 # the CUDA toolkit, cuBLAS, NCCL, a compiler and glibc, but no Open MPI, HDF5,
-# jansson, PCRE2 or OpenBLAS, and the kit travels with the working tree
+# jansson, PCRE2, utf8proc or OpenBLAS, and the kit travels with the working tree
 # (git-ignored).
 #
 #   bash tools/gpu-kit.sh [DIR]          (default: gpu-kit at the repo root)
@@ -207,7 +207,7 @@ done
   die "headers missing from $KIT/include (mpi.h, hdf5.h, jansson.h, cblas.h, pcre2.h, utf8proc.h)"
 
 cat >"$KIT/env.sh" <<'EOF'
-# Source this (bash): the gpu-kit's Open MPI, HDF5, jansson, PCRE2 and OpenBLAS for
+# Source this (bash): the gpu-kit's Open MPI, HDF5, jansson, PCRE2, utf8proc and OpenBLAS for
 # building (make KIT=gpu-kit) and running shardlm on a machine without them.
 # Written by tools/gpu-kit.sh.
 KIT_DIR=${BASH_SOURCE[0]}
