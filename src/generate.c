@@ -33,6 +33,7 @@
 
 #include "comm.h"
 #include "generate.h"
+#include "hf_json.h"
 #include "infer.h"
 #include "loader.h"
 #include "tokenizer.h"
@@ -218,10 +219,12 @@ static bool has_chat_template(const char *tokenizer_json)
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
         return false;
-    size_t len;
-    char *text = read_text_file(path, &len);
-    bool has = strstr(text, "\"chat_template\"") != NULL;
-    free(text);
+    json_error_t err;
+    json_t *config = hf_json_load_file(path, 0, &err);
+    if (!config)
+        fail_input("%s: cannot read it: %s (line %d); fix the file, or give --no-chat", path, err.text, err.line);
+    bool has = hf_chat_template(config, NULL) != NULL;
+    json_decref(config);
     return has;
 }
 
