@@ -17,30 +17,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-MARK = "SHARDLM_CHAT_TEMPLATE_VENV"
+from toolenv import use_venv  # noqa: E402
 
-
-def venv():
-    """Continues in build/data-venv (or build/ref-venv) when jinja2 or tokenizers is missing here."""
-    try:
-        import h5py  # noqa: F401
-        import jinja2  # noqa: F401
-        import tokenizers  # noqa: F401
-        return
-    except ImportError as e:
-        missing = e.name
-    if not os.environ.get(MARK):
-        for name in ("data-venv", "ref-venv"):
-            py = os.path.join(ROOT, "build", name, "bin", "python")
-            if os.path.exists(py):
-                os.environ[MARK] = py
-                os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
-    print(f"chat_template: Python module {missing} is missing ({sys.executable}); run tools/deps.sh (make deps)",
-          file=sys.stderr)
-    sys.exit(2)
-
-
-venv()
+use_venv("chat_template", __file__, ("h5py", "jinja2", "tokenizers"))
 
 import argparse  # noqa: E402
 

@@ -40,8 +40,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXIT_BAD_INPUT = 2
-VENVS = ("data-venv", "ref-venv")
-REEXEC_MARK = "SHARDLM_GGUF_TO_HF_VENV"
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from toolenv import use_venv  # noqa: E402
 
 
 def fail(message):
@@ -49,27 +49,7 @@ def fail(message):
     sys.exit(EXIT_BAD_INPUT)
 
 
-def use_venv():
-    """Continues in build/data-venv (or build/ref-venv) when gguf, tokenizers or
-    safetensors is not importable here; re-executes at most once."""
-    try:
-        import gguf  # noqa: F401
-        import safetensors  # noqa: F401
-        import tokenizers  # noqa: F401
-        return
-    except ImportError as e:
-        missing = e.name
-    if not os.environ.get(REEXEC_MARK):
-        for name in VENVS:
-            py = os.path.join(ROOT, "build", name, "bin", "python")
-            if os.path.exists(py):
-                os.environ[REEXEC_MARK] = py
-                os.execv(py, [py, os.path.abspath(__file__)] + sys.argv[1:])
-    where = os.environ.get(REEXEC_MARK) or os.path.join(ROOT, "build", VENVS[0])
-    fail(f"Python module {missing} is missing ({sys.executable}, {where}); run tools/deps.sh (make deps)")
-
-
-use_venv()
+use_venv("gguf_to_hf", __file__, ("gguf", "safetensors", "tokenizers"))
 
 import gguf  # noqa: E402
 import numpy as np  # noqa: E402

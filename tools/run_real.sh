@@ -29,22 +29,9 @@ for n in "$steps" "$ranks"; do
     exit 2
   }
 done
-if [ "$(id -u)" -eq 0 ]; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
-cores=$(nproc)
-threads=$(( cores / ranks > 0 ? cores / ranks : 1 ))
-export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-  core=$(python3 -c 'import sys; sys.path.insert(0, "tools/bench"); import coretype
-print(coretype.resolve("auto") or "")' 2>/dev/null) || core=""
-  if [ -n "$core" ]; then export OPENBLAS_CORETYPE=$core; fi
-fi
-mpi=(mpirun -np "$ranks" --oversubscribe --bind-to none)
-shardlm=${SHARDLM_BIN:-bin/shardlm}
+# shellcheck source=tools/run_env.sh
+. tools/run_env.sh
 data=$out/data
-section() { printf '\n== %s\n' "$*"; }
-show() { printf '$ %s\n' "$*"; "$@"; }
 rm -rf "$data" "$out/lora" "$out/lora-adapter"
 mkdir -p "$data"
 start=$(date +%s)
