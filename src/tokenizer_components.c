@@ -195,8 +195,9 @@ static const struct fixed_split {
     enum tok_split_behavior behavior; /* when the file names none */
     bool invert;
 } fixed_splits[] = {
-    /* char::is_ascii_digit; individual_digits picks Isolated, else Contiguous */
-    {"Digits", "[0-9]", SPLIT_CONTIGUOUS, false},
+    /* char::is_numeric (Unicode's Nd, Nl and No: "३", "①" as well as ASCII
+     * digits); individual_digits picks Isolated, else Contiguous */
+    {"Digits", "\\p{N}", SPLIT_CONTIGUOUS, false},
     /* char::is_ascii_punctuation or Unicode's P* categories; behavior from the file */
     {"Punctuation", "[\\p{P}\\x{21}-\\x{2F}\\x{3A}-\\x{40}\\x{5B}-\\x{60}\\x{7B}-\\x{7E}]", SPLIT_ISOLATED, false},
     /* \w+|[^\w\s]+ kept, the rest (white space) removed */

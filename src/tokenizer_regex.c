@@ -6,8 +6,9 @@
  * differently, the pattern is rewritten before PCRE2 compiles it:
  *   \s \S  Oniguruma: Unicode White_Space; PCRE2 adds U+180E (in its \h)
  *          -> \p{White_Space} / \P{White_Space}
- *   \w \W  Oniguruma: letters, marks, numbers, connector punctuation; PCRE2
- *          10.42 leaves out marks -> [\p{L}\p{M}\p{N}\p{Pc}] and its negation
+ *   \w \W  Oniguruma: Unicode's Word property plus Latin-1's superscripts
+ *          and fractions (not U+2460 and other numbers outside both); PCRE2
+ *          10.42: letters and numbers -> [ONIG_WORD] and its negation
  *   \h \H  Oniguruma: a hexadecimal digit; PCRE2: horizontal space
  *          -> [0-9a-fA-F] and its negation
  *   \uHHHH Oniguruma's escape -> \x{HHHH}
@@ -35,6 +36,12 @@
 #define TOK_JIT_STACK_MIN (32 * 1024)
 #define TOK_JIT_STACK_MAX (8 * 1024 * 1024)
 
+/* Oniguruma's \w as tokenizers runs it: Unicode's Word property (Alphabetic,
+ * marks, decimal digits, connector punctuation, Join_Control) and Latin-1's
+ * superscripts and fractions (a No such as U+2460 CIRCLED DIGIT ONE is not a
+ * word character; U+00B2 SUPERSCRIPT TWO is), as tokenizers 0.19 splits them. */
+#define ONIG_WORD "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}"
+
 /* What each rewritten escape becomes outside a class and inside one (NULL:
  * no spelling inside a class). */
 struct escape_rewrite {
@@ -44,8 +51,8 @@ struct escape_rewrite {
 static const struct escape_rewrite rewrites[] = {
     {'s', "\\p{White_Space}", "\\p{White_Space}"},
     {'S', "\\P{White_Space}", "\\P{White_Space}"},
-    {'w', "[\\p{L}\\p{M}\\p{N}\\p{Pc}]", "\\p{L}\\p{M}\\p{N}\\p{Pc}"},
-    {'W', "[^\\p{L}\\p{M}\\p{N}\\p{Pc}]", NULL},
+    {'w', "[" ONIG_WORD "]", ONIG_WORD},
+    {'W', "[^" ONIG_WORD "]", NULL},
     {'h', "[0-9a-fA-F]", "0-9a-fA-F"},
     {'H', "[^0-9a-fA-F]", NULL},
 };

@@ -516,7 +516,55 @@ def bad_inputs(gpt2_path, gpt2_json):
     expect_refusal("not_utf8", [gpt2_path], "UTF-8", "offset 3", stdin=b"abc\xff\xfe")
 
 
+def byte_to_char():
+    """GPT-2's byte-level alphabet: the printable bytes stand for themselves, the others for 256 + n."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+BYTE_TO_CHAR = byte_to_char()
+
+
+def character_classes():
+    """Which characters Digits (Rust's char::is_numeric) and Oniguruma's \\w take, on characters where PCRE2's
+    classes differ (numbers of the No and Nl categories, Latin-1 superscripts and fractions, marks, Join_Control),
+    through byte-level tokenizers without merges: the ids are the pre-tokenizer's pieces, whatever the corpus."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    texts = [" ①② x", " ² ", " Ⅻ ", " ३٣ ", " ½¾ ", "a_b é", "x\u200dy", " · ", "e\u0301 ", " 𝟙𝟚 ", "¹²³ 12"]
+    # merges that join each whole text, left to right: a piece boundary inside a text shows in the ids
+    vocab, merges = {c: i for i, c in enumerate(alphabet)}, []
+    for t in texts:
+        chars = [BYTE_TO_CHAR[b] for b in t.encode("utf-8")]
+        word = chars[0]
+        for c in chars[1:]:
+            if word + c not in vocab:
+                merges.append((word, c))
+                vocab[word + c] = len(vocab)
+            word += c
+    for name, pre in (("digits", pre_tokenizers.Digits(individual_digits=True)),
+                      ("word", pre_tokenizers.Split(Regex(r"\w"), "isolated"))):
+        tok = Tokenizer(models.BPE(vocab=dict(vocab), merges=list(merges)))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre, pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                    use_regex=False)])
+        path = os.path.join(TMP, f"classes_{name}.json")
+        tok.save(path)
+        bad = []
+        for t in texts:
+            r = subprocess.run([BIN, "tokenize", path, "-"], input=t.encode(), capture_output=True)
+            if r.returncode != 0 or json.loads(r.stdout) != tok.encode(t).ids:
+                bad.append(t)
+        check(f"classes.{name}", not bad, f"pieces differ from tokenizers' on {bad}")
+
+
 def main():
+    character_classes()
     groups = input_groups()
     src, docs = corpus_files()
     train_files = src + docs
