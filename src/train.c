@@ -204,6 +204,26 @@ static bool will_resume(const struct trainer *tr)
     return path != NULL;
 }
 
+/* LoRA: where the base came from and the checksum of its tensors as read
+ * (zero_hash_source over the base units: the values in the files, before any
+ * rounding to the run's dtype, so that a run in another precision matches). */
+static void identify_base(struct trainer *tr, uint64_t sum)
+{
+    const struct config *cfg = tr->cfg;
+    snprintf(tr->base_checksum, sizeof tr->base_checksum, "%016llx", (unsigned long long)sum);
+    if (cfg->model.pretrained[0])
+        snprintf(tr->base_source, sizeof tr->base_source, "%s", cfg->model.pretrained);
+    else
+        snprintf(tr->base_source, sizeof tr->base_source, "random init (model.init_seed %llu)",
+                 (unsigned long long)cfg->model.init_seed);
+    if (tr->rank == 0)
+        log_info("LoRA: r %d, alpha/r %g, dropout %g, %d adapted layers, %zu adapter parameters on a frozen base of "
+                 "%zu (%s, checksum %s)",
+                 tr->model.lora.r, tr->model.lora.scale, tr->model.lora.dropout, tr->model.lora.n_adapted,
+                 model_adapter_params(&tr->model), tr->model.n_params - model_adapter_params(&tr->model),
+                 tr->base_source, tr->base_checksum);
+}
+
 /* The ZeRO engine and its parameters: the seeded init, or model.from_pretrained's
  * weights, each rank reading only what it stores (1/N of the rest). A resumed
  * whole-model run skips the read (the checkpoint holds every weight); a LoRA
@@ -212,9 +232,14 @@ static void init_parameters(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
     const int(*slots)[ZERO_POOLS] = (const int(*)[ZERO_POOLS])tr->plan.pool_slots;
+    /* LoRA: the base's checksum, of its values as read (identify_base) */
+    struct base_hash hash;
     if (!cfg->model.pretrained[0] || (will_resume(tr) && !tr->model.lora.on)) {
+        zero_hash_source(&hash, &tr->model, tr->model.n_base_units, NULL);
         zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
-                  &tr->mem, NULL);
+                  &tr->mem, tr->model.lora.on ? &hash.src : NULL);
+        if (tr->model.lora.on)
+            identify_base(tr, zero_hash_total(&hash, tr->comm, tr->rank, tr->world));
         log_peak_rss(tr, "after the parameters' init");
         return;
     }
@@ -222,8 +247,11 @@ static void init_parameters(struct trainer *tr)
     double t0 = now_seconds();
     hf_source_open(&hf, &tr->model, cfg->model.pretrained);
     struct param_source src = {hf_source_read, hf_source_read_as, &hf};
+    zero_hash_source(&hash, &tr->model, tr->model.n_base_units, &src);
     zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
-              &tr->mem, &src);
+              &tr->mem, tr->model.lora.on ? &hash.src : &src);
+    if (tr->model.lora.on)
+        identify_base(tr, zero_hash_total(&hash, tr->comm, tr->rank, tr->world));
     double total = hf_source_bytes(&hf), *bytes = xcalloc((size_t)tr->world, sizeof *bytes);
     bytes[tr->rank] = (double)hf.st.bytes_read;
     comm_allgather(tr->comm, &bytes[tr->rank], bytes, 1, COMM_F64, NULL);
@@ -255,28 +283,6 @@ static void freeze_for_tests(struct trainer *tr)
     if (tr->rank == 0)
         log_info("%s=%s: %d of %d units frozen (%zu of %zu parameters)", MODEL_TEST_FREEZE_ENV, spec, n,
                  tr->model.n_units, model_frozen_params(&tr->model), tr->model.n_params);
-}
-
-/* LoRA: where the base came from and a checksum of its tensors as loaded
- * (zero_params_checksum over the base units), before any step changes a
- * modules_to_save tensor. */
-static void identify_base(struct trainer *tr)
-{
-    const struct config *cfg = tr->cfg;
-    double t0 = now_seconds();
-    uint64_t sum = zero_params_checksum(&tr->zero, tr->model.n_base_units);
-    snprintf(tr->base_checksum, sizeof tr->base_checksum, "%016llx", (unsigned long long)sum);
-    if (cfg->model.pretrained[0])
-        snprintf(tr->base_source, sizeof tr->base_source, "%s", cfg->model.pretrained);
-    else
-        snprintf(tr->base_source, sizeof tr->base_source, "random init (model.init_seed %llu)",
-                 (unsigned long long)cfg->model.init_seed);
-    if (tr->rank == 0)
-        log_info("LoRA: r %d, alpha/r %g, dropout %g, %d adapted layers, %zu adapter parameters on a frozen base of "
-                 "%zu (%s, checksum %s, %.2f s)",
-                 tr->model.lora.r, tr->model.lora.scale, tr->model.lora.dropout, tr->model.lora.n_adapted,
-                 model_adapter_params(&tr->model), tr->model.n_params - model_adapter_params(&tr->model),
-                 tr->base_source, tr->base_checksum, now_seconds() - t0);
 }
 
 static void trainer_setup(struct trainer *tr)
@@ -314,8 +320,6 @@ static void trainer_setup(struct trainer *tr)
     for (int s = 0; s < SPACE_COUNT; s++)
         arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
     init_parameters(tr);
-    if (tr->model.lora.on)
-        identify_base(tr);
     family_acts_init(&tr->acts, &tr->model, &tr->target, cfg->micro_batch, cfg->data.seq_len, cfg->data.seq_len,
                      plan_ckpt_interval(cfg), cfg->data.packing, target_space(&tr->target, cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
     char why[2 * CKPT_MAX_PATH];

@@ -3,6 +3,7 @@ the MPI environment, and the "ok NAME" / "FAIL NAME: why" lines that
 tests/run.sh counts.
 """
 import atexit
+import hashlib
 import json
 import math
 import os
@@ -68,6 +69,21 @@ def scratch_dir(name):
     path = os.path.join(base, name)
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def files_state(*roots):
+    """{path: sha256} of every file under ROOTS (None for one that cannot be read)."""
+    state = {}
+    for root in roots:
+        for d, _, names in os.walk(root):
+            for n in names:
+                p = os.path.join(d, n)
+                try:
+                    with open(p, "rb") as f:
+                        state[p] = hashlib.sha256(f.read()).hexdigest()
+                except OSError:
+                    state[p] = None
+    return state
 
 
 def check(name, cond, details=""):

@@ -9,8 +9,9 @@ on BASE.
   lora.resume.sN          a Slurm-style LoRA run (an injected SIGUSR1 inside step 2 -> exit 3 ->
                           `--resume auto`) at stages 0-3: the final adapters bit for bit those of the
                           run without a stop (defect 1)
-  lora.bf16_eval          a LoRA checkpoint trained in bf16 evaluates with bf16 off: the base
-                          checksum is the base's as read from disk, not as rounded to the run's dtype
+  lora.bf16_then_fp32, lora.bf16_eval_fp32
+                          a LoRA checkpoint trained in bf16 resumes and evaluates with bf16 off: the
+                          base checksum is the base's as read from disk, not rounded to the run's dtype
 """
 import hashlib
 import json
@@ -52,17 +53,7 @@ def make_config(name, model=None, steps=3, stage=3, lora=None, **top):
 
 def files_state(*roots):
     """{path: sha256} of every file under ROOTS (TMP by default)."""
-    state = {}
-    for root in roots or (TMP,):
-        for d, _, names in os.walk(root):
-            for n in names:
-                p = os.path.join(d, n)
-                try:
-                    with open(p, "rb") as f:
-                        state[p] = hashlib.sha256(f.read()).hexdigest()
-                except OSError:
-                    state[p] = None
-    return state
+    return harness.files_state(*(roots or (TMP,)))
 
 
 def changed(before, after, allowed=()):
@@ -155,6 +146,8 @@ def lora_bf16_eval():
                      "--resume", "auto"])
     check("lora.bf16_then_fp32", rc1 == 0 and rc2 == 0 and "resumed from" in out2,
           f"exits {rc1}, {rc2}; {tail(out2)}")
+    rc3, out3 = run(["eval", ck, "--data", DATA, "--max-batches", "1", "--json", "--set", "bf16.enabled=false"])
+    check("lora.bf16_eval_fp32", rc3 == 0 and '"loss"' in out3, f"exit {rc3}; {tail(out3)}")
 
 
 def main():
