@@ -297,6 +297,14 @@ static void trainer_setup(struct trainer *tr)
                    "DeepSpeed); raise the stage or set offload_optimizer.device to \"none\"");
     if (!cfg->data.train_path)
         fail_input("config: 'data.train' is required for training: give the path (or glob) of .bin token shards");
+    /* model.from_pretrained as an absolute path: the checkpoints record it,
+     * and an export or a generate from another directory must find the base */
+    char *abs = cfg->model.pretrained[0] ? realpath(cfg->model.pretrained, NULL) : NULL;
+    if (abs && strlen(abs) < sizeof cfg->model.pretrained) {
+        snprintf(cfg->model.pretrained, sizeof cfg->model.pretrained, "%s", abs);
+        json_object_set_new(json_object_get(cfg->json, "model"), "from_pretrained", json_string(abs));
+    }
+    free(abs);
     model_build(&tr->model, &cfg->model);
     model_add_lora(&tr->model, &cfg->lora);
     freeze_for_tests(tr);
@@ -638,7 +646,7 @@ static void export_hf(struct trainer *tr)
     if (cfg->lora.enabled)
         peft_export_begin(&w, &tr->model, cfg->dtype, dir, tr->comm);
     else
-        hf_export_begin(&w, &tr->model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, tr->comm);
+        hf_export_begin(&w, &tr->model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, cfg->checkpoint.dir, false, tr->comm);
     for (int k = 0; k < n; k++)
         if (slices[k].count)
             hf_export_write_named(&w, slices[k].name, slices[k].begin, slices[k].count, slices[k].data);

@@ -10,7 +10,6 @@ signal in the process when it reaches PHASE, so every phase is hit exactly and n
 case depends on timing; tests/t_resume.py and t_slurm.py send real signals from
 outside. The cases run one process each (MPI singleton), except those about ranks.
 """
-import hashlib
 import json
 import os
 import shutil

@@ -13,7 +13,6 @@ on BASE.
                           a LoRA checkpoint trained in bf16 resumes and evaluates with bf16 off: the
                           base checksum is the base's as read from disk, not rounded to the run's dtype
 """
-import hashlib
 import json
 import os
 import shutil
@@ -107,6 +106,8 @@ def export_model(name, seed):
 
 BASE = export_model("base", 7)
 OTHER = export_model("other", 8)
+with open(os.path.join(BASE, "generation_config.json"), "w") as f:
+    json.dump({"bos_token_id": 1, "eos_token_id": 2}, f)
 LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.0}
 
 
@@ -150,9 +151,71 @@ def lora_bf16_eval():
     check("lora.bf16_eval_fp32", rc3 == 0 and '"loss"' in out3, f"exit {rc3}; {tail(out3)}")
 
 
+# ---- defects 2, 3, 5, 9: export never replaces a base or another model; the base found from anywhere ------------
+def finetune(name, base_arg, cwd=TMP):
+    """A whole-model checkpoint of 1 step from model.from_pretrained BASE_ARG, trained in CWD."""
+    ck = os.path.join(TMP, name)
+    cfg = make_config(name, model={"from_pretrained": base_arg}, steps=1, checkpoint={"dir": ck})
+    must_run(name, ["train", cfg, "--quiet"], cwd=cwd)
+    return ck
+
+
+def export_faults():
+    ft = finetune("ft_ck", "base")  # relative, from TMP
+    lora_ck = os.path.join(TMP, "lora_exp_ck")
+    must_run("lora_exp", ["train", lora_config("lora_exp", steps=1, ckdir=lora_ck), "--quiet"])
+    link = os.path.join(TMP, "base_link")
+    os.symlink(BASE, link)
+    copy = os.path.join(TMP, "base_copy")
+    shutil.copytree(BASE, copy)
+    # defect 2: the base, a file in it, a link to it; --merge onto the base; --overwrite changes nothing there
+    for tag, args in [("dir", [ft, BASE]), ("file", [ft, os.path.join(BASE, "model.safetensors")]),
+                      ("link", [ft, link]), ("overwrite", [ft, BASE, "--overwrite"]),
+                      ("merge", ["--merge", lora_ck, BASE]), ("h5_in_base", [ft, os.path.join(BASE, "w.h5")])]:
+        before = files_state(BASE)
+        rc, out = run(["export"] + args)
+        one_error(f"export.base.{tag}", rc, out, ["base", "model.from_pretrained" if tag != "merge" else "OUT"],
+                  before, files_state(BASE))
+    # defect 3: another model of the same shape is refused unless --overwrite; the run's own export is replaced
+    before = files_state(copy)
+    rc, out = run(["export", ft, copy])
+    one_error("export.other_model", rc, out, ["already holds a model", "--overwrite"], before, files_state(copy))
+    rc, out = run(["export", ft, copy, "--overwrite"])
+    check("export.other_model.overwrite", rc == 0, f"exit {rc}: {tail(out)}")
+    own = os.path.join(TMP, "ft_out")
+    rc1, out1 = run(["export", ft, own])
+    rc2, out2 = run(["export", ft, own])
+    check("export.own_again", rc1 == 0 and rc2 == 0, f"exits {rc1}, {rc2}: {tail(out2)}")
+    # defect 5: --merge --base OTHER (same shape) is refused; the same base under another path is not
+    out_dir = os.path.join(TMP, "merged_other")
+    rc, out = run(["export", "--merge", "--base", OTHER, lora_ck, out_dir])
+    one_error("export.merge.other_base", rc, out, ["another base", OTHER])
+    check("export.merge.other_base.nothing_written", not os.path.exists(os.path.join(out_dir, "config.json")),
+          "a config.json was written")
+    rc, out = run(["export", "--merge", "--base", link, lora_ck, os.path.join(TMP, "merged_ok")])
+    check("export.merge.same_base", rc == 0, f"exit {rc}: {tail(out)}")
+    # defect 9: an export from another directory finds the base the run recorded (relative at train time)
+    elsewhere = os.path.join(TMP, "elsewhere")
+    os.makedirs(elsewhere, exist_ok=True)
+    out_dir = os.path.join(TMP, "ft_elsewhere")
+    rc, out = run(["export", ft, out_dir], cwd=elsewhere)
+    check("export.elsewhere.generation_config", rc == 0 and os.path.exists(os.path.join(out_dir,
+                                                                                         "generation_config.json")),
+          f"exit {rc}; files {sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else None}: {tail(out)}")
+    # ... and a base that is gone is a warning naming it
+    gone = os.path.join(TMP, "base_gone")
+    shutil.copytree(BASE, gone)
+    ft_gone = finetune("ft_gone_ck", gone)
+    shutil.rmtree(gone)
+    rc, out = run(["export", ft_gone, os.path.join(TMP, "ft_gone_out")])
+    warned = [line for line in out.splitlines() if "warning" in line and gone in line]
+    check("export.base_gone.warning", rc == 0 and len(warned) == 1, f"exit {rc}; warnings {warned}: {tail(out)}")
+
+
 def main():
     lora_resume()
     lora_bf16_eval()
+    export_faults()
 
 
 harness.run_main("t_faults_hf", main)
