@@ -134,6 +134,15 @@ void log_info(const char *fmt, ...)
     fflush(out);
 }
 
+const char *util_irregular(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode))
+        return NULL;
+    return S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
+           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file";
+}
+
 int util_same_file(const char *a, const char *b, int b_fd)
 {
     struct stat sa, sb;

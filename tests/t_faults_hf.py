@@ -212,10 +212,42 @@ def export_faults():
     check("export.base_gone.warning", rc == 0 and len(warned) == 1, f"exit {rc}; warnings {warned}: {tail(out)}")
 
 
+# ---- defects 8, 10: import refuses unused tensors and files that are not files ------------------------------------
+def import_faults():
+    fewer = os.path.join(TMP, "base_fewer")
+    shutil.copytree(BASE, fewer)
+    with open(os.path.join(fewer, "config.json")) as f:
+        hc = json.load(f)
+    hc["num_hidden_layers"] = 1
+    with open(os.path.join(fewer, "config.json"), "w") as f:
+        json.dump(hc, f)
+    before = files_state()
+    rc, out = run(["train", make_config("fewer", model={"from_pretrained": fewer}, steps=1), "--quiet"])
+    one_error("import.unused_tensors", rc, out, ["model.layers.1.", "does not use"], before, files_state(),
+              allowed=[os.path.join(TMP, "fewer.jsonl")])
+    fifo_dir = os.path.join(TMP, "base_fifo")
+    shutil.copytree(BASE, fifo_dir)
+    os.remove(os.path.join(fifo_dir, "config.json"))
+    os.mkfifo(os.path.join(fifo_dir, "config.json"))
+    rc, out = run(["train", make_config("fifo", model={"from_pretrained": fifo_dir}, steps=1), "--quiet"], timeout=60)
+    one_error("import.config_fifo", rc, out, ["config.json", "a FIFO"])
+    dir_dir = os.path.join(TMP, "base_cfgdir")
+    shutil.copytree(BASE, dir_dir)
+    os.remove(os.path.join(dir_dir, "config.json"))
+    os.mkdir(os.path.join(dir_dir, "config.json"))
+    rc, out = run(["train", make_config("cfgdir", model={"from_pretrained": dir_dir}, steps=1), "--quiet"])
+    one_error("import.config_directory", rc, out, ["config.json", "a directory"])
+    tok_fifo = os.path.join(TMP, "tokenizer.json")
+    os.mkfifo(tok_fifo)
+    rc, out = run(["tokenize", tok_fifo, "--decode", "1"], timeout=60)
+    one_error("import.tokenizer_fifo", rc, out, ["tokenizer.json", "a FIFO"])
+
+
 def main():
     lora_resume()
     lora_bf16_eval()
     export_faults()
+    import_faults()
 
 
 harness.run_main("t_faults_hf", main)
