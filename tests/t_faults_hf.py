@@ -243,7 +243,77 @@ def import_faults():
     one_error("import.tokenizer_fifo", rc, out, ["tokenizer.json", "a FIFO"])
 
 
+# ---- defects 4, 6, 7: prepare_data.py replaces no checkpoint, bounds a line, survives a full disk -----------------
+PREPARE = os.environ.get("SHARDLM_PREPARE_DATA") or os.path.join(harness.ROOT, "tools", "prepare_data.py")
+
+
+def prepare(args, timeout=300):
+    try:
+        r = subprocess.run(["/usr/bin/python3", PREPARE, "--vocab-size", str(V)] + args, env=ENV,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        return r.returncode, r.stdout.decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        return None, f"still running after {timeout} s"
+
+
+def one_line(name, rc, out, words, before=None, after=None):
+    """check NAME: exit 2, one line of output holding every word (no traceback), no file of BEFORE changed."""
+    lines = [line for line in out.splitlines() if line.strip()]
+    bad = changed(before, after) if before is not None else []
+    ok = rc == 2 and len(lines) == 1 and all(w in lines[0] for w in words) and not bad
+    check(name, ok, f"exit {rc} (want 2); lines {lines[:3]} (want one naming {words}); changed {bad}")
+
+
+def prepare_faults():
+    jsonl = os.path.join(TMP, "ids.jsonl")
+    with open(jsonl, "w") as f:
+        for k in range(20):
+            f.write(json.dumps({"input_ids": [(k + i) % V for i in range(30)]}) + "\n")
+    ck = os.path.join(TMP, "prep_ck")
+    must_run("prep_ck", ["train", make_config("prep_ck", steps=1, checkpoint={"dir": ck}), "--quiet"])
+    step = os.path.join(ck, "step_000001.h5")
+    for tag, extra in [("checkpoint", []), ("checkpoint.overwrite", ["--overwrite"])]:
+        before = files_state(ck)
+        rc, out = prepare(["-o", step, jsonl] + extra)
+        one_line(f"prepare.{tag}", rc, out, [step, "never replaced"], before, files_state(ck))
+    sample = os.path.join(TMP, "ids.h5")
+    rc1, out1 = prepare(["-o", sample, jsonl])
+    before = files_state(sample)
+    rc2, out2 = prepare(["-o", sample, jsonl])
+    one_line("prepare.existing_sample", rc2, out2, [sample, "--overwrite"], before, files_state(sample))
+    rc3, out3 = prepare(["-o", sample, jsonl, "--overwrite"])
+    check("prepare.existing_sample.overwrite", rc1 == 0 and rc3 == 0, f"exits {rc1}, {rc3}: {tail(out3)}")
+    # defect 6: a 17 MiB line is a one-line error naming it, not gigabytes of memory
+    long_jsonl = os.path.join(TMP, "long.jsonl")
+    with open(long_jsonl, "w") as f:
+        f.write(json.dumps({"input_ids": [1, 2, 3]}) + "\n")
+        f.write('{"input_ids": [' + "1, " * ((17 << 20) // 3) + "1]}\n")
+    rc, out = prepare(["-o", os.path.join(TMP, "long.h5"), long_jsonl])
+    one_line("prepare.long_line", rc, out, [long_jsonl + ":2:", "16 MiB"])
+    rc, out = prepare(["-o", os.path.join(TMP, "long_skip.h5"), long_jsonl, "--skip-bad"])
+    check("prepare.long_line.skip_bad", rc == 0 and "1 bad lines skipped" in out, f"exit {rc}: {tail(out)}")
+    # defect 7: a full disk
+    mnt = os.path.join(TMP, "full")
+    os.makedirs(mnt, exist_ok=True)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", mnt], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if m.returncode != 0:
+        check("prepare.full_disk.mount", False, m.stdout.strip())
+        return
+    try:
+        big = os.path.join(TMP, "big.jsonl")
+        with open(big, "w") as f:
+            for k in range(400):
+                f.write(json.dumps({"input_ids": [(k * i) % V for i in range(300)]}) + "\n")
+        rc, out = prepare(["-o", os.path.join(mnt, "big.h5"), big])
+        one_line("prepare.full_disk", rc, out, ["big.h5", "cannot write"])
+        check("prepare.full_disk.no_temporary", os.listdir(mnt) == [], f"left {os.listdir(mnt)}")
+    finally:
+        subprocess.run(["umount", mnt])
+
+
 def main():
+    prepare_faults()
     lora_resume()
     lora_bf16_eval()
     export_faults()
