@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -84,6 +85,17 @@ def files_state(*roots):
                 except OSError:
                     state[p] = None
     return state
+
+
+def mount_full_disk(path, check_name):
+    """Mounts a 48 KiB tmpfs at PATH (a disk that fills at once; root); False, with a FAIL line, when it cannot.
+    The caller unmounts it (umount PATH)."""
+    os.makedirs(path, exist_ok=True)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", path], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if m.returncode != 0:
+        check(check_name, False, m.stdout.strip())
+    return m.returncode == 0
 
 
 def check(name, cond, details=""):

@@ -309,11 +309,7 @@ def aliases():
 # ---- 5: a full disk under every file shardlm writes --------------------------------------------------------------
 def full_disk():
     mnt = os.path.join(TMP, "full")
-    os.makedirs(mnt, exist_ok=True)
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", mnt], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
-    if m.returncode != 0:
-        check("full.mount", False, m.stdout.strip())
+    if not harness.mount_full_disk(mnt, "full.mount"):
         return
     try:
         src = os.path.join(TMP, "ck_full_src")

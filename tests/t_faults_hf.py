@@ -294,11 +294,7 @@ def prepare_faults():
     check("prepare.long_line.skip_bad", rc == 0 and "1 bad lines skipped" in out, f"exit {rc}: {tail(out)}")
     # defect 7: a full disk
     mnt = os.path.join(TMP, "full")
-    os.makedirs(mnt, exist_ok=True)
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", mnt], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
-    if m.returncode != 0:
-        check("prepare.full_disk.mount", False, m.stdout.strip())
+    if not harness.mount_full_disk(mnt, "prepare.full_disk.mount"):
         return
     try:
         big = os.path.join(TMP, "big.jsonl")
