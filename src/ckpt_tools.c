@@ -609,8 +609,31 @@ static enum dtype export_dtype(const struct export_request *q, struct ckpt_reade
 /* `shardlm export CKPT DIR`: a Hugging Face directory, every rank reading and
  * writing 1/N of every tensor. A LoRA checkpoint gives PEFT's adapter
  * directory, or with --merge the base with its adapters folded in. */
+/* A directory OUT must not be a checkpoint directory (its saves and rotation
+ * manage what is there), nor look like a file name (weights.bin would
+ * silently become a directory). */
+static void refuse_dir_output(const char *out)
+{
+    char latest[CKPT_MAX_PATH + 16];
+    snprintf(latest, sizeof latest, "%s/latest", out);
+    if (access(latest, F_OK) == 0)
+        fail_input("export: OUT '%s' is a checkpoint directory (it has 'latest'); a model exported there would mix "
+                   "with the checkpoints. Hint: name another directory, for example %s/hf",
+                   out, out);
+    static const char *const files[] = {".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npz", ".json", ".safetensor",
+                                        ".hdf5"};
+    const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+    struct stat st;
+    for (size_t i = 0; dot && (!slash || dot > slash) && i < sizeof files / sizeof files[0]; i++)
+        if (strcmp(dot, files[i]) == 0 && !(stat(out, &st) == 0 && S_ISDIR(st.st_mode)))
+            fail_input("export: OUT '%s' ends in '%s', but export writes a directory, a .safetensors or a .h5 file; "
+                       "name one of those",
+                       out, files[i]);
+}
+
 static int export_hf_dir(const struct export_request *q)
 {
+    refuse_dir_output(q->out);
     double max_file;
     const char *why;
     if (plan_parse_bytes(q->max_shard_size, &max_file, &why) != 0)

@@ -305,6 +305,10 @@ static void trainer_setup(struct trainer *tr)
         json_object_set_new(json_object_get(cfg->json, "model"), "from_pretrained", json_string(abs));
     }
     free(abs);
+    if (cfg->model.pretrained[0] && cfg->checkpoint.dir && util_same_file(cfg->checkpoint.dir, cfg->model.pretrained, -1))
+        fail_input("config: checkpoint.dir '%s' is the model.from_pretrained directory: checkpoints (and "
+                   "checkpoint.export_hf) would mix with the base model. Hint: give checkpoint.dir another directory",
+                   cfg->checkpoint.dir);
     model_build(&tr->model, &cfg->model);
     model_add_lora(&tr->model, &cfg->lora);
     freeze_for_tests(tr);

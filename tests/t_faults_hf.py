@@ -202,6 +202,26 @@ def export_faults():
     check("export.elsewhere.generation_config", rc == 0 and os.path.exists(os.path.join(out_dir,
                                                                                          "generation_config.json")),
           f"exit {rc}; files {sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else None}: {tail(out)}")
+    # rough edges: into a checkpoint directory, a file name that is not an export's, an existing .safetensors,
+    # checkpoint.dir equal to from_pretrained
+    before = files_state(ft)
+    rc, out = run(["export", ft, ft])
+    one_error("export.into_checkpoint_dir", rc, out, ["checkpoint directory"], before, files_state(ft))
+    rc, out = run(["export", ft, os.path.join(TMP, "weights.bin")])
+    one_error("export.weights_bin", rc, out, ["weights.bin", ".bin"])
+    check("export.weights_bin.nothing", not os.path.exists(os.path.join(TMP, "weights.bin")), "OUT was created")
+    st_out = os.path.join(TMP, "ft.safetensors")
+    rc1, _ = run(["export", ft, st_out])
+    before = files_state(st_out)
+    rc2, out2 = run(["export", ft, st_out])
+    one_error("export.safetensors_exists", rc2, out2, ["already exists", "--overwrite"], before, files_state(st_out))
+    rc3, out3 = run(["export", ft, st_out, "--overwrite"])
+    check("export.safetensors_exists.overwrite", rc1 == 0 and rc3 == 0, f"exits {rc1}, {rc3}: {tail(out3)}")
+    before = files_state(BASE)
+    rc, out = run(["train", make_config("ckdir_base", model={"from_pretrained": BASE}, steps=1,
+                                        checkpoint={"dir": link}), "--quiet"])
+    one_error("train.checkpoint_dir_is_base", rc, out, ["checkpoint.dir", "from_pretrained"], before,
+              files_state(BASE))
     # ... and a base that is gone is a warning naming it
     gone = os.path.join(TMP, "base_gone")
     shutil.copytree(BASE, gone)
