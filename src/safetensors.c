@@ -648,6 +648,7 @@ void st_create(const struct st_layout *L, const char *dir, int create, struct st
         if (!create)
             continue;
         const char *path = paths[f];
+        util_remove_on_failure(path); /* a failed export leaves no full-size .tmp (st_publish keeps it) */
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0)
             fail_input("cannot create '%s': %s; check that the export directory exists and is writable", path,
@@ -768,6 +769,7 @@ void st_publish(const struct st_layout *L, const char *dir)
         char *final = path_join(dir, L->file_names[f], ""), *tmp = path_join(dir, L->file_names[f], ".tmp");
         if (rename(tmp, final) != 0)
             fail_input("cannot rename '%s' to '%s': %s; export again", tmp, final, strerror(errno));
+        util_keep_file(tmp);
         free(tmp);
         free(final);
     }

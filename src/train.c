@@ -340,6 +340,8 @@ static void trainer_setup(struct trainer *tr)
             fail_input("%s. Hint: point checkpoint.dir at a writable directory", why);
         log_warn("%s; training anyway, as checkpoint.on_error is \"continue\": its saves will fail", why);
     }
+    if (cfg->checkpoint.dir && tr->rank == 0)
+        ckpt_remove_stale_tmp(cfg->checkpoint.dir);
     if (tr->rank == 0) {
         const char *dumps[2] = {tr->opt->dump_path, tr->opt->dump_final_path};
         const char *dump_keys[2] = {"--dump", "--dump-final"};

@@ -17,7 +17,7 @@ void util_set_abort_hook(abort_hook_fn hook) { g_abort_hook = hook; }
 abort_hook_fn util_get_abort_hook(void) { return g_abort_hook; }
 void util_set_rank(int rank, int world) { g_rank = rank; g_world = world; }
 
-#define MAX_PENDING_FILES 4
+#define MAX_PENDING_FILES 1024 /* a directory export's weight files, and a few more */
 static char *g_pending[MAX_PENDING_FILES];
 
 void util_remove_on_failure(const char *path)

@@ -74,7 +74,7 @@ void fail_report(const struct fail_trap *t);
 
 /* A file being written (a .tmp before its rename): removed if the process
  * leaves through fail_input/fail_internal before util_keep_file(path), so a
- * failed write (a full disk) leaves nothing behind. At most 4 at a time. */
+ * failed write (a full disk) leaves nothing behind. At most 1024 at a time. */
 void util_remove_on_failure(const char *path);
 void util_keep_file(const char *path);
 

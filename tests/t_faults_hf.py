@@ -328,7 +328,35 @@ def prepare_faults():
         subprocess.run(["umount", mnt])
 
 
+# ---- rough edge: temporary files are removed on failure, stale ones at the next start ------------------------------
+def temp_files():
+    ck = os.path.join(TMP, "big_ck")
+    big = dict(LLAMA, n_embd=64, ffn_dim=128, n_head=4, n_kv_head=2)
+    cfg = make_config("big", model=big, steps=1, checkpoint={"dir": ck})
+    must_run("big", ["train", cfg, "--quiet"])
+    mnt = os.path.join(TMP, "full_export")
+    if not harness.mount_full_disk(mnt, "tmp.export_full.mount"):
+        return
+    try:
+        rc, out = run(["export", ck, os.path.join(mnt, "hf")])
+        left = [n for d, _, names in os.walk(mnt) for n in names]
+        check("tmp.export_full_disk", rc == 2 and not any(n.endswith(".tmp") for n in left),
+              f"exit {rc} (want 2); left {left}: {tail(out)}")
+    finally:
+        subprocess.run(["umount", mnt])
+    stale = os.path.join(ck, "step_000002.h5.tmp")
+    with open(stale, "wb") as f:
+        f.write(b"\0" * 4096)
+    before = files_state(ck)
+    rc, out = run(["train", cfg, "--quiet", "--set", "train.steps=2", "--resume", "auto"])
+    warned = [line for line in out.splitlines() if "warning" in line and stale in line]
+    kept = [p for p in before if p != stale and not p.endswith("step_000002.h5") and p.endswith(".h5")]
+    check("tmp.stale_checkpoint_removed", rc == 0 and len(warned) == 1 and all(os.path.exists(p) for p in kept),
+          f"exit {rc}; warnings {warned}; {tail(out)}")
+
+
 def main():
+    temp_files()
     prepare_faults()
     lora_resume()
     lora_bf16_eval()
