@@ -394,10 +394,20 @@ static void landed_in_tensor(void *c, size_t k)
     r->landed(r->landed_ctx, r->at + k);
 }
 
+/* A NaN or Inf weight is named here: the first step would otherwise report
+ * a non-finite loss and advise a lower learning rate. */
+static void check_finite(const struct read_ctx *r, const struct st_tensor *t, const void *x, enum dtype dt, size_t n)
+{
+    if (!dtype_all_finite(x, dt, n))
+        fail_input("%s: tensor '%s' holds NaN or Inf values; the weights are damaged (download or convert them again)",
+                   r->s->st.paths[t->file], t->name);
+}
+
 static void read_f32(void *c, const struct st_tensor *t, size_t first, size_t n, size_t at)
 {
     struct read_ctx *r = c;
     st_read(&r->s->st, t, first, n, (float *)r->out + at);
+    check_finite(r, t, (float *)r->out + at, DTYPE_F32, n);
 }
 
 static void read_raw(void *c, const struct st_tensor *t, size_t first, size_t n, size_t at)
@@ -405,6 +415,7 @@ static void read_raw(void *c, const struct st_tensor *t, size_t first, size_t n,
     struct read_ctx *r = c;
     r->at = at;
     st_read_raw(&r->s->st, t, first, n, (char *)r->out + at * r->esize, r->landed ? landed_in_tensor : NULL, r);
+    check_finite(r, t, (char *)r->out + at * r->esize, t->dtype, n);
 }
 
 static void zero_out(void *c, size_t at, size_t n)

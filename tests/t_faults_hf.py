@@ -245,6 +245,18 @@ def import_faults():
     rc, out = run(["train", make_config("fewer", model={"from_pretrained": fewer}, steps=1), "--quiet"])
     one_error("import.unused_tensors", rc, out, ["model.layers.1.", "does not use"], before, files_state(),
               allowed=[os.path.join(TMP, "fewer.jsonl")])
+    nan_dir = os.path.join(TMP, "base_nan")
+    shutil.copytree(BASE, nan_dir)
+    st_path = os.path.join(nan_dir, "model.safetensors")
+    with open(st_path, "r+b") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+        name = "model.layers.1.mlp.up_proj.weight"
+        assert header[name]["dtype"] == "F32"
+        f.seek(8 + header_len + header[name]["data_offsets"][0] + 4 * 5)
+        f.write(np.array([np.nan], dtype="<f4").tobytes())
+    rc, out = run(["train", make_config("nan", model={"from_pretrained": nan_dir}, steps=1), "--quiet"])
+    one_error("import.nan_weight", rc, out, [name, "NaN"])
     fifo_dir = os.path.join(TMP, "base_fifo")
     shutil.copytree(BASE, fifo_dir)
     os.remove(os.path.join(fifo_dir, "config.json"))
