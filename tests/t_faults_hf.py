@@ -315,6 +315,14 @@ def prepare_faults():
     one_line("prepare.existing_sample", rc2, out2, [sample, "--overwrite"], before, files_state(sample))
     rc3, out3 = prepare(["-o", sample, jsonl, "--overwrite"])
     check("prepare.existing_sample.overwrite", rc1 == 0 and rc3 == 0, f"exits {rc1}, {rc3}: {tail(out3)}")
+    # rough edges: a lone surrogate escape, a 100k-deep nesting: one line naming the line, no traceback
+    for tag, line in [("surrogate", '{"input_ids": [1, 2], "note": "a\\ud800b"}'),
+                      ("deep_nesting", '{"input_ids": [1, 2], "x": ' + "[" * 100000 + "]" * 100000 + "}")]:
+        path = os.path.join(TMP, tag + ".jsonl")
+        with open(path, "w") as f:
+            f.write(line + "\n")
+        rc, out = prepare(["-o", os.path.join(TMP, tag + ".h5"), path])
+        one_line(f"prepare.{tag}", rc, out, [path + ":1:"])
     # defect 6: a 17 MiB line is a one-line error naming it, not gigabytes of memory
     long_jsonl = os.path.join(TMP, "long.jsonl")
     with open(long_jsonl, "w") as f:

@@ -622,11 +622,20 @@ def parse_args():
 
 def parse_line(raw):
     try:
-        return json.loads(raw.decode("utf-8").strip())
+        obj = json.loads(raw.decode("utf-8").strip())
     except UnicodeDecodeError:
         raise BadLine("not UTF-8 text; convert the file to UTF-8")
     except json.JSONDecodeError as e:
         raise BadLine(f"not JSON ({e.msg} at character {e.pos + 1}); write one JSON object a line")
+    except RecursionError:
+        raise BadLine("JSON nested too deeply to read; write one flat JSON object a line")
+    if b"\\ud" in raw.lower():  # an escaped surrogate: a lone one is no text (the tokenizer could not take it)
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadLine("a string holds a lone surrogate escape (\\ud800-\\udfff without its pair); fix the "
+                          "text's encoding")
+    return obj
 
 
 class Conversion:
