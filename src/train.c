@@ -216,6 +216,19 @@ static void identify_base(struct trainer *tr, uint64_t sum)
     else
         snprintf(tr->base_source, sizeof tr->base_source, "random init (model.init_seed %llu)",
                  (unsigned long long)cfg->model.init_seed);
+    /* r above a layer's smaller side adds parameters and no rank: the update B A is full rank already */
+    const struct model_lora *lo = &tr->model.lora;
+    for (int b = 0; b < cfg->model.n_layer && tr->rank == 0; b++)
+        for (int k = 0; k < lo->n_linear; k++) {
+            const int side = lo->linear[k].in < lo->linear[k].out ? lo->linear[k].in : lo->linear[k].out;
+            if (lo->a_tensor[b][k] >= 0 && lo->r > side) {
+                log_warn("lora.r %d is larger than an adapted layer's smaller side (%d, %s of block %d): the adapters "
+                         "cost more than the layer and add no rank; lower lora.r",
+                         lo->r, side, tr->model.units[model_block_unit(b)].tensors[lo->linear[k].tensor].name, b);
+                b = cfg->model.n_layer; /* one warning */
+                break;
+            }
+        }
     if (tr->rank == 0)
         log_info("LoRA: r %d, alpha/r %g, dropout %g, %d adapted layers, %zu adapter parameters on a frozen base of "
                  "%zu (%s, checksum %s)",

@@ -375,7 +375,15 @@ def temp_files():
           f"exit {rc}; warnings {warned}; {tail(out)}")
 
 
+def lora_rank_warning():
+    cfg = make_config("lora_big_r", model={"from_pretrained": BASE}, steps=1, lora=dict(LORA, r=32))
+    rc, out = run(["train", cfg, "--quiet"])
+    warned = [line for line in out.splitlines() if "warning" in line and "lora.r 32" in line]
+    check("lora.r_above_layer.warning", rc == 0 and len(warned) == 1, f"exit {rc}; warnings {warned}: {tail(out)}")
+
+
 def main():
+    lora_rank_warning()
     temp_files()
     prepare_faults()
     lora_resume()
