@@ -315,6 +315,14 @@ def prepare_faults():
     one_line("prepare.existing_sample", rc2, out2, [sample, "--overwrite"], before, files_state(sample))
     rc3, out3 = prepare(["-o", sample, jsonl, "--overwrite"])
     check("prepare.existing_sample.overwrite", rc1 == 0 and rc3 == 0, f"exits {rc1}, {rc3}: {tail(out3)}")
+    # rough edge: a trained flag other than 0/1 in a sample file is named
+    import h5py
+    bad_mask = os.path.join(TMP, "bad_mask.h5")
+    shutil.copy(sample, bad_mask)
+    with h5py.File(bad_mask, "r+") as f:
+        f["trained"][33] = 2
+    rc, out = run(["train", make_config("bad_mask", steps=1, data={"train": bad_mask, "seq_len": T}), "--quiet"])
+    one_error("samples.trained_flag", rc, out, [bad_mask, "trained flag 2"])
     # rough edges: a lone surrogate escape, a 100k-deep nesting: one line naming the line, no traceback
     for tag, line in [("surrogate", '{"input_ids": [1, 2], "note": "a\\ud800b"}'),
                       ("deep_nesting", '{"input_ids": [1, 2], "x": ' + "[" * 100000 + "]" * 100000 + "}")]:
