@@ -319,7 +319,12 @@ static char *latest_target(const char *dir, bool required)
     char path[CKPT_MAX_PATH];
     path[0] = 0;
     FILE *fp = fopen(latest, "r");
-    if (!fp) {
+    char hf_config[CKPT_MAX_PATH + 16];
+    snprintf(hf_config, sizeof hf_config, "%s/config.json", dir);
+    if (!fp && access(hf_config, F_OK) == 0) {
+        snprintf(why, sizeof why, "a Hugging Face model directory (config.json; or a partial export), not a "
+                                  "checkpoint directory (no 'latest')");
+    } else if (!fp) {
         snprintf(why, sizeof why, "no 'latest' (%s)", strerror(errno));
     } else {
         size_t n = fread(name, 1, sizeof name - 1, fp);

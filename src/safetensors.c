@@ -419,6 +419,14 @@ void st_open(struct st_model *st, const char *dir)
         free(single);
         open_index(st, dir, index);
     } else {
+        struct stat lsb;
+        char *tmp = path_join(dir, ST_SINGLE_NAME, ".tmp");
+        if (lstat(single, &lsb) == 0) /* there, but stat cannot follow it */
+            fail_input("%s: %s is a link that leads nowhere (%s); point it at the weights file", dir, ST_SINGLE_NAME,
+                       stat(single, &sb) != 0 ? strerror(errno) : "not a file");
+        if (file_exists(tmp))
+            fail_input("%s: %s is there but not %s: a partial export (an export that did not finish); export again",
+                       dir, strrchr(tmp, '/') + 1, ST_SINGLE_NAME);
         fail_input("%s: neither %s nor %s: give the directory of a Hugging Face model saved with safetensors "
                    "(save_pretrained(..., safe_serialization=True))", dir, ST_SINGLE_NAME, ST_INDEX_NAME);
     }
