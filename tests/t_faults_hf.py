@@ -12,6 +12,18 @@ on BASE.
   lora.bf16_then_fp32, lora.bf16_eval_fp32
                           a LoRA checkpoint trained in bf16 resumes and evaluates with bf16 off: the
                           base checksum is the base's as read from disk, not rounded to the run's dtype
+  export.base.*           export refuses the run's base, a file in it, a link to it, --merge onto it,
+                          even with --overwrite (defect 2)
+  export.other_model*     another model of the same shape: refused unless --overwrite; export.own_again:
+                          the run's own earlier export is replaced (defect 3)
+  export.merge.*          --merge --base of another base of the same shape is refused by checksum (defect 5)
+  export.elsewhere.*, export.base_gone.warning
+                          the base found from another working directory; a base that is gone warned of (9)
+  import.*                unused tensors (8), NaN weights, a FIFO or directory as config.json / tokenizer.json (10)
+  prepare.*               prepare_data.py: never over a checkpoint (4), a 17 MiB line (6), a full disk (7),
+                          a lone surrogate, 100k-deep JSON
+  tmp.*, message.*, samples.*, train.*, lora.r_above_layer.warning
+                          the issue's rough edges
 """
 import json
 import os
