@@ -624,8 +624,10 @@ static void refuse_dir_output(const char *out)
                                         ".hdf5"};
     const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
     struct stat st;
+    if (lstat(out, &st) == 0) /* there already: a directory, or refused as not one */
+        return;
     for (size_t i = 0; dot && (!slash || dot > slash) && i < sizeof files / sizeof files[0]; i++)
-        if (strcmp(dot, files[i]) == 0 && !(stat(out, &st) == 0 && S_ISDIR(st.st_mode)))
+        if (strcmp(dot, files[i]) == 0)
             fail_input("export: OUT '%s' ends in '%s', but export writes a directory, a .safetensors or a .h5 file; "
                        "name one of those",
                        out, files[i]);

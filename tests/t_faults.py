@@ -323,8 +323,9 @@ def full_disk():
             return
         old = b"an older file that a failed write must leave as it was\n"
         cases = [  # name, arguments, the output on the full disk, words
-            ("export_h5", ["export", ck, os.path.join(mnt, "model.h5")], "model.h5", ["model.h5.tmp"]),
-            ("export_safetensors", ["export", ck, os.path.join(mnt, "model.safetensors")], "model.safetensors",
+            ("export_h5", ["export", ck, os.path.join(mnt, "model.h5"), "--overwrite"], "model.h5", ["model.h5.tmp"]),
+            ("export_safetensors", ["export", ck, os.path.join(mnt, "model.safetensors"), "--overwrite"],
+             "model.safetensors",
              ["model.safetensors.tmp", "No space left"]),
             ("dump_final", ["train", cfg, "--quiet", "--set", "checkpoint.dir=" + fresh_dir("full_dump"),
                             "--dump-final", os.path.join(mnt, "final.dump")], "final.dump", ["No space left"]),

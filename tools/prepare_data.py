@@ -737,7 +737,6 @@ def main():
     out = os.path.abspath(args.output)
     if out in map(os.path.abspath, paths):
         fail(f"{args.output}: the output is also an input; write the sample file elsewhere")
-    refuse_existing_output(args.output, args.overwrite)
     tokenizer = Tokenizer(args.tokenizer, args.chat_template) if args.tokenizer else None
     writer = SampleWriter(out)
     try:
@@ -757,6 +756,7 @@ def main():
             "n_skipped_lines": skipped,
             "formats": json.dumps(counts),
         }
+        refuse_existing_output(args.output, args.overwrite)  # after the input's own errors, before the rename
         writer.commit(attrs)
     except (OSError, RuntimeError) as e:
         # a full disk (HDF5 says so as a RuntimeError when a dataset is closed): HDF5's stack would follow,
