@@ -445,8 +445,8 @@ def check_env(paths):
         check("env.no_venv", proc.returncode == 2 and "tools/deps.sh" in proc.stderr
               and len(proc.stderr.strip().splitlines()) == 1, f"{proc.returncode}: {proc.stderr!r}")
     master, slave = pty.openpty()
-    proc = subprocess.run([sys.executable, TOOL, "--tokenizer", paths["chatml"], "-o", out, good],
-                          stdout=subprocess.PIPE, stderr=slave)
+    proc = subprocess.run([sys.executable, TOOL, "--tokenizer", paths["chatml"], "-o", out, good, "--overwrite"],
+                          stdout=subprocess.PIPE, stderr=slave)  # OUT was written above
     os.close(slave)
     shown = b""
     try:
