@@ -350,10 +350,27 @@ static void landed_in_tensor(void *c, size_t k)
     r->landed(r->landed_ctx, r->at + k);
 }
 
+/* A NaN or an infinity in the files is named here, not met at step 1 as a loss to lower the learning rate for.
+ * Half precision: all exponent bits set (bf16 0x7f80, fp16 0x7c00). */
+static void refuse_nonfinite(const struct read_ctx *r, const struct st_tensor *t, size_t first, size_t n,
+                             const void *data, enum dtype dt)
+{
+    const uint16_t mask = dt == DTYPE_BF16 ? 0x7f80 : 0x7c00;
+    for (size_t k = 0; k < n; k++) {
+        const bool bad = dt == DTYPE_F32 ? !isfinite(((const float *)data)[k])
+                                         : (((const uint16_t *)data)[k] & mask) == mask;
+        if (bad)
+            fail_input("import: tensor %s of %s holds a NaN or an infinity (element %zu): the model's files are "
+                       "damaged or it diverged when saved; use another copy or checkpoint of it",
+                       t->name, r->s->dir, first + k);
+    }
+}
+
 static void read_f32(void *c, const struct st_tensor *t, size_t first, size_t n, size_t at)
 {
     struct read_ctx *r = c;
     st_read(&r->s->st, t, first, n, (float *)r->out + at);
+    refuse_nonfinite(r, t, first, n, (float *)r->out + at, DTYPE_F32);
 }
 
 static void read_raw(void *c, const struct st_tensor *t, size_t first, size_t n, size_t at)
@@ -361,6 +378,7 @@ static void read_raw(void *c, const struct st_tensor *t, size_t first, size_t n,
     struct read_ctx *r = c;
     r->at = at;
     st_read_raw(&r->s->st, t, first, n, (char *)r->out + at * r->esize, r->landed ? landed_in_tensor : NULL, r);
+    refuse_nonfinite(r, t, first, n, (char *)r->out + at * r->esize, t->dtype);
 }
 
 static void zero_out(void *c, size_t at, size_t n)
