@@ -5,6 +5,8 @@
   import.nonfinite_inf    the same for an infinity
   lora.rank_over_layer    lora.r above an adapted layer's smaller side is a warning naming the layer and
                           the rank that makes sense; a rank within it prints none
+  samples.trained_flag    a sample file whose trained flag is 2 is refused naming the sample and token
+                          (exit 2), not trained as if it were 1
 """
 import hashlib
 import json
@@ -14,6 +16,7 @@ import struct
 import subprocess
 
 import harness
+import datafiles  # noqa: E402  (tools/, on the path through harness)
 from harness import BIN, ENV, check, write_shard
 
 import numpy as np
@@ -90,9 +93,22 @@ def rank_over_layer():
           f"exit {rc}, {rc2}: {out[:400]} / {out2[:400]}")
 
 
+def trained_flag():
+    path = os.path.join(TMP, "flags.h5")
+    tokens = np.arange(12) % V
+    trained = np.array([0, 1, 1, 1, 1, 1, 0, 0, 2, 1, 1, 1], np.uint8)
+    datafiles.write_samples(path, tokens, trained, np.array([0, 6, 12]), V)
+    before = tree_sums(TMP)
+    rc, out = run(["train", config("flags", MODEL, data={"train": path, "max_seq_length": T}), "--quiet"])
+    line = out.strip().splitlines()[-1] if out.strip() else ""
+    check("samples.trained_flag", rc == 2 and "sample 1 (token 2) has trained flag 2" in line
+          and all(v == before[k] for k, v in tree_sums(TMP).items() if k in before), f"exit {rc}: {out[-400:]}")
+
+
 def main():
     nonfinite()
     rank_over_layer()
+    trained_flag()
 
 
 if __name__ == "__main__":
