@@ -177,6 +177,10 @@ int ckpt_check_dir(const char *dir, char *why, size_t why_cap);
  * directory's saves write, replace or delete: step_<N>.h5, its .tmp, latest
  * and latest.tmp. */
 int ckpt_managed_name(const char *name);
+/* Removes, naming each, the temporary files of saves that did not finish
+ * (step_N.h5.tmp, latest.tmp: a rank killed mid-save) from DIR. Rank 0, at
+ * the start of a run, before any save. */
+void ckpt_remove_stale_tmp(const char *dir);
 
 /* The checkpoint file SPEC means, malloc'd, or NULL for a fresh start.
  *   "auto"  DIR/latest's target. Without a usable latest (absent, malformed,

@@ -56,6 +56,24 @@ int ckpt_managed_name(const char *name)
     return parse_ckpt_name(base) >= 0;
 }
 
+void ckpt_remove_stale_tmp(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (n <= 4 || strcmp(e->d_name + n - 4, ".tmp") != 0 || !ckpt_managed_name(e->d_name))
+            continue;
+        char path[CKPT_MAX_PATH];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (unlink(path) == 0)
+            log_warn("removed '%s', a stale temporary file of a save that did not finish (a rank killed mid-save)",
+                     path);
+    }
+    if (d)
+        closedir(d);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Creating and checking                                                     */
 
@@ -301,7 +319,12 @@ static char *latest_target(const char *dir, bool required)
     char path[CKPT_MAX_PATH];
     path[0] = 0;
     FILE *fp = fopen(latest, "r");
-    if (!fp) {
+    char hf_config[CKPT_MAX_PATH + 16];
+    snprintf(hf_config, sizeof hf_config, "%s/config.json", dir);
+    if (!fp && access(hf_config, F_OK) == 0) {
+        snprintf(why, sizeof why, "a Hugging Face model directory (config.json; or a partial export), not a "
+                                  "checkpoint directory (no 'latest')");
+    } else if (!fp) {
         snprintf(why, sizeof why, "no 'latest' (%s)", strerror(errno));
     } else {
         size_t n = fread(name, 1, sizeof name - 1, fp);

@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "ckpt.h"
+#include "hf.h"
 #include "hf_export.h"
 #include "lora_merge.h"
 #include "peft_export.h"
@@ -26,6 +27,7 @@
 #include "dtype.h"
 #include "model.h"
 #include "util.h"
+#include "zero.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "ckpt_tools writes safetensors data in host order, which must be little-endian"
@@ -306,6 +308,9 @@ static void usage_export(FILE *out)
             "  --merge         (LoRA checkpoints) the base with the adapters folded in, as a Hugging Face directory\n"
             "  --base DIR      (LoRA checkpoints) the base model directory (default: the run's\n"
             "                  model.from_pretrained)\n"
+            "  --overwrite     replace an existing OUT file, or a directory holding a model of this shape that\n"
+            "                  is not an earlier export of this checkpoint's run (the base model is never\n"
+            "                  replaced)\n"
             "  -h, --help      this text\n"
             "\n"
             "exit status: 0 written; 2 bad input (arguments, missing or corrupted checkpoint, unwritable OUT, --merge\n"
@@ -512,7 +517,72 @@ struct export_request {
     const char *max_shard_size; /* --max-shard-size */
     bool merge;                 /* --merge: the base with the adapters folded in */
     const char *base;           /* --base; NULL: the checkpoint's model.from_pretrained */
+    bool overwrite;             /* --overwrite: OUT may replace another model or file */
 };
+
+/* The directory that holds path ("." for a bare name). */
+static void parent_dir(const char *path, char *out, size_t size)
+{
+    const char *slash = strrchr(path, '/');
+    snprintf(out, size, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+}
+
+/* OUT must not be a model directory the checkpoint was trained from (its
+ * model.from_pretrained, --base), nor a file in one, under any name or link:
+ * the base's weights would be replaced, and the LoRA checkpoints recorded
+ * against it would no longer match. */
+static void refuse_base_output(const char *out, const char *pretrained, const char *base_opt)
+{
+    char parent[CKPT_MAX_PATH];
+    parent_dir(out, parent, sizeof parent);
+    const char *bases[2] = {pretrained, base_opt};
+    const char *what[2] = {"the model directory this checkpoint's run started from (model.from_pretrained)",
+                           "the base model directory (--base)"};
+    for (int i = 0; i < 2; i++)
+        if (bases[i] && bases[i][0] && (util_same_file(out, bases[i], -1) || util_same_file(parent, bases[i], -1)))
+            fail_input("export: OUT '%s' is %s '%s', or a file in it: the export would replace the base's weights. "
+                       "Hint: name another directory",
+                       out, what[i], bases[i]);
+}
+
+/* A file OUT that exists is replaced only with --overwrite. */
+static void refuse_existing_file(const char *out, bool overwrite)
+{
+    struct stat st;
+    if (!overwrite && stat(out, &st) == 0)
+        fail_input("export: OUT '%s' already exists; give --overwrite to replace it, or name another file", out);
+}
+
+/* export --merge: the base read must be the one the adapters were trained on:
+ * its checksum (zero_hash_source over the base units, as the trainer computes
+ * it from the files) the checkpoint's base_checksum. Every rank hashes 1/N. */
+static void check_merge_base(const struct model *m, struct ckpt_reader *r, const char *path, const char *base,
+                             struct comm *comm)
+{
+    struct hf_source hf;
+    hf_source_open(&hf, m, base);
+    struct param_source src = {hf_source_read, NULL, &hf};
+    struct base_hash h;
+    zero_hash_source(&h, m, m->n_base_units, &src);
+    float *buf = xmalloc(TOOLS_PIECE * sizeof *buf);
+    for (int u = 0; u < m->n_base_units; u++) {
+        const size_t numel = m->units[u].numel;
+        const size_t hi = numel * (size_t)(comm->rank + 1) / (size_t)comm->world;
+        for (size_t b = numel * (size_t)comm->rank / (size_t)comm->world; b < hi; b += TOOLS_PIECE)
+            h.src.read(h.src.ctx, u, b, hi - b < TOOLS_PIECE ? hi - b : TOOLS_PIECE, buf);
+    }
+    free(buf);
+    hf_source_close(&hf);
+    char sum[24];
+    snprintf(sum, sizeof sum, "%016llx", (unsigned long long)zero_hash_total(&h, comm, comm->rank, comm->world));
+    char *want = ckpt_attr_str(r, "base_checksum"), *source = ckpt_attr_str(r, "base_source");
+    if (strcmp(sum, want) != 0)
+        fail_input("export --merge: LoRA checkpoint '%s' was trained on another base: %s (checksum %s), and the base "
+                   "'%s' has checksum %s; give the base it was trained on with --base DIR",
+                   path, source, want, base, sum);
+    free(want);
+    free(source);
+}
 
 static enum dtype parse_dtype(const char *name, const char *what)
 {
@@ -539,8 +609,31 @@ static enum dtype export_dtype(const struct export_request *q, struct ckpt_reade
 /* `shardlm export CKPT DIR`: a Hugging Face directory, every rank reading and
  * writing 1/N of every tensor. A LoRA checkpoint gives PEFT's adapter
  * directory, or with --merge the base with its adapters folded in. */
+/* A directory OUT must not be a checkpoint directory (its saves and rotation
+ * manage what is there), nor look like a file name (weights.bin would
+ * silently become a directory). */
+static void refuse_dir_output(const char *out)
+{
+    char latest[CKPT_MAX_PATH + 16];
+    snprintf(latest, sizeof latest, "%s/latest", out);
+    if (access(latest, F_OK) == 0)
+        fail_input("export: OUT '%s' is a checkpoint directory (it has 'latest'); a model exported there would mix "
+                   "with the checkpoints. Hint: name another directory, for example %s/hf",
+                   out, out);
+    static const char *const files[] = {".bin", ".pt", ".pth", ".ckpt", ".gguf", ".npz", ".json", ".safetensor",
+                                        ".hdf5"};
+    const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+    struct stat st;
+    for (size_t i = 0; dot && (!slash || dot > slash) && i < sizeof files / sizeof files[0]; i++)
+        if (strcmp(dot, files[i]) == 0 && !(stat(out, &st) == 0 && S_ISDIR(st.st_mode)))
+            fail_input("export: OUT '%s' ends in '%s', but export writes a directory, a .safetensors or a .h5 file; "
+                       "name one of those",
+                       out, files[i]);
+}
+
 static int export_hf_dir(const struct export_request *q)
 {
+    refuse_dir_output(q->out);
     double max_file;
     const char *why;
     if (plan_parse_bytes(q->max_shard_size, &max_file, &why) != 0)
@@ -562,6 +655,7 @@ static int export_hf_dir(const struct export_request *q)
         model_add_lora(&m, &lora_cfg.lora);
     const enum dtype dt = export_dtype(q, r, lora);
     const char *base = q->base ? q->base : m.cfg.pretrained;
+    refuse_base_output(q->out, m.cfg.pretrained, q->base);
     struct lora_merge merge;
     if (q->merge) {
         if (!base[0])
@@ -569,14 +663,27 @@ static int export_hf_dir(const struct export_request *q)
                        "model.from_pretrained); give the base the adapters were trained on with --base DIR",
                        path);
         lora_merge_open(&merge, &m, r, base, q->base ? "--base" : "the checkpoint's model.from_pretrained");
+        check_merge_base(&m, r, path, base, &comm);
     }
     const bool adapters = lora && !q->merge;
+    /* the tokenizer files and config.json fields come from the directory the run started from */
+    struct stat st;
+    const char *src_dir = q->merge ? base : m.cfg.pretrained;
+    if (!adapters && src_dir[0] && (stat(src_dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        if (comm.rank == 0)
+            log_warn("export: the directory checkpoint '%s' started from, '%s', is not there (seen from %s): the "
+                     "export gets no tokenizer files or generation_config.json; copy them from the base model",
+                     path, src_dir, src_dir[0] == '/' ? "this machine" : "this working directory");
+        src_dir = "";
+    }
     double t0 = now_seconds();
     struct hf_writer w;
+    char ckpt_dir[CKPT_MAX_PATH]; /* the checkpoint's directory: config.json records it */
+    parent_dir(path, ckpt_dir, sizeof ckpt_dir);
     if (adapters)
         peft_export_begin(&w, &m, dt, q->out, &comm);
     else
-        hf_export_begin(&w, &m, dt, (uint64_t)max_file, q->out, &comm);
+        hf_export_begin(&w, &m, dt, (uint64_t)max_file, q->out, ckpt_dir, q->overwrite, &comm);
     float *tmp = xmalloc(TOOLS_PIECE * sizeof *tmp);
     size_t total = 0;
     for (int u = 0; u < m.n_units; u++)
@@ -606,7 +713,7 @@ static int export_hf_dir(const struct export_request *q)
     if (adapters)
         peft_export_end(&w, &lora_cfg.lora, base, &comm);
     else
-        hf_export_end(&w, dt, q->merge ? base : m.cfg.pretrained, &comm);
+        hf_export_end(&w, dt, src_dir, &comm);
     if (comm.rank == 0) {
         printf("exported %zu parameters (%s%s) of %s step %lld to %s: %d weight file%s, %.2f s; bytes written per "
                "rank:",
@@ -636,10 +743,11 @@ int cmd_export(int argc, char **argv)
         {"max-shard-size", required_argument, NULL, 'm'},
         {"merge", no_argument, NULL, 'M'},
         {"base", required_argument, NULL, 'b'},
+        {"overwrite", no_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    struct export_request q = {NULL, NULL, NULL, "5GB", false, NULL};
+    struct export_request q = {NULL, NULL, NULL, "5GB", false, NULL, false};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -648,6 +756,7 @@ int cmd_export(int argc, char **argv)
         case 'm': q.max_shard_size = optarg; break;
         case 'M': q.merge = true; break;
         case 'b': q.base = optarg; break;
+        case 'o': q.overwrite = true; break;
         case 'h': usage_export(stdout); return EXIT_OK;
         default: usage_export(stderr); return EXIT_BAD_INPUT;
         }
@@ -701,6 +810,8 @@ int cmd_export(int argc, char **argv)
                    path);
     struct model m;
     checkpoint_model(r, path, &m);
+    refuse_base_output(out, m.cfg.pretrained, NULL);
+    refuse_existing_file(out, q.overwrite);
 
     int n = 0;
     for (int u = 0; u < m.n_units; u++)

@@ -1602,28 +1602,6 @@ static void read_lora_targets(struct lora_config *l, json_t *root, const struct 
         read_module_list(root, path, m, MODEL_MODULES_BLOCK_LINEAR, "linear layer", &l->n_target_modules);
 }
 
-/* A rank above an adapted layer's smaller side adds parameters but no expressiveness (PEFT accepts it too):
- * say so once, naming the narrowest such layer. */
-static void warn_rank_over_layer(const struct lora_config *l, const struct model *m)
-{
-    struct model_linear lin[MODEL_MAX_LINEAR];
-    const int n = model_block_linears(m, lin);
-    const struct model_linear *narrow = NULL;
-    for (int k = 0; k < n; k++) {
-        bool adapted = l->all_linear;
-        for (int j = 0; !adapted && j < l->n_target_modules; j++)
-            adapted = model_module_named(lin[k].module, strlen(lin[k].module), l->target_modules[j]);
-        const int side = lin[k].in < lin[k].out ? lin[k].in : lin[k].out;
-        if (adapted && l->r > side && (!narrow || side < (narrow->in < narrow->out ? narrow->in : narrow->out)))
-            narrow = &lin[k];
-    }
-    if (narrow)
-        log_warn("lora.r %d is larger than the adapted layer %s (%d x %d): its adapters are at most of rank %d, "
-                 "the rest are parameters that add nothing; choose lora.r <= %d",
-                 l->r, narrow->module, narrow->out, narrow->in, narrow->in < narrow->out ? narrow->in : narrow->out,
-                 narrow->in < narrow->out ? narrow->in : narrow->out);
-}
-
 static void read_lora(struct config *cfg, json_t *root)
 {
     struct lora_config *l = &cfg->lora;
@@ -1673,7 +1651,6 @@ static void read_lora(struct config *cfg, json_t *root)
     struct model m;
     model_build(&m, mc);
     read_lora_targets(l, root, &m);
-    warn_rank_over_layer(l, &m);
     json_t *save = doc_get(root, "lora.modules_to_save");
     if (save && !json_is_null(save))
         l->modules_to_save = read_module_list(root, "lora.modules_to_save", &m, MODEL_MODULES_ALL, "module",

@@ -17,6 +17,11 @@
 static json_t *load_config_json(const char *dir, char *path, size_t cap)
 {
     snprintf(path, cap, "%s/config.json", dir);
+    const char *kind = util_irregular(path);
+    if (kind)
+        fail_input("model.from_pretrained: '%s' is %s, not a file; give a Hugging Face model directory (config.json "
+                   "and its .safetensors files)",
+                   path, kind);
     json_error_t err;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!root)
@@ -169,7 +174,7 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
     if (src_dir && src_dir[0]) {
         char path[1100];
         snprintf(path, sizeof path, "%s/config.json", src_dir);
-        out = json_load_file(path, 0, NULL);
+        out = util_irregular(path) ? NULL : json_load_file(path, 0, NULL);
     }
     if (!json_is_object(out)) {
         json_decref(out);
@@ -227,7 +232,7 @@ int hf_config_differs(const struct model *m, const char *dir, const char **key, 
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    json_t *file = json_load_file(path, 0, NULL);
+    json_t *file = util_irregular(path) ? NULL : json_load_file(path, 0, NULL);
     if (!json_is_object(file)) {
         json_decref(file);
         return -1;
@@ -270,6 +275,44 @@ static const struct st_tensor *find_tensor(const struct hf_source *s, const stru
     return st;
 }
 
+/* Whether a tensor the model does not read is one transformers does not load
+ * either: GPT-2's causal-mask buffers, Llama's rotary frequencies, or an LM
+ * head stored beside the embedding it is tied to. */
+static bool ignorable_tensor(const struct model *m, const char *name)
+{
+    static const char *const ends[] = {".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq"};
+    const size_t len = strlen(name);
+    for (size_t k = 0; k < sizeof ends / sizeof ends[0]; k++)
+        if (len >= strlen(ends[k]) && strcmp(name + len - strlen(ends[k]), ends[k]) == 0)
+            return true;
+    return m->cfg.tied_head && strcmp(name, "lm_head.weight") == 0;
+}
+
+/* Every tensor of the files must be one the model reads: weights of layers
+ * config.json does not count (num_hidden_layers below the files') would
+ * otherwise be dropped without a word. */
+static void refuse_unused_tensors(const struct hf_source *s, const char *dir)
+{
+    bool *used = xcalloc((size_t)s->st.n_tensors + 1, sizeof *used);
+    for (int u = 0; u < s->m->n_units; u++)
+        for (int i = 0; i < s->m->units[u].n_tensors; i++)
+            if (s->map[u][i])
+                used[s->map[u][i] - s->st.tensors] = true;
+    char list[512] = "";
+    int n = 0;
+    for (int k = 0; k < s->st.n_tensors; k++)
+        if (!used[k] && !ignorable_tensor(s->m, s->st.tensors[k].name) && n++ < 3) {
+            size_t len = strlen(list);
+            snprintf(list + len, sizeof list - len, "%s'%s'", len ? ", " : "", s->st.tensors[k].name);
+        }
+    free(used);
+    if (n)
+        fail_input("model.from_pretrained '%s': %d tensor%s of its .safetensors files the model of its config.json "
+                   "does not use (%s%s): config.json and the weights do not match (num_hidden_layers?); fix "
+                   "config.json or the files",
+                   dir, n, n == 1 ? "" : "s", list, n > 3 ? ", ..." : "");
+}
+
 void hf_source_open(struct hf_source *s, const struct model *m, const char *dir)
 {
     memset(s, 0, sizeof *s);
@@ -298,6 +341,7 @@ void hf_source_open(struct hf_source *s, const struct model *m, const char *dir)
             s->map[u][i] = st;
         }
     }
+    refuse_unused_tensors(s, dir);
 }
 
 void hf_source_close(struct hf_source *s)
@@ -350,27 +394,20 @@ static void landed_in_tensor(void *c, size_t k)
     r->landed(r->landed_ctx, r->at + k);
 }
 
-/* A NaN or an infinity in the files is named here, not met at step 1 as a loss to lower the learning rate for.
- * Half precision: all exponent bits set (bf16 0x7f80, fp16 0x7c00). */
-static void refuse_nonfinite(const struct read_ctx *r, const struct st_tensor *t, size_t first, size_t n,
-                             const void *data, enum dtype dt)
+/* A NaN or Inf weight is named here: the first step would otherwise report
+ * a non-finite loss and advise a lower learning rate. */
+static void check_finite(const struct read_ctx *r, const struct st_tensor *t, const void *x, enum dtype dt, size_t n)
 {
-    const uint16_t mask = dt == DTYPE_BF16 ? 0x7f80 : 0x7c00;
-    for (size_t k = 0; k < n; k++) {
-        const bool bad = dt == DTYPE_F32 ? !isfinite(((const float *)data)[k])
-                                         : (((const uint16_t *)data)[k] & mask) == mask;
-        if (bad)
-            fail_input("import: tensor %s of %s holds a NaN or an infinity (element %zu): the model's files are "
-                       "damaged or it diverged when saved; use another copy or checkpoint of it",
-                       t->name, r->s->dir, first + k);
-    }
+    if (!dtype_all_finite(x, dt, n))
+        fail_input("%s: tensor '%s' holds NaN or Inf values; the weights are damaged (download or convert them again)",
+                   r->s->st.paths[t->file], t->name);
 }
 
 static void read_f32(void *c, const struct st_tensor *t, size_t first, size_t n, size_t at)
 {
     struct read_ctx *r = c;
     st_read(&r->s->st, t, first, n, (float *)r->out + at);
-    refuse_nonfinite(r, t, first, n, (float *)r->out + at, DTYPE_F32);
+    check_finite(r, t, (float *)r->out + at, DTYPE_F32, n);
 }
 
 static void read_raw(void *c, const struct st_tensor *t, size_t first, size_t n, size_t at)
@@ -378,7 +415,7 @@ static void read_raw(void *c, const struct st_tensor *t, size_t first, size_t n,
     struct read_ctx *r = c;
     r->at = at;
     st_read_raw(&r->s->st, t, first, n, (char *)r->out + at * r->esize, r->landed ? landed_in_tensor : NULL, r);
-    refuse_nonfinite(r, t, first, n, (char *)r->out + at * r->esize, t->dtype);
+    check_finite(r, t, (char *)r->out + at * r->esize, t->dtype, n);
 }
 
 static void zero_out(void *c, size_t at, size_t n)
@@ -428,9 +465,9 @@ double hf_source_bytes(const struct hf_source *s)
 
 static void copy_file(const char *src, const char *dst)
 {
-    int in = open(src, O_RDONLY | O_CLOEXEC);
+    int in = util_irregular(src) ? -1 : open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0)
-        return; /* absent: nothing to copy */
+        return; /* absent (or a FIFO, ...): nothing to copy */
     char tmp[2200];
     snprintf(tmp, sizeof tmp, "%s.tmp", dst);
     int out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -7,8 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt.h"
 #include "hf.h"
 #include "util.h"
+
+/* The export in progress (rank 0): the checkpoint directory it comes from, as
+ * an absolute path, and whether it may replace another model of the shape. */
+static char export_origin[CKPT_MAX_PATH];
+static bool export_overwrite;
 
 static void refuse_other_model(const struct model *m, const char *dir)
 {
@@ -31,6 +37,18 @@ static void refuse_other_model(const struct model *m, const char *dir)
         fail_input("export: '%s' already holds another model (config.json's %s is %lld, this checkpoint's "
                    "%lld); export into a new or empty directory",
                    dir, key, have, want);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    const char *from = json_string_value(json_object_get(cfg, HF_ORIGIN_KEY));
+    const bool own = from && export_origin[0] && strcmp(from, export_origin) == 0;
+    if (!own && !export_overwrite) {
+        char shown[CKPT_MAX_PATH + 64];
+        snprintf(shown, sizeof shown, from ? "an export of '%s'" : "not an export of shardlm's", from ? from : "");
+        json_decref(cfg);
+        fail_input("export: '%s' already holds a model of this shape (%s), not an earlier export of this "
+                   "checkpoint's run ('%s'); export into a new or empty directory, or give --overwrite to replace it",
+                   dir, shown, export_origin);
+    }
+    json_decref(cfg);
 }
 
 /* Rank 0: DIR exists and is a directory. */
@@ -92,8 +110,12 @@ static bool model_tensor_name(const struct model *m, int u, int t, char *out, si
 }
 
 void hf_export_begin(struct hf_writer *w, const struct model *m, enum dtype dt, uint64_t max_file, const char *dir,
-                     struct comm *comm)
+                     const char *ckpt_dir, bool overwrite, struct comm *comm)
 {
+    char *abs = ckpt_dir ? realpath(ckpt_dir, NULL) : NULL;
+    snprintf(export_origin, sizeof export_origin, "%s", abs ? abs : "");
+    free(abs);
+    export_overwrite = overwrite;
     const struct hf_writer_spec spec = {NULL, max_file, model_tensor_name, refuse_other_model};
     hf_writer_open(w, m, dt, &spec, dir, comm);
 }
@@ -174,6 +196,11 @@ static void publish_model(void *ctx, const char *dir)
     char path[1100];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_t *cfg = hf_config_json(f->m, f->dt, f->src_dir);
+    /* the checkpoint directory it was exported from: a later export of the same run may replace it */
+    if (export_origin[0])
+        json_object_set_new(cfg, HF_ORIGIN_KEY, json_string(export_origin));
+    else
+        json_object_del(cfg, HF_ORIGIN_KEY);
     hf_write_json(path, cfg);
     json_decref(cfg);
 }

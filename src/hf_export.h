@@ -29,6 +29,8 @@
 #include "model.h"
 #include "safetensors.h"
 
+/* config.json's record of the checkpoint directory an export came from */
+#define HF_ORIGIN_KEY "shardlm_checkpoint_dir"
 #define HF_DEFAULT_MAX_FILE ((uint64_t)5000000000ull) /* transformers' max_shard_size default, "5GB" */
 
 struct hf_writer {
@@ -41,9 +43,11 @@ struct hf_writer {
 };
 
 /* Collective: checks that DIR holds no other model (its config.json, if any,
- * must describe the same shape), creates DIR, plans the files and opens them. */
+ * must describe the same shape and be an earlier export of the checkpoint
+ * directory ckpt_dir, which config.json records as shardlm_checkpoint_dir,
+ * unless overwrite), creates DIR, plans the files and opens them. */
 void hf_export_begin(struct hf_writer *w, const struct model *m, enum dtype dt, uint64_t max_file, const char *dir,
-                     struct comm *comm);
+                     const char *ckpt_dir, bool overwrite, struct comm *comm);
 /* Writes elements [begin, begin + count) of model tensor t of unit u (the
  * checkpoint's padded indexing; padded rows are dropped) from fp32 src;
  * nothing for a tensor the writer does not write (hf_export_writes). */

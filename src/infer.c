@@ -239,14 +239,17 @@ static void load_weights(struct infer *s)
     struct ckpt_source cs = {&s->model, r};
     struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf}, ck_src = {ckpt_source_read, NULL, &cs};
     const struct param_source *first = from_hf ? &hf_src : r && !s->lora_ckpt ? &ck_src : NULL;
+    struct base_hash hash; /* a LoRA checkpoint's base: its checksum as read (zero.h) */
+    zero_hash_source(&hash, &s->model, s->model.n_base_units, first);
+    if (s->lora_ckpt)
+        first = &hash.src;
     zero_init(&s->zero, &s->model, &s->cfg, &s->target, s->comm, s->rank, s->world, false, slots, s->arenas, &s->mem,
               first);
     if (from_hf)
         hf_source_close(&hf);
     if (s->lora_ckpt) {
         char sum[24];
-        snprintf(sum, sizeof sum, "%016llx",
-                 (unsigned long long)zero_params_checksum(&s->zero, s->model.n_base_units));
+        snprintf(sum, sizeof sum, "%016llx", (unsigned long long)zero_hash_total(&hash, s->comm, s->rank, s->world));
         char *want = ckpt_attr_str(r, "base_checksum"), *source = ckpt_attr_str(r, "base_source");
         if (strcmp(sum, want) != 0)
             fail_input("LoRA checkpoint '%s' was trained on another base: %s (checksum %s), and the base read here is "

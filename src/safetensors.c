@@ -419,6 +419,14 @@ void st_open(struct st_model *st, const char *dir)
         free(single);
         open_index(st, dir, index);
     } else {
+        struct stat lsb;
+        char *tmp = path_join(dir, ST_SINGLE_NAME, ".tmp");
+        if (lstat(single, &lsb) == 0) /* there, but stat cannot follow it */
+            fail_input("%s: %s is a link that leads nowhere (%s); point it at the weights file", dir, ST_SINGLE_NAME,
+                       stat(single, &sb) != 0 ? strerror(errno) : "not a file");
+        if (file_exists(tmp))
+            fail_input("%s: %s is there but not %s: a partial export (an export that did not finish); export again",
+                       dir, strrchr(tmp, '/') + 1, ST_SINGLE_NAME);
         fail_input("%s: neither %s nor %s: give the directory of a Hugging Face model saved with safetensors "
                    "(save_pretrained(..., safe_serialization=True))", dir, ST_SINGLE_NAME, ST_INDEX_NAME);
     }
@@ -648,6 +656,7 @@ void st_create(const struct st_layout *L, const char *dir, int create, struct st
         if (!create)
             continue;
         const char *path = paths[f];
+        util_remove_on_failure(path); /* a failed export leaves no full-size .tmp (st_publish keeps it) */
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (fd < 0)
             fail_input("cannot create '%s': %s; check that the export directory exists and is writable", path,
@@ -768,6 +777,7 @@ void st_publish(const struct st_layout *L, const char *dir)
         char *final = path_join(dir, L->file_names[f], ""), *tmp = path_join(dir, L->file_names[f], ".tmp");
         if (rename(tmp, final) != 0)
             fail_input("cannot rename '%s' to '%s': %s; export again", tmp, final, strerror(errno));
+        util_keep_file(tmp);
         free(tmp);
         free(final);
     }

@@ -225,8 +225,8 @@ static void scan(struct sample_set *s, uint32_t *trained_of)
                            s->path, sample, pos - (size_t)s->offsets[sample], tok[i], s->o.vocab_size);
             size_t in_sample = pos - (size_t)s->offsets[sample];
             if (tr[i] > 1)
-                fail_input("%s '%s': sample %zu (token %zu) has trained flag %u; a flag is 0 or 1: the file is "
-                           "damaged; make it again with tools/prepare_data.py",
+                fail_input("%s '%s': sample %zu (token %zu) has trained flag %u, not 0 or 1: the file is damaged; "
+                           "make it again with tools/prepare_data.py",
                            s->what, s->path, sample, in_sample, (unsigned)tr[i]);
             if (tr[i] && in_sample > 0 && in_sample < (size_t)s->o.max_len)
                 trained_of[sample]++;

@@ -495,6 +495,13 @@ static int load_config(struct tok_load *L)
     char *config_path = xmalloc(dir_len + sizeof "tokenizer_config.json");
     memcpy(config_path, L->path, dir_len);
     strcpy(config_path + dir_len, "tokenizer_config.json");
+    const char *kind = util_irregular(config_path);
+    if (kind) {
+        tok_err(L->err, L->errlen, "%s (beside %s) is %s, not a file: remove it (shardlm reads bos_token and "
+                "eos_token from it)", config_path, L->path, kind);
+        free(config_path);
+        return -1;
+    }
     FILE *f = fopen(config_path, "rb");
     if (!f) {
         free(config_path);
@@ -542,6 +549,12 @@ static int load_json(struct tok_load *L, json_t *root)
 
 struct tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
 {
+    const char *kind = util_irregular(path);
+    if (kind) {
+        tok_err(err, errlen, "tokenizer '%s' is %s, not a file; give the tokenizer.json of a Hugging Face model "
+                "directory", path, kind);
+        return NULL;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) {
         tok_err(err, errlen, "cannot open tokenizer '%s': %s; give the tokenizer.json of a Hugging Face model "

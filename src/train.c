@@ -204,15 +204,55 @@ static bool will_resume(const struct trainer *tr)
     return path != NULL;
 }
 
+/* LoRA: where the base came from and the checksum of its tensors as read
+ * (zero_hash_source over the base units: the values in the files, before any
+ * rounding to the run's dtype, so that a run in another precision matches). */
+static void identify_base(struct trainer *tr, uint64_t sum)
+{
+    const struct config *cfg = tr->cfg;
+    snprintf(tr->base_checksum, sizeof tr->base_checksum, "%016llx", (unsigned long long)sum);
+    if (cfg->model.pretrained[0])
+        snprintf(tr->base_source, sizeof tr->base_source, "%s", cfg->model.pretrained);
+    else
+        snprintf(tr->base_source, sizeof tr->base_source, "random init (model.init_seed %llu)",
+                 (unsigned long long)cfg->model.init_seed);
+    /* r above a layer's smaller side adds parameters and no rank: the update B A is full rank already */
+    const struct model_lora *lo = &tr->model.lora;
+    for (int b = 0; b < cfg->model.n_layer && tr->rank == 0; b++)
+        for (int k = 0; k < lo->n_linear; k++) {
+            const int side = lo->linear[k].in < lo->linear[k].out ? lo->linear[k].in : lo->linear[k].out;
+            if (lo->a_tensor[b][k] >= 0 && lo->r > side) {
+                log_warn("lora.r %d is larger than an adapted layer's smaller side (%d, %s of block %d): the adapters "
+                         "cost more than the layer and add no rank; lower lora.r",
+                         lo->r, side, tr->model.units[model_block_unit(b)].tensors[lo->linear[k].tensor].name, b);
+                b = cfg->model.n_layer; /* one warning */
+                break;
+            }
+        }
+    if (tr->rank == 0)
+        log_info("LoRA: r %d, alpha/r %g, dropout %g, %d adapted layers, %zu adapter parameters on a frozen base of "
+                 "%zu (%s, checksum %s)",
+                 tr->model.lora.r, tr->model.lora.scale, tr->model.lora.dropout, tr->model.lora.n_adapted,
+                 model_adapter_params(&tr->model), tr->model.n_params - model_adapter_params(&tr->model),
+                 tr->base_source, tr->base_checksum);
+}
+
 /* The ZeRO engine and its parameters: the seeded init, or model.from_pretrained's
- * weights, each rank reading only what it stores (1/N of the rest). */
+ * weights, each rank reading only what it stores (1/N of the rest). A resumed
+ * whole-model run skips the read (the checkpoint holds every weight); a LoRA
+ * run reads its base even then: its checkpoints hold only what it trains. */
 static void init_parameters(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
     const int(*slots)[ZERO_POOLS] = (const int(*)[ZERO_POOLS])tr->plan.pool_slots;
-    if (!cfg->model.pretrained[0] || will_resume(tr)) {
+    /* LoRA: the base's checksum, of its values as read (identify_base) */
+    struct base_hash hash;
+    if (!cfg->model.pretrained[0] || (will_resume(tr) && !tr->model.lora.on)) {
+        zero_hash_source(&hash, &tr->model, tr->model.n_base_units, NULL);
         zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
-                  &tr->mem, NULL);
+                  &tr->mem, tr->model.lora.on ? &hash.src : NULL);
+        if (tr->model.lora.on)
+            identify_base(tr, zero_hash_total(&hash, tr->comm, tr->rank, tr->world));
         log_peak_rss(tr, "after the parameters' init");
         return;
     }
@@ -220,8 +260,11 @@ static void init_parameters(struct trainer *tr)
     double t0 = now_seconds();
     hf_source_open(&hf, &tr->model, cfg->model.pretrained);
     struct param_source src = {hf_source_read, hf_source_read_as, &hf};
+    zero_hash_source(&hash, &tr->model, tr->model.n_base_units, &src);
     zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
-              &tr->mem, &src);
+              &tr->mem, tr->model.lora.on ? &hash.src : &src);
+    if (tr->model.lora.on)
+        identify_base(tr, zero_hash_total(&hash, tr->comm, tr->rank, tr->world));
     double total = hf_source_bytes(&hf), *bytes = xcalloc((size_t)tr->world, sizeof *bytes);
     bytes[tr->rank] = (double)hf.st.bytes_read;
     comm_allgather(tr->comm, &bytes[tr->rank], bytes, 1, COMM_F64, NULL);
@@ -255,28 +298,6 @@ static void freeze_for_tests(struct trainer *tr)
                  tr->model.n_units, model_frozen_params(&tr->model), tr->model.n_params);
 }
 
-/* LoRA: where the base came from and a checksum of its tensors as loaded
- * (zero_params_checksum over the base units), before any step changes a
- * modules_to_save tensor. */
-static void identify_base(struct trainer *tr)
-{
-    const struct config *cfg = tr->cfg;
-    double t0 = now_seconds();
-    uint64_t sum = zero_params_checksum(&tr->zero, tr->model.n_base_units);
-    snprintf(tr->base_checksum, sizeof tr->base_checksum, "%016llx", (unsigned long long)sum);
-    if (cfg->model.pretrained[0])
-        snprintf(tr->base_source, sizeof tr->base_source, "%s", cfg->model.pretrained);
-    else
-        snprintf(tr->base_source, sizeof tr->base_source, "random init (model.init_seed %llu)",
-                 (unsigned long long)cfg->model.init_seed);
-    if (tr->rank == 0)
-        log_info("LoRA: r %d, alpha/r %g, dropout %g, %d adapted layers, %zu adapter parameters on a frozen base of "
-                 "%zu (%s, checksum %s, %.2f s)",
-                 tr->model.lora.r, tr->model.lora.scale, tr->model.lora.dropout, tr->model.lora.n_adapted,
-                 model_adapter_params(&tr->model), tr->model.n_params - model_adapter_params(&tr->model),
-                 tr->base_source, tr->base_checksum, now_seconds() - t0);
-}
-
 static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
@@ -289,6 +310,18 @@ static void trainer_setup(struct trainer *tr)
                    "DeepSpeed); raise the stage or set offload_optimizer.device to \"none\"");
     if (!cfg->data.train_path)
         fail_input("config: 'data.train' is required for training: give the path (or glob) of .bin token shards");
+    /* model.from_pretrained as an absolute path: the checkpoints record it,
+     * and an export or a generate from another directory must find the base */
+    char *abs = cfg->model.pretrained[0] ? realpath(cfg->model.pretrained, NULL) : NULL;
+    if (abs && strlen(abs) < sizeof cfg->model.pretrained) {
+        snprintf(cfg->model.pretrained, sizeof cfg->model.pretrained, "%s", abs);
+        json_object_set_new(json_object_get(cfg->json, "model"), "from_pretrained", json_string(abs));
+    }
+    free(abs);
+    if (cfg->model.pretrained[0] && cfg->checkpoint.dir && util_same_file(cfg->checkpoint.dir, cfg->model.pretrained, -1))
+        fail_input("config: checkpoint.dir '%s' is the model.from_pretrained directory: checkpoints (and "
+                   "checkpoint.export_hf) would mix with the base model. Hint: give checkpoint.dir another directory",
+                   cfg->checkpoint.dir);
     model_build(&tr->model, &cfg->model);
     model_add_lora(&tr->model, &cfg->lora);
     freeze_for_tests(tr);
@@ -312,8 +345,6 @@ static void trainer_setup(struct trainer *tr)
     for (int s = 0; s < SPACE_COUNT; s++)
         arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
     init_parameters(tr);
-    if (tr->model.lora.on)
-        identify_base(tr);
     family_acts_init(&tr->acts, &tr->model, &tr->target, cfg->micro_batch, cfg->data.seq_len, cfg->data.seq_len,
                      plan_ckpt_interval(cfg), cfg->data.packing, target_space(&tr->target, cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
     char why[2 * CKPT_MAX_PATH];
@@ -322,6 +353,8 @@ static void trainer_setup(struct trainer *tr)
             fail_input("%s. Hint: point checkpoint.dir at a writable directory", why);
         log_warn("%s; training anyway, as checkpoint.on_error is \"continue\": its saves will fail", why);
     }
+    if (cfg->checkpoint.dir && tr->rank == 0)
+        ckpt_remove_stale_tmp(cfg->checkpoint.dir);
     if (tr->rank == 0) {
         const char *dumps[2] = {tr->opt->dump_path, tr->opt->dump_final_path};
         const char *dump_keys[2] = {"--dump", "--dump-final"};
@@ -632,7 +665,7 @@ static void export_hf(struct trainer *tr)
     if (cfg->lora.enabled)
         peft_export_begin(&w, &tr->model, cfg->dtype, dir, tr->comm);
     else
-        hf_export_begin(&w, &tr->model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, tr->comm);
+        hf_export_begin(&w, &tr->model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, cfg->checkpoint.dir, false, tr->comm);
     for (int k = 0; k < n; k++)
         if (slices[k].count)
             hf_export_write_named(&w, slices[k].name, slices[k].begin, slices[k].count, slices[k].data);

@@ -17,7 +17,7 @@ void util_set_abort_hook(abort_hook_fn hook) { g_abort_hook = hook; }
 abort_hook_fn util_get_abort_hook(void) { return g_abort_hook; }
 void util_set_rank(int rank, int world) { g_rank = rank; g_world = world; }
 
-#define MAX_PENDING_FILES 4
+#define MAX_PENDING_FILES 1024 /* a directory export's weight files, and a few more */
 static char *g_pending[MAX_PENDING_FILES];
 
 void util_remove_on_failure(const char *path)
@@ -132,6 +132,15 @@ void log_info(const char *fmt, ...)
     va_end(ap);
     fputc('\n', out);
     fflush(out);
+}
+
+const char *util_irregular(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode))
+        return NULL;
+    return S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket"
+           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : "not a regular file";
 }
 
 int util_same_file(const char *a, const char *b, int b_fd)

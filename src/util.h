@@ -74,13 +74,17 @@ void fail_report(const struct fail_trap *t);
 
 /* A file being written (a .tmp before its rename): removed if the process
  * leaves through fail_input/fail_internal before util_keep_file(path), so a
- * failed write (a full disk) leaves nothing behind. At most 4 at a time. */
+ * failed write (a full disk) leaves nothing behind. At most 1024 at a time. */
 void util_remove_on_failure(const char *path);
 void util_keep_file(const char *path);
 
 /* 1 when paths a and b name the same existing file (any name or link);
  * b_fd >= 0 stands for b when the file is open (b may then be NULL). */
 int util_same_file(const char *a, const char *b, int b_fd);
+/* What path is when it is there but not a regular file ("a directory", "a
+ * FIFO", ...), which opening to read would misread or wait on for ever;
+ * NULL for a regular file or a path stat cannot see (the open then says why). */
+const char *util_irregular(const char *path);
 
 /* Checked allocation for small, start-up-time structures (never in the step loop). */
 void *xcalloc(size_t n, size_t size);

@@ -857,40 +857,64 @@ void zero_gather_unit(struct zero *z, int u, float *out)
     }
 }
 
-uint64_t zero_params_checksum(struct zero *z, int u_end)
+/* Adds the hashes of unit u's elements [at, at + n) (fp32 values) to *sum,
+ * those beyond its numel (padding, which varies with the world size) left out. */
+static void hash_values(const struct base_hash *h, uint64_t *sum, int u, size_t at, size_t n, const float *f32)
 {
-    enum { CHUNK = 1 << 20 };
-    void *raw = xcalloc(CHUNK, z->esize);
-    float *f32 = xcalloc(CHUNK, sizeof *f32);
-    uint64_t sum = 0;
-    for (int u = 0; u < u_end; u++) {
-        struct zero_unit *zu = &z->units[u];
-        /* the range this rank hashes: its shard, or its 1/N of a unit every rank holds whole */
-        const size_t begin = zu->role.sharded ? (size_t)z->rank * zu->shard : zu->padded * (size_t)z->rank / (size_t)z->world;
-        size_t end = zu->role.sharded ? begin + zu->shard : zu->padded * (size_t)(z->rank + 1) / (size_t)z->world;
-        /* the unit's own elements only: the padding to a multiple of the world size varies with it */
-        end = end < zu->numel ? end : zu->numel;
-        const char *src = zu->role.sharded ? zu->param_shard : elem(zu->params, begin, z->esize);
-        for (size_t at = begin; begin < end && at < end; at += CHUNK) {
-            const size_t n = end - at < CHUNK ? end - at : CHUNK;
-            backend_copy(raw, src + (at - begin) * z->esize, n * z->esize);
-            dtype_convert(f32, DTYPE_F32, raw, z->dtype, n);
-            const uint64_t salt = (uint64_t)u << 44;
-            for (size_t i = 0; i < n; i++) {
-                uint32_t bits;
-                memcpy(&bits, &f32[i], sizeof bits);
-                sum += lora_mix(((salt + at + i) << 32 | bits) ^ (salt + at + i) * 0x9E3779B97F4A7C15ull);
-            }
-        }
+    const size_t numel = h->m->units[u].numel;
+    n = at >= numel ? 0 : at + n > numel ? numel - at : n;
+    const uint64_t salt = (uint64_t)u << 44;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &f32[i], sizeof bits);
+        *sum += lora_mix(((salt + at + i) << 32 | bits) ^ (salt + at + i) * 0x9E3779B97F4A7C15ull);
     }
-    free(raw);
+}
+
+static void hashing_read(void *ctx, int u, size_t begin, size_t count, float *out)
+{
+    struct base_hash *h = ctx;
+    if (h->inner)
+        h->inner->read(h->inner->ctx, u, begin, count, out);
+    else
+        model_init_range(h->m, u, begin, count, out);
+    if (u < h->u_end)
+        hash_values(h, &h->sum, u, begin, count, out);
+}
+
+static bool hashing_read_as(void *ctx, int u, size_t begin, size_t count, enum dtype dt, void *out,
+                            void (*landed)(void *landed_ctx, size_t elems), void *landed_ctx)
+{
+    struct base_hash *h = ctx;
+    if (!h->inner || !h->inner->read_as ||
+        !h->inner->read_as(h->inner->ctx, u, begin, count, dt, out, landed, landed_ctx))
+        return false;
+    if (u >= h->u_end)
+        return true;
+    /* the values as stored, widened exactly (a stored half value is the value read) */
+    enum { CHUNK = 1 << 16 };
+    float *f32 = xcalloc(CHUNK, sizeof *f32);
+    for (size_t at = 0; at < count; at += CHUNK) {
+        const size_t n = count - at < CHUNK ? count - at : CHUNK;
+        dtype_convert(f32, DTYPE_F32, (const char *)out + at * (dt == DTYPE_F32 ? 4 : 2), dt, n);
+        hash_values(h, &h->sum, u, begin + at, n, f32);
+    }
     free(f32);
-    uint64_t *all = xcalloc((size_t)z->world, sizeof *all);
-    all[z->rank] = sum;
+    return true;
+}
+
+void zero_hash_source(struct base_hash *h, const struct model *m, int u_end, const struct param_source *inner)
+{
+    *h = (struct base_hash){{hashing_read, hashing_read_as, h}, inner, m, u_end, 0};
+}
+
+uint64_t zero_hash_total(struct base_hash *h, struct comm *comm, int rank, int world)
+{
+    uint64_t *all = xcalloc((size_t)world, sizeof *all), sum = 0;
+    all[rank] = h->sum;
     /* 8-byte values, moved bit for bit */
-    comm_allgather(z->comm, &all[z->rank], all, 1, COMM_F64, NULL);
-    sum = 0;
-    for (int r = 0; r < z->world; r++)
+    comm_allgather(comm, &all[rank], all, 1, COMM_F64, NULL);
+    for (int r = 0; r < world; r++)
         sum += all[r];
     free(all);
     return sum;

@@ -296,11 +296,22 @@ void zero_replay_pass(struct zero *z, const struct zero_pass *pass);
 void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS]);
 /* Copies the full value of unit u's parameters into out, in fp32 (all ranks must call). */
 void zero_gather_unit(struct zero *z, int u, float *out);
-/* A checksum of the parameters of units 0 .. u_end - 1 (LoRA: the base
- * model's identity), the same at every world size, stage and precision of
- * the same values: the sum over elements of a hash of (unit, element, its
- * value widened to fp32), each rank hashing its part. Collective. */
-uint64_t zero_params_checksum(struct zero *z, int u_end);
+/* A checksum of the initial values of units 0 .. u_end - 1 as the source
+ * gives them in fp32, before any rounding to the run's dtype (LoRA: the base
+ * model's identity, the same at every world size, stage and precision): the
+ * sum over elements of a hash of (unit, element, value), each rank hashing
+ * what it reads. zero_hash_source makes h->src, which reads through inner
+ * (NULL: the seeded init) and hashes; give it to zero_init, then
+ * zero_hash_total (collective) sums the ranks' parts. */
+struct base_hash {
+    struct param_source src; /* the hashing source */
+    const struct param_source *inner;
+    const struct model *m;
+    int u_end;
+    uint64_t sum;
+};
+void zero_hash_source(struct base_hash *h, const struct model *m, int u_end, const struct param_source *inner);
+uint64_t zero_hash_total(struct base_hash *h, struct comm *comm, int rank, int world);
 struct ckpt_slice;
 struct ckpt_reader;
 /* The checkpoint groups of the optimizer state: fp32 master weights, Adam m and v. */

@@ -3,11 +3,13 @@ the MPI environment, and the "ok NAME" / "FAIL NAME: why" lines that
 tests/run.sh counts.
 """
 import atexit
+import hashlib
 import json
 import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,6 +70,32 @@ def scratch_dir(name):
     path = os.path.join(base, name)
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def files_state(*roots):
+    """{path: sha256} of every file under ROOTS (None for one that cannot be read)."""
+    state = {}
+    for root in roots:
+        for d, _, names in os.walk(root):
+            for n in names:
+                p = os.path.join(d, n)
+                try:
+                    with open(p, "rb") as f:
+                        state[p] = hashlib.sha256(f.read()).hexdigest()
+                except OSError:
+                    state[p] = None
+    return state
+
+
+def mount_full_disk(path, check_name):
+    """Mounts a 48 KiB tmpfs at PATH (a disk that fills at once; root); False, with a FAIL line, when it cannot.
+    The caller unmounts it (umount PATH)."""
+    os.makedirs(path, exist_ok=True)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", path], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    if m.returncode != 0:
+        check(check_name, False, m.stdout.strip())
+    return m.returncode == 0
 
 
 def check(name, cond, details=""):

@@ -10,7 +10,6 @@ signal in the process when it reaches PHASE, so every phase is hit exactly and n
 case depends on timing; tests/t_resume.py and t_slurm.py send real signals from
 outside. The cases run one process each (MPI singleton), except those about ranks.
 """
-import hashlib
 import json
 import os
 import shutil
@@ -49,16 +48,7 @@ def make_config(name, ckdir=None, steps=3, **top):
 
 def files_state(root=TMP):
     """{path: sha256} of every file under ROOT."""
-    state = {}
-    for d, _, names in os.walk(root):
-        for n in names:
-            p = os.path.join(d, n)
-            try:
-                with open(p, "rb") as f:
-                    state[p] = hashlib.sha256(f.read()).hexdigest()
-            except OSError:
-                state[p] = None
-    return state
+    return harness.files_state(root)
 
 
 def changed(before, after, allowed=()):
@@ -319,11 +309,7 @@ def aliases():
 # ---- 5: a full disk under every file shardlm writes --------------------------------------------------------------
 def full_disk():
     mnt = os.path.join(TMP, "full")
-    os.makedirs(mnt, exist_ok=True)
-    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", mnt], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
-    if m.returncode != 0:
-        check("full.mount", False, m.stdout.strip())
+    if not harness.mount_full_disk(mnt, "full.mount"):
         return
     try:
         src = os.path.join(TMP, "ck_full_src")

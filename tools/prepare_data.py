@@ -61,7 +61,10 @@ Sample file (the C trainer reads it; every sample at least 2 tokens):
   integers int64. Datasets are chunked, without filters.
 
 The file is written under a temporary name in OUT's directory and renamed
-over OUT at the end: a failed run leaves OUT as it was.
+over OUT at the end: a failed run leaves OUT as it was. An existing OUT is
+replaced only with --overwrite and only when it is a sample file (never a
+checkpoint or any other file). A line longer than 16 MiB is bad (encoding
+it would take gigabytes); a full disk is one line and exit status 2.
 
 Bad input is one line "FILE:LINE: problem; what to do" on stderr and exit
 status 2 with no output; --skip-bad skips bad lines instead, counts them and
@@ -145,6 +148,7 @@ BATCH_BYTES = 16 << 20
 PROGRESS_MIN_BYTES = 64 << 20
 PROGRESS_EVERY_S = 0.5
 SHOWN_SKIPS = 10  # --skip-bad prints this many bad lines, then only counts
+MAX_LINE_BYTES = 16 << 20  # a longer line is bad: encoding it would take gigabytes (about 100 bytes a byte)
 
 
 class BadLine(Exception):
@@ -484,15 +488,38 @@ class SampleWriter:
             os.fsync(f.fileno())
         os.replace(self.tmp, self.out)
 
-    def abort(self):
+    def abort(self, close=True):
         try:
-            self.file.close()
+            if close:
+                self.file.close()
         except Exception:
             pass
         try:
             os.unlink(self.tmp)
         except OSError:
             pass
+
+
+def refuse_existing_output(output, overwrite):
+    """An existing OUT is replaced only with --overwrite, and only when it is a sample file: never a checkpoint
+    or another file, a directory or a FIFO."""
+    if not os.path.lexists(output):
+        return
+    if not os.path.isfile(output):
+        fail(f"{output}: the output exists and is not a regular file; name another file")
+    kind = None
+    if h5py.is_hdf5(output):
+        try:
+            with h5py.File(output, "r") as f:
+                kind = f.attrs.get("format")
+        except OSError:
+            pass
+    kind = kind.decode(errors="replace") if isinstance(kind, bytes) else kind
+    if kind != "shardlm-samples":
+        what = "an HDF5 file that is not a sample file (a checkpoint?)" if h5py.is_hdf5(output) else "not a sample file"
+        fail(f"{output}: the output exists and is {what}; it is never replaced: name another file")
+    if not overwrite:
+        fail(f"{output}: the output exists; give --overwrite to replace that sample file, or name another file")
 
 
 def append(dataset, values):
@@ -576,6 +603,8 @@ def parse_args():
     parser.add_argument("--vocab-size", type=int, metavar="N", help="vocabulary size of pre-tokenized input "
                                                                     "without --tokenizer")
     parser.add_argument("--chat-template", metavar="FILE", help="a jinja2 chat template in place of the tokenizer's")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing OUT.h5 sample file (never another kind of HDF5 file)")
     args = parser.parse_args()
     if args.tokenizer and args.vocab_size is not None:
         parser.error("--vocab-size is for pre-tokenized input without --tokenizer; the tokenizer fixes the size")
@@ -593,11 +622,20 @@ def parse_args():
 
 def parse_line(raw):
     try:
-        return json.loads(raw.decode("utf-8").strip())
+        obj = json.loads(raw.decode("utf-8").strip())
     except UnicodeDecodeError:
         raise BadLine("not UTF-8 text; convert the file to UTF-8")
     except json.JSONDecodeError as e:
         raise BadLine(f"not JSON ({e.msg} at character {e.pos + 1}); write one JSON object a line")
+    except RecursionError:
+        raise BadLine("JSON nested too deeply to read; write one flat JSON object a line")
+    if b"\\ud" in raw.lower():  # an escaped surrogate: a lone one is no text (the tokenizer could not take it)
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadLine("a string holds a lone surrogate escape (\\ud800-\\udfff without its pair); fix the "
+                          "text's encoding")
+    return obj
 
 
 class Conversion:
@@ -669,7 +707,21 @@ class Conversion:
             except OSError as e:
                 fail(f"{path}: cannot read it ({e.strerror}); check the path and its permissions")
             with f:
-                for number, raw in enumerate(f, 1):
+                number = 0
+                while True:
+                    raw = f.readline(MAX_LINE_BYTES + 1)
+                    if not raw:
+                        break
+                    number += 1
+                    if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                        while raw and not raw.endswith(b"\n"):  # the rest of the line, a bounded piece at a time
+                            self.done_bytes += len(raw)
+                            raw = f.readline(MAX_LINE_BYTES)
+                        self.done_bytes += len(raw)
+                        self.batch.append((f"{path}:{number}", None, BadLine(
+                            f"the line is longer than {MAX_LINE_BYTES >> 20} MiB (the limit a line); split the text "
+                            "into several samples")))
+                        continue
                     self.add_line(f"{path}:{number}", raw)
         self.flush()
         self.progress.update(self.done_bytes, self.writer.n_samples, self.writer.n_tokens, force=True)
@@ -685,6 +737,7 @@ def main():
     out = os.path.abspath(args.output)
     if out in map(os.path.abspath, paths):
         fail(f"{args.output}: the output is also an input; write the sample file elsewhere")
+    refuse_existing_output(args.output, args.overwrite)
     tokenizer = Tokenizer(args.tokenizer, args.chat_template) if args.tokenizer else None
     writer = SampleWriter(out)
     try:
@@ -705,6 +758,21 @@ def main():
             "formats": json.dumps(counts),
         }
         writer.commit(attrs)
+    except (OSError, RuntimeError) as e:
+        # a full disk (HDF5 says so as a RuntimeError when a dataset is closed): HDF5's stack would follow,
+        # and closing the file or its clean-up at exit may crash; other errors go on as they are
+        text = str(e)
+        if isinstance(e, RuntimeError) and "write failed" not in text and "No space" not in text:
+            writer.abort()
+            raise
+        writer.abort(close=False)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else text.split("(")[-1].split(",")[0]
+        if "errno = 28" in text or "No space" in text:
+            reason = "no space left on the device"
+        print(f"{args.output}: cannot write the sample file ({reason}); free space or write elsewhere "
+              "(nothing was written)", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(EXIT_BAD_INPUT)
     except BaseException:
         writer.abort()
         raise
