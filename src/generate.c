@@ -228,7 +228,9 @@ static bool has_chat_template(const char *tokenizer_json)
     return has;
 }
 
-/* tools/chat_template.py beside this binary's bin/ (SHARDLM_TOOLS: another tools directory). */
+/* tools/chat_template.py of the checkout this binary was built in: bin/'s
+ * parent, or build-asan/bin/'s grandparent (SHARDLM_TOOLS: another tools
+ * directory). */
 static void chat_tool(char *out, size_t cap)
 {
     const char *dir = getenv("SHARDLM_TOOLS");
@@ -239,10 +241,16 @@ static void chat_tool(char *out, size_t cap)
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     exe[n > 0 ? n : 0] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (slash)
+    for (int up = 1; up <= 3; up++) {
+        char *slash = strrchr(exe, '/');
+        if (!slash)
+            break;
         *slash = '\0';
-    snprintf(out, cap, "%s/../tools/chat_template.py", exe);
+        snprintf(out, cap, "%s/tools/chat_template.py", exe);
+        if (access(out, R_OK) == 0)
+            return;
+    }
+    snprintf(out, cap, "tools/chat_template.py (beside the shardlm binary)");
 }
 
 /* Renders every text or messages prompt through the chat template

@@ -21,10 +21,12 @@ Checks (references: transformers 4.40.2, tokenizers 0.19, PEFT 0.10.0):
   tokenize.*   shardlm tokenize's ids equal tokenizers' on a few thousand
                strings of mixed scripts, digits and chat markup
   eval.N*      shardlm eval's loss equals transformers' on the same tokens at
-               N = 1 and 2 (relative 2e-5: both sum fp32 products over 30
-               layers in different orders, BLAS blocking and the tiled
-               attention's online softmax against PyTorch's; the loss itself
-               is accumulated in float64 on both sides)
+               N = 1 and 2 (relative 1e-4; measured 1.8e-6 with the -O3
+               -march=native build, 3.4e-5 with the sanitizer build's -O1:
+               both sum fp32 products over 30 layers in different orders,
+               BLAS blocking and the tiled attention's online softmax
+               against PyTorch's, and the compiler's vectorisation changes
+               that order again)
   generate.*   greedy tokens equal transformers' for 64 new tokens on 4 chat
                prompts (the chat template applied by both), and --prompt's text
   lora.*, full.*  a short LoRA and full fine-tune on chat pairs (ZeRO 3, N = 2)
@@ -136,7 +138,7 @@ def check_user_mistakes(model, gguf):
     hf = transformers.LlamaForCausalLM.from_pretrained(bare, torch_dtype=torch.float32).eval()
     r = run(["eval", bare, "--data", data, "--json"])
     got = json.loads(r.stdout.splitlines()[-1])["loss"] if r.returncode == 0 else float("nan")
-    close("mistake.absent_defaults", got, hf_loss(hf, data), 2e-5)
+    close("mistake.absent_defaults", got, hf_loss(hf, data), 1e-4)
     check("mistake.absent_defaults_said", "no rope_theta: transformers' LlamaConfig default, 10000" in r.stderr,
           r.stderr[-400:])
     # without tie_word_embeddings the head is untied (transformers' default), and this model has none
@@ -245,7 +247,7 @@ def check_eval(model, hf, data):
     want = hf_loss(hf, data)
     note(f"transformers' loss on the chat pairs: {want:.9f}")
     for N in ((1,) if ASAN else (1, 2)):
-        close(f"eval.N{N}", shardlm_loss(f"eval.N{N}_run", model, data, N), want, 2e-5)
+        close(f"eval.N{N}", shardlm_loss(f"eval.N{N}_run", model, data, N), want, 1e-4)
     return want
 
 

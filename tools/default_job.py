@@ -186,7 +186,10 @@ def cmd_instructions(args):
     os.makedirs(args.out, exist_ok=True)
     train, held, askable = [], [], []
     trained_askable = []
+    # a key that two rows describe (alone and in a shared row) has two answers: never asked
+    named = [key for key, _, _ in pairs]
     for i, (key, description, alone) in enumerate(pairs):
+        alone = alone and named.count(key) == 1
         if args.chat:
             sample = {"messages": [{"role": "user", "content": CHAT_QUESTION.format(key=key)},
                                    {"role": "assistant", "content": description}],
@@ -202,12 +205,12 @@ def cmd_instructions(args):
             for s in samples:
                 f.write(json.dumps({"messages": s["messages"]} if args.chat else s) + "\n")
     # asked: the shortest answers whose row describes that key alone (not "shape" for n_layer, n_head, n_embd);
-    # with --chat two trained questions too, after the held-back ones
+    # with --chat three trained questions too, after the held-back ones
     def shortest(rows, n):
         return sorted(rows, key=lambda s: len(s["completion"]))[:n]
     questions = [dict(s, held=True) for s in shortest(askable, 2)]
     if args.chat:
-        questions += [dict(s, held=False) for s in shortest(trained_askable, 2)]
+        questions += [dict(s, held=False) for s in shortest(trained_askable, 3)]
     with open(os.path.join(args.out, "questions.jsonl"), "w", encoding="utf-8") as f:
         for s in questions:
             f.write(json.dumps({"prompt": s["prompt"], "answer": s["completion"].strip(), "held": s["held"]}) + "\n")

@@ -17,11 +17,11 @@
 # the README) is `make run-tiny` (tools/run_default.sh).
 #
 # Environment: SHARDLM_RUN_DIR (default build/run-real); SHARDLM_RUN_STEPS
-# (30); SHARDLM_RANKS (2); SHARDLM_BIN (bin/shardlm).
+# (60); SHARDLM_RANKS (2); SHARDLM_BIN (bin/shardlm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${SHARDLM_RUN_DIR:-build/run-real}
-steps=${SHARDLM_RUN_STEPS:-30}
+steps=${SHARDLM_RUN_STEPS:-60}
 ranks=${SHARDLM_RANKS:-2}
 for n in "$steps" "$ranks"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || {
