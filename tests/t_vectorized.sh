@@ -6,8 +6,8 @@
 # training step) although they vectorised on AVX-512 machines: GCC had turned
 # the exp clamp into branches, and under -ftrapping-math only AVX-512's masked
 # operations may execute them speculatively (see the Makefile's
-# -fno-trapping-math). This test builds src/backend_cpu.o and
-# src/backend_cpu_attention.o with the Makefile's own flags for each target
+# -fno-trapping-math). This test builds src/backend/cpu/backend_cpu.o and
+# src/backend/cpu/backend_cpu_attention.o with the Makefile's own flags for each target
 # below (compiling only: no target CPU is needed)
 # and reads the disassembly of each hot loop's OpenMP body: it must hold
 # packed single-precision FMAs (the exp polynomial alone has 7 per vector),
@@ -51,13 +51,13 @@ for target in zen3 haswell avx512 native; do
     native) march="-march=native" ;;
   esac
   build=build/vectorized/$target
-  if ! make --no-print-directory -s OPT="-O3 $march" BUILD="$build" "$build/src/backend_cpu.o" \
-    "$build/src/backend_cpu_attention.o" >"$build.log" 2>&1; then
+  if ! make --no-print-directory -s OPT="-O3 $march" BUILD="$build" "$build/src/backend/cpu/backend_cpu.o" \
+    "$build/src/backend/cpu/backend_cpu_attention.o" >"$build.log" 2>&1; then
     check "vectorized.$target.builds" 1 "$(tail -5 "$build.log")"
     continue
   fi
   for kernel in $KERNELS; do
-    obj=$build/src/${kernel%%:*}.o fns=${kernel#*:} fn=${fns%%+*} code=''
+    obj=$build/src/backend/cpu/${kernel%%:*}.o fns=${kernel#*:} fn=${fns%%+*} code=''
     for f in ${fns//+/ }; do code+=$(body "$obj" "$f")$'\n'; done
     name=vectorized.$target.${fn%._omp_fn.0}
     if [ -z "$code" ]; then

@@ -133,7 +133,7 @@ def expected_traffic(numels, N, stage, accum, threshold=0):
 
 
 def format_bytes(b):
-    """plan.c's plan_format_bytes."""
+    """core/util.c's format_bytes."""
     units = ["B", "KiB", "MiB", "GiB", "TiB"]
     i = 0
     b = float(b)

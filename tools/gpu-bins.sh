@@ -53,7 +53,7 @@ fi
 
 # glibc: the newest GLIBC_x.y symbol version each program needs
 glibc_of() { objdump -T "$1" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1; }
-/usr/bin/python3 - "$DIR" "$MARCH" "$(git rev-parse HEAD)$(git diff --quiet HEAD -- src cuda tests/gpu Makefile || echo -dirty)" \
+/usr/bin/python3 - "$DIR" "$MARCH" "$(git rev-parse HEAD)$(git diff --quiet HEAD -- src tests/gpu Makefile || echo -dirty)" \
   "$("$CUDA_HOME/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')" "$(gcc -dumpfullversion)" \
   "$(getconf GNU_LIBC_VERSION | awk '{print $2}')" \
   "$(for f in shardlm shardlm-cuda check_kernels time_kernels; do echo "$f=$(glibc_of "$DIR/$f")"; done)" <<'EOF'

@@ -185,7 +185,7 @@ mapfile -t incdirs < <(pkg-config --cflags-only-I ompi hdf5-openmpi openblas jan
 incdirs+=(/usr/include)
 # shellcheck disable=SC2046
 mapfile -t headers < <(gcc -std=gnu11 -M -fopenmp -iquote src $(pkg-config --cflags ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc) \
-  -I/usr/local/cuda/include -iquote tests/gpu src/*.c tests/gpu/check_kernels.c 2>/dev/null |
+  -I/usr/local/cuda/include -iquote tests/gpu $(find src -name '*.c' | sort) tests/gpu/check_kernels.c 2>/dev/null |
   tr ' \\' '\n\n' | grep '\.h$' | xargs -d '\n' readlink -f | sort -u)
 learn_owners "${headers[@]}"
 for h in "${headers[@]}"; do

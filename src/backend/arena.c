@@ -3,7 +3,7 @@
 #include <stdlib.h>
 
 #include "backend.h"
-#include "util.h"
+#include "core/util.h"
 
 static const char *class_names[BUF_COUNT] = {
     [BUF_PARAMS] = "parameter shard",

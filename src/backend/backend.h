@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #include "arena.h"
-#include "dtype.h"
+#include "core/dtype.h"
 
 /* Weight-gradient dtype: the tensors marked [G] (weight and bias gradients)
  * hold elements of it. fp32 by default; the parameter dtype when a device

@@ -1,7 +1,7 @@
 #include "target.h"
 
 #include "backend.h"
-#include "dtype.h"
+#include "core/dtype.h"
 
 struct exec_target target_running(void)
 {

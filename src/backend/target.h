@@ -17,7 +17,7 @@
 #include <stddef.h>
 
 #include "arena.h"
-#include "config.h"
+#include "core/options.h"
 
 struct exec_target {
     bool as_cuda;     /* the CUDA backend's facts, whatever this binary links */

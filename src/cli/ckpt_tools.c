@@ -16,18 +16,18 @@
 
 #include <jansson.h>
 
-#include "ckpt.h"
-#include "hf.h"
-#include "hf_export.h"
-#include "lora_merge.h"
-#include "peft_export.h"
-#include "plan.h"
-#include "comm.h"
-#include "config.h"
-#include "dtype.h"
-#include "model.h"
-#include "util.h"
-#include "zero.h"
+#include "io/ckpt.h"
+#include "io/hf.h"
+#include "io/hf_export.h"
+#include "io/lora_merge.h"
+#include "io/peft_export.h"
+#include "engine/plan.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "core/dtype.h"
+#include "model/model.h"
+#include "core/util.h"
+#include "zero/zero.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "ckpt_tools writes safetensors data in host order, which must be little-endian"

@@ -31,14 +31,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 #include "generate.h"
-#include "hf_json.h"
-#include "infer.h"
-#include "loader.h"
-#include "tokenizer.h"
-#include "train.h"
-#include "util.h"
+#include "core/hf_json.h"
+#include "run/infer.h"
+#include "data/loader.h"
+#include "tokenizer/tokenizer.h"
+#include "run/train.h"
+#include "core/util.h"
 
 #define MAX_SETS 256
 #define MAX_STOPS 16

@@ -8,13 +8,13 @@
 #include <string.h>
 
 #include "ckpt_tools.h"
-#include "comm.h"
-#include "config.h"
+#include "comm/comm.h"
+#include "config/config.h"
 #include "generate.h"
 #include "plan_cli.h"
 #include "tokenize_cli.h"
-#include "train.h"
-#include "util.h"
+#include "run/train.h"
+#include "core/util.h"
 
 #define MAX_SETS 256
 

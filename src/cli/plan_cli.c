@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "model.h"
-#include "plan.h"
-#include "util.h"
+#include "config/config.h"
+#include "model/model.h"
+#include "engine/plan.h"
+#include "core/util.h"
 
 #define MAX_SETS 256
 /* The fit search tries micro-batches up to this many sequences per rank. */
@@ -99,7 +99,7 @@ static bool fits(const struct plan_eval *e, const struct plan_options *o)
     return (o->gpu_mem <= 0 || e->device <= o->gpu_mem) && (o->host_mem <= 0 || e->host_per_node <= o->host_mem);
 }
 
-static const char *gib(double bytes, char *buf, size_t n) { return plan_format_bytes(bytes, buf, n); }
+static const char *gib(double bytes, char *buf, size_t n) { return format_bytes(bytes, buf, n); }
 
 /* ---- printing ----------------------------------------------------------------- */
 
@@ -413,7 +413,7 @@ static bool single_change_hint(struct config *cfg, const struct model *m, const 
         evaluate(e, m, cfg, o);
         if (fits(e, o)) {
             snprintf(hint, n, "try %s (%s per GPU, %s host per node)", keys[i], gib(e->device, a, sizeof a),
-                     plan_format_bytes(e->host_per_node, (char[32]){0}, 32));
+                     format_bytes(e->host_per_node, (char[32]){0}, 32));
             found = true;
         }
     }
@@ -433,7 +433,7 @@ static int report_fit(const struct plan_eval *e, struct config *cfg, const struc
         printf("fits: %s per GPU%s%s, %s host memory per node%s%s\n", gib(e->device, a, sizeof a),
                o->gpu_mem > 0 ? " of " : " (no --gpu-mem)", o->gpu_mem > 0 ? gib(o->gpu_mem, b, sizeof b) : "",
                gib(e->host_per_node, c, sizeof c), o->host_mem > 0 ? " of " : " (no --host-mem)",
-               o->host_mem > 0 ? plan_format_bytes(o->host_mem, (char[32]){0}, 32) : "");
+               o->host_mem > 0 ? format_bytes(o->host_mem, (char[32]){0}, 32) : "");
         return EXIT_OK;
     }
     char over[160] = "";

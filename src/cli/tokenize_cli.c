@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer.h"
-#include "util.h"
+#include "tokenizer/tokenizer.h"
+#include "core/util.h"
 
 /* Room for the library's one-line errors. */
 #define TOKENIZE_ERR_BYTES 1024

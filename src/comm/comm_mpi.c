@@ -29,10 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "devemu.h"
-#include "dtype.h"
+#include "core/devemu.h"
+#include "core/dtype.h"
 #include "liveness.h"
-#include "util.h"
+#include "core/util.h"
 
 #define COMM_QUEUE_LEN 256
 #define COMM_TIMEOUT_DEFAULT 600 /* seconds a request may take before the job is aborted */

@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "util.h"
+#include "core/util.h"
 
 #define LIVENESS_MAGIC 0x534c4956u /* "SLIV" */
 /* How often the responder looks at its stop flag, and how often the probe

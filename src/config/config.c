@@ -16,11 +16,11 @@
  * constant says why.
  */
 #include "config.h"
-#include "hf.h"
-#include "model.h"
-#include "samples.h"
+#include "io/hf.h"
+#include "model/model.h"
+#include "data/samples.h"
 
-#include "util.h"
+#include "core/util.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -1807,24 +1807,4 @@ void config_free(struct config *cfg)
     free(cfg->lora.modules_to_save);
     json_decref(cfg->json);
     memset(cfg, 0, sizeof *cfg);
-}
-
-const char *dtype_name(enum dtype dt)
-{
-    switch (dt) {
-    case DTYPE_F32: return "fp32";
-    case DTYPE_F16: return "fp16";
-    case DTYPE_BF16: return "bf16";
-    }
-    return "?";
-}
-
-int dtype_size(enum dtype dt)
-{
-    switch (dt) {
-    case DTYPE_F32: return 4;
-    case DTYPE_F16: return 2;
-    case DTYPE_BF16: return 2;
-    }
-    return 0;
 }

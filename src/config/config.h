@@ -13,8 +13,9 @@
  * micro × accumulation × world) by config_resolve_batch(), which the trainer
  * calls once the world size is known.
  *
- * The module owns struct config and the JSON document it was read from (kept
- * for checkpoints as the resolved config). It does not open data or model files.
+ * The module fills struct config (its types are in core/options.h) and owns
+ * the JSON document it was read from (kept for checkpoints as the resolved
+ * config). It does not open data or model files.
  */
 #ifndef SHARDLM_CONFIG_H
 #define SHARDLM_CONFIG_H
@@ -22,60 +23,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum dtype { DTYPE_F32 = 0, DTYPE_F16 = 1, DTYPE_BF16 = 2 };
+#include "core/options.h"
 
-enum sched_type {
-    SCHED_CONSTANT = 0,     /* no "scheduler" section: the optimizer's lr */
-    SCHED_WARMUP_LR,        /* DeepSpeed WarmupLR */
-    SCHED_WARMUP_DECAY_LR,  /* DeepSpeed WarmupDecayLR */
-    SCHED_WARMUP_COSINE_LR, /* DeepSpeed WarmupCosineLR */
-};
-
-enum warmup_type { WARMUP_LOG = 0, WARMUP_LINEAR = 1 };
-
-/* Architecture variants, fixed by model.type (model_build sets them). */
-enum norm_kind { NORM_LAYERNORM = 0, NORM_RMSNORM };
-enum mlp_kind { MLP_GELU = 0, MLP_SWIGLU };
-enum rope_scaling_type { ROPE_SCALING_NONE = 0, ROPE_SCALING_LLAMA3 };
-
-/* Hugging Face's rope_scaling of type "llama3" (Llama 3.1): wavelengths
- * longer than original_max_positions / low_freq_factor are divided by factor,
- * shorter than original_max_positions / high_freq_factor kept, and blended
- * between the two. */
-struct rope_scaling {
-    enum rope_scaling_type type;
-    double factor, low_freq_factor, high_freq_factor;
-    int original_max_positions;
-};
-
-struct model_config {
-    char type[16];     /* "gpt2" or "llama" */
-    char preset[24];   /* model.preset that supplied the defaults, "" when none */
-    int n_layer;       /* number of transformer blocks */
-    int n_head;        /* attention heads */
-    int n_kv_head;     /* key/value heads (grouped-query attention); GPT-2: n_head (0: n_head) */
-    int ffn_dim;       /* MLP hidden size; GPT-2: 4 n_embd (0: derived) */
-    int n_embd;        /* channels C */
-    int n_positions;   /* context length (max sequence) */
-    int vocab_size;    /* real vocabulary V */
-    int padded_vocab;  /* V rounded up to a multiple of 128 (derived) */
-    float init_std;    /* std of the normal init of weights (GPT-2: 0.02) */
-    float norm_eps;    /* Llama: RMSNorm's rms_norm_eps (GPT-2's LayerNorm: 1e-5, fixed) */
-    double rope_theta; /* Llama: the rotary base (Hugging Face rope_theta) */
-    struct rope_scaling rope_scaling; /* Llama: rope_scaling (type none: plain rotary) */
-    bool tie_embeddings; /* Llama: tie_word_embeddings (lm_head is embed_tokens); GPT-2: always */
-    char pretrained[1024]; /* model.from_pretrained: a Hugging Face directory ("": a random init) */
-    int sliding_window;  /* Mistral's attention window from its config.json (0: none) */
-    uint64_t init_seed;
-    /* derived from type by model_build: */
-    enum norm_kind norm; /* GPT-2: LayerNorm with bias; Llama: RMSNorm, weight only */
-    enum mlp_kind mlp;   /* GPT-2: c_fc, GELU, c_proj; Llama: SwiGLU (gate, up, down) */
-    bool biases;         /* linear layers carry biases (GPT-2) */
-    bool rotary;         /* rotary position embedding, no position table (Llama) */
-    bool tied_head;      /* LM head tied to the token embedding (GPT-2) */
-};
-
-/* Model presets (model.preset): published shapes. */
 struct model_preset {
     const char *name;
     const char *type;
@@ -89,138 +38,6 @@ const char *config_preset_names(void);
 extern const struct model_preset config_presets[];
 extern const int config_n_presets;
 
-struct optimizer_config {
-    char type[16];     /* "AdamW" or "Adam" */
-    float lr;
-    float beta1, beta2;
-    float eps;
-    float weight_decay; /* applied to 2-D weights only */
-    bool adam_w_mode;   /* true: decoupled decay (AdamW); false: L2 added to the gradient */
-};
-
-struct scheduler_config {
-    enum sched_type type;
-    float warmup_min_lr, warmup_max_lr; /* WarmupLR, WarmupDecayLR */
-    int warmup_num_steps;
-    enum warmup_type warmup_type;
-    int total_num_steps;                /* WarmupDecayLR, WarmupCosineLR */
-    float warmup_min_ratio, cos_min_ratio; /* WarmupCosineLR */
-};
-
-struct fp16_config {
-    bool enabled;
-    float loss_scale;          /* 0: dynamic */
-    int initial_scale_power;   /* 16 */
-    int loss_scale_window;     /* 1000 */
-    int hysteresis;            /* 2 */
-    bool consecutive_hysteresis;
-    float min_loss_scale;      /* 1 */
-};
-
-struct zero_config {
-    int stage;                        /* 0..3 */
-    bool offload_optimizer;           /* offload_optimizer.device == "cpu" */
-    bool offload_pin_memory;          /* offload_optimizer.pin_memory */
-    bool offload_param;               /* offload_param.device == "cpu" (stage 3): parameter shards in host memory */
-    bool offload_param_pin_memory;    /* offload_param.pin_memory */
-    double reduce_bucket_size;        /* elements */
-    double stage3_prefetch_bucket_size; /* elements; 0 disables prefetch */
-    double stage3_max_live_parameters;  /* elements */
-    double stage3_param_persistence_threshold; /* elements */
-    bool overlap_comm;
-    bool contiguous_gradients;
-};
-
-struct act_ckpt_config {
-    bool enabled;
-    int interval;           /* keep every k-th block input, recompute k blocks */
-    bool cpu_checkpointing;
-};
-
-struct data_config {
-    char *train_path;   /* file or glob of .bin shards */
-    char *val_path;     /* file or glob; NULL: no validation */
-    int seq_len;        /* T (alias data.max_seq_length); defaults to model.n_positions */
-    bool shuffle;       /* shuffled window order (default); false: file order, epoch after epoch */
-    bool samples;       /* data.train is a sample file (.h5, samples.h), not .bin shards */
-    int pad_multiple;   /* data.pad_to_multiple_of: a micro-batch's length rounds up to it (default 8) */
-    bool group_by_length; /* sort each megabatch by length */
-    bool truncate;      /* data.truncation "truncate" (default): longer samples are cut; false: "drop" */
-    bool packing;       /* rows of seq_len hold whole samples, attention confined to each */
-};
-
-struct train_config {
-    int steps;               /* optimizer steps */
-    uint64_t seed;           /* data order and sampling */
-    int eval_every;          /* validation every N steps (0: never) */
-    int eval_batches;        /* micro-batches per validation */
-    int sample_tokens;       /* tokens generated at the end (0: none) */
-    float sample_temperature;
-    char *metrics_path;      /* JSONL file (NULL: none) */
-    int threads;             /* 0: OMP default */
-};
-
-struct checkpoint_config {
-    char *dir;
-    int every;   /* steps (0: only at the end) */
-    int keep;    /* checkpoints kept (0: all) */
-    bool on_error_continue; /* checkpoint.on_error: "stop" (false, default: exit 2) or "continue" (warn, train on) */
-    bool export_hf;         /* checkpoint.export_hf: a Hugging Face directory (dir/hf) beside every checkpoint */
-};
-
-/* lora: low-rank adapters on a frozen base (issue 19), PEFT's LoraConfig
- * meaning: y = W x + (alpha / r) B A dropout(x) on each targeted linear layer,
- * A (r, in) Kaiming-uniform and B (out, r) zero at the start (PEFT's
- * init_lora_weights=True), so training starts from the base model's output.
- * Defaults are PEFT's: r 8, alpha 8, dropout 0, and when target_modules is
- * not given PEFT's per-architecture default (Llama: q_proj, v_proj; GPT-2:
- * c_attn). Names are matched as PEFT matches them (model.h,
- * model_module_matches): "q_proj" adapts every block's q_proj.
- * model_add_lora (model.h) lays the adapters out and freezes the base. */
-enum lora_init {
-    LORA_INIT_DEFAULT = 0, /* "default": A Kaiming-uniform (a = sqrt(5), as nn.Linear), B zero */
-    LORA_INIT_GAUSSIAN,    /* "gaussian": A normal(0, 1 / r), B zero (PEFT's "gaussian") */
-    LORA_INIT_RANDOM,      /* false: A and B Kaiming-uniform (PEFT's init_lora_weights=False, for tests) */
-};
-
-struct lora_config {
-    bool enabled;              /* the config has a lora section */
-    int r;                     /* the adapters' rank */
-    double alpha;              /* lora_alpha: the adapters' output scaled by alpha / r */
-    double dropout;            /* lora_dropout on the adapters' input, in [0, 1) */
-    enum lora_init init;
-    bool all_linear;           /* target_modules "all-linear": every linear layer of the blocks */
-    int n_target_modules;      /* else these names (strings owned by the config's document) */
-    const char **target_modules;
-    int n_modules_to_save;     /* modules trained in full beside the adapters (e.g. lm_head) */
-    const char **modules_to_save;
-};
-
-struct config {
-    struct model_config model;
-    struct optimizer_config optimizer;
-    struct scheduler_config scheduler;
-    struct fp16_config fp16;
-    bool bf16;
-    enum dtype dtype;          /* derived from fp16/bf16 */
-    struct zero_config zero;
-    struct act_ckpt_config act_ckpt;
-    struct data_config data;
-    struct train_config train;
-    struct checkpoint_config checkpoint;
-    struct lora_config lora;
-
-    /* Batch: any two of the three given; the third derived at resolve time. 0 = not given. */
-    int train_batch_size;
-    int micro_batch;            /* train_micro_batch_size_per_gpu */
-    int grad_accum;             /* gradient_accumulation_steps */
-    float gradient_clipping;    /* 0: off */
-    int steps_per_print;
-    bool wall_clock_breakdown;
-
-    void *json;                 /* the merged json_t document (resolved config) */
-};
-
 /* Reads and validates. deepspeed_path may be NULL; sets is an array of n "a.b=c". */
 void config_load(struct config *cfg, const char *path, const char *deepspeed_path,
                  const char *const *sets, int n_sets);
@@ -232,7 +49,5 @@ void config_resolve_batch(struct config *cfg, int world);
 char *config_dump(const struct config *cfg);
 void config_free(struct config *cfg);
 
-const char *dtype_name(enum dtype dt);
-int dtype_size(enum dtype dt);
 
 #endif

@@ -42,7 +42,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "config.h"
+#include "options.h"
 #include "dtype.h"
 
 struct adamw_hparams {

@@ -420,3 +420,23 @@ int dtype_all_finite(const void *x, enum dtype dt, size_t n)
     }
     return !non_finite;
 }
+
+const char *dtype_name(enum dtype dt)
+{
+    switch (dt) {
+    case DTYPE_F32: return "fp32";
+    case DTYPE_F16: return "fp16";
+    case DTYPE_BF16: return "bf16";
+    }
+    return "?";
+}
+
+int dtype_size(enum dtype dt)
+{
+    switch (dt) {
+    case DTYPE_F32: return 4;
+    case DTYPE_F16: return 2;
+    case DTYPE_BF16: return 2;
+    }
+    return 0;
+}

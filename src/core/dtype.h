@@ -30,7 +30,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "config.h"
+
+/* The parameter and activation dtypes. */
+enum dtype { DTYPE_F32 = 0, DTYPE_F16 = 1, DTYPE_BF16 = 2 };
+
+const char *dtype_name(enum dtype dt);
+int dtype_size(enum dtype dt);
 
 /* SIMD levels of the bulk kernels (here and in adamw), lowest first. */
 enum dtype_simd {

@@ -209,3 +209,15 @@ float rng_normal(uint64_t *state)
     double u2 = (double)(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
     return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
 }
+
+const char *format_bytes(double bytes, char *buf, size_t n)
+{
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (bytes >= 1024.0 && i < 4) {
+        bytes /= 1024.0;
+        i++;
+    }
+    snprintf(buf, n, i == 0 ? "%.0f %s" : "%.2f %s", bytes, units[i]);
+    return buf;
+}

@@ -114,4 +114,7 @@ static inline float rng_uniform(uint64_t *state) { return (float)(splitmix64(sta
 /* Standard normal (Box–Muller; the second value is discarded for simplicity). */
 float rng_normal(uint64_t *state);
 
+/* Human-readable bytes ("12.3 MiB", binary units) into buf; returns buf. */
+const char *format_bytes(double bytes, char *buf, size_t n);
+
 #endif

@@ -1,6 +1,6 @@
 #include "data.h"
 
-#include "util.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 #include "loader.h"
 
-#include "util.h"
+#include "core/util.h"
 
 #include <string.h>
 

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "core/options.h"
 #include "data.h"
 #include "samples.h"
 

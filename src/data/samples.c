@@ -3,8 +3,8 @@
 #include "samples.h"
 
 #include "data.h"
-#include "hf_json.h"
-#include "util.h"
+#include "core/hf_json.h"
+#include "core/util.h"
 
 #include <hdf5.h>
 #include <jansson.h>

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 const char *const dpo_metric_names[DPO_N_METRICS] = {
     "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected",

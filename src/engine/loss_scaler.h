@@ -75,7 +75,7 @@
 
 #include <stdbool.h>
 
-#include "config.h"
+#include "core/options.h"
 
 /* DeepSpeed DynamicLossScaler.scale_factor: the scale halves and doubles. */
 #define LOSS_SCALE_FACTOR 2.0

@@ -7,10 +7,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "backend.h"
-#include "family.h"
-#include "util.h"
-#include "zero.h"
+#include "backend/backend.h"
+#include "families/family.h"
+#include "core/util.h"
+#include "zero/zero.h"
 
 int plan_ckpt_interval(const struct config *cfg) { return cfg->act_ckpt.enabled ? cfg->act_ckpt.interval : 0; }
 
@@ -141,18 +141,6 @@ int plan_parse_bytes(const char *text, double *bytes, const char **why)
     return -1;
 }
 
-const char *plan_format_bytes(double bytes, char *buf, size_t n)
-{
-    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (bytes >= 1024.0 && i < 4) {
-        bytes /= 1024.0;
-        i++;
-    }
-    snprintf(buf, n, i == 0 ? "%.0f %s" : "%.2f %s", bytes, units[i]);
-    return buf;
-}
-
 void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const char *title)
 {
     char a[32], b[32];
@@ -162,8 +150,8 @@ void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const cha
         if (p->bytes[c] == 0 && (!t || t->peak[c] == 0))
             continue;
         log_info("  %-24s %-12s %14s %14s", arena_class_name(c), arena_space_name(p->space[c]),
-                 plan_format_bytes((double)p->bytes[c], a, sizeof a),
-                 t ? plan_format_bytes((double)t->peak[c], b, sizeof b) : "");
+                 format_bytes((double)p->bytes[c], a, sizeof a),
+                 t ? format_bytes((double)t->peak[c], b, sizeof b) : "");
     }
     for (int s = 0; s < SPACE_COUNT; s++) {
         if (p->space_total[s] == 0)
@@ -173,8 +161,8 @@ void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const cha
             if (p->space[c] == (enum mem_space)s)
                 peak += t->peak[c];
         log_info("  %-24s %-12s %14s %14s", "total", arena_space_name(s),
-                 plan_format_bytes((double)p->space_total[s], a, sizeof a),
-                 t ? plan_format_bytes((double)peak, b, sizeof b) : "");
+                 format_bytes((double)p->space_total[s], a, sizeof a),
+                 t ? format_bytes((double)peak, b, sizeof b) : "");
     }
 }
 
@@ -194,7 +182,7 @@ static void largest_items(const struct mem_plan *p, enum mem_space s, char *buf,
         char b[32];
         size_t len = strlen(buf);
         snprintf(buf + len, n - len, "%s%s (%s)", k ? ", " : "", arena_class_name(best),
-                 plan_format_bytes((double)p->bytes[best], b, sizeof b));
+                 format_bytes((double)p->bytes[best], b, sizeof b));
     }
 }
 
@@ -229,7 +217,7 @@ static void check_host(const struct mem_plan *p)
     fail_input("the plan needs %s of host memory per rank, more than the %s available on this node; largest: %s. "
                "Hint: a smaller model, train_micro_batch_size_per_gpu or data.seq_len, more ranks with "
                "zero_optimization.stage 3, or activation_checkpointing shrink it (`shardlm plan` shows the effect)",
-               plan_format_bytes((double)need, a, sizeof a), plan_format_bytes((double)avail, b, sizeof b), items);
+               format_bytes((double)need, a, sizeof a), format_bytes((double)avail, b, sizeof b), items);
 }
 
 void plan_check_device(const struct mem_plan *p, int at_start)
@@ -245,20 +233,20 @@ void plan_check_device(const struct mem_plan *p, int at_start)
     if (!at_start) {
         log_info("device memory at the end: %s in use of %s (the plan's arenas: %s; the rest is the CUDA "
                  "context and the libraries' workspaces)",
-                 plan_format_bytes((double)(total - free_bytes), a, sizeof a),
-                 plan_format_bytes((double)total, b, sizeof b), plan_format_bytes((double)need, c, sizeof c));
+                 format_bytes((double)(total - free_bytes), a, sizeof a),
+                 format_bytes((double)total, b, sizeof b), format_bytes((double)need, c, sizeof c));
         return;
     }
     log_info("device memory: the plan needs %s of the %s free on this GPU (%s total)",
-             plan_format_bytes((double)need, a, sizeof a), plan_format_bytes((double)free_bytes, b, sizeof b),
-             plan_format_bytes((double)total, c, sizeof c));
+             format_bytes((double)need, a, sizeof a), format_bytes((double)free_bytes, b, sizeof b),
+             format_bytes((double)total, c, sizeof c));
     if (need <= free_bytes)
         return;
     largest_items(p, SPACE_DEVICE, items, sizeof items);
     fail_input("the plan needs %s of device memory per rank, %s more than the %s free on this GPU; largest: %s. "
                "Hint: zero_optimization.stage 3, offload_optimizer, activation_checkpointing or a smaller "
                "train_micro_batch_size_per_gpu shrink it (`shardlm plan` shows the effect)",
-               plan_format_bytes((double)need, a, sizeof a),
-               plan_format_bytes((double)(need - free_bytes), b, sizeof b),
-               plan_format_bytes((double)free_bytes, c, sizeof c), items);
+               format_bytes((double)need, a, sizeof a),
+               format_bytes((double)(need - free_bytes), b, sizeof b),
+               format_bytes((double)free_bytes, c, sizeof c), items);
 }

@@ -23,13 +23,13 @@
 
 #include <stddef.h>
 
-#include "arena.h"
-#include "backend.h"
-#include "comm.h"
-#include "config.h"
-#include "model.h"
-#include "target.h"
-#include "zero.h"
+#include "backend/arena.h"
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "core/options.h"
+#include "model/model.h"
+#include "backend/target.h"
+#include "zero/zero.h"
 
 struct mem_plan {
     int world;
@@ -68,7 +68,5 @@ void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const cha
  * largest items when it does not fit, before anything is allocated; at the
  * end, logs the memory in use. Nothing on the CPU. */
 void plan_check_device(const struct mem_plan *p, int at_start);
-/* Human-readable bytes ("12.3 MiB") into buf. */
-const char *plan_format_bytes(double bytes, char *buf, size_t n);
 
 #endif

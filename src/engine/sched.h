@@ -37,7 +37,7 @@
 #ifndef SHARDLM_SCHED_H
 #define SHARDLM_SCHED_H
 
-#include "config.h"
+#include "core/options.h"
 
 /* The rate of the optimizer step with 0-based index `step` (applied steps only).
  * base_lr is optimizer.params.lr: the rate itself for SCHED_CONSTANT, the rate

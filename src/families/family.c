@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "dtype.h"
-#include "util.h"
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "core/util.h"
 
 const struct family *family_of(const struct model *m)
 {

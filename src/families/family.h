@@ -44,10 +44,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "arena.h"
-#include "model.h"
-#include "target.h"
-#include "zero.h"
+#include "backend/arena.h"
+#include "model/model.h"
+#include "backend/target.h"
+#include "zero/zero.h"
 
 struct family;
 

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "util.h"
+#include "backend/backend.h"
+#include "core/util.h"
 
 /* Bytes of one set of block activations (struct block_acts). */
 static size_t block_set_bytes(const struct exec_target *t, size_t B, size_t T, size_t C, size_t NH)

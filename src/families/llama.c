@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "backend/backend.h"
 #include "family.h"
-#include "util.h"
+#include "core/util.h"
 
 /* Tensors of a Llama block unit, in model.c's order. */
 enum { LT_IN_NORM, LT_Q, LT_K, LT_V, LT_O, LT_POST_NORM, LT_GATE, LT_UP, LT_DOWN };

@@ -7,8 +7,8 @@
  * rank 0 and turns a WHY into the save's agreed error.
  */
 #include "ckpt_internal.h"
-#include "rawio.h"
-#include "util.h"
+#include "core/rawio.h"
+#include "core/util.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -5,7 +5,7 @@
  * corrupted chunk reads "... data error detected by Fletcher32 checksum").
  */
 #include "ckpt_internal.h"
-#include "util.h"
+#include "core/util.h"
 
 #include <mpi.h>
 #include <stdio.h>

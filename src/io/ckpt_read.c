@@ -7,9 +7,9 @@
  * Fletcher32 itself. Every damage ends the process through fail_input.
  */
 #include "ckpt_internal.h"
-#include "crc32c.h"
-#include "rawio.h"
-#include "util.h"
+#include "core/crc32c.h"
+#include "core/rawio.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <hdf5.h>

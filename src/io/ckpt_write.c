@@ -9,9 +9,9 @@
  */
 #define _GNU_SOURCE /* fallocate */
 #include "ckpt_internal.h"
-#include "crc32c.h"
-#include "rawio.h"
-#include "util.h"
+#include "core/crc32c.h"
+#include "core/rawio.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

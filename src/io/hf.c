@@ -9,9 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "dtype.h"
-#include "hf_json.h"
-#include "util.h"
+#include "core/dtype.h"
+#include "core/hf_json.h"
+#include "core/util.h"
 
 /* ---- config.json ------------------------------------------------------------------- */
 

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "model/model.h"
 #include "safetensors.h"
 
 #define HF_ARCHITECTURES "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel"

@@ -9,7 +9,7 @@
 
 #include "ckpt.h"
 #include "hf.h"
-#include "util.h"
+#include "core/util.h"
 
 /* The export in progress (rank 0): the checkpoint directory it comes from, as
  * an absolute path, and whether it may replace another model of the shape. */

@@ -25,8 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "comm.h"
-#include "model.h"
+#include "comm/comm.h"
+#include "model/model.h"
 #include "safetensors.h"
 
 /* config.json's record of the checkpoint directory an export came from */

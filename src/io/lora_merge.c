@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "peft_export.h"
-#include "util.h"
+#include "core/util.h"
 
 /* The base directory is there and describes the checkpoint's model. */
 static void check_base(const struct model *m, const char *dir, const char *what)

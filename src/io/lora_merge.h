@@ -21,7 +21,7 @@
 
 #include "ckpt.h"
 #include "hf.h"
-#include "model.h"
+#include "model/model.h"
 
 struct lora_merge {
     const struct model *m;     /* with LoRA (model_add_lora) */

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "hf.h"
-#include "util.h"
+#include "core/util.h"
 
 /* PEFT's saved names start with the PeftModel's path to the base model. */
 #define PEFT_PREFIX "base_model.model."

@@ -39,10 +39,10 @@
 
 #include <stdbool.h>
 
-#include "comm.h"
-#include "config.h"
+#include "comm/comm.h"
+#include "core/options.h"
 #include "hf_export.h"
-#include "model.h"
+#include "model/model.h"
 
 #define PEFT_ADAPTER_FILE "adapter_model.safetensors"
 #define PEFT_CONFIG_FILE "adapter_config.json"

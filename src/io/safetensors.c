@@ -19,9 +19,9 @@
 #define _GNU_SOURCE /* qsort_r */
 #include "safetensors.h"
 
-#include "dtype.h"
-#include "hf_json.h"
-#include "util.h"
+#include "core/dtype.h"
+#include "core/hf_json.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -28,8 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "rawio.h"
+#include "core/options.h"
+#include "core/rawio.h"
 
 #define ST_MAX_NAME 160
 #define ST_MAX_DIMS 4

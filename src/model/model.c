@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 /* packed: right after the previous tensor, with no alignment gap (tensors a
  * kernel reads as one matrix, model.h). */

@@ -36,7 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "core/options.h"
 
 #define MODEL_TENSOR_ALIGN 16 /* elements: 64 bytes in fp32, one cache line */
 #define MODEL_MAX_NAME 80

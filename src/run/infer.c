@@ -11,12 +11,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "ckpt.h"
-#include "hf.h"
-#include "hf_json.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "backend/backend.h"
+#include "io/ckpt.h"
+#include "io/hf.h"
+#include "core/hf_json.h"
+#include "tokenizer/tokenizer.h"
+#include "core/util.h"
 
 static bool is_dir(const char *path)
 {

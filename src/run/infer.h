@@ -24,14 +24,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "arena.h"
-#include "comm.h"
-#include "config.h"
-#include "family.h"
-#include "model.h"
-#include "plan.h"
-#include "target.h"
-#include "zero.h"
+#include "backend/arena.h"
+#include "comm/comm.h"
+#include "config/config.h"
+#include "families/family.h"
+#include "model/model.h"
+#include "engine/plan.h"
+#include "backend/target.h"
+#include "zero/zero.h"
 
 struct tokenizer;
 

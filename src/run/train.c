@@ -8,24 +8,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "arena.h"
-#include "backend.h"
-#include "ckpt.h"
-#include "data.h"
-#include "dump.h"
-#include "family.h"
-#include "generate.h"
-#include "hf.h"
-#include "hf_export.h"
-#include "loader.h"
-#include "loss_scaler.h"
-#include "model.h"
-#include "peft_export.h"
-#include "plan.h"
-#include "sched.h"
-#include "tokenizer.h"
-#include "util.h"
-#include "zero.h"
+#include "backend/arena.h"
+#include "backend/backend.h"
+#include "io/ckpt.h"
+#include "data/data.h"
+#include "core/dump.h"
+#include "families/family.h"
+#include "cli/generate.h"
+#include "io/hf.h"
+#include "io/hf_export.h"
+#include "data/loader.h"
+#include "engine/loss_scaler.h"
+#include "model/model.h"
+#include "io/peft_export.h"
+#include "engine/plan.h"
+#include "engine/sched.h"
+#include "tokenizer/tokenizer.h"
+#include "core/util.h"
+#include "zero/zero.h"
 
 /* Set by SIGUSR1 or SIGTERM (Slurm's warning before a time limit) or SIGINT
  * (Ctrl-C): finish the step, save, exit with EXIT_PREEMPTED so the job script
@@ -989,7 +989,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         if (!opt->quiet && (tr.step % cfg->steps_per_print == 0 || tr.step == 1 || tr.step == cfg->train.steps))
             log_info("step %5ld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s%s | %7.1f ms | sent %s%s",
                      tr.step, cfg->train.steps, loss, lr, norm, real_per_s, fill, dt * 1e3,
-                     plan_format_bytes((double)total, a, sizeof a), scale_note(&tr, b, sizeof b));
+                     format_bytes((double)total, a, sizeof a), scale_note(&tr, b, sizeof b));
         if (tr.metrics) {
             char traffic[256];
             log_traffic(&tr, bytes, traffic, sizeof traffic);

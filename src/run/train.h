@@ -9,8 +9,8 @@
 #ifndef SHARDLM_TRAIN_H
 #define SHARDLM_TRAIN_H
 
-#include "comm.h"
-#include "config.h"
+#include "comm/comm.h"
+#include "config/config.h"
 
 struct train_options {
     const char *dump_path;       /* the first step: weights, logits, loss, gradients (tests) */

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 struct piece {
     size_t off, len;    /* in run.text */

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 /* GPT-2's pre-tokenization regex, which ByteLevel(use_regex=true) applies
  * (tokenizers pre_tokenizers/byte_level.rs). */

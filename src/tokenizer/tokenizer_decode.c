@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 /* The last ids of a stream's context kept as the start of its window, as
  * text-generation-inference keeps 5: enough for a character of up to four

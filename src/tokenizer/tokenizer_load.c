@@ -22,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hf_json.h"
-#include "util.h"
+#include "core/hf_json.h"
+#include "core/util.h"
 
 /* Rust regex's \w (Alphabetic, marks, decimal numbers, connector punctuation,
  * Join_Control), which tokenizers' single_word tests on either side. */

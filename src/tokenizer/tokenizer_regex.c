@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "core/util.h"
 
 #define TOK_JIT_STACK_MIN (32 * 1024)
 #define TOK_JIT_STACK_MAX (8 * 1024 * 1024)

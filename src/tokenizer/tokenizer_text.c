@@ -12,7 +12,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "util.h"
+#include "core/util.h"
 
 void tok_grow(void **v, size_t *cap, size_t need, size_t elem)
 {

@@ -2,7 +2,7 @@
 #define _GNU_SOURCE
 #include "nvme.h"
 
-#include "util.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

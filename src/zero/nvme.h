@@ -35,8 +35,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "adamw.h"
-#include "dtype.h"
+#include "core/adamw.h"
+#include "core/dtype.h"
 
 /* Default piece: 2M elements (24 MiB of state per buffer): on the development
  * machine's virtual disk, 12 MiB requests reached 0.4 of a plain read + write,

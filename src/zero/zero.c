@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "ckpt.h"
-#include "dtype.h"
-#include "target.h"
-#include "util.h"
+#include "backend/backend.h"
+#include "io/ckpt.h"
+#include "core/dtype.h"
+#include "backend/target.h"
+#include "core/util.h"
 
 static const char *event_names[] = {"acquire", "release", "grad_open", "grad_done"};
 static const enum buf_class pool_class[POOL_SETS] = {

@@ -58,13 +58,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "adamw.h"
-#include "backend.h"
-#include "arena.h"
-#include "comm.h"
-#include "config.h"
-#include "model.h"
-#include "target.h"
+#include "core/adamw.h"
+#include "backend/backend.h"
+#include "backend/arena.h"
+#include "comm/comm.h"
+#include "core/options.h"
+#include "model/model.h"
+#include "backend/target.h"
 
 enum pass_event_kind { PASS_ACQUIRE, PASS_RELEASE, PASS_GRAD_OPEN, PASS_GRAD_DONE };
 

@@ -5,8 +5,8 @@
 #                     the CPU backend renamed cpu_* (linked as tests/gpu/session.sh does)
 #   time_kernels      tests/gpu/time_kernels.c + the emulated CUDA backend
 #                     (timings meaningless: it rehearses tests/gpu/session.sh)
-#   shardlm-cudaemu   the trainer: build/src/*.o but the CPU backend (the
-#                     Makefile's CUDA_HOST_OBJS) + the emulated cuda/*.cu
+#   shardlm-cudaemu   the trainer: build/src/**/*.o but the CPU backend (the
+#                     Makefile's CUDA_HOST_OBJS) + the emulated src/backend/cuda/*.cu
 # Reuses the objects of the normal CPU build (runs `make bin/shardlm` first).
 # Set CUDAEMU_ASAN=1 for an AddressSanitizer build of the emulated code
 # (out-of-bounds kernel accesses to cudaMalloc memory then fault).
@@ -21,7 +21,7 @@ PC_LIBS=$(pkg-config --libs $PC)
 SAN=""
 [ "${CUDAEMU_ASAN:-0}" = 1 ] && SAN="-fsanitize=address -fno-omit-frame-pointer"
 # -Wno-unknown-pragmas: nvcc's "#pragma unroll" (an unrolling hint; g++ spells it "#pragma GCC unroll")
-CXXFLAGS="-std=c++17 -O2 -g $SAN -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -Wno-unknown-pragmas -DOMPI_SKIP_MPICXX=1 -iquote src -iquote cuda -I tests/cudaemu/include $PC_CFLAGS"
+CXXFLAGS="-std=c++17 -O2 -g $SAN -Wall -Wextra -Werror -Wno-unused-parameter -Wno-sign-compare -Wno-unknown-pragmas -DOMPI_SKIP_MPICXX=1 -iquote src -iquote src/backend/cuda -I tests/cudaemu/include $PC_CFLAGS"
 pids=()
 # the emulation itself
 # (the fiber scheduler is never instrumented: ASan cannot follow its stack switches)
@@ -31,13 +31,13 @@ for f in cublas cublaslt nccl_mpi; do
 done
 # the real CUDA sources, launches rewritten
 for f in backend_cuda comm_nccl; do
-  python3 tests/cudaemu/rewrite_launches.py "cuda/$f.cu" "$OUT/$f.cc"
+  python3 tests/cudaemu/rewrite_launches.py "src/backend/cuda/$f.cu" "$OUT/$f.cc"
   g++ $CXXFLAGS -x c++ -c "$OUT/$f.cc" -o "$OUT/$f.o" & pids+=($!)
 done
 # the CPU backend renamed cpu_*, and the kernel checker, as tests/gpu/session.sh builds them
 for f in backend_cpu backend_cpu_attention; do
   gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT $PC_CFLAGS \
-    -c "src/$f.c" -o "$OUT/${f}_renamed.o" & pids+=($!)
+    -c "src/backend/cpu/$f.c" -o "$OUT/${f}_renamed.o" & pids+=($!)
 done
 gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu -I tests/cudaemu/include $PC_CFLAGS \
   -c tests/gpu/check_kernels.c -o "$OUT/check_kernels.o" & pids+=($!)
@@ -46,11 +46,10 @@ gcc -std=gnu11 -O2 -Wall -Wextra -Werror -iquote src $PC_CFLAGS \
 for p in "${pids[@]}"; do wait "$p"; done
 EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/cublaslt.o $OUT/nccl_mpi.o $OUT/backend_cuda.o $OUT/comm_nccl.o"
 g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" "$OUT/backend_cpu_attention_renamed.o" $EMU \
-  $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
+  $(find build/src -name '*.o' | sort | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
 g++ $SAN -fopenmp "$OUT/time_kernels.o" $EMU \
-  $(ls build/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/time_kernels" $PC_LIBS -lm
-g++ $SAN -fopenmp $(ls build/src/*.o | grep -v -e '/backend_cpu.o$' -e '/backend_cpu_attention.o$' -e '/backend_cpu_mem.o$' \
-  -e '/backend_cpu_act.o$') \
+  $(find build/src -name '*.o' | sort | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/time_kernels" $PC_LIBS -lm
+g++ $SAN -fopenmp $(find build/src -name '*.o' | sort | grep -v '/backend/cpu/') \
   $EMU -o "$OUT/shardlm-cudaemu" $PC_LIBS -lm
 
 g++ $CXXFLAGS tests/cudaemu/selftest.cc "$OUT/cudaemu.o" "$OUT/cublas.o" "$OUT/cublaslt.o" "$OUT/nccl_mpi.o" -o "$OUT/selftest" $PC_LIBS

@@ -18,11 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "adamw.h"
-#include "backend.h"
-#include "backend_cpu_attention.h"
+#include "core/adamw.h"
+#include "backend/backend.h"
+#include "backend/cpu/backend_cpu_attention.h"
 #include "cpu_names_decl.h"
-#include "dtype.h"
+#include "core/dtype.h"
 
 #define TOL 1e-5
 /* The rows' log-sum-exp, fp32 on both sides from the same (rounded) inputs in every activation dtype: the

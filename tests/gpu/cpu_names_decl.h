@@ -1,7 +1,7 @@
 /* Declares the CPU backend's functions under their cpu_* names (see cpu_names.h): backend.h read once more with the renames on. */
 #include "cpu_names.h"
 #undef SHARDLM_BACKEND_H
-#include "backend.h"
+#include "backend/backend.h"
 #undef backend_add
 #undef backend_all_finite
 #undef backend_attention_backward

@@ -189,10 +189,10 @@ make_var() { make -s --no-print-directory CUDA=1 "${MAKE_ARGS[@]}" --eval 'print
 link_checkers() {
   local b=$1 d=$2 cflags ldlibs cudalibs objs
   cflags=$(make_var CFLAGS) ldlibs=$(make_var LDLIBS) cudalibs=$(make_var CUDA_LIBS)
-  objs=$(ls "$b"/src/*.o | grep -v -e '/main.o$' -e '/backend_cpu')
+  objs=$(find "$b"/src -name '*.o' | sort | grep -v -e '/main.o$' -e '/backend_cpu')
   # shellcheck disable=SC2086  # word lists from make
-  if gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend_cpu.c -o "$d/backend_cpu_renamed.o" &&
-    gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend_cpu_attention.c \
+  if gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend/cpu/backend_cpu.c -o "$d/backend_cpu_renamed.o" &&
+    gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend/cpu/backend_cpu_attention.c \
       -o "$d/backend_cpu_attention_renamed.o" &&
     gcc $cflags -iquote tests/gpu -I"$CUDA_HOME/include" tests/gpu/check_kernels.c "$d/backend_cpu_renamed.o" \
       "$d/backend_cpu_attention_renamed.o" \

@@ -35,9 +35,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "config.h"
-#include "dtype.h"
+#include "backend/backend.h"
+#include "core/options.h"
+#include "core/dtype.h"
 
 struct shape {
     int B, T, C, NH, V, Vp; /* batch, sequence, channels, heads, vocabulary, padded vocabulary */

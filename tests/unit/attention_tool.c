@@ -13,10 +13,10 @@
  *       not written by the materialized one, which keeps probabilities) and
  *       DIR/dqkv.f32.
  */
-#include "backend.h"
-#include "backend_cpu_attention.h"
+#include "backend/backend.h"
+#include "backend/cpu/backend_cpu_attention.h"
 #include "check.h"
-#include "util.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <math.h>

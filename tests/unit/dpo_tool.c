@@ -10,8 +10,8 @@
  *                 ref_rejected" on stdin, prints "loss d_chosen d_rejected reward_chosen reward_rejected" (%.17g)
  */
 #include "check.h"
-#include "dpo.h"
-#include "util.h"
+#include "engine/dpo.h"
+#include "core/util.h"
 
 #include <math.h>
 #include <stdio.h>

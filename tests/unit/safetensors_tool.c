@@ -16,9 +16,9 @@
  *       ranges, last range first, as ranks would.
  */
 #include "check.h"
-#include "dtype.h"
-#include "safetensors.h"
-#include "util.h"
+#include "core/dtype.h"
+#include "io/safetensors.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <jansson.h>

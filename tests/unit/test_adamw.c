@@ -5,10 +5,10 @@
  * rounding), SIMD levels and store kinds against the scalar code bit for bit,
  * and param_out against dtype_convert of the new master weights.
  */
-#include "adamw.h"
+#include "core/adamw.h"
 #include "check.h"
-#include "dtype.h"
-#include "util.h"
+#include "core/dtype.h"
+#include "core/util.h"
 
 #include <float.h>
 #include <math.h>

@@ -10,10 +10,10 @@
  * bits run to run and at 1 or 3 threads; and SHARDLM_ATTENTION's reading
  * (tiled by default, materialized, anything else refused).
  */
-#include "backend.h"
-#include "backend_cpu_attention.h"
+#include "backend/backend.h"
+#include "backend/cpu/backend_cpu_attention.h"
 #include "check.h"
-#include "util.h"
+#include "core/util.h"
 
 #include <math.h>
 #include <omp.h>

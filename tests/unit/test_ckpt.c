@@ -22,8 +22,8 @@
  */
 #define _GNU_SOURCE /* nftw */
 #include "check.h"
-#include "ckpt.h"
-#include "util.h"
+#include "io/ckpt.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

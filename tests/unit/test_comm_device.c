@@ -8,7 +8,7 @@
  * transport claims.
  */
 #include "check.h"
-#include "comm.h"
+#include "comm/comm.h"
 
 #include <fcntl.h>
 #include <stdlib.h>

@@ -7,8 +7,8 @@
  * whose stderr comes back through a pipe.
  */
 #include "check.h"
-#include "config.h"
-#include "util.h"
+#include "config/config.h"
+#include "core/util.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -5,7 +5,7 @@
  * buffer, and extending in parts against one pass.
  */
 #include "check.h"
-#include "crc32c.h"
+#include "core/crc32c.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,8 +9,8 @@
  * child whose stderr goes to a pipe).
  */
 #include "check.h"
-#include "data.h"
-#include "util.h"
+#include "data/data.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <stdlib.h>

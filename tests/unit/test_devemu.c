@@ -4,10 +4,10 @@
  * other view, copies move it both ways, and a collective that mixes device
  * and host buffers is refused as NCCL would.
  */
-#include "backend.h"
+#include "backend/backend.h"
 #include "check.h"
-#include "comm.h"
-#include "devemu.h"
+#include "comm/comm.h"
+#include "core/devemu.h"
 
 #include <fcntl.h>
 #include <signal.h>

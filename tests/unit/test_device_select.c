@@ -4,7 +4,7 @@
  * the errors (no GPU, too few GPUs) with their hints.
  */
 #include "check.h"
-#include "device_select.h"
+#include "backend/device_select.h"
 
 #include <string.h>
 

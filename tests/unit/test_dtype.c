@@ -7,8 +7,8 @@
  * level (a few seconds with -O3; slow under the sanitizers).
  */
 #include "check.h"
-#include "dtype.h"
-#include "util.h"
+#include "core/dtype.h"
+#include "core/util.h"
 
 #include <math.h>
 #include <stdint.h>

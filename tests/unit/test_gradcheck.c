@@ -22,11 +22,11 @@
  *     with the formula written out here.
  * Lines starting with '#' report the measured errors; they are not checks.
  */
-#include "backend.h"
-#include "backend_cpu_attention.h"
+#include "backend/backend.h"
+#include "backend/cpu/backend_cpu_attention.h"
 #include "check.h"
-#include "util.h"
-#include "fastmath.h"
+#include "core/util.h"
+#include "core/fastmath.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -106,8 +106,8 @@ struct lora_out_f64 {
 #define ATTN_TILE_K 16
 #define ATTN_TILE_DIAG 3
 
-#include "../../src/backend_cpu.c"
-#include "../../src/backend_cpu_attention.c"
+#include "../../src/backend/cpu/backend_cpu.c"
+#include "../../src/backend/cpu/backend_cpu_attention.c"
 
 #undef lora_out
 #undef ATTN_TILE_Q

@@ -9,7 +9,7 @@
  *   chat_template as a string (the default) and as a list of named templates.
  */
 #include "check.h"
-#include "hf_json.h"
+#include "core/hf_json.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * answer from this job's responders.
  */
 #include "check.h"
-#include "liveness.h"
+#include "comm/liveness.h"
 
 #include <string.h>
 #include <unistd.h>

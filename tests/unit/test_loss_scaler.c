@@ -17,9 +17,9 @@
  * itself (its class text run by Python with stubs for logging and dist).
  */
 #include "check.h"
-#include "config.h"
-#include "loss_scaler.h"
-#include "util.h"
+#include "core/options.h"
+#include "engine/loss_scaler.h"
+#include "core/util.h"
 
 #include <math.h>
 #include <stdbool.h>

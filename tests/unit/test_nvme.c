@@ -9,11 +9,11 @@
  * file, exit 2).
  */
 #define _GNU_SOURCE
-#include "adamw.h"
+#include "core/adamw.h"
 #include "check.h"
-#include "dtype.h"
-#include "nvme.h"
-#include "util.h"
+#include "core/dtype.h"
+#include "zero/nvme.h"
+#include "core/util.h"
 
 #include <signal.h>
 #include <stdint.h>

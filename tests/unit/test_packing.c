@@ -21,11 +21,11 @@
  * blocks and tiles (64 rows; 64 queries x 128 keys) so that samples straddle
  * them.
  */
-#include "backend.h"
-#include "backend_cpu_attention.h"
+#include "backend/backend.h"
+#include "backend/cpu/backend_cpu_attention.h"
 #include "check.h"
-#include "dtype.h"
-#include "util.h"
+#include "core/dtype.h"
+#include "core/util.h"
 
 #include <math.h>
 #include <stdint.h>

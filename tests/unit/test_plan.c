@@ -6,9 +6,9 @@
  * GPU target has no CPU-only buffers).
  */
 #include "check.h"
-#include "config.h"
-#include "model.h"
-#include "plan.h"
+#include "config/config.h"
+#include "model/model.h"
+#include "engine/plan.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -15,10 +15,10 @@
  * st_open must catch before reading data.
  */
 #include "check.h"
-#include "dtype.h"
-#include "rawio.h"
-#include "safetensors.h"
-#include "util.h"
+#include "core/dtype.h"
+#include "core/rawio.h"
+#include "io/safetensors.h"
+#include "core/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

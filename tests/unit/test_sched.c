@@ -9,8 +9,8 @@
  * total_num_steps.
  */
 #include "check.h"
-#include "config.h"
-#include "sched.h"
+#include "core/options.h"
+#include "engine/sched.h"
 
 #include <stdio.h>
 

@@ -9,9 +9,9 @@
  * blocks, C odd), and the KV-cached attention against the causal attention
  * of the whole sequence it continues.
  */
-#include "backend.h"
+#include "backend/backend.h"
 #include "check.h"
-#include "util.h"
+#include "core/util.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -14,7 +14,7 @@
  *   errors naming the file and the problem; a 200000-character word.
  */
 #include "check.h"
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdarg.h>
 #include <stdio.h>

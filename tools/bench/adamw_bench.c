@@ -39,8 +39,8 @@
 #include <immintrin.h>
 #endif
 
-#include "adamw.h"
-#include "dtype.h"
+#include "core/adamw.h"
+#include "core/dtype.h"
 
 #define MAX_ROUNDS 64
 

@@ -31,7 +31,7 @@ if [ "$build" = 1 ]; then
     # shellcheck disable=SC2016  # $($*) is make's
     make_var() { make -s --no-print-directory --eval 'print-%: ; @echo $($*)' "print-$1"; }
     objs=()
-    for o in build/src/*.o; do [ "$o" = build/src/main.o ] || objs+=("$o"); done
+    mapfile -t objs < <(find build/src -name '*.o' | sort | grep -v '/main\.o$')
     # shellcheck disable=SC2046  # word lists from make
     gcc $(make_var CFLAGS) tools/bench/attention_bench.c "${objs[@]}" -o build/bench/attention_bench $(make_var LDLIBS)
 fi

@@ -23,9 +23,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-#include "backend_cpu_attention.h"
-#include "util.h"
+#include "backend/backend.h"
+#include "backend/cpu/backend_cpu_attention.h"
+#include "core/util.h"
 
 #define MAX_LENGTHS 32
 

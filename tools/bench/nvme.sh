@@ -37,7 +37,7 @@ bench=$out/nvme_bench
 if [ "$build" = 1 ]; then
     # the library objects of the Makefile's build (make all first)
     make --no-print-directory -j2 all >"$out/make-nvme.log" 2>&1 || { tail -20 "$out/make-nvme.log" >&2; exit 1; }
-    mapfile -t objs < <(ls build/src/*.o | grep -v '/main\.o$')
+    mapfile -t objs < <(find build/src -name '*.o' | sort | grep -v '/main\.o$')
     gcc -std=gnu11 -O3 -march=native -fopenmp -Wall -Wextra -Werror -Wno-unused-parameter -iquote src \
         $(pkg-config --cflags ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc liburing) tools/bench/nvme_bench.c "${objs[@]}" \
         $(pkg-config --libs ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc liburing) -lm -o "$bench"

@@ -16,9 +16,9 @@
  * as the disk moves its bytes; the target is >= 0.8).
  */
 #define _GNU_SOURCE
-#include "adamw.h"
-#include "nvme.h"
-#include "util.h"
+#include "core/adamw.h"
+#include "zero/nvme.h"
+#include "core/util.h"
 
 #include <fcntl.h>
 #include <math.h>

@@ -7,7 +7,7 @@
  * what the per-head attention loops want. Attention is backend_cpu_attention.c.
  */
 
-#include "backend.h"
+#include "backend/backend.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "devemu.h"
-#include "fastmath.h"
-#include "util.h"
+#include "core/devemu.h"
+#include "core/fastmath.h"
+#include "core/util.h"
 
 #include "backend_cpu_act.h"
 

@@ -12,9 +12,9 @@
 #include <stdlib.h>
 
 #include "backend_cpu_attention.h"
-#include "devemu.h"
-#include "dtype.h"
-#include "util.h"
+#include "core/devemu.h"
+#include "core/dtype.h"
+#include "core/util.h"
 
 static enum dtype g_act = DTYPE_F32, g_grad = DTYPE_F32;
 static int g_inside; /* in a wrapper: the nested call is the fp32 kernel */

@@ -8,7 +8,7 @@
 #ifndef SHARDLM_BACKEND_CPU_ACT_H
 #define SHARDLM_BACKEND_CPU_ACT_H
 
-#include "backend.h"
+#include "backend/backend.h"
 
 /* At the top of a CPU kernel with [A] operands: hands half-precision
  * activations to the act_ wrapper (emulated devices only). The f64 gradient

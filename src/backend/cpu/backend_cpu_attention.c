@@ -26,7 +26,7 @@
  * deterministic: each output element is owned by one task and its sums run
  * in a fixed order, whatever the thread count.
  */
-#include "backend.h"
+#include "backend/backend.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -36,9 +36,9 @@
 
 #include "backend_cpu_act.h"
 #include "backend_cpu_attention.h"
-#include "devemu.h"
-#include "fastmath.h"
-#include "util.h"
+#include "core/devemu.h"
+#include "core/fastmath.h"
+#include "core/util.h"
 
 #define ATTN_ROW_BLOCK 64 /* materialized: rows per causal block, skips most of the masked half */
 /* tiled: queries x keys per tile, and rows per block of a query tile's own keys (the causal triangle, which a

@@ -5,16 +5,15 @@
  * device memory, without a GPU.
  */
 
-#include "backend.h"
+#include "backend/backend.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "adamw.h"
-#include "devemu.h"
-#include "dtype.h"
-#include "plan.h"
-#include "util.h"
+#include "core/adamw.h"
+#include "core/devemu.h"
+#include "core/dtype.h"
+#include "core/util.h"
 
 int backend_is_device(void) { return devemu_enabled(); }
 
@@ -30,7 +29,7 @@ void *backend_mem_alloc(enum mem_space space, size_t bytes, const char *what)
     if (!p) {
         char b[32];
         fail_input("out of %s memory allocating %s for %s; shrink the plan (`shardlm plan` shows it)",
-                   arena_space_name(space), plan_format_bytes((double)bytes, b, sizeof b), what);
+                   arena_space_name(space), format_bytes((double)bytes, b, sizeof b), what);
     }
     return p;
 }

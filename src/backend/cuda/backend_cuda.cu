@@ -31,10 +31,9 @@
 #include "cuda_check.h"
 
 extern "C" {
-#include "adamw.h"
-#include "backend.h"
-#include "device_select.h"
-#include "plan.h"
+#include "core/adamw.h"
+#include "backend/backend.h"
+#include "backend/device_select.h"
 }
 
 #define LAYERNORM_EPS 1e-5f /* GPT-2's layer_norm_epsilon */
@@ -1787,9 +1786,9 @@ extern "C" void *backend_mem_alloc(enum mem_space space, size_t bytes, const cha
             cudaMemGetInfo(&free_bytes, &total);
         (void)cudaGetLastError(); /* an allocation failure is not sticky; clear it */
         fail_input("out of %s memory allocating %s for %s%s%s; shrink the plan (`shardlm plan` shows it)",
-                   arena_space_name(space), plan_format_bytes((double)bytes, b, sizeof b), what,
+                   arena_space_name(space), format_bytes((double)bytes, b, sizeof b), what,
                    space == SPACE_DEVICE ? ", the GPU has free " : "",
-                   space == SPACE_DEVICE ? plan_format_bytes((double)free_bytes, f, sizeof f) : "");
+                   space == SPACE_DEVICE ? format_bytes((double)free_bytes, f, sizeof f) : "");
     }
     if (space == SPACE_DEVICE) { /* on the kernels' stream: a non-blocking stream does not wait for the default one */
         cudaCheck(cudaMemsetAsync(p, 0, n, g_stream));

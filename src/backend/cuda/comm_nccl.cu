@@ -27,9 +27,9 @@
 #include "cuda_check.h"
 
 extern "C" {
-#include "backend.h"
-#include "comm.h"
-#include "util.h"
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "core/util.h"
 }
 
 #define ncclCheck(call)                                                                                        \

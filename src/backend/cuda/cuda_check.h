@@ -14,7 +14,7 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "util.h"
+#include "core/util.h"
 #ifdef __cplusplus
 }
 #endif
