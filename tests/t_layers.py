@@ -55,7 +55,7 @@ def layer_of(rel):
 files = sorted(sources())
 folders = sorted({layer_of(f) for f in files if os.sep in f})
 unknown = [f for f in folders if f not in LAYERS]
-check("layers.known", unknown, f"folders not in the layer list: {unknown} (add them to LAYERS and src/README.md)")
+check("layers.known", unknown, f"folders not in the layer list: {unknown} (add them to LAYERS here and to docs/DESIGN.md §1)")
 loose = [f for f in files if os.sep not in f]
 check("layers.no_loose", loose, f"source files outside a layer folder: {loose}")
 
