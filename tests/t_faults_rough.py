@@ -2,6 +2,10 @@
 
   import.nonfinite_inf    an infinity in the weights of model.from_pretrained is an error naming the tensor
                           (exit 2), not a step-1 loss advising a lower learning rate; the model's files unchanged
+  tokenizer_sha256.*      a sample file made with another tokenizer of the same size (its recorded
+                          tokenizer_sha256 is not that of the model's tokenizer.json): train and eval refuse it
+                          in one line naming both files and data.allow_tokenizer_mismatch; with that set, one
+                          warning and the run goes on; the same tokenizer is accepted (.same_tokenizer, a control)
 """
 import hashlib
 import json
@@ -78,8 +82,74 @@ def nonfinite():
               and tree_sums(d) == before, f"exit {rc}: {out[-400:]}")
 
 
+# 64 one-character tokens: a tokenizer.json of exactly V ids, written here (no tokenizers library needed)
+CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ."
+assert len(CHARS) == V
+
+
+def write_tokenizer(path, chars):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+                   "pre_tokenizer": None, "post_processor": None, "decoder": None,
+                   "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                             "vocab": {c: i for i, c in enumerate(chars)}, "merges": []}}, f)
+
+
+def prepare(out, tokenizer, jsonl):
+    p = subprocess.run(["/usr/bin/python3", os.path.join(harness.ROOT, "tools", "prepare_data.py"), "--tokenizer",
+                        tokenizer, "-o", out, jsonl], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=300)
+    return p.returncode, p.stdout
+
+
+def tokenizer_checksum():
+    """Item tokenizer_sha256 of issue 32: another tokenizer of the same size is caught by its checksum."""
+    ck, model = os.path.join(TMP, "tok_ck"), os.path.join(TMP, "tok_model")
+    rc, out = run(["train", config("tok_pre", MODEL, checkpoint={"dir": ck}), "--quiet"])
+    rc2, out2 = run(["export", ck, model])
+    write_tokenizer(os.path.join(model, "tokenizer.json"), CHARS)
+    other = os.path.join(TMP, "tok_other")
+    write_tokenizer(os.path.join(other, "tokenizer.json"), CHARS[1::-1] + CHARS[2:])  # 'a' and 'b' swapped
+    jsonl = os.path.join(TMP, "tok.jsonl")
+    with open(jsonl, "w") as f:
+        for k in range(12):
+            f.write(json.dumps({"text": CHARS[k:k + 12]}) + "\n")
+    mine, theirs = os.path.join(TMP, "tok_mine.h5"), os.path.join(TMP, "tok_other.h5")
+    rc3, out3 = prepare(mine, model, jsonl)
+    rc4, out4 = prepare(theirs, other, jsonl)
+    if rc or rc2 or rc3 or rc4:
+        check("tokenizer_sha256.setup", False, f"exits {rc}, {rc2}, {rc3}, {rc4}: {out2[-300:]} {out3[-300:]} "
+              f"{out4[-300:]}")
+        return
+    tok_json = os.path.join(model, "tokenizer.json")
+
+    def train(data, *sets):
+        args = ["train", config("tok_" + os.path.basename(data), {"from_pretrained": model}), "--quiet",
+                "--set", f"data.train={data}"]
+        return run(args + [a for kv in sets for a in ("--set", kv)])
+
+    def errors(out):
+        return [line for line in out.splitlines() if "error" in line]
+
+    for name, (rc, out) in (("train", train(theirs)), ("eval", run(["eval", model, "--data", theirs]))):
+        lines = errors(out)
+        check(f"tokenizer_sha256.{name}_refused", rc == 2 and len(lines) == 1 and theirs in lines[0]
+              and tok_json in lines[0] and "data.allow_tokenizer_mismatch" in lines[0], f"exit {rc}: {out[-400:]}")
+    rc, out = train(mine)
+    check("tokenizer_sha256.same_tokenizer", rc == 0, f"exit {rc}: {out[-400:]}")
+    for name, (rc, out) in (("train", train(theirs, "data.allow_tokenizer_mismatch=true")),
+                            ("eval", run(["eval", model, "--data", theirs, "--set",
+                                          "data.allow_tokenizer_mismatch=true"]))):
+        warned = [line for line in out.splitlines() if "warning" in line and "tokenizer" in line]
+        check(f"tokenizer_sha256.{name}_override", rc == 0 and len(warned) == 1 and tok_json in warned[0],
+              f"exit {rc}; warnings {warned}: {out[-400:]}")
+
+
 def main():
     nonfinite()
+    tokenizer_checksum()
 
 
 if __name__ == "__main__":
