@@ -220,9 +220,10 @@ static bool has_chat_template(const char *tokenizer_json)
     if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
         return false;
     json_error_t err;
+    char why[300];
     json_t *config = hf_json_load_file(path, 0, &err);
     if (!config)
-        fail_input("%s: cannot read it: %s (line %d); fix the file, or give --no-chat", path, err.text, err.line);
+        fail_input("%s: cannot read it: %s; fix the file, or give --no-chat", path, hf_json_why(&err, why, sizeof why));
     bool has = hf_chat_template(config, NULL) != NULL;
     json_decref(config);
     return has;

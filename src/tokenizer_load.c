@@ -538,11 +538,12 @@ static int load_config(struct tok_load *L)
     }
     fclose(f);
     json_error_t jerr;
+    char why[300];
     json_t *config = hf_json_load_file(config_path, 0, &jerr);
     int rc = 0;
     if (!json_is_object(config)) {
-        tok_err(L->err, L->errlen, "%s (beside %s): %s at line %d: fix or remove it (shardlm reads bos_token and "
-                "eos_token from it)", config_path, L->path, config ? "not a JSON object" : jerr.text, jerr.line);
+        tok_err(L->err, L->errlen, "%s (beside %s): %s: fix or remove it (shardlm reads bos_token and eos_token from "
+                "it)", config_path, L->path, config ? "not a JSON object" : hf_json_why(&jerr, why, sizeof why));
         rc = -1;
     } else {
         int32_t bos = config_token(tok, config, "bos_token");
@@ -593,10 +594,10 @@ struct tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
     }
     fclose(f);
     json_error_t jerr;
+    char why[300];
     json_t *root = hf_json_load_file(path, JSON_ALLOW_NUL, &jerr);
     if (!root) {
-        tok_err(err, errlen, "%s: not valid JSON (line %d, column %d: %s); download or save the tokenizer again",
-                path, jerr.line, jerr.column, jerr.text);
+        tok_err(err, errlen, "%s: %s; download or save the tokenizer again", path, hf_json_why(&jerr, why, sizeof why));
         return NULL;
     }
     struct tokenizer *tok = xcalloc(1, sizeof *tok);

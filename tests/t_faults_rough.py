@@ -6,6 +6,8 @@
                           tokenizer_sha256 is not that of the model's tokenizer.json): train and eval refuse it
                           in one line naming both files and data.allow_tokenizer_mismatch; with that set, one
                           warning and the run goes on; the same tokenizer is accepted (.same_tokenizer, a control)
+  message.line_unknown.*  a JSON file that opens but cannot be read (a link to /proc/self/mem: EIO), or an index
+                          that is a directory: one error line naming it and the reason, without "line -1"
 """
 import hashlib
 import json
@@ -97,15 +99,18 @@ def write_tokenizer(path, chars):
                              "vocab": {c: i for i, c in enumerate(chars)}, "merges": []}}, f)
 
 
-def prepare(out, tokenizer, jsonl):
-    p = subprocess.run(["/usr/bin/python3", os.path.join(harness.ROOT, "tools", "prepare_data.py"), "--tokenizer",
-                        tokenizer, "-o", out, jsonl], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=300)
-    return p.returncode, p.stdout
+def prepare(jobs):
+    """Runs tools/prepare_data.py --tokenizer TOK -o OUT JSONL for each (OUT, TOK, JSONL) at once; their
+    (exit status, output)."""
+    procs = [subprocess.Popen(["/usr/bin/python3", os.path.join(harness.ROOT, "tools", "prepare_data.py"),
+                               "--tokenizer", tok, "-o", out, jsonl], env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for out, tok, jsonl in jobs]
+    return [(p.wait(timeout=300), p.stdout.read()) for p in procs]
 
 
 def tokenizer_checksum():
     """Item tokenizer_sha256 of issue 32: another tokenizer of the same size is caught by its checksum."""
+    """Returns the model directory (a tiny GPT-2 with a tokenizer.json) or None."""
     ck, model = os.path.join(TMP, "tok_ck"), os.path.join(TMP, "tok_model")
     rc, out = run(["train", config("tok_pre", MODEL, checkpoint={"dir": ck}), "--quiet"])
     rc2, out2 = run(["export", ck, model])
@@ -117,12 +122,11 @@ def tokenizer_checksum():
         for k in range(12):
             f.write(json.dumps({"text": CHARS[k:k + 12]}) + "\n")
     mine, theirs = os.path.join(TMP, "tok_mine.h5"), os.path.join(TMP, "tok_other.h5")
-    rc3, out3 = prepare(mine, model, jsonl)
-    rc4, out4 = prepare(theirs, other, jsonl)
+    (rc3, out3), (rc4, out4) = prepare([(mine, model, jsonl), (theirs, other, jsonl)])
     if rc or rc2 or rc3 or rc4:
         check("tokenizer_sha256.setup", False, f"exits {rc}, {rc2}, {rc3}, {rc4}: {out2[-300:]} {out3[-300:]} "
               f"{out4[-300:]}")
-        return
+        return None
     tok_json = os.path.join(model, "tokenizer.json")
 
     def train(data, *sets):
@@ -145,11 +149,41 @@ def tokenizer_checksum():
         warned = [line for line in out.splitlines() if "warning" in line and "tokenizer" in line]
         check(f"tokenizer_sha256.{name}_override", rc == 0 and len(warned) == 1 and tok_json in warned[0],
               f"exit {rc}; warnings {warned}: {out[-400:]}")
+    return model
+
+
+def line_unknown(model):
+    """Messages that said "(line -1)" for a JSON file jansson could not read: the reason alone now."""
+    cases = []
+    for tag, name in (("config_json", "config.json"), ("tokenizer_json", "tokenizer.json"),
+                      ("tokenizer_config", "tokenizer_config.json"), ("index_dir", "model.safetensors.index.json")):
+        d = os.path.join(TMP, "unreadable_" + tag)
+        shutil.copytree(model, d)
+        path = os.path.join(d, name)
+        if tag == "index_dir":
+            os.remove(os.path.join(d, "model.safetensors"))
+            os.mkdir(path)
+        else:
+            if os.path.exists(path):
+                os.remove(path)
+            os.symlink("/proc/self/mem", path)  # a regular file that no read can get: EIO
+        args = (["tokenize", os.path.join(d, "tokenizer.json"), "--decode", "-"] if tag.startswith("tokenizer")
+                else ["eval", d, "--data", DATA])
+        cases.append((tag, path, args))
+    for tag, path, args in cases:
+        p = subprocess.run([BIN] + args, env=ENV, input="[1]", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=300)
+        lines = [line for line in p.stdout.splitlines() if "error" in line]
+        check(f"message.line_unknown.{tag}", p.returncode == 2 and len(lines) == 1 and path in lines[0]
+              and "line -1" not in lines[0] and ("Input/output error" in lines[0] or "Is a directory" in lines[0]),
+              f"exit {p.returncode}: {p.stdout[-400:]}")
 
 
 def main():
     nonfinite()
-    tokenizer_checksum()
+    model = tokenizer_checksum()
+    if model:
+        line_unknown(model)
 
 
 if __name__ == "__main__":
