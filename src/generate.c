@@ -150,9 +150,13 @@ static void prompt_ids(struct prompt *p, json_t *ids, const char *file, int line
     p->ids = xcalloc((size_t)p->n + 1, sizeof *p->ids);
     for (int i = 0; i < p->n; i++) {
         json_t *v = json_array_get(ids, (size_t)i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-            fail_input("--prompt-file '%s' line %d: \"ids\" holds %s; give token ids (integers from 0)", file, line_no,
-                       json_is_integer(v) ? "a negative id" : "something else than an integer");
+        if (!json_is_integer(v))
+            fail_input("--prompt-file '%s' line %d: \"ids\"[%d] is not an integer; give token ids (integers from 0)",
+                       file, line_no, i);
+        if (json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            fail_input("--prompt-file '%s' line %d: \"ids\"[%d] is %lld, not a token id (an integer from 0 to %d); "
+                       "give the ids of the model's tokenizer", file, line_no, i, (long long)json_integer_value(v),
+                       INT32_MAX);
         p->ids[i] = (int32_t)json_integer_value(v);
     }
 }
@@ -703,8 +707,9 @@ int cmd_generate(int argc, char **argv)
             encode(&s, p->text, chat ? false : g.add_special, &p->ids, &p->n);
         for (int k = 0; k < p->n; k++)
             if (p->ids[k] >= s.cfg.model.vocab_size)
-                fail_input("prompt %d: token id %d is outside the model's vocabulary of %d", i + 1, p->ids[k],
-                           s.cfg.model.vocab_size);
+                fail_input("prompt %d: token id %d at position %d is outside the model's vocabulary of %d (ids 0 to "
+                           "%d); give the ids of the model's tokenizer", i + 1, p->ids[k], k, s.cfg.model.vocab_size,
+                           s.cfg.model.vocab_size - 1);
         if (p->n == 0)
             fail_input("prompt %d is empty: give it some text", i + 1);
         if (p->n >= ctx) {
