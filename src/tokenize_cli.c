@@ -99,7 +99,7 @@ static int32_t *parse_ids(const struct tokenizer *tok, const char *what, const c
             fail_input("%s: element %zu is not an integer, not a token id: this tokenizer has ids 0 to %zu", what, i,
                        vocab - 1);
         if (json_integer_value(v) < 0 || (size_t)json_integer_value(v) >= vocab)
-            fail_input("%s: element %zu is %lld, not a token id: this tokenizer has ids 0 to %zu (%zu tokens)", what,
+            fail_input("%s: element %zu is %lld, out of range: this tokenizer has ids 0 to %zu (%zu tokens)", what,
                        i, (long long)json_integer_value(v), vocab - 1, vocab);
         ids[i] = (int32_t)json_integer_value(v);
     }

@@ -150,10 +150,16 @@ def tokenizer_checksum():
     def errors(out):
         return [line for line in out.splitlines() if "error" in line]
 
+    def state():
+        with open(theirs, "rb") as f:
+            return harness.files_state(model), hashlib.sha256(f.read()).hexdigest()
+    before = state()
     for name, (rc, out) in (("train", train(theirs)), ("eval", run(["eval", model, "--data", theirs]))):
         lines = errors(out)
-        check(f"tokenizer_sha256.{name}_refused", rc == 2 and len(lines) == 1 and theirs in lines[0]
-              and tok_json in lines[0] and "data.allow_tokenizer_mismatch" in lines[0], f"exit {rc}: {out[-400:]}")
+        same = state() == before
+        check(f"tokenizer_sha256.{name}_refused", rc == 2 and len(lines) == 1 and theirs in lines[0] and same
+              and tok_json in lines[0] and "data.allow_tokenizer_mismatch" in lines[0],
+              f"exit {rc}; files unchanged {same}: {out[-400:]}")
     rc, out = train(mine)
     check("tokenizer_sha256.same_tokenizer", rc == 0, f"exit {rc}: {out[-400:]}")
     for name, (rc, out) in (("train", train(theirs, "data.allow_tokenizer_mismatch=true")),
