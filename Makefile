@@ -19,7 +19,8 @@ JSON_PC  ?= jansson
 PCRE_PC  ?= libpcre2-8
 URING_PC ?= liburing
 UTF8_PC  ?= libutf8proc
-PKGS     := $(MPI_PC) $(HDF5_PC) $(BLAS_PC) $(JSON_PC) $(PCRE_PC) $(URING_PC) $(UTF8_PC)
+SHA_PC   ?= nettle
+PKGS     := $(MPI_PC) $(HDF5_PC) $(BLAS_PC) $(JSON_PC) $(PCRE_PC) $(URING_PC) $(UTF8_PC) $(SHA_PC)
 
 CC       ?= gcc
 ifeq ($(CC),cc)
@@ -52,7 +53,7 @@ else
 PC_CFLAGS := -I$(KIT)/include
 # OpenBLAS: where the kit's env.sh unpacked it (outside the kit)
 KIT_BLAS_DIR ?= $(or $(SHARDLM_KIT_LIBS),$(KIT)/lib)
-PC_LIBS   := -L$(KIT)/lib -Wl,-rpath-link,$(KIT)/lib -L$(KIT_BLAS_DIR) -lhdf5 -lmpi -lopenblas -ljansson -lpcre2-8 -lutf8proc
+PC_LIBS   := -L$(KIT)/lib -Wl,-rpath-link,$(KIT)/lib -L$(KIT_BLAS_DIR) -lhdf5 -lmpi -lopenblas -ljansson -lpcre2-8 -lutf8proc -lnettle
 RPATHS    :=
 # liburing (src/zero/nvme.c): a kit without it builds with synchronous reads and
 # writes for offload "nvme", and says so when such a job starts.
@@ -111,7 +112,7 @@ check-deps:
 else
 KIT_FILES := $(KIT)/env.sh $(KIT)/include/mpi.h $(KIT)/include/hdf5.h $(KIT)/include/cblas.h $(KIT)/include/jansson.h \
              $(KIT)/include/pcre2.h $(KIT)/include/utf8proc.h $(KIT)/lib/libmpi.so.40 $(KIT)/lib/libjansson.so.4 \
-             $(KIT)/lib/libpcre2-8.so.0 $(KIT)/lib/libutf8proc.so.2 \
+             $(KIT)/lib/libpcre2-8.so.0 $(KIT)/lib/libutf8proc.so.2 $(KIT)/include/nettle/sha2.h $(KIT)/lib/libnettle.so.8 \
              $(KIT_BLAS_DIR)/libopenblas.so.0
 check-deps:
 	@test -f $(KIT)/env.sh || { echo "shardlm: no kit in $(KIT); build it with 'bash tools/gpu-kit.sh' on a Debian machine" >&2; exit 2; }

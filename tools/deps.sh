@@ -30,6 +30,7 @@ declare -A pc_pkg=(
   [libpcre2-8]=libpcre2-dev
   [liburing]=liburing-dev
   [libutf8proc]=libutf8proc-dev
+  [nettle]=nettle-dev
 )
 missing=()
 if [ "$want_build" = 1 ]; then
@@ -138,7 +139,7 @@ if [ "${#missing[@]}" -eq 0 ]; then
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "shardlm deps: missing ${missing[*]} and no apt-get here;" \
-       "load the MPI, parallel HDF5, OpenBLAS, jansson, PCRE2 and utf8proc modules (pkg-config must find them)" >&2
+       "load the MPI, parallel HDF5, OpenBLAS, jansson, PCRE2, utf8proc and nettle modules (pkg-config must find them)" >&2
   exit 2
 fi
 SUDO=""

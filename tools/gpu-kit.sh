@@ -3,7 +3,7 @@
 # shardlm that it lacks (issue 15, item 1). Run on a Debian development machine
 # with the build dependencies installed (tools/deps.sh); the GPU machine has
 # the CUDA toolkit, cuBLAS, NCCL, a compiler and glibc, but no Open MPI, HDF5,
-# jansson, PCRE2, utf8proc or OpenBLAS, and the kit travels with the working tree
+# jansson, PCRE2, utf8proc, nettle or OpenBLAS, and the kit travels with the working tree
 # (git-ignored).
 #
 #   bash tools/gpu-kit.sh [DIR]          (default: gpu-kit at the repo root)
@@ -11,7 +11,7 @@
 # What it holds (MANIFEST lists every file, its size and its Debian package):
 #   bin/              mpirun (Debian's orterun) and orted
 #   lib/              Open MPI, PMIx, hwloc, libevent, parallel HDF5, jansson,
-#                     PCRE2 (8-bit), utf8proc, OpenBLAS (see below), libgfortran, and
+#                     PCRE2 (8-bit), utf8proc, nettle (SHA-256), OpenBLAS (see below), libgfortran, and
 #                     every other library of their closure that is not a base
 #                     library;
 #                     libmpi.so etc. are one-line linker scripts (no symlinks)
@@ -77,7 +77,7 @@ die() { echo "gpu-kit: $*" >&2; exit 1; }
 for tool in pkg-config dpkg strip xz gcc; do
   command -v "$tool" >/dev/null || die "$tool is missing; run 'bash tools/deps.sh' on a Debian machine"
 done
-pkg-config --exists ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc ||
+pkg-config --exists ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc nettle ||
   die "the build dependencies are missing; run 'bash tools/deps.sh'"
 [ -d "$OMPI_PKGLIB" ] || die "$OMPI_PKGLIB not found: this script knows Debian 12's Open MPI 4.1 layout"
 
@@ -136,7 +136,7 @@ for f in "$PMIX_ROOT"/lib/pmix/*.so; do
 done
 hdf5_lib=$(readlink -f "$SYSLIB/hdf5/openmpi/libhdf5.so")
 blas_lib=$(readlink -f "$(pkg-config --variable=libdir openblas)/libopenblas.so")
-roots+=("$SYSLIB/libmpi.so.40" "$hdf5_lib" "$SYSLIB/libjansson.so.4" "$SYSLIB/libpcre2-8.so.0" "$SYSLIB/libutf8proc.so.2" "$blas_lib")
+roots+=("$SYSLIB/libmpi.so.40" "$hdf5_lib" "$SYSLIB/libjansson.so.4" "$SYSLIB/libpcre2-8.so.0" "$SYSLIB/libutf8proc.so.2" "$SYSLIB/libnettle.so.8" "$blas_lib")
 # liburing (offload "nvme"): optional; without it the KIT= build says it uses synchronous I/O
 have_uring=0
 [ -e "$SYSLIB/liburing.so.2" ] && pkg-config --exists liburing && have_uring=1 && roots+=("$SYSLIB/liburing.so.2")
@@ -160,12 +160,13 @@ copy_lib "$SYSLIB/libjansson.so.4" "$KIT/lib"
 copy_lib "$SYSLIB/libpcre2-8.so.0" "$KIT/lib"
 [ "$have_uring" = 1 ] && copy_lib "$SYSLIB/liburing.so.2" "$KIT/lib"
 copy_lib "$SYSLIB/libutf8proc.so.2" "$KIT/lib"
+copy_lib "$SYSLIB/libnettle.so.8" "$KIT/lib"
 [ -e "$KIT/lib/$hdf5_soname" ] || copy "$hdf5_lib" "$KIT/lib/$hdf5_soname"
 xz -6 -T1 -c "$blas_lib" >"$KIT/lib/libopenblas.so.0.xz"
 printf 'lib/libopenblas.so.0.xz\t%s\n' "$blas_lib" >>"$SOURCES"
 
 # Link-time names: a one-line linker script instead of a symlink, so that
-# -lmpi -lhdf5 -lopenblas -ljansson -lpcre2-8 -lutf8proc work with -L gpu-kit/lib.
+# -lmpi -lhdf5 -lopenblas -ljansson -lpcre2-8 -lutf8proc -lnettle work with -L gpu-kit/lib.
 printf 'INPUT(libmpi.so.40)\n' >"$KIT/lib/libmpi.so"
 printf 'INPUT(%s)\n' "$hdf5_soname" >"$KIT/lib/libhdf5.so"
 printf 'INPUT(libopenblas.so.0)\n' >"$KIT/lib/libopenblas.so"
@@ -173,24 +174,25 @@ printf 'INPUT(libjansson.so.4)\n' >"$KIT/lib/libjansson.so"
 printf 'INPUT(libpcre2-8.so.0)\n' >"$KIT/lib/libpcre2-8.so"
 [ "$have_uring" = 1 ] && printf 'INPUT(liburing.so.2)\n' >"$KIT/lib/liburing.so"
 printf 'INPUT(libutf8proc.so.2)\n' >"$KIT/lib/libutf8proc.so"
+printf 'INPUT(libnettle.so.8)\n' >"$KIT/lib/libnettle.so"
 
 # Help texts, so that Open MPI's and PMIx's messages say something.
 for f in /usr/share/openmpi/help-*.txt; do copy "$f" "$KIT/share/openmpi/${f##*/}"; done
 for f in "$PMIX_ROOT"/share/pmix/help-*.txt; do copy "$f" "$KIT/share/pmix/${f##*/}"; done
 
 # Headers: exactly those that shardlm's sources (and tests/gpu/check_kernels.c)
-# include from the six packages, found by the preprocessor, kept at the path
+# include from those packages, found by the preprocessor, kept at the path
 # relative to the -I directory (or /usr/include) that supplied them.
-mapfile -t incdirs < <(pkg-config --cflags-only-I ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc | tr ' ' '\n' | sed -n 's/^-I//p' | sed 's:/*$::')
+mapfile -t incdirs < <(pkg-config --cflags-only-I ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc nettle | tr ' ' '\n' | sed -n 's/^-I//p' | sed 's:/*$::')
 incdirs+=(/usr/include)
 # shellcheck disable=SC2046
-mapfile -t headers < <(gcc -std=gnu11 -M -fopenmp -iquote src $(pkg-config --cflags ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc) \
+mapfile -t headers < <(gcc -std=gnu11 -M -fopenmp -iquote src $(pkg-config --cflags ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc nettle) \
   -I/usr/local/cuda/include -iquote tests/gpu $(find src -name '*.c' | sort) tests/gpu/check_kernels.c 2>/dev/null |
   tr ' \\' '\n\n' | grep '\.h$' | xargs -d '\n' readlink -f | sort -u)
 learn_owners "${headers[@]}"
 for h in "${headers[@]}"; do
   case $(pkg_owning "$h") in
-    libopenmpi-dev | libhdf5-*dev | libjansson-dev | libpcre2-dev | libopenblas*-dev | liburing-dev | libutf8proc-dev) ;;
+    libopenmpi-dev | libhdf5-*dev | libjansson-dev | libpcre2-dev | libopenblas*-dev | liburing-dev | libutf8proc-dev | nettle-dev) ;;
     *) continue ;;
   esac
   best=
@@ -203,11 +205,12 @@ for h in "${headers[@]}"; do
   copy "$h" "$KIT/include/$rel"
 done
 [ -f "$KIT/include/mpi.h" ] && [ -f "$KIT/include/hdf5.h" ] && [ -f "$KIT/include/jansson.h" ] &&
-  [ -f "$KIT/include/cblas.h" ] && [ -f "$KIT/include/pcre2.h" ] && [ -f "$KIT/include/utf8proc.h" ] ||
-  die "headers missing from $KIT/include (mpi.h, hdf5.h, jansson.h, cblas.h, pcre2.h, utf8proc.h)"
+  [ -f "$KIT/include/cblas.h" ] && [ -f "$KIT/include/pcre2.h" ] && [ -f "$KIT/include/utf8proc.h" ] &&
+  [ -f "$KIT/include/nettle/sha2.h" ] ||
+  die "headers missing from $KIT/include (mpi.h, hdf5.h, jansson.h, cblas.h, pcre2.h, utf8proc.h, nettle/sha2.h)"
 
 cat >"$KIT/env.sh" <<'EOF'
-# Source this (bash): the gpu-kit's Open MPI, HDF5, jansson, PCRE2, utf8proc and OpenBLAS for
+# Source this (bash): the gpu-kit's Open MPI, HDF5, jansson, PCRE2, utf8proc, nettle and OpenBLAS for
 # building (make KIT=gpu-kit) and running shardlm on a machine without them.
 # Written by tools/gpu-kit.sh.
 KIT_DIR=${BASH_SOURCE[0]}

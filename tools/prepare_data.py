@@ -303,6 +303,10 @@ class SampleBuilder:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
 
+    def outside_vocabulary(self, token_id, position):
+        return BadLine(f"token id {token_id} at position {position} is outside the vocabulary "
+                       f"(size {self.vocab_size}); check --vocab-size or the tokenizer the ids came from")
+
     def need_tokenizer(self, fmt):
         if self.tokenizer is None:
             raise BadLine(f"a {fmt} line needs a tokenizer; give --tokenizer")
@@ -362,6 +366,9 @@ class SampleBuilder:
         ids = obj.get("input_ids")
         if not isinstance(ids, list) or not all(type(i) is int for i in ids):
             raise BadLine("\"input_ids\" is not a list of integers; give token ids as a JSON list of integers")
+        bad = next((pos for pos, i in enumerate(ids) if not 0 <= i < self.vocab_size), None)
+        if bad is not None:  # before numpy, which cannot hold an id beyond int64
+            raise self.outside_vocabulary(ids[bad], bad)
         labels = obj.get("labels")
         if labels is None:
             return [(ids, 1)]
@@ -404,8 +411,7 @@ class SampleBuilder:
             raise BadLine(f"the sample has {len(ids)} token(s); a sample needs at least 2 (a context and a target)")
         bad = np.flatnonzero((ids < 0) | (ids >= self.vocab_size))
         if bad.size:
-            raise BadLine(f"token id {ids[bad[0]]} at position {bad[0]} is outside the vocabulary "
-                          f"(size {self.vocab_size}); check --vocab-size or the tokenizer the ids came from")
+            raise self.outside_vocabulary(ids[bad[0]], bad[0])
         trained[0] = 0  # nothing comes before it to predict it from
         if not trained.any():
             raise BadLine("no token of the sample is trained; give it a target (completion, assistant turn "

@@ -150,9 +150,13 @@ static void prompt_ids(struct prompt *p, json_t *ids, const char *file, int line
     p->ids = xcalloc((size_t)p->n + 1, sizeof *p->ids);
     for (int i = 0; i < p->n; i++) {
         json_t *v = json_array_get(ids, (size_t)i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
-            fail_input("--prompt-file '%s' line %d: \"ids\" holds %s; give token ids (integers from 0)", file, line_no,
-                       json_is_integer(v) ? "a negative id" : "something else than an integer");
+        if (!json_is_integer(v))
+            fail_input("--prompt-file '%s' line %d: \"ids\"[%d] is not an integer; give token ids (integers from 0)",
+                       file, line_no, i);
+        if (json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+            fail_input("--prompt-file '%s' line %d: \"ids\"[%d] is %lld, not a token id (an integer from 0 to %d); "
+                       "give the ids of the model's tokenizer", file, line_no, i, (long long)json_integer_value(v),
+                       INT32_MAX);
         p->ids[i] = (int32_t)json_integer_value(v);
     }
 }
@@ -220,9 +224,10 @@ static bool has_chat_template(const char *tokenizer_json)
     if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
         return false;
     json_error_t err;
+    char why[300];
     json_t *config = hf_json_load_file(path, 0, &err);
     if (!config)
-        fail_input("%s: cannot read it: %s (line %d); fix the file, or give --no-chat", path, err.text, err.line);
+        fail_input("%s: cannot read it: %s; fix the file, or give --no-chat", path, hf_json_why(&err, why, sizeof why));
     bool has = hf_chat_template(config, NULL) != NULL;
     json_decref(config);
     return has;
@@ -702,8 +707,9 @@ int cmd_generate(int argc, char **argv)
             encode(&s, p->text, chat ? false : g.add_special, &p->ids, &p->n);
         for (int k = 0; k < p->n; k++)
             if (p->ids[k] >= s.cfg.model.vocab_size)
-                fail_input("prompt %d: token id %d is outside the model's vocabulary of %d", i + 1, p->ids[k],
-                           s.cfg.model.vocab_size);
+                fail_input("prompt %d: token id %d at position %d is outside the model's vocabulary of %d (ids 0 to "
+                           "%d); give the ids of the model's tokenizer", i + 1, p->ids[k], k, s.cfg.model.vocab_size,
+                           s.cfg.model.vocab_size - 1);
         if (p->n == 0)
             fail_input("prompt %d is empty: give it some text", i + 1);
         if (p->n >= ctx) {

@@ -95,9 +95,12 @@ static int32_t *parse_ids(const struct tokenizer *tok, const char *what, const c
     size_t vocab = tokenizer_vocab_size(tok), i;
     json_t *v;
     json_array_foreach(root, i, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || (size_t)json_integer_value(v) >= vocab)
-            fail_input("%s: element %zu (%s) is not a token id: this tokenizer has ids 0 to %zu", what, i,
-                       json_is_integer(v) ? "out of range" : "not an integer", vocab - 1);
+        if (!json_is_integer(v))
+            fail_input("%s: element %zu is not an integer, not a token id: this tokenizer has ids 0 to %zu", what, i,
+                       vocab - 1);
+        if (json_integer_value(v) < 0 || (size_t)json_integer_value(v) >= vocab)
+            fail_input("%s: element %zu is %lld, out of range: this tokenizer has ids 0 to %zu (%zu tokens)", what,
+                       i, (long long)json_integer_value(v), vocab - 1, vocab);
         ids[i] = (int32_t)json_integer_value(v);
     }
     json_decref(root);

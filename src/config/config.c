@@ -197,6 +197,7 @@ static const struct key_spec data_keys[] = {
     {"group_by_length", K_BOOL, 0, NULL, NULL},
     {"truncation", K_STR, 0, NULL, NULL},
     {"packing", K_BOOL, 0, NULL, NULL},
+    {"allow_tokenizer_mismatch", K_BOOL, 0, NULL, NULL},
     {0},
 };
 
@@ -1128,6 +1129,7 @@ static void read_data(struct config *cfg, json_t *root)
     require_positive("data.pad_to_multiple_of", d->pad_multiple);
     d->group_by_length = read_bool(root, "data.group_by_length", false, FILL);
     d->packing = read_bool(root, "data.packing", false, FILL);
+    d->allow_tokenizer_mismatch = read_bool(root, "data.allow_tokenizer_mismatch", false, FILL);
     const char *trunc = read_str(root, "data.truncation", "truncate", FILL);
     if (strcmp(trunc, "truncate") != 0 && strcmp(trunc, "drop") != 0)
         fail_input("config: 'data.truncation' is \"%s\"; use \"truncate\" (cut samples longer than data.seq_len) or "

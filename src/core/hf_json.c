@@ -191,6 +191,15 @@ json_t *hf_json_load_file(const char *path, size_t flags, json_error_t *err)
     return root;
 }
 
+const char *hf_json_why(const json_error_t *err, char *buf, size_t cap)
+{
+    if (err->line >= 1)
+        snprintf(buf, cap, "not valid JSON (%s at line %d, column %d)", err->text, err->line, err->column);
+    else
+        snprintf(buf, cap, "%s", err->text);
+    return buf;
+}
+
 bool hf_json_number(const json_t *v, double *out)
 {
     if (json_is_number(v)) {

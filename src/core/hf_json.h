@@ -38,6 +38,11 @@ json_t *hf_json_load_file(const char *path, size_t flags, json_error_t *err);
 json_t *hf_json_loadb(const char *text, size_t len, size_t flags, json_error_t *err);
 json_t *hf_json_loadfd(int fd, size_t flags, json_error_t *err);
 
+/* Why a load failed, into buf (cap bytes), returned: "not valid JSON (TEXT at
+ * line L, column C)" where jansson knows the place, else its TEXT alone (a
+ * file it could not open or read, which jansson marks with line -1). */
+const char *hf_json_why(const json_error_t *err, char *buf, size_t cap);
+
 /* v as a number: an integer, a real, or one of the strings "NaN",
  * "Infinity", "-Infinity" that the loader makes of Python's bare literals.
  * false (out untouched) for anything else. */

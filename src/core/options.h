@@ -127,6 +127,7 @@ struct data_config {
     bool group_by_length; /* sort each megabatch by length */
     bool truncate;      /* data.truncation "truncate" (default): longer samples are cut; false: "drop" */
     bool packing;       /* rows of seq_len hold whole samples, attention confined to each */
+    bool allow_tokenizer_mismatch; /* a sample file of another tokenizer than the run's: a warning, not an error */
 };
 
 struct train_config {

@@ -27,6 +27,7 @@ void loader_open(struct loader *l, const struct config *cfg, const char *path, b
         .step_units = cfg->train_batch_size,
         .vocab_size = cfg->model.vocab_size,
         .tokenizer_json = tokenizer_json,
+        .allow_tokenizer_mismatch = cfg->data.allow_tokenizer_mismatch,
     };
     samples_open(&l->smp, path, &o, what);
 }

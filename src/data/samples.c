@@ -6,8 +6,10 @@
 #include "core/hf_json.h"
 #include "core/util.h"
 
+#include <errno.h>
 #include <hdf5.h>
 #include <jansson.h>
+#include <nettle/sha2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +150,64 @@ static int64_t tokenizer_vocab(const char *path)
     return top + 1;
 }
 
+/* The SHA-256 of the file's bytes as 64 lowercase hex digits into hex (what
+ * tools/prepare_data.py records of tokenizer.json: hashlib.sha256 of its
+ * bytes); false with errno set when it cannot be read. */
+static bool file_sha256(const char *path, char hex[2 * SHA256_DIGEST_SIZE + 1])
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return false;
+    struct sha256_ctx ctx;
+    sha256_init(&ctx);
+    uint8_t chunk[1 << 16];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+        sha256_update(&ctx, n, chunk);
+    bool ok = !ferror(f);
+    fclose(f);
+    uint8_t digest[SHA256_DIGEST_SIZE];
+    sha256_digest(&ctx, sizeof digest, digest);
+    for (int i = 0; i < SHA256_DIGEST_SIZE; i++)
+        snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+    if (!ok)
+        errno = EIO;
+    return ok;
+}
+
+/* The file against the run's tokenizer (model.from_pretrained's
+ * tokenizer.json, eval's --tokenizer): by the SHA-256 of tokenizer.json that
+ * prepare_data.py recorded when the file has one, else by size.
+ * data.allow_tokenizer_mismatch turns a mismatch into a warning. */
+static void check_tokenizer(struct sample_set *s, int64_t vocab)
+{
+    const char *run_tok = s->o.tokenizer_json;
+    char want[80], have[2 * SHA256_DIGEST_SIZE + 1];
+    attr_str(s, "tokenizer_sha256", want, sizeof want);
+    if (want[0]) {
+        if (!file_sha256(run_tok, have))
+            fail_input("%s '%s': cannot read the run's tokenizer %s to compare it with the data's: %s", s->what,
+                       s->path, run_tok, strerror(errno));
+        if (strcmp(want, have) == 0)
+            return;
+        if (!s->o.allow_tokenizer_mismatch)
+            fail_input("%s '%s': made with another tokenizer than the run's %s (tokenizer.json SHA-256 %.12s..., "
+                       "the run's %.12s...): prepare the data again with --tokenizer pointing at the model's "
+                       "directory, or set data.allow_tokenizer_mismatch=true if both encode alike",
+                       s->what, s->path, run_tok, want, have);
+        log_warn("%s '%s': made with another tokenizer than the run's %s (tokenizer.json SHA-256 %.12s..., the "
+                 "run's %.12s...); used as it is (data.allow_tokenizer_mismatch)", s->what, s->path, run_tok, want,
+                 have);
+        return;
+    }
+    int64_t run_vocab = tokenizer_vocab(run_tok);
+    if (run_vocab > 0 && run_vocab != vocab && !s->o.allow_tokenizer_mismatch)
+        fail_input("%s '%s': made with a tokenizer of %lld tokens, but the run's tokenizer %s has %lld: "
+                   "another tokenizer; prepare the data with --tokenizer pointing at the model's directory, or set "
+                   "data.allow_tokenizer_mismatch=true",
+                   s->what, s->path, (long long)vocab, run_tok, (long long)run_vocab);
+}
+
 static void check_header(struct sample_set *s)
 {
     char format[64];
@@ -167,13 +227,8 @@ static void check_header(struct sample_set *s)
         fail_input("%s '%s': made with a tokenizer of %lld tokens, the model has %d (model.vocab_size): another "
                    "tokenizer than the model's; prepare the data with the model's tokenizer",
                    s->what, s->path, (long long)vocab, s->o.vocab_size);
-    if (s->o.tokenizer_json) {
-        int64_t run_vocab = tokenizer_vocab(s->o.tokenizer_json);
-        if (run_vocab > 0 && run_vocab != vocab)
-            fail_input("%s '%s': made with a tokenizer of %lld tokens, but the run's tokenizer %s has %lld: "
-                       "another tokenizer; prepare the data with --tokenizer pointing at the model's directory",
-                       s->what, s->path, (long long)vocab, s->o.tokenizer_json, (long long)run_vocab);
-    }
+    if (s->o.tokenizer_json)
+        check_tokenizer(s, vocab);
     int64_t pad = has_attr(s, "pad_token_id") ? attr_i64(s, "pad_token_id") : -1;
     int64_t eos = has_attr(s, "eos_token_id") ? attr_i64(s, "eos_token_id") : -1;
     /* the input id of padding positions (their outputs are never used) */

@@ -6,7 +6,9 @@
  * a training target, its prediction from the tokens before it counts; the
  * first token of a sample never is), /offsets int64 [n_samples + 1], and the
  * root attributes format "shardlm-samples", version 1, vocab_size (of the
- * tokenizer that made it), pad_token_id, ... (tools/prepare_data.py).
+ * tokenizer that made it), tokenizer_sha256 (of its tokenizer.json's bytes,
+ * compared with the run's tokenizer.json), pad_token_id, ...
+ * (tools/prepare_data.py).
  *
  * A sample of L tokens occupies L positions of a row, as in Hugging Face:
  * position p < L - 1 predicts token p + 1 when that token is trained (target
@@ -54,6 +56,7 @@ struct sample_opts {
     int step_units;         /* units per optimizer step (train_batch_size), for group_by_length */
     int vocab_size;         /* the model's: every token id must be below it */
     const char *tokenizer_json; /* the run's tokenizer (from_pretrained's tokenizer.json), or NULL */
+    bool allow_tokenizer_mismatch; /* data.allow_tokenizer_mismatch: another tokenizer is a warning */
 };
 
 struct sample_epoch {

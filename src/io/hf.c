@@ -54,11 +54,12 @@ static json_t *load_config_json(const char *dir, char *path, size_t cap)
                    "and its .safetensors files)",
                    path, kind);
     json_error_t err;
+    char why[300];
     json_t *root = hf_json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!root)
-        fail_input("model.from_pretrained: cannot read '%s': %s (line %d); give a Hugging Face model directory "
+        fail_input("model.from_pretrained: cannot read '%s': %s; give a Hugging Face model directory "
                    "(config.json and its .safetensors files)",
-                   path, err.text, err.line);
+                   path, hf_json_why(&err, why, sizeof why));
     if (!json_is_object(root))
         fail_input("model.from_pretrained: '%s' is not a JSON object", path);
     return root;

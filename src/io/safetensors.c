@@ -351,9 +351,9 @@ static json_t *load_index(const char *index_path)
     json_error_t err;
     json_t *root = hf_json_loadfd(fd, JSON_REJECT_DUPLICATES, &err);
     close(fd);
+    char why[300];
     if (!root)
-        fail_input("%s: not valid JSON (%s, line %d): the download is corrupt; download it again", index_path,
-                   err.text, err.line);
+        fail_input("%s: %s: the download is corrupt; download it again", index_path, hf_json_why(&err, why, sizeof why));
     if (!json_is_object(json_object_get(root, "weight_map")) || json_object_size(json_object_get(root, "weight_map")) == 0)
         fail_input("%s: no \"weight_map\" object naming the file of each tensor: not a safetensors index; download "
                    "it again", index_path);

@@ -7,6 +7,15 @@
  * tokenizers computes, so both agree when the file disagrees with itself);
  * merges of the same pair: the last one counts.
  *
+ * Ids given twice are tokenizers' too: two strings of model.vocab with one id
+ * both encode to it (tokenizers decodes it as either, at random; here as the
+ * first), and an added token whose "id" is not the one it gets (another token
+ * has it, or its content is already a token) gets tokenizers' id; both are
+ * one warning naming the id and the file. An id tokenizers refuses (an added
+ * token's "id" missing or not a u32) is refused, and so is a vocabulary id
+ * above TOK_MAX_ID, which tokenizers would take but whose id table here would
+ * take gigabytes.
+ *
  * Everything that is not supported is refused here (the model, added tokens,
  * tokenizer_config.json) or in tokenizer_components.c (the normalizer,
  * pre-tokenizer, post-processor and decoder), naming it, so that encoding
@@ -93,6 +102,10 @@ const char *tok_json_type(json_t *obj)
 
 /* ---- the model ---- */
 
+/* The largest vocabulary id read: 64 times the largest released vocabularies
+ * (Gemma's 256000); the id table (16 bytes an id) then stays under 300 MB. */
+#define TOK_MAX_ID ((1 << 24) - 1)
+
 /* Appends s[0, len) to the strings; returns its offset. */
 static uint32_t store(struct tokenizer *tok, const char *s, size_t len)
 {
@@ -116,6 +129,9 @@ static int load_vocab(struct tok_load *L, json_t *vocab, int32_t *max_id)
             return tok_load_fail(L, "model.vocab['%.60s'] is not an id (an integer from 0 to %d): the file is "
                                  "damaged", key, INT32_MAX - 1);
         int32_t id = (int32_t)json_integer_value(v);
+        if (id > TOK_MAX_ID)
+            return tok_load_fail(L, "model.vocab['%.60s'] has id %d; shardlm reads ids up to %d (the largest "
+                                 "vocabularies have about 256000): the file is damaged", key, id, TOK_MAX_ID);
         uint32_t off = store(tok, key, key_len);
         tok_str_map_set(&tok->bpe.vocab, &tok->strings, off, (uint32_t)key_len, id);
         if (id > *max_id)
@@ -247,6 +263,7 @@ static int load_model(struct tok_load *L, json_t *model, int32_t *max_id)
 
 struct added_token {
     uint32_t off, len;   /* content, in strings */
+    int64_t file_id;     /* its "id" in the file (tokenizers may give it another) */
     bool special, single_word, lstrip, rstrip, normalized;
 };
 
@@ -271,6 +288,12 @@ static int parse_added(struct tok_load *L, json_t *list, struct added_token **ou
             tok_json_bool(L, item, "rstrip", false, &t->rstrip, "added_tokens[]") != 0 ||
             tok_json_bool(L, item, "normalized", !t->special, &t->normalized, "added_tokens[]") != 0)
             return -1;
+        json_t *id = json_object_get(item, "id");
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) > UINT32_MAX)
+            return tok_load_fail(L, "added_tokens[%zu] ('%.60s'): \"id\" is %s, not an id from 0 to %u (tokenizers "
+                                 "refuses it too): the file is damaged", i, content,
+                                 !id ? "missing" : json_is_integer(id) ? "out of range" : "not an integer", UINT32_MAX);
+        t->file_id = json_integer_value(id);
         t->off = store(L->tok, content, len);
         t->len = (uint32_t)len;
     }
@@ -340,20 +363,36 @@ static void assign_added_ids(struct tokenizer *tok, int32_t max_vocab_id, const 
     free(holder);
 }
 
-/* The id table: the vocabulary's tokens, then the added tokens over them;
- * TOK_ID_SPECIAL on every id whose text is a special token's. */
-static void build_ids(struct tokenizer *tok, int32_t max_id, const struct added_token *added, const int32_t *ids,
+/* The id table: the vocabulary's tokens (the first of two with one id),
+ * then the added tokens over them; TOK_ID_SPECIAL on every id whose text is
+ * a special token's. */
+static void build_ids(struct tok_load *L, int32_t max_id, const struct added_token *added, const int32_t *ids,
                       size_t n_added, const struct tok_str_map *special)
 {
+    struct tokenizer *tok = L->tok;
     for (size_t i = 0; i < n_added; i++)
         if (ids[i] > max_id)
             max_id = ids[i];
     tok->n_ids = (size_t)(max_id + 1);
     tok->ids = xcalloc(tok->n_ids ? tok->n_ids : 1, sizeof *tok->ids);
     const struct tok_str_map *v = &tok->bpe.vocab;
+    size_t n_shared = 0, shared = 0;
     for (size_t e = 0; e < v->n; e++) {
         struct tok_id *t = &tok->ids[v->entries[e].value];
+        if (t->has_text) {
+            shared = n_shared++ ? shared : e;
+            continue;
+        }
         t->off = v->entries[e].off, t->len = v->entries[e].len, t->has_text = 1;
+    }
+    if (n_shared) {
+        const struct tok_str_entry *second = &v->entries[shared];
+        const struct tok_id *first = &tok->ids[second->value];
+        log_warn("%s: model.vocab gives id %d to '%.*s' and to '%.*s'%s: both encode to it, and it decodes as the "
+                 "first (tokenizers decodes it as either, at random); give each token its own id", L->path,
+                 second->value, (int)(first->len > 60 ? 60 : first->len), tok->strings.b + first->off,
+                 (int)(second->len > 60 ? 60 : second->len), tok->strings.b + second->off,
+                 n_shared > 1 ? " (and more tokens share ids)" : "");
     }
     for (size_t i = 0; i < n_added; i++) {
         if (ids[i] < 0)
@@ -425,6 +464,33 @@ static int build_set(struct tok_load *L, struct tok_added_set *set, bool normali
     return 0;
 }
 
+/* tokenizers' warning for added tokens whose id is not the one their "id"
+ * says (another token has that id, or the content is a token already), as
+ * one line: the first such token, and how many more. */
+static void warn_moved_ids(struct tok_load *L, const struct added_token *added, size_t n)
+{
+    const struct tokenizer *tok = L->tok;
+    size_t moved = 0, first = 0;
+    int32_t first_id = -1;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = added[i].len ? tokenizer_token_to_id_n(tok, tok->strings.b + added[i].off, added[i].len) : -1;
+        if (id != added[i].file_id && !moved++)
+            first = i, first_id = id;
+    }
+    if (!moved)
+        return;
+    const struct added_token *t = &added[first];
+    size_t held_len = 0;
+    const char *held = t->file_id <= INT32_MAX ? tokenizer_id_to_token(tok, (int32_t)t->file_id, &held_len) : NULL;
+    char got[64];
+    snprintf(got, sizeof got, first_id >= 0 ? "gets id %d" : "gets no id (its content is empty)", first_id);
+    log_warn("%s: added_tokens[%zu] '%.*s' says id %lld but %s, as in tokenizers (id %lld is %s%.*s%s)%s; encoding "
+             "follows tokenizers: save the tokenizer again if the model's rows follow the file", L->path, first,
+             (int)(t->len > 60 ? 60 : t->len), tok->strings.b + t->off, (long long)t->file_id, got,
+             (long long)t->file_id, held ? "'" : "no token", held ? (int)(held_len > 60 ? 60 : held_len) : 0,
+             held ? held : "", held ? "'" : "", moved > 1 ? "; and more added tokens like it" : "");
+}
+
 static int load_added_tokens(struct tok_load *L, json_t *list, int32_t max_vocab_id)
 {
     struct tokenizer *tok = L->tok;
@@ -438,7 +504,8 @@ static int load_added_tokens(struct tok_load *L, json_t *list, int32_t max_vocab
     size_t *order = xcalloc(n + 1, sizeof *order), n_order;
     struct tok_str_map special = {0};
     assign_added_ids(tok, max_vocab_id, added, n, ids, &special, order, &n_order);
-    build_ids(tok, max_vocab_id, added, ids, n, &special);
+    build_ids(L, max_vocab_id, added, ids, n, &special);
+    warn_moved_ids(L, added, n);
     int rc = build_set(L, &tok->added_raw, false, added, order, n_order) == 0 &&
                      build_set(L, &tok->added_normalized, true, added, order, n_order) == 0
                  ? 0
@@ -538,11 +605,12 @@ static int load_config(struct tok_load *L)
     }
     fclose(f);
     json_error_t jerr;
+    char why[300];
     json_t *config = hf_json_load_file(config_path, 0, &jerr);
     int rc = 0;
     if (!json_is_object(config)) {
-        tok_err(L->err, L->errlen, "%s (beside %s): %s at line %d: fix or remove it (shardlm reads bos_token and "
-                "eos_token from it)", config_path, L->path, config ? "not a JSON object" : jerr.text, jerr.line);
+        tok_err(L->err, L->errlen, "%s (beside %s): %s: fix or remove it (shardlm reads bos_token and eos_token from "
+                "it)", config_path, L->path, config ? "not a JSON object" : hf_json_why(&jerr, why, sizeof why));
         rc = -1;
     } else {
         int32_t bos = config_token(tok, config, "bos_token");
@@ -593,10 +661,10 @@ struct tokenizer *tokenizer_load(const char *path, char *err, size_t errlen)
     }
     fclose(f);
     json_error_t jerr;
+    char why[300];
     json_t *root = hf_json_load_file(path, JSON_ALLOW_NUL, &jerr);
     if (!root) {
-        tok_err(err, errlen, "%s: not valid JSON (line %d, column %d: %s); download or save the tokenizer again",
-                path, jerr.line, jerr.column, jerr.text);
+        tok_err(err, errlen, "%s: %s; download or save the tokenizer again", path, hf_json_why(&jerr, why, sizeof why));
         return NULL;
     }
     struct tokenizer *tok = xcalloc(1, sizeof *tok);

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 OUT=build/cudaemu
 mkdir -p "$OUT"
 make --no-print-directory bin/shardlm >"$OUT/make.log" 2>&1 || { tail -20 "$OUT/make.log"; exit 1; }
-PC="ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc liburing"
+PC="ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc liburing nettle"
 PC_CFLAGS=$(pkg-config --cflags $PC)
 PC_LIBS=$(pkg-config --libs $PC)
 SAN=""

@@ -39,8 +39,8 @@ if [ "$build" = 1 ]; then
     make --no-print-directory -j2 all >"$out/make-nvme.log" 2>&1 || { tail -20 "$out/make-nvme.log" >&2; exit 1; }
     mapfile -t objs < <(find build/src -name '*.o' | sort | grep -v '/main\.o$')
     gcc -std=gnu11 -O3 -march=native -fopenmp -Wall -Wextra -Werror -Wno-unused-parameter -iquote src \
-        $(pkg-config --cflags ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc liburing) tools/bench/nvme_bench.c "${objs[@]}" \
-        $(pkg-config --libs ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc liburing) -lm -o "$bench"
+        $(pkg-config --cflags ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc liburing nettle) tools/bench/nvme_bench.c "${objs[@]}" \
+        $(pkg-config --libs ompi hdf5-openmpi openblas jansson libpcre2-8 libutf8proc liburing nettle) -lm -o "$bench"
 fi
 {
     echo "nvme benchmark: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
