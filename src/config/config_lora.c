@@ -1,0 +1,161 @@
+/*
+ * config_lora — the lora section (PEFT's LoraConfig vocabulary): rank, alpha,
+ * dropout, init, target_modules (PEFT's per-architecture default when not
+ * given) and modules_to_save.
+ */
+#include "config_internal.h"
+#include "model/model.h"
+
+#include "core/util.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* PEFT's LoraConfig defaults (peft/tuners/lora/config.py), and its default
+ * target_modules per architecture (peft/utils/constants.py,
+ * TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING). */
+#define LORA_R_DEFAULT 8
+#define LORA_ALPHA_DEFAULT 8.0
+#define LORA_DROPOUT_DEFAULT 0.0
+static const char *const lora_default_targets_llama[] = {"q_proj", "v_proj", NULL};
+static const char *const lora_default_targets_gpt2[] = {"c_attn", NULL};
+
+/* A setting with two names (PEFT's beside ours): the value of the one given
+ * (written back under path), or def; *named: the key the user wrote. */
+static double read_num_aliased(json_t *root, const char *path, const char *alias, double def, const char **named)
+{
+    const bool ours = is_given(root, path), theirs = is_given(root, alias);
+    *named = theirs && !ours ? alias : path;
+    if (ours && theirs && read_num(root, path, 0, NO_FILL) != read_num(root, alias, 0, NO_FILL))
+        fail_input("config: '%s' and '%s' name the same setting with different values; give one", path, alias);
+    return read_num(root, path, theirs ? read_num(root, alias, def, NO_FILL) : def, FILL);
+}
+
+/* A list of module names at path, each matching a module of the set in m
+ * (strings owned by the document); what: the set's name in messages. */
+static const char **read_module_list(json_t *root, const char *path, const struct model *m, enum model_modules set,
+                                     const char *what, int *n)
+{
+    json_t *list = doc_get(root, path);
+    char text[128], names[1024];
+    *n = (int)json_array_size(list);
+    if (*n == 0)
+        fail_input("config: '%s' is empty; list module names (e.g. [\"q_proj\", \"v_proj\"]) or remove the key",
+                   path);
+    const char **out = xcalloc((size_t)*n, sizeof *out);
+    for (int i = 0; i < *n; i++) {
+        json_t *v = json_array_get(list, (size_t)i);
+        if (!json_is_string(v))
+            fail_input("config: '%s[%d]' must be a string (a module name), got %s", path, i,
+                       json_brief(v, text, sizeof text));
+        out[i] = json_string_value(v);
+        if (model_module_matches(m, out[i], set))
+            continue;
+        model_module_names(m, set, names, sizeof names);
+        const bool lm_head = strcmp(out[i], "lm_head") == 0;
+        fail_input("config: '%s' has \"%s\", which matches no %s of this %s model%s; its %ss are: %s", path, out[i],
+                   what, m->cfg.type,
+                   lm_head && set == MODEL_MODULES_BLOCK_LINEAR ? " (to train the LM head, list it in "
+                                                                  "lora.modules_to_save)"
+                   : lm_head && m->cfg.tied_head ? " (its LM head is the token embedding, tied)"
+                                                 : "",
+                   what, names);
+    }
+    return out;
+}
+
+/* lora.target_modules: PEFT's default for the architecture when not given. */
+static void read_lora_targets(struct lora_config *l, json_t *root, const struct model *m)
+{
+    const char *path = "lora.target_modules";
+    json_t *v = doc_get(root, path);
+    char text[128];
+    if (!v || json_is_null(v)) {
+        json_t *def = json_array();
+        const char *const *names =
+            strcmp(m->cfg.type, "llama") == 0 ? lora_default_targets_llama : lora_default_targets_gpt2;
+        for (; *names; names++)
+            json_array_append_new(def, json_string(*names));
+        json_object_set_new(doc_get(root, "lora"), "target_modules", def);
+    } else if (json_is_string(v)) {
+        if (strcmp(json_string_value(v), "all-linear") != 0)
+            fail_input("config: '%s' is \"%s\"; give a list of module names (e.g. [\"q_proj\", \"v_proj\"]) or "
+                       "\"all-linear\" (regular expressions are not supported)",
+                       path, json_string_value(v));
+        l->all_linear = true;
+        return;
+    } else if (!json_is_array(v)) {
+        fail_input("config: '%s' must be a list of module names or \"all-linear\", got %s", path,
+                   json_brief(v, text, sizeof text));
+    }
+    l->target_modules =
+        read_module_list(root, path, m, MODEL_MODULES_BLOCK_LINEAR, "linear layer", &l->n_target_modules);
+}
+
+void read_lora(struct config *cfg, json_t *root)
+{
+    struct lora_config *l = &cfg->lora;
+    json_t *section = doc_get(root, "lora");
+    if (!section || json_is_null(section))
+        return;
+    l->enabled = true;
+    const struct model_config *mc = &cfg->model;
+    const char *named;
+    char text[128];
+    l->r = read_int(root, "lora.r", LORA_R_DEFAULT, FILL);
+    if (l->r <= 0)
+        fail_input("config: 'lora.r' must be a positive integer (the adapters' rank; PEFT's default is %d), got %d",
+                   LORA_R_DEFAULT, l->r);
+    const long long C = mc->n_embd, widest = mc->ffn_dim > 3 * C ? mc->ffn_dim : 3 * C;
+    char keys[128];
+    snprintf(keys, sizeof keys, "lora.r %d x (model.n_embd + the widest layer's outputs)", l->r);
+    check_bound("the adapters of one linear layer", sat_mul(l->r, C + widest), CONFIG_MAX_TENSOR, keys);
+    l->alpha = read_num_aliased(root, "lora.alpha", "lora.lora_alpha", LORA_ALPHA_DEFAULT, &named);
+    if (!(l->alpha > 0) || !isfinite(l->alpha))
+        fail_input("config: '%s' must be positive (the adapters' output is scaled by alpha / r; PEFT's default is "
+                   "%g), got %g",
+                   named, LORA_ALPHA_DEFAULT, l->alpha);
+    l->dropout = read_num_aliased(root, "lora.dropout", "lora.lora_dropout", LORA_DROPOUT_DEFAULT, &named);
+    if (!(l->dropout >= 0 && l->dropout < 1))
+        fail_input("config: '%s' must be in [0, 1) (the probability that an adapter input is zeroed; 0: no "
+                   "dropout), got %g",
+                   named, l->dropout);
+    json_t *init = doc_get(root, "lora.init");
+    if (!init) { /* the resolved config shows the default */
+        json_object_set_new(section, "init", json_string("default"));
+        init = doc_get(root, "lora.init");
+    }
+    const char *init_name = json_is_string(init) ? json_string_value(init) : NULL;
+    if (!init || json_is_true(init) || (init_name && strcmp(init_name, "default") == 0))
+        l->init = LORA_INIT_DEFAULT;
+    else if (json_is_false(init))
+        l->init = LORA_INIT_RANDOM;
+    else if (init_name && strcmp(init_name, "gaussian") == 0)
+        l->init = LORA_INIT_GAUSSIAN;
+    else
+        fail_input("config: 'lora.init' is %s; known: \"default\" or true (PEFT's: A Kaiming-uniform, B zero), "
+                   "\"gaussian\" (A normal with std 1 / r, B zero), false (A and B both as nn.Linear's default, "
+                   "PEFT's init_lora_weights=False: the adapters change the output from the first step)",
+                   json_brief(init, text, sizeof text));
+    /* the module names are checked against the model they will adapt */
+    struct model m;
+    model_build(&m, mc);
+    read_lora_targets(l, root, &m);
+    json_t *save = doc_get(root, "lora.modules_to_save");
+    if (save && !json_is_null(save))
+        l->modules_to_save = read_module_list(root, "lora.modules_to_save", &m, MODEL_MODULES_ALL, "module",
+                                              &l->n_modules_to_save);
+    for (int i = 0; i < l->n_modules_to_save; i++) {
+        const char *name = l->modules_to_save[i];
+        bool adapted = l->all_linear && model_module_matches(&m, name, MODEL_MODULES_BLOCK_LINEAR);
+        for (int j = 0; j < l->n_target_modules; j++)
+            adapted = adapted || strcmp(name, l->target_modules[j]) == 0;
+        if (adapted)
+            fail_input("config: \"%s\" is in lora.modules_to_save and adapted by lora.target_modules; a module is "
+                       "either adapted or trained in full: remove it from one of them",
+                       name);
+    }
+    model_free(&m);
+}
