@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "engine/plan.h"
 #include "core/util.h"
@@ -62,7 +63,7 @@ static void usage_plan(FILE *out)
             "\n"
             "Without a micro-batch in CONFIG the plan uses 1 sequence of data.seq_len tokens per rank.\n"
             "exit status: 0 fits (or no memory given); 2 bad input; %d does not fit\n",
-            config_preset_names(), EXIT_PLAN_DOES_NOT_FIT);
+            arch_preset_names(), EXIT_PLAN_DOES_NOT_FIT);
 }
 
 static double parse_size_option(const char *option, const char *text)

@@ -25,19 +25,6 @@
 
 #include "core/options.h"
 
-struct model_preset {
-    const char *name;
-    const char *type;
-    int n_layer, n_head, n_kv_head, n_embd, ffn_dim, n_positions, vocab_size;
-    double published_params; /* the total the paper / model card gives, for tests */
-};
-/* The preset called name, or NULL. */
-const struct model_preset *config_find_preset(const char *name);
-/* "gpt2-124m, gpt2-350m, ..." for messages. */
-const char *config_preset_names(void);
-extern const struct model_preset config_presets[];
-extern const int config_n_presets;
-
 /* Reads and validates. deepspeed_path may be NULL; sets is an array of n "a.b=c". */
 void config_load(struct config *cfg, const char *path, const char *deepspeed_path,
                  const char *const *sets, int n_sets);

@@ -4,6 +4,7 @@
  * given) and modules_to_save.
  */
 #include "config_internal.h"
+#include "model/arch.h"
 #include "model/model.h"
 
 #include "core/util.h"
@@ -13,14 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* PEFT's LoraConfig defaults (peft/tuners/lora/config.py), and its default
- * target_modules per architecture (peft/utils/constants.py,
- * TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING). */
+/* PEFT's LoraConfig defaults (peft/tuners/lora/config.py); its default
+ * target_modules per architecture are in the architecture table (model/arch.h). */
 #define LORA_R_DEFAULT 8
 #define LORA_ALPHA_DEFAULT 8.0
 #define LORA_DROPOUT_DEFAULT 0.0
-static const char *const lora_default_targets_llama[] = {"q_proj", "v_proj", NULL};
-static const char *const lora_default_targets_gpt2[] = {"c_attn", NULL};
 
 /* A setting with two names (PEFT's beside ours): the value of the one given
  * (written back under path), or def; *named: the key the user wrote. */
@@ -74,8 +72,7 @@ static void read_lora_targets(struct lora_config *l, json_t *root, const struct 
     char text[128];
     if (!v || json_is_null(v)) {
         json_t *def = json_array();
-        const char *const *names =
-            strcmp(m->cfg.type, "llama") == 0 ? lora_default_targets_llama : lora_default_targets_gpt2;
+        const char *const *names = arch_find(m->cfg.type)->lora_targets;
         for (; *names; names++)
             json_array_append_new(def, json_string(*names));
         json_object_set_new(doc_get(root, "lora"), "target_modules", def);

@@ -3,6 +3,7 @@
  * the shape and its bounds, the Llama keys), data, train and checkpoint.
  */
 #include "config_internal.h"
+#include "model/arch.h"
 #include "io/hf.h"
 #include "data/samples.h"
 
@@ -24,41 +25,6 @@
 #define MODEL_VOCAB_SIZE_DEFAULT 50257
 #define MODEL_INIT_STD_DEFAULT 0.02 /* GPT-2's initializer_range */
 #define MODEL_INIT_SEED_DEFAULT 1337
-/* Published shapes. GPT-2: Radford et al. 2019 (HF gpt2, gpt2-medium, -large,
- * -xl; the 124M..1.5B names count the tied head once). Llama 2: Touvron et al.
- * 2023, HF meta-llama/Llama-2-*-hf config.json (70B: grouped-query attention
- * with 8 KV heads); parameter totals: the Hugging Face checkpoints' exact counts
- * (6.74 B, 13.0 B, 68.98 B as published). */
-const struct model_preset config_presets[] = {
-    {"gpt2-124m", "gpt2", 12, 12, 12, 768, 3072, 1024, 50257, 124439808.0},
-    {"gpt2-350m", "gpt2", 24, 16, 16, 1024, 4096, 1024, 50257, 354823168.0},
-    {"gpt2-774m", "gpt2", 36, 20, 20, 1280, 5120, 1024, 50257, 774030080.0},
-    {"gpt2-1.5b", "gpt2", 48, 25, 25, 1600, 6400, 1024, 50257, 1557611200.0},
-    {"llama2-7b", "llama", 32, 32, 32, 4096, 11008, 4096, 32000, 6738415616.0},
-    {"llama2-13b", "llama", 40, 40, 40, 5120, 13824, 4096, 32000, 13015864320.0},
-    {"llama2-70b", "llama", 80, 64, 8, 8192, 28672, 4096, 32000, 68976648192.0},
-    {"llama3-8b", "llama", 32, 32, 8, 4096, 14336, 8192, 128256, 8030261248.0},
-};
-const int config_n_presets = (int)(sizeof config_presets / sizeof config_presets[0]);
-
-const struct model_preset *config_find_preset(const char *name)
-{
-    for (int i = 0; i < config_n_presets; i++)
-        if (strcmp(config_presets[i].name, name) == 0)
-            return &config_presets[i];
-    return NULL;
-}
-
-const char *config_preset_names(void)
-{
-    static char names[256];
-    size_t n = 0;
-    names[0] = '\0';
-    for (int i = 0; i < config_n_presets && n < sizeof names; i++)
-        n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", config_presets[i].name);
-    return names;
-}
-
 /* Vocabulary padded so the logits matmul has tensor-core friendly shapes (llm.c). */
 #define MODEL_VOCAB_ALIGN 128
 
@@ -209,20 +175,20 @@ void read_model(struct config *cfg, json_t *root)
     struct model_config *m = &cfg->model;
     read_pretrained(m, root);
     /* A preset supplies the defaults of the shape keys; keys given beside it win. */
-    const struct model_preset gpt2_default = {NULL, "gpt2", MODEL_N_LAYER_DEFAULT, MODEL_N_HEAD_DEFAULT, 0,
+    const struct model_preset gpt2_default = {NULL, arch_get(ARCH_GPT2)->type, MODEL_N_LAYER_DEFAULT, MODEL_N_HEAD_DEFAULT, 0,
                                               MODEL_N_EMBD_DEFAULT, 0, MODEL_N_POSITIONS_DEFAULT,
                                               MODEL_VOCAB_SIZE_DEFAULT, 0};
     const struct model_preset *preset = &gpt2_default;
     const char *preset_name = read_str(root, "model.preset", NULL, NO_FILL);
     if (preset_name) {
-        preset = config_find_preset(preset_name);
+        preset = arch_find_preset(preset_name);
         if (!preset)
-            fail_input("config: 'model.preset' is \"%s\"; known presets: %s", preset_name, config_preset_names());
+            fail_input("config: 'model.preset' is \"%s\"; known presets: %s", preset_name, arch_preset_names());
         snprintf(m->preset, sizeof m->preset, "%s", preset_name);
     }
     const char *type = read_str(root, "model.type", preset->type, FILL);
-    if (strcmp(type, "gpt2") != 0 && strcmp(type, "llama") != 0)
-        fail_input("config: 'model.type' is \"%s\"; known model types: gpt2, llama", type);
+    if (!arch_find(type))
+        fail_input("config: 'model.type' is \"%s\"; known model types: %s", type, arch_type_names());
     snprintf(m->type, sizeof m->type, "%s", type);
 
     m->n_layer = read_int(root, "model.n_layer", preset->n_layer, FILL);
@@ -239,7 +205,7 @@ void read_model(struct config *cfg, json_t *root)
         fail_input("config: 'model.n_embd' (%d) must be divisible by 'model.n_head' (%d): each head gets "
                    "n_embd / n_head channels",
                    m->n_embd, m->n_head);
-    bool gpt2 = strcmp(type, "gpt2") == 0;
+    bool gpt2 = arch_is(type, ARCH_GPT2);
     bool same_type = strcmp(type, preset->type) == 0;
     m->n_kv_head = read_int(root, "model.n_kv_head", same_type && preset->n_kv_head ? preset->n_kv_head : m->n_head,
                             NO_FILL);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch.h"
 #include "core/util.h"
 
 /* packed: right after the previous tensor, with no alignment gap (tensors a
@@ -35,7 +36,7 @@ static void add_tensor(struct unit_desc *u, int *id, const char *name, int d0, i
 /* The architecture variant fields of cfg, fixed by the family (config.h). */
 static void set_arch(struct model_config *c)
 {
-    bool llama = strcmp(c->type, "llama") == 0;
+    bool llama = arch_is(c->type, ARCH_LLAMA);
     c->norm = llama ? NORM_RMSNORM : NORM_LAYERNORM;
     c->mlp = llama ? MLP_SWIGLU : MLP_GELU;
     c->biases = !llama;
@@ -143,7 +144,7 @@ void model_build(struct model *m, const struct model_config *cfg)
     set_arch(&m->cfg);
     m->n_units = m->n_base_units = cfg->n_layer + 2;
     m->units = xcalloc((size_t)m->n_units, sizeof *m->units);
-    if (strcmp(m->cfg.type, "llama") == 0)
+    if (arch_is(m->cfg.type, ARCH_LLAMA))
         build_llama(m);
     else
         build_gpt2(m);
@@ -290,7 +291,7 @@ static size_t module_length(const char *tensor_name);
 int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX_LINEAR])
 {
     const int C = m->cfg.n_embd, F = m->cfg.ffn_dim, KV = C / m->cfg.n_head * m->cfg.n_kv_head;
-    if (strcmp(m->cfg.type, "llama") == 0) {
+    if (arch_is(m->cfg.type, ARCH_LLAMA)) {
         const struct model_linear l[] = {
             {"self_attn.q_proj", 1, C, C, 0, 0},  {"self_attn.k_proj", 2, C, KV, C, 0}, {"self_attn.v_proj", 3, C, KV, C + KV, 0},
             {"self_attn.o_proj", 4, C, C, 0, 1},  {"mlp.gate_proj", 6, C, F, 0, 2},     {"mlp.up_proj", 7, C, F, F, 2},
