@@ -10,6 +10,7 @@
 #include "model/arch.h"
 #include "model/model.h"
 #include "engine/plan.h"
+#include "run/run_config.h"
 #include "core/util.h"
 
 #define MAX_SETS 256
@@ -595,11 +596,11 @@ int cmd_plan(int argc, char **argv)
                    o.nodes);
     struct config cfg;
     if (optind < argc)
-        config_load(&cfg, argv[optind], deepspeed, sets, n_sets);
+        run_config_load(&cfg, argv[optind], deepspeed, sets, n_sets);
     else if (deepspeed)
-        config_load(&cfg, deepspeed, NULL, sets, n_sets);
+        run_config_load(&cfg, deepspeed, NULL, sets, n_sets);
     else
-        config_load_string(&cfg, "{}", sets, n_sets);
+        run_config_load_string(&cfg, "{}", sets, n_sets);
     if (cfg.train_batch_size == 0 && cfg.micro_batch == 0)
         cfg.micro_batch = 1;
     config_resolve_batch(&cfg, o.ranks);

@@ -116,7 +116,8 @@ static void apply_set(json_t *root, const char *assignment)
 
 /* ---- public ------------------------------------------------------------ */
 
-static void config_finish(struct config *cfg, json_t *root, const char *const *sets, int n_sets)
+/* The --set overrides and the keys' check on a document read; cfg takes it. */
+static void config_begin_doc(struct config *cfg, json_t *root, const char *const *sets, int n_sets)
 {
     for (int i = 0; i < n_sets; i++)
         apply_set(root, sets[i]);
@@ -124,6 +125,12 @@ static void config_finish(struct config *cfg, json_t *root, const char *const *s
 
     memset(cfg, 0, sizeof *cfg);
     cfg->json = root;
+    read_pretrained(&cfg->model, root);
+}
+
+void config_end(struct config *cfg)
+{
+    json_t *root = cfg->json;
     /* Order matters: model before data (seq_len) and activation checkpointing
      * (interval); optimizer before scheduler (WarmupLR's default max lr). */
     read_model(cfg, root);
@@ -139,8 +146,8 @@ static void config_finish(struct config *cfg, json_t *root, const char *const *s
     read_act_ckpt(cfg, root);
 }
 
-void config_load(struct config *cfg, const char *path, const char *deepspeed_path, const char *const *sets,
-                 int n_sets)
+void config_begin(struct config *cfg, const char *path, const char *deepspeed_path, const char *const *sets,
+                  int n_sets)
 {
     if (!path)
         fail_internal("config_load: no config path");
@@ -150,10 +157,10 @@ void config_load(struct config *cfg, const char *path, const char *deepspeed_pat
         merge_into(root, ds, "", path, deepspeed_path);
         json_decref(ds);
     }
-    config_finish(cfg, root, sets, n_sets);
+    config_begin_doc(cfg, root, sets, n_sets);
 }
 
-void config_load_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets)
+void config_begin_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets)
 {
     json_error_t err;
     json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &err);
@@ -161,7 +168,30 @@ void config_load_string(struct config *cfg, const char *json_text, const char *c
         fail_input("config: <string>:%d:%d: %s", err.line, err.column, err.text);
     if (!json_is_object(root))
         fail_input("config: <string>: the top level must be a JSON object ({...}), got %s", json_kind_name(root));
-    config_finish(cfg, root, sets, n_sets);
+    config_begin_doc(cfg, root, sets, n_sets);
+}
+
+/* config_load's callers have no model directory to read. */
+static void config_end_alone(struct config *cfg, const char *what)
+{
+    if (cfg->model.pretrained[0])
+        fail_internal("%s: model.from_pretrained needs its config.json read between config_begin and config_end "
+                      "(run/run_config.h)",
+                      what);
+    config_end(cfg);
+}
+
+void config_load(struct config *cfg, const char *path, const char *deepspeed_path, const char *const *sets,
+                 int n_sets)
+{
+    config_begin(cfg, path, deepspeed_path, sets, n_sets);
+    config_end_alone(cfg, "config_load");
+}
+
+void config_load_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets)
+{
+    config_begin_string(cfg, json_text, sets, n_sets);
+    config_end_alone(cfg, "config_load_string");
 }
 
 char *config_dump(const struct config *cfg)

@@ -110,6 +110,9 @@ void check_bound(const char *what, long long n, long long limit, const char *key
 
 /* ---- sections, in the order config.c reads them ------------------------ */
 
+/* Records model.from_pretrained in m->pretrained (config_begin's last step). */
+void read_pretrained(struct model_config *m, json_t *root); /* config_shardlm.c */
+
 void read_model(struct config *cfg, json_t *root);      /* config_shardlm.c */
 void read_lora(struct config *cfg, json_t *root);       /* config_lora.c */
 void read_data(struct config *cfg, json_t *root);       /* config_shardlm.c */

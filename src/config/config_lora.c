@@ -1,11 +1,12 @@
 /*
  * config_lora — the lora section (PEFT's LoraConfig vocabulary): rank, alpha,
  * dropout, init, target_modules (PEFT's per-architecture default when not
- * given) and modules_to_save.
+ * given) and modules_to_save. The config checks the lists' form; whether each
+ * name matches a module of the model is checked where the adapters are laid
+ * out (model_add_lora, model/model.h), so the config builds no model.
  */
 #include "config_internal.h"
 #include "model/arch.h"
-#include "model/model.h"
 
 #include "core/util.h"
 
@@ -31,13 +32,11 @@ static double read_num_aliased(json_t *root, const char *path, const char *alias
     return read_num(root, path, theirs ? read_num(root, alias, def, NO_FILL) : def, FILL);
 }
 
-/* A list of module names at path, each matching a module of the set in m
- * (strings owned by the document); what: the set's name in messages. */
-static const char **read_module_list(json_t *root, const char *path, const struct model *m, enum model_modules set,
-                                     const char *what, int *n)
+/* A list of module names at path (strings owned by the document). */
+static const char **read_module_list(json_t *root, const char *path, int *n)
 {
     json_t *list = doc_get(root, path);
-    char text[128], names[1024];
+    char text[128];
     *n = (int)json_array_size(list);
     if (*n == 0)
         fail_input("config: '%s' is empty; list module names (e.g. [\"q_proj\", \"v_proj\"]) or remove the key",
@@ -49,30 +48,19 @@ static const char **read_module_list(json_t *root, const char *path, const struc
             fail_input("config: '%s[%d]' must be a string (a module name), got %s", path, i,
                        json_brief(v, text, sizeof text));
         out[i] = json_string_value(v);
-        if (model_module_matches(m, out[i], set))
-            continue;
-        model_module_names(m, set, names, sizeof names);
-        const bool lm_head = strcmp(out[i], "lm_head") == 0;
-        fail_input("config: '%s' has \"%s\", which matches no %s of this %s model%s; its %ss are: %s", path, out[i],
-                   what, m->cfg.type,
-                   lm_head && set == MODEL_MODULES_BLOCK_LINEAR ? " (to train the LM head, list it in "
-                                                                  "lora.modules_to_save)"
-                   : lm_head && m->cfg.tied_head ? " (its LM head is the token embedding, tied)"
-                                                 : "",
-                   what, names);
     }
     return out;
 }
 
 /* lora.target_modules: PEFT's default for the architecture when not given. */
-static void read_lora_targets(struct lora_config *l, json_t *root, const struct model *m)
+static void read_lora_targets(struct lora_config *l, json_t *root, const struct model_config *m)
 {
     const char *path = "lora.target_modules";
     json_t *v = doc_get(root, path);
     char text[128];
     if (!v || json_is_null(v)) {
         json_t *def = json_array();
-        const char *const *names = arch_find(m->cfg.type)->lora_targets;
+        const char *const *names = arch_find(m->type)->lora_targets;
         for (; *names; names++)
             json_array_append_new(def, json_string(*names));
         json_object_set_new(doc_get(root, "lora"), "target_modules", def);
@@ -87,8 +75,7 @@ static void read_lora_targets(struct lora_config *l, json_t *root, const struct 
         fail_input("config: '%s' must be a list of module names or \"all-linear\", got %s", path,
                    json_brief(v, text, sizeof text));
     }
-    l->target_modules =
-        read_module_list(root, path, m, MODEL_MODULES_BLOCK_LINEAR, "linear layer", &l->n_target_modules);
+    l->target_modules = read_module_list(root, path, &l->n_target_modules);
 }
 
 void read_lora(struct config *cfg, json_t *root)
@@ -136,23 +123,8 @@ void read_lora(struct config *cfg, json_t *root)
                    "\"gaussian\" (A normal with std 1 / r, B zero), false (A and B both as nn.Linear's default, "
                    "PEFT's init_lora_weights=False: the adapters change the output from the first step)",
                    json_brief(init, text, sizeof text));
-    /* the module names are checked against the model they will adapt */
-    struct model m;
-    model_build(&m, mc);
-    read_lora_targets(l, root, &m);
+    read_lora_targets(l, root, mc);
     json_t *save = doc_get(root, "lora.modules_to_save");
     if (save && !json_is_null(save))
-        l->modules_to_save = read_module_list(root, "lora.modules_to_save", &m, MODEL_MODULES_ALL, "module",
-                                              &l->n_modules_to_save);
-    for (int i = 0; i < l->n_modules_to_save; i++) {
-        const char *name = l->modules_to_save[i];
-        bool adapted = l->all_linear && model_module_matches(&m, name, MODEL_MODULES_BLOCK_LINEAR);
-        for (int j = 0; j < l->n_target_modules; j++)
-            adapted = adapted || strcmp(name, l->target_modules[j]) == 0;
-        if (adapted)
-            fail_input("config: \"%s\" is in lora.modules_to_save and adapted by lora.target_modules; a module is "
-                       "either adapted or trained in full: remove it from one of them",
-                       name);
-    }
-    model_free(&m);
+        l->modules_to_save = read_module_list(root, "lora.modules_to_save", &l->n_modules_to_save);
 }

@@ -1,10 +1,11 @@
 /*
  * config_shardlm — shardlm's own sections: model (presets, from_pretrained,
  * the shape and its bounds, the Llama keys), data, train and checkpoint.
+ * model.from_pretrained is recorded here; the keys of the directory's
+ * config.json come from the caller (config_put_pretrained, config.h).
  */
 #include "config_internal.h"
 #include "model/arch.h"
-#include "io/hf.h"
 #include "data/samples.h"
 
 #include "core/util.h"
@@ -121,19 +122,12 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
     read_rope_scaling(m, root);
 }
 
-struct pretrained_ctx {
-    json_t *root;
-    const char *dir;
-};
-
-/* A model key config.json determines: given beside from_pretrained with
- * another value it is an error; else it goes into the document as if given. */
-static void put_pretrained(void *ctx_, const char *key, json_t *value)
+void config_put_pretrained(void *cfg_, const char *key, json_t *value)
 {
-    struct pretrained_ctx *ctx = ctx_;
+    struct config *cfg = cfg_;
     char path[64];
     snprintf(path, sizeof path, "model.%s", key);
-    json_t *given = doc_get(ctx->root, path);
+    json_t *given = doc_get(cfg->json, path);
     if (given) {
         bool same = json_equal(given, value) ||
                     (json_is_number(given) && json_is_number(value) &&
@@ -144,16 +138,17 @@ static void put_pretrained(void *ctx_, const char *key, json_t *value)
             char a[128], b[128];
             fail_input("config: '%s' is %s but %s/config.json gives %s; remove the key (model.from_pretrained "
                        "sets the shape)",
-                       path, json_brief(given, a, sizeof a), ctx->dir, json_brief(value, b, sizeof b));
+                       path, json_brief(given, a, sizeof a), cfg->model.pretrained, json_brief(value, b, sizeof b));
         }
         json_decref(value);
         return;
     }
-    put_default(ctx->root, path, value);
+    put_default(cfg->json, path, value);
 }
 
-/* model.from_pretrained: the shape keys from the directory's config.json. */
-static void read_pretrained(struct model_config *m, json_t *root)
+/* model.from_pretrained: the directory whose config.json gives the shape keys
+ * (read by the caller, config_put_pretrained). */
+void read_pretrained(struct model_config *m, json_t *root)
 {
     const char *dir = read_str(root, "model.from_pretrained", NULL, NO_FILL);
     if (!dir)
@@ -166,18 +161,15 @@ static void read_pretrained(struct model_config *m, json_t *root)
     if (strlen(dir) >= sizeof m->pretrained)
         fail_input("config: 'model.from_pretrained' is longer than %zu characters", sizeof m->pretrained - 1);
     snprintf(m->pretrained, sizeof m->pretrained, "%s", dir);
-    struct pretrained_ctx ctx = {root, m->pretrained};
-    hf_config_keys(m->pretrained, put_pretrained, &ctx, &m->sliding_window);
 }
 
 void read_model(struct config *cfg, json_t *root)
 {
     struct model_config *m = &cfg->model;
-    read_pretrained(m, root);
     /* A preset supplies the defaults of the shape keys; keys given beside it win. */
-    const struct model_preset gpt2_default = {NULL, arch_get(ARCH_GPT2)->type, MODEL_N_LAYER_DEFAULT, MODEL_N_HEAD_DEFAULT, 0,
-                                              MODEL_N_EMBD_DEFAULT, 0, MODEL_N_POSITIONS_DEFAULT,
-                                              MODEL_VOCAB_SIZE_DEFAULT, 0};
+    const struct model_preset gpt2_default = {NULL, arch_get(ARCH_GPT2)->type, MODEL_N_LAYER_DEFAULT,
+                                              MODEL_N_HEAD_DEFAULT, 0, MODEL_N_EMBD_DEFAULT, 0,
+                                              MODEL_N_POSITIONS_DEFAULT, MODEL_VOCAB_SIZE_DEFAULT, 0};
     const struct model_preset *preset = &gpt2_default;
     const char *preset_name = read_str(root, "model.preset", NULL, NO_FILL);
     if (preset_name) {
