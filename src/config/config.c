@@ -6,11 +6,13 @@
  * Three passes over one jansson document:
  *   1. build it: the main file, the --deepspeed file merged in (a key given in
  *      both with different values is an error), then the --set overrides;
- *   2. check_keys(): every key against the schema of config_schema.c (unknown keys, JSON
- *      types, "auto", keys accepted without effect -> one warning each);
+ *   2. check_keys(): every key against the schema of config_schema.c (unknown
+ *      keys, JSON types, "auto", keys accepted without effect -> one warning
+ *      each); model.from_pretrained recorded (config_begin ends here, and the
+ *      caller adds the keys of that directory's config.json);
  *   3. read_*(): typed values with DeepSpeed's defaults into struct config, and
- *      range checks. Defaults that are read are written back into the
- *      document, so cfg->json (and config_dump) is the resolved config.
+ *      range checks (config_end). Defaults that are read are written back into
+ *      the document, so cfg->json (and config_dump) is the resolved config.
  *
  * Defaults follow DeepSpeed v0.19.5 (deepspeed/runtime/constants.py,
  * precision_config.py, zero/config.py, zero/offload_config.py,
