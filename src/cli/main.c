@@ -13,6 +13,7 @@
 #include "generate.h"
 #include "plan_cli.h"
 #include "tokenize_cli.h"
+#include "run/run_config.h"
 #include "run/train.h"
 #include "core/util.h"
 
@@ -70,7 +71,7 @@ static void load_train_config(struct comm *comm, struct config *cfg, const char 
 {
     struct fail_trap trap;
     if (FAIL_TRAP(&trap) == 0) {
-        config_load(cfg, path, deepspeed, sets, n_sets);
+        run_config_load(cfg, path, deepspeed, sets, n_sets);
     }
     fail_untrap();
     comm_agree_failure(comm, &trap);

@@ -7,8 +7,10 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "engine/plan.h"
+#include "run/run_config.h"
 #include "core/util.h"
 
 #define MAX_SETS 256
@@ -62,7 +64,7 @@ static void usage_plan(FILE *out)
             "\n"
             "Without a micro-batch in CONFIG the plan uses 1 sequence of data.seq_len tokens per rank.\n"
             "exit status: 0 fits (or no memory given); 2 bad input; %d does not fit\n",
-            config_preset_names(), EXIT_PLAN_DOES_NOT_FIT);
+            arch_preset_names(), EXIT_PLAN_DOES_NOT_FIT);
 }
 
 static double parse_size_option(const char *option, const char *text)
@@ -594,11 +596,11 @@ int cmd_plan(int argc, char **argv)
                    o.nodes);
     struct config cfg;
     if (optind < argc)
-        config_load(&cfg, argv[optind], deepspeed, sets, n_sets);
+        run_config_load(&cfg, argv[optind], deepspeed, sets, n_sets);
     else if (deepspeed)
-        config_load(&cfg, deepspeed, NULL, sets, n_sets);
+        run_config_load(&cfg, deepspeed, NULL, sets, n_sets);
     else
-        config_load_string(&cfg, "{}", sets, n_sets);
+        run_config_load_string(&cfg, "{}", sets, n_sets);
     if (cfg.train_batch_size == 0 && cfg.micro_batch == 0)
         cfg.micro_batch = 1;
     config_resolve_batch(&cfg, o.ranks);

@@ -15,34 +15,41 @@
  *
  * The module fills struct config (its types are in core/options.h) and owns
  * the JSON document it was read from (kept for checkpoints as the resolved
- * config). It does not open data or model files.
+ * config). It reads only JSON: it does not open data or model files, so the
+ * keys of model.from_pretrained's config.json come from the caller, between
+ * config_begin and config_end (run/run_config.h does the three steps).
  */
 #ifndef SHARDLM_CONFIG_H
 #define SHARDLM_CONFIG_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "core/options.h"
 
-struct model_preset {
-    const char *name;
-    const char *type;
-    int n_layer, n_head, n_kv_head, n_embd, ffn_dim, n_positions, vocab_size;
-    double published_params; /* the total the paper / model card gives, for tests */
-};
-/* The preset called name, or NULL. */
-const struct model_preset *config_find_preset(const char *name);
-/* "gpt2-124m, gpt2-350m, ..." for messages. */
-const char *config_preset_names(void);
-extern const struct model_preset config_presets[];
-extern const int config_n_presets;
-
-/* Reads and validates. deepspeed_path may be NULL; sets is an array of n "a.b=c". */
+/* Reads and validates. deepspeed_path may be NULL; sets is an array of n "a.b=c".
+ * For a config without model.from_pretrained (an internal error here): tests,
+ * a checkpoint's resolved sections. */
 void config_load(struct config *cfg, const char *path, const char *deepspeed_path,
                  const char *const *sets, int n_sets);
-/* Same, from a JSON string (tests). */
+/* Same, from a JSON string. */
 void config_load_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets);
+
+/* config_load in three steps, for a config that may name a model directory:
+ * config_begin[_string] builds the document (file, --deepspeed, --set),
+ * checks its keys and records model.from_pretrained (cfg->model.pretrained,
+ * empty when not given); the caller then reads that directory's config.json
+ * with config_put_pretrained as the callback (io/hf.h, hf_config_keys, ctx
+ * cfg); config_end reads and validates everything. */
+void config_begin(struct config *cfg, const char *path, const char *deepspeed_path, const char *const *sets,
+                  int n_sets);
+void config_begin_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets);
+/* A model key (value: a reference it takes) the model directory determines:
+ * into the document as if given, or an error when the config gives it with
+ * another value. cfg: the struct config between the two steps. */
+void config_put_pretrained(void *cfg, const char *key, json_t *value);
+void config_end(struct config *cfg);
 /* Derives the missing batch number for this world size; inconsistent triples fail. */
 void config_resolve_batch(struct config *cfg, int world);
 /* The resolved configuration as a JSON string (caller frees). */

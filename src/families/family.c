@@ -6,11 +6,15 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "core/util.h"
+#include "model/arch.h"
+
+static const struct family *const families[] = {&family_gpt2, &family_llama};
 
 const struct family *family_of(const struct model *m)
 {
-    if (strcmp(m->cfg.type, "llama") == 0)
-        return &family_llama;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (arch_is(m->cfg.type, families[i]->arch))
+            return families[i];
     return &family_gpt2;
 }
 

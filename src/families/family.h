@@ -45,6 +45,7 @@
 #include <stdint.h>
 
 #include "backend/arena.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "backend/target.h"
 #include "zero/zero.h"
@@ -102,7 +103,7 @@ struct family_acts {
 };
 
 struct family {
-    const char *type;         /* model.type */
+    enum arch_id arch;        /* its entry in the architecture table (model/arch.h) */
     /* Bytes of the family's own buffers per class for micro-batch B x T and
      * n_sets sets of block activations. */
     void (*plan)(const struct model *m, const struct exec_target *t, int B, int T, int max_pos, int n_sets,

@@ -231,7 +231,7 @@ static void gpt2_norm_backward(struct family_acts *fa, const float *head, float 
 }
 
 const struct family family_gpt2 = {
-    .type = "gpt2",
+    .arch = ARCH_GPT2,
     .plan = gpt2_plan,
     .init = gpt2_init,
     .free = gpt2_free,

@@ -259,7 +259,7 @@ static void llama_norm_backward(struct family_acts *fa, const float *head, float
 }
 
 const struct family family_llama = {
-    .type = "llama",
+    .arch = ARCH_LLAMA,
     .plan = llama_plan,
     .init = llama_init,
     .free = llama_free,

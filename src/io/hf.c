@@ -12,6 +12,7 @@
 #include "core/dtype.h"
 #include "core/hf_json.h"
 #include "core/util.h"
+#include "model/arch.h"
 
 /* ---- config.json ------------------------------------------------------------------- */
 
@@ -113,12 +114,9 @@ static const char *architecture(json_t *root, const char *path)
     if (json_is_array(a) && json_array_size(a) > 0 && json_is_string(json_array_get(a, 0)))
         return json_string_value(json_array_get(a, 0));
     const char *type = str_field(root, "model_type", NULL);
-    if (type && strcmp(type, "llama") == 0)
-        return "LlamaForCausalLM";
-    if (type && strcmp(type, "mistral") == 0)
-        return "MistralForCausalLM";
-    if (type && strcmp(type, "gpt2") == 0)
-        return "GPT2LMHeadModel";
+    const char *named = type ? arch_hf_architecture_of(type) : NULL;
+    if (named)
+        return named;
     fail_input("%s: no 'architectures' and model_type '%s'; shardlm reads %s", path, type ? type : "(none)",
                HF_ARCHITECTURES);
 }
@@ -137,7 +135,7 @@ static void llama_keys(json_t *root, const char *path, void (*put)(void *, const
         fail_input("%s: head_dim %lld x num_attention_heads %lld != hidden_size %lld; shardlm needs head_dim = "
                    "hidden_size / num_attention_heads",
                    path, hd, NH, C);
-    put(ctx, "type", json_string("llama"));
+    put(ctx, "type", json_string(arch_get(ARCH_LLAMA)->type));
     put(ctx, "n_layer", json_integer(int_field(root, path, "num_hidden_layers", -1)));
     put(ctx, "n_head", json_integer(NH));
     put(ctx, "n_kv_head", json_integer(int_field(root, path, "num_key_value_heads", NH)));
@@ -176,7 +174,7 @@ static void gpt2_keys(json_t *root, const char *path, void (*put)(void *, const 
         fail_input("%s: GPT-2 attention variants (scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, "
                    "scale_attn_weights false) are not supported",
                    path);
-    put(ctx, "type", json_string("gpt2"));
+    put(ctx, "type", json_string(arch_get(ARCH_GPT2)->type));
     put(ctx, "n_layer", json_integer(int_field(root, path, "n_layer", -1)));
     put(ctx, "n_head", json_integer(int_field(root, path, "n_head", -1)));
     put(ctx, "n_embd", json_integer(C));
@@ -191,9 +189,10 @@ void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, jso
     json_t *root = load_config_json(dir, path, sizeof path);
     const char *arch = architecture(root, path);
     *sliding_window = 0;
-    if (strcmp(arch, "LlamaForCausalLM") == 0 || strcmp(arch, "MistralForCausalLM") == 0)
+    const struct arch *family = arch_find_hf(arch);
+    if (family && family->id == ARCH_LLAMA)
         llama_keys(root, path, put, ctx, sliding_window);
-    else if (strcmp(arch, "GPT2LMHeadModel") == 0)
+    else if (family && family->id == ARCH_GPT2)
         gpt2_keys(root, path, put, ctx);
     else
         fail_input("%s: architecture %s is not supported; shardlm reads %s", path, arch, HF_ARCHITECTURES);
@@ -218,11 +217,12 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         json_decref(out);
         out = json_object();
     }
-    bool llama = strcmp(c->type, "llama") == 0;
+    bool llama = arch_is(c->type, ARCH_LLAMA);
+    const struct arch *family = arch_get(llama ? ARCH_LLAMA : ARCH_GPT2);
     if (llama) {
         if (!json_object_get(out, "architectures")) {
-            json_object_set_new(out, "architectures", json_pack("[s]", "LlamaForCausalLM"));
-            json_object_set_new(out, "model_type", json_string("llama"));
+            json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));
+            json_object_set_new(out, "model_type", json_string(family->hf_model_types[0]));
         }
         json_object_set_new(out, "hidden_size", json_integer(c->n_embd));
         json_object_set_new(out, "num_hidden_layers", json_integer(c->n_layer));
@@ -245,8 +245,8 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         else
             json_object_set_new(out, "rope_scaling", json_null());
     } else {
-        json_object_set_new(out, "architectures", json_pack("[s]", "GPT2LMHeadModel"));
-        json_object_set_new(out, "model_type", json_string("gpt2"));
+        json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));
+        json_object_set_new(out, "model_type", json_string(family->hf_model_types[0]));
         json_object_set_new(out, "n_embd", json_integer(c->n_embd));
         json_object_set_new(out, "n_layer", json_integer(c->n_layer));
         json_object_set_new(out, "n_head", json_integer(c->n_head));
@@ -295,7 +295,7 @@ int hf_config_differs(const struct model *m, const char *dir, const char **key, 
 
 void hf_tensor_name(const struct model *m, const struct tensor_desc *t, int prefix, char *out, size_t cap)
 {
-    bool gpt2 = strcmp(m->cfg.type, "gpt2") == 0;
+    bool gpt2 = arch_is(m->cfg.type, ARCH_GPT2);
     snprintf(out, cap, "%s%s", gpt2 && prefix ? "transformer." : "", t->name);
 }
 

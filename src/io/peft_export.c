@@ -12,11 +12,12 @@
 
 #include "hf.h"
 #include "core/util.h"
+#include "model/arch.h"
 
 /* PEFT's saved names start with the PeftModel's path to the base model. */
 #define PEFT_PREFIX "base_model.model."
 
-bool peft_fan_in_fan_out(const struct model *m) { return strcmp(m->cfg.type, "gpt2") == 0; }
+bool peft_fan_in_fan_out(const struct model *m) { return arch_is(m->cfg.type, ARCH_GPT2); }
 
 /* The adapters and the tensors of lora.modules_to_save: every tensor LoRA
  * trains (model_add_lora freezes the rest of the base). */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch.h"
 #include "core/util.h"
 
 /* packed: right after the previous tensor, with no alignment gap (tensors a
@@ -35,7 +36,7 @@ static void add_tensor(struct unit_desc *u, int *id, const char *name, int d0, i
 /* The architecture variant fields of cfg, fixed by the family (config.h). */
 static void set_arch(struct model_config *c)
 {
-    bool llama = strcmp(c->type, "llama") == 0;
+    bool llama = arch_is(c->type, ARCH_LLAMA);
     c->norm = llama ? NORM_RMSNORM : NORM_LAYERNORM;
     c->mlp = llama ? MLP_SWIGLU : MLP_GELU;
     c->biases = !llama;
@@ -143,7 +144,7 @@ void model_build(struct model *m, const struct model_config *cfg)
     set_arch(&m->cfg);
     m->n_units = m->n_base_units = cfg->n_layer + 2;
     m->units = xcalloc((size_t)m->n_units, sizeof *m->units);
-    if (strcmp(m->cfg.type, "llama") == 0)
+    if (arch_is(m->cfg.type, ARCH_LLAMA))
         build_llama(m);
     else
         build_gpt2(m);
@@ -290,7 +291,7 @@ static size_t module_length(const char *tensor_name);
 int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX_LINEAR])
 {
     const int C = m->cfg.n_embd, F = m->cfg.ffn_dim, KV = C / m->cfg.n_head * m->cfg.n_kv_head;
-    if (strcmp(m->cfg.type, "llama") == 0) {
+    if (arch_is(m->cfg.type, ARCH_LLAMA)) {
         const struct model_linear l[] = {
             {"self_attn.q_proj", 1, C, C, 0, 0},  {"self_attn.k_proj", 2, C, KV, C, 0}, {"self_attn.v_proj", 3, C, KV, C + KV, 0},
             {"self_attn.o_proj", 4, C, C, 0, 1},  {"mlp.gate_proj", 6, C, F, 0, 2},     {"mlp.up_proj", 7, C, F, F, 2},
@@ -323,10 +324,52 @@ static bool in_list(const char *module, size_t len, const char *const *names, in
     return false;
 }
 
+/* Each name of list (the config's key path) matches a module of the set in m;
+ * what: the set's name in messages. */
+static void check_module_list(const struct model *m, const char *path, const char *const *list, int n,
+                              enum model_modules set, const char *what)
+{
+    char names[1024];
+    for (int i = 0; i < n; i++) {
+        if (model_module_matches(m, list[i], set))
+            continue;
+        model_module_names(m, set, names, sizeof names);
+        const bool lm_head = strcmp(list[i], "lm_head") == 0;
+        fail_input("config: '%s' has \"%s\", which matches no %s of this %s model%s; its %ss are: %s", path, list[i],
+                   what, m->cfg.type,
+                   lm_head && set == MODEL_MODULES_BLOCK_LINEAR ? " (to train the LM head, list it in "
+                                                                  "lora.modules_to_save)"
+                   : lm_head && m->cfg.tied_head ? " (its LM head is the token embedding, tied)"
+                                                 : "",
+                   what, names);
+    }
+}
+
+/* lora.target_modules and lora.modules_to_save against the model they adapt:
+ * every name matches a module, and no module is both adapted and saved. */
+static void check_lora_names(const struct model *m, const struct lora_config *l)
+{
+    check_module_list(m, "lora.target_modules", l->target_modules, l->n_target_modules,
+                      MODEL_MODULES_BLOCK_LINEAR, "linear layer");
+    check_module_list(m, "lora.modules_to_save", l->modules_to_save, l->n_modules_to_save, MODEL_MODULES_ALL,
+                      "module");
+    for (int i = 0; i < l->n_modules_to_save; i++) {
+        const char *name = l->modules_to_save[i];
+        bool adapted = l->all_linear && model_module_matches(m, name, MODEL_MODULES_BLOCK_LINEAR);
+        for (int j = 0; j < l->n_target_modules; j++)
+            adapted = adapted || strcmp(name, l->target_modules[j]) == 0;
+        if (adapted)
+            fail_input("config: \"%s\" is in lora.modules_to_save and adapted by lora.target_modules; a module is "
+                       "either adapted or trained in full: remove it from one of them",
+                       name);
+    }
+}
+
 void model_add_lora(struct model *m, const struct lora_config *l)
 {
     if (!l->enabled)
         return;
+    check_lora_names(m, l);
     struct model_lora *lo = &m->lora;
     const int L = m->cfg.n_layer;
     lo->on = true;

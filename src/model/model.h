@@ -146,7 +146,10 @@ int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX
 
 /* Adds LoRA's adapter units for the config's target_modules, freezes the
  * base except lora.modules_to_save, and seeds the adapters' init from
- * init_seed (A as lora.init says, B zero). Nothing when l is not enabled. */
+ * init_seed (A as lora.init says, B zero). Nothing when l is not enabled.
+ * First checks the config's module names against this model (fail_input
+ * naming the key: a name that matches no module, a module both adapted and
+ * in modules_to_save). */
 void model_add_lora(struct model *m, const struct lora_config *l);
 /* The parameters of the adapter units. */
 size_t model_adapter_params(const struct model *m);

@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "io/ckpt.h"
 #include "io/hf.h"
+#include "run_config.h"
 #include "core/hf_json.h"
 #include "tokenizer/tokenizer.h"
 #include "core/util.h"
@@ -180,7 +181,7 @@ void infer_open(struct infer *s, struct comm *comm, const struct infer_options *
     json_decref(doc);
     struct fail_trap trap;
     if (FAIL_TRAP(&trap) == 0) {
-        config_load_string(&s->cfg, text, o->sets, o->n_sets);
+        run_config_load_string(&s->cfg, text, o->sets, o->n_sets);
         model_build(&s->model, &s->cfg.model);
         model_add_lora(&s->model, &s->cfg.lora);
         if (s->hf_dir[0])

@@ -8,6 +8,7 @@
  */
 #include "check.h"
 #include "config/config.h"
+#include "model/model.h"
 #include "core/util.h"
 
 #include <jansson.h>
@@ -61,6 +62,12 @@ static void load_in_child(const struct load_args *a)
         config_load(&cfg, a->path, a->ds_path, a->sets, count_sets(a));
     if (a->world > 0)
         config_resolve_batch(&cfg, a->world);
+    if (cfg.lora.enabled) { /* the module names are checked against the model, as the commands do */
+        struct model m;
+        model_build(&m, &cfg.model);
+        model_add_lora(&m, &cfg.lora);
+        model_free(&m);
+    }
     config_free(&cfg);
 }
 

@@ -7,6 +7,7 @@
  */
 #include "check.h"
 #include "config/config.h"
+#include "model/arch.h"
 #include "model/model.h"
 #include "engine/plan.h"
 
@@ -69,8 +70,8 @@ static void preset_model(struct model *m, const struct model_preset *p)
 
 static void test_presets(void)
 {
-    for (int i = 0; i < config_n_presets; i++) {
-        const struct model_preset *p = &config_presets[i];
+    for (int i = 0; i < arch_n_presets; i++) {
+        const struct model_preset *p = &arch_presets[i];
         struct model m;
         preset_model(&m, p);
         /* the published counts have no vocabulary padding: one (V, C) matrix tied, two untied */
@@ -82,7 +83,7 @@ static void test_presets(void)
         model_free(&m);
     }
     struct model m;
-    preset_model(&m, config_find_preset("llama2-70b"));
+    preset_model(&m, arch_find_preset("llama2-70b"));
     CHECK("llama2-70b: exactly 68976648192 parameters", m.n_params == 68976648192ull, "got %zu", m.n_params);
     int u, t;
     bool k = model_find_tensor(&m, "model.layers.79.self_attn.k_proj.weight", &u, &t);

@@ -53,7 +53,7 @@ mkdir -p "$out"
 bench=$out/adamw_bench
 if [ "$build" = 1 ]; then
     gcc -std=gnu11 -O3 -march=native -fopenmp -Wall -Wextra -Werror -Wno-unused-parameter -iquote src \
-        tools/bench/adamw_bench.c src/core/adamw.c src/core/dtype.c src/config/config.c src/core/util.c \
+        tools/bench/adamw_bench.c src/core/adamw.c src/core/dtype.c src/core/util.c \
         $(pkg-config --cflags --libs jansson) -lm -o "$bench"
 fi
 

@@ -1,0 +1,322 @@
+/*
+ * config_shardlm — shardlm's own sections: model (presets, from_pretrained,
+ * the shape and its bounds, the Llama keys), data, train and checkpoint.
+ * model.from_pretrained is recorded here; the keys of the directory's
+ * config.json come from the caller (config_put_pretrained, config.h).
+ */
+#include "config_internal.h"
+#include "model/arch.h"
+#include "data/samples.h"
+
+#include "core/util.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- defaults ---------------------------------------------------------- */
+
+/* GPT-2 124M (Radford et al. 2019; HF "gpt2"). */
+#define MODEL_N_LAYER_DEFAULT 12
+#define MODEL_N_HEAD_DEFAULT 12
+#define MODEL_N_EMBD_DEFAULT 768
+#define MODEL_N_POSITIONS_DEFAULT 1024
+#define MODEL_VOCAB_SIZE_DEFAULT 50257
+#define MODEL_INIT_STD_DEFAULT 0.02 /* GPT-2's initializer_range */
+#define MODEL_INIT_SEED_DEFAULT 1337
+/* Vocabulary padded so the logits matmul has tensor-core friendly shapes (llm.c). */
+#define MODEL_VOCAB_ALIGN 128
+
+#define TRAIN_STEPS_DEFAULT 100
+#define TRAIN_SEED_DEFAULT 1337
+#define TRAIN_EVAL_BATCHES_DEFAULT 4
+#define CHECKPOINT_KEEP_DEFAULT 2
+
+static void check_model_sizes(const struct model_config *m, bool gpt2)
+{
+    char keys[256];
+    if (m->n_layer > CONFIG_MAX_LAYERS)
+        fail_input("config: 'model.n_layer' is %d, more than the %d layers shardlm allows", m->n_layer,
+                   CONFIG_MAX_LAYERS);
+    const long long C = m->n_embd, F = m->ffn_dim, KV = C / m->n_head * m->n_kv_head;
+    snprintf(keys, sizeof keys, "model.vocab_size %d x model.n_embd %d", m->vocab_size, m->n_embd);
+    check_bound("the token embedding", sat_mul(m->padded_vocab, C), CONFIG_MAX_TENSOR, keys);
+    if (gpt2) {
+        snprintf(keys, sizeof keys, "model.n_positions %d x model.n_embd %d", m->n_positions, m->n_embd);
+        check_bound("the position embedding", sat_mul(m->n_positions, C), CONFIG_MAX_TENSOR, keys);
+    }
+    snprintf(keys, sizeof keys, "model.n_embd %d x (model.n_embd + 2 x key/value width %lld)", m->n_embd, KV);
+    check_bound("the attention's input projection", sat_mul(C, sat_add(C, 2 * KV)), CONFIG_MAX_TENSOR, keys);
+    snprintf(keys, sizeof keys, "model.n_embd %d x model.ffn_dim %d", m->n_embd, m->ffn_dim);
+    check_bound("one MLP matrix", sat_mul(C, F), CONFIG_MAX_TENSOR, keys);
+    /* attention (2 C^2 + 2 C KV) and MLP (2 or 3 C F) matrices of every layer */
+    long long per_layer = sat_add(sat_mul(2 * C, sat_add(C, KV)), sat_mul(gpt2 ? 2 : 3, sat_mul(C, F)));
+    snprintf(keys, sizeof keys, "model.n_layer %d x %.3g per layer from model.n_embd %d and model.ffn_dim %d",
+             m->n_layer, (double)per_layer, m->n_embd, m->ffn_dim);
+    check_bound("the layers' parameters", sat_mul(m->n_layer, per_layer), CONFIG_MAX_TENSOR, keys);
+}
+
+/* ---- sections ---------------------------------------------------------- */
+
+/* Hugging Face's rope_scaling (type "llama3" only; null or absent: none). */
+static void read_rope_scaling(struct model_config *m, json_t *root)
+{
+    if (!is_given(root, "model.rope_scaling"))
+        return;
+    const char *type = read_str(root, "model.rope_scaling.rope_type", NULL, NO_FILL);
+    if (!type)
+        type = read_str(root, "model.rope_scaling.type", NULL, NO_FILL);
+    if (!type || strcmp(type, "default") == 0)
+        return;
+    if (strcmp(type, "llama3") != 0)
+        fail_input("config: 'model.rope_scaling.rope_type' is \"%s\"; supported: \"llama3\" (Llama 3.1), or null for "
+                   "none",
+                   type);
+    struct rope_scaling *r = &m->rope_scaling;
+    r->type = ROPE_SCALING_LLAMA3;
+    r->factor = read_num(root, "model.rope_scaling.factor", 8.0, FILL);
+    r->low_freq_factor = read_num(root, "model.rope_scaling.low_freq_factor", 1.0, FILL);
+    r->high_freq_factor = read_num(root, "model.rope_scaling.high_freq_factor", 4.0, FILL);
+    r->original_max_positions = read_int(root, "model.rope_scaling.original_max_position_embeddings", 8192, FILL);
+    if (!(r->factor >= 1.0) || !isfinite(r->factor))
+        fail_input("config: 'model.rope_scaling.factor' must be at least 1, got %g", r->factor);
+    if (!(r->low_freq_factor > 0) || !(r->high_freq_factor > r->low_freq_factor) || !isfinite(r->high_freq_factor))
+        fail_input("config: 'model.rope_scaling.high_freq_factor' (%g) must be larger than "
+                   "'model.rope_scaling.low_freq_factor' (%g) > 0",
+                   r->high_freq_factor, r->low_freq_factor);
+    require_positive("model.rope_scaling.original_max_position_embeddings", r->original_max_positions);
+}
+
+/* The keys only Llama has: refused for GPT-2, read with Hugging Face's
+ * meaning (and Llama 2/3's published values as defaults) for Llama. */
+static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
+{
+    static const char *const only_llama[] = {"model.rms_norm_eps", "model.rope_theta", "model.rope_scaling",
+                                              "model.tie_word_embeddings"};
+    m->norm_eps = 1e-5f;
+    m->rope_theta = 10000.0;
+    m->tie_embeddings = gpt2;
+    if (gpt2) {
+        for (size_t i = 0; i < sizeof only_llama / sizeof only_llama[0]; i++)
+            if (is_given(root, only_llama[i]))
+                fail_input("config: '%s' is a Llama key; GPT-2 has LayerNorm, learned positions and a tied head. "
+                           "Remove it or use model.type \"llama\"",
+                           only_llama[i]);
+        return;
+    }
+    if (m->n_embd / m->n_head % 2 != 0)
+        fail_input("config: 'model.n_embd' / 'model.n_head' is %d, an odd head dimension: rotary embeddings rotate "
+                   "channel pairs, so Llama needs an even head dimension",
+                   m->n_embd / m->n_head);
+    double eps = read_num(root, "model.rms_norm_eps", 1e-5, FILL);
+    if (!(eps > 0) || eps > 1.0)
+        fail_input("config: 'model.rms_norm_eps' must be in (0, 1], got %g", eps);
+    m->norm_eps = (float)eps;
+    double theta = read_num(root, "model.rope_theta", 10000.0, FILL);
+    if (!(theta > 1.0) || !isfinite(theta))
+        fail_input("config: 'model.rope_theta' must be larger than 1, got %g", theta);
+    m->rope_theta = theta;
+    m->tie_embeddings = read_bool(root, "model.tie_word_embeddings", false, FILL);
+    read_rope_scaling(m, root);
+}
+
+void config_put_pretrained(void *cfg_, const char *key, json_t *value)
+{
+    struct config *cfg = cfg_;
+    char path[64];
+    snprintf(path, sizeof path, "model.%s", key);
+    json_t *given = doc_get(cfg->json, path);
+    if (given) {
+        bool same = json_equal(given, value) ||
+                    (json_is_number(given) && json_is_number(value) &&
+                     json_number_value(given) == json_number_value(value)) ||
+                    (json_is_real(value) && json_is_number(given) &&
+                     (float)json_number_value(given) == (float)json_number_value(value));
+        if (!same) {
+            char a[128], b[128];
+            fail_input("config: '%s' is %s but %s/config.json gives %s; remove the key (model.from_pretrained "
+                       "sets the shape)",
+                       path, json_brief(given, a, sizeof a), cfg->model.pretrained, json_brief(value, b, sizeof b));
+        }
+        json_decref(value);
+        return;
+    }
+    put_default(cfg->json, path, value);
+}
+
+/* model.from_pretrained: the directory whose config.json gives the shape keys
+ * (read by the caller, config_put_pretrained). */
+void read_pretrained(struct model_config *m, json_t *root)
+{
+    const char *dir = read_str(root, "model.from_pretrained", NULL, NO_FILL);
+    if (!dir)
+        return;
+    if (!*dir)
+        fail_input("config: 'model.from_pretrained' is an empty string; give a Hugging Face model directory");
+    if (is_given(root, "model.preset"))
+        fail_input("config: 'model.preset' and 'model.from_pretrained' are both given; the directory's "
+                   "config.json sets the shape, remove model.preset");
+    if (strlen(dir) >= sizeof m->pretrained)
+        fail_input("config: 'model.from_pretrained' is longer than %zu characters", sizeof m->pretrained - 1);
+    snprintf(m->pretrained, sizeof m->pretrained, "%s", dir);
+}
+
+void read_model(struct config *cfg, json_t *root)
+{
+    struct model_config *m = &cfg->model;
+    /* A preset supplies the defaults of the shape keys; keys given beside it win. */
+    const struct model_preset gpt2_default = {NULL, arch_get(ARCH_GPT2)->type, MODEL_N_LAYER_DEFAULT,
+                                              MODEL_N_HEAD_DEFAULT, 0, MODEL_N_EMBD_DEFAULT, 0,
+                                              MODEL_N_POSITIONS_DEFAULT, MODEL_VOCAB_SIZE_DEFAULT, 0};
+    const struct model_preset *preset = &gpt2_default;
+    const char *preset_name = read_str(root, "model.preset", NULL, NO_FILL);
+    if (preset_name) {
+        preset = arch_find_preset(preset_name);
+        if (!preset)
+            fail_input("config: 'model.preset' is \"%s\"; known presets: %s", preset_name, arch_preset_names());
+        snprintf(m->preset, sizeof m->preset, "%s", preset_name);
+    }
+    const char *type = read_str(root, "model.type", preset->type, FILL);
+    if (!arch_find(type))
+        fail_input("config: 'model.type' is \"%s\"; known model types: %s", type, arch_type_names());
+    snprintf(m->type, sizeof m->type, "%s", type);
+
+    m->n_layer = read_int(root, "model.n_layer", preset->n_layer, FILL);
+    m->n_head = read_int(root, "model.n_head", preset->n_head, FILL);
+    m->n_embd = read_int(root, "model.n_embd", preset->n_embd, FILL);
+    m->n_positions = read_int(root, "model.n_positions", preset->n_positions, FILL);
+    m->vocab_size = read_int(root, "model.vocab_size", preset->vocab_size, FILL);
+    require_positive("model.n_layer", m->n_layer);
+    require_positive("model.n_head", m->n_head);
+    require_positive("model.n_embd", m->n_embd);
+    require_positive("model.n_positions", m->n_positions);
+    require_positive("model.vocab_size", m->vocab_size);
+    if (m->n_embd % m->n_head != 0)
+        fail_input("config: 'model.n_embd' (%d) must be divisible by 'model.n_head' (%d): each head gets "
+                   "n_embd / n_head channels",
+                   m->n_embd, m->n_head);
+    bool gpt2 = arch_is(type, ARCH_GPT2);
+    bool same_type = strcmp(type, preset->type) == 0;
+    m->n_kv_head = read_int(root, "model.n_kv_head", same_type && preset->n_kv_head ? preset->n_kv_head : m->n_head,
+                            NO_FILL);
+    long long ffn_default = same_type && preset->ffn_dim ? preset->ffn_dim : 4LL * m->n_embd;
+    if (!is_given(root, "model.ffn_dim") && ffn_default > INT_MAX)
+        fail_input("config: 'model.n_embd' is %d; the MLP it implies (4 n_embd = %lld) is out of range (at most %d)",
+                   m->n_embd, ffn_default, INT_MAX);
+    m->ffn_dim = read_int(root, "model.ffn_dim", (int)ffn_default, NO_FILL);
+    require_positive("model.n_kv_head", m->n_kv_head);
+    require_positive("model.ffn_dim", m->ffn_dim);
+    if (m->n_head % m->n_kv_head != 0)
+        fail_input("config: 'model.n_head' (%d) must be a multiple of 'model.n_kv_head' (%d): each key/value head "
+                   "serves n_head / n_kv_head query heads",
+                   m->n_head, m->n_kv_head);
+    if (gpt2 && (m->n_kv_head != m->n_head || m->ffn_dim != 4LL * m->n_embd))
+        fail_input("config: GPT-2 has n_kv_head = n_head (%d) and ffn_dim = 4 n_embd (%lld), got %d and %d; remove "
+                   "model.n_kv_head and model.ffn_dim or use model.type \"llama\"",
+                   m->n_head, 4LL * m->n_embd, m->n_kv_head, m->ffn_dim);
+    if (m->vocab_size > INT_MAX - MODEL_VOCAB_ALIGN)
+        fail_input("config: 'model.vocab_size' (%d) is too large", m->vocab_size);
+    m->padded_vocab = (int)round_up((size_t)m->vocab_size, MODEL_VOCAB_ALIGN);
+    check_model_sizes(m, gpt2);
+
+    read_llama_keys(m, root, gpt2);
+
+    double std = read_num(root, "model.init_std", MODEL_INIT_STD_DEFAULT, FILL);
+    if (!(std > 0))
+        fail_input("config: 'model.init_std' must be positive, got %g", std);
+    m->init_std = (float)std;
+    long long seed = read_int64(root, "model.init_seed", MODEL_INIT_SEED_DEFAULT, FILL);
+    require_non_negative("model.init_seed", seed);
+    m->init_seed = (uint64_t)seed;
+}
+
+void read_data(struct config *cfg, json_t *root)
+{
+    struct data_config *d = &cfg->data;
+    d->train_path = read_path(root, "data.train");
+    d->val_path = read_path(root, "data.val");
+    /* max_seq_length (Hugging Face's name, for sample files) is seq_len */
+    const int max_seq = read_int(root, "data.max_seq_length", 0, NO_FILL);
+    d->seq_len = read_int(root, "data.seq_len", max_seq > 0 ? max_seq : cfg->model.n_positions, FILL);
+    if (max_seq > 0 && max_seq != d->seq_len)
+        fail_input("config: 'data.max_seq_length' (%d) and 'data.seq_len' (%d) name the same length; give one",
+                   max_seq, d->seq_len);
+    d->shuffle = read_bool(root, "data.shuffle", true, FILL);
+    require_positive("data.seq_len", d->seq_len);
+    d->samples = d->train_path && samples_is_sample_file(d->train_path);
+    if (d->val_path && samples_is_sample_file(d->val_path) != d->samples)
+        fail_input("config: 'data.train' and 'data.val' must both be sample files (.h5) or both token shards (.bin)");
+    d->pad_multiple = read_int(root, "data.pad_to_multiple_of", 8, FILL);
+    require_positive("data.pad_to_multiple_of", d->pad_multiple);
+    d->group_by_length = read_bool(root, "data.group_by_length", false, FILL);
+    d->packing = read_bool(root, "data.packing", false, FILL);
+    d->allow_tokenizer_mismatch = read_bool(root, "data.allow_tokenizer_mismatch", false, FILL);
+    const char *trunc = read_str(root, "data.truncation", "truncate", FILL);
+    if (strcmp(trunc, "truncate") != 0 && strcmp(trunc, "drop") != 0)
+        fail_input("config: 'data.truncation' is \"%s\"; use \"truncate\" (cut samples longer than data.seq_len) or "
+                   "\"drop\" (leave them out)", trunc);
+    d->truncate = strcmp(trunc, "truncate") == 0;
+    if (!d->samples && (d->group_by_length || d->packing))
+        fail_input("config: data.%s needs a sample file (.h5 from tools/prepare_data.py) in data.train; token "
+                   "shards (.bin) are cut into full windows already", d->packing ? "packing" : "group_by_length");
+    if (cfg->model.sliding_window > 0 && d->seq_len > cfg->model.sliding_window)
+        fail_input("config: 'data.seq_len' (%d) is longer than the model's sliding attention window (%d, "
+                   "sliding_window in %s/config.json), which shardlm does not implement; lower data.seq_len",
+                   d->seq_len, cfg->model.sliding_window, cfg->model.pretrained);
+    if (d->seq_len > cfg->model.n_positions)
+        fail_input("config: 'data.seq_len' (%d) is larger than 'model.n_positions' (%d): a sequence longer than the "
+                   "context; lower data.seq_len or raise model.n_positions",
+                   d->seq_len, cfg->model.n_positions);
+}
+
+void read_train(struct config *cfg, json_t *root)
+{
+    struct train_config *t = &cfg->train;
+    t->steps = read_int(root, "train.steps", TRAIN_STEPS_DEFAULT, FILL);
+    require_positive("train.steps", t->steps);
+    long long seed = read_int64(root, "train.seed", TRAIN_SEED_DEFAULT, FILL);
+    require_non_negative("train.seed", seed);
+    t->seed = (uint64_t)seed;
+    t->eval_every = read_int(root, "train.eval_every", 0, FILL);
+    require_non_negative("train.eval_every", t->eval_every);
+    t->eval_batches = read_int(root, "train.eval_batches", TRAIN_EVAL_BATCHES_DEFAULT, FILL);
+    require_positive("train.eval_batches", t->eval_batches);
+    t->sample_tokens = read_int(root, "train.sample_tokens", 0, FILL);
+    require_non_negative("train.sample_tokens", t->sample_tokens);
+    if (t->sample_tokens > CONFIG_MAX_SAMPLE_TOKENS)
+        fail_input("config: 'train.sample_tokens' is %d, more than the %d the end-of-run sample allows",
+                   t->sample_tokens, CONFIG_MAX_SAMPLE_TOKENS);
+    double temperature = read_num(root, "train.sample_temperature", 1.0, FILL);
+    if (!(temperature > 0))
+        fail_input("config: 'train.sample_temperature' must be positive, got %g", temperature);
+    t->sample_temperature = (float)temperature;
+    t->metrics_path = read_path(root, "train.metrics");
+    t->threads = read_int(root, "train.threads", 0, FILL);
+    require_non_negative("train.threads", t->threads);
+    if (t->threads > CONFIG_MAX_THREADS)
+        fail_input("config: 'train.threads' is %d, more than %d; give the number of cores per rank (0: OpenMP's "
+                   "default)",
+                   t->threads, CONFIG_MAX_THREADS);
+}
+
+void read_checkpoint(struct config *cfg, json_t *root)
+{
+    struct checkpoint_config *c = &cfg->checkpoint;
+    c->dir = read_path(root, "checkpoint.dir");
+    c->every = read_int(root, "checkpoint.every", 0, FILL);
+    require_non_negative("checkpoint.every", c->every);
+    c->keep = read_int(root, "checkpoint.keep", CHECKPOINT_KEEP_DEFAULT, FILL);
+    require_non_negative("checkpoint.keep", c->keep);
+    const char *on_error = read_str(root, "checkpoint.on_error", "stop", FILL);
+    if (strcmp(on_error, "stop") == 0)
+        c->on_error_continue = false;
+    else if (strcmp(on_error, "continue") == 0)
+        c->on_error_continue = true;
+    else
+        fail_input("config: 'checkpoint.on_error' must be \"stop\" or \"continue\", got \"%s\"", on_error);
+    c->export_hf = read_bool(root, "checkpoint.export_hf", false, FILL);
+    if (c->export_hf && !c->dir)
+        fail_input("config: 'checkpoint.export_hf' needs checkpoint.dir (the export goes to checkpoint.dir/hf)");
+}

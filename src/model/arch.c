@@ -1,0 +1,102 @@
+/*
+ * arch — the table of model architectures and presets (arch.h).
+ */
+#include "arch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const char type_gpt2[] = "gpt2", type_llama[] = "llama";
+
+static const char *const gpt2_hf_architectures[] = {"GPT2LMHeadModel", NULL};
+static const char *const gpt2_hf_model_types[] = {"gpt2", NULL};
+static const char *const gpt2_lora_targets[] = {"c_attn", NULL};
+static const char *const llama_hf_architectures[] = {"LlamaForCausalLM", "MistralForCausalLM", NULL};
+static const char *const llama_hf_model_types[] = {"llama", "mistral", NULL};
+static const char *const llama_lora_targets[] = {"q_proj", "v_proj", NULL};
+
+static const struct arch arches[ARCH_COUNT] = {
+    [ARCH_GPT2] = {ARCH_GPT2, type_gpt2, gpt2_hf_architectures, gpt2_hf_model_types, gpt2_lora_targets},
+    [ARCH_LLAMA] = {ARCH_LLAMA, type_llama, llama_hf_architectures, llama_hf_model_types, llama_lora_targets},
+};
+
+const struct arch *arch_get(enum arch_id id) { return &arches[id]; }
+
+const struct arch *arch_find(const char *type)
+{
+    for (int i = 0; i < ARCH_COUNT; i++)
+        if (strcmp(arches[i].type, type) == 0)
+            return &arches[i];
+    return NULL;
+}
+
+bool arch_is(const char *type, enum arch_id id) { return strcmp(type, arches[id].type) == 0; }
+
+/* "a, b, c" from name(0) .. name(n - 1), into out. */
+static const char *name_list(char *out, size_t cap, int count, const char *(*name)(int))
+{
+    size_t n = 0;
+    out[0] = '\0';
+    for (int i = 0; i < count && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%s%s", i ? ", " : "", name(i));
+    return out;
+}
+
+static const char *type_at(int i) { return arches[i].type; }
+
+const char *arch_type_names(void)
+{
+    static char names[64];
+    return name_list(names, sizeof names, ARCH_COUNT, type_at);
+}
+
+const struct arch *arch_find_hf(const char *architecture)
+{
+    for (int i = 0; i < ARCH_COUNT; i++)
+        for (const char *const *a = arches[i].hf_architectures; *a; a++)
+            if (strcmp(*a, architecture) == 0)
+                return &arches[i];
+    return NULL;
+}
+
+const char *arch_hf_architecture_of(const char *model_type)
+{
+    for (int i = 0; i < ARCH_COUNT; i++)
+        for (int k = 0; arches[i].hf_model_types[k]; k++)
+            if (strcmp(arches[i].hf_model_types[k], model_type) == 0)
+                return arches[i].hf_architectures[k];
+    return NULL;
+}
+
+/* Published shapes. GPT-2: Radford et al. 2019 (HF gpt2, gpt2-medium, -large,
+ * -xl; the 124M..1.5B names count the tied head once). Llama 2: Touvron et al.
+ * 2023, HF meta-llama/Llama-2-*-hf config.json (70B: grouped-query attention
+ * with 8 KV heads); parameter totals: the Hugging Face checkpoints' exact counts
+ * (6.74 B, 13.0 B, 68.98 B as published). */
+const struct model_preset arch_presets[] = {
+    {"gpt2-124m", type_gpt2, 12, 12, 12, 768, 3072, 1024, 50257, 124439808.0},
+    {"gpt2-350m", type_gpt2, 24, 16, 16, 1024, 4096, 1024, 50257, 354823168.0},
+    {"gpt2-774m", type_gpt2, 36, 20, 20, 1280, 5120, 1024, 50257, 774030080.0},
+    {"gpt2-1.5b", type_gpt2, 48, 25, 25, 1600, 6400, 1024, 50257, 1557611200.0},
+    {"llama2-7b", type_llama, 32, 32, 32, 4096, 11008, 4096, 32000, 6738415616.0},
+    {"llama2-13b", type_llama, 40, 40, 40, 5120, 13824, 4096, 32000, 13015864320.0},
+    {"llama2-70b", type_llama, 80, 64, 8, 8192, 28672, 4096, 32000, 68976648192.0},
+    {"llama3-8b", type_llama, 32, 32, 8, 4096, 14336, 8192, 128256, 8030261248.0},
+};
+const int arch_n_presets = (int)(sizeof arch_presets / sizeof arch_presets[0]);
+
+const struct model_preset *arch_find_preset(const char *name)
+{
+    for (int i = 0; i < arch_n_presets; i++)
+        if (strcmp(arch_presets[i].name, name) == 0)
+            return &arch_presets[i];
+    return NULL;
+}
+
+static const char *preset_at(int i) { return arch_presets[i].name; }
+
+const char *arch_preset_names(void)
+{
+    static char names[256];
+    return name_list(names, sizeof names, arch_n_presets, preset_at);
+}
