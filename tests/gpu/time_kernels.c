@@ -4,7 +4,7 @@
  * the Llama kernels (grouped-query attention, RMSNorm, rotary, SwiGLU) at the
  * same B, T, C and NH with --kv-heads key/value heads and an MLP of --ffn.
  *
- * Uses only src/backend.h, so it links against any backend: the CUDA one
+ * Uses only src/backend/backend.h, so it links against any backend: the CUDA one
  * (the objects of build/cuda/, as check_kernels does), the CUDA sources under the CPU
  * emulation (build/cudaemu/time_kernels: numbers meaningless there) or the
  * CPU one. Each operation runs once to warm up, then --reps times between
@@ -46,7 +46,7 @@ struct shape {
     int reps;
 };
 
-/* The padding shardlm applies to the vocabulary (src/config.c MODEL_VOCAB_ALIGN). */
+/* The padding shardlm applies to the vocabulary (src/config/config.c MODEL_VOCAB_ALIGN). */
 #define VOCAB_ALIGN 128
 /* Llama's defaults for the other kernels: NH / LLAMA_GQA_RATIO key/value heads (Llama 3 8B: 32 / 8), and the MLP
  * width of Meta's reference code: 2/3 of 4C rounded up to a multiple of LLAMA_FFN_MULTIPLE (multiple_of). */

@@ -11,7 +11,7 @@ sgemm probe first). For each shape it runs, with one environment for both:
 
 drops the first --warmup steps of each, and compares median (and best) step
 times. MFU = tokens/s * model FLOPs per token (what `shardlm plan --json`
-prints for the config: src/model.c model_flops_per_token) / sgemm peak, the
+prints for the config: src/model/model.c model_flops_per_token) / sgemm peak, the
 peak measured in this run by build/bench/sgemm_peak with the same OpenBLAS,
 core type and thread count.
 
@@ -61,7 +61,7 @@ CORE_RE = (r"\b(Prescott|Core2|Penryn|Dunnington|Nehalem|Sandybridge|Haswell|Sky
 
 
 def padded_vocab(v, align=128):
-    """src/config.c's padded vocabulary (a multiple of 128): what the reference's embedding and head get."""
+    """src/config/config.c's padded vocabulary (a multiple of 128): what the reference's embedding and head get."""
     return (v + align - 1) // align * align
 
 
