@@ -132,7 +132,7 @@ def round_up(x, m):
 
 
 def arena_round(nbytes):
-    """Every arena buffer is rounded up to 64 bytes (src/arena.h)."""
+    """Every arena buffer is rounded up to 64 bytes (src/backend/arena.h)."""
     return round_up(nbytes, 64)
 
 

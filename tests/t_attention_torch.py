@@ -2,7 +2,7 @@
 """t_attention_torch — the CPU backend's attention kernels against PyTorch (issue 21).
 
 build/tests/attention_tool runs the grouped-query forward and backward of
-src/backend_cpu_attention.c on inputs this test makes; PyTorch (Debian's 1.13)
+src/backend/cpu/backend_cpu_attention.c on inputs this test makes; PyTorch (Debian's 1.13)
 computes the same attention in float64 from the same fp32 inputs, with
 autograd for the gradients: softmax(q k^T / sqrt(hs) + mask) v, query head h
 reading key/value head h // (NH / NKV), the mask causal and, for packed rows,

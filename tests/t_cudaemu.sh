@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real CUDA sources (cuda/*.cu) run on the CPU under tests/cudaemu's
+# The real CUDA sources (src/backend/cuda/*.cu) run on the CPU under tests/cudaemu's
 # emulation of the CUDA runtime, cuBLAS(Lt) and NCCL: builds them
 # (tests/cudaemu/build.sh), runs tests/gpu/check_kernels (its own ok/FAIL
 # lines: every kernel against the CPU backend in fp32, bf16 and fp16), the

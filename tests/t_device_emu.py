@@ -167,7 +167,7 @@ def plan_memory(name, cfg, target, env=ENV):
         return None
 
 
-# The CPU backend's tiled attention (src/backend_cpu_attention.c): tiles of ATTN_TILE_Q queries x ATTN_TILE_K
+# The CPU backend's tiled attention (src/backend/cpu/backend_cpu_attention.c): tiles of ATTN_TILE_Q queries x ATTN_TILE_K
 # keys, its scratch per thread two tiles and two row vectors.
 ATTN_TILE_Q, ATTN_TILE_K = 128, 512
 

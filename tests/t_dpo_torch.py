@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""t_dpo_torch — the DPO pair losses of src/dpo.c (through build/tests/dpo_tool)
+"""t_dpo_torch — the DPO pair losses of src/engine/dpo.c (through build/tests/dpo_tool)
 against PyTorch autograd over TRL's formulas (trl DPOTrainer.dpo_loss):
 z = (pi_c - pi_r) - (ref_c - ref_r); "sigmoid": -(1 - e) logsigmoid(beta z) -
 e logsigmoid(-beta z) (cDPO when e > 0); "ipo": (z - 1/(2 beta))^2; rewards

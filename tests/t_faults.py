@@ -5,7 +5,7 @@ while or before a run reads them, a precision change on resume, and errors that
 every rank of a job meets. Each case asserts the exit status, the one message line
 (or the documented behaviour) and that no file that existed before was changed.
 
-Signals come from SHARDLM_INJECT_SIGNAL=PHASE:SIG (src/train.c), which raises the
+Signals come from SHARDLM_INJECT_SIGNAL=PHASE:SIG (src/run/train.c), which raises the
 signal in the process when it reaches PHASE, so every phase is hit exactly and no
 case depends on timing; tests/t_resume.py and t_slurm.py send real signals from
 outside. The cases run one process each (MPI singleton), except those about ranks.

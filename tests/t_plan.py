@@ -321,7 +321,7 @@ def check_peaks():
 
 
 def arena_round(n):
-    return (n + 63) // 64 * 64  # src/arena.h: ARENA_ALIGN
+    return (n + 63) // 64 * 64  # src/backend/arena.h: ARENA_ALIGN
 
 
 def check_attention_kernels():

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """t_plot_metrics — tools/plot_metrics.py on metrics files written here in the
-shape `shardlm train` writes (src/train.c): step lines, validation lines, the
+shape `shardlm train` writes (src/run/train.c): step lines, validation lines, the
 sample file's counts and the memory table.
 
 Checks:

@@ -86,11 +86,11 @@ TMP = scratch_dir("t_precision")
 
 TOL_FP16 = 2e-3
 TOL_BF16 = 1e-2
-ALIGN = 16  # MODEL_TENSOR_ALIGN (src/model.h)
+ALIGN = 16  # MODEL_TENSOR_ALIGN (src/model/model.h)
 
 
 
-# ---- sizes (src/model.c, src/zero.c, src/arena.h, src/gpt2.c) ------------------------------------
+# ---- sizes (src/model/model.c, src/zero/zero.c, src/backend/arena.h, src/families/gpt2.c) ------------------------------------
 def unit_numels(L, C, V, npos):
     """Elements of each unit (embedding, blocks, head) as model.c lays them out (tensors aligned to 16)."""
     Vp = round_up(V, 128)

@@ -17,7 +17,7 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
                 ones must be exactly 0), the loss, every parameter gradient
                 (rel <= 1e-4; wte's padded rows exactly 0), params = weights
   sched.lr      the metrics' lr per step = DeepSpeed WarmupLR with the
-                off-by-one of src/sched.h (step s runs with it = s - 1)
+                off-by-one of src/engine/sched.h (step s runs with it = s - 1)
   clip.*        gradient clipping was active on some step and inactive on
                 another (so both branches are compared below)
   train.*       10 steps of torch AdamW + clip_grad_norm_: per-step loss and

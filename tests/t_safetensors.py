@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""t_safetensors — shardlm's safetensors reader and writer (src/safetensors.c,
+"""t_safetensors — shardlm's safetensors reader and writer (src/io/safetensors.c,
 driven by build/tests/safetensors_tool) against the files Hugging Face's own
 code writes and reads: the `safetensors` package (0.8) and transformers
 (4.40.2), both in build/ref-venv over Debian's torch 1.13; this script

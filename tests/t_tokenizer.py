@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""t_tokenizer — shardlm's tokenizer.json reader (src/tokenizer*.c, through
+"""t_tokenizer — shardlm's tokenizer.json reader (src/tokenizer/tokenizer*.c, through
 `shardlm tokenize`) against Python's tokenizers 0.19 (build/ref-venv; this
 script re-executes itself there). Nothing is downloaded: the tokenizers are
 trained here on the repository's own sources and documentation.

@@ -22,7 +22,7 @@ set -u
 cd "$(dirname "$0")/.."
 mkdir -p build/vectorized
 
-MIN_PACKED_FMA=7   # the degree-7 polynomial of fast_expf (src/fastmath.h)
+MIN_PACKED_FMA=7   # the degree-7 polynomial of fast_expf (src/core/fastmath.h)
 # OBJECT:FUNCTION[+HELPER...], the object under src/; a kernel's code is its function's with the static helpers
 # it calls, where the compiler keeps them out of line (it inlines them for some targets and not for others).
 # Attention: the materialized kernel's softmax, the tiled kernel's online softmax (forward) and its

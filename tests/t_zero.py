@@ -65,7 +65,7 @@ TOL = 1e-5
 
 
 
-# ---- sizes (src/model.c, src/zero.c, src/arena.h) ----------------------------------------
+# ---- sizes (src/model/model.c, src/zero/zero.c, src/backend/arena.h) ----------------------------------------
 def unit_layout(L, C, V, npos):
     """[(unit name, numel, [(tensor, offset, numel)])] in unit order, as model.c lays them out."""
     Vp = round_up(V, 128)

@@ -1,5 +1,5 @@
 """Writes shardlm's data files from arrays, for the tests and benchmarks that make their own data: llm.c token
-shards (.bin, src/data.h) and sample files (the layout of tools/prepare_data.py, src/samples.h) without a
+shards (.bin, src/data/data.h) and sample files (the layout of tools/prepare_data.py, src/data/samples.h) without a
 tokenizer."""
 import numpy as np
 

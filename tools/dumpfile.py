@@ -1,4 +1,4 @@
-"""Reads shardlm's dump files (src/dump.h) into a dict of numpy arrays.
+"""Reads shardlm's dump files (src/core/dump.h) into a dict of numpy arrays.
 
     "SLMDUMP1", then records: u32 name length, name, u32 ndim, ndim x u64
     dims, float32 data (little-endian).

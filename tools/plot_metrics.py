@@ -30,7 +30,7 @@ import os
 import sys
 
 EXIT_BAD_INPUT = 2
-# TRL's DPO metric names (src/dpo.c dpo_metric_names): a step has all of them or none
+# TRL's DPO metric names (src/engine/dpo.c dpo_metric_names): a step has all of them or none
 DPO_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
             "logps/rejected")
 MIB = 1024.0 * 1024.0

@@ -541,7 +541,7 @@ def append(dataset, values):
 
 
 def set_attr(file, name, value):
-    """int -> int64 scalar; str -> scalar fixed-length NUL-terminated UTF-8 (what src/ckpt_write.c writes and
+    """int -> int64 scalar; str -> scalar fixed-length NUL-terminated UTF-8 (what src/io/ckpt_write.c writes and
     ckpt_attr_str reads: a variable-length string would need another read path in C)."""
     if isinstance(value, int):
         file.attrs.create(name, np.int64(value), dtype="<i8")

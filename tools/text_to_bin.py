@@ -10,7 +10,7 @@ trains a model with model.vocab_size = 256 without a tokenizer library.
     tools/text_to_bin.py --decode FILE.bin
         Writes the tokens of a shard back as bytes to stdout (for debugging).
 
-Shard format (src/data.h, llm.c's): 256 little-endian int32 header
+Shard format (src/data/data.h, llm.c's): 256 little-endian int32 header
 [magic 20240520, version 1, token count, 0...], then uint16 tokens.
 
 Standard library only, so it runs with any python3. Errors are one line on

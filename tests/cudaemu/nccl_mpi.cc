@@ -3,7 +3,7 @@
  * MPI_COMM_WORLD (device memory is host memory here). Semantics are NCCL's:
  * all-gather's count is per rank (in place when sendbuff == recvbuff +
  * rank * sendcount), reduce-scatter's recvcount is per rank, half and bf16
- * sums add each pair in fp32 and round to nearest even (as src/comm_mpi.c
+ * sums add each pair in fp32 and round to nearest even (as src/comm/comm_mpi.c
  * does). Every buffer must lie inside one cudaMalloc/cudaHostAlloc
  * allocation, and ncclCommInitRank checks that every rank got the same
  * unique id (that the id broadcast really happened).

@@ -18,7 +18,7 @@
                 2048, vocab 32000, T 512), bf16, ZeRO stage 3: shardlm-cuda
                 and PyTorch (when transformers is importable, else "skip")
 
-MFU = tokens/s x FLOPs per token (src/model.c model_flops_per_token) / peak.
+MFU = tokens/s x FLOPs per token (src/model/model.c model_flops_per_token) / peak.
 PEAK_TFLOPS: NVIDIA's H200 SXM datasheet (nvidia.com/en-us/data-center/h200,
 "BF16 Tensor Core 1,979 TFLOPS" with sparsity; half of it dense, the same
 989 TFLOP/s as the H100 SXM); SHARDLM_PEAK_TFLOPS overrides it.
@@ -71,12 +71,12 @@ def padded(v, align=128):
 
 
 def gpt2_flops_per_token(L, C, Vp, T):
-    """src/model.c model_flops_per_token."""
+    """src/model/model.c model_flops_per_token."""
     return 6.0 * (L * 12.0 * C * C + Vp * C) + 12.0 * L * C * T
 
 
 def llama_flops_per_token(L, C, NH, KVH, F, Vp, T):
-    """src/model.c model_flops_per_token for a Llama: q, o (C x C), k, v (KV x C), SwiGLU's three matrices."""
+    """src/model/model.c model_flops_per_token for a Llama: q, o (C x C), k, v (KV x C), SwiGLU's three matrices."""
     KV = C // NH * KVH
     return 6.0 * (L * (2.0 * C * C + 2.0 * C * KV + 3.0 * C * F) + Vp * C) + 12.0 * L * C * T
 

@@ -1,5 +1,5 @@
 /*
- * attention_tool — the CPU backend's attention (src/backend_cpu_attention.c)
+ * attention_tool — the CPU backend's attention (src/backend/cpu/backend_cpu_attention.c)
  * from the command line, for tests/t_attention_torch.py, which checks it
  * against PyTorch. Built and run with the unit tests: without arguments it
  * checks itself on cases whose answers are known in closed form.

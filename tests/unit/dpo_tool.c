@@ -1,5 +1,5 @@
 /*
- * dpo_tool — the DPO pair losses (src/dpo.c) from the command line, for
+ * dpo_tool — the DPO pair losses (src/engine/dpo.c) from the command line, for
  * tests/t_dpo_torch.py, which checks them against PyTorch autograd over TRL's
  * formulas. Built and run with the unit tests: without arguments it checks
  * itself on what is known in closed form (ln 2 and zero rewards when the policy

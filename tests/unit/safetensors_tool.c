@@ -1,5 +1,5 @@
 /*
- * safetensors_tool — src/safetensors.c from the command line, for
+ * safetensors_tool — src/io/safetensors.c from the command line, for
  * tests/t_safetensors.py (which checks it against the `safetensors` Python
  * package and transformers). Built and run with the unit tests: without
  * arguments it checks its own two commands on each other.

@@ -1,6 +1,6 @@
 /*
  * test_attention_tiled — the CPU backend's tiled attention (FlashAttention-2,
- * src/backend_cpu_attention.c) against its materialized one, in fp32 on the
+ * src/backend/cpu/backend_cpu_attention.c) against its materialized one, in fp32 on the
  * same random inputs: the forward's output, the backward's dqkv, and the
  * tiled kernel's log-sum-exp against one computed in double from the scores;
  * at T = 1, T past the tiles (128 queries x 512 keys) and not a multiple of

@@ -1,5 +1,5 @@
 /*
- * test_ckpt — parallel HDF5 checkpoints (src/ckpt_*.c).
+ * test_ckpt — parallel HDF5 checkpoints (src/io/ckpt_*.c).
  *
  * Runs as one process (tests/run.sh) or under mpirun (tests/t_ckpt.sh). Four
  * synthetic tensors (one of several checksummed pieces) are laid out in one ZeRO unit

@@ -1,5 +1,5 @@
 /*
- * test_data — token shards and the loader (src/data.c).
+ * test_data — token shards and the loader (src/data/data.c).
  *
  * Writes shards into a fresh directory under $SHARDLM_TEST_TMP (or /tmp),
  * reads them back, checks window counts and contents for every token width,

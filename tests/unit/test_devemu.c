@@ -1,5 +1,5 @@
 /*
- * test_devemu — emulated device memory (src/devemu.c, SHARDLM_EMULATE_DEVICE):
+ * test_devemu — emulated device memory (src/core/devemu.c, SHARDLM_EMULATE_DEVICE):
  * the host faults on a device address, the kernels see the data through the
  * other view, copies move it both ways, and a collective that mixes device
  * and host buffers is refused as NCCL would.

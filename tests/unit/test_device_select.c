@@ -1,5 +1,5 @@
 /*
- * test_device_select — which GPU each rank takes (src/device_select.c): one
+ * test_device_select — which GPU each rank takes (src/backend/device_select.c): one
  * per local rank, a launcher-bound single GPU, sharing only when asked, and
  * the errors (no GPU, too few GPUs) with their hints.
  */

@@ -1,8 +1,8 @@
 /*
  * test_gradcheck — the backward pass of every CPU kernel against central finite
- * differences in double precision (src/backend_cpu.c, src/backend_cpu_attention.c).
+ * differences in double precision (src/backend/cpu/backend_cpu.c, src/backend/cpu/backend_cpu_attention.c).
  *
- * The same sources, src/backend_cpu.c and src/backend_cpu_attention.c, are
+ * The same sources, src/backend/cpu/backend_cpu.c and src/backend/cpu/backend_cpu_attention.c, are
  * compiled a second time in this file with float replaced by double and sgemm
  * by dgemm; their functions are renamed f64_* so that they live beside the
  * real fp32 backend_* linked in from src/.
@@ -36,7 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the double-precision twin of src/backend_cpu.c and backend_cpu_attention.c
+/* ---- the double-precision twin of src/backend/cpu/backend_cpu.c and backend_cpu_attention.c
  * Every header they include is already included above, so their include guards
  * keep the macros below away from them (util.h's float helpers stay float), but
  * backend_cpu_act.h: read here under BACKEND_CPU_NO_ACT, its ACT_DISPATCH is off

@@ -1,5 +1,5 @@
 /*
- * test_hf_json — the tolerant reader of Hugging Face JSON files (src/hf_json.h):
+ * test_hf_json — the tolerant reader of Hugging Face JSON files (src/core/hf_json.h):
  *   transformers' "no limit" model_max_length (int(1e30), 31 digits) read as
  *   the real 1e30, and negative and boundary integers (INT64_MAX stays an
  *   integer, INT64_MAX + 1 becomes a real); Python's bare NaN, Infinity and

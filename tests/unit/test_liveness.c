@@ -1,5 +1,5 @@
 /*
- * test_liveness — the probe that names lost ranks (src/liveness.h), with three
+ * test_liveness — the probe that names lost ranks (src/comm/liveness.h), with three
  * "ranks" in one process: every responder answers; a stopped one is named and
  * the others still answer; a probe of another job (another token) gets no
  * answer from this job's responders.

@@ -1,7 +1,7 @@
 /*
  * test_loss_scaler — fp16 loss scaling against DeepSpeed's rules
  * (deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler.update_scale, as
- * stage3.py uses it; see src/loss_scaler.h).
+ * stage3.py uses it; see src/engine/loss_scaler.h).
  *
  * Every expected sequence below was worked out by hand from those rules, one
  * update at a time, from the state (scale s, hysteresis left h, iter it, last

@@ -1,5 +1,5 @@
 /*
- * test_nvme — the optimizer state in a file (src/nvme.c): the streamed AdamW
+ * test_nvme — the optimizer state in a file (src/zero/nvme.c): the streamed AdamW
  * step against adamw_update on the same state in memory, bit for bit (master,
  * m, v and the new parameters in fp32, bf16 and fp16), over several steps,
  * segments that straddle pieces and a gap no segment covers; the traffic per

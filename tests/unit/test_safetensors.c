@@ -1,5 +1,5 @@
 /*
- * test_safetensors — Hugging Face weight files (src/safetensors.c).
+ * test_safetensors — Hugging Face weight files (src/io/safetensors.c).
  *
  * Writes models with st_layout_plan / st_create / st_write / st_publish into
  * fresh directories under $SHARDLM_TEST_TMP (or /tmp) and reads them back

@@ -1,6 +1,6 @@
 /*
  * test_sched — learning-rate schedules against DeepSpeed's formulas
- * (deepspeed/runtime/lr_schedules.py, see src/sched.h).
+ * (deepspeed/runtime/lr_schedules.py, see src/engine/sched.h).
  *
  * Every expected value is worked out by hand from the formulas, with the
  * DeepSpeed off-by-one: optimizer step s runs with last_batch_iteration

@@ -1,5 +1,5 @@
 /*
- * test_tokenizer — the tokenizer library (src/tokenizer.h) on a small
+ * test_tokenizer — the tokenizer library (src/tokenizer/tokenizer.h) on a small
  * Llama-2-style tokenizer.json written here, with ids worked out by hand from
  * tokenizers' rules (tests/t_tokenizer.py compares with the Python package on
  * real text; this test needs nothing but the library):

@@ -1,5 +1,5 @@
 /*
- * adamw_bench — the host AdamW pass (src/adamw.c) against this machine's
+ * adamw_bench — the host AdamW pass (src/core/adamw.c) against this machine's
  * memory bandwidth, measured in the same run, and against PyTorch's
  * torch.optim.AdamW timed just before by adamw_torch.py (adamw.sh passes the
  * times in).
@@ -170,7 +170,7 @@ static void probe_adamw_like_prefetch(float *restrict a, float *restrict b, floa
 
 /* ---- AdamW variants ---------------------------------------------------- */
 
-/* The previous src/adamw.c: one compiler-vectorised OpenMP loop, no param_out. */
+/* The previous src/core/adamw.c: one compiler-vectorised OpenMP loop, no param_out. */
 static void adamw_previous(float *restrict param, float *restrict m, float *restrict v, const float *restrict grad,
                            size_t n, const struct adamw_hparams *hp)
 {

@@ -1,6 +1,6 @@
 /*
  * attention_bench — the CPU backend's two attention kernels
- * (src/backend_cpu_attention.h: tiled and materialized) timed in one run:
+ * (src/backend/cpu/backend_cpu_attention.h: tiled and materialized) timed in one run:
  * forward + backward of grouped-query attention at several sequence lengths,
  * and what each keeps and needs as scratch.
  *

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Optimizer state on NVMe (offload_optimizer "device": "nvme"): the streamed
-# AdamW step of src/nvme.c against a plain sequential O_DIRECT read + write of
+# AdamW step of src/zero/nvme.c against a plain sequential O_DIRECT read + write of
 # the same bytes on the same disk, in one run (target: ratio >= 0.8).
 #
 #   bash tools/bench/nvme.sh [--dir DIR] [--n N] [--piece P] [--buffers B] [--rounds R] [--no-build]
@@ -14,7 +14,7 @@
 # Builds bin/shardlm's objects (make all) and build/bench/nvme_bench from them, runs it,
 # prints the CPU, the disk's file system and the table; output also lands in
 # build/bench/nvme.txt. Not measured here yet: the whole training step with
-# NVMe offload against CPU offload (the engine does not use src/nvme.c yet).
+# NVMe offload against CPU offload (the engine does not use src/zero/nvme.c yet).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 

@@ -1,5 +1,5 @@
 /*
- * nvme_bench — the streamed AdamW step of src/nvme.c against a plain
+ * nvme_bench — the streamed AdamW step of src/zero/nvme.c against a plain
  * sequential read and write of the same bytes on the same disk, in one run.
  *
  *   nvme_bench --dir DIR [--n N] [--piece P] [--buffers B] [--rounds R]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch_gpt2 — PyTorch reference for shardlm's training throughput.
 
-A plain GPT-2 (the same tensors as src/model.c: wte/wpe, per block ln_1,
+A plain GPT-2 (the same tensors as src/model/model.c: wte/wpe, per block ln_1,
 c_attn (C x 3C, bias), c_proj, ln_2, c_fc (C x 4C), c_proj, then ln_f and a
 head tied to wte), trained on random tokens. One timed step is what shardlm's
 train_step does:
@@ -124,7 +124,7 @@ class GPT2(nn.Module):
 
 
 def flops_per_token(L, C, Vp, T):
-    """src/model.c model_flops_per_token: 6 * matmul params + attention."""
+    """src/model/model.c model_flops_per_token: 6 * matmul params + attention."""
     return 6.0 * (L * 12.0 * C * C + Vp * C) + 12.0 * L * C * T
 
 

@@ -1,0 +1,76 @@
+/*
+ * zero_internal — what the ZeRO engine's files share; not for callers of zero.h.
+ *
+ * The engine (zero.h) is four files:
+ *   zero.c        set-up: the engine's mode, each unit's sizes, shard and role
+ *                 (the one place its buffers, pools and gradient path are
+ *                 decided), carving the buffers out of the arenas, the initial
+ *                 parameters (from a source, read as stored or through fp32;
+ *                 the hashing source of the base identity), zero_free
+ *   zero_pass.c   the passes: the pools of gathered units and gradient
+ *                 buffers, acquire/release with the all-gathers and prefetch,
+ *                 gradient buffers and their reduce-scatters, the traffic
+ *                 counters, and the plan's dry run of the passes
+ *   zero_optim.c  the optimizer step: its fixed AdamW and gradient-range
+ *                 tables, the gradients at the accumulation boundary
+ *                 (all-reduce, the host range under offload_optimizer), the
+ *                 finite check and norm, AdamW on the backend or on the host,
+ *                 and the all-gather of the updated slices
+ *   zero_ckpt.c   the state read out and in: the checkpoint groups (master,
+ *                 adam_m, adam_v), their host staging, the slices a save and
+ *                 an export write, loading at any world size, and whole units
+ *                 or gradients gathered into host memory
+ * Functions here carry the zero_ prefix, or are small static inline helpers.
+ */
+#ifndef SHARDLM_ZERO_INTERNAL_H
+#define SHARDLM_ZERO_INTERNAL_H
+
+#include "zero.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "backend/arena.h"
+
+static const enum buf_class pool_class[POOL_SETS] = {
+    [POOL_GATHER] = BUF_GATHERED,
+    [POOL_COMPUTE] = BUF_COMPUTE_COPIES,
+    [POOL_GRAD] = BUF_GRAD_BUFFERS,
+    [POOL_SEND] = BUF_GRAD_SEND,
+};
+
+static inline int kind_of(const struct model *m, int u) { return (int)m->units[u].kind; }
+
+static inline struct zero_pool *pool(struct zero *z, enum zero_pool_set set, int u)
+{
+    return &z->pools[set][kind_of(z->model, u)];
+}
+
+static inline void *elem(void *base, size_t i, size_t esize) { return (char *)base + i * esize; }
+
+static inline bool has_master(const struct zero_unit *zu) { return zu->role.buf[UBUF_MASTER].elems > 0; }
+
+/* The parameter-dtype storage of the optimizer range. */
+static inline void *opt_params(const struct zero *z, struct zero_unit *zu)
+{
+    return zu->role.sharded ? zu->param_shard : elem(zu->params, zu->opt_begin, z->esize);
+}
+
+/* ---- zero_pass.c ---- */
+
+/* Makes room for n slots in pool p (the new ones free, no memory yet). */
+void zero_pool_reserve(struct zero_pool *p, int n);
+/* Adds to the traffic counters the bytes this rank sends in one collective. */
+void zero_count_traffic(struct zero *z, enum comm_kind kind, size_t elems, size_t esize);
+
+/* ---- zero.c ---- */
+
+/* Elements of the one reduce-scatter receive buffer (0: none). */
+size_t zero_receive_elems(const struct zero *z);
+
+/* ---- zero_optim.c ---- */
+
+/* Makes the optimizer step's fixed tables (after the buffers are carved). */
+void zero_build_optimizer_tables(struct zero *z, const struct config *cfg);
+
+#endif
