@@ -217,7 +217,7 @@ extern "C" void *backend_mem_alloc(enum mem_space space, size_t bytes, const cha
             cudaMemGetInfo(&free_bytes, &total);
         (void)cudaGetLastError(); /* an allocation failure is not sticky; clear it */
         fail_input("out of %s memory allocating %s for %s%s%s; shrink the plan (`shardlm plan` shows it)",
-                   arena_space_name(space), format_bytes((double)bytes, b, sizeof b), what,
+                   mem_space_name(space), format_bytes((double)bytes, b, sizeof b), what,
                    space == SPACE_DEVICE ? ", the GPU has free " : "",
                    space == SPACE_DEVICE ? format_bytes((double)free_bytes, f, sizeof f) : "");
     }
