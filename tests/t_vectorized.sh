@@ -25,14 +25,16 @@ mkdir -p build/vectorized
 MIN_PACKED_FMA=7   # the degree-7 polynomial of fast_expf (src/core/fastmath.h)
 # OBJECT:FUNCTION[+HELPER...], the object under src/; a kernel's code is its function's with the static helpers
 # it calls, where the compiler keeps them out of line (it inlines them for some targets and not for others).
+# f32_X is the fp32 kernel of backend_X (backend_cpu.c's entry points dispatch to it); its checks keep
+# backend_X's name.
 # Attention: the materialized kernel's softmax, the tiled kernel's online softmax (forward) and its
 # recomputed probabilities (backward).
-KERNELS="backend_cpu:backend_gelu_forward._omp_fn.0 backend_cpu:backend_gelu_backward._omp_fn.0
-backend_cpu:backend_crossentropy_forward._omp_fn.0 backend_cpu_attention:materialized_forward._omp_fn.0
+KERNELS="backend_cpu:f32_gelu_forward._omp_fn.0 backend_cpu:f32_gelu_backward._omp_fn.0
+backend_cpu:f32_crossentropy_forward._omp_fn.0 backend_cpu_attention:materialized_forward._omp_fn.0
 backend_cpu_attention:tiled_forward._omp_fn.0+tiled_forward_rows+tiled_forward_step+tiled_softmax_row
 backend_cpu_attention:tiled_backward._omp_fn.0+tiled_backward_kv_head+tiled_backward_tile
-backend_cpu:backend_swiglu_forward._omp_fn.0 backend_cpu:backend_swiglu_backward._omp_fn.0"
-NEEDS_MAX="backend_crossentropy_forward._omp_fn.0 materialized_forward._omp_fn.0 tiled_forward._omp_fn.0"
+backend_cpu:f32_swiglu_forward._omp_fn.0 backend_cpu:f32_swiglu_backward._omp_fn.0"
+NEEDS_MAX="f32_crossentropy_forward._omp_fn.0 materialized_forward._omp_fn.0 tiled_forward._omp_fn.0"
 status=0
 
 check() {   # NAME CONDITION-STATUS DETAILS
@@ -59,7 +61,7 @@ for target in zen3 haswell avx512 native; do
   for kernel in $KERNELS; do
     obj=$build/src/backend/cpu/${kernel%%:*}.o fns=${kernel#*:} fn=${fns%%+*} code=''
     for f in ${fns//+/ }; do code+=$(body "$obj" "$f")$'\n'; done
-    name=vectorized.$target.${fn%._omp_fn.0}
+    name=${fn%._omp_fn.0} && name=vectorized.$target.${name/#f32_/backend_}
     if [ -z "$code" ]; then
       check "$name" 1 "no function $fn in $obj"
       continue

@@ -23,14 +23,8 @@ static const char *class_names[BUF_COUNT] = {
     [BUF_STAGING] = "host staging",
 };
 
-static const char *space_names[SPACE_COUNT] = {
-    [SPACE_DEVICE] = "device",
-    [SPACE_PINNED] = "pinned host",
-    [SPACE_HOST] = "host",
-};
-
 const char *arena_class_name(enum buf_class c) { return class_names[c]; }
-const char *arena_space_name(enum mem_space s) { return space_names[s]; }
+const char *arena_space_name(enum mem_space s) { return mem_space_name(s); }
 
 void arena_create(struct arena *a, enum mem_space space, size_t capacity)
 {
@@ -75,7 +69,7 @@ void *arena_alloc(struct arena *a, struct mem_tracker *t, enum buf_class c, size
         return NULL;
     if (a->used + n > a->capacity)
         fail_internal("%s arena: %s needs %zu bytes, %zu of %zu left (the memory plan is wrong)",
-                      space_names[a->space], class_names[c], n, a->capacity - a->used, a->capacity);
+                      mem_space_name(a->space), class_names[c], n, a->capacity - a->used, a->capacity);
     void *p = a->base + a->used;
     a->used += n;
     t->space_of[c] = a->space;

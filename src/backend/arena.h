@@ -16,7 +16,7 @@
 
 #include <stddef.h>
 
-enum mem_space { SPACE_DEVICE = 0, SPACE_PINNED, SPACE_HOST, SPACE_COUNT };
+#include "backend.h" /* enum mem_space: the arenas allocate through the backend */
 
 enum buf_class {
     BUF_PARAMS = 0,    /* parameter shard (the full parameters at stages 0-2) */
@@ -53,7 +53,7 @@ struct mem_tracker {
 };
 
 const char *arena_class_name(enum buf_class c);
-const char *arena_space_name(enum mem_space s);
+const char *arena_space_name(enum mem_space s); /* mem_space_name (backend.h) */
 
 void arena_create(struct arena *a, enum mem_space space, size_t capacity);
 void arena_destroy(struct arena *a);

@@ -36,8 +36,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "arena.h"
 #include "core/dtype.h"
+
+#ifndef SHARDLM_MEM_SPACE /* tests/gpu/cpu_names_decl.h reads this header twice */
+#define SHARDLM_MEM_SPACE
+/* Memory spaces: where a buffer lives (backend_mem_alloc below; the arenas,
+ * arena.h, hold one space each). */
+enum mem_space { SPACE_DEVICE = 0, SPACE_PINNED, SPACE_HOST, SPACE_COUNT };
+
+/* The space's name in messages and in the memory plan's tables. */
+static inline const char *mem_space_name(enum mem_space s)
+{
+    static const char *const names[SPACE_COUNT] = {"device", "pinned host", "host"};
+    return names[s];
+}
+#endif
 
 /* Weight-gradient dtype: the tensors marked [G] (weight and bias gradients)
  * hold elements of it. fp32 by default; the parameter dtype when a device

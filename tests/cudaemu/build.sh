@@ -29,10 +29,13 @@ g++ ${CXXFLAGS/$SAN/} -c tests/cudaemu/cudaemu.cc -o "$OUT/cudaemu.o" & pids+=($
 for f in cublas cublaslt nccl_mpi; do
   g++ $CXXFLAGS -c "tests/cudaemu/$f.cc" -o "$OUT/$f.o" & pids+=($!)
 done
-# the real CUDA sources, launches rewritten
-for f in backend_cuda comm_nccl; do
-  python3 tests/cudaemu/rewrite_launches.py "src/backend/cuda/$f.cu" "$OUT/$f.cc"
+# the real CUDA sources (every src/backend/cuda/*.cu, as the Makefile's CUDA_SRCS), launches rewritten
+cuda_objs=()
+for src in src/backend/cuda/*.cu; do
+  f=$(basename "$src" .cu)
+  python3 tests/cudaemu/rewrite_launches.py "$src" "$OUT/$f.cc"
   g++ $CXXFLAGS -x c++ -c "$OUT/$f.cc" -o "$OUT/$f.o" & pids+=($!)
+  cuda_objs+=("$OUT/$f.o")
 done
 # the CPU backend renamed cpu_*, and the kernel checker, as tests/gpu/session.sh builds them
 for f in backend_cpu backend_cpu_attention; do
@@ -44,7 +47,7 @@ gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu 
 gcc -std=gnu11 -O2 -Wall -Wextra -Werror -iquote src $PC_CFLAGS \
   -c tests/gpu/time_kernels.c -o "$OUT/time_kernels.o" & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
-EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/cublaslt.o $OUT/nccl_mpi.o $OUT/backend_cuda.o $OUT/comm_nccl.o"
+EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/cublaslt.o $OUT/nccl_mpi.o ${cuda_objs[*]}"
 g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" "$OUT/backend_cpu_attention_renamed.o" $EMU \
   $(find build/src -name '*.o' | sort | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
 g++ $SAN -fopenmp "$OUT/time_kernels.o" $EMU \

@@ -5,6 +5,10 @@
  * parallel loops, so the two never fight over the cores (DESIGN §11); sgemm
  * calls made inside one of our parallel regions run single-threaded, which is
  * what the per-head attention loops want. Attention is backend_cpu_attention.c.
+ *
+ * A function of backend.h with [A] operands is a static fp32 kernel, f32_X, and its entry point backend_X
+ * ("the entry points", at the end), which runs that kernel or, with half-precision activations, hands it to
+ * its wrapper in backend_cpu_act.c; the wrappers only ever run the kernel they are given.
  */
 
 #include "backend/backend.h"
@@ -136,10 +140,9 @@ static void small_rows(float *out, const float *inp, const float *weight, const 
     }
 }
 
-void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                            int N, int C, int OC)
+static void f32_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
+                               int OC)
 {
-    ACT_DISPATCH(act_matmul_forward(out, inp, weight, bias, N, C, OC));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(inp);
     DEVEMU_VIEW(weight);
@@ -159,10 +162,9 @@ void backend_matmul_forward(float *out, const float *inp, const float *weight, c
                 out, OC);
 }
 
-void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *inp, const float *weight, int N, int C, int OC)
+static void f32_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                const float *weight, int N, int C, int OC)
 {
-    ACT_DISPATCH(act_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC));
     DEVEMU_VIEW(dinp);
     DEVEMU_VIEW(dweight);
     DEVEMU_VIEW(dbias);
@@ -196,9 +198,8 @@ void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const fl
     }
 }
 
-void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC)
+static void f32_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC)
 {
-    ACT_DISPATCH(act_matmul_forward_transposed(out, inp, weight, N, C, OC));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(inp);
     DEVEMU_VIEW(weight);
@@ -209,10 +210,9 @@ void backend_matmul_forward_transposed(float *out, const float *inp, const float
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
 }
 
-void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
-                                        const float *weight, int N, int C, int OC)
+static void f32_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
+                                           const float *weight, int N, int C, int OC)
 {
-    ACT_DISPATCH(act_matmul_backward_transposed(dinp, dweight, dout, inp, weight, N, C, OC));
     DEVEMU_VIEW(dinp);
     DEVEMU_VIEW(dweight);
     DEVEMU_VIEW(dout);
@@ -223,10 +223,9 @@ void backend_matmul_backward_transposed(float *dinp, float *dweight, const float
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
 }
 
-void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                               const float *weight, const float *bias, int N, int C)
+static void f32_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                  const float *bias, int N, int C)
 {
-    ACT_DISPATCH(act_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(mean);
     DEVEMU_VIEW(rstd);
@@ -257,11 +256,10 @@ void backend_layernorm_forward(float *out, float *mean, float *rstd, const float
     }
 }
 
-void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *inp, const float *weight, const float *mean,
-                                const float *rstd, float *scratch, int N, int C)
+static void f32_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                   const float *weight, const float *mean, const float *rstd, float *scratch, int N,
+                                   int C)
 {
-    ACT_DISPATCH(act_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N, C));
     DEVEMU_VIEW(dinp);
     DEVEMU_VIEW(dweight);
     DEVEMU_VIEW(dbias);
@@ -317,9 +315,8 @@ size_t backend_layernorm_scratch(int C) { return (size_t)omp_get_max_threads() *
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2 / pi) */
 
-void backend_gelu_forward(float *out, const float *inp, size_t n)
+static void f32_gelu_forward(float *out, const float *inp, size_t n)
 {
-    ACT_DISPATCH(act_gelu_forward(out, inp, n));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(inp);
 #pragma omp parallel for simd
@@ -330,9 +327,8 @@ void backend_gelu_forward(float *out, const float *inp, size_t n)
     }
 }
 
-void backend_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+static void f32_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
 {
-    ACT_DISPATCH(act_gelu_backward(dinp, inp, dout, n));
     DEVEMU_VIEW(dinp);
     DEVEMU_VIEW(inp);
     DEVEMU_VIEW(dout);
@@ -348,24 +344,8 @@ void backend_gelu_backward(float *dinp, const float *inp, const float *dout, siz
     }
 }
 
-/* The fused MLP calls are the composition of the unfused ones (the same bits as calling them in turn). */
-void backend_matmul_forward_gelu(float *pre, float *out, const float *inp, const float *weight, const float *bias,
-                                 int N, int C, int OC)
+static void f32_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
 {
-    backend_matmul_forward(pre, inp, weight, bias, N, C, OC);
-    backend_gelu_forward(out, pre, (size_t)N * OC);
-}
-
-void backend_matmul_backward_gelu(float *dpre, float *dweight, float *dbias, const float *dout, const float *inp,
-                                  const float *weight, const float *pre, int N, int C, int OC)
-{
-    backend_matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, C, OC);
-    backend_gelu_backward(dpre, pre, dpre, (size_t)N * C);
-}
-
-void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
-{
-    ACT_DISPATCH(act_rmsnorm_forward(out, rstd, inp, weight, eps, N, C));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(rstd);
     DEVEMU_VIEW(inp);
@@ -385,10 +365,9 @@ void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const fl
     }
 }
 
-void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                              const float *rstd, float *scratch, int N, int C)
+static void f32_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                                 const float *rstd, float *scratch, int N, int C)
 {
-    ACT_DISPATCH(act_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, scratch, N, C));
     DEVEMU_VIEW(dinp);
     DEVEMU_VIEW(dweight);
     DEVEMU_VIEW(dout);
@@ -447,10 +426,9 @@ static void rope_rotate(float *x, const float *cos, const float *sin, const int3
         }
 }
 
-void backend_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
-                          int NKV, int hs)
+static void f32_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
+                             int NKV, int hs)
 {
-    ACT_DISPATCH(act_rope(qkv, cos, sin, pos, 1.0f, B, T, NH, NKV, hs));
     DEVEMU_VIEW(qkv);
     DEVEMU_VIEW(cos);
     DEVEMU_VIEW(sin);
@@ -458,10 +436,9 @@ void backend_rope_forward(float *qkv, const float *cos, const float *sin, const 
     rope_rotate(qkv, cos, sin, pos, 1.0f, B, T, NH, NKV, hs);
 }
 
-void backend_rope_backward(float *dqkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
-                           int NKV, int hs)
+static void f32_rope_backward(float *dqkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
+                              int NKV, int hs)
 {
-    ACT_DISPATCH(act_rope(dqkv, cos, sin, pos, -1.0f, B, T, NH, NKV, hs));
     DEVEMU_VIEW(dqkv);
     DEVEMU_VIEW(cos);
     DEVEMU_VIEW(sin);
@@ -469,9 +446,8 @@ void backend_rope_backward(float *dqkv, const float *cos, const float *sin, cons
     rope_rotate(dqkv, cos, sin, pos, -1.0f, B, T, NH, NKV, hs);
 }
 
-void backend_swiglu_forward(float *out, const float *gu, int N, int F)
+static void f32_swiglu_forward(float *out, const float *gu, int N, int F)
 {
-    ACT_DISPATCH(act_swiglu_forward(out, gu, N, F));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(gu);
 #pragma omp parallel for
@@ -484,9 +460,8 @@ void backend_swiglu_forward(float *out, const float *gu, int N, int F)
     }
 }
 
-void backend_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F)
+static void f32_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F)
 {
-    ACT_DISPATCH(act_swiglu_backward(dgu, dout, gu, N, F));
     DEVEMU_VIEW(dgu);
     DEVEMU_VIEW(dout);
     DEVEMU_VIEW(gu);
@@ -529,10 +504,9 @@ static void lora_check_group(const struct lora_dropout *d, int k)
         fail_internal("LoRA dropout with %d layers in one call: each layer has its own mask", k);
 }
 
-void backend_lora_forward(float *t, float *scratch, const float *x, const float *A, const struct lora_out *out, int k,
-                          int ld, float scale, const struct lora_dropout *d, int N, int C, int r)
+static void f32_lora_forward(float *t, float *scratch, const float *x, const float *A, const struct lora_out *out,
+                             int k, int ld, float scale, const struct lora_dropout *d, int N, int C, int r)
 {
-    ACT_DISPATCH(act_lora_forward(t, x, A, out, k, ld, scale, d, N, C, r));
     lora_check_group(d, k);
     DEVEMU_VIEW(t);
     DEVEMU_VIEW(scratch);
@@ -554,11 +528,10 @@ void backend_lora_forward(float *t, float *scratch, const float *x, const float 
     }
 }
 
-void backend_lora_backward(float *dx, float *dA, float *dt, float *scratch, const float *x, const float *t,
-                           const float *A, const struct lora_out *out, int k, int ld, float scale,
-                           const struct lora_dropout *d, int N, int C, int r)
+static void f32_lora_backward(float *dx, float *dA, float *dt, float *scratch, const float *x, const float *t,
+                              const float *A, const struct lora_out *out, int k, int ld, float scale,
+                              const struct lora_dropout *d, int N, int C, int r)
 {
-    ACT_DISPATCH(act_lora_backward(dx, dA, x, t, A, out, k, ld, scale, d, N, C, r));
     lora_check_group(d, k);
     DEVEMU_VIEW(dx);
     DEVEMU_VIEW(dA);
@@ -606,10 +579,9 @@ void backend_add(float *out, const float *a, const float *b, size_t n)
         out[i] = a[i] + b[i];
 }
 
-void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                               const int32_t *pos, int B, int T, int C)
+static void f32_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                                  const int32_t *pos, int B, int T, int C)
 {
-    ACT_DISPATCH(act_embedding_forward(out, tokens, wte, wpe, pos, B, T, C));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(tokens);
     DEVEMU_VIEW(wte);
@@ -630,10 +602,9 @@ void backend_embedding_forward(float *out, const int32_t *tokens, const float *w
         }
 }
 
-void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                                const int32_t *pos, int B, int T, int C)
+static void f32_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                   const int32_t *pos, int B, int T, int C)
 {
-    ACT_DISPATCH(act_embedding_backward(dwte, dwpe, dout, tokens, pos, B, T, C));
     DEVEMU_VIEW(dwte);
     DEVEMU_VIEW(dwpe);
     DEVEMU_VIEW(dout);
@@ -659,9 +630,8 @@ void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, con
     }
 }
 
-void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)
+static void f32_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)
 {
-    ACT_DISPATCH(act_crossentropy_forward(losses, logits, targets, N, V, Vp));
     DEVEMU_VIEW(losses);
     DEVEMU_VIEW(logits);
     DEVEMU_VIEW(targets);
@@ -689,9 +659,8 @@ void backend_crossentropy_forward(float *losses, float *logits, const int32_t *t
     }
 }
 
-void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
+static void f32_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
 {
-    ACT_DISPATCH(act_crossentropy_backward(probs, targets, dloss, N, V, Vp));
     DEVEMU_VIEW(probs);
     DEVEMU_VIEW(targets);
 #pragma omp parallel for
@@ -741,3 +710,155 @@ void backend_zero(float *x, size_t n)
     memset(x, 0, n * sizeof *x);
 }
 
+/* ---- the entry points ------------------------------------------------------------------------------------ *
+ * backend.h's functions with [A] operands: the fp32 kernel above, or, when the activations are half precision
+ * (an emulated device, backend_cpu_act.h), the wrapper that runs that same kernel on fp32 copies. */
+
+void backend_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC)
+{
+    ACT_DISPATCH(act_matmul_forward(f32_matmul_forward, out, inp, weight, bias, N, C, OC));
+    f32_matmul_forward(out, inp, weight, bias, N, C, OC);
+}
+
+void backend_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, int N, int C, int OC)
+{
+    ACT_DISPATCH(act_matmul_backward(f32_matmul_backward, dinp, dweight, dbias, dout, inp, weight, N, C, OC));
+    f32_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC)
+{
+    ACT_DISPATCH(act_matmul_forward_transposed(f32_matmul_forward_transposed, out, inp, weight, N, C, OC));
+    f32_matmul_forward_transposed(out, inp, weight, N, C, OC);
+}
+
+void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
+                                        const float *weight, int N, int C, int OC)
+{
+    ACT_DISPATCH(act_matmul_backward_transposed(f32_matmul_backward_transposed, dinp, dweight, dout, inp, weight, N, C,
+                                                OC));
+    f32_matmul_backward_transposed(dinp, dweight, dout, inp, weight, N, C, OC);
+}
+
+void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                               const float *bias, int N, int C)
+{
+    ACT_DISPATCH(act_layernorm_forward(f32_layernorm_forward, out, mean, rstd, inp, weight, bias, N, C));
+    f32_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+}
+
+void backend_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                const float *weight, const float *mean, const float *rstd, float *scratch, int N, int C)
+{
+    ACT_DISPATCH(act_layernorm_backward(f32_layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd,
+                                        scratch, N, C));
+    f32_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, scratch, N, C);
+}
+
+void backend_gelu_forward(float *out, const float *inp, size_t n)
+{
+    ACT_DISPATCH(act_gelu_forward(f32_gelu_forward, out, inp, n));
+    f32_gelu_forward(out, inp, n);
+}
+
+void backend_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    ACT_DISPATCH(act_gelu_backward(f32_gelu_backward, dinp, inp, dout, n));
+    f32_gelu_backward(dinp, inp, dout, n);
+}
+
+void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
+{
+    ACT_DISPATCH(act_rmsnorm_forward(f32_rmsnorm_forward, out, rstd, inp, weight, eps, N, C));
+    f32_rmsnorm_forward(out, rstd, inp, weight, eps, N, C);
+}
+
+void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                              const float *rstd, float *scratch, int N, int C)
+{
+    ACT_DISPATCH(act_rmsnorm_backward(f32_rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, scratch, N, C));
+    f32_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, scratch, N, C);
+}
+
+void backend_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
+                          int NKV, int hs)
+{
+    ACT_DISPATCH(act_rope(f32_rope_forward, qkv, cos, sin, pos, B, T, NH, NKV, hs));
+    f32_rope_forward(qkv, cos, sin, pos, B, T, NH, NKV, hs);
+}
+
+void backend_rope_backward(float *dqkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
+                           int NKV, int hs)
+{
+    ACT_DISPATCH(act_rope(f32_rope_backward, dqkv, cos, sin, pos, B, T, NH, NKV, hs));
+    f32_rope_backward(dqkv, cos, sin, pos, B, T, NH, NKV, hs);
+}
+
+void backend_swiglu_forward(float *out, const float *gu, int N, int F)
+{
+    ACT_DISPATCH(act_swiglu_forward(f32_swiglu_forward, out, gu, N, F));
+    f32_swiglu_forward(out, gu, N, F);
+}
+
+void backend_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F)
+{
+    ACT_DISPATCH(act_swiglu_backward(f32_swiglu_backward, dgu, dout, gu, N, F));
+    f32_swiglu_backward(dgu, dout, gu, N, F);
+}
+
+void backend_lora_forward(float *t, float *scratch, const float *x, const float *A, const struct lora_out *out, int k,
+                          int ld, float scale, const struct lora_dropout *d, int N, int C, int r)
+{
+    ACT_DISPATCH(act_lora_forward(f32_lora_forward, t, x, A, out, k, ld, scale, d, N, C, r));
+    f32_lora_forward(t, scratch, x, A, out, k, ld, scale, d, N, C, r);
+}
+
+void backend_lora_backward(float *dx, float *dA, float *dt, float *scratch, const float *x, const float *t,
+                           const float *A, const struct lora_out *out, int k, int ld, float scale,
+                           const struct lora_dropout *d, int N, int C, int r)
+{
+    ACT_DISPATCH(act_lora_backward(f32_lora_backward, dx, dA, x, t, A, out, k, ld, scale, d, N, C, r));
+    f32_lora_backward(dx, dA, dt, scratch, x, t, A, out, k, ld, scale, d, N, C, r);
+}
+
+void backend_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                               const int32_t *pos, int B, int T, int C)
+{
+    ACT_DISPATCH(act_embedding_forward(out, tokens, wte, wpe, pos, B, T, C));
+    f32_embedding_forward(out, tokens, wte, wpe, pos, B, T, C);
+}
+
+void backend_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, const int32_t *pos,
+                                int B, int T, int C)
+{
+    ACT_DISPATCH(act_embedding_backward(f32_embedding_backward, dwte, dwpe, dout, tokens, pos, B, T, C));
+    f32_embedding_backward(dwte, dwpe, dout, tokens, pos, B, T, C);
+}
+
+void backend_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)
+{
+    ACT_DISPATCH(act_crossentropy_forward(f32_crossentropy_forward, losses, logits, targets, N, V, Vp));
+    f32_crossentropy_forward(losses, logits, targets, N, V, Vp);
+}
+
+void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
+{
+    ACT_DISPATCH(act_crossentropy_backward(f32_crossentropy_backward, probs, targets, dloss, N, V, Vp));
+    f32_crossentropy_backward(probs, targets, dloss, N, V, Vp);
+}
+
+/* The fused MLP calls are the composition of the unfused ones (the same bits as calling them in turn). */
+void backend_matmul_forward_gelu(float *pre, float *out, const float *inp, const float *weight, const float *bias,
+                                 int N, int C, int OC)
+{
+    backend_matmul_forward(pre, inp, weight, bias, N, C, OC);
+    backend_gelu_forward(out, pre, (size_t)N * OC);
+}
+
+void backend_matmul_backward_gelu(float *dpre, float *dweight, float *dbias, const float *dout, const float *inp,
+                                  const float *weight, const float *pre, int N, int C, int OC)
+{
+    backend_matmul_backward(dpre, dweight, dbias, dout, inp, weight, N, C, OC);
+    backend_gelu_backward(dpre, pre, dpre, (size_t)N * C);
+}

@@ -3,7 +3,8 @@
  * training; fp16/bf16 only under SHARDLM_EMULATE_DEVICE, where the engine
  * takes the CUDA build's half-precision path. Then each kernel with [A]
  * operands runs here: its [A] inputs are widened into fp32 buffers, the fp32
- * kernel of backend_cpu.c runs on them, and its [A] outputs are rounded back
+ * kernel its entry point hands over (backend_cpu.c, backend_cpu_attention.c)
+ * runs on them, and its [A] outputs are rounded back
  * (to nearest even), so the results are those of half-precision storage with
  * fp32 arithmetic, as on a GPU. Slow and allocating: a test path.
  */
@@ -17,7 +18,6 @@
 #include "core/util.h"
 
 static enum dtype g_act = DTYPE_F32, g_grad = DTYPE_F32;
-static int g_inside; /* in a wrapper: the nested call is the fp32 kernel */
 
 /* Half precision ([A], [G]) is a device's: the CPU backend takes it only emulating one. */
 static void set_dtype(enum dtype *slot, enum dtype dt, const char *what)
@@ -55,7 +55,7 @@ void backend_set_act_dtype(enum dtype dt) { set_dtype(&g_act, dt, "activations")
 
 enum dtype backend_act_dtype(void) { return g_act; }
 
-int act_half(void) { return g_act != DTYPE_F32 && !g_inside; }
+int act_half(void) { return g_act != DTYPE_F32; }
 
 /* n [A] elements widened into a new fp32 buffer (NULL stays NULL). */
 static float *widen(const void *p, size_t n)
@@ -75,29 +75,26 @@ static void narrow(void *p, float *w, size_t n)
     free(w);
 }
 
-#define FP32(call)        \
-    do {                  \
-        g_inside = 1;     \
-        call;             \
-        g_inside = 0;     \
-    } while (0)
-
-void act_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC)
+void act_matmul_forward(void (*f32)(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
+                                    int OC),
+                        float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC)
 {
     float *i = widen(inp, (size_t)N * C), *w = widen(weight, (size_t)C * OC), *b = widen(bias, (size_t)OC);
     float *o = xcalloc((size_t)N * OC, sizeof *o);
-    FP32(backend_matmul_forward(o, i, w, b, N, C, OC));
+    f32(o, i, w, b, N, C, OC);
     narrow(out, o, (size_t)N * OC);
     free(i), free(w), free(b);
 }
 
-void act_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void act_matmul_backward(void (*f32)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                     const float *weight, int N, int C, int OC),
+                         float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                          const float *weight, int N, int C, int OC)
 {
     float *d = widen(dout, (size_t)N * OC), *i = widen(inp, (size_t)N * C), *w = widen(weight, (size_t)C * OC);
     float *di = dinp ? xcalloc((size_t)N * C, sizeof *di) : NULL;
     float *dw = grad_begin(dweight, (size_t)C * OC), *db = grad_begin(dbias, (size_t)OC);
-    FP32(backend_matmul_backward(di, dw, db, d, i, w, N, C, OC));
+    f32(di, dw, db, d, i, w, N, C, OC);
     grad_done(dweight, dw, (size_t)C * OC);
     grad_done(dbias, db, (size_t)OC);
     if (dinp)
@@ -105,156 +102,176 @@ void act_matmul_backward(float *dinp, float *dweight, float *dbias, const float 
     free(d), free(i), free(w);
 }
 
-void act_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC)
+void act_matmul_forward_transposed(void (*f32)(float *out, const float *inp, const float *weight, int N, int C, int OC),
+                                   float *out, const float *inp, const float *weight, int N, int C, int OC)
 {
     float *i = widen(inp, (size_t)N * C), *w = widen(weight, (size_t)OC * C);
     float *o = xcalloc((size_t)N * OC, sizeof *o);
-    FP32(backend_matmul_forward_transposed(o, i, w, N, C, OC));
+    f32(o, i, w, N, C, OC);
     narrow(out, o, (size_t)N * OC);
     free(i), free(w);
 }
 
-void act_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
+void act_matmul_backward_transposed(void (*f32)(float *dinp, float *dweight, const float *dout, const float *inp,
+                                                const float *weight, int N, int C, int OC),
+                                    float *dinp, float *dweight, const float *dout, const float *inp,
                                     const float *weight, int N, int C, int OC)
 {
     float *d = widen(dout, (size_t)N * OC), *i = widen(inp, (size_t)N * C), *w = widen(weight, (size_t)OC * C);
     float *di = xcalloc((size_t)N * C, sizeof *di), *dw = grad_begin(dweight, (size_t)OC * C);
-    FP32(backend_matmul_backward_transposed(di, dw, d, i, w, N, C, OC));
+    f32(di, dw, d, i, w, N, C, OC);
     grad_done(dweight, dw, (size_t)OC * C);
     narrow(dinp, di, (size_t)N * C);
     free(d), free(i), free(w);
 }
 
-void act_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+void act_layernorm_forward(void (*f32)(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                       const float *bias, int N, int C),
+                           float *out, float *mean, float *rstd, const float *inp, const float *weight,
                            const float *bias, int N, int C)
 {
     float *w = widen(weight, (size_t)C), *b = widen(bias, (size_t)C), *o = xcalloc((size_t)N * C, sizeof *o);
     float *x = widen(inp, (size_t)N * C);
-    FP32(backend_layernorm_forward(o, mean, rstd, x, w, b, N, C));
+    f32(o, mean, rstd, x, w, b, N, C);
     narrow(out, o, (size_t)N * C);
     free(w), free(b), free(x);
 }
 
-void act_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void act_layernorm_backward(void (*f32)(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                        const float *weight, const float *mean, const float *rstd, float *scratch,
+                                        int N, int C),
+                            float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                             const float *weight, const float *mean, const float *rstd, float *scratch, int N, int C)
 {
     float *d = widen(dout, (size_t)N * C), *w = widen(weight, (size_t)C), *x = widen(inp, (size_t)N * C);
     float *di = widen(dinp, (size_t)N * C); /* accumulated: round once, after the += */
     float *dw = grad_begin(dweight, (size_t)C), *db = grad_begin(dbias, (size_t)C);
-    FP32(backend_layernorm_backward(di, dw, db, d, x, w, mean, rstd, scratch, N, C));
+    f32(di, dw, db, d, x, w, mean, rstd, scratch, N, C);
     grad_done(dweight, dw, (size_t)C);
     grad_done(dbias, db, (size_t)C);
     narrow(dinp, di, (size_t)N * C);
     free(d), free(w), free(x);
 }
 
-void act_gelu_forward(float *out, const float *inp, size_t n)
+void act_gelu_forward(void (*f32)(float *out, const float *inp, size_t n), float *out, const float *inp, size_t n)
 {
     float *i = widen(inp, n), *o = xcalloc(n, sizeof *o);
-    FP32(backend_gelu_forward(o, i, n));
+    f32(o, i, n);
     narrow(out, o, n);
     free(i);
 }
 
-void act_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
+void act_gelu_backward(void (*f32)(float *dinp, const float *inp, const float *dout, size_t n), float *dinp,
+                       const float *inp, const float *dout, size_t n)
 {
     float *i = widen(inp, n), *d = widen(dout, n), *o = xcalloc(n, sizeof *o);
-    FP32(backend_gelu_backward(o, i, d, n));
+    f32(o, i, d, n);
     narrow(dinp, o, n);
     free(i), free(d);
 }
 
 /* att: the tiled kernel's log-sum-exp is fp32 in every activation dtype (backend_cpu_attention.h), written and
  * read in place; the materialized kernel's probabilities are [A]. */
-void act_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B, int T,
+void act_attention_forward(void (*f32)(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
+                                       int B, int T, int NH, int NKV, int hs),
+                           float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B, int T,
                            int NH, int NKV, int hs)
 {
     const size_t BT = (size_t)B * T, natt = (size_t)B * NH * T * T, C = (size_t)NH * hs;
     const size_t row = (size_t)(NH + 2 * NKV) * hs;
     const int tiled = backend_cpu_attention_kernel() == CPU_ATTENTION_TILED;
     float *q = widen(qkv, BT * row), *o = xcalloc(BT * C, sizeof *o), *p = tiled ? att : xcalloc(natt, sizeof *p);
-    FP32(backend_attention_gqa_forward(o, p, q, scratch, pos, B, T, NH, NKV, hs));
+    f32(o, p, q, scratch, pos, B, T, NH, NKV, hs);
     narrow(out, o, BT * C);
     if (!tiled)
         narrow(att, p, natt);
     free(q);
 }
 
-void act_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
+void act_attention_backward(void (*f32)(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                        const float *out, float *scratch, const int32_t *pos, int B, int T, int NH,
+                                        int NKV, int hs),
+                            float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
                             float *scratch, const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
     const size_t BT = (size_t)B * T, C = (size_t)NH * hs, row = (size_t)(NH + 2 * NKV) * hs;
     const int tiled = backend_cpu_attention_kernel() == CPU_ATTENTION_TILED;
     float *d = widen(dout, BT * C), *q = widen(qkv, BT * row), *dq = xcalloc(BT * row, sizeof *dq);
     float *p = tiled ? NULL : widen(att, (size_t)B * NH * T * T), *y = tiled ? widen(out, BT * C) : NULL;
-    FP32(backend_attention_gqa_backward(dq, d, q, tiled ? att : p, y, scratch, pos, B, T, NH, NKV, hs));
+    f32(dq, d, q, tiled ? att : p, y, scratch, pos, B, T, NH, NKV, hs);
     narrow(dqkv, dq, BT * row);
     free(d), free(q), free(p), free(y);
 }
 
-void act_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
+void act_attention_kv_forward(void (*f32)(float *out, const float *qkv, float *kc, float *vc, const int32_t *past,
+                                          int B, int T, int NH, int NKV, int hs, int Tmax),
+                              float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
                               int NH, int NKV, int hs, int Tmax)
 {
     const size_t BT = (size_t)B * T, C = (size_t)NH * hs, row = (size_t)(NH + 2 * NKV) * hs;
     const size_t ncache = (size_t)B * Tmax * NKV * hs;
     float *q = widen(qkv, BT * row), *o = xcalloc(BT * C, sizeof *o), *k = widen(kc, ncache), *v = widen(vc, ncache);
-    FP32(backend_attention_kv_forward(o, q, k, v, past, B, T, NH, NKV, hs, Tmax));
+    f32(o, q, k, v, past, B, T, NH, NKV, hs, Tmax);
     narrow(out, o, BT * C);
     narrow(kc, k, ncache);
     narrow(vc, v, ncache);
     free(q);
 }
 
-void act_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
+void act_rmsnorm_forward(void (*f32)(float *out, float *rstd, const float *inp, const float *weight, float eps, int N,
+                                     int C),
+                         float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
 {
     float *w = widen(weight, (size_t)C), *x = widen(inp, (size_t)N * C), *o = xcalloc((size_t)N * C, sizeof *o);
-    FP32(backend_rmsnorm_forward(o, rstd, x, w, eps, N, C));
+    f32(o, rstd, x, w, eps, N, C);
     narrow(out, o, (size_t)N * C);
     free(w), free(x);
 }
 
-void act_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+void act_rmsnorm_backward(void (*f32)(float *dinp, float *dweight, const float *dout, const float *inp,
+                                      const float *weight, const float *rstd, float *scratch, int N, int C),
+                          float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                           const float *rstd, float *scratch, int N, int C)
 {
     float *d = widen(dout, (size_t)N * C), *w = widen(weight, (size_t)C), *x = widen(inp, (size_t)N * C);
     float *di = widen(dinp, (size_t)N * C); /* accumulated: round once, after the += */
     float *dw = grad_begin(dweight, (size_t)C);
-    FP32(backend_rmsnorm_backward(di, dw, d, x, w, rstd, scratch, N, C));
+    f32(di, dw, d, x, w, rstd, scratch, N, C);
     grad_done(dweight, dw, (size_t)C);
     narrow(dinp, di, (size_t)N * C);
     free(d), free(w), free(x);
 }
 
-void act_rope(float *x, const float *cos, const float *sin, const int32_t *pos, float sign, int B, int T, int NH,
-              int NKV, int hs)
+void act_rope(void (*f32)(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
+                          int NKV, int hs),
+              float *x, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
     const size_t n = (size_t)B * T * (size_t)(NH + 2 * NKV) * hs;
     float *w = widen(x, n);
-    if (sign > 0)
-        FP32(backend_rope_forward(w, cos, sin, pos, B, T, NH, NKV, hs));
-    else
-        FP32(backend_rope_backward(w, cos, sin, pos, B, T, NH, NKV, hs));
+    f32(w, cos, sin, pos, B, T, NH, NKV, hs);
     narrow(x, w, n);
 }
 
-void act_swiglu_forward(float *out, const float *gu, int N, int F)
+void act_swiglu_forward(void (*f32)(float *out, const float *gu, int N, int F), float *out, const float *gu, int N,
+                        int F)
 {
     float *g = widen(gu, (size_t)N * 2 * F), *o = xcalloc((size_t)N * F, sizeof *o);
-    FP32(backend_swiglu_forward(o, g, N, F));
+    f32(o, g, N, F);
     narrow(out, o, (size_t)N * F);
     free(g);
 }
 
-void act_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F)
+void act_swiglu_backward(void (*f32)(float *dgu, const float *dout, const float *gu, int N, int F), float *dgu,
+                         const float *dout, const float *gu, int N, int F)
 {
     float *g = widen(gu, (size_t)N * 2 * F), *d = widen(dout, (size_t)N * F), *o = xcalloc((size_t)N * 2 * F, sizeof *o);
-    FP32(backend_swiglu_backward(o, d, g, N, F));
+    f32(o, d, g, N, F);
     narrow(dgu, o, (size_t)N * 2 * F);
     free(g), free(d);
 }
 
-void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                           const int32_t *pos, int B, int T, int C)
+void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe, const int32_t *pos,
+                           int B, int T, int C)
 {
     float *o = xcalloc((size_t)B * T * C, sizeof *o);
     const int32_t *tok = devemu_host(tokens), *position = devemu_host(pos);
@@ -279,7 +296,9 @@ void act_embedding_forward(float *out, const int32_t *tokens, const float *wte, 
  * gradients ([G]) the rows of dwte up to the largest token are widened too
  * (rounding an untouched row back leaves it as it was), and the first T rows
  * of dwpe (a position is below T). */
-void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens, const int32_t *pos,
+void act_embedding_backward(void (*f32)(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                        const int32_t *pos, int B, int T, int C),
+                            float *dwte, float *dwpe, const float *dout, const int32_t *tokens, const int32_t *pos,
                             int B, int T, int C)
 {
     float *d = widen(dout, (size_t)B * T * C);
@@ -288,23 +307,25 @@ void act_embedding_backward(float *dwte, float *dwpe, const float *dout, const i
     for (size_t i = 0; i < (size_t)B * T; i++)
         V = (size_t)tok[i] + 1 > V ? (size_t)tok[i] + 1 : V;
     float *dw = grad_begin(dwte, V * C), *dp = grad_begin(dwpe, (size_t)T * C);
-    FP32(backend_embedding_backward(dw, dp, d, tokens, pos, B, T, C));
+    f32(dw, dp, d, tokens, pos, B, T, C);
     grad_done(dwte, dw, V * C);
     grad_done(dwpe, dp, (size_t)T * C);
     free(d);
 }
 
-void act_crossentropy_forward(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)
+void act_crossentropy_forward(void (*f32)(float *losses, float *logits, const int32_t *targets, int N, int V, int Vp),
+                              float *losses, float *logits, const int32_t *targets, int N, int V, int Vp)
 {
     float *l = widen(logits, (size_t)N * Vp);
-    FP32(backend_crossentropy_forward(losses, l, targets, N, V, Vp));
+    f32(losses, l, targets, N, V, Vp);
     narrow(logits, l, (size_t)N * Vp);
 }
 
-void act_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
+void act_crossentropy_backward(void (*f32)(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp),
+                               float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
 {
     float *p = widen(probs, (size_t)N * Vp);
-    FP32(backend_crossentropy_backward(p, targets, dloss, N, V, Vp));
+    f32(p, targets, dloss, N, V, Vp);
     narrow(probs, p, (size_t)N * Vp);
 }
 
@@ -315,7 +336,7 @@ void backend_add_act(float *out, const float *a, const float *b, size_t n)
         return;
     }
     float *wa = widen(a, n), *wb = widen(b, n), *o = xcalloc(n ? n : 1, sizeof *o);
-    FP32(backend_add(o, wa, wb, n));
+    backend_add(o, wa, wb, n);
     narrow(out, o, n);
     free(wa), free(wb);
 }
@@ -370,23 +391,27 @@ static void lora_outs_done(const struct lora_out *out, struct lora_out *w, int k
     free(w);
 }
 
-void act_lora_forward(float *t, const float *x, const float *A, const struct lora_out *out, int k, int ld,
-                      float scale, const struct lora_dropout *d, int N, int C, int r)
+void act_lora_forward(void (*f32)(float *t, float *scratch, const float *x, const float *A, const struct lora_out *out,
+                                  int k, int ld, float scale, const struct lora_dropout *d, int N, int C, int r),
+                      float *t, const float *x, const float *A, const struct lora_out *out, int k, int ld, float scale,
+                      const struct lora_dropout *d, int N, int C, int r)
 {
     const size_t kr = (size_t)k * r;
     struct lora_span sp;
     struct lora_out *w = lora_outs_begin(out, k, ld, N, r, 0, &sp);
     float *xw = widen(x, (size_t)N * C), *a = widen(A, kr * C), *tw = xcalloc((size_t)N * kr + 1, sizeof *tw);
     float *scratch = d && d->p > 0.0f ? xcalloc((size_t)N * C + 1, sizeof *scratch) : NULL;
-    FP32(backend_lora_forward(tw, scratch, xw, a, w, k, ld, scale, d, N, C, r));
+    f32(tw, scratch, xw, a, w, k, ld, scale, d, N, C, r);
     lora_outs_done(out, w, k, r, &sp, 1);
     narrow(t, tw, (size_t)N * kr);
     free(xw), free(a), free(scratch);
 }
 
-void act_lora_backward(float *dx, float *dA, const float *x, const float *t, const float *A,
-                       const struct lora_out *out, int k, int ld, float scale, const struct lora_dropout *d, int N,
-                       int C, int r)
+void act_lora_backward(void (*f32)(float *dx, float *dA, float *dt, float *scratch, const float *x, const float *t,
+                                   const float *A, const struct lora_out *out, int k, int ld, float scale,
+                                   const struct lora_dropout *d, int N, int C, int r),
+                       float *dx, float *dA, const float *x, const float *t, const float *A, const struct lora_out *out,
+                       int k, int ld, float scale, const struct lora_dropout *d, int N, int C, int r)
 {
     const size_t kr = (size_t)k * r;
     struct lora_span sp;
@@ -394,7 +419,7 @@ void act_lora_backward(float *dx, float *dA, const float *x, const float *t, con
     float *xw = widen(x, (size_t)N * C), *tw = widen(t, (size_t)N * kr), *a = widen(A, kr * C);
     float *dxw = widen(dx, (size_t)N * C), *da = grad_begin(dA, kr * C), *dt = xcalloc((size_t)N * kr + 1, sizeof *dt);
     float *scratch = d && d->p > 0.0f ? xcalloc((size_t)N * C + 1, sizeof *scratch) : NULL;
-    FP32(backend_lora_backward(dxw, da, dt, scratch, xw, tw, a, w, k, ld, scale, d, N, C, r));
+    f32(dxw, da, dt, scratch, xw, tw, a, w, k, ld, scale, d, N, C, r);
     lora_outs_done(out, w, k, r, &sp, 0);
     grad_done(dA, da, kr * C);
     narrow(dx, dxw, (size_t)N * C);

@@ -480,12 +480,11 @@ static void tiled_backward(float *dqkv, const float *dout, const float *qkv, con
         }
 }
 
-/* ---- the calls ------------------------------------------------------------------------------------------- */
+/* ---- the fp32 kernels ------------------------------------------------------------------------------------ */
 
-void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
-                                   int B, int T, int NH, int NKV, int hs)
+static void f32_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
+                                      int B, int T, int NH, int NKV, int hs)
 {
-    ACT_DISPATCH(act_attention_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(att);
     DEVEMU_VIEW(qkv);
@@ -503,11 +502,10 @@ void backend_attention_gqa_forward(float *out, float *att, const float *qkv, flo
 
 /* out: the forward's output, which the tiled backward reads (D_i = dout_i . out_i) and the materialized one
  * does not need (it keeps the probabilities). */
-void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
-                                    const float *out, float *scratch, const int32_t *pos, int B, int T, int NH,
-                                    int NKV, int hs)
+static void f32_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                       const float *out, float *scratch, const int32_t *pos, int B, int T, int NH,
+                                       int NKV, int hs)
 {
-    ACT_DISPATCH(act_attention_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs));
     DEVEMU_VIEW(dqkv);
     DEVEMU_VIEW(dout);
     DEVEMU_VIEW(qkv);
@@ -525,16 +523,9 @@ void backend_attention_gqa_backward(float *dqkv, const float *dout, const float 
     }
 }
 
-void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B,
-                               int T, int C, int NH)
+static void f32_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B,
+                                     int T, int NH, int NKV, int hs, int Tmax)
 {
-    backend_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NH, C / NH);
-}
-
-void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
-                                  int NH, int NKV, int hs, int Tmax)
-{
-    ACT_DISPATCH(act_attention_kv_forward(out, qkv, kc, vc, past, B, T, NH, NKV, hs, Tmax));
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(qkv);
     DEVEMU_VIEW(kc);
@@ -590,6 +581,39 @@ void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float
                 }
         free(p);
     }
+}
+
+/* ---- the entry points ------------------------------------------------------------------------------------ *
+ * backend.h's functions with [A] operands: the fp32 kernel above, or, when the activations are half precision
+ * (an emulated device, backend_cpu_act.h), the wrapper that runs that same kernel on fp32 copies. */
+
+void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B,
+                                   int T, int NH, int NKV, int hs)
+{
+    ACT_DISPATCH(act_attention_forward(f32_attention_gqa_forward, out, att, qkv, scratch, pos, B, T, NH, NKV, hs));
+    f32_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs);
+}
+
+void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                    const float *out, float *scratch, const int32_t *pos, int B, int T, int NH, int NKV,
+                                    int hs)
+{
+    ACT_DISPATCH(act_attention_backward(f32_attention_gqa_backward, dqkv, dout, qkv, att, out, scratch, pos, B, T, NH,
+                                        NKV, hs));
+    f32_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs);
+}
+
+void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
+                                  int NH, int NKV, int hs, int Tmax)
+{
+    ACT_DISPATCH(act_attention_kv_forward(f32_attention_kv_forward, out, qkv, kc, vc, past, B, T, NH, NKV, hs, Tmax));
+    f32_attention_kv_forward(out, qkv, kc, vc, past, B, T, NH, NKV, hs, Tmax);
+}
+
+void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B,
+                               int T, int C, int NH)
+{
+    backend_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NH, C / NH);
 }
 
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,

@@ -29,7 +29,7 @@ void *backend_mem_alloc(enum mem_space space, size_t bytes, const char *what)
     if (!p) {
         char b[32];
         fail_input("out of %s memory allocating %s for %s; shrink the plan (`shardlm plan` shows it)",
-                   arena_space_name(space), format_bytes((double)bytes, b, sizeof b), what);
+                   mem_space_name(space), format_bytes((double)bytes, b, sizeof b), what);
     }
     return p;
 }

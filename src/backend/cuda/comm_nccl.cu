@@ -51,7 +51,7 @@ struct nccl_ctx {
     int staged;
     ncclComm_t nccl;
     cudaStream_t stream;  /* NCCL's */
-    cudaStream_t compute; /* the kernels' (backend_cuda.cu) */
+    cudaStream_t compute; /* the kernels' (cuda_memory.cu) */
     cudaEvent_t ready;    /* recorded on the compute stream before each collective */
     cudaEvent_t done[NCCL_EVENTS];
     unsigned next;
