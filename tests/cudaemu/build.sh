@@ -30,7 +30,8 @@ for f in cublas cublaslt nccl_mpi; do
   g++ $CXXFLAGS -c "tests/cudaemu/$f.cc" -o "$OUT/$f.o" & pids+=($!)
 done
 # the real CUDA sources, launches rewritten
-for f in backend_cuda comm_nccl; do
+CUDA_SRCS=$(cd src/backend/cuda && ls *.cu | sed 's/\.cu$//')
+for f in $CUDA_SRCS; do
   python3 tests/cudaemu/rewrite_launches.py "src/backend/cuda/$f.cu" "$OUT/$f.cc"
   g++ $CXXFLAGS -x c++ -c "$OUT/$f.cc" -o "$OUT/$f.o" & pids+=($!)
 done
@@ -44,7 +45,7 @@ gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu 
 gcc -std=gnu11 -O2 -Wall -Wextra -Werror -iquote src $PC_CFLAGS \
   -c tests/gpu/time_kernels.c -o "$OUT/time_kernels.o" & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
-EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/cublaslt.o $OUT/nccl_mpi.o $OUT/backend_cuda.o $OUT/comm_nccl.o"
+EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/cublaslt.o $OUT/nccl_mpi.o $(for f in $CUDA_SRCS; do echo "$OUT/$f.o"; done)"
 g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" "$OUT/backend_cpu_attention_renamed.o" $EMU \
   $(find build/src -name '*.o' | sort | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
 g++ $SAN -fopenmp "$OUT/time_kernels.o" $EMU \

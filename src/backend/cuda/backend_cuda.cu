@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "attention_tc.h"
 #include "cuda_check.h"
 
 extern "C" {
@@ -1302,6 +1303,8 @@ extern "C" void backend_attention_gqa_forward(float *out, float *att, const floa
 {
     (void)scratch;
     const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs);
+    if (attention_tc_forward(out, att, qkv, pos, B, T, NH, NKV, hs, g_act, g_stream)) /* tensor cores */
+        return;
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS));
     WITH_ACT(WITH_ATT_FRAG(hs, attention_forward_kernel<A, F><<<grid, ATT_THREADS, 0, g_stream>>>((A *)out, att,
                                                                                                  (const A *)qkv, s)));
@@ -1314,6 +1317,8 @@ extern "C" void backend_attention_gqa_backward(float *dqkv, const float *dout, c
 {
     (void)scratch;
     const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs);
+    if (attention_tc_backward(dqkv, dout, out, qkv, att, pos, B, T, NH, NKV, hs, g_act, g_stream)) /* tensor cores */
+        return;
     const unsigned row_blocks = (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS);
     const dim3 q_grid((unsigned)(B * NH), row_blocks), kv_grid((unsigned)(B * NKV), row_blocks);
     WITH_ACT(WITH_ATT_FRAG(hs, {
