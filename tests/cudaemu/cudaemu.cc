@@ -35,6 +35,7 @@
 
 uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
+const void *cudaemu_wmma_slot[1024][2]; /* include/mma.h: the lanes' operands of an mma_sync */
 
 #define ALLOC_ALIGN 256 /* cudaMalloc's documented minimum alignment */
 #define DEFAULT_MEM_BYTES (16ull << 30)

@@ -14,6 +14,7 @@
 #include "cublas_v2.h"
 #include "nccl.h"
 #include "cuda_runtime.h"
+#include "mma.h"
 
 struct mode {
     const char *name, *expect;
@@ -397,6 +398,83 @@ static int run_collective_send_overwritten(void)
     return 0;
 }
 
+
+/* wmma: per warp, D = A B + C on 16 x 16 tiles (A row-major and B column-major in bf16, or A column-major and B
+ * row-major in fp16), stored row- or column-major; `lanes` of each warp take part (32: all). */
+template <typename T, typename LA, typename LB>
+__global__ void wmma_product(float *d, const T *a, const T *b, const float *c, int store_row_major, int lanes, int skew)
+{
+    using namespace nvcuda;
+    if ((int)threadIdx.x % 32 >= lanes)
+        return;
+    const int w = (int)threadIdx.x / 32;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LA> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LB> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+    wmma::load_matrix_sync(fa, a + w * 256 + skew, 16);
+    wmma::load_matrix_sync(fb, b + w * 256, 16);
+    wmma::load_matrix_sync(fc, c + w * 256, 16, wmma::mem_row_major);
+    wmma::mma_sync(fc, fa, fb, fc);
+    wmma::store_matrix_sync(d + w * 256, fc, 16, store_row_major ? wmma::mem_row_major : wmma::mem_col_major);
+}
+
+/* Two warps of each operand layout against the product in double: small integers and halves, so every product
+ * and sum is exact in fp32 and the results must be equal. lanes < 32 or skew: the failure cases. */
+template <typename T, typename LA, typename LB> static int wmma_case(T (*to)(float), int lanes, int skew)
+{
+    const bool a_rows = std::is_same<LA, nvcuda::wmma::row_major>::value;
+    const bool b_rows = std::is_same<LB, nvcuda::wmma::row_major>::value;
+    T *a, *b;
+    float *c = dev(512), *d = dev(512);
+    cudaMalloc(&a, 512 * sizeof *a + 64);
+    cudaMalloc(&b, 512 * sizeof *b);
+    float av[512], bv[512];
+    for (int i = 0; i < 512; i++) {
+        av[i] = (float)(i * 7 % 11 - 5) * 0.5f;
+        bv[i] = (float)(i * 5 % 13 - 6);
+        a[i + skew] = to(av[i]);
+        b[i] = to(bv[i]);
+        c[i] = (float)(i % 9) - 4.0f;
+    }
+    for (int store_rows = 0; store_rows < 2; store_rows++) {
+        cudaemu_launch("wmma_product", __FILE__, __LINE__,
+                       [=] { wmma_product<T, LA, LB>(d, a, b, c, store_rows, lanes, skew); }, 1, 64);
+        cudaDeviceSynchronize();
+        for (int w = 0; w < 2; w++)
+            for (int r = 0; r < 16; r++)
+                for (int col = 0; col < 16; col++) {
+                    double want = c[w * 256 + r * 16 + col];
+                    for (int k = 0; k < 16; k++)
+                        want += (double)av[w * 256 + (a_rows ? r * 16 + k : k * 16 + r)] *
+                                bv[w * 256 + (b_rows ? k * 16 + col : col * 16 + k)];
+                    const float got = d[w * 256 + (store_rows ? r * 16 + col : col * 16 + r)];
+                    if (got != want)
+                        return printf("warp %d (%d, %d): %g want %g\n", w, r, col, got, want), 1;
+                }
+    }
+    return 0;
+}
+
+static __nv_bfloat16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+static __half to_half(float x) { return __float2half_rn(x); }
+
+static int run_wmma_product(void)
+{
+    using namespace nvcuda;
+    return wmma_case<__nv_bfloat16, wmma::row_major, wmma::col_major>(to_bf16, 32, 0) ||
+           wmma_case<__half, wmma::col_major, wmma::row_major>(to_half, 32, 0);
+}
+
+static int run_wmma_misaligned(void)
+{
+    return wmma_case<__half, nvcuda::wmma::row_major, nvcuda::wmma::row_major>(to_half, 32, 1);
+}
+
+static int run_wmma_divergent(void)
+{
+    return wmma_case<__half, nvcuda::wmma::row_major, nvcuda::wmma::row_major>(to_half, 16, 0);
+}
+
 static const mode g_modes[] = {
     {"block_sum", "pass", run_block_sum},
     {"gemm_reference", "pass", run_gemm},
@@ -419,6 +497,9 @@ static const mode g_modes[] = {
     {"stale_collective_output_read", "stale value observed", run_stale_collective},
     {"collective_output_after_event_wait", "pass", run_collective_waited},
     {"collective_sendbuff_overwritten", "ordering hazard: ncclAllGather's sendbuff", run_collective_send_overwritten},
+    {"wmma_product", "pass", run_wmma_product},
+    {"wmma_load_misaligned", "must be 32-byte aligned", run_wmma_misaligned},
+    {"wmma_in_divergent_code", "has exited", run_wmma_divergent},
 };
 
 int main(int argc, char **argv)

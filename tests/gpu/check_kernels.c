@@ -721,6 +721,70 @@ static void check_packing(enum dtype dt, double tol, const char *tag, struct sha
     use_act(DTYPE_F32, TOL, "");
 }
 
+/* ---- attention on tensor cores (src/backend/cuda/attention_tc.cu) -------------------------------------------- */
+
+long backend_cuda_attention_tc_calls(void); /* attention_tc.h: the attention calls the tensor cores took */
+
+/* fp16/bf16 at head sizes 64 and 128 (the two builds of the kernels: 64-key tiles, 32-key tiles), packed rows and
+ * grouped-query attention, and T past several 64-row query blocks and key tiles: each case must take the tensor
+ * cores (forward and backward) and agree with the CPU within the dtype's tolerance. The FP32 kernel must take the
+ * rest: fp32 activations, a head size not a multiple of 16, and SHARDLM_ATTN_TC=0. */
+static const struct packed_attention_shape TC_ATTENTION_SHAPES[] = {
+    {3, 150, 4, 2, 64, 0}, {2, 100, 4, 1, 128, 0}, {3, 130, 2, 2, 128, 1}, {1, 100, 2, 2, 64, 1},
+};
+
+/* check_attention on a fresh random qkv (1.5 scale, rounded to the dtype) with packed rows or none; 1 when the
+ * tensor cores took every attention call it made. */
+static int attention_case_took_tc(const struct packed_attention_shape *a, int packed, const char *v)
+{
+    const size_t nqkv = (size_t)a->B * a->T * (a->NH + 2 * a->NKV) * a->hs;
+    float *qkv = act_round(host_random(nqkv, 1.5f), nqkv);
+    int32_t *pos = packed ? packed_positions(a->B, a->T) : NULL;
+    const long before = backend_cuda_attention_tc_calls();
+    check_attention(qkv, pos, a->B, a->T, a->NH, a->NKV, a->hs, a->gpt2_call, v);
+    /* forward and backward, and the GPT-2 call's second pass through the grouped-query calls */
+    const long want = a->gpt2_call ? 4 : 2, took = backend_cuda_attention_tc_calls() - before;
+    free(qkv), free(pos);
+    return took == want;
+}
+
+static void check_attention_tc(void)
+{
+    const enum dtype dts[2] = {DTYPE_BF16, DTYPE_F16};
+    const double tols[2] = {1e-2, 5e-3};
+    for (int d = 0; d < 2; d++) {
+        const char *tag = dts[d] == DTYPE_BF16 ? "_bf16" : "_fp16";
+        use_act(dts[d], tols[d], tag);
+        /* fp16: the packed cases (check_packing's fp16 attention takes the tensor cores too) */
+        for (size_t k = 0; k < sizeof TC_ATTENTION_SHAPES / sizeof TC_ATTENTION_SHAPES[0]; k += 1 + d) {
+            const struct packed_attention_shape *a = &TC_ATTENTION_SHAPES[k];
+            const int packed = k % 2 == 0;
+            char v[64];
+            snprintf(v, sizeof v, "_tc_T%d_nh%d_kv%d_hs%d%s", a->T, a->NH, a->NKV, a->hs, packed ? "_packed" : "");
+            check_value(named2("attention_tc_taken", v), attention_case_took_tc(a, packed, v),
+                        "an attention call of this case did not run on tensor cores");
+        }
+    }
+    /* the FP32 kernel's cases: fp32 activations; hs 72 (not a multiple of 16) in bf16; SHARDLM_ATTN_TC=0 */
+    const struct packed_attention_shape f32_case = {2, 70, 4, 2, 64, 0}, odd_case = {2, 70, 2, 1, 72, 0};
+    use_act(DTYPE_F32, TOL, "");
+    check_value("attention_tc_not_taken_fp32", !attention_case_took_tc(&f32_case, 1, "_tc_fallback_fp32") &&
+                                                   backend_cuda_attention_tc_calls() > 0,
+                "fp32 activations ran on the tensor cores");
+    use_act(DTYPE_BF16, 1e-2, "_bf16");
+    long before = backend_cuda_attention_tc_calls();
+    attention_case_took_tc(&odd_case, 1, "_tc_fallback_hs72");
+    check_value(named("attention_tc_not_taken_hs72"), backend_cuda_attention_tc_calls() == before,
+                "head size 72 ran on the tensor cores");
+    setenv("SHARDLM_ATTN_TC", "0", 1);
+    before = backend_cuda_attention_tc_calls();
+    attention_case_took_tc(&f32_case, 1, "_tc_off");
+    check_value(named("attention_tc_not_taken_when_off"), backend_cuda_attention_tc_calls() == before,
+                "SHARDLM_ATTN_TC=0 still ran on the tensor cores");
+    unsetenv("SHARDLM_ATTN_TC");
+    use_act(DTYPE_F32, TOL, "");
+}
+
 /* The packed position-table gradient over more than one window of the device's fp32 sums (T x C beyond its
  * 2^20 floats: columns in windows), fp32, one sequence. */
 static void check_packed_wpe_windows(void)
@@ -1120,6 +1184,7 @@ int main(void)
     check_packing(DTYPE_BF16, 1e-2, "_bf16", EVEN);
     check_packing(DTYPE_F16, 5e-3, "_fp16", ODD);
     check_packed_wpe_windows();
+    check_attention_tc();
     check_lora_kernels(DTYPE_F32, TOL, "", 0);
     check_lora_kernels(DTYPE_BF16, 1e-2, "_bf16", 0);
     check_lora_kernels(DTYPE_BF16, 1e-2, "_bf16_grads_bf16", 1);

@@ -2,6 +2,7 @@
  * CUDA backend, attention: causal attention in tiles (FlashAttention-2) forward and backward,
  * grouped-query (Llama) or not (GPT-2), and the attention of generation over a key/value cache.
  */
+#include "attention_tc.h"
 #include "cuda_internal.h"
 
 /* ---- attention ----------------------------------------------------------------------------- */
@@ -383,6 +384,8 @@ extern "C" void backend_attention_gqa_forward(float *out, float *att, const floa
 {
     (void)scratch;
     const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs);
+    if (attention_tc_forward(out, att, qkv, pos, B, T, NH, NKV, hs, g_act, g_stream)) /* tensor cores */
+        return;
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS));
     WITH_ACT(WITH_ATT_FRAG(hs, attention_forward_kernel<A, F><<<grid, ATT_THREADS, 0, g_stream>>>((A *)out, att,
                                                                                                  (const A *)qkv, s)));
@@ -395,6 +398,8 @@ extern "C" void backend_attention_gqa_backward(float *dqkv, const float *dout, c
 {
     (void)scratch;
     const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs);
+    if (attention_tc_backward(dqkv, dout, out, qkv, att, pos, B, T, NH, NKV, hs, g_act, g_stream)) /* tensor cores */
+        return;
     const unsigned row_blocks = (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS);
     const dim3 q_grid((unsigned)(B * NH), row_blocks), kv_grid((unsigned)(B * NKV), row_blocks);
     WITH_ACT(WITH_ATT_FRAG(hs, {

@@ -33,6 +33,7 @@
 #define __launch_bounds__(...) /* an occupancy hint to nvcc; nothing to emulate */
 #define __shared__ static
 #define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
 
 struct uint3 {
     unsigned int x, y, z;
