@@ -419,8 +419,8 @@ static void take_token(struct infer *s, const struct gen_options *g, struct prom
 static void run_round(struct infer *s, const struct gen_options *g, struct round_row *rows, int B, int ctx,
                       float *logits, void *work, double *t_prefill, double *t_decode)
 {
-    struct family_acts *a = &s->acts;
-    struct family_kv *kv = &s->kv;
+    struct family_acts *a = &s->sess.acts;
+    struct family_kv *kv = &s->sess.kv;
     int T = 1;
     for (int b = 0; b < B; b++)
         if (rows[b].p && rows[b].p->n > T)
@@ -435,7 +435,7 @@ static void run_round(struct infer *s, const struct gen_options *g, struct round
         kv->last[b] = p ? p->n - 1 : 0;
     }
     double t0 = now_seconds();
-    infer_forward(s, B, T, 0);
+    session_forward(&s->sess, B, T, 0);
     int active = 0;
     for (int b = 0; b < B; b++) {
         struct prompt *p = rows[b].p;
@@ -449,7 +449,7 @@ static void run_round(struct infer *s, const struct gen_options *g, struct round
     *t_prefill += now_seconds() - t0;
     t0 = now_seconds();
     for (;;) {
-        comm_allreduce(s->comm, &active, 1, COMM_I32, COMM_MAX, NULL);
+        comm_allreduce(s->sess.comm, &active, 1, COMM_I32, COMM_MAX, NULL);
         if (!active)
             break;
         for (int b = 0; b < B; b++) {
@@ -461,7 +461,7 @@ static void run_round(struct infer *s, const struct gen_options *g, struct round
             a->positions[b] = kv->past[b];
             kv->last[b] = 0;
         }
-        infer_forward(s, B, 1, 0);
+        session_forward(&s->sess, B, 1, 0);
         active = 0;
         for (int b = 0; b < B; b++) {
             struct prompt *p = rows[b].p;
@@ -482,17 +482,17 @@ static void gather_round(struct infer *s, const struct gen_options *g, struct pr
                          int first, int B)
 {
     const size_t per = (size_t)2 + (size_t)g->max_new;
-    int32_t *mine = xcalloc((size_t)B * per, sizeof *mine), *all = xcalloc((size_t)B * per * s->world, sizeof *all);
+    int32_t *mine = xcalloc((size_t)B * per, sizeof *mine), *all = xcalloc((size_t)B * per * s->sess.world, sizeof *all);
     for (int b = 0; b < B; b++) {
-        const int i = first + s->rank * B + b;
+        const int i = first + s->sess.rank * B + b;
         if (i >= n_prompts)
             continue;
         mine[b * per] = prompts[i].n_out;
         mine[b * per + 1] = prompts[i].finish;
         memcpy(mine + b * per + 2, prompts[i].out, (size_t)prompts[i].n_out * sizeof *mine);
     }
-    comm_allgather(s->comm, mine, all, (size_t)B * per, COMM_I32, NULL);
-    for (int k = 0; k < B * s->world; k++) {
+    comm_allgather(s->sess.comm, mine, all, (size_t)B * per, COMM_I32, NULL);
+    for (int k = 0; k < B * s->sess.world; k++) {
         const int i = first + k;
         if (i >= n_prompts)
             break;
@@ -691,7 +691,7 @@ int cmd_generate(int argc, char **argv)
                       (g.chat == 1 || (g.chat == -1 && (any_messages || has_chat_template(s.tokenizer_path))));
     if (chat) {
         apply_chat_template(prompts, n_prompts, s.tokenizer_path);
-        if (s.rank == 0)
+        if (s.sess.rank == 0)
             log_info("generate: prompts rendered with the chat template of %s (--no-chat: as given)",
                      s.tokenizer_path);
     }
@@ -725,21 +725,21 @@ int cmd_generate(int argc, char **argv)
     const int B = g.batch < n_prompts ? g.batch : n_prompts, Tmax = reach < ctx ? reach : ctx;
     infer_start(&s, &o, B, longest, Tmax);
     struct tokenizer_stream stream;
-    if (g.prompt && !g.json && !g.n_stops && s.tok && s.rank == 0) { /* --prompt's text as it comes */
+    if (g.prompt && !g.json && !g.n_stops && s.tok && s.sess.rank == 0) { /* --prompt's text as it comes */
         tokenizer_stream_init(&stream, s.tok, prompts[0].ids, prompts[0].n, 1);
         prompts[0].stream = &stream;
     }
-    if (s.rank == 0)
+    if (s.sess.rank == 0)
         log_info("generate: %d prompt%s (%d tokens at most) on %d rank%s, %d rows per rank, cache of %d positions",
-                 n_prompts, n_prompts > 1 ? "s" : "", longest, s.world, s.world > 1 ? "s" : "", B, Tmax);
+                 n_prompts, n_prompts > 1 ? "s" : "", longest, s.sess.world, s.sess.world > 1 ? "s" : "", B, Tmax);
     const int V = s.cfg.model.vocab_size;
     float *logits = xcalloc((size_t)s.cfg.model.padded_vocab, sizeof *logits);
     void *work = xmalloc(GENERATE_WORK_BYTES(V));
     struct round_row *rows = xcalloc((size_t)B, sizeof *rows);
     double t_prefill = 0.0, t_decode = 0.0, t0 = now_seconds();
-    for (int first = 0; first < n_prompts; first += B * s.world) {
+    for (int first = 0; first < n_prompts; first += B * s.sess.world) {
         for (int b = 0; b < B; b++) {
-            const int i = first + s.rank * B + b;
+            const int i = first + s.sess.rank * B + b;
             rows[b].p = i < n_prompts ? &prompts[i] : NULL;
         }
         run_round(&s, &g, rows, B, ctx, logits, work, &t_prefill, &t_decode);
@@ -749,7 +749,7 @@ int cmd_generate(int argc, char **argv)
     long new_tokens = 0;
     for (int i = 0; i < n_prompts; i++)
         new_tokens += prompts[i].n_out;
-    if (s.rank == 0) {
+    if (s.sess.rank == 0) {
         for (int i = 0; i < n_prompts; i++)
             print_result(&s, &g, &prompts[i], i);
         fflush(stdout);
@@ -808,7 +808,7 @@ static void open_eval_data(struct infer *s, struct loader *ld, const char *path,
     if (FAIL_TRAP(&trap) == 0) {
         struct config *cfg = &s->cfg;
         cfg->micro_batch = B;
-        cfg->train_batch_size = B * s->world;
+        cfg->train_batch_size = B * s->sess.world;
         if (seq_len > 0)
             cfg->data.seq_len = seq_len;
         else if (samples_is_sample_file(path)) {
@@ -824,8 +824,8 @@ static void open_eval_data(struct infer *s, struct loader *ld, const char *path,
             fail_input("eval data '%s' holds no sequence of data.seq_len %d", path, cfg->data.seq_len);
     }
     fail_untrap();
-    comm_agree_failure(s->comm, &trap);
-    if (ld->samples && ld->smp.n_truncated && s->rank == 0) {
+    comm_agree_failure(s->sess.comm, &trap);
+    if (ld->samples && ld->smp.n_truncated && s->sess.rank == 0) {
         const struct sample_set *smp = &ld->smp;
         unsigned long long cut = 0;
         for (size_t i = 0; i < smp->n_file; i++) {
@@ -884,34 +884,34 @@ int cmd_eval(int argc, char **argv)
     open_eval_data(&s, &ld, o.data, B, o.seq_len);
     const int T = s.cfg.data.seq_len;
     infer_start(&s, &o, B, T, 0);
-    const uint64_t units = loader_units(&ld), group = (uint64_t)B * (uint64_t)s.world;
+    const uint64_t units = loader_units(&ld), group = (uint64_t)B * (uint64_t)s.sess.world;
     uint64_t groups = (units + group - 1) / group;
     if (max_batches > 0 && (uint64_t)max_batches < groups)
         groups = (uint64_t)max_batches;
     double sums[2] = {0.0, 0.0}; /* losses, trained targets */
     const double t0 = now_seconds();
     for (uint64_t i = 0; i < groups; i++) {
-        const uint64_t first = i * group + (uint64_t)s.rank * B;
+        const uint64_t first = i * group + (uint64_t)s.sess.rank * B;
         int rows = first < units ? (int)(units - first < (uint64_t)B ? units - first : (uint64_t)B) : 0, t = 1;
         if (rows) {
-            t = loader_read(&ld, first, rows, s.acts.inputs, s.acts.targets, s.acts.positions);
+            t = loader_read(&ld, first, rows, s.sess.acts.inputs, s.sess.acts.targets, s.sess.acts.positions);
         } else { /* past the end: one untrained token, so that this rank's gathers still match */
             rows = 1;
-            s.acts.inputs[0] = 0;
-            s.acts.targets[0] = -1;
-            if (s.acts.positions)
-                s.acts.positions[0] = 0;
+            s.sess.acts.inputs[0] = 0;
+            s.sess.acts.targets[0] = -1;
+            if (s.sess.acts.positions)
+                s.sess.acts.positions[0] = 0;
         }
         for (int k = 0; k < rows * t; k++)
-            sums[1] += s.acts.targets[k] >= 0;
-        sums[0] += infer_forward(&s, rows, t, 1);
+            sums[1] += s.sess.acts.targets[k] >= 0;
+        sums[0] += session_forward(&s.sess, rows, t, 1);
     }
     comm_allreduce(&comm, sums, 2, COMM_F64, COMM_SUM, NULL);
     const uint64_t used = groups * group < units ? groups * group : units;
     if (sums[1] == 0.0)
         fail_input("eval data '%s' has no trained target in the sequences read", o.data);
     const double loss = sums[0] / sums[1];
-    if (s.rank == 0) {
+    if (s.sess.rank == 0) {
         if (json)
             printf("{\"model\": \"%s\", \"data\": \"%s\", \"loss\": %.9g, \"perplexity\": %.9g, \"tokens\": %.0f, "
                    "\"sequences\": %llu}\n",

@@ -115,7 +115,7 @@ static json_t *resolve_model(struct infer *s, const struct infer_options *o, str
     if (is_dir(o->model) && readable(cfgpath)) {
         snprintf(s->hf_dir, sizeof s->hf_dir, "%s", o->model);
         json_t *doc = json_pack("{s{ss}}", "model", "from_pretrained", o->model);
-        if (s->world > 1)
+        if (s->sess.world > 1)
             json_object_set_new(doc, "zero_optimization", json_pack("{si}", "stage", 3));
         return doc;
     }
@@ -154,9 +154,7 @@ static json_t *resolve_model(struct infer *s, const struct infer_options *o, str
 void infer_open(struct infer *s, struct comm *comm, const struct infer_options *o)
 {
     memset(s, 0, sizeof *s);
-    s->comm = comm;
-    s->rank = comm->rank;
-    s->world = comm->world;
+    session_init(&s->sess, comm, &s->cfg);
     struct ckpt_reader *r = NULL;
     json_t *doc = resolve_model(s, o, &r);
     if (r)
@@ -181,8 +179,8 @@ void infer_open(struct infer *s, struct comm *comm, const struct infer_options *
     struct fail_trap trap;
     if (FAIL_TRAP(&trap) == 0) {
         config_load_string(&s->cfg, text, o->sets, o->n_sets);
-        model_build(&s->model, &s->cfg.model);
-        model_add_lora(&s->model, &s->cfg.lora);
+        model_build(&s->sess.model, &s->cfg.model);
+        model_add_lora(&s->sess.model, &s->cfg.lora);
         if (s->hf_dir[0])
             read_eos(s, s->hf_dir);
         find_tokenizer(s, o);
@@ -235,32 +233,30 @@ static void ckpt_source_read(void *ctx, int u, size_t begin, size_t count, float
  * a LoRA checkpoint's adapters over its base (checked against its checksum). */
 static void load_weights(struct infer *s)
 {
-    const int(*slots)[ZERO_POOLS] = (const int(*)[ZERO_POOLS])s->plan.pool_slots;
     struct hf_source hf;
     const bool from_hf = s->hf_dir[0] && (!s->ckpt_path[0] || s->lora_ckpt);
     const char *key;
     long long have, want;
-    if (s->lora_ckpt && from_hf && hf_config_differs(&s->model, s->hf_dir, &key, &have, &want) > 0)
+    if (s->lora_ckpt && from_hf && hf_config_differs(&s->sess.model, s->hf_dir, &key, &have, &want) > 0)
         fail_input("the base '%s' is another model than LoRA checkpoint '%s' was trained on: its config.json has %s "
                    "%lld, the checkpoint's model %lld; give the base it was trained on with --base DIR",
                    s->hf_dir, s->ckpt_path, key, have, want);
     if (from_hf)
-        hf_source_open(&hf, &s->model, s->hf_dir);
+        hf_source_open(&hf, &s->sess.model, s->hf_dir);
     struct ckpt_reader *r = s->ckpt_path[0] ? ckpt_open(s->ckpt_path) : NULL;
-    struct ckpt_source cs = {&s->model, r};
+    struct ckpt_source cs = {&s->sess.model, r};
     struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf}, ck_src = {ckpt_source_read, NULL, &cs};
     const struct param_source *first = from_hf ? &hf_src : r && !s->lora_ckpt ? &ck_src : NULL;
     struct base_hash hash; /* a LoRA checkpoint's base: its checksum as read (zero.h) */
-    zero_hash_source(&hash, &s->model, s->model.n_base_units, first);
+    zero_hash_source(&hash, &s->sess.model, s->sess.model.n_base_units, first);
     if (s->lora_ckpt)
         first = &hash.src;
-    zero_init(&s->zero, &s->model, &s->cfg, &s->target, s->comm, s->rank, s->world, false, slots, s->arenas, &s->mem,
-              first);
+    session_load(&s->sess, first);
     if (from_hf)
         hf_source_close(&hf);
     if (s->lora_ckpt) {
         char sum[24];
-        snprintf(sum, sizeof sum, "%016llx", (unsigned long long)zero_hash_total(&hash, s->comm, s->rank, s->world));
+        snprintf(sum, sizeof sum, "%016llx", (unsigned long long)zero_hash_total(&hash, s->sess.comm, s->sess.rank, s->sess.world));
         char *want = ckpt_attr_str(r, "base_checksum"), *source = ckpt_attr_str(r, "base_source");
         if (strcmp(sum, want) != 0)
             fail_input("LoRA checkpoint '%s' was trained on another base: %s (checksum %s), and the base read here is "
@@ -269,7 +265,7 @@ static void load_weights(struct infer *s)
         free(want);
         free(source);
         /* the adapters and modules_to_save: the units the run trained (model_add_lora's choice) */
-        zero_load_units(&s->zero, &ck_src, s->trained);
+        zero_load_units(&s->sess.zero, &ck_src, s->trained);
     }
     if (r)
         ckpt_close(r);
@@ -279,62 +275,34 @@ void infer_start(struct infer *s, const struct infer_options *o, int B, int T, i
 {
     (void)o;
     struct config *cfg = &s->cfg;
+    const struct session_shape shape = {B, T, Tmax};
     struct fail_trap trap;
     if (FAIL_TRAP(&trap) == 0) {
         cfg->micro_batch = B;
         cfg->grad_accum = 1;
-        cfg->train_batch_size = B * s->world;
+        cfg->train_batch_size = B * s->sess.world;
         cfg->data.seq_len = T;
         /* forward only: one set of block activations, the block inputs kept */
         cfg->act_ckpt.enabled = true;
         cfg->act_ckpt.interval = 1;
-        s->trained = xcalloc((size_t)s->model.n_units, sizeof *s->trained);
-        for (int u = 0; u < s->model.n_units; u++)
-            s->trained[u] = !s->model.units[u].frozen;
-        model_freeze_all(&s->model);
-        s->target = target_running();
-        family_build_passes(&s->model, 1, &s->train_pass, &s->eval_pass);
-        if (Tmax > 0)
-            plan_compute_generate(&s->plan, &s->model, cfg, s->world, B, T, Tmax);
-        else
-            plan_compute(&s->plan, &s->model, cfg, s->world);
-        plan_check_device(&s->plan, 1);
-        for (int sp = 0; sp < SPACE_COUNT; sp++)
-            arena_create(&s->arenas[sp], sp, s->plan.space_total[sp]);
+        s->trained = xcalloc((size_t)s->sess.model.n_units, sizeof *s->trained);
+        for (int u = 0; u < s->sess.model.n_units; u++)
+            s->trained[u] = !s->sess.model.units[u].frozen;
+        model_freeze_all(&s->sess.model);
+        session_plan(&s->sess, &shape);
     }
     fail_untrap();
-    comm_agree_failure(s->comm, &trap);
+    comm_agree_failure(s->sess.comm, &trap);
     load_weights(s);
-    const bool positions = Tmax > 0 || cfg->data.packing;
-    family_acts_init(&s->acts, &s->model, &s->target, B, T, Tmax > 0 ? Tmax : T, 1, positions,
-                     target_space(&s->target, cfg, BUF_ACT_CKPT), s->arenas, &s->mem);
-    if (Tmax > 0)
-        family_kv_init(&s->acts, &s->kv, &s->target, Tmax, s->arenas, &s->mem);
-    s->started = true;
-}
-
-double infer_forward(struct infer *s, int B, int T, int with_targets)
-{
-    zero_begin_pass(&s->zero, &s->eval_pass);
-    double sum = family_forward(&s->zero, &s->acts, B, T, with_targets, FAMILY_EVAL, 0.0f);
-    zero_end_pass(&s->zero);
-    return sum;
+    session_acts(&s->sess, &shape);
 }
 
 void infer_close(struct infer *s)
 {
-    if (s->started) {
-        family_kv_free(&s->acts);
-        family_acts_free(&s->acts);
-        zero_free(&s->zero);
-        family_free_passes(&s->train_pass, &s->eval_pass);
-        for (int sp = 0; sp < SPACE_COUNT; sp++)
-            arena_destroy(&s->arenas[sp]);
-    }
+    session_close(&s->sess);
     free(s->trained);
     if (s->tok)
         tokenizer_free(s->tok);
-    model_free(&s->model);
     config_free(&s->cfg);
     memset(s, 0, sizeof *s);
 }
