@@ -35,6 +35,7 @@
 #include "generate.h"
 #include "core/hf_json.h"
 #include "run/infer.h"
+#include "run/sample.h"
 #include "data/loader.h"
 #include "tokenizer/tokenizer.h"
 #include "run/train.h"
@@ -42,59 +43,6 @@
 
 #define MAX_SETS 256
 #define MAX_STOPS 16
-
-/* ---- sampling ------------------------------------------------------------------------- */
-
-struct by_logit {
-    float v;
-    int32_t id;
-};
-_Static_assert(sizeof(struct by_logit) * 1 == 8, "GENERATE_WORK_BYTES");
-
-static int by_logit_desc(const void *a, const void *b)
-{
-    const struct by_logit *x = a, *y = b;
-    return x->v < y->v ? 1 : x->v > y->v ? -1 : x->id - y->id;
-}
-
-int32_t generate_choose(const float *logits, int V, const struct sampling *sp, uint64_t *rng, void *work)
-{
-    if (sp->temperature <= 0.0f) {
-        int32_t best = 0;
-        for (int j = 1; j < V; j++)
-            if (logits[j] > logits[best])
-                best = j;
-        return best;
-    }
-    struct by_logit *w = work;
-    for (int j = 0; j < V; j++)
-        w[j] = (struct by_logit){logits[j] / sp->temperature, j};
-    qsort(w, (size_t)V, sizeof *w, by_logit_desc);
-    int keep = sp->top_k > 0 && sp->top_k < V ? sp->top_k : V;
-    double sum = 0.0;
-    for (int j = 0; j < keep; j++)
-        sum += exp((double)w[j].v - w[0].v);
-    if (sp->top_p < 1.0f) {
-        double acc = 0.0;
-        for (int j = 0; j < keep; j++) {
-            acc += exp((double)w[j].v - w[0].v) / sum;
-            if (acc >= sp->top_p) {
-                keep = j + 1;
-                break;
-            }
-        }
-        sum = 0.0;
-        for (int j = 0; j < keep; j++)
-            sum += exp((double)w[j].v - w[0].v);
-    }
-    double r = rng_uniform(rng) * sum, acc = 0.0;
-    for (int j = 0; j < keep; j++) {
-        acc += exp((double)w[j].v - w[0].v);
-        if (r < acc)
-            return w[j].id;
-    }
-    return w[keep - 1].id;
-}
 
 /* ---- prompts ---------------------------------------------------------------------------- */
 
@@ -389,7 +337,7 @@ struct round_row {
 static void take_token(struct infer *s, const struct gen_options *g, struct prompt *p, const float *logits,
                        void *work, int ctx)
 {
-    const int32_t id = generate_choose(logits, s->cfg.model.vocab_size, &g->sp, &p->rng, work);
+    const int32_t id = sample_choose(logits, s->cfg.model.vocab_size, &g->sp, &p->rng, work);
     p->out[p->n_out++] = id;
     if (p->stream && (g->ignore_eos || !is_eos(s, id))) {
         size_t len;
@@ -734,7 +682,7 @@ int cmd_generate(int argc, char **argv)
                  n_prompts, n_prompts > 1 ? "s" : "", longest, s.sess.world, s.sess.world > 1 ? "s" : "", B, Tmax);
     const int V = s.cfg.model.vocab_size;
     float *logits = xcalloc((size_t)s.cfg.model.padded_vocab, sizeof *logits);
-    void *work = xmalloc(GENERATE_WORK_BYTES(V));
+    void *work = xmalloc(SAMPLE_WORK_BYTES(V));
     struct round_row *rows = xcalloc((size_t)B, sizeof *rows);
     double t_prefill = 0.0, t_decode = 0.0, t0 = now_seconds();
     for (int first = 0; first < n_prompts; first += B * s.sess.world) {

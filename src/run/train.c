@@ -14,7 +14,6 @@
 #include "data/data.h"
 #include "core/dump.h"
 #include "families/family.h"
-#include "cli/generate.h"
 #include "io/hf.h"
 #include "io/hf_export.h"
 #include "data/loader.h"
@@ -23,6 +22,7 @@
 #include "io/peft_export.h"
 #include "engine/plan.h"
 #include "engine/sched.h"
+#include "sample.h"
 #include "engine/session.h"
 #include "tokenizer/tokenizer.h"
 #include "core/util.h"
@@ -539,71 +539,11 @@ static float evaluate(struct trainer *tr)
     return (float)(sum / (double)all.trained);
 }
 
-/* Samples tokens from the model, starting from a newline (byte-level models)
- * or the tokenizer's end-of-sequence token, with `shardlm generate`'s choice
- * of a token (generate_choose at train.sample_temperature); prints the text,
- * decoded by model.from_pretrained's tokenizer.json when there is one, bytes
- * when the vocabulary is byte-level (256), token ids otherwise. Without a key
- * and value cache: the trainer's buffers hold one micro-batch, so each token
- * runs the context again (generate caches them). */
-static void sample_text(struct trainer *tr)
+/* The sample's stop: a stop signal any rank received (a collective), by name. */
+static const char *sample_stopped(struct comm *comm)
 {
-    const struct config *cfg = tr->cfg;
-    const int n = cfg->train.sample_tokens, T = cfg->data.seq_len, V = cfg->model.vocab_size;
-    const int Vp = cfg->model.padded_vocab;
-    const struct sampling sp = {cfg->train.sample_temperature, 0, 1.0f, cfg->train.seed};
-    if (n <= 0)
-        return;
-    struct tokenizer *tok = NULL;
-    char path[CKPT_MAX_PATH + 32], err[512];
-    snprintf(path, sizeof path, "%s/tokenizer.json", cfg->model.pretrained);
-    if (cfg->model.pretrained[0] && access(path, R_OK) == 0 && !(tok = tokenizer_load(path, err, sizeof err)))
-        log_warn("the sample after the last step prints token ids: %s", err);
-    int32_t *ctx = xcalloc((size_t)n + 1, sizeof *ctx);
-    void *work = xmalloc(GENERATE_WORK_BYTES(V));
-    float *row = xcalloc((size_t)Vp, sizeof *row);
-    uint64_t rng = cfg->train.seed ^ 0x5A3F1E5ull;
-    int len = 1;
-    ctx[0] = tok && tokenizer_eos_id(tok) >= 0 ? tokenizer_eos_id(tok) : V >= 256 ? '\n' : 0;
-    for (int i = 0; i < n; i++) {
-        int start = len > T ? len - T : 0, t = len - start;
-        memcpy(tr->sess.acts.inputs, ctx + start, (size_t)t * sizeof *ctx);
-        for (int p = 0; tr->sess.acts.positions && p < t; p++) /* one sample: positions 0 .. t-1 */
-            tr->sess.acts.positions[p] = p;
-        session_forward(&tr->sess, 1, t, 0);
-        family_read_logits(&tr->sess.acts, t - 1, row);
-        int32_t next = generate_choose(row, V, &sp, &rng, work);
-        /* rank 0's choice, so every rank feeds the same context next */
-        comm_broadcast(tr->sess.comm, &next, 1, COMM_I32, 0, NULL);
-        ctx[len++] = next;
-        int sig = agree_stop_signal(tr->sess.comm);
-        if (sig) {
-            log_warn("%s during the sample after the last step: the sample stops at %d tokens", stop_signal_name(sig),
-                     len - 1);
-            break;
-        }
-    }
-    if (tr->sess.rank == 0) {
-        printf("---- sample (%d tokens) ----\n", len - 1);
-        size_t bytes = 0;
-        char *text = tok ? tokenizer_decode(tok, ctx + 1, (size_t)len - 1, 1, &bytes) : NULL;
-        if (text)
-            fwrite(text, 1, bytes, stdout);
-        for (int i = 1; !tok && i < len; i++) {
-            if (V <= 256)
-                putchar(ctx[i]);
-            else
-                printf("%d ", ctx[i]);
-        }
-        free(text);
-        printf("\n---- end of sample ----\n");
-        fflush(stdout);
-    }
-    if (tok)
-        tokenizer_free(tok);
-    free(ctx);
-    free(work);
-    free(row);
+    int sig = agree_stop_signal(comm);
+    return sig ? stop_signal_name(sig) : NULL;
 }
 
 /* Model shape attributes checked on resume: a checkpoint of another model is
@@ -1021,7 +961,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         if (f)
             dump_close(f, opt->dump_final_path);
     }
-    sample_text(&tr);
+    sample_text(&tr.sess, cfg, sample_stopped);
     zero_note_pool_peaks(&tr.sess.zero);
     /* Every rank's peaks, worst case: the table shows what the largest rank needed. */
     double peaks[BUF_COUNT];
