@@ -40,6 +40,9 @@
 
 #define MODEL_TENSOR_ALIGN 16 /* elements: 64 bytes in fp32, one cache line */
 #define MODEL_MAX_NAME 80
+/* model.vocab_size padded to a multiple of this (model_config.padded_vocab): the config pads it, and
+ * a checkpoint's model is rebuilt with it (run/ckpt_run.c) */
+#define MODEL_VOCAB_ALIGN 128
 
 enum unit_kind { UNIT_EMBED, UNIT_BLOCK, UNIT_HEAD, UNIT_ADAPTER };
 #define MODEL_UNIT_KINDS 4

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "ckpt_run.h"
 #include "io/ckpt.h"
 #include "io/hf.h"
 #include "core/hf_json.h"
@@ -27,42 +28,6 @@ static bool is_dir(const char *path)
 static bool readable(const char *path) { return access(path, R_OK) == 0; }
 
 /* ---- the config ------------------------------------------------------------------------- */
-
-/* The sections of a checkpoint's run config that say what the model is and
- * how it runs (model, lora, dtype, ZeRO, the data options), the rest dropped;
- * its model.from_pretrained goes to base (the weights come from the
- * checkpoint, or for LoRA from the base, which may have moved). */
-static json_t *ckpt_config(struct ckpt_reader *r, const char *path, char *base, size_t cap)
-{
-    char *text = ckpt_has_attr(r, "config") ? ckpt_attr_str(r, "config") : NULL;
-    json_t *doc = text ? json_loads(text, 0, NULL) : NULL;
-    free(text);
-    if (!json_is_object(doc) || !json_is_object(json_object_get(doc, "model")))
-        fail_input("checkpoint '%s' holds no run config with a model section: it was not written by shardlm train",
-                   path);
-    json_t *out = json_object();
-    static const char *const keep[] = {"model", "lora", "bf16", "fp16", "zero_optimization", "data"};
-    for (size_t i = 0; i < sizeof keep / sizeof *keep; i++) {
-        json_t *v = json_object_get(doc, keep[i]);
-        if (v && !json_is_null(v))
-            json_object_set_new(out, keep[i], json_deep_copy(v));
-    }
-    json_t *model = json_object_get(out, "model"), *from = json_object_get(model, "from_pretrained");
-    base[0] = '\0';
-    if (json_is_string(from))
-        snprintf(base, cap, "%s", json_string_value(from));
-    json_object_del(model, "from_pretrained");
-    json_t *data = json_object_get(out, "data");
-    if (data) {
-        json_object_del(data, "train");
-        json_object_del(data, "val");
-    }
-    json_t *threads = json_object_get(json_object_get(doc, "train"), "threads");
-    if (threads)
-        json_object_set_new(out, "train", json_pack("{sO}", "threads", threads));
-    json_decref(doc);
-    return out;
-}
 
 /* The end-of-sequence ids of a Hugging Face directory: generation_config.json's
  * eos_token_id, else config.json's (a number or a list). */
@@ -133,7 +98,7 @@ static json_t *resolve_model(struct infer *s, const struct infer_options *o, str
     free(path);
     *r = ckpt_open(s->ckpt_path);
     char base[1024];
-    json_t *doc = ckpt_config(*r, s->ckpt_path, base, sizeof base);
+    json_t *doc = ckpt_run_infer_config(*r, s->ckpt_path, base, sizeof base);
     s->lora_ckpt = ckpt_has_attr(*r, "base_checksum");
     const char *dir = o->base ? o->base : base;
     if (o->base && !s->lora_ckpt)
@@ -205,30 +170,6 @@ void infer_require_tokenizer(const struct infer *s, const char *model, const cha
 
 /* ---- the weights ------------------------------------------------------------------------ */
 
-/* A checkpoint's fp32 masters as a parameter source: unit u's elements from
- * its tensors' datasets, zero in alignment gaps. */
-struct ckpt_source {
-    const struct model *m;
-    struct ckpt_reader *r;
-};
-
-static void ckpt_source_read(void *ctx, int u, size_t begin, size_t count, float *out)
-{
-    const struct ckpt_source *cs = ctx;
-    const struct unit_desc *ud = &cs->m->units[u];
-    memset(out, 0, count * sizeof *out);
-    for (int i = 0; i < ud->n_tensors; i++) {
-        const struct tensor_desc *t = &ud->tensors[i];
-        const size_t lo = t->offset > begin ? t->offset : begin;
-        const size_t hi = t->offset + t->numel < begin + count ? t->offset + t->numel : begin + count;
-        if (lo >= hi)
-            continue;
-        const size_t shape[2] = {(size_t)t->shape[0], t->ndim == 2 ? (size_t)t->shape[1] : 0};
-        ckpt_read(cs->r, zero_ckpt_group_names[0], t->name, t->ndim, shape, lo - t->offset, hi - lo,
-                  out + (lo - begin));
-    }
-}
-
 /* Reads the weights: a Hugging Face directory, a whole-model checkpoint, or
  * a LoRA checkpoint's adapters over its base (checked against its checksum). */
 static void load_weights(struct infer *s)
@@ -244,8 +185,8 @@ static void load_weights(struct infer *s)
     if (from_hf)
         hf_source_open(&hf, &s->sess.model, s->hf_dir);
     struct ckpt_reader *r = s->ckpt_path[0] ? ckpt_open(s->ckpt_path) : NULL;
-    struct ckpt_source cs = {&s->sess.model, r};
-    struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf}, ck_src = {ckpt_source_read, NULL, &cs};
+    struct ckpt_run_source cs = {&s->sess.model, r};
+    struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf}, ck_src = {ckpt_run_source_read, NULL, &cs};
     const struct param_source *first = from_hf ? &hf_src : r && !s->lora_ckpt ? &ck_src : NULL;
     struct base_hash hash; /* a LoRA checkpoint's base: its checksum as read (zero.h) */
     zero_hash_source(&hash, &s->sess.model, s->sess.model.n_base_units, first);

@@ -1,4 +1,6 @@
 #include "train.h"
+#include "train_internal.h"
+#include "ckpt_run.h"
 
 #include <errno.h>
 #include <math.h>
@@ -110,24 +112,6 @@ static void log_ranks_signalled(struct comm *comm, long step, const char *name)
 /* PyTorch's clip_grad_norm_ adds this to the norm before dividing. */
 #define CLIP_EPS 1e-6
 
-struct trainer {
-    struct config *cfg;
-    const struct train_options *opt;
-    struct session sess;    /* the engine: model, plan, arenas, ZeRO state, passes, activations */
-    struct loader train_data, val_data;
-    int have_val;
-    int comm_only;          /* SHARDLM_BENCH=comm-only: passes walked without compute */
-    FILE *metrics;
-    long step;              /* optimizer steps done, skipped ones included */
-    long skipped_steps;     /* steps skipped on fp16 overflow (the scheduler does not advance on them) */
-    struct loss_scaler scaler;
-    long inject_inf_step;   /* SHARDLM_INJECT_INF_STEP: make that step's gradients overflow (tests) */
-    uint64_t samples_seen;  /* global units (windows, samples or packed rows) consumed: the data position */
-    uint64_t real_tokens, trained_tokens, slots; /* the last step's: tokens of samples, trained targets, rows x length */
-    /* LoRA: the frozen base's identity, which checkpoints record and resumes check */
-    char base_source[CKPT_MAX_PATH + 64];
-    char base_checksum[24];
-};
 
 /* An output the run opens for writing (train.metrics, the dumps) must not be
  * a file the run reads or keeps, under any name or link: a data file, the
@@ -546,212 +530,6 @@ static const char *sample_stopped(struct comm *comm)
     return sig ? stop_signal_name(sig) : NULL;
 }
 
-/* Model shape attributes checked on resume: a checkpoint of another model is
- * refused. n_kv_head, ffn_dim and tie_word_embeddings are absent from
- * checkpoints of GPT-2 runs made before Llama trained: there they take GPT-2's
- * values. */
-#define N_MODEL_ATTRS 8
-static const char *const model_attr_names[N_MODEL_ATTRS] = {
-    "n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_kv_head", "ffn_dim", "tie_word_embeddings"};
-
-static void model_attr_values(const struct model_config *mc, int64_t v[N_MODEL_ATTRS])
-{
-    const int64_t values[N_MODEL_ATTRS] = {mc->n_layer, mc->n_head,  mc->n_embd,  mc->n_positions,
-                                           mc->vocab_size, mc->n_kv_head, mc->ffn_dim, mc->tie_embeddings};
-    memcpy(v, values, sizeof values);
-}
-
-/* checkpoint.export_hf: the model as a Hugging Face directory in
- * checkpoint.dir/hf, or with LoRA its adapters as PEFT's directory there,
- * every rank writing its own master range in the parameter dtype
- * (collective). The slices are matched to tensors by name: with LoRA, the
- * frozen units have no master. */
-static void export_hf(struct trainer *tr)
-{
-    const struct config *cfg = tr->cfg;
-    char dir[CKPT_MAX_PATH];
-    snprintf(dir, sizeof dir, "%s/hf", cfg->checkpoint.dir);
-    double t0 = now_seconds();
-    const int n = zero_ckpt_n_slices(&tr->sess.zero);
-    zero_ckpt_stage(&tr->sess.zero);
-    struct ckpt_slice *slices = xcalloc((size_t)n, sizeof *slices);
-    zero_export_slices(&tr->sess.zero, slices);
-    struct hf_writer w;
-    if (cfg->lora.enabled)
-        peft_export_begin(&w, &tr->sess.model, cfg->dtype, dir, tr->sess.comm);
-    else
-        /* checkpoint.dir/hf is the run's own (an older shardlm's export there does not record its origin) */
-        hf_export_begin(&w, &tr->sess.model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, cfg->checkpoint.dir, true, tr->sess.comm);
-    for (int k = 0; k < n; k++)
-        if (slices[k].count)
-            hf_export_write_named(&w, slices[k].name, slices[k].begin, slices[k].count, slices[k].data);
-    if (cfg->lora.enabled)
-        peft_export_end(&w, &cfg->lora, cfg->model.pretrained, tr->sess.comm);
-    else
-        hf_export_end(&w, cfg->dtype, cfg->model.pretrained, tr->sess.comm);
-    free(slices);
-    zero_ckpt_unstage(&tr->sess.zero);
-    log_info("step %5ld | %s export %s (%s, %.2f s)", tr->step, cfg->lora.enabled ? "PEFT adapter" : "Hugging Face",
-             dir, dtype_name(cfg->dtype), now_seconds() - t0);
-}
-
-/* Saves the whole training state: fp32 master weights, Adam m and v, and the
- * step, scaler, scheduler and data positions (DESIGN §7). Collective. */
-static void save_checkpoint(struct trainer *tr)
-{
-    const struct config *cfg = tr->cfg;
-    const int n = zero_ckpt_n_slices(&tr->sess.zero);
-    zero_ckpt_stage(&tr->sess.zero); /* a device's optimizer state, copied to the host for the save */
-    struct ckpt_slice *slices = xcalloc((size_t)n * ZERO_CKPT_GROUPS, sizeof *slices);
-    struct ckpt_group groups[ZERO_CKPT_GROUPS];
-    for (int g = 0; g < ZERO_CKPT_GROUPS; g++) {
-        zero_ckpt_slices(&tr->sess.zero, g, slices + (size_t)g * n);
-        groups[g] = (struct ckpt_group){zero_ckpt_group_names[g], slices + (size_t)g * n, n};
-    }
-    uint64_t data_position = tr->samples_seen, rng = cfg->train.seed;
-    struct ckpt_rank_state state[2] = {{"data_position", 1, &data_position}, {"rng", 1, &rng}};
-    char *config_json = config_dump(cfg);
-    int64_t shape[N_MODEL_ATTRS];
-    model_attr_values(&cfg->model, shape);
-    struct ckpt_attr attrs[] = {
-        {"skipped_steps", CKPT_ATTR_I64, tr->skipped_steps, 0, NULL},
-        {"adam_steps", CKPT_ATTR_I64, tr->sess.zero.adam_steps, 0, NULL},
-        {"samples_seen", CKPT_ATTR_I64, (int64_t)tr->samples_seen, 0, NULL},
-        {"loss_scale", CKPT_ATTR_F64, 0, tr->scaler.scale, NULL},
-        {"hysteresis_left", CKPT_ATTR_I64, tr->scaler.hysteresis_left, 0, NULL},
-        {"scaler_iter", CKPT_ATTR_I64, tr->scaler.iter, 0, NULL},
-        {"last_overflow_iter", CKPT_ATTR_I64, tr->scaler.last_overflow_iter, 0, NULL},
-        {"dtype", CKPT_ATTR_STR, 0, 0, dtype_name(cfg->dtype)},
-        {"config", CKPT_ATTR_STR, 0, 0, config_json},
-        {"model_type", CKPT_ATTR_STR, 0, 0, cfg->model.type},
-        {"n_layer", CKPT_ATTR_I64, shape[0], 0, NULL},
-        {"n_head", CKPT_ATTR_I64, shape[1], 0, NULL},
-        {"n_embd", CKPT_ATTR_I64, shape[2], 0, NULL},
-        {"n_positions", CKPT_ATTR_I64, shape[3], 0, NULL},
-        {"vocab_size", CKPT_ATTR_I64, shape[4], 0, NULL},
-        {"n_kv_head", CKPT_ATTR_I64, shape[5], 0, NULL},
-        {"ffn_dim", CKPT_ATTR_I64, shape[6], 0, NULL},
-        {"tie_word_embeddings", CKPT_ATTR_I64, shape[7], 0, NULL},
-        {"rms_norm_eps", CKPT_ATTR_F64, 0, cfg->model.norm_eps, NULL},
-        {"rope_theta", CKPT_ATTR_F64, 0, cfg->model.rope_theta, NULL},
-        /* LoRA: the adapters only; the base is named and checksummed */
-        {"base_source", CKPT_ATTR_STR, 0, 0, tr->base_source},
-        {"base_checksum", CKPT_ATTR_STR, 0, 0, tr->base_checksum},
-    };
-    const int n_attrs = (int)(sizeof attrs / sizeof *attrs) - (tr->sess.model.lora.on ? 0 : 2);
-    struct ckpt_contents contents = {groups, ZERO_CKPT_GROUPS, state, 2, attrs, n_attrs};
-    char path[4096];
-    double t0 = now_seconds();
-    train_fault_point("save");
-    /* Every rank gets the same status (ckpt_try_save agrees on failure). */
-    comm_watch_begin(tr->sess.comm, "saving a checkpoint");
-    int rc = ckpt_try_save(cfg->checkpoint.dir, tr->step, cfg->checkpoint.keep, &contents, path, sizeof path);
-    comm_watch_end(tr->sess.comm);
-    free(config_json);
-    free(slices);
-    zero_ckpt_unstage(&tr->sess.zero);
-    if (rc != 0) {
-        if (!cfg->checkpoint.on_error_continue)
-            ckpt_fail_agreed(cfg->checkpoint.dir, ckpt_save_error());
-        log_warn("step %ld: cannot save a checkpoint in '%s': %s; training continues (checkpoint.on_error is "
-                 "\"continue\"; the previous checkpoint and latest are unchanged)",
-                 tr->step, cfg->checkpoint.dir, ckpt_save_error());
-        return;
-    }
-    log_info("step %5ld | checkpoint %s (%.2f s)", tr->step, path, now_seconds() - t0);
-    if (cfg->checkpoint.export_hf)
-        export_hf(tr);
-}
-
-/* A LoRA checkpoint holds adapters for one base: the run's must be it. */
-static void check_base(struct trainer *tr, struct ckpt_reader *r, const char *path)
-{
-    const bool lora_ckpt = ckpt_has_attr(r, "base_checksum");
-    if (!tr->sess.model.lora.on && lora_ckpt)
-        fail_input("checkpoint '%s' holds LoRA adapters, not a whole model; resume it with the 'lora' section it was "
-                   "trained with, or start fresh (--resume none)",
-                   path);
-    if (!tr->sess.model.lora.on)
-        return;
-    if (!lora_ckpt)
-        fail_input("checkpoint '%s' holds a whole model, not LoRA adapters; to train adapters on it, export it "
-                   "(shardlm export) and give that directory as model.from_pretrained, or start fresh (--resume none)",
-                   path);
-    char *sum = ckpt_attr_str(r, "base_checksum"), *source = ckpt_attr_str(r, "base_source");
-    if (strcmp(sum, tr->base_checksum) != 0)
-        fail_input("checkpoint '%s' trained its adapters on another base: %s (checksum %s), and this run's base is "
-                   "%s (checksum %s); resume with the base it was trained on, or start fresh (--resume none)",
-                   path, source, sum, tr->base_source, tr->base_checksum);
-    free(sum);
-    free(source);
-}
-
-/* Continues from a checkpoint when --resume names one (or "auto" finds one). */
-static void resume_checkpoint(struct trainer *tr, const char *spec)
-{
-    const struct config *cfg = tr->cfg;
-    if (strcmp(spec, "none") == 0) {
-        log_info("--resume none: starting fresh");
-        return;
-    }
-    if (!cfg->checkpoint.dir && strcmp(spec, "auto") == 0)
-        fail_input("--resume auto needs checkpoint.dir in the config (where the checkpoints are)");
-    char *path = ckpt_resolve(cfg->checkpoint.dir, spec);
-    if (!path) {
-        log_info("no checkpoint in %s: starting fresh", cfg->checkpoint.dir);
-        return;
-    }
-    double t0 = now_seconds();
-    struct ckpt_reader *r = ckpt_open(path);
-    char *saved_type = ckpt_attr_str(r, "model_type");
-    if (strcmp(saved_type, cfg->model.type) != 0)
-        fail_input("checkpoint '%s' holds a %s model and the config a %s model (model.type)", path, saved_type,
-                   cfg->model.type);
-    free(saved_type);
-    struct model_config gpt2_defaults = cfg->model; /* what a checkpoint without the newer attributes means */
-    gpt2_defaults.n_kv_head = cfg->model.n_head;
-    gpt2_defaults.ffn_dim = 4 * cfg->model.n_embd;
-    gpt2_defaults.tie_embeddings = true;
-    int64_t want[N_MODEL_ATTRS], absent[N_MODEL_ATTRS];
-    model_attr_values(&cfg->model, want);
-    model_attr_values(&gpt2_defaults, absent);
-    for (int i = 0; i < N_MODEL_ATTRS; i++) {
-        int64_t got = i >= 5 && !ckpt_has_attr(r, model_attr_names[i]) ? absent[i] : ckpt_attr_i64(r, model_attr_names[i]);
-        if (got != want[i])
-            fail_input("checkpoint '%s' holds a different model: %s is %lld there and %lld in the config", path,
-                       model_attr_names[i], (long long)got, (long long)want[i]);
-    }
-    check_base(tr, r, path);
-    zero_ckpt_load(&tr->sess.zero, r);
-    train_fault_point("resume");
-    tr->step = (long)ckpt_attr_i64(r, "step");
-    tr->skipped_steps = (long)ckpt_attr_i64(r, "skipped_steps");
-    tr->sess.zero.adam_steps = (long)ckpt_attr_i64(r, "adam_steps");
-    tr->samples_seen = (uint64_t)ckpt_attr_i64(r, "samples_seen");
-    char *saved_dtype = ckpt_attr_str(r, "dtype");
-    if (strcmp(saved_dtype, dtype_name(cfg->dtype)) != 0)
-        log_info("checkpoint '%s' was trained in %s, this run in %s: the fp32 master weights and Adam state carry "
-                 "over%s",
-                 path, saved_dtype, dtype_name(cfg->dtype),
-                 tr->scaler.skips_overflow ? "; the fp16 loss scaler starts fresh, as the checkpoint has none" : "");
-    /* only an fp16 run has a loss scaler to continue */
-    if (tr->scaler.skips_overflow && strcmp(saved_dtype, dtype_name(DTYPE_F16)) == 0) {
-        tr->scaler.scale = ckpt_attr_f64(r, "loss_scale");
-        tr->scaler.hysteresis_left = (int)ckpt_attr_i64(r, "hysteresis_left");
-        tr->scaler.iter = (long)ckpt_attr_i64(r, "scaler_iter");
-        tr->scaler.last_overflow_iter = (long)ckpt_attr_i64(r, "last_overflow_iter");
-        const char *why = loss_scaler_check_state(&tr->scaler);
-        if (why)
-            fail_input("checkpoint '%s': loss-scaler state is invalid (%s)", path, why);
-    }
-    free(saved_dtype);
-    int saved_world = ckpt_saved_world(r);
-    ckpt_close(r);
-    log_info("resumed from %s at step %ld (saved by %d rank%s, now %d) (%.2f s)", path, tr->step, saved_world,
-             saved_world > 1 ? "s" : "", tr->sess.world, now_seconds() - t0);
-    free(path);
-}
-
 /* Flushes the metrics file (rank 0) and ends the run with an input error when
  * any write to it failed: a full disk must not leave it cut mid-line while the
  * run exits 0. CLOSING also closes it. */
@@ -873,7 +651,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     plan_print(&tr.sess.plan, NULL, "memory plan per rank:");
 
     if (opt->resume)
-        resume_checkpoint(&tr, opt->resume);
+        ckpt_run_resume(&tr, opt->resume);
     /* A stop signal during the set-up or the resume (the handlers are in
      * place from the start, train_install_stop_handlers) is seen after the
      * first step: the run trains that step and saves it, so that even a job
@@ -931,10 +709,10 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
             break;
         if (cfg->checkpoint.dir && cfg->checkpoint.every > 0 && tr.step % cfg->checkpoint.every == 0 &&
             tr.step < cfg->train.steps)
-            save_checkpoint(&tr);
+            ckpt_run_save(&tr);
     }
     if (cfg->checkpoint.dir)
-        save_checkpoint(&tr);
+        ckpt_run_save(&tr);
     if (!stop_signal)
         train_fault_point("exit");
     if (stop_signal) {
