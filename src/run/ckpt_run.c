@@ -53,7 +53,8 @@ static void export_hf(struct trainer *tr)
         peft_export_begin(&w, &tr->sess.model, cfg->dtype, dir, tr->sess.comm);
     else
         /* checkpoint.dir/hf is the run's own (an older shardlm's export there does not record its origin) */
-        hf_export_begin(&w, &tr->sess.model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, cfg->checkpoint.dir, true, tr->sess.comm);
+        hf_export_begin(&w, &tr->sess.model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, cfg->checkpoint.dir, true,
+                        tr->sess.comm);
     for (int k = 0; k < n; k++)
         if (slices[k].count)
             hf_export_write_named(&w, slices[k].name, slices[k].begin, slices[k].count, slices[k].data);

@@ -197,7 +197,8 @@ static void load_weights(struct infer *s)
         hf_source_close(&hf);
     if (s->lora_ckpt) {
         char sum[24];
-        snprintf(sum, sizeof sum, "%016llx", (unsigned long long)zero_hash_total(&hash, s->sess.comm, s->sess.rank, s->sess.world));
+        snprintf(sum, sizeof sum, "%016llx",
+                 (unsigned long long)zero_hash_total(&hash, s->sess.comm, s->sess.rank, s->sess.world));
         char *want = ckpt_attr_str(r, "base_checksum"), *source = ckpt_attr_str(r, "base_source");
         if (strcmp(sum, want) != 0)
             fail_input("LoRA checkpoint '%s' was trained on another base: %s (checksum %s), and the base read here is "

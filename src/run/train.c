@@ -17,11 +17,9 @@
 #include "core/dump.h"
 #include "families/family.h"
 #include "io/hf.h"
-#include "io/hf_export.h"
 #include "data/loader.h"
 #include "engine/loss_scaler.h"
 #include "model/model.h"
-#include "io/peft_export.h"
 #include "engine/plan.h"
 #include "engine/sched.h"
 #include "sample.h"
@@ -208,7 +206,8 @@ static void identify_base(struct trainer *tr, uint64_t sum)
     if (tr->sess.rank == 0)
         log_info("LoRA: r %d, alpha/r %g, dropout %g, %d adapted layers, %zu adapter parameters on a frozen base of "
                  "%zu (%s, checksum %s)",
-                 tr->sess.model.lora.r, tr->sess.model.lora.scale, tr->sess.model.lora.dropout, tr->sess.model.lora.n_adapted,
+                 tr->sess.model.lora.r, tr->sess.model.lora.scale, tr->sess.model.lora.dropout,
+                 tr->sess.model.lora.n_adapted,
                  model_adapter_params(&tr->sess.model), tr->sess.model.n_params - model_adapter_params(&tr->sess.model),
                  tr->base_source, tr->base_checksum);
 }
@@ -428,7 +427,8 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
     double loss_sum = 0.0;
     for (int micro = 0; micro < accum; micro++) {
         uint64_t first = tr->samples_seen + (uint64_t)micro * B * tr->sess.world + (uint64_t)tr->sess.rank * B;
-        const int T = loader_read(&tr->train_data, first, B, tr->sess.acts.inputs, tr->sess.acts.targets, tr->sess.acts.positions);
+        const int T = loader_read(&tr->train_data, first, B, tr->sess.acts.inputs, tr->sess.acts.targets,
+                                  tr->sess.acts.positions);
         tr->sess.acts.debug_logits = dumping && micro == 0 ? dump_logits : NULL;
         if (dumping && micro == 0) {
             dump_T = T;
@@ -516,7 +516,8 @@ static float evaluate(struct trainer *tr)
     double sum = 0.0;
     for (size_t i = 0; i < groups; i++) {
         uint64_t first = (uint64_t)(i * group) + (uint64_t)tr->sess.rank * B;
-        const int T = loader_read(&tr->val_data, first, B, tr->sess.acts.inputs, tr->sess.acts.targets, tr->sess.acts.positions);
+        const int T = loader_read(&tr->val_data, first, B, tr->sess.acts.inputs, tr->sess.acts.targets,
+                                  tr->sess.acts.positions);
         sum += session_forward(&tr->sess, B, T, 1);
     }
     comm_allreduce(tr->sess.comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
@@ -556,7 +557,8 @@ static void write_memory_json(struct trainer *tr)
     fprintf(tr->metrics, "{\"memory\": {");
     for (int k = 0; k < BUF_COUNT; k++)
         fprintf(tr->metrics, "%s\"%s\": {\"space\": \"%s\", \"planned\": %zu, \"peak\": %zu}", k ? ", " : "",
-                arena_class_name(k), arena_space_name(tr->sess.plan.space[k]), tr->sess.plan.bytes[k], tr->sess.mem.peak[k]);
+                arena_class_name(k), arena_space_name(tr->sess.plan.space[k]), tr->sess.plan.bytes[k],
+                tr->sess.mem.peak[k]);
     fprintf(tr->metrics, "}}\n");
 }
 
@@ -621,7 +623,8 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
              tr.sess.model.cfg.tied_head ? ", LM head tied" : "", tr.sess.model.n_params);
     if (!tr.train_data.samples) {
         log_info("batch: %d sequences of %d tokens = %d micro x %d accumulation x %d ranks; %zu training windows",
-                 cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.sess.world, tr.train_data.bin.n_windows);
+                 cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.sess.world,
+                 tr.train_data.bin.n_windows);
     } else {
         const struct sample_set *smp = &tr.train_data.smp;
         log_info("batch: %d %s of at most %d tokens = %d micro x %d accumulation x %d ranks, padded to the longest "
