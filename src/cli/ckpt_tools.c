@@ -17,6 +17,7 @@
 #include <jansson.h>
 
 #include "io/ckpt.h"
+#include "run/ckpt_run.h"
 #include "io/hf.h"
 #include "io/hf_export.h"
 #include "io/lora_merge.h"
@@ -33,7 +34,6 @@
 #error "ckpt_tools writes safetensors data in host order, which must be little-endian"
 #endif
 
-#define TOOLS_VOCAB_ALIGN 128
 /* Elements read from the checkpoint at a time: whole checksummed pieces, so
  * a full read verifies every piece without reading any twice. */
 #define TOOLS_PIECE (4 * CKPT_PIECE_ELEMS)
@@ -51,84 +51,6 @@ static struct ckpt_reader *open_checkpoint(const char *spec, char **path_out)
         fail_input("no checkpoint found at '%s'", spec);
     *path_out = path;
     return ckpt_open(path);
-}
-
-static int attr_int(struct ckpt_reader *r, const char *path, const char *name)
-{
-    int64_t v = ckpt_attr_i64(r, name);
-    if (v < 1 || v > (1 << 28))
-        fail_input("checkpoint '%s': attribute '%s' is %lld, not a valid model size", path, name, (long long)v);
-    return (int)v;
-}
-
-/* The model described by the checkpoint's attributes. */
-static void checkpoint_model(struct ckpt_reader *r, const char *path, struct model *m)
-{
-    struct model_config mc;
-    memset(&mc, 0, sizeof mc);
-    char *type = ckpt_attr_str(r, "model_type");
-    snprintf(mc.type, sizeof mc.type, "%s", type);
-    free(type);
-    mc.n_layer = attr_int(r, path, "n_layer");
-    mc.n_head = attr_int(r, path, "n_head");
-    mc.n_embd = attr_int(r, path, "n_embd");
-    mc.n_positions = attr_int(r, path, "n_positions");
-    mc.vocab_size = attr_int(r, path, "vocab_size");
-    mc.padded_vocab = (int)round_up((size_t)mc.vocab_size, TOOLS_VOCAB_ALIGN);
-    /* absent from checkpoints of GPT-2 runs made before Llama trained: GPT-2's shapes */
-    mc.n_kv_head = ckpt_has_attr(r, "n_kv_head") ? attr_int(r, path, "n_kv_head") : mc.n_head;
-    mc.ffn_dim = ckpt_has_attr(r, "ffn_dim") ? attr_int(r, path, "ffn_dim") : 4 * mc.n_embd;
-    mc.tie_embeddings = ckpt_has_attr(r, "tie_word_embeddings") ? ckpt_attr_i64(r, "tie_word_embeddings") != 0 : true;
-    mc.norm_eps = ckpt_has_attr(r, "rms_norm_eps") ? (float)ckpt_attr_f64(r, "rms_norm_eps") : 1e-5f;
-    mc.rope_theta = ckpt_has_attr(r, "rope_theta") ? ckpt_attr_f64(r, "rope_theta") : 10000.0;
-    /* the rest from the run's resolved config: rope_scaling, and the directory it started from */
-    char *config = ckpt_has_attr(r, "config") ? ckpt_attr_str(r, "config") : NULL;
-    json_t *doc = config ? json_loads(config, 0, NULL) : NULL;
-    json_t *model = json_object_get(doc, "model");
-    json_t *rs = json_object_get(model, "rope_scaling");
-    if (json_is_object(rs)) {
-        mc.rope_scaling.type = ROPE_SCALING_LLAMA3;
-        mc.rope_scaling.factor = json_number_value(json_object_get(rs, "factor"));
-        mc.rope_scaling.low_freq_factor = json_number_value(json_object_get(rs, "low_freq_factor"));
-        mc.rope_scaling.high_freq_factor = json_number_value(json_object_get(rs, "high_freq_factor"));
-        mc.rope_scaling.original_max_positions =
-            (int)json_integer_value(json_object_get(rs, "original_max_position_embeddings"));
-    }
-    json_t *src = json_object_get(model, "from_pretrained");
-    if (json_is_string(src))
-        snprintf(mc.pretrained, sizeof mc.pretrained, "%s", json_string_value(src));
-    json_decref(doc);
-    free(config);
-    model_build(m, &mc);
-}
-
-/* A LoRA checkpoint's lora section, read from the run's resolved config
- * with its model section alone (whose keys are all there, resolved) and
- * without model.from_pretrained (the base directory may have moved), so
- * that the rest of the run's config neither warns nor fails again here;
- * false, with cfg untouched, for a checkpoint without one. cfg owns the
- * strings model_add_lora keeps. */
-static bool checkpoint_lora(struct ckpt_reader *r, const char *path, struct config *cfg)
-{
-    char *text = ckpt_has_attr(r, "config") ? ckpt_attr_str(r, "config") : NULL;
-    json_t *doc = text ? json_loads(text, 0, NULL) : NULL;
-    free(text);
-    json_t *lora = json_object_get(doc, "lora"), *model = json_object_get(doc, "model");
-    bool on = lora && !json_is_null(lora);
-    if (on && !json_is_object(model))
-        fail_input("checkpoint '%s': its config has a lora section but no model section; it was not written by "
-                   "shardlm train",
-                   path);
-    if (on) {
-        json_t *part = json_pack("{sosO}", "model", json_deep_copy(model), "lora", lora);
-        json_object_del(json_object_get(part, "model"), "from_pretrained");
-        char *part_text = json_dumps(part, JSON_COMPACT);
-        config_load_string(cfg, part_text, NULL, 0);
-        free(part_text);
-        json_decref(part);
-    }
-    json_decref(doc);
-    return on;
 }
 
 static void tensor_shape(const struct tensor_desc *t, size_t shape[2])
@@ -191,9 +113,9 @@ int cmd_inspect(int argc, char **argv)
     if (stat(path, &st) != 0)
         fail_input("checkpoint '%s': cannot stat: %s", path, strerror(errno));
     struct model m;
-    checkpoint_model(r, path, &m);
+    ckpt_run_model(r, path, &m);
     struct config lora_cfg;
-    const bool lora = checkpoint_lora(r, path, &lora_cfg);
+    const bool lora = ckpt_run_lora(r, path, &lora_cfg);
     if (lora)
         model_add_lora(&m, &lora_cfg.lora);
     char *dtype = ckpt_attr_str(r, "dtype");
@@ -646,9 +568,9 @@ static int export_hf_dir(const struct export_request *q)
     char *path = NULL;
     struct ckpt_reader *r = open_checkpoint(q->spec, &path);
     struct model m;
-    checkpoint_model(r, path, &m);
+    ckpt_run_model(r, path, &m);
     struct config lora_cfg;
-    const bool lora = checkpoint_lora(r, path, &lora_cfg);
+    const bool lora = ckpt_run_lora(r, path, &lora_cfg);
     if ((q->merge || q->base) && !lora)
         fail_input("export %s: '%s' is not a LoRA checkpoint (its config has no lora section) but a whole model; "
                    "export it without %s",
@@ -811,7 +733,7 @@ int cmd_export(int argc, char **argv)
                    "PEFT's adapter files, or the base with the adapters folded in (--merge)",
                    path);
     struct model m;
-    checkpoint_model(r, path, &m);
+    ckpt_run_model(r, path, &m);
     refuse_base_output(out, m.cfg.pretrained, NULL);
     refuse_existing_file(out, q.overwrite);
 

@@ -1,5 +1,5 @@
 /*
- * generate — `shardlm generate` and `shardlm eval` (infer.h opens the model).
+ * generate — `shardlm generate` (run/infer.h opens the model).
  *
  * generate: prompts are tokenized (the model's tokenizer.json, special
  * tokens added as tokenizers' encode does), dealt out B per rank per round
@@ -14,10 +14,6 @@
  * (the sampling generator is seeded per prompt), not on the world size or
  * the batch. Rank 0 gathers the rounds' tokens and prints the results in
  * prompt order.
- *
- * eval: the mean loss over every trained target of a token file (.bin,
- * windows of data.seq_len + 1) or a sample file, summed as the trainer's
- * validation sums it, and its perplexity.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,69 +28,15 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "cli_args.h"
 #include "generate.h"
 #include "core/hf_json.h"
 #include "run/infer.h"
-#include "data/loader.h"
+#include "run/sample.h"
 #include "tokenizer/tokenizer.h"
-#include "run/train.h"
 #include "core/util.h"
 
-#define MAX_SETS 256
 #define MAX_STOPS 16
-
-/* ---- sampling ------------------------------------------------------------------------- */
-
-struct by_logit {
-    float v;
-    int32_t id;
-};
-_Static_assert(sizeof(struct by_logit) * 1 == 8, "GENERATE_WORK_BYTES");
-
-static int by_logit_desc(const void *a, const void *b)
-{
-    const struct by_logit *x = a, *y = b;
-    return x->v < y->v ? 1 : x->v > y->v ? -1 : x->id - y->id;
-}
-
-int32_t generate_choose(const float *logits, int V, const struct sampling *sp, uint64_t *rng, void *work)
-{
-    if (sp->temperature <= 0.0f) {
-        int32_t best = 0;
-        for (int j = 1; j < V; j++)
-            if (logits[j] > logits[best])
-                best = j;
-        return best;
-    }
-    struct by_logit *w = work;
-    for (int j = 0; j < V; j++)
-        w[j] = (struct by_logit){logits[j] / sp->temperature, j};
-    qsort(w, (size_t)V, sizeof *w, by_logit_desc);
-    int keep = sp->top_k > 0 && sp->top_k < V ? sp->top_k : V;
-    double sum = 0.0;
-    for (int j = 0; j < keep; j++)
-        sum += exp((double)w[j].v - w[0].v);
-    if (sp->top_p < 1.0f) {
-        double acc = 0.0;
-        for (int j = 0; j < keep; j++) {
-            acc += exp((double)w[j].v - w[0].v) / sum;
-            if (acc >= sp->top_p) {
-                keep = j + 1;
-                break;
-            }
-        }
-        sum = 0.0;
-        for (int j = 0; j < keep; j++)
-            sum += exp((double)w[j].v - w[0].v);
-    }
-    double r = rng_uniform(rng) * sum, acc = 0.0;
-    for (int j = 0; j < keep; j++) {
-        acc += exp((double)w[j].v - w[0].v);
-        if (r < acc)
-            return w[j].id;
-    }
-    return w[keep - 1].id;
-}
 
 /* ---- prompts ---------------------------------------------------------------------------- */
 
@@ -394,7 +336,7 @@ struct round_row {
 static void take_token(struct infer *s, const struct gen_options *g, struct prompt *p, const float *logits,
                        void *work, int ctx)
 {
-    const int32_t id = generate_choose(logits, s->cfg.model.vocab_size, &g->sp, &p->rng, work);
+    const int32_t id = sample_choose(logits, s->cfg.model.vocab_size, &g->sp, &p->rng, work);
     p->out[p->n_out++] = id;
     if (p->stream && (g->ignore_eos || !is_eos(s, id))) {
         size_t len;
@@ -424,8 +366,8 @@ static void take_token(struct infer *s, const struct gen_options *g, struct prom
 static void run_round(struct infer *s, const struct gen_options *g, struct round_row *rows, int B, int ctx,
                       float *logits, void *work, double *t_prefill, double *t_decode)
 {
-    struct family_acts *a = &s->acts;
-    struct family_kv *kv = &s->kv;
+    struct family_acts *a = &s->sess.acts;
+    struct family_kv *kv = &s->sess.kv;
     int T = 1;
     for (int b = 0; b < B; b++)
         if (rows[b].p && rows[b].p->n > T)
@@ -440,7 +382,7 @@ static void run_round(struct infer *s, const struct gen_options *g, struct round
         kv->last[b] = p ? p->n - 1 : 0;
     }
     double t0 = now_seconds();
-    infer_forward(s, B, T, 0);
+    session_forward(&s->sess, B, T, 0);
     int active = 0;
     for (int b = 0; b < B; b++) {
         struct prompt *p = rows[b].p;
@@ -454,7 +396,7 @@ static void run_round(struct infer *s, const struct gen_options *g, struct round
     *t_prefill += now_seconds() - t0;
     t0 = now_seconds();
     for (;;) {
-        comm_allreduce(s->comm, &active, 1, COMM_I32, COMM_MAX, NULL);
+        comm_allreduce(s->sess.comm, &active, 1, COMM_I32, COMM_MAX, NULL);
         if (!active)
             break;
         for (int b = 0; b < B; b++) {
@@ -466,7 +408,7 @@ static void run_round(struct infer *s, const struct gen_options *g, struct round
             a->positions[b] = kv->past[b];
             kv->last[b] = 0;
         }
-        infer_forward(s, B, 1, 0);
+        session_forward(&s->sess, B, 1, 0);
         active = 0;
         for (int b = 0; b < B; b++) {
             struct prompt *p = rows[b].p;
@@ -487,17 +429,18 @@ static void gather_round(struct infer *s, const struct gen_options *g, struct pr
                          int first, int B)
 {
     const size_t per = (size_t)2 + (size_t)g->max_new;
-    int32_t *mine = xcalloc((size_t)B * per, sizeof *mine), *all = xcalloc((size_t)B * per * s->world, sizeof *all);
+    int32_t *mine = xcalloc((size_t)B * per, sizeof *mine);
+    int32_t *all = xcalloc((size_t)B * per * s->sess.world, sizeof *all);
     for (int b = 0; b < B; b++) {
-        const int i = first + s->rank * B + b;
+        const int i = first + s->sess.rank * B + b;
         if (i >= n_prompts)
             continue;
         mine[b * per] = prompts[i].n_out;
         mine[b * per + 1] = prompts[i].finish;
         memcpy(mine + b * per + 2, prompts[i].out, (size_t)prompts[i].n_out * sizeof *mine);
     }
-    comm_allgather(s->comm, mine, all, (size_t)B * per, COMM_I32, NULL);
-    for (int k = 0; k < B * s->world; k++) {
+    comm_allgather(s->sess.comm, mine, all, (size_t)B * per, COMM_I32, NULL);
+    for (int k = 0; k < B * s->sess.world; k++) {
         const int i = first + k;
         if (i >= n_prompts)
             break;
@@ -576,39 +519,6 @@ static void usage_generate(FILE *out)
             MAX_STOPS);
 }
 
-static float parse_float(const char *s, const char *opt)
-{
-    char *end;
-    float v = strtof(s, &end);
-    if (end == s || *end || !isfinite(v))
-        fail_input("%s '%s' is not a number", opt, s);
-    return v;
-}
-
-/* The options generate and eval share ('B' --base, 'z' --tokenizer, 's' --set): whether c was one. */
-static bool model_option(int c, struct infer_options *o, const char **sets, int *n_sets)
-{
-    switch (c) {
-    case 'B': o->base = optarg; return true;
-    case 'z': o->tokenizer = optarg; return true;
-    case 's':
-        if (*n_sets == MAX_SETS)
-            fail_input("too many --set options (at most %d)", MAX_SETS);
-        sets[(*n_sets)++] = optarg;
-        return true;
-    default: return false;
-    }
-}
-
-static long parse_int(const char *s, const char *opt, long lo, long hi)
-{
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || v < lo || v > hi)
-        fail_input("%s '%s' is not an integer in [%ld, %ld]", opt, s, lo, hi);
-    return v;
-}
-
 int cmd_generate(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -626,18 +536,18 @@ int cmd_generate(int argc, char **argv)
     };
     struct gen_options g = {.max_new = 128, .batch = 8, .chat = -1, .add_special = true, .sp = {0.0f, 0, 1.0f, 0}};
     struct infer_options o = {0};
-    const char *sets[MAX_SETS];
+    const char *sets[CLI_MAX_SETS];
     int n_sets = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'p': g.prompt = optarg; break;
         case 'f': g.prompt_file = optarg; break;
-        case 'n': g.max_new = (int)parse_int(optarg, "--max-new-tokens", 1, 1 << 20); break;
-        case 't': g.sp.temperature = parse_float(optarg, "--temperature"); break;
-        case 'k': g.sp.top_k = (int)parse_int(optarg, "--top-k", 0, 1 << 30); break;
-        case 'P': g.sp.top_p = parse_float(optarg, "--top-p"); break;
-        case 'S': g.sp.seed = (uint64_t)parse_int(optarg, "--seed", 0, (1L << 62)); break;
+        case 'n': g.max_new = (int)cli_parse_int(optarg, "--max-new-tokens", 1, 1 << 20); break;
+        case 't': g.sp.temperature = cli_parse_float(optarg, "--temperature"); break;
+        case 'k': g.sp.top_k = (int)cli_parse_int(optarg, "--top-k", 0, 1 << 30); break;
+        case 'P': g.sp.top_p = cli_parse_float(optarg, "--top-p"); break;
+        case 'S': g.sp.seed = (uint64_t)cli_parse_int(optarg, "--seed", 0, (1L << 62)); break;
         case 'x':
             if (g.n_stops == MAX_STOPS)
                 fail_input("too many --stop strings (at most %d)", MAX_STOPS);
@@ -645,7 +555,7 @@ int cmd_generate(int argc, char **argv)
                 fail_input("--stop needs a non-empty string");
             g.stops[g.n_stops++] = optarg;
             break;
-        case 'b': g.batch = (int)parse_int(optarg, "--batch", 1, 4096); break;
+        case 'b': g.batch = (int)cli_parse_int(optarg, "--batch", 1, 4096); break;
         case 'T': g.truncate = true; break;
         case 'N': g.add_special = false; break;
         case 'j': g.json = true; break;
@@ -654,7 +564,7 @@ int cmd_generate(int argc, char **argv)
         case 'C': g.chat = 0; break;
         case 'h': usage_generate(stdout); return EXIT_OK;
         default:
-            if (model_option(c, &o, sets, &n_sets))
+            if (cli_model_option(c, &o, sets, &n_sets))
                 break;
             usage_generate(stderr);
             return EXIT_BAD_INPUT;
@@ -696,7 +606,7 @@ int cmd_generate(int argc, char **argv)
                       (g.chat == 1 || (g.chat == -1 && (any_messages || has_chat_template(s.tokenizer_path))));
     if (chat) {
         apply_chat_template(prompts, n_prompts, s.tokenizer_path);
-        if (s.rank == 0)
+        if (s.sess.rank == 0)
             log_info("generate: prompts rendered with the chat template of %s (--no-chat: as given)",
                      s.tokenizer_path);
     }
@@ -731,21 +641,21 @@ int cmd_generate(int argc, char **argv)
     const int B = g.batch < n_prompts ? g.batch : n_prompts, Tmax = reach < ctx ? reach : ctx;
     infer_start(&s, &o, B, longest, Tmax);
     struct tokenizer_stream stream;
-    if (g.prompt && !g.json && !g.n_stops && s.tok && s.rank == 0) { /* --prompt's text as it comes */
+    if (g.prompt && !g.json && !g.n_stops && s.tok && s.sess.rank == 0) { /* --prompt's text as it comes */
         tokenizer_stream_init(&stream, s.tok, prompts[0].ids, prompts[0].n, 1);
         prompts[0].stream = &stream;
     }
-    if (s.rank == 0)
+    if (s.sess.rank == 0)
         log_info("generate: %d prompt%s (%d tokens at most) on %d rank%s, %d rows per rank, cache of %d positions",
-                 n_prompts, n_prompts > 1 ? "s" : "", longest, s.world, s.world > 1 ? "s" : "", B, Tmax);
+                 n_prompts, n_prompts > 1 ? "s" : "", longest, s.sess.world, s.sess.world > 1 ? "s" : "", B, Tmax);
     const int V = s.cfg.model.vocab_size;
     float *logits = xcalloc((size_t)s.cfg.model.padded_vocab, sizeof *logits);
-    void *work = xmalloc(GENERATE_WORK_BYTES(V));
+    void *work = xmalloc(SAMPLE_WORK_BYTES(V));
     struct round_row *rows = xcalloc((size_t)B, sizeof *rows);
     double t_prefill = 0.0, t_decode = 0.0, t0 = now_seconds();
-    for (int first = 0; first < n_prompts; first += B * s.world) {
+    for (int first = 0; first < n_prompts; first += B * s.sess.world) {
         for (int b = 0; b < B; b++) {
-            const int i = first + s.rank * B + b;
+            const int i = first + s.sess.rank * B + b;
             rows[b].p = i < n_prompts ? &prompts[i] : NULL;
         }
         run_round(&s, &g, rows, B, ctx, logits, work, &t_prefill, &t_decode);
@@ -755,7 +665,7 @@ int cmd_generate(int argc, char **argv)
     long new_tokens = 0;
     for (int i = 0; i < n_prompts; i++)
         new_tokens += prompts[i].n_out;
-    if (s.rank == 0) {
+    if (s.sess.rank == 0) {
         for (int i = 0; i < n_prompts; i++)
             print_result(&s, &g, &prompts[i], i);
         fflush(stdout);
@@ -774,161 +684,6 @@ int cmd_generate(int argc, char **argv)
         free(prompts[i].out);
     }
     free(prompts);
-    infer_close(&s);
-    comm_finalize(&comm);
-    return EXIT_OK;
-}
-
-/* ---- eval ------------------------------------------------------------------------------ */
-
-static void usage_eval(FILE *out)
-{
-    fprintf(out, "usage: shardlm eval MODEL --data FILE [options]\n"
-                 "\n"
-                 "The mean loss and perplexity of MODEL (a Hugging Face directory, a checkpoint or a run's\n"
-                 "checkpoint.dir) over every trained target of FILE: a .bin token file (windows of data.seq_len\n"
-                 "+ 1 tokens) or a sample file (tools/prepare_data.py), as the trainer's validation loss counts.\n"
-                 "A checkpoint's data options (seq_len, packing, ...) apply unless --set changes them.\n"
-                 "\n"
-                 "options:\n"
-                 "  --data FILE            the tokens (required)\n"
-                 "  --seq-len T            eval's length (default: a sample file's longest sample within the\n"
-                 "                         model's context; a .bin file's data.seq_len); longer samples are\n"
-                 "                         truncated, and a warning says how many\n"
-                 "  --batch B              sequences per rank per forward (default 8)\n"
-                 "  --max-batches N        at most N forwards per rank (default: the whole file)\n"
-                 "  --json                 the result as a JSON line\n"
-                 "  --base DIR             a LoRA checkpoint's base (default: the directory its run started from)\n"
-                 "  --tokenizer FILE       the tokenizer a sample file was made with (checked as in training)\n"
-                 "  --set KEY.PATH=VALUE   override a config key\n"
-                 "  -h, --help             this text\n");
-}
-
-/* The data as the trainer reads validation data, with the config's data
- * options, at eval's own length: --seq-len, else a sample file's longest
- * sample (within the model's context), else data.seq_len (a .bin file's
- * windows). Longer samples are truncated and reported. Agreed across ranks. */
-static void open_eval_data(struct infer *s, struct loader *ld, const char *path, int B, int seq_len)
-{
-    struct fail_trap trap;
-    if (FAIL_TRAP(&trap) == 0) {
-        struct config *cfg = &s->cfg;
-        cfg->micro_batch = B;
-        cfg->train_batch_size = B * s->world;
-        if (seq_len > 0)
-            cfg->data.seq_len = seq_len;
-        else if (samples_is_sample_file(path)) {
-            size_t longest = samples_longest(path, cfg->model.vocab_size, "eval data");
-            cfg->data.seq_len = longest < (size_t)cfg->model.n_positions ? (int)longest : cfg->model.n_positions;
-        }
-        if (cfg->data.seq_len > cfg->model.n_positions)
-            fail_input("eval --seq-len %d is longer than the model's context (%d positions); lower it",
-                       cfg->data.seq_len, cfg->model.n_positions);
-        cfg->data.truncate = true;
-        loader_open(ld, cfg, path, false, s->tokenizer_path[0] ? s->tokenizer_path : NULL, "eval data");
-        if (loader_units(ld) == 0)
-            fail_input("eval data '%s' holds no sequence of data.seq_len %d", path, cfg->data.seq_len);
-    }
-    fail_untrap();
-    comm_agree_failure(s->comm, &trap);
-    if (ld->samples && ld->smp.n_truncated && s->rank == 0) {
-        const struct sample_set *smp = &ld->smp;
-        unsigned long long cut = 0;
-        for (size_t i = 0; i < smp->n_file; i++) {
-            long long L = smp->offsets[i + 1] - smp->offsets[i];
-            cut += L > s->cfg.data.seq_len ? (unsigned long long)(L - s->cfg.data.seq_len) : 0;
-        }
-        log_warn("eval data '%s': %zu of %zu samples are longer than the eval length %d and were truncated to it "
-                 "(%llu tokens not scored); give --seq-len to score them whole",
-                 path, smp->n_truncated, smp->n_file, s->cfg.data.seq_len, cut);
-    }
-}
-
-int cmd_eval(int argc, char **argv)
-{
-    static const struct option opts[] = {
-        {"data", required_argument, NULL, 'd'},  {"seq-len", required_argument, NULL, 'T'},
-        {"batch", required_argument, NULL, 'b'}, {"max-batches", required_argument, NULL, 'm'},
-        {"json", no_argument, NULL, 'j'},        {"base", required_argument, NULL, 'B'},
-        {"tokenizer", required_argument, NULL, 'z'}, {"set", required_argument, NULL, 's'},
-        {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0},
-    };
-    struct infer_options o = {0};
-    const char *sets[MAX_SETS + 1];
-    int n_sets = 0, c, B = 8;
-    long max_batches = 0;
-    bool json = false;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'd': o.data = optarg; break;
-        case 'T': o.seq_len = (int)parse_int(optarg, "--seq-len", 1, 1 << 24); break;
-        case 'b': B = (int)parse_int(optarg, "--batch", 1, 1 << 16); break;
-        case 'm': max_batches = parse_int(optarg, "--max-batches", 1, 1L << 40); break;
-        case 'j': json = true; break;
-        case 'h': usage_eval(stdout); return EXIT_OK;
-        default:
-            if (model_option(c, &o, sets, &n_sets))
-                break;
-            usage_eval(stderr);
-            return EXIT_BAD_INPUT;
-        }
-    }
-    if (optind != argc - 1)
-        fail_input("eval needs exactly one MODEL; see 'shardlm eval --help'");
-    if (!o.data)
-        fail_input("eval needs --data FILE (a .bin token file or a sample file); see 'shardlm eval --help'");
-    o.model = argv[optind];
-    o.sets = sets;
-    o.n_sets = n_sets;
-    log_info_to_stderr();
-    struct comm comm;
-    comm_init(&comm, NULL, NULL);
-    struct infer s;
-    infer_open(&s, &comm, &o);
-    struct loader ld;
-    open_eval_data(&s, &ld, o.data, B, o.seq_len);
-    const int T = s.cfg.data.seq_len;
-    infer_start(&s, &o, B, T, 0);
-    const uint64_t units = loader_units(&ld), group = (uint64_t)B * (uint64_t)s.world;
-    uint64_t groups = (units + group - 1) / group;
-    if (max_batches > 0 && (uint64_t)max_batches < groups)
-        groups = (uint64_t)max_batches;
-    double sums[2] = {0.0, 0.0}; /* losses, trained targets */
-    const double t0 = now_seconds();
-    for (uint64_t i = 0; i < groups; i++) {
-        const uint64_t first = i * group + (uint64_t)s.rank * B;
-        int rows = first < units ? (int)(units - first < (uint64_t)B ? units - first : (uint64_t)B) : 0, t = 1;
-        if (rows) {
-            t = loader_read(&ld, first, rows, s.acts.inputs, s.acts.targets, s.acts.positions);
-        } else { /* past the end: one untrained token, so that this rank's gathers still match */
-            rows = 1;
-            s.acts.inputs[0] = 0;
-            s.acts.targets[0] = -1;
-            if (s.acts.positions)
-                s.acts.positions[0] = 0;
-        }
-        for (int k = 0; k < rows * t; k++)
-            sums[1] += s.acts.targets[k] >= 0;
-        sums[0] += infer_forward(&s, rows, t, 1);
-    }
-    comm_allreduce(&comm, sums, 2, COMM_F64, COMM_SUM, NULL);
-    const uint64_t used = groups * group < units ? groups * group : units;
-    if (sums[1] == 0.0)
-        fail_input("eval data '%s' has no trained target in the sequences read", o.data);
-    const double loss = sums[0] / sums[1];
-    if (s.rank == 0) {
-        if (json)
-            printf("{\"model\": \"%s\", \"data\": \"%s\", \"loss\": %.9g, \"perplexity\": %.9g, \"tokens\": %.0f, "
-                   "\"sequences\": %llu}\n",
-                   o.model, o.data, loss, exp(loss), sums[1], (unsigned long long)used);
-        else
-            printf("eval %s on %s: loss %.6f | perplexity %.4f | %.0f tokens in %llu sequences\n", o.model, o.data,
-                   loss, exp(loss), sums[1], (unsigned long long)used);
-        fflush(stdout);
-        log_info("eval: %.2f s", now_seconds() - t0);
-    }
-    loader_close(&ld);
     infer_close(&s);
     comm_finalize(&comm);
     return EXIT_OK;

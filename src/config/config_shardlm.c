@@ -26,8 +26,6 @@
 #define MODEL_VOCAB_SIZE_DEFAULT 50257
 #define MODEL_INIT_STD_DEFAULT 0.02 /* GPT-2's initializer_range */
 #define MODEL_INIT_SEED_DEFAULT 1337
-/* Vocabulary padded so the logits matmul has tensor-core friendly shapes (llm.c). */
-#define MODEL_VOCAB_ALIGN 128
 
 #define TRAIN_STEPS_DEFAULT 100
 #define TRAIN_SEED_DEFAULT 1337

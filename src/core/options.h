@@ -41,6 +41,11 @@ struct rope_scaling {
     int original_max_positions;
 };
 
+/* model.vocab_size padded to a multiple of this (model_config.padded_vocab), so the logits matmul has
+ * tensor-core friendly shapes (llm.c): the config pads it, and a checkpoint's model is rebuilt with it
+ * (run/ckpt_run.c). */
+#define MODEL_VOCAB_ALIGN 128
+
 struct model_config {
     char type[16];     /* "gpt2" or "llama" */
     char preset[24];   /* model.preset that supplied the defaults, "" when none */

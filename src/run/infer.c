@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "ckpt_run.h"
 #include "io/ckpt.h"
 #include "io/hf.h"
 #include "run_config.h"
@@ -28,42 +29,6 @@ static bool is_dir(const char *path)
 static bool readable(const char *path) { return access(path, R_OK) == 0; }
 
 /* ---- the config ------------------------------------------------------------------------- */
-
-/* The sections of a checkpoint's run config that say what the model is and
- * how it runs (model, lora, dtype, ZeRO, the data options), the rest dropped;
- * its model.from_pretrained goes to base (the weights come from the
- * checkpoint, or for LoRA from the base, which may have moved). */
-static json_t *ckpt_config(struct ckpt_reader *r, const char *path, char *base, size_t cap)
-{
-    char *text = ckpt_has_attr(r, "config") ? ckpt_attr_str(r, "config") : NULL;
-    json_t *doc = text ? json_loads(text, 0, NULL) : NULL;
-    free(text);
-    if (!json_is_object(doc) || !json_is_object(json_object_get(doc, "model")))
-        fail_input("checkpoint '%s' holds no run config with a model section: it was not written by shardlm train",
-                   path);
-    json_t *out = json_object();
-    static const char *const keep[] = {"model", "lora", "bf16", "fp16", "zero_optimization", "data"};
-    for (size_t i = 0; i < sizeof keep / sizeof *keep; i++) {
-        json_t *v = json_object_get(doc, keep[i]);
-        if (v && !json_is_null(v))
-            json_object_set_new(out, keep[i], json_deep_copy(v));
-    }
-    json_t *model = json_object_get(out, "model"), *from = json_object_get(model, "from_pretrained");
-    base[0] = '\0';
-    if (json_is_string(from))
-        snprintf(base, cap, "%s", json_string_value(from));
-    json_object_del(model, "from_pretrained");
-    json_t *data = json_object_get(out, "data");
-    if (data) {
-        json_object_del(data, "train");
-        json_object_del(data, "val");
-    }
-    json_t *threads = json_object_get(json_object_get(doc, "train"), "threads");
-    if (threads)
-        json_object_set_new(out, "train", json_pack("{sO}", "threads", threads));
-    json_decref(doc);
-    return out;
-}
 
 /* The end-of-sequence ids of a Hugging Face directory: generation_config.json's
  * eos_token_id, else config.json's (a number or a list). */
@@ -116,7 +81,7 @@ static json_t *resolve_model(struct infer *s, const struct infer_options *o, str
     if (is_dir(o->model) && readable(cfgpath)) {
         snprintf(s->hf_dir, sizeof s->hf_dir, "%s", o->model);
         json_t *doc = json_pack("{s{ss}}", "model", "from_pretrained", o->model);
-        if (s->world > 1)
+        if (s->sess.world > 1)
             json_object_set_new(doc, "zero_optimization", json_pack("{si}", "stage", 3));
         return doc;
     }
@@ -134,7 +99,7 @@ static json_t *resolve_model(struct infer *s, const struct infer_options *o, str
     free(path);
     *r = ckpt_open(s->ckpt_path);
     char base[1024];
-    json_t *doc = ckpt_config(*r, s->ckpt_path, base, sizeof base);
+    json_t *doc = ckpt_run_infer_config(*r, s->ckpt_path, base, sizeof base);
     s->lora_ckpt = ckpt_has_attr(*r, "base_checksum");
     const char *dir = o->base ? o->base : base;
     if (o->base && !s->lora_ckpt)
@@ -155,9 +120,7 @@ static json_t *resolve_model(struct infer *s, const struct infer_options *o, str
 void infer_open(struct infer *s, struct comm *comm, const struct infer_options *o)
 {
     memset(s, 0, sizeof *s);
-    s->comm = comm;
-    s->rank = comm->rank;
-    s->world = comm->world;
+    session_init(&s->sess, comm, &s->cfg);
     struct ckpt_reader *r = NULL;
     json_t *doc = resolve_model(s, o, &r);
     if (r)
@@ -182,8 +145,8 @@ void infer_open(struct infer *s, struct comm *comm, const struct infer_options *
     struct fail_trap trap;
     if (FAIL_TRAP(&trap) == 0) {
         run_config_load_string(&s->cfg, text, o->sets, o->n_sets);
-        model_build(&s->model, &s->cfg.model);
-        model_add_lora(&s->model, &s->cfg.lora);
+        model_build(&s->sess.model, &s->cfg.model);
+        model_add_lora(&s->sess.model, &s->cfg.lora);
         if (s->hf_dir[0])
             read_eos(s, s->hf_dir);
         find_tokenizer(s, o);
@@ -208,60 +171,35 @@ void infer_require_tokenizer(const struct infer *s, const char *model, const cha
 
 /* ---- the weights ------------------------------------------------------------------------ */
 
-/* A checkpoint's fp32 masters as a parameter source: unit u's elements from
- * its tensors' datasets, zero in alignment gaps. */
-struct ckpt_source {
-    const struct model *m;
-    struct ckpt_reader *r;
-};
-
-static void ckpt_source_read(void *ctx, int u, size_t begin, size_t count, float *out)
-{
-    const struct ckpt_source *cs = ctx;
-    const struct unit_desc *ud = &cs->m->units[u];
-    memset(out, 0, count * sizeof *out);
-    for (int i = 0; i < ud->n_tensors; i++) {
-        const struct tensor_desc *t = &ud->tensors[i];
-        const size_t lo = t->offset > begin ? t->offset : begin;
-        const size_t hi = t->offset + t->numel < begin + count ? t->offset + t->numel : begin + count;
-        if (lo >= hi)
-            continue;
-        const size_t shape[2] = {(size_t)t->shape[0], t->ndim == 2 ? (size_t)t->shape[1] : 0};
-        ckpt_read(cs->r, zero_ckpt_group_names[0], t->name, t->ndim, shape, lo - t->offset, hi - lo,
-                  out + (lo - begin));
-    }
-}
-
 /* Reads the weights: a Hugging Face directory, a whole-model checkpoint, or
  * a LoRA checkpoint's adapters over its base (checked against its checksum). */
 static void load_weights(struct infer *s)
 {
-    const int(*slots)[ZERO_POOLS] = (const int(*)[ZERO_POOLS])s->plan.pool_slots;
     struct hf_source hf;
     const bool from_hf = s->hf_dir[0] && (!s->ckpt_path[0] || s->lora_ckpt);
     const char *key;
     long long have, want;
-    if (s->lora_ckpt && from_hf && hf_config_differs(&s->model, s->hf_dir, &key, &have, &want) > 0)
+    if (s->lora_ckpt && from_hf && hf_config_differs(&s->sess.model, s->hf_dir, &key, &have, &want) > 0)
         fail_input("the base '%s' is another model than LoRA checkpoint '%s' was trained on: its config.json has %s "
                    "%lld, the checkpoint's model %lld; give the base it was trained on with --base DIR",
                    s->hf_dir, s->ckpt_path, key, have, want);
     if (from_hf)
-        hf_source_open(&hf, &s->model, s->hf_dir);
+        hf_source_open(&hf, &s->sess.model, s->hf_dir);
     struct ckpt_reader *r = s->ckpt_path[0] ? ckpt_open(s->ckpt_path) : NULL;
-    struct ckpt_source cs = {&s->model, r};
-    struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf}, ck_src = {ckpt_source_read, NULL, &cs};
+    struct ckpt_run_source cs = {&s->sess.model, r};
+    struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf}, ck_src = {ckpt_run_source_read, NULL, &cs};
     const struct param_source *first = from_hf ? &hf_src : r && !s->lora_ckpt ? &ck_src : NULL;
     struct base_hash hash; /* a LoRA checkpoint's base: its checksum as read (zero.h) */
-    zero_hash_source(&hash, &s->model, s->model.n_base_units, first);
+    zero_hash_source(&hash, &s->sess.model, s->sess.model.n_base_units, first);
     if (s->lora_ckpt)
         first = &hash.src;
-    zero_init(&s->zero, &s->model, &s->cfg, &s->target, s->comm, s->rank, s->world, false, slots, s->arenas, &s->mem,
-              first);
+    session_load(&s->sess, first);
     if (from_hf)
         hf_source_close(&hf);
     if (s->lora_ckpt) {
         char sum[24];
-        snprintf(sum, sizeof sum, "%016llx", (unsigned long long)zero_hash_total(&hash, s->comm, s->rank, s->world));
+        snprintf(sum, sizeof sum, "%016llx",
+                 (unsigned long long)zero_hash_total(&hash, s->sess.comm, s->sess.rank, s->sess.world));
         char *want = ckpt_attr_str(r, "base_checksum"), *source = ckpt_attr_str(r, "base_source");
         if (strcmp(sum, want) != 0)
             fail_input("LoRA checkpoint '%s' was trained on another base: %s (checksum %s), and the base read here is "
@@ -270,7 +208,7 @@ static void load_weights(struct infer *s)
         free(want);
         free(source);
         /* the adapters and modules_to_save: the units the run trained (model_add_lora's choice) */
-        zero_load_units(&s->zero, &ck_src, s->trained);
+        zero_load_units(&s->sess.zero, &ck_src, s->trained);
     }
     if (r)
         ckpt_close(r);
@@ -280,62 +218,34 @@ void infer_start(struct infer *s, const struct infer_options *o, int B, int T, i
 {
     (void)o;
     struct config *cfg = &s->cfg;
+    const struct session_shape shape = {B, T, Tmax};
     struct fail_trap trap;
     if (FAIL_TRAP(&trap) == 0) {
         cfg->micro_batch = B;
         cfg->grad_accum = 1;
-        cfg->train_batch_size = B * s->world;
+        cfg->train_batch_size = B * s->sess.world;
         cfg->data.seq_len = T;
         /* forward only: one set of block activations, the block inputs kept */
         cfg->act_ckpt.enabled = true;
         cfg->act_ckpt.interval = 1;
-        s->trained = xcalloc((size_t)s->model.n_units, sizeof *s->trained);
-        for (int u = 0; u < s->model.n_units; u++)
-            s->trained[u] = !s->model.units[u].frozen;
-        model_freeze_all(&s->model);
-        s->target = target_running();
-        family_build_passes(&s->model, 1, &s->train_pass, &s->eval_pass);
-        if (Tmax > 0)
-            plan_compute_generate(&s->plan, &s->model, cfg, s->world, B, T, Tmax);
-        else
-            plan_compute(&s->plan, &s->model, cfg, s->world);
-        plan_check_device(&s->plan, 1);
-        for (int sp = 0; sp < SPACE_COUNT; sp++)
-            arena_create(&s->arenas[sp], sp, s->plan.space_total[sp]);
+        s->trained = xcalloc((size_t)s->sess.model.n_units, sizeof *s->trained);
+        for (int u = 0; u < s->sess.model.n_units; u++)
+            s->trained[u] = !s->sess.model.units[u].frozen;
+        model_freeze_all(&s->sess.model);
+        session_plan(&s->sess, &shape);
     }
     fail_untrap();
-    comm_agree_failure(s->comm, &trap);
+    comm_agree_failure(s->sess.comm, &trap);
     load_weights(s);
-    const bool positions = Tmax > 0 || cfg->data.packing;
-    family_acts_init(&s->acts, &s->model, &s->target, B, T, Tmax > 0 ? Tmax : T, 1, positions,
-                     target_space(&s->target, cfg, BUF_ACT_CKPT), s->arenas, &s->mem);
-    if (Tmax > 0)
-        family_kv_init(&s->acts, &s->kv, &s->target, Tmax, s->arenas, &s->mem);
-    s->started = true;
-}
-
-double infer_forward(struct infer *s, int B, int T, int with_targets)
-{
-    zero_begin_pass(&s->zero, &s->eval_pass);
-    double sum = family_forward(&s->zero, &s->acts, B, T, with_targets, FAMILY_EVAL, 0.0f);
-    zero_end_pass(&s->zero);
-    return sum;
+    session_acts(&s->sess, &shape);
 }
 
 void infer_close(struct infer *s)
 {
-    if (s->started) {
-        family_kv_free(&s->acts);
-        family_acts_free(&s->acts);
-        zero_free(&s->zero);
-        family_free_passes(&s->train_pass, &s->eval_pass);
-        for (int sp = 0; sp < SPACE_COUNT; sp++)
-            arena_destroy(&s->arenas[sp]);
-    }
+    session_close(&s->sess);
     free(s->trained);
     if (s->tok)
         tokenizer_free(s->tok);
-    model_free(&s->model);
     config_free(&s->cfg);
     memset(s, 0, sizeof *s);
 }

@@ -24,14 +24,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "backend/arena.h"
 #include "comm/comm.h"
 #include "config/config.h"
-#include "families/family.h"
-#include "model/model.h"
-#include "engine/plan.h"
-#include "backend/target.h"
-#include "zero/zero.h"
+#include "engine/session.h"
 
 struct tokenizer;
 
@@ -47,17 +42,7 @@ struct infer_options {
 
 struct infer {
     struct config cfg;
-    struct comm *comm;
-    int rank, world;
-    struct model model;
-    struct mem_plan plan;
-    struct mem_tracker mem;
-    struct arena arenas[SPACE_COUNT];
-    struct zero zero;
-    struct zero_pass train_pass, eval_pass;
-    struct exec_target target;
-    struct family_acts acts;
-    struct family_kv kv;
+    struct session sess;           /* the engine: model, plan, arenas, ZeRO state, activations, cache */
     struct tokenizer *tok;         /* NULL: none found (byte-level models print bytes) */
     char tokenizer_path[4200];
     int32_t eos[8];                /* end-of-sequence ids (config.json's eos_token_id, else the tokenizer's) */
@@ -67,7 +52,6 @@ struct infer {
     bool lora_ckpt;
     bool *trained;                 /* [unit] what the run trained (model_add_lora's choice), before every unit is
                                     * frozen: a LoRA checkpoint's units */
-    bool started;
 };
 
 /* Resolves MODEL, builds the config (o->sets applied) and the model, finds
@@ -81,9 +65,6 @@ void infer_require_tokenizer(const struct infer *s, const char *model, const cha
 void infer_start(struct infer *s, const struct infer_options *o, int B, int T, int Tmax);
 void infer_close(struct infer *s);
 
-/* One forward of s->acts' B x T tokens (inputs and positions filled; with a
- * cache, kv.past and kv.last too) in evaluation mode; with targets, the sum
- * of the trained positions' losses. */
-double infer_forward(struct infer *s, int B, int T, int with_targets);
+/* Forwards go through session_forward(&s->sess, ...) (engine/session.h). */
 
 #endif

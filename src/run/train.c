@@ -1,4 +1,6 @@
 #include "train.h"
+#include "train_internal.h"
+#include "ckpt_run.h"
 
 #include <errno.h>
 #include <math.h>
@@ -14,15 +16,14 @@
 #include "data/data.h"
 #include "core/dump.h"
 #include "families/family.h"
-#include "cli/generate.h"
 #include "io/hf.h"
-#include "io/hf_export.h"
 #include "data/loader.h"
 #include "engine/loss_scaler.h"
 #include "model/model.h"
-#include "io/peft_export.h"
 #include "engine/plan.h"
 #include "engine/sched.h"
+#include "sample.h"
+#include "engine/session.h"
 #include "tokenizer/tokenizer.h"
 #include "core/util.h"
 #include "zero/zero.h"
@@ -109,33 +110,6 @@ static void log_ranks_signalled(struct comm *comm, long step, const char *name)
 /* PyTorch's clip_grad_norm_ adds this to the norm before dividing. */
 #define CLIP_EPS 1e-6
 
-struct trainer {
-    struct config *cfg;
-    const struct train_options *opt;
-    struct comm *comm;
-    int rank, world;
-    struct model model;
-    struct mem_plan plan;
-    struct mem_tracker mem;
-    struct arena arenas[SPACE_COUNT];
-    struct zero zero;
-    struct zero_pass train_pass, eval_pass;
-    struct exec_target target; /* the backend this binary runs, as configured */
-    struct family_acts acts;
-    struct loader train_data, val_data;
-    int have_val;
-    int comm_only;          /* SHARDLM_BENCH=comm-only: passes walked without compute */
-    FILE *metrics;
-    long step;              /* optimizer steps done, skipped ones included */
-    long skipped_steps;     /* steps skipped on fp16 overflow (the scheduler does not advance on them) */
-    struct loss_scaler scaler;
-    long inject_inf_step;   /* SHARDLM_INJECT_INF_STEP: make that step's gradients overflow (tests) */
-    uint64_t samples_seen;  /* global units (windows, samples or packed rows) consumed: the data position */
-    uint64_t real_tokens, trained_tokens, slots; /* the last step's: tokens of samples, trained targets, rows x length */
-    /* LoRA: the frozen base's identity, which checkpoints record and resumes check */
-    char base_source[CKPT_MAX_PATH + 64];
-    char base_checksum[24];
-};
 
 /* An output the run opens for writing (train.metrics, the dumps) must not be
  * a file the run reads or keeps, under any name or link: a data file, the
@@ -171,7 +145,7 @@ static void refuse_output_alias(const struct trainer *tr, const char *out, const
  * init cost the host, whether seeded or read from a model directory. */
 static void log_peak_rss(struct trainer *tr, const char *when)
 {
-    double *kib = xcalloc((size_t)tr->world, sizeof *kib);
+    double *kib = xcalloc((size_t)tr->sess.world, sizeof *kib);
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
     unsigned long long v = 0;
@@ -180,10 +154,10 @@ static void log_peak_rss(struct trainer *tr, const char *when)
             break;
     if (f)
         fclose(f);
-    kib[tr->rank] = (double)v;
-    comm_allgather(tr->comm, &kib[tr->rank], kib, 1, COMM_F64, NULL);
+    kib[tr->sess.rank] = (double)v;
+    comm_allgather(tr->sess.comm, &kib[tr->sess.rank], kib, 1, COMM_F64, NULL);
     char list[1024] = "";
-    for (int r = 0; r < tr->world; r++) {
+    for (int r = 0; r < tr->sess.world; r++) {
         size_t len = strlen(list);
         snprintf(list + len, sizeof list - len, "%s%.0f", r ? " " : "", kib[r]);
     }
@@ -217,23 +191,24 @@ static void identify_base(struct trainer *tr, uint64_t sum)
         snprintf(tr->base_source, sizeof tr->base_source, "random init (model.init_seed %llu)",
                  (unsigned long long)cfg->model.init_seed);
     /* r above a layer's smaller side adds parameters and no rank: the update B A is full rank already */
-    const struct model_lora *lo = &tr->model.lora;
-    for (int b = 0; b < cfg->model.n_layer && tr->rank == 0; b++)
+    const struct model_lora *lo = &tr->sess.model.lora;
+    for (int b = 0; b < cfg->model.n_layer && tr->sess.rank == 0; b++)
         for (int k = 0; k < lo->n_linear; k++) {
             const int side = lo->linear[k].in < lo->linear[k].out ? lo->linear[k].in : lo->linear[k].out;
             if (lo->a_tensor[b][k] >= 0 && lo->r > side) {
                 log_warn("lora.r %d is larger than an adapted layer's smaller side (%d, %s of block %d): the adapters "
                          "cost more than the layer and add no rank; lower lora.r",
-                         lo->r, side, tr->model.units[model_block_unit(b)].tensors[lo->linear[k].tensor].name, b);
+                         lo->r, side, tr->sess.model.units[model_block_unit(b)].tensors[lo->linear[k].tensor].name, b);
                 b = cfg->model.n_layer; /* one warning */
                 break;
             }
         }
-    if (tr->rank == 0)
+    if (tr->sess.rank == 0)
         log_info("LoRA: r %d, alpha/r %g, dropout %g, %d adapted layers, %zu adapter parameters on a frozen base of "
                  "%zu (%s, checksum %s)",
-                 tr->model.lora.r, tr->model.lora.scale, tr->model.lora.dropout, tr->model.lora.n_adapted,
-                 model_adapter_params(&tr->model), tr->model.n_params - model_adapter_params(&tr->model),
+                 tr->sess.model.lora.r, tr->sess.model.lora.scale, tr->sess.model.lora.dropout,
+                 tr->sess.model.lora.n_adapted,
+                 model_adapter_params(&tr->sess.model), tr->sess.model.n_params - model_adapter_params(&tr->sess.model),
                  tr->base_source, tr->base_checksum);
 }
 
@@ -244,32 +219,29 @@ static void identify_base(struct trainer *tr, uint64_t sum)
 static void init_parameters(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
-    const int(*slots)[ZERO_POOLS] = (const int(*)[ZERO_POOLS])tr->plan.pool_slots;
     /* LoRA: the base's checksum, of its values as read (identify_base) */
     struct base_hash hash;
-    if (!cfg->model.pretrained[0] || (will_resume(tr) && !tr->model.lora.on)) {
-        zero_hash_source(&hash, &tr->model, tr->model.n_base_units, NULL);
-        zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
-                  &tr->mem, tr->model.lora.on ? &hash.src : NULL);
-        if (tr->model.lora.on)
-            identify_base(tr, zero_hash_total(&hash, tr->comm, tr->rank, tr->world));
+    if (!cfg->model.pretrained[0] || (will_resume(tr) && !tr->sess.model.lora.on)) {
+        zero_hash_source(&hash, &tr->sess.model, tr->sess.model.n_base_units, NULL);
+        session_load(&tr->sess, tr->sess.model.lora.on ? &hash.src : NULL);
+        if (tr->sess.model.lora.on)
+            identify_base(tr, zero_hash_total(&hash, tr->sess.comm, tr->sess.rank, tr->sess.world));
         log_peak_rss(tr, "after the parameters' init");
         return;
     }
     struct hf_source hf;
     double t0 = now_seconds();
-    hf_source_open(&hf, &tr->model, cfg->model.pretrained);
+    hf_source_open(&hf, &tr->sess.model, cfg->model.pretrained);
     struct param_source src = {hf_source_read, hf_source_read_as, &hf};
-    zero_hash_source(&hash, &tr->model, tr->model.n_base_units, &src);
-    zero_init(&tr->zero, &tr->model, cfg, &tr->target, tr->comm, tr->rank, tr->world, false, slots, tr->arenas,
-              &tr->mem, tr->model.lora.on ? &hash.src : &src);
-    if (tr->model.lora.on)
-        identify_base(tr, zero_hash_total(&hash, tr->comm, tr->rank, tr->world));
-    double total = hf_source_bytes(&hf), *bytes = xcalloc((size_t)tr->world, sizeof *bytes);
-    bytes[tr->rank] = (double)hf.st.bytes_read;
-    comm_allgather(tr->comm, &bytes[tr->rank], bytes, 1, COMM_F64, NULL);
+    zero_hash_source(&hash, &tr->sess.model, tr->sess.model.n_base_units, &src);
+    session_load(&tr->sess, tr->sess.model.lora.on ? &hash.src : &src);
+    if (tr->sess.model.lora.on)
+        identify_base(tr, zero_hash_total(&hash, tr->sess.comm, tr->sess.rank, tr->sess.world));
+    double total = hf_source_bytes(&hf), *bytes = xcalloc((size_t)tr->sess.world, sizeof *bytes);
+    bytes[tr->sess.rank] = (double)hf.st.bytes_read;
+    comm_allgather(tr->sess.comm, &bytes[tr->sess.rank], bytes, 1, COMM_F64, NULL);
     char list[1024] = "";
-    for (int r = 0; r < tr->world; r++) {
+    for (int r = 0; r < tr->sess.world; r++) {
         size_t len = strlen(list);
         snprintf(list + len, sizeof list - len, "%s%.0f", r ? " " : "", bytes[r]);
     }
@@ -288,20 +260,20 @@ static void freeze_for_tests(struct trainer *tr)
     const char *spec = getenv(MODEL_TEST_FREEZE_ENV);
     if (!spec || !*spec)
         return;
-    int n = model_freeze(&tr->model, spec, MODEL_TEST_FREEZE_ENV);
+    int n = model_freeze(&tr->sess.model, spec, MODEL_TEST_FREEZE_ENV);
     if (tr->cfg->checkpoint.dir || tr->opt->resume)
         fail_input("%s: checkpoints of a run with frozen units are not supported yet (issue 19); drop "
                    "checkpoint.dir and --resume",
                    MODEL_TEST_FREEZE_ENV);
-    if (tr->rank == 0)
+    if (tr->sess.rank == 0)
         log_info("%s=%s: %d of %d units frozen (%zu of %zu parameters)", MODEL_TEST_FREEZE_ENV, spec, n,
-                 tr->model.n_units, model_frozen_params(&tr->model), tr->model.n_params);
+                 tr->sess.model.n_units, model_frozen_params(&tr->sess.model), tr->sess.model.n_params);
 }
 
 static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
-    config_resolve_batch(cfg, tr->world);
+    config_resolve_batch(cfg, tr->sess.world);
     loss_scaler_init(&tr->scaler, cfg);
     const char *inject = getenv("SHARDLM_INJECT_INF_STEP");
     tr->inject_inf_step = inject ? atol(inject) : 0;
@@ -322,8 +294,8 @@ static void trainer_setup(struct trainer *tr)
         fail_input("config: checkpoint.dir '%s' is the model.from_pretrained directory: checkpoints (and "
                    "checkpoint.export_hf) would mix with the base model. Hint: give checkpoint.dir another directory",
                    cfg->checkpoint.dir);
-    model_build(&tr->model, &cfg->model);
-    model_add_lora(&tr->model, &cfg->lora);
+    model_build(&tr->sess.model, &cfg->model);
+    model_add_lora(&tr->sess.model, &cfg->lora);
     freeze_for_tests(tr);
     char tokenizer[CKPT_MAX_PATH + 32];
     snprintf(tokenizer, sizeof tokenizer, "%s/tokenizer.json", cfg->model.pretrained);
@@ -332,37 +304,32 @@ static void trainer_setup(struct trainer *tr)
     if (cfg->data.val_path) {
         loader_open(&tr->val_data, cfg, cfg->data.val_path, false, tok, "validation data");
         tr->have_val = 1;
-        if (loader_units(&tr->val_data) < (uint64_t)cfg->micro_batch * (uint64_t)tr->world)
+        if (loader_units(&tr->val_data) < (uint64_t)cfg->micro_batch * (uint64_t)tr->sess.world)
             fail_input("validation data '%s' has %llu %s, fewer than one micro-batch on every rank (%d x %d); give "
                        "a larger validation set or drop data.val",
                        cfg->data.val_path, (unsigned long long)loader_units(&tr->val_data),
-                       tr->val_data.samples ? "samples (or packed rows)" : "windows", cfg->micro_batch, tr->world);
+                       tr->val_data.samples ? "samples (or packed rows)" : "windows", cfg->micro_batch, tr->sess.world);
     }
-    tr->target = target_running();
-    family_build_passes(&tr->model, plan_ckpt_interval(cfg), &tr->train_pass, &tr->eval_pass);
-    plan_compute(&tr->plan, &tr->model, cfg, tr->world);
-    plan_check_device(&tr->plan, 1);
-    for (int s = 0; s < SPACE_COUNT; s++)
-        arena_create(&tr->arenas[s], s, tr->plan.space_total[s]);
+    const struct session_shape shape = {cfg->micro_batch, cfg->data.seq_len, 0};
+    session_plan(&tr->sess, &shape);
     init_parameters(tr);
-    family_acts_init(&tr->acts, &tr->model, &tr->target, cfg->micro_batch, cfg->data.seq_len, cfg->data.seq_len,
-                     plan_ckpt_interval(cfg), cfg->data.packing, target_space(&tr->target, cfg, BUF_ACT_CKPT), tr->arenas, &tr->mem);
+    session_acts(&tr->sess, &shape);
     char why[2 * CKPT_MAX_PATH];
-    if (cfg->checkpoint.dir && tr->rank == 0 && ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {
+    if (cfg->checkpoint.dir && tr->sess.rank == 0 && ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {
         if (!cfg->checkpoint.on_error_continue)
             fail_input("%s. Hint: point checkpoint.dir at a writable directory", why);
         log_warn("%s; training anyway, as checkpoint.on_error is \"continue\": its saves will fail", why);
     }
-    if (cfg->checkpoint.dir && tr->rank == 0)
+    if (cfg->checkpoint.dir && tr->sess.rank == 0)
         ckpt_remove_stale_tmp(cfg->checkpoint.dir);
-    if (tr->rank == 0) {
+    if (tr->sess.rank == 0) {
         const char *dumps[2] = {tr->opt->dump_path, tr->opt->dump_final_path};
         const char *dump_keys[2] = {"--dump", "--dump-final"};
         for (int i = 0; i < 2; i++)
             if (dumps[i])
                 refuse_output_alias(tr, dumps[i], dump_keys[i]);
     }
-    if (cfg->train.metrics_path && tr->rank == 0) {
+    if (cfg->train.metrics_path && tr->sess.rank == 0) {
         refuse_output_alias(tr, cfg->train.metrics_path, "train.metrics");
         /* a resumed run continues the metrics of the run it resumes */
         tr->metrics = fopen(cfg->train.metrics_path, tr->opt->resume ? "a" : "w");
@@ -379,27 +346,22 @@ static void trainer_teardown(struct trainer *tr)
     loader_close(&tr->train_data);
     if (tr->have_val)
         loader_close(&tr->val_data);
-    family_acts_free(&tr->acts);
-    zero_free(&tr->zero);
-    family_free_passes(&tr->train_pass, &tr->eval_pass);
-    for (int s = 0; s < SPACE_COUNT; s++)
-        arena_destroy(&tr->arenas[s]);
-    model_free(&tr->model);
+    session_close(&tr->sess);
 }
 
 /* Every tensor of the model under its name; all ranks take part, rank 0 writes. */
 static void dump_params(FILE *f, struct trainer *tr, int grads)
 {
-    const struct model *m = &tr->model;
+    const struct model *m = &tr->sess.model;
     char name[MODEL_MAX_NAME + 8];
     for (int u = 0; u < m->n_units; u++) {
         if (grads && m->units[u].frozen) /* no gradients to dump */
             continue;
-        float *full = xcalloc(tr->zero.units[u].padded, sizeof *full);
+        float *full = xcalloc(tr->sess.zero.units[u].padded, sizeof *full);
         if (grads)
-            zero_gather_grads(&tr->zero, u, full);
+            zero_gather_grads(&tr->sess.zero, u, full);
         else
-            zero_gather_unit(&tr->zero, u, full);
+            zero_gather_unit(&tr->sess.zero, u, full);
         for (int t = 0; f && t < m->units[u].n_tensors; t++) {
             const struct tensor_desc *td = &m->units[u].tensors[t];
             size_t dims[2] = {(size_t)td->shape[0], (size_t)td->shape[1]};
@@ -417,7 +379,7 @@ static void dump_first_step(struct trainer *tr, const int32_t *inputs, const int
 {
     const struct config *cfg = tr->cfg;
     const size_t B = (size_t)cfg->micro_batch, T = (size_t)T_micro;
-    FILE *f = tr->rank == 0 ? dump_open(tr->opt->dump_path) : NULL;
+    FILE *f = tr->sess.rank == 0 ? dump_open(tr->opt->dump_path) : NULL;
     float *tokens = xcalloc(2 * B * T, sizeof *tokens);
     for (size_t i = 0; i < B * T; i++) {
         tokens[i] = (float)inputs[i];
@@ -447,7 +409,7 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
     const size_t BT = (size_t)B * cfg->data.seq_len;
     /* The step's trained targets, known from the order before any is read:
      * the loss is their mean over every micro-batch of every rank. */
-    struct sample_batch step = loader_step(&tr->train_data, tr->samples_seen, B, accum, tr->world, &tr->slots);
+    struct sample_batch step = loader_step(&tr->train_data, tr->samples_seen, B, accum, tr->sess.world, &tr->slots);
     tr->real_tokens = step.real;
     tr->trained_tokens = step.trained;
     /* the loss scale multiplies the backward; the optimizer divides it out */
@@ -461,44 +423,45 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
         dump_logits = xcalloc(BT * cfg->model.padded_vocab, sizeof *dump_logits);
         dump_tokens = xcalloc(2 * BT, sizeof *dump_tokens);
     }
-    zero_zero_grads(&tr->zero);
+    zero_zero_grads(&tr->sess.zero);
     double loss_sum = 0.0;
     for (int micro = 0; micro < accum; micro++) {
-        uint64_t first = tr->samples_seen + (uint64_t)micro * B * tr->world + (uint64_t)tr->rank * B;
-        const int T = loader_read(&tr->train_data, first, B, tr->acts.inputs, tr->acts.targets, tr->acts.positions);
-        tr->acts.debug_logits = dumping && micro == 0 ? dump_logits : NULL;
+        uint64_t first = tr->samples_seen + (uint64_t)micro * B * tr->sess.world + (uint64_t)tr->sess.rank * B;
+        const int T = loader_read(&tr->train_data, first, B, tr->sess.acts.inputs, tr->sess.acts.targets,
+                                  tr->sess.acts.positions);
+        tr->sess.acts.debug_logits = dumping && micro == 0 ? dump_logits : NULL;
         if (dumping && micro == 0) {
             dump_T = T;
-            memcpy(dump_tokens, tr->acts.inputs, (size_t)B * T * sizeof *dump_tokens);
-            memcpy(dump_tokens + BT, tr->acts.targets, (size_t)B * T * sizeof *dump_tokens);
+            memcpy(dump_tokens, tr->sess.acts.inputs, (size_t)B * T * sizeof *dump_tokens);
+            memcpy(dump_tokens + BT, tr->sess.acts.targets, (size_t)B * T * sizeof *dump_tokens);
         }
         if (tr->comm_only) {
-            zero_replay_pass(&tr->zero, &tr->train_pass);
+            zero_replay_pass(&tr->sess.zero, &tr->sess.train_pass);
             continue;
         }
-        zero_begin_pass(&tr->zero, &tr->train_pass);
+        zero_begin_pass(&tr->sess.zero, &tr->sess.train_pass);
         /* LoRA's dropout: the mask of a row depends on the step and the row's index in the run's order */
-        family_lora_step(&tr->acts, tr->cfg->train.seed, tr->step, first);
-        loss_sum += family_forward(&tr->zero, &tr->acts, B, T, 1, FAMILY_TRAIN, dloss);
-        family_backward(&tr->zero, &tr->acts, B, T);
-        zero_end_pass(&tr->zero);
+        family_lora_step(&tr->sess.acts, tr->cfg->train.seed, tr->step, first);
+        loss_sum += family_forward(&tr->sess.zero, &tr->sess.acts, B, T, 1, FAMILY_TRAIN, dloss);
+        family_backward(&tr->sess.zero, &tr->sess.acts, B, T);
+        zero_end_pass(&tr->sess.zero);
         train_fault_point("step");
     }
-    tr->acts.debug_logits = NULL;
-    zero_reduce_grads(&tr->zero);
+    tr->sess.acts.debug_logits = NULL;
+    zero_reduce_grads(&tr->sess.zero);
     /* the step's loss: the mean over every trained target of every rank's micro-batches */
-    comm_allreduce(tr->comm, &loss_sum, 1, COMM_F64, COMM_SUM, NULL);
+    comm_allreduce(tr->sess.comm, &loss_sum, 1, COMM_F64, COMM_SUM, NULL);
     float loss = (float)(loss_sum / (double)step.trained);
     if (dumping) {
         dump_first_step(tr, dump_tokens, dump_tokens + BT, dump_logits, loss, dump_T);
         free(dump_logits);
         free(dump_tokens);
     }
-    if (tr->inject_inf_step == tr->step + 1 && tr->rank == 0)
-        zero_inject_inf(&tr->zero);
+    if (tr->inject_inf_step == tr->step + 1 && tr->sess.rank == 0)
+        zero_inject_inf(&tr->sess.zero);
     bool overflow;
     double raw_norm;
-    zero_grad_stats(&tr->zero, &overflow, &raw_norm);
+    zero_grad_stats(&tr->sess.zero, &overflow, &raw_norm);
     tr->samples_seen += (uint64_t)cfg->train_batch_size;
     tr->step++;
     *skipped = false;
@@ -533,7 +496,7 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
             grad_scale *= coef;
     }
     if (!tr->comm_only)
-        zero_optimizer_step(&tr->zero, &cfg->optimizer, lr, (float)grad_scale);
+        zero_optimizer_step(&tr->sess.zero, &cfg->optimizer, lr, (float)grad_scale);
     return loss;
 }
 
@@ -544,297 +507,28 @@ static float evaluate(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
     const int B = cfg->micro_batch;
-    const size_t group = (size_t)B * tr->world;
+    const size_t group = (size_t)B * tr->sess.world;
     size_t groups = (size_t)cfg->train.eval_batches * cfg->grad_accum;
     if (groups * group > loader_units(&tr->val_data))
         groups = loader_units(&tr->val_data) / group;
     uint64_t slots;
-    const struct sample_batch all = loader_step(&tr->val_data, 0, B, (int)groups, tr->world, &slots);
+    const struct sample_batch all = loader_step(&tr->val_data, 0, B, (int)groups, tr->sess.world, &slots);
     double sum = 0.0;
     for (size_t i = 0; i < groups; i++) {
-        uint64_t first = (uint64_t)(i * group) + (uint64_t)tr->rank * B;
-        const int T = loader_read(&tr->val_data, first, B, tr->acts.inputs, tr->acts.targets, tr->acts.positions);
-        zero_begin_pass(&tr->zero, &tr->eval_pass);
-        sum += family_forward(&tr->zero, &tr->acts, B, T, 1, FAMILY_EVAL, 0.0f);
-        zero_end_pass(&tr->zero);
+        uint64_t first = (uint64_t)(i * group) + (uint64_t)tr->sess.rank * B;
+        const int T = loader_read(&tr->val_data, first, B, tr->sess.acts.inputs, tr->sess.acts.targets,
+                                  tr->sess.acts.positions);
+        sum += session_forward(&tr->sess, B, T, 1);
     }
-    comm_allreduce(tr->comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
+    comm_allreduce(tr->sess.comm, &sum, 1, COMM_F64, COMM_SUM, NULL);
     return (float)(sum / (double)all.trained);
 }
 
-/* Samples tokens from the model, starting from a newline (byte-level models)
- * or the tokenizer's end-of-sequence token, with `shardlm generate`'s choice
- * of a token (generate_choose at train.sample_temperature); prints the text,
- * decoded by model.from_pretrained's tokenizer.json when there is one, bytes
- * when the vocabulary is byte-level (256), token ids otherwise. Without a key
- * and value cache: the trainer's buffers hold one micro-batch, so each token
- * runs the context again (generate caches them). */
-static void sample_text(struct trainer *tr)
+/* The sample's stop: a stop signal any rank received (a collective), by name. */
+static const char *sample_stopped(struct comm *comm)
 {
-    const struct config *cfg = tr->cfg;
-    const int n = cfg->train.sample_tokens, T = cfg->data.seq_len, V = cfg->model.vocab_size;
-    const int Vp = cfg->model.padded_vocab;
-    const struct sampling sp = {cfg->train.sample_temperature, 0, 1.0f, cfg->train.seed};
-    if (n <= 0)
-        return;
-    struct tokenizer *tok = NULL;
-    char path[CKPT_MAX_PATH + 32], err[512];
-    snprintf(path, sizeof path, "%s/tokenizer.json", cfg->model.pretrained);
-    if (cfg->model.pretrained[0] && access(path, R_OK) == 0 && !(tok = tokenizer_load(path, err, sizeof err)))
-        log_warn("the sample after the last step prints token ids: %s", err);
-    int32_t *ctx = xcalloc((size_t)n + 1, sizeof *ctx);
-    void *work = xmalloc(GENERATE_WORK_BYTES(V));
-    float *row = xcalloc((size_t)Vp, sizeof *row);
-    uint64_t rng = cfg->train.seed ^ 0x5A3F1E5ull;
-    int len = 1;
-    ctx[0] = tok && tokenizer_eos_id(tok) >= 0 ? tokenizer_eos_id(tok) : V >= 256 ? '\n' : 0;
-    for (int i = 0; i < n; i++) {
-        int start = len > T ? len - T : 0, t = len - start;
-        memcpy(tr->acts.inputs, ctx + start, (size_t)t * sizeof *ctx);
-        for (int p = 0; tr->acts.positions && p < t; p++) /* one sample: positions 0 .. t-1 */
-            tr->acts.positions[p] = p;
-        zero_begin_pass(&tr->zero, &tr->eval_pass);
-        family_forward(&tr->zero, &tr->acts, 1, t, 0, FAMILY_EVAL, 0.0f);
-        zero_end_pass(&tr->zero);
-        family_read_logits(&tr->acts, t - 1, row);
-        int32_t next = generate_choose(row, V, &sp, &rng, work);
-        /* rank 0's choice, so every rank feeds the same context next */
-        comm_broadcast(tr->comm, &next, 1, COMM_I32, 0, NULL);
-        ctx[len++] = next;
-        int sig = agree_stop_signal(tr->comm);
-        if (sig) {
-            log_warn("%s during the sample after the last step: the sample stops at %d tokens", stop_signal_name(sig),
-                     len - 1);
-            break;
-        }
-    }
-    if (tr->rank == 0) {
-        printf("---- sample (%d tokens) ----\n", len - 1);
-        size_t bytes = 0;
-        char *text = tok ? tokenizer_decode(tok, ctx + 1, (size_t)len - 1, 1, &bytes) : NULL;
-        if (text)
-            fwrite(text, 1, bytes, stdout);
-        for (int i = 1; !tok && i < len; i++) {
-            if (V <= 256)
-                putchar(ctx[i]);
-            else
-                printf("%d ", ctx[i]);
-        }
-        free(text);
-        printf("\n---- end of sample ----\n");
-        fflush(stdout);
-    }
-    if (tok)
-        tokenizer_free(tok);
-    free(ctx);
-    free(work);
-    free(row);
-}
-
-/* Model shape attributes checked on resume: a checkpoint of another model is
- * refused. n_kv_head, ffn_dim and tie_word_embeddings are absent from
- * checkpoints of GPT-2 runs made before Llama trained: there they take GPT-2's
- * values. */
-#define N_MODEL_ATTRS 8
-static const char *const model_attr_names[N_MODEL_ATTRS] = {
-    "n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_kv_head", "ffn_dim", "tie_word_embeddings"};
-
-static void model_attr_values(const struct model_config *mc, int64_t v[N_MODEL_ATTRS])
-{
-    const int64_t values[N_MODEL_ATTRS] = {mc->n_layer, mc->n_head,  mc->n_embd,  mc->n_positions,
-                                           mc->vocab_size, mc->n_kv_head, mc->ffn_dim, mc->tie_embeddings};
-    memcpy(v, values, sizeof values);
-}
-
-/* checkpoint.export_hf: the model as a Hugging Face directory in
- * checkpoint.dir/hf, or with LoRA its adapters as PEFT's directory there,
- * every rank writing its own master range in the parameter dtype
- * (collective). The slices are matched to tensors by name: with LoRA, the
- * frozen units have no master. */
-static void export_hf(struct trainer *tr)
-{
-    const struct config *cfg = tr->cfg;
-    char dir[CKPT_MAX_PATH];
-    snprintf(dir, sizeof dir, "%s/hf", cfg->checkpoint.dir);
-    double t0 = now_seconds();
-    const int n = zero_ckpt_n_slices(&tr->zero);
-    zero_ckpt_stage(&tr->zero);
-    struct ckpt_slice *slices = xcalloc((size_t)n, sizeof *slices);
-    zero_export_slices(&tr->zero, slices);
-    struct hf_writer w;
-    if (cfg->lora.enabled)
-        peft_export_begin(&w, &tr->model, cfg->dtype, dir, tr->comm);
-    else
-        /* checkpoint.dir/hf is the run's own (an older shardlm's export there does not record its origin) */
-        hf_export_begin(&w, &tr->model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, cfg->checkpoint.dir, true, tr->comm);
-    for (int k = 0; k < n; k++)
-        if (slices[k].count)
-            hf_export_write_named(&w, slices[k].name, slices[k].begin, slices[k].count, slices[k].data);
-    if (cfg->lora.enabled)
-        peft_export_end(&w, &cfg->lora, cfg->model.pretrained, tr->comm);
-    else
-        hf_export_end(&w, cfg->dtype, cfg->model.pretrained, tr->comm);
-    free(slices);
-    zero_ckpt_unstage(&tr->zero);
-    log_info("step %5ld | %s export %s (%s, %.2f s)", tr->step, cfg->lora.enabled ? "PEFT adapter" : "Hugging Face",
-             dir, dtype_name(cfg->dtype), now_seconds() - t0);
-}
-
-/* Saves the whole training state: fp32 master weights, Adam m and v, and the
- * step, scaler, scheduler and data positions (DESIGN §7). Collective. */
-static void save_checkpoint(struct trainer *tr)
-{
-    const struct config *cfg = tr->cfg;
-    const int n = zero_ckpt_n_slices(&tr->zero);
-    zero_ckpt_stage(&tr->zero); /* a device's optimizer state, copied to the host for the save */
-    struct ckpt_slice *slices = xcalloc((size_t)n * ZERO_CKPT_GROUPS, sizeof *slices);
-    struct ckpt_group groups[ZERO_CKPT_GROUPS];
-    for (int g = 0; g < ZERO_CKPT_GROUPS; g++) {
-        zero_ckpt_slices(&tr->zero, g, slices + (size_t)g * n);
-        groups[g] = (struct ckpt_group){zero_ckpt_group_names[g], slices + (size_t)g * n, n};
-    }
-    uint64_t data_position = tr->samples_seen, rng = cfg->train.seed;
-    struct ckpt_rank_state state[2] = {{"data_position", 1, &data_position}, {"rng", 1, &rng}};
-    char *config_json = config_dump(cfg);
-    int64_t shape[N_MODEL_ATTRS];
-    model_attr_values(&cfg->model, shape);
-    struct ckpt_attr attrs[] = {
-        {"skipped_steps", CKPT_ATTR_I64, tr->skipped_steps, 0, NULL},
-        {"adam_steps", CKPT_ATTR_I64, tr->zero.adam_steps, 0, NULL},
-        {"samples_seen", CKPT_ATTR_I64, (int64_t)tr->samples_seen, 0, NULL},
-        {"loss_scale", CKPT_ATTR_F64, 0, tr->scaler.scale, NULL},
-        {"hysteresis_left", CKPT_ATTR_I64, tr->scaler.hysteresis_left, 0, NULL},
-        {"scaler_iter", CKPT_ATTR_I64, tr->scaler.iter, 0, NULL},
-        {"last_overflow_iter", CKPT_ATTR_I64, tr->scaler.last_overflow_iter, 0, NULL},
-        {"dtype", CKPT_ATTR_STR, 0, 0, dtype_name(cfg->dtype)},
-        {"config", CKPT_ATTR_STR, 0, 0, config_json},
-        {"model_type", CKPT_ATTR_STR, 0, 0, cfg->model.type},
-        {"n_layer", CKPT_ATTR_I64, shape[0], 0, NULL},
-        {"n_head", CKPT_ATTR_I64, shape[1], 0, NULL},
-        {"n_embd", CKPT_ATTR_I64, shape[2], 0, NULL},
-        {"n_positions", CKPT_ATTR_I64, shape[3], 0, NULL},
-        {"vocab_size", CKPT_ATTR_I64, shape[4], 0, NULL},
-        {"n_kv_head", CKPT_ATTR_I64, shape[5], 0, NULL},
-        {"ffn_dim", CKPT_ATTR_I64, shape[6], 0, NULL},
-        {"tie_word_embeddings", CKPT_ATTR_I64, shape[7], 0, NULL},
-        {"rms_norm_eps", CKPT_ATTR_F64, 0, cfg->model.norm_eps, NULL},
-        {"rope_theta", CKPT_ATTR_F64, 0, cfg->model.rope_theta, NULL},
-        /* LoRA: the adapters only; the base is named and checksummed */
-        {"base_source", CKPT_ATTR_STR, 0, 0, tr->base_source},
-        {"base_checksum", CKPT_ATTR_STR, 0, 0, tr->base_checksum},
-    };
-    const int n_attrs = (int)(sizeof attrs / sizeof *attrs) - (tr->model.lora.on ? 0 : 2);
-    struct ckpt_contents contents = {groups, ZERO_CKPT_GROUPS, state, 2, attrs, n_attrs};
-    char path[4096];
-    double t0 = now_seconds();
-    train_fault_point("save");
-    /* Every rank gets the same status (ckpt_try_save agrees on failure). */
-    comm_watch_begin(tr->comm, "saving a checkpoint");
-    int rc = ckpt_try_save(cfg->checkpoint.dir, tr->step, cfg->checkpoint.keep, &contents, path, sizeof path);
-    comm_watch_end(tr->comm);
-    free(config_json);
-    free(slices);
-    zero_ckpt_unstage(&tr->zero);
-    if (rc != 0) {
-        if (!cfg->checkpoint.on_error_continue)
-            ckpt_fail_agreed(cfg->checkpoint.dir, ckpt_save_error());
-        log_warn("step %ld: cannot save a checkpoint in '%s': %s; training continues (checkpoint.on_error is "
-                 "\"continue\"; the previous checkpoint and latest are unchanged)",
-                 tr->step, cfg->checkpoint.dir, ckpt_save_error());
-        return;
-    }
-    log_info("step %5ld | checkpoint %s (%.2f s)", tr->step, path, now_seconds() - t0);
-    if (cfg->checkpoint.export_hf)
-        export_hf(tr);
-}
-
-/* A LoRA checkpoint holds adapters for one base: the run's must be it. */
-static void check_base(struct trainer *tr, struct ckpt_reader *r, const char *path)
-{
-    const bool lora_ckpt = ckpt_has_attr(r, "base_checksum");
-    if (!tr->model.lora.on && lora_ckpt)
-        fail_input("checkpoint '%s' holds LoRA adapters, not a whole model; resume it with the 'lora' section it was "
-                   "trained with, or start fresh (--resume none)",
-                   path);
-    if (!tr->model.lora.on)
-        return;
-    if (!lora_ckpt)
-        fail_input("checkpoint '%s' holds a whole model, not LoRA adapters; to train adapters on it, export it "
-                   "(shardlm export) and give that directory as model.from_pretrained, or start fresh (--resume none)",
-                   path);
-    char *sum = ckpt_attr_str(r, "base_checksum"), *source = ckpt_attr_str(r, "base_source");
-    if (strcmp(sum, tr->base_checksum) != 0)
-        fail_input("checkpoint '%s' trained its adapters on another base: %s (checksum %s), and this run's base is "
-                   "%s (checksum %s); resume with the base it was trained on, or start fresh (--resume none)",
-                   path, source, sum, tr->base_source, tr->base_checksum);
-    free(sum);
-    free(source);
-}
-
-/* Continues from a checkpoint when --resume names one (or "auto" finds one). */
-static void resume_checkpoint(struct trainer *tr, const char *spec)
-{
-    const struct config *cfg = tr->cfg;
-    if (strcmp(spec, "none") == 0) {
-        log_info("--resume none: starting fresh");
-        return;
-    }
-    if (!cfg->checkpoint.dir && strcmp(spec, "auto") == 0)
-        fail_input("--resume auto needs checkpoint.dir in the config (where the checkpoints are)");
-    char *path = ckpt_resolve(cfg->checkpoint.dir, spec);
-    if (!path) {
-        log_info("no checkpoint in %s: starting fresh", cfg->checkpoint.dir);
-        return;
-    }
-    double t0 = now_seconds();
-    struct ckpt_reader *r = ckpt_open(path);
-    char *saved_type = ckpt_attr_str(r, "model_type");
-    if (strcmp(saved_type, cfg->model.type) != 0)
-        fail_input("checkpoint '%s' holds a %s model and the config a %s model (model.type)", path, saved_type,
-                   cfg->model.type);
-    free(saved_type);
-    struct model_config gpt2_defaults = cfg->model; /* what a checkpoint without the newer attributes means */
-    gpt2_defaults.n_kv_head = cfg->model.n_head;
-    gpt2_defaults.ffn_dim = 4 * cfg->model.n_embd;
-    gpt2_defaults.tie_embeddings = true;
-    int64_t want[N_MODEL_ATTRS], absent[N_MODEL_ATTRS];
-    model_attr_values(&cfg->model, want);
-    model_attr_values(&gpt2_defaults, absent);
-    for (int i = 0; i < N_MODEL_ATTRS; i++) {
-        int64_t got = i >= 5 && !ckpt_has_attr(r, model_attr_names[i]) ? absent[i] : ckpt_attr_i64(r, model_attr_names[i]);
-        if (got != want[i])
-            fail_input("checkpoint '%s' holds a different model: %s is %lld there and %lld in the config", path,
-                       model_attr_names[i], (long long)got, (long long)want[i]);
-    }
-    check_base(tr, r, path);
-    zero_ckpt_load(&tr->zero, r);
-    train_fault_point("resume");
-    tr->step = (long)ckpt_attr_i64(r, "step");
-    tr->skipped_steps = (long)ckpt_attr_i64(r, "skipped_steps");
-    tr->zero.adam_steps = (long)ckpt_attr_i64(r, "adam_steps");
-    tr->samples_seen = (uint64_t)ckpt_attr_i64(r, "samples_seen");
-    char *saved_dtype = ckpt_attr_str(r, "dtype");
-    if (strcmp(saved_dtype, dtype_name(cfg->dtype)) != 0)
-        log_info("checkpoint '%s' was trained in %s, this run in %s: the fp32 master weights and Adam state carry "
-                 "over%s",
-                 path, saved_dtype, dtype_name(cfg->dtype),
-                 tr->scaler.skips_overflow ? "; the fp16 loss scaler starts fresh, as the checkpoint has none" : "");
-    /* only an fp16 run has a loss scaler to continue */
-    if (tr->scaler.skips_overflow && strcmp(saved_dtype, dtype_name(DTYPE_F16)) == 0) {
-        tr->scaler.scale = ckpt_attr_f64(r, "loss_scale");
-        tr->scaler.hysteresis_left = (int)ckpt_attr_i64(r, "hysteresis_left");
-        tr->scaler.iter = (long)ckpt_attr_i64(r, "scaler_iter");
-        tr->scaler.last_overflow_iter = (long)ckpt_attr_i64(r, "last_overflow_iter");
-        const char *why = loss_scaler_check_state(&tr->scaler);
-        if (why)
-            fail_input("checkpoint '%s': loss-scaler state is invalid (%s)", path, why);
-    }
-    free(saved_dtype);
-    int saved_world = ckpt_saved_world(r);
-    ckpt_close(r);
-    log_info("resumed from %s at step %ld (saved by %d rank%s, now %d) (%.2f s)", path, tr->step, saved_world,
-             saved_world > 1 ? "s" : "", tr->world, now_seconds() - t0);
-    free(path);
+    int sig = agree_stop_signal(comm);
+    return sig ? stop_signal_name(sig) : NULL;
 }
 
 /* Flushes the metrics file (rank 0) and ends the run with an input error when
@@ -863,7 +557,8 @@ static void write_memory_json(struct trainer *tr)
     fprintf(tr->metrics, "{\"memory\": {");
     for (int k = 0; k < BUF_COUNT; k++)
         fprintf(tr->metrics, "%s\"%s\": {\"space\": \"%s\", \"planned\": %zu, \"peak\": %zu}", k ? ", " : "",
-                arena_class_name(k), arena_space_name(tr->plan.space[k]), tr->plan.bytes[k], tr->mem.peak[k]);
+                arena_class_name(k), arena_space_name(tr->sess.plan.space[k]), tr->sess.plan.bytes[k],
+                tr->sess.mem.peak[k]);
     fprintf(tr->metrics, "}}\n");
 }
 
@@ -891,7 +586,7 @@ static void trainer_setup_agreed(struct trainer *tr)
     if (FAIL_TRAP(&trap) == 0)
         trainer_setup(tr);
     fail_untrap();
-    comm_agree_failure(tr->comm, &trap);
+    comm_agree_failure(tr->sess.comm, &trap);
 }
 
 int train_run(struct config *cfg, struct comm *comm, const struct train_options *opt)
@@ -900,9 +595,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     memset(&tr, 0, sizeof tr);
     tr.cfg = cfg;
     tr.opt = opt;
-    tr.comm = comm;
-    tr.rank = comm->rank;
-    tr.world = comm->world;
+    session_init(&tr.sess, comm, cfg);
     const char *bench = getenv("SHARDLM_BENCH");
     tr.comm_only = bench && strcmp(bench, "comm-only") == 0;
     backend_init(cfg->train.threads);
@@ -914,29 +607,30 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
                                                                                           : DTYPE_F32);
     trainer_setup_agreed(&tr);
     /* a device's unit gradient buffers in the parameter dtype (zero.h half_grad_buffers) */
-    backend_set_grad_dtype(tr.zero.half_grad_buffers ? cfg->dtype : DTYPE_F32);
+    backend_set_grad_dtype(tr.sess.zero.half_grad_buffers ? cfg->dtype : DTYPE_F32);
     train_fault_point("setup");
     backend_check_performance();
 
     const int T = cfg->data.seq_len;
     char a[32], b[64];
     comm_log_ranks(comm);
-    log_info("shardlm %s | backend %s | %d rank%s | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(), tr.world,
-             tr.world > 1 ? "s" : "", cfg->zero.stage, dtype_name(cfg->dtype));
+    log_info("shardlm %s | backend %s | %d rank%s | ZeRO stage %d | %s", SHARDLM_VERSION, backend_name(), tr.sess.world,
+             tr.sess.world > 1 ? "s" : "", cfg->zero.stage, dtype_name(cfg->dtype));
     log_info("model %s: %d layers, %d heads (%d key/value), %d channels, MLP %d, context %d, vocab %d (padded %d%s): "
              "%zu parameters",
              cfg->model.type, cfg->model.n_layer, cfg->model.n_head, cfg->model.n_kv_head, cfg->model.n_embd,
              cfg->model.ffn_dim, cfg->model.n_positions, cfg->model.vocab_size, cfg->model.padded_vocab,
-             tr.model.cfg.tied_head ? ", LM head tied" : "", tr.model.n_params);
+             tr.sess.model.cfg.tied_head ? ", LM head tied" : "", tr.sess.model.n_params);
     if (!tr.train_data.samples) {
         log_info("batch: %d sequences of %d tokens = %d micro x %d accumulation x %d ranks; %zu training windows",
-                 cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.world, tr.train_data.bin.n_windows);
+                 cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.sess.world,
+                 tr.train_data.bin.n_windows);
     } else {
         const struct sample_set *smp = &tr.train_data.smp;
         log_info("batch: %d %s of at most %d tokens = %d micro x %d accumulation x %d ranks, padded to the longest "
                  "(a multiple of %d)%s",
                  cfg->train_batch_size, cfg->data.packing ? "packed rows" : "samples", T, cfg->micro_batch,
-                 cfg->grad_accum, tr.world, cfg->data.pad_multiple,
+                 cfg->grad_accum, tr.sess.world, cfg->data.pad_multiple,
                  cfg->data.group_by_length ? ", grouped by length" : "");
         log_info("train data %s: %u samples (%llu tokens, %llu trained) of %zu; %zu truncated to %d tokens, %zu "
                  "dropped as longer, %zu dropped with no trained token; %llu %s per epoch",
@@ -957,10 +651,10 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         log_info("resolved config:\n%s", config_json);
         free(config_json);
     }
-    plan_print(&tr.plan, NULL, "memory plan per rank:");
+    plan_print(&tr.sess.plan, NULL, "memory plan per rank:");
 
     if (opt->resume)
-        resume_checkpoint(&tr, opt->resume);
+        ckpt_run_resume(&tr, opt->resume);
     /* A stop signal during the set-up or the resume (the handlers are in
      * place from the start, train_install_stop_handlers) is seen after the
      * first step: the run trains that step and saves it, so that even a job
@@ -975,7 +669,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         float loss = train_step(&tr, lr, &norm, &skipped);
         double dt = now_seconds() - t0;
         uint64_t bytes[COMM_KINDS];
-        zero_take_traffic(&tr.zero, bytes);
+        zero_take_traffic(&tr.sess.zero, bytes);
         if (!isfinite(loss) && !tr.comm_only && !comm->skip)
             fail_input("step %ld: the loss is %f; lower optimizer.params.lr or enable gradient_clipping", tr.step,
                        loss);
@@ -1005,7 +699,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         if (tr.have_val && cfg->train.eval_every > 0 &&
             (tr.step % cfg->train.eval_every == 0 || tr.step == cfg->train.steps)) {
             float vl = evaluate(&tr);
-            zero_take_traffic(&tr.zero, bytes); /* validation's gathers are not the step's */
+            zero_take_traffic(&tr.sess.zero, bytes); /* validation's gathers are not the step's */
             log_info("step %5ld | validation loss %.6f", tr.step, vl);
             if (tr.metrics)
                 fprintf(tr.metrics, "{\"step\": %ld, \"val_loss\": %.9g, \"val_bytes_allgather\": %llu}\n", tr.step,
@@ -1018,10 +712,10 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
             break;
         if (cfg->checkpoint.dir && cfg->checkpoint.every > 0 && tr.step % cfg->checkpoint.every == 0 &&
             tr.step < cfg->train.steps)
-            save_checkpoint(&tr);
+            ckpt_run_save(&tr);
     }
     if (cfg->checkpoint.dir)
-        save_checkpoint(&tr);
+        ckpt_run_save(&tr);
     if (!stop_signal)
         train_fault_point("exit");
     if (stop_signal) {
@@ -1043,27 +737,27 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         return 128 + stop_signal;
     }
     if (opt->dump_final_path) {
-        FILE *f = tr.rank == 0 ? dump_open(opt->dump_final_path) : NULL;
+        FILE *f = tr.sess.rank == 0 ? dump_open(opt->dump_final_path) : NULL;
         dump_params(f, &tr, 0);
         if (f)
             dump_close(f, opt->dump_final_path);
     }
-    sample_text(&tr);
-    zero_note_pool_peaks(&tr.zero);
+    sample_text(&tr.sess, cfg, sample_stopped);
+    zero_note_pool_peaks(&tr.sess.zero);
     /* Every rank's peaks, worst case: the table shows what the largest rank needed. */
     double peaks[BUF_COUNT];
     for (int k = 0; k < BUF_COUNT; k++)
-        peaks[k] = (double)tr.mem.peak[k];
+        peaks[k] = (double)tr.sess.mem.peak[k];
     comm_allreduce(comm, peaks, BUF_COUNT, COMM_F64, COMM_MAX, NULL);
     for (int k = 0; k < BUF_COUNT; k++)
-        tr.mem.peak[k] = (size_t)peaks[k];
+        tr.sess.mem.peak[k] = (size_t)peaks[k];
     if (tr.metrics) {
         write_memory_json(&tr);
         metrics_flush(&tr, true);
     }
-    plan_print(&tr.plan, &tr.mem, "memory per rank at the end (planned vs peak):");
-    plan_check_device(&tr.plan, 0);
-    if (tr.world > 1)
+    plan_print(&tr.sess.plan, &tr.sess.mem, "memory per rank at the end (planned vs peak):");
+    plan_check_device(&tr.sess.plan, 0);
+    if (tr.sess.world > 1)
         log_info("communication on rank 0: %.2f s in collectives, %.2f s of it exposed (compute waited)",
                  comm->busy_seconds, comm->wait_seconds);
     trainer_teardown(&tr);

@@ -46,7 +46,7 @@ struct shape {
     int reps;
 };
 
-/* The padding shardlm applies to the vocabulary (src/config/config_shardlm.c MODEL_VOCAB_ALIGN). */
+/* The padding shardlm applies to the vocabulary (MODEL_VOCAB_ALIGN, src/core/options.h). */
 #define VOCAB_ALIGN 128
 /* Llama's defaults for the other kernels: NH / LLAMA_GQA_RATIO key/value heads (Llama 3 8B: 32 / 8), and the MLP
  * width of Meta's reference code: 2/3 of 4C rounded up to a multiple of LLAMA_FFN_MULTIPLE (multiple_of). */

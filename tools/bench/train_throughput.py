@@ -61,7 +61,7 @@ CORE_RE = (r"\b(Prescott|Core2|Penryn|Dunnington|Nehalem|Sandybridge|Haswell|Sky
 
 
 def padded_vocab(v, align=128):
-    """src/config/config_shardlm.c's padded vocabulary (a multiple of 128): what the reference's embedding and head get."""
+    """The padded vocabulary (MODEL_VOCAB_ALIGN, src/core/options.h) (a multiple of 128): what the reference's embedding and head get."""
     return (v + align - 1) // align * align
 
 

@@ -1,0 +1,76 @@
+/*
+ * session — one engine opened for passes (see session.h).
+ */
+#include "session.h"
+
+#include <string.h>
+
+void session_init(struct session *s, struct comm *comm, const struct config *cfg)
+{
+    memset(s, 0, sizeof *s);
+    s->cfg = cfg;
+    s->comm = comm;
+    s->rank = comm->rank;
+    s->world = comm->world;
+}
+
+void session_plan(struct session *s, const struct session_shape *shape)
+{
+    const struct config *cfg = s->cfg;
+    s->target = target_running();
+    family_build_passes(&s->model, plan_ckpt_interval(cfg), &s->train_pass, &s->eval_pass);
+    if (shape->Tmax > 0)
+        plan_compute_generate(&s->plan, &s->model, cfg, s->world, shape->B, shape->T, shape->Tmax);
+    else
+        plan_compute(&s->plan, &s->model, cfg, s->world);
+    plan_check_device(&s->plan, 1);
+    for (int sp = 0; sp < SPACE_COUNT; sp++)
+        arena_create(&s->arenas[sp], sp, s->plan.space_total[sp]);
+    s->planned = true;
+}
+
+void session_load(struct session *s, const struct param_source *src)
+{
+    const int(*slots)[ZERO_POOLS] = (const int(*)[ZERO_POOLS])s->plan.pool_slots;
+    zero_init(&s->zero, &s->model, s->cfg, &s->target, s->comm, s->rank, s->world, false, slots, s->arenas, &s->mem,
+              src);
+    s->loaded = true;
+}
+
+void session_acts(struct session *s, const struct session_shape *shape)
+{
+    const struct config *cfg = s->cfg;
+    const int Tmax = shape->Tmax;
+    const bool positions = Tmax > 0 || cfg->data.packing;
+    family_acts_init(&s->acts, &s->model, &s->target, shape->B, shape->T, Tmax > 0 ? Tmax : shape->T,
+                     plan_ckpt_interval(cfg), positions, target_space(&s->target, cfg, BUF_ACT_CKPT), s->arenas,
+                     &s->mem);
+    if (Tmax > 0)
+        family_kv_init(&s->acts, &s->kv, &s->target, Tmax, s->arenas, &s->mem);
+    s->started = true;
+}
+
+double session_forward(struct session *s, int B, int T, int with_targets)
+{
+    zero_begin_pass(&s->zero, &s->eval_pass);
+    double sum = family_forward(&s->zero, &s->acts, B, T, with_targets, FAMILY_EVAL, 0.0f);
+    zero_end_pass(&s->zero);
+    return sum;
+}
+
+void session_close(struct session *s)
+{
+    if (s->started) {
+        family_kv_free(&s->acts);
+        family_acts_free(&s->acts);
+    }
+    if (s->loaded)
+        zero_free(&s->zero);
+    if (s->planned) {
+        family_free_passes(&s->train_pass, &s->eval_pass);
+        for (int sp = 0; sp < SPACE_COUNT; sp++)
+            arena_destroy(&s->arenas[sp]);
+    }
+    model_free(&s->model);
+    memset(s, 0, sizeof *s);
+}
