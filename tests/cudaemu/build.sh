@@ -47,12 +47,14 @@ gcc -std=gnu11 -O2 -fopenmp -Wall -Wextra -Werror -iquote src -iquote tests/gpu 
 gcc -std=gnu11 -O2 -Wall -Wextra -Werror -iquote src $PC_CFLAGS \
   -c tests/gpu/time_kernels.c -o "$OUT/time_kernels.o" & pids+=($!)
 for p in "${pids[@]}"; do wait "$p"; done
+# the objects of today's sources in build/src (never a stale one of a moved or deleted source)
+src_objs() { find src -name '*.c' | sort | sed 's#^src/\(.*\)\.c$#build/src/\1.o#'; }
 EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/cublaslt.o $OUT/nccl_mpi.o ${cuda_objs[*]}"
 g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" "$OUT/backend_cpu_attention_renamed.o" $EMU \
-  $(find build/src -name '*.o' | sort | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
+  $(src_objs | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
 g++ $SAN -fopenmp "$OUT/time_kernels.o" $EMU \
-  $(find build/src -name '*.o' | sort | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/time_kernels" $PC_LIBS -lm
-g++ $SAN -fopenmp $(find build/src -name '*.o' | sort | grep -v '/backend/cpu/') \
+  $(src_objs | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/time_kernels" $PC_LIBS -lm
+g++ $SAN -fopenmp $(src_objs | grep -v '/backend/cpu/') \
   $EMU -o "$OUT/shardlm-cudaemu" $PC_LIBS -lm
 
 g++ $CXXFLAGS tests/cudaemu/selftest.cc "$OUT/cudaemu.o" "$OUT/cublas.o" "$OUT/cublaslt.o" "$OUT/nccl_mpi.o" -o "$OUT/selftest" $PC_LIBS

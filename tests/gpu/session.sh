@@ -189,18 +189,20 @@ make_var() { make -s --no-print-directory CUDA=1 "${MAKE_ARGS[@]}" --eval 'print
 link_checkers() {
   local b=$1 d=$2 cflags ldlibs cudalibs objs
   cflags=$(make_var CFLAGS) ldlibs=$(make_var LDLIBS) cudalibs=$(make_var CUDA_LIBS)
-  objs=$(find "$b"/src -name '*.o' | sort | grep -v -e '/main.o$' -e '/backend_cpu')
+  # the objects of today's sources (a stale object of a moved or deleted source is never linked)
+  objs=$(find src -name '*.c' | sort | sed "s#^src/\(.*\)\.c\$#$b/src/\1.o#" | grep -v -e '/main.o$' -e '/backend_cpu')
+  cuda_objs=$(for f in src/backend/cuda/*.cu; do f=${f##*/}; echo "$b/cuda/${f%.cu}.o"; done)
   # shellcheck disable=SC2086  # word lists from make
   if gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend/cpu/backend_cpu.c -o "$d/backend_cpu_renamed.o" &&
     gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend/cpu/backend_cpu_attention.c \
       -o "$d/backend_cpu_attention_renamed.o" &&
     gcc $cflags -iquote tests/gpu -I"$CUDA_HOME/include" tests/gpu/check_kernels.c "$d/backend_cpu_renamed.o" \
       "$d/backend_cpu_attention_renamed.o" \
-      "$b"/cuda/*.o $objs -o "$d/check_kernels" $ldlibs $cudalibs; then ok build.check_kernels; else
+      $cuda_objs $objs -o "$d/check_kernels" $ldlibs $cudalibs; then ok build.check_kernels; else
     fail build.check_kernels "compiling or linking tests/gpu/check_kernels.c failed"; fi
   rm -f "$d/backend_cpu_renamed.o" "$d/backend_cpu_attention_renamed.o"
   # shellcheck disable=SC2086
-  if gcc $cflags tests/gpu/time_kernels.c "$b"/cuda/*.o $objs -o "$d/time_kernels" $ldlibs $cudalibs; then
+  if gcc $cflags tests/gpu/time_kernels.c $cuda_objs $objs -o "$d/time_kernels" $ldlibs $cudalibs; then
     ok build.time_kernels; else fail build.time_kernels "compiling or linking tests/gpu/time_kernels.c failed"; fi
 }
 
