@@ -119,8 +119,10 @@ static void apply_set(json_t *root, const char *assignment)
 /* ---- public ------------------------------------------------------------ */
 
 /* The --set overrides and the keys' check on a document read; cfg takes it. */
-static void config_begin_doc(struct config *cfg, json_t *root, const char *const *sets, int n_sets)
+void config_begin_json(struct config *cfg, json_t *root, const char *const *sets, int n_sets)
 {
+    if (!json_is_object(root))
+        fail_input("config: the top level must be a JSON object ({...}), got %s", json_kind_name(root));
     for (int i = 0; i < n_sets; i++)
         apply_set(root, sets[i]);
     check_keys(root, "", top_keys);
@@ -159,7 +161,7 @@ void config_begin(struct config *cfg, const char *path, const char *deepspeed_pa
         merge_into(root, ds, "", path, deepspeed_path);
         json_decref(ds);
     }
-    config_begin_doc(cfg, root, sets, n_sets);
+    config_begin_json(cfg, root, sets, n_sets);
 }
 
 void config_begin_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets)
@@ -170,7 +172,7 @@ void config_begin_string(struct config *cfg, const char *json_text, const char *
         fail_input("config: <string>:%d:%d: %s", err.line, err.column, err.text);
     if (!json_is_object(root))
         fail_input("config: <string>: the top level must be a JSON object ({...}), got %s", json_kind_name(root));
-    config_begin_doc(cfg, root, sets, n_sets);
+    config_begin_json(cfg, root, sets, n_sets);
 }
 
 /* config_load's callers have no model directory to read. */
@@ -194,6 +196,12 @@ void config_load_string(struct config *cfg, const char *json_text, const char *c
 {
     config_begin_string(cfg, json_text, sets, n_sets);
     config_end_alone(cfg, "config_load_string");
+}
+
+void config_load_json(struct config *cfg, json_t *root, const char *const *sets, int n_sets)
+{
+    config_begin_json(cfg, root, sets, n_sets);
+    config_end_alone(cfg, "config_load_json");
 }
 
 char *config_dump(const struct config *cfg)

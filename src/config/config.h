@@ -35,6 +35,8 @@ void config_load(struct config *cfg, const char *path, const char *deepspeed_pat
                  const char *const *sets, int n_sets);
 /* Same, from a JSON string. */
 void config_load_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets);
+/* Same, from a document in memory, which cfg takes (no text in between). */
+void config_load_json(struct config *cfg, json_t *root, const char *const *sets, int n_sets);
 
 /* config_load in three steps, for a config that may name a model directory:
  * config_begin[_string] builds the document (file, --deepspeed, --set),
@@ -45,6 +47,8 @@ void config_load_string(struct config *cfg, const char *json_text, const char *c
 void config_begin(struct config *cfg, const char *path, const char *deepspeed_path, const char *const *sets,
                   int n_sets);
 void config_begin_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets);
+/* Same from a document built in memory (a checkpoint's config): cfg takes root. */
+void config_begin_json(struct config *cfg, json_t *root, const char *const *sets, int n_sets);
 /* A model key (value: a reference it takes) the model directory determines:
  * into the document as if given, or an error when the config gives it with
  * another value. cfg: the struct config between the two steps. */

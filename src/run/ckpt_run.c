@@ -351,10 +351,7 @@ bool ckpt_run_lora(struct ckpt_reader *r, const char *path, struct config *cfg)
     if (on) {
         json_t *part = json_pack("{sosO}", "model", json_deep_copy(model), "lora", lora);
         json_object_del(json_object_get(part, "model"), "from_pretrained");
-        char *part_text = json_dumps(part, JSON_COMPACT);
-        config_load_string(cfg, part_text, NULL, 0);
-        free(part_text);
-        json_decref(part);
+        config_load_json(cfg, part, NULL, 0); /* the config takes part */
     }
     json_decref(doc);
     return on;

@@ -117,6 +117,23 @@ static json_t *resolve_model(struct infer *s, const struct infer_options *o, str
     return doc;
 }
 
+/* The run's config from the checkpoint's document (which the config takes), its model and tokenizer; a
+ * failure on any rank is reported once, by the lowest. */
+static void read_config(struct infer *s, json_t *doc, const struct infer_options *o, struct comm *comm)
+{
+    struct fail_trap trap;
+    if (FAIL_TRAP(&trap) == 0) {
+        run_config_load_json(&s->cfg, doc, o->sets, o->n_sets);
+        model_build(&s->sess.model, &s->cfg.model);
+        model_add_lora(&s->sess.model, &s->cfg.lora);
+        if (s->hf_dir[0])
+            read_eos(s, s->hf_dir);
+        find_tokenizer(s, o);
+    }
+    fail_untrap();
+    comm_agree_failure(comm, &trap);
+}
+
 void infer_open(struct infer *s, struct comm *comm, const struct infer_options *o)
 {
     memset(s, 0, sizeof *s);
@@ -140,20 +157,7 @@ void infer_open(struct infer *s, struct comm *comm, const struct infer_options *
             json_object_set_new(doc, "data", data = json_object());
         json_object_set_new(data, "train", json_string(o->data));
     }
-    char *text = json_dumps(doc, JSON_COMPACT);
-    json_decref(doc);
-    struct fail_trap trap;
-    if (FAIL_TRAP(&trap) == 0) {
-        run_config_load_string(&s->cfg, text, o->sets, o->n_sets);
-        model_build(&s->sess.model, &s->cfg.model);
-        model_add_lora(&s->sess.model, &s->cfg.lora);
-        if (s->hf_dir[0])
-            read_eos(s, s->hf_dir);
-        find_tokenizer(s, o);
-    }
-    fail_untrap();
-    free(text);
-    comm_agree_failure(comm, &trap);
+    read_config(s, doc, o, comm);
     backend_init(s->cfg.train.threads);
     backend_attach_comm(comm);
     backend_set_act_dtype(backend_is_device() ? s->cfg.dtype : DTYPE_F32);

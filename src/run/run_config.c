@@ -21,6 +21,12 @@ void run_config_load(struct config *cfg, const char *path, const char *deepspeed
     run_config_end(cfg);
 }
 
+void run_config_load_json(struct config *cfg, json_t *root, const char *const *sets, int n_sets)
+{
+    config_begin_json(cfg, root, sets, n_sets);
+    run_config_end(cfg);
+}
+
 void run_config_load_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets)
 {
     config_begin_string(cfg, json_text, sets, n_sets);

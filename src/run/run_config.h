@@ -15,5 +15,7 @@ void run_config_load(struct config *cfg, const char *path, const char *deepspeed
                      int n_sets);
 /* config_load_string, model.from_pretrained included. */
 void run_config_load_string(struct config *cfg, const char *json_text, const char *const *sets, int n_sets);
+/* The same from a document in memory, which cfg takes. */
+void run_config_load_json(struct config *cfg, json_t *root, const char *const *sets, int n_sets);
 
 #endif
