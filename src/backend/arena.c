@@ -78,3 +78,28 @@ void *arena_alloc(struct arena *a, struct mem_tracker *t, enum buf_class c, size
         arena_mark_live(t, c, n);
     return p;
 }
+
+void arena_mark_take(struct arena_mark *m, const struct arena arenas[SPACE_COUNT], const struct mem_tracker *t)
+{
+    for (int s = 0; s < SPACE_COUNT; s++)
+        m->used[s] = arenas[s].used;
+    for (int c = 0; c < BUF_COUNT; c++)
+        m->reserved[c] = t->reserved[c];
+}
+
+void arena_rewind(const struct arena_mark *m, struct arena arenas[SPACE_COUNT], struct mem_tracker *t)
+{
+    for (int c = 0; c < BUF_COUNT; c++) {
+        if (t->reserved[c] < m->reserved[c])
+            fail_internal("memory tracker: rewinding %s to %zu bytes reserved, %zu now", class_names[c],
+                          m->reserved[c], t->reserved[c]);
+        arena_mark_free(t, c, t->reserved[c] - m->reserved[c]);
+        t->reserved[c] = m->reserved[c];
+    }
+    for (int s = 0; s < SPACE_COUNT; s++) {
+        if (arenas[s].used < m->used[s])
+            fail_internal("%s arena: rewinding to %zu bytes used, %zu now", mem_space_name(arenas[s].space),
+                          m->used[s], arenas[s].used);
+        arenas[s].used = m->used[s];
+    }
+}

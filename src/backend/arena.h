@@ -66,6 +66,17 @@ void *arena_alloc(struct arena *a, struct mem_tracker *t, enum buf_class c, size
 void arena_mark_live(struct mem_tracker *t, enum buf_class c, size_t bytes);
 void arena_mark_free(struct mem_tracker *t, enum buf_class c, size_t bytes);
 
+/* A point to come back to: every arena's use and every class's reserved
+ * bytes. arena_rewind gives back what was carved since (the buffers must be
+ * no longer used, and were carved live: static buffers), freeing it in the
+ * tracker too, so the same memory can be carved again; the peaks stay. */
+struct arena_mark {
+    size_t used[SPACE_COUNT];
+    size_t reserved[BUF_COUNT];
+};
+void arena_mark_take(struct arena_mark *m, const struct arena arenas[SPACE_COUNT], const struct mem_tracker *t);
+void arena_rewind(const struct arena_mark *m, struct arena arenas[SPACE_COUNT], struct mem_tracker *t);
+
 /* Rounding used for every buffer, so the plan can predict it. */
 #define ARENA_ALIGN 64 /* bytes: every buffer starts on a multiple */
 static inline size_t arena_round(size_t bytes) { return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }

@@ -14,15 +14,21 @@ void session_init(struct session *s, struct comm *comm, const struct config *cfg
     s->world = comm->world;
 }
 
+/* The plan of a shape: generation's (Tmax > 0), or the config's training. */
+static void plan_of(const struct session *s, const struct session_shape *shape, struct mem_plan *p)
+{
+    if (shape->Tmax > 0)
+        plan_compute_generate(p, &s->model, s->cfg, s->world, shape->B, shape->T, shape->Tmax);
+    else
+        plan_compute(p, &s->model, s->cfg, s->world);
+}
+
 void session_plan(struct session *s, const struct session_shape *shape)
 {
     const struct config *cfg = s->cfg;
     s->target = target_running();
     family_build_passes(&s->model, plan_ckpt_interval(cfg), &s->train_pass, &s->eval_pass);
-    if (shape->Tmax > 0)
-        plan_compute_generate(&s->plan, &s->model, cfg, s->world, shape->B, shape->T, shape->Tmax);
-    else
-        plan_compute(&s->plan, &s->model, cfg, s->world);
+    plan_of(s, shape, &s->plan);
     plan_check_device(&s->plan, 1);
     for (int sp = 0; sp < SPACE_COUNT; sp++)
         arena_create(&s->arenas[sp], sp, s->plan.space_total[sp]);
@@ -42,6 +48,7 @@ void session_acts(struct session *s, const struct session_shape *shape)
     const struct config *cfg = s->cfg;
     const int Tmax = shape->Tmax;
     const bool positions = Tmax > 0 || cfg->data.packing;
+    arena_mark_take(&s->acts_mark, s->arenas, &s->mem);
     family_acts_init(&s->acts, &s->model, &s->target, shape->B, shape->T, Tmax > 0 ? Tmax : shape->T,
                      plan_ckpt_interval(cfg), positions, target_space(&s->target, cfg, BUF_ACT_CKPT), s->arenas,
                      &s->mem);
@@ -56,6 +63,24 @@ double session_forward(struct session *s, int B, int T, int with_targets)
     double sum = family_forward(&s->zero, &s->acts, B, T, with_targets, FAMILY_EVAL, 0.0f);
     zero_end_pass(&s->zero);
     return sum;
+}
+
+bool session_fits(const struct session *s, const struct session_shape *shape)
+{
+    struct mem_plan need;
+    plan_of(s, shape, &need);
+    for (int c = 0; c < BUF_COUNT; c++)
+        if (need.bytes[c] > s->plan.bytes[c] || need.space[c] != s->plan.space[c])
+            return false;
+    return true;
+}
+
+void session_reshape(struct session *s, const struct session_shape *shape)
+{
+    family_kv_free(&s->acts);
+    family_acts_free(&s->acts);
+    arena_rewind(&s->acts_mark, s->arenas, &s->mem);
+    session_acts(s, shape);
 }
 
 void session_close(struct session *s)

@@ -53,6 +53,7 @@ struct session {
     struct exec_target target; /* the backend this binary runs, as configured */
     struct family_acts acts;
     struct family_kv kv;
+    struct arena_mark acts_mark; /* the arenas before the activations (session_reshape) */
     bool planned, loaded, started; /* what session_close frees */
 };
 
@@ -66,6 +67,14 @@ void session_load(struct session *s, const struct param_source *src);
 /* The activations of the shape (and the cache when shape->Tmax > 0). */
 void session_acts(struct session *s, const struct session_shape *shape);
 void session_close(struct session *s);
+
+/* Whether the activations (and cache) of shape need, in every buffer class,
+ * at most what s's plan reserved there. Local; the same answer on every rank. */
+bool session_fits(const struct session *s, const struct session_shape *shape);
+/* Frees the activations (and cache) and carves those of shape in their place
+ * (the same arena memory: the shape must fit, session_fits). The tracker's
+ * peaks stay; what is live is the new shape's. */
+void session_reshape(struct session *s, const struct session_shape *shape);
 
 /* One evaluation forward of s->acts' B x T tokens (inputs and positions
  * filled; with the cache, kv.past and kv.last too), bracketed by the eval

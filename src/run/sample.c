@@ -83,13 +83,34 @@ void sample_text(struct session *s, const struct config *cfg, const char *(*stop
     uint64_t rng = cfg->train.seed ^ 0x5A3F1E5ull;
     int len = 1;
     ctx[0] = tok && tokenizer_eos_id(tok) >= 0 ? tokenizer_eos_id(tok) : V >= 256 ? '\n' : 0;
+    /* With the key/value cache of one row (the training activations no longer
+     * needed give their memory to it) when it fits what the plan reserved per
+     * class: each step then computes only the newest token, at its position.
+     * Past seq_len the context slides: the rest re-runs the window through the
+     * training activations, as the whole sample does when the cache does not fit. */
+    const struct session_shape cached = {1, 1, n < T ? n : T}, trained = {cfg->micro_batch, T, 0};
+    bool kv = session_fits(s, &cached);
+    if (kv)
+        session_reshape(s, &cached);
     for (int i = 0; i < n; i++) {
-        int start = len > T ? len - T : 0, t = len - start;
-        memcpy(s->acts.inputs, ctx + start, (size_t)t * sizeof *ctx);
-        for (int p = 0; s->acts.positions && p < t; p++) /* one sample: positions 0 .. t-1 */
-            s->acts.positions[p] = p;
-        session_forward(s, 1, t, 0);
-        family_read_logits(&s->acts, t - 1, row);
+        if (kv && len > T) {
+            session_reshape(s, &trained);
+            kv = false;
+        }
+        if (kv) {
+            s->acts.inputs[0] = ctx[len - 1];
+            s->acts.positions[0] = s->kv.past[0] = len - 1;
+            s->kv.last[0] = 0;
+            session_forward(s, 1, 1, 0);
+            family_read_logits(&s->acts, 0, row);
+        } else {
+            int start = len > T ? len - T : 0, t = len - start;
+            memcpy(s->acts.inputs, ctx + start, (size_t)t * sizeof *ctx);
+            for (int p = 0; s->acts.positions && p < t; p++) /* one sample: positions 0 .. t-1 */
+                s->acts.positions[p] = p;
+            session_forward(s, 1, t, 0);
+            family_read_logits(&s->acts, t - 1, row);
+        }
         int32_t next = sample_choose(row, V, &sp, &rng, work);
         /* rank 0's choice, so every rank feeds the same context next */
         comm_broadcast(s->comm, &next, 1, COMM_I32, 0, NULL);

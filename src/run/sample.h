@@ -31,10 +31,13 @@ int32_t sample_choose(const float *logits, int V, const struct sampling *sp, uin
  * or the tokenizer's end-of-sequence token, with `shardlm generate`'s choice
  * of a token (sample_choose at train.sample_temperature); prints the text,
  * decoded by model.from_pretrained's tokenizer.json when there is one, bytes
- * when the vocabulary is byte-level (256), token ids otherwise. Without a key
- * and value cache: the trainer's buffers hold one micro-batch, so each token
- * runs the context again (generate caches them). s: the trainer's session;
- * stopped (a collective after each token): a stop signal's name, or NULL. */
+ * when the vocabulary is byte-level (256), token ids otherwise. The training
+ * activations are released (session_reshape) for a key and value cache of
+ * one row when it fits what the training plan reserved per buffer class;
+ * otherwise, and for the tokens past seq_len (a sliding window), each token
+ * runs the context again through the training activations. s: the trainer's
+ * session, its activations replaced; stopped (a collective after each token):
+ * a stop signal's name, or NULL. */
 void sample_text(struct session *s, const struct config *cfg, const char *(*stopped)(struct comm *comm));
 
 #endif
