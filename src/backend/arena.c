@@ -24,7 +24,6 @@ static const char *class_names[BUF_COUNT] = {
 };
 
 const char *arena_class_name(enum buf_class c) { return class_names[c]; }
-const char *arena_space_name(enum mem_space s) { return mem_space_name(s); }
 
 void arena_create(struct arena *a, enum mem_space space, size_t capacity)
 {

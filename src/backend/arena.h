@@ -53,7 +53,6 @@ struct mem_tracker {
 };
 
 const char *arena_class_name(enum buf_class c);
-const char *arena_space_name(enum mem_space s); /* mem_space_name (backend.h) */
 
 void arena_create(struct arena *a, enum mem_space space, size_t capacity);
 void arena_destroy(struct arena *a);

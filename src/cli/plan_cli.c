@@ -183,7 +183,7 @@ static void print_plan(const struct plan_eval *e, const struct model *m, const s
     for (int s = 0; s < SPACE_COUNT; s++) {
         if (s == SPACE_HOST && p->space_total[s] == 0)
             continue;
-        printf("  %s\n", arena_space_name(s));
+        printf("  %s\n", mem_space_name(s));
         for (int c = 0; c < BUF_COUNT; c++) {
             if (p->space[c] != (enum mem_space)s)
                 continue;
@@ -225,10 +225,10 @@ static void print_json(const struct plan_eval *e, const struct model *m, const s
            m->n_params, model_flops_per_token(m, cfg->data.seq_len), o->ranks, cfg->micro_batch, cfg->data.seq_len);
     for (int c = 0; c < BUF_COUNT; c++)
         printf("%s\"%s\": {\"space\": \"%s\", \"bytes\": %zu}", c ? ", " : "", arena_class_name(c),
-               arena_space_name(p->space[c]), p->bytes[c]);
+               mem_space_name(p->space[c]), p->bytes[c]);
     printf("}, \"space_total\": {");
     for (int s = 0; s < SPACE_COUNT; s++)
-        printf("%s\"%s\": %zu", s ? ", " : "", arena_space_name(s), p->space_total[s]);
+        printf("%s\"%s\": %zu", s ? ", " : "", mem_space_name(s), p->space_total[s]);
     printf("}, \"model_states\": %.0f, \"host_per_node\": %.0f, \"bytes_allgather\": %.0f, "
            "\"bytes_reduce_scatter\": %.0f, \"bytes_allreduce\": %.0f, \"fits\": %s}\n",
            model_states(p), e->host_per_node, traffic[COMM_ALLGATHER], traffic[COMM_REDUCE_SCATTER],

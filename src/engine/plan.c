@@ -149,7 +149,7 @@ void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const cha
     for (int c = 0; c < BUF_COUNT; c++) {
         if (p->bytes[c] == 0 && (!t || t->peak[c] == 0))
             continue;
-        log_info("  %-24s %-12s %14s %14s", arena_class_name(c), arena_space_name(p->space[c]),
+        log_info("  %-24s %-12s %14s %14s", arena_class_name(c), mem_space_name(p->space[c]),
                  format_bytes((double)p->bytes[c], a, sizeof a),
                  t ? format_bytes((double)t->peak[c], b, sizeof b) : "");
     }
@@ -160,7 +160,7 @@ void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const cha
         for (int c = 0; t && c < BUF_COUNT; c++)
             if (p->space[c] == (enum mem_space)s)
                 peak += t->peak[c];
-        log_info("  %-24s %-12s %14s %14s", "total", arena_space_name(s),
+        log_info("  %-24s %-12s %14s %14s", "total", mem_space_name(s),
                  format_bytes((double)p->space_total[s], a, sizeof a),
                  t ? format_bytes((double)peak, b, sizeof b) : "");
     }

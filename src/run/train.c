@@ -557,7 +557,7 @@ static void write_memory_json(struct trainer *tr)
     fprintf(tr->metrics, "{\"memory\": {");
     for (int k = 0; k < BUF_COUNT; k++)
         fprintf(tr->metrics, "%s\"%s\": {\"space\": \"%s\", \"planned\": %zu, \"peak\": %zu}", k ? ", " : "",
-                arena_class_name(k), arena_space_name(tr->sess.plan.space[k]), tr->sess.plan.bytes[k],
+                arena_class_name(k), mem_space_name(tr->sess.plan.space[k]), tr->sess.plan.bytes[k],
                 tr->sess.mem.peak[k]);
     fprintf(tr->metrics, "}}\n");
 }
