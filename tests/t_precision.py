@@ -50,7 +50,7 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
              by Adam m + Adam v - the growth of those classes
   bad.*      exit status 2 and one stderr line naming the key: fp16 and bf16 both
              enabled; fp16.loss_scale_window 0; activation_checkpointing.interval 0 and
-             > n_layer; offload_optimizer.device "nvme" ("not supported")
+             > n_layer; offload_optimizer.device "nvme" without nvme_path
   ds.*       input/ds_config.json, unmodified, with a tiny model config (--deepspeed,
              --set train.steps): N=2 trains in fp16 at stage 3 with the optimizer state
              in pinned host, finite losses; a copy with "reduce_bucket_size": 5e8 and
@@ -540,7 +540,7 @@ def bad_suite():
         ("ckpt_interval_gt_layers", {"activation_checkpointing": {"enabled": True, "interval": SMALL["n_layer"] + 1}},
          ["activation_checkpointing.interval"]),
         ("offload_nvme", {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},
-         ["zero_optimization.offload_optimizer.device", "not supported"]),
+         ["zero_optimization.offload_optimizer.device", "nvme_path' is not set"]),
     ]
     for name, extra, words in cases:
         cfg = make_config("bad_" + name, steps=2, extra=extra)

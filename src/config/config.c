@@ -139,6 +139,7 @@ void config_end(struct config *cfg)
      * (interval); optimizer before scheduler (WarmupLR's default max lr). */
     read_model(cfg, root);
     read_lora(cfg, root);
+    read_dpo(cfg, root);
     read_data(cfg, root);
     read_train(cfg, root);
     read_checkpoint(cfg, root);
@@ -220,6 +221,7 @@ void config_free(struct config *cfg)
     free(cfg->data.val_path);
     free(cfg->train.metrics_path);
     free(cfg->checkpoint.dir);
+    free(cfg->dpo.ref_log_probs_path);
     free(cfg->lora.target_modules);
     free(cfg->lora.modules_to_save);
     json_decref(cfg->json);

@@ -47,6 +47,10 @@
 #define ZERO_PREFETCH_BUCKET_SIZE_DEFAULT 50000000LL
 #define ZERO_MAX_LIVE_PARAMETERS_DEFAULT 1000000000LL
 #define ZERO_PERSISTENCE_THRESHOLD_DEFAULT 100000LL
+/* zero/offload_config.py: buffer counts and the parameter buffer size. */
+#define ZERO_OPTIMIZER_BUFFER_COUNT_DEFAULT 4
+#define ZERO_PARAM_BUFFER_COUNT_DEFAULT 5
+#define ZERO_PARAM_BUFFER_SIZE_DEFAULT 1e8
 /* zero/offload_config.py: pin_memory defaults to true since v0.19.5. */
 #define ZERO_OFFLOAD_PIN_MEMORY_DEFAULT true
 
@@ -356,6 +360,54 @@ void read_precision(struct config *cfg, json_t *root)
     cfg->dtype = f->enabled ? DTYPE_F16 : cfg->bf16 ? DTYPE_BF16 : DTYPE_F32;
 }
 
+/* offload_optimizer.device / offload_param.device: "none", "cpu" or
+ * "nvme" (ZeRO-Infinity: "nvme" offloads to host memory as "cpu" does and
+ * keeps the state in files under nvme_path besides). */
+static const char *read_offload_device(json_t *root, const char *what, bool *host, bool *nvme,
+                                       enum fill_mode fill)
+{
+    char key[KEY_PATH_CAP], path_key[KEY_PATH_CAP];
+    snprintf(key, sizeof key, "zero_optimization.%s.device", what);
+    snprintf(path_key, sizeof path_key, "zero_optimization.%s.nvme_path", what);
+    const char *device = read_str(root, key, "none", fill);
+    if (strcmp(device, "cpu") != 0 && strcmp(device, "none") != 0 && strcmp(device, "nvme") != 0)
+        fail_input("config: '%s' is \"%s\"; known: \"none\", \"cpu\", \"nvme\"", key, device);
+    *nvme = strcmp(device, "nvme") == 0;
+    *host = *nvme || strcmp(device, "cpu") == 0;
+    const char *dir = read_str(root, path_key, NULL, NO_FILL);
+    if (*nvme && (!dir || !*dir))
+        fail_input("config: '%s' is \"nvme\" but '%s' is not set; set it to a directory on a local NVMe disk "
+                   "(each rank keeps its files there)",
+                   key, path_key);
+    return *nvme ? dir : NULL;
+}
+
+static void read_offload(struct zero_config *z, json_t *root)
+{
+    z->optimizer_nvme_path =
+        read_offload_device(root, "offload_optimizer", &z->offload_optimizer, &z->offload_optimizer_nvme, FILL);
+    z->offload_pin_memory =
+        read_bool(root, "zero_optimization.offload_optimizer.pin_memory", ZERO_OFFLOAD_PIN_MEMORY_DEFAULT, FILL);
+    z->optimizer_buffer_count = read_int(root, "zero_optimization.offload_optimizer.buffer_count",
+                                         ZERO_OPTIMIZER_BUFFER_COUNT_DEFAULT, NO_FILL);
+    require_positive("zero_optimization.offload_optimizer.buffer_count", z->optimizer_buffer_count);
+    z->param_nvme_path =
+        read_offload_device(root, "offload_param", &z->offload_param, &z->offload_param_nvme, NO_FILL);
+    z->offload_param_pin_memory =
+        read_bool(root, "zero_optimization.offload_param.pin_memory", ZERO_OFFLOAD_PIN_MEMORY_DEFAULT, NO_FILL);
+    z->param_buffer_count =
+        read_int(root, "zero_optimization.offload_param.buffer_count", ZERO_PARAM_BUFFER_COUNT_DEFAULT, NO_FILL);
+    require_positive("zero_optimization.offload_param.buffer_count", z->param_buffer_count);
+    z->param_buffer_size =
+        read_num(root, "zero_optimization.offload_param.buffer_size", ZERO_PARAM_BUFFER_SIZE_DEFAULT, NO_FILL);
+    if (!(z->param_buffer_size >= 1))
+        fail_input("config: 'zero_optimization.offload_param.buffer_size' must be at least 1 (elements), got %g",
+                   z->param_buffer_size);
+    if (z->offload_param && z->stage != 3)
+        fail_input("config: 'zero_optimization.offload_param' needs zero_optimization.stage 3 (as in DeepSpeed): "
+                   "only stage 3 shards the parameters; raise the stage or set offload_param.device to \"none\"");
+}
+
 void read_zero(struct config *cfg, json_t *root)
 {
     struct zero_config *z = &cfg->zero;
@@ -363,28 +415,7 @@ void read_zero(struct config *cfg, json_t *root)
     if (z->stage < 0 || z->stage > 3)
         fail_input("config: 'zero_optimization.stage' must be 0, 1, 2 or 3, got %d", z->stage);
 
-    const char *device = read_str(root, "zero_optimization.offload_optimizer.device", "none", FILL);
-    if (strcmp(device, "nvme") == 0)
-        fail_input("config: 'zero_optimization.offload_optimizer.device' \"nvme\" is not supported in shardlm; use "
-                   "\"cpu\" (optimizer state in pinned host memory) or \"none\"");
-    if (strcmp(device, "cpu") != 0 && strcmp(device, "none") != 0)
-        fail_input("config: 'zero_optimization.offload_optimizer.device' is \"%s\"; known: \"none\", \"cpu\"", device);
-    z->offload_optimizer = strcmp(device, "cpu") == 0;
-    z->offload_pin_memory =
-        read_bool(root, "zero_optimization.offload_optimizer.pin_memory", ZERO_OFFLOAD_PIN_MEMORY_DEFAULT, FILL);
-    const char *param_device = read_str(root, "zero_optimization.offload_param.device", "none", NO_FILL);
-    if (strcmp(param_device, "nvme") == 0)
-        fail_input("config: 'zero_optimization.offload_param.device' \"nvme\" is not supported in shardlm; use "
-                   "\"cpu\" (parameter shards in pinned host memory) or \"none\"");
-    if (strcmp(param_device, "cpu") != 0 && strcmp(param_device, "none") != 0)
-        fail_input("config: 'zero_optimization.offload_param.device' is \"%s\"; known: \"none\", \"cpu\"",
-                   param_device);
-    z->offload_param = strcmp(param_device, "cpu") == 0;
-    z->offload_param_pin_memory =
-        read_bool(root, "zero_optimization.offload_param.pin_memory", ZERO_OFFLOAD_PIN_MEMORY_DEFAULT, NO_FILL);
-    if (z->offload_param && z->stage != 3)
-        fail_input("config: 'zero_optimization.offload_param' needs zero_optimization.stage 3 (as in DeepSpeed): "
-                   "only stage 3 shards the parameters; raise the stage or set offload_param.device to \"none\"");
+    read_offload(z, root);
     double ratio = read_num(root, "zero_optimization.offload_optimizer.ratio", 1.0, NO_FILL);
     if (ratio != 1.0)
         fail_input("config: 'zero_optimization.offload_optimizer.ratio' is %g: partial optimizer offload is not "

@@ -149,8 +149,8 @@ static const struct key_spec offload_optimizer_keys[] = {
     {"device", K_STR, 0, NULL, NULL},
     {"pin_memory", K_BOOL, 0, NULL, NULL},
     {"ratio", K_NUM, 0, NULL, NULL},
-    {"nvme_path", K_ANY, F_NO_EFFECT, NULL, NULL},
-    {"buffer_count", K_INT, F_NO_EFFECT, NULL, NULL},
+    {"nvme_path", K_STR, F_NULLABLE, NULL, NULL},
+    {"buffer_count", K_INT, 0, NULL, NULL},
     {"pipeline_read", K_BOOL, F_NO_EFFECT, NULL, NULL},
     {"pipeline_write", K_BOOL, F_NO_EFFECT, NULL, NULL},
     {"fast_init", K_BOOL, F_NO_EFFECT, NULL, NULL},
@@ -164,9 +164,9 @@ static const struct key_spec offload_optimizer_keys[] = {
 static const struct key_spec offload_param_keys[] = {
     {"device", K_STR, 0, NULL, NULL},
     {"pin_memory", K_BOOL, 0, NULL, NULL},
-    {"nvme_path", K_ANY, F_NO_EFFECT, NULL, NULL},
-    {"buffer_count", K_INT, F_NO_EFFECT, NULL, " (units are gathered whole)"},
-    {"buffer_size", K_INT, F_NO_EFFECT, NULL, " (units are gathered whole)"},
+    {"nvme_path", K_STR, F_NULLABLE, NULL, NULL},
+    {"buffer_count", K_INT, 0, NULL, NULL},
+    {"buffer_size", K_INT, 0, NULL, NULL},
     {"max_in_cpu", K_INT, F_NO_EFFECT, NULL, NULL},
     {0},
 };
@@ -230,6 +230,32 @@ static const struct key_spec lora_keys[] = {
     {0},
 };
 
+/* DeepSpeed's asynchronous I/O section (ZeRO-Infinity's NVMe offload). */
+static const struct key_spec aio_keys[] = {
+    {"block_size", K_INT, F_NO_EFFECT, NULL, NULL},
+    {"queue_depth", K_INT, F_NO_EFFECT, NULL, NULL},
+    {"thread_count", K_INT, F_NO_EFFECT, NULL, NULL},
+    {"intra_op_parallelism", K_INT, F_NO_EFFECT, NULL, NULL},
+    {"single_submit", K_BOOL, F_NO_EFFECT, NULL, NULL},
+    {"overlap_events", K_BOOL, F_NO_EFFECT, NULL, NULL},
+    {"use_gds", K_BOOL, F_NO_EFFECT, NULL, NULL},
+    {0},
+};
+
+/* dpo (issue 37): TRL's DPOConfig names. */
+static const struct key_spec dpo_keys[] = {
+    {"beta", K_NUM, 0, NULL, NULL},
+    {"loss_type", K_STR, 0, NULL, NULL},
+    {"label_smoothing", K_NUM, 0, NULL, NULL},
+    {"precompute_ref_log_probs", K_BOOL, 0, NULL, NULL},
+    {"ref_log_probs_path", K_STR, F_NULLABLE, NULL, NULL},
+    {"max_length", K_ANY, F_REJECT, NULL,
+     "is a data preparation setting here: pass --max-seq-length to tools/prepare_data.py"},
+    {"max_prompt_length", K_ANY, F_REJECT, NULL,
+     "is a data preparation setting here: pass --max-prompt-length to tools/prepare_data.py"},
+    {0},
+};
+
 const struct key_spec top_keys[] = {
     {"train_batch_size", K_INT, F_NULLABLE, NULL, NULL},
     {"train_micro_batch_size_per_gpu", K_INT, F_NULLABLE, NULL, NULL},
@@ -249,6 +275,8 @@ const struct key_spec top_keys[] = {
     {"train", K_OBJ, 0, train_keys, NULL},
     {"checkpoint", K_OBJ, 0, checkpoint_keys, NULL},
     {"lora", K_OBJ, F_NULLABLE, lora_keys, NULL},
+    {"dpo", K_OBJ, F_NULLABLE, dpo_keys, NULL},
+    {"aio", K_OBJ, 0, aio_keys, NULL},
     {"zero_allow_untested_optimizer", K_ANY, F_NO_EFFECT, NULL, NULL},
     {"zero_force_ds_cpu_optimizer", K_ANY, F_NO_EFFECT, NULL, NULL},
     {"prescale_gradients", K_ANY, F_NO_EFFECT, NULL, NULL},

@@ -108,6 +108,17 @@ struct zero_config {
     bool offload_pin_memory;          /* offload_optimizer.pin_memory */
     bool offload_param;               /* offload_param.device == "cpu" (stage 3): parameter shards in host memory */
     bool offload_param_pin_memory;    /* offload_param.pin_memory */
+    /* ZeRO-Infinity (issue 36): device "nvme" sets offload_optimizer (or
+     * offload_param) as "cpu" does, and these besides: the state lives in
+     * per-job, per-rank files under the path, streamed through
+     * buffer_count pinned host buffers. */
+    bool offload_optimizer_nvme;      /* offload_optimizer.device == "nvme" */
+    bool offload_param_nvme;          /* offload_param.device == "nvme" (stage 3) */
+    const char *optimizer_nvme_path;  /* offload_optimizer.nvme_path (owned by the config's document) */
+    const char *param_nvme_path;      /* offload_param.nvme_path */
+    int optimizer_buffer_count;       /* offload_optimizer.buffer_count (DeepSpeed's default 4) */
+    int param_buffer_count;           /* offload_param.buffer_count (DeepSpeed's default 5) */
+    double param_buffer_size;         /* offload_param.buffer_size, elements (DeepSpeed's default 1e8) */
     double reduce_bucket_size;        /* elements */
     double stage3_prefetch_bucket_size; /* elements; 0 disables prefetch */
     double stage3_max_live_parameters;  /* elements */
@@ -182,6 +193,22 @@ struct lora_config {
     const char **modules_to_save;
 };
 
+/* dpo: preference fine-tuning on a preference file (issue 37), TRL's
+ * DPOConfig names and defaults: loss (engine/dpo.h) on the policy's and the
+ * reference's summed log-probabilities of each pair's chosen and rejected
+ * completion. The reference is the initial model: with LoRA, the base with
+ * the adapters switched off, computed in the same step (unless
+ * precompute_ref_log_probs); a full fine-tune needs the log-probabilities
+ * precomputed before step 1 (one model in memory). */
+struct dpo_config {
+    bool enabled;                  /* the config has a dpo section */
+    double beta;                   /* 0.1 */
+    int loss_type;                 /* enum dpo_loss_type (engine/dpo.h): "sigmoid" (default) or "ipo" */
+    double label_smoothing;        /* cDPO's e, [0, 0.5]; sigmoid only */
+    bool precompute_ref_log_probs; /* TRL's name: a reference pass before step 1 (full fine-tune: required) */
+    char *ref_log_probs_path;      /* where the precomputed log-probs are kept (NULL: beside data.train) */
+};
+
 struct config {
     struct model_config model;
     struct optimizer_config optimizer;
@@ -195,6 +222,7 @@ struct config {
     struct train_config train;
     struct checkpoint_config checkpoint;
     struct lora_config lora;
+    struct dpo_config dpo;
 
     /* Batch: any two of the three given; the third derived at resolve time. 0 = not given. */
     int train_batch_size;

@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "model/model.h"
 #include "core/util.h"
+#include "engine/dpo.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -666,8 +667,23 @@ static void test_errors(void)
         {"zero stage 4", "{\"zero_optimization\": {\"stage\": 4}}", NULL,
          "'zero_optimization.stage' must be 0, 1, 2 or 3, got 4"},
         {"negative zero stage", "{}", "zero_optimization.stage=-1", "'zero_optimization.stage' must be 0, 1, 2 or 3"},
-        {"nvme offload", "{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}}}", NULL,
-         "'zero_optimization.offload_optimizer.device' \"nvme\" is not supported"},
+        {"nvme offload without a path", "{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}}}",
+         NULL, "'zero_optimization.offload_optimizer.nvme_path' is not set"},
+        {"nvme param offload without a path",
+         "{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}", NULL,
+         "'zero_optimization.offload_param.nvme_path' is not set"},
+        {"nvme param offload at stage 2",
+         "{\"zero_optimization\": {\"stage\": 2, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/x\"}}}",
+         NULL, "'zero_optimization.offload_param' needs zero_optimization.stage 3"},
+        {"nvme buffer_count 0", "{}", "zero_optimization.offload_optimizer.buffer_count=0",
+         "'zero_optimization.offload_optimizer.buffer_count' must be positive"},
+        {"dpo beta 0", "{\"dpo\": {\"beta\": 0}}", NULL, "dpo.beta must be a positive number"},
+        {"dpo loss_type", "{\"dpo\": {\"loss_type\": \"hinge\"}}", NULL, "'dpo.loss_type' is \"hinge\""},
+        {"dpo smoothing with ipo", "{\"dpo\": {\"loss_type\": \"ipo\", \"label_smoothing\": 0.1}}", NULL,
+         "dpo.label_smoothing is for loss_type \"sigmoid\""},
+        {"dpo full fine-tune without precompute", "{\"dpo\": {\"precompute_ref_log_probs\": false}}", NULL,
+         "'dpo.precompute_ref_log_probs' is false on a full fine-tune"},
+        {"dpo max_length", "{\"dpo\": {\"max_length\": 512}}", NULL, "pass --max-seq-length to tools/prepare_data.py"},
         {"unknown offload device", "{}", "zero_optimization.offload_optimizer.device=gpu",
          "'zero_optimization.offload_optimizer.device' is \"gpu\""},
         {"partial offload", "{}", "zero_optimization.offload_optimizer.ratio=0.5",
@@ -966,6 +982,41 @@ static void test_lora_errors(void)
     }
 }
 
+/* issue 36's offload to NVMe and issue 37's dpo section: values and defaults */
+static void test_nvme_and_dpo_values(void)
+{
+    struct config c;
+    load(&c,
+         "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": "
+         "\"/nvme/a\", \"buffer_count\": 6}, \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nvme/b\", "
+         "\"buffer_size\": 5e6}}}",
+         NULL, NULL);
+    CHECK("nvme: optimizer on host and in files", c.zero.offload_optimizer && c.zero.offload_optimizer_nvme &&
+          strcmp(c.zero.optimizer_nvme_path, "/nvme/a") == 0 && c.zero.optimizer_buffer_count == 6, "wrong");
+    CHECK("nvme: parameters on host and in files", c.zero.offload_param && c.zero.offload_param_nvme &&
+          strcmp(c.zero.param_nvme_path, "/nvme/b") == 0 && c.zero.param_buffer_size == 5e6 &&
+          c.zero.param_buffer_count == 5, "wrong");
+    config_free(&c);
+    load(&c, "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}}}", NULL, NULL);
+    CHECK("nvme: cpu offload is not nvme", c.zero.offload_optimizer && !c.zero.offload_optimizer_nvme &&
+          !c.zero.optimizer_nvme_path && c.zero.optimizer_buffer_count == 4, "wrong");
+    config_free(&c);
+    load(&c, "{\"dpo\": {}}", NULL, NULL);
+    CHECK("dpo: TRL's defaults (beta 0.1, sigmoid, no smoothing); full fine-tune precomputes",
+          c.dpo.enabled && c.dpo.beta == 0.1 && c.dpo.loss_type == DPO_SIGMOID && c.dpo.label_smoothing == 0.0 &&
+              c.dpo.precompute_ref_log_probs && !c.dpo.ref_log_probs_path, "wrong");
+    config_free(&c);
+    load(&c, "{\"lora\": {}, \"dpo\": {\"beta\": 0.5, \"loss_type\": \"ipo\", \"ref_log_probs_path\": \"r.h5\"}}",
+         NULL, NULL);
+    CHECK("dpo: LoRA's reference is the base in the same step", c.dpo.enabled && c.dpo.beta == 0.5 &&
+          c.dpo.loss_type == DPO_IPO && !c.dpo.precompute_ref_log_probs && strcmp(c.dpo.ref_log_probs_path, "r.h5") == 0,
+          "wrong");
+    config_free(&c);
+    load(&c, "{}", NULL, NULL);
+    CHECK("dpo: off without the section", !c.dpo.enabled, "enabled");
+    config_free(&c);
+}
+
 int main(void)
 {
     test_defaults();
@@ -981,5 +1032,6 @@ int main(void)
     test_warnings();
     test_lora_values();
     test_lora_errors();
+    test_nvme_and_dpo_values();
     return check_status();
 }
