@@ -38,7 +38,7 @@ else
 fi
 listed=$(grep -vc '^#' "$KIT/MANIFEST")
 files=$(find "$KIT" -type f ! -name MANIFEST | wc -l)
-unowned=$(awk '!/^#/ && $3 == "written-by-tools/gpu-kit.sh" {print $2}' "$KIT/MANIFEST" | grep -v -e '^env.sh$' -e '^lib/lib[a-z0-9-]*\.so$')
+unowned=$(awk '!/^#/ && $3 == "written-by-tools/gpu-kit.sh" {print $2}' "$KIT/MANIFEST" | grep -v -e '^env.sh$' -e '^build-nomake.sh$' -e '^lib/lib[a-z0-9-]*\.so$')
 if [ "$listed" -eq "$files" ] && [ -z "$unowned" ] && grep -q ' lib/libmpi.so.40 libopenmpi3$' "$KIT/MANIFEST"; then
   ok manifest
 else
