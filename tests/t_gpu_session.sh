@@ -149,15 +149,25 @@ ok = st.get("probe", {}).get("status") == "pass" and "ok probe.glibc" in log
 print("ok gpu_session.carried_glibc_fits" if ok else f"FAIL gpu_session.carried_glibc_fits: probe {st.get('probe')}")
 PYEOF
 printf '{"commit": "c0ffee", "glibc_needed_max": "99.1"}\n' >"$TMP/bins/INFO.json"
-# with CUDA_HOME unset and an nvcc first on PATH: CUDA_HOME is that nvcc's toolkit (issue 35, item 2)
-mkdir -p "$TMP/cuda/bin"
-printf '#!/bin/sh\nexec %s "$@"\n' "$CUDA_HOME/bin/nvcc" >"$TMP/cuda/bin/nvcc" && chmod +x "$TMP/cuda/bin/nvcc"
-for d in lib64 include; do ln -s "$(readlink -f "$CUDA_HOME/$d")" "$TMP/cuda/$d"; done
-PATH=$TMP/cuda/bin:$PATH SESSION_BINS=$TMP/bins OUT=$TMP/out4 env -u CUDA_HOME bash tests/gpu/session.sh --rehearse \
+# with CUDA_HOME unset and a wrapper script as the nvcc first on PATH (as
+# /usr/local/bin/nvcc is here): CUDA_HOME is the toolkit it runs (issue 35, item 2)
+mkdir -p "$TMP/wrap"
+printf '#!/bin/sh\nexec %s "$@"\n' "$(readlink -f "$CUDA_HOME/bin/nvcc")" >"$TMP/wrap/nvcc" && chmod +x "$TMP/wrap/nvcc"
+PATH=$TMP/wrap:$PATH SESSION_BINS=$TMP/bins OUT=$TMP/out4 env -u CUDA_HOME bash tests/gpu/session.sh --rehearse \
   --stages probe >"$TMP/stdout4" 2>&1
 home=$(sed -n 's/.*"cuda_home": "\([^"]*\)".*/\1/p' "$TMP/out4/results.json" | head -1)
-[ "$home" = "$TMP/cuda" ] && grep -q '^ok probe.cublas' "$TMP/out4/session.log" && ok gpu_session.cuda_home_from_nvcc ||
-  fail gpu_session.cuda_home_from_nvcc "machine.cuda_home '$home', want $TMP/cuda (the nvcc first on PATH)"
+[ "$home" = "$(readlink -f "$CUDA_HOME")" ] && grep -q '^ok probe.cublas' "$TMP/out4/session.log" && ok gpu_session.cuda_home_from_nvcc ||
+  fail gpu_session.cuda_home_from_nvcc "machine.cuda_home '$home', want $(readlink -f "$CUDA_HOME") (what the nvcc first on PATH runs, not the default /usr/local/cuda)"
+# no nvcc at all (the toolkit hidden in a mount namespace): CUDA_HOME is the
+# nvidia-cublas wheel's folder, its lib/ holding cuBLAS
+mkdir -p "$TMP/empty" "$TMP/site/nvidia/cublas/lib" && : >"$TMP/site/nvidia/cublas/lib/libcublas.so.13"
+OUT=$TMP/out6 unshare -m bash -c 'mount --bind "$1" "$(readlink -f "$2")" &&
+  exec env -u CUDA_HOME bash tests/gpu/session.sh --rehearse --stages probe' hide "$TMP/empty" "$CUDA_HOME" \
+  >"$TMP/stdout6" 2>&1 </dev/null
+home=$(sed -n 's/.*"cuda_home": "\([^"]*\)".*/\1/p' "$TMP/out6/results.json" 2>/dev/null | head -1)
+[ "$home" = "$TMP/site/nvidia/cublas" ] && grep -q '^ok probe.cublas' "$TMP/out6/session.log" &&
+  grep -q '^FAIL probe.nvcc' "$TMP/out6/session.log" && ok gpu_session.cuda_home_from_cublas_wheel ||
+  fail gpu_session.cuda_home_from_cublas_wheel "machine.cuda_home '$home', want $TMP/site/nvidia/cublas; $(grep -E '^(ok|FAIL) probe.(nvcc|cublas)' "$TMP/out6/session.log" 2>/dev/null | tr '\n' ' ')"
 line=$(grep -c "^FAIL probe.glibc: the carried binaries need glibc 99.1, this machine has $(getconf GNU_LIBC_VERSION | awk '{print $2}')" \
   "$TMP/out4/session.log")
 [ "$line" = 1 ] && ok gpu_session.glibc_mismatch_named || fail gpu_session.glibc_mismatch_named "$(grep probe.glibc "$TMP/out4/session.log")"
@@ -196,8 +206,10 @@ else
   fail gpu_session.leftover_gpu_process_killed "pid $orphan alive: $(kill -0 "$orphan" 2>/dev/null && echo yes || echo no); $(grep leftover "$TMP/out5/session.log")"
   kill "$orphan" 2>/dev/null
 fi
+# the flags make gives the session's build (the kit's where gpu-kit/ is here, as the session then takes it)
 mv=(CUDA=1 WERROR= "CUDA_ARCH=-gencode=arch=compute_90,code=sm_90" "NCCL_HOME=$TMP/work/nccl")
-mvar() { make -s --no-print-directory "${mv[@]}" --eval 'print-%: ; @echo $($*)' "print-$1"; }
+[ -f gpu-kit/env.sh ] && mv+=(KIT=gpu-kit "SHARDLM_KIT_LIBS=$TMP/work/kit-libs")
+mvar() { make -s --no-print-directory "${mv[@]}" --eval 'print-%: ; @echo $($*)' "print-$1" 2>/dev/null | tail -1; }
 "$PY" - "$TMP/out5/results.json" "$TMP/out5/session.log" "$TMP/compilers.log" "$TMP/work" \
   "$(mvar CFLAGS)" "$(mvar NVCCFLAGS)" "$(mvar LDLIBS)" "$(mvar CUDA_LIBS)" <<'PYEOF'
 import glob, json, sys

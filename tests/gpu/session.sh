@@ -119,8 +119,9 @@ stage_probe() {
   else
     fail probe.nvcc "no $CUDA_HOME/bin/nvcc; set CUDA_HOME"
   fi
-  lib=$(ls "$CUDA_HOME"/lib64/libcublas.so* 2>/dev/null | head -1)
-  [ -n "$lib" ] && { say "cuBLAS: $lib"; ok probe.cublas; } || fail probe.cublas "no libcublas.so in $CUDA_HOME/lib64"
+  # lib64 in a toolkit, lib in the nvidia-cublas wheel
+  lib=$(ls "$CUDA_HOME"/lib64/libcublas.so* "$CUDA_HOME"/lib/libcublas.so* 2>/dev/null | head -1)
+  [ -n "$lib" ] && { say "cuBLAS: $lib"; ok probe.cublas; } || fail probe.cublas "no libcublas.so in $CUDA_HOME/lib64 or lib"
   # NCCL: $WORK/nccl/{include/nccl.h, lib/libnccl.so, lib/libnccl.so.2} -> the real files
   rm -rf "$WORK/nccl" && mkdir -p "$WORK/nccl/include" "$WORK/nccl/lib"
   if lib=$(find_nccl); then
@@ -362,10 +363,20 @@ if [ -n "$BODY" ]; then
   exit $?
 fi
 
-# CUDA_HOME: the caller's, else where nvcc is, else /usr/local/cuda, else the
+# The toolkit the nvcc on PATH runs from: nvcc's own _HERE_ (so that a wrapper
+# script such as /usr/local/bin/nvcc names its toolkit), else where the link
+# leads; a folder without cuda_runtime.h is no toolkit.
+nvcc_toolkit() {
+  local nv here
+  nv=$(command -v nvcc 2>/dev/null) || return 1
+  here=$(timeout 20 "$nv" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -1)
+  [ -n "$here" ] || here=$(dirname "$(readlink -f "$nv")")
+  [ -x "$here/nvcc" ] && [ -e "$here/../include/cuda_runtime.h" ] && (cd "$here/.." && pwd)
+}
+# CUDA_HOME: the caller's, else nvcc's toolkit, else /usr/local/cuda, else the
 # cuBLAS wheel's folder (libraries only: the build then needs carried binaries)
 if [ -z "${CUDA_HOME:-}" ]; then
-  if nv=$(command -v nvcc 2>/dev/null); then CUDA_HOME=$(cd "$(dirname "$(readlink -f "$nv")")/.." && pwd)
+  if CUDA_HOME=$(nvcc_toolkit); then :
   elif [ -x /usr/local/cuda/bin/nvcc ]; then CUDA_HOME=/usr/local/cuda
   else
     for p in ${SESSION_PYTHON:-} /opt/torch/.venv/bin/python /usr/bin/python3 python3; do
