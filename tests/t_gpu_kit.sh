@@ -100,6 +100,14 @@ blob = open(os.path.join(d, "shardlm-cuda"), "rb").read() if os.path.exists(os.p
 arches = sorted(set(re.findall(rb"(?:sm|compute)_[0-9]+[a-z]?", blob)))
 print("ok gpu_bins_sm90_only" if arches == [b"sm_90"] else f"FAIL gpu_bins_sm90_only: {arches}")
 PY
+# the no-make fallback (tools/gpu-nomake.sh) travels in both folders: the same script, valid bash, no -Werror
+# (tests/t_gpu_session.sh runs it)
+if cmp -s "$KIT/build-nomake.sh" "$TMP/bins/build-nomake.sh" && bash -n "$KIT/build-nomake.sh" &&
+  grep -q "^  '\$NVCC \$NVCCFLAGS -c src/backend/cuda/" "$KIT/build-nomake.sh" && ! grep -q Werror "$KIT/build-nomake.sh"; then
+  ok nomake_script_carried
+else
+  fail nomake_script_carried "$(ls -l "$KIT/build-nomake.sh" "$TMP/bins/build-nomake.sh" 2>&1 | tr '\n' ' ')"
+fi
 
 # --- the bare root: base libraries, bash, the kit; nothing else of /usr/lib
 mkdir -p "$ROOT"/{bin,etc,proc,sys,dev,tmp,work/bin}
