@@ -12,7 +12,10 @@
 # still lets e2e and timings run (the defaults are written before it); the
 # carried binaries (tools/gpu-bins.sh's layout) are used when present, with no
 # make run, and a glibc they need that the machine lacks is named in one line;
-# with no make and no binaries, the build stage compiles with build-nomake.sh.
+# with no make and no binaries, the build stage compiles with build-nomake.sh;
+# CUDA_HOME comes from the nvcc on PATH (a wrapper script too), else the cuBLAS
+# wheel; GPU processes left after a stage are killed; the clocks in
+# results.json are the medians of the nvidia-smi trace.
 # Time limits are generous: nothing here depends on how busy the machine is.
 set -u
 cd "$(dirname "$0")/.."
@@ -188,12 +191,22 @@ done
 rm -f "$TMP/path/make" "$TMP/path/gmake" "$TMP/path/gcc"
 printf '#!/bin/sh\necho "${0##*/} $*" >>%s\n' "$TMP/compilers.log" >"$TMP/path/gcc"
 chmod +x "$TMP/path/gcc" && cp "$TMP/path/gcc" "$TMP/stub/nvcc"
-# and an nvidia-smi that lists a leftover "GPU process" (it sees no GPU otherwise):
-# the session kills it after the stage (issue 35, item 6)
+# and an nvidia-smi that lists a leftover "GPU process" (the session kills it
+# after the stage, issue 35, item 6) and writes three rows of the clock and
+# power trace (results.json's clocks: their medians); it sees no GPU otherwise
 orphan=$(sh -c 'sleep 300 >/dev/null 2>&1 & echo $!') # not this shell's child: no job notice when killed
-printf '#!/bin/sh
-case "$*" in *query-compute-apps*) echo %s ;; *) exit 6 ;; esac
-' "$orphan" >"$TMP/path/nvidia-smi"
+cat >"$TMP/path/nvidia-smi" <<EOF
+#!/bin/sh
+case "\$*" in
+*query-compute-apps*) echo $orphan ;;
+*timestamp,clocks.sm*)
+  echo "timestamp, clocks.current.sm, clocks.current.memory, power.draw, temperature.gpu, utilization.gpu, memory.used"
+  echo "2026/12/04 10:00:00.000, 1980, 3201, 650.5, 45, 99, 1000"
+  echo "2026/12/04 10:00:01.000, 1755, 3201, 700.0, 46, 99, 1000"
+  echo "2026/12/04 10:00:02.000, 1830, 3201, 690.0, 47, 99, 1000" ;;
+*) exit 6 ;;
+esac
+EOF
 chmod +x "$TMP/path/nvidia-smi"
 : >"$TMP/compilers.log"
 # (not --rehearse: its build stage would also build tests/cudaemu, with make)
@@ -247,6 +260,10 @@ check("gpu_session.nomake_links_four", len(sl) == len(sc) == len(ck) == len(tk) 
       and sc[0][-len(ldlibs) - len(cudalibs):] == ldlibs + cudalibs
       and sum(w.startswith("build/cuda/") for w in sc[0]) == len(cu_src),
       f"links: shardlm {len(sl)}, shardlm-cuda {len(sc)}, check_kernels {len(ck)}, time_kernels {len(tk)}")
+clk = res.get("clocks", {})
+check("gpu_session.clocks_from_trace", clk.get("source") == "smi.csv" and clk.get("samples") == 3
+      and (clk.get("sm_mhz_median"), clk.get("sm_mhz_min"), clk.get("sm_mhz_max")) == (1830, 1755, 1980)
+      and (clk.get("power_w_median"), clk.get("power_w_max")) == (690, 700), str(clk))
 check("gpu_session.nomake_no_werror", calls and not any("Werror" in w for c in calls for w in c),
       "-Werror in: " + str([c[:3] for c in calls if any("Werror" in w for w in c)][:3]))
 PYEOF
