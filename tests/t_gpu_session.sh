@@ -127,7 +127,8 @@ printf '{"commit": "c0ffee", "glibc_needed_max": "%s"}\n' "$(getconf GNU_LIBC_VE
 # with tests/gpu/e2e.py's CPU side precomputed into bins/refs, as tools/gpu-bins.sh does
 E2E_SIZE=tiny E2E_CASES=n1_fp32 E2E_PRECOMPUTE=1 E2E_REFS=$TMP/bins/refs SHARDLM_TEST_TMP=$TMP/refs-tmp \
   "$PY" tests/gpu/e2e.py >"$TMP/refs.log" 2>&1 || fail gpu_session.precompute "$(tail -3 "$TMP/refs.log" | tr '\n' ' ')"
-SESSION_BINS=$TMP/bins SESSION_E2E_CASES=n1_fp32 OUT=$TMP/out3 bash tests/gpu/session.sh --rehearse \
+# (GIT_DIR elsewhere: .git does not travel, and the commit is then the one INFO.json names)
+GIT_DIR=$TMP/no-git SESSION_BINS=$TMP/bins SESSION_E2E_CASES=n1_fp32 OUT=$TMP/out3 bash tests/gpu/session.sh --rehearse \
   --stages probe,build,e2e >"$TMP/stdout3" 2>&1
 "$PY" - "$TMP/out3/results.json" "$TMP/out3/session.log" <<'PYEOF'
 import json, sys
@@ -140,9 +141,11 @@ except (OSError, ValueError) as e:
 st = {s["name"]: s for s in res.get("stages", [])}
 b = st.get("build", {})
 ok = (b.get("status") == "pass" and "ok build.carried" in log and "make -j" not in log
-      and res.get("binaries", {}).get("source") == "carried" and res["binaries"]["carried"]["commit"] == "c0ffee")
+      and res.get("binaries", {}).get("source") == "carried" and res["binaries"]["carried"]["commit"] == "c0ffee"
+      and res.get("commit") == "c0ffee")
 print("ok gpu_session.carried_used" if ok else
       f"FAIL gpu_session.carried_used: build {b.get('status')} {b.get('failed_checks')}, binaries {res.get('binaries')}, "
+      f"commit {res.get('commit')} (want INFO.json's), "
       f"make ran: {'make -j' in log}")
 e = st.get("e2e", {})
 ok = e.get("status") == "pass" and e.get("figures", {}).get("cpu_reference_precomputed") == ["n1_fp32"] and "ok e2e.n1_fp32.planned_is_peak" in log
