@@ -12,7 +12,8 @@
 # still lets e2e and timings run (the defaults are written before it); the
 # carried binaries (tools/gpu-bins.sh's layout) are used when present, with no
 # make run, and a glibc they need that the machine lacks is named in one line;
-# with no make and no binaries, the build stage compiles with build-nomake.sh;
+# with no make and no binaries, the build stage compiles with build-nomake.sh
+# (and with make, the checkers too without -Werror);
 # CUDA_HOME comes from the nvcc on PATH (a wrapper script too), else the cuBLAS
 # wheel; GPU processes left after a stage are killed; the clocks in
 # results.json are the medians of the nvidia-smi trace.
@@ -270,6 +271,17 @@ check("gpu_session.clocks_from_trace", clk.get("source") == "smi.csv" and clk.ge
 check("gpu_session.nomake_no_werror", calls and not any("Werror" in w for c in calls for w in c),
       "-Werror in: " + str([c[:3] for c in calls if any("Werror" in w for w in c)][:3]))
 PYEOF
+# with make there, the checkers are linked without -Werror too (a newer
+# compiler's warnings must not stop them; the trainers are up to date here)
+: >"$TMP/compilers.log"
+PATH=$TMP/path:$(dirname "$(command -v make)") SESSION_BINS=$TMP/no-bins OUT=$TMP/out7 env -u CC \
+  bash tests/gpu/session.sh --stages build >"$TMP/stdout7" 2>&1
+n=$(grep -c -e "-o $TMP/work/check_kernels" -e "-o $TMP/work/time_kernels" "$TMP/compilers.log")
+if [ "$n" = 2 ] && ! grep -q Werror "$TMP/compilers.log" && grep -q '"binaries": "built-here"' "$TMP/out7/results.json"; then
+  ok gpu_session.make_checkers_no_werror
+else
+  fail gpu_session.make_checkers_no_werror "$n checker links, -Werror in $(grep -c Werror "$TMP/compilers.log") calls; $(grep -o '"binaries": "[^"]*"' "$TMP/out7/results.json" 2>/dev/null)"
+fi
 # the script without one source's compile: exit 2 naming it, nothing compiled
 grep -v ' -c src/core/util.c ' "$TMP/nomake/build-nomake.sh" >"$TMP/nomake/short.sh"
 : >"$TMP/compilers.log"

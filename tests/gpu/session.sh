@@ -184,12 +184,13 @@ except ImportError:
     glibc="${glibc:-}" os="${os:-}" gcc="$gccv" make="${makev:-none}" carried_glibc_needed="${need:-}"
 }
 
-# The make variables of this build (KIT-aware: whatever the Makefile computes);
-# MK_<NAME> instead where set (build-nomake.sh sets them: no make there).
+# The make variables of this build (KIT-aware: whatever the Makefile computes;
+# warnings not fatal, as in the trainers' build here: the machine's compiler may
+# be newer); MK_<NAME> instead where set (build-nomake.sh sets them: no make there).
 make_var() {
   local v=MK_$1
   if [ -n "${!v+set}" ]; then echo "${!v}"; else
-    make -s --no-print-directory CUDA=1 "${MAKE_ARGS[@]}" --eval 'print-%: ; @echo $($*)' "print-$1"; fi
+    make -s --no-print-directory CUDA=1 WERROR= "${MAKE_ARGS[@]}" --eval 'print-%: ; @echo $($*)' "print-$1" | tail -1; fi
 }
 
 # link_checkers BUILD DIR: check_kernels and time_kernels into DIR, against the
