@@ -244,6 +244,9 @@ void backend_crossentropy_forward(float *losses, float *logits, const int32_t *t
 /* probs [A] (N, Vp) are replaced by dlogits = (probs - onehot(target)) * dloss; padded columns 0;
  * the whole row 0 where the target is < 0. */
 void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
+/* The same with a scale per row: dloss (N) fp32 (DPO: each position's d loss / d its cross-entropy). */
+void backend_crossentropy_backward_rows(float *probs, const int32_t *targets, const float *dloss, int N, int V,
+                                        int Vp);
 
 /* LoRA (issue 19): the low-rank adapters of k linear layers that read the
  * same input x (q|k|v, gate|up; k = 1 for one layer),

@@ -307,6 +307,14 @@ static void check_crossentropy(const int32_t *targets, struct shape sh, const ch
     cpu_crossentropy_backward(logits, targets, 1.0f / N, N, V, Vp);
     backend_crossentropy_backward(d_logits, d_targets, 1.0f / N, N, V, Vp);
     compare_act(named2("crossentropy_backward", variant), logits, d_logits, NV, g_tol);
+    /* per-row scales (DPO): from the same probabilities, each row its own scale, some negative */
+    float *rows = host_random(N, 5), *probs = act_round(host_random(NV, 6), NV), *d_rows = to_device(rows, N * 4);
+    float *d_probs = act_to_device(probs, NV);
+    cpu_crossentropy_backward_rows(probs, targets, rows, N, V, Vp);
+    backend_crossentropy_backward_rows(d_probs, d_targets, d_rows, N, V, Vp);
+    compare_act(named2("crossentropy_backward_rows", variant), probs, d_probs, NV, g_tol);
+    cudaFree(d_rows), cudaFree(d_probs);
+    free(rows), free(probs);
     float *got_losses = malloc(N * 4);
     unsigned char *got = malloc(act_bytes(NV));
     cuda_ok(cudaDeviceSynchronize(), "crossentropy");

@@ -11,6 +11,7 @@
 #define backend_check_performance cpu_check_performance
 #define backend_copy cpu_copy
 #define backend_crossentropy_backward cpu_crossentropy_backward
+#define backend_crossentropy_backward_rows cpu_crossentropy_backward_rows
 #define backend_crossentropy_forward cpu_crossentropy_forward
 #define backend_embedding_backward cpu_embedding_backward
 #define backend_embedding_forward cpu_embedding_forward

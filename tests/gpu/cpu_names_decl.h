@@ -14,6 +14,7 @@
 #undef backend_check_performance
 #undef backend_copy
 #undef backend_crossentropy_backward
+#undef backend_crossentropy_backward_rows
 #undef backend_crossentropy_forward
 #undef backend_embedding_backward
 #undef backend_embedding_forward

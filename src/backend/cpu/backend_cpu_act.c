@@ -329,6 +329,15 @@ void act_crossentropy_backward(void (*f32)(float *probs, const int32_t *targets,
     narrow(probs, p, (size_t)N * Vp);
 }
 
+void act_crossentropy_backward_rows(void (*f32)(float *probs, const int32_t *targets, const float *dloss, int N,
+                                                int V, int Vp),
+                                    float *probs, const int32_t *targets, const float *dloss, int N, int V, int Vp)
+{
+    float *p = widen(probs, (size_t)N * Vp);
+    f32(p, targets, dloss, N, V, Vp);
+    narrow(probs, p, (size_t)N * Vp);
+}
+
 void backend_add_act(float *out, const float *a, const float *b, size_t n)
 {
     if (g_act == DTYPE_F32) {
