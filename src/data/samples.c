@@ -359,16 +359,17 @@ void samples_open(struct sample_set *s, const char *path, const struct sample_op
             s->n_dropped_long++;
             continue;
         }
+        for (size_t j = 0; j < lanes; j++)
+            if (L[j] > (size_t)o->max_len) {
+                s->n_truncated++;
+                L[j] = (size_t)o->max_len;
+            }
         if (untrained) {
             s->n_dropped_untrained++;
             continue;
         }
         uint32_t item = 0;
         for (size_t j = 0; j < lanes; j++) {
-            if (L[j] > (size_t)o->max_len) {
-                s->n_truncated++;
-                L[j] = (size_t)o->max_len;
-            }
             s->index[s->n] = (uint32_t)(i + j);
             s->len[s->n] = (uint32_t)L[j];
             s->n_trained[s->n] = trained_of[i + j];
