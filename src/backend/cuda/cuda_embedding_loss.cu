@@ -148,7 +148,7 @@ extern "C" void backend_crossentropy_forward(float *losses, float *logits, const
 
 extern "C" void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
 {
-    WITH_ACT(crossentropy_backward_kernel<A><<<N, BLOCK, 0, g_stream>>>((A *)probs, targets, dloss, NULL, V, Vp));
+    WITH_ACT(crossentropy_backward_kernel<A><<<N, BLOCK, 0, g_stream>>>((A *)probs, targets, dloss, (const float *)nullptr, V, Vp));
 }
 
 extern "C" void backend_crossentropy_backward_rows(float *probs, const int32_t *targets, const float *dloss, int N,
