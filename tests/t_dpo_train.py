@@ -13,6 +13,9 @@ Checks:
                             made to differ from the policy (so z != 0): sigmoid, cdpo (0.1), ipo at N = 1;
                             stage 3 at N = 2 and 3; bf16 (tolerance 2e-2)
   KIND.metrics              rewards/chosen ... logps/rejected in the metrics JSONL = TRL's means
+  lora_z.loss / .grads      LoRA with B random from the start (lora.init false): the in-step reference (the
+                            adapters off) differs from the policy; loss, adapter gradients, margin against
+                            PEFT with disable_adapter() as the reference
   lora.in_step_vs_file      LoRA: the base with the adapters off each step (no file) gives the losses of the
                             same run with a precomputed reference, step by step (4 steps)
   packed.ln2                data.packing: step 1 ln 2
@@ -100,8 +103,8 @@ def config(name, micro=2, accum=2, world=1, stage=0, steps=1, dpo=None, lora=Non
         cfg["dpo"] = dict({"beta": BETA, "ref_log_probs_path": os.path.join(TMP, name + ".ref.h5")}, **dpo)
     if lora is not None:
         cfg["lora"] = dict({"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}, **lora)
-    if dtype == "bf16":
-        cfg["bf16"] = {"enabled": True}
+    if dtype in ("bf16", "fp16"):
+        cfg[dtype] = {"enabled": True}
     cfg.update(extra or {})
     return write_config(os.path.join(TMP, name + ".json"), cfg)
 
@@ -183,7 +186,8 @@ def ref_values(path, pairs_idx, loss_type):
     return [(lp[2 * k] / div(2 * k), lp[2 * k + 1] / div(2 * k + 1)) for k in pairs_idx]
 
 
-def against_torch(name, res, n_pairs, ref_path, loss_type="sigmoid", eps=0.0, tol=TOL):
+def against_torch(name, res, n_pairs, ref_path, loss_type="sigmoid", eps=0.0, tol=TOL, grad_scale=1.0):
+    """grad_scale: what the dumped gradients carry (fp16: the loss scale, which the optimizer divides out)."""
     dump, _, rows = res
     hf = hf_model(dump)
     pol = seq_logps(hf, PAIRS[:n_pairs])
@@ -197,7 +201,7 @@ def against_torch(name, res, n_pairs, ref_path, loss_type="sigmoid", eps=0.0, to
         if g is None:
             worst, where = 1.0, n + " missing"
             break
-        g = g[:V] if g.shape[0] == VP else g
+        g = (g[:V] if g.shape[0] == VP else g) / grad_scale
         e = rel(g, p.grad.numpy())
         if e > worst:
             worst, where = e, n
@@ -262,6 +266,15 @@ def check_full():
         ln2_err = abs(r[2][0]["loss"] - math.log(2))
         check("z.bf16.ln2", ln2_err <= 1e-6, f"{ln2_err:.3e}")
         against_torch(name, r, 4, os.path.join(TMP, name + ".ref.h5"), tol=2e-2)
+    # fp16: the loss scale multiplies the pair weights as it does SFT's dloss (the optimizer divides it out)
+    name = "z.fp16"
+    path = config(name, dpo={}, dtype="fp16", steps=3)
+    subprocess.run(["cp", os.path.join(TMP, "z.sigmoid.ref.h5"), os.path.join(TMP, name + ".ref.h5")], check=True)
+    r = train(name, path)
+    if r:
+        check("z.fp16.scaled", r[2][0]["loss_scale"] > 1 and not any(x["skipped"] for x in r[2]) and len(r[2]) == 3,
+              f"{[(x['loss_scale'], x['skipped']) for x in r[2]]}")
+        against_torch(name, r, 4, os.path.join(TMP, name + ".ref.h5"), tol=2e-2, grad_scale=r[2][0]["loss_scale"])
 
 
 def check_lora():
@@ -275,6 +288,41 @@ def check_lora():
     la, lb = [x["loss"] for x in a[2]], [x["loss"] for x in b[2]]
     check("lora.in_step_vs_file", len(la) == 4 and max(abs(x - y) for x, y in zip(la, lb)) <= 1e-5 and
           abs(la[-1] - math.log(2)) > 1e-4, f"{la} vs {lb}")
+
+
+def check_lora_grads():
+    """LoRA with B random from the start (lora.init false), so that the base with the adapters off (the
+    in-step reference) differs from the policy: loss and adapter gradients against PEFT's disable_adapter()."""
+    from peft import LoraConfig, get_peft_model
+    targets = ["q_proj", "v_proj", "down_proj"]
+    res = train("lora_z", config("lora_z", dpo={}, lora={"dropout": 0.0, "init": False, "target_modules": targets}))
+    if not res:
+        return
+    dump, _, rows = res
+    base = {n: w for n, w in dump.items() if ".lora_" not in n}
+    pm = get_peft_model(hf_model(base), LoraConfig(r=4, lora_alpha=8.0, lora_dropout=0.0, target_modules=targets,
+                                                   init_lora_weights=False))
+    params, ours = dict(pm.named_parameters()), {}
+    for n, w in dump.items():
+        if ".lora_" in n and not n.startswith("grad."):
+            module, kind = n.rsplit(".lora_", 1)
+            pname = f"base_model.model.{module}.lora_{kind[0]}.default.weight"
+            with torch.no_grad():
+                params[pname].copy_(torch.tensor(w))
+            ours[pname] = n
+    check("lora_z.adapters_cover_peft", set(ours) == {n for n, p in pm.named_parameters() if p.requires_grad},
+          f"{len(ours)} adapters")
+    with torch.no_grad(), pm.disable_adapter():
+        ref = [(float(c[0]), float(r[0])) for c, r in seq_logps(pm, PAIRS[:4])]
+    loss, metrics = trl_loss(seq_logps(pm, PAIRS[:4]), ref)
+    loss.backward()
+    e = abs(rows[0]["loss"] - loss.item()) / abs(loss.item())
+    check("lora_z.loss", e <= TOL and abs(loss.item() - math.log(2)) > 1e-3,
+          f"shardlm {rows[0]['loss']:.9g}, torch {loss.item():.9g}")
+    worst = max(rel(dump["grad." + ours[n]], params[n].grad.numpy()) for n in ours)
+    check("lora_z.grads", worst <= TOL, f"rel {worst:.3e}")
+    m = rows[0]["rewards/margins"]
+    check("lora_z.metrics", abs(m - metrics["rewards/margins"]) <= TOL * max(1.0, abs(m)), f"{m} vs {metrics}")
 
 
 def check_packed():
@@ -319,6 +367,7 @@ def check_bad():
 def main():
     check_full()
     check_lora()
+    check_lora_grads()
     check_packed()
     check_resume()
     check_bad()
