@@ -10,7 +10,8 @@ Checks:
   full.ln2 / lora.ln2       step 1 (policy = reference): loss ln 2 within 1e-6, margins and rewards 0
   full.ref_equals_fresh     the precomputed reference file's log-probs = PyTorch's of the initial model
   KIND.loss / KIND.grads    the first step's loss and every gradient against PyTorch, with a reference file
-                            made to differ from the policy (so z != 0): sigmoid, cdpo (0.1), ipo at N = 1;
+                            made to differ from the policy (so z != 0): sigmoid, cdpo (0.1), ipo at N = 1,
+                            chunks (the LM head 7 rows at a time: logits computed again before the backward);
                             stage 3 at N = 2 and 3; bf16 (tolerance 2e-2)
   KIND.metrics              rewards/chosen ... logps/rejected in the metrics JSONL = TRL's means
   lora_z.loss / .grads      LoRA with B random from the start (lora.init false): the in-step reference (the
@@ -109,12 +110,12 @@ def config(name, micro=2, accum=2, world=1, stage=0, steps=1, dpo=None, lora=Non
     return write_config(os.path.join(TMP, name + ".json"), cfg)
 
 
-def train(name, path, ranks=1, args=(), dump=True, expect=0, metrics=None):
+def train(name, path, ranks=1, args=(), dump=True, expect=0, metrics=None, env=None):
     d, final = os.path.join(TMP, name + ".dump"), os.path.join(TMP, name + ".final")
     cmd = [BIN, "train", path, "--quiet", "--dump-final", final] + (["--dump", d] if dump else []) + list(args)
     if ranks > 1:
         cmd = ["mpirun", "-q", "-np", str(ranks)] + cmd
-    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(cmd, env=dict(ENV, **(env or {})), capture_output=True, text=True, timeout=600)
     if expect:
         return r
     check(f"{name}.run", r.returncode == 0, f"exit {r.returncode}: {r.stderr[-800:]}")
@@ -239,14 +240,17 @@ def check_full():
     counts = np.array([[c for _, c in p] for p in fresh]).reshape(-1)
     check("full.ref_equals_fresh", rel(lp, want) <= 1e-5 and np.array_equal(n, counts),
           f"rel {rel(lp, want):.3e}, counts {n[:4]} vs {counts[:4]}")
-    cases = [("sigmoid", {}, "sigmoid", 0.0), ("cdpo", {"label_smoothing": 0.1}, "sigmoid", 0.1),
-             ("ipo", {"loss_type": "ipo"}, "ipo", 0.0)]
-    for kind, dpo, lt, eps in cases:
+    # chunks: the LM head 7 rows at a time, so that the policy's logits are computed again for all chunks but
+    # the last between the losses and the backward (the 64 rows are one chunk otherwise)
+    cases = [("sigmoid", {}, "sigmoid", 0.0, {}), ("cdpo", {"label_smoothing": 0.1}, "sigmoid", 0.1, {}),
+             ("ipo", {"loss_type": "ipo"}, "ipo", 0.0, {}),
+             ("chunks", {}, "sigmoid", 0.0, {"SHARDLM_LOGITS_ROWS": "7"})]
+    for kind, dpo, lt, eps, env in cases:
         name = "z." + kind
         path = config(name, dpo=dpo)
         subprocess.run(["cp", ref, os.path.join(TMP, name + ".ref.h5")], check=True)
         perturb(os.path.join(TMP, name + ".ref.h5"), 1)
-        r = train(name, path)
+        r = train(name, path, env=env)
         if r:
             against_torch(name, r, 4, os.path.join(TMP, name + ".ref.h5"), lt, eps)
     if ASAN:
