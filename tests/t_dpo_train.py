@@ -9,10 +9,12 @@ formulas (summed log-probs over the trained tokens, cDPO's label smoothing, IPO'
 Checks:
   full.ln2 / lora.ln2       step 1 (policy = reference): loss ln 2 within 1e-6, margins and rewards 0
   full.ref_equals_fresh     the precomputed reference file's log-probs = PyTorch's of the initial model
+  full.ref_n2_equals_n1     the reference pass on 2 ranks (stage 3, micro-batches left over) = on 1
   KIND.loss / KIND.grads    the first step's loss and every gradient against PyTorch, with a reference file
                             made to differ from the policy (so z != 0): sigmoid, cdpo (0.1), ipo at N = 1,
+                            stage 3 at N = 2 (accumulation 2, activation checkpoints) and N = 3,
                             chunks (the LM head 7 rows at a time: logits computed again before the backward);
-                            stage 3 at N = 2 and 3; bf16 (tolerance 2e-2)
+                            bf16 (tolerance 2e-2), fp16
   KIND.metrics              rewards/chosen ... logps/rejected in the metrics JSONL = TRL's means
   lora_z.loss / .grads      LoRA with B random from the start (lora.init false): the in-step reference (the
                             adapters off) differs from the policy; loss, adapter gradients, margin against
@@ -256,13 +258,22 @@ def check_full():
     if ASAN:
         note("BUILD=build-asan: the stage-3 (N = 2, 3) and bf16 cases are left out")
         return
-    for n, micro in ((2, 2), (3, 1)):
+    # the reference pass over the ranks: 3 micro-batches of 5, 5 and 2 pairs on 2 ranks (the second rank's
+    # second forward is a stand-in whose values are dropped)
+    name = "ref_n2"
+    if train(name, config(name, micro=5, accum=1, world=2, stage=3, dpo={}), ranks=2, dump=False):
+        with h5py.File(os.path.join(TMP, name + ".ref.h5"), "r") as f:
+            lp2, n2 = f["logps"][:], f["n_targets"][:]
+        check("full.ref_n2_equals_n1", rel(lp2, lp) <= 1e-6 and np.array_equal(n2, n), f"rel {rel(lp2, lp):.3e}")
+    # stage 3 with accumulation and activation checkpoints at N = 2; N = 3
+    ckpt = {"activation_checkpointing": {"enabled": True, "interval": 1}}
+    for n, micro, accum, extra in ((2, 1, 2, ckpt), (3, 1, 1, None)):
         name = f"z.s3_n{n}"
-        path = config(name, micro=micro, accum=1, world=n, stage=3, dpo={})
+        path = config(name, micro=micro, accum=accum, world=n, stage=3, dpo={}, extra=extra)
         subprocess.run(["cp", os.path.join(TMP, "z.sigmoid.ref.h5"), os.path.join(TMP, name + ".ref.h5")], check=True)
         r = train(name, path, ranks=n)
         if r:
-            against_torch(name, r, micro * n, os.path.join(TMP, name + ".ref.h5"))
+            against_torch(name, r, micro * accum * n, os.path.join(TMP, name + ".ref.h5"))
     name = "z.bf16"
     path = config(name, dpo={}, dtype="bf16")
     r = train(name, path)  # computes its own (bf16) reference: z = 0 up to rounding
