@@ -18,7 +18,8 @@ Checks:
   KIND.metrics              rewards/chosen ... logps/rejected in the metrics JSONL = TRL's means
   lora_z.loss / .grads      LoRA with B random from the start (lora.init false): the in-step reference (the
                             adapters off) differs from the policy; loss, adapter gradients, margin against
-                            PEFT with disable_adapter() as the reference
+                            PEFT with disable_adapter() as the reference (the frozen LM head 7 rows at a
+                            time: its input gradient at scale 1, each row scaled after)
   lora.in_step_vs_file      LoRA: the base with the adapters off each step (no file) gives the losses of the
                             same run with a precomputed reference, step by step (4 steps)
   packed.ln2                data.packing: step 1 ln 2
@@ -310,7 +311,9 @@ def check_lora_grads():
     in-step reference) differs from the policy: loss and adapter gradients against PEFT's disable_adapter()."""
     from peft import LoraConfig, get_peft_model
     targets = ["q_proj", "v_proj", "down_proj"]
-    res = train("lora_z", config("lora_z", dpo={}, lora={"dropout": 0.0, "init": False, "target_modules": targets}))
+    # the frozen LM head in chunks of 7 rows: its input gradient at scale 1, the rows scaled after
+    res = train("lora_z", config("lora_z", dpo={}, lora={"dropout": 0.0, "init": False, "target_modules": targets}),
+                env={"SHARDLM_LOGITS_ROWS": "7"})
     if not res:
         return
     dump, _, rows = res

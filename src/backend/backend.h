@@ -344,6 +344,8 @@ struct adamw_hparams;
  * range has its own). The range table is host memory. */
 void backend_adamw(const struct adamw_range *r, int count, const struct adamw_hparams *hp, enum dtype out_dtype);
 void backend_scale(float *x, float s, size_t n);
+/* x [A] (N, C): row i times s[i] (fp32, N). */
+void backend_scale_rows(float *x, const float *s, int N, int C);
 void backend_zero(float *x, size_t n);
 /* Copies bytes between any two memory spaces (device, pinned host, host). */
 void backend_copy(void *dst, const void *src, size_t bytes);

@@ -395,18 +395,26 @@ static void read_losses(struct family_acts *a, int rows)
  * buffer keeps the last chunk's logits (family_read_logits).
  * With a->loss_weights (DPO): every chunk's losses first, the per-position
  * scales from them, then the backward: the last chunk's probabilities are
- * still in the buffer, the others' logits are computed again. The scales
- * live in a->dresid_a meanwhile, which the head's backward zeroes after. */
+ * still in the buffer, the others' logits are computed again; a frozen LM
+ * head's backward (the final norm's output gradient alone, linear in each
+ * row's scale) runs with scale 1 in the first pass and its rows are scaled
+ * after. The scales live in a->dresid_a meanwhile, which the head's backward
+ * zeroes after. */
 static double lm_chunks(struct family_acts *a, const float *lm, float *lm_grad_unit, int with_targets, bool backward)
 {
     const struct model *m = a->m;
     const int rows = a->kv ? kv_last_rows(a) : a->B * a->T, R = a->logits_rows;
     float *dlm = backward ? family_grad(a, lm_grad_unit, lm_unit(m), lm_tensor(m)) : NULL;
     const bool weighted = backward && with_targets && a->loss_weights;
+    /* a frozen LM head (LoRA) has only the input gradient, each row's linear in its scale: scale 1 first,
+     * the rows scaled after, nothing computed again */
+    const bool rows_after = weighted && !dlm;
+    if (rows_after)
+        a->dloss_scale = 1.0f;
     for (int r0 = 0; r0 < rows; r0 += R) {
         const int n = rows - r0 < R ? rows - r0 : R;
         lm_chunk_forward(a, lm, r0, n, with_targets);
-        if (with_targets && backward && !weighted)
+        if (with_targets && backward && (!weighted || rows_after))
             lm_chunk_backward(a, lm, dlm, r0, n, NULL);
     }
     if (!with_targets)
@@ -420,6 +428,10 @@ static double lm_chunks(struct family_acts *a, const float *lm, float *lm_grad_u
     float *scale = a->dresid_a; /* B T floats fit: it holds B T C act elements */
     backend_copy(scale, a->loss_weights(a->loss_weights_ctx, a->host_losses, a->B, a->T),
                  (size_t)rows * sizeof(float));
+    if (rows_after) {
+        backend_scale_rows(a->dwork_c, scale, rows, m->cfg.n_embd);
+        return sum;
+    }
     const int last = (rows - 1) / R * R;
     lm_chunk_backward(a, lm, dlm, last, rows - last, scale);
     for (int r0 = 0; r0 < last; r0 += R) {

@@ -316,8 +316,13 @@ static void check_crossentropy(const int32_t *targets, struct shape sh, const ch
     cpu_crossentropy_backward_rows(probs, targets, rows, N, V, Vp);
     backend_crossentropy_backward_rows(d_probs, d_targets, d_rows, N, V, Vp);
     compare_act(named2("crossentropy_backward_rows", variant), probs, d_probs, NV, g_tol);
-    cudaFree(d_rows), cudaFree(d_probs);
-    free(rows), free(probs);
+    /* the same scales on the rows of an activation (DPO, a frozen LM head's input gradient) */
+    float *x = act_round(host_random(NV, 2), NV), *d_x = act_to_device(x, NV);
+    cpu_scale_rows(x, rows, N, Vp);
+    backend_scale_rows(d_x, d_rows, N, Vp);
+    compare_act(named2("scale_rows", variant), x, d_x, NV, g_tol);
+    cudaFree(d_rows), cudaFree(d_probs), cudaFree(d_x);
+    free(rows), free(probs), free(x);
     float *got_losses = malloc(N * 4);
     unsigned char *got = malloc(act_bytes(NV));
     cuda_ok(cudaDeviceSynchronize(), "crossentropy");

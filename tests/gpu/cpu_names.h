@@ -36,6 +36,7 @@
 #define backend_rope_backward cpu_rope_backward
 #define backend_rope_forward cpu_rope_forward
 #define backend_scale cpu_scale
+#define backend_scale_rows cpu_scale_rows
 #define backend_sum_squares cpu_sum_squares
 #define backend_swiglu_backward cpu_swiglu_backward
 #define backend_swiglu_forward cpu_swiglu_forward

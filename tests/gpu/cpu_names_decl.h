@@ -39,6 +39,7 @@
 #undef backend_rope_backward
 #undef backend_rope_forward
 #undef backend_scale
+#undef backend_scale_rows
 #undef backend_sum_squares
 #undef backend_swiglu_backward
 #undef backend_swiglu_forward

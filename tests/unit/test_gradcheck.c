@@ -91,6 +91,7 @@
 #define backend_sum_squares f64_sum_squares
 #define backend_all_finite f64_all_finite
 #define backend_scale f64_scale
+#define backend_scale_rows f64_scale_rows
 #define backend_zero f64_zero
 #define backend_copy f64_copy
 /* backend.h's struct lora_out (float pointers) in the twin: the same members in double */
@@ -160,6 +161,7 @@ struct lora_out_f64 {
 #undef backend_sum_squares
 #undef backend_all_finite
 #undef backend_scale
+#undef backend_scale_rows
 #undef backend_zero
 
 /* ---- tolerances ---------------------------------------------------------- */

@@ -718,6 +718,22 @@ void backend_scale(float *x, float s, size_t n)
         x[i] *= s;
 }
 
+static void f32_scale_rows(float *x, const float *s, int N, int C)
+{
+    DEVEMU_VIEW(x);
+    DEVEMU_VIEW(s);
+#pragma omp parallel for
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++)
+            x[(size_t)i * C + c] *= s[i];
+}
+
+void backend_scale_rows(float *x, const float *s, int N, int C)
+{
+    ACT_DISPATCH(act_scale_rows(f32_scale_rows, x, s, N, C));
+    f32_scale_rows(x, s, N, C);
+}
+
 void backend_zero(float *x, size_t n)
 {
     DEVEMU_VIEW(x);
