@@ -23,6 +23,8 @@ Checks:
   lora.in_step_vs_file      LoRA: the base with the adapters off each step (no file) gives the losses of the
                             same run with a precomputed reference, step by step (4 steps)
   packed.ln2                data.packing: step 1 ln 2
+  z.packed.*                packed row pairs (file order, so the test knows which pairs): loss, gradients and
+                            metrics against PyTorch
   resume.bitwise            4 steps = 2 steps + resume to 4 (the reference file loaded, not recomputed)
   bad.*                     one line, exit 2: a preference file without a dpo section, an SFT file with one, a
                             resume whose reference file changed
@@ -194,8 +196,9 @@ def against_torch(name, res, n_pairs, ref_path, loss_type="sigmoid", eps=0.0, to
     """grad_scale: what the dumped gradients carry (fp16: the loss scale, which the optimizer divides out)."""
     dump, _, rows = res
     hf = hf_model(dump)
-    pol = seq_logps(hf, PAIRS[:n_pairs])
-    loss, metrics = trl_loss(pol, ref_values(ref_path, range(n_pairs), loss_type), loss_type, eps)
+    idx = range(n_pairs) if isinstance(n_pairs, int) else n_pairs  # the step's pairs: the first n, or these
+    pol = seq_logps(hf, [PAIRS[k] for k in idx])
+    loss, metrics = trl_loss(pol, ref_values(ref_path, idx, loss_type), loss_type, eps)
     loss.backward()
     e = abs(rows[0]["loss"] - loss.item()) / max(abs(loss.item()), 1e-3)
     check(f"{name}.loss", e <= tol, f"shardlm {rows[0]['loss']:.9g}, torch {loss.item():.9g}")
@@ -343,11 +346,35 @@ def check_lora_grads():
     check("lora_z.metrics", abs(m - metrics["rewards/margins"]) <= TOL * max(1.0, abs(m)), f"{m} vs {metrics}")
 
 
+def packed_rows(n_units):
+    """The pairs of the first n_units row pairs: samples.c's first fit over the file order (every row open)."""
+    fill, rows = [], []
+    for k, pair in enumerate(PAIRS):
+        lens = [len(ids) for ids, _ in pair]
+        r = next((i for i, f in enumerate(fill) if all(f[j] + lens[j] <= T for j in range(2))), len(fill))
+        if r == len(fill):
+            fill.append([0, 0])
+            rows.append([])
+        fill[r] = [fill[r][j] + lens[j] for j in range(2)]
+        rows[r].append(k)
+    return [k for row in rows[:n_units] for k in row]
+
+
 def check_packed():
     extra = {"data": {"train": DATA, "seq_len": T, "shuffle": True, "packing": True}}
     r = train("packed", config("packed", micro=2, accum=1, steps=2, dpo={}, extra=extra), dump=False)
     if r:
         ln2("packed", r[2])
+    # 2 row pairs of whole pairs in file order, the reference moved off the policy: against PyTorch
+    name = "z.packed"
+    extra = {"data": {"train": DATA, "seq_len": T, "shuffle": False, "packing": True}}
+    path = config(name, micro=2, accum=1, dpo={}, extra=extra)
+    subprocess.run(["cp", os.path.join(TMP, "z.sigmoid.ref.h5"), os.path.join(TMP, name + ".ref.h5")], check=True)
+    r = train(name, path)
+    pairs = packed_rows(2)
+    if r:
+        check("z.packed.pairs", r[2][0]["pairs"] == len(pairs) > 2, f"{r[2][0]['pairs']} pairs, want {pairs}")
+        against_torch(name, r, pairs, os.path.join(TMP, name + ".ref.h5"))
 
 
 def check_resume():
