@@ -659,16 +659,19 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
                  tr.train_data.bin.n_windows);
     } else {
         const struct sample_set *smp = &tr.train_data.smp;
+        /* DPO: a unit is a pair (two rows), or with packing a row pair */
+        const char *units = tr.dpo.on ? (cfg->data.packing ? "packed row pairs" : "pairs")
+                                      : (cfg->data.packing ? "packed rows" : "samples");
         log_info("batch: %d %s of at most %d tokens = %d micro x %d accumulation x %d ranks, padded to the longest "
                  "(a multiple of %d)%s",
-                 cfg->train_batch_size, cfg->data.packing ? "packed rows" : "samples", T, cfg->micro_batch,
+                 cfg->train_batch_size, units, T, cfg->micro_batch,
                  cfg->grad_accum, tr.sess.world, cfg->data.pad_multiple,
                  cfg->data.group_by_length ? ", grouped by length" : "");
         log_info("train data %s: %u samples (%llu tokens, %llu trained) of %zu; %zu truncated to %d tokens, %zu "
                  "dropped as longer, %zu dropped with no trained token; %llu %s per epoch",
                  smp->path, smp->n, (unsigned long long)smp->tokens_kept, (unsigned long long)smp->trained_kept,
                  smp->n_file, smp->n_truncated, T, smp->n_dropped_long, smp->n_dropped_untrained,
-                 (unsigned long long)loader_units(&tr.train_data), cfg->data.packing ? "packed rows" : "samples");
+                 (unsigned long long)loader_units(&tr.train_data), units);
         if (tr.metrics)
             fprintf(tr.metrics,
                     "{\"data\": \"%s\", \"samples\": %u, \"samples_in_file\": %zu, \"tokens\": %llu, "
