@@ -26,8 +26,8 @@ Checks:
   z.packed.*                packed row pairs (file order, so the test knows which pairs): loss, gradients and
                             metrics against PyTorch
   resume.bitwise            4 steps = 2 steps + resume to 4 (the reference file loaded, not recomputed)
-  bad.*                     one line, exit 2: a preference file without a dpo section, an SFT file with one, a
-                            resume whose reference file changed
+  bad.*                     one line, exit 2: a preference file without a dpo section, an SFT file, token
+                            shards or data.val with one, a resume whose reference file changed
 Under BUILD=build-asan the stage-3 and bf16 cases are left out (said so).
 """
 import json
@@ -49,7 +49,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from harness import BIN, ENV, check, note, read_dump, rel, run_main, scratch_dir, write_config  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from datafiles import set_str, write_samples  # noqa: E402
+from datafiles import set_str, write_samples, write_shard  # noqa: E402
 
 TMP = scratch_dir("t_dpo_train")
 ASAN = "asan" in os.environ.get("BUILD", "")
@@ -407,6 +407,13 @@ def check_bad():
     one_line("bad.preference_without_dpo", r, "add a dpo section")
     r = train("bad_sft", config("bad_sft", dpo={}, data=SFT), dump=False, expect=2)
     one_line("bad.sft_with_dpo", r, "an SFT sample file, but the config has a dpo section")
+    shards = os.path.join(TMP, "tokens.bin")
+    write_shard(shards, np.arange(200) % V)
+    r = train("bad_shards", config("bad_shards", dpo={}, data=shards), dump=False, expect=2)
+    one_line("bad.shards_with_dpo", r, "a dpo section needs a preference file")
+    extra = {"data": {"train": DATA, "val": DATA, "seq_len": T}}
+    r = train("bad_val", config("bad_val", dpo={}, extra=extra), dump=False, expect=2)
+    one_line("bad.val_with_dpo", r, "data.val with a dpo section")
 
 
 def main():
