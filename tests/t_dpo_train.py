@@ -392,8 +392,8 @@ def check_resume():
         same = all(np.array_equal(res[1][k], v) for k, v in full[1].items())
         check("resume.bitwise", same and os.stat(ref).st_mtime_ns == stamp,
               "final weights differ from the run without a stop, or the reference was recomputed")
-    perturb(ref, 2)  # another file at the recorded path
-    r = train("resume_bad", cfg, args=["--resume", "auto"], dump=False, expect=2)
+    perturb(ref, 2)  # another file at the recorded path; on 2 ranks, still one line
+    r = train("resume_bad", cfg, ranks=2, args=["--resume", "auto"], dump=False, expect=2)
     one_line("bad.resume_other_reference", r, "not the file the checkpoint was trained with")
 
 

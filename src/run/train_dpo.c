@@ -141,13 +141,12 @@ static void compute_reference(struct trainer *tr)
     samples_close(&s);
 }
 
-void dpo_prepare(struct trainer *tr)
+/* The file to use, loaded when it is there (a resume: the one the checkpoint names, as it was). Local. */
+static void find_reference(struct trainer *tr)
 {
     struct trainer_dpo *d = &tr->dpo;
     const struct config *cfg = tr->cfg;
-    if (!d->on || d->in_step_ref)
-        return;
-    if (d->saved_path[0]) { /* a resume: the file the checkpoint names, as it was */
+    if (d->saved_path[0]) {
         snprintf(d->ref_path, sizeof d->ref_path, "%s", d->saved_path);
         char have[65];
         if (!samples_file_sha256(d->ref_path, have))
@@ -158,28 +157,57 @@ void dpo_prepare(struct trainer *tr)
                        "recorded %.12s...): put that file back, or start fresh (--resume none)",
                        d->ref_path, have, d->saved_sha256);
         d->ref = dpo_ref_load(d->ref_path, d->samples_sha256, NULL);
-    } else {
-        if (tr->step > 0)
-            fail_input("the checkpoint resumed at step %ld records no reference log-probs (not a DPO run with "
-                       "precomputed ones): export it and give it as model.from_pretrained, or start fresh",
-                       tr->step);
-        if (cfg->dpo.ref_log_probs_path)
-            snprintf(d->ref_path, sizeof d->ref_path, "%s", cfg->dpo.ref_log_probs_path);
-        else
-            dpo_ref_default_path(tr->train_data.smp.path, d->ref_path, sizeof d->ref_path);
-        d->ref = dpo_ref_load(d->ref_path, d->samples_sha256, d->model);
-        if (d->ref && tr->sess.rank == 0)
-            log_info("DPO: reference log-probs from %s (computed before with this model and data)", d->ref_path);
-        if (!d->ref) {
-            compute_reference(tr);
-            d->ref = dpo_ref_load(d->ref_path, d->samples_sha256, d->model);
-        }
+        return;
     }
+    if (tr->step > 0)
+        fail_input("the checkpoint resumed at step %ld records no reference log-probs (not a DPO run with "
+                   "precomputed ones): export it and give it as model.from_pretrained, or start fresh", tr->step);
+    if (cfg->dpo.ref_log_probs_path)
+        snprintf(d->ref_path, sizeof d->ref_path, "%s", cfg->dpo.ref_log_probs_path);
+    else
+        dpo_ref_default_path(tr->train_data.smp.path, d->ref_path, sizeof d->ref_path);
+    d->ref = dpo_ref_load(d->ref_path, d->samples_sha256, d->model);
+    if (d->ref && tr->sess.rank == 0)
+        log_info("DPO: reference log-probs from %s (computed before with this model and data)", d->ref_path);
+}
+
+/* After the computation, if any: the file read back and checked. Local. */
+static void check_reference(struct trainer *tr)
+{
+    struct trainer_dpo *d = &tr->dpo;
+    if (!d->ref)
+        d->ref = dpo_ref_load(d->ref_path, d->samples_sha256, d->model);
     if (!d->ref || (uint64_t)d->ref->n_pairs != tr->train_data.smp.n_file / 2)
         fail_input("reference log-probs '%s' do not cover the %zu pairs of '%s': delete the file to compute them "
                    "again", d->ref_path, tr->train_data.smp.n_file / 2, tr->train_data.smp.path);
     if (!samples_file_sha256(d->ref_path, d->ref_sha256))
         fail_input("cannot read the reference log-probs '%s'", d->ref_path);
+}
+
+/* A local step whose failure, on any rank, is reported once (comm_agree_failure). */
+static void agreed(struct trainer *tr, void (*step)(struct trainer *))
+{
+    struct fail_trap trap;
+    if (FAIL_TRAP(&trap) == 0)
+        step(tr);
+    fail_untrap();
+    comm_agree_failure(tr->sess.comm, &trap);
+}
+
+void dpo_prepare(struct trainer *tr)
+{
+    if (!tr->dpo.on || tr->dpo.in_step_ref)
+        return;
+    agreed(tr, find_reference);
+    /* computed together when any rank lacks the file (ranks that see different disks) */
+    int32_t missing = tr->dpo.ref == NULL;
+    comm_allreduce(tr->sess.comm, &missing, 1, COMM_I32, COMM_MAX, NULL);
+    if (missing) {
+        dpo_ref_free(tr->dpo.ref);
+        tr->dpo.ref = NULL;
+        compute_reference(tr);
+    }
+    agreed(tr, check_reference);
 }
 
 /* ---- a step ------------------------------------------------------------------------------- */
