@@ -22,7 +22,7 @@ Checks:
                             time: its input gradient at scale 1, each row scaled after)
   lora.in_step_vs_file      LoRA: the base with the adapters off each step (no file) gives the losses of the
                             same run with a precomputed reference, step by step (4 steps)
-  packed.ln2                data.packing: step 1 ln 2
+  packed.ln2 / grouped.ln2  data.packing, data.group_by_length (pairs by their longer sample): step 1 ln 2
   z.packed.*                packed row pairs (file order, so the test knows which pairs): loss, gradients and
                             metrics against PyTorch
   resume.bitwise            4 steps = 2 steps + resume to 4 (the reference file loaded, not recomputed)
@@ -365,6 +365,10 @@ def check_packed():
     r = train("packed", config("packed", micro=2, accum=1, steps=2, dpo={}, extra=extra), dump=False)
     if r:
         ln2("packed", r[2])
+    extra = {"data": {"train": DATA, "seq_len": T, "shuffle": True, "group_by_length": True}}
+    r = train("grouped", config("grouped", micro=2, accum=1, steps=2, dpo={}, extra=extra), dump=False)
+    if r:
+        ln2("grouped", r[2])
     # 2 row pairs of whole pairs in file order, the reference moved off the policy: against PyTorch
     name = "z.packed"
     extra = {"data": {"train": DATA, "seq_len": T, "shuffle": False, "packing": True}}
