@@ -55,7 +55,9 @@ void plan_compute_for(struct mem_plan *p, const struct model *m, const struct co
                       enum plan_target target)
 {
     const struct exec_target t = target_of(cfg, target);
-    plan_fill(p, m, cfg, world, &t, cfg->micro_batch, cfg->data.seq_len, cfg->data.seq_len, cfg->data.packing, 0);
+    /* DPO: a micro-batch of B pairs runs as 2B rows (data/samples.h) */
+    const int rows = cfg->micro_batch * (cfg->dpo.enabled ? 2 : 1);
+    plan_fill(p, m, cfg, world, &t, rows, cfg->data.seq_len, cfg->data.seq_len, cfg->data.packing, 0);
 }
 
 void plan_compute_generate(struct mem_plan *p, const struct model *m, const struct config *cfg, int world, int B,
