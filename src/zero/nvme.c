@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/magic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +47,15 @@ size_t nvme_file_bytes(size_t n, size_t piece)
 {
     piece = round_up(piece ? piece : NVME_PIECE_DEFAULT, NVME_PIECE_ALIGN);
     return (n + piece - 1) / piece * 3 * piece * sizeof(float);
+}
+
+void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece)
+{
+    size_t p = n < NVME_PIECE_DEFAULT ? round_up(n ? n : 1, NVME_PIECE_ALIGN) : NVME_PIECE_DEFAULT;
+    const size_t b = (size_t)(buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers);
+    *piece = p;
+    *file_bytes = nvme_file_bytes(n, p);
+    *host_bytes = b * 3 * p * sizeof(float);
 }
 
 /* ---- the directory ------------------------------------------------------------ */
@@ -104,6 +114,28 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
 
 /* ---- I/O ------------------------------------------------------------------- */
 
+/* SHARDLM_INJECT_NVME (nvme.h): what a completed (or, for kill, issued) piece
+ * write is turned into. Returns the result the write is to be seen with. */
+static long inject_write(long res)
+{
+    static int looked;
+    static long kill_at, short_at, writes;
+    if (!looked) {
+        const char *spec = getenv("SHARDLM_INJECT_NVME");
+        looked = 1;
+        if (spec && strncmp(spec, "kill:", 5) == 0)
+            kill_at = atol(spec + 5);
+        else if (spec && strncmp(spec, "short_write:", 12) == 0)
+            short_at = atol(spec + 12);
+        else if (spec && *spec)
+            fail_input("SHARDLM_INJECT_NVME='%s': give kill:K or short_write:K", spec);
+    }
+    writes++;
+    if (writes == kill_at)
+        raise(SIGKILL);
+    return writes == short_at && res > 0 ? res / 2 : res;
+}
+
 __attribute__((noreturn)) static void io_failed(const struct nvme_file *f, const char *what, long res, size_t want)
 {
     if (res < 0)
@@ -124,6 +156,8 @@ static void sync_io(struct nvme_file *f, int b, bool write)
                           : pread(f->fd, (char *)f->bufs[b] + done, bytes - done, off + (off_t)done);
         if (r < 0 && errno == EINTR)
             continue;
+        if (write && done == 0 && r > 0 && inject_write(r) != r)
+            io_failed(f, "write", r / 2, bytes); /* the injected short write (SHARDLM_INJECT_NVME) */
         if (r <= 0)
             io_failed(f, write ? "write" : "read", r < 0 ? -errno : (long)done, bytes);
         done += (size_t)r;
@@ -173,11 +207,13 @@ static void reap_one(struct nvme_file *f)
     if (r < 0)
         io_failed(f, "wait", r, 0);
     const int b = (int)io_uring_cqe_get_data64(cqe);
-    const int res = cqe->res;
+    int res = cqe->res;
     io_uring_cqe_seen(&f->ring, cqe);
     f->in_flight--;
     const size_t bytes = piece_bytes(f);
     const bool write = f->state[b] == BUF_WRITING;
+    if (write)
+        res = (int)inject_write(res);
     if (res < 0 || (size_t)res != bytes)
         io_failed(f, write ? "write" : "read", res, bytes);
     if (write)
@@ -239,6 +275,7 @@ struct nvme_file *nvme_open(const char *dir, const char *job, int rank, size_t n
     f->path = xmalloc(len);
     snprintf(f->path, len, "%s/shardlm-%s-rank%d.optim", dir, job, rank);
 
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit: EFBIG and one line, not a kill */
     f->direct = true;
     f->fd = open_file(f, true);
     if (f->fd < 0 && errno == EINVAL) {

@@ -27,7 +27,15 @@
  *
  * Errors (a disk that fills up, an I/O error, a short read): one line naming
  * the file and the cause, exit 2 (fail_input); the file is scratch, so the
- * last checkpoint is intact.
+ * last checkpoint is intact. A file-size limit (ulimit -f) is such an error,
+ * not a SIGXFSZ kill (nvme_open ignores the signal).
+ *
+ * Test hook: SHARDLM_INJECT_NVME=short_write:K makes the K-th piece write
+ * since the process started come back short (the error above, as a failing
+ * disk gives it); SHARDLM_INJECT_NVME=kill:K raises SIGKILL on the process
+ * once its K-th piece write is done (a job killed in the middle of an
+ * optimizer step, its file half old and half new). Writes of nvme_write_range
+ * count too.
  */
 #ifndef SHARDLM_NVME_H
 #define SHARDLM_NVME_H
@@ -62,6 +70,13 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
 
 /* Bytes of the file for n elements in pieces of `piece`. */
 size_t nvme_file_bytes(size_t n, size_t piece);
+
+/* Bytes of the file and of the pinned buffers for a range of n elements with
+ * `buffers` buffers (below NVME_BUFFERS_MIN: that many), and the piece
+ * (elements) nvme_open is to be given: NVME_PIECE_DEFAULT, or, when the range
+ * is smaller, the range rounded up to NVME_PIECE_ALIGN. The engine opens its
+ * file with these and the memory plan counts them: one function for both. */
+void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece);
 
 struct nvme_file;
 
