@@ -35,6 +35,7 @@ struct nvme_file {
     enum buf_state *state;
     size_t *buf_piece;         /* the piece a buffer holds or moves */
     int in_flight;
+    bool stepping;             /* in nvme_adamw_step (the fault hook counts its writes) */
     double read_bytes, written_bytes;
 #ifndef SHARDLM_NO_URING
     struct io_uring ring;
@@ -146,17 +147,18 @@ __attribute__((noreturn)) static void io_failed(const struct nvme_file *f, const
                "is intact)", what, f->path, res, want);
 }
 
-static void sync_io(struct nvme_file *f, int b, bool write)
+/* Moves `bytes` between buffer b (from byte `at` of it) and the file (from byte `at` of the buffer's piece). */
+static void sync_bytes(struct nvme_file *f, int b, size_t at, size_t bytes, bool write)
 {
-    const size_t bytes = piece_bytes(f);
-    const off_t off = (off_t)(f->buf_piece[b] * bytes);
+    const off_t off = (off_t)(f->buf_piece[b] * piece_bytes(f) + at);
+    char *mem = (char *)f->bufs[b] + at;
     size_t done = 0;
     while (done < bytes) {
-        ssize_t r = write ? pwrite(f->fd, (char *)f->bufs[b] + done, bytes - done, off + (off_t)done)
-                          : pread(f->fd, (char *)f->bufs[b] + done, bytes - done, off + (off_t)done);
+        ssize_t r = write ? pwrite(f->fd, mem + done, bytes - done, off + (off_t)done)
+                          : pread(f->fd, mem + done, bytes - done, off + (off_t)done);
         if (r < 0 && errno == EINTR)
             continue;
-        if (write && done == 0 && r > 0 && inject_write(r) != r)
+        if (write && f->stepping && done == 0 && r > 0 && inject_write(r) != r)
             io_failed(f, "write", r / 2, bytes); /* the injected short write (SHARDLM_INJECT_NVME) */
         if (r <= 0)
             io_failed(f, write ? "write" : "read", r < 0 ? -errno : (long)done, bytes);
@@ -166,6 +168,11 @@ static void sync_io(struct nvme_file *f, int b, bool write)
         f->written_bytes += (double)bytes;
     else
         f->read_bytes += (double)bytes;
+}
+
+static void sync_io(struct nvme_file *f, int b, bool write)
+{
+    sync_bytes(f, b, 0, piece_bytes(f), write);
     f->state[b] = write ? BUF_FREE : BUF_READY;
 }
 
@@ -212,7 +219,7 @@ static void reap_one(struct nvme_file *f)
     f->in_flight--;
     const size_t bytes = piece_bytes(f);
     const bool write = f->state[b] == BUF_WRITING;
-    if (write)
+    if (write && f->stepping)
         res = (int)inject_write(res);
     if (res < 0 || (size_t)res != bytes)
         io_failed(f, write ? "write" : "read", res, bytes);
@@ -350,27 +357,34 @@ static void check_range(const struct nvme_file *f, size_t at, size_t count)
         fail_internal("nvme: range [%zu, %zu) outside the %zu elements of '%s'", at, at + count, f->n, f->path);
 }
 
-/* Moves elements [at, at+count) between the caller's arrays and the file, a piece at a time through buffer 0. */
+/* Moves elements [at, at+count) between the caller's arrays and the file, a
+ * piece at a time through buffer 0: of each part asked for (master, m, v),
+ * the 4 KiB blocks that hold the range (O_DIRECT's unit; a piece's parts
+ * start on such blocks), read, and written back when to_file. */
 static void move_range(struct nvme_file *f, size_t at, size_t count, float *const arr[3], bool to_file)
 {
+    enum { BLOCK = 4096 };
     check_range(f, at, count);
     drain(f);
     for (size_t i = at / f->piece; count > 0 && i * f->piece < at + count; i++) {
         const size_t lo = at > i * f->piece ? at : i * f->piece;
         const size_t hi = at + count < (i + 1) * f->piece ? at + count : (i + 1) * f->piece;
         f->buf_piece[0] = i;
-        sync_io(f, 0, false);
         for (int g = 0; g < 3; g++) {
             if (!arr[g])
                 continue;
+            const size_t part = (size_t)g * f->piece * sizeof(float);
+            const size_t b0 = (lo - i * f->piece) * sizeof(float) / BLOCK * BLOCK;
+            const size_t b1 = round_up((hi - i * f->piece) * sizeof(float), BLOCK);
+            sync_bytes(f, 0, part + b0, b1 - b0, false);
             float *in_buf = f->bufs[0] + (size_t)g * f->piece + (lo - i * f->piece);
-            if (to_file)
+            if (to_file) {
                 memcpy(in_buf, arr[g] + (lo - at), (hi - lo) * sizeof(float));
-            else
+                sync_bytes(f, 0, part + b0, b1 - b0, true);
+            } else {
                 memcpy(arr[g] + (lo - at), in_buf, (hi - lo) * sizeof(float));
+            }
         }
-        if (to_file)
-            sync_io(f, 0, true);
         f->state[0] = BUF_FREE;
     }
 }
@@ -425,6 +439,7 @@ void nvme_adamw_step(struct nvme_file *f, const struct nvme_segment *segs, int n
     if (n_segs == 0)
         return;
     drain(f);
+    f->stepping = true;
     struct adamw_hparams h = *hp;
     /* only the pieces some segment touches */
     const size_t first = piece_of(f, segs[0].at);
@@ -450,4 +465,5 @@ void nvme_adamw_step(struct nvme_file *f, const struct nvme_segment *segs, int n
         start_io(f, b, true);
     }
     drain(f);
+    f->stepping = false;
 }

@@ -30,12 +30,12 @@
  * last checkpoint is intact. A file-size limit (ulimit -f) is such an error,
  * not a SIGXFSZ kill (nvme_open ignores the signal).
  *
- * Test hook: SHARDLM_INJECT_NVME=short_write:K makes the K-th piece write
- * since the process started come back short (the error above, as a failing
- * disk gives it); SHARDLM_INJECT_NVME=kill:K raises SIGKILL on the process
- * once its K-th piece write is done (a job killed in the middle of an
- * optimizer step, its file half old and half new). Writes of nvme_write_range
- * count too.
+ * Test hook: SHARDLM_INJECT_NVME=short_write:K makes the K-th piece write of
+ * the AdamW steps (nvme_adamw_step; counted from the first step of the
+ * process) come back short (the error above, as a failing disk gives it);
+ * SHARDLM_INJECT_NVME=kill:K raises SIGKILL on the process once that write is
+ * done (a job killed in the middle of an optimizer step, its file half old
+ * and half new).
  */
 #ifndef SHARDLM_NVME_H
 #define SHARDLM_NVME_H
@@ -97,7 +97,8 @@ size_t nvme_host_bytes(const struct nvme_file *f); /* the buffers' bytes */
 
 /* Writes / reads elements [at, at + count) of the state; any of p, m, v may
  * be NULL (write: that part is left as it is; read: not read). Synchronous,
- * through the buffers: no copy of the whole state in memory. */
+ * through the buffers: no copy of the whole state in memory; of each part
+ * given, only the 4 KiB blocks that hold the range move. */
 void nvme_write_range(struct nvme_file *f, size_t at, size_t count, const float *p, const float *m, const float *v);
 void nvme_read_range(struct nvme_file *f, size_t at, size_t count, float *p, float *m, float *v);
 

@@ -226,6 +226,21 @@ static void check_bad_input(void)
           "/dev/shm (tmpfs on Linux): exit %d, stderr '%s'", st, msg);
 }
 
+/* nvme_sizes: the numbers the engine opens its file with and the plan counts. */
+static void check_sizes(void)
+{
+    size_t file, host, piece;
+    nvme_sizes(5000, 4, &file, &host, &piece); /* a small range: one piece, the range rounded up */
+    CHECK("nvme_sizes_small", piece == 5120 && file == 12 * 5120 && host == 4 * 12 * 5120 &&
+                                  file == nvme_file_bytes(5000, piece),
+          "piece %zu file %zu host %zu", piece, file, host);
+    const size_t n = 3 * NVME_PIECE_DEFAULT + 7; /* a large one: default pieces, the last padded; 3 buffers at least */
+    nvme_sizes(n, 1, &file, &host, &piece);
+    CHECK("nvme_sizes_large", piece == NVME_PIECE_DEFAULT && file == 4 * 12 * NVME_PIECE_DEFAULT &&
+                                  host == (size_t)NVME_BUFFERS_MIN * 12 * NVME_PIECE_DEFAULT,
+          "piece %zu file %zu host %zu", piece, file, host);
+}
+
 int main(void)
 {
     const char *tmp = getenv("SHARDLM_TEST_TMP");
@@ -234,6 +249,7 @@ int main(void)
     check_step_equal(DTYPE_BF16, "bf16");
     check_step_equal(DTYPE_F16, "f16");
     check_partial_ranges();
+    check_sizes();
     check_bad_input();
     return check_status();
 }
