@@ -37,7 +37,8 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 disk; no statvfs override exists and a full file system cannot be
                 faked without root mounts, so the room check itself is
                 tests/unit/test_nvme.c's); a second job on the same files (the same
-                SLURM_JOB_ID, its rank-0 file held locked): exit 2 and one line
+                SLURM_JOB_ID, N=2, its rank-1 file held locked: the ranks agree
+                before the parameters' init): exit 2 and one line
                 naming the path; a tmpfs nvme_path (/dev/shm): runs, with the
                 warnings that it is memory and that O_DIRECT is refused
 
@@ -340,13 +341,14 @@ def test_bad():
     r = run("bad_room", 1, config("bad_room", "nvme", 1, nvme_path=os.path.join(TMP, "room")), final=False,
             rlimit=64 * 1024)
     one_error_line("bad.no_room", r, os.path.join(TMP, "room", "shardlm-"), "File too large")
-    # a second job on the same files: the same Slurm job id, its rank-0 file locked by the first
+    # a second job on the same files: the same Slurm job id, its rank-1 file locked by the first (N=2: rank 0
+    # opens its own, and the ranks agree on rank 1's line before the parameters' init)
     lockdir = os.path.join(TMP, "locked")
     os.makedirs(lockdir, exist_ok=True)
-    held = os.path.join(lockdir, "shardlm-36777-rank0.optim")
+    held = os.path.join(lockdir, "shardlm-36777-rank1.optim")
     with open(held, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        r = run("bad_lock", 1, config("bad_lock", "nvme", 1, nvme_path=lockdir), final=False,
+        r = run("bad_lock", 2, config("bad_lock", "nvme", 1, nvme_path=lockdir), final=False,
                 env=dict(ENV, SLURM_JOB_ID="36777"))
         one_error_line("bad.second_job", r, held, "in use by another job")
     check("bad.second_job_file_kept", os.path.exists(held), "the first job's file was removed")

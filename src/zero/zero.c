@@ -190,7 +190,20 @@ static void nvme_setup(struct zero *z, const struct config *cfg)
     nvme_job_name(z, job, sizeof job);
     size_t file_bytes, host_bytes, piece;
     nvme_sizes(n, cfg->zero.optimizer_buffer_count, &file_bytes, &host_bytes, &piece);
-    z->nvme = nvme_open(cfg->zero.optimizer_nvme_path, job, z->rank, n, piece, cfg->zero.optimizer_buffer_count);
+    /* A rank whose disk is full or whose file is locked: every rank stops with its line here, before the
+     * collectives of the parameters' init could leave the others waiting (inside the trainer's trap, nested). */
+    struct fail_trap *outer = fail_trap_current(), trap;
+    if (FAIL_TRAP(&trap) == 0)
+        z->nvme = nvme_open(cfg->zero.optimizer_nvme_path, job, z->rank, n, piece, cfg->zero.optimizer_buffer_count);
+    fail_trap_restore(outer);
+    int32_t failed = trap.status ? (int32_t)(z->world - z->rank) : 0; /* the max: the lowest failing rank */
+    comm_allreduce(z->comm, &failed, 1, COMM_I32, COMM_MAX, NULL);
+    if (failed) {
+        comm_broadcast(z->comm, trap.message, sizeof trap.message / sizeof(int32_t), COMM_I32, z->world - failed,
+                       NULL);
+        trap.message[sizeof trap.message - 1] = 0;
+        fail_input("%s", trap.message);
+    }
     if (z->rank == 0)
         log_info("offload_optimizer nvme: %s, %.1f MiB of state per rank, %.1f MiB of buffers, %s, %s",
                  nvme_path(z->nvme), (double)file_bytes / 1048576.0, (double)host_bytes / 1048576.0,
