@@ -26,7 +26,8 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 exit status not 0, the step-4 checkpoint and latest intact;
                 --resume auto to step 6 bitwise equal to an uninterrupted run
   io.*          an injected short write in step 3 (SHARDLM_INJECT_NVME=
-                short_write:K): exit 2, one error line naming the file; resumed
+                short_write:K): exit 2, one error line naming the file, the file
+                removed; resumed
                 from the step-2 checkpoint to step 6: equal to the uninterrupted run
   rss.*         a model of 17 M parameters, N=1, stage 1: the peak resident
                 memory (VmHWM of the rank, through getrusage of its children) of
@@ -40,7 +41,9 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 SLURM_JOB_ID, N=2, its rank-1 file held locked: the ranks agree
                 before the parameters' init): exit 2 and one line
                 naming the path; a tmpfs nvme_path (/dev/shm): runs, with the
-                warnings that it is memory and that O_DIRECT is refused
+                warning that it is memory; a killed job's file (another job's
+                name, unlocked, 2 minutes old) removed with a warning naming it,
+                a live job's (locked) and a new one kept
 
 Environment: SHARDLM_BIN, SHARDLM_TEST_TMP (harness.py). Under BUILD=build-asan
 (SHARDLM_BIN under build-asan) the rss check and the 17 M model are left out
@@ -291,14 +294,15 @@ def test_io_error():
     u = run("io_u", 1, config("io_u", "nvme", 2, "bf16", steps))
     if not ok("io.uninterrupted", u, steps):
         return
-    ck = os.path.join(TMP, "io.ckpt")
-    cfg = config("io", "nvme", 2, "bf16", steps, ckdir=ck, every=2)
+    ck, nvdir = os.path.join(TMP, "io.ckpt"), os.path.join(TMP, "nvme_io")
+    cfg = config("io", "nvme", 2, "bf16", steps, ckdir=ck, every=2, nvme_path=nvdir)
     a = run("io", 1, cfg, env=dict(ENV, SHARDLM_INJECT_NVME=f"short_write:{2 * file_pieces(u.nvme) + 1}"),
             final=False)
     errors = [line for line in a.out.splitlines() if "error" in line]
-    named = len(errors) == 1 and "short write" in errors[0] and os.path.join(TMP, "nvme", "shardlm-") in errors[0]
-    check("io.short_write", a.rc == 2 and named and a.col("step") == [1, 2],
-          f"exit {a.rc}, steps {a.col('step')}, error lines {errors}")
+    named = len(errors) == 1 and "short write" in errors[0] and os.path.join(nvdir, "shardlm-") in errors[0]
+    left = os.listdir(nvdir) if os.path.isdir(nvdir) else []
+    check("io.short_write", a.rc == 2 and named and a.col("step") == [1, 2] and not left,
+          f"exit {a.rc}, steps {a.col('step')}, error lines {errors}, files left {left}")
     b = run("io", 1, cfg, "--resume", "auto", fresh=False)
     if ok("io.resume", b, steps) and same_run("io.resume", b, u, steps):
         check("io.resume", True)
@@ -352,6 +356,23 @@ def test_bad():
                 env=dict(ENV, SLURM_JOB_ID="36777"))
         one_error_line("bad.second_job", r, held, "in use by another job")
     check("bad.second_job_file_kept", os.path.exists(held), "the first job's file was removed")
+    # a killed job's file (unlocked, 2 minutes old) is removed with a warning; a live job's (locked) and a
+    # new one are kept
+    stale_dir = os.path.join(TMP, "stale")
+    os.makedirs(stale_dir, exist_ok=True)
+    names = {k: os.path.join(stale_dir, f"shardlm-{k}-rank0.optim") for k in ("killed", "live", "new")}
+    for k, path in names.items():
+        with open(path, "wb") as f:
+            f.write(b"\0" * 8192)
+        if k != "new":
+            os.utime(path, (os.path.getmtime(path) - 120,) * 2)
+    with open(names["live"]) as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = run("stale", 1, config("stale", "nvme", 1, nvme_path=stale_dir), final=False)
+    warned = [line for line in r.out.splitlines() if "warning" in line and "removed" in line]
+    check("bad.stale_swept", r.rc == 0 and not os.path.exists(names["killed"]) and os.path.exists(names["live"])
+          and os.path.exists(names["new"]) and len(warned) == 1 and names["killed"] in warned[0],
+          f"exit {r.rc}, files {sorted(os.listdir(stale_dir))}, warnings {warned}")
     if os.path.isdir("/dev/shm"):
         shm = f"/dev/shm/t_nvme.{os.getpid()}"
         r = run("tmpfs", 1, config("tmpfs", "nvme", 1, nvme_path=shm), final=False)

@@ -12,11 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef SHARDLM_NO_URING
@@ -253,6 +255,36 @@ static int open_file(struct nvme_file *f, bool direct)
     return open(f->path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
 }
 
+/* Files of other jobs that a kill (-9, a lost node) left behind: not locked,
+ * not written for NVME_STALE_SECONDS. A live job holds its lock; a file just
+ * made (between its open and its lock) is new. The state is in checkpoints. */
+static void sweep_stale(const char *dir, const char *job)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char own[192];
+    snprintf(own, sizeof own, "shardlm-%s-rank", job);
+    const time_t now = time(NULL);
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *n = e->d_name;
+        const size_t len = strlen(n);
+        if (strncmp(n, "shardlm-", 8) != 0 || len < 15 || strcmp(n + len - 6, ".optim") != 0 ||
+            strncmp(n, own, strlen(own)) == 0)
+            continue;
+        int fd = openat(dirfd(d), n, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > NVME_STALE_SECONDS &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 && unlinkat(dirfd(d), n, 0) == 0)
+            log_warn("nvme: removed '%s/%s' (%.2f GiB), a file that a job killed without cleaning up left behind "
+                     "(not locked, not written for %ld s)",
+                     dir, n, (double)st.st_size / 1073741824.0, (long)(now - st.st_mtime));
+        if (fd >= 0)
+            close(fd);
+    }
+    closedir(d);
+}
+
 static void setup_ring(struct nvme_file *f)
 {
 #ifndef SHARDLM_NO_URING
@@ -277,6 +309,7 @@ struct nvme_file *nvme_open(const char *dir, const char *job, int rank, size_t n
     f->n_bufs = buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers;
     const size_t file_bytes = nvme_file_bytes(n, f->piece);
     struct nvme_dir_info info;
+    sweep_stale(dir, job); /* before the room is checked: what it frees counts */
     nvme_check_dir(dir, (double)file_bytes, &info);
     size_t len = strlen(dir) + strlen(job) + 64;
     f->path = xmalloc(len);
@@ -295,14 +328,16 @@ struct nvme_file *nvme_open(const char *dir, const char *job, int rank, size_t n
         fail_input("nvme: cannot open '%s' (%s)", f->path, strerror(errno));
     if (flock(f->fd, LOCK_EX | LOCK_NB) != 0)
         fail_input("nvme: '%s' is in use by another job (locked); give each job its own name or nvme_path", f->path);
-    if (ftruncate(f->fd, 0) != 0)
-        fail_input("nvme: cannot truncate '%s' (%s)", f->path, strerror(errno));
-    int r = posix_fallocate(f->fd, 0, (off_t)file_bytes);
-    if (r != 0 && r != EOPNOTSUPP && r != EINVAL)
+    /* ours from here: removed when the process fails (a full disk now, an I/O error mid-step) */
+    util_remove_on_failure(f->path);
+    int r = ftruncate(f->fd, 0) != 0 ? errno : posix_fallocate(f->fd, 0, (off_t)file_bytes);
+    if (r == EOPNOTSUPP || r == EINVAL) /* a file system without fallocate: a sparse file */
+        r = ftruncate(f->fd, (off_t)file_bytes) != 0 ? errno : 0;
+    if (r != 0) {
+        unlink(f->path); /* also where the failure is trapped and agreed by the ranks (no util_exit) */
         fail_input("nvme: cannot allocate %zu bytes for '%s' (%s)%s", file_bytes, f->path, strerror(r),
                    r == ENOSPC ? ": the disk is full; free space or choose another nvme_path" : "");
-    if (r != 0 && ftruncate(f->fd, (off_t)file_bytes) != 0)
-        fail_input("nvme: cannot size '%s' (%s)", f->path, strerror(errno));
+    }
 
     f->bufs = xcalloc((size_t)f->n_bufs, sizeof *f->bufs);
     f->state = xcalloc((size_t)f->n_bufs, sizeof *f->state);
@@ -330,6 +365,7 @@ void nvme_close(struct nvme_file *f)
         free(f->bufs[b]);
     }
     unlink(f->path);
+    util_keep_file(f->path);
     close(f->fd);
     free(f->bufs);
     free(f->state);

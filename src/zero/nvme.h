@@ -6,7 +6,9 @@
  * One file per job and rank, NAME = <nvme_path>/shardlm-<job>-rank<R>.optim,
  * held with an exclusive flock for the file's lifetime: a second job (or a
  * second rank with the same name) that reaches the same file stops with one
- * line instead of sharing it. The file is scratch: checkpoints hold the state
+ * line instead of sharing it. A process that fails (fail_input) removes its file;
+ * one that is killed leaves it, and the next nvme_open in that directory
+ * removes it once it is unlocked and a minute old (NVME_STALE_SECONDS). The file is scratch: checkpoints hold the state
  * (nvme_read_range), a resume rewrites it (nvme_write_range).
  *
  * Layout: the rank's optimizer range (the concatenation of the ranges of
@@ -53,6 +55,9 @@
 #define NVME_PIECE_ALIGN ((size_t)1024)
 /* Buffers: at least 3 (read-ahead, update, write-behind). */
 #define NVME_BUFFERS_MIN 3
+/* A file of another job that is not locked and was not written for this long
+ * is a kill's leftover: nvme_open removes it (with a warning). */
+#define NVME_STALE_SECONDS 60
 
 /* What nvme_check_dir found. */
 struct nvme_dir_info {
