@@ -16,7 +16,8 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 CASEs cover fp32, bf16, fp16 (its scaler skipping a step),
                 N = 1, 2, 3 and stages 1, 2, 3, and the engine's device path
                 (SHARDLM_EMULATE_DEVICE=1, fp32 activations: the new master of
-                each unit staged in pinned memory, cast by the device)
+                each unit staged in pinned memory, cast by the device), and a
+                LoRA run (the adapters' state in the file, the frozen base none)
   resume.*      nvme, 3 steps + --resume auto + 3 bitwise equal to 6 steps; a
                 checkpoint of an nvme run resumed under "cpu", and one of a "cpu"
                 run resumed under nvme, equal to the same 6 steps (the same state)
@@ -78,7 +79,8 @@ DATA = os.path.join(TMP, "train.bin")
 write_shard(DATA, rng.integers(0, V, size=200 * T + 1))
 
 
-def config(name, device, stage=2, dtype="fp32", steps=3, model=None, ckdir=None, every=0, nvme_path=None):
+def config(name, device, stage=2, dtype="fp32", steps=3, model=None, ckdir=None, every=0, nvme_path=None,
+           extra=None):
     cfg = {
         "model": dict(model or SMALL),
         "data": {"train": DATA, "seq_len": T, "shuffle": False},
@@ -99,6 +101,7 @@ def config(name, device, stage=2, dtype="fp32", steps=3, model=None, ckdir=None,
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 2, "hysteresis": 1}
     if ckdir:
         cfg["checkpoint"] = {"dir": ckdir, "every": every, "keep": 3}
+    cfg.update(extra or {})
     path = os.path.join(TMP, name + ".json")
     with open(path, "w") as f:
         json.dump(cfg, f)
@@ -205,25 +208,27 @@ def nvme_files():
     return sorted(os.listdir(d)) if os.path.isdir(d) else []
 
 
-CASES = [  # name, N, stage, dtype, env extra
-    ("n1_s1_fp32", 1, 1, "fp32", {}),
-    ("n2_s2_bf16", 2, 2, "bf16", {}),
-    ("n3_s3_fp16", 3, 3, "fp16", {"SHARDLM_INJECT_INF_STEP": "2"}),
-    ("n2_s3_fp32", 2, 3, "fp32", {}),
-    ("n3_s1_bf16", 3, 1, "bf16", {}),
-    ("n1_s2_fp16", 1, 2, "fp16", {"SHARDLM_INJECT_INF_STEP": "2"}),
-    ("n2_s3_bf16_device", 2, 3, "bf16", {"SHARDLM_EMULATE_DEVICE": "1", "SHARDLM_FP32_ACTIVATIONS": "1"}),
+CASES = [  # name, N, stage, dtype, env extra, config extra
+    ("n1_s1_fp32", 1, 1, "fp32", {}, {}),
+    ("n2_s2_bf16", 2, 2, "bf16", {}, {}),
+    ("n3_s3_fp16", 3, 3, "fp16", {"SHARDLM_INJECT_INF_STEP": "2"}, {}),
+    ("n2_s3_fp32", 2, 3, "fp32", {}, {}),
+    ("n3_s1_bf16", 3, 1, "bf16", {}, {}),
+    ("n1_s2_fp16", 1, 2, "fp16", {"SHARDLM_INJECT_INF_STEP": "2"}, {}),
+    ("n2_s3_bf16_device", 2, 3, "bf16", {"SHARDLM_EMULATE_DEVICE": "1", "SHARDLM_FP32_ACTIVATIONS": "1"}, {}),
+    # LoRA: the frozen base has no optimizer state; the adapters' is in the file
+    ("n2_s2_bf16_lora", 2, 2, "bf16", {}, {"lora": {"r": 4, "alpha": 8}}),
 ]
 
 
 def test_same():
-    for name, N, stage, dtype, extra in CASES:
+    for name, N, stage, dtype, extra, cfg_extra in CASES:
         steps = 4 if dtype == "fp16" else 3
         env = dict(ENV, **extra)
         runs = {}
         for dev in ("cpu", "nvme"):
             ck = os.path.join(TMP, f"same_{name}_{dev}.ckpt")
-            cfg = config(f"same_{name}_{dev}", dev, stage, dtype, steps, ckdir=ck)
+            cfg = config(f"same_{name}_{dev}", dev, stage, dtype, steps, ckdir=ck, extra=cfg_extra)
             runs[dev] = run(f"same_{name}_{dev}", N, cfg, env=env)
         a, b = runs["nvme"], runs["cpu"]
         if not (ok(f"same.{name}", a, steps) and ok(f"same.{name}", b, steps)):

@@ -396,7 +396,8 @@ static void check_range(const struct nvme_file *f, size_t at, size_t count)
 /* Moves elements [at, at+count) between the caller's arrays and the file, a
  * piece at a time through buffer 0: of each part asked for (master, m, v),
  * the 4 KiB blocks that hold the range (O_DIRECT's unit; a piece's parts
- * start on such blocks), read, and written back when to_file. */
+ * start on such blocks), read, or written (the end blocks read first where
+ * the range covers them partly). */
 static void move_range(struct nvme_file *f, size_t at, size_t count, float *const arr[3], bool to_file)
 {
     enum { BLOCK = 4096 };
@@ -410,9 +411,16 @@ static void move_range(struct nvme_file *f, size_t at, size_t count, float *cons
             if (!arr[g])
                 continue;
             const size_t part = (size_t)g * f->piece * sizeof(float);
-            const size_t b0 = (lo - i * f->piece) * sizeof(float) / BLOCK * BLOCK;
-            const size_t b1 = round_up((hi - i * f->piece) * sizeof(float), BLOCK);
-            sync_bytes(f, 0, part + b0, b1 - b0, false);
+            const size_t x0 = (lo - i * f->piece) * sizeof(float), x1 = (hi - i * f->piece) * sizeof(float);
+            const size_t b0 = x0 / BLOCK * BLOCK, b1 = round_up(x1, BLOCK);
+            if (!to_file) {
+                sync_bytes(f, 0, part + b0, b1 - b0, false);
+            } else { /* a write keeps what its end blocks hold outside the range: those are read first */
+                if (x0 != b0)
+                    sync_bytes(f, 0, part + b0, BLOCK, false);
+                if (x1 != b1 && (b1 - BLOCK != b0 || x0 == b0))
+                    sync_bytes(f, 0, part + b1 - BLOCK, BLOCK, false);
+            }
             float *in_buf = f->bufs[0] + (size_t)g * f->piece + (lo - i * f->piece);
             if (to_file) {
                 memcpy(in_buf, arr[g] + (lo - at), (hi - lo) * sizeof(float));
