@@ -6,16 +6,19 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/magic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef SHARDLM_NO_URING
@@ -34,6 +37,7 @@ struct nvme_file {
     enum buf_state *state;
     size_t *buf_piece;         /* the piece a buffer holds or moves */
     int in_flight;
+    bool stepping;             /* in nvme_adamw_step (the fault hook counts its writes) */
     double read_bytes, written_bytes;
 #ifndef SHARDLM_NO_URING
     struct io_uring ring;
@@ -46,6 +50,15 @@ size_t nvme_file_bytes(size_t n, size_t piece)
 {
     piece = round_up(piece ? piece : NVME_PIECE_DEFAULT, NVME_PIECE_ALIGN);
     return (n + piece - 1) / piece * 3 * piece * sizeof(float);
+}
+
+void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece)
+{
+    size_t p = n < NVME_PIECE_DEFAULT ? round_up(n ? n : 1, NVME_PIECE_ALIGN) : NVME_PIECE_DEFAULT;
+    const size_t b = (size_t)(buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers);
+    *piece = p;
+    *file_bytes = nvme_file_bytes(n, p);
+    *host_bytes = b * 3 * p * sizeof(float);
 }
 
 /* ---- the directory ------------------------------------------------------------ */
@@ -104,6 +117,28 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
 
 /* ---- I/O ------------------------------------------------------------------- */
 
+/* SHARDLM_INJECT_NVME (nvme.h): what a completed (or, for kill, issued) piece
+ * write is turned into. Returns the result the write is to be seen with. */
+static long inject_write(long res)
+{
+    static int looked;
+    static long kill_at, short_at, writes;
+    if (!looked) {
+        const char *spec = getenv("SHARDLM_INJECT_NVME");
+        looked = 1;
+        if (spec && strncmp(spec, "kill:", 5) == 0)
+            kill_at = atol(spec + 5);
+        else if (spec && strncmp(spec, "short_write:", 12) == 0)
+            short_at = atol(spec + 12);
+        else if (spec && *spec)
+            fail_input("SHARDLM_INJECT_NVME='%s': give kill:K or short_write:K", spec);
+    }
+    writes++;
+    if (writes == kill_at)
+        raise(SIGKILL);
+    return writes == short_at && res > 0 ? res / 2 : res;
+}
+
 __attribute__((noreturn)) static void io_failed(const struct nvme_file *f, const char *what, long res, size_t want)
 {
     if (res < 0)
@@ -114,16 +149,19 @@ __attribute__((noreturn)) static void io_failed(const struct nvme_file *f, const
                "is intact)", what, f->path, res, want);
 }
 
-static void sync_io(struct nvme_file *f, int b, bool write)
+/* Moves `bytes` between buffer b (from byte `at` of it) and the file (from byte `at` of the buffer's piece). */
+static void sync_bytes(struct nvme_file *f, int b, size_t at, size_t bytes, bool write)
 {
-    const size_t bytes = piece_bytes(f);
-    const off_t off = (off_t)(f->buf_piece[b] * bytes);
+    const off_t off = (off_t)(f->buf_piece[b] * piece_bytes(f) + at);
+    char *mem = (char *)f->bufs[b] + at;
     size_t done = 0;
     while (done < bytes) {
-        ssize_t r = write ? pwrite(f->fd, (char *)f->bufs[b] + done, bytes - done, off + (off_t)done)
-                          : pread(f->fd, (char *)f->bufs[b] + done, bytes - done, off + (off_t)done);
+        ssize_t r = write ? pwrite(f->fd, mem + done, bytes - done, off + (off_t)done)
+                          : pread(f->fd, mem + done, bytes - done, off + (off_t)done);
         if (r < 0 && errno == EINTR)
             continue;
+        if (write && f->stepping && done == 0 && r > 0 && inject_write(r) != r)
+            io_failed(f, "write", r / 2, bytes); /* the injected short write (SHARDLM_INJECT_NVME) */
         if (r <= 0)
             io_failed(f, write ? "write" : "read", r < 0 ? -errno : (long)done, bytes);
         done += (size_t)r;
@@ -132,6 +170,11 @@ static void sync_io(struct nvme_file *f, int b, bool write)
         f->written_bytes += (double)bytes;
     else
         f->read_bytes += (double)bytes;
+}
+
+static void sync_io(struct nvme_file *f, int b, bool write)
+{
+    sync_bytes(f, b, 0, piece_bytes(f), write);
     f->state[b] = write ? BUF_FREE : BUF_READY;
 }
 
@@ -173,11 +216,13 @@ static void reap_one(struct nvme_file *f)
     if (r < 0)
         io_failed(f, "wait", r, 0);
     const int b = (int)io_uring_cqe_get_data64(cqe);
-    const int res = cqe->res;
+    int res = cqe->res;
     io_uring_cqe_seen(&f->ring, cqe);
     f->in_flight--;
     const size_t bytes = piece_bytes(f);
     const bool write = f->state[b] == BUF_WRITING;
+    if (write && f->stepping)
+        res = (int)inject_write(res);
     if (res < 0 || (size_t)res != bytes)
         io_failed(f, write ? "write" : "read", res, bytes);
     if (write)
@@ -210,6 +255,36 @@ static int open_file(struct nvme_file *f, bool direct)
     return open(f->path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
 }
 
+/* Files of other jobs that a kill (-9, a lost node) left behind: not locked,
+ * not written for NVME_STALE_SECONDS. A live job holds its lock; a file just
+ * made (between its open and its lock) is new. The state is in checkpoints. */
+static void sweep_stale(const char *dir, const char *job)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char own[192];
+    snprintf(own, sizeof own, "shardlm-%s-rank", job);
+    const time_t now = time(NULL);
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *n = e->d_name;
+        const size_t len = strlen(n);
+        if (strncmp(n, "shardlm-", 8) != 0 || len < 15 || strcmp(n + len - 6, ".optim") != 0 ||
+            strncmp(n, own, strlen(own)) == 0)
+            continue;
+        int fd = openat(dirfd(d), n, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > NVME_STALE_SECONDS &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 && unlinkat(dirfd(d), n, 0) == 0)
+            log_warn("nvme: removed '%s/%s' (%.2f GiB), a file that a job killed without cleaning up left behind "
+                     "(not locked, not written for %ld s)",
+                     dir, n, (double)st.st_size / 1073741824.0, (long)(now - st.st_mtime));
+        if (fd >= 0)
+            close(fd);
+    }
+    closedir(d);
+}
+
 static void setup_ring(struct nvme_file *f)
 {
 #ifndef SHARDLM_NO_URING
@@ -234,11 +309,13 @@ struct nvme_file *nvme_open(const char *dir, const char *job, int rank, size_t n
     f->n_bufs = buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers;
     const size_t file_bytes = nvme_file_bytes(n, f->piece);
     struct nvme_dir_info info;
+    sweep_stale(dir, job); /* before the room is checked: what it frees counts */
     nvme_check_dir(dir, (double)file_bytes, &info);
     size_t len = strlen(dir) + strlen(job) + 64;
     f->path = xmalloc(len);
     snprintf(f->path, len, "%s/shardlm-%s-rank%d.optim", dir, job, rank);
 
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit: EFBIG and one line, not a kill */
     f->direct = true;
     f->fd = open_file(f, true);
     if (f->fd < 0 && errno == EINVAL) {
@@ -251,14 +328,16 @@ struct nvme_file *nvme_open(const char *dir, const char *job, int rank, size_t n
         fail_input("nvme: cannot open '%s' (%s)", f->path, strerror(errno));
     if (flock(f->fd, LOCK_EX | LOCK_NB) != 0)
         fail_input("nvme: '%s' is in use by another job (locked); give each job its own name or nvme_path", f->path);
-    if (ftruncate(f->fd, 0) != 0)
-        fail_input("nvme: cannot truncate '%s' (%s)", f->path, strerror(errno));
-    int r = posix_fallocate(f->fd, 0, (off_t)file_bytes);
-    if (r != 0 && r != EOPNOTSUPP && r != EINVAL)
+    /* ours from here: removed when the process fails (a full disk now, an I/O error mid-step) */
+    util_remove_on_failure(f->path);
+    int r = ftruncate(f->fd, 0) != 0 ? errno : posix_fallocate(f->fd, 0, (off_t)file_bytes);
+    if (r == EOPNOTSUPP || r == EINVAL) /* a file system without fallocate: a sparse file */
+        r = ftruncate(f->fd, (off_t)file_bytes) != 0 ? errno : 0;
+    if (r != 0) {
+        unlink(f->path); /* also where the failure is trapped and agreed by the ranks (no util_exit) */
         fail_input("nvme: cannot allocate %zu bytes for '%s' (%s)%s", file_bytes, f->path, strerror(r),
                    r == ENOSPC ? ": the disk is full; free space or choose another nvme_path" : "");
-    if (r != 0 && ftruncate(f->fd, (off_t)file_bytes) != 0)
-        fail_input("nvme: cannot size '%s' (%s)", f->path, strerror(errno));
+    }
 
     f->bufs = xcalloc((size_t)f->n_bufs, sizeof *f->bufs);
     f->state = xcalloc((size_t)f->n_bufs, sizeof *f->state);
@@ -286,6 +365,7 @@ void nvme_close(struct nvme_file *f)
         free(f->bufs[b]);
     }
     unlink(f->path);
+    util_keep_file(f->path);
     close(f->fd);
     free(f->bufs);
     free(f->state);
@@ -313,27 +393,42 @@ static void check_range(const struct nvme_file *f, size_t at, size_t count)
         fail_internal("nvme: range [%zu, %zu) outside the %zu elements of '%s'", at, at + count, f->n, f->path);
 }
 
-/* Moves elements [at, at+count) between the caller's arrays and the file, a piece at a time through buffer 0. */
+/* Moves elements [at, at+count) between the caller's arrays and the file, a
+ * piece at a time through buffer 0: of each part asked for (master, m, v),
+ * the 4 KiB blocks that hold the range (O_DIRECT's unit; a piece's parts
+ * start on such blocks), read, or written (the end blocks read first where
+ * the range covers them partly). */
 static void move_range(struct nvme_file *f, size_t at, size_t count, float *const arr[3], bool to_file)
 {
+    enum { BLOCK = 4096 };
     check_range(f, at, count);
     drain(f);
     for (size_t i = at / f->piece; count > 0 && i * f->piece < at + count; i++) {
         const size_t lo = at > i * f->piece ? at : i * f->piece;
         const size_t hi = at + count < (i + 1) * f->piece ? at + count : (i + 1) * f->piece;
         f->buf_piece[0] = i;
-        sync_io(f, 0, false);
         for (int g = 0; g < 3; g++) {
             if (!arr[g])
                 continue;
+            const size_t part = (size_t)g * f->piece * sizeof(float);
+            const size_t x0 = (lo - i * f->piece) * sizeof(float), x1 = (hi - i * f->piece) * sizeof(float);
+            const size_t b0 = x0 / BLOCK * BLOCK, b1 = round_up(x1, BLOCK);
+            if (!to_file) {
+                sync_bytes(f, 0, part + b0, b1 - b0, false);
+            } else { /* a write keeps what its end blocks hold outside the range: those are read first */
+                if (x0 != b0)
+                    sync_bytes(f, 0, part + b0, BLOCK, false);
+                if (x1 != b1 && (b1 - BLOCK != b0 || x0 == b0))
+                    sync_bytes(f, 0, part + b1 - BLOCK, BLOCK, false);
+            }
             float *in_buf = f->bufs[0] + (size_t)g * f->piece + (lo - i * f->piece);
-            if (to_file)
+            if (to_file) {
                 memcpy(in_buf, arr[g] + (lo - at), (hi - lo) * sizeof(float));
-            else
+                sync_bytes(f, 0, part + b0, b1 - b0, true);
+            } else {
                 memcpy(arr[g] + (lo - at), in_buf, (hi - lo) * sizeof(float));
+            }
         }
-        if (to_file)
-            sync_io(f, 0, true);
         f->state[0] = BUF_FREE;
     }
 }
@@ -388,6 +483,7 @@ void nvme_adamw_step(struct nvme_file *f, const struct nvme_segment *segs, int n
     if (n_segs == 0)
         return;
     drain(f);
+    f->stepping = true;
     struct adamw_hparams h = *hp;
     /* only the pieces some segment touches */
     const size_t first = piece_of(f, segs[0].at);
@@ -413,4 +509,5 @@ void nvme_adamw_step(struct nvme_file *f, const struct nvme_segment *segs, int n
         start_io(f, b, true);
     }
     drain(f);
+    f->stepping = false;
 }

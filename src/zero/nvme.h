@@ -6,7 +6,9 @@
  * One file per job and rank, NAME = <nvme_path>/shardlm-<job>-rank<R>.optim,
  * held with an exclusive flock for the file's lifetime: a second job (or a
  * second rank with the same name) that reaches the same file stops with one
- * line instead of sharing it. The file is scratch: checkpoints hold the state
+ * line instead of sharing it. A process that fails (fail_input) removes its file;
+ * one that is killed leaves it, and the next nvme_open in that directory
+ * removes it once it is unlocked and a minute old (NVME_STALE_SECONDS). The file is scratch: checkpoints hold the state
  * (nvme_read_range), a resume rewrites it (nvme_write_range).
  *
  * Layout: the rank's optimizer range (the concatenation of the ranges of
@@ -27,7 +29,15 @@
  *
  * Errors (a disk that fills up, an I/O error, a short read): one line naming
  * the file and the cause, exit 2 (fail_input); the file is scratch, so the
- * last checkpoint is intact.
+ * last checkpoint is intact. A file-size limit (ulimit -f) is such an error,
+ * not a SIGXFSZ kill (nvme_open ignores the signal).
+ *
+ * Test hook: SHARDLM_INJECT_NVME=short_write:K makes the K-th piece write of
+ * the AdamW steps (nvme_adamw_step; counted from the first step of the
+ * process) come back short (the error above, as a failing disk gives it);
+ * SHARDLM_INJECT_NVME=kill:K raises SIGKILL on the process once that write is
+ * done (a job killed in the middle of an optimizer step, its file half old
+ * and half new).
  */
 #ifndef SHARDLM_NVME_H
 #define SHARDLM_NVME_H
@@ -45,6 +55,9 @@
 #define NVME_PIECE_ALIGN ((size_t)1024)
 /* Buffers: at least 3 (read-ahead, update, write-behind). */
 #define NVME_BUFFERS_MIN 3
+/* A file of another job that is not locked and was not written for this long
+ * is a kill's leftover: nvme_open removes it (with a warning). */
+#define NVME_STALE_SECONDS 60
 
 /* What nvme_check_dir found. */
 struct nvme_dir_info {
@@ -62,6 +75,13 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
 
 /* Bytes of the file for n elements in pieces of `piece`. */
 size_t nvme_file_bytes(size_t n, size_t piece);
+
+/* Bytes of the file and of the pinned buffers for a range of n elements with
+ * `buffers` buffers (below NVME_BUFFERS_MIN: that many), and the piece
+ * (elements) nvme_open is to be given: NVME_PIECE_DEFAULT, or, when the range
+ * is smaller, the range rounded up to NVME_PIECE_ALIGN. The engine opens its
+ * file with these and the memory plan counts them: one function for both. */
+void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece);
 
 struct nvme_file;
 
@@ -82,7 +102,8 @@ size_t nvme_host_bytes(const struct nvme_file *f); /* the buffers' bytes */
 
 /* Writes / reads elements [at, at + count) of the state; any of p, m, v may
  * be NULL (write: that part is left as it is; read: not read). Synchronous,
- * through the buffers: no copy of the whole state in memory. */
+ * through the buffers: no copy of the whole state in memory; of each part
+ * given, only the 4 KiB blocks that hold the range move. */
 void nvme_write_range(struct nvme_file *f, size_t at, size_t count, const float *p, const float *m, const float *v);
 void nvme_read_range(struct nvme_file *f, size_t at, size_t count, float *p, float *m, float *v);
 

@@ -13,11 +13,13 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "backend/target.h"
 #include "core/util.h"
+#include "zero/nvme.h"
 
 /* ---- the engine's mode and each unit's role ------------------------------------ */
 
@@ -78,10 +80,13 @@ static void decide_role(const struct zero *z, const struct config *cfg, int u, c
     r->pools[POOL_SEND] = r->grad == GRAD_RS_CAST;
 
     const size_t f32 = sizeof(float), d = z->esize;
-    if (z->master_copy)
+    r->state_in_file = cfg->zero.offload_optimizer_nvme; /* the master, m and v: in the rank's file (nvme.h) */
+    if (z->master_copy && !r->state_in_file)
         own(r, UBUF_MASTER, zu->opt_count, f32, BUF_MASTER);
-    own(r, UBUF_ADAM_M, zu->opt_count, f32, BUF_ADAM_M);
-    own(r, UBUF_ADAM_V, zu->opt_count, f32, BUF_ADAM_V);
+    if (!r->state_in_file) {
+        own(r, UBUF_ADAM_M, zu->opt_count, f32, BUF_ADAM_M);
+        own(r, UBUF_ADAM_V, zu->opt_count, f32, BUF_ADAM_V);
+    }
     /* the fp32 gradients the optimizer reads are "fp32 gradients" beside a master, else the gradient shard */
     const enum buf_class fp32_grads = z->master_copy ? BUF_FP32_GRADS : BUF_GRADS;
     if (reduce_scatter) {
@@ -147,6 +152,75 @@ size_t zero_receive_elems(const struct zero *z)
     return largest;
 }
 
+/* ---- offload_optimizer "nvme" ----------------------------------------------- */
+
+size_t zero_nvme_stage_elems(const struct zero *z)
+{
+    size_t largest = 0;
+    for (int u = 0; u < z->model->n_units && z->device; u++)
+        if (z->units[u].role.state_in_file && z->units[u].opt_count > largest)
+            largest = z->units[u].opt_count;
+    return largest;
+}
+
+/* The job's part of the files' names: the Slurm job id (a requeued job finds
+ * its own name again), else rank 0's process id (collective). */
+static void nvme_job_name(struct zero *z, char *out, size_t cap)
+{
+    const char *slurm = getenv("SLURM_JOB_ID");
+    if (slurm && *slurm && strspn(slurm, "0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-.") ==
+                               strlen(slurm)) {
+        snprintf(out, cap, "%s", slurm);
+        return;
+    }
+    double pid = z->rank == 0 ? (double)getpid() : 0.0;
+    comm_allreduce(z->comm, &pid, 1, COMM_F64, COMM_MAX, NULL);
+    snprintf(out, cap, "pid%.0f", pid);
+}
+
+/* Opens this rank's file for its whole optimizer range (zero state) before
+ * any parameter is read: nvme_path checked (room, tmpfs, O_DIRECT), a name
+ * of its own and a lock. */
+static void nvme_setup(struct zero *z, const struct config *cfg)
+{
+    const size_t n = zero_range_offset(z, z->model->n_units);
+    if (!cfg->zero.offload_optimizer_nvme || n == 0)
+        return;
+    char job[128];
+    nvme_job_name(z, job, sizeof job);
+    size_t file_bytes, host_bytes, piece;
+    nvme_sizes(n, cfg->zero.optimizer_buffer_count, &file_bytes, &host_bytes, &piece);
+    /* A rank whose disk is full or whose file is locked: every rank stops with its line here, before the
+     * collectives of the parameters' init could leave the others waiting (inside the trainer's trap, nested). */
+    struct fail_trap *outer = fail_trap_current(), trap;
+    if (FAIL_TRAP(&trap) == 0)
+        z->nvme = nvme_open(cfg->zero.optimizer_nvme_path, job, z->rank, n, piece, cfg->zero.optimizer_buffer_count);
+    fail_trap_restore(outer);
+    int32_t failed = trap.status ? (int32_t)(z->world - z->rank) : 0; /* the max: the lowest failing rank */
+    comm_allreduce(z->comm, &failed, 1, COMM_I32, COMM_MAX, NULL);
+    if (failed) {
+        comm_broadcast(z->comm, trap.message, sizeof trap.message / sizeof(int32_t), COMM_I32, z->world - failed,
+                       NULL);
+        trap.message[sizeof trap.message - 1] = 0;
+        fail_input("%s", trap.message);
+    }
+    if (z->rank == 0)
+        log_info("offload_optimizer nvme: %s, %.1f MiB of state per rank, %.1f MiB of buffers, %s, %s",
+                 nvme_path(z->nvme), (double)file_bytes / 1048576.0, (double)host_bytes / 1048576.0,
+                 nvme_direct(z->nvme) ? "O_DIRECT" : "buffered", nvme_async(z->nvme) ? "io_uring" : "synchronous");
+}
+
+/* The initial master of unit u's optimizer range, from host memory: into its
+ * buffer (which may be device memory) or the file. */
+static void store_master(struct zero *z, int u, const float *values)
+{
+    struct zero_unit *zu = &z->units[u];
+    if (zu->role.state_in_file)
+        nvme_write_range(z->nvme, zero_range_offset(z, u), zu->opt_count, values, NULL, NULL);
+    else
+        backend_copy(zu->master, values, zu->opt_count * sizeof(float));
+}
+
 /* The initial fp32 values of unit u's elements [begin, begin + count) (host
  * memory): from the source, or the seeded init. A unit every rank holds whole
  * is read 1/N per rank and all-gathered. */
@@ -207,8 +281,9 @@ static bool init_params_as_stored(struct zero *z, const struct param_source *src
 {
     struct zero_unit *zu = &z->units[u];
     void *raw = z->device ? cast : dst;
-    const bool master_on_device = z->device && !z->optimizer_on_host;
-    struct widen w = {z, zu, raw, begin, master_on_device ? scratch : zu->master, zu->opt_begin};
+    /* the master in device memory or the file: widened into scratch, then stored */
+    const bool master_elsewhere = (z->device && !z->optimizer_on_host) || zu->role.state_in_file;
+    struct widen w = {z, zu, raw, begin, master_elsewhere ? scratch : zu->master, zu->opt_begin};
     void (*landed)(void *, size_t) = has_master(zu) ? widen_landed : NULL;
     if (zu->role.sharded || z->world == 1) {
         if (!src->read_as(src->ctx, u, begin, count, z->dtype, raw, landed, &w))
@@ -229,8 +304,8 @@ static bool init_params_as_stored(struct zero *z, const struct param_source *src
     if (!has_master(zu))
         return true;
     widen_to(&w, zu->opt_begin + zu->opt_count); /* what the read's progress did not reach (beyond this rank's 1/N) */
-    if (master_on_device)
-        backend_copy(zu->master, scratch, zu->opt_count * sizeof(float));
+    if (master_elsewhere)
+        store_master(z, (int)(zu - z->units), scratch);
     return true;
 }
 
@@ -254,8 +329,8 @@ static void init_params(struct zero *z, const struct param_source *src, int u, f
     }
     dtype_convert(cast, z->dtype, scratch, DTYPE_F32, count);
     backend_copy(dst, cast, count * z->esize);
-    if (master) /* the master may be device memory */
-        backend_copy(zu->master, scratch + (zu->opt_begin - begin), zu->opt_count * sizeof(float));
+    if (master) /* the master may be device memory, or in the file */
+        store_master(z, u, scratch + (zu->opt_begin - begin));
 }
 
 void zero_load_units(struct zero *z, const struct param_source *src, const bool *which)
@@ -290,6 +365,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     layout_units(z, cfg);
     if (dry)
         return;
+    nvme_setup(z, cfg);
 
     struct arena *dev = &arenas[SPACE_DEVICE];
     size_t largest = 0;
@@ -299,6 +375,9 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     void *cast = z->master_copy ? xcalloc(largest, z->esize) : NULL;
     const size_t recv = zero_receive_elems(z);
     void *grad_recv = recv ? arena_alloc(dev, mem, BUF_GRADS, recv * z->esize, 1) : NULL;
+    const size_t stage = zero_nvme_stage_elems(z);
+    if (stage) /* pinned, where the device reads the new master from */
+        z->nvme_stage = arena_alloc(&arenas[target_space(t, cfg, BUF_MASTER)], mem, BUF_MASTER, stage * sizeof(float), 1);
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         void *own[UBUF_COUNT] = {0};
@@ -340,6 +419,8 @@ void zero_free(struct zero *z)
             free(z->pools[set][k].slots);
             free(z->pools[set][k].slot_unit);
         }
+    nvme_close(z->nvme);
+    free(z->nvme_segs);
     free(z->units);
     free(z->adam_ranges);
     free(z->grad_ranges);

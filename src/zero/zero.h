@@ -66,6 +66,10 @@
 #include "model/model.h"
 #include "backend/target.h"
 
+struct nvme_file;
+struct nvme_segment;
+struct zero_ckpt_source;
+
 enum pass_event_kind { PASS_ACQUIRE, PASS_RELEASE, PASS_GRAD_OPEN, PASS_GRAD_DONE };
 
 struct pass_event {
@@ -136,6 +140,8 @@ struct unit_role {
     enum grad_path grad;
     bool pools[POOL_SETS];   /* the pooled buffers it takes (gathered unit, compute copy, gradient, send) */
     struct unit_buffer buf[UBUF_COUNT];
+    bool state_in_file;      /* offload_optimizer "nvme": its master, Adam m and v are in the rank's file
+                              * (zero.nvme), not in buf[] */
 };
 
 struct zero_pool {
@@ -202,6 +208,13 @@ struct zero {
                                    * fp32 gradient shard, where the optimizer state lives */
     struct zero_unit *units;
     float *ckpt_host[3];          /* zero_ckpt_stage: host copies of the groups, NULL: none */
+    /* offload_optimizer "nvme" (nvme.h): the master, Adam m and v of this rank's range (every unit's
+     * optimizer range in unit order, zero_range_offset) live in this file; NULL: none */
+    struct nvme_file *nvme;
+    struct nvme_segment *nvme_segs;  /* the step's segments, one per tensor slice (made at init) */
+    int n_nvme_segs;
+    float *nvme_stage;            /* a device: one unit's new fp32 master, pinned, for the device's cast */
+    struct zero_ckpt_source *ckpt_src[3]; /* zero_ckpt_slices of the file: where each slice's values are */
     struct adamw_range *adam_ranges; /* the step's AdamW ranges, one per tensor slice (made at init) */
     int n_adam_ranges;
     const float **grad_ranges;    /* each unit's fp32 gradient range and its length (made at init) */

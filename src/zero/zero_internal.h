@@ -48,7 +48,22 @@ static inline struct zero_pool *pool(struct zero *z, enum zero_pool_set set, int
 
 static inline void *elem(void *base, size_t i, size_t esize) { return (char *)base + i * esize; }
 
-static inline bool has_master(const struct zero_unit *zu) { return zu->role.buf[UBUF_MASTER].elems > 0; }
+/* A separate fp32 master: in memory, or in the optimizer's file (nvme). */
+static inline bool has_master(const struct zero_unit *zu)
+{
+    return zu->role.buf[UBUF_MASTER].elems > 0 || zu->role.state_in_file;
+}
+
+/* Element offset of unit u's optimizer range within this rank's whole range
+ * (the units' ranges in order): where its state is in the nvme file and in a
+ * staged host copy. */
+static inline size_t zero_range_offset(const struct zero *z, int u)
+{
+    size_t at = 0;
+    for (int i = 0; i < u; i++)
+        at += z->units[i].opt_count;
+    return at;
+}
 
 /* The parameter-dtype storage of the optimizer range. */
 static inline void *opt_params(const struct zero *z, struct zero_unit *zu)
@@ -72,5 +87,10 @@ size_t zero_receive_elems(const struct zero *z);
 
 /* Makes the optimizer step's fixed tables (after the buffers are carved). */
 void zero_build_optimizer_tables(struct zero *z, const struct config *cfg);
+
+/* ---- zero.c: offload_optimizer "nvme" ---- */
+
+/* Elements of the device's staging of one unit's new master (nvme on a device; 0: none). */
+size_t zero_nvme_stage_elems(const struct zero *z);
 
 #endif
