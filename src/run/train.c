@@ -281,7 +281,7 @@ static void trainer_setup(struct trainer *tr)
         fail_input("config: zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (as in "
                    "DeepSpeed); raise the stage or set offload_optimizer.device to \"none\"");
     /* being wired (issues 36, 37): the config reads them, the engine does not yet */
-    if (cfg->zero.offload_optimizer_nvme || cfg->zero.offload_param_nvme)
+    if (cfg->zero.offload_optimizer_nvme)
         fail_input("config: zero_optimization offload device \"nvme\" is not wired into the trainer yet; use \"cpu\"");
     if (cfg->dpo.enabled)
         fail_input("config: the dpo section: DPO training is not wired into the trainer yet; remove the section");

@@ -104,30 +104,39 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
 
 /* ---- I/O ------------------------------------------------------------------- */
 
-__attribute__((noreturn)) static void io_failed(const struct nvme_file *f, const char *what, long res, size_t want)
+void nvme_io_failed(const char *path, const char *what, long res, size_t want)
 {
     if (res < 0)
-        fail_input("nvme: %s of '%s' failed: %s%s", what, f->path, strerror((int)-res),
+        fail_input("nvme: %s of '%s' failed: %s%s", what, path, strerror((int)-res),
                    -res == ENOSPC ? " (the disk is full: free space; the last checkpoint is intact)"
                                   : " (the last checkpoint is intact)");
     fail_input("nvme: short %s of '%s' (%ld of %zu bytes; the file was changed or truncated; the last checkpoint "
-               "is intact)", what, f->path, res, want);
+               "is intact)", what, path, res, want);
+}
+
+__attribute__((noreturn)) static void io_failed(const struct nvme_file *f, const char *what, long res, size_t want)
+{
+    nvme_io_failed(f->path, what, res, want);
+}
+
+void nvme_sync_io(int fd, const char *path, void *buf, size_t bytes, size_t off, bool write)
+{
+    size_t done = 0;
+    while (done < bytes) {
+        ssize_t r = write ? pwrite(fd, (char *)buf + done, bytes - done, (off_t)(off + done))
+                          : pread(fd, (char *)buf + done, bytes - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            nvme_io_failed(path, write ? "write" : "read", r < 0 ? -errno : (long)done, bytes);
+        done += (size_t)r;
+    }
 }
 
 static void sync_io(struct nvme_file *f, int b, bool write)
 {
     const size_t bytes = piece_bytes(f);
-    const off_t off = (off_t)(f->buf_piece[b] * bytes);
-    size_t done = 0;
-    while (done < bytes) {
-        ssize_t r = write ? pwrite(f->fd, (char *)f->bufs[b] + done, bytes - done, off + (off_t)done)
-                          : pread(f->fd, (char *)f->bufs[b] + done, bytes - done, off + (off_t)done);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            io_failed(f, write ? "write" : "read", r < 0 ? -errno : (long)done, bytes);
-        done += (size_t)r;
-    }
+    nvme_sync_io(f->fd, f->path, f->bufs[b], bytes, f->buf_piece[b] * bytes, write);
     if (write)
         f->written_bytes += (double)bytes;
     else
@@ -161,20 +170,29 @@ static void start_io(struct nvme_file *f, int b, bool write)
     sync_io(f, b, write);
 }
 
+#ifndef SHARDLM_NO_URING
+int nvme_ring_reap(struct io_uring *ring, const char *path, int *res)
+{
+    struct io_uring_cqe *cqe;
+    int r;
+    do
+        r = io_uring_wait_cqe(ring, &cqe);
+    while (r == -EINTR);
+    if (r < 0)
+        nvme_io_failed(path, "wait", r, 0);
+    const int b = (int)io_uring_cqe_get_data64(cqe);
+    *res = cqe->res;
+    io_uring_cqe_seen(ring, cqe);
+    return b;
+}
+#endif
+
 /* Waits for one completion (a ring is in use and something is in flight). */
 static void reap_one(struct nvme_file *f)
 {
 #ifndef SHARDLM_NO_URING
-    struct io_uring_cqe *cqe;
-    int r;
-    do
-        r = io_uring_wait_cqe(&f->ring, &cqe);
-    while (r == -EINTR);
-    if (r < 0)
-        io_failed(f, "wait", r, 0);
-    const int b = (int)io_uring_cqe_get_data64(cqe);
-    const int res = cqe->res;
-    io_uring_cqe_seen(&f->ring, cqe);
+    int res;
+    const int b = nvme_ring_reap(&f->ring, f->path, &res);
     f->in_flight--;
     const size_t bytes = piece_bytes(f);
     const bool write = f->state[b] == BUF_WRITING;
@@ -205,9 +223,60 @@ static void drain(struct nvme_file *f)
 
 /* ---- open and close ------------------------------------------------------------ */
 
-static int open_file(struct nvme_file *f, bool direct)
+static int open_file(const char *path, bool direct)
 {
-    return open(f->path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+    return open(path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+}
+
+void **nvme_pinned_buffers(int n, size_t bytes)
+{
+    void **bufs = xcalloc((size_t)n, sizeof *bufs);
+    for (int b = 0; b < n; b++) {
+        bufs[b] = xalloc_aligned(bytes);
+        memset(bufs[b], 0, bytes);
+        (void)mlock(bufs[b], bytes); /* pinned where the limit allows; correct either way */
+    }
+    return bufs;
+}
+
+void nvme_free_buffers(void **bufs, int n, size_t bytes)
+{
+    for (int b = 0; b < n; b++) {
+        munlock(bufs[b], bytes);
+        free(bufs[b]);
+    }
+    free(bufs);
+}
+
+int nvme_open_locked(const char *dir, const char *job, int rank, const char *ext, size_t bytes, char **path_out,
+                     bool *direct)
+{
+    struct nvme_dir_info info;
+    nvme_check_dir(dir, (double)bytes, &info);
+    size_t len = strlen(dir) + strlen(job) + strlen(ext) + 64;
+    char *path = *path_out = xmalloc(len);
+    snprintf(path, len, "%s/shardlm-%s-rank%d.%s", dir, job, rank, ext);
+    *direct = true;
+    int fd = open_file(path, true);
+    if (fd < 0 && errno == EINVAL) {
+        *direct = false;
+        fd = open_file(path, false);
+        log_warn("nvme_path '%s' does not support O_DIRECT; buffered I/O (the page cache holds copies of the state)",
+                 dir);
+    }
+    if (fd < 0)
+        fail_input("nvme: cannot open '%s' (%s)", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        fail_input("nvme: '%s' is in use by another job (locked); give each job its own name or nvme_path", path);
+    if (ftruncate(fd, 0) != 0)
+        fail_input("nvme: cannot truncate '%s' (%s)", path, strerror(errno));
+    int r = posix_fallocate(fd, 0, (off_t)bytes);
+    if (r != 0 && r != EOPNOTSUPP && r != EINVAL)
+        fail_input("nvme: cannot allocate %zu bytes for '%s' (%s)%s", bytes, path, strerror(r),
+                   r == ENOSPC ? ": the disk is full; free space or choose another nvme_path" : "");
+    if (r != 0 && ftruncate(fd, (off_t)bytes) != 0)
+        fail_input("nvme: cannot size '%s' (%s)", path, strerror(errno));
+    return fd;
 }
 
 static void setup_ring(struct nvme_file *f)
@@ -233,40 +302,11 @@ struct nvme_file *nvme_open(const char *dir, const char *job, int rank, size_t n
     f->n_pieces = (n + f->piece - 1) / f->piece;
     f->n_bufs = buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers;
     const size_t file_bytes = nvme_file_bytes(n, f->piece);
-    struct nvme_dir_info info;
-    nvme_check_dir(dir, (double)file_bytes, &info);
-    size_t len = strlen(dir) + strlen(job) + 64;
-    f->path = xmalloc(len);
-    snprintf(f->path, len, "%s/shardlm-%s-rank%d.optim", dir, job, rank);
+    f->fd = nvme_open_locked(dir, job, rank, "optim", file_bytes, &f->path, &f->direct);
 
-    f->direct = true;
-    f->fd = open_file(f, true);
-    if (f->fd < 0 && errno == EINVAL) {
-        f->direct = false;
-        f->fd = open_file(f, false);
-        log_warn("nvme_path '%s' does not support O_DIRECT; buffered I/O (the page cache holds copies of the state)",
-                 dir);
-    }
-    if (f->fd < 0)
-        fail_input("nvme: cannot open '%s' (%s)", f->path, strerror(errno));
-    if (flock(f->fd, LOCK_EX | LOCK_NB) != 0)
-        fail_input("nvme: '%s' is in use by another job (locked); give each job its own name or nvme_path", f->path);
-    if (ftruncate(f->fd, 0) != 0)
-        fail_input("nvme: cannot truncate '%s' (%s)", f->path, strerror(errno));
-    int r = posix_fallocate(f->fd, 0, (off_t)file_bytes);
-    if (r != 0 && r != EOPNOTSUPP && r != EINVAL)
-        fail_input("nvme: cannot allocate %zu bytes for '%s' (%s)%s", file_bytes, f->path, strerror(r),
-                   r == ENOSPC ? ": the disk is full; free space or choose another nvme_path" : "");
-    if (r != 0 && ftruncate(f->fd, (off_t)file_bytes) != 0)
-        fail_input("nvme: cannot size '%s' (%s)", f->path, strerror(errno));
-
-    f->bufs = xcalloc((size_t)f->n_bufs, sizeof *f->bufs);
+    f->bufs = (float **)nvme_pinned_buffers(f->n_bufs, piece_bytes(f));
     f->state = xcalloc((size_t)f->n_bufs, sizeof *f->state);
     f->buf_piece = xcalloc((size_t)f->n_bufs, sizeof *f->buf_piece);
-    for (int b = 0; b < f->n_bufs; b++) {
-        f->bufs[b] = xalloc_aligned(piece_bytes(f));
-        (void)mlock(f->bufs[b], piece_bytes(f)); /* pinned where the limit allows; correct either way */
-    }
     setup_ring(f);
     /* zero state: fallocate gives zeros, the ftruncate fallback too */
     return f;
@@ -281,13 +321,9 @@ void nvme_close(struct nvme_file *f)
     if (f->async)
         io_uring_queue_exit(&f->ring);
 #endif
-    for (int b = 0; b < f->n_bufs; b++) {
-        munlock(f->bufs[b], piece_bytes(f));
-        free(f->bufs[b]);
-    }
+    nvme_free_buffers((void **)f->bufs, f->n_bufs, piece_bytes(f));
     unlink(f->path);
     close(f->fd);
-    free(f->bufs);
     free(f->state);
     free(f->buf_piece);
     free(f->path);

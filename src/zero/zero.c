@@ -65,7 +65,8 @@ static void decide_role(const struct zero *z, const struct config *cfg, int u, c
                  (cfg->zero.offload_param || (double)zu->numel > cfg->zero.stage3_param_persistence_threshold);
     r->pools[POOL_GATHER] = r->sharded;
     r->pools[POOL_COMPUTE] = z->compute_copies;
-    own(r, UBUF_PARAMS, r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
+    r->param_nvme = r->sharded && cfg->zero.offload_param_nvme && (!r->trained || z->master_copy);
+    own(r, UBUF_PARAMS, r->param_nvme ? 0 : r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
     if (!r->trained) /* GRAD_NONE: the parameters alone */
         return;
     r->gather_after_step = z->stage >= 1 && !r->sharded;
@@ -235,11 +236,11 @@ static bool init_params_as_stored(struct zero *z, const struct param_source *src
 }
 
 /* scratch: fp32, then the parameter dtype, for the largest unit (host memory). */
-static void init_params(struct zero *z, const struct param_source *src, int u, float *scratch, void *cast)
+static void init_params_to(struct zero *z, const struct param_source *src, int u, void *dst, float *scratch,
+                           void *cast)
 {
     struct zero_unit *zu = &z->units[u];
     size_t begin = zu->role.sharded ? zu->opt_begin : 0, count = zu->role.sharded ? zu->shard : zu->padded;
-    void *dst = zu->role.sharded ? zu->param_shard : zu->params;
     if (src && src->read_as && init_params_as_stored(z, src, u, begin, count, dst, scratch, cast))
         return;
     const bool master = has_master(zu);
@@ -256,6 +257,17 @@ static void init_params(struct zero *z, const struct param_source *src, int u, f
     backend_copy(dst, cast, count * z->esize);
     if (master) /* the master may be device memory */
         backend_copy(zu->master, scratch + (zu->opt_begin - begin), zu->opt_count * sizeof(float));
+}
+
+static void init_params(struct zero *z, const struct param_source *src, int u, float *scratch, void *cast)
+{
+    struct zero_unit *zu = &z->units[u];
+    if (zu->role.param_nvme) { /* staged in a buffer of the parameter file, then written to it */
+        init_params_to(z, src, u, zero_nvme_staging(z), scratch, cast);
+        zero_nvme_store(z, u);
+        return;
+    }
+    init_params_to(z, src, u, zu->role.sharded ? zu->param_shard : zu->params, scratch, cast);
 }
 
 void zero_load_units(struct zero *z, const struct param_source *src, const bool *which)
@@ -299,6 +311,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     void *cast = z->master_copy ? xcalloc(largest, z->esize) : NULL;
     const size_t recv = zero_receive_elems(z);
     void *grad_recv = recv ? arena_alloc(dev, mem, BUF_GRADS, recv * z->esize, 1) : NULL;
+    zero_nvme_open(z, cfg);
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         void *own[UBUF_COUNT] = {0};
@@ -335,6 +348,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
 
 void zero_free(struct zero *z)
 {
+    zero_nvme_close(z);
     for (int set = 0; set < POOL_SETS; set++)
         for (int k = 0; k < ZERO_POOLS; k++) {
             free(z->pools[set][k].slots);

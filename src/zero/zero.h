@@ -73,6 +73,8 @@ struct pass_event {
     int unit;
 };
 
+struct nvme_params;
+
 struct zero_pass {
     const char *name;
     int n_events;
@@ -133,6 +135,9 @@ struct unit_role {
     bool trained;            /* false: frozen */
     bool sharded;            /* stage 3 and not persistent: only this rank's shard is stored */
     bool gather_after_step;  /* stored whole at stages 1-3: the updated slices are all-gathered after each step */
+    bool param_nvme;         /* offload_param "nvme": the shard lives in the parameter file (zero_nvme.c), not
+                              * in memory (UBUF_PARAMS has no elements); a sharded unit that is frozen or has a
+                              * master (a trained one without keeps its shard: it is the optimizer's master) */
     enum grad_path grad;
     bool pools[POOL_SETS];   /* the pooled buffers it takes (gathered unit, compute copy, gradient, send) */
     struct unit_buffer buf[UBUF_COUNT];
@@ -215,6 +220,11 @@ struct zero {
     struct mem_tracker *mem;
     long adam_steps;              /* optimizer steps taken (bias correction) */
     uint64_t traffic[COMM_KINDS]; /* bytes sent since zero_take_traffic */
+    /* offload_param "nvme" (zero_nvme.c) */
+    struct nvme_params *pfile;    /* the rank's parameter file, NULL: no unit's shard is on NVMe */
+    size_t *pfile_off;            /* each unit's shard's byte offset in it */
+    int *pbuf_unit;               /* the unit whose shard each of its buffers holds or reads, -1 none */
+    int *psim;                    /* scratch of the read-ahead's walk, one per unit */
 };
 
 /* Where the initial parameters come from: read(ctx, unit, begin, count, out)
@@ -292,6 +302,8 @@ void zero_gather_grads(struct zero *z, int u, float *out);
  * "communication alone" measurement of the overlap benchmark). */
 void zero_replay_pass(struct zero *z, const struct zero_pass *pass);
 
+/* Bytes read from and written to the parameter file of offload_param "nvme" since set-up (0: none). */
+void zero_nvme_traffic(const struct zero *z, double *read_bytes, double *written_bytes);
 /* Reads and clears the bytes sent per collective kind. */
 void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS]);
 /* Copies the full value of unit u's parameters into out, in fp32 (all ranks must call). */

@@ -68,6 +68,25 @@ void zero_count_traffic(struct zero *z, enum comm_kind kind, size_t elems, size_
 /* Elements of the one reduce-scatter receive buffer (0: none). */
 size_t zero_receive_elems(const struct zero *z);
 
+/* ---- zero_nvme.c (offload_param "nvme") ---- */
+
+/* Lays out the parameter file (units whose role is param_nvme), checks
+ * offload_param.buffer_size against the largest shard, opens the file; nothing
+ * when no unit is param_nvme. */
+void zero_nvme_open(struct zero *z, const struct config *cfg);
+void zero_nvme_close(struct zero *z);
+/* Starts the first reads of the pass just begun. */
+void zero_nvme_begin_pass(struct zero *z);
+/* Copies unit u's shard from the file (read ahead, or now) to dst (backend memory); reads ahead further. */
+void zero_nvme_fetch(struct zero *z, int u, void *dst);
+/* Unit u's shard in host memory (a buffer), valid until the next call of this file's functions. */
+const void *zero_nvme_read(struct zero *z, int u);
+/* A host buffer for one shard; zero_nvme_store(z, u) writes it as unit u's shard. */
+void *zero_nvme_staging(struct zero *z);
+void zero_nvme_store(struct zero *z, int u);
+/* Writes every trained param_nvme unit's shard, narrowed from its master (after a step or a load). */
+void zero_nvme_write_back(struct zero *z);
+
 /* ---- zero_optim.c ---- */
 
 /* Makes the optimizer step's fixed tables (after the buffers are carved). */
