@@ -8,7 +8,10 @@ Checks:
                               (--dump-final) bitwise equal to the same run with offload_param cpu (fp32 with
                               offload_optimizer cpu, bf16 without: both have an fp32 master, so every unit's
                               shard lives in the file and is written back after each step); the log names the
-                              file; the file is gone after the run
+                              file; every gather found its shard read ahead (the end-of-run line); the file is
+                              gone after the run
+  emu.bf16.N2                 the same under device emulation (SHARDLM_EMULATE_DEVICE, fp32 activations): shards
+                              copied from the buffers into device memory, the master in device memory
   ckpt.*                      the N=2 bf16 runs save a checkpoint at step 3: every dataset bitwise equal between
                               nvme and cpu; a resume under nvme from the step-2 checkpoint of a 2-step run ends
                               bitwise equal to the uninterrupted run (the resume writes the shards into the file)
@@ -25,7 +28,7 @@ Checks:
 import fcntl
 import json
 import os
-import resource
+import re
 import subprocess
 import sys
 
@@ -81,7 +84,7 @@ def config(name, device, dtype="fp32", offload_opt=False, steps=3, model=None, l
     return path
 
 
-def run(name, N, cfg, *args, final=True):
+def run(name, N, cfg, *args, final=True, env=None):
     """(exit status, output, losses, final dump or None)."""
     mpath = os.path.join(TMP, name + ".jsonl")
     if os.path.exists(mpath) and "--resume" not in args:
@@ -90,7 +93,8 @@ def run(name, N, cfg, *args, final=True):
     cmd = [BIN, "train", cfg, "--quiet", *args] + (["--dump-final", fin] if final else [])
     if N > 1:
         cmd = ["mpirun", "-q", "-np", str(N), "--oversubscribe"] + cmd
-    r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    r = subprocess.run(cmd, env=dict(ENV, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=300)
     out = r.stdout.decode(errors="replace")
     losses = []
     if os.path.exists(mpath):
@@ -122,18 +126,26 @@ def tail(out, n=3):
     return " | ".join(out.strip().splitlines()[-n:])
 
 
-def same(tag, N, dtype, offload_opt, ckpt=False):
+def read_ahead(out):
+    """(gathers read ahead, gathers) from the run's last log line of the parameter file, None when missing."""
+    m = re.search(r"offload_param nvme: [0-9.]+ MiB read, [0-9.]+ MiB written; (\d+) of (\d+) gathers", out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def same(tag, N, dtype, offload_opt, ckpt=False, env=None):
     res = {}
     for dev in ("cpu", "nvme"):
         name = f"{tag}.{dev}"
         ckdir = os.path.join(TMP, name + ".ckpt") if ckpt else None
-        res[dev] = run(name, N, config(name, dev, dtype, offload_opt, ckdir=ckdir), final=True)
+        res[dev] = run(name, N, config(name, dev, dtype, offload_opt, ckdir=ckdir), final=True, env=env)
     (rc_c, out_c, loss_c, dump_c), (rc_n, out_n, loss_n, dump_n) = res["cpu"], res["nvme"]
     ok = rc_c == 0 and rc_n == 0
     nvme_dir = os.path.join(TMP, "nvme", f"{tag}.nvme")
+    ahead = read_ahead(out_n)
     check(tag, ok and len(loss_n) == 3 and loss_n == loss_c and not differ(dump_n, dump_c)
-          and "offload_param nvme: '" in out_n and os.path.isdir(nvme_dir) and not os.listdir(nvme_dir),
-          f"exit {rc_c}/{rc_n}; losses {loss_c} vs {loss_n}; differ {differ(dump_n, dump_c)[:4]}; "
+          and "offload_param nvme: '" in out_n and os.path.isdir(nvme_dir) and not os.listdir(nvme_dir)
+          and ahead is not None and ahead[1] > 0 and ahead[0] == ahead[1],
+          f"exit {rc_c}/{rc_n}; losses {loss_c} vs {loss_n}; differ {differ(dump_n, dump_c)[:4]}; read ahead {ahead}; "
           f"left {os.listdir(nvme_dir) if os.path.isdir(nvme_dir) else None}; {tail(out_n)}")
     return ok
 
@@ -141,9 +153,15 @@ def same(tag, N, dtype, offload_opt, ckpt=False):
 def main():
     matrix = [(1, "fp32"), (2, "bf16")] if ASAN else [(n, d) for d in ("fp32", "bf16") for n in (1, 2, 3)]
     if ASAN:
-        print("# under build-asan: N=1 fp32 and N=2 bf16 of the bitwise matrix", flush=True)
+        print("# under build-asan: N=1 fp32 and N=2 bf16 of the bitwise matrix, no RSS check (ASan's shadow "
+              "memory)", flush=True)
     for N, dtype in matrix:
         same(f"same.{dtype}.N{N}", N, dtype, offload_opt=dtype == "fp32", ckpt=(N == 2 and dtype == "bf16"))
+
+    # the device paths (tests/t_device_emu.py): shards copied from the buffers into device memory, a master in
+    # device memory (bf16 without offload_optimizer) narrowed through host memory for the write-back
+    same("emu.bf16.N2", 2, "bf16", offload_opt=False, env={"SHARDLM_EMULATE_DEVICE": "1",
+                                                         "SHARDLM_FP32_ACTIVATIONS": "1"})
 
     # checkpoints: the N=2 bf16 pair saved every step
     if h5py is None:

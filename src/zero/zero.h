@@ -225,6 +225,7 @@ struct zero {
     size_t *pfile_off;            /* each unit's shard's byte offset in it */
     int *pbuf_unit;               /* the unit whose shard each of its buffers holds or reads, -1 none */
     int *psim;                    /* scratch of the read-ahead's walk, one per unit */
+    long pgathers, pahead;        /* gathers from the file, and those whose shard was read (or being read) ahead */
 };
 
 /* Where the initial parameters come from: read(ctx, unit, begin, count, out)

@@ -62,7 +62,8 @@ void zero_nvme_open(struct zero *z, const struct config *cfg)
     z->pfile_off = xcalloc((size_t)m->n_units, sizeof *z->pfile_off);
     for (int u = 0; u < m->n_units; u++) {
         const struct zero_unit *zu = &z->units[u];
-        in_memory += zu->role.sharded && !zu->role.param_nvme;
+        /* LoRA's adapters are meant to stay: small, and trained */
+        in_memory += zu->role.sharded && !zu->role.param_nvme && m->units[u].kind != UNIT_ADAPTER;
         if (!zu->role.param_nvme)
             continue;
         z->pfile_off[u] = file_bytes;
@@ -100,6 +101,12 @@ void zero_nvme_open(struct zero *z, const struct config *cfg)
 
 void zero_nvme_close(struct zero *z)
 {
+    if (z->pfile && z->rank == 0) {
+        double rd, wr;
+        nvme_params_traffic(z->pfile, &rd, &wr);
+        log_info("offload_param nvme: %.2f MiB read, %.2f MiB written; %ld of %ld gathers found their shard read "
+                 "ahead", rd / 1048576.0, wr / 1048576.0, z->pahead, z->pgathers);
+    }
     nvme_params_close(z->pfile);
     free(z->pfile_off);
     free(z->pbuf_unit);
@@ -189,6 +196,7 @@ static void read_ahead(struct zero *z)
 static int hold(struct zero *z, int u)
 {
     int b = buffer_of(z, u);
+    z->pahead += b >= 0;
     if (b < 0) {
         const int nb = nvme_params_buffers(z->pfile);
         int want[64];
@@ -211,6 +219,7 @@ static int hold(struct zero *z, int u)
 
 void zero_nvme_fetch(struct zero *z, int u, void *dst)
 {
+    z->pgathers++;
     const int b = hold(z, u);
     backend_copy(dst, nvme_params_buffer(z->pfile, b), z->units[u].shard * z->esize);
     z->pbuf_unit[b] = -1;
