@@ -137,7 +137,8 @@ struct unit_role {
     bool gather_after_step;  /* stored whole at stages 1-3: the updated slices are all-gathered after each step */
     bool param_nvme;         /* offload_param "nvme": the shard lives in the parameter file (zero_nvme.c), not
                               * in memory (UBUF_PARAMS has no elements); a sharded unit that is frozen or has a
-                              * master (a trained one without keeps its shard: it is the optimizer's master) */
+                              * master in memory (a trained one without keeps its shard: it is the optimizer's
+                              * master; so does one whose master is in offload_optimizer nvme's file, for now) */
     enum grad_path grad;
     bool pools[POOL_SETS];   /* the pooled buffers it takes (gathered unit, compute copy, gradient, send) */
     struct unit_buffer buf[UBUF_COUNT];

@@ -3,8 +3,9 @@
  * stage 3; see zero.h, zero_internal.h, nvme.h). Each unit whose role says
  * param_nvme keeps its shard in the rank's parameter file instead of pinned
  * host memory (zero_unit_role: every sharded unit that is frozen or has an
- * fp32 master; a trained unit without one keeps its shard in memory, where
- * it is the optimizer's master).
+ * fp32 master in memory; a trained unit without one keeps its shard in
+ * memory, where it is the optimizer's master, and so does one whose master
+ * is in offload_optimizer nvme's file, for now).
  *
  * Reading ahead: the file's buffers cache unit shards. After each gather
  * (and at the start of a pass) the engine walks the declared pass from its
@@ -74,9 +75,11 @@ void zero_nvme_open(struct zero *z, const struct config *cfg)
         }
     }
     if (in_memory && z->rank == 0)
-        log_warn("offload_param nvme: %d trained units keep their shards in host memory (fp32 without "
-                 "offload_optimizer: the shard is the optimizer's master); set offload_optimizer.device \"cpu\" or "
-                 "bf16 to put them in nvme_path too", in_memory);
+        log_warn("offload_param nvme: %d trained units keep their shards in host memory (%s); set "
+                 "offload_optimizer.device \"cpu\"%s to put them in nvme_path too", in_memory,
+                 cfg->zero.offload_optimizer_nvme ? "not yet narrowed from offload_optimizer nvme's file"
+                                                  : "fp32 without offload_optimizer: the shard is the optimizer's master",
+                 cfg->zero.offload_optimizer_nvme ? "" : " or bf16");
     if (widest < 0) {
         struct nvme_dir_info info;
         nvme_check_dir(cfg->zero.param_nvme_path, 0.0, &info);
