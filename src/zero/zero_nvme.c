@@ -90,7 +90,14 @@ void zero_nvme_open(struct zero *z, const struct config *cfg)
                    "(%zu elements at %d ranks); set buffer_size to at least %zu",
                    cfg->zero.param_buffer_size, m->units[widest].name, largest, z->world, largest);
     int buffers = cfg->zero.param_buffer_count > 0 ? cfg->zero.param_buffer_count : 1;
-    z->pfile = nvme_params_open(cfg->zero.param_nvme_path, job_name(), z->rank, file_bytes,
+    /* a second engine in the process (a reference model) takes its own file, not the first one's lock */
+    static int engines;
+    char job[128];
+    if (engines++)
+        snprintf(job, sizeof job, "%s-%d", job_name(), engines - 1);
+    else
+        snprintf(job, sizeof job, "%s", job_name());
+    z->pfile = nvme_params_open(cfg->zero.param_nvme_path, job, z->rank, file_bytes,
                                 round_up(largest * z->esize, NVME_BLOCK), buffers);
     z->pbuf_unit = xcalloc((size_t)buffers, sizeof *z->pbuf_unit);
     for (int b = 0; b < buffers; b++)
