@@ -12,7 +12,9 @@ Checks:
                               gone after the run
   emu.bf16.N2                 the same under device emulation (SHARDLM_EMULATE_DEVICE, fp32 activations): shards
                               copied from the buffers into device memory, the master in device memory
-  ckpt.*                      the N=2 bf16 runs save a checkpoint at step 3: every dataset bitwise equal between
+  same.fp16.N2                the same in fp16 (with its loss scaler)
+  same.actckpt.bf16.N2        the same with activation checkpointing every block (recompute passes)
+  ckpt.bf16.N2, ckpt.fp32.N3  those pairs save a checkpoint every step: every dataset at step 3 bitwise equal between
                               nvme and cpu; a resume under nvme from the step-2 checkpoint of a 2-step run ends
                               bitwise equal to the uninterrupted run (the resume writes the shards into the file)
   lora.N2                     a LoRA run (frozen base on NVMe, adapters in memory): losses and adapters bitwise
@@ -53,7 +55,7 @@ write_shard(DATA, rng.integers(0, V, size=60 * T + 1))
 
 
 def config(name, device, dtype="fp32", offload_opt=False, steps=3, model=None, lora=None, ckdir=None, nvme=None,
-           param_extra=None):
+           param_extra=None, extra=None):
     cfg = {
         "model": dict(model or MODEL),
         "data": {"train": DATA, "seq_len": T, "shuffle": False},
@@ -72,8 +74,9 @@ def config(name, device, dtype="fp32", offload_opt=False, steps=3, model=None, l
     cfg["zero_optimization"]["offload_param"].update(param_extra or {})
     if offload_opt:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
-    if dtype == "bf16":
-        cfg["bf16"] = {"enabled": True}
+    if dtype in ("bf16", "fp16"):
+        cfg[dtype] = {"enabled": True}
+    cfg.update(extra or {})
     if lora:
         cfg["lora"] = lora
     if ckdir:
@@ -132,12 +135,13 @@ def read_ahead(out):
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def same(tag, N, dtype, offload_opt, ckpt=False, env=None):
+def same(tag, N, dtype, offload_opt, ckpt=False, env=None, extra=None):
     res = {}
     for dev in ("cpu", "nvme"):
         name = f"{tag}.{dev}"
         ckdir = os.path.join(TMP, name + ".ckpt") if ckpt else None
-        res[dev] = run(name, N, config(name, dev, dtype, offload_opt, ckdir=ckdir), final=True, env=env)
+        res[dev] = run(name, N, config(name, dev, dtype, offload_opt, ckdir=ckdir, extra=extra), final=True,
+                       env=env)
     (rc_c, out_c, loss_c, dump_c), (rc_n, out_n, loss_n, dump_n) = res["cpu"], res["nvme"]
     ok = rc_c == 0 and rc_n == 0
     nvme_dir = os.path.join(TMP, "nvme", f"{tag}.nvme")
@@ -156,7 +160,14 @@ def main():
         print("# under build-asan: N=1 fp32 and N=2 bf16 of the bitwise matrix, no RSS check (ASan's shadow "
               "memory)", flush=True)
     for N, dtype in matrix:
-        same(f"same.{dtype}.N{N}", N, dtype, offload_opt=dtype == "fp32", ckpt=(N == 2 and dtype == "bf16"))
+        same(f"same.{dtype}.N{N}", N, dtype, offload_opt=dtype == "fp32",
+             ckpt=(N, dtype) in ((2, "bf16"), (3, "fp32")))
+    if not ASAN:
+        # fp16 with its loss scaler; activation checkpointing every block: the backward's recompute passes
+        # (the read-ahead follows them too)
+        same("same.fp16.N2", 2, "fp16", offload_opt=False)
+        same("same.actckpt.bf16.N2", 2, "bf16", offload_opt=False,
+             extra={"activation_checkpointing": {"enabled": True, "interval": 1}})
 
     # the device paths (tests/t_device_emu.py): shards copied from the buffers into device memory, a master in
     # device memory (bf16 without offload_optimizer) narrowed through host memory for the write-back
@@ -167,10 +178,11 @@ def main():
     if h5py is None:
         check("ckpt.h5py", False, "h5py is missing (Debian's python3-h5py)")
     else:
-        a = os.path.join(TMP, "same.bf16.N2.nvme.ckpt", "step_000003.h5")
-        b = os.path.join(TMP, "same.bf16.N2.cpu.ckpt", "step_000003.h5")
-        d = h5_differ(a, b) if os.path.exists(a) and os.path.exists(b) else ["<missing>"]
-        check("ckpt.same", not d, f"datasets differ: {d[:5]}")
+        for tag in ("same.bf16.N2",) + (() if ASAN else ("same.fp32.N3",)):
+            a = os.path.join(TMP, f"{tag}.nvme.ckpt", "step_000003.h5")
+            b = os.path.join(TMP, f"{tag}.cpu.ckpt", "step_000003.h5")
+            d = h5_differ(a, b) if os.path.exists(a) and os.path.exists(b) else ["<missing>"]
+            check(f"ckpt.{tag[5:]}", not d, f"datasets differ: {d[:5]}")
     # resume: 2 steps saved, then --resume to 3 steps, against the uninterrupted nvme run
     name = "resume.nvme"
     ckdir = os.path.join(TMP, name + ".ckpt")
