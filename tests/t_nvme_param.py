@@ -8,7 +8,8 @@ Checks:
                               (--dump-final) bitwise equal to the same run with offload_param cpu (fp32 with
                               offload_optimizer cpu, bf16 without: both have an fp32 master, so every unit's
                               shard lives in the file and is written back after each step); the log names the
-                              file; every gather found its shard read ahead (the end-of-run line); the file is
+                              file, its bytes and the buffers' (each unit's shard at 4 KiB, buffers of the
+                              largest shard: computed here from the model's units); every gather found its shard read ahead (the end-of-run line); the file is
                               gone after the run
   emu.bf16.N2                 the same under device emulation (SHARDLM_EMULATE_DEVICE, fp32 activations): shards
                               copied from the buffers into device memory, the master in device memory
@@ -37,7 +38,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, ENV, check, failures, read_dump, scratch_dir, write_shard  # noqa: E402
+from harness import BIN, ENV, check, failures, read_dump, round_up, scratch_dir, write_shard  # noqa: E402
 
 try:
     import h5py
@@ -129,6 +130,26 @@ def tail(out, n=3):
     return " | ".join(out.strip().splitlines()[-n:])
 
 
+def unit_sizes(model):
+    """Elements of each unit of the GPT-2 MODEL as model.c lays it out (tensors at 16-element offsets; the
+    vocabulary padded to 128)."""
+    C, L, VP, ALIGN = model["n_embd"], model["n_layer"], round_up(model["vocab_size"], 128), 16
+    block = [C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C]
+    return ([round_up(VP * C, ALIGN) + round_up(T * C, ALIGN)] + [sum(round_up(n, ALIGN) for n in block)] * L
+            + [2 * round_up(C, ALIGN)])
+
+
+def file_layout(N, esize, buffers):
+    """(file bytes, bytes per buffer) of a rank at N when every unit of MODEL is on NVMe."""
+    shards = [round_up(n, N * 16) // N for n in unit_sizes(MODEL)]
+    return sum(round_up(s * esize, 4096) for s in shards), round_up(max(shards) * esize, 4096)
+
+
+def layout_line(out):
+    m = re.search(r"offload_param nvme: '[^']*' \((\d+) bytes, [A-Za-z_]+\), (\d+) buffers of (\d+) bytes", out)
+    return (int(m.group(1)), int(m.group(3))) if m else None
+
+
 def read_ahead(out):
     """(gathers read ahead, gathers) from the run's last log line of the parameter file, None when missing."""
     m = re.search(r"offload_param nvme: [0-9.]+ MiB read, [0-9.]+ MiB written; (\d+) of (\d+) gathers", out)
@@ -146,10 +167,12 @@ def same(tag, N, dtype, offload_opt, ckpt=False, env=None, extra=None):
     ok = rc_c == 0 and rc_n == 0
     nvme_dir = os.path.join(TMP, "nvme", f"{tag}.nvme")
     ahead = read_ahead(out_n)
+    layout, want = layout_line(out_n), file_layout(N, 4 if dtype == "fp32" else 2, 3)
     check(tag, ok and len(loss_n) == 3 and loss_n == loss_c and not differ(dump_n, dump_c)
-          and "offload_param nvme: '" in out_n and os.path.isdir(nvme_dir) and not os.listdir(nvme_dir)
+          and layout == want and os.path.isdir(nvme_dir) and not os.listdir(nvme_dir)
           and ahead is not None and ahead[1] > 0 and ahead[0] == ahead[1],
           f"exit {rc_c}/{rc_n}; losses {loss_c} vs {loss_n}; differ {differ(dump_n, dump_c)[:4]}; read ahead {ahead}; "
+          f"file and buffer bytes {layout}, expected {want}; "
           f"left {os.listdir(nvme_dir) if os.path.isdir(nvme_dir) else None}; {tail(out_n)}")
     return ok
 

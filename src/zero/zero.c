@@ -314,7 +314,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     void *cast = z->master_copy ? xcalloc(largest, z->esize) : NULL;
     const size_t recv = zero_receive_elems(z);
     void *grad_recv = recv ? arena_alloc(dev, mem, BUF_GRADS, recv * z->esize, 1) : NULL;
-    zero_nvme_open(z, cfg);
+    zero_nvme_open(z, cfg, t);
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         void *own[UBUF_COUNT] = {0};

@@ -304,6 +304,19 @@ void zero_gather_grads(struct zero *z, int u, float *out);
  * "communication alone" measurement of the overlap benchmark). */
 void zero_replay_pass(struct zero *z, const struct zero_pass *pass);
 
+/* offload_param "nvme": the parameter file of a rank at world size N, as the
+ * engine lays it out (zero_nvme.c) and as the planner counts it. */
+struct zero_nvme_sizes {
+    size_t file_bytes;    /* the file: each param_nvme unit's shard, rounded up to 4 KiB */
+    size_t host_bytes;    /* the pinned buffers: buffers x the largest shard rounded up to 4 KiB (0: no file) */
+    int buffers;          /* offload_param.buffer_count */
+    size_t largest_shard; /* elements; offload_param.buffer_size must be at least this */
+    int widest;           /* the unit with the largest shard, -1: no unit is on NVMe */
+    int kept;             /* sharded non-adapter units kept in host memory (trained, no master in memory) */
+};
+/* off (n_units entries, or NULL): each param_nvme unit's byte offset in the file. */
+void zero_nvme_layout(const struct model *m, const struct config *cfg, const struct exec_target *t, int world,
+                      size_t *off, struct zero_nvme_sizes *out);
 /* Bytes read from and written to the parameter file of offload_param "nvme" since set-up (0: none). */
 void zero_nvme_traffic(const struct zero *z, double *read_bytes, double *written_bytes);
 /* Reads and clears the bytes sent per collective kind. */

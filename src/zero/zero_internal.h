@@ -73,7 +73,7 @@ size_t zero_receive_elems(const struct zero *z);
 /* Lays out the parameter file (units whose role is param_nvme), checks
  * offload_param.buffer_size against the largest shard, opens the file; nothing
  * when no unit is param_nvme. */
-void zero_nvme_open(struct zero *z, const struct config *cfg);
+void zero_nvme_open(struct zero *z, const struct config *cfg, const struct exec_target *t);
 void zero_nvme_close(struct zero *z);
 /* Starts the first reads of the pass just begun. */
 void zero_nvme_begin_pass(struct zero *z);

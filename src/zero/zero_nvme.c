@@ -34,10 +34,37 @@
 #include "core/util.h"
 #include "nvme.h"
 
-/* Bytes a unit's shard takes in the file and in a buffer. */
-static size_t file_span(const struct zero *z, const struct zero_unit *zu)
+/* Bytes a shard of `shard` elements takes in the file and in a buffer. */
+static size_t span_of(size_t shard, size_t esize) { return round_up(shard * esize, NVME_BLOCK); }
+
+static size_t file_span(const struct zero *z, const struct zero_unit *zu) { return span_of(zu->shard, z->esize); }
+
+void zero_nvme_layout(const struct model *m, const struct config *cfg, const struct exec_target *t, int world,
+                      size_t *off, struct zero_nvme_sizes *out)
 {
-    return round_up(zu->shard * z->esize, NVME_BLOCK);
+    memset(out, 0, sizeof *out);
+    out->widest = -1;
+    if (!cfg->zero.offload_param_nvme)
+        return;
+    const size_t esize = (size_t)dtype_size(cfg->dtype);
+    for (int u = 0; u < m->n_units; u++) {
+        struct unit_role role;
+        zero_unit_role(m, cfg, t, world, u, &role);
+        /* LoRA's adapters are meant to stay: small, and trained */
+        out->kept += role.sharded && !role.param_nvme && m->units[u].kind != UNIT_ADAPTER;
+        if (!role.param_nvme)
+            continue;
+        const size_t shard = round_up(m->units[u].numel, (size_t)world * MODEL_TENSOR_ALIGN) / (size_t)world;
+        if (off)
+            off[u] = out->file_bytes;
+        out->file_bytes += span_of(shard, esize);
+        if (shard > out->largest_shard) {
+            out->largest_shard = shard;
+            out->widest = u;
+        }
+    }
+    out->buffers = cfg->zero.param_buffer_count > 0 ? cfg->zero.param_buffer_count : 1;
+    out->host_bytes = out->widest < 0 ? 0 : (size_t)out->buffers * span_of(out->largest_shard, esize);
 }
 
 /* The job's part of the file name: the scheduler's job id, else "local" (two
@@ -53,27 +80,19 @@ static const char *job_name(void)
     return "local";
 }
 
-void zero_nvme_open(struct zero *z, const struct config *cfg)
+void zero_nvme_open(struct zero *z, const struct config *cfg, const struct exec_target *t)
 {
     const struct model *m = z->model;
-    size_t file_bytes = 0, largest = 0;
-    int widest = -1, in_memory = 0;
     if (!cfg->zero.offload_param_nvme)
         return;
     z->pfile_off = xcalloc((size_t)m->n_units, sizeof *z->pfile_off);
-    for (int u = 0; u < m->n_units; u++) {
-        const struct zero_unit *zu = &z->units[u];
-        /* LoRA's adapters are meant to stay: small, and trained */
-        in_memory += zu->role.sharded && !zu->role.param_nvme && m->units[u].kind != UNIT_ADAPTER;
-        if (!zu->role.param_nvme)
-            continue;
-        z->pfile_off[u] = file_bytes;
-        file_bytes += file_span(z, zu);
-        if (zu->shard > largest) {
-            largest = zu->shard;
-            widest = u;
-        }
-    }
+    struct zero_nvme_sizes sz;
+    zero_nvme_layout(m, cfg, t, z->world, z->pfile_off, &sz);
+    for (int u = 0; u < m->n_units; u++)
+        if (z->units[u].role.param_nvme && z->pfile_off[u] + file_span(z, &z->units[u]) > sz.file_bytes)
+            fail_internal("offload_param nvme: the layout and the engine's roles differ at unit %d", u);
+    const size_t file_bytes = sz.file_bytes, largest = sz.largest_shard;
+    const int widest = sz.widest, in_memory = sz.kept, buffers = sz.buffers;
     if (in_memory && z->rank == 0)
         log_warn("offload_param nvme: %d trained units keep their shards in host memory (%s); set "
                  "offload_optimizer.device \"cpu\"%s to put them in nvme_path too", in_memory,
@@ -89,7 +108,6 @@ void zero_nvme_open(struct zero *z, const struct config *cfg)
         fail_input("config: zero_optimization.offload_param.buffer_size %.0f is smaller than the shard of unit '%s' "
                    "(%zu elements at %d ranks); set buffer_size to at least %zu",
                    cfg->zero.param_buffer_size, m->units[widest].name, largest, z->world, largest);
-    int buffers = cfg->zero.param_buffer_count > 0 ? cfg->zero.param_buffer_count : 1;
     /* a second engine in the process (a reference model) takes its own file, not the first one's lock */
     static int engines;
     char job[128];
@@ -97,16 +115,16 @@ void zero_nvme_open(struct zero *z, const struct config *cfg)
         snprintf(job, sizeof job, "%s-%d", job_name(), engines - 1);
     else
         snprintf(job, sizeof job, "%s", job_name());
-    z->pfile = nvme_params_open(cfg->zero.param_nvme_path, job, z->rank, file_bytes,
-                                round_up(largest * z->esize, NVME_BLOCK), buffers);
+    z->pfile = nvme_params_open(cfg->zero.param_nvme_path, job, z->rank, file_bytes, sz.host_bytes / (size_t)buffers,
+                                buffers);
     z->pbuf_unit = xcalloc((size_t)buffers, sizeof *z->pbuf_unit);
     for (int b = 0; b < buffers; b++)
         z->pbuf_unit[b] = -1;
     z->psim = xcalloc((size_t)m->n_units, sizeof *z->psim);
     if (z->rank == 0)
-        log_info("offload_param nvme: '%s' (%.1f MiB, %s), %d buffers of %.1f MiB", nvme_params_path(z->pfile),
-                 (double)file_bytes / 1048576.0, nvme_params_direct(z->pfile) ? "O_DIRECT" : "buffered", buffers,
-                 (double)nvme_params_host_bytes(z->pfile) / buffers / 1048576.0);
+        log_info("offload_param nvme: '%s' (%zu bytes, %s), %d buffers of %zu bytes", nvme_params_path(z->pfile),
+                 file_bytes, nvme_params_direct(z->pfile) ? "O_DIRECT" : "buffered", buffers,
+                 nvme_params_host_bytes(z->pfile) / (size_t)buffers);
 }
 
 void zero_nvme_close(struct zero *z)
