@@ -25,6 +25,8 @@ Checks:
   bad.notdir                  nvme_path is a file: exit 2, one line naming the path
   bad.locked                  the rank's file locked by another holder (a second job): exit 2, "in use by
                               another job"
+  bad.full                    nvme_path on a disk without room for the file (a 48 KiB tmpfs): exit 2, the line
+                              names the path and the bytes needed
   bad.buffer_size             offload_param.buffer_size below the largest unit shard: exit 2, the line names the
                               unit and the size needed
 """
@@ -38,7 +40,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, ENV, check, failures, read_dump, round_up, scratch_dir, write_shard  # noqa: E402
+from harness import (BIN, ENV, check, failures, mount_full_disk, read_dump, round_up, scratch_dir,  # noqa: E402
+                     write_shard)
 
 try:
     import h5py
@@ -268,6 +271,16 @@ def bad_inputs():
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         rc, out, _, _ = run("bad.locked", 1, config("bad.locked", "nvme", offload_opt=True, nvme=d), final=False)
     check("bad.locked", rc == 2 and "in use by another job" in out and path in out, f"exit {rc}: {tail(out)}")
+
+    # a disk without room for the file (a 48 KiB tmpfs; the file of MODEL in fp32 at N=1 is 128 KiB)
+    mnt = os.path.join(TMP, "full")
+    if mount_full_disk(mnt, "bad.full.mount"):
+        try:
+            rc, out, _, _ = run("bad.full", 1, config("bad.full", "nvme", offload_opt=True, nvme=mnt), final=False)
+        finally:
+            subprocess.run(["umount", mnt])
+        check("bad.full", rc == 2 and f"nvme_path '{mnt}' has" in out and "the offloaded state needs" in out,
+              f"exit {rc}: {tail(out)}")
 
     rc, out, _, _ = run("bad.bufsize", 1, config("bad.bufsize", "nvme", offload_opt=True,
                                                       param_extra={"buffer_size": 1000}),

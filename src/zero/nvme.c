@@ -60,15 +60,15 @@ static void make_dirs(const char *dir)
         if (mkdir(p, 0777) != 0 && errno != EEXIST) {
             int e = errno;
             free(p);
-            fail_input("nvme_path '%s' cannot be made (%s); make it, or set zero_optimization.offload_optimizer."
-                       "nvme_path to a directory on a local disk", dir, strerror(e));
+            fail_input("nvme_path '%s' cannot be made (%s); make it, or set the offload's nvme_path "
+                       "to a directory on a local disk", dir, strerror(e));
         }
         *s = '/';
     }
     free(p);
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        fail_input("nvme_path '%s' cannot be made (%s); make it, or set zero_optimization.offload_optimizer."
-                   "nvme_path to a directory on a local disk", dir, strerror(errno));
+        fail_input("nvme_path '%s' cannot be made (%s); make it, or set the offload's nvme_path "
+                   "to a directory on a local disk", dir, strerror(errno));
 }
 
 void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *info)
@@ -94,7 +94,7 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
         fail_input("nvme_path '%s': statvfs failed (%s)", dir, strerror(errno));
     info->free_bytes = (double)vfs.f_bavail * (double)vfs.f_frsize;
     if (info->free_bytes < need_bytes)
-        fail_input("nvme_path '%s' has %.3f GiB free; the optimizer state needs %.3f GiB: free space or choose "
+        fail_input("nvme_path '%s' has %.3f GiB free; the offloaded state needs %.3f GiB: free space or choose "
                    "another disk", dir, info->free_bytes / 1073741824.0, need_bytes / 1073741824.0);
     struct statfs fs;
     info->tmpfs = statfs(dir, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
