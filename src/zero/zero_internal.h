@@ -1,7 +1,7 @@
 /*
  * zero_internal — what the ZeRO engine's files share; not for callers of zero.h.
  *
- * The engine (zero.h) is four files:
+ * The engine (zero.h) is five files:
  *   zero.c        set-up: the engine's mode, each unit's sizes, shard and role
  *                 (the one place its buffers, pools and gradient path are
  *                 decided), carving the buffers out of the arenas, the initial
@@ -20,6 +20,9 @@
  *                 adam_m, adam_v), their host staging, the slices a save and
  *                 an export write, loading at any world size, and whole units
  *                 or gradients gathered into host memory
+ *   zero_nvme.c   offload_param "nvme": the parameter file's layout, the
+ *                 read-ahead of shards in pass order, the write-back of
+ *                 trained shards after a step or a load
  * Functions here carry the zero_ prefix, or are small static inline helpers.
  */
 #ifndef SHARDLM_ZERO_INTERNAL_H
