@@ -281,9 +281,6 @@ static void trainer_setup(struct trainer *tr)
     if (cfg->zero.offload_optimizer && cfg->zero.stage == 0)
         fail_input("config: zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (as in "
                    "DeepSpeed); raise the stage or set offload_optimizer.device to \"none\"");
-    /* being wired (issue 36): the config reads it, the engine does not yet */
-    if (cfg->zero.offload_param_nvme)
-        fail_input("config: zero_optimization.offload_param device \"nvme\" is not wired into the trainer yet; use \"cpu\"");
     if (cfg->dpo.enabled)
         fail_input("config: the dpo section: DPO training is not wired into the trainer yet; remove the section");
     if (!cfg->data.train_path)

@@ -53,6 +53,8 @@
  * 24 MiB ~0.8 (tools/bench/nvme.sh). */
 #define NVME_PIECE_DEFAULT ((size_t)2 << 20)
 #define NVME_PIECE_ALIGN ((size_t)1024)
+/* The file systems' block: O_DIRECT transfers, buffers and offsets are multiples of it. */
+#define NVME_BLOCK ((size_t)4096)
 /* Buffers: at least 3 (read-ahead, update, write-behind). */
 #define NVME_BUFFERS_MIN 3
 /* A file of another job that is not locked and was not written for this long
@@ -123,5 +125,49 @@ void nvme_adamw_step(struct nvme_file *f, const struct nvme_segment *segs, int n
 
 /* Bytes read and written since the file was opened. */
 void nvme_traffic(const struct nvme_file *f, double *read_bytes, double *written_bytes);
+
+/* ---- shared with the parameter file (nvme_param.c) ------------------------------ */
+
+/* Checks dir (nvme_check_dir) and opens *path_out = <dir>/shardlm-<job>-rank<R>.<ext> (malloc'd; O_DIRECT
+ * when the file system allows it, else buffered and a warning naming dir; *direct says which), locks it
+ * (another holder: one line, exit 2), truncates and sizes it to bytes; its descriptor. */
+int nvme_open_locked(const char *dir, const char *job, int rank, const char *ext, size_t bytes, char **path_out,
+                     bool *direct);
+/* One line naming the file and the cause of a failed or short read/write, exit 2. */
+__attribute__((noreturn)) void nvme_io_failed(const char *path, const char *what, long res, size_t want);
+/* n buffers of bytes each, 4 KiB aligned, zeroed, mlocked where the limit allows; freed by nvme_free_buffers. */
+void **nvme_pinned_buffers(int n, size_t bytes);
+void nvme_free_buffers(void **bufs, int n, size_t bytes);
+/* Reads or writes bytes at off of path (fd) synchronously, whole (errors: nvme_io_failed). */
+void nvme_sync_io(int fd, const char *path, void *buf, size_t bytes, size_t off, bool write);
+/* Waits for one completion of ring (liburing): the buffer index its request carried; *res its result. */
+struct io_uring;
+int nvme_ring_reap(struct io_uring *ring, const char *path, int *res);
+
+/*
+ * The parameter file (offload_param "device": "nvme", stage 3; the engine's
+ * side is zero_nvme.c): NAME = <nvme_path>/shardlm-<job>-rank<R>.param,
+ * locked like the optimizer's file, holding the rank's parameter shards in
+ * the parameter dtype, each unit's at an offset the caller chooses (multiples
+ * of NVME_BLOCK). `buffers` pinned buffers of buf_bytes (a multiple of
+ * NVME_BLOCK) move whole shards: a read or write of one buffer is started
+ * (liburing; synchronous where it is not available) and waited for by buffer.
+ */
+struct nvme_params;
+struct nvme_params *nvme_params_open(const char *dir, const char *job, int rank, size_t file_bytes, size_t buf_bytes,
+                                     int buffers);
+/* Waits for what is in flight, closes, unlocks and removes the file. NULL: nothing. */
+void nvme_params_close(struct nvme_params *f);
+int nvme_params_buffers(const struct nvme_params *f);
+void *nvme_params_buffer(const struct nvme_params *f, int b);
+/* Starts moving bytes (<= buf_bytes, both it and off multiples of NVME_BLOCK)
+ * between buffer b and the file at off; b must be idle (nvme_params_wait). */
+void nvme_params_start(struct nvme_params *f, int b, size_t off, size_t bytes, bool write);
+/* Waits until buffer b's read or write is done (at once when it has none). */
+void nvme_params_wait(struct nvme_params *f, int b);
+const char *nvme_params_path(const struct nvme_params *f);
+bool nvme_params_direct(const struct nvme_params *f);
+size_t nvme_params_host_bytes(const struct nvme_params *f);
+void nvme_params_traffic(const struct nvme_params *f, double *read_bytes, double *written_bytes);
 
 #endif

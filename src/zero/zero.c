@@ -67,7 +67,11 @@ static void decide_role(const struct zero *z, const struct config *cfg, int u, c
                  (cfg->zero.offload_param || (double)zu->numel > cfg->zero.stage3_param_persistence_threshold);
     r->pools[POOL_GATHER] = r->sharded;
     r->pools[POOL_COMPUTE] = z->compute_copies;
-    own(r, UBUF_PARAMS, r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
+    /* on NVMe: frozen, or trained with an fp32 master in memory the shard is narrowed from after each step
+     * (not yet from offload_optimizer nvme's file) */
+    r->param_nvme = r->sharded && cfg->zero.offload_param_nvme &&
+                    (!r->trained || (z->master_copy && !cfg->zero.offload_optimizer_nvme));
+    own(r, UBUF_PARAMS, r->param_nvme ? 0 : r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
     if (!r->trained) /* GRAD_NONE: the parameters alone */
         return;
     r->gather_after_step = z->stage >= 1 && !r->sharded;
@@ -163,38 +167,58 @@ size_t zero_nvme_stage_elems(const struct zero *z)
     return largest;
 }
 
-/* The job's part of the files' names: the Slurm job id (a requeued job finds
- * its own name again), else rank 0's process id (collective). */
+/* The job's part of the files' names: $SLURM_JOB_ID (a requeued job finds
+ * its own name again), else rank 0's pid (a second engine in the process, a reference model, adds "-1", ...: its own
+ * files, not the first one's locks). Collective. */
 static void nvme_job_name(struct zero *z, char *out, size_t cap)
 {
+    static int engines;
+    char base[96];
     const char *slurm = getenv("SLURM_JOB_ID");
-    if (slurm && *slurm && strspn(slurm, "0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-.") ==
-                               strlen(slurm)) {
-        snprintf(out, cap, "%s", slurm);
-        return;
+    if (slurm && *slurm && strlen(slurm) < sizeof base &&
+        strspn(slurm, "0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-.") == strlen(slurm)) {
+        snprintf(base, sizeof base, "%s", slurm);
+    } else {
+        double pid = z->rank == 0 ? (double)getpid() : 0.0;
+        comm_allreduce(z->comm, &pid, 1, COMM_F64, COMM_MAX, NULL);
+        snprintf(base, sizeof base, "pid%.0f", pid);
     }
-    double pid = z->rank == 0 ? (double)getpid() : 0.0;
-    comm_allreduce(z->comm, &pid, 1, COMM_F64, COMM_MAX, NULL);
-    snprintf(out, cap, "pid%.0f", pid);
+    if (engines++)
+        snprintf(out, cap, "%s-%d", base, engines - 1);
+    else
+        snprintf(out, cap, "%s", base);
 }
 
-/* Opens this rank's file for its whole optimizer range (zero state) before
- * any parameter is read: nvme_path checked (room, tmpfs, O_DIRECT), a name
- * of its own and a lock. */
-static void nvme_setup(struct zero *z, const struct config *cfg)
+/* Opens this rank's files: the optimizer's for its whole optimizer range of
+ * n elements (zero state), the parameters' (zero_nvme.c). */
+static void open_files(struct zero *z, const struct config *cfg, const struct exec_target *t, const char *job,
+                       size_t n)
 {
-    const size_t n = zero_range_offset(z, z->model->n_units);
-    if (!cfg->zero.offload_optimizer_nvme || n == 0)
+    if (cfg->zero.offload_optimizer_nvme && n > 0) {
+        size_t file_bytes, host_bytes, piece;
+        nvme_sizes(n, cfg->zero.optimizer_buffer_count, &file_bytes, &host_bytes, &piece);
+        z->nvme = nvme_open(cfg->zero.optimizer_nvme_path, job, z->rank, n, piece, cfg->zero.optimizer_buffer_count);
+        if (z->rank == 0)
+            log_info("offload_optimizer nvme: %s, %.1f MiB of state per rank, %.1f MiB of buffers, %s, %s",
+                     nvme_path(z->nvme), (double)file_bytes / 1048576.0, (double)host_bytes / 1048576.0,
+                     nvme_direct(z->nvme) ? "O_DIRECT" : "buffered", nvme_async(z->nvme) ? "io_uring" : "synchronous");
+    }
+    zero_nvme_open(z, cfg, t, job);
+}
+
+/* Opens the files before any parameter is read: nvme_path checked (room,
+ * tmpfs, O_DIRECT), names of their own and locks. */
+static void nvme_setup(struct zero *z, const struct config *cfg, const struct exec_target *t)
+{
+    if (!cfg->zero.offload_optimizer_nvme && !cfg->zero.offload_param_nvme)
         return;
     char job[128];
     nvme_job_name(z, job, sizeof job);
-    size_t file_bytes, host_bytes, piece;
-    nvme_sizes(n, cfg->zero.optimizer_buffer_count, &file_bytes, &host_bytes, &piece);
     /* A rank whose disk is full or whose file is locked: every rank stops with its line here, before the
      * collectives of the parameters' init could leave the others waiting (inside the trainer's trap, nested). */
     struct fail_trap *outer = fail_trap_current(), trap;
     if (FAIL_TRAP(&trap) == 0)
-        z->nvme = nvme_open(cfg->zero.optimizer_nvme_path, job, z->rank, n, piece, cfg->zero.optimizer_buffer_count);
+        open_files(z, cfg, t, job, zero_range_offset(z, z->model->n_units));
     fail_trap_restore(outer);
     int32_t failed = trap.status ? (int32_t)(z->world - z->rank) : 0; /* the max: the lowest failing rank */
     comm_allreduce(z->comm, &failed, 1, COMM_I32, COMM_MAX, NULL);
@@ -204,10 +228,6 @@ static void nvme_setup(struct zero *z, const struct config *cfg)
         trap.message[sizeof trap.message - 1] = 0;
         fail_input("%s", trap.message);
     }
-    if (z->rank == 0)
-        log_info("offload_optimizer nvme: %s, %.1f MiB of state per rank, %.1f MiB of buffers, %s, %s",
-                 nvme_path(z->nvme), (double)file_bytes / 1048576.0, (double)host_bytes / 1048576.0,
-                 nvme_direct(z->nvme) ? "O_DIRECT" : "buffered", nvme_async(z->nvme) ? "io_uring" : "synchronous");
 }
 
 /* The initial master of unit u's optimizer range, from host memory: into its
@@ -310,11 +330,11 @@ static bool init_params_as_stored(struct zero *z, const struct param_source *src
 }
 
 /* scratch: fp32, then the parameter dtype, for the largest unit (host memory). */
-static void init_params(struct zero *z, const struct param_source *src, int u, float *scratch, void *cast)
+static void init_params_to(struct zero *z, const struct param_source *src, int u, void *dst, float *scratch,
+                           void *cast)
 {
     struct zero_unit *zu = &z->units[u];
     size_t begin = zu->role.sharded ? zu->opt_begin : 0, count = zu->role.sharded ? zu->shard : zu->padded;
-    void *dst = zu->role.sharded ? zu->param_shard : zu->params;
     if (src && src->read_as && init_params_as_stored(z, src, u, begin, count, dst, scratch, cast))
         return;
     const bool master = has_master(zu);
@@ -331,6 +351,17 @@ static void init_params(struct zero *z, const struct param_source *src, int u, f
     backend_copy(dst, cast, count * z->esize);
     if (master) /* the master may be device memory, or in the file */
         store_master(z, u, scratch + (zu->opt_begin - begin));
+}
+
+static void init_params(struct zero *z, const struct param_source *src, int u, float *scratch, void *cast)
+{
+    struct zero_unit *zu = &z->units[u];
+    if (zu->role.param_nvme) { /* staged in a buffer of the parameter file, then written to it */
+        init_params_to(z, src, u, zero_nvme_staging(z), scratch, cast);
+        zero_nvme_store(z, u);
+        return;
+    }
+    init_params_to(z, src, u, zu->role.sharded ? zu->param_shard : zu->params, scratch, cast);
 }
 
 void zero_load_units(struct zero *z, const struct param_source *src, const bool *which)
@@ -365,7 +396,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     layout_units(z, cfg);
     if (dry)
         return;
-    nvme_setup(z, cfg);
+    nvme_setup(z, cfg, t);
 
     struct arena *dev = &arenas[SPACE_DEVICE];
     size_t largest = 0;
@@ -414,6 +445,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
 
 void zero_free(struct zero *z)
 {
+    zero_nvme_close(z);
     for (int set = 0; set < POOL_SETS; set++)
         for (int k = 0; k < ZERO_POOLS; k++) {
             free(z->pools[set][k].slots);

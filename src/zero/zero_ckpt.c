@@ -34,7 +34,8 @@ void zero_gather_unit(struct zero *z, int u, float *out)
     struct zero_unit *zu = &z->units[u];
     void *full = z->half ? xcalloc(zu->padded, z->esize) : out;
     if (zu->role.sharded)
-        gather_to_host(z, zu->param_shard, zu->shard, z->esize, z->comm_dtype, full);
+        gather_to_host(z, zu->role.param_nvme ? zero_nvme_read(z, u) : zu->param_shard, zu->shard, z->esize,
+                       z->comm_dtype, full);
     else
         backend_copy(full, zu->params, zu->padded * z->esize);
     if (z->half) {
@@ -253,9 +254,11 @@ void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
     /* The parameters in their dtype from the master, then whole where the stage keeps them whole. */
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
-        if (has_master(zu) && !zu->role.state_in_file) /* from the file: as it was read (load_into_file) */
+        /* from the file: as it was read (load_into_file); into the parameter file: zero_nvme_write_back */
+        if (has_master(zu) && !zu->role.state_in_file && !zu->role.param_nvme)
             backend_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
         if (zu->role.gather_after_step)
             comm_allgather(z->comm, opt_params(z, zu), zu->params, zu->shard, z->comm_dtype, NULL);
     }
+    zero_nvme_write_back(z); /* offload_param "nvme": the shards into the parameter file */
 }

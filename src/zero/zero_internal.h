@@ -1,7 +1,7 @@
 /*
  * zero_internal — what the ZeRO engine's files share; not for callers of zero.h.
  *
- * The engine (zero.h) is four files:
+ * The engine (zero.h) is five files:
  *   zero.c        set-up: the engine's mode, each unit's sizes, shard and role
  *                 (the one place its buffers, pools and gradient path are
  *                 decided), carving the buffers out of the arenas, the initial
@@ -20,6 +20,9 @@
  *                 adam_m, adam_v), their host staging, the slices a save and
  *                 an export write, loading at any world size, and whole units
  *                 or gradients gathered into host memory
+ *   zero_nvme.c   offload_param "nvme": the parameter file's layout, the
+ *                 read-ahead of shards in pass order, the write-back of
+ *                 trained shards after a step or a load
  * Functions here carry the zero_ prefix, or are small static inline helpers.
  */
 #ifndef SHARDLM_ZERO_INTERNAL_H
@@ -82,6 +85,25 @@ void zero_count_traffic(struct zero *z, enum comm_kind kind, size_t elems, size_
 
 /* Elements of the one reduce-scatter receive buffer (0: none). */
 size_t zero_receive_elems(const struct zero *z);
+
+/* ---- zero_nvme.c (offload_param "nvme") ---- */
+
+/* Lays out the parameter file (units whose role is param_nvme), checks
+ * offload_param.buffer_size against the largest shard, opens the file; nothing
+ * when no unit is param_nvme. */
+void zero_nvme_open(struct zero *z, const struct config *cfg, const struct exec_target *t, const char *job);
+void zero_nvme_close(struct zero *z);
+/* Starts the first reads of the pass just begun. */
+void zero_nvme_begin_pass(struct zero *z);
+/* Copies unit u's shard from the file (read ahead, or now) to dst (backend memory); reads ahead further. */
+void zero_nvme_fetch(struct zero *z, int u, void *dst);
+/* Unit u's shard in host memory (a buffer), valid until the next call of this file's functions. */
+const void *zero_nvme_read(struct zero *z, int u);
+/* A host buffer for one shard; zero_nvme_store(z, u) writes it as unit u's shard. */
+void *zero_nvme_staging(struct zero *z);
+void zero_nvme_store(struct zero *z, int u);
+/* Writes every trained param_nvme unit's shard, narrowed from its master (after a step or a load). */
+void zero_nvme_write_back(struct zero *z);
 
 /* ---- zero_optim.c ---- */
 

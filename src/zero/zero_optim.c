@@ -71,7 +71,7 @@ void zero_build_optimizer_tables(struct zero *z, const struct config *cfg)
                 .m = zu->adam_m + off,
                 .v = zu->adam_v + off,
                 .grad = g + off,
-                .param_out = has_master(zu) && !z->optimizer_on_host ? elem(p, off, z->esize) : NULL,
+                .param_out = has_master(zu) && !z->optimizer_on_host && p ? elem(p, off, z->esize) : NULL,
                 .n = hi - lo,
                 .weight_decay = td->decay ? cfg->optimizer.weight_decay : 0.0f,
             };
@@ -205,10 +205,11 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
         /* the device casts the new parameters from the pinned master */
         for (int u = 0; u < z->model->n_units; u++) {
             struct zero_unit *zu = &z->units[u];
-            if (has_master(zu))
+            if (has_master(zu) && !zu->role.param_nvme)
                 backend_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
         }
     }
+    zero_nvme_write_back(z); /* offload_param "nvme": the new shards into the parameter file */
     /* Where a stage keeps parameters whole, every rank takes the others' updated slices. */
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
