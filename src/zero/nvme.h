@@ -43,6 +43,8 @@
  * 24 MiB ~0.8 (tools/bench/nvme.sh). */
 #define NVME_PIECE_DEFAULT ((size_t)2 << 20)
 #define NVME_PIECE_ALIGN ((size_t)1024)
+/* Bytes: the alignment of O_DIRECT offsets and lengths this module keeps (a piece of NVME_PIECE_ALIGN fp32). */
+#define NVME_BLOCK ((size_t)4096)
 /* Buffers: at least 3 (read-ahead, update, write-behind). */
 #define NVME_BUFFERS_MIN 3
 
@@ -62,6 +64,13 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
 
 /* Bytes of the file for n elements in pieces of `piece`. */
 size_t nvme_file_bytes(size_t n, size_t piece);
+
+/* Bytes of the file and of the pinned buffers for a range of n elements with `buffers` buffers.
+ * The piece is NVME_PIECE_DEFAULT, or the range rounded up to NVME_PIECE_ALIGN when that is smaller (at least
+ * one NVME_PIECE_ALIGN); the buffers are max(buffers, NVME_BUFFERS_MIN) of 12 * piece bytes: what nvme_open(dir,
+ * job, rank, n, *piece, buffers) makes (the file's size, nvme_host_bytes). The planner and the engine both
+ * size the optimizer's file with it (issue 36). */
+void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece);
 
 struct nvme_file;
 
