@@ -290,9 +290,8 @@ static void print_plan(const struct plan_eval *e, const struct model *m, const s
     }
     print_nvme(p, cfg, o);
     double states = model_states(p);
-    printf("model states per rank (parameters, gradients, master weights, Adam m and v, all spaces and files): %s "
-           "(%.2f GB)\n",
-           gib(states, a, sizeof a), states / 1e9);
+    printf("model states per rank (parameters, gradients, master weights, Adam m and v, all spaces%s): %s (%.2f GB)\n",
+           p->nvme.opt_file || p->nvme.param_file ? " and files" : "", gib(states, a, sizeof a), states / 1e9);
     printf("host memory per node (%d ranks): %s pinned + ordinary\n", o->ranks / o->nodes,
            gib(e->host_per_node, b, sizeof b));
     double traffic[COMM_KINDS];
