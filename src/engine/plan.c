@@ -29,37 +29,51 @@ static struct exec_target target_of(const struct config *cfg, enum plan_target t
 }
 
 /* Offload to NVMe: the files' and buffers' bytes and the traffic per step
- * (plan.h struct plan_nvme); the classes the files hold leave their arenas. */
+ * (plan.h struct plan_nvme), from each unit's role and sizes at this world
+ * size (zero.c size_unit: padded to world x MODEL_TENSOR_ALIGN, 1/world a
+ * shard); what a role still owns of the state a file holds leaves its arena
+ * row (nothing once the engine's roles leave it out themselves). */
 static void plan_nvme(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
                       const struct exec_target *t, const struct zero_pass *train)
 {
     struct plan_nvme *nv = &p->nvme;
-    if (cfg->zero.offload_optimizer_nvme) {
-        nv->opt_elems = zero_adam_elems(m, cfg, t, world, 0);
-        nvme_sizes(nv->opt_elems, cfg->zero.optimizer_buffer_count, &nv->opt_file, &nv->opt_buffers,
-                   &nv->opt_piece);
-        nv->opt_read = nv->opt_written = (double)nv->opt_file;
-        p->bytes[BUF_MASTER] = p->bytes[BUF_ADAM_M] = p->bytes[BUF_ADAM_V] = 0;
-    }
-    if (!cfg->zero.offload_param_nvme || cfg->zero.stage != 3)
+    const bool opt = cfg->zero.offload_optimizer_nvme, params = cfg->zero.offload_param_nvme && cfg->zero.stage == 3;
+    if (!opt && !params)
         return;
+    const bool master_copy = cfg->dtype != DTYPE_F32 || cfg->zero.offload_optimizer; /* zero.c set_mode */
     for (int u = 0; u < m->n_units; u++) {
         struct unit_role r;
         zero_unit_role(m, cfg, t, world, u, &r);
-        if (!r.sharded) /* none is persistent under offload_param */
-            continue;
-        const size_t shard = round_up(r.buf[UBUF_PARAMS].elems * r.buf[UBUF_PARAMS].elem_size, NVME_BLOCK);
-        nv->param_file += shard;
-        if (shard > nv->param_unit) {
-            nv->param_unit = shard;
-            nv->param_unit_elems = r.buf[UBUF_PARAMS].elems;
+        const size_t padded = round_up(m->units[u].numel, (size_t)world * MODEL_TENSOR_ALIGN);
+        const size_t shard = padded / (size_t)world;
+        if (opt && r.trained) { /* the optimizer file: every unit's optimizer range, in unit order */
+            nv->opt_elems += cfg->zero.stage == 0 ? padded : shard;
+            static const enum unit_buf state[] = {UBUF_MASTER, UBUF_ADAM_M, UBUF_ADAM_V};
+            for (int k = 0; k < 3; k++)
+                p->bytes[r.buf[state[k]].cls] -= arena_round(r.buf[state[k]].elems * r.buf[state[k]].elem_size);
         }
-        nv->param_read += (double)cfg->grad_accum * zero_pass_gathers(train, u) * (double)shard;
+        /* the parameter file: the shards of the sharded units that are frozen or have an fp32 master (a trained
+         * shard without one is the optimizer's master and stays in memory), each from an NVME_BLOCK boundary */
+        if (!params || !r.sharded || (r.trained && !master_copy))
+            continue;
+        p->bytes[BUF_PARAMS] -= arena_round(r.buf[UBUF_PARAMS].elems * r.buf[UBUF_PARAMS].elem_size);
+        const size_t span = round_up(shard * (size_t)dtype_size(cfg->dtype), NVME_BLOCK);
+        nv->param_file += span;
+        if (span > nv->param_unit) {
+            nv->param_unit = span;
+            nv->param_unit_elems = shard;
+        }
+        /* read at every gather of the train pass (at most: a shard still in a buffer is not read again) */
+        nv->param_read += (double)cfg->grad_accum * zero_pass_gathers(train, u) * (double)span;
         if (r.trained)
-            nv->param_written += (double)shard;
+            nv->param_written += (double)span;
+    }
+    if (opt) {
+        nvme_sizes(nv->opt_elems, cfg->zero.optimizer_buffer_count, &nv->opt_file, &nv->opt_buffers,
+                   &nv->opt_piece);
+        nv->opt_read = nv->opt_written = (double)nv->opt_file;
     }
     nv->param_buffers = (size_t)cfg->zero.param_buffer_count * nv->param_unit;
-    p->bytes[BUF_PARAMS] = 0;
 }
 
 /* The engine's buffers for micro-batch B x T with rotary tables of max_pos

@@ -35,15 +35,18 @@
  * that stream them. The classes a file holds (master weights, Adam m and v;
  * the parameter shard) have no bytes in their arenas then (bytes[] 0). */
 struct plan_nvme {
-    size_t opt_elems, opt_piece;      /* the optimizer file's elements (zero_adam_elems) and piece (nvme_sizes) */
+    size_t opt_elems, opt_piece;      /* the optimizer file's elements (the rank's optimizer ranges) and piece
+                                       * (nvme_sizes) */
     size_t opt_file, opt_buffers;     /* its bytes on disk and its buffers' pinned bytes (0: not on NVMe) */
-    size_t param_file, param_buffers; /* the parameter shard's file (each unit's shard from an NVME_BLOCK
-                                       * boundary) and its buffers, param_buffer_count x param_unit (0: not) */
+    size_t param_file, param_buffers; /* the parameter file (the shards of the sharded units that are frozen or
+                                       * have a master, each from an NVME_BLOCK boundary) and its buffers,
+                                       * param_buffer_count x param_unit (0: not on NVMe) */
     size_t param_unit;                /* the largest unit's shard in the file: one buffer */
     size_t param_unit_elems;          /* its elements (offload_param.buffer_size must hold them) */
     double opt_read, opt_written;     /* bytes per optimizer step: the whole file each way */
     double param_read, param_written; /* every gather of the train pass reads its unit's shard, each
-                                       * micro-batch; the trained units' shards are written once a step */
+                                       * micro-batch (at most: a shard still in a buffer is not read again);
+                                       * the trained units' shards are written once a step */
 };
 
 struct mem_plan {

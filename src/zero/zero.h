@@ -261,12 +261,6 @@ void zero_plan(const struct model *m, const struct config *cfg, const struct exe
                const struct zero_pass *passes, int n_passes, size_t bytes[BUF_COUNT],
                int slots[POOL_SETS][ZERO_POOLS]);
 
-/* The elements of rank `rank`'s AdamW ranges (every trained tensor's slice
- * of its optimizer range; alignment gaps and padding left out): the n of its
- * optimizer file under offload_optimizer "nvme" (nvme.h). */
-size_t zero_adam_elems(const struct model *m, const struct config *cfg, const struct exec_target *t, int world,
-                       int rank);
-
 void zero_begin_pass(struct zero *z, const struct zero_pass *pass);
 /* Waits for outstanding reduce-scatters; checks the pass was walked to its end. */
 void zero_end_pass(struct zero *z);

@@ -376,26 +376,3 @@ void zero_plan(const struct model *m, const struct config *cfg, const struct exe
         }
     zero_free(&z);
 }
-
-size_t zero_adam_elems(const struct model *m, const struct config *cfg, const struct exec_target *t, int world,
-                       int rank)
-{
-    struct zero z;
-    zero_init(&z, m, cfg, t, NULL, rank, world, true, NULL, NULL, NULL, NULL);
-    size_t n = 0;
-    for (int u = 0; u < m->n_units; u++) {
-        const struct zero_unit *zu = &z.units[u];
-        if (!zu->role.trained)
-            continue;
-        const size_t r0 = zu->opt_begin, r1 = zu->opt_begin + zu->opt_count;
-        for (int k = 0; k < m->units[u].n_tensors; k++) { /* zero_build_optimizer_tables' slices */
-            const struct tensor_desc *td = &m->units[u].tensors[k];
-            const size_t lo = td->offset > r0 ? td->offset : r0;
-            const size_t hi = td->offset + td->numel < r1 ? td->offset + td->numel : r1;
-            if (hi > lo && !td->frozen)
-                n += hi - lo;
-        }
-    }
-    zero_free(&z);
-    return n;
-}

@@ -4,8 +4,8 @@
  * totals, Llama's tensor names and shapes, the FLOPs formula, and plan
  * invariants (offload moves bytes between spaces without changing them; the
  * GPU target has no CPU-only buffers); offload to NVMe (issue 36): nvme_sizes
- * against hand-computed sizes, the optimizer file's elements against the
- * model's parameters, and the plan's file, buffer and traffic bytes against
+ * against hand-computed sizes, the optimizer file's elements against CPU
+ * offload's rows, and the plan's file, buffer and traffic bytes against
  * the file nvme_open makes and nvme_traffic after a step over the whole range;
  * the rows that leave the pinned arena, the parameter file's bounds.
  */
@@ -15,7 +15,6 @@
 #include "model/model.h"
 #include "engine/plan.h"
 #include "zero/nvme.h"
-#include "zero/zero.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,25 +209,30 @@ static void test_nvme_plan(void)
     model_build(&m, &cpu.model);
     model_build(&ml, &lora.model);
     model_add_lora(&ml, &lora.lora);
-    const struct exec_target t = target_running();
-    /* every trained element is in exactly one rank's file; at world 1 in the one file */
-    size_t n0 = zero_adam_elems(&m, &nv, &t, 2, 0), n1 = zero_adam_elems(&m, &nv, &t, 2, 1);
-    CHECK("nvme: the two ranks' optimizer files hold every parameter once", n0 + n1 == m.n_params && n0 > 0 && n1 > 0,
-          "%zu + %zu, parameters %zu", n0, n1, m.n_params);
-    CHECK("nvme: one rank's file holds them all", zero_adam_elems(&m, &nv, &t, 1, 0) == m.n_params, "%zu of %zu",
-          zero_adam_elems(&m, &nv, &t, 1, 0), m.n_params);
-    size_t la = zero_adam_elems(&ml, &lora, &t, 2, 0) + zero_adam_elems(&ml, &lora, &t, 2, 1);
-    CHECK("nvme: LoRA's files hold the adapters only", la == model_adapter_params(&ml) && la > 0, "%zu, adapters %zu",
-          la, model_adapter_params(&ml));
-
-    struct mem_plan a, b, c, d;
+    struct mem_plan a, b, c, d, dc;
     plan_compute_for(&a, &m, &cpu, 2, PLAN_TARGET_GPU);
     plan_compute_for(&b, &m, &nv, 2, PLAN_TARGET_GPU);
     plan_compute_for(&c, &m, &both, 2, PLAN_TARGET_GPU);
     plan_compute_for(&d, &ml, &lora, 2, PLAN_TARGET_GPU);
+    /* the file holds what CPU offload's rows hold: the rank's optimizer range in fp32 (multiples of 16 elements:
+     * the rows are not rounded) */
+    const size_t n0 = b.nvme.opt_elems;
+    CHECK("nvme: the optimizer file holds the elements CPU offload's master, m and v rows hold",
+          n0 > 0 && 4 * n0 == a.bytes[BUF_MASTER] && 4 * n0 == a.bytes[BUF_ADAM_M] && 4 * n0 == a.bytes[BUF_ADAM_V] &&
+              2 * n0 >= m.n_params && 2 * n0 < m.n_params + (size_t)m.n_units * 2 * MODEL_TENSOR_ALIGN,
+          "%zu elements, master row %zu B, %zu parameters", n0, a.bytes[BUF_MASTER], m.n_params);
+    struct config lora_cpu;
+    nvme_config(&lora_cpu, "cpu", "cpu", "lora.r=4");
+    plan_compute_for(&dc, &ml, &lora_cpu, 2, PLAN_TARGET_GPU);
+    config_free(&lora_cpu);
+    CHECK("nvme: LoRA's optimizer file holds the adapters' range only",
+          d.nvme.opt_elems > 0 && 4 * d.nvme.opt_elems == dc.bytes[BUF_ADAM_M] &&
+              2 * d.nvme.opt_elems < m.n_params / 4 && 2 * d.nvme.opt_elems >= model_adapter_params(&ml),
+          "%zu elements, Adam m row %zu B, adapters %zu", d.nvme.opt_elems, dc.bytes[BUF_ADAM_M],
+          model_adapter_params(&ml));
     size_t file, host, piece;
     nvme_sizes(n0, 2, &file, &host, &piece);
-    CHECK("nvme plan: the optimizer file and buffers are nvme_sizes' for rank 0's elements",
+    CHECK("nvme plan: the optimizer file and buffers are nvme_sizes' for the rank's elements",
           b.nvme.opt_elems == n0 && b.nvme.opt_file == file && b.nvme.opt_buffers == host &&
               b.nvme.opt_piece == piece && b.nvme.opt_read == (double)file && b.nvme.opt_written == (double)file,
           "elems %zu file %zu buffers %zu piece %zu", b.nvme.opt_elems, b.nvme.opt_file, b.nvme.opt_buffers,
