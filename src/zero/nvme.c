@@ -50,11 +50,11 @@ size_t nvme_file_bytes(size_t n, size_t piece)
 
 void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece)
 {
-    const size_t p = n < NVME_PIECE_DEFAULT ? round_up(n ? n : 1, NVME_PIECE_ALIGN) : NVME_PIECE_DEFAULT;
-    const int b = buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers;
+    size_t p = n < NVME_PIECE_DEFAULT ? round_up(n ? n : 1, NVME_PIECE_ALIGN) : NVME_PIECE_DEFAULT;
+    const size_t b = (size_t)(buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers);
     *piece = p;
     *file_bytes = nvme_file_bytes(n, p);
-    *host_bytes = (size_t)b * 3 * p * sizeof(float);
+    *host_bytes = b * 3 * p * sizeof(float);
 }
 
 /* ---- the directory ------------------------------------------------------------ */

@@ -65,11 +65,11 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
 /* Bytes of the file for n elements in pieces of `piece`. */
 size_t nvme_file_bytes(size_t n, size_t piece);
 
-/* Bytes of the file and of the pinned buffers for a range of n elements with `buffers` buffers.
- * The piece is NVME_PIECE_DEFAULT, or the range rounded up to NVME_PIECE_ALIGN when that is smaller (at least
- * one NVME_PIECE_ALIGN); the buffers are max(buffers, NVME_BUFFERS_MIN) of 12 * piece bytes: what nvme_open(dir,
- * job, rank, n, *piece, buffers) makes (the file's size, nvme_host_bytes). The planner and the engine both
- * size the optimizer's file with it (issue 36). */
+/* Bytes of the file and of the pinned buffers for a range of n elements with
+ * `buffers` buffers (below NVME_BUFFERS_MIN: that many), and the piece
+ * (elements) nvme_open is to be given: NVME_PIECE_DEFAULT, or, when the range
+ * is smaller, the range rounded up to NVME_PIECE_ALIGN. The engine opens its
+ * file with these and the memory plan counts them: one function for both. */
 void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece);
 
 struct nvme_file;
