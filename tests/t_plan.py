@@ -453,7 +453,8 @@ def check_nvme():
     rc, out, err = plan("--ranks", "8", "--gpu-mem", "24GB", "--fit", "--host-mem", "300GB", *OPT_PATH, *PARAM_PATH,
                         cfg=CFG70)
     check("nvme.fit_then_parameters", rc == 0 and "  --set zero_optimization.offload_optimizer.device=nvme" in out and
-          "  --set zero_optimization.offload_param.device=nvme" in out and "parameter shard goes to NVMe" in out,
+          "  --set zero_optimization.offload_param.device=nvme" in out and "parameter shard goes to NVMe" in out and
+          "  --set zero_optimization.offload_param.buffer_size=106956800" in out,
           out[-800:])
 
 

@@ -636,9 +636,9 @@ static int run_fit(struct config *cfg, const struct model *m, const struct plan_
         return EXIT_PLAN_DOES_NOT_FIT;
     }
     apply_setting(cfg, &best);
+    struct plan_eval *e = xcalloc(1, sizeof *e);
+    evaluate(e, m, cfg, o);
     if ((best.optimizer_nvme && !was.optimizer_nvme) || (best.param_nvme && !was.param_nvme)) {
-        struct plan_eval *e = xcalloc(1, sizeof *e);
-        evaluate(e, m, cfg, o);
         char a[32], b[32], c[32];
         if (best.optimizer_nvme && !was.optimizer_nvme)
             printf("fit: host memory is short: the optimizer state (master weights, Adam m and v) goes to NVMe "
@@ -649,12 +649,14 @@ static int run_fit(struct config *cfg, const struct model *m, const struct plan_
                    cfg->zero.param_nvme_path, gib((double)e->plan.nvme.param_file, a, sizeof a));
         printf("fit: host memory per node %s%s%s\n", gib(e->host_per_node, b, sizeof b),
                o->host_mem > 0 ? " of --host-mem " : "", o->host_mem > 0 ? gib(o->host_mem, c, sizeof c) : "");
-        free(e);
     }
     printf("fit: micro-batch %d x %d tokens x %d ranks = %.0f tokens per micro-step (gradient_accumulation_steps "
            "multiplies it at no memory cost); config keys:\n",
            best.micro, cfg->data.seq_len, o->ranks, (double)best.micro * cfg->data.seq_len * o->ranks);
     print_setting_keys(&best, &was);
+    if ((double)e->plan.nvme.param_unit_elems > cfg->zero.param_buffer_size) /* a buffer holds the largest shard */
+        printf("  --set zero_optimization.offload_param.buffer_size=%zu\n", e->plan.nvme.param_unit_elems);
+    free(e);
     return EXIT_OK;
 }
 
