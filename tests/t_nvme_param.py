@@ -18,6 +18,10 @@ Checks:
   ckpt.bf16.N2, ckpt.fp32.N3  those pairs save a checkpoint every step: every dataset at step 3 bitwise equal between
                               nvme and cpu; a resume under nvme from the step-2 checkpoint of a 2-step run ends
                               bitwise equal to the uninterrupted run (the resume writes the shards into the file)
+  both.fp32.N2, both.bf16.N3, both.emu.bf16.N2
+                              offload_optimizer nvme as well (against offload_optimizer cpu + offload_param cpu):
+                              the trained shards are narrowed from the optimizer's file after each step; the same
+                              checks; ckpt.both.fp32.N2 its checkpoint, ckpt.resume.both a resume under both
   lora.N2                     a LoRA run (frozen base on NVMe, adapters in memory): losses and adapters bitwise
                               equal to offload_param cpu
   rss                         LoRA on a base that dominates host memory: the peak RSS with the base on NVMe is
@@ -76,7 +80,10 @@ def config(name, device, dtype="fp32", offload_opt=False, steps=3, model=None, l
         cfg["zero_optimization"]["offload_param"]["nvme_path"] = nvme or os.path.join(TMP, "nvme", name)
         cfg["zero_optimization"]["offload_param"]["buffer_count"] = 3
     cfg["zero_optimization"]["offload_param"].update(param_extra or {})
-    if offload_opt:
+    if offload_opt == "nvme":  # the optimizer's file beside the parameters' (in the same nvme_path)
+        cfg["zero_optimization"]["offload_optimizer"] = {
+            "device": "nvme", "nvme_path": nvme or os.path.join(TMP, "nvme", name)}
+    elif offload_opt:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
     if dtype in ("bf16", "fp16"):
         cfg[dtype] = {"enabled": True}
@@ -164,8 +171,9 @@ def same(tag, N, dtype, offload_opt, ckpt=False, env=None, extra=None):
     for dev in ("cpu", "nvme"):
         name = f"{tag}.{dev}"
         ckdir = os.path.join(TMP, name + ".ckpt") if ckpt else None
-        res[dev] = run(name, N, config(name, dev, dtype, offload_opt, ckdir=ckdir, extra=extra), final=True,
-                       env=env)
+        # the reference keeps the optimizer state in memory (offload "cpu" where the nvme run has it on NVMe)
+        opt = offload_opt if dev == "nvme" else bool(offload_opt)
+        res[dev] = run(name, N, config(name, dev, dtype, opt, ckdir=ckdir, extra=extra), final=True, env=env)
     (rc_c, out_c, loss_c, dump_c), (rc_n, out_n, loss_n, dump_n) = res["cpu"], res["nvme"]
     ok = rc_c == 0 and rc_n == 0
     nvme_dir = os.path.join(TMP, "nvme", f"{tag}.nvme")
@@ -209,6 +217,25 @@ def main():
             b = os.path.join(TMP, f"{tag}.cpu.ckpt", "step_000003.h5")
             d = h5_differ(a, b) if os.path.exists(a) and os.path.exists(b) else ["<missing>"]
             check(f"ckpt.{tag[5:]}", not d, f"datasets differ: {d[:5]}")
+    # with offload_optimizer nvme too: the trained shards narrowed from the optimizer's file after each step
+    same("both.fp32.N2", 2, "fp32", offload_opt="nvme", ckpt=True)
+    if not ASAN:
+        same("both.bf16.N3", 3, "bf16", offload_opt="nvme")
+        same("both.emu.bf16.N2", 2, "bf16", offload_opt="nvme", env={"SHARDLM_EMULATE_DEVICE": "1",
+                                                                     "SHARDLM_FP32_ACTIVATIONS": "1"})
+    if h5py is not None:
+        a, b = (os.path.join(TMP, f"both.fp32.N2.{dev}.ckpt", "step_000003.h5") for dev in ("nvme", "cpu"))
+        d = h5_differ(a, b) if os.path.exists(a) and os.path.exists(b) else ["<missing>"]
+        check("ckpt.both.fp32.N2", not d, f"datasets differ: {d[:5]}")
+    name = "resume.both"
+    ckdir = os.path.join(TMP, name + ".ckpt")
+    rc1, out1, _, _ = run(name, 2, config(name, "nvme", "fp32", "nvme", steps=2, ckdir=ckdir), final=False)
+    rc2, out2, loss2, dump2 = run(name, 2, config(name, "nvme", "fp32", "nvme", steps=3, ckdir=ckdir),
+                                  "--resume", "auto")
+    ref = read_dump(os.path.join(TMP, "both.fp32.N2.nvme.final"))
+    check("ckpt.resume.both", rc1 == 0 and rc2 == 0 and not differ(dump2, ref),
+          f"exit {rc1}/{rc2}; differ {differ(dump2, ref)[:4]}; {tail(out1 + out2)}")
+
     # resume: 2 steps saved, then --resume to 3 steps, against the uninterrupted nvme run
     name = "resume.nvme"
     ckdir = os.path.join(TMP, name + ".ckpt")

@@ -574,6 +574,17 @@ static void write_memory_json(struct trainer *tr)
                 nvme_path(f), stat(nvme_path(f), &st) == 0 ? (long long)st.st_size : -1LL, nvme_host_bytes(f), rd, wr,
                 nvme_direct(f) ? "true" : "false", nvme_async(f) ? "true" : "false");
     }
+    const struct nvme_params *pf = tr->sess.zero.pfile; /* offload_param "nvme": rank 0's parameter file */
+    if (pf) {
+        double rd, wr;
+        zero_nvme_traffic(&tr->sess.zero, &rd, &wr);
+        struct stat st;
+        fprintf(tr->metrics,
+                "{\"nvme_param\": {\"file\": \"%s\", \"file_bytes\": %lld, \"host_bytes\": %zu, "
+                "\"read_bytes\": %.0f, \"written_bytes\": %.0f}}\n",
+                nvme_params_path(pf), stat(nvme_params_path(pf), &st) == 0 ? (long long)st.st_size : -1LL,
+                nvme_params_host_bytes(pf), rd, wr);
+    }
 }
 
 /* " | scale 65536 | skipped 2" for fp16 runs, nothing otherwise. */

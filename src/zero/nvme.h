@@ -53,7 +53,8 @@
  * 24 MiB ~0.8 (tools/bench/nvme.sh). */
 #define NVME_PIECE_DEFAULT ((size_t)2 << 20)
 #define NVME_PIECE_ALIGN ((size_t)1024)
-/* The file systems' block: O_DIRECT transfers, buffers and offsets are multiples of it. */
+/* Bytes: the alignment of O_DIRECT offsets and lengths (a piece of NVME_PIECE_ALIGN fp32; a parameter shard's
+ * place and buffers in its file). */
 #define NVME_BLOCK ((size_t)4096)
 /* Buffers: at least 3 (read-ahead, update, write-behind). */
 #define NVME_BUFFERS_MIN 3

@@ -67,10 +67,9 @@ static void decide_role(const struct zero *z, const struct config *cfg, int u, c
                  (cfg->zero.offload_param || (double)zu->numel > cfg->zero.stage3_param_persistence_threshold);
     r->pools[POOL_GATHER] = r->sharded;
     r->pools[POOL_COMPUTE] = z->compute_copies;
-    /* on NVMe: frozen, or trained with an fp32 master in memory the shard is narrowed from after each step
-     * (not yet from offload_optimizer nvme's file) */
-    r->param_nvme = r->sharded && cfg->zero.offload_param_nvme &&
-                    (!r->trained || (z->master_copy && !cfg->zero.offload_optimizer_nvme));
+    /* on NVMe: frozen, or trained with an fp32 master the shard is narrowed from after each step (in memory, or
+     * in offload_optimizer nvme's file) */
+    r->param_nvme = r->sharded && cfg->zero.offload_param_nvme && (!r->trained || z->master_copy);
     own(r, UBUF_PARAMS, r->param_nvme ? 0 : r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
     if (!r->trained) /* GRAD_NONE: the parameters alone */
         return;

@@ -144,7 +144,7 @@ static void load_into_file(struct zero *z, struct ckpt_reader *r, enum zero_ckpt
         part[g] = buf;
         nvme_write_range(z->nvme, range_offset(z, u) + at + from, n, part[ZERO_CKPT_MASTER], part[ZERO_CKPT_ADAM_M],
                          part[ZERO_CKPT_ADAM_V]);
-        if (g == ZERO_CKPT_MASTER)
+        if (g == ZERO_CKPT_MASTER && !zu->role.param_nvme) /* param_nvme: zero_nvme_write_back */
             backend_convert(elem(opt_params(z, zu), at + from, z->esize), z->dtype, buf, DTYPE_F32, n);
     }
 }

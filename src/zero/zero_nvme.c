@@ -4,8 +4,8 @@
  * param_nvme keeps its shard in the rank's parameter file instead of pinned
  * host memory (zero_unit_role: every sharded unit that is frozen or has an
  * fp32 master in memory; a trained unit without one keeps its shard in
- * memory, where it is the optimizer's master, and so does one whose master
- * is in offload_optimizer nvme's file, for now).
+ * memory, where it is the optimizer's master; one whose master is in
+ * offload_optimizer nvme's file is narrowed from there).
  *
  * Reading ahead: the file's buffers cache unit shards. After each gather
  * (and at the start of a pass) the engine walks the declared pass from its
@@ -81,11 +81,9 @@ void zero_nvme_open(struct zero *z, const struct config *cfg, const struct exec_
     const size_t file_bytes = sz.file_bytes, largest = sz.largest_shard;
     const int widest = sz.widest, in_memory = sz.kept, buffers = sz.buffers;
     if (in_memory && z->rank == 0)
-        log_warn("offload_param nvme: %d trained units keep their shards in host memory (%s); set "
-                 "offload_optimizer.device \"cpu\"%s to put them in nvme_path too", in_memory,
-                 cfg->zero.offload_optimizer_nvme ? "not yet narrowed from offload_optimizer nvme's file"
-                                                  : "fp32 without offload_optimizer: the shard is the optimizer's master",
-                 cfg->zero.offload_optimizer_nvme ? "" : " or bf16");
+        log_warn("offload_param nvme: %d trained units keep their shards in host memory (fp32 without "
+                 "offload_optimizer: the shard is the optimizer's master); set offload_optimizer.device \"cpu\" or "
+                 "\"nvme\", or bf16, to put them in nvme_path too", in_memory);
     if (widest < 0) {
         struct nvme_dir_info info;
         nvme_check_dir(cfg->zero.param_nvme_path, 0.0, &info);
@@ -286,6 +284,20 @@ static void narrow_to_host(struct zero *z, void *dst, const float *src, size_t c
     free(tmp);
 }
 
+/* A trained unit's new master in offload_optimizer nvme's file: narrowed into
+ * dst a chunk at a time (read after the step's writes; no copy of the shard). */
+static void narrow_from_file(struct zero *z, void *dst, int u, size_t count)
+{
+    enum { CHUNK = 1 << 18 };
+    float *tmp = xmalloc(CHUNK * sizeof *tmp);
+    for (size_t at = 0; at < count; at += CHUNK) {
+        const size_t n = count - at < CHUNK ? count - at : CHUNK;
+        nvme_read_range(z->nvme, zero_range_offset(z, u) + at, n, tmp, NULL, NULL);
+        dtype_convert(elem(dst, at, z->esize), z->dtype, tmp, DTYPE_F32, n);
+    }
+    free(tmp);
+}
+
 void zero_nvme_write_back(struct zero *z)
 {
     if (!z->pfile)
@@ -300,7 +312,10 @@ void zero_nvme_write_back(struct zero *z)
             continue;
         const int b = k++ % nb;
         nvme_params_wait(z->pfile, b);
-        narrow_to_host(z, nvme_params_buffer(z->pfile, b), zu->master, zu->opt_count);
+        if (zu->role.state_in_file)
+            narrow_from_file(z, nvme_params_buffer(z->pfile, b), u, zu->opt_count);
+        else
+            narrow_to_host(z, nvme_params_buffer(z->pfile, b), zu->master, zu->opt_count);
         nvme_params_start(z->pfile, b, z->pfile_off[u], file_span(z, zu), true);
     }
     drop_cache(z);

@@ -62,7 +62,7 @@ void zero_build_optimizer_tables(struct zero *z, const struct config *cfg)
                     .n = hi - lo,
                     .grad = g + off,
                     .weight_decay = td->decay ? cfg->optimizer.weight_decay : 0.0f,
-                    .param_out = z->device ? NULL : elem(p, off, z->esize),
+                    .param_out = z->device || !p ? NULL : elem(p, off, z->esize), /* !p: param_nvme */
                 };
                 continue;
             }
@@ -160,8 +160,9 @@ static void nvme_step(struct zero *z, const struct adamw_hparams *hp)
         for (; s < z->n_nvme_segs && z->nvme_segs[s].at < hi; s++)
             z->nvme_segs[s].param_out = z->nvme_stage + (z->nvme_segs[s].at - lo);
         nvme_adamw_step(z->nvme, z->nvme_segs + first, s - first, hp, DTYPE_F32);
-        /* the updated slices only: gaps and frozen tensors keep their values, as a cast of the whole master gives */
-        for (int k = first; k < s; k++) {
+        /* the updated slices only: gaps and frozen tensors keep their values, as a cast of the whole master gives
+         * (a shard in the parameter file: zero_nvme_write_back) */
+        for (int k = first; k < s && !zu->role.param_nvme; k++) {
             const struct nvme_segment *sg = &z->nvme_segs[k];
             backend_convert(elem(opt_params(z, zu), sg->at - lo, z->esize), z->dtype, sg->param_out, DTYPE_F32,
                             sg->n);
