@@ -33,6 +33,8 @@ Checks:
                               names the path and the bytes needed
   bad.buffer_size             offload_param.buffer_size below the largest unit shard: exit 2, the line names the
                               unit and the size needed
+  bad.stale_swept             a killed job's .param file (not locked, 2 minutes old) is removed with one warning
+                              naming it; a new one is kept
 """
 import fcntl
 import json
@@ -314,6 +316,20 @@ def bad_inputs():
                         final=False)
     check("bad.buffer_size", rc == 2 and "buffer_size 1000 is smaller than the shard of unit" in out
           and "set buffer_size to at least" in out, f"exit {rc}: {tail(out)}")
+
+    # a killed job's parameter file (unlocked, 2 minutes old) is removed with a warning, a new one is kept: the
+    # leftover rule of the optimizer's files (t_nvme bad.stale_swept) covers both kinds
+    d = os.path.join(TMP, "nvme", "stale")
+    os.makedirs(d, exist_ok=True)
+    killed, new = (os.path.join(d, f"shardlm-{k}-rank0.param") for k in ("killed", "new"))
+    for path in (killed, new):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 8192)
+    os.utime(killed, (os.path.getmtime(killed) - 120,) * 2)
+    rc, out, _, _ = run("stale", 1, config("stale", "nvme", offload_opt=True, nvme=d), final=False)
+    warned = [line for line in out.splitlines() if "warning" in line and "removed" in line]
+    check("bad.stale_swept", rc == 0 and not os.path.exists(killed) and os.path.exists(new) and len(warned) == 1
+          and killed in warned[0], f"exit {rc}, files {sorted(os.listdir(d))}, warnings {warned}")
 
 
 if __name__ == "__main__":
