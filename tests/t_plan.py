@@ -34,6 +34,16 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
               plan and its measured peak (metrics file), and the bytes sent per
               step equal the plan's communication figures; offload_param gives
               the losses and gradient norms of the same run without it, exactly
+  nvme.*      offload to NVMe (issue 36): the optimizer file's elements are CPU
+              offload's master row's; its bytes, piece and buffers equal nvme.h's
+              nvme_sizes formula (8 ranks' files are 8 x one on the node), master, m and v
+              leave the pinned arena by exactly their bytes, host per node counts the
+              buffers, the bytes per step and --nvme-bw's seconds; the parameter file;
+              the settings line and the nvme section; bad --nvme-bw (0, negative,
+              junk, empty): exit 2, one line; --fit puts state on NVMe only where
+              nvme_path is set and nothing fits without it, the optimizer first, then
+              the parameters, saying so (the nvme_open file size against the plan:
+              tests/unit/test_plan.c)
   attention.* SHARDLM_ATTENTION=materialized (the CPU's T x T attention): plan
               equals peak for every class, the block activations exceed the
               tiled kernel's (the default) by exactly the probabilities each layer
@@ -48,7 +58,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, ENV, check, note, run_main, scratch_dir, write_shard  # noqa: E402
+from harness import BIN, ENV, ROOT, check, note, run_main, scratch_dir, write_shard  # noqa: E402
 
 TMP = scratch_dir("t_plan")
 GB = 1e9
@@ -358,6 +368,140 @@ def check_attention_kernels():
           f"exit {r.returncode}: {err!r}")
 
 
+# ---- offload to NVMe (issue 36) -----------------------------------------------------------------------
+NVME_PIECE, NVME_ALIGN, NVME_BUFFERS_MIN = 2 << 20, 1024, 3
+CFG70 = os.path.join(ROOT, "input", "llama2_70b_finetune.json")
+OPT_NVME = ["--set", "zero_optimization.offload_optimizer.device=nvme"]
+OPT_PATH = ["--set", "zero_optimization.offload_optimizer.nvme_path=/nvme/a"]
+PARAM_NVME = ["--set", "zero_optimization.offload_param.device=nvme"]
+PARAM_PATH = ["--set", "zero_optimization.offload_param.nvme_path=/nvme/b"]
+STATE_ROWS = ("fp32 master weights", "Adam m", "Adam v")
+
+
+def nvme_sizes(n, buffers):
+    """nvme.h's nvme_sizes, from its comment: the file and the pinned buffers of a range of n elements."""
+    piece = NVME_PIECE if n >= NVME_PIECE else max(1, -(-n // NVME_ALIGN)) * NVME_ALIGN
+    return -(-n // piece) * 12 * piece, max(buffers, NVME_BUFFERS_MIN) * 12 * piece, piece
+
+
+def check_nvme():
+    # one rank, stage 1, fp32: the one file holds the elements CPU offload's master row holds (every parameter,
+    # each unit padded to 16); buffer_count 2 takes the minimum, 3
+    # (the trainer's own target: a device target adds the engine's one-unit stage of the master to its row)
+    small = ["--preset", "gpt2-124m", "--set", "zero_optimization.stage=1", "--target", "cpu"]
+    rc, j, out, err = plan_json(*small, *OPT_NVME, *OPT_PATH, "--set",
+                                "zero_optimization.offload_optimizer.buffer_count=2")
+    rc2, jc, _, _ = plan_json(*small, "--set", "zero_optimization.offload_optimizer.device=cpu")
+    nv = j["nvme"] if j else {}
+    file, host, piece = nvme_sizes(nv.get("optimizer_elems", 0), 2)
+    master = jc["memory"]["fp32 master weights"]["bytes"] if jc else None
+    check("nvme.file_is_nvme_sizes", rc == 0 and 4 * nv["optimizer_elems"] == master and
+          0 <= nv["optimizer_elems"] - j["n_params"] < 16 * 64 and
+          (nv["optimizer_file"], nv["optimizer_buffers"], nv["optimizer_piece"]) == (file, host, piece) and
+          j["space_total"]["nvme"] == file and nv["param_file"] == 0, f"rc {rc}, {nv}, want {file} {host} {piece}")
+    rows = sum(jc["memory"][k]["bytes"] for k in STATE_ROWS) if jc else None
+    check("nvme.rows_leave_pinned", rc2 == 0 and all(j["memory"][k]["bytes"] == 0 for k in STATE_ROWS) and
+          all(nv["memory"][k] == file / 3 for k in STATE_ROWS) and
+          jc["space_total"]["pinned host"] - j["space_total"]["pinned host"] == rows and
+          j["memory"]["fp32 gradient shard"] == jc["memory"]["fp32 gradient shard"] and
+          j["space_total"]["device"] == jc["space_total"]["device"], f"{j['memory'] if j else err}")
+    check("nvme.host_counts_buffers", j and j["host_per_node"] == j["space_total"]["pinned host"] +
+          j["space_total"]["host"] + host and j["model_states"] == jc["model_states"] - rows + file,
+          f"host {j and j['host_per_node']}")
+    check("nvme.traffic_and_default_bw", j and nv["read_per_step"] == file and nv["written_per_step"] == file and
+          nv["bandwidth_per_node"] == 2e9 and abs(nv["optimizer_seconds"] - 2 * file / 2e9) < 1e-9 * file,
+          f"{nv}")
+    check("nvme.printed", "offload_optimizer nvme, offload_param none" in out and "nvme (files on disk)" in out and
+          "NVMe buffers (optimizer)" in out and f"{file} B" in out and "optimizer phase" in out, out[-1500:])
+    # Llama-2-70B on 8 ranks of one node: the disk per node is 8 files; --nvme-bw is shared by the ranks
+    rc, j, out, err = plan_json(*OPT_NVME, *OPT_PATH, *PARAM_NVME, *PARAM_PATH, "--ranks", "8", "--gpu-mem", "80GB",
+                                "--nvme-bw", "6GB/s", cfg=CFG70)
+    nv = j["nvme"] if j else {}
+    file, host, piece = nvme_sizes(nv.get("optimizer_elems", 0), 4)
+    moved = nv.get("read_per_step", 0) + nv.get("written_per_step", 0) - nv.get("param_read_per_step", 0)
+    check("nvme.70b_8_ranks", rc == 0 and (nv["optimizer_file"], nv["optimizer_buffers"]) == (file, host) and
+          8.5e9 < nv["optimizer_elems"] < 8.7e9 and nv["disk_per_node"] == 8 * (file + nv["param_file"]) and
+          nv["param_buffers"] == 5 * nv["param_unit"] and nv["param_unit"] % 4096 == 0 and
+          abs(nv["optimizer_seconds"] - moved / (6e9 / 8)) < 1e-9 * moved and
+          nv["param_written_per_step"] == nv["param_file"] and
+          j["memory"]["parameter shard"]["bytes"] == 0 and nv["memory"]["parameter shard"] == nv["param_file"],
+          f"rc {rc}: {nv} {err[-300:]}")
+    check("nvme.buffer_size_note", "offload_param.buffer_size 100000000 elements is below the largest unit shard"
+          in out, out[-1200:])
+    note(f"70B, optimizer + parameters on NVMe: {nv.get('disk_per_node', 0) / GB:.0f} GB of disk per node, "
+         f"optimizer phase {nv.get('optimizer_seconds', 0):.0f} s at 6 GB/s, "
+         f"host {j and j['host_per_node'] / GB:.0f} GB")
+    for text in ("0", "-1", "junk", "", "0GB/s", "6XB/s"):
+        rc, out, err = plan("--preset", "gpt2-124m", "--nvme-bw", text)
+        name = text.replace("/", "_per_") or "empty"
+        check(f"nvme.bad_bw_{name}", rc == 2 and one_error_line(err) and "--nvme-bw" in err, f"rc {rc}, stderr {err!r}")
+    # --fit: at 300 GB per node the optimizer state fits only on NVMe, and only where its nvme_path is set
+    fit = ["--ranks", "8", "--gpu-mem", "80GB", "--fit"]
+    rc, out, err = plan(*fit, "--host-mem", "300GB", cfg=CFG70)
+    check("nvme.fit_needs_path", rc == 4 and "device=nvme" not in out and "nvme_path" in out, out[-600:])
+    rc, out, err = plan(*fit, "--host-mem", "300GB", *OPT_PATH, cfg=CFG70)
+    sets = [line.split()[1] for line in out.splitlines() if line.startswith("  --set ")]
+    check("nvme.fit_moves_optimizer", rc == 0 and "zero_optimization.offload_optimizer.device=nvme" in sets and
+          "zero_optimization.offload_param.device=none" in sets and "goes to NVMe under '/nvme/a'" in out,
+          out[-800:])
+    args = [a for s in sets for a in ("--set", s)]
+    rc, j, _, _ = plan_json(*args, *OPT_PATH, "--ranks", "8", "--gpu-mem", "80GB", "--host-mem", "300GB", cfg=CFG70)
+    check("nvme.fit_result_fits", rc == 0 and j["fits"] is True and j["host_per_node"] <= 300e9, f"rc {rc}")
+    rc, out, err = plan(*fit, "--host-mem", "2TB", *OPT_PATH, cfg=CFG70)
+    check("nvme.fit_prefers_host_memory", rc == 0 and "device=nvme" not in out and "device=cpu" in out, out[-600:])
+    # 24 GB GPUs need the parameters offloaded; at 300 GB per node they go to NVMe too, after the optimizer state
+    rc, out, err = plan("--ranks", "8", "--gpu-mem", "24GB", "--fit", "--host-mem", "300GB", *OPT_PATH, *PARAM_PATH,
+                        cfg=CFG70)
+    check("nvme.fit_then_parameters", rc == 0 and "  --set zero_optimization.offload_optimizer.device=nvme" in out and
+          "  --set zero_optimization.offload_param.device=nvme" in out and "parameter shard goes to NVMe" in out and
+          "  --set zero_optimization.offload_param.buffer_size=106956800" in out,
+          out[-800:])
+
+
+def check_nvme_peaks():
+    """Offload to NVMe in the trainer: every class's planned bytes == the trainer's planned == peak, and the files
+    and buffers the trainer reports (metrics "nvme" and "nvme_param" lines) == the plan's (after check_peaks, whose
+    data shard it uses)."""
+    for name, N, opt, par, kw in (
+            ("nA_N2_s2", 2, True, False, dict(model=A, stage=2, off_opt=True)),
+            ("nC_N3_s3_fp16", 3, True, False, dict(model=C, stage=3, dtype="fp16", interval=1, cpu_ckpt=True,
+                                                    off_opt=True)),
+            ("pC_N2_s3_bf16", 2, False, True, dict(model=C, stage=3, dtype="bf16", interval=1, off_opt=True,
+                                                    off_param=True)),
+            ("pLG_N1_s3_fp16", 1, False, True, dict(model=LG, stage=3, dtype="fp16", off_opt=True, off_param=True)),
+            ("bC_N2_s3_fp32", 2, True, True, dict(model=C, stage=3, off_opt=True, off_param=True))):
+        cfg = peak_config(name, **kw)
+        with open(cfg) as f:
+            c = json.load(f)
+        z = c["zero_optimization"]
+        if opt:
+            z["offload_optimizer"] = {"device": "nvme", "nvme_path": os.path.join(TMP, "nv")}
+        if par:
+            z["offload_param"] = {"device": "nvme", "nvme_path": os.path.join(TMP, "nv")}
+        with open(cfg, "w") as f:
+            json.dump(c, f)
+        r = subprocess.run(["mpirun", "-np", str(N), "--oversubscribe", BIN, "train", cfg, "--quiet"], env=ENV,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+        if r.returncode:
+            check(f"nvme.peak.{name}.run", False, r.stdout.decode()[-400:])
+            continue
+        with open(os.path.join(TMP, name + ".jsonl")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        mem = next(row["memory"] for row in rows if "memory" in row)
+        nvl = next((row["nvme"] for row in rows if "nvme" in row), None)
+        pvl = next((row["nvme_param"] for row in rows if "nvme_param" in row), None)
+        rc, j, out, err = plan_json("--target", "cpu", "--ranks", str(N), cfg=cfg)
+        bad = [f"{k}: plan {j['memory'][k]}, trainer {v}" for k, v in mem.items()
+               if not (j["memory"][k]["bytes"] == v["planned"] == v["peak"] and j["memory"][k]["space"] == v["space"])]
+        check(f"nvme.peak.{name}.plan_eq_peak", rc == 0 and not bad, "; ".join(bad[:3]))
+        nv = j["nvme"]
+        ok_opt = (nvl is not None and nvl["file_bytes"] == nv["optimizer_file"] > 0
+                  and nvl["host_bytes"] == nv["optimizer_buffers"] > 0) if opt else nvl is None
+        ok_par = (pvl is not None and pvl["file_bytes"] == nv["param_file"] > 0
+                  and pvl["host_bytes"] == nv["param_buffers"] > 0) if par else pvl is None
+        check(f"nvme.peak.{name}.files_and_buffers", ok_opt and ok_par, f"{nvl} / {pvl} vs {nv}")
+
+
 def main():
     check_presets()
     check_bad_input()
@@ -367,6 +511,8 @@ def main():
     check_zero_paper()
     check_peaks()
     check_attention_kernels()
+    check_nvme()
+    check_nvme_peaks()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,12 @@ LoRA (r 16, all seven linear layers of every block, bf16 base) on 8 x 80 GB
 and on 2 x 24 GB (base and optimizer offloaded) at sequence lengths 2048 and
 4096, and long sequences: Llama-2-70B and Llama-3-8B on 8 x 80 GB (2 TB of
 host memory per node, bf16, ZeRO stage 3) at 4K to 32K tokens with the
-settings `--fit` picks. Every number comes from the command each row shows.
+settings `--fit` picks, and the Llama-2-70B fine-tune config on one 8 x 80 GB
+node with CPU offload beside offload to NVMe (issue 36): the optimizer state,
+then the parameters too, with the disk bytes and the optimizer phase at 6 and
+25 GB/s of node disk bandwidth (the proposal rows are arithmetic on the row
+above them, marked as such). Every number comes from the command each row
+shows.
 """
 import argparse
 import json
@@ -139,6 +144,49 @@ def long_table(binary):
                   f"{j['host_per_node'] / GB:.0f} GB |")
 
 
+CFG70 = os.path.join(ROOT, "input", "llama2_70b_finetune.json")
+NVME_BASE = ["--ranks", "8", "--gpu-mem", "80GB"]
+NVME_OPT = ["--set", "zero_optimization.offload_optimizer.device=nvme",
+            "--set", "zero_optimization.offload_optimizer.nvme_path=/nvme"]
+NVME_PARAM = ["--set", "zero_optimization.offload_param.device=nvme",
+              "--set", "zero_optimization.offload_param.nvme_path=/nvme",
+              "--set", "zero_optimization.offload_param.buffer_size=106956800"]
+NVME_ROWS = [("CPU offload (the config as it is)", [], None),
+             ("optimizer on NVMe", NVME_OPT, 256),
+             ("optimizer + parameters on NVMe", NVME_OPT + NVME_PARAM, 128)]
+
+
+def nvme_table(binary):
+    """Llama-2-70B on one 8 x 80 GB node: CPU offload beside offload to NVMe, and what the fp32 gradient shard in
+    device memory would make of each NVMe row (a proposal: arithmetic on the plan's rows, not built)."""
+    print("| plan | device per GPU | host per node | NVMe files per node | read + written per step, per node "
+          "| optimizer phase at 6 GB/s | at 25 GB/s | parameter reads per step at 6 / 25 GB/s | host target |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, args, target in NVME_ROWS:
+        j = {bw: plan(binary, [CFG70] + NVME_BASE + args + ["--nvme-bw", bw]) for bw in ("6GB/s", "25GB/s")}
+        a, b = j["6GB/s"], j["25GB/s"]
+        nv = a["nvme"]
+        per_node = 8
+        moved = (nv["read_per_step"] + nv["written_per_step"]) * per_node
+        host, dev = a["host_per_node"], a["space_total"]["device"]
+        verdict = "" if target is None else f"<= {target} GB: **{'yes' if host <= target * GB else 'no'}**"
+        if nv["disk_per_node"]:
+            reads = (f"{a['nvme']['param_read_seconds']:.0f} s / {b['nvme']['param_read_seconds']:.0f} s"
+                     if nv["param_file"] else "-")
+            print(f"| {label} | {dev / GB:.1f} GB | {host / GB:.1f} GB | {nv['disk_per_node'] / GB:.0f} GB | "
+                  f"{moved / 1e12:.2f} TB | {nv['optimizer_seconds']:.0f} s | {b['nvme']['optimizer_seconds']:.0f} s | "
+                  f"{reads} | {verdict} |")
+        else:
+            print(f"| {label} | {dev / GB:.1f} GB | {host / GB:.1f} GB | - | - | - (AdamW on the host) | - | - | |")
+        if target is None:
+            continue
+        grads = a["memory"]["fp32 gradient shard"]["bytes"]
+        dev2, host2 = dev + grads, host - per_node * grads
+        print(f"| *proposal:* {label}, fp32 gradient shard in device memory | {dev2 / GB:.1f} GB "
+              f"({'fits' if dev2 <= 80 * GB else 'does not fit'} 80 GB) | {host2 / GB:.1f} GB | (same) | (same) "
+              f"| (same) | (same) | (same) | <= {target} GB: {'yes' if host2 <= target * GB else 'no'} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(ROOT, "bin", "shardlm"))
@@ -150,6 +198,8 @@ def main():
     lora_table(a.bin)
     print()
     long_table(a.bin)
+    print()
+    nvme_table(a.bin)
 
 
 if __name__ == "__main__":

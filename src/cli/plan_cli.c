@@ -16,6 +16,9 @@
 #define MAX_SETS 256
 /* The fit search tries micro-batches up to this many sequences per rank. */
 #define FIT_MAX_MICRO 1024
+/* --nvme-bw's default: 2 GB/s of disk per node, shared by its ranks (one
+ * PCIe 3 NVMe drive's sustained mixed read + write, or a modest RAID). */
+#define NVME_BW_DEFAULT 2e9
 
 struct plan_options {
     int ranks, nodes;
@@ -24,6 +27,7 @@ struct plan_options {
     int fit;
     int max_seq;                  /* --max-seq: the longest sequence that fits */
     int json;                     /* also one JSON line with the exact numbers */
+    double nvme_bw;               /* bytes per second of NVMe per node, shared by its ranks */
 };
 
 /* One candidate setting: the plan and its sums. */
@@ -55,10 +59,15 @@ static void usage_plan(FILE *out)
             "                       cuda: what bin/shardlm-cuda allocates today (GPT-2 models);\n"
             "                       cpu: what this CPU build's trainer allocates (fp32 compute)\n"
             "  --fit                search micro-batch, activation checkpointing, cpu_checkpointing and\n"
-            "                       offload for the most tokens per step within --gpu-mem (and --host-mem)\n"
+            "                       offload for the most tokens per step within --gpu-mem (and --host-mem);\n"
+            "                       where a section's nvme_path is set, its state may go to NVMe (optimizer\n"
+            "                       first, then parameters) when host memory is short\n"
             "  --max-seq            the longest data.seq_len (up to model.n_positions) that fits within\n"
             "                       --gpu-mem (and --host-mem) at the micro-batch of CONFIG (default 1), with\n"
             "                       the checkpointing and offload settings --fit would choose there\n"
+            "  --nvme-bw BW         disk bandwidth of one node for offload to NVMe, shared by its ranks, e.g.\n"
+            "                       6GB/s (10^9 bytes per second) or 6e9 (default 2GB/s, a conservative\n"
+            "                       figure): the optimizer phase's expected seconds\n"
             "  --json               end with one JSON line: bytes per buffer class and space, traffic, FLOPs\n"
             "  -h, --help           this text\n"
             "\n"
@@ -73,6 +82,22 @@ static double parse_size_option(const char *option, const char *text)
     const char *why;
     if (plan_parse_bytes(text, &bytes, &why) != 0)
         fail_input("--%s '%s': %s; give a size such as 80GB (10^9 bytes), 80GiB (2^30) or 8e10", option, text, why);
+    return bytes;
+}
+
+/* --nvme-bw: a size per second ("6GB/s", "6GB", "6e9"). */
+static double parse_bw_option(const char *text)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", text);
+    size_t len = strlen(buf);
+    if (len > 2 && (strcmp(buf + len - 2, "/s") == 0 || strcmp(buf + len - 2, "/S") == 0))
+        buf[len - 2] = 0;
+    double bytes;
+    const char *why;
+    if (strlen(text) >= sizeof buf || plan_parse_bytes(buf, &bytes, &why) != 0)
+        fail_input("--nvme-bw '%s': %s; give the disk bandwidth of one node, e.g. 6GB/s (10^9 bytes per second) or "
+                   "6e9", text, strlen(text) >= sizeof buf ? "too long" : why);
     return bytes;
 }
 
@@ -92,8 +117,7 @@ static void evaluate(struct plan_eval *e, const struct model *m, const struct co
 {
     plan_compute_for(&e->plan, m, cfg, o->ranks, o->target);
     e->device = (double)e->plan.space_total[SPACE_DEVICE];
-    e->host_per_node = (double)(e->plan.space_total[SPACE_PINNED] + e->plan.space_total[SPACE_HOST]) *
-                       (double)(o->ranks / o->nodes);
+    e->host_per_node = (double)plan_host_bytes(&e->plan) * (double)(o->ranks / o->nodes);
 }
 
 static bool fits(const struct plan_eval *e, const struct plan_options *o)
@@ -147,6 +171,8 @@ static void print_model(const struct model *m)
         printf("frozen: %zu parameters (no gradients, master weights or Adam state)\n", model_frozen_params(m));
 }
 
+static const char *offload_device(bool on, bool nvme) { return nvme ? "nvme" : on ? "cpu" : "none"; }
+
 static void print_settings(const struct config *cfg, const struct plan_options *o)
 {
     int interval = plan_ckpt_interval(cfg);
@@ -160,7 +186,8 @@ static void print_settings(const struct config *cfg, const struct plan_options *
            "%s, micro-batch %d x %d tokens, accumulation %d\n",
            o->target == PLAN_TARGET_GPU ? "GPU" : o->target == PLAN_TARGET_CUDA ? "CUDA-build" : "CPU-backend", o->ranks, o->ranks > 1 ? "s" : "", o->nodes,
            o->nodes > 1 ? "s" : "", dtype_name(cfg->dtype), cfg->zero.stage,
-           cfg->zero.offload_optimizer ? "cpu" : "none", cfg->zero.offload_param ? "cpu" : "none", ckpt,
+           offload_device(cfg->zero.offload_optimizer, cfg->zero.offload_optimizer_nvme),
+           offload_device(cfg->zero.offload_param, cfg->zero.offload_param_nvme && cfg->zero.stage == 3), ckpt,
            cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum);
 }
 
@@ -168,10 +195,69 @@ static double model_states(const struct mem_plan *p)
 {
     static const enum buf_class states[] = {BUF_PARAMS, BUF_GRADS, BUF_MASTER, BUF_ADAM_M, BUF_ADAM_V,
                                             BUF_FP32_GRADS};
-    double sum = 0;
+    double sum = (double)p->nvme.opt_file + (double)p->nvme.param_file; /* the states in files */
     for (size_t i = 0; i < sizeof states / sizeof states[0]; i++)
         sum += (double)p->bytes[states[i]];
     return sum;
+}
+
+/* Offload to NVMe: the seconds one rank's file traffic per optimizer step
+ * takes at its share of --nvme-bw (the node's ranks share the disk): the
+ * optimizer phase (the optimizer file read and written, the trained
+ * parameter shards written back) and the passes' parameter reads. */
+static void nvme_seconds(const struct plan_nvme *nv, const struct plan_options *o, double *opt_s, double *read_s)
+{
+    const double bw = o->nvme_bw / (double)(o->ranks / o->nodes);
+    *opt_s = (nv->opt_read + nv->opt_written + nv->param_written) / bw;
+    *read_s = nv->param_read / bw;
+}
+
+static void print_row(const char *label, double bytes)
+{
+    char a[32];
+    printf("    %-28s %14s %20.0f B\n", label, gib(bytes, a, sizeof a), bytes);
+}
+
+/* The nvme space: the rows the files hold, the traffic per step, the time at --nvme-bw. */
+static void print_nvme(const struct mem_plan *p, const struct config *cfg, const struct plan_options *o)
+{
+    const struct plan_nvme *nv = &p->nvme;
+    if (!nv->opt_file && !nv->param_file)
+        return;
+    char a[32], b[32], c[32];
+    printf("  nvme (files on disk)\n");
+    if (nv->opt_file) { /* [master | m | v] per piece: a third each */
+        print_row("master weights (fp32)", (double)nv->opt_file / 3);
+        print_row("Adam m", (double)nv->opt_file / 3);
+        print_row("Adam v", (double)nv->opt_file / 3);
+    }
+    if (nv->param_file)
+        print_row("parameter shard", (double)nv->param_file);
+    print_row("total", (double)(nv->opt_file + nv->param_file));
+    const int per_node = o->ranks / o->nodes;
+    double opt_s, read_s;
+    nvme_seconds(nv, o, &opt_s, &read_s);
+    if (nv->opt_file)
+        printf("nvme optimizer file: %zu elements in pieces of %zu, %zu B (%s); %zu B of pinned buffers (%s)\n",
+               nv->opt_elems, nv->opt_piece, nv->opt_file, gib((double)nv->opt_file, a, sizeof a), nv->opt_buffers,
+               gib((double)nv->opt_buffers, b, sizeof b));
+    if (nv->param_file)
+        printf("nvme parameter file: %zu B (%s); %d buffers of the largest unit shard, %zu B: %zu B pinned (%s)\n",
+               nv->param_file, gib((double)nv->param_file, a, sizeof a), (int)(nv->param_buffers / nv->param_unit),
+               nv->param_unit, nv->param_buffers, gib((double)nv->param_buffers, b, sizeof b));
+    if (nv->param_file && (double)nv->param_unit_elems > cfg->zero.param_buffer_size)
+        printf("nvme: offload_param.buffer_size %.0f elements is below the largest unit shard, %zu elements: set "
+               "zero_optimization.offload_param.buffer_size to at least %zu (the trainer refuses less)\n",
+               cfg->zero.param_buffer_size, nv->param_unit_elems, nv->param_unit_elems);
+    printf("nvme per step per rank: read %.0f B, written %.0f B (%s, %s); disk per node (%d ranks): %s\n",
+           nv->opt_read + nv->param_read, nv->opt_written + nv->param_written,
+           gib(nv->opt_read + nv->param_read, a, sizeof a), gib(nv->opt_written + nv->param_written, b, sizeof b),
+           per_node, gib((double)(nv->opt_file + nv->param_file) * per_node, c, sizeof c));
+    printf("nvme at --nvme-bw %.3g GB/s per node (%.3g GB/s per rank): optimizer phase %.1f s per step",
+           o->nvme_bw / 1e9, o->nvme_bw / 1e9 / per_node, opt_s);
+    if (nv->param_file)
+        printf(", parameter reads of the passes %.1f s per step", read_s);
+    printf("\n");
 }
 
 static void print_plan(const struct plan_eval *e, const struct model *m, const struct config *cfg,
@@ -192,11 +278,20 @@ static void print_plan(const struct plan_eval *e, const struct model *m, const s
                 continue;
             printf("    %-28s %14s %20zu B\n", class_label(c, s), gib((double)p->bytes[c], a, sizeof a), p->bytes[c]);
         }
-        printf("    %-28s %14s %20zu B\n", "total", gib((double)p->space_total[s], a, sizeof a), p->space_total[s]);
+        size_t total = p->space_total[s];
+        if (s == SPACE_PINNED) { /* the buffers that stream the NVMe files */
+            if (p->nvme.opt_buffers)
+                print_row("NVMe buffers (optimizer)", (double)p->nvme.opt_buffers);
+            if (p->nvme.param_buffers)
+                print_row("NVMe buffers (parameters)", (double)p->nvme.param_buffers);
+            total += p->nvme.opt_buffers + p->nvme.param_buffers;
+        }
+        printf("    %-28s %14s %20zu B\n", "total", gib((double)total, a, sizeof a), total);
     }
+    print_nvme(p, cfg, o);
     double states = model_states(p);
-    printf("model states per rank (parameters, gradients, master weights, Adam m and v, all spaces): %s (%.2f GB)\n",
-           gib(states, a, sizeof a), states / 1e9);
+    printf("model states per rank (parameters, gradients, master weights, Adam m and v, all spaces%s): %s (%.2f GB)\n",
+           p->nvme.opt_file || p->nvme.param_file ? " and files" : "", gib(states, a, sizeof a), states / 1e9);
     printf("host memory per node (%d ranks): %s pinned + ordinary\n", o->ranks / o->nodes,
            gib(e->host_per_node, b, sizeof b));
     double traffic[COMM_KINDS];
@@ -229,6 +324,23 @@ static void print_json(const struct plan_eval *e, const struct model *m, const s
     printf("}, \"space_total\": {");
     for (int s = 0; s < SPACE_COUNT; s++)
         printf("%s\"%s\": %zu", s ? ", " : "", mem_space_name(s), p->space_total[s]);
+    const struct plan_nvme *nv = &p->nvme;
+    double opt_s, read_s;
+    nvme_seconds(nv, o, &opt_s, &read_s);
+    /* nvme: the files (their rows: what the arenas no longer hold), the buffers (pinned host, outside the arenas
+     * the space totals above size), the traffic and time per step */
+    printf(", \"nvme\": %zu}, \"nvme\": {\"memory\": {\"%s\": %.0f, \"%s\": %.0f, \"%s\": %.0f, \"%s\": %zu}, "
+           "\"optimizer_elems\": %zu, \"optimizer_piece\": %zu, \"optimizer_file\": %zu, \"optimizer_buffers\": %zu, "
+           "\"param_file\": %zu, \"param_unit\": %zu, \"param_buffers\": %zu, \"read_per_step\": %.0f, "
+           "\"written_per_step\": %.0f, \"param_read_per_step\": %.0f, \"param_written_per_step\": %.0f, "
+           "\"disk_per_node\": %.0f, \"bandwidth_per_node\": %.17g, \"optimizer_seconds\": %.17g, "
+           "\"param_read_seconds\": %.17g",
+           nv->opt_file + nv->param_file, arena_class_name(BUF_MASTER), (double)nv->opt_file / 3,
+           arena_class_name(BUF_ADAM_M), (double)nv->opt_file / 3, arena_class_name(BUF_ADAM_V),
+           (double)nv->opt_file / 3, arena_class_name(BUF_PARAMS), nv->param_file, nv->opt_elems, nv->opt_piece,
+           nv->opt_file, nv->opt_buffers, nv->param_file, nv->param_unit, nv->param_buffers,
+           nv->opt_read + nv->param_read, nv->opt_written + nv->param_written, nv->param_read, nv->param_written,
+           (double)(nv->opt_file + nv->param_file) * (o->ranks / o->nodes), o->nvme_bw, opt_s, read_s);
     printf("}, \"model_states\": %.0f, \"host_per_node\": %.0f, \"bytes_allgather\": %.0f, "
            "\"bytes_reduce_scatter\": %.0f, \"bytes_allreduce\": %.0f, \"fits\": %s}\n",
            model_states(p), e->host_per_node, traffic[COMM_ALLGATHER], traffic[COMM_REDUCE_SCATTER],
@@ -241,7 +353,11 @@ struct setting {
     int micro, interval;        /* interval 0: no activation checkpointing */
     bool cpu_ckpt, offload_optimizer, offload_param;
     int stage;
+    bool optimizer_nvme, param_nvme; /* the offloaded state in files under nvme_path (with offload_*) */
 };
+
+/* Whether --fit may put a section's state on NVMe: its nvme_path is set. */
+static bool nvme_allowed(const char *path) { return path && *path; }
 
 static struct setting current_setting(const struct config *cfg)
 {
@@ -252,6 +368,8 @@ static struct setting current_setting(const struct config *cfg)
         .offload_optimizer = cfg->zero.offload_optimizer,
         .offload_param = cfg->zero.offload_param,
         .stage = cfg->zero.stage,
+        .optimizer_nvme = cfg->zero.offload_optimizer_nvme,
+        .param_nvme = cfg->zero.offload_param_nvme,
     };
     return s;
 }
@@ -264,6 +382,8 @@ static void apply_setting(struct config *cfg, const struct setting *s)
     cfg->act_ckpt.cpu_checkpointing = s->interval > 0 && s->cpu_ckpt;
     cfg->zero.offload_optimizer = s->offload_optimizer;
     cfg->zero.offload_param = s->offload_param;
+    cfg->zero.offload_optimizer_nvme = s->offload_optimizer && s->optimizer_nvme;
+    cfg->zero.offload_param_nvme = s->offload_param && s->param_nvme;
     cfg->zero.stage = s->stage;
 }
 
@@ -278,17 +398,21 @@ static void print_setting_keys(const struct setting *s, const struct setting *wa
         printf("  --set activation_checkpointing.cpu_checkpointing=%s\n", s->cpu_ckpt ? "true" : "false");
     }
     if (s->stage >= 1)
-        printf("  --set zero_optimization.offload_optimizer.device=%s\n", s->offload_optimizer ? "cpu" : "none");
+        printf("  --set zero_optimization.offload_optimizer.device=%s\n",
+               offload_device(s->offload_optimizer, s->optimizer_nvme));
     if (s->stage == 3)
-        printf("  --set zero_optimization.offload_param.device=%s\n", s->offload_param ? "cpu" : "none");
+        printf("  --set zero_optimization.offload_param.device=%s\n", offload_device(s->offload_param, s->param_nvme));
 }
 
-/* Lexicographic preference among settings that fit with the same tokens: the
- * fewest transfers over PCIe (offload_param, then optimizer offload, then
- * cpu_checkpointing), then no recomputation, then the least device memory. */
+/* Lexicographic preference among settings that fit with the same tokens: no
+ * state on NVMe (parameters, then the optimizer: a disk is slower than
+ * PCIe), then the fewest transfers over PCIe (offload_param, then optimizer
+ * offload, then cpu_checkpointing), then no recomputation, then the least
+ * device memory. */
 static int cost_rank(const struct setting *s)
 {
-    return (s->offload_param ? 8 : 0) + (s->offload_optimizer ? 4 : 0) + (s->cpu_ckpt ? 2 : 0) + (s->interval ? 1 : 0);
+    return (s->param_nvme ? 32 : 0) + (s->optimizer_nvme ? 16 : 0) + (s->offload_param ? 8 : 0) +
+           (s->offload_optimizer ? 4 : 0) + (s->cpu_ckpt ? 2 : 0) + (s->interval ? 1 : 0);
 }
 
 /* The largest micro-batch in [1, FIT_MAX_MICRO] that fits with the other
@@ -332,33 +456,42 @@ static bool fit_search(struct config *cfg, const struct model *m, const struct p
     int n_intervals = candidate_intervals(m->cfg.n_layer, intervals);
     bool found = false;
     struct plan_eval *e = xcalloc(1, sizeof *e);
-    for (int op = 0; op <= (was.stage == 3); op++)
-        for (int oo = 0; oo <= (was.stage >= 1); oo++)
-            for (int i = 0; i < n_intervals; i++)
-                for (int cc = 0; cc <= (intervals[i] > 0); cc++) {
-                    struct setting s = {fixed_micro, intervals[i], cc, oo, op, was.stage};
-                    if (fixed_micro > 0) {
-                        apply_setting(cfg, &s);
-                        evaluate(e, m, cfg, o);
-                        if (!fits(e, o))
-                            continue;
-                    } else {
-                        s.micro = largest_micro(cfg, m, o, s, e);
-                        if (s.micro == 0)
-                            continue;
-                        apply_setting(cfg, &s);
-                        evaluate(e, m, cfg, o);
+    /* offload of each section: 0 none, 1 cpu, 2 nvme (where its nvme_path is set); the state goes to NVMe only
+     * when nothing fits without it: the optimizer first (tier 1), then the parameters too (tier 2) */
+    const int max_op = was.stage == 3 ? 1 + nvme_allowed(cfg->zero.param_nvme_path) : 0;
+    const int max_oo = was.stage >= 1 ? 1 + nvme_allowed(cfg->zero.optimizer_nvme_path) : 0;
+    for (int tier = 0; tier <= 2 && !found; tier++)
+        for (int op = 0; op <= max_op; op++)
+            for (int oo = 0; oo <= max_oo; oo++) {
+                if ((op == 2 ? 2 : oo == 2) != tier)
+                    continue;
+                for (int i = 0; i < n_intervals; i++)
+                    for (int cc = 0; cc <= (intervals[i] > 0); cc++) {
+                        struct setting s = {fixed_micro, intervals[i], cc, oo > 0, op > 0, was.stage, oo == 2,
+                                            op == 2};
+                        if (fixed_micro > 0) {
+                            apply_setting(cfg, &s);
+                            evaluate(e, m, cfg, o);
+                            if (!fits(e, o))
+                                continue;
+                        } else {
+                            s.micro = largest_micro(cfg, m, o, s, e);
+                            if (s.micro == 0)
+                                continue;
+                            apply_setting(cfg, &s);
+                            evaluate(e, m, cfg, o);
+                        }
+                        bool better = !found || s.micro > best->micro ||
+                                      (s.micro == best->micro && (cost_rank(&s) < cost_rank(best) ||
+                                                                  (cost_rank(&s) == cost_rank(best) &&
+                                                                   e->device < *best_device)));
+                        if (better) {
+                            *best = s;
+                            *best_device = e->device;
+                            found = true;
+                        }
                     }
-                    bool better = !found || s.micro > best->micro ||
-                                  (s.micro == best->micro && (cost_rank(&s) < cost_rank(best) ||
-                                                              (cost_rank(&s) == cost_rank(best) &&
-                                                               e->device < *best_device)));
-                    if (better) {
-                        *best = s;
-                        *best_device = e->device;
-                        found = true;
-                    }
-                }
+            }
     free(e);
     apply_setting(cfg, &was);
     return found;
@@ -400,6 +533,16 @@ static bool single_change_hint(struct config *cfg, const struct model *m, const 
         tries[k] = was;
         tries[k].offload_param = true;
         keys[k++] = "zero_optimization.offload_param.device=cpu";
+    }
+    if (was.stage >= 1 && !was.optimizer_nvme && nvme_allowed(cfg->zero.optimizer_nvme_path)) {
+        tries[k] = was;
+        tries[k].offload_optimizer = tries[k].optimizer_nvme = true;
+        keys[k++] = "zero_optimization.offload_optimizer.device=nvme";
+    }
+    if (was.stage == 3 && !was.param_nvme && nvme_allowed(cfg->zero.param_nvme_path)) {
+        tries[k] = was;
+        tries[k].offload_param = tries[k].param_nvme = true;
+        keys[k++] = "zero_optimization.offload_param.device=nvme";
     }
     for (int micro = was.micro / 2, i = 0; micro >= 1 && i < 4; micro /= 2, i++) {
         tries[k] = was;
@@ -483,16 +626,37 @@ static int run_fit(struct config *cfg, const struct model *m, const struct plan_
     double best_device = 0;
     if (!fit_search(cfg, m, o, 0, &best, &best_device)) {
         char a[32];
-        printf("fit: nothing fits in %s per GPU at ZeRO stage %d on %d ranks, not even micro-batch 1 with every "
-               "offload; use more ranks (--ranks), a higher stage, or GPUs with more memory\n",
-               gib(o->gpu_mem, a, sizeof a), cfg->zero.stage, o->ranks);
+        printf("fit: nothing fits in %s per GPU%s at ZeRO stage %d on %d ranks, not even micro-batch 1 with every "
+               "offload; use more ranks (--ranks), a higher stage, or GPUs with more memory%s\n",
+               gib(o->gpu_mem, a, sizeof a), o->host_mem > 0 ? " and --host-mem" : "", cfg->zero.stage, o->ranks,
+               o->host_mem > 0 && cfg->zero.stage >= 1 && !nvme_allowed(cfg->zero.optimizer_nvme_path)
+                   ? "; or set zero_optimization.offload_optimizer.nvme_path (and offload_param's) to let --fit "
+                     "put the state on NVMe"
+                   : "");
         return EXIT_PLAN_DOES_NOT_FIT;
     }
     apply_setting(cfg, &best);
+    struct plan_eval *e = xcalloc(1, sizeof *e);
+    evaluate(e, m, cfg, o);
+    if ((best.optimizer_nvme && !was.optimizer_nvme) || (best.param_nvme && !was.param_nvme)) {
+        char a[32], b[32], c[32];
+        if (best.optimizer_nvme && !was.optimizer_nvme)
+            printf("fit: host memory is short: the optimizer state (master weights, Adam m and v) goes to NVMe "
+                   "under '%s' (%s on disk per rank)\n", cfg->zero.optimizer_nvme_path,
+                   gib((double)e->plan.nvme.opt_file, a, sizeof a));
+        if (best.param_nvme && !was.param_nvme)
+            printf("fit: host memory is short: the parameter shard goes to NVMe under '%s' (%s on disk per rank)\n",
+                   cfg->zero.param_nvme_path, gib((double)e->plan.nvme.param_file, a, sizeof a));
+        printf("fit: host memory per node %s%s%s\n", gib(e->host_per_node, b, sizeof b),
+               o->host_mem > 0 ? " of --host-mem " : "", o->host_mem > 0 ? gib(o->host_mem, c, sizeof c) : "");
+    }
     printf("fit: micro-batch %d x %d tokens x %d ranks = %.0f tokens per micro-step (gradient_accumulation_steps "
            "multiplies it at no memory cost); config keys:\n",
            best.micro, cfg->data.seq_len, o->ranks, (double)best.micro * cfg->data.seq_len * o->ranks);
     print_setting_keys(&best, &was);
+    if ((double)e->plan.nvme.param_unit_elems > cfg->zero.param_buffer_size) /* a buffer holds the largest shard */
+        printf("  --set zero_optimization.offload_param.buffer_size=%zu\n", e->plan.nvme.param_unit_elems);
+    free(e);
     return EXIT_OK;
 }
 
@@ -545,9 +709,10 @@ int cmd_plan(int argc, char **argv)
         {"host-mem", required_argument, NULL, 'H'}, {"target", required_argument, NULL, 't'},
         {"fit", no_argument, NULL, 'f'},            {"help", no_argument, NULL, 'h'},
         {"json", no_argument, NULL, 'j'},          {"max-seq", no_argument, NULL, 'x'},
+        {"nvme-bw", required_argument, NULL, 'B'},
         {NULL, 0, NULL, 0},
     };
-    struct plan_options o = {1, 1, 0, 0, PLAN_TARGET_GPU, 0, 0, 0};
+    struct plan_options o = {1, 1, 0, 0, PLAN_TARGET_GPU, 0, 0, 0, NVME_BW_DEFAULT};
     const char *sets[MAX_SETS + 1];
     int n_sets = 0;
     const char *deepspeed = NULL;
@@ -583,6 +748,7 @@ int cmd_plan(int argc, char **argv)
         case 'f': o.fit = 1; break;
         case 'j': o.json = 1; break;
         case 'x': o.max_seq = 1; break;
+        case 'B': o.nvme_bw = parse_bw_option(optarg); break;
         case 'h': usage_plan(stdout); return EXIT_OK;
         default: usage_plan(stderr); return EXIT_BAD_INPUT;
         }

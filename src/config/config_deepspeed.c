@@ -379,7 +379,7 @@ static const char *read_offload_device(json_t *root, const char *what, bool *hos
         fail_input("config: '%s' is \"nvme\" but '%s' is not set; set it to a directory on a local NVMe disk "
                    "(each rank keeps its files there)",
                    key, path_key);
-    return *nvme ? dir : NULL;
+    return dir && *dir ? dir : NULL; /* kept with "cpu" and "none" too: `shardlm plan --fit` may move the state there */
 }
 
 static void read_offload(struct zero_config *z, json_t *root)

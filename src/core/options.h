@@ -114,8 +114,9 @@ struct zero_config {
      * buffer_count pinned host buffers. */
     bool offload_optimizer_nvme;      /* offload_optimizer.device == "nvme" */
     bool offload_param_nvme;          /* offload_param.device == "nvme" (stage 3) */
-    const char *optimizer_nvme_path;  /* offload_optimizer.nvme_path (owned by the config's document) */
-    const char *param_nvme_path;      /* offload_param.nvme_path */
+    const char *optimizer_nvme_path;  /* offload_optimizer.nvme_path (owned by the config's document); set
+                                       * whenever given, whatever the device (`plan --fit` may use it) */
+    const char *param_nvme_path;      /* offload_param.nvme_path (the same) */
     int optimizer_buffer_count;       /* offload_optimizer.buffer_count (DeepSpeed's default 4) */
     int param_buffer_count;           /* offload_param.buffer_count (DeepSpeed's default 5) */
     double param_buffer_size;         /* offload_param.buffer_size, elements (DeepSpeed's default 1e8) */

@@ -64,6 +64,10 @@ struct fail_trap *fail_trap_set(struct fail_trap *t)
 
 void fail_untrap(void) { g_trap = NULL; }
 
+struct fail_trap *fail_trap_current(void) { return g_trap; }
+
+void fail_trap_restore(struct fail_trap *t) { g_trap = t; }
+
 static void print_message(const char *kind, const char *line)
 {
     if (g_world > 1)

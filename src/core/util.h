@@ -69,6 +69,11 @@ struct fail_trap {
 struct fail_trap *fail_trap_set(struct fail_trap *t);
 #define FAIL_TRAP(t) (setjmp(fail_trap_set(t)->env))
 void fail_untrap(void);
+/* The trap set on this thread (NULL: none), and putting one back: for a phase
+ * inside a trapped one whose failure the ranks must share before going on
+ * (zero's nvme file, opened before the collectives of the parameters' init). */
+struct fail_trap *fail_trap_current(void);
+void fail_trap_restore(struct fail_trap *t);
 /* Prints a trapped failure as fail_input/fail_internal would have. */
 void fail_report(const struct fail_trap *t);
 

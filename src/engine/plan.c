@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "families/family.h"
 #include "core/util.h"
+#include "zero/nvme.h"
 #include "zero/zero.h"
 
 int plan_ckpt_interval(const struct config *cfg) { return cfg->act_ckpt.enabled ? cfg->act_ckpt.interval : 0; }
@@ -27,6 +28,57 @@ static struct exec_target target_of(const struct config *cfg, enum plan_target t
     return target_cuda(f32 ? DTYPE_F32 : cfg->dtype);
 }
 
+/* Offload to NVMe: the files' and buffers' bytes and the traffic per step
+ * (plan.h struct plan_nvme), as the engine lays them out: the optimizer file
+ * holds every unit whose role keeps its state in the file (its optimizer
+ * range: zero.c size_unit), sized by nvme_sizes; the parameter file is
+ * zero_nvme_layout's. The roles already leave that state out of the arenas. */
+static void plan_nvme(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
+                      const struct exec_target *t, const struct zero_pass *train)
+{
+    struct plan_nvme *nv = &p->nvme;
+    if (!cfg->zero.offload_optimizer_nvme && !cfg->zero.offload_param_nvme)
+        return;
+    size_t *off = xcalloc((size_t)m->n_units, sizeof *off);
+    double master_reads = 0.0;
+    struct zero_nvme_sizes sz;
+    zero_nvme_layout(m, cfg, t, world, off, &sz);
+    for (int u = 0; u < m->n_units; u++) {
+        struct unit_role r;
+        zero_unit_role(m, cfg, t, world, u, &r);
+        const size_t padded = round_up(m->units[u].numel, (size_t)world * MODEL_TENSOR_ALIGN);
+        const size_t opt_count = cfg->zero.stage == 0 ? padded : padded / (size_t)world;
+        if (r.state_in_file)
+            nv->opt_elems += opt_count;
+        if (!r.param_nvme)
+            continue;
+        if (r.state_in_file) /* its new master read again from the optimizer file, narrowed into the parameter file */
+            master_reads += 4.0 * (double)opt_count;
+        /* its span in the file: up to the next unit's offset, or to the end */
+        size_t next = sz.file_bytes;
+        for (int v = u + 1; v < m->n_units; v++)
+            if (off[v] > off[u]) {
+                next = off[v];
+                break;
+            }
+        /* read at every gather of the train pass (at most: a shard still in a buffer is not read again) */
+        nv->param_read += (double)cfg->grad_accum * zero_pass_gathers(train, u) * (double)(next - off[u]);
+        if (r.trained)
+            nv->param_written += (double)(next - off[u]);
+    }
+    free(off);
+    if (nv->opt_elems) {
+        nvme_sizes(nv->opt_elems, cfg->zero.optimizer_buffer_count, &nv->opt_file, &nv->opt_buffers,
+                   &nv->opt_piece);
+        nv->opt_read = nv->opt_written = (double)nv->opt_file;
+        nv->opt_read += master_reads; /* (its 4 KiB blocks: a little more where a range starts or ends inside one) */
+    }
+    nv->param_file = sz.file_bytes;
+    nv->param_buffers = sz.host_bytes;
+    nv->param_unit_elems = sz.largest_shard;
+    nv->param_unit = sz.widest < 0 ? 0 : sz.host_bytes / (size_t)sz.buffers;
+}
+
 /* The engine's buffers for micro-batch B x T with rotary tables of max_pos
  * positions, and a key/value cache of kv_T positions per row (0: none). */
 static void plan_fill(struct mem_plan *p, const struct model *m, const struct config *cfg, int world,
@@ -42,6 +94,7 @@ static void plan_fill(struct mem_plan *p, const struct model *m, const struct co
     family_plan(m, &t, B, T, max_pos, interval, positions, p->bytes);
     if (kv_T)
         family_kv_plan(m, &t, B, kv_T, p->bytes);
+    plan_nvme(p, m, cfg, world, &t, &passes[0]);
     family_free_passes(&passes[0], &passes[1]);
     for (int c = 0; c < BUF_COUNT; c++) {
         p->space[c] = target_space(&t, cfg, c);
@@ -70,6 +123,11 @@ void plan_compute_generate(struct mem_plan *p, const struct model *m, const stru
 void plan_compute(struct mem_plan *p, const struct model *m, const struct config *cfg, int world)
 {
     plan_compute_for(p, m, cfg, world, PLAN_TARGET_CPU);
+}
+
+size_t plan_host_bytes(const struct mem_plan *p)
+{
+    return p->space_total[SPACE_PINNED] + p->space_total[SPACE_HOST] + p->nvme.opt_buffers + p->nvme.param_buffers;
 }
 
 /* ---- traffic -------------------------------------------------------------------- */
@@ -166,6 +224,14 @@ void plan_print(const struct mem_plan *p, const struct mem_tracker *t, const cha
                  format_bytes((double)p->space_total[s], a, sizeof a),
                  t ? format_bytes((double)peak, b, sizeof b) : "");
     }
+    const struct plan_nvme *nv = &p->nvme;
+    if (nv->opt_file)
+        log_info("  %-24s %-12s %14s (file), %s of pinned buffers", "master, Adam m and v", "nvme",
+                 format_bytes((double)nv->opt_file, a, sizeof a), format_bytes((double)nv->opt_buffers, b, sizeof b));
+    if (nv->param_file)
+        log_info("  %-24s %-12s %14s (file), %s of pinned buffers", "parameter shard", "nvme",
+                 format_bytes((double)nv->param_file, a, sizeof a),
+                 format_bytes((double)nv->param_buffers, b, sizeof b));
 }
 
 /* The largest planned items of a space, "name (size), ..." into buf. */
@@ -209,9 +275,7 @@ static size_t host_available(void)
  * would kill the job at the first touch). */
 static void check_host(const struct mem_plan *p)
 {
-    size_t need = 0, avail = host_available();
-    for (int s = 0; s < SPACE_COUNT; s++)
-        need += p->space_total[s];
+    size_t need = plan_host_bytes(p) + p->space_total[SPACE_DEVICE], avail = host_available();
     if (!avail || need <= avail)
         return;
     char a[32], b[32], items[256];

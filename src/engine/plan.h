@@ -31,8 +31,28 @@
 #include "backend/target.h"
 #include "zero/zero.h"
 
+/* Offload to NVMe (issue 36): each rank's files and the pinned host buffers
+ * that stream them. The classes a file holds (master weights, Adam m and v;
+ * the parameter shard) have no bytes in their arenas then (bytes[] 0). */
+struct plan_nvme {
+    size_t opt_elems, opt_piece;      /* the optimizer file's elements (the rank's optimizer ranges) and piece
+                                       * (nvme_sizes) */
+    size_t opt_file, opt_buffers;     /* its bytes on disk and its buffers' pinned bytes (0: not on NVMe) */
+    size_t param_file, param_buffers; /* the parameter file (the shards of the sharded units that are frozen or
+                                       * have a master, each from an NVME_BLOCK boundary) and its buffers,
+                                       * param_buffer_count x param_unit (0: not on NVMe) */
+    size_t param_unit;                /* the largest unit's shard in the file: one buffer */
+    size_t param_unit_elems;          /* its elements (offload_param.buffer_size must hold them) */
+    double opt_read, opt_written;     /* bytes per optimizer step: the whole file each way, and reads
+                                       * the masters of trained shards in the parameter file again */
+    double param_read, param_written; /* every gather of the train pass reads its unit's shard, each
+                                       * micro-batch (at most: a shard still in a buffer is not read again);
+                                       * the trained units' shards are written once a step */
+};
+
 struct mem_plan {
     int world;
+    struct plan_nvme nvme;
     size_t bytes[BUF_COUNT];
     int pool_slots[POOL_SETS][ZERO_POOLS]; /* slots of each pool (zero.h) */
     enum mem_space space[BUF_COUNT];
@@ -53,6 +73,8 @@ void plan_compute_for(struct mem_plan *p, const struct model *m, const struct co
 void plan_compute_generate(struct mem_plan *p, const struct model *m, const struct config *cfg, int world, int B,
                            int T, int Tmax);
 void plan_traffic(const struct model *m, const struct config *cfg, int world, int accum, double bytes[COMM_KINDS]);
+/* Host bytes of one rank: the pinned and ordinary arenas and the NVMe buffers. */
+size_t plan_host_bytes(const struct mem_plan *p);
 /* Parses a memory size: "80GB" (10^9), "80GiB" (2^30), "8e10", "1TiB", "512"
  * (bytes; suffixes B, kB/KB, MB, GB, TB, KiB, MiB, GiB, TiB, any case). Returns
  * 0 and the bytes, or -1 with a reason in why (positive and finite only). */

@@ -84,8 +84,19 @@ struct ckpt_slice {
     size_t shape[2];    /* full shape; shape[1] unused when ndim == 1 */
     size_t begin;       /* elements from the tensor's start */
     size_t count;       /* 0: this rank holds nothing of it (still listed) */
-    const float *data;  /* count values */
+    const float *data;  /* count values, or NULL when `read` gives them */
+    /* With data NULL: read(src, from, n, out) puts the slice's elements [from, from + n) (from its begin) in
+     * out. For a state kept out of memory (offload_optimizer "nvme"): the writer takes it a piece of
+     * CKPT_READ_ELEMS at a time, never the whole slice in memory. */
+    void (*read)(const void *src, size_t from, size_t n, float *out);
+    const void *src;
 };
+
+/* Elements a slice's read is asked for at most (a multiple of CKPT_PIECE_ELEMS): 8 MiB of fp32. */
+#define CKPT_READ_ELEMS ((size_t)1 << 21)
+
+/* The slice's elements [from, from + n): its data, or read into buf (n elements). */
+const float *ckpt_slice_values(const struct ckpt_slice *s, size_t from, size_t n, float *buf);
 
 /* One HDF5 group of tensors: "master", "adam_m", "adam_v". */
 struct ckpt_group {

@@ -242,6 +242,7 @@ struct pending_set {
     char full_name[512];
     size_t begin, count, elem; /* this rank's flat range */
     const void *data;
+    const struct ckpt_slice *slice; /* data NULL: the slice whose read gives the values */
     haddr_t offset;            /* of the data in the file */
 };
 
@@ -290,9 +291,37 @@ static void *checksum_thread(void *arg)
     int cap = 0;
     for (int k = 0; k < job->n_sets; k++) {
         const struct pending_set *p = &job->sets[k];
+        if (!p->data) /* read a piece at a time: write_read_set checksums what it writes */
+            continue;
         add_pieces(&job->pieces, &job->n_pieces, &cap, (uint32_t)k, p->begin, p->count, p->data, p->elem);
     }
     return NULL;
+}
+
+const float *ckpt_slice_values(const struct ckpt_slice *s, size_t from, size_t n, float *buf)
+{
+    if (s->data)
+        return s->data + from;
+    s->read(s->src, from, n, buf);
+    return buf;
+}
+
+/* A set whose values come from its slice's read: CKPT_READ_ELEMS at a time
+ * through buf, each piece written and checksummed (the pieces end at the same
+ * multiples of CKPT_PIECE_ELEMS as add_pieces cuts a whole range at). */
+static void write_read_set(struct writer *w, const struct pending_set *p, uint32_t set, float *buf,
+                           struct piece **list, int *n, int *cap)
+{
+    for (size_t from = 0; from < p->count && !w->failed;) {
+        size_t to = ((p->begin + from) / CKPT_READ_ELEMS + 1) * CKPT_READ_ELEMS - p->begin;
+        to = to < p->count ? to : p->count;
+        const float *v = ckpt_slice_values(p->slice, from, to - from, buf);
+        int e = rawio_write(&w->raw, v, (to - from) * p->elem, (off_t)(p->offset + (p->begin + from) * p->elem));
+        if (e)
+            writer_error(w, "cannot write dataset '%s': %s", p->full_name, strerror(e));
+        add_pieces(list, n, cap, set, p->begin + from, to - from, v, p->elem);
+        from = to;
+    }
 }
 
 /* Phase 2 (independent, no rank waits for another): this rank's raw data
@@ -305,9 +334,15 @@ static void write_raw_data(struct writer *w, struct pending_set *sets, int n_set
     struct checksum_job job = {sets, n_sets, NULL, 0};
     pthread_t thread;
     bool threaded = pthread_create(&thread, NULL, checksum_thread, &job) == 0;
+    struct piece *read_pieces = NULL;
+    int n_read_pieces = 0, read_cap = 0;
+    float *buf = NULL;
     for (int k = 0; k < n_sets && !w->all_failed; k++) {
         struct pending_set *p = &sets[k];
-        if (p->count > 0 && !w->failed) {
+        if (p->count > 0 && !w->failed && !p->data) {
+            buf = buf ? buf : xmalloc(CKPT_READ_ELEMS * sizeof *buf);
+            write_read_set(w, p, (uint32_t)k, buf, &read_pieces, &n_read_pieces, &read_cap);
+        } else if (p->count > 0 && !w->failed) {
             int e = rawio_write(&w->raw, p->data, p->count * p->elem, (off_t)(p->offset + p->begin * p->elem));
             if (e)
                 writer_error(w, "cannot write dataset '%s': %s", p->full_name, strerror(e));
@@ -319,6 +354,13 @@ static void write_raw_data(struct writer *w, struct pending_set *sets, int n_set
         pthread_join(thread, NULL);
     else
         checksum_thread(&job);
+    free(buf);
+    if (n_read_pieces) { /* appended: gather_pieces sorts them */
+        job.pieces = xrealloc(job.pieces, (size_t)(job.n_pieces + n_read_pieces) * sizeof *job.pieces);
+        memcpy(job.pieces + job.n_pieces, read_pieces, (size_t)n_read_pieces * sizeof *read_pieces);
+        job.n_pieces += n_read_pieces;
+    }
+    free(read_pieces);
     *pieces = job.pieces;
     *n_pieces = job.n_pieces;
 }
@@ -361,7 +403,7 @@ static void check_coverage(const struct ckpt_group *g)
     for (int i = 0; i < g->n_slices; i++) {
         const struct ckpt_slice *s = &g->slices[i];
         if (s->ndim < 1 || s->ndim > 2 || s->begin + s->count > shape_numel(s->ndim, s->shape) ||
-            (s->count && !s->data))
+            (s->count && !s->data && !s->read))
             fail_internal("checkpoint: slice '%s/%s' (ndim %d) range [%zu, +%zu) is outside its shape or has no data",
                           g->name, s->name, s->ndim, s->begin, s->count);
         counts[i] = s->count;
@@ -546,7 +588,8 @@ int ckpt_try_save(const char *dir, long step, int keep, const struct ckpt_conten
             const struct ckpt_slice *s = &group->slices[i];
             struct pending_set *p = &sets[n_sets++];
             snprintf(p->full_name, sizeof p->full_name, "/%s/%s", group->name, s->name);
-            *p = (struct pending_set){.begin = s->begin, .count = s->count, .elem = sizeof(float), .data = s->data};
+            *p = (struct pending_set){.begin = s->begin, .count = s->count, .elem = sizeof(float), .data = s->data,
+                                      .slice = s};
             snprintf(p->full_name, sizeof p->full_name, "/%s/%s", group->name, s->name);
             hsize_t dims[2] = {s->shape[0], s->shape[1]};
             create_dataset(&w, loc, p, s->name, s->ndim, dims, H5T_IEEE_F32LE);

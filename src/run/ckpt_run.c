@@ -55,9 +55,15 @@ static void export_hf(struct trainer *tr)
         /* checkpoint.dir/hf is the run's own (an older shardlm's export there does not record its origin) */
         hf_export_begin(&w, &tr->sess.model, cfg->dtype, HF_DEFAULT_MAX_FILE, dir, cfg->checkpoint.dir, true,
                         tr->sess.comm);
+    float *buf = NULL; /* a master in the nvme file: read a piece at a time (ckpt_slice.read) */
     for (int k = 0; k < n; k++)
-        if (slices[k].count)
-            hf_export_write_named(&w, slices[k].name, slices[k].begin, slices[k].count, slices[k].data);
+        for (size_t at = 0; at < slices[k].count; at += CKPT_READ_ELEMS) {
+            const size_t c = slices[k].count - at < CKPT_READ_ELEMS ? slices[k].count - at : CKPT_READ_ELEMS;
+            buf = buf || slices[k].data ? buf : xmalloc(CKPT_READ_ELEMS * sizeof *buf);
+            hf_export_write_named(&w, slices[k].name, slices[k].begin + at, c,
+                                  ckpt_slice_values(&slices[k], at, c, buf));
+        }
+    free(buf);
     if (cfg->lora.enabled)
         peft_export_end(&w, &cfg->lora, cfg->model.pretrained, tr->sess.comm);
     else
@@ -267,6 +273,11 @@ json_t *ckpt_run_infer_config(struct ckpt_reader *r, const char *path, char *bas
     if (json_is_string(from))
         snprintf(base, cap, "%s", json_string_value(from));
     json_object_del(model, "from_pretrained");
+    /* the optimizer state in files (offload_optimizer "nvme") is the training's, not the inference's */
+    json_t *oo = json_object_get(json_object_get(out, "zero_optimization"), "offload_optimizer");
+    if (json_is_object(oo) && json_is_string(json_object_get(oo, "device")) &&
+        strcmp(json_string_value(json_object_get(oo, "device")), "nvme") == 0)
+        json_object_del(json_object_get(out, "zero_optimization"), "offload_optimizer");
     json_t *data = json_object_get(out, "data");
     if (data) {
         json_object_del(data, "train");

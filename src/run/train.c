@@ -27,6 +27,7 @@
 #include "tokenizer/tokenizer.h"
 #include "core/util.h"
 #include "zero/zero.h"
+#include "zero/nvme.h"
 
 /* Set by SIGUSR1 or SIGTERM (Slurm's warning before a time limit) or SIGINT
  * (Ctrl-C): finish the step, save, exit with EXIT_PREEMPTED so the job script
@@ -285,9 +286,6 @@ static void trainer_setup(struct trainer *tr)
     if (cfg->zero.offload_optimizer && cfg->zero.stage == 0)
         fail_input("config: zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (as in "
                    "DeepSpeed); raise the stage or set offload_optimizer.device to \"none\"");
-    /* being wired (issues 36, 37): the config reads them, the engine does not yet */
-    if (cfg->zero.offload_optimizer_nvme || cfg->zero.offload_param_nvme)
-        fail_input("config: zero_optimization offload device \"nvme\" is not wired into the trainer yet; use \"cpu\"");
     if (cfg->dpo.enabled && cfg->data.val_path)
         fail_input("config: data.val with a dpo section: the trainer validates SFT data only; drop data.val and "
                    "run `shardlm eval` on a preference file for the reward accuracy");
@@ -592,6 +590,28 @@ static void write_memory_json(struct trainer *tr)
                 arena_class_name(k), mem_space_name(tr->sess.plan.space[k]), tr->sess.plan.bytes[k],
                 tr->sess.mem.peak[k]);
     fprintf(tr->metrics, "}}\n");
+    struct nvme_file *f = tr->sess.zero.nvme; /* offload_optimizer "nvme": rank 0's file and its traffic */
+    if (f) {
+        double rd, wr;
+        nvme_traffic(f, &rd, &wr);
+        struct stat st;
+        fprintf(tr->metrics,
+                "{\"nvme\": {\"file\": \"%s\", \"file_bytes\": %lld, \"host_bytes\": %zu, \"read_bytes\": %.0f, "
+                "\"written_bytes\": %.0f, \"direct\": %s, \"async\": %s}}\n",
+                nvme_path(f), stat(nvme_path(f), &st) == 0 ? (long long)st.st_size : -1LL, nvme_host_bytes(f), rd, wr,
+                nvme_direct(f) ? "true" : "false", nvme_async(f) ? "true" : "false");
+    }
+    const struct nvme_params *pf = tr->sess.zero.pfile; /* offload_param "nvme": rank 0's parameter file */
+    if (pf) {
+        double rd, wr;
+        zero_nvme_traffic(&tr->sess.zero, &rd, &wr);
+        struct stat st;
+        fprintf(tr->metrics,
+                "{\"nvme_param\": {\"file\": \"%s\", \"file_bytes\": %lld, \"host_bytes\": %zu, "
+                "\"read_bytes\": %.0f, \"written_bytes\": %.0f}}\n",
+                nvme_params_path(pf), stat(nvme_params_path(pf), &st) == 0 ? (long long)st.st_size : -1LL,
+                nvme_params_host_bytes(pf), rd, wr);
+    }
 }
 
 /* " | scale 65536 | skipped 2" for fp16 runs, nothing otherwise. */

@@ -6,16 +6,19 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/magic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef SHARDLM_NO_URING
@@ -34,6 +37,7 @@ struct nvme_file {
     enum buf_state *state;
     size_t *buf_piece;         /* the piece a buffer holds or moves */
     int in_flight;
+    bool stepping;             /* in nvme_adamw_step (the fault hook counts its writes) */
     double read_bytes, written_bytes;
 #ifndef SHARDLM_NO_URING
     struct io_uring ring;
@@ -48,6 +52,15 @@ size_t nvme_file_bytes(size_t n, size_t piece)
     return (n + piece - 1) / piece * 3 * piece * sizeof(float);
 }
 
+void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece)
+{
+    size_t p = n < NVME_PIECE_DEFAULT ? round_up(n ? n : 1, NVME_PIECE_ALIGN) : NVME_PIECE_DEFAULT;
+    const size_t b = (size_t)(buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers);
+    *piece = p;
+    *file_bytes = nvme_file_bytes(n, p);
+    *host_bytes = b * 3 * p * sizeof(float);
+}
+
 /* ---- the directory ------------------------------------------------------------ */
 
 static void make_dirs(const char *dir)
@@ -60,15 +73,15 @@ static void make_dirs(const char *dir)
         if (mkdir(p, 0777) != 0 && errno != EEXIST) {
             int e = errno;
             free(p);
-            fail_input("nvme_path '%s' cannot be made (%s); make it, or set zero_optimization.offload_optimizer."
-                       "nvme_path to a directory on a local disk", dir, strerror(e));
+            fail_input("nvme_path '%s' cannot be made (%s); make it, or set the offload's nvme_path "
+                       "to a directory on a local disk", dir, strerror(e));
         }
         *s = '/';
     }
     free(p);
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
-        fail_input("nvme_path '%s' cannot be made (%s); make it, or set zero_optimization.offload_optimizer."
-                   "nvme_path to a directory on a local disk", dir, strerror(errno));
+        fail_input("nvme_path '%s' cannot be made (%s); make it, or set the offload's nvme_path "
+                   "to a directory on a local disk", dir, strerror(errno));
 }
 
 void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *info)
@@ -94,7 +107,7 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
         fail_input("nvme_path '%s': statvfs failed (%s)", dir, strerror(errno));
     info->free_bytes = (double)vfs.f_bavail * (double)vfs.f_frsize;
     if (info->free_bytes < need_bytes)
-        fail_input("nvme_path '%s' has %.3f GiB free; the optimizer state needs %.3f GiB: free space or choose "
+        fail_input("nvme_path '%s' has %.3f GiB free; the offloaded state needs %.3f GiB: free space or choose "
                    "another disk", dir, info->free_bytes / 1073741824.0, need_bytes / 1073741824.0);
     struct statfs fs;
     info->tmpfs = statfs(dir, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
@@ -104,34 +117,72 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
 
 /* ---- I/O ------------------------------------------------------------------- */
 
-__attribute__((noreturn)) static void io_failed(const struct nvme_file *f, const char *what, long res, size_t want)
+/* SHARDLM_INJECT_NVME (nvme.h): what a completed (or, for kill, issued) piece
+ * write is turned into. Returns the result the write is to be seen with. */
+static long inject_write(long res)
+{
+    static int looked;
+    static long kill_at, short_at, writes;
+    if (!looked) {
+        const char *spec = getenv("SHARDLM_INJECT_NVME");
+        looked = 1;
+        if (spec && strncmp(spec, "kill:", 5) == 0)
+            kill_at = atol(spec + 5);
+        else if (spec && strncmp(spec, "short_write:", 12) == 0)
+            short_at = atol(spec + 12);
+        else if (spec && *spec)
+            fail_input("SHARDLM_INJECT_NVME='%s': give kill:K or short_write:K", spec);
+    }
+    writes++;
+    if (writes == kill_at)
+        raise(SIGKILL);
+    return writes == short_at && res > 0 ? res / 2 : res;
+}
+
+void nvme_io_failed(const char *path, const char *what, long res, size_t want)
 {
     if (res < 0)
-        fail_input("nvme: %s of '%s' failed: %s%s", what, f->path, strerror((int)-res),
+        fail_input("nvme: %s of '%s' failed: %s%s", what, path, strerror((int)-res),
                    -res == ENOSPC ? " (the disk is full: free space; the last checkpoint is intact)"
                                   : " (the last checkpoint is intact)");
     fail_input("nvme: short %s of '%s' (%ld of %zu bytes; the file was changed or truncated; the last checkpoint "
-               "is intact)", what, f->path, res, want);
+               "is intact)", what, path, res, want);
 }
 
-static void sync_io(struct nvme_file *f, int b, bool write)
+__attribute__((noreturn)) static void io_failed(const struct nvme_file *f, const char *what, long res, size_t want)
 {
-    const size_t bytes = piece_bytes(f);
-    const off_t off = (off_t)(f->buf_piece[b] * bytes);
+    nvme_io_failed(f->path, what, res, want);
+}
+
+void nvme_sync_io(int fd, const char *path, void *buf, size_t bytes, size_t off, bool write)
+{
     size_t done = 0;
     while (done < bytes) {
-        ssize_t r = write ? pwrite(f->fd, (char *)f->bufs[b] + done, bytes - done, off + (off_t)done)
-                          : pread(f->fd, (char *)f->bufs[b] + done, bytes - done, off + (off_t)done);
+        ssize_t r = write ? pwrite(fd, (char *)buf + done, bytes - done, (off_t)(off + done))
+                          : pread(fd, (char *)buf + done, bytes - done, (off_t)(off + done));
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
-            io_failed(f, write ? "write" : "read", r < 0 ? -errno : (long)done, bytes);
+            nvme_io_failed(path, write ? "write" : "read", r < 0 ? -errno : (long)done, bytes);
         done += (size_t)r;
     }
+}
+
+/* Moves `bytes` between buffer b (from byte `at` of it) and the file (from byte `at` of the buffer's piece). */
+static void sync_bytes(struct nvme_file *f, int b, size_t at, size_t bytes, bool write)
+{
+    nvme_sync_io(f->fd, f->path, (char *)f->bufs[b] + at, bytes, f->buf_piece[b] * piece_bytes(f) + at, write);
+    if (write && f->stepping && inject_write((long)bytes) != (long)bytes)
+        io_failed(f, "write", (long)bytes / 2, bytes); /* the injected short write (SHARDLM_INJECT_NVME) */
     if (write)
         f->written_bytes += (double)bytes;
     else
         f->read_bytes += (double)bytes;
+}
+
+static void sync_io(struct nvme_file *f, int b, bool write)
+{
+    sync_bytes(f, b, 0, piece_bytes(f), write);
     f->state[b] = write ? BUF_FREE : BUF_READY;
 }
 
@@ -161,23 +212,34 @@ static void start_io(struct nvme_file *f, int b, bool write)
     sync_io(f, b, write);
 }
 
+#ifndef SHARDLM_NO_URING
+int nvme_ring_reap(struct io_uring *ring, const char *path, int *res)
+{
+    struct io_uring_cqe *cqe;
+    int r;
+    do
+        r = io_uring_wait_cqe(ring, &cqe);
+    while (r == -EINTR);
+    if (r < 0)
+        nvme_io_failed(path, "wait", r, 0);
+    const int b = (int)io_uring_cqe_get_data64(cqe);
+    *res = cqe->res;
+    io_uring_cqe_seen(ring, cqe);
+    return b;
+}
+#endif
+
 /* Waits for one completion (a ring is in use and something is in flight). */
 static void reap_one(struct nvme_file *f)
 {
 #ifndef SHARDLM_NO_URING
-    struct io_uring_cqe *cqe;
-    int r;
-    do
-        r = io_uring_wait_cqe(&f->ring, &cqe);
-    while (r == -EINTR);
-    if (r < 0)
-        io_failed(f, "wait", r, 0);
-    const int b = (int)io_uring_cqe_get_data64(cqe);
-    const int res = cqe->res;
-    io_uring_cqe_seen(&f->ring, cqe);
+    int res;
+    const int b = nvme_ring_reap(&f->ring, f->path, &res);
     f->in_flight--;
     const size_t bytes = piece_bytes(f);
     const bool write = f->state[b] == BUF_WRITING;
+    if (write && f->stepping)
+        res = (int)inject_write(res);
     if (res < 0 || (size_t)res != bytes)
         io_failed(f, write ? "write" : "read", res, bytes);
     if (write)
@@ -205,9 +267,95 @@ static void drain(struct nvme_file *f)
 
 /* ---- open and close ------------------------------------------------------------ */
 
-static int open_file(struct nvme_file *f, bool direct)
+static int open_file(const char *path, bool direct)
 {
-    return open(f->path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+    return open(path, O_RDWR | O_CREAT | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+}
+
+void **nvme_pinned_buffers(int n, size_t bytes)
+{
+    void **bufs = xcalloc((size_t)n, sizeof *bufs);
+    for (int b = 0; b < n; b++) {
+        bufs[b] = xalloc_aligned(bytes);
+        memset(bufs[b], 0, bytes);
+        (void)mlock(bufs[b], bytes); /* pinned where the limit allows; correct either way */
+    }
+    return bufs;
+}
+
+void nvme_free_buffers(void **bufs, int n, size_t bytes)
+{
+    for (int b = 0; b < n; b++) {
+        munlock(bufs[b], bytes);
+        free(bufs[b]);
+    }
+    free(bufs);
+}
+
+/* Files of other jobs (optimizer state or parameters) that a kill (-9, a lost
+ * node) left behind: not locked, not written for NVME_STALE_SECONDS. A live job holds its lock; a file just
+ * made (between its open and its lock) is new. The state is in checkpoints. */
+static void sweep_stale(const char *dir, const char *job)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char own[192];
+    snprintf(own, sizeof own, "shardlm-%s-rank", job);
+    const time_t now = time(NULL);
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *n = e->d_name;
+        const size_t len = strlen(n);
+        if (strncmp(n, "shardlm-", 8) != 0 || len < 15 || (strcmp(n + len - 6, ".optim") != 0 && strcmp(n + len - 6, ".param") != 0) ||
+            strncmp(n, own, strlen(own)) == 0)
+            continue;
+        int fd = openat(dirfd(d), n, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && now - st.st_mtime > NVME_STALE_SECONDS &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 && unlinkat(dirfd(d), n, 0) == 0)
+            log_warn("nvme: removed '%s/%s' (%.2f GiB), a file that a job killed without cleaning up left behind "
+                     "(not locked, not written for %ld s)",
+                     dir, n, (double)st.st_size / 1073741824.0, (long)(now - st.st_mtime));
+        if (fd >= 0)
+            close(fd);
+    }
+    closedir(d);
+}
+
+int nvme_open_locked(const char *dir, const char *job, int rank, const char *ext, size_t bytes, char **path_out,
+                     bool *direct)
+{
+    struct nvme_dir_info info;
+    sweep_stale(dir, job); /* before the room is checked: what it frees counts */
+    nvme_check_dir(dir, (double)bytes, &info);
+    size_t len = strlen(dir) + strlen(job) + strlen(ext) + 64;
+    char *path = *path_out = xmalloc(len);
+    snprintf(path, len, "%s/shardlm-%s-rank%d.%s", dir, job, rank, ext);
+
+    signal(SIGXFSZ, SIG_IGN); /* a file-size limit: EFBIG and one line, not a kill */
+    *direct = true;
+    int fd = open_file(path, true);
+    if (fd < 0 && errno == EINVAL) {
+        *direct = false;
+        fd = open_file(path, false);
+        log_warn("nvme_path '%s' does not support O_DIRECT; buffered I/O (the page cache holds copies of the state)",
+                 dir);
+    }
+    if (fd < 0)
+        fail_input("nvme: cannot open '%s' (%s)", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        fail_input("nvme: '%s' is in use by another job (locked); give each job its own name or nvme_path", path);
+    /* ours from here: removed when the process fails (a full disk now, an I/O error mid-step) */
+    util_remove_on_failure(path);
+    int r = ftruncate(fd, 0) != 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+    if (r == EOPNOTSUPP || r == EINVAL) /* a file system without fallocate: a sparse file */
+        r = ftruncate(fd, (off_t)bytes) != 0 ? errno : 0;
+    if (r != 0) {
+        unlink(path); /* also where the failure is trapped and agreed by the ranks (no util_exit) */
+        fail_input("nvme: cannot allocate %zu bytes for '%s' (%s)%s", bytes, path, strerror(r),
+                   r == ENOSPC ? ": the disk is full; free space or choose another nvme_path" : "");
+    }
+    return fd;
 }
 
 static void setup_ring(struct nvme_file *f)
@@ -233,40 +381,11 @@ struct nvme_file *nvme_open(const char *dir, const char *job, int rank, size_t n
     f->n_pieces = (n + f->piece - 1) / f->piece;
     f->n_bufs = buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers;
     const size_t file_bytes = nvme_file_bytes(n, f->piece);
-    struct nvme_dir_info info;
-    nvme_check_dir(dir, (double)file_bytes, &info);
-    size_t len = strlen(dir) + strlen(job) + 64;
-    f->path = xmalloc(len);
-    snprintf(f->path, len, "%s/shardlm-%s-rank%d.optim", dir, job, rank);
+    f->fd = nvme_open_locked(dir, job, rank, "optim", file_bytes, &f->path, &f->direct);
 
-    f->direct = true;
-    f->fd = open_file(f, true);
-    if (f->fd < 0 && errno == EINVAL) {
-        f->direct = false;
-        f->fd = open_file(f, false);
-        log_warn("nvme_path '%s' does not support O_DIRECT; buffered I/O (the page cache holds copies of the state)",
-                 dir);
-    }
-    if (f->fd < 0)
-        fail_input("nvme: cannot open '%s' (%s)", f->path, strerror(errno));
-    if (flock(f->fd, LOCK_EX | LOCK_NB) != 0)
-        fail_input("nvme: '%s' is in use by another job (locked); give each job its own name or nvme_path", f->path);
-    if (ftruncate(f->fd, 0) != 0)
-        fail_input("nvme: cannot truncate '%s' (%s)", f->path, strerror(errno));
-    int r = posix_fallocate(f->fd, 0, (off_t)file_bytes);
-    if (r != 0 && r != EOPNOTSUPP && r != EINVAL)
-        fail_input("nvme: cannot allocate %zu bytes for '%s' (%s)%s", file_bytes, f->path, strerror(r),
-                   r == ENOSPC ? ": the disk is full; free space or choose another nvme_path" : "");
-    if (r != 0 && ftruncate(f->fd, (off_t)file_bytes) != 0)
-        fail_input("nvme: cannot size '%s' (%s)", f->path, strerror(errno));
-
-    f->bufs = xcalloc((size_t)f->n_bufs, sizeof *f->bufs);
+    f->bufs = (float **)nvme_pinned_buffers(f->n_bufs, piece_bytes(f));
     f->state = xcalloc((size_t)f->n_bufs, sizeof *f->state);
     f->buf_piece = xcalloc((size_t)f->n_bufs, sizeof *f->buf_piece);
-    for (int b = 0; b < f->n_bufs; b++) {
-        f->bufs[b] = xalloc_aligned(piece_bytes(f));
-        (void)mlock(f->bufs[b], piece_bytes(f)); /* pinned where the limit allows; correct either way */
-    }
     setup_ring(f);
     /* zero state: fallocate gives zeros, the ftruncate fallback too */
     return f;
@@ -281,13 +400,10 @@ void nvme_close(struct nvme_file *f)
     if (f->async)
         io_uring_queue_exit(&f->ring);
 #endif
-    for (int b = 0; b < f->n_bufs; b++) {
-        munlock(f->bufs[b], piece_bytes(f));
-        free(f->bufs[b]);
-    }
+    nvme_free_buffers((void **)f->bufs, f->n_bufs, piece_bytes(f));
     unlink(f->path);
+    util_keep_file(f->path);
     close(f->fd);
-    free(f->bufs);
     free(f->state);
     free(f->buf_piece);
     free(f->path);
@@ -313,7 +429,11 @@ static void check_range(const struct nvme_file *f, size_t at, size_t count)
         fail_internal("nvme: range [%zu, %zu) outside the %zu elements of '%s'", at, at + count, f->n, f->path);
 }
 
-/* Moves elements [at, at+count) between the caller's arrays and the file, a piece at a time through buffer 0. */
+/* Moves elements [at, at+count) between the caller's arrays and the file, a
+ * piece at a time through buffer 0: of each part asked for (master, m, v),
+ * the 4 KiB blocks that hold the range (O_DIRECT's unit; a piece's parts
+ * start on such blocks), read, or written (the end blocks read first where
+ * the range covers them partly). */
 static void move_range(struct nvme_file *f, size_t at, size_t count, float *const arr[3], bool to_file)
 {
     check_range(f, at, count);
@@ -322,18 +442,28 @@ static void move_range(struct nvme_file *f, size_t at, size_t count, float *cons
         const size_t lo = at > i * f->piece ? at : i * f->piece;
         const size_t hi = at + count < (i + 1) * f->piece ? at + count : (i + 1) * f->piece;
         f->buf_piece[0] = i;
-        sync_io(f, 0, false);
         for (int g = 0; g < 3; g++) {
             if (!arr[g])
                 continue;
+            const size_t part = (size_t)g * f->piece * sizeof(float);
+            const size_t x0 = (lo - i * f->piece) * sizeof(float), x1 = (hi - i * f->piece) * sizeof(float);
+            const size_t b0 = x0 / NVME_BLOCK * NVME_BLOCK, b1 = round_up(x1, NVME_BLOCK);
+            if (!to_file) {
+                sync_bytes(f, 0, part + b0, b1 - b0, false);
+            } else { /* a write keeps what its end blocks hold outside the range: those are read first */
+                if (x0 != b0)
+                    sync_bytes(f, 0, part + b0, NVME_BLOCK, false);
+                if (x1 != b1 && (b1 - NVME_BLOCK != b0 || x0 == b0))
+                    sync_bytes(f, 0, part + b1 - NVME_BLOCK, NVME_BLOCK, false);
+            }
             float *in_buf = f->bufs[0] + (size_t)g * f->piece + (lo - i * f->piece);
-            if (to_file)
+            if (to_file) {
                 memcpy(in_buf, arr[g] + (lo - at), (hi - lo) * sizeof(float));
-            else
+                sync_bytes(f, 0, part + b0, b1 - b0, true);
+            } else {
                 memcpy(arr[g] + (lo - at), in_buf, (hi - lo) * sizeof(float));
+            }
         }
-        if (to_file)
-            sync_io(f, 0, true);
         f->state[0] = BUF_FREE;
     }
 }
@@ -388,6 +518,7 @@ void nvme_adamw_step(struct nvme_file *f, const struct nvme_segment *segs, int n
     if (n_segs == 0)
         return;
     drain(f);
+    f->stepping = true;
     struct adamw_hparams h = *hp;
     /* only the pieces some segment touches */
     const size_t first = piece_of(f, segs[0].at);
@@ -413,4 +544,5 @@ void nvme_adamw_step(struct nvme_file *f, const struct nvme_segment *segs, int n
         start_io(f, b, true);
     }
     drain(f);
+    f->stepping = false;
 }

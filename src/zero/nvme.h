@@ -6,7 +6,9 @@
  * One file per job and rank, NAME = <nvme_path>/shardlm-<job>-rank<R>.optim,
  * held with an exclusive flock for the file's lifetime: a second job (or a
  * second rank with the same name) that reaches the same file stops with one
- * line instead of sharing it. The file is scratch: checkpoints hold the state
+ * line instead of sharing it. A process that fails (fail_input) removes its file;
+ * one that is killed leaves it, and the next nvme_open in that directory
+ * removes it once it is unlocked and a minute old (NVME_STALE_SECONDS). The file is scratch: checkpoints hold the state
  * (nvme_read_range), a resume rewrites it (nvme_write_range).
  *
  * Layout: the rank's optimizer range (the concatenation of the ranges of
@@ -27,7 +29,15 @@
  *
  * Errors (a disk that fills up, an I/O error, a short read): one line naming
  * the file and the cause, exit 2 (fail_input); the file is scratch, so the
- * last checkpoint is intact.
+ * last checkpoint is intact. A file-size limit (ulimit -f) is such an error,
+ * not a SIGXFSZ kill (nvme_open ignores the signal).
+ *
+ * Test hook: SHARDLM_INJECT_NVME=short_write:K makes the K-th piece write of
+ * the AdamW steps (nvme_adamw_step; counted from the first step of the
+ * process) come back short (the error above, as a failing disk gives it);
+ * SHARDLM_INJECT_NVME=kill:K raises SIGKILL on the process once that write is
+ * done (a job killed in the middle of an optimizer step, its file half old
+ * and half new).
  */
 #ifndef SHARDLM_NVME_H
 #define SHARDLM_NVME_H
@@ -43,8 +53,14 @@
  * 24 MiB ~0.8 (tools/bench/nvme.sh). */
 #define NVME_PIECE_DEFAULT ((size_t)2 << 20)
 #define NVME_PIECE_ALIGN ((size_t)1024)
+/* Bytes: the alignment of O_DIRECT offsets and lengths (a piece of NVME_PIECE_ALIGN fp32; a parameter shard's
+ * place and buffers in its file). */
+#define NVME_BLOCK ((size_t)4096)
 /* Buffers: at least 3 (read-ahead, update, write-behind). */
 #define NVME_BUFFERS_MIN 3
+/* A file of another job that is not locked and was not written for this long
+ * is a kill's leftover: nvme_open removes it (with a warning). */
+#define NVME_STALE_SECONDS 60
 
 /* What nvme_check_dir found. */
 struct nvme_dir_info {
@@ -62,6 +78,13 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
 
 /* Bytes of the file for n elements in pieces of `piece`. */
 size_t nvme_file_bytes(size_t n, size_t piece);
+
+/* Bytes of the file and of the pinned buffers for a range of n elements with
+ * `buffers` buffers (below NVME_BUFFERS_MIN: that many), and the piece
+ * (elements) nvme_open is to be given: NVME_PIECE_DEFAULT, or, when the range
+ * is smaller, the range rounded up to NVME_PIECE_ALIGN. The engine opens its
+ * file with these and the memory plan counts them: one function for both. */
+void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece);
 
 struct nvme_file;
 
@@ -82,7 +105,8 @@ size_t nvme_host_bytes(const struct nvme_file *f); /* the buffers' bytes */
 
 /* Writes / reads elements [at, at + count) of the state; any of p, m, v may
  * be NULL (write: that part is left as it is; read: not read). Synchronous,
- * through the buffers: no copy of the whole state in memory. */
+ * through the buffers: no copy of the whole state in memory; of each part
+ * given, only the 4 KiB blocks that hold the range move. */
 void nvme_write_range(struct nvme_file *f, size_t at, size_t count, const float *p, const float *m, const float *v);
 void nvme_read_range(struct nvme_file *f, size_t at, size_t count, float *p, float *m, float *v);
 
@@ -102,5 +126,49 @@ void nvme_adamw_step(struct nvme_file *f, const struct nvme_segment *segs, int n
 
 /* Bytes read and written since the file was opened. */
 void nvme_traffic(const struct nvme_file *f, double *read_bytes, double *written_bytes);
+
+/* ---- shared with the parameter file (nvme_param.c) ------------------------------ */
+
+/* Checks dir (nvme_check_dir) and opens *path_out = <dir>/shardlm-<job>-rank<R>.<ext> (malloc'd; O_DIRECT
+ * when the file system allows it, else buffered and a warning naming dir; *direct says which), locks it
+ * (another holder: one line, exit 2), truncates and sizes it to bytes; its descriptor. */
+int nvme_open_locked(const char *dir, const char *job, int rank, const char *ext, size_t bytes, char **path_out,
+                     bool *direct);
+/* One line naming the file and the cause of a failed or short read/write, exit 2. */
+__attribute__((noreturn)) void nvme_io_failed(const char *path, const char *what, long res, size_t want);
+/* n buffers of bytes each, 4 KiB aligned, zeroed, mlocked where the limit allows; freed by nvme_free_buffers. */
+void **nvme_pinned_buffers(int n, size_t bytes);
+void nvme_free_buffers(void **bufs, int n, size_t bytes);
+/* Reads or writes bytes at off of path (fd) synchronously, whole (errors: nvme_io_failed). */
+void nvme_sync_io(int fd, const char *path, void *buf, size_t bytes, size_t off, bool write);
+/* Waits for one completion of ring (liburing): the buffer index its request carried; *res its result. */
+struct io_uring;
+int nvme_ring_reap(struct io_uring *ring, const char *path, int *res);
+
+/*
+ * The parameter file (offload_param "device": "nvme", stage 3; the engine's
+ * side is zero_nvme.c): NAME = <nvme_path>/shardlm-<job>-rank<R>.param,
+ * locked like the optimizer's file, holding the rank's parameter shards in
+ * the parameter dtype, each unit's at an offset the caller chooses (multiples
+ * of NVME_BLOCK). `buffers` pinned buffers of buf_bytes (a multiple of
+ * NVME_BLOCK) move whole shards: a read or write of one buffer is started
+ * (liburing; synchronous where it is not available) and waited for by buffer.
+ */
+struct nvme_params;
+struct nvme_params *nvme_params_open(const char *dir, const char *job, int rank, size_t file_bytes, size_t buf_bytes,
+                                     int buffers);
+/* Waits for what is in flight, closes, unlocks and removes the file. NULL: nothing. */
+void nvme_params_close(struct nvme_params *f);
+int nvme_params_buffers(const struct nvme_params *f);
+void *nvme_params_buffer(const struct nvme_params *f, int b);
+/* Starts moving bytes (<= buf_bytes, both it and off multiples of NVME_BLOCK)
+ * between buffer b and the file at off; b must be idle (nvme_params_wait). */
+void nvme_params_start(struct nvme_params *f, int b, size_t off, size_t bytes, bool write);
+/* Waits until buffer b's read or write is done (at once when it has none). */
+void nvme_params_wait(struct nvme_params *f, int b);
+const char *nvme_params_path(const struct nvme_params *f);
+bool nvme_params_direct(const struct nvme_params *f);
+size_t nvme_params_host_bytes(const struct nvme_params *f);
+void nvme_params_traffic(const struct nvme_params *f, double *read_bytes, double *written_bytes);
 
 #endif

@@ -13,11 +13,13 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "backend/target.h"
 #include "core/util.h"
+#include "zero/nvme.h"
 
 /* ---- the engine's mode and each unit's role ------------------------------------ */
 
@@ -65,7 +67,10 @@ static void decide_role(const struct zero *z, const struct config *cfg, int u, c
                  (cfg->zero.offload_param || (double)zu->numel > cfg->zero.stage3_param_persistence_threshold);
     r->pools[POOL_GATHER] = r->sharded;
     r->pools[POOL_COMPUTE] = z->compute_copies;
-    own(r, UBUF_PARAMS, r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
+    /* on NVMe: frozen, or trained with an fp32 master the shard is narrowed from after each step (in memory, or
+     * in offload_optimizer nvme's file) */
+    r->param_nvme = r->sharded && cfg->zero.offload_param_nvme && (!r->trained || z->master_copy);
+    own(r, UBUF_PARAMS, r->param_nvme ? 0 : r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
     if (!r->trained) /* GRAD_NONE: the parameters alone */
         return;
     r->gather_after_step = z->stage >= 1 && !r->sharded;
@@ -78,10 +83,13 @@ static void decide_role(const struct zero *z, const struct config *cfg, int u, c
     r->pools[POOL_SEND] = r->grad == GRAD_RS_CAST;
 
     const size_t f32 = sizeof(float), d = z->esize;
-    if (z->master_copy)
+    r->state_in_file = cfg->zero.offload_optimizer_nvme; /* the master, m and v: in the rank's file (nvme.h) */
+    if (z->master_copy && !r->state_in_file)
         own(r, UBUF_MASTER, zu->opt_count, f32, BUF_MASTER);
-    own(r, UBUF_ADAM_M, zu->opt_count, f32, BUF_ADAM_M);
-    own(r, UBUF_ADAM_V, zu->opt_count, f32, BUF_ADAM_V);
+    if (!r->state_in_file) {
+        own(r, UBUF_ADAM_M, zu->opt_count, f32, BUF_ADAM_M);
+        own(r, UBUF_ADAM_V, zu->opt_count, f32, BUF_ADAM_V);
+    }
     /* the fp32 gradients the optimizer reads are "fp32 gradients" beside a master, else the gradient shard */
     const enum buf_class fp32_grads = z->master_copy ? BUF_FP32_GRADS : BUF_GRADS;
     if (reduce_scatter) {
@@ -147,6 +155,91 @@ size_t zero_receive_elems(const struct zero *z)
     return largest;
 }
 
+/* ---- offload_optimizer "nvme" ----------------------------------------------- */
+
+size_t zero_nvme_stage_elems(const struct zero *z)
+{
+    size_t largest = 0;
+    for (int u = 0; u < z->model->n_units && z->device; u++)
+        if (z->units[u].role.state_in_file && z->units[u].opt_count > largest)
+            largest = z->units[u].opt_count;
+    return largest;
+}
+
+/* The job's part of the files' names: $SLURM_JOB_ID (a requeued job finds
+ * its own name again), else rank 0's pid (a second engine in the process, a reference model, adds "-1", ...: its own
+ * files, not the first one's locks). Collective. */
+static void nvme_job_name(struct zero *z, char *out, size_t cap)
+{
+    static int engines;
+    char base[96];
+    const char *slurm = getenv("SLURM_JOB_ID");
+    if (slurm && *slurm && strlen(slurm) < sizeof base &&
+        strspn(slurm, "0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-.") == strlen(slurm)) {
+        snprintf(base, sizeof base, "%s", slurm);
+    } else {
+        double pid = z->rank == 0 ? (double)getpid() : 0.0;
+        comm_allreduce(z->comm, &pid, 1, COMM_F64, COMM_MAX, NULL);
+        snprintf(base, sizeof base, "pid%.0f", pid);
+    }
+    if (engines++)
+        snprintf(out, cap, "%s-%d", base, engines - 1);
+    else
+        snprintf(out, cap, "%s", base);
+}
+
+/* Opens this rank's files: the optimizer's for its whole optimizer range of
+ * n elements (zero state), the parameters' (zero_nvme.c). */
+static void open_files(struct zero *z, const struct config *cfg, const struct exec_target *t, const char *job,
+                       size_t n)
+{
+    if (cfg->zero.offload_optimizer_nvme && n > 0) {
+        size_t file_bytes, host_bytes, piece;
+        nvme_sizes(n, cfg->zero.optimizer_buffer_count, &file_bytes, &host_bytes, &piece);
+        z->nvme = nvme_open(cfg->zero.optimizer_nvme_path, job, z->rank, n, piece, cfg->zero.optimizer_buffer_count);
+        if (z->rank == 0)
+            log_info("offload_optimizer nvme: %s, %.1f MiB of state per rank, %.1f MiB of buffers, %s, %s",
+                     nvme_path(z->nvme), (double)file_bytes / 1048576.0, (double)host_bytes / 1048576.0,
+                     nvme_direct(z->nvme) ? "O_DIRECT" : "buffered", nvme_async(z->nvme) ? "io_uring" : "synchronous");
+    }
+    zero_nvme_open(z, cfg, t, job);
+}
+
+/* Opens the files before any parameter is read: nvme_path checked (room,
+ * tmpfs, O_DIRECT), names of their own and locks. */
+static void nvme_setup(struct zero *z, const struct config *cfg, const struct exec_target *t)
+{
+    if (!cfg->zero.offload_optimizer_nvme && !cfg->zero.offload_param_nvme)
+        return;
+    char job[128];
+    nvme_job_name(z, job, sizeof job);
+    /* A rank whose disk is full or whose file is locked: every rank stops with its line here, before the
+     * collectives of the parameters' init could leave the others waiting (inside the trainer's trap, nested). */
+    struct fail_trap *outer = fail_trap_current(), trap;
+    if (FAIL_TRAP(&trap) == 0)
+        open_files(z, cfg, t, job, zero_range_offset(z, z->model->n_units));
+    fail_trap_restore(outer);
+    int32_t failed = trap.status ? (int32_t)(z->world - z->rank) : 0; /* the max: the lowest failing rank */
+    comm_allreduce(z->comm, &failed, 1, COMM_I32, COMM_MAX, NULL);
+    if (failed) {
+        comm_broadcast(z->comm, trap.message, sizeof trap.message / sizeof(int32_t), COMM_I32, z->world - failed,
+                       NULL);
+        trap.message[sizeof trap.message - 1] = 0;
+        fail_input("%s", trap.message);
+    }
+}
+
+/* The initial master of unit u's optimizer range, from host memory: into its
+ * buffer (which may be device memory) or the file. */
+static void store_master(struct zero *z, int u, const float *values)
+{
+    struct zero_unit *zu = &z->units[u];
+    if (zu->role.state_in_file)
+        nvme_write_range(z->nvme, zero_range_offset(z, u), zu->opt_count, values, NULL, NULL);
+    else
+        backend_copy(zu->master, values, zu->opt_count * sizeof(float));
+}
+
 /* The initial fp32 values of unit u's elements [begin, begin + count) (host
  * memory): from the source, or the seeded init. A unit every rank holds whole
  * is read 1/N per rank and all-gathered. */
@@ -207,8 +300,9 @@ static bool init_params_as_stored(struct zero *z, const struct param_source *src
 {
     struct zero_unit *zu = &z->units[u];
     void *raw = z->device ? cast : dst;
-    const bool master_on_device = z->device && !z->optimizer_on_host;
-    struct widen w = {z, zu, raw, begin, master_on_device ? scratch : zu->master, zu->opt_begin};
+    /* the master in device memory or the file: widened into scratch, then stored */
+    const bool master_elsewhere = (z->device && !z->optimizer_on_host) || zu->role.state_in_file;
+    struct widen w = {z, zu, raw, begin, master_elsewhere ? scratch : zu->master, zu->opt_begin};
     void (*landed)(void *, size_t) = has_master(zu) ? widen_landed : NULL;
     if (zu->role.sharded || z->world == 1) {
         if (!src->read_as(src->ctx, u, begin, count, z->dtype, raw, landed, &w))
@@ -229,17 +323,17 @@ static bool init_params_as_stored(struct zero *z, const struct param_source *src
     if (!has_master(zu))
         return true;
     widen_to(&w, zu->opt_begin + zu->opt_count); /* what the read's progress did not reach (beyond this rank's 1/N) */
-    if (master_on_device)
-        backend_copy(zu->master, scratch, zu->opt_count * sizeof(float));
+    if (master_elsewhere)
+        store_master(z, (int)(zu - z->units), scratch);
     return true;
 }
 
 /* scratch: fp32, then the parameter dtype, for the largest unit (host memory). */
-static void init_params(struct zero *z, const struct param_source *src, int u, float *scratch, void *cast)
+static void init_params_to(struct zero *z, const struct param_source *src, int u, void *dst, float *scratch,
+                           void *cast)
 {
     struct zero_unit *zu = &z->units[u];
     size_t begin = zu->role.sharded ? zu->opt_begin : 0, count = zu->role.sharded ? zu->shard : zu->padded;
-    void *dst = zu->role.sharded ? zu->param_shard : zu->params;
     if (src && src->read_as && init_params_as_stored(z, src, u, begin, count, dst, scratch, cast))
         return;
     const bool master = has_master(zu);
@@ -254,8 +348,19 @@ static void init_params(struct zero *z, const struct param_source *src, int u, f
     }
     dtype_convert(cast, z->dtype, scratch, DTYPE_F32, count);
     backend_copy(dst, cast, count * z->esize);
-    if (master) /* the master may be device memory */
-        backend_copy(zu->master, scratch + (zu->opt_begin - begin), zu->opt_count * sizeof(float));
+    if (master) /* the master may be device memory, or in the file */
+        store_master(z, u, scratch + (zu->opt_begin - begin));
+}
+
+static void init_params(struct zero *z, const struct param_source *src, int u, float *scratch, void *cast)
+{
+    struct zero_unit *zu = &z->units[u];
+    if (zu->role.param_nvme) { /* staged in a buffer of the parameter file, then written to it */
+        init_params_to(z, src, u, zero_nvme_staging(z), scratch, cast);
+        zero_nvme_store(z, u);
+        return;
+    }
+    init_params_to(z, src, u, zu->role.sharded ? zu->param_shard : zu->params, scratch, cast);
 }
 
 void zero_load_units(struct zero *z, const struct param_source *src, const bool *which)
@@ -290,6 +395,7 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     layout_units(z, cfg);
     if (dry)
         return;
+    nvme_setup(z, cfg, t);
 
     struct arena *dev = &arenas[SPACE_DEVICE];
     size_t largest = 0;
@@ -299,6 +405,9 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     void *cast = z->master_copy ? xcalloc(largest, z->esize) : NULL;
     const size_t recv = zero_receive_elems(z);
     void *grad_recv = recv ? arena_alloc(dev, mem, BUF_GRADS, recv * z->esize, 1) : NULL;
+    const size_t stage = zero_nvme_stage_elems(z);
+    if (stage) /* pinned, where the device reads the new master from */
+        z->nvme_stage = arena_alloc(&arenas[target_space(t, cfg, BUF_MASTER)], mem, BUF_MASTER, stage * sizeof(float), 1);
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         void *own[UBUF_COUNT] = {0};
@@ -335,11 +444,14 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
 
 void zero_free(struct zero *z)
 {
+    zero_nvme_close(z);
     for (int set = 0; set < POOL_SETS; set++)
         for (int k = 0; k < ZERO_POOLS; k++) {
             free(z->pools[set][k].slots);
             free(z->pools[set][k].slot_unit);
         }
+    nvme_close(z->nvme);
+    free(z->nvme_segs);
     free(z->units);
     free(z->adam_ranges);
     free(z->grad_ranges);

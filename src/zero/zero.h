@@ -66,12 +66,18 @@
 #include "model/model.h"
 #include "backend/target.h"
 
+struct nvme_file;
+struct nvme_segment;
+struct zero_ckpt_source;
+
 enum pass_event_kind { PASS_ACQUIRE, PASS_RELEASE, PASS_GRAD_OPEN, PASS_GRAD_DONE };
 
 struct pass_event {
     enum pass_event_kind kind;
     int unit;
 };
+
+struct nvme_params;
 
 struct zero_pass {
     const char *name;
@@ -133,9 +139,15 @@ struct unit_role {
     bool trained;            /* false: frozen */
     bool sharded;            /* stage 3 and not persistent: only this rank's shard is stored */
     bool gather_after_step;  /* stored whole at stages 1-3: the updated slices are all-gathered after each step */
+    bool param_nvme;         /* offload_param "nvme": the shard lives in the parameter file (zero_nvme.c), not
+                              * in memory (UBUF_PARAMS has no elements); a sharded unit that is frozen or has a
+                              * master in memory (a trained one without keeps its shard: it is the optimizer's
+                              * master; so does one whose master is in offload_optimizer nvme's file, for now) */
     enum grad_path grad;
     bool pools[POOL_SETS];   /* the pooled buffers it takes (gathered unit, compute copy, gradient, send) */
     struct unit_buffer buf[UBUF_COUNT];
+    bool state_in_file;      /* offload_optimizer "nvme": its master, Adam m and v are in the rank's file
+                              * (zero.nvme), not in buf[] */
 };
 
 struct zero_pool {
@@ -202,6 +214,13 @@ struct zero {
                                    * fp32 gradient shard, where the optimizer state lives */
     struct zero_unit *units;
     float *ckpt_host[3];          /* zero_ckpt_stage: host copies of the groups, NULL: none */
+    /* offload_optimizer "nvme" (nvme.h): the master, Adam m and v of this rank's range (every unit's
+     * optimizer range in unit order, zero_range_offset) live in this file; NULL: none */
+    struct nvme_file *nvme;
+    struct nvme_segment *nvme_segs;  /* the step's segments, one per tensor slice (made at init) */
+    int n_nvme_segs;
+    float *nvme_stage;            /* a device: one unit's new fp32 master, pinned, for the device's cast */
+    struct zero_ckpt_source *ckpt_src[3]; /* zero_ckpt_slices of the file: where each slice's values are */
     struct adamw_range *adam_ranges; /* the step's AdamW ranges, one per tensor slice (made at init) */
     int n_adam_ranges;
     const float **grad_ranges;    /* each unit's fp32 gradient range and its length (made at init) */
@@ -215,6 +234,12 @@ struct zero {
     struct mem_tracker *mem;
     long adam_steps;              /* optimizer steps taken (bias correction) */
     uint64_t traffic[COMM_KINDS]; /* bytes sent since zero_take_traffic */
+    /* offload_param "nvme" (zero_nvme.c) */
+    struct nvme_params *pfile;    /* the rank's parameter file, NULL: no unit's shard is on NVMe */
+    size_t *pfile_off;            /* each unit's shard's byte offset in it */
+    int *pbuf_unit;               /* the unit whose shard each of its buffers holds or reads, -1 none */
+    int *psim;                    /* scratch of the read-ahead's walk, one per unit */
+    long pgathers, pahead;        /* gathers from the file, and those whose shard was read (or being read) ahead */
 };
 
 /* Where the initial parameters come from: read(ctx, unit, begin, count, out)
@@ -292,6 +317,21 @@ void zero_gather_grads(struct zero *z, int u, float *out);
  * "communication alone" measurement of the overlap benchmark). */
 void zero_replay_pass(struct zero *z, const struct zero_pass *pass);
 
+/* offload_param "nvme": the parameter file of a rank at world size N, as the
+ * engine lays it out (zero_nvme.c) and as the planner counts it. */
+struct zero_nvme_sizes {
+    size_t file_bytes;    /* the file: each param_nvme unit's shard, rounded up to 4 KiB */
+    size_t host_bytes;    /* the pinned buffers: buffers x the largest shard rounded up to 4 KiB (0: no file) */
+    int buffers;          /* offload_param.buffer_count */
+    size_t largest_shard; /* elements; offload_param.buffer_size must be at least this */
+    int widest;           /* the unit with the largest shard, -1: no unit is on NVMe */
+    int kept;             /* sharded non-adapter units kept in host memory (trained, no master in memory) */
+};
+/* off (n_units entries, or NULL): each param_nvme unit's byte offset in the file. */
+void zero_nvme_layout(const struct model *m, const struct config *cfg, const struct exec_target *t, int world,
+                      size_t *off, struct zero_nvme_sizes *out);
+/* Bytes read from and written to the parameter file of offload_param "nvme" since set-up (0: none). */
+void zero_nvme_traffic(const struct zero *z, double *read_bytes, double *written_bytes);
 /* Reads and clears the bytes sent per collective kind. */
 void zero_take_traffic(struct zero *z, uint64_t bytes[COMM_KINDS]);
 /* Copies the full value of unit u's parameters into out, in fp32 (all ranks must call). */

@@ -15,6 +15,7 @@
 #include "io/ckpt.h"
 #include "core/dtype.h"
 #include "core/util.h"
+#include "zero/nvme.h"
 
 /* ---- whole units in host memory ------------------------------------------------ */
 
@@ -33,7 +34,8 @@ void zero_gather_unit(struct zero *z, int u, float *out)
     struct zero_unit *zu = &z->units[u];
     void *full = z->half ? xcalloc(zu->padded, z->esize) : out;
     if (zu->role.sharded)
-        gather_to_host(z, zu->param_shard, zu->shard, z->esize, z->comm_dtype, full);
+        gather_to_host(z, zu->role.param_nvme ? zero_nvme_read(z, u) : zu->param_shard, zu->shard, z->esize,
+                       z->comm_dtype, full);
     else
         backend_copy(full, zu->params, zu->padded * z->esize);
     if (z->half) {
@@ -66,14 +68,7 @@ int zero_ckpt_n_slices(const struct zero *z)
     return n;
 }
 
-/* Element offset of unit u's range within this rank's whole range. */
-static size_t range_offset(const struct zero *z, int u)
-{
-    size_t at = 0;
-    for (int i = 0; i < u; i++)
-        at += z->units[i].opt_count;
-    return at;
-}
+static size_t range_offset(const struct zero *z, int u) { return zero_range_offset(z, u); }
 
 static size_t range_total(const struct zero *z) { return range_offset(z, z->model->n_units); }
 
@@ -112,6 +107,45 @@ void zero_ckpt_unstage(struct zero *z)
     for (int g = 0; g < ZERO_CKPT_GROUPS; g++) {
         free(z->ckpt_host[g]);
         z->ckpt_host[g] = NULL;
+        free(z->ckpt_src[g]);
+        z->ckpt_src[g] = NULL;
+    }
+}
+
+/* ---- the state in the file (offload_optimizer "nvme") ---------------------- */
+
+/* Where a slice's values are in the file: its group and first element. */
+struct zero_ckpt_source {
+    struct nvme_file *f;
+    enum zero_ckpt_group g;
+    size_t at;
+};
+
+/* ckpt_slice.read: a part of one group, read from the file a piece at a time. */
+static void read_from_file(const void *src, size_t from, size_t n, float *out)
+{
+    const struct zero_ckpt_source *s = src;
+    float *part[ZERO_CKPT_GROUPS] = {NULL, NULL, NULL};
+    part[s->g] = out;
+    nvme_read_range(s->f, s->at + from, n, part[ZERO_CKPT_MASTER], part[ZERO_CKPT_ADAM_M], part[ZERO_CKPT_ADAM_V]);
+}
+
+/* Reads a slice's range of group g from a checkpoint into the file, a piece
+ * at a time through buf (CKPT_READ_ELEMS), and the master's also into the
+ * parameters in their dtype (the parameters are rebuilt from the master). */
+static void load_into_file(struct zero *z, struct ckpt_reader *r, enum zero_ckpt_group g, int u,
+                           const struct ckpt_slice *sl, size_t at, float *buf)
+{
+    struct zero_unit *zu = &z->units[u];
+    for (size_t from = 0; from < sl->count; from += CKPT_READ_ELEMS) {
+        const size_t n = sl->count - from < CKPT_READ_ELEMS ? sl->count - from : CKPT_READ_ELEMS;
+        ckpt_read(r, zero_ckpt_group_names[g], sl->name, sl->ndim, sl->shape, sl->begin + from, n, buf);
+        float *part[ZERO_CKPT_GROUPS] = {NULL, NULL, NULL};
+        part[g] = buf;
+        nvme_write_range(z->nvme, range_offset(z, u) + at + from, n, part[ZERO_CKPT_MASTER], part[ZERO_CKPT_ADAM_M],
+                         part[ZERO_CKPT_ADAM_V]);
+        if (g == ZERO_CKPT_MASTER && !zu->role.param_nvme) /* param_nvme: zero_nvme_write_back */
+            backend_convert(elem(opt_params(z, zu), at + from, z->esize), z->dtype, buf, DTYPE_F32, n);
     }
 }
 
@@ -133,6 +167,8 @@ static float *device_group_base(struct zero *z, struct zero_unit *zu, enum zero_
 
 void zero_ckpt_slices(struct zero *z, enum zero_ckpt_group g, struct ckpt_slice *out)
 {
+    free(z->ckpt_src[g]);
+    z->ckpt_src[g] = z->nvme ? xcalloc((size_t)zero_ckpt_n_slices(z) + 1, sizeof *z->ckpt_src[g]) : NULL;
     int i = 0;
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
@@ -147,6 +183,12 @@ void zero_ckpt_slices(struct zero *z, enum zero_ckpt_group g, struct ckpt_slice 
             sl->shape[1] = (size_t)td->shape[1];
             size_t at = ckpt_intersect(td->offset, td->numel, zu->opt_begin, owner ? zu->opt_count : 0, &sl->begin,
                                        &sl->count);
+            if (zu->role.state_in_file) { /* read from the file as the writer goes (no copy in memory) */
+                z->ckpt_src[g][i] = (struct zero_ckpt_source){z->nvme, g, range_offset(z, u) + at};
+                *sl = (struct ckpt_slice){sl->name, sl->ndim, {sl->shape[0], sl->shape[1]}, sl->begin, sl->count,
+                                          NULL, read_from_file, &z->ckpt_src[g][i]};
+                continue;
+            }
             sl->data = group_base(z, zu, g) + at;
         }
     }
@@ -179,6 +221,8 @@ void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
         for (int g = 0; g < ZERO_CKPT_GROUPS; g++)
             z->ckpt_host[g] = xcalloc(range_total(z) ? range_total(z) : 1, sizeof(float));
     struct ckpt_slice *slices = xcalloc((size_t)zero_ckpt_n_slices(z), sizeof *slices);
+    /* the file's pieces pass through here; on a device, through the pinned stage the device casts from */
+    float *buf = !z->nvme ? NULL : z->nvme_stage ? z->nvme_stage : xmalloc(CKPT_READ_ELEMS * sizeof *buf);
     for (int g = 0; g < ZERO_CKPT_GROUPS; g++) {
         /* every rank reads its whole range (stage 0: everything), whoever saved it */
         int i = 0;
@@ -193,11 +237,16 @@ void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
                 sl->shape[0] = (size_t)td->shape[0];
                 sl->shape[1] = (size_t)td->shape[1];
                 size_t at = ckpt_intersect(td->offset, td->numel, zu->opt_begin, zu->opt_count, &sl->begin, &sl->count);
-                ckpt_read_slice(r, zero_ckpt_group_names[g], sl, group_base(z, zu, g) + at);
+                if (zu->role.state_in_file)
+                    load_into_file(z, r, g, u, sl, at, buf);
+                else
+                    ckpt_read_slice(r, zero_ckpt_group_names[g], sl, group_base(z, zu, g) + at);
             }
         }
     }
     free(slices);
+    if (buf != z->nvme_stage)
+        free(buf);
     if (z->ckpt_host[0]) {
         copy_groups(z, false);
         zero_ckpt_unstage(z);
@@ -205,9 +254,11 @@ void zero_ckpt_load(struct zero *z, struct ckpt_reader *r)
     /* The parameters in their dtype from the master, then whole where the stage keeps them whole. */
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
-        if (has_master(zu))
+        /* from the file: as it was read (load_into_file); into the parameter file: zero_nvme_write_back */
+        if (has_master(zu) && !zu->role.state_in_file && !zu->role.param_nvme)
             backend_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
         if (zu->role.gather_after_step)
             comm_allgather(z->comm, opt_params(z, zu), zu->params, zu->shard, z->comm_dtype, NULL);
     }
+    zero_nvme_write_back(z); /* offload_param "nvme": the shards into the parameter file */
 }

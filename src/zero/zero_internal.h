@@ -1,7 +1,7 @@
 /*
  * zero_internal — what the ZeRO engine's files share; not for callers of zero.h.
  *
- * The engine (zero.h) is four files:
+ * The engine (zero.h) is five files:
  *   zero.c        set-up: the engine's mode, each unit's sizes, shard and role
  *                 (the one place its buffers, pools and gradient path are
  *                 decided), carving the buffers out of the arenas, the initial
@@ -20,6 +20,9 @@
  *                 adam_m, adam_v), their host staging, the slices a save and
  *                 an export write, loading at any world size, and whole units
  *                 or gradients gathered into host memory
+ *   zero_nvme.c   offload_param "nvme": the parameter file's layout, the
+ *                 read-ahead of shards in pass order, the write-back of
+ *                 trained shards after a step or a load
  * Functions here carry the zero_ prefix, or are small static inline helpers.
  */
 #ifndef SHARDLM_ZERO_INTERNAL_H
@@ -48,7 +51,22 @@ static inline struct zero_pool *pool(struct zero *z, enum zero_pool_set set, int
 
 static inline void *elem(void *base, size_t i, size_t esize) { return (char *)base + i * esize; }
 
-static inline bool has_master(const struct zero_unit *zu) { return zu->role.buf[UBUF_MASTER].elems > 0; }
+/* A separate fp32 master: in memory, or in the optimizer's file (nvme). */
+static inline bool has_master(const struct zero_unit *zu)
+{
+    return zu->role.buf[UBUF_MASTER].elems > 0 || zu->role.state_in_file;
+}
+
+/* Element offset of unit u's optimizer range within this rank's whole range
+ * (the units' ranges in order): where its state is in the nvme file and in a
+ * staged host copy. */
+static inline size_t zero_range_offset(const struct zero *z, int u)
+{
+    size_t at = 0;
+    for (int i = 0; i < u; i++)
+        at += z->units[i].opt_count;
+    return at;
+}
 
 /* The parameter-dtype storage of the optimizer range. */
 static inline void *opt_params(const struct zero *z, struct zero_unit *zu)
@@ -68,9 +86,33 @@ void zero_count_traffic(struct zero *z, enum comm_kind kind, size_t elems, size_
 /* Elements of the one reduce-scatter receive buffer (0: none). */
 size_t zero_receive_elems(const struct zero *z);
 
+/* ---- zero_nvme.c (offload_param "nvme") ---- */
+
+/* Lays out the parameter file (units whose role is param_nvme), checks
+ * offload_param.buffer_size against the largest shard, opens the file; nothing
+ * when no unit is param_nvme. */
+void zero_nvme_open(struct zero *z, const struct config *cfg, const struct exec_target *t, const char *job);
+void zero_nvme_close(struct zero *z);
+/* Starts the first reads of the pass just begun. */
+void zero_nvme_begin_pass(struct zero *z);
+/* Copies unit u's shard from the file (read ahead, or now) to dst (backend memory); reads ahead further. */
+void zero_nvme_fetch(struct zero *z, int u, void *dst);
+/* Unit u's shard in host memory (a buffer), valid until the next call of this file's functions. */
+const void *zero_nvme_read(struct zero *z, int u);
+/* A host buffer for one shard; zero_nvme_store(z, u) writes it as unit u's shard. */
+void *zero_nvme_staging(struct zero *z);
+void zero_nvme_store(struct zero *z, int u);
+/* Writes every trained param_nvme unit's shard, narrowed from its master (after a step or a load). */
+void zero_nvme_write_back(struct zero *z);
+
 /* ---- zero_optim.c ---- */
 
 /* Makes the optimizer step's fixed tables (after the buffers are carved). */
 void zero_build_optimizer_tables(struct zero *z, const struct config *cfg);
+
+/* ---- zero.c: offload_optimizer "nvme" ---- */
+
+/* Elements of the device's staging of one unit's new master (nvme on a device; 0: none). */
+size_t zero_nvme_stage_elems(const struct zero *z);
 
 #endif

@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "core/util.h"
+#include "zero/nvme.h"
 
 /* ---- the optimizer step ------------------------------------------------------ */
 
@@ -35,6 +36,7 @@ void zero_build_optimizer_tables(struct zero *z, const struct config *cfg)
         n += z->model->units[u].n_tensors;
     z->adam_ranges = xcalloc((size_t)n, sizeof *z->adam_ranges);
     z->grad_ranges = xcalloc((size_t)units, sizeof *z->grad_ranges);
+    z->nvme_segs = z->nvme ? xcalloc((size_t)n, sizeof *z->nvme_segs) : NULL;
     z->grad_counts = xcalloc((size_t)units, sizeof *z->grad_counts);
     n = 0;
     for (int u = 0; u < units; u++) {
@@ -54,12 +56,22 @@ void zero_build_optimizer_tables(struct zero *z, const struct config *cfg)
             if (lo >= hi || td->frozen) /* a frozen tensor of a trained unit (modules_to_save) stays as it is */
                 continue;
             size_t off = lo - r0;
+            if (zu->role.state_in_file) { /* the state is in the file, at the unit's place in the range */
+                z->nvme_segs[z->n_nvme_segs++] = (struct nvme_segment){
+                    .at = zero_range_offset(z, u) + off,
+                    .n = hi - lo,
+                    .grad = g + off,
+                    .weight_decay = td->decay ? cfg->optimizer.weight_decay : 0.0f,
+                    .param_out = z->device || !p ? NULL : elem(p, off, z->esize), /* !p: param_nvme */
+                };
+                continue;
+            }
             z->adam_ranges[n++] = (struct adamw_range){
                 .param = master + off,
                 .m = zu->adam_m + off,
                 .v = zu->adam_v + off,
                 .grad = g + off,
-                .param_out = has_master(zu) && !z->optimizer_on_host ? elem(p, off, z->esize) : NULL,
+                .param_out = has_master(zu) && !z->optimizer_on_host && p ? elem(p, off, z->esize) : NULL,
                 .n = hi - lo,
                 .weight_decay = td->decay ? cfg->optimizer.weight_decay : 0.0f,
             };
@@ -127,6 +139,38 @@ void zero_inject_inf(struct zero *z)
     backend_synchronize();
 }
 
+/* AdamW over the state in the file (offload_optimizer "nvme"): the segments
+ * streamed through its buffers. The host's new parameters are written in
+ * their dtype in the same pass, as the backend's fused AdamW writes them; a
+ * device's, unit by unit, from the unit's new master staged in pinned memory,
+ * cast by the device as under offload "cpu". */
+static void nvme_step(struct zero *z, const struct adamw_hparams *hp)
+{
+    if (!z->device) {
+        nvme_adamw_step(z->nvme, z->nvme_segs, z->n_nvme_segs, hp, z->dtype);
+        return;
+    }
+    int s = 0;
+    for (int u = 0; u < z->model->n_units; u++) {
+        struct zero_unit *zu = &z->units[u];
+        if (!zu->role.state_in_file)
+            continue;
+        const size_t lo = zero_range_offset(z, u), hi = lo + zu->opt_count;
+        const int first = s;
+        for (; s < z->n_nvme_segs && z->nvme_segs[s].at < hi; s++)
+            z->nvme_segs[s].param_out = z->nvme_stage + (z->nvme_segs[s].at - lo);
+        nvme_adamw_step(z->nvme, z->nvme_segs + first, s - first, hp, DTYPE_F32);
+        /* the updated slices only: gaps and frozen tensors keep their values, as a cast of the whole master gives
+         * (a shard in the parameter file: zero_nvme_write_back) */
+        for (int k = first; k < s && !zu->role.param_nvme; k++) {
+            const struct nvme_segment *sg = &z->nvme_segs[k];
+            backend_convert(elem(opt_params(z, zu), sg->at - lo, z->esize), z->dtype, sg->param_out, DTYPE_F32,
+                            sg->n);
+        }
+        backend_synchronize(); /* the stage is the next unit's */
+    }
+}
+
 void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, float lr, float grad_scale)
 {
     /* the host reads gradients the device wrote, and writes masters the device may still read */
@@ -149,7 +193,9 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
      * parameters from the pinned master. */
     const struct adamw_range *ranges = z->adam_ranges;
     const int n = z->n_adam_ranges;
-    if (!z->optimizer_on_host) {
+    if (z->nvme) {
+        nvme_step(z, &hp);
+    } else if (!z->optimizer_on_host) {
         backend_adamw(ranges, n, &hp, z->dtype);
     } else {
         for (int k = 0; k < n; k++) {
@@ -160,10 +206,11 @@ void zero_optimizer_step(struct zero *z, const struct optimizer_config *oc, floa
         /* the device casts the new parameters from the pinned master */
         for (int u = 0; u < z->model->n_units; u++) {
             struct zero_unit *zu = &z->units[u];
-            if (has_master(zu))
+            if (has_master(zu) && !zu->role.param_nvme)
                 backend_convert(opt_params(z, zu), z->dtype, zu->master, DTYPE_F32, zu->opt_count);
         }
     }
+    zero_nvme_write_back(z); /* offload_param "nvme": the new shards into the parameter file */
     /* Where a stage keeps parameters whole, every rank takes the others' updated slices. */
     for (int u = 0; u < z->model->n_units; u++) {
         struct zero_unit *zu = &z->units[u];

@@ -129,7 +129,11 @@ static void start_gather(struct zero *z, int u)
         return;
     void *full = slot_ptr(pool(z, POOL_GATHER, u), zu->gather_slot);
     const void *send = zu->param_shard;
-    if (z->device && z->params_offloaded) {
+    if (zu->role.param_nvme) { /* from the parameter file (read ahead) into this rank's slot, gathered in place */
+        void *own = elem(full, (size_t)z->rank * zu->shard, z->esize);
+        zero_nvme_fetch(z, u, own);
+        send = own;
+    } else if (z->device && z->params_offloaded) {
         /* a collective takes buffers of one space: the host shard goes to its
          * slot of the device buffer first, and the gather runs in place */
         void *own = elem(full, (size_t)z->rank * zu->shard, z->esize);
@@ -174,6 +178,7 @@ void zero_begin_pass(struct zero *z, const struct zero_pass *pass)
         fail_internal("pass '%s' begun inside pass '%s'", pass->name, z->pass->name);
     z->pass = pass;
     z->cursor = 0;
+    zero_nvme_begin_pass(z);
 }
 
 /* Waits for the reduce-scatter in flight and frees its buffer; in half
@@ -369,6 +374,8 @@ void zero_plan(const struct model *m, const struct config *cfg, const struct exe
         }
     if (zero_receive_elems(&z))
         bytes[BUF_GRADS] += d_bytes(&z, zero_receive_elems(&z)); /* the one reduce-scatter receive buffer */
+    if (zero_nvme_stage_elems(&z)) /* offload_optimizer nvme on a device: one unit's new master, pinned */
+        bytes[BUF_MASTER] += arena_round(zero_nvme_stage_elems(&z) * sizeof(float));
     for (int set = 0; set < POOL_SETS; set++)
         for (int k = 0; k < ZERO_POOLS; k++) {
             slots[set][k] = z.pools[set][k].peak;

@@ -468,7 +468,7 @@ static int child_read(int argc, char **argv)
 static int child_save_overlap(char **argv)
 {
     float values[35] = {0};
-    struct ckpt_slice short_one = {"wte.weight", 2, {7, 5}, 0, 34, values};
+    struct ckpt_slice short_one = {"wte.weight", 2, {7, 5}, 0, 34, values, NULL, NULL};
     struct ckpt_group group = {"master", &short_one, 1};
     struct ckpt_contents contents = {&group, 1, NULL, 0, NULL, 0};
     ckpt_save(argv[2], 1, 0, &contents, NULL, 0);
@@ -480,7 +480,8 @@ static int child_save_overlap(char **argv)
 static int child_save_mismatch(char **argv)
 {
     float values[35] = {0};
-    struct ckpt_slice s = {g_rank == 0 ? "wte.weight" : "wpe.weight", 2, {7, 5}, 0, g_rank == 0 ? 35 : 0, values};
+    struct ckpt_slice s = {g_rank == 0 ? "wte.weight" : "wpe.weight", 2, {7, 5}, 0, g_rank == 0 ? 35 : 0, values,
+                          NULL, NULL};
     struct ckpt_group group = {"master", &s, 1};
     struct ckpt_contents contents = {&group, 1, NULL, 0, NULL, 0};
     ckpt_save(argv[2], 1, 0, &contents, NULL, 0);

@@ -73,13 +73,14 @@ static void check_step_equal(enum dtype out, const char *name)
     snprintf(label, sizeof label, "nvme_step_bitwise_%s", name);
     CHECK(label, ok, "state or param_out differ from adamw_update in memory");
     /* 7000 elements in pieces of 1024: 7 pieces, every one touched; per step one read and one write of each,
-     * plus the range reads (7 pieces each) and the first write_range (7 reads + 7 writes) */
+     * plus the range reads (7 pieces each) and the first write_range (7 writes; of its reads only the block
+     * its end covers partly, in each of the 3 parts: the last piece holds 856 elements, 3424 bytes) */
     double rd, wr;
     nvme_traffic(f, &rd, &wr);
-    const double pb = 3.0 * PIECE * 4, pieces = 7;
+    const double pb = 3.0 * PIECE * 4, pieces = 7, edge = 3 * 4096;
     snprintf(label, sizeof label, "nvme_traffic_%s", name);
-    CHECK(label, rd == pb * pieces * (1 + 2 * STEPS) && wr == pb * pieces * (1 + STEPS),
-          "read %.0f written %.0f bytes, want %.0f and %.0f", rd, wr, pb * pieces * (1 + 2 * STEPS),
+    CHECK(label, rd == pb * pieces * 2 * STEPS + edge && wr == pb * pieces * (1 + STEPS),
+          "read %.0f written %.0f bytes, want %.0f and %.0f", rd, wr, pb * pieces * 2 * STEPS + edge,
           pb * pieces * (1 + STEPS));
     struct stat st;
     snprintf(label, sizeof label, "nvme_file_size_%s", name);
@@ -110,6 +111,15 @@ static void check_partial_ranges(void)
     nvme_read_range(f, 900, 1700, NULL, NULL, b);
     ok = ok && same_bits(b, z, 100 * 4) && same_bits(b + 100, a, 1500 * 4) && same_bits(b + 1600, z, 100 * 4);
     CHECK("nvme_ranges_roundtrip", ok, "a range written across pieces did not read back as written");
+    /* small writes inside one 4 KiB block, and ending on a block's end: their neighbours keep their values */
+    float c[40];
+    fill(c, 40, 8, 1.0f, false);
+    nvme_write_range(f, 1030, 20, c, NULL, NULL);
+    nvme_write_range(f, 2038, 10, c + 20, NULL, NULL); /* elements 2038..2047 end block 1 of piece 1 */
+    nvme_read_range(f, 1000, 1500, b, NULL, NULL);
+    ok = same_bits(b, a, 30 * 4) && same_bits(b + 30, c, 20 * 4) && same_bits(b + 50, a + 50, 988 * 4) &&
+         same_bits(b + 1038, c + 20, 10 * 4) && same_bits(b + 1048, a + 1048, 452 * 4);
+    CHECK("nvme_ranges_small_writes", ok, "a write inside a block changed its neighbours");
     CHECK("nvme_host_bytes", nvme_host_bytes(f) == 4 * 3 * PIECE * 4, "buffers take %zu bytes, want %d",
           nvme_host_bytes(f), 4 * 3 * PIECE * 4);
     CHECK("nvme_name_per_job_rank", strstr(nvme_path(f), "/shardlm-ranges-rank1.optim") != NULL, "file is %s",
@@ -226,6 +236,21 @@ static void check_bad_input(void)
           "/dev/shm (tmpfs on Linux): exit %d, stderr '%s'", st, msg);
 }
 
+/* nvme_sizes: the numbers the engine opens its file with and the plan counts. */
+static void check_sizes(void)
+{
+    size_t file, host, piece;
+    nvme_sizes(5000, 4, &file, &host, &piece); /* a small range: one piece, the range rounded up */
+    CHECK("nvme_sizes_small", piece == 5120 && file == 12 * 5120 && host == 4 * 12 * 5120 &&
+                                  file == nvme_file_bytes(5000, piece),
+          "piece %zu file %zu host %zu", piece, file, host);
+    const size_t n = 3 * NVME_PIECE_DEFAULT + 7; /* a large one: default pieces, the last padded; 3 buffers at least */
+    nvme_sizes(n, 1, &file, &host, &piece);
+    CHECK("nvme_sizes_large", piece == NVME_PIECE_DEFAULT && file == 4 * 12 * NVME_PIECE_DEFAULT &&
+                                  host == (size_t)NVME_BUFFERS_MIN * 12 * NVME_PIECE_DEFAULT,
+          "piece %zu file %zu host %zu", piece, file, host);
+}
+
 int main(void)
 {
     const char *tmp = getenv("SHARDLM_TEST_TMP");
@@ -234,6 +259,7 @@ int main(void)
     check_step_equal(DTYPE_BF16, "bf16");
     check_step_equal(DTYPE_F16, "f16");
     check_partial_ranges();
+    check_sizes();
     check_bad_input();
     return check_status();
 }

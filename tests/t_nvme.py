@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""t_nvme — offload_optimizer "nvme" in the trainer (src/zero/nvme.c through the
+engine): each rank's fp32 master, Adam m and v in its file under nvme_path, the
+AdamW step streamed through the pinned buffers.
+
+Every run goes through `mpirun -np N --oversubscribe bin/shardlm train ...`.
+Small model: 2 layers, 2 heads, C=32, T=16, vocab 100; 3 steps (fp16: 4, an
+overflow injected at step 2, so that the loss scaler skips a step).
+
+Checks (one "ok NAME" / "FAIL NAME: why" line each):
+  same.CASE     nvme against offload_optimizer "cpu", same everything else:
+                every step's loss, grad norm and loss scale, the final parameters
+                (--dump-final) and the final checkpoint's master, adam_m and
+                adam_v datasets bitwise equal; memory: master, Adam m and v
+                planned = peak = 0 under nvme; the file gone after the run.
+                CASEs cover fp32, bf16, fp16 (its scaler skipping a step),
+                N = 1, 2, 3 and stages 1, 2, 3, and the engine's device path
+                (SHARDLM_EMULATE_DEVICE=1, fp32 activations: the new master of
+                each unit staged in pinned memory, cast by the device), and a
+                LoRA run (the adapters' state in the file, the frozen base none)
+  resume.*      nvme, 3 steps + --resume auto + 3 bitwise equal to 6 steps; a
+                checkpoint of an nvme run resumed under "cpu", and one of a "cpu"
+                run resumed under nvme, equal to the same 6 steps (the same state)
+  kill.*        a model of 2.6 M parameters (2 pieces of the file): the job
+                killed (SIGKILL, SHARDLM_INJECT_NVME=kill:K) after the first piece
+                write of step 5's optimizer step, its file half new and half old:
+                exit status not 0, the step-4 checkpoint and latest intact;
+                --resume auto to step 6 bitwise equal to an uninterrupted run
+  io.*          an injected short write in step 3 (SHARDLM_INJECT_NVME=
+                short_write:K): exit 2, one error line naming the file, the file
+                removed; resumed
+                from the step-2 checkpoint to step 6: equal to the uninterrupted run
+  rss.*         a model of 17 M parameters, N=1, stage 1: the peak resident
+                memory (VmHWM of the rank, through getrusage of its children) of
+                the nvme run is below the "cpu" run's by at least 2/3 of the
+                state's 12 B/element minus the nvme buffers
+  bad.*         nvme_path a file; nvme_path under a file (cannot be made); a file
+                size limit (ulimit -f: the file cannot be allocated, as on a full
+                disk; no statvfs override exists and a full file system cannot be
+                faked without root mounts, so the room check itself is
+                tests/unit/test_nvme.c's); a second job on the same files (the same
+                SLURM_JOB_ID, N=2, its rank-1 file held locked: the ranks agree
+                before the parameters' init): exit 2 and one line
+                naming the path; a tmpfs nvme_path (/dev/shm): runs, with the
+                warning that it is memory; a killed job's file (another job's
+                name, unlocked, 2 minutes old) removed with a warning naming it,
+                a live job's (locked) and a new one kept
+
+Environment: SHARDLM_BIN, SHARDLM_TEST_TMP (harness.py). Under BUILD=build-asan
+(SHARDLM_BIN under build-asan) the rss check and the 17 M model are left out
+(ASan's shadow memory decides the peak there), and it says so.
+"""
+import fcntl
+import json
+import os
+import resource
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BIN, ENV, check, note, read_dump, run_main, scratch_dir, write_shard  # noqa: E402
+
+try:
+    import h5py
+except ImportError:  # pragma: no cover
+    h5py = None
+
+TMP = scratch_dir("t_nvme")
+ASAN = "build-asan" in BIN
+V, T = 100, 16
+SMALL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": T, "vocab_size": V}
+KILL_MODEL = {"n_layer": 2, "n_head": 4, "n_embd": 256, "n_positions": T, "vocab_size": 4096}
+RSS_MODEL = {"n_layer": 4, "n_head": 8, "n_embd": 512, "n_positions": T, "vocab_size": 8192}
+
+rng = np.random.default_rng(36)
+DATA = os.path.join(TMP, "train.bin")
+write_shard(DATA, rng.integers(0, V, size=200 * T + 1))
+
+
+def config(name, device, stage=2, dtype="fp32", steps=3, model=None, ckdir=None, every=0, nvme_path=None,
+           extra=None):
+    cfg = {
+        "model": dict(model or SMALL),
+        "data": {"train": DATA, "seq_len": T, "shuffle": False},
+        "train": {"steps": steps, "seed": 7, "eval_every": 0, "sample_tokens": 0,
+                  "metrics": os.path.join(TMP, name + ".jsonl")},
+        "train_batch_size": 12,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0,
+                              "offload_optimizer": {"device": device}},
+    }
+    if device == "nvme":
+        cfg["zero_optimization"]["offload_optimizer"]["nvme_path"] = nvme_path or os.path.join(TMP, "nvme")
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 2, "hysteresis": 1}
+    if ckdir:
+        cfg["checkpoint"] = {"dir": ckdir, "every": every, "keep": 3}
+    cfg.update(extra or {})
+    path = os.path.join(TMP, name + ".json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+class Run:
+    def __init__(self, name, rc, out, rows, final, nvme, memory, rss):
+        self.name, self.rc, self.out, self.rows, self.final = name, rc, out, rows, final
+        self.nvme, self.memory, self.rss = nvme, memory, rss
+
+    def col(self, k):
+        return [r.get(k) for r in self.rows]
+
+    def tail(self, n=3):
+        return " | ".join(self.out.strip().splitlines()[-n:])
+
+
+def run(name, N, cfg, *extra, env=None, final=True, fresh=True, rlimit=None, timeout=300):
+    """Runs shardlm train under mpirun in a child Python, which reports the peak RSS of its children."""
+    mpath = os.path.join(TMP, name + ".jsonl")
+    if fresh and os.path.exists(mpath):
+        os.remove(mpath)
+    fpath = os.path.join(TMP, name + ".final")
+    if os.path.exists(fpath):
+        os.remove(fpath)
+    # a file-size limit on the ranks only (mpirun's PMIx needs its files)
+    limit = ["bash", "-c", f'ulimit -f {rlimit // 512}; exec "$@"', "ulimit"] if rlimit else []
+    args = ["mpirun", "-np", str(N), "--oversubscribe"] + limit + [BIN, "train", cfg, "--quiet"] + list(extra)
+    if final:
+        args += ["--dump-final", fpath]
+    wrapper = ("import resource, subprocess, sys\n"
+               "r = subprocess.run(sys.argv[1:])\n"
+               "print('RSS_KIB', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+               "sys.exit(r.returncode)\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", wrapper] + args, env=env or ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=timeout)
+        rc, out = r.returncode, r.stdout.decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        rc, out = None, "timed out"
+    with open(os.path.join(TMP, name + ".out"), "w") as f:
+        f.write(out)
+    rss = [int(line.split()[1]) for line in out.splitlines() if line.startswith("RSS_KIB")]
+    out = "\n".join(line for line in out.splitlines() if not line.startswith("RSS_KIB"))
+    rows, nvme, memory = [], None, None
+    if os.path.exists(mpath):
+        with open(mpath) as f:
+            for line in f:
+                j = json.loads(line)
+                if "loss" in j:
+                    rows.append(j)
+                nvme = j.get("nvme", nvme)
+                memory = j.get("memory", memory)
+    fin = read_dump(fpath) if final and rc == 0 and os.path.exists(fpath) else None
+    return Run(name, rc, out, rows, fin, nvme, memory, rss[0] if rss else None)
+
+
+def ok(name, r, steps):
+    if r.rc != 0:
+        check(name, False, f"exit status {r.rc}: {r.tail()}")
+        return False
+    if r.col("step") != list(range(1, steps + 1)):
+        check(name, False, f"metrics steps {r.col('step')}, expected 1..{steps}")
+        return False
+    return True
+
+
+def params_differ(a, b):
+    if a is None or b is None:
+        return ["<no dump>"]
+    return [n for n in b if n not in a or np.asarray(a[n]).tobytes() != np.asarray(b[n]).tobytes()]
+
+
+def ckpt_differ(pa, pb):
+    """The datasets of master, adam_m and adam_v that differ between two checkpoints."""
+    if h5py is None:
+        return ["<no h5py>"]
+    bad = []
+    with h5py.File(pa, "r") as fa, h5py.File(pb, "r") as fb:
+        for g in ("master", "adam_m", "adam_v"):
+            if g not in fa or g not in fb or set(fa[g]) != set(fb[g]):
+                bad.append(g)
+                continue
+            bad += [f"{g}/{k}" for k in fa[g] if fa[g][k][()].tobytes() != fb[g][k][()].tobytes()]
+    return bad
+
+
+def same_run(name, a, b, steps):
+    """a (nvme) against b: per-step values and final parameters bitwise."""
+    for k in ("loss", "grad_norm", "loss_scale", "skipped"):
+        if a.col(k) != b.col(k):
+            check(name, False, f"{k}: {a.col(k)} vs {b.col(k)}")
+            return False
+    bad = params_differ(a.final, b.final)
+    if bad:
+        check(name, False, f"final parameters differ: {bad[:4]}")
+        return False
+    return True
+
+
+def nvme_files():
+    d = os.path.join(TMP, "nvme")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+CASES = [  # name, N, stage, dtype, env extra, config extra
+    ("n1_s1_fp32", 1, 1, "fp32", {}, {}),
+    ("n2_s2_bf16", 2, 2, "bf16", {}, {}),
+    ("n3_s3_fp16", 3, 3, "fp16", {"SHARDLM_INJECT_INF_STEP": "2"}, {}),
+    ("n2_s3_fp32", 2, 3, "fp32", {}, {}),
+    ("n3_s1_bf16", 3, 1, "bf16", {}, {}),
+    ("n1_s2_fp16", 1, 2, "fp16", {"SHARDLM_INJECT_INF_STEP": "2"}, {}),
+    ("n2_s3_bf16_device", 2, 3, "bf16", {"SHARDLM_EMULATE_DEVICE": "1", "SHARDLM_FP32_ACTIVATIONS": "1"}, {}),
+    # LoRA: the frozen base has no optimizer state; the adapters' is in the file
+    ("n2_s2_bf16_lora", 2, 2, "bf16", {}, {"lora": {"r": 4, "alpha": 8}}),
+]
+
+
+def test_same():
+    for name, N, stage, dtype, extra, cfg_extra in CASES:
+        steps = 4 if dtype == "fp16" else 3
+        env = dict(ENV, **extra)
+        runs = {}
+        for dev in ("cpu", "nvme"):
+            ck = os.path.join(TMP, f"same_{name}_{dev}.ckpt")
+            cfg = config(f"same_{name}_{dev}", dev, stage, dtype, steps, ckdir=ck, extra=cfg_extra)
+            runs[dev] = run(f"same_{name}_{dev}", N, cfg, env=env)
+        a, b = runs["nvme"], runs["cpu"]
+        if not (ok(f"same.{name}", a, steps) and ok(f"same.{name}", b, steps)):
+            continue
+        if not same_run(f"same.{name}", a, b, steps):
+            continue
+        if dtype == "fp16" and True not in a.col("skipped"):
+            check(f"same.{name}", False, f"no step skipped: {a.col('skipped')}")
+            continue
+        ck = [os.path.join(TMP, f"same_{name}_{d}.ckpt", f"step_{steps:06d}.h5") for d in ("nvme", "cpu")]
+        bad = ckpt_differ(*ck)
+        mem, cpu_mem = a.memory or {}, b.memory or {}
+        state = {k: mem.get(k, {}) for k in ("fp32 master weights", "Adam m", "Adam v")}
+        mem_ok = all(v.get("planned") == 0 and v.get("peak") == 0 for v in state.values())
+        if "device" in name:  # the master's class holds the one-unit pinned stage the device casts from
+            master, cpu_master = state.pop("fp32 master weights"), cpu_mem.get("fp32 master weights", {})
+            mem_ok = all(v.get("planned") == 0 and v.get("peak") == 0 for v in state.values()) and \
+                0 < master.get("planned", 0) == master.get("peak") < cpu_master.get("planned", 0)
+        nv = a.nvme or {}
+        check(f"same.{name}", not bad and mem_ok and nv.get("written_bytes", 0) > 0 and not nvme_files(),
+              f"checkpoint datasets differ {bad[:4]}; state classes {state}; nvme {nv}; files left {nvme_files()}")
+
+
+def test_resume():
+    steps = 6
+    u = run("res_u", 2, config("res_u", "nvme", 3, "bf16", steps))
+    if not ok("resume.uninterrupted", u, steps):
+        return
+    for name, first, second in (("nvme", "nvme", "nvme"), ("nvme_to_cpu", "nvme", "cpu"),
+                                ("cpu_to_nvme", "cpu", "nvme")):
+        ck = os.path.join(TMP, f"res_{name}.ckpt")
+        a = run(f"res_{name}", 2, config(f"res_{name}", first, 3, "bf16", 3, ckdir=ck), final=False)
+        if not ok(f"resume.{name}", a, 3):
+            continue
+        b = run(f"res_{name}", 2, config(f"res_{name}", second, 3, "bf16", steps, ckdir=ck), "--resume", "auto",
+                fresh=False)
+        if ok(f"resume.{name}", b, steps) and same_run(f"resume.{name}", b, u, steps):
+            check(f"resume.{name}", True)
+
+
+def file_pieces(nv):
+    """Pieces of the file from the run's nvme metrics (buffer_count 4, the default)."""
+    return nv["file_bytes"] // (nv["host_bytes"] // 4)
+
+
+def test_kill():
+    steps = 6
+    u = run("kill_u", 1, config("kill_u", "nvme", 1, "fp32", steps, model=KILL_MODEL))
+    if not ok("kill.uninterrupted", u, steps):
+        return
+    pieces = file_pieces(u.nvme)
+    check("kill.pieces", pieces >= 2, f"{pieces} pieces: {u.nvme}")
+    ck = os.path.join(TMP, "kill.ckpt")
+    k = 4 * pieces + 1  # the first piece of step 5
+    a = run("kill", 1, config("kill", "nvme", 1, "fp32", steps, model=KILL_MODEL, ckdir=ck, every=2),
+            env=dict(ENV, SHARDLM_INJECT_NVME=f"kill:{k}"), final=False)
+    latest = open(os.path.join(ck, "latest")).read().strip() if os.path.exists(os.path.join(ck, "latest")) else ""
+    check("kill.killed", a.rc not in (0, None) and a.col("step") == [1, 2, 3, 4] and latest == "step_000004.h5",
+          f"exit {a.rc}, steps {a.col('step')}, latest '{latest}': {a.tail()}")
+    b = run("kill", 1, config("kill", "nvme", 1, "fp32", steps, model=KILL_MODEL, ckdir=ck, every=2),
+            "--resume", "auto", fresh=False)
+    if ok("kill.resume", b, steps) and same_run("kill.resume", b, u, steps):
+        check("kill.resume", True)
+
+
+def test_io_error():
+    steps = 6
+    u = run("io_u", 1, config("io_u", "nvme", 2, "bf16", steps))
+    if not ok("io.uninterrupted", u, steps):
+        return
+    ck, nvdir = os.path.join(TMP, "io.ckpt"), os.path.join(TMP, "nvme_io")
+    cfg = config("io", "nvme", 2, "bf16", steps, ckdir=ck, every=2, nvme_path=nvdir)
+    a = run("io", 1, cfg, env=dict(ENV, SHARDLM_INJECT_NVME=f"short_write:{2 * file_pieces(u.nvme) + 1}"),
+            final=False)
+    errors = [line for line in a.out.splitlines() if "error" in line]
+    named = len(errors) == 1 and "short write" in errors[0] and os.path.join(nvdir, "shardlm-") in errors[0]
+    left = os.listdir(nvdir) if os.path.isdir(nvdir) else []
+    check("io.short_write", a.rc == 2 and named and a.col("step") == [1, 2] and not left,
+          f"exit {a.rc}, steps {a.col('step')}, error lines {errors}, files left {left}")
+    b = run("io", 1, cfg, "--resume", "auto", fresh=False)
+    if ok("io.resume", b, steps) and same_run("io.resume", b, u, steps):
+        check("io.resume", True)
+
+
+def test_rss():
+    if ASAN:
+        note("rss: left out under ASan (its shadow memory decides the peak)")
+        return
+    r = {}
+    for dev in ("cpu", "nvme"):
+        r[dev] = run(f"rss_{dev}", 1, config(f"rss_{dev}", dev, 1, "fp32", 2, model=RSS_MODEL), final=False)
+        if not ok(f"rss.{dev}", r[dev], 2):
+            return
+    nv = r["nvme"].nvme
+    state_kib = nv["file_bytes"] / 1024
+    buffers_kib = nv["host_bytes"] / 1024
+    saved = r["cpu"].rss - r["nvme"].rss
+    note(f"peak RSS: cpu {r['cpu'].rss} KiB, nvme {r['nvme'].rss} KiB; state {state_kib:.0f} KiB, "
+         f"nvme buffers {buffers_kib:.0f} KiB")
+    check("rss.below_cpu", saved >= (state_kib - buffers_kib) * 2 / 3,
+          f"cpu {r['cpu'].rss} KiB, nvme {r['nvme'].rss} KiB: saved {saved} KiB of a state of {state_kib:.0f} KiB "
+          f"with {buffers_kib:.0f} KiB of buffers")
+
+
+def one_error_line(name, r, *words):
+    errors = [line for line in r.out.splitlines() if "error" in line]
+    check(name, r.rc == 2 and len(errors) == 1 and all(w in errors[0] for w in words),
+          f"exit {r.rc}, error lines {errors}, wanted {words}: {r.tail()}")
+
+
+def test_bad():
+    afile = os.path.join(TMP, "a_file")
+    open(afile, "w").write("x")
+    r = run("bad_file", 1, config("bad_file", "nvme", 1, nvme_path=afile), final=False)
+    one_error_line("bad.not_a_directory", r, afile, "not a directory")
+    under = os.path.join(afile, "sub")
+    r = run("bad_make", 1, config("bad_make", "nvme", 1, nvme_path=under), final=False)
+    one_error_line("bad.cannot_make", r, under, "Not a directory")
+    r = run("bad_room", 1, config("bad_room", "nvme", 1, nvme_path=os.path.join(TMP, "room")), final=False,
+            rlimit=64 * 1024)
+    one_error_line("bad.no_room", r, os.path.join(TMP, "room", "shardlm-"), "File too large")
+    # a second job on the same files: the same Slurm job id, its rank-1 file locked by the first (N=2: rank 0
+    # opens its own, and the ranks agree on rank 1's line before the parameters' init)
+    lockdir = os.path.join(TMP, "locked")
+    os.makedirs(lockdir, exist_ok=True)
+    held = os.path.join(lockdir, "shardlm-36777-rank1.optim")
+    with open(held, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = run("bad_lock", 2, config("bad_lock", "nvme", 1, nvme_path=lockdir), final=False,
+                env=dict(ENV, SLURM_JOB_ID="36777"))
+        one_error_line("bad.second_job", r, held, "in use by another job")
+    check("bad.second_job_file_kept", os.path.exists(held), "the first job's file was removed")
+    # a killed job's file (unlocked, 2 minutes old) is removed with a warning; a live job's (locked) and a
+    # new one are kept
+    stale_dir = os.path.join(TMP, "stale")
+    os.makedirs(stale_dir, exist_ok=True)
+    names = {k: os.path.join(stale_dir, f"shardlm-{k}-rank0.optim") for k in ("killed", "live", "new")}
+    for k, path in names.items():
+        with open(path, "wb") as f:
+            f.write(b"\0" * 8192)
+        if k != "new":
+            os.utime(path, (os.path.getmtime(path) - 120,) * 2)
+    with open(names["live"]) as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = run("stale", 1, config("stale", "nvme", 1, nvme_path=stale_dir), final=False)
+    warned = [line for line in r.out.splitlines() if "warning" in line and "removed" in line]
+    check("bad.stale_swept", r.rc == 0 and not os.path.exists(names["killed"]) and os.path.exists(names["live"])
+          and os.path.exists(names["new"]) and len(warned) == 1 and names["killed"] in warned[0],
+          f"exit {r.rc}, files {sorted(os.listdir(stale_dir))}, warnings {warned}")
+    if os.path.isdir("/dev/shm"):
+        shm = f"/dev/shm/t_nvme.{os.getpid()}"
+        r = run("tmpfs", 1, config("tmpfs", "nvme", 1, nvme_path=shm), final=False)
+        # (tmpfs takes O_DIRECT since Linux 6.6: the buffered fallback's warning is test_nvme.c's to check)
+        warned = [line for line in r.out.splitlines() if "warning" in line and shm in line]
+        check("bad.tmpfs_warns", r.rc == 0 and len(warned) == 1 and "is tmpfs: memory, not disk" in warned[0],
+              f"exit {r.rc}, warnings {warned}: {r.tail(6)}")
+        subprocess.run(["rm", "-rf", shm])
+
+
+def main():
+    only = os.environ.get("T_NVME_ONLY")  # a comma-separated subset while working on one
+    for t in (test_same, test_resume, test_kill, test_io_error, test_rss, test_bad):
+        if not only or t.__name__[5:] in only.split(","):
+            t()
+
+
+if __name__ == "__main__":
+    run_main("t_nvme", main)
