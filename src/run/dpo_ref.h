@@ -1,0 +1,56 @@
+/*
+ * dpo_ref — the reference log-probability file of DPO (issue 37): every
+ * pair's two reference log-probs, computed once with the initial weights
+ * before step 1 of a full fine-tune (TRL's precompute_ref_log_probs), so that
+ * training holds one model; `shardlm eval --preferences` reads it too.
+ *
+ * File (HDF5, readable by h5py): root attributes format "shardlm-ref-logps",
+ * version 1, samples_path (the preference file, absolute), samples_sha256
+ * (SHA-256 of the preference file's bytes), model (what the values were
+ * computed with: dpo_ref_model_id); datasets /logps float64 [2 n_pairs] (the
+ * summed log-prob of sample 2i, chosen, and 2i + 1, rejected, in file order)
+ * and /n_targets int64 [2 n_pairs] (each sample's trained tokens, for ipo's
+ * mean). Independent of beta and the loss type. Written atomically (a .tmp,
+ * then rename).
+ */
+#ifndef SHARDLM_DPO_REF_H
+#define SHARDLM_DPO_REF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DPO_REF_FORMAT "shardlm-ref-logps"
+#define DPO_REF_VERSION 1
+#define DPO_REF_MODEL_CAP 4200 /* a path (CKPT_MAX_PATH) and a checksum */
+
+struct dpo_ref {
+    int64_t n_pairs;
+    double *logps;       /* [2 n_pairs]: chosen of pair i at 2i, rejected at 2i + 1 */
+    int64_t *n_targets;  /* [2 n_pairs] */
+    char sha256[65];     /* of the preference file */
+    char model[DPO_REF_MODEL_CAP];
+    char samples_path[4096]; /* as recorded (informative: the sha decides) */
+};
+
+/* Loads path; NULL when there is no such file. A file that is not such a
+ * file, or whose samples_sha256 / model differ from want_sha256 / want_model
+ * (either NULL: not compared): fail_input naming the file and what to do
+ * (delete it or name another). */
+struct dpo_ref *dpo_ref_load(const char *path, const char *want_sha256, const char *want_model);
+/* Writes r to path (r->samples_path made absolute); rank 0 only; atomic. */
+void dpo_ref_save(const char *path, const struct dpo_ref *r);
+/* A zeroed struct with room for n_pairs pairs. */
+struct dpo_ref *dpo_ref_new(int64_t n_pairs);
+void dpo_ref_free(struct dpo_ref *r);
+/* The default path beside the preference file: <samples>.ref-logps.h5 */
+void dpo_ref_default_path(const char *samples_path, char *out, size_t cap);
+/* The model a reference was computed with, as a dpo_ref's model: the
+ * from_pretrained directory ("" without one) and the checksum of the base
+ * parameters as read (the one a LoRA checkpoint records as base_checksum). */
+void dpo_ref_model_id(const char *pretrained, const char *checksum, char *out, size_t cap);
+/* The SHA-256 of a file's bytes as 64 lowercase hex digits; fail_input
+ * naming it (with what) when it cannot be read. */
+void dpo_ref_file_sha256(const char *path, const char *what, char hex[65]);
+
+#endif
