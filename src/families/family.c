@@ -411,7 +411,7 @@ static double walk_forward(struct walk *w, struct family_acts *a, int with_targe
         const int au = adapter_unit(m, l);
         const float *ad = au >= 0 ? acquire(w, au) : NULL;
         if (live(w))
-            f->block_forward(a, l, p, ad, block_in(a, l), block_out(a, l));
+            f->block_forward(a, l, p, a->adapters_off ? NULL : ad, block_in(a, l), block_out(a, l));
         if (au >= 0)
             release(w, au);
         release(w, u);

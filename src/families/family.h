@@ -79,6 +79,7 @@ struct family_acts {
     int logits_rows;          /* rows of logits computed at a time (family_logits_rows) */
     int logits_r0;            /* the first row of the chunk the buffer holds */
     float dloss_scale;        /* the training forward's: its dlogits scale (family_forward) */
+    bool adapters_off;        /* LoRA: the forward runs the base alone (DPO's reference; no gradient, FAMILY_EVAL) */
     float *losses;            /* (B, T) */
     float *dresid_a, *dresid_b; /* (B, T, C) gradient of the residual stream; dresid_a: dy in, dx out of a block */
     float *dwork_c;           /* (B, T, C) backward work: the final norm's output gradient, a block's */
