@@ -55,7 +55,9 @@ void plan_compute_for(struct mem_plan *p, const struct model *m, const struct co
                       enum plan_target target)
 {
     const struct exec_target t = target_of(cfg, target);
-    plan_fill(p, m, cfg, world, &t, cfg->micro_batch, cfg->data.seq_len, cfg->data.seq_len, cfg->data.packing, 0);
+    /* DPO: a micro-batch of B pairs runs as 2B rows (data/samples.h) */
+    const int rows = cfg->micro_batch * (cfg->dpo.enabled ? 2 : 1);
+    plan_fill(p, m, cfg, world, &t, rows, cfg->data.seq_len, cfg->data.seq_len, cfg->data.packing, 0);
 }
 
 void plan_compute_generate(struct mem_plan *p, const struct model *m, const struct config *cfg, int world, int B,
@@ -93,6 +95,9 @@ void plan_traffic(const struct model *m, const struct config *cfg, int world, in
             bytes[COMM_ALLGATHER] += (N - 1) * shard * esize;
         if (r.sharded) /* gathered wherever the pass acquires it unheld: for forward and again for backward */
             bytes[COMM_ALLGATHER] += zero_pass_gathers(&train, u) * accum * (N - 1) * shard * esize;
+        /* DPO with LoRA: the reference's evaluation forward (adapters off) gathers them once more */
+        if (r.sharded && cfg->dpo.enabled && !cfg->dpo.precompute_ref_log_probs)
+            bytes[COMM_ALLGATHER] += zero_pass_gathers(&eval, u) * accum * (N - 1) * shard * esize;
     }
     family_free_passes(&train, &eval);
 }
