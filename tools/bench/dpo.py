@@ -36,7 +36,6 @@ and PEFT 0.10.0 on Debian's torch 1.13), default $SHARDLM_TRL_PYTHON, else
 /tmp/shardlm-trl-venv/bin/python when there, else build/ref-venv/bin/python
 (which has no TRL: the PyTorch loop).
 """
-import argparse
 import json
 import os
 import sys
@@ -45,6 +44,7 @@ import numpy as np
 
 import train_llama
 import train_throughput as tt
+from lora import lora_bench_args
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 REF_RATIO_TARGET = 1.5   # shardlm DPO LoRA tok/s / the reference's, at least
@@ -113,13 +113,7 @@ def shardlm_shape(name, dims, steps, rows, data, dpo, lora):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="shardlm DPO (LoRA, full) vs its SFT step vs TRL's DPOTrainer + PEFT")
-    tt.add_common_args(ap, "dpo.json", train_llama.SHAPES["12L"][-1])
-    ap.set_defaults(budget=300.0)
-    ap.add_argument("--shape", default="12L", choices=sorted(train_llama.SHAPES),
-                    help="train_llama.py's shape (default 12L; small for a quick check of the bench)")
-    ap.add_argument("--r", type=int, default=16)
-    ap.add_argument("--alpha", type=float, default=32.0)
+    ap = lora_bench_args("shardlm DPO (LoRA, full) vs its SFT step vs TRL's DPOTrainer + PEFT", "dpo.json")
     ap.add_argument("--pairs", type=int, default=64, help="pairs in the data (default 64)")
     ap.add_argument("--ref-python", default=default_ref_python(),
                     help="interpreter of the reference (TRL there: DPOTrainer; else the PyTorch loop)")
