@@ -8,7 +8,8 @@
  * checked against the preference file's SHA-256); --ref MODEL (another
  * model, run first and closed); a LoRA checkpoint's base with the adapters
  * off (acts.adapters_off; not when modules_to_save trained base tensors);
- * the file a checkpoint records in its attribute "dpo_ref_log_probs".
+ * the file a checkpoint records in its attribute "dpo_ref_log_probs" (or
+ * "dpo_ref_path", the name the trainer writes).
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -78,11 +79,13 @@ static void recorded_ref(const struct infer *s, char *out, size_t cap)
     if (!s->ckpt_path[0])
         return;
     struct ckpt_reader *r = ckpt_open(s->ckpt_path);
-    if (ckpt_has_attr(r, "dpo_ref_log_probs")) {
-        char *v = ckpt_attr_str(r, "dpo_ref_log_probs");
-        snprintf(out, cap, "%s", v);
-        free(v);
-    }
+    static const char *const names[] = {"dpo_ref_log_probs", "dpo_ref_path"}; /* the brief's name, the trainer's */
+    for (int k = 0; k < 2 && !out[0]; k++)
+        if (ckpt_has_attr(r, names[k])) {
+            char *v = ckpt_attr_str(r, names[k]);
+            snprintf(out, cap, "%s", v);
+            free(v);
+        }
     ckpt_close(r);
 }
 
@@ -190,7 +193,11 @@ int eval_preferences(struct comm *comm, struct infer_options *o, const struct ev
     }
     pref_sample_logps(&s, &pr.pd, P, false, pr.logps[0], pr.n_targets[0]);
     for (int64_t i = 0; ref_file && i < 2 * pr.pd.n_pairs; i++)
-        if (pr.n_targets[0][i] != pr.n_targets[1][i])
+        if (pr.n_targets[1][i] == 0)
+            fail_input("reference log-prob file '%s' has no value for pair %lld (its run left the pair out: longer "
+                       "than its data.seq_len, or nothing trained); give --ref MODEL to compute the reference here",
+                       ref_file, (long long)(i / 2));
+        else if (pr.n_targets[0][i] != pr.n_targets[1][i])
             fail_input("reference log-prob file '%s': sample %lld has %lld trained tokens there and %lld at eval "
                        "length %d: computed at another length; give --seq-len %d or recompute it",
                        ref_file, (long long)i, (long long)pr.n_targets[1][i], (long long)pr.n_targets[0][i],

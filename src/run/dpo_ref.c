@@ -222,9 +222,11 @@ struct dpo_ref *dpo_ref_load(const char *path, const char *want_sha256, const ch
                  "damaged", n, nt);
     r->n_pairs = (int64_t)(n / 2);
     for (size_t i = 0; i < n; i++)
-        if (!isfinite(r->logps[i]) || r->logps[i] > 0 || r->n_targets[i] < 1)
+        if (r->n_targets[i] == 0 ? !isnan(r->logps[i])
+                                 : !isfinite(r->logps[i]) || r->logps[i] > 0 || r->n_targets[i] < 1)
             bad_file(path, "sample %zu has log-prob %g over %lld targets (want a finite value <= 0 over at least "
-                     "one target): the file is damaged", i, r->logps[i], (long long)r->n_targets[i]);
+                     "one target, or NaN over none for a pair left out): the file is damaged", i, r->logps[i],
+                     (long long)r->n_targets[i]);
     return r;
 }
 

@@ -10,7 +10,8 @@
  * computed with: dpo_ref_model_id); datasets /logps float64 [2 n_pairs] (the
  * summed log-prob of sample 2i, chosen, and 2i + 1, rejected, in file order)
  * and /n_targets int64 [2 n_pairs] (each sample's trained tokens, for ipo's
- * mean). Independent of beta and the loss type. Written atomically (a .tmp,
+ * mean); a pair the run left out (too long, nothing trained) has log-prob NaN
+ * and 0 targets (dpo_ref_has). Independent of beta and the loss type. Written atomically (a .tmp,
  * then rename).
  */
 #ifndef SHARDLM_DPO_REF_H
@@ -22,7 +23,7 @@
 
 #define DPO_REF_FORMAT "shardlm-ref-logps"
 #define DPO_REF_VERSION 1
-#define DPO_REF_MODEL_CAP 4200 /* a path (CKPT_MAX_PATH) and a checksum */
+#define DPO_REF_MODEL_CAP 4300 /* a path (CKPT_MAX_PATH) and a checksum */
 
 struct dpo_ref {
     int64_t n_pairs;
@@ -33,6 +34,8 @@ struct dpo_ref {
     char samples_path[4096]; /* as recorded (informative: the sha decides) */
 };
 
+/* Whether sample i (2 pair + 0 chosen / 1 rejected) has a value. */
+static inline bool dpo_ref_has(const struct dpo_ref *r, int64_t i) { return r->n_targets[i] > 0; }
 /* Loads path; NULL when there is no such file. A file that is not such a
  * file, or whose samples_sha256 / model differ from want_sha256 / want_model
  * (either NULL: not compared): fail_input naming the file and what to do

@@ -196,6 +196,21 @@ int main(void)
     damage_dataset(good, path, "n_targets", true);
     check_bad("mismatched_datasets", path, NULL, NULL, "10 log-probs and 3 target counts");
 
+    /* a pair left out by the run: NaN over 0 targets */
+    w->logps[4] = w->logps[5] = NAN;
+    w->n_targets[4] = w->n_targets[5] = 0;
+    tmp_path(path, sizeof path, "left_out.h5");
+    dpo_ref_save(path, w);
+    r = dpo_ref_load(path, NULL, NULL);
+    CHECK("left_out_pair", r && !dpo_ref_has(r, 4) && !dpo_ref_has(r, 5) && dpo_ref_has(r, 3) && isnan(r->logps[4]),
+          "a left-out pair did not load as one");
+    dpo_ref_free(r);
+    w->n_targets[5] = 2;
+    tmp_path(path, sizeof path, "nan_with_targets.h5");
+    dpo_ref_save(path, w);
+    check_bad("nan_with_targets", path, NULL, NULL, "sample 5");
+    w->logps[4] = w->logps[5] = -1.0;
+
     /* a positive log-prob is no log-prob */
     w->logps[3] = 0.5;
     tmp_path(path, sizeof path, "positive.h5");
