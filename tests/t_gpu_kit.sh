@@ -38,7 +38,7 @@ else
 fi
 listed=$(grep -vc '^#' "$KIT/MANIFEST")
 files=$(find "$KIT" -type f ! -name MANIFEST | wc -l)
-unowned=$(awk '!/^#/ && $3 == "written-by-tools/gpu-kit.sh" {print $2}' "$KIT/MANIFEST" | grep -v -e '^env.sh$' -e '^lib/lib[a-z0-9-]*\.so$')
+unowned=$(awk '!/^#/ && $3 == "written-by-tools/gpu-kit.sh" {print $2}' "$KIT/MANIFEST" | grep -v -e '^env.sh$' -e '^build-nomake.sh$' -e '^lib/lib[a-z0-9-]*\.so$')
 if [ "$listed" -eq "$files" ] && [ -z "$unowned" ] && grep -q ' lib/libmpi.so.40 libopenmpi3$' "$KIT/MANIFEST"; then
   ok manifest
 else
@@ -100,6 +100,15 @@ blob = open(os.path.join(d, "shardlm-cuda"), "rb").read() if os.path.exists(os.p
 arches = sorted(set(re.findall(rb"(?:sm|compute)_[0-9]+[a-z]?", blob)))
 print("ok gpu_bins_sm90_only" if arches == [b"sm_90"] else f"FAIL gpu_bins_sm90_only: {arches}")
 PY
+# the no-make fallback (tools/gpu-nomake.sh) travels in both folders: the same script, valid bash, no -Werror
+# (tests/t_gpu_session.sh runs it)
+# (their second line names the commit each was written at)
+if cmp -s <(sed 1,2d "$KIT/build-nomake.sh") <(sed 1,2d "$TMP/bins/build-nomake.sh") && bash -n "$KIT/build-nomake.sh" &&
+  grep -q "^  '\$NVCC \$NVCCFLAGS -c src/backend/cuda/" "$KIT/build-nomake.sh" && ! grep -q Werror "$KIT/build-nomake.sh"; then
+  ok nomake_script_carried
+else
+  fail nomake_script_carried "$(ls -l "$KIT/build-nomake.sh" "$TMP/bins/build-nomake.sh" 2>&1 | tr '\n' ' ')"
+fi
 
 # --- the bare root: base libraries, bash, the kit; nothing else of /usr/lib
 mkdir -p "$ROOT"/{bin,etc,proc,sys,dev,tmp,work/bin}

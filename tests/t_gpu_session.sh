@@ -11,7 +11,12 @@
 # MPI path; every run's metrics come back in metrics.jsonl; a probe that hangs
 # still lets e2e and timings run (the defaults are written before it); the
 # carried binaries (tools/gpu-bins.sh's layout) are used when present, with no
-# make run, and a glibc they need that the machine lacks is named in one line.
+# make run, and a glibc they need that the machine lacks is named in one line;
+# with no make and no binaries, the build stage compiles with build-nomake.sh
+# (and with make, the checkers too without -Werror);
+# CUDA_HOME comes from the nvcc on PATH (a wrapper script too), else the cuBLAS
+# wheel; GPU processes left after a stage are killed; the clocks in
+# results.json are the medians of the nvidia-smi trace.
 # Time limits are generous: nothing here depends on how busy the machine is.
 set -u
 cd "$(dirname "$0")/.."
@@ -123,7 +128,8 @@ printf '{"commit": "c0ffee", "glibc_needed_max": "%s"}\n' "$(getconf GNU_LIBC_VE
 # with tests/gpu/e2e.py's CPU side precomputed into bins/refs, as tools/gpu-bins.sh does
 E2E_SIZE=tiny E2E_CASES=n1_fp32 E2E_PRECOMPUTE=1 E2E_REFS=$TMP/bins/refs SHARDLM_TEST_TMP=$TMP/refs-tmp \
   "$PY" tests/gpu/e2e.py >"$TMP/refs.log" 2>&1 || fail gpu_session.precompute "$(tail -3 "$TMP/refs.log" | tr '\n' ' ')"
-SESSION_BINS=$TMP/bins SESSION_E2E_CASES=n1_fp32 OUT=$TMP/out3 bash tests/gpu/session.sh --rehearse \
+# (GIT_DIR elsewhere: .git does not travel, and the commit is then the one INFO.json names)
+GIT_DIR=$TMP/no-git SESSION_BINS=$TMP/bins SESSION_E2E_CASES=n1_fp32 OUT=$TMP/out3 bash tests/gpu/session.sh --rehearse \
   --stages probe,build,e2e >"$TMP/stdout3" 2>&1
 "$PY" - "$TMP/out3/results.json" "$TMP/out3/session.log" <<'PYEOF'
 import json, sys
@@ -136,9 +142,11 @@ except (OSError, ValueError) as e:
 st = {s["name"]: s for s in res.get("stages", [])}
 b = st.get("build", {})
 ok = (b.get("status") == "pass" and "ok build.carried" in log and "make -j" not in log
-      and res.get("binaries", {}).get("source") == "carried" and res["binaries"]["carried"]["commit"] == "c0ffee")
+      and res.get("binaries", {}).get("source") == "carried" and res["binaries"]["carried"]["commit"] == "c0ffee"
+      and res.get("commit") == "c0ffee")
 print("ok gpu_session.carried_used" if ok else
       f"FAIL gpu_session.carried_used: build {b.get('status')} {b.get('failed_checks')}, binaries {res.get('binaries')}, "
+      f"commit {res.get('commit')} (want INFO.json's), "
       f"make ran: {'make -j' in log}")
 e = st.get("e2e", {})
 ok = e.get("status") == "pass" and e.get("figures", {}).get("cpu_reference_precomputed") == ["n1_fp32"] and "ok e2e.n1_fp32.planned_is_peak" in log
@@ -148,10 +156,144 @@ ok = st.get("probe", {}).get("status") == "pass" and "ok probe.glibc" in log
 print("ok gpu_session.carried_glibc_fits" if ok else f"FAIL gpu_session.carried_glibc_fits: probe {st.get('probe')}")
 PYEOF
 printf '{"commit": "c0ffee", "glibc_needed_max": "99.1"}\n' >"$TMP/bins/INFO.json"
-SESSION_BINS=$TMP/bins OUT=$TMP/out4 bash tests/gpu/session.sh --rehearse --stages probe >"$TMP/stdout4" 2>&1
+# with CUDA_HOME unset and a wrapper script as the nvcc first on PATH (as
+# /usr/local/bin/nvcc is here): CUDA_HOME is the toolkit it runs (issue 35, item 2)
+mkdir -p "$TMP/wrap"
+printf '#!/bin/sh\nexec %s "$@"\n' "$(readlink -f "$CUDA_HOME/bin/nvcc")" >"$TMP/wrap/nvcc" && chmod +x "$TMP/wrap/nvcc"
+PATH=$TMP/wrap:$PATH SESSION_BINS=$TMP/bins OUT=$TMP/out4 env -u CUDA_HOME bash tests/gpu/session.sh --rehearse \
+  --stages probe >"$TMP/stdout4" 2>&1
+home=$(sed -n 's/.*"cuda_home": "\([^"]*\)".*/\1/p' "$TMP/out4/results.json" | head -1)
+[ "$home" = "$(readlink -f "$CUDA_HOME")" ] && grep -q '^ok probe.cublas' "$TMP/out4/session.log" && ok gpu_session.cuda_home_from_nvcc ||
+  fail gpu_session.cuda_home_from_nvcc "machine.cuda_home '$home', want $(readlink -f "$CUDA_HOME") (what the nvcc first on PATH runs, not the default /usr/local/cuda)"
+# no nvcc at all (the toolkit hidden in a mount namespace): CUDA_HOME is the
+# nvidia-cublas wheel's folder, its lib/ holding cuBLAS
+mkdir -p "$TMP/empty" "$TMP/site/nvidia/cublas/lib" && : >"$TMP/site/nvidia/cublas/lib/libcublas.so.13"
+OUT=$TMP/out6 unshare -m bash -c 'mount --bind "$1" "$(readlink -f "$2")" &&
+  exec env -u CUDA_HOME bash tests/gpu/session.sh --rehearse --stages probe' hide "$TMP/empty" "$CUDA_HOME" \
+  >"$TMP/stdout6" 2>&1 </dev/null
+home=$(sed -n 's/.*"cuda_home": "\([^"]*\)".*/\1/p' "$TMP/out6/results.json" 2>/dev/null | head -1)
+[ "$home" = "$TMP/site/nvidia/cublas" ] && grep -q '^ok probe.cublas' "$TMP/out6/session.log" &&
+  grep -q '^FAIL probe.nvcc' "$TMP/out6/session.log" && ok gpu_session.cuda_home_from_cublas_wheel ||
+  fail gpu_session.cuda_home_from_cublas_wheel "machine.cuda_home '$home', want $TMP/site/nvidia/cublas; $(grep -E '^(ok|FAIL) probe.(nvcc|cublas)' "$TMP/out6/session.log" 2>/dev/null | tr '\n' ' ')"
 line=$(grep -c "^FAIL probe.glibc: the carried binaries need glibc 99.1, this machine has $(getconf GNU_LIBC_VERSION | awk '{print $2}')" \
   "$TMP/out4/session.log")
 [ "$line" = 1 ] && ok gpu_session.glibc_mismatch_named || fail gpu_session.glibc_mismatch_named "$(grep probe.glibc "$TMP/out4/session.log")"
+
+# no make on the machine and no carried binaries (issue 35, item 4): the
+# build stage runs build-nomake.sh (tools/gpu-nomake.sh: the Makefile's own
+# recipes), here in a PATH without make and with gcc and nvcc replaced by
+# recorders: every .c and .cu under src/ compiled with the Makefile's flags
+# (no -Werror), the four programs linked; and a script that misses a source
+# refuses to run, naming it
+t_nomake=$(date +%s)
+mkdir -p "$TMP/nomake" "$TMP/path" "$TMP/stub"
+bash tools/gpu-nomake.sh "$TMP/nomake/build-nomake.sh" >"$TMP/nomake.log" 2>&1 ||
+  fail gpu_session.nomake_written "tools/gpu-nomake.sh: $(tail -2 "$TMP/nomake.log" | tr '\n' ' ')"
+for d in ${PATH//:/ }; do
+  case $d in /*) [ -d "$d" ] && cp -sn "$d"/* "$TMP/path/" 2>/dev/null ;; esac
+done
+rm -f "$TMP/path/make" "$TMP/path/gmake" "$TMP/path/gcc"
+printf '#!/bin/sh\necho "${0##*/} $*" >>%s\n' "$TMP/compilers.log" >"$TMP/path/gcc"
+chmod +x "$TMP/path/gcc" && cp "$TMP/path/gcc" "$TMP/stub/nvcc"
+# and an nvidia-smi that lists a leftover "GPU process" (the session kills it
+# after the stage, issue 35, item 6) and writes three rows of the clock and
+# power trace (results.json's clocks: their medians); it sees no GPU otherwise
+orphan=$(sh -c 'sleep 300 >/dev/null 2>&1 & echo $!') # not this shell's child: no job notice when killed
+cat >"$TMP/path/nvidia-smi" <<EOF
+#!/bin/sh
+case "\$*" in
+*query-compute-apps*) echo $orphan ;;
+*timestamp,clocks.sm*)
+  echo "timestamp, clocks.current.sm, clocks.current.memory, power.draw, temperature.gpu, utilization.gpu, memory.used"
+  echo "2026/12/04 10:00:00.000, 1980, 3201, 650.5, 45, 99, 1000"
+  echo "2026/12/04 10:00:01.000, 1755, 3201, 700.0, 46, 99, 1000"
+  echo "2026/12/04 10:00:02.000, 1830, 3201, 690.0, 47, 99, 1000" ;;
+*) exit 6 ;;
+esac
+EOF
+chmod +x "$TMP/path/nvidia-smi"
+: >"$TMP/compilers.log"
+# (not --rehearse: its build stage would also build tests/cudaemu, with make)
+PATH=$TMP/path NVCC=$TMP/stub/nvcc SESSION_BINS=$TMP/nomake OUT=$TMP/out5 env -u CC bash tests/gpu/session.sh \
+  --stages build >"$TMP/stdout5" 2>&1
+sleep 1
+if ! kill -0 "$orphan" 2>/dev/null && grep -q "leftover GPU processes after build: $orphan (killed)" "$TMP/out5/session.log"; then
+  ok gpu_session.leftover_gpu_process_killed
+else
+  fail gpu_session.leftover_gpu_process_killed "pid $orphan alive: $(kill -0 "$orphan" 2>/dev/null && echo yes || echo no); $(grep leftover "$TMP/out5/session.log")"
+  kill "$orphan" 2>/dev/null
+fi
+# the flags make gives the session's build (the kit's where gpu-kit/ is here, as the session then takes it)
+mv=(CUDA=1 WERROR= "CUDA_ARCH=-gencode=arch=compute_90,code=sm_90" "NCCL_HOME=$TMP/work/nccl")
+[ -f gpu-kit/env.sh ] && mv+=(KIT=gpu-kit "SHARDLM_KIT_LIBS=$TMP/work/kit-libs")
+mvar() { make -s --no-print-directory "${mv[@]}" --eval 'print-%: ; @echo $($*)' "print-$1" 2>/dev/null | tail -1; }
+"$PY" - "$TMP/out5/results.json" "$TMP/out5/session.log" "$TMP/compilers.log" "$TMP/work" \
+  "$(mvar CFLAGS)" "$(mvar NVCCFLAGS)" "$(mvar LDLIBS)" "$(mvar CUDA_LIBS)" <<'PYEOF'
+import glob, json, sys
+res_path, log_path, rec_path, work = sys.argv[1:5]
+cflags, nvccflags, ldlibs, cudalibs = (a.split() for a in sys.argv[5:9])
+def check(name, cond, why=""):
+    print(f"ok {name}" if cond else f"FAIL {name}: {why}")
+try:
+    res = json.load(open(res_path))
+    log = open(log_path, errors="replace").read()
+except (OSError, ValueError) as e:
+    res, log = {}, ""
+b = {s["name"]: s for s in res.get("stages", [])}.get("build", {})
+check("gpu_session.nomake_used", b.get("status") == "pass" and "ok build.nomake" in log and "make -j" not in log
+      and res.get("binaries", {}).get("source") == "built-here-no-make",
+      f"build {b.get('status')} {b.get('failed_checks')}, binaries {res.get('binaries')}")
+calls = [l.split() for l in open(rec_path)]
+c_src = sorted(glob.glob("src/**/*.c", recursive=True))
+cu_src = sorted(glob.glob("src/**/*.cu", recursive=True))
+def compiled(tool, flags, src, obj):
+    return [tool] + flags + ["-c", src, "-o", obj] in calls
+bad = [s for s in c_src if not compiled("gcc", cflags, s, "build/" + s[:-2] + ".o")]
+bad += [s for s in cu_src if not compiled("nvcc", nvccflags, s, "build/cuda/" + s.rsplit("/", 1)[1][:-3] + ".o")]
+n_compiles = sum("-c" in c and c[c.index("-c") + 1].startswith("src/") and c[-1].startswith("build/") for c in calls)
+check("gpu_session.nomake_compiles_every_source", len(c_src) > 50 and len(cu_src) >= 8 and not bad
+      and n_compiles == len(c_src) + len(cu_src),
+      f"{len(bad)} of {len(c_src)} .c and {len(cu_src)} .cu not compiled with the Makefile's flags (e.g. {bad[:3]}); "
+      f"{n_compiles} compiles")
+def link(out):
+    return [c for c in calls if "-o" in c and c[c.index("-o") + 1] == out]
+sl, sc = link("bin/shardlm"), link("bin/shardlm-cuda")
+ck, tk = link(work + "/check_kernels"), link(work + "/time_kernels")
+check("gpu_session.nomake_links_four", len(sl) == len(sc) == len(ck) == len(tk) == 1
+      and sl[0][1:1 + len(cflags)] == cflags and sl[0][-len(ldlibs):] == ldlibs
+      and sc[0][-len(ldlibs) - len(cudalibs):] == ldlibs + cudalibs
+      and sum(w.startswith("build/cuda/") for w in sc[0]) == len(cu_src),
+      f"links: shardlm {len(sl)}, shardlm-cuda {len(sc)}, check_kernels {len(ck)}, time_kernels {len(tk)}")
+clk = res.get("clocks", {})
+check("gpu_session.clocks_from_trace", clk.get("source") == "smi.csv" and clk.get("samples") == 3
+      and (clk.get("sm_mhz_median"), clk.get("sm_mhz_min"), clk.get("sm_mhz_max")) == (1830, 1755, 1980)
+      and (clk.get("power_w_median"), clk.get("power_w_max")) == (690, 700), str(clk))
+check("gpu_session.nomake_no_werror", calls and not any("Werror" in w for c in calls for w in c),
+      "-Werror in: " + str([c[:3] for c in calls if any("Werror" in w for w in c)][:3]))
+PYEOF
+# with make there, the checkers are linked without -Werror too (a newer
+# compiler's warnings must not stop them; the trainers are up to date here)
+: >"$TMP/compilers.log"
+PATH=$TMP/path:$(dirname "$(command -v make)") SESSION_BINS=$TMP/no-bins OUT=$TMP/out7 env -u CC \
+  bash tests/gpu/session.sh --stages build >"$TMP/stdout7" 2>&1
+n=$(grep -c -e "-o $TMP/work/check_kernels" -e "-o $TMP/work/time_kernels" "$TMP/compilers.log")
+if [ "$n" = 2 ] && ! grep -q Werror "$TMP/compilers.log" && grep -q '"binaries": "built-here"' "$TMP/out7/results.json"; then
+  ok gpu_session.make_checkers_no_werror
+else
+  fail gpu_session.make_checkers_no_werror "$n checker links, -Werror in $(grep -c Werror "$TMP/compilers.log") calls; $(grep -o '"binaries": "[^"]*"' "$TMP/out7/results.json" 2>/dev/null)"
+fi
+# the script without one source's compile: exit 2 naming it, nothing compiled
+grep -v ' -c src/core/util.c ' "$TMP/nomake/build-nomake.sh" >"$TMP/nomake/short.sh"
+: >"$TMP/compilers.log"
+PATH=$TMP/path NVCC=$TMP/stub/nvcc CUDA_HOME=$CUDA_HOME NCCL_HOME=$TMP/work/nccl B=$TMP/b BIN=$TMP/b CHECKERS=$TMP/b \
+  bash "$TMP/nomake/short.sh" >"$TMP/short.out" 2>&1
+rc=$?
+if [ "$rc" = 2 ] && grep -q 'not compiled here: src/core/util.c' "$TMP/short.out" && [ ! -s "$TMP/compilers.log" ]; then
+  ok gpu_session.nomake_missing_source_refused
+else
+  fail gpu_session.nomake_missing_source_refused "exit $rc, $(head -c 300 "$TMP/short.out"), $(wc -l <"$TMP/compilers.log") compiles"
+fi
+echo "t_gpu_session: the no-make checks took $(($(date +%s) - t_nomake)) s"
 
 # a probe that hangs: killed at its limit, "timeout", and every later stage
 # still runs with the defaults written before it (issue 35: PY was unbound)

@@ -19,8 +19,8 @@ Checks:
                  completions their first L - P; short pairs untouched; counts
   bad.*          every bad preference input: exit 2, one line naming FILE:LINE (or
                  the option), nothing written
-  trainer.*      shardlm train refuses a preference file by name (DPO training is
-                 not there yet), rather than training SFT on both completions
+  trainer.*      shardlm train without a dpo section refuses a preference file by name
+                 (add a dpo section), rather than training SFT on both completions
 """
 import json
 import os
@@ -171,7 +171,7 @@ def check_bad(paths):
 
 
 def check_trainer_refuses(tok):
-    """shardlm trains SFT sample files only: a preference file is refused by name, not trained as SFT."""
+    """Without a dpo section a preference file is refused by name (add one), not trained as SFT."""
     data = os.path.join(base.TMP, "strings.h5")
     model = {"type": "llama", "n_layer": 1, "n_head": 2, "n_kv_head": 2, "n_embd": 16, "ffn_dim": 32,
              "vocab_size": tok.get_vocab_size(with_added_tokens=True), "n_positions": 64}
@@ -184,7 +184,7 @@ def check_trainer_refuses(tok):
                        timeout=300)
     lines = [x for x in r.stderr.splitlines() if "error" in x]
     check("trainer.refuses_preference_file", r.returncode == 2 and len(lines) == 1
-          and "a preference file" in lines[0] and "strings.h5" in lines[0], f"exit {r.returncode}: {r.stderr[-300:]}")
+          and "a preference file" in lines[0] and "add a dpo section" in lines[0] and "strings.h5" in lines[0], f"exit {r.returncode}: {r.stderr[-300:]}")
 
 
 def main():

@@ -10,6 +10,8 @@
 #   check_kernels, time_kernels   tests/gpu's checkers, linked as the session's
 #                            build stage links them
 #   refs/                    tests/gpu/e2e.py's CPU runs and plans, precomputed
+#   build-nomake.sh          the fallback for a machine where they do not load
+#                            and there is no make (tools/gpu-nomake.sh)
 #   INFO.json                the commit (.git does not travel), when and with
 #                            which nvcc and gcc they were built, and for each
 #                            program its size and the newest glibc symbol
@@ -39,6 +41,8 @@ rm -rf "$DIR" && mkdir -p "$DIR"
 cp "$B/bin/shardlm" "$B/bin/shardlm-cuda" "$DIR/"
 bash tests/gpu/session.sh --link-checkers "$B" "$DIR" "${ARGS[@]}" || die "linking the checkers failed"
 for f in shardlm shardlm-cuda check_kernels time_kernels; do strip --strip-debug "$DIR/$f"; done
+# where they do not load and there is no make: the Makefile's recipes for gcc and nvcc alone
+bash tools/gpu-nomake.sh "$DIR/build-nomake.sh"
 
 # The CPU side of tests/gpu/e2e.py (each case's CPU run and `plan --target
 # cuda`), precomputed here into DIR/refs so that the GPU machine spends its

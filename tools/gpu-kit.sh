@@ -20,6 +20,8 @@
 #   include/          the headers shardlm's sources include from those packages
 #   env.sh            to source: PATH, LD_LIBRARY_PATH, OPAL_*/PMIX_* install
 #                     directories (Open MPI relocated) and the MCA choices
+#   build-nomake.sh   the Makefile's recipes for gcc and nvcc alone, for a GPU
+#                     machine without make (tools/gpu-nomake.sh)
 #
 # Base libraries are not copied: glibc's (package libc6), libstdc++, libgcc_s,
 # and libgomp, which must be the one of the compiler that builds shardlm on
@@ -246,6 +248,10 @@ export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 OMPI_MCA_osc=sm,rdma OMPI_MC
 export OMPI_MCA_plm=isolated OMPI_MCA_btl_base_warn_component_unused=0
 export OMPI_MCA_mca_base_component_show_load_errors=0
 EOF
+
+# For a GPU machine without make: the Makefile's recipes as a script for gcc
+# and nvcc alone (tests/gpu/session.sh runs it when no binaries were carried)
+bash tools/gpu-nomake.sh "$KIT/build-nomake.sh"
 
 # The budget, measured on the kit as it travels.
 size_bytes=$(du -sb "$KIT" | cut -f1)

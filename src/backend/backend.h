@@ -244,6 +244,9 @@ void backend_crossentropy_forward(float *losses, float *logits, const int32_t *t
 /* probs [A] (N, Vp) are replaced by dlogits = (probs - onehot(target)) * dloss; padded columns 0;
  * the whole row 0 where the target is < 0. */
 void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
+/* The same with a scale per row: dloss (N) fp32 (DPO: each position's d loss / d its cross-entropy). */
+void backend_crossentropy_backward_rows(float *probs, const int32_t *targets, const float *dloss, int N, int V,
+                                        int Vp);
 
 /* LoRA (issue 19): the low-rank adapters of k linear layers that read the
  * same input x (q|k|v, gate|up; k = 1 for one layer),
@@ -341,6 +344,8 @@ struct adamw_hparams;
  * range has its own). The range table is host memory. */
 void backend_adamw(const struct adamw_range *r, int count, const struct adamw_hparams *hp, enum dtype out_dtype);
 void backend_scale(float *x, float s, size_t n);
+/* x [A] (N, C): row i times s[i] (fp32, N). */
+void backend_scale_rows(float *x, const float *s, int N, int C);
 void backend_zero(float *x, size_t n);
 /* Copies bytes between any two memory spaces (device, pinned host, host). */
 void backend_copy(void *dst, const void *src, size_t bytes);

@@ -28,6 +28,7 @@ void loader_open(struct loader *l, const struct config *cfg, const char *path, b
         .vocab_size = cfg->model.vocab_size,
         .tokenizer_json = tokenizer_json,
         .allow_tokenizer_mismatch = cfg->data.allow_tokenizer_mismatch,
+        .pairs = cfg->dpo.enabled,
     };
     samples_open(&l->smp, path, &o, what);
 }
@@ -40,6 +41,11 @@ void loader_close(struct loader *l)
         dataset_close(&l->bin);
 }
 
+int loader_rows(const struct loader *l, int B)
+{
+    return l->samples ? B * samples_lanes(&l->smp) : B;
+}
+
 uint64_t loader_units(struct loader *l)
 {
     return l->samples ? samples_epoch_units(&l->smp) : l->bin.n_windows;
@@ -50,7 +56,7 @@ struct sample_batch loader_batch(struct loader *l, uint64_t first, int B)
     if (l->samples)
         return samples_batch(&l->smp, first, B);
     uint64_t n = (uint64_t)B * (uint64_t)l->T;
-    return (struct sample_batch){l->T, n, n};
+    return (struct sample_batch){l->T, n, n, 0};
 }
 
 int loader_read(struct loader *l, uint64_t first, int B, int32_t *inputs, int32_t *targets, int32_t *positions)
@@ -66,14 +72,15 @@ int loader_read(struct loader *l, uint64_t first, int B, int32_t *inputs, int32_
 
 struct sample_batch loader_step(struct loader *l, uint64_t first, int B, int accum, int world, uint64_t *slots)
 {
-    struct sample_batch sum = {0, 0, 0};
+    struct sample_batch sum = {0, 0, 0, 0};
     *slots = 0;
     for (int m = 0; m < accum; m++)
         for (int r = 0; r < world; r++) {
             struct sample_batch b = loader_batch(l, first + ((uint64_t)m * world + (uint64_t)r) * (uint64_t)B, B);
             sum.real += b.real;
             sum.trained += b.trained;
-            *slots += (uint64_t)B * (uint64_t)b.T;
+            sum.pairs += b.pairs;
+            *slots += (uint64_t)loader_rows(l, B) * (uint64_t)b.T;
             sum.T = b.T > sum.T ? b.T : sum.T;
         }
     return sum;

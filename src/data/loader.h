@@ -2,7 +2,7 @@
  * loader — what a run trains and validates on, behind one interface: token
  * shards (.bin, data.h: full windows of seq_len) or sample files (.h5,
  * samples.h: variable-length samples with trained targets, dynamically padded
- * or packed). Units are windows, samples or packed rows; a step takes
+ * or packed; DPO's pairs). Units are windows, samples, pairs or packed rows; a step takes
  * train_batch_size of them, micro-batch m of rank r the B units from
  * first + (m N + r) B (N ranks), so every rank knows the whole step's units
  * (and their trained targets) without communicating.
@@ -30,6 +30,8 @@ struct loader {
 void loader_open(struct loader *l, const struct config *cfg, const char *path, bool train, const char *tokenizer_json,
                  const char *what);
 void loader_close(struct loader *l);
+/* Rows of a micro-batch of B units: 2B for DPO's pairs (the chosen rows, then the rejected: samples.h), else B. */
+int loader_rows(const struct loader *l, int B);
 /* Units in one epoch. */
 uint64_t loader_units(struct loader *l);
 /* Row length, real and trained tokens of the micro-batch of units [first, first + B). */

@@ -153,7 +153,7 @@ static int64_t tokenizer_vocab(const char *path)
 /* The SHA-256 of the file's bytes as 64 lowercase hex digits into hex (what
  * tools/prepare_data.py records of tokenizer.json: hashlib.sha256 of its
  * bytes); false with errno set when it cannot be read. */
-static bool file_sha256(const char *path, char hex[2 * SHA256_DIGEST_SIZE + 1])
+bool samples_file_sha256(const char *path, char hex[65])
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -185,7 +185,7 @@ static void check_tokenizer(struct sample_set *s, int64_t vocab)
     char want[80], have[2 * SHA256_DIGEST_SIZE + 1];
     attr_str(s, "tokenizer_sha256", want, sizeof want);
     if (want[0]) {
-        if (!file_sha256(run_tok, have))
+        if (!samples_file_sha256(run_tok, have))
             fail_input("%s '%s': cannot read the run's tokenizer %s to compare it with the data's: %s", s->what,
                        s->path, run_tok, strerror(errno));
         if (strcmp(want, have) == 0)
@@ -212,10 +212,15 @@ static void check_header(struct sample_set *s)
 {
     char format[64];
     attr_str(s, "format", format, sizeof format);
-    if (strcmp(format, PREFERENCES_FORMAT) == 0)
-        fail_input("%s '%s': a preference file (DPO pairs, tools/prefdata.py); this shardlm trains on SFT sample "
-                   "files only: give a sample file of tools/prepare_data.py's SFT formats", s->what, s->path);
-    if (strcmp(format, SAMPLES_FORMAT) != 0)
+    const bool prefs = strcmp(format, PREFERENCES_FORMAT) == 0;
+    if (prefs && !s->o.pairs)
+        fail_input("%s '%s': a preference file (DPO pairs, tools/prefdata.py): to train on it add a dpo section to "
+                   "the config (DPO), or give an SFT sample file of tools/prepare_data.py", s->what, s->path);
+    if (!prefs && s->o.pairs && strcmp(format, SAMPLES_FORMAT) == 0)
+        fail_input("%s '%s': an SFT sample file, but the config has a dpo section: DPO trains on a preference file "
+                   "(tools/prepare_data.py on {\"prompt\", \"chosen\", \"rejected\"} lines); give one, or remove "
+                   "the dpo section", s->what, s->path);
+    if (!prefs && strcmp(format, SAMPLES_FORMAT) != 0)
         fail_input("%s '%s': not a sample file (attribute format '%s', want '%s'); make it with tools/prepare_data.py",
                    s->what, s->path, format, SAMPLES_FORMAT);
     int64_t version = attr_i64(s, "version");
@@ -249,6 +254,9 @@ static void read_offsets(struct sample_set *s)
         fail_input("%s '%s': %zu samples; shardlm reads at most %u per file: split the data", s->what, s->path,
                    n_off - 1, UINT32_MAX);
     s->n_file = n_off - 1;
+    if (s->o.pairs && s->n_file % 2)
+        fail_input("%s '%s': a preference file of %zu samples, an odd number (two a pair): the file is damaged; "
+                   "make it again with tools/prepare_data.py", s->what, s->path, s->n_file);
     s->offsets = xcalloc(n_off, sizeof *s->offsets);
     read_range(s, d, H5T_NATIVE_INT64, 0, n_off, s->offsets);
     H5Dclose(d);
@@ -337,32 +345,47 @@ void samples_open(struct sample_set *s, const char *path, const struct sample_op
     s->index = xcalloc(s->n_file, sizeof *s->index);
     s->len = xcalloc(s->n_file, sizeof *s->len);
     s->n_trained = xcalloc(s->n_file, sizeof *s->n_trained);
-    for (size_t i = 0; i < s->n_file; i++) {
-        size_t L = (size_t)(s->offsets[i + 1] - s->offsets[i]);
-        if (L > (size_t)o->max_len) {
-            if (!o->truncate) {
-                s->n_dropped_long++;
-                continue;
-            }
-            s->n_truncated++;
-            L = (size_t)o->max_len;
+    s->item_len = xcalloc(s->n_file, sizeof *s->item_len);
+    const size_t lanes = (size_t)samples_lanes(s);
+    for (size_t i = 0; i < s->n_file; i += lanes) {
+        size_t L[2];
+        bool longer = false, untrained = false;
+        for (size_t j = 0; j < lanes; j++) {
+            L[j] = (size_t)(s->offsets[i + j + 1] - s->offsets[i + j]);
+            longer |= L[j] > (size_t)o->max_len;
+            untrained |= trained_of[i + j] == 0;
         }
-        if (trained_of[i] == 0) {
+        if (longer && !o->truncate) {
+            s->n_dropped_long++;
+            continue;
+        }
+        for (size_t j = 0; j < lanes; j++)
+            if (L[j] > (size_t)o->max_len) {
+                s->n_truncated++;
+                L[j] = (size_t)o->max_len;
+            }
+        if (untrained) {
             s->n_dropped_untrained++;
             continue;
         }
-        s->index[s->n] = (uint32_t)i;
-        s->len[s->n] = (uint32_t)L;
-        s->n_trained[s->n] = trained_of[i];
-        s->tokens_kept += L;
-        s->trained_kept += trained_of[i];
-        s->n++;
+        uint32_t item = 0;
+        for (size_t j = 0; j < lanes; j++) {
+            s->index[s->n] = (uint32_t)(i + j);
+            s->len[s->n] = (uint32_t)L[j];
+            s->n_trained[s->n] = trained_of[i + j];
+            s->tokens_kept += L[j];
+            s->trained_kept += trained_of[i + j];
+            s->n++;
+            item = (uint32_t)L[j] > item ? (uint32_t)L[j] : item;
+        }
+        s->item_len[s->n_items++] = item;
     }
     free(trained_of);
     if (s->n == 0)
-        fail_input("%s '%s': none of its %zu samples is left to train on (%zu longer than data.seq_len %d and "
+        fail_input("%s '%s': none of its %zu %s is left to train on (%zu longer than data.seq_len %d and "
                    "dropped, %zu without a trained token within it); raise data.seq_len or use data.truncation "
-                   "\"truncate\"", what, path, s->n_file, s->n_dropped_long, o->max_len, s->n_dropped_untrained);
+                   "\"truncate\"", what, path, s->n_file / lanes, o->pairs ? "pairs" : "samples", s->n_dropped_long,
+                   o->max_len, s->n_dropped_untrained);
     s->tok_buf = xcalloc((size_t)o->max_len, sizeof *s->tok_buf);
     s->tr_buf = xcalloc((size_t)o->max_len, 1);
 }
@@ -384,6 +407,7 @@ void samples_close(struct sample_set *s)
     free(s->index);
     free(s->len);
     free(s->n_trained);
+    free(s->item_len);
     free(s->tok_buf);
     free(s->tr_buf);
     free(s->path);
@@ -403,31 +427,50 @@ static int longer_first(const void *a, const void *b, void *ctx)
     return x < y ? -1 : x > y; /* ties by sample: a total order, the same on every rank */
 }
 
-/* First fit over the order: each sample goes to the first open row with room,
- * else opens a row; past SAMPLES_OPEN_ROWS open rows the oldest is closed.
- * Rows are numbered by when they open; order is rewritten row by row. */
+/* Rows of a unit: 2 with pairs (chosen, rejected), else 1. */
+int samples_lanes(const struct sample_set *s) { return s->o.pairs ? 2 : 1; }
+
+/* Kept sample of item `item` in lane `lane`: the sample itself, or the pair's chosen (0) or rejected (1). */
+static uint32_t sample_of(const struct sample_set *s, uint32_t item, int lane)
+{
+    return s->o.pairs ? 2 * item + (uint32_t)lane : item;
+}
+
+/* First fit over the order: each item goes to the first open row with room
+ * (with pairs: the first open row pair with room for the chosen sample in
+ * its first row and the rejected in its second), else opens one; past
+ * SAMPLES_OPEN_ROWS open rows the oldest is closed. Rows are numbered by
+ * when they open; order is rewritten row by row. */
 static void pack(const struct sample_set *s, struct sample_epoch *e)
 {
-    const uint32_t n = s->n;
-    uint32_t *row_of = xcalloc(n, sizeof *row_of), *fill = NULL, *count = NULL;
+    const uint32_t n = s->n_items;
+    const int lanes = samples_lanes(s);
+    uint32_t *row_of = xcalloc(n ? n : 1, sizeof *row_of), *fill = NULL, *count = NULL;
     size_t rows = 0, cap = 0, oldest_open = 0;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t len = s->len[e->order[i]];
         size_t r = oldest_open;
-        while (r < rows && fill[r] + len > (uint32_t)s->o.max_len)
-            r++;
+        for (; r < rows; r++) {
+            bool fits = true;
+            for (int k = 0; k < lanes; k++)
+                fits &= fill[r * lanes + k] + s->len[sample_of(s, e->order[i], k)] <= (uint32_t)s->o.max_len;
+            if (fits)
+                break;
+        }
         if (r == rows) {
             if (rows == cap) {
                 cap = cap ? 2 * cap : 1024;
-                fill = xrealloc(fill, cap * sizeof *fill);
+                fill = xrealloc(fill, cap * lanes * sizeof *fill);
                 count = xrealloc(count, cap * sizeof *count);
             }
-            fill[rows] = count[rows] = 0;
+            for (int k = 0; k < lanes; k++)
+                fill[rows * lanes + k] = 0;
+            count[rows] = 0;
             rows++;
             if (rows - oldest_open > SAMPLES_OPEN_ROWS)
                 oldest_open++;
         }
-        fill[r] += len;
+        for (int k = 0; k < lanes; k++)
+            fill[r * lanes + k] += s->len[sample_of(s, e->order[i], k)];
         count[r]++;
         row_of[i] = (uint32_t)r;
     }
@@ -435,7 +478,7 @@ static void pack(const struct sample_set *s, struct sample_epoch *e)
     e->row_first = xcalloc(rows + 1, sizeof *e->row_first);
     for (size_t r = 0; r < rows; r++)
         e->row_first[r + 1] = e->row_first[r] + count[r];
-    uint32_t *packed = xcalloc(n, sizeof *packed), *next = xcalloc(rows, sizeof *next);
+    uint32_t *packed = xcalloc(n ? n : 1, sizeof *packed), *next = xcalloc(rows ? rows : 1, sizeof *next);
     for (uint32_t i = 0; i < n; i++)
         packed[e->row_first[row_of[i]] + next[row_of[i]]++] = e->order[i];
     free(e->order);
@@ -453,13 +496,14 @@ static void build_epoch(const struct sample_set *s, struct sample_epoch *e, int6
     e->row_first = NULL;
     e->n_rows = 0;
     e->epoch = epoch;
-    e->order = xcalloc(s->n, sizeof *e->order);
-    for (uint32_t i = 0; i < s->n; i++)
-        e->order[i] = s->o.shuffle ? (uint32_t)data_shuffle_index(i, s->n, s->o.seed, (uint64_t)epoch) : i;
+    const uint32_t n = s->n_items;
+    e->order = xcalloc(n, sizeof *e->order);
+    for (uint32_t i = 0; i < n; i++)
+        e->order[i] = s->o.shuffle ? (uint32_t)data_shuffle_index(i, n, s->o.seed, (uint64_t)epoch) : i;
     if (s->o.group_by_length) {
         const size_t mega = (size_t)SAMPLES_MEGABATCH_STEPS * (size_t)s->o.step_units;
-        for (size_t at = 0; at < s->n; at += mega)
-            qsort_r(e->order + at, s->n - at < mega ? s->n - at : mega, sizeof *e->order, longer_first, s->len);
+        for (size_t at = 0; at < n; at += mega)
+            qsort_r(e->order + at, n - at < mega ? n - at : mega, sizeof *e->order, longer_first, s->item_len);
     }
     if (s->o.packing)
         pack(s, e);
@@ -467,7 +511,7 @@ static void build_epoch(const struct sample_set *s, struct sample_epoch *e, int6
 
 static size_t units_of(const struct sample_set *s, const struct sample_epoch *e)
 {
-    return s->o.packing ? e->n_rows : s->n;
+    return s->o.packing ? e->n_rows : s->n_items;
 }
 
 /* Epoch e's tables (two kept: a step may straddle an epoch boundary). */
@@ -484,9 +528,9 @@ static const struct sample_epoch *epoch_of(struct sample_set *s, int64_t epoch)
 /* Global unit k: its epoch's tables and its index in them. */
 static const struct sample_epoch *locate(struct sample_set *s, uint64_t k, size_t *j)
 {
-    if (!s->o.packing) { /* every epoch has n units */
-        *j = (size_t)(k % s->n);
-        return epoch_of(s, (int64_t)(k / s->n));
+    if (!s->o.packing) { /* every epoch has n_items units */
+        *j = (size_t)(k % s->n_items);
+        return epoch_of(s, (int64_t)(k / s->n_items));
     }
     if (!s->epoch_start) {
         s->epoch_start = xcalloc(1, sizeof *s->epoch_start);
@@ -507,7 +551,7 @@ static const struct sample_epoch *locate(struct sample_set *s, uint64_t k, size_
     return epoch_of(s, e);
 }
 
-/* The samples of global unit k: *first into order, *count of them. */
+/* The items (samples or pairs) of global unit k: *first into order, *count of them. */
 static const uint32_t *unit_samples(struct sample_set *s, uint64_t k, uint32_t *count)
 {
     size_t j;
@@ -527,18 +571,23 @@ uint64_t samples_epoch_units(struct sample_set *s)
 
 struct sample_batch samples_batch(struct sample_set *s, uint64_t first, int B)
 {
-    struct sample_batch b = {0, 0, 0};
+    struct sample_batch b = {0, 0, 0, 0};
     uint64_t longest = 0;
     for (int i = 0; i < B; i++) {
         uint32_t count;
-        const uint32_t *smp = unit_samples(s, first + (uint64_t)i, &count);
-        uint64_t fill = 0;
-        for (uint32_t c = 0; c < count; c++) {
-            fill += s->len[smp[c]];
-            b.trained += s->n_trained[smp[c]];
+        const uint32_t *item = unit_samples(s, first + (uint64_t)i, &count);
+        for (int lane = 0; lane < samples_lanes(s); lane++) {
+            uint64_t fill = 0;
+            for (uint32_t c = 0; c < count; c++) {
+                const uint32_t k = sample_of(s, item[c], lane);
+                fill += s->len[k];
+                b.trained += s->n_trained[k];
+            }
+            b.real += fill;
+            longest = fill > longest ? fill : longest;
         }
-        b.real += fill;
-        longest = fill > longest ? fill : longest;
+        if (s->o.pairs)
+            b.pairs += count;
     }
     uint64_t m = (uint64_t)(s->o.pad_multiple > 0 ? s->o.pad_multiple : 1);
     uint64_t T = (longest + m - 1) / m * m;
@@ -546,36 +595,56 @@ struct sample_batch samples_batch(struct sample_set *s, uint64_t first, int B)
     return b;
 }
 
+/* Row `row` of T positions: lane `lane` of unit u's items, then padding. */
+static void read_row(struct sample_set *s, uint64_t u, int lane, int T, int32_t *in, int32_t *tg, int32_t *pos)
+{
+    uint32_t count;
+    const uint32_t *item = unit_samples(s, u, &count);
+    int t = 0;
+    for (uint32_t c = 0; c < count; c++) {
+        const uint32_t k = sample_of(s, item[c], lane), L = s->len[k];
+        if (t + (int)L > T)
+            fail_internal("samples: unit %llu does not fit its micro-batch's %d positions", (unsigned long long)u, T);
+        const size_t at = (size_t)s->offsets[s->index[k]];
+        read_range(s, (hid_t)s->tokens, H5T_NATIVE_INT32, at, L, s->tok_buf);
+        read_range(s, (hid_t)s->trained, H5T_NATIVE_UINT8, at, L, s->tr_buf);
+        for (uint32_t p = 0; p < L; p++) {
+            in[t + (int)p] = s->tok_buf[p];
+            tg[t + (int)p] = p + 1 < L && s->tr_buf[p + 1] ? s->tok_buf[p + 1] : -1;
+            if (pos)
+                pos[t + (int)p] = (int32_t)p;
+        }
+        t += (int)L;
+    }
+    for (int p = t; p < T; p++) { /* padding: a segment of its own, nothing trained */
+        in[p] = s->pad_id;
+        tg[p] = -1;
+        if (pos)
+            pos[p] = p - t;
+    }
+}
+
 void samples_read_batch(struct sample_set *s, uint64_t first, int B, int T, int32_t *inputs, int32_t *targets,
                         int32_t *positions)
 {
-    for (int b = 0; b < B; b++) {
-        int32_t *in = inputs + (size_t)b * T, *tg = targets + (size_t)b * T;
-        int32_t *pos = positions ? positions + (size_t)b * T : NULL;
-        uint32_t count;
-        const uint32_t *smp = unit_samples(s, first + (uint64_t)b, &count);
-        int t = 0;
-        for (uint32_t c = 0; c < count; c++) {
-            const uint32_t k = smp[c], L = s->len[k];
-            if (t + (int)L > T)
-                fail_internal("samples: unit %llu does not fit its micro-batch's %d positions",
-                              (unsigned long long)(first + (uint64_t)b), T);
-            const size_t at = (size_t)s->offsets[s->index[k]];
-            read_range(s, (hid_t)s->tokens, H5T_NATIVE_INT32, at, L, s->tok_buf);
-            read_range(s, (hid_t)s->trained, H5T_NATIVE_UINT8, at, L, s->tr_buf);
-            for (uint32_t p = 0; p < L; p++) {
-                in[t + (int)p] = s->tok_buf[p];
-                tg[t + (int)p] = p + 1 < L && s->tr_buf[p + 1] ? s->tok_buf[p + 1] : -1;
-                if (pos)
-                    pos[t + (int)p] = (int32_t)p;
-            }
-            t += (int)L;
+    for (int lane = 0; lane < samples_lanes(s); lane++)
+        for (int b = 0; b < B; b++) {
+            const size_t at = ((size_t)lane * B + (size_t)b) * T;
+            read_row(s, first + (uint64_t)b, lane, T, inputs + at, targets + at, positions ? positions + at : NULL);
         }
-        for (int p = t; p < T; p++) { /* padding: a segment of its own, nothing trained */
-            in[p] = s->pad_id;
-            tg[p] = -1;
-            if (pos)
-                pos[p] = p - t;
+}
+
+int samples_batch_pairs(struct sample_set *s, uint64_t first, int B, int64_t *file_pairs, int cap)
+{
+    int n = 0;
+    for (int b = 0; b < B; b++) {
+        uint32_t count;
+        const uint32_t *item = unit_samples(s, first + (uint64_t)b, &count);
+        for (uint32_t c = 0; c < count; c++) {
+            if (n == cap)
+                fail_internal("samples: more than %d pairs in a micro-batch", cap);
+            file_pairs[n++] = s->index[sample_of(s, item[c], 0)] / 2;
         }
     }
+    return n;
 }

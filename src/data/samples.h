@@ -31,6 +31,16 @@
  * pad_multiple (at most max_len): dynamic padding. Packed rows carry each
  * token's position in its sample, so attention and positions restart at
  * every sample (padding forms a segment of its own).
+ *
+ * Pairs (DPO, sample_opts.pairs: a preference file of tools/prefdata.py,
+ * chosen = file sample 2i, rejected = 2i + 1): the shuffled, grouped and
+ * packed item is a pair, kept only when both its samples are. A unit has two
+ * lanes, chosen and rejected: without packing a unit is one pair; with it, a
+ * unit is two rows filled in step, pair by pair, each pair's chosen sample in
+ * the first row and its rejected one in the second (so a pair never splits).
+ * A micro-batch of B units is 2B rows: the B chosen rows, then the B rejected
+ * rows (TRL's concatenated_forward); the k-th sample of the chosen rows (in
+ * row order) pairs with the k-th of the rejected rows.
  */
 #ifndef SHARDLM_SAMPLES_H
 #define SHARDLM_SAMPLES_H
@@ -40,7 +50,7 @@
 #include <stdint.h>
 
 #define SAMPLES_FORMAT "shardlm-samples"
-#define PREFERENCES_FORMAT "shardlm-preferences" /* tools/prefdata.py: DPO pairs, not trained yet */
+#define PREFERENCES_FORMAT "shardlm-preferences" /* tools/prefdata.py: DPO pairs (sample_opts.pairs) */
 #define SAMPLES_VERSION 1
 /* group_by_length: a megabatch is this many steps' units (Hugging Face's megabatch_mult) */
 #define SAMPLES_MEGABATCH_STEPS 50
@@ -57,6 +67,7 @@ struct sample_opts {
     int vocab_size;         /* the model's: every token id must be below it */
     const char *tokenizer_json; /* the run's tokenizer (from_pretrained's tokenizer.json), or NULL */
     bool allow_tokenizer_mismatch; /* data.allow_tokenizer_mismatch: another tokenizer is a warning */
+    bool pairs;             /* DPO: the file must be a preference file; an item is a pair */
 };
 
 struct sample_epoch {
@@ -72,11 +83,13 @@ struct sample_set {
     int64_t file, tokens, trained; /* HDF5 ids */
     size_t n_file;          /* samples in the file */
     int64_t *offsets;       /* n_file + 1 */
-    uint32_t n;             /* samples kept */
+    uint32_t n;             /* samples kept (pairs: kept sample 2j chosen, 2j + 1 rejected of kept pair j) */
+    uint32_t n_items;       /* what an epoch orders: samples kept, or pairs kept */
+    uint32_t *item_len;     /* an item's length for group_by_length (a pair's: its longer sample) */
     uint32_t *index;        /* kept sample -> file sample */
     uint32_t *len;          /* kept sample's tokens (after truncation) */
     uint32_t *n_trained;    /* kept sample's trained targets */
-    size_t n_truncated, n_dropped_long, n_dropped_untrained;
+    size_t n_truncated, n_dropped_long, n_dropped_untrained; /* samples; the drops count pairs with pairs */
     uint64_t tokens_kept, trained_kept;
     int pad_id;
     struct sample_opts o;
@@ -92,8 +105,12 @@ struct sample_batch {
     int T;                  /* the padded row length */
     uint64_t real;          /* tokens of samples (not padding) */
     uint64_t trained;       /* trained targets */
+    uint64_t pairs;         /* pairs (sample_opts.pairs; 0 otherwise) */
 };
 
+/* The SHA-256 of a file's bytes as 64 lowercase hex digits (hashlib.sha256); false with errno set when it
+ * cannot be read. */
+bool samples_file_sha256(const char *path, char hex[65]);
 /* True when path names a sample file (.h5 / .hdf5), not .bin token shards. */
 bool samples_is_sample_file(const char *path);
 /* Opens and checks the file (fail_input naming it: not a sample file, a
@@ -104,7 +121,9 @@ bool samples_is_sample_file(const char *path);
 size_t samples_longest(const char *path, int vocab_size, const char *what);
 void samples_open(struct sample_set *s, const char *path, const struct sample_opts *o, const char *what);
 void samples_close(struct sample_set *s);
-/* Units in the first epoch (samples, or packed rows). */
+/* Rows of a unit: 2 with pairs (chosen, rejected), else 1. */
+int samples_lanes(const struct sample_set *s);
+/* Units in the first epoch (samples, pairs, or packed rows / row pairs). */
 uint64_t samples_epoch_units(struct sample_set *s);
 /* Length, real and trained tokens of the micro-batch of units [first, first + B). */
 struct sample_batch samples_batch(struct sample_set *s, uint64_t first, int B);
@@ -113,5 +132,8 @@ struct sample_batch samples_batch(struct sample_set *s, uint64_t first, int B);
  * sample (positions may be NULL without packing). */
 void samples_read_batch(struct sample_set *s, uint64_t first, int B, int T, int32_t *inputs, int32_t *targets,
                         int32_t *positions);
+/* Pairs: the file pair index (i of samples 2i, 2i + 1) of each pair of units [first, first + B), in the
+ * order their samples come in the rows (dpo_sequence_logps), at most cap; returns how many. */
+int samples_batch_pairs(struct sample_set *s, uint64_t first, int B, int64_t *file_pairs, int cap);
 
 #endif

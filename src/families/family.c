@@ -350,42 +350,94 @@ static int kv_last_rows(struct family_acts *a)
     return a->B;
 }
 
+/* The LM head's chunk of n rows from r0: its logits (x: the final norm's output rows), and with targets its
+ * losses (the logits turn into probabilities). */
+static void lm_chunk_forward(struct family_acts *a, const float *lm, int r0, int n, int with_targets)
+{
+    const struct model *m = a->m;
+    const int C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
+    const float *x = elem_at(a->norm_out, (size_t)r0 * C, act_size_now());
+    backend_matmul_forward_transposed(a->logits, x, lm, n, C, Vp);
+    a->logits_r0 = r0;
+    if (a->debug_logits)
+        read_act(a->debug_logits + (size_t)r0 * Vp, a->logits, (size_t)n * Vp);
+    if (with_targets)
+        backend_crossentropy_forward(a->losses + r0, a->logits, a->dev_targets + r0, n, V, Vp);
+}
+
+/* The chunk's dlogits from its probabilities (scale: per row, or dloss_scale when NULL), folded into the LM
+ * head's gradient dlm and the final norm's output gradient. */
+static void lm_chunk_backward(struct family_acts *a, const float *lm, float *dlm, int r0, int n, const float *scale)
+{
+    const struct model *m = a->m;
+    const int C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
+    const size_t es = act_size_now();
+    if (scale)
+        backend_crossentropy_backward_rows(a->logits, a->dev_targets + r0, scale + r0, n, V, Vp);
+    else
+        backend_crossentropy_backward(a->logits, a->dev_targets + r0, a->dloss_scale, n, V, Vp);
+    backend_matmul_backward_transposed((float *)elem_at(a->dwork_c, (size_t)r0 * C, es), dlm, a->logits,
+                                       elem_at(a->norm_out, (size_t)r0 * C, es), lm, n, C, Vp);
+}
+
+/* The losses read back into host memory. */
+static void read_losses(struct family_acts *a, int rows)
+{
+    if (a->host_losses != a->losses)
+        backend_copy(a->host_losses, a->losses, (size_t)rows * sizeof(float));
+}
+
 /* The LM head over the final norm's output, a->logits_rows rows at a time:
  * the chunk's logits, and with targets its losses; with backward, its
  * dlogits (scaled by a->dloss_scale) folded at once into the LM head's
  * gradient (lm_grad_unit's tensor, NULL: frozen) and the rows of a->dwork_c,
  * the final norm's output gradient. Returns the sum of the losses. The
- * buffer keeps the last chunk's logits (family_read_logits). */
+ * buffer keeps the last chunk's logits (family_read_logits).
+ * With a->loss_weights (DPO): every chunk's losses first, the per-position
+ * scales from them, then the backward: the last chunk's probabilities are
+ * still in the buffer, the others' logits are computed again; a frozen LM
+ * head's backward (the final norm's output gradient alone, linear in each
+ * row's scale) runs with scale 1 in the first pass and its rows are scaled
+ * after. The scales live in a->dresid_a meanwhile, which the head's backward
+ * zeroes after. */
 static double lm_chunks(struct family_acts *a, const float *lm, float *lm_grad_unit, int with_targets, bool backward)
 {
     const struct model *m = a->m;
-    const int C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
-    const int rows = a->kv ? kv_last_rows(a) : a->B * a->T;
-    const size_t es = act_size_now();
+    const int rows = a->kv ? kv_last_rows(a) : a->B * a->T, R = a->logits_rows;
     float *dlm = backward ? family_grad(a, lm_grad_unit, lm_unit(m), lm_tensor(m)) : NULL;
-    for (int r0 = 0; r0 < rows; r0 += a->logits_rows) {
-        const int n = rows - r0 < a->logits_rows ? rows - r0 : a->logits_rows;
-        const float *x = elem_at(a->norm_out, (size_t)r0 * C, es);
-        backend_matmul_forward_transposed(a->logits, x, lm, n, C, Vp);
-        a->logits_r0 = r0;
-        if (a->debug_logits)
-            read_act(a->debug_logits + (size_t)r0 * Vp, a->logits, (size_t)n * Vp);
-        if (!with_targets)
-            continue;
-        backend_crossentropy_forward(a->losses + r0, a->logits, a->dev_targets + r0, n, V, Vp);
-        if (!backward)
-            continue;
-        backend_crossentropy_backward(a->logits, a->dev_targets + r0, a->dloss_scale, n, V, Vp);
-        backend_matmul_backward_transposed((float *)elem_at(a->dwork_c, (size_t)r0 * C, es), dlm, a->logits, x, lm, n,
-                                           C, Vp);
+    const bool weighted = backward && with_targets && a->loss_weights;
+    /* a frozen LM head (LoRA) has only the input gradient, each row's linear in its scale: scale 1 first,
+     * the rows scaled after, nothing computed again */
+    const bool rows_after = weighted && !dlm;
+    if (rows_after)
+        a->dloss_scale = 1.0f;
+    for (int r0 = 0; r0 < rows; r0 += R) {
+        const int n = rows - r0 < R ? rows - r0 : R;
+        lm_chunk_forward(a, lm, r0, n, with_targets);
+        if (with_targets && backward && (!weighted || rows_after))
+            lm_chunk_backward(a, lm, dlm, r0, n, NULL);
     }
     if (!with_targets)
         return 0.0;
-    if (a->host_losses != a->losses)
-        backend_copy(a->host_losses, a->losses, (size_t)rows * sizeof(float));
+    read_losses(a, rows);
     double sum = 0.0;
     for (int i = 0; i < rows; i++)
         sum += a->host_losses[i];
+    if (!weighted)
+        return sum;
+    float *scale = a->dresid_a; /* B T floats fit: it holds B T C act elements */
+    backend_copy(scale, a->loss_weights(a->loss_weights_ctx, a->host_losses, a->B, a->T),
+                 (size_t)rows * sizeof(float));
+    if (rows_after) {
+        backend_scale_rows(a->dwork_c, scale, rows, m->cfg.n_embd);
+        return sum;
+    }
+    const int last = (rows - 1) / R * R;
+    lm_chunk_backward(a, lm, dlm, last, rows - last, scale);
+    for (int r0 = 0; r0 < last; r0 += R) {
+        lm_chunk_forward(a, lm, r0, R, 1);
+        lm_chunk_backward(a, lm, dlm, r0, R, scale);
+    }
     return sum;
 }
 

@@ -79,6 +79,14 @@ struct family_acts {
     int logits_rows;          /* rows of logits computed at a time (family_logits_rows) */
     int logits_r0;            /* the first row of the chunk the buffer holds */
     float dloss_scale;        /* the training forward's: its dlogits scale (family_forward) */
+    /* When set (DPO), a FAMILY_TRAIN forward computes every position's loss first (the LM head's forward over all
+     * rows, no gradient), hands them (host, B T floats) to loss_weights, which returns each position's dloss
+     * (d step loss / d that loss, the loss scale included; host, B T floats the caller owns), and only then runs
+     * the LM head's backward with those per-position scales instead of dloss_scale: the logits of every chunk but
+     * the last are computed again (one more LM-head matmul over those rows), except for a frozen LM head, whose
+     * input gradient is scaled row by row after a first pass at scale 1. */
+    const float *(*loss_weights)(void *ctx, const float *losses, int B, int T);
+    void *loss_weights_ctx;
     bool adapters_off;        /* LoRA: the forward runs the base alone (DPO's reference; no gradient, FAMILY_EVAL) */
     float *losses;            /* (B, T) */
     float *dresid_a, *dresid_b; /* (B, T, C) gradient of the residual stream; dresid_a: dy in, dx out of a block */

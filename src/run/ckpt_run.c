@@ -107,11 +107,20 @@ void ckpt_run_save(struct trainer *tr)
         {"tie_word_embeddings", CKPT_ATTR_I64, shape[7], 0, NULL},
         {"rms_norm_eps", CKPT_ATTR_F64, 0, cfg->model.norm_eps, NULL},
         {"rope_theta", CKPT_ATTR_F64, 0, cfg->model.rope_theta, NULL},
-        /* LoRA: the adapters only; the base is named and checksummed */
-        {"base_source", CKPT_ATTR_STR, 0, 0, tr->base_source},
-        {"base_checksum", CKPT_ATTR_STR, 0, 0, tr->base_checksum},
+        {NULL, CKPT_ATTR_I64, 0, 0, NULL}, /* room for the four below */
+        {NULL, CKPT_ATTR_I64, 0, 0, NULL},
+        {NULL, CKPT_ATTR_I64, 0, 0, NULL},
+        {NULL, CKPT_ATTR_I64, 0, 0, NULL},
     };
-    const int n_attrs = (int)(sizeof attrs / sizeof *attrs) - (tr->sess.model.lora.on ? 0 : 2);
+    int n_attrs = (int)(sizeof attrs / sizeof *attrs) - 4;
+    if (tr->sess.model.lora.on) { /* LoRA: the adapters only; the base is named and checksummed */
+        attrs[n_attrs++] = (struct ckpt_attr){"base_source", CKPT_ATTR_STR, 0, 0, tr->base_source};
+        attrs[n_attrs++] = (struct ckpt_attr){"base_checksum", CKPT_ATTR_STR, 0, 0, tr->base_checksum};
+    }
+    if (tr->dpo.ref) { /* DPO's precomputed reference log-probs: a resume loads this file, as it was */
+        attrs[n_attrs++] = (struct ckpt_attr){"dpo_ref_path", CKPT_ATTR_STR, 0, 0, tr->dpo.ref_path};
+        attrs[n_attrs++] = (struct ckpt_attr){"dpo_ref_sha256", CKPT_ATTR_STR, 0, 0, tr->dpo.ref_sha256};
+    }
     struct ckpt_contents contents = {groups, ZERO_CKPT_GROUPS, state, 2, attrs, n_attrs};
     char path[4096];
     double t0 = now_seconds();
@@ -195,6 +204,13 @@ void ckpt_run_resume(struct trainer *tr, const char *spec)
                        model_attr_names[i], (long long)got, (long long)want[i]);
     }
     check_base(tr, r, path);
+    if (ckpt_has_attr(r, "dpo_ref_path")) { /* dpo_prepare loads (and checks) that file */
+        char *ref = ckpt_attr_str(r, "dpo_ref_path"), *sha = ckpt_attr_str(r, "dpo_ref_sha256");
+        snprintf(tr->dpo.saved_path, sizeof tr->dpo.saved_path, "%s", ref);
+        snprintf(tr->dpo.saved_sha256, sizeof tr->dpo.saved_sha256, "%s", sha);
+        free(ref);
+        free(sha);
+    }
     zero_ckpt_load(&tr->sess.zero, r);
     train_fault_point("resume");
     tr->step = (long)ckpt_attr_i64(r, "step");

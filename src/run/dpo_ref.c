@@ -5,12 +5,12 @@
 #include "dpo_ref.h"
 
 #include "core/util.h"
+#include "data/samples.h"
 
 #include <errno.h>
 #include <hdf5.h>
 #include <limits.h>
 #include <math.h>
-#include <nettle/sha2.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,21 +62,8 @@ void dpo_ref_model_id(const char *pretrained, const char *checksum, char *out, s
 
 void dpo_ref_file_sha256(const char *path, const char *what, char hex[65])
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    if (!samples_file_sha256(path, hex))
         fail_input("%s '%s': cannot read it: %s", what, path, strerror(errno));
-    struct sha256_ctx ctx;
-    sha256_init(&ctx);
-    uint8_t buf[1 << 16], digest[SHA256_DIGEST_SIZE];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        sha256_update(&ctx, n, buf);
-    if (ferror(f))
-        fail_input("%s '%s': cannot read it: %s", what, path, strerror(EIO));
-    fclose(f);
-    sha256_digest(&ctx, sizeof digest, digest);
-    for (int i = 0; i < SHA256_DIGEST_SIZE; i++)
-        snprintf(hex + 2 * i, 3, "%02x", digest[i]);
 }
 
 struct dpo_ref *dpo_ref_new(int64_t n_pairs)

@@ -190,6 +190,8 @@ static void identify_base(struct trainer *tr, uint64_t sum)
     else
         snprintf(tr->base_source, sizeof tr->base_source, "random init (model.init_seed %llu)",
                  (unsigned long long)cfg->model.init_seed);
+    if (!tr->sess.model.lora.on) /* DPO's precomputed reference names the initial model too */
+        return;
     /* r above a layer's smaller side adds parameters and no rank: the update B A is full rank already */
     const struct model_lora *lo = &tr->sess.model.lora;
     for (int b = 0; b < cfg->model.n_layer && tr->sess.rank == 0; b++)
@@ -219,12 +221,15 @@ static void identify_base(struct trainer *tr, uint64_t sum)
 static void init_parameters(struct trainer *tr)
 {
     const struct config *cfg = tr->cfg;
-    /* LoRA: the base's checksum, of its values as read (identify_base) */
+    /* LoRA: the base's checksum, of its values as read (identify_base); also a fresh DPO run's initial
+     * model, which its precomputed reference log-probs name */
     struct base_hash hash;
+    const bool hashed = tr->sess.model.lora.on ||
+                        (cfg->dpo.enabled && cfg->dpo.precompute_ref_log_probs && !will_resume(tr));
     if (!cfg->model.pretrained[0] || (will_resume(tr) && !tr->sess.model.lora.on)) {
         zero_hash_source(&hash, &tr->sess.model, tr->sess.model.n_base_units, NULL);
-        session_load(&tr->sess, tr->sess.model.lora.on ? &hash.src : NULL);
-        if (tr->sess.model.lora.on)
+        session_load(&tr->sess, hashed ? &hash.src : NULL);
+        if (hashed)
             identify_base(tr, zero_hash_total(&hash, tr->sess.comm, tr->sess.rank, tr->sess.world));
         log_peak_rss(tr, "after the parameters' init");
         return;
@@ -234,8 +239,8 @@ static void init_parameters(struct trainer *tr)
     hf_source_open(&hf, &tr->sess.model, cfg->model.pretrained);
     struct param_source src = {hf_source_read, hf_source_read_as, &hf};
     zero_hash_source(&hash, &tr->sess.model, tr->sess.model.n_base_units, &src);
-    session_load(&tr->sess, tr->sess.model.lora.on ? &hash.src : &src);
-    if (tr->sess.model.lora.on)
+    session_load(&tr->sess, hashed ? &hash.src : &src);
+    if (hashed)
         identify_base(tr, zero_hash_total(&hash, tr->sess.comm, tr->sess.rank, tr->sess.world));
     double total = hf_source_bytes(&hf), *bytes = xcalloc((size_t)tr->sess.world, sizeof *bytes);
     bytes[tr->sess.rank] = (double)hf.st.bytes_read;
@@ -283,8 +288,12 @@ static void trainer_setup(struct trainer *tr)
     /* being wired (issues 36, 37): the config reads them, the engine does not yet */
     if (cfg->zero.offload_optimizer_nvme || cfg->zero.offload_param_nvme)
         fail_input("config: zero_optimization offload device \"nvme\" is not wired into the trainer yet; use \"cpu\"");
-    if (cfg->dpo.enabled)
-        fail_input("config: the dpo section: DPO training is not wired into the trainer yet; remove the section");
+    if (cfg->dpo.enabled && cfg->data.val_path)
+        fail_input("config: data.val with a dpo section: the trainer validates SFT data only; drop data.val and "
+                   "run `shardlm eval` on a preference file for the reward accuracy");
+    if (cfg->dpo.enabled && !cfg->dpo.precompute_ref_log_probs && cfg->lora.n_modules_to_save > 0)
+        fail_input("config: lora.modules_to_save trains base modules, so the base with the adapters off is no longer "
+                   "the reference: set dpo.precompute_ref_log_probs to true");
     if (!cfg->data.train_path)
         fail_input("config: 'data.train' is required for training: give the path (or glob) of .bin token shards");
     /* model.from_pretrained as an absolute path: the checkpoints record it,
@@ -315,10 +324,15 @@ static void trainer_setup(struct trainer *tr)
                        cfg->data.val_path, (unsigned long long)loader_units(&tr->val_data),
                        tr->val_data.samples ? "samples (or packed rows)" : "windows", cfg->micro_batch, tr->sess.world);
     }
-    const struct session_shape shape = {cfg->micro_batch, cfg->data.seq_len, 0};
+    if (cfg->dpo.enabled && !tr->train_data.samples)
+        fail_input("config: a dpo section needs a preference file as data.train (an .h5 of tools/prepare_data.py on "
+                   "{\"prompt\", \"chosen\", \"rejected\"} lines), not token shards '%s'", cfg->data.train_path);
+    /* DPO: a micro-batch of B pairs is 2B rows */
+    const struct session_shape shape = {loader_rows(&tr->train_data, cfg->micro_batch), cfg->data.seq_len, 0};
     session_plan(&tr->sess, &shape);
     init_parameters(tr);
     session_acts(&tr->sess, &shape);
+    dpo_setup(tr);
     char why[2 * CKPT_MAX_PATH];
     if (cfg->checkpoint.dir && tr->sess.rank == 0 && ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {
         if (!cfg->checkpoint.on_error_continue)
@@ -348,6 +362,7 @@ static void trainer_teardown(struct trainer *tr)
 {
     if (tr->metrics)
         fclose(tr->metrics);
+    dpo_teardown(tr);
     loader_close(&tr->train_data);
     if (tr->have_val)
         loader_close(&tr->val_data);
@@ -383,7 +398,7 @@ static void dump_first_step(struct trainer *tr, const int32_t *inputs, const int
                             const float *logits, float loss, int T_micro)
 {
     const struct config *cfg = tr->cfg;
-    const size_t B = (size_t)cfg->micro_batch, T = (size_t)T_micro;
+    const size_t B = (size_t)loader_rows(&tr->train_data, cfg->micro_batch), T = (size_t)T_micro;
     FILE *f = tr->sess.rank == 0 ? dump_open(tr->opt->dump_path) : NULL;
     float *tokens = xcalloc(2 * B * T, sizeof *tokens);
     for (size_t i = 0; i < B * T; i++) {
@@ -410,8 +425,8 @@ static void dump_first_step(struct trainer *tr, const int32_t *inputs, const int
 static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *skipped)
 {
     const struct config *cfg = tr->cfg;
-    const int B = cfg->micro_batch, accum = cfg->grad_accum;
-    const size_t BT = (size_t)B * cfg->data.seq_len;
+    const int B = cfg->micro_batch, accum = cfg->grad_accum, rows = loader_rows(&tr->train_data, B);
+    const size_t BT = (size_t)rows * cfg->data.seq_len;
     /* The step's trained targets, known from the order before any is read:
      * the loss is their mean over every micro-batch of every rank. */
     struct sample_batch step = loader_step(&tr->train_data, tr->samples_seen, B, accum, tr->sess.world, &tr->slots);
@@ -420,6 +435,8 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
     /* the loss scale multiplies the backward; the optimizer divides it out */
     const double scale = tr->scaler.scale;
     const float dloss = (float)(scale / (double)step.trained);
+    if (tr->dpo.on)
+        dpo_step_begin(tr, step.pairs, scale);
     int dump_T = 0;
     const int dumping = tr->opt->dump_path && tr->step == 0;
     float *dump_logits = NULL;
@@ -437,26 +454,36 @@ static float train_step(struct trainer *tr, float lr, double *grad_norm, bool *s
         tr->sess.acts.debug_logits = dumping && micro == 0 ? dump_logits : NULL;
         if (dumping && micro == 0) {
             dump_T = T;
-            memcpy(dump_tokens, tr->sess.acts.inputs, (size_t)B * T * sizeof *dump_tokens);
-            memcpy(dump_tokens + BT, tr->sess.acts.targets, (size_t)B * T * sizeof *dump_tokens);
+            memcpy(dump_tokens, tr->sess.acts.inputs, (size_t)rows * T * sizeof *dump_tokens);
+            memcpy(dump_tokens + BT, tr->sess.acts.targets, (size_t)rows * T * sizeof *dump_tokens);
         }
         if (tr->comm_only) {
             zero_replay_pass(&tr->sess.zero, &tr->sess.train_pass);
             continue;
         }
+        if (tr->dpo.on) /* the reference: its own (evaluation) pass before the policy's */
+            dpo_reference(tr, first, B, T);
         zero_begin_pass(&tr->sess.zero, &tr->sess.train_pass);
         /* LoRA's dropout: the mask of a row depends on the step and the row's index in the run's order */
-        family_lora_step(&tr->sess.acts, tr->cfg->train.seed, tr->step, first);
-        loss_sum += family_forward(&tr->sess.zero, &tr->sess.acts, B, T, 1, FAMILY_TRAIN, dloss);
-        family_backward(&tr->sess.zero, &tr->sess.acts, B, T);
+        family_lora_step(&tr->sess.acts, tr->cfg->train.seed, tr->step, first * (uint64_t)(rows / B));
+        if (tr->dpo.on)
+            dpo_policy_forward(tr, rows, T);
+        else
+            loss_sum += family_forward(&tr->sess.zero, &tr->sess.acts, B, T, 1, FAMILY_TRAIN, dloss);
+        family_backward(&tr->sess.zero, &tr->sess.acts, rows, T);
         zero_end_pass(&tr->sess.zero);
         train_fault_point("step");
     }
     tr->sess.acts.debug_logits = NULL;
     zero_reduce_grads(&tr->sess.zero);
-    /* the step's loss: the mean over every trained target of every rank's micro-batches */
-    comm_allreduce(tr->sess.comm, &loss_sum, 1, COMM_F64, COMM_SUM, NULL);
-    float loss = (float)(loss_sum / (double)step.trained);
+    /* the step's loss: the mean over every trained target of every rank's micro-batches (DPO: over its pairs) */
+    float loss;
+    if (tr->dpo.on) {
+        loss = dpo_step_end(tr);
+    } else {
+        comm_allreduce(tr->sess.comm, &loss_sum, 1, COMM_F64, COMM_SUM, NULL);
+        loss = (float)(loss_sum / (double)step.trained);
+    }
     if (dumping) {
         dump_first_step(tr, dump_tokens, dump_tokens + BT, dump_logits, loss, dump_T);
         free(dump_logits);
@@ -632,16 +659,19 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
                  tr.train_data.bin.n_windows);
     } else {
         const struct sample_set *smp = &tr.train_data.smp;
+        /* DPO: a unit is a pair (two rows), or with packing a row pair */
+        const char *units = tr.dpo.on ? (cfg->data.packing ? "packed row pairs" : "pairs")
+                                      : (cfg->data.packing ? "packed rows" : "samples");
         log_info("batch: %d %s of at most %d tokens = %d micro x %d accumulation x %d ranks, padded to the longest "
                  "(a multiple of %d)%s",
-                 cfg->train_batch_size, cfg->data.packing ? "packed rows" : "samples", T, cfg->micro_batch,
+                 cfg->train_batch_size, units, T, cfg->micro_batch,
                  cfg->grad_accum, tr.sess.world, cfg->data.pad_multiple,
                  cfg->data.group_by_length ? ", grouped by length" : "");
         log_info("train data %s: %u samples (%llu tokens, %llu trained) of %zu; %zu truncated to %d tokens, %zu "
                  "dropped as longer, %zu dropped with no trained token; %llu %s per epoch",
                  smp->path, smp->n, (unsigned long long)smp->tokens_kept, (unsigned long long)smp->trained_kept,
                  smp->n_file, smp->n_truncated, T, smp->n_dropped_long, smp->n_dropped_untrained,
-                 (unsigned long long)loader_units(&tr.train_data), cfg->data.packing ? "packed rows" : "samples");
+                 (unsigned long long)loader_units(&tr.train_data), units);
         if (tr.metrics)
             fprintf(tr.metrics,
                     "{\"data\": \"%s\", \"samples\": %u, \"samples_in_file\": %zu, \"tokens\": %llu, "
@@ -660,6 +690,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
 
     if (opt->resume)
         ckpt_run_resume(&tr, opt->resume);
+    dpo_prepare(&tr);
     /* A stop signal during the set-up or the resume (the handlers are in
      * place from the start, train_install_stop_handlers) is seen after the
      * first step: the run trains that step and saves it, so that even a job
@@ -685,9 +716,11 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
         char fill[96] = "";
         if (tr.train_data.samples)
             snprintf(fill, sizeof fill, " | trained %.0f tok/s | padding %.1f%%", trained_per_s, 100.0 * padding);
+        char dpo_line[64], dpo_json[512];
+        dpo_step_notes(&tr, dpo_line, sizeof dpo_line, dpo_json, sizeof dpo_json);
         if (!opt->quiet && (tr.step % cfg->steps_per_print == 0 || tr.step == 1 || tr.step == cfg->train.steps))
-            log_info("step %5ld/%d | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s%s | %7.1f ms | sent %s%s",
-                     tr.step, cfg->train.steps, loss, lr, norm, real_per_s, fill, dt * 1e3,
+            log_info("step %5ld/%d | loss %.6f%s | lr %.3e | norm %.4f | %8.0f tok/s%s | %7.1f ms | sent %s%s",
+                     tr.step, cfg->train.steps, loss, dpo_line, lr, norm, real_per_s, fill, dt * 1e3,
                      format_bytes((double)total, a, sizeof a), scale_note(&tr, b, sizeof b));
         if (tr.metrics) {
             char traffic[256];
@@ -696,10 +729,10 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
                     "{\"step\": %ld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.1f, "
                     "\"trained_tokens_per_s\": %.1f, \"real_tokens\": %llu, \"trained_tokens\": %llu, "
                     "\"padding\": %.6f, \"ms\": %.3f, \"loss_scale\": %.9g, \"skipped\": %s, "
-                    "\"skipped_steps\": %ld%s}\n",
+                    "\"skipped_steps\": %ld%s%s}\n",
                     tr.step, loss, lr, skipped ? 0.0 : norm, real_per_s, trained_per_s,
                     (unsigned long long)tr.real_tokens, (unsigned long long)tr.trained_tokens, padding, dt * 1e3,
-                    tr.scaler.scale, skipped ? "true" : "false", tr.skipped_steps, traffic);
+                    tr.scaler.scale, skipped ? "true" : "false", tr.skipped_steps, traffic, dpo_json);
         }
         if (tr.have_val && cfg->train.eval_every > 0 &&
             (tr.step % cfg->train.eval_every == 0 || tr.step == cfg->train.steps)) {

@@ -18,7 +18,10 @@ layers adapted (fp32 N=2 over NCCL, bf16 N=2 with offload), Llama with
 every linear layer adapted (bf16 N=1, fp32 N=2 over NCCL), and the same
 Llama without dropout (bf16 N=1, fp32 N=2 over NCCL), where q|k|v and
 gate|up each take one group call of the LoRA kernels (dropout calls them
-layer by layer).
+layer by layer); and DPO on a preference file (issue 37: the per-row
+dlogits scales uploaded from host memory, the reference computed before step 1
+or, LoRA, with the adapters off in each step): Llama fp32 N=2 over NCCL
+(precomputed reference) and LoRA without dropout in bf16 N=1.
 The emulated streams are lazy
 (README.md), so a missing synchronisation in the engine or the CUDA code
 changes the losses; the offload cases also run with CUDAEMU_EAGER=1 (every
@@ -70,6 +73,28 @@ def packed_data():
     return {"data": {"train": path, "max_seq_length": MODEL["n_positions"], "packing": True}}
 
 
+def pref_data():
+    """A preference file (DPO, issue 37) of 16 pairs, each two samples of a shared prompt and a trained completion
+    of their own; 2 pairs a micro-batch (4 rows), padded."""
+    path = os.path.join(TMP, "pref.h5")
+    if not os.path.exists(path):
+        import h5py
+        rng = np.random.default_rng(11)
+        toks, trained, lens = [], [], []
+        for _ in range(16):
+            prompt = list(rng.integers(0, MODEL["vocab_size"], size=rng.integers(2, 12)))
+            for _ in range(2):
+                n = int(rng.integers(2, 14))
+                toks += prompt + list(rng.integers(0, MODEL["vocab_size"], size=n))
+                trained += [0] * len(prompt) + [1] * n
+                lens.append(len(prompt) + n)
+        datafiles.write_samples(path, toks, trained, np.concatenate([[0], np.cumsum(lens)]), MODEL["vocab_size"])
+        with h5py.File(path, "r+") as f:
+            del f.attrs["format"]
+            datafiles.set_str(f, "format", "shardlm-preferences")
+    return {"data": {"train": path, "max_seq_length": MODEL["n_positions"]}, "dpo": {"beta": 0.1}}
+
+
 FP32_TOL = 1e-5  # the brief's fp32 bound: cuBLAS-order vs OpenBLAS-order sums
 BF16_TOL = 2e-2  # tests/gpu/e2e.py's bf16 bound
 # LoRA: (loss, grad norm) bounds. The adapters' gradients are sums over every token with much
@@ -95,7 +120,9 @@ def config(name, dtype, extra=None):
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     for key, value in (extra or {}).items():
-        if key == "zero_optimization":
+        if key == "dpo":  # each run its own precomputed reference (the CPU's must not stand in for the device's)
+            cfg[key] = dict(value, ref_log_probs_path=os.path.join(TMP, name + ".ref.h5"))
+        elif key == "zero_optimization":
             cfg[key].update(value)
         else:
             cfg[key] = value
@@ -145,11 +172,15 @@ def main():
              ("llama_lora_bf16_n1", 1, "bf16", {}, LORA_BF16_TOL),
              ("llama_lora_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, LORA_FP32_TOL),
              ("llama_lora_nodrop_bf16_n1", 1, "bf16", {}, LORA_BF16_TOL),
-             ("llama_lora_nodrop_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
+             ("llama_lora_nodrop_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("llama_dpo_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("llama_lora_nodrop_dpo_bf16_n1", 1, "bf16", {}, LORA_BF16_TOL))
     for tag, N, dtype, env, tol in cases:
         extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else None
         if tag.endswith("_packed"):
             extra = dict(extra or {}, **packed_data())
+        if "_dpo" in tag:
+            extra = dict(extra or {}, **pref_data())
         if "lora" in tag:
             targets = "all-linear" if tag.startswith("llama") else ["c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
             extra = dict(extra or {}, lora={"r": 4, "alpha": 8, "dropout": 0.0 if "nodrop" in tag else 0.1,

@@ -307,6 +307,22 @@ static void check_crossentropy(const int32_t *targets, struct shape sh, const ch
     cpu_crossentropy_backward(logits, targets, 1.0f / N, N, V, Vp);
     backend_crossentropy_backward(d_logits, d_targets, 1.0f / N, N, V, Vp);
     compare_act(named2("crossentropy_backward", variant), logits, d_logits, NV, g_tol);
+    /* per-row scales (DPO): from the same probabilities, each row its own scale, some negative */
+    float *rows = host_random(N, 5), *probs = host_random(NV, 6), *d_rows = to_device(rows, N * 4);
+    for (size_t i = 0; i < NV; i++) /* the padded columns as the forward leaves them */
+        probs[i] = (int)(i % Vp) < V ? probs[i] : 0.0f;
+    act_round(probs, NV);
+    float *d_probs = act_to_device(probs, NV);
+    cpu_crossentropy_backward_rows(probs, targets, rows, N, V, Vp);
+    backend_crossentropy_backward_rows(d_probs, d_targets, d_rows, N, V, Vp);
+    compare_act(named2("crossentropy_backward_rows", variant), probs, d_probs, NV, g_tol);
+    /* the same scales on the rows of an activation (DPO, a frozen LM head's input gradient) */
+    float *x = act_round(host_random(NV, 2), NV), *d_x = act_to_device(x, NV);
+    cpu_scale_rows(x, rows, N, Vp);
+    backend_scale_rows(d_x, d_rows, N, Vp);
+    compare_act(named2("scale_rows", variant), x, d_x, NV, g_tol);
+    cudaFree(d_rows), cudaFree(d_probs), cudaFree(d_x);
+    free(rows), free(probs), free(x);
     float *got_losses = malloc(N * 4);
     unsigned char *got = malloc(act_bytes(NV));
     cuda_ok(cudaDeviceSynchronize(), "crossentropy");

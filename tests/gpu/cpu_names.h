@@ -11,6 +11,7 @@
 #define backend_check_performance cpu_check_performance
 #define backend_copy cpu_copy
 #define backend_crossentropy_backward cpu_crossentropy_backward
+#define backend_crossentropy_backward_rows cpu_crossentropy_backward_rows
 #define backend_crossentropy_forward cpu_crossentropy_forward
 #define backend_embedding_backward cpu_embedding_backward
 #define backend_embedding_forward cpu_embedding_forward
@@ -35,6 +36,7 @@
 #define backend_rope_backward cpu_rope_backward
 #define backend_rope_forward cpu_rope_forward
 #define backend_scale cpu_scale
+#define backend_scale_rows cpu_scale_rows
 #define backend_sum_squares cpu_sum_squares
 #define backend_swiglu_backward cpu_swiglu_backward
 #define backend_swiglu_forward cpu_swiglu_forward

@@ -14,6 +14,7 @@
 #undef backend_check_performance
 #undef backend_copy
 #undef backend_crossentropy_backward
+#undef backend_crossentropy_backward_rows
 #undef backend_crossentropy_forward
 #undef backend_embedding_backward
 #undef backend_embedding_forward
@@ -38,6 +39,7 @@
 #undef backend_rope_backward
 #undef backend_rope_forward
 #undef backend_scale
+#undef backend_scale_rows
 #undef backend_sum_squares
 #undef backend_swiglu_backward
 #undef backend_swiglu_forward

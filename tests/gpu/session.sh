@@ -16,7 +16,10 @@
 #                       make CUDA=1 WERROR= bin/shardlm bin/shardlm-cuda, sm_90
 #                       only (KIT=gpu-kit when gpu-kit/ is there: MPI, HDF5,
 #                       jansson, OpenBLAS come from it), then check_kernels and
-#                       time_kernels linked against the CUDA backend objects
+#                       time_kernels linked against the CUDA backend objects;
+#                       with no make on the machine, build-nomake.sh of gpu-bins/
+#                       or gpu-kit/ (tools/gpu-nomake.sh: the Makefile's recipes
+#                       for gcc and nvcc alone) builds the same four programs
 #   kernels     (60 s)  check_kernels (every kernel against the CPU backend); if it
 #                       fails, again under compute-sanitizer memcheck with
 #                       CUDA_LAUNCH_BLOCKING=1
@@ -116,8 +119,9 @@ stage_probe() {
   else
     fail probe.nvcc "no $CUDA_HOME/bin/nvcc; set CUDA_HOME"
   fi
-  lib=$(ls "$CUDA_HOME"/lib64/libcublas.so* 2>/dev/null | head -1)
-  [ -n "$lib" ] && { say "cuBLAS: $lib"; ok probe.cublas; } || fail probe.cublas "no libcublas.so in $CUDA_HOME/lib64"
+  # lib64 in a toolkit, lib in the nvidia-cublas wheel
+  lib=$(ls "$CUDA_HOME"/lib64/libcublas.so* "$CUDA_HOME"/lib/libcublas.so* 2>/dev/null | head -1)
+  [ -n "$lib" ] && { say "cuBLAS: $lib"; ok probe.cublas; } || fail probe.cublas "no libcublas.so in $CUDA_HOME/lib64 or lib"
   # NCCL: $WORK/nccl/{include/nccl.h, lib/libnccl.so, lib/libnccl.so.2} -> the real files
   rm -rf "$WORK/nccl" && mkdir -p "$WORK/nccl/include" "$WORK/nccl/lib"
   if lib=$(find_nccl); then
@@ -180,8 +184,14 @@ except ImportError:
     glibc="${glibc:-}" os="${os:-}" gcc="$gccv" make="${makev:-none}" carried_glibc_needed="${need:-}"
 }
 
-# The make variables of this build (KIT-aware: whatever the Makefile computes).
-make_var() { make -s --no-print-directory CUDA=1 "${MAKE_ARGS[@]}" --eval 'print-%: ; @echo $($*)' "print-$1"; }
+# The make variables of this build (KIT-aware: whatever the Makefile computes;
+# warnings not fatal, as in the trainers' build here: the machine's compiler may
+# be newer); MK_<NAME> instead where set (build-nomake.sh sets them: no make there).
+make_var() {
+  local v=MK_$1
+  if [ -n "${!v+set}" ]; then echo "${!v}"; else
+    make -s --no-print-directory CUDA=1 WERROR= "${MAKE_ARGS[@]}" --eval 'print-%: ; @echo $($*)' "print-$1" | tail -1; fi
+}
 
 # link_checkers BUILD DIR: check_kernels and time_kernels into DIR, against the
 # CUDA backend objects in BUILD (build/ or tools/gpu-bins.sh's), linked as the
@@ -225,16 +235,36 @@ use_carried() {
   PY=${PY:-python3} figure binaries=carried
 }
 
+# build_nomake: no make on this machine: build-nomake.sh (tools/gpu-nomake.sh
+# wrote it from the Makefile's recipes into gpu-bins/ and gpu-kit/) compiles
+# and links the same four programs with gcc and nvcc alone
+build_nomake() {
+  local s= c
+  for c in "${SESSION_NOMAKE:-}" "$BINS/build-nomake.sh" gpu-kit/build-nomake.sh; do
+    [ -n "$c" ] && [ -f "$c" ] && { s=$c; break; }
+  done
+  PY=${PY:-python3} figure binaries=built-here-no-make nomake_script="$s"
+  if [ -z "$s" ]; then
+    fail build.nomake "no make on this machine, no carried binaries, and no build-nomake.sh in $BINS or gpu-kit/ (tools/gpu-bins.sh and tools/gpu-kit.sh write it)"
+    return
+  fi
+  say "no make here: bash $s (the Makefile's recipes, CUDA for sm_90, warnings not fatal)"
+  if KIT=${KIT_ARG#KIT=} NCCL_HOME=${NCCL_HOME:-$WORK/nccl} B=build BIN=bin CHECKERS=$WORK JOBS=$JOBS bash "$s"; then
+    ok build.nomake; else fail build.nomake "$s failed (the errors above)"; fi
+}
+
 stage_build() {
-  if use_carried; then :; else
+  if use_carried; then :
+  elif command -v make >/dev/null 2>&1; then
     # the fallback: the two trainers only (not the unit tests: time on the GPU
     # machine is short), warnings not fatal (the machine's compiler may be newer)
     PY=${PY:-python3} figure binaries=built-here
     say "make -j$JOBS CUDA=1 WERROR= ${MAKE_ARGS[*]} bin/shardlm bin/shardlm-cuda"
-    if ! command -v make >/dev/null 2>&1; then fail build.make "no make on this machine and no carried binaries (tools/gpu-bins.sh)"
-    elif make --no-print-directory -j"$JOBS" CUDA=1 WERROR= "${MAKE_ARGS[@]}" bin/shardlm bin/shardlm-cuda; then ok build.make; else
+    if make --no-print-directory -j"$JOBS" CUDA=1 WERROR= "${MAKE_ARGS[@]}" bin/shardlm bin/shardlm-cuda; then ok build.make; else
       fail build.make "make CUDA=1 failed (the errors above)"; fi
-    command -v make >/dev/null 2>&1 && link_checkers build "$WORK"
+    link_checkers build "$WORK"
+  else
+    build_nomake
   fi
   if ldd bin/shardlm-cuda 2>/dev/null | grep -q 'libnccl.*not found'; then
     fail build.nccl_resolves "bin/shardlm-cuda: $(ldd bin/shardlm-cuda | grep 'not found' | tr -s ' \t\n' ' ')"
@@ -309,8 +339,9 @@ while [ $# -gt 0 ]; do
     --stage-body) BODY=$2; shift ;;
     --link-checkers) # BUILD DIR [MAKE ARGS...]: for tools/gpu-bins.sh
       shift; LINK_B=$1 LINK_D=$2; shift 2; MAKE_ARGS=("$@"); CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-      n_fail=$(link_checkers "$LINK_B" "$LINK_D" | tee /dev/stderr | grep -c '^FAIL')
-      exit $((n_fail > 0)) ;;
+      # (not tee /dev/stderr: reopening a stderr that is a file truncates it)
+      checks=$(link_checkers "$LINK_B" "$LINK_D") && echo "$checks"
+      ! grep -q '^FAIL' <<<"$checks"; exit $? ;;
     -h|--help) usage; exit 0 ;;
     *) echo "session.sh: unknown argument $1; see --help" >&2; exit 2 ;;
   esac
@@ -333,10 +364,20 @@ if [ -n "$BODY" ]; then
   exit $?
 fi
 
-# CUDA_HOME: the caller's, else where nvcc is, else /usr/local/cuda, else the
+# The toolkit the nvcc on PATH runs from: nvcc's own _HERE_ (so that a wrapper
+# script such as /usr/local/bin/nvcc names its toolkit), else where the link
+# leads; a folder without cuda_runtime.h is no toolkit.
+nvcc_toolkit() {
+  local nv here
+  nv=$(command -v nvcc 2>/dev/null) || return 1
+  here=$(timeout 20 "$nv" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -1)
+  [ -n "$here" ] || here=$(dirname "$(readlink -f "$nv")")
+  [ -x "$here/nvcc" ] && [ -e "$here/../include/cuda_runtime.h" ] && (cd "$here/.." && pwd)
+}
+# CUDA_HOME: the caller's, else nvcc's toolkit, else /usr/local/cuda, else the
 # cuBLAS wheel's folder (libraries only: the build then needs carried binaries)
 if [ -z "${CUDA_HOME:-}" ]; then
-  if nv=$(command -v nvcc 2>/dev/null); then CUDA_HOME=$(cd "$(dirname "$(readlink -f "$nv")")/.." && pwd)
+  if CUDA_HOME=$(nvcc_toolkit); then :
   elif [ -x /usr/local/cuda/bin/nvcc ]; then CUDA_HOME=/usr/local/cuda
   else
     for p in ${SESSION_PYTHON:-} /opt/torch/.venv/bin/python /usr/bin/python3 python3; do

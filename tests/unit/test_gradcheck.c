@@ -87,9 +87,11 @@
 #define backend_embedding_backward f64_embedding_backward
 #define backend_crossentropy_forward f64_crossentropy_forward
 #define backend_crossentropy_backward f64_crossentropy_backward
+#define backend_crossentropy_backward_rows f64_crossentropy_backward_rows
 #define backend_sum_squares f64_sum_squares
 #define backend_all_finite f64_all_finite
 #define backend_scale f64_scale
+#define backend_scale_rows f64_scale_rows
 #define backend_zero f64_zero
 #define backend_copy f64_copy
 /* backend.h's struct lora_out (float pointers) in the twin: the same members in double */
@@ -155,9 +157,11 @@ struct lora_out_f64 {
 #undef backend_embedding_backward
 #undef backend_crossentropy_forward
 #undef backend_crossentropy_backward
+#undef backend_crossentropy_backward_rows
 #undef backend_sum_squares
 #undef backend_all_finite
 #undef backend_scale
+#undef backend_scale_rows
 #undef backend_zero
 
 /* ---- tolerances ---------------------------------------------------------- */

@@ -659,10 +659,12 @@ static void f32_crossentropy_forward(float *losses, float *logits, const int32_t
     }
 }
 
-static void f32_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
+/* dlogits row i = (probs - onehot) * (row_dloss ? row_dloss[i] : dloss). */
+static void ce_backward(float *probs, const int32_t *targets, float dloss, const float *row_dloss, int N, int V, int Vp)
 {
     DEVEMU_VIEW(probs);
     DEVEMU_VIEW(targets);
+    DEVEMU_VIEW(row_dloss);
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
         float *row = probs + (size_t)i * Vp;
@@ -670,10 +672,22 @@ static void f32_crossentropy_backward(float *probs, const int32_t *targets, floa
             memset(row, 0, (size_t)Vp * sizeof *row);
             continue;
         }
+        const float d = row_dloss ? row_dloss[i] : dloss;
         for (int j = 0; j < V; j++)
-            row[j] *= dloss;
-        row[targets[i]] -= dloss;
+            row[j] *= d;
+        row[targets[i]] -= d;
     }
+}
+
+static void f32_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
+{
+    ce_backward(probs, targets, dloss, NULL, N, V, Vp);
+}
+
+static void f32_crossentropy_backward_rows(float *probs, const int32_t *targets, const float *dloss, int N, int V,
+                                           int Vp)
+{
+    ce_backward(probs, targets, 0.0f, dloss, N, V, Vp);
 }
 
 double backend_sum_squares(const float *x, size_t n)
@@ -702,6 +716,22 @@ void backend_scale(float *x, float s, size_t n)
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++)
         x[i] *= s;
+}
+
+static void f32_scale_rows(float *x, const float *s, int N, int C)
+{
+    DEVEMU_VIEW(x);
+    DEVEMU_VIEW(s);
+#pragma omp parallel for
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++)
+            x[(size_t)i * C + c] *= s[i];
+}
+
+void backend_scale_rows(float *x, const float *s, int N, int C)
+{
+    ACT_DISPATCH(act_scale_rows(f32_scale_rows, x, s, N, C));
+    f32_scale_rows(x, s, N, C);
 }
 
 void backend_zero(float *x, size_t n)
@@ -846,6 +876,13 @@ void backend_crossentropy_backward(float *probs, const int32_t *targets, float d
 {
     ACT_DISPATCH(act_crossentropy_backward(f32_crossentropy_backward, probs, targets, dloss, N, V, Vp));
     f32_crossentropy_backward(probs, targets, dloss, N, V, Vp);
+}
+
+void backend_crossentropy_backward_rows(float *probs, const int32_t *targets, const float *dloss, int N, int V,
+                                        int Vp)
+{
+    ACT_DISPATCH(act_crossentropy_backward_rows(f32_crossentropy_backward_rows, probs, targets, dloss, N, V, Vp));
+    f32_crossentropy_backward_rows(probs, targets, dloss, N, V, Vp);
 }
 
 /* The fused MLP calls are the composition of the unfused ones (the same bits as calling them in turn). */

@@ -329,6 +329,22 @@ void act_crossentropy_backward(void (*f32)(float *probs, const int32_t *targets,
     narrow(probs, p, (size_t)N * Vp);
 }
 
+void act_crossentropy_backward_rows(void (*f32)(float *probs, const int32_t *targets, const float *dloss, int N,
+                                                int V, int Vp),
+                                    float *probs, const int32_t *targets, const float *dloss, int N, int V, int Vp)
+{
+    float *p = widen(probs, (size_t)N * Vp);
+    f32(p, targets, dloss, N, V, Vp);
+    narrow(probs, p, (size_t)N * Vp);
+}
+
+void act_scale_rows(void (*f32)(float *x, const float *s, int N, int C), float *x, const float *s, int N, int C)
+{
+    float *w = widen(x, (size_t)N * C);
+    f32(w, s, N, C);
+    narrow(x, w, (size_t)N * C);
+}
+
 void backend_add_act(float *out, const float *a, const float *b, size_t n)
 {
     if (g_act == DTYPE_F32) {

@@ -91,6 +91,10 @@ void act_crossentropy_forward(void (*f32)(float *losses, float *logits, const in
                               float *losses, float *logits, const int32_t *targets, int N, int V, int Vp);
 void act_crossentropy_backward(void (*f32)(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp),
                                float *probs, const int32_t *targets, float dloss, int N, int V, int Vp);
+void act_crossentropy_backward_rows(void (*f32)(float *probs, const int32_t *targets, const float *dloss, int N,
+                                                int V, int Vp),
+                                    float *probs, const int32_t *targets, const float *dloss, int N, int V, int Vp);
+void act_scale_rows(void (*f32)(float *x, const float *s, int N, int C), float *x, const float *s, int N, int C);
 void act_lora_forward(void (*f32)(float *t, float *scratch, const float *x, const float *A, const struct lora_out *out,
                                   int k, int ld, float scale, const struct lora_dropout *d, int N, int C, int r),
                       float *t, const float *x, const float *A, const struct lora_out *out, int k, int ld, float scale,

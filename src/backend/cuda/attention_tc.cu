@@ -158,12 +158,10 @@ __device__ static void tc_store_rows(A *dst, size_t stride, int rows, tc_acc *x,
         }
 }
 
-/* A warp's 16 x N product of its A fragments x (16 rows, hs / 16 fragments) with the transposes of a staged tile's
- * rows y (N rows, hs apart: y^T column-major), into out (fp32, N apart). */
-template <typename A, int ND, int N>
-__device__ static void tc_rows_times_tile(float *out,
-                                          const wmma::fragment<wmma::matrix_a, 16, 16, 16, A, wmma::row_major> *x,
-                                          const A *y, int hs)
+/* A warp's 16 x N product of its 16 rows (fragment k of them: xk(k), hs / 16 of them) with the transposes of a
+ * staged tile's rows y (N rows, hs apart: y^T column-major), into out (fp32, N apart). */
+template <typename A, int ND, int N, typename XK>
+__device__ static void tc_times_tile(float *out, XK xk, const A *y, int hs)
 {
 #pragma unroll
     for (int c = 0; c < N / 16; c++) {
@@ -174,11 +172,34 @@ __device__ static void tc_rows_times_tile(float *out,
             if (k < hs / 16) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, A, wmma::col_major> yf;
                 wmma::load_matrix_sync(yf, y + (size_t)c * 16 * hs + k * 16, hs);
-                wmma::mma_sync(acc, x[k], yf, acc);
+                wmma::mma_sync(acc, xk(k), yf, acc);
             }
         wmma::store_matrix_sync(out + c * 16, acc, N, wmma::mem_row_major);
     }
     __syncwarp();
+}
+
+/* tc_times_tile of rows held as A fragments x. */
+template <typename A, int ND, int N>
+__device__ static void tc_rows_times_tile(float *out,
+                                          const wmma::fragment<wmma::matrix_a, 16, 16, 16, A, wmma::row_major> *x,
+                                          const A *y, int hs)
+{
+    tc_times_tile<A, ND, N>(out, [&](int k) { return x[k]; }, y, hs);
+}
+
+/* tc_times_tile of rows staged in shared memory (16 rows, hs apart), loaded a fragment at a time. */
+template <typename A, int ND, int N>
+__device__ static void tc_staged_times_tile(float *out, const A *x, const A *y, int hs)
+{
+    tc_times_tile<A, ND, N>(
+        out,
+        [&](int k) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, A, wmma::row_major> xf;
+            wmma::load_matrix_sync(xf, x + k * 16, hs);
+            return xf;
+        },
+        y, hs);
 }
 
 /* acc[f] += w y: w a warp's 16 x N [A] (N apart), y a staged tile's N rows (hs apart). */
@@ -292,20 +313,22 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_forward_kernel
  * first key to the end of its last key's sample. P = exp(scale S - lse) is recomputed from the forward's lse,
  * D_i = dout_i . out_i (fp32) and dS = scale P (dP - D), dP = dout V^T. The products on tensor cores: S and dP
  * (fp32 accumulators, through shared memory to two lanes a row), then dQ += dS K, or dV += P^T dout and
- * dK += dS^T Q, with P and dS rounded to the activation dtype as their operand. */
+ * dK += dS^T Q, with P and dS rounded to the activation dtype as their operand. The dk/dv kernel holds its keys
+ * as fragments and its values staged in shared memory (fragments of both, beside dk and dv, made head size 128
+ * spill on sm_90), and takes a query tile 16 queries at a time. */
 #define TC_BWD_TILE 32 /* keys (dq) or queries (dk, dv) of a staged tile */
 
-/* Two lanes a row of a warp's 16 x TC_BWD_TILE scores sc and dP dp (fp32), row r's element c seen when see(r, c):
+/* Two lanes a row of a warp's 16 x NC scores sc and dP dp (fp32), row r's element c seen when see(r, c):
  * P and dS of the row into p and ds [A] (p NULL: not kept), 0 where not seen. lse(r, c) and dterm(r, c): the
  * lse and D of the query of element (r, c). */
-template <typename A, typename See, typename Lse, typename Dterm>
+template <typename A, int NC, typename See, typename Lse, typename Dterm>
 __device__ static void tc_softmax_backward(A *p, A *ds, const float *sc, const float *dp, float scale, See see, Lse lse,
                                            Dterm dterm)
 {
-    const int lane = (int)threadIdx.x % 32, r = lane / 2, c0 = lane % 2 * (TC_BWD_TILE / 2);
+    const int lane = (int)threadIdx.x % 32, r = lane / 2, c0 = lane % 2 * (NC / 2);
 #pragma unroll 4
-    for (int c = c0; c < c0 + TC_BWD_TILE / 2; c++) {
-        const int at = r * TC_BWD_TILE + c;
+    for (int c = c0; c < c0 + NC / 2; c++) {
+        const int at = r * NC + c;
         float pv = 0.0f, dsv = 0.0f;
         if (see(r, c)) {
             pv = expf(sc[at] * scale - lse(r, c));
@@ -384,7 +407,7 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_backward_dq(A 
             tc_rows_times_tile<A, ND, TC_BWD_TILE>(dp, dy, vs, hs);
             const float *L = Ls[warp], *D = Ds[warp];
             const int *fk = firsts[warp];
-            tc_softmax_backward<A>(
+            tc_softmax_backward<A, TC_BWD_TILE>(
                 (A *)NULL, ds, sc, dp, s.scale,
                 [&](int r, int c) { return c < n && j0 + c >= fk[r] && j0 + c <= w0 + r; },
                 [&](int r, int c) { return L[r]; }, [&](int r, int c) { return D[r]; });
@@ -401,9 +424,10 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_backward_dkdv(
                                                                                  const A *qkv, const float *lse,
                                                                                  struct tc_shape s)
 {
-    __shared__ __align__(32) A qd[2 * TC_BWD_TILE * ND * 16]; /* first the keys, values; then queries and dout */
-    __shared__ __align__(32) float scores[TC_WARPS][16 * TC_BWD_TILE], dps[TC_WARPS][16 * TC_BWD_TILE];
-    __shared__ __align__(32) A pts[TC_WARPS][16 * TC_BWD_TILE], dss[TC_WARPS][16 * TC_BWD_TILE];
+    __shared__ __align__(32) A qd[2 * TC_BWD_TILE * ND * 16]; /* first the keys; then each tile's queries, dout */
+    __shared__ __align__(32) A vals[TC_ROWS * ND * 16];
+    __shared__ __align__(32) float scores[TC_WARPS][16 * 16], dps[TC_WARPS][16 * 16];
+    __shared__ __align__(32) A pts[TC_WARPS][16 * 16], dss[TC_WARPS][16 * 16];
     __shared__ float Ls[TC_BWD_TILE], Ds[TC_BWD_TILE];
     __shared__ int firsts[TC_BWD_TILE];
     const int warp = (int)threadIdx.x / 32, hs = s.hs, nd = hs / 16;
@@ -419,9 +443,10 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_backward_dkdv(
     while (end < s.T && s.pos[(size_t)b * s.T + end] != 0)
         end++;
 
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, A, wmma::row_major> k[ND], v[ND];
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, A, wmma::row_major> k[ND];
     tc_block_rows<A, ND>(k, qd, qkv + tc_qkv_at(s, b, r0, g, 1), stride, rows, hs);
-    tc_block_rows<A, ND>(v, qd, qkv + tc_qkv_at(s, b, r0, g, 2), stride, rows, hs);
+    tc_stage(vals, qkv + tc_qkv_at(s, b, r0, g, 2), stride, rows, TC_ROWS, hs); /* read after the loop's barrier */
+    const A *v = vals + (size_t)warp * 16 * hs;                                 /* the warp's keys' values */
     int row_of[tc_acc::num_elements];
     tc_rows_of(row_of, sc);
     tc_acc dk[ND], dv[ND];
@@ -446,14 +471,22 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_backward_dkdv(
             }
             __syncthreads();
             if (w0 < s.T && i0 + n > w0 && tc_first_key(s, b, i0) <= wlast) { /* some of these queries see the keys */
-                tc_rows_times_tile<A, ND, TC_BWD_TILE>(sc, k, qs, hs);  /* S^T = K Q^T */
-                tc_rows_times_tile<A, ND, TC_BWD_TILE>(dp, v, dys, hs); /* dP^T = V dout^T */
-                tc_softmax_backward<A>(
-                    pt, ds, sc, dp, s.scale,
-                    [&](int r, int c) { return w0 + r <= wlast && w0 + r <= i0 + c && firsts[c] <= w0 + r; },
-                    [&](int r, int c) { return Ls[c]; }, [&](int r, int c) { return Ds[c]; });
-                tc_weights_times_tile<A, ND, TC_BWD_TILE>(dv, pt, dys, hs); /* dV += P^T dout */
-                tc_weights_times_tile<A, ND, TC_BWD_TILE>(dk, ds, qs, hs);  /* dK += dS^T Q */
+                /* 16 queries at a time: each accumulator takes the same products in the same order as with the
+                 * whole tile at once, in half the shared memory */
+                for (int q0 = 0; q0 < TC_BWD_TILE; q0 += 16) {
+                    const A *qq = qs + (size_t)q0 * hs, *dyq = dys + (size_t)q0 * hs;
+                    tc_rows_times_tile<A, ND, 16>(sc, k, qq, hs);   /* S^T = K Q^T */
+                    tc_staged_times_tile<A, ND, 16>(dp, v, dyq, hs); /* dP^T = V dout^T */
+                    tc_softmax_backward<A, 16>(
+                        pt, ds, sc, dp, s.scale,
+                        [&](int r, int c) {
+                            return w0 + r <= wlast && w0 + r <= i0 + q0 + c && firsts[q0 + c] <= w0 + r;
+                        },
+                        [&](int r, int c) { return Ls[q0 + c]; }, [&](int r, int c) { return Ds[q0 + c]; });
+                    tc_weights_times_tile<A, ND, 16>(dv, pt, dyq, hs); /* dV += P^T dout */
+                    tc_weights_times_tile<A, ND, 16>(dk, ds, qq, hs);  /* dK += dS^T Q */
+                    __syncwarp(); /* the next 16 overwrite sc, dp, pt and ds */
+                }
             }
             __syncthreads();
         }

@@ -80,6 +80,18 @@ __global__ void zero_kernel(float *x, size_t n)
 }
 
 /* A kernel rather than cudaMemsetAsync: x may be mapped pinned host memory. */
+template <typename A> __global__ static void scale_rows_kernel(A *x, const float *s, int C, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        st(x, i, ld(x, i) * s[i / C]);
+}
+
+extern "C" void backend_scale_rows(float *x, const float *s, int N, int C)
+{
+    const size_t n = (size_t)N * C;
+    WITH_ACT(scale_rows_kernel<A><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>((A *)x, s, C, n));
+}
+
 extern "C" void backend_zero(float *x, size_t n)
 {
     order_host(x, n * sizeof *x);

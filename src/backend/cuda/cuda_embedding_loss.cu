@@ -127,11 +127,15 @@ __global__ static void crossentropy_forward_kernel(float *losses, A *logits, con
         st(x, j, j < V ? expf(ld(x, j) - m) / s : 0.0f);
 }
 
+/* row_dloss: a scale per row (NULL: dloss for every row). */
 template <typename A>
-__global__ static void crossentropy_backward_kernel(A *probs, const int32_t *targets, float dloss, int V, int Vp)
+__global__ static void crossentropy_backward_kernel(A *probs, const int32_t *targets, float dloss,
+                                                    const float *row_dloss, int V, int Vp)
 {
     A *p = probs + (size_t)blockIdx.x * Vp;
     int target = targets[blockIdx.x];
+    if (row_dloss)
+        dloss = row_dloss[blockIdx.x];
     for (int j = threadIdx.x; j < Vp; j += blockDim.x) /* an ignored target (< 0): the whole row 0 */
         st(p, j, j < V && target >= 0 ? (ld(p, j) - (j == target ? 1.0f : 0.0f)) * dloss : 0.0f);
 }
@@ -144,6 +148,12 @@ extern "C" void backend_crossentropy_forward(float *losses, float *logits, const
 
 extern "C" void backend_crossentropy_backward(float *probs, const int32_t *targets, float dloss, int N, int V, int Vp)
 {
-    WITH_ACT(crossentropy_backward_kernel<A><<<N, BLOCK, 0, g_stream>>>((A *)probs, targets, dloss, V, Vp));
+    WITH_ACT(crossentropy_backward_kernel<A><<<N, BLOCK, 0, g_stream>>>((A *)probs, targets, dloss, (const float *)nullptr, V, Vp));
+}
+
+extern "C" void backend_crossentropy_backward_rows(float *probs, const int32_t *targets, const float *dloss, int N,
+                                                   int V, int Vp)
+{
+    WITH_ACT(crossentropy_backward_kernel<A><<<N, BLOCK, 0, g_stream>>>((A *)probs, targets, 0.0f, dloss, V, Vp));
 }
 
