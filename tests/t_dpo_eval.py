@@ -21,6 +21,9 @@ Checks:
   lora.*     a LoRA checkpoint (lora.init false: B nonzero) against its base
              with the adapters off, vs PEFT over the exported adapters;
              lora0.*: lora.init true (B = 0): policy = reference, margins 0
+  recorded.* a DPO full fine-tune's checkpoint: eval without flags reads the
+             reference file it records (dpo_ref_path) and equals --ref base;
+             dpo_lora.*: a DPO LoRA checkpoint's adapters-off reference too
   bad.*      exit 2, one line: an SFT sample file with --preferences, no
              reference for a whole model, a reference file of another
              preference file, --ref with a non-preference file
@@ -195,6 +198,39 @@ def lora_case(base, base_dir, pref, samples, ref):
         compare(name, got, trl_metrics(seq_logps(peft, samples), ref))
 
 
+def trained_case(base_dir, pref):
+    """A DPO run's checkpoints (the trainer): a full fine-tune's eval without flags reads the reference file the
+    checkpoint records; a LoRA run's eval compares with its base, adapters off; both equal --ref base."""
+    for name, lora in (("recorded", None), ("dpo_lora", {"r": 4, "alpha": 8, "target_modules": "all-linear"})):
+        ck = os.path.join(TMP, name + "_ck")
+        shutil.rmtree(ck, ignore_errors=True)
+        cfg = {"model": {"from_pretrained": base_dir}, "data": {"train": pref, "seq_len": 32, "shuffle": False},
+               "train": {"steps": 2, "eval_every": 0, "sample_tokens": 0}, "train_micro_batch_size_per_gpu": 2,
+               "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
+               "checkpoint": {"dir": ck}, "dpo": {"beta": 0.1}}
+        if lora is None:  # beside the test's own file at the default path
+            cfg["dpo"]["ref_log_probs_path"] = os.path.join(TMP, name + ".ref-logps.h5")
+            if os.path.exists(cfg["dpo"]["ref_log_probs_path"]):
+                os.remove(cfg["dpo"]["ref_log_probs_path"])
+        if lora:
+            cfg["lora"] = lora
+        r = run(["train", write_config(os.path.join(TMP, name + ".json"), cfg)])
+        check(f"{name}.train", r.returncode == 0, f"exit {r.returncode}: {r.stderr[-600:]}")
+        if r.returncode:
+            continue
+        got, want = eval_json(name, [ck, "--data", pref]), eval_json(name + ".ref", [ck, "--data", pref, "--ref",
+                                                                                  base_dir])
+        if not got or not want:
+            continue
+        check(f"{name}.reference", (name + ".ref-logps.h5" if lora is None else "adapters off") in got["reference"],
+              got["reference"])
+        bad = [k for k in ("loss", "rewards/margins", "rewards/chosen", "logps/chosen")
+               if abs(got[k] - want[k]) > 1e-6 * max(1.0, abs(want[k]))]
+        check(f"{name}.equals_ref_base", not bad and got["rewards/accuracies"] == want["rewards/accuracies"],
+              f"differ: {bad}: {got} vs {want}")
+        check(f"{name}.moved", got["rewards/margins"] != 0.0, "the run did not move the policy")
+
+
 def main():
     base, base_dir, policy, policy_dir = make_models()
     pref = os.path.join(TMP, "pairs.h5")
@@ -226,6 +262,7 @@ def main():
           r.stdout + r.stderr[-300:])
 
     lora_case(base, base_dir, pref, samples, ref)
+    trained_case(base_dir, pref)
 
     sft = os.path.join(TMP, "sft.h5")
     with h5py.File(sft, "w") as f:
