@@ -502,6 +502,52 @@ def check_nvme_peaks():
         check(f"nvme.peak.{name}.files_and_buffers", ok_opt and ok_par, f"{nvl} / {pvl} vs {nv}")
 
 
+# ---- DPO (issue 37): the reference costs no parameters ---------------------------------------------
+def check_dpo():
+    """A dpo section: a micro-batch of B pairs is planned as 2B rows (every buffer class equals the SFT plan at
+    micro-batch 2B), no reference weights (model states and parameters equal the SFT plan's at B), the LoRA
+    reference forward adds no memory and gathers the units once more; full fine-tune (precomputed reference)
+    traffic unchanged."""
+    base = L70 + ["--set", "activation_checkpointing.enabled=true", "--set", "data.seq_len=1024"]
+    lora = ["--set", "lora.r=16", "--set", "lora.target_modules=all-linear"]
+    dpo = ["--set", "dpo.beta=0.1"]
+    for kind, extra, ref in (("full", [], "precomputed"), ("lora", lora, "adapters_off")):
+        for target in ("gpu", "cpu"):
+            name = f"dpo.{kind}.{target}"
+            at = ["--target", target] + base + extra
+            rc, d, out, err = plan_json(*at, "--set", "train_micro_batch_size_per_gpu=2", *dpo)
+            _, sft2, _, _ = plan_json(*at, "--set", "train_micro_batch_size_per_gpu=2")
+            _, sft4, _, _ = plan_json(*at, "--set", "train_micro_batch_size_per_gpu=4")
+            planned = bool(rc == 0 and d and sft2 and sft4)
+            check(f"{name}.plans", planned, err[-300:])
+            if not planned:
+                continue
+            check(f"{name}.rows_are_2x_pairs", d["memory"] == sft4["memory"],
+                  str({k: (v["bytes"], sft4["memory"][k]["bytes"]) for k, v in d["memory"].items()
+                       if v != sft4["memory"][k]}))
+            check(f"{name}.no_reference_weights", d["model_states"] == sft2["model_states"] and
+                  d["n_params"] == sft2["n_params"] and
+                  d["memory"]["parameter shard"] == sft2["memory"]["parameter shard"],
+                  f"{d['model_states']} vs {sft2['model_states']}")
+            check(f"{name}.json", d.get("dpo") == {"rows_per_micro_batch": 4, "reference": ref,
+                                                  "reference_param_bytes": 0, "reference_extra_activation_bytes": 0},
+                  str(d.get("dpo")))
+            check(f"{name}.says_no_reference_weights", "reference weights: 0 B (the reference costs no parameters"
+                  in out and "micro-batch 2 pairs = 4 rows" in out, out[:600])
+            check(f"{name}.reduce_scatter_same", d["bytes_reduce_scatter"] == sft2["bytes_reduce_scatter"],
+                  f"{d['bytes_reduce_scatter']} vs {sft2['bytes_reduce_scatter']}")
+            if kind == "lora":
+                acts = [ln for ln in out.splitlines() if ln.startswith("DPO reference forward (LoRA)")]
+                check(f"{name}.lora_forward_line", len(acts) == 1 and "0 B more" in acts[0] and
+                      "working-activation peak stays" in acts[0], out[:900])
+                # the reference forward gathers each sharded unit once; the policy's forward and backward twice
+                ratio = d["bytes_allgather"] / sft2["bytes_allgather"]
+                check(f"{name}.reference_forward_gathers", 1.45 < ratio < 1.55, f"all-gather ratio {ratio}")
+            else:
+                check(f"{name}.traffic_same", d["bytes_allgather"] == sft2["bytes_allgather"],
+                      f"{d['bytes_allgather']} vs {sft2['bytes_allgather']}")
+
+
 def main():
     check_presets()
     check_bad_input()
@@ -513,6 +559,7 @@ def main():
     check_attention_kernels()
     check_nvme()
     check_nvme_peaks()
+    check_dpo()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@
 #include "data/samples.h"
 #include "eval_cli.h"
 #include "run/infer.h"
+#include "run/pref_eval.h"
 
 static void usage_eval(FILE *out)
 {
@@ -35,6 +36,14 @@ static void usage_eval(FILE *out)
                  "  --batch B              sequences per rank per forward (default 8)\n"
                  "  --max-batches N        at most N forwards per rank (default: the whole file)\n"
                  "  --json                 the result as a JSON line\n"
+                 "  --preferences          FILE is a preference file (tools/prepare_data.py's DPO pairs; implied by\n"
+                 "                         such a file): DPO's loss (the config's dpo section, or TRL's defaults), and\n"
+                 "                         TRL's rewards/accuracies, rewards/margins, rewards/chosen, rewards/rejected,\n"
+                 "                         logps/chosen, logps/rejected of MODEL against its reference: a LoRA\n"
+                 "                         checkpoint's base with the adapters off, else the reference log-prob file\n"
+                 "                         a checkpoint records, or:\n"
+                 "  --ref-log-probs FILE   the reference log-probs (a DPO run's <preferences>.ref-logps.h5)\n"
+                 "  --ref MODEL            the reference model (a Hugging Face directory or a checkpoint)\n"
                  "  --base DIR             a LoRA checkpoint's base (default: the directory its run started from)\n"
                  "  --tokenizer FILE       the tokenizer a sample file was made with (checked as in training)\n"
                  "  --set KEY.PATH=VALUE   override a config key\n"
@@ -88,13 +97,16 @@ int cmd_eval(int argc, char **argv)
         {"batch", required_argument, NULL, 'b'}, {"max-batches", required_argument, NULL, 'm'},
         {"json", no_argument, NULL, 'j'},        {"base", required_argument, NULL, 'B'},
         {"tokenizer", required_argument, NULL, 'z'}, {"set", required_argument, NULL, 's'},
+        {"preferences", no_argument, NULL, 'p'}, {"ref-log-probs", required_argument, NULL, 'r'},
+        {"ref", required_argument, NULL, 'R'},
         {"help", no_argument, NULL, 'h'},        {NULL, 0, NULL, 0},
     };
     struct infer_options o = {0};
     const char *sets[CLI_MAX_SETS + 1];
     int n_sets = 0, c, B = 8;
     long max_batches = 0;
-    bool json = false;
+    bool json = false, preferences = false;
+    struct eval_pref_options e = {0};
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -103,6 +115,9 @@ int cmd_eval(int argc, char **argv)
         case 'b': B = (int)cli_parse_int(optarg, "--batch", 1, 1 << 16); break;
         case 'm': max_batches = cli_parse_int(optarg, "--max-batches", 1, 1L << 40); break;
         case 'j': json = true; break;
+        case 'p': preferences = true; break;
+        case 'r': e.ref_file = optarg; break;
+        case 'R': e.ref_model = optarg; break;
         case 'h': usage_eval(stdout); return EXIT_OK;
         default:
             if (cli_model_option(c, &o, sets, &n_sets))
@@ -118,9 +133,24 @@ int cmd_eval(int argc, char **argv)
     o.model = argv[optind];
     o.sets = sets;
     o.n_sets = n_sets;
+    if (e.ref_file && e.ref_model)
+        fail_input("eval: give one reference, --ref-log-probs FILE or --ref MODEL, not both");
+    preferences |= pref_data_is_preferences(o.data);
+    if (!preferences && (e.ref_file || e.ref_model))
+        fail_input("eval: --ref-log-probs and --ref apply to a preference file; '%s' is not one (give --preferences "
+                   "to say it should be)", o.data);
     log_info_to_stderr();
     struct comm comm;
     comm_init(&comm, NULL, NULL);
+    if (preferences) {
+        e.model = o.model;
+        e.data = o.data;
+        e.batch = B;
+        e.json = json;
+        const int status = eval_preferences(&comm, &o, &e);
+        comm_finalize(&comm);
+        return status;
+    }
     struct infer s;
     infer_open(&s, &comm, &o);
     struct loader ld;

@@ -191,6 +191,36 @@ static void print_settings(const struct config *cfg, const struct plan_options *
            cfg->micro_batch, cfg->data.seq_len, cfg->grad_accum);
 }
 
+/* DPO (issue 37): what the reference costs. The plan (plan_compute_for) already counts a micro-batch of B pairs
+ * as 2B rows; the reference adds no parameters: LoRA runs the base with the adapters off, one evaluation forward
+ * of the same rows before the policy's, in the same working buffers (it keeps no activations: the policy's forward
+ * writes them afterwards); a full fine-tune computes the reference log-probs once before step 1 (16 B a sample,
+ * a file beside the preference file). */
+static void print_dpo(const struct plan_eval *e, const struct model *m, const struct config *cfg)
+{
+    if (!cfg->dpo.enabled)
+        return;
+    const struct mem_plan *p = &e->plan;
+    char a[32], b[32];
+    printf("DPO: micro-batch %d pair%s = %d rows (chosen, rejected) x %d tokens, planned as %d rows; reference "
+           "weights: 0 B (the reference costs no parameters: %s)\n",
+           cfg->micro_batch, cfg->micro_batch > 1 ? "s" : "", 2 * cfg->micro_batch, cfg->data.seq_len,
+           2 * cfg->micro_batch,
+           cfg->dpo.precompute_ref_log_probs
+               ? "its log-probs are precomputed before step 1 with the initial weights, 16 B a sample in a file "
+                 "beside the preference file"
+               : "LoRA's base with the adapters off");
+    if (!cfg->dpo.precompute_ref_log_probs)
+        printf("DPO reference forward (LoRA): one evaluation forward of the same %d rows per micro-batch, before the "
+               "policy's, in the same buffers: 0 B more; the working-activation peak stays %s (activation "
+               "checkpoints %s); it gathers the units once more (in the communication below)\n",
+               2 * cfg->micro_batch, gib((double)p->bytes[BUF_ACTIVATIONS], a, sizeof a),
+               gib((double)p->bytes[BUF_ACT_CKPT], b, sizeof b));
+    else
+        printf("DPO reference pass (before step 1): evaluation forwards of the initial weights in the same buffers: "
+               "0 B more%s\n", m->lora.on ? " (LoRA with dpo.precompute_ref_log_probs)" : "");
+}
+
 static double model_states(const struct mem_plan *p)
 {
     static const enum buf_class states[] = {BUF_PARAMS, BUF_GRADS, BUF_MASTER, BUF_ADAM_M, BUF_ADAM_V,
@@ -301,7 +331,8 @@ static void print_plan(const struct plan_eval *e, const struct model *m, const s
            total, gib(total, a, sizeof a), traffic[COMM_ALLGATHER], traffic[COMM_REDUCE_SCATTER],
            traffic[COMM_ALLREDUCE]);
     double flops = model_flops_per_token(m, cfg->data.seq_len);
-    double tokens = (double)cfg->micro_batch * cfg->data.seq_len * cfg->grad_accum * o->ranks;
+    double tokens = (double)cfg->micro_batch * (cfg->dpo.enabled ? 2 : 1) * cfg->data.seq_len * cfg->grad_accum *
+                    o->ranks;
     printf("model FLOPs per token: %.4g (6 N_matmul + 12 L d_model T, PaLM appendix B); per step (%.0f tokens): "
            "%.4g\n",
            flops, tokens, flops * tokens);
@@ -341,6 +372,10 @@ static void print_json(const struct plan_eval *e, const struct model *m, const s
            nv->opt_file, nv->opt_buffers, nv->param_file, nv->param_unit, nv->param_buffers,
            nv->opt_read + nv->param_read, nv->opt_written + nv->param_written, nv->param_read, nv->param_written,
            (double)(nv->opt_file + nv->param_file) * (o->ranks / o->nodes), o->nvme_bw, opt_s, read_s);
+    if (cfg->dpo.enabled)
+        printf("}, \"dpo\": {\"rows_per_micro_batch\": %d, \"reference\": \"%s\", \"reference_param_bytes\": 0, "
+               "\"reference_extra_activation_bytes\": 0",
+               2 * cfg->micro_batch, cfg->dpo.precompute_ref_log_probs ? "precomputed" : "adapters_off");
     printf("}, \"model_states\": %.0f, \"host_per_node\": %.0f, \"bytes_allgather\": %.0f, "
            "\"bytes_reduce_scatter\": %.0f, \"bytes_allreduce\": %.0f, \"fits\": %s}\n",
            model_states(p), e->host_per_node, traffic[COMM_ALLGATHER], traffic[COMM_REDUCE_SCATTER],
@@ -650,9 +685,11 @@ static int run_fit(struct config *cfg, const struct model *m, const struct plan_
         printf("fit: host memory per node %s%s%s\n", gib(e->host_per_node, b, sizeof b),
                o->host_mem > 0 ? " of --host-mem " : "", o->host_mem > 0 ? gib(o->host_mem, c, sizeof c) : "");
     }
-    printf("fit: micro-batch %d x %d tokens x %d ranks = %.0f tokens per micro-step (gradient_accumulation_steps "
+    const int rows = best.micro * (cfg->dpo.enabled ? 2 : 1);
+    printf("fit: micro-batch %d%s x %d tokens x %d ranks = %.0f tokens per micro-step (gradient_accumulation_steps "
            "multiplies it at no memory cost); config keys:\n",
-           best.micro, cfg->data.seq_len, o->ranks, (double)best.micro * cfg->data.seq_len * o->ranks);
+           best.micro, cfg->dpo.enabled ? " pairs (2 rows each)" : "", cfg->data.seq_len, o->ranks,
+           (double)rows * cfg->data.seq_len * o->ranks);
     print_setting_keys(&best, &was);
     if ((double)e->plan.nvme.param_unit_elems > cfg->zero.param_buffer_size) /* a buffer holds the largest shard */
         printf("  --set zero_optimization.offload_param.buffer_size=%zu\n", e->plan.nvme.param_unit_elems);
@@ -790,6 +827,7 @@ int cmd_plan(int argc, char **argv)
     struct plan_eval *e = xcalloc(1, sizeof *e);
     print_settings(&cfg, &o);
     evaluate(e, &m, &cfg, &o);
+    print_dpo(e, &m, &cfg);
     print_plan(e, &m, &cfg, &o);
     if (status == EXIT_OK)
         status = report_fit(e, &cfg, &m, &o);

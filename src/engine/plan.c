@@ -153,6 +153,9 @@ void plan_traffic(const struct model *m, const struct config *cfg, int world, in
             bytes[COMM_ALLGATHER] += (N - 1) * shard * esize;
         if (r.sharded) /* gathered wherever the pass acquires it unheld: for forward and again for backward */
             bytes[COMM_ALLGATHER] += zero_pass_gathers(&train, u) * accum * (N - 1) * shard * esize;
+        /* DPO with LoRA: the reference's evaluation forward (adapters off) gathers them once more */
+        if (r.sharded && cfg->dpo.enabled && !cfg->dpo.precompute_ref_log_probs)
+            bytes[COMM_ALLGATHER] += zero_pass_gathers(&eval, u) * accum * (N - 1) * shard * esize;
     }
     family_free_passes(&train, &eval);
 }

@@ -1,123 +1,77 @@
+/*
+ * dpo_ref — the reference log-prob file (see dpo_ref.h). Serial HDF5 on one
+ * rank: the file is small (16 bytes a sample) and written once.
+ */
 #include "dpo_ref.h"
 
+#include "core/util.h"
+#include "data/samples.h"
+
+#include <errno.h>
 #include <hdf5.h>
-#include <stdbool.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
-#include "core/util.h"
+#define REF_WHAT "reference log-prob file"
+#define REF_TODO "delete it (it is computed again) or name another with dpo.ref_log_probs_path / --ref-log-probs"
 
-static void str_attr(hid_t loc, const char *name, const char *value, const char *path)
+/* The innermost HDF5 message, for the one-line errors. */
+static herr_t innermost(unsigned n, const H5E_error2_t *err, void *data)
 {
-    hid_t type = H5Tcopy(H5T_C_S1), space = H5Screate(H5S_SCALAR), attr = -1;
-    if (type < 0 || space < 0 || H5Tset_size(type, strlen(value) + 1) < 0 ||
-        (attr = H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT)) < 0 || H5Awrite(attr, type, value) < 0)
-        fail_input("cannot write the reference log-probs '%s' (attribute %s): check its directory's space", path, name);
-    H5Aclose(attr), H5Sclose(space), H5Tclose(type);
+    char *why = data;
+    if (n == 0 && err->desc)
+        snprintf(why, 256, "%s", err->desc);
+    return 0;
 }
 
-static void data_1d(hid_t file, const char *name, hid_t ftype, hid_t mtype, size_t n, const void *v, const char *path)
+static const char *h5_why(char why[256])
 {
-    hsize_t dim = n;
-    hid_t space = H5Screate_simple(1, &dim, NULL), d = -1;
-    if (space < 0 || (d = H5Dcreate2(file, name, ftype, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0 ||
-        (n && H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0))
-        fail_input("cannot write the reference log-probs '%s' (%s): check its directory's space", path, name);
-    H5Dclose(d), H5Sclose(space);
+    snprintf(why, 256, "unknown HDF5 error");
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost, why);
+    H5Eclear2(H5E_DEFAULT);
+    return why;
 }
 
-void dpo_ref_save(const char *path, const struct dpo_ref *r)
+__attribute__((format(printf, 2, 3), noreturn)) static void bad_file(const char *path, const char *fmt, ...)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    util_remove_on_failure(tmp);
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0)
-        fail_input("cannot create the reference log-probs '%s': check dpo.ref_log_probs_path's directory", tmp);
-    str_attr(f, "format", DPO_REF_FORMAT, path);
-    int64_t version = DPO_REF_VERSION;
-    hid_t space = H5Screate(H5S_SCALAR), a = H5Acreate2(f, "version", H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
-    if (a < 0 || H5Awrite(a, H5T_NATIVE_INT64, &version) < 0)
-        fail_input("cannot write the reference log-probs '%s'", path);
-    H5Aclose(a), H5Sclose(space);
-    str_attr(f, "samples_path", r->samples_path, path);
-    str_attr(f, "samples_sha256", r->sha256, path);
-    str_attr(f, "model", r->model, path);
-    data_1d(f, "logps", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 2 * (size_t)r->n_pairs, r->logps, path);
-    data_1d(f, "n_targets", H5T_STD_I64LE, H5T_NATIVE_INT64, 2 * (size_t)r->n_pairs, r->n_targets, path);
-    if (H5Fclose(f) < 0 || rename(tmp, path) != 0)
-        fail_input("cannot write the reference log-probs '%s': check its directory's space", path);
-    util_keep_file(tmp);
+    char what[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    fail_input(REF_WHAT " '%s': %s: " REF_TODO, path, what);
 }
 
-static char *read_str(hid_t f, const char *name)
+void dpo_ref_default_path(const char *samples_path, char *out, size_t cap)
 {
-    if (H5Aexists(f, name) <= 0)
-        return NULL;
-    hid_t a = H5Aopen(f, name, H5P_DEFAULT), t = a < 0 ? -1 : H5Aget_type(a);
-    if (t < 0 || H5Tget_class(t) != H5T_STRING || H5Tis_variable_str(t) > 0)
-        return NULL;
-    char *v = xcalloc(H5Tget_size(t) + 1, 1);
-    if (H5Aread(a, t, v) < 0) {
-        free(v);
-        v = NULL;
-    }
-    H5Tclose(t), H5Aclose(a);
-    return v;
+    if ((size_t)snprintf(out, cap, "%s.ref-logps.h5", samples_path) >= cap)
+        fail_input("preference file path '%s' is too long for its reference log-prob file beside it; name one "
+                   "with dpo.ref_log_probs_path", samples_path);
 }
 
-static bool read_1d(hid_t f, const char *name, hid_t mtype, size_t n, void *out)
+void dpo_ref_model_id(const char *pretrained, const char *checksum, char *out, size_t cap)
 {
-    if (H5Lexists(f, name, H5P_DEFAULT) <= 0)
-        return false;
-    hid_t d = H5Dopen2(f, name, H5P_DEFAULT), space = d < 0 ? -1 : H5Dget_space(d);
-    hsize_t dim = 0;
-    bool ok = space >= 0 && H5Sget_simple_extent_ndims(space) == 1 && H5Sget_simple_extent_dims(space, &dim, NULL) == 1 &&
-              dim == n && (n == 0 || H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) >= 0);
-    H5Sclose(space), H5Dclose(d);
-    return ok;
+    snprintf(out, cap, "%s (checksum %s)", pretrained ? pretrained : "", checksum ? checksum : "");
 }
 
-struct dpo_ref *dpo_ref_load(const char *path, const char *want_sha256, const char *want_model)
+void dpo_ref_file_sha256(const char *path, const char *what, char hex[65])
 {
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return NULL;
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    char *format = f < 0 ? NULL : read_str(f, "format"), *sha = f < 0 ? NULL : read_str(f, "samples_sha256");
-    char *model = f < 0 ? NULL : read_str(f, "model"), *samples = f < 0 ? NULL : read_str(f, "samples_path");
-    if (!format || strcmp(format, DPO_REF_FORMAT) != 0 || !sha || !model)
-        fail_input("'%s' is not a reference log-prob file of shardlm (format %s): delete it or name another "
-                   "dpo.ref_log_probs_path", path, DPO_REF_FORMAT);
-    if (want_sha256 && strcmp(sha, want_sha256) != 0)
-        fail_input("reference log-probs '%s' belong to another preference file (SHA-256 %.12s..., the data's "
-                   "%.12s...): delete it to compute them again, or name another dpo.ref_log_probs_path",
-                   path, sha, want_sha256);
-    if (want_model && strcmp(model, want_model) != 0)
-        fail_input("reference log-probs '%s' were computed with another model (%s, this run's %s): delete it to "
-                   "compute them again, or name another dpo.ref_log_probs_path", path, model, want_model);
+    if (!samples_file_sha256(path, hex))
+        fail_input("%s '%s': cannot read it: %s", what, path, strerror(errno));
+}
+
+struct dpo_ref *dpo_ref_new(int64_t n_pairs)
+{
     struct dpo_ref *r = xcalloc(1, sizeof *r);
-    hid_t d = H5Dopen2(f, "logps", H5P_DEFAULT), space = d < 0 ? -1 : H5Dget_space(d);
-    hsize_t dim = 0;
-    if (space < 0 || H5Sget_simple_extent_dims(space, &dim, NULL) != 1 || dim % 2)
-        fail_input("reference log-probs '%s': /logps is missing or damaged; delete the file to compute it again", path);
-    H5Sclose(space), H5Dclose(d);
-    r->n_pairs = (int64_t)dim / 2;
-    r->logps = xcalloc(dim ? dim : 1, sizeof *r->logps);
-    r->n_targets = xcalloc(dim ? dim : 1, sizeof *r->n_targets);
-    if (!read_1d(f, "logps", H5T_NATIVE_DOUBLE, dim, r->logps) ||
-        !read_1d(f, "n_targets", H5T_NATIVE_INT64, dim, r->n_targets))
-        fail_input("reference log-probs '%s': /logps or /n_targets is missing or damaged; delete the file to compute "
-                   "it again", path);
-    snprintf(r->sha256, sizeof r->sha256, "%s", sha);
-    snprintf(r->model, sizeof r->model, "%s", model);
-    snprintf(r->samples_path, sizeof r->samples_path, "%s", samples ? samples : "");
-    free(format), free(sha), free(model), free(samples);
-    H5Fclose(f);
+    r->n_pairs = n_pairs;
+    r->logps = xcalloc((size_t)(2 * n_pairs) + 1, sizeof *r->logps);
+    r->n_targets = xcalloc((size_t)(2 * n_pairs) + 1, sizeof *r->n_targets);
     return r;
 }
 
@@ -130,7 +84,204 @@ void dpo_ref_free(struct dpo_ref *r)
     free(r);
 }
 
-void dpo_ref_default_path(const char *samples_path, char *out, size_t cap)
+/* ------------------------------------------------------------------------ */
+/* Reading                                                                   */
+
+/* A string attribute (fixed or variable length) into buf; false when missing. */
+static bool read_str_attr(hid_t f, const char *path, const char *name, char *buf, size_t cap)
 {
-    snprintf(out, cap, "%s.ref-logps.h5", samples_path);
+    char why[256];
+    buf[0] = 0;
+    htri_t e = H5Aexists(f, name);
+    if (e < 0)
+        bad_file(path, "cannot read its attributes (%s): the file is damaged", h5_why(why));
+    if (e == 0)
+        return false;
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT), type = a < 0 ? -1 : H5Aget_type(a);
+    if (type < 0)
+        bad_file(path, "cannot read attribute '%s' (%s)", name, h5_why(why));
+    if (H5Tget_class(type) != H5T_STRING)
+        bad_file(path, "attribute '%s' is not a string: not a reference log-prob file of shardlm", name);
+    if (H5Tis_variable_str(type) > 0) {
+        char *v = NULL;
+        hid_t mem = H5Tcopy(H5T_C_S1);
+        H5Tset_size(mem, H5T_VARIABLE);
+        if (H5Aread(a, mem, &v) < 0)
+            bad_file(path, "cannot read attribute '%s' (%s)", name, h5_why(why));
+        snprintf(buf, cap, "%s", v ? v : "");
+        H5free_memory(v);
+        H5Tclose(mem);
+    } else {
+        size_t size = H5Tget_size(type);
+        char *v = xcalloc(size + 1, 1);
+        if (H5Aread(a, type, v) < 0)
+            bad_file(path, "cannot read attribute '%s' (%s)", name, h5_why(why));
+        snprintf(buf, cap, "%s", v);
+        free(v);
+    }
+    H5Tclose(type);
+    H5Aclose(a);
+    return true;
+}
+
+static int64_t read_i64_attr(hid_t f, const char *path, const char *name)
+{
+    char why[256];
+    int64_t v = 0;
+    if (H5Aexists(f, name) <= 0)
+        bad_file(path, "attribute '%s' is missing: not a reference log-prob file of shardlm", name);
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    if (a < 0 || H5Aread(a, H5T_NATIVE_INT64, &v) < 0)
+        bad_file(path, "cannot read attribute '%s' (%s)", name, h5_why(why));
+    H5Aclose(a);
+    return v;
+}
+
+/* A 1-D dataset of n elements as mem_type into out (n elements); returns n. */
+static size_t read_dataset(hid_t f, const char *path, const char *name, hid_t mem_type, void **out, size_t elem)
+{
+    char why[256];
+    if (H5Lexists(f, name, H5P_DEFAULT) <= 0)
+        bad_file(path, "dataset '/%s' is missing: not a complete reference log-prob file", name);
+    hid_t d = H5Dopen2(f, name, H5P_DEFAULT), space = d < 0 ? -1 : H5Dget_space(d);
+    if (space < 0)
+        bad_file(path, "cannot open dataset '/%s' (%s): the file is damaged", name, h5_why(why));
+    hsize_t dims[2] = {0, 0};
+    if (H5Sget_simple_extent_ndims(space) != 1)
+        bad_file(path, "dataset '/%s' is not one-dimensional: not a reference log-prob file of shardlm", name);
+    H5Sget_simple_extent_dims(space, dims, NULL);
+    H5Sclose(space);
+    *out = xcalloc((size_t)dims[0] + 1, elem);
+    if (dims[0] > 0 && H5Dread(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, *out) < 0)
+        bad_file(path, "cannot read dataset '/%s' (%s): the file is truncated or damaged", name, h5_why(why));
+    H5Dclose(d);
+    return (size_t)dims[0];
+}
+
+static void check_header(hid_t f, const char *path, struct dpo_ref *r, const char *want_sha256,
+                         const char *want_model)
+{
+    char format[64];
+    if (!read_str_attr(f, path, "format", format, sizeof format) || strcmp(format, DPO_REF_FORMAT) != 0)
+        bad_file(path, "not a reference log-prob file (attribute format '%s', want '" DPO_REF_FORMAT "')", format);
+    int64_t version = read_i64_attr(f, path, "version");
+    if (version != DPO_REF_VERSION)
+        bad_file(path, "version %lld; this shardlm reads version %d", (long long)version, DPO_REF_VERSION);
+    if (!read_str_attr(f, path, "samples_sha256", r->sha256, sizeof r->sha256))
+        bad_file(path, "attribute 'samples_sha256' is missing: not a reference log-prob file of shardlm");
+    if (!read_str_attr(f, path, "model", r->model, sizeof r->model))
+        bad_file(path, "attribute 'model' is missing: not a reference log-prob file of shardlm");
+    read_str_attr(f, path, "samples_path", r->samples_path, sizeof r->samples_path);
+    if (want_sha256 && strcmp(want_sha256, r->sha256) != 0)
+        bad_file(path, "computed for another preference file (%s, SHA-256 %.12s...; this one's is %.12s...)",
+                 r->samples_path, r->sha256, want_sha256);
+    if (want_model && strcmp(want_model, r->model) != 0)
+        bad_file(path, "computed with another model (%s; this run's reference is %s)", r->model, want_model);
+}
+
+struct dpo_ref *dpo_ref_load(const char *path, const char *want_sha256, const char *want_model)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return NULL;
+        bad_file(path, "cannot read it (%s)", strerror(errno));
+    }
+    const char *irregular = util_irregular(path);
+    if (irregular)
+        bad_file(path, "is %s, not a file", irregular);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    char why[256];
+    if (H5Fis_hdf5(path) <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        bad_file(path, "not an HDF5 file (empty, truncated or another kind of file)");
+    }
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0)
+        bad_file(path, "cannot open it (%s): the file is truncated or damaged", h5_why(why));
+    struct dpo_ref *r = xcalloc(1, sizeof *r);
+    check_header(f, path, r, want_sha256, want_model);
+    size_t n = read_dataset(f, path, "logps", H5T_NATIVE_DOUBLE, (void **)&r->logps, sizeof *r->logps);
+    size_t nt = read_dataset(f, path, "n_targets", H5T_NATIVE_INT64, (void **)&r->n_targets, sizeof *r->n_targets);
+    H5Fclose(f);
+    if (n != nt || n % 2 != 0)
+        bad_file(path, "%zu log-probs and %zu target counts (want the same even number: two a pair): the file is "
+                 "damaged", n, nt);
+    r->n_pairs = (int64_t)(n / 2);
+    for (size_t i = 0; i < n; i++)
+        if (r->n_targets[i] == 0 ? !isnan(r->logps[i])
+                                 : !isfinite(r->logps[i]) || r->logps[i] > 0 || r->n_targets[i] < 1)
+            bad_file(path, "sample %zu has log-prob %g over %lld targets (want a finite value <= 0 over at least "
+                     "one target, or NaN over none for a pair left out): the file is damaged", i, r->logps[i],
+                     (long long)r->n_targets[i]);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Writing                                                                   */
+
+static void write_str_attr(hid_t f, const char *tmp, const char *name, const char *value)
+{
+    char why[256];
+    hid_t type = H5Tcopy(H5T_C_S1), space = H5Screate(H5S_SCALAR);
+    H5Tset_size(type, strlen(value) + 1);
+    H5Tset_strpad(type, H5T_STR_NULLTERM);
+    hid_t a = H5Acreate2(f, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    if (a < 0 || H5Awrite(a, type, value) < 0)
+        fail_input("cannot write " REF_WHAT " '%s' (%s): check the disk", tmp, h5_why(why));
+    H5Aclose(a);
+    H5Sclose(space);
+    H5Tclose(type);
+}
+
+static void write_i64_attr(hid_t f, const char *tmp, const char *name, int64_t value)
+{
+    char why[256];
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    if (a < 0 || H5Awrite(a, H5T_NATIVE_INT64, &value) < 0)
+        fail_input("cannot write " REF_WHAT " '%s' (%s): check the disk", tmp, h5_why(why));
+    H5Aclose(a);
+    H5Sclose(space);
+}
+
+static void write_dataset(hid_t f, const char *tmp, const char *name, hid_t file_type, hid_t mem_type, size_t n,
+                          const void *data)
+{
+    char why[256];
+    hsize_t dim = n;
+    hid_t space = H5Screate_simple(1, &dim, NULL);
+    hid_t d = H5Dcreate2(f, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (d < 0 || (n > 0 && H5Dwrite(d, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0))
+        fail_input("cannot write " REF_WHAT " '%s' (%s): check the disk", tmp, h5_why(why));
+    H5Dclose(d);
+    H5Sclose(space);
+}
+
+void dpo_ref_save(const char *path, const struct dpo_ref *r)
+{
+    char tmp[PATH_MAX + 32], abs_samples[PATH_MAX], why[256];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
+        fail_input(REF_WHAT " path '%s' is too long: name a shorter one with dpo.ref_log_probs_path", path);
+    if (!realpath(r->samples_path, abs_samples))
+        snprintf(abs_samples, sizeof abs_samples, "%s", r->samples_path);
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    util_remove_on_failure(tmp);
+    hid_t f = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0)
+        fail_input("cannot create " REF_WHAT " '%s' (%s): check that its directory exists and is writable, or "
+                   "name another with dpo.ref_log_probs_path", tmp, h5_why(why));
+    write_str_attr(f, tmp, "format", DPO_REF_FORMAT);
+    write_i64_attr(f, tmp, "version", DPO_REF_VERSION);
+    write_str_attr(f, tmp, "samples_path", abs_samples);
+    write_str_attr(f, tmp, "samples_sha256", r->sha256);
+    write_str_attr(f, tmp, "model", r->model);
+    const size_t n = (size_t)(2 * r->n_pairs);
+    write_dataset(f, tmp, "logps", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, n, r->logps);
+    write_dataset(f, tmp, "n_targets", H5T_STD_I64LE, H5T_NATIVE_INT64, n, r->n_targets);
+    if (H5Fflush(f, H5F_SCOPE_GLOBAL) < 0 || H5Fclose(f) < 0)
+        fail_input("cannot write " REF_WHAT " '%s' (%s): check the disk", tmp, h5_why(why));
+    if (rename(tmp, path) != 0)
+        fail_input("cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+    util_keep_file(tmp);
 }

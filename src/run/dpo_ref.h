@@ -1,42 +1,59 @@
 /*
- * dpo_ref — the reference log-probabilities of a preference file (DPO,
- * issue 37), computed once with the initial model and kept beside the
- * samples: HDF5, attributes format "shardlm-ref-logps", version 1,
- * samples_path (absolute), samples_sha256 (of the preference file's bytes),
- * model (what the initial model was: its source and checksum); datasets
- * /logps float64 [2 n_pairs] (summed log-prob of file sample 2i, the chosen,
- * and 2i + 1, the rejected) and /n_targets int64 [2 n_pairs] (their trained
- * tokens, for ipo's mean). Independent of beta. Written atomically.
+ * dpo_ref — the reference log-probability file of DPO (issue 37): every
+ * pair's two reference log-probs, computed once with the initial weights
+ * before step 1 of a full fine-tune (TRL's precompute_ref_log_probs), so that
+ * training holds one model; `shardlm eval --preferences` reads it too.
  *
- * NOTE: a minimal stand-in written by the trainer's branch (k37train) with
- * the API of the shared brief; the I/O module of k37aux replaces it.
+ * File (HDF5, readable by h5py): root attributes format "shardlm-ref-logps",
+ * version 1, samples_path (the preference file, absolute), samples_sha256
+ * (SHA-256 of the preference file's bytes), model (what the values were
+ * computed with: dpo_ref_model_id); datasets /logps float64 [2 n_pairs] (the
+ * summed log-prob of sample 2i, chosen, and 2i + 1, rejected, in file order)
+ * and /n_targets int64 [2 n_pairs] (each sample's trained tokens, for ipo's
+ * mean); a pair the run left out (too long, nothing trained) has log-prob NaN
+ * and 0 targets (dpo_ref_has). Independent of beta and the loss type. Written atomically (a .tmp,
+ * then rename).
  */
 #ifndef SHARDLM_DPO_REF_H
 #define SHARDLM_DPO_REF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define DPO_REF_FORMAT "shardlm-ref-logps"
 #define DPO_REF_VERSION 1
-#define DPO_REF_MODEL_MAX 4300
+#define DPO_REF_MODEL_CAP 4300 /* a path (CKPT_MAX_PATH) and a checksum */
 
 struct dpo_ref {
     int64_t n_pairs;
-    double *logps;      /* [2 n_pairs] */
-    int64_t *n_targets; /* [2 n_pairs] */
-    char sha256[65];    /* of the preference file */
-    char model[DPO_REF_MODEL_MAX];
-    char samples_path[4096]; /* the preference file (absolute), recorded by save */
+    double *logps;       /* [2 n_pairs]: chosen of pair i at 2i, rejected at 2i + 1 */
+    int64_t *n_targets;  /* [2 n_pairs] */
+    char sha256[65];     /* of the preference file */
+    char model[DPO_REF_MODEL_CAP];
+    char samples_path[4096]; /* as recorded (informative: the sha decides) */
 };
 
-/* Loads path; NULL when absent. A file that is not such a file, or whose samples_sha256 / model differ from
- * want_sha256 / want_model: fail_input naming the file and what to do (delete it or name another). */
+/* Whether sample i (2 pair + 0 chosen / 1 rejected) has a value. */
+static inline bool dpo_ref_has(const struct dpo_ref *r, int64_t i) { return r->n_targets[i] > 0; }
+/* Loads path; NULL when there is no such file. A file that is not such a
+ * file, or whose samples_sha256 / model differ from want_sha256 / want_model
+ * (either NULL: not compared): fail_input naming the file and what to do
+ * (delete it or name another). */
 struct dpo_ref *dpo_ref_load(const char *path, const char *want_sha256, const char *want_model);
-/* Rank 0 only; atomic (tmp + rename). samples_path: recorded as given. */
+/* Writes r to path (r->samples_path made absolute); rank 0 only; atomic. */
 void dpo_ref_save(const char *path, const struct dpo_ref *r);
+/* A zeroed struct with room for n_pairs pairs. */
+struct dpo_ref *dpo_ref_new(int64_t n_pairs);
 void dpo_ref_free(struct dpo_ref *r);
 /* The default path beside the preference file: <samples>.ref-logps.h5 */
 void dpo_ref_default_path(const char *samples_path, char *out, size_t cap);
+/* The model a reference was computed with, as a dpo_ref's model: the
+ * from_pretrained directory ("" without one) and the checksum of the base
+ * parameters as read (the one a LoRA checkpoint records as base_checksum). */
+void dpo_ref_model_id(const char *pretrained, const char *checksum, char *out, size_t cap);
+/* The SHA-256 of a file's bytes as 64 lowercase hex digits; fail_input
+ * naming it (with what) when it cannot be read. */
+void dpo_ref_file_sha256(const char *path, const char *what, char hex[65]);
 
 #endif

@@ -73,14 +73,20 @@ def shardlm_adapter_params(cfg_path):
     return int(m.group(1)) if m else None
 
 
-def main():
-    ap = argparse.ArgumentParser(description="shardlm LoRA vs shardlm full fine-tune vs PEFT LoRA, step time")
-    tt.add_common_args(ap, "lora.json", train_llama.SHAPES["12L"][-1])
+def lora_bench_args(description, default_json):
+    """The options of a LoRA step-time bench (this one, tools/bench/dpo.py): the common ones, the shape, r, alpha."""
+    ap = argparse.ArgumentParser(description=description)
+    tt.add_common_args(ap, default_json, train_llama.SHAPES["12L"][-1])
     ap.set_defaults(budget=300.0)
     ap.add_argument("--shape", default="12L", choices=sorted(train_llama.SHAPES),
                     help="train_llama.py's shape (default 12L; small for a quick check of the bench)")
     ap.add_argument("--r", type=int, default=16, help="LoRA rank (default 16)")
     ap.add_argument("--alpha", type=float, default=32.0, help="LoRA alpha (default 32)")
+    return ap
+
+
+def main():
+    ap = lora_bench_args("shardlm LoRA vs shardlm full fine-tune vs PEFT LoRA, step time", "lora.json")
     ap.add_argument("--hf-attn", default="auto", choices=("auto", "eager", "sdpa"),
                     help="transformers' attn_implementation (auto: its default, eager on torch < 2.1.1)")
     ap.add_argument("--hf-python", default=train_llama.HF_PYTHON,

@@ -12,6 +12,9 @@ if [ -x build/ref-venv/bin/python ]; then
     bash tools/bench/train_llama.sh --no-build "${core[@]}"
     # LoRA (issue 19): shardlm's LoRA step against its full step and PEFT's LoRA (~6 minutes)
     bash tools/bench/lora.sh --no-build "${core[@]}"
+    # DPO (issue 37): shardlm's DPO (LoRA) against TRL's DPOTrainer (tools/bench/trl_venv.sh; else a PyTorch
+    # loop) and its DPO step against its SFT step (~15 minutes)
+    bash tools/bench/dpo.sh --no-build "${core[@]}"
 else
     echo "train_llama, lora: skipped: build/ref-venv (transformers, peft) missing; make it with bash tools/deps.sh --test"
 fi

@@ -1,0 +1,226 @@
+/*
+ * test_dpo_ref — the reference log-prob file of DPO (run/dpo_ref.h): a round
+ * trip keeps every value bit for bit and the attributes as written; a file
+ * for another preference file or model, a truncated or garbage file, a file
+ * without a dataset or with mismatched ones each end in one line naming the
+ * file and what to do, exit status 2 (forked children).
+ */
+#include "check.h"
+#include "run/dpo_ref.h"
+
+#include <hdf5.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char dir[512];
+
+static void tmp_path(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", dir, name);
+}
+
+static struct dpo_ref *make_ref(int64_t n_pairs, const char *samples)
+{
+    struct dpo_ref *r = dpo_ref_new(n_pairs);
+    for (int64_t i = 0; i < 2 * n_pairs; i++) {
+        r->logps[i] = -1.0 / 3.0 * (double)(i + 1) - 1e-13 * (double)i;
+        r->n_targets[i] = 1 + i % 5;
+    }
+    snprintf(r->sha256, sizeof r->sha256, "%064d", 7);
+    r->sha256[3] = 'a';
+    dpo_ref_model_id("/models/tiny", "0123456789abcdef", r->model, sizeof r->model);
+    snprintf(r->samples_path, sizeof r->samples_path, "%s", samples);
+    return r;
+}
+
+struct load_args {
+    const char *path, *sha, *model;
+};
+
+static void child_load(const void *arg)
+{
+    const struct load_args *a = arg;
+    dpo_ref_free(dpo_ref_load(a->path, a->sha, a->model));
+}
+
+/* Exit 2, one line, naming the file, holding phrase and the advice. */
+static void check_bad(const char *name, const char *path, const char *sha, const char *model, const char *phrase)
+{
+    struct load_args a = {path, sha, model};
+    char msg[4096], cn[128];
+    int status = check_run_child(child_load, &a, msg, sizeof msg);
+    printf("# %s: %s", name, msg[0] ? msg : "(no stderr)\n");
+    const char *nl = strchr(msg, '\n');
+    snprintf(cn, sizeof cn, "%s_exit_2", name);
+    CHECK(cn, status == 2, "exit status %d, want 2", status);
+    snprintf(cn, sizeof cn, "%s_one_line", name);
+    CHECK(cn, nl && nl[1] == 0, "stderr is not one line: %s", msg);
+    snprintf(cn, sizeof cn, "%s_names_file", name);
+    CHECK(cn, strstr(msg, path) != NULL, "stderr does not name %s: %s", path, msg);
+    snprintf(cn, sizeof cn, "%s_says_why", name);
+    CHECK(cn, strstr(msg, phrase) != NULL, "stderr lacks '%s': %s", phrase, msg);
+    snprintf(cn, sizeof cn, "%s_says_what_to_do", name);
+    CHECK(cn, strstr(msg, "delete it") != NULL, "stderr gives no advice: %s", msg);
+}
+
+static void write_bytes(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+/* Copies src to dst, keeping only the first keep bytes (all when keep is 0). */
+static void copy_file(const char *src, const char *dst, long keep)
+{
+    FILE *f = fopen(src, "rb");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = xmalloc((size_t)n);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n)
+        n = 0;
+    fclose(f);
+    write_bytes(dst, buf, (size_t)(keep > 0 && keep < n ? keep : n));
+    free(buf);
+}
+
+/* Removes (or renames to a wrong shape) dataset name of a copy of src at dst. */
+static void damage_dataset(const char *src, const char *dst, const char *name, bool resize)
+{
+    copy_file(src, dst, 0);
+    hid_t f = H5Fopen(dst, H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Ldelete(f, name, H5P_DEFAULT);
+    if (resize) {
+        hsize_t dim = 3;
+        int64_t v[3] = {1, 1, 1};
+        hid_t space = H5Screate_simple(1, &dim, NULL);
+        hid_t d = H5Dcreate2(f, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        H5Dwrite(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v);
+        H5Dclose(d);
+        H5Sclose(space);
+    }
+    H5Fclose(f);
+}
+
+int main(void)
+{
+    const char *base = getenv("SHARDLM_TEST_TMP");
+    snprintf(dir, sizeof dir, "%s/test_dpo_ref.XXXXXX", base && base[0] ? base : "/tmp");
+    if (!mkdtemp(dir)) {
+        printf("FAIL mkdtemp: %s\n", strerror(errno));
+        return 1;
+    }
+    char good[600], samples[600], path[600];
+    tmp_path(good, sizeof good, "pairs.h5.ref-logps.h5");
+    tmp_path(samples, sizeof samples, "pairs.h5");
+    write_bytes(samples, "abc", 3);
+
+    /* the default path and the SHA-256 of a file (hashlib.sha256(b"abc")) */
+    char def[700], hex[65];
+    dpo_ref_default_path(samples, def, sizeof def);
+    CHECK("default_path", strcmp(def, good) == 0, "got %s, want %s", def, good);
+    dpo_ref_file_sha256(samples, "preference file", hex);
+    CHECK("sha256_of_file", strcmp(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad") == 0,
+          "got %s", hex);
+
+    /* absent: NULL */
+    tmp_path(path, sizeof path, "absent.h5");
+    CHECK("absent_is_null", dpo_ref_load(path, NULL, NULL) == NULL, "an absent file loaded");
+
+    /* round trip */
+    struct dpo_ref *w = make_ref(5, samples);
+    dpo_ref_save(good, w);
+    char tmp[700];
+    snprintf(tmp, sizeof tmp, "%s.tmp", good);
+    CHECK("no_tmp_left", access(tmp, F_OK) != 0, "%s is left behind", tmp);
+    struct dpo_ref *r = dpo_ref_load(good, w->sha256, w->model);
+    bool same = r && r->n_pairs == 5;
+    for (int i = 0; same && i < 10; i++)
+        same = memcmp(&r->logps[i], &w->logps[i], sizeof(double)) == 0 && r->n_targets[i] == w->n_targets[i];
+    CHECK("round_trip_values", same, "values differ after a round trip");
+    CHECK("round_trip_attrs",
+          r && strcmp(r->sha256, w->sha256) == 0 && strcmp(r->model, "/models/tiny (checksum 0123456789abcdef)") == 0 &&
+              strcmp(r->samples_path, samples) == 0,
+          "attributes differ: sha %s model %s samples %s", r ? r->sha256 : "", r ? r->model : "",
+          r ? r->samples_path : "");
+    dpo_ref_free(r);
+    r = dpo_ref_load(good, NULL, NULL);
+    CHECK("load_unchecked", r && r->n_pairs == 5, "NULL wants did not load");
+    dpo_ref_free(r);
+
+    /* an empty model string and zero pairs round trip too */
+    struct dpo_ref *e = dpo_ref_new(0);
+    snprintf(e->sha256, sizeof e->sha256, "%s", w->sha256);
+    snprintf(e->samples_path, sizeof e->samples_path, "%s", samples);
+    tmp_path(path, sizeof path, "empty.h5");
+    dpo_ref_save(path, e);
+    r = dpo_ref_load(path, e->sha256, "");
+    CHECK("round_trip_empty", r && r->n_pairs == 0 && r->model[0] == 0, "an empty file did not round trip");
+    dpo_ref_free(r);
+    dpo_ref_free(e);
+
+    /* another preference file, another model */
+    char other_sha[65];
+    snprintf(other_sha, sizeof other_sha, "%s", w->sha256);
+    other_sha[0] = 'f';
+    check_bad("wrong_sha", good, other_sha, w->model, "another preference file");
+    check_bad("wrong_model", good, w->sha256, "/models/other (checksum 1)", "another model");
+
+    /* truncated, garbage, empty, a directory */
+    tmp_path(path, sizeof path, "truncated.h5");
+    copy_file(good, path, 1000);
+    check_bad("truncated", path, NULL, NULL, "truncated");
+    tmp_path(path, sizeof path, "garbage.h5");
+    write_bytes(path, "this is not an HDF5 file at all, just some text\n", 48);
+    check_bad("garbage", path, NULL, NULL, "not an HDF5 file");
+    tmp_path(path, sizeof path, "zero.h5");
+    write_bytes(path, "", 0);
+    check_bad("empty_file", path, NULL, NULL, "not an HDF5 file");
+    check_bad("directory", dir, NULL, NULL, "not a file");
+
+    /* another HDF5 file: the preference file's format */
+    tmp_path(path, sizeof path, "samples_like.h5");
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    H5Fclose(f);
+    check_bad("no_format", path, NULL, NULL, "not a reference log-prob file");
+
+    /* missing or mismatched datasets */
+    tmp_path(path, sizeof path, "no_logps.h5");
+    damage_dataset(good, path, "logps", false);
+    check_bad("missing_logps", path, NULL, NULL, "dataset '/logps' is missing");
+    tmp_path(path, sizeof path, "no_targets.h5");
+    damage_dataset(good, path, "n_targets", false);
+    check_bad("missing_n_targets", path, NULL, NULL, "dataset '/n_targets' is missing");
+    tmp_path(path, sizeof path, "short_targets.h5");
+    damage_dataset(good, path, "n_targets", true);
+    check_bad("mismatched_datasets", path, NULL, NULL, "10 log-probs and 3 target counts");
+
+    /* a pair left out by the run: NaN over 0 targets */
+    w->logps[4] = w->logps[5] = NAN;
+    w->n_targets[4] = w->n_targets[5] = 0;
+    tmp_path(path, sizeof path, "left_out.h5");
+    dpo_ref_save(path, w);
+    r = dpo_ref_load(path, NULL, NULL);
+    CHECK("left_out_pair", r && !dpo_ref_has(r, 4) && !dpo_ref_has(r, 5) && dpo_ref_has(r, 3) && isnan(r->logps[4]),
+          "a left-out pair did not load as one");
+    dpo_ref_free(r);
+    w->n_targets[5] = 2;
+    tmp_path(path, sizeof path, "nan_with_targets.h5");
+    dpo_ref_save(path, w);
+    check_bad("nan_with_targets", path, NULL, NULL, "sample 5");
+    w->logps[4] = w->logps[5] = -1.0;
+
+    /* a positive log-prob is no log-prob */
+    w->logps[3] = 0.5;
+    tmp_path(path, sizeof path, "positive.h5");
+    dpo_ref_save(path, w);
+    check_bad("positive_logp", path, NULL, NULL, "sample 3");
+    dpo_ref_free(w);
+
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        printf("# could not remove %s\n", dir);
+    return check_status();
+}
