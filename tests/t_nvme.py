@@ -15,9 +15,13 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 planned = peak = 0 under nvme; the file gone after the run.
                 CASEs cover fp32, bf16, fp16 (its scaler skipping a step),
                 N = 1, 2, 3 and stages 1, 2, 3, and the engine's device path
-                (SHARDLM_EMULATE_DEVICE=1, fp32 activations: the new master of
-                each unit staged in pinned memory, cast by the device), and a
-                LoRA run (the adapters' state in the file, the frozen base none)
+                (SHARDLM_EMULATE_DEVICE=1, fp32 activations, stages 3 and 1:
+                the fp32 gradients in device memory, where the host cannot
+                touch them, each unit's fetched into a pinned stage before its
+                update; its new master staged in pinned memory, cast by the
+                device; the gradient class "device" under nvme, "pinned host"
+                under "cpu"), and a LoRA run (the adapters' state in the
+                file, the frozen base none)
   resume.*      nvme, 3 steps + --resume auto + 3 bitwise equal to 6 steps; a
                 checkpoint of an nvme run resumed under "cpu", and one of a "cpu"
                 run resumed under nvme, equal to the same 6 steps (the same state)
@@ -216,6 +220,9 @@ CASES = [  # name, N, stage, dtype, env extra, config extra
     ("n3_s1_bf16", 3, 1, "bf16", {}, {}),
     ("n1_s2_fp16", 1, 2, "fp16", {"SHARDLM_INJECT_INF_STEP": "2"}, {}),
     ("n2_s3_bf16_device", 2, 3, "bf16", {"SHARDLM_EMULATE_DEVICE": "1", "SHARDLM_FP32_ACTIVATIONS": "1"}, {}),
+    # stage 1 on the device: the all-reduced fp32 gradients stay there (no pinned host copy of the range)
+    ("n2_s1_fp16_device", 2, 1, "fp16", {"SHARDLM_EMULATE_DEVICE": "1", "SHARDLM_FP32_ACTIVATIONS": "1",
+                                         "SHARDLM_INJECT_INF_STEP": "2"}, {}),
     # LoRA: the frozen base has no optimizer state; the adapters' is in the file
     ("n2_s2_bf16_lora", 2, 2, "bf16", {}, {"lora": {"r": 4, "alpha": 8}}),
 ]
@@ -245,8 +252,12 @@ def test_same():
         mem_ok = all(v.get("planned") == 0 and v.get("peak") == 0 for v in state.values())
         if "device" in name:  # the master's class holds the one-unit pinned stage the device casts from
             master, cpu_master = state.pop("fp32 master weights"), cpu_mem.get("fp32 master weights", {})
+            # the fp32 gradients: pinned host under "cpu", device memory under nvme (staged one unit at a time)
+            g32, cpu_g32 = mem.get("fp32 gradient shard", {}), cpu_mem.get("fp32 gradient shard", {})
             mem_ok = all(v.get("planned") == 0 and v.get("peak") == 0 for v in state.values()) and \
-                0 < master.get("planned", 0) == master.get("peak") < cpu_master.get("planned", 0)
+                0 < master.get("planned", 0) == master.get("peak") < cpu_master.get("planned", 0) and \
+                0 < g32.get("planned", 0) == g32.get("peak") and g32.get("space") == "device" and \
+                cpu_g32.get("space") == "pinned host" and cpu_g32.get("planned", 0) > 0
         nv = a.nvme or {}
         check(f"same.{name}", not bad and mem_ok and nv.get("written_bytes", 0) > 0 and not nvme_files(),
               f"checkpoint datasets differ {bad[:4]}; state classes {state}; nvme {nv}; files left {nvme_files()}")

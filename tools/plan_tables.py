@@ -13,9 +13,8 @@ host memory per node, bf16, ZeRO stage 3) at 4K to 32K tokens with the
 settings `--fit` picks, and the Llama-2-70B fine-tune config on one 8 x 80 GB
 node with CPU offload beside offload to NVMe (issue 36): the optimizer state,
 then the parameters too, with the disk bytes and the optimizer phase at 6 and
-25 GB/s of node disk bandwidth (the proposal rows are arithmetic on the row
-above them, marked as such). Every number comes from the command each row
-shows.
+25 GB/s of node disk bandwidth (under NVMe offload the fp32 gradient shard
+is in device memory). Every number comes from the command each row shows.
 """
 import argparse
 import json
@@ -157,8 +156,8 @@ NVME_ROWS = [("CPU offload (the config as it is)", [], None),
 
 
 def nvme_table(binary):
-    """Llama-2-70B on one 8 x 80 GB node: CPU offload beside offload to NVMe, and what the fp32 gradient shard in
-    device memory would make of each NVMe row (a proposal: arithmetic on the plan's rows, not built)."""
+    """Llama-2-70B on one 8 x 80 GB node: CPU offload beside offload to NVMe (the fp32 gradient shard in device
+    memory under NVMe, pinned host memory under CPU offload)."""
     print("| plan | device per GPU | host per node | NVMe files per node | read + written per step, per node "
           "| optimizer phase at 6 GB/s | at 25 GB/s | parameter reads per step at 6 / 25 GB/s | host target |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -169,22 +168,16 @@ def nvme_table(binary):
         per_node = 8
         moved = (nv["read_per_step"] + nv["written_per_step"]) * per_node
         host, dev = a["host_per_node"], a["space_total"]["device"]
+        fits = f"{dev / GB:.1f} GB ({'fits' if a['fits'] else 'does not fit'} 80 GB)"
         verdict = "" if target is None else f"<= {target} GB: **{'yes' if host <= target * GB else 'no'}**"
         if nv["disk_per_node"]:
             reads = (f"{a['nvme']['param_read_seconds']:.0f} s / {b['nvme']['param_read_seconds']:.0f} s"
                      if nv["param_file"] else "-")
-            print(f"| {label} | {dev / GB:.1f} GB | {host / GB:.1f} GB | {nv['disk_per_node'] / GB:.0f} GB | "
+            print(f"| {label} | {fits} | {host / GB:.1f} GB | {nv['disk_per_node'] / GB:.0f} GB | "
                   f"{moved / 1e12:.2f} TB | {nv['optimizer_seconds']:.0f} s | {b['nvme']['optimizer_seconds']:.0f} s | "
                   f"{reads} | {verdict} |")
         else:
-            print(f"| {label} | {dev / GB:.1f} GB | {host / GB:.1f} GB | - | - | - (AdamW on the host) | - | - | |")
-        if target is None:
-            continue
-        grads = a["memory"]["fp32 gradient shard"]["bytes"]
-        dev2, host2 = dev + grads, host - per_node * grads
-        print(f"| *proposal:* {label}, fp32 gradient shard in device memory | {dev2 / GB:.1f} GB "
-              f"({'fits' if dev2 <= 80 * GB else 'does not fit'} 80 GB) | {host2 / GB:.1f} GB | (same) | (same) "
-              f"| (same) | (same) | (same) | <= {target} GB: {'yes' if host2 <= target * GB else 'no'} |")
+            print(f"| {label} | {fits} | {host / GB:.1f} GB | - | - | - (AdamW on the host) | - | - | |")
 
 
 def main():

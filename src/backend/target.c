@@ -36,7 +36,9 @@ enum mem_space target_space(const struct exec_target *t, const struct config *cf
     case BUF_ADAM_M:
     case BUF_ADAM_V:
     case BUF_FP32_GRADS:
-        if (!cfg->zero.offload_optimizer)
+        /* offload_optimizer "nvme": the fp32 gradients stay in device memory, as without offload; the step
+         * stages them unit by unit (zero_optim.c) */
+        if (!cfg->zero.offload_optimizer || (c == BUF_FP32_GRADS && cfg->zero.offload_optimizer_nvme))
             return SPACE_DEVICE;
         return cfg->zero.offload_pin_memory || t->device ? SPACE_PINNED : SPACE_HOST;
     case BUF_STAGING: return SPACE_PINNED;

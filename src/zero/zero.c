@@ -94,7 +94,7 @@ static void decide_role(const struct zero *z, const struct config *cfg, int u, c
     const enum buf_class fp32_grads = z->master_copy ? BUF_FP32_GRADS : BUF_GRADS;
     if (reduce_scatter) {
         own(r, UBUF_GRAD_SHARD, zu->shard, f32, fp32_grads);
-    } else if (z->optimizer_on_host) {
+    } else if (zero_host_grad_range(z, r)) {
         /* the kernels accumulate on the device; the optimizer reads its range from the host */
         own(r, UBUF_GRADS, zu->padded, f32, BUF_GRADS);
         if (z->half)
@@ -406,8 +406,11 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     const size_t recv = zero_receive_elems(z);
     void *grad_recv = recv ? arena_alloc(dev, mem, BUF_GRADS, recv * z->esize, 1) : NULL;
     const size_t stage = zero_nvme_stage_elems(z);
-    if (stage) /* pinned, where the device reads the new master from */
-        z->nvme_stage = arena_alloc(&arenas[target_space(t, cfg, BUF_MASTER)], mem, BUF_MASTER, stage * sizeof(float), 1);
+    if (stage) { /* pinned: the new master the device casts from, then the gradients the host reads */
+        z->nvme_stage =
+            arena_alloc(&arenas[target_space(t, cfg, BUF_MASTER)], mem, BUF_MASTER, 2 * stage * sizeof(float), 1);
+        z->nvme_grad_stage = z->nvme_stage + stage;
+    }
     for (int u = 0; u < m->n_units; u++) {
         struct zero_unit *zu = &z->units[u];
         void *own[UBUF_COUNT] = {0};

@@ -220,6 +220,8 @@ struct zero {
     struct nvme_segment *nvme_segs;  /* the step's segments, one per tensor slice (made at init) */
     int n_nvme_segs;
     float *nvme_stage;            /* a device: one unit's new fp32 master, pinned, for the device's cast */
+    float *nvme_grad_stage;       /* a device: one unit's fp32 gradients, fetched from the device (pinned,
+                                   * after nvme_stage in the same allocation) for the host's AdamW */
     struct zero_ckpt_source *ckpt_src[3]; /* zero_ckpt_slices of the file: where each slice's values are */
     struct adamw_range *adam_ranges; /* the step's AdamW ranges, one per tensor slice (made at init) */
     int n_adam_ranges;

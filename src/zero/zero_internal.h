@@ -57,6 +57,15 @@ static inline bool has_master(const struct zero_unit *zu)
     return zu->role.buf[UBUF_MASTER].elems > 0 || zu->role.state_in_file;
 }
 
+/* A device with offload_optimizer "cpu" at stages 0-1: the unit's reduced
+ * fp32 gradients of the optimizer range are copied into pinned host memory
+ * (grad_shard) for the host's AdamW. Under "nvme" they stay on the device,
+ * as without offload, and the step stages them unit by unit. */
+static inline bool zero_host_grad_range(const struct zero *z, const struct unit_role *r)
+{
+    return z->optimizer_on_host && !r->state_in_file;
+}
+
 /* Element offset of unit u's optimizer range within this rank's whole range
  * (the units' ranges in order): where its state is in the nvme file and in a
  * staged host copy. */
@@ -112,7 +121,8 @@ void zero_build_optimizer_tables(struct zero *z, const struct config *cfg);
 
 /* ---- zero.c: offload_optimizer "nvme" ---- */
 
-/* Elements of the device's staging of one unit's new master (nvme on a device; 0: none). */
+/* Elements of the device's staging of one unit's range (nvme on a device; 0: none); the pinned stage holds
+ * two such ranges: the unit's new master, and its fp32 gradients fetched from the device before the update. */
 size_t zero_nvme_stage_elems(const struct zero *z);
 
 #endif

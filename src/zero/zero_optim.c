@@ -110,10 +110,10 @@ void zero_reduce_grads(struct zero *z)
         if (zu->role.grad != GRAD_ALLREDUCE)
             continue;
         comm_wait(z->comm, &zu->rs_req);
-        if (z->optimizer_on_host && zu->grads_comm)
+        if (zero_host_grad_range(z, &zu->role) && zu->grads_comm)
             backend_convert(zu->grad_shard, DTYPE_F32, elem(zu->grads_comm, zu->opt_begin, z->esize), z->dtype,
                             zu->opt_count);
-        else if (z->optimizer_on_host)
+        else if (zero_host_grad_range(z, &zu->role))
             backend_copy(zu->grad_shard, zu->grads + zu->opt_begin, zu->opt_count * sizeof(float));
         else if (zu->grads_comm)
             backend_convert(zu->grads, DTYPE_F32, zu->grads_comm, z->dtype, zu->padded);
@@ -157,8 +157,12 @@ static void nvme_step(struct zero *z, const struct adamw_hparams *hp)
             continue;
         const size_t lo = zero_range_offset(z, u), hi = lo + zu->opt_count;
         const int first = s;
-        for (; s < z->n_nvme_segs && z->nvme_segs[s].at < hi; s++)
+        /* the gradients stay on the device (as without offload): the unit's range into the pinned stage */
+        backend_copy(z->nvme_grad_stage, opt_grads(zu), zu->opt_count * sizeof(float));
+        for (; s < z->n_nvme_segs && z->nvme_segs[s].at < hi; s++) {
             z->nvme_segs[s].param_out = z->nvme_stage + (z->nvme_segs[s].at - lo);
+            z->nvme_segs[s].grad = z->nvme_grad_stage + (z->nvme_segs[s].at - lo);
+        }
         nvme_adamw_step(z->nvme, z->nvme_segs + first, s - first, hp, DTYPE_F32);
         /* the updated slices only: gaps and frozen tensors keep their values, as a cast of the whole master gives
          * (a shard in the parameter file: zero_nvme_write_back) */

@@ -374,8 +374,8 @@ void zero_plan(const struct model *m, const struct config *cfg, const struct exe
         }
     if (zero_receive_elems(&z))
         bytes[BUF_GRADS] += d_bytes(&z, zero_receive_elems(&z)); /* the one reduce-scatter receive buffer */
-    if (zero_nvme_stage_elems(&z)) /* offload_optimizer nvme on a device: one unit's new master, pinned */
-        bytes[BUF_MASTER] += arena_round(zero_nvme_stage_elems(&z) * sizeof(float));
+    if (zero_nvme_stage_elems(&z)) /* offload_optimizer nvme on a device: one unit's new master and gradients */
+        bytes[BUF_MASTER] += arena_round(2 * zero_nvme_stage_elems(&z) * sizeof(float));
     for (int set = 0; set < POOL_SETS; set++)
         for (int k = 0; k < ZERO_POOLS; k++) {
             slots[set][k] = z.pools[set][k].peak;

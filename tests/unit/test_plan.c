@@ -241,12 +241,14 @@ static void test_nvme_plan(void)
           "elems %zu file %zu buffers %zu piece %zu", b.nvme.opt_elems, b.nvme.opt_file, b.nvme.opt_buffers,
           b.nvme.opt_piece);
     const size_t opt_rows = a.bytes[BUF_MASTER] + a.bytes[BUF_ADAM_M] + a.bytes[BUF_ADAM_V];
-    CHECK("nvme plan: master, Adam m and v leave the pinned arena; the device and the fp32 gradient shard stay",
+    const size_t g32 = a.bytes[BUF_FP32_GRADS];
+    CHECK("nvme plan: master, Adam m and v leave the pinned arena; the fp32 gradient shard moves to the device",
           b.bytes[BUF_MASTER] == 0 && b.bytes[BUF_ADAM_M] == 0 && b.bytes[BUF_ADAM_V] == 0 && opt_rows > 0 &&
-              a.space_total[SPACE_PINNED] - b.space_total[SPACE_PINNED] == opt_rows &&
-              a.space_total[SPACE_DEVICE] == b.space_total[SPACE_DEVICE] &&
-              b.bytes[BUF_FP32_GRADS] == a.bytes[BUF_FP32_GRADS] && b.space[BUF_FP32_GRADS] == SPACE_PINNED,
-          "pinned %zu -> %zu, rows %zu", a.space_total[SPACE_PINNED], b.space_total[SPACE_PINNED], opt_rows);
+              g32 > 0 && a.space_total[SPACE_PINNED] - b.space_total[SPACE_PINNED] == opt_rows + g32 &&
+              b.space_total[SPACE_DEVICE] - a.space_total[SPACE_DEVICE] == g32 && b.bytes[BUF_FP32_GRADS] == g32 &&
+              a.space[BUF_FP32_GRADS] == SPACE_PINNED && b.space[BUF_FP32_GRADS] == SPACE_DEVICE,
+          "pinned %zu -> %zu, device %zu -> %zu, rows %zu, fp32 gradients %zu", a.space_total[SPACE_PINNED],
+          b.space_total[SPACE_PINNED], a.space_total[SPACE_DEVICE], b.space_total[SPACE_DEVICE], opt_rows, g32);
     CHECK("nvme plan: host bytes = pinned + ordinary arenas + the buffers",
           plan_host_bytes(&b) == b.space_total[SPACE_PINNED] + b.space_total[SPACE_HOST] + host &&
               plan_host_bytes(&a) == a.space_total[SPACE_PINNED] + a.space_total[SPACE_HOST] && a.nvme.opt_file == 0,
