@@ -20,6 +20,13 @@ trained by the CPU build and by the CUDA build with the same config, cases:
   llama_lora_n1_fp32, llama_lora_offload_bf16
                         LoRA on every linear layer (r 8, dropout 0.1, B random
                         from the start) over the frozen Llama
+  llama_dpo_bf16, llama_lora_dpo_fp32
+                        DPO (issue 37) on 32 preference pairs the script writes:
+                        the full fine-tune with its reference log-probs
+                        precomputed by each build before step 1, and LoRA
+                        (dropout 0) with the adapters-off reference in the step
+  llama_nvme_bf16       offload_optimizer and offload_param on NVMe (issue 36):
+                        the files under the scratch folder, accumulation 2
 The per-step losses agree within 1e-4 (fp32, TF32 off) / 2e-2 (bf16)
 relative, the CUDA run's planned bytes equal its peak, and `shardlm plan
 --target cuda` (run by the CPU build) predicted them exactly. Every run has
@@ -54,6 +61,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 from harness import check, failures, scratch_dir, write_shard  # noqa: E402
 from procgroup import run_group  # noqa: E402
 
@@ -71,6 +79,10 @@ RUN_TIMEOUT = float(os.environ.get("E2E_TIMEOUT", "120"))
 OFFLOAD = {"zero_optimization": {"offload_param": {"device": "cpu"}}, "gradient_accumulation_steps": 2,
            "activation_checkpointing": {"enabled": True, "interval": 1, "cpu_checkpointing": True}}
 LORA = {"lora": {"r": 8, "alpha": 16, "dropout": 0.1, "init": False, "target_modules": "all-linear"}}
+# issue 36: the optimizer state and the parameter shard in files under the scratch folder
+NVME = {"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": os.path.join(TMP, "nvme")},
+                              "offload_param": {"device": "nvme", "nvme_path": os.path.join(TMP, "nvme")}},
+        "gradient_accumulation_steps": 2}
 TOL = {"fp32": 1e-4, "bf16": 2e-2}
 passed = 0
 
@@ -87,6 +99,30 @@ def shard(name, vocab, n):
     return path
 
 
+def pref_data(vocab, T):
+    """Issue 37: a preference file of 32 pairs, each a shared prompt and two completions of its own (trained),
+    as tools/prepare_data.py writes them; the `data` and `dpo` sections that train on it."""
+    import h5py
+    from datafiles import set_str, write_samples
+    path = os.path.join(TMP, "pref.h5")
+    rng = np.random.default_rng(11)
+    toks, trained, lens, prompts = [], [], [], []
+    for _ in range(32):
+        prompt = list(rng.integers(0, vocab, size=rng.integers(2, T // 4)))
+        prompts.append(len(prompt))
+        for _ in range(2):
+            n = int(rng.integers(2, T // 2))
+            toks += prompt + list(rng.integers(0, vocab, size=n))
+            trained += [0] * len(prompt) + [1] * n
+            lens.append(len(prompt) + n)
+    write_samples(path, toks, trained, np.concatenate([[0], np.cumsum(lens)]), vocab)
+    with h5py.File(path, "r+") as f:
+        del f.attrs["format"]
+        set_str(f, "format", "shardlm-preferences")
+        f["prompt_lengths"] = np.array(prompts, np.int64)
+    return {"data": {"train": path, "max_seq_length": T, "shuffle": False}, "dpo": {"beta": 0.1}}
+
+
 def config(name, model, data, steps, micro, dtype, stage=3, extra=None):
     cfg = {"model": model, "data": {"train": data, "seq_len": model["n_positions"], "shuffle": False},
            "train": {"steps": steps, "seed": 7, "eval_every": 0, "sample_tokens": 0,
@@ -99,6 +135,8 @@ def config(name, model, data, steps, micro, dtype, stage=3, extra=None):
     for key, value in (extra or {}).items():
         if key == "zero_optimization":
             cfg[key].update(value)
+        elif key == "dpo":  # each run its own precomputed reference (the CPU's must not stand in for the GPU's)
+            cfg[key] = dict(value, ref_log_probs_path=os.path.join(TMP, name + ".ref.h5"))
         else:
             cfg[key] = value
     path = os.path.join(TMP, name + ".json")
@@ -140,6 +178,9 @@ def canonical(cfg_path, N):
         cfg = json.load(f)
     cfg["data"].pop("train", None)
     cfg["train"].pop("metrics", None)
+    cfg.get("dpo", {}).pop("ref_log_probs_path", None)
+    for kind in ("offload_optimizer", "offload_param"):
+        cfg["zero_optimization"].get(kind, {}).pop("nvme_path", None)
     return {"config": cfg, "ranks": N, "size": "tiny" if TINY else "small"}
 
 
@@ -173,13 +214,17 @@ def e2e():
     llama = dict(model, type="llama", n_kv_head=model["n_head"] // 2, ffn_dim=model["n_embd"] * 8 // 3)
     data = shard("small.bin", model["vocab_size"], model["n_positions"] * 400 + 1)
     share = {"SHARDLM_SHARE_GPUS": "1", "SHARDLM_COMM": "mpi"}  # N=2 on one GPU: host-staged MPI
+    pref = pref_data(model["vocab_size"], model["n_positions"])
+    nodrop = {"lora": dict(LORA["lora"], dropout=0.0)}
     cases = [("n1_fp32", 1, "fp32", {}, None), ("n1_bf16", 1, "bf16", {}, None),
              ("n2_fp32", 2, "fp32", share, None), ("n2_bf16", 2, "bf16", share, None),
              ("offload_fp32", 1, "fp32", {}, OFFLOAD), ("offload_bf16", 1, "bf16", {}, OFFLOAD),
              ("llama_n1_fp32", 1, "fp32", {}, None), ("llama_n1_bf16", 1, "bf16", {}, None),
              ("llama_n2_bf16", 2, "bf16", share, None),
              ("llama_offload_bf16", 1, "bf16", {}, OFFLOAD),
-             ("llama_lora_n1_fp32", 1, "fp32", {}, LORA), ("llama_lora_offload_bf16", 1, "bf16", {}, dict(OFFLOAD, **LORA))]
+             ("llama_lora_n1_fp32", 1, "fp32", {}, LORA), ("llama_lora_offload_bf16", 1, "bf16", {}, dict(OFFLOAD, **LORA)),
+             ("llama_dpo_bf16", 1, "bf16", {}, pref), ("llama_lora_dpo_fp32", 1, "fp32", {}, dict(pref, **nodrop)),
+             ("llama_nvme_bf16", 1, "bf16", {}, NVME)]
     unknown = set(CASES) - {c[0] for c in cases}
     ok("e2e.cases_known", not unknown, f"E2E_CASES names no case {sorted(unknown)}")
     worst_of, refs_used = {}, []
