@@ -239,10 +239,19 @@ static cublasStatus_t check_problem(const char *fn, cublasLtMatmulDesc_t d, cubl
     return CUBLAS_STATUS_SUCCESS;
 }
 
-static int refused(uint32_t epilogue)
+/* CUDAEMU_LT_REFUSE: "all" answers NOT_SUPPORTED for every epilogue; "invalid" answers INVALID_VALUE for the
+ * bias epilogues, as cuBLAS 13 on an H200 did in bf16 (the first GPU session). Returns the status, or SUCCESS. */
+static cublasStatus_t refused(uint32_t epilogue)
 {
     const char *r = getenv("CUDAEMU_LT_REFUSE");
-    return r && strcmp(r, "all") == 0 && epilogue != CUBLASLT_EPILOGUE_DEFAULT;
+    if (!r || epilogue == CUBLASLT_EPILOGUE_DEFAULT)
+        return CUBLAS_STATUS_SUCCESS;
+    if (strcmp(r, "all") == 0)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (strcmp(r, "invalid") == 0 && (epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+                                      epilogue == CUBLASLT_EPILOGUE_BGRADA))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
 }
 
 extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
@@ -259,8 +268,8 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cub
     cublasStatus_t s = check_problem(fn, d, la, lb, lc, ld, &p);
     if (s != CUBLAS_STATUS_SUCCESS)
         return s;
-    if (refused(d->epilogue))
-        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if ((s = refused(d->epilogue)) != CUBLAS_STATUS_SUCCESS)
+        return s;
     memset(&results[0], 0, sizeof results[0]);
     results[0].algo.data[0] = LT_ALGO_MAGIC;
     for (int i = 0; i < 4; i++) /* the alignments the algorithm may assume, checked by cublasLtMatmul */

@@ -154,8 +154,9 @@ def train(name, binary, N, cfg, env=None, timeout=RUN_TIMEOUT):
     if r is None:
         return None, "timed out"
     out = r.stdout.decode(errors="replace")
-    if r.returncode != 0:
-        return None, " | ".join(out.strip().splitlines()[-4:])
+    if r.returncode != 0:  # the trainer's own error lines first, not mpirun's banner
+        said = [x for x in out.splitlines() if x.startswith("shardlm:")]
+        return None, " | ".join(said[-2:] + out.strip().splitlines()[-2:])
     with open(os.path.join(TMP, name + ".jsonl")) as f:
         rows = [json.loads(x) for x in f if x.strip()]
     return rows, out

@@ -150,7 +150,8 @@ def run_shardlm(args, tag, model, micro, accum, steps):
         return None, f"timed out after {args.part_timeout} s (its process group killed)"
     out = r.stdout.decode(errors="replace")
     if r.returncode != 0 or not os.path.exists(metrics):
-        return None, f"exit {r.returncode}: " + " | ".join(out.strip().splitlines()[-4:])
+        said = [x for x in out.splitlines() if x.startswith("shardlm:")]  # the trainer's own error lines first
+        return None, f"exit {r.returncode}: " + " | ".join(said[-2:] + out.strip().splitlines()[-2:])
     with open(metrics) as f:
         rows = [json.loads(x) for x in f if x.strip()]
     warm = 2 if accum == 1 else 1
