@@ -284,17 +284,26 @@ stage_kernels() {
   local ck=$WORK/check_kernels rc
   [ "$EMULATE" = 1 ] && ck=build/cudaemu/check_kernels
   [ -x "$ck" ] || { echo "@skip no $ck (the build stage failed)"; return 0; }
-  timeout -k 5 $((STAGE_LIMIT * 2 / 5)) "$ck"
-  rc=$?
+  timeout -k 5 $((STAGE_LIMIT * 2 / 5)) "$ck" 2>&1 | tee "$WORK/check_kernels.out"
+  rc=${PIPESTATUS[0]}
   [ "$rc" = 0 ] && return 0
   echo "check_kernels: exit $rc"
+  # a check_kernels that stopped (an internal error) says why on its last "shardlm:" line
+  local why
+  why=$(grep '^shardlm:' "$WORK/check_kernels.out" | tail -1)
+  [ -n "$why" ] && fail kernels.check_kernels "stopped: $why"
   if [ "$EMULATE" = 1 ] || [ -z "$SANITIZER" ]; then
     skip kernels.memcheck "${SANITIZER:-no compute-sanitizer}${SANITIZER:+ (rehearsal)}"
     return "$rc"
   fi
   # again under memcheck; its lines are prefixed so that they are not counted twice
-  CUDA_LAUNCH_BLOCKING=1 timeout -k 5 $((STAGE_LIMIT / 2)) "$SANITIZER" --tool memcheck "$ck" 2>&1 | sed 's/^/memcheck| /'
-  [ "${PIPESTATUS[0]}" = 0 ] && ok kernels.memcheck || fail kernels.memcheck "compute-sanitizer reported errors (memcheck| lines)"
+  # (the first GPU session: "ERROR SUMMARY: 0 errors" after a cuBLAS refusal was reported as memory errors)
+  CUDA_LAUNCH_BLOCKING=1 timeout -k 5 $((STAGE_LIMIT / 2)) "$SANITIZER" --tool memcheck "$ck" 2>&1 |
+    sed 's/^/memcheck| /' | tee "$WORK/memcheck.out"
+  local errors
+  errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9]*\) error.*/\1/p' "$WORK/memcheck.out" | tail -1)
+  if [ "$errors" = 0 ]; then ok kernels.memcheck
+  else fail kernels.memcheck "compute-sanitizer: ${errors:-no} error summary (memcheck| lines)"; fi
   return "$rc"
 }
 
@@ -430,7 +439,10 @@ tpy0=$py0
 printf 'GPU_VISIBLE=0\nNCCL_REAL=\nPY=%q\nTORCH_PY=%q\nSANITIZER=\n' "${py0:-python3}" "${tpy0:-python3}" >"$WORK/probe.env"
 # the commit: git's where .git travelled, else what tools/gpu-bins.sh recorded
 COMMIT=$(git rev-parse HEAD 2>/dev/null) && ! git diff --quiet HEAD 2>/dev/null && COMMIT="$COMMIT-dirty"
-[ -n "$COMMIT" ] || COMMIT=$(sed -n 's/.*"commit": *"\([^"]*\)".*/\1/p' "$BINS/INFO.json" 2>/dev/null | head -1)
+BINS_COMMIT=$(sed -n 's/.*"commit": *"\([^"]*\)".*/\1/p' "$BINS/INFO.json" 2>/dev/null | head -1)
+[ -n "$COMMIT" ] || COMMIT=$BINS_COMMIT
+# the device tool's .git is the session's first commit: a dirty tree says which commit the binaries are of
+case "$COMMIT" in *-dirty) [ -n "$BINS_COMMIT" ] && COMMIT="$COMMIT (gpu-bins built at $BINS_COMMIT)" ;; esac
 export COMMIT=${COMMIT:-unknown}
 # between stages: GPU processes a stage left behind (its mpirun killed at the
 # limit) are listed and killed, so that the next stage has the device
