@@ -198,6 +198,15 @@ def check_goal_and_fit():
     rc, j, out3, _ = plan_json(*L70, *more, "--gpu-mem", "24GB", "--host-mem", "2TiB")
     check("fit.one_more_does_not", rc == 4 and j["fits"] is False, out3[-300:])
     note(f"fit 70B at 24 GB: {' '.join(sets)}")
+    # a given train_batch_size stays: the micro-batch divides its share per rank (24 / 8 = 3, where 4 would fit
+    # at 80 GB) and the accumulation makes up the rest; the keys make a config the plan accepts and that fits
+    rc, out, err = plan(*L70, "--set", "train_batch_size=24", "--fit", "--gpu-mem", "80GB", "--host-mem", "2TiB")
+    sets = dict(line.split()[1].split("=", 1) for line in out.splitlines() if line.startswith("  --set "))
+    micro, accum = int(sets.get("train_micro_batch_size_per_gpu", 0)), int(sets.get("gradient_accumulation_steps", 0))
+    check("fit.keeps_train_batch_size", rc == 0 and micro > 0 and 3 % micro == 0 and micro * accum == 3, out[-500:])
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    rc, j, out2, _ = plan_json(*L70, "--set", "train_batch_size=24", *args, "--gpu-mem", "80GB", "--host-mem", "2TiB")
+    check("fit.keeps_train_batch_size_result_fits", rc == 0 and j["fits"] is True, out2[-300:])
 
 
 # ---- ZeRO paper: 7.5 B parameters on 64 GPUs ----------------------------------------------------------
@@ -450,7 +459,8 @@ def check_nvme():
           out[-800:])
     # the fit's micro-batch with a global batch it divides (accumulation 32)
     micro = [int(s.split("=")[1]) for s in sets if s.startswith("train_micro_batch_size_per_gpu=")] or [1]
-    args = [a for s in sets + [f"train_batch_size={micro[0] * 8 * 32}"] for a in ("--set", s)]
+    args = [a for s in sets + [f"train_batch_size={micro[0] * 8 * 32}"] if not s.startswith("gradient_accumulation")
+            for a in ("--set", s)]
     rc, j, _, _ = plan_json(*args, *OPT_PATH, "--ranks", "8", "--gpu-mem", "80GB", "--host-mem", "300GB", cfg=CFG70)
     check("nvme.fit_result_fits", rc == 0 and j["fits"] is True and j["host_per_node"] <= 300e9, f"rc {rc}")
     rc, out, err = plan(*fit, "--host-mem", "2TB", *OPT_PATH, cfg=CFG70)

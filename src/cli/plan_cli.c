@@ -28,6 +28,8 @@ struct plan_options {
     int max_seq;                  /* --max-seq: the longest sequence that fits */
     int json;                     /* also one JSON line with the exact numbers */
     double nvme_bw;               /* bytes per second of NVMe per node, shared by its ranks */
+    int rank_batch;               /* train_batch_size / ranks when the config gives train_batch_size, else 0:
+                                   * --fit keeps that batch, its micro-batch a divisor of it */
 };
 
 /* One candidate setting: the plan and its sums. */
@@ -422,9 +424,11 @@ static void apply_setting(struct config *cfg, const struct setting *s)
     cfg->zero.stage = s->stage;
 }
 
-static void print_setting_keys(const struct setting *s, const struct setting *was)
+static void print_setting_keys(const struct setting *s, const struct setting *was, const struct plan_options *o)
 {
     printf("  --set train_micro_batch_size_per_gpu=%d\n", s->micro);
+    if (o->rank_batch > 0) /* train_batch_size stays: the accumulation makes up the rest */
+        printf("  --set gradient_accumulation_steps=%d\n", o->rank_batch / s->micro);
     if (s->stage != was->stage)
         printf("  --set zero_optimization.stage=%d\n", s->stage);
     printf("  --set activation_checkpointing.enabled=%s\n", s->interval > 0 ? "true" : "false");
@@ -511,6 +515,8 @@ static bool fit_search(struct config *cfg, const struct model *m, const struct p
                                 continue;
                         } else {
                             s.micro = largest_micro(cfg, m, o, s, e);
+                            while (o->rank_batch > 0 && s.micro > 0 && o->rank_batch % s.micro)
+                                s.micro--; /* a divisor of the given batch: smaller fits too */
                             if (s.micro == 0)
                                 continue;
                             apply_setting(cfg, &s);
@@ -644,7 +650,7 @@ static int report_fit(const struct plan_eval *e, struct config *cfg, const struc
     if (found) {
         printf("does not fit: %s; no single setting is enough; this combination fits (%s per GPU):\n", over,
                gib(best_device, a, sizeof a));
-        print_setting_keys(&best, &was);
+        print_setting_keys(&best, &was, o);
     } else {
         printf("does not fit: %s; no stage, micro-batch, checkpointing or offload setting fits on %d rank%s: use "
                "more ranks (--ranks), half precision, or GPUs with more memory\n",
@@ -690,7 +696,7 @@ static int run_fit(struct config *cfg, const struct model *m, const struct plan_
            "multiplies it at no memory cost); config keys:\n",
            best.micro, cfg->dpo.enabled ? " pairs (2 rows each)" : "", cfg->data.seq_len, o->ranks,
            (double)rows * cfg->data.seq_len * o->ranks);
-    print_setting_keys(&best, &was);
+    print_setting_keys(&best, &was, o);
     if ((double)e->plan.nvme.param_unit_elems > cfg->zero.param_buffer_size) /* a buffer holds the largest shard */
         printf("  --set zero_optimization.offload_param.buffer_size=%zu\n", e->plan.nvme.param_unit_elems);
     free(e);
@@ -731,7 +737,7 @@ static int run_max_seq(struct config *cfg, const struct model *m, const struct p
     printf("max-seq: %d tokens per sequence at micro-batch %d (%s per GPU)%s; config keys:\n", lo, micro,
            gib(device, a, sizeof a), lo == m->cfg.n_positions ? ", the model's context (model.n_positions)" : "");
     printf("  --set data.seq_len=%d\n", lo);
-    print_setting_keys(&best, &was);
+    print_setting_keys(&best, &was, o);
     return EXIT_OK;
 }
 
@@ -749,7 +755,7 @@ int cmd_plan(int argc, char **argv)
         {"nvme-bw", required_argument, NULL, 'B'},
         {NULL, 0, NULL, 0},
     };
-    struct plan_options o = {1, 1, 0, 0, PLAN_TARGET_GPU, 0, 0, 0, NVME_BW_DEFAULT};
+    struct plan_options o = {1, 1, 0, 0, PLAN_TARGET_GPU, 0, 0, 0, NVME_BW_DEFAULT, 0};
     const char *sets[MAX_SETS + 1];
     int n_sets = 0;
     const char *deepspeed = NULL;
@@ -806,7 +812,9 @@ int cmd_plan(int argc, char **argv)
         run_config_load_string(&cfg, "{}", sets, n_sets);
     if (cfg.train_batch_size == 0 && cfg.micro_batch == 0)
         cfg.micro_batch = 1;
+    const int batch_given = cfg.train_batch_size;
     config_resolve_batch(&cfg, o.ranks);
+    o.rank_batch = batch_given > 0 ? cfg.train_batch_size / o.ranks : 0;
     if (cfg.zero.offload_optimizer && cfg.zero.stage == 0)
         fail_input("config: zero_optimization.offload_optimizer needs zero_optimization.stage 1, 2 or 3 (as in "
                    "DeepSpeed); raise the stage or set offload_optimizer.device to \"none\"");
