@@ -59,6 +59,10 @@ command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
 if [ "$want_test" = 1 ]; then
   /usr/bin/python3 -c 'import torch' 2>/dev/null || missing+=(python3-torch)
   /usr/bin/python3 -c 'import crc32c' 2>/dev/null || missing+=(python3-crc32c)
+  # TRL's DPOTrainer (tests/t_dpo_trl.py): the part of datasets' stack that Debian ships in versions it takes
+  for mod in pandas xxhash aiohttp rich; do
+    /usr/bin/python3 -c "import $mod" 2>/dev/null || missing+=("python3-$mod")
+  done
 fi
 installing_daemons=0
 if [ "$want_slurm" = 1 ]; then
@@ -99,16 +103,37 @@ pip_install() { local py=$1; shift; "$py" -m pip install -q --disable-pip-versio
 # The Hugging Face reference for the tests (transformers' LlamaForCausalLM,
 # tokenizers, PEFT): PEFT and accelerate come without their dependencies (they
 # would bring torch) and the rest is pinned to versions that work with torch 1.13.
+# TRL's DPOTrainer (tests/t_dpo_trl.py): TRL 0.8.6, the last that runs on transformers 4.40 and torch 1.13,
+# and datasets 2.19.1 with what of its stack Debian lacks or ships in versions it does not take (pyarrow;
+# dill and multiprocess, which must match each other; fsspec, which it wants <= 2024.3.1), all pinned and
+# --no-deps (trl's and datasets' requirements would bring PyPI's torch); pandas, xxhash, aiohttp and rich
+# are Debian's (above).
+trl_pins=(trl==0.8.6 datasets==2.19.1 pyarrow==15.0.2 pyarrow-hotfix==0.7 dill==0.3.8 multiprocess==0.70.16
+          fsspec==2024.3.1)
 ref_install() {
   pip_install "$1" transformers==4.40.2 'tokenizers>=0.19,<0.20' safetensors jinja2 psutil &&
     pip_install "$1" --no-deps peft==0.10.0 accelerate==0.29.3 &&
-    pip_install "$1" safetensors 'gguf>=0.10'
+    pip_install "$1" safetensors 'gguf>=0.10' &&
+    pip_install "$1" --no-deps "${trl_pins[@]}"
+}
+# Fails when a venv holds PyPI's torch (or its CUDA wheels): the tests must run Debian's torch 1.13.
+no_pypi_torch() {
+  local bad
+  bad=$("$1/bin/python" -m pip list --local --format=freeze --disable-pip-version-check 2>/dev/null |
+        grep -iE '^(torch|triton|nvidia-[a-z0-9-]+)==' || true)
+  if [ -n "$bad" ]; then
+    echo "shardlm deps: $1 holds PyPI's torch or its CUDA wheels ($(echo $bad)); remove $1 and run tools/deps.sh again" >&2
+    exit 2
+  fi
 }
 ref_venv() {
-  make_venv ref-venv 'import transformers, tokenizers, safetensors, jinja2, peft, accelerate, torch, gguf
+  make_venv ref-venv 'import transformers, tokenizers, safetensors, jinja2, peft, accelerate, torch, gguf, trl, datasets
 assert transformers.__version__ == "4.40.2", transformers.__version__
-assert torch.__file__.startswith("/usr/lib/python3/dist-packages/"), torch.__file__' \
-    "transformers 4.40.2, PEFT 0.10.0" ref_install || exit 2
+assert trl.__version__ == "0.8.6" and datasets.__version__ == "2.19.1", (trl.__version__, datasets.__version__)
+assert torch.__file__.startswith("/usr/lib/python3/dist-packages/"), torch.__file__
+from trl import DPOTrainer' \
+    "transformers 4.40.2, PEFT 0.10.0, TRL 0.8.6" ref_install || exit 2
+  no_pypi_torch "$(cd "$(dirname "$0")/.." && pwd)/build/ref-venv"
 }
 
 # tools/prepare_data.py: tokenizers and jinja2; tools/gguf_to_hf.py: gguf (llama.cpp's
@@ -119,6 +144,8 @@ data_venv() {
   make_venv data-venv 'import tokenizers, jinja2, numpy, h5py, safetensors, gguf
 assert tokenizers.__version__.startswith("0.19."), tokenizers.__version__' "tokenizers 0.19, jinja2" data_install ||
     echo "shardlm deps: warning: no build/data-venv, so tools/prepare_data.py cannot run" >&2
+  [ ! -x "$(cd "$(dirname "$0")/.." && pwd)/build/data-venv/bin/python" ] ||
+    no_pypi_torch "$(cd "$(dirname "$0")/.." && pwd)/build/data-venv"
 }
 
 # What the installed packages allow: the data tool's environment, and with

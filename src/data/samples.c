@@ -339,6 +339,7 @@ void samples_open(struct sample_set *s, const char *path, const struct sample_op
     if (s->file < 0)
         h5_fail(s, "open it as HDF5");
     check_header(s);
+    s->o.tokenizer_json = NULL; /* checked: the caller's string need not outlive this call (a reopen skips it) */
     read_offsets(s);
     uint32_t *trained_of = xcalloc(s->n_file, sizeof *trained_of);
     scan(s, trained_of);

@@ -65,7 +65,8 @@ struct sample_opts {
     uint64_t seed;
     int step_units;         /* units per optimizer step (train_batch_size), for group_by_length */
     int vocab_size;         /* the model's: every token id must be below it */
-    const char *tokenizer_json; /* the run's tokenizer (from_pretrained's tokenizer.json), or NULL */
+    const char *tokenizer_json; /* the run's tokenizer (from_pretrained's tokenizer.json), or NULL; read by
+                                 * samples_open only (NULL in the set's copy after it) */
     bool allow_tokenizer_mismatch; /* data.allow_tokenizer_mismatch: another tokenizer is a warning */
     bool pairs;             /* DPO: the file must be a preference file; an item is a pair */
 };
