@@ -27,7 +27,9 @@ Checks:
                             metrics against PyTorch
   resume.bitwise            4 steps = 2 steps + resume to 4 (the reference file loaded, not recomputed)
   bad.*                     one line, exit 2: a preference file without a dpo section, an SFT file, token
-                            shards or data.val with one, a resume whose reference file changed
+                            shards or data.val with one, a resume whose reference file changed, a reference
+                            file of another data.seq_len (version 2: by its seq_len; version 1: by its counts)
+  ref_file.*                the reference file records seq_len and max_prompt_length; a version-1 file is read
 Under BUILD=build-asan the stage-3 and bf16 cases are left out (said so).
 """
 import json
@@ -86,6 +88,7 @@ def write_pref(path, pairs, fmt="shardlm-preferences"):
         set_str(f, "format", fmt)
         if fmt == "shardlm-preferences":
             f["prompt_lengths"] = np.array([p[0][1].index(1) for p in pairs], np.int64)
+            f.attrs["max_prompt_length"] = np.int64(8)  # above every prompt: what the reference file records
     return path
 
 
@@ -401,6 +404,36 @@ def check_resume():
     one_line("bad.resume_other_reference", r, "not the file the checkpoint was trained with")
 
 
+def check_ref_seq_len():
+    """The reference file (version 2) records data.seq_len and the preference file's max_prompt_length; a run at
+    another seq_len refuses it in one line naming both; a version-1 file (no seq_len) is still read, and one
+    computed at another length is caught by its samples' trained-token counts."""
+    full = os.path.join(TMP, "full.ref.h5")
+    with h5py.File(full, "r") as f:
+        attrs = {k: int(f.attrs[k]) for k in ("version", "seq_len", "max_prompt_length") if k in f.attrs}
+    check("ref_file.records_seq_len", attrs == {"version": 2, "seq_len": T, "max_prompt_length": 8}, str(attrs))
+
+    def copy(name, v1):
+        path = os.path.join(TMP, name + ".ref.h5")
+        subprocess.run(["cp", full, path], check=True)
+        if v1:
+            with h5py.File(path, "r+") as f:
+                f.attrs["version"] = np.int64(1)
+                del f.attrs["seq_len"]
+        return path
+    short = {"data": {"train": DATA, "seq_len": 8, "shuffle": False, "truncation": "truncate"}}
+    copy("seq8", False)
+    r = train("seq8", config("seq8", dpo={}, extra=short), dump=False, expect=2)
+    one_line("bad.ref_other_seq_len", r, f"computed at data.seq_len {T}, this run's is 8")
+    copy("seq8_v1", True)
+    r = train("seq8_v1", config("seq8_v1", dpo={}, extra=short), dump=False, expect=2)
+    one_line("bad.ref_v1_other_length", r, "computed at another data.seq_len")
+    copy("v1", True)
+    res = train("v1", config("v1", dpo={}), dump=False)
+    if res:
+        ln2("ref_file.v1_still_read", res[2])
+
+
 def one_line(name, r, text):
     lines = [x for x in r.stderr.splitlines() if "error" in x]
     check(name, r.returncode == 2 and len(lines) == 1 and text in lines[0], f"exit {r.returncode}: {r.stderr[-400:]}")
@@ -427,6 +460,7 @@ def main():
     check_packed()
     check_resume()
     check_bad()
+    check_ref_seq_len()
 
 
 if __name__ == "__main__":

@@ -304,22 +304,21 @@ static void scan(struct sample_set *s, uint32_t *trained_of)
     free(tr);
 }
 
-bool samples_is_preference_file(const char *path)
+bool samples_file_format(const char *path, char *format, size_t cap)
 {
+    format[0] = 0;
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     struct stat st;
-    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || H5Fis_hdf5(path) <= 0) {
-        H5Eclear2(H5E_DEFAULT);
-        return false;
-    }
-    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-    char format[64] = ""; /* zeros after a fixed-length string shorter than it */
+    hid_t f = stat(path, &st) == 0 && S_ISREG(st.st_mode) && H5Fis_hdf5(path) > 0
+                  ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
     if (f >= 0) {
         hid_t a = H5Aexists(f, "format") > 0 ? H5Aopen(f, "format", H5P_DEFAULT) : -1;
         hid_t type = a < 0 ? -1 : H5Aget_type(a);
-        if (type >= 0 && H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) <= 0 &&
-            H5Tget_size(type) < sizeof format)
-            H5Aread(a, type, format);
+        char *v = type >= 0 && H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) <= 0
+                      ? xcalloc(H5Tget_size(type) + 1, 1) : NULL;
+        if (v && H5Aread(a, type, v) >= 0)
+            snprintf(format, cap, "%s", v);
+        free(v);
         if (type >= 0)
             H5Tclose(type);
         if (a >= 0)
@@ -327,7 +326,13 @@ bool samples_is_preference_file(const char *path)
         H5Fclose(f);
     }
     H5Eclear2(H5E_DEFAULT);
-    return strcmp(format, PREFERENCES_FORMAT) == 0;
+    return f >= 0;
+}
+
+bool samples_is_preference_file(const char *path)
+{
+    char format[64];
+    return samples_file_format(path, format, sizeof format) && strcmp(format, PREFERENCES_FORMAT) == 0;
 }
 
 size_t samples_longest(const char *path, int vocab_size, bool pairs, const char *what)

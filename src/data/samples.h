@@ -114,6 +114,9 @@ struct sample_batch {
 bool samples_file_sha256(const char *path, char hex[65]);
 /* True when path names a sample file (.h5 / .hdf5), not .bin token shards. */
 bool samples_is_sample_file(const char *path);
+/* The format attribute of an HDF5 file ("" without a fixed-length string one); false when path is not a file
+ * HDF5 opens (never fails). */
+bool samples_file_format(const char *path, char *format, size_t cap);
 /* True when path is an HDF5 file whose format attribute is a preference file's (never fails). */
 bool samples_is_preference_file(const char *path);
 /* The length in tokens of the longest sample of a sample file (what an eval
