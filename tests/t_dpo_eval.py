@@ -45,6 +45,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from peft import PeftModel  # noqa: E402
+from tokenizers import Tokenizer, models  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from harness import BIN, ENV, check, note, run_main, scratch_dir, write_config, write_shard  # noqa: E402
@@ -269,12 +270,7 @@ def check_reader(base_dir, pref):
     tokenizer.json checksum), another version, a truncated file, a token outside the vocabulary."""
     tok = os.path.join(TMP, "tok", "tokenizer.json")
     os.makedirs(os.path.dirname(tok), exist_ok=True)
-    with open(tok, "w") as f:
-        json.dump({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
-                   "pre_tokenizer": None, "post_processor": None, "decoder": None,
-                   "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-                             "vocab": {chr(0x100 + i): i for i in range(V)}, "merges": []}}, f)
+    Tokenizer(models.BPE(vocab={chr(0x100 + i): i for i in range(V)}, merges=[])).save(tok)
 
     def variant(name, edit):
         path = os.path.join(TMP, name + ".h5")
