@@ -26,7 +26,14 @@ Checks:
              dpo_lora.*: a DPO LoRA checkpoint's adapters-off reference too
   bad.*      exit 2, one line: an SFT sample file with --preferences, no
              reference for a whole model, a reference file of another
-             preference file, --ref with a non-preference file
+             preference file, --ref with a non-preference file, token shards
+             with --preferences; the reader's checks (data/samples.c):
+             another tokenizer, another version, a token outside the
+             vocabulary, a truncated file
+  max_batches.*  --max-batches 2 at --batch 2 on 2 ranks: the first 4 pairs
+  seq_len_*  a version-2 reference file's seq_len: eval cuts there by default
+             (torch on cut samples), any length that cuts nothing is taken,
+             bad.ref_seq_len: a --seq-len that cuts otherwise is refused
 """
 import hashlib
 import json
@@ -353,6 +360,8 @@ def main():
                ["does not exist"])
     bin_data = os.path.join(TMP, "train.bin")
     expect_bad("bad.ref_without_pairs", [policy_dir, "--data", bin_data, "--ref", base_dir], ["not one"])
+    expect_bad("bad.bin_as_preferences", [policy_dir, "--data", bin_data, "--preferences", "--ref", base_dir],
+               [bin_data, "not a preference file (not a sample file)"])
 
 
 if __name__ == "__main__":

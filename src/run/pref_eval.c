@@ -15,12 +15,14 @@
 
 size_t pref_data_longest(const char *path, int vocab_size)
 {
-    char format[64];
-    if (samples_file_format(path, format, sizeof format) && strcmp(format, PREFERENCES_FORMAT) != 0)
-        fail_input("eval --preferences: '%s' is not a preference file (format '%s'): the reward accuracy and "
-                   "margins need pairs; make it with tools/prepare_data.py from preference JSONL ({\"prompt\", "
-                   "\"chosen\", \"rejected\"}), or drop --preferences for the loss", path, format);
-    return samples_longest(path, vocab_size, true, PREF_WHAT); /* what is not HDF5: one line there */
+    char format[64], what[96];
+    const bool h5 = samples_file_format(path, format, sizeof format);
+    snprintf(what, sizeof what, h5 ? "format '%s'" : "not a sample file", format);
+    if (h5 ? strcmp(format, PREFERENCES_FORMAT) != 0 : !samples_is_sample_file(path))
+        fail_input("eval --preferences: '%s' is not a preference file (%s): the reward accuracy and margins need "
+                   "pairs; make it with tools/prepare_data.py from preference JSONL ({\"prompt\", \"chosen\", "
+                   "\"rejected\"}), or drop --preferences for the loss", path, what);
+    return samples_longest(path, vocab_size, true, PREF_WHAT); /* a .h5 HDF5 cannot open: one line there */
 }
 
 void pref_data_open(struct pref_data *p, const struct infer *s, const char *path, int T)
