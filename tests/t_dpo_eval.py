@@ -42,6 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import use_ref_venv  # noqa: E402
@@ -172,8 +173,21 @@ def write_ref_file(path, samples_path, ref, seq_len=None):
         f.create_dataset("n_targets", data=np.array([x[1] for x in ref], np.int64))
 
 
+BAD = []  # expect_bad's cases, run side by side at the end (each process mostly waits on MPI's start)
+
+
 def expect_bad(name, args, words):
-    r = run(["eval"] + args)
+    BAD.append((name, args, words))
+
+
+def finish_bad():
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda case: run(["eval"] + case[1]), BAD))
+    for (name, _, words), r in zip(BAD, results):
+        check_bad(name, r, words)
+
+
+def check_bad(name, r, words):
     err = r.stderr.strip()
     check(f"{name}.exit_2", r.returncode == 2, f"exit {r.returncode}: {err[-300:]}")
     check(f"{name}.one_line", err.count("\n") == 0 and err.startswith("shardlm: error:"), err)
@@ -362,6 +376,7 @@ def main():
     expect_bad("bad.ref_without_pairs", [policy_dir, "--data", bin_data, "--ref", base_dir], ["not one"])
     expect_bad("bad.bin_as_preferences", [policy_dir, "--data", bin_data, "--preferences", "--ref", base_dir],
                [bin_data, "not a preference file (not a sample file)"])
+    finish_bad()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import use_ref_venv  # noqa: E402
@@ -423,15 +424,16 @@ def check_ref_seq_len():
         return path
     short = {"data": {"train": DATA, "seq_len": 8, "shuffle": False, "truncation": "truncate"}}
     copy("seq8", False)
-    r = train("seq8", config("seq8", dpo={}, extra=short), dump=False, expect=2)
-    one_line("bad.ref_other_seq_len", r, f"computed at data.seq_len {T}, this run's is 8")
     copy("seq8_v1", True)
-    r = train("seq8_v1", config("seq8_v1", dpo={}, extra=short), dump=False, expect=2)
-    one_line("bad.ref_v1_other_length", r, "computed at another data.seq_len")
     copy("v1", True)
-    res = train("v1", config("v1", dpo={}), dump=False)
-    if res:
-        ln2("ref_file.v1_still_read", res[2])
+    v2, v1, ok = side_by_side([("seq8", config("seq8", dpo={}, extra=short)),
+                               ("seq8_v1", config("seq8_v1", dpo={}, extra=short)), ("v1", config("v1", dpo={}))])
+    one_line("bad.ref_other_seq_len", v2, f"computed at data.seq_len {T}, this run's is 8")
+    one_line("bad.ref_v1_other_length", v1, "computed at another data.seq_len")
+    check("ref_file.v1_still_read", ok.returncode == 0, f"exit {ok.returncode}: {ok.stderr[-400:]}")
+    if ok.returncode == 0:
+        with open(os.path.join(TMP, "v1.jsonl")) as f:
+            ln2("ref_file.v1", [x for x in map(json.loads, filter(str.strip, f)) if "loss" in x])
 
 
 def one_line(name, r, text):
@@ -439,18 +441,25 @@ def one_line(name, r, text):
     check(name, r.returncode == 2 and len(lines) == 1 and text in lines[0], f"exit {r.returncode}: {r.stderr[-400:]}")
 
 
+def side_by_side(jobs):
+    """train(name, path, dump=False, expect=2) for each (name, path), run at once (each process mostly waits on
+    MPI's start); their results in order."""
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda job: train(job[0], job[1], dump=False, expect=2), jobs))
+
+
 def check_bad():
-    r = train("bad_nodpo", config("bad_nodpo"), dump=False, expect=2)
-    one_line("bad.preference_without_dpo", r, "add a dpo section")
-    r = train("bad_sft", config("bad_sft", dpo={}, data=SFT), dump=False, expect=2)
-    one_line("bad.sft_with_dpo", r, "an SFT sample file, but the config has a dpo section")
     shards = os.path.join(TMP, "tokens.bin")
     write_shard(shards, np.arange(200) % V)
-    r = train("bad_shards", config("bad_shards", dpo={}, data=shards), dump=False, expect=2)
-    one_line("bad.shards_with_dpo", r, "a dpo section needs a preference file")
     extra = {"data": {"train": DATA, "val": DATA, "seq_len": T}}
-    r = train("bad_val", config("bad_val", dpo={}, extra=extra), dump=False, expect=2)
-    one_line("bad.val_with_dpo", r, "data.val with a dpo section")
+    cases = [("bad_nodpo", config("bad_nodpo"), "bad.preference_without_dpo", "add a dpo section"),
+             ("bad_sft", config("bad_sft", dpo={}, data=SFT), "bad.sft_with_dpo",
+              "an SFT sample file, but the config has a dpo section"),
+             ("bad_shards", config("bad_shards", dpo={}, data=shards), "bad.shards_with_dpo",
+              "a dpo section needs a preference file"),
+             ("bad_val", config("bad_val", dpo={}, extra=extra), "bad.val_with_dpo", "data.val with a dpo section")]
+    for (_, _, check_name, text), r in zip(cases, side_by_side([c[:2] for c in cases])):
+        one_line(check_name, r, text)
 
 
 def main():
