@@ -18,6 +18,11 @@ BUILD=${BUILD:-build}
 export SHARDLM_BIN=${SHARDLM_BIN:-$PWD/$( [ "$BUILD" = build ] && echo bin || echo "$BUILD/bin" )/shardlm}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# Open MPI's ob1 messaging (shared memory, tcp) rather than probing UCX: MPI_Init of a
+# lone process takes ~0.1 s instead of ~0.35 s, and every test starts hundreds
+# (tools/gpu-kit.sh sets the same on the GPU machine). OMPI_MCA_pml in the
+# environment wins.
+export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 filter=${1:-}
 logdir=$BUILD/test-logs

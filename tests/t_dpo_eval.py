@@ -26,7 +26,14 @@ Checks:
              dpo_lora.*: a DPO LoRA checkpoint's adapters-off reference too
   bad.*      exit 2, one line: an SFT sample file with --preferences, no
              reference for a whole model, a reference file of another
-             preference file, --ref with a non-preference file
+             preference file, --ref with a non-preference file, token shards
+             with --preferences; the reader's checks (data/samples.c):
+             another tokenizer, another version, a token outside the
+             vocabulary, a truncated file
+  max_batches.*  --max-batches 2 at --batch 2 on 2 ranks: the first 4 pairs
+  seq_len_*  a version-2 reference file's seq_len: eval cuts there by default
+             (torch on cut samples), any length that cuts nothing is taken,
+             bad.ref_seq_len: a --seq-len that cuts otherwise is refused
 """
 import hashlib
 import json
@@ -35,6 +42,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import use_ref_venv  # noqa: E402
@@ -45,6 +53,7 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from peft import PeftModel  # noqa: E402
+from tokenizers import Tokenizer, models  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from harness import BIN, ENV, check, note, run_main, scratch_dir, write_config, write_shard  # noqa: E402
@@ -53,6 +62,7 @@ TMP = scratch_dir("t_dpo_eval")
 torch.manual_seed(11)
 torch.set_num_threads(1)
 V, N_PAIRS, TOL = 100, 6, 2e-4
+POLICY_DIR = None  # main sets it
 RNG = np.random.default_rng(3)
 
 
@@ -106,10 +116,10 @@ def seq_logps(model, samples):
     return out
 
 
-def trl_metrics(pol, ref, beta=0.1, loss_type="sigmoid"):
-    """TRL DPOTrainer's dpo_loss and metrics (means over pairs)."""
+def trl_metrics(pol, ref, beta=0.1, loss_type="sigmoid", n_pairs=N_PAIRS):
+    """TRL DPOTrainer's dpo_loss and metrics (means over the first n_pairs pairs)."""
     rows = []
-    for i in range(N_PAIRS):
+    for i in range(n_pairs):
         pc, pr, rc, rr = [x[0] / (x[1] if loss_type == "ipo" else 1)
                           for x in (pol[2 * i], pol[2 * i + 1], ref[2 * i], ref[2 * i + 1])]
         z = (pc - pr) - (rc - rr)
@@ -117,7 +127,7 @@ def trl_metrics(pol, ref, beta=0.1, loss_type="sigmoid"):
         ch, rj = beta * (pc - rc), beta * (pr - rr)
         rows.append({"loss": loss, "rewards/chosen": ch, "rewards/rejected": rj, "rewards/accuracies": float(ch > rj),
                      "rewards/margins": ch - rj, "logps/chosen": pc, "logps/rejected": pr})
-    return {k: sum(r[k] for r in rows) / N_PAIRS for k in rows[0]}
+    return {k: sum(r[k] for r in rows) / n_pairs for k in rows[0]}
 
 
 def run(args, N=1):
@@ -135,7 +145,7 @@ def eval_json(name, args, N=1):
     return json.loads(lines[0]) if lines else None
 
 
-def compare(name, got, want, exact_acc=True):
+def compare(name, got, want, exact_acc=True, n_pairs=N_PAIRS):
     if got is None:
         return
     keys = ["loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
@@ -146,13 +156,16 @@ def compare(name, got, want, exact_acc=True):
           f"{got['rewards/accuracies']} vs {want['rewards/accuracies']}")
     bad = [k for k in keys if abs(got[k] - want[k]) > TOL * max(1.0, abs(want[k]))]
     check(f"{name}.metrics", not bad, f"differ: {bad}")
-    check(f"{name}.pairs", got["pairs"] == N_PAIRS, str(got["pairs"]))
+    check(f"{name}.pairs", got["pairs"] == n_pairs, str(got["pairs"]))
 
 
-def write_ref_file(path, samples_path, ref):
+def write_ref_file(path, samples_path, ref, seq_len=None):
+    """A reference log-prob file: version 1 (no seq_len, as issue 37 wrote them: still read), or 2 at seq_len."""
     with h5py.File(path, "w") as f:
         f.attrs["format"] = np.bytes_("shardlm-ref-logps")
-        f.attrs["version"] = np.int64(1)
+        f.attrs["version"] = np.int64(1 if seq_len is None else 2)
+        if seq_len is not None:
+            f.attrs["seq_len"] = np.int64(seq_len)
         f.attrs["samples_path"] = np.bytes_(os.path.abspath(samples_path))
         f.attrs["samples_sha256"] = np.bytes_(hashlib.sha256(open(samples_path, "rb").read()).hexdigest())
         f.attrs["model"] = np.bytes_("torch")
@@ -160,8 +173,21 @@ def write_ref_file(path, samples_path, ref):
         f.create_dataset("n_targets", data=np.array([x[1] for x in ref], np.int64))
 
 
+BAD = []  # expect_bad's cases, run side by side at the end (each process mostly waits on MPI's start)
+
+
 def expect_bad(name, args, words):
-    r = run(["eval"] + args)
+    BAD.append((name, args, words))
+
+
+def finish_bad():
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda case: run(["eval"] + case[1]), BAD))
+    for (name, _, words), r in zip(BAD, results):
+        check_bad(name, r, words)
+
+
+def check_bad(name, r, words):
     err = r.stderr.strip()
     check(f"{name}.exit_2", r.returncode == 2, f"exit {r.returncode}: {err[-300:]}")
     check(f"{name}.one_line", err.count("\n") == 0 and err.startswith("shardlm: error:"), err)
@@ -231,8 +257,72 @@ def trained_case(base_dir, pref):
         check(f"{name}.moved", got["rewards/margins"] != 0.0, "the run did not move the policy")
 
 
+def check_max_batches(pref, ref_file, pol, ref):
+    """--max-batches on pairs: N micro-batches of --batch / 2 pairs per rank, the file's first N x P x ranks
+    pairs: 2 forwards of 1 pair on each of 2 ranks score pairs 0-3 (rank 0: 0 and 2, rank 1: 1 and 3)."""
+    got = eval_json("max_batches", [POLICY_DIR, "--data", pref, "--ref-log-probs", ref_file, "--batch", "2",
+                                    "--max-batches", "2"], N=2)
+    compare("max_batches", got, trl_metrics(pol, ref, n_pairs=4), n_pairs=4)
+    if got:
+        check("max_batches.pairs_in_file", got["pairs_in_file"] == N_PAIRS, str(got))
+
+
+def check_ref_seq_len(base, policy, pref, samples):
+    """A version-2 reference file records the data.seq_len its samples were cut to: eval cuts at it by default
+    (values computed by torch on samples cut to 10 tokens), takes any length when neither cuts a sample, and
+    refuses --seq-len that cuts otherwise in one line naming both."""
+    cut = [(t[:10], tr[:10]) for t, tr in samples]
+    assert any(len(t) > 10 for t, _ in samples)
+    ref10 = os.path.join(TMP, "cut10.ref-logps.h5")
+    write_ref_file(ref10, pref, seq_logps(base, cut), seq_len=10)
+    got = eval_json("seq_len_cut", [POLICY_DIR, "--data", pref, "--ref-log-probs", ref10])
+    compare("seq_len_cut", got, trl_metrics(seq_logps(policy, cut), seq_logps(base, cut)))
+    ref64 = os.path.join(TMP, "long64.ref-logps.h5")
+    write_ref_file(ref64, pref, seq_logps(base, samples), seq_len=64)
+    compare("seq_len_long", eval_json("seq_len_long", [POLICY_DIR, "--data", pref, "--ref-log-probs", ref64,
+                                                       "--seq-len", "40"]),
+            trl_metrics(seq_logps(policy, samples), seq_logps(base, samples)))
+    expect_bad("bad.ref_seq_len", [POLICY_DIR, "--data", pref, "--ref-log-probs", ref64, "--seq-len", "10"],
+               [ref64, "data.seq_len 64", "length is 10", "--seq-len 64"])
+
+
+def check_reader(base_dir, pref):
+    """The preference file is read by data/samples.c, with training's checks: another tokenizer (its recorded
+    tokenizer.json checksum), another version, a truncated file, a token outside the vocabulary."""
+    tok = os.path.join(TMP, "tok", "tokenizer.json")
+    os.makedirs(os.path.dirname(tok), exist_ok=True)
+    Tokenizer(models.BPE(vocab={chr(0x100 + i): i for i in range(V)}, merges=[])).save(tok)
+
+    def variant(name, edit):
+        path = os.path.join(TMP, name + ".h5")
+        shutil.copy(pref, path)
+        with h5py.File(path, "a") as f:
+            edit(f)
+        return path
+
+    def tokens(f):
+        t = f["tokens"][:]
+        t[5] = V + 3
+        f["tokens"][:] = t
+    other_tok = variant("other_tok", lambda f: f.attrs.__setitem__("tokenizer_sha256", np.bytes_("ab" * 32)))
+    expect_bad("bad.other_tokenizer", [POLICY_DIR, "--data", other_tok, "--ref", base_dir, "--tokenizer", tok],
+               [other_tok, "another tokenizer", "data.allow_tokenizer_mismatch"])
+    v2 = variant("v2", lambda f: f.attrs.__setitem__("version", np.int64(2)))
+    expect_bad("bad.version", [POLICY_DIR, "--data", v2, "--ref", base_dir], [v2, "version 2"])
+    oov = variant("oov", tokens)
+    expect_bad("bad.token_outside_vocab", [POLICY_DIR, "--data", oov, "--ref", base_dir],
+               [oov, "outside the model's vocabulary"])
+    cut = os.path.join(TMP, "truncated.h5")
+    with open(pref, "rb") as f, open(cut, "wb") as g:
+        g.write(f.read()[:1500])
+    expect_bad("bad.truncated", [POLICY_DIR, "--data", cut, "--ref", base_dir, "--preferences"],
+               [cut, "truncated or damaged"])
+
+
 def main():
+    global POLICY_DIR
     base, base_dir, policy, policy_dir = make_models()
+    POLICY_DIR = policy_dir
     pref = os.path.join(TMP, "pairs.h5")
     samples = make_pairs(pref)
     ref, pol = seq_logps(base, samples), seq_logps(policy, samples)
@@ -261,6 +351,9 @@ def main():
     check("text.line", r.returncode == 0 and "rewards/accuracies" in r.stdout and "rewards/margins" in r.stdout,
           r.stdout + r.stderr[-300:])
 
+    check_max_batches(pref, ref_file, pol, ref)
+    check_ref_seq_len(base, policy, pref, samples)
+    check_reader(base_dir, pref)
     lora_case(base, base_dir, pref, samples, ref)
     trained_case(base_dir, pref)
 
@@ -281,6 +374,9 @@ def main():
                ["does not exist"])
     bin_data = os.path.join(TMP, "train.bin")
     expect_bad("bad.ref_without_pairs", [policy_dir, "--data", bin_data, "--ref", base_dir], ["not one"])
+    expect_bad("bad.bin_as_preferences", [policy_dir, "--data", bin_data, "--preferences", "--ref", base_dir],
+               [bin_data, "not a preference file (not a sample file)"])
+    finish_bad()
 
 
 if __name__ == "__main__":

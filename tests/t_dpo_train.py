@@ -27,7 +27,9 @@ Checks:
                             metrics against PyTorch
   resume.bitwise            4 steps = 2 steps + resume to 4 (the reference file loaded, not recomputed)
   bad.*                     one line, exit 2: a preference file without a dpo section, an SFT file, token
-                            shards or data.val with one, a resume whose reference file changed
+                            shards or data.val with one, a resume whose reference file changed, a reference
+                            file of another data.seq_len (version 2: by its seq_len; version 1: by its counts)
+  ref_file.*                the reference file records seq_len and max_prompt_length; a version-1 file is read
 Under BUILD=build-asan the stage-3 and bf16 cases are left out (said so).
 """
 import json
@@ -35,6 +37,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import use_ref_venv  # noqa: E402
@@ -86,6 +89,7 @@ def write_pref(path, pairs, fmt="shardlm-preferences"):
         set_str(f, "format", fmt)
         if fmt == "shardlm-preferences":
             f["prompt_lengths"] = np.array([p[0][1].index(1) for p in pairs], np.int64)
+            f.attrs["max_prompt_length"] = np.int64(8)  # above every prompt: what the reference file records
     return path
 
 
@@ -401,23 +405,61 @@ def check_resume():
     one_line("bad.resume_other_reference", r, "not the file the checkpoint was trained with")
 
 
+def check_ref_seq_len():
+    """The reference file (version 2) records data.seq_len and the preference file's max_prompt_length; a run at
+    another seq_len refuses it in one line naming both; a version-1 file (no seq_len) is still read, and one
+    computed at another length is caught by its samples' trained-token counts."""
+    full = os.path.join(TMP, "full.ref.h5")
+    with h5py.File(full, "r") as f:
+        attrs = {k: int(f.attrs[k]) for k in ("version", "seq_len", "max_prompt_length") if k in f.attrs}
+    check("ref_file.records_seq_len", attrs == {"version": 2, "seq_len": T, "max_prompt_length": 8}, str(attrs))
+
+    def copy(name, v1):
+        path = os.path.join(TMP, name + ".ref.h5")
+        subprocess.run(["cp", full, path], check=True)
+        if v1:
+            with h5py.File(path, "r+") as f:
+                f.attrs["version"] = np.int64(1)
+                del f.attrs["seq_len"]
+        return path
+    short = {"data": {"train": DATA, "seq_len": 8, "shuffle": False, "truncation": "truncate"}}
+    copy("seq8", False)
+    copy("seq8_v1", True)
+    copy("v1", True)
+    v2, v1, ok = side_by_side([("seq8", config("seq8", dpo={}, extra=short)),
+                               ("seq8_v1", config("seq8_v1", dpo={}, extra=short)), ("v1", config("v1", dpo={}))])
+    one_line("bad.ref_other_seq_len", v2, f"computed at data.seq_len {T}, this run's is 8")
+    one_line("bad.ref_v1_other_length", v1, "computed at another data.seq_len")
+    check("ref_file.v1_still_read", ok.returncode == 0, f"exit {ok.returncode}: {ok.stderr[-400:]}")
+    if ok.returncode == 0:
+        with open(os.path.join(TMP, "v1.jsonl")) as f:
+            ln2("ref_file.v1", [x for x in map(json.loads, filter(str.strip, f)) if "loss" in x])
+
+
 def one_line(name, r, text):
     lines = [x for x in r.stderr.splitlines() if "error" in x]
     check(name, r.returncode == 2 and len(lines) == 1 and text in lines[0], f"exit {r.returncode}: {r.stderr[-400:]}")
 
 
+def side_by_side(jobs):
+    """train(name, path, dump=False, expect=2) for each (name, path), run at once (each process mostly waits on
+    MPI's start); their results in order."""
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda job: train(job[0], job[1], dump=False, expect=2), jobs))
+
+
 def check_bad():
-    r = train("bad_nodpo", config("bad_nodpo"), dump=False, expect=2)
-    one_line("bad.preference_without_dpo", r, "add a dpo section")
-    r = train("bad_sft", config("bad_sft", dpo={}, data=SFT), dump=False, expect=2)
-    one_line("bad.sft_with_dpo", r, "an SFT sample file, but the config has a dpo section")
     shards = os.path.join(TMP, "tokens.bin")
     write_shard(shards, np.arange(200) % V)
-    r = train("bad_shards", config("bad_shards", dpo={}, data=shards), dump=False, expect=2)
-    one_line("bad.shards_with_dpo", r, "a dpo section needs a preference file")
     extra = {"data": {"train": DATA, "val": DATA, "seq_len": T}}
-    r = train("bad_val", config("bad_val", dpo={}, extra=extra), dump=False, expect=2)
-    one_line("bad.val_with_dpo", r, "data.val with a dpo section")
+    cases = [("bad_nodpo", config("bad_nodpo"), "bad.preference_without_dpo", "add a dpo section"),
+             ("bad_sft", config("bad_sft", dpo={}, data=SFT), "bad.sft_with_dpo",
+              "an SFT sample file, but the config has a dpo section"),
+             ("bad_shards", config("bad_shards", dpo={}, data=shards), "bad.shards_with_dpo",
+              "a dpo section needs a preference file"),
+             ("bad_val", config("bad_val", dpo={}, extra=extra), "bad.val_with_dpo", "data.val with a dpo section")]
+    for (_, _, check_name, text), r in zip(cases, side_by_side([c[:2] for c in cases])):
+        one_line(check_name, r, text)
 
 
 def main():
@@ -427,6 +469,7 @@ def main():
     check_packed()
     check_resume()
     check_bad()
+    check_ref_seq_len()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@
 #include "data/samples.h"
 #include "eval_cli.h"
 #include "run/infer.h"
-#include "run/pref_eval.h"
 
 static void usage_eval(FILE *out)
 {
@@ -32,9 +31,12 @@ static void usage_eval(FILE *out)
                  "  --data FILE            the tokens (required)\n"
                  "  --seq-len T            eval's length (default: a sample file's longest sample within the\n"
                  "                         model's context; a .bin file's data.seq_len); longer samples are\n"
-                 "                         truncated, and a warning says how many\n"
+                 "                         truncated, and a warning says how many; against a reference log-prob\n"
+                 "                         file the default is at most the data.seq_len it was computed at\n"
                  "  --batch B              sequences per rank per forward (default 8)\n"
-                 "  --max-batches N        at most N forwards per rank (default: the whole file)\n"
+                 "  --max-batches N        at most N forwards per rank (default: the whole file); on preference\n"
+                 "                         pairs, N micro-batches of B/2 pairs per rank: the file's first\n"
+                 "                         N x B/2 x ranks pairs\n"
                  "  --json                 the result as a JSON line\n"
                  "  --preferences          FILE is a preference file (tools/prepare_data.py's DPO pairs; implied by\n"
                  "                         such a file): DPO's loss (the config's dpo section, or TRL's defaults), and\n"
@@ -64,7 +66,7 @@ static void open_eval_data(struct infer *s, struct loader *ld, const char *path,
         if (seq_len > 0)
             cfg->data.seq_len = seq_len;
         else if (samples_is_sample_file(path)) {
-            size_t longest = samples_longest(path, cfg->model.vocab_size, "eval data");
+            size_t longest = samples_longest(path, cfg->model.vocab_size, false, "eval data");
             cfg->data.seq_len = longest < (size_t)cfg->model.n_positions ? (int)longest : cfg->model.n_positions;
         }
         if (cfg->data.seq_len > cfg->model.n_positions)
@@ -135,7 +137,7 @@ int cmd_eval(int argc, char **argv)
     o.n_sets = n_sets;
     if (e.ref_file && e.ref_model)
         fail_input("eval: give one reference, --ref-log-probs FILE or --ref MODEL, not both");
-    preferences |= pref_data_is_preferences(o.data);
+    preferences |= samples_is_preference_file(o.data);
     if (!preferences && (e.ref_file || e.ref_model))
         fail_input("eval: --ref-log-probs and --ref apply to a preference file; '%s' is not one (give --preferences "
                    "to say it should be)", o.data);
@@ -146,6 +148,7 @@ int cmd_eval(int argc, char **argv)
         e.model = o.model;
         e.data = o.data;
         e.batch = B;
+        e.max_batches = max_batches;
         e.json = json;
         const int status = eval_preferences(&comm, &o, &e);
         comm_finalize(&comm);

@@ -6,6 +6,7 @@
 #define SHARDLM_EVAL_CLI_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "comm/comm.h"
 #include "run/infer.h"
@@ -17,6 +18,7 @@ struct eval_pref_options {
     const char *ref_file;   /* --ref-log-probs FILE, or NULL */
     const char *ref_model;  /* --ref MODEL, or NULL */
     int batch;              /* --batch: rows a forward (pairs: half, at least one pair) */
+    int64_t max_batches;    /* --max-batches: forwards (micro-batches of pairs) per rank at most; 0: all */
     bool json;
 };
 

@@ -227,6 +227,7 @@ static void check_header(struct sample_set *s)
     if (version != SAMPLES_VERSION)
         fail_input("%s '%s': sample file version %lld; this shardlm reads version %d: make it again with its "
                    "tools/prepare_data.py", s->what, s->path, (long long)version, SAMPLES_VERSION);
+    s->max_prompt_length = prefs && has_attr(s, "max_prompt_length") ? attr_i64(s, "max_prompt_length") : -1;
     int64_t vocab = attr_i64(s, "vocab_size");
     if (vocab > s->o.vocab_size)
         fail_input("%s '%s': made with a tokenizer of %lld tokens, the model has %d (model.vocab_size): another "
@@ -303,9 +304,40 @@ static void scan(struct sample_set *s, uint32_t *trained_of)
     free(tr);
 }
 
-size_t samples_longest(const char *path, int vocab_size, const char *what)
+bool samples_file_format(const char *path, char *format, size_t cap)
 {
-    struct sample_set s = {.path = xstrdup(path), .what = what, .o.vocab_size = vocab_size};
+    format[0] = 0;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    struct stat st;
+    hid_t f = stat(path, &st) == 0 && S_ISREG(st.st_mode) && H5Fis_hdf5(path) > 0
+                  ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
+    if (f >= 0) {
+        hid_t a = H5Aexists(f, "format") > 0 ? H5Aopen(f, "format", H5P_DEFAULT) : -1;
+        hid_t type = a < 0 ? -1 : H5Aget_type(a);
+        char *v = type >= 0 && H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) <= 0
+                      ? xcalloc(H5Tget_size(type) + 1, 1) : NULL;
+        if (v && H5Aread(a, type, v) >= 0)
+            snprintf(format, cap, "%s", v);
+        free(v);
+        if (type >= 0)
+            H5Tclose(type);
+        if (a >= 0)
+            H5Aclose(a);
+        H5Fclose(f);
+    }
+    H5Eclear2(H5E_DEFAULT);
+    return f >= 0;
+}
+
+bool samples_is_preference_file(const char *path)
+{
+    char format[64];
+    return samples_file_format(path, format, sizeof format) && strcmp(format, PREFERENCES_FORMAT) == 0;
+}
+
+size_t samples_longest(const char *path, int vocab_size, bool pairs, const char *what)
+{
+    struct sample_set s = {.path = xstrdup(path), .what = what, .o.vocab_size = vocab_size, .o.pairs = pairs};
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
         fail_input("%s '%s': no such file; make it with tools/prepare_data.py", what, path);

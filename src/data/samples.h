@@ -91,6 +91,7 @@ struct sample_set {
     uint32_t *len;          /* kept sample's tokens (after truncation) */
     uint32_t *n_trained;    /* kept sample's trained targets */
     size_t n_truncated, n_dropped_long, n_dropped_untrained; /* samples; the drops count pairs with pairs */
+    int64_t max_prompt_length; /* a preference file's attribute (tools/prefdata.py; 0: not cut), -1 without */
     uint64_t tokens_kept, trained_kept;
     int pad_id;
     struct sample_opts o;
@@ -114,12 +115,18 @@ struct sample_batch {
 bool samples_file_sha256(const char *path, char hex[65]);
 /* True when path names a sample file (.h5 / .hdf5), not .bin token shards. */
 bool samples_is_sample_file(const char *path);
+/* The format attribute of an HDF5 file ("" without a fixed-length string one); false when path is not a file
+ * HDF5 opens (never fails). */
+bool samples_file_format(const char *path, char *format, size_t cap);
+/* True when path is an HDF5 file whose format attribute is a preference file's (never fails). */
+bool samples_is_preference_file(const char *path);
+/* The length in tokens of the longest sample of a sample file (what an eval
+ * sizes its rows by), after the file's header (pairs: a preference file's)
+ * and offsets are checked. */
+size_t samples_longest(const char *path, int vocab_size, bool pairs, const char *what);
 /* Opens and checks the file (fail_input naming it: not a sample file, a
  * token id at or above the model's vocabulary, another tokenizer than the
  * run's, a truncated file), counts what truncation drops. */
-/* The length in tokens of the longest sample of a sample file (what an eval
- * sizes its rows by), after the file's header and offsets are checked. */
-size_t samples_longest(const char *path, int vocab_size, const char *what);
 void samples_open(struct sample_set *s, const char *path, const struct sample_opts *o, const char *what);
 void samples_close(struct sample_set *s);
 /* Rows of a unit: 2 with pairs (chosen, rejected), else 1. */

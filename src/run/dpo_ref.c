@@ -72,6 +72,7 @@ struct dpo_ref *dpo_ref_new(int64_t n_pairs)
     r->n_pairs = n_pairs;
     r->logps = xcalloc((size_t)(2 * n_pairs) + 1, sizeof *r->logps);
     r->n_targets = xcalloc((size_t)(2 * n_pairs) + 1, sizeof *r->n_targets);
+    r->max_prompt_length = -1;
     return r;
 }
 
@@ -165,8 +166,18 @@ static void check_header(hid_t f, const char *path, struct dpo_ref *r, const cha
     if (!read_str_attr(f, path, "format", format, sizeof format) || strcmp(format, DPO_REF_FORMAT) != 0)
         bad_file(path, "not a reference log-prob file (attribute format '%s', want '" DPO_REF_FORMAT "')", format);
     int64_t version = read_i64_attr(f, path, "version");
-    if (version != DPO_REF_VERSION)
-        bad_file(path, "version %lld; this shardlm reads version %d", (long long)version, DPO_REF_VERSION);
+    if (version < DPO_REF_OLDEST_VERSION || version > DPO_REF_VERSION)
+        bad_file(path, "version %lld; this shardlm reads versions %d to %d", (long long)version,
+                 DPO_REF_OLDEST_VERSION, DPO_REF_VERSION);
+    r->max_prompt_length = -1;
+    if (version >= 2) {
+        const int64_t seq_len = read_i64_attr(f, path, "seq_len");
+        if (seq_len < 1 || seq_len > INT_MAX)
+            bad_file(path, "attribute 'seq_len' is %lld: the file is damaged", (long long)seq_len);
+        r->seq_len = (int)seq_len;
+        if (H5Aexists(f, "max_prompt_length") > 0)
+            r->max_prompt_length = read_i64_attr(f, path, "max_prompt_length");
+    }
     if (!read_str_attr(f, path, "samples_sha256", r->sha256, sizeof r->sha256))
         bad_file(path, "attribute 'samples_sha256' is missing: not a reference log-prob file of shardlm");
     if (!read_str_attr(f, path, "model", r->model, sizeof r->model))
@@ -215,6 +226,13 @@ struct dpo_ref *dpo_ref_load(const char *path, const char *want_sha256, const ch
                      "one target, or NaN over none for a pair left out): the file is damaged", i, r->logps[i],
                      (long long)r->n_targets[i]);
     return r;
+}
+
+void dpo_ref_check_seq_len(const struct dpo_ref *r, const char *path, int seq_len, const char *todo)
+{
+    if (r->seq_len > 0 && r->seq_len != seq_len)
+        fail_input(REF_WHAT " '%s' was computed at data.seq_len %d, this run's is %d (samples are cut at another "
+                   "length): %s", path, r->seq_len, seq_len, todo);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -276,6 +294,11 @@ void dpo_ref_save(const char *path, const struct dpo_ref *r)
     write_str_attr(f, tmp, "samples_path", abs_samples);
     write_str_attr(f, tmp, "samples_sha256", r->sha256);
     write_str_attr(f, tmp, "model", r->model);
+    if (r->seq_len < 1)
+        fail_internal("dpo_ref_save: no seq_len for '%s'", path);
+    write_i64_attr(f, tmp, "seq_len", r->seq_len);
+    if (r->max_prompt_length >= 0)
+        write_i64_attr(f, tmp, "max_prompt_length", r->max_prompt_length);
     const size_t n = (size_t)(2 * r->n_pairs);
     write_dataset(f, tmp, "logps", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, n, r->logps);
     write_dataset(f, tmp, "n_targets", H5T_STD_I64LE, H5T_NATIVE_INT64, n, r->n_targets);

@@ -5,14 +5,21 @@
  * training holds one model; `shardlm eval --preferences` reads it too.
  *
  * File (HDF5, readable by h5py): root attributes format "shardlm-ref-logps",
- * version 1, samples_path (the preference file, absolute), samples_sha256
+ * version 2, samples_path (the preference file, absolute), samples_sha256
  * (SHA-256 of the preference file's bytes), model (what the values were
- * computed with: dpo_ref_model_id); datasets /logps float64 [2 n_pairs] (the
+ * computed with: dpo_ref_model_id), seq_len (the data.seq_len every sample
+ * was cut to), max_prompt_length (the preference file's, when it has one:
+ * tools/prefdata.py's prompt cut, 0 for none); datasets /logps float64 [2 n_pairs] (the
  * summed log-prob of sample 2i, chosen, and 2i + 1, rejected, in file order)
  * and /n_targets int64 [2 n_pairs] (each sample's trained tokens, for ipo's
  * mean); a pair the run left out (too long, nothing trained) has log-prob NaN
  * and 0 targets (dpo_ref_has). Independent of beta and the loss type. Written atomically (a .tmp,
  * then rename).
+ *
+ * Version 1 (issue 37's first files) lacks seq_len and max_prompt_length;
+ * such files are still read (seq_len 0: unknown), and their users compare
+ * each sample's trained-token count with their own instead (a sample cut at
+ * another length has another count).
  */
 #ifndef SHARDLM_DPO_REF_H
 #define SHARDLM_DPO_REF_H
@@ -22,7 +29,8 @@
 #include <stdint.h>
 
 #define DPO_REF_FORMAT "shardlm-ref-logps"
-#define DPO_REF_VERSION 1
+#define DPO_REF_VERSION 2
+#define DPO_REF_OLDEST_VERSION 1 /* still read */
 #define DPO_REF_MODEL_CAP 4300 /* a path (CKPT_MAX_PATH) and a checksum */
 
 struct dpo_ref {
@@ -32,6 +40,8 @@ struct dpo_ref {
     char sha256[65];     /* of the preference file */
     char model[DPO_REF_MODEL_CAP];
     char samples_path[4096]; /* as recorded (informative: the sha decides) */
+    int seq_len;         /* data.seq_len of the computation; 0: unknown (a version-1 file) */
+    int64_t max_prompt_length; /* the preference file's (0: prompts not cut); -1: it has none */
 };
 
 /* Whether sample i (2 pair + 0 chosen / 1 rejected) has a value. */
@@ -41,9 +51,13 @@ static inline bool dpo_ref_has(const struct dpo_ref *r, int64_t i) { return r->n
  * (either NULL: not compared): fail_input naming the file and what to do
  * (delete it or name another). */
 struct dpo_ref *dpo_ref_load(const char *path, const char *want_sha256, const char *want_model);
+/* fail_input when r (loaded from path) was computed at another data.seq_len
+ * than seq_len (a version-1 file, which does not say, passes): one line
+ * naming both and what to do (`todo`). */
+void dpo_ref_check_seq_len(const struct dpo_ref *r, const char *path, int seq_len, const char *todo);
 /* Writes r to path (r->samples_path made absolute); rank 0 only; atomic. */
 void dpo_ref_save(const char *path, const struct dpo_ref *r);
-/* A zeroed struct with room for n_pairs pairs. */
+/* A zeroed struct with room for n_pairs pairs (max_prompt_length -1). */
 struct dpo_ref *dpo_ref_new(int64_t n_pairs);
 void dpo_ref_free(struct dpo_ref *r);
 /* The default path beside the preference file: <samples>.ref-logps.h5 */

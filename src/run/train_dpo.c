@@ -23,6 +23,8 @@
 #include "families/family.h"
 #include "zero/zero.h"
 
+#define REF_AGAIN "delete the file to compute them again, or name another with dpo.ref_log_probs_path"
+
 static bool is_mean(const struct trainer *tr) { return dpo_mean_logps(&tr->dpo.p); }
 
 void dpo_setup(struct trainer *tr)
@@ -95,7 +97,8 @@ static void compute_reference(struct trainer *tr)
     struct sample_set s;
     samples_open(&s, tr->train_data.smp.path, &o, "train data");
     const uint64_t n_pairs = s.n_file / 2, micro = (s.n_items + (uint64_t)B - 1) / (uint64_t)B;
-    struct dpo_ref ref = {.n_pairs = (int64_t)n_pairs};
+    struct dpo_ref ref = {.n_pairs = (int64_t)n_pairs, .seq_len = cfg->data.seq_len,
+                          .max_prompt_length = s.max_prompt_length};
     ref.logps = xcalloc(4 * n_pairs + 1, sizeof *ref.logps); /* the counts ride behind for the allreduce */
     ref.n_targets = xcalloc(2 * n_pairs, sizeof *ref.n_targets);
     double t0 = now_seconds();
@@ -157,6 +160,8 @@ static void find_reference(struct trainer *tr)
                        "recorded %.12s...): put that file back, or start fresh (--resume none)",
                        d->ref_path, have, d->saved_sha256);
         d->ref = dpo_ref_load(d->ref_path, d->samples_sha256, NULL);
+        dpo_ref_check_seq_len(d->ref, d->ref_path, cfg->data.seq_len, "resume with the data.seq_len it was "
+                              "trained with, or start fresh (--resume none)");
         return;
     }
     if (tr->step > 0)
@@ -167,8 +172,28 @@ static void find_reference(struct trainer *tr)
     else
         dpo_ref_default_path(tr->train_data.smp.path, d->ref_path, sizeof d->ref_path);
     d->ref = dpo_ref_load(d->ref_path, d->samples_sha256, d->model);
+    if (d->ref)
+        dpo_ref_check_seq_len(d->ref, d->ref_path, cfg->data.seq_len, REF_AGAIN);
     if (d->ref && tr->sess.rank == 0)
         log_info("DPO: reference log-probs from %s (computed before with this model and data)", d->ref_path);
+}
+
+/* Every sample the run trains has a value over as many trained tokens as the run's cut leaves it (a version-1
+ * file does not record its seq_len; a pair left out under data.truncation "drop" has no value). Local. */
+static void check_reference_counts(const struct trainer *tr)
+{
+    const struct sample_set *smp = &tr->train_data.smp;
+    const struct dpo_ref *r = tr->dpo.ref;
+    for (uint32_t k = 0; k < smp->n; k++) {
+        const int64_t i = smp->index[k];
+        if (!dpo_ref_has(r, i))
+            fail_input("reference log-probs '%s' have no value for pair %lld, which this run trains (computed with "
+                       "another data.seq_len or data.truncation): " REF_AGAIN, tr->dpo.ref_path, (long long)(i / 2));
+        if (r->n_targets[i] != (int64_t)smp->n_trained[k])
+            fail_input("reference log-probs '%s': sample %lld has %lld trained tokens there, %u in this run "
+                       "(computed at another data.seq_len): " REF_AGAIN, tr->dpo.ref_path, (long long)i,
+                       (long long)r->n_targets[i], smp->n_trained[k]);
+    }
 }
 
 /* After the computation, if any: the file read back and checked. Local. */
@@ -182,6 +207,7 @@ static void check_reference(struct trainer *tr)
                    "again", d->ref_path, tr->train_data.smp.n_file / 2, tr->train_data.smp.path);
     if (!samples_file_sha256(d->ref_path, d->ref_sha256))
         fail_input("cannot read the reference log-probs '%s'", d->ref_path);
+    check_reference_counts(tr);
 }
 
 /* A local step whose failure, on any rank, is reported once (comm_agree_failure). */

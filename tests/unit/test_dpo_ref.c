@@ -30,6 +30,7 @@ static struct dpo_ref *make_ref(int64_t n_pairs, const char *samples)
     r->sha256[3] = 'a';
     dpo_ref_model_id("/models/tiny", "0123456789abcdef", r->model, sizeof r->model);
     snprintf(r->samples_path, sizeof r->samples_path, "%s", samples);
+    r->seq_len = 64;
     return r;
 }
 
@@ -103,6 +104,90 @@ static void damage_dataset(const char *src, const char *dst, const char *name, b
     H5Fclose(f);
 }
 
+/* Rewrites a copy of src at dst: version set to `version`, attribute `drop` removed (NULL: none). */
+static void rewrite_header(const char *src, const char *dst, int64_t version, const char *drop)
+{
+    copy_file(src, dst, 0);
+    hid_t f = H5Fopen(dst, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t a = H5Aopen(f, "version", H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT64, &version);
+    H5Aclose(a);
+    if (drop)
+        H5Adelete(f, drop);
+    H5Fclose(f);
+}
+
+struct seq_len_args {
+    const char *path;
+    int seq_len;
+};
+
+static void child_seq_len(const void *arg)
+{
+    const struct seq_len_args *a = arg;
+    struct dpo_ref *r = dpo_ref_load(a->path, NULL, NULL);
+    dpo_ref_check_seq_len(r, a->path, a->seq_len, "delete it or set data.seq_len");
+    dpo_ref_free(r);
+}
+
+/* Version 2 (k38pref): seq_len and max_prompt_length recorded and read back; version-1 files still read (seq_len
+ * unknown, never refused for it); a run at another seq_len refused in one line naming both lengths. */
+static void check_seq_len(const char *samples)
+{
+    char path[600], old[600], msg[4096];
+    struct dpo_ref *w = make_ref(3, samples);
+    w->seq_len = 48;
+    w->max_prompt_length = 7;
+    tmp_path(path, sizeof path, "v2.h5");
+    dpo_ref_save(path, w);
+    struct dpo_ref *r = dpo_ref_load(path, NULL, NULL);
+    CHECK("v2_seq_len_round_trip", r && r->seq_len == 48 && r->max_prompt_length == 7,
+          "seq_len %d, max_prompt_length %lld", r ? r->seq_len : -1, r ? (long long)r->max_prompt_length : -9);
+    dpo_ref_free(r);
+    struct seq_len_args same = {path, 48}, other = {path, 32};
+    int status = check_run_child(child_seq_len, &same, msg, sizeof msg);
+    CHECK("v2_same_seq_len_passes", status == 0, "exit %d: %s", status, msg);
+    status = check_run_child(child_seq_len, &other, msg, sizeof msg);
+    printf("# other_seq_len: %s", msg[0] ? msg : "(no stderr)\n");
+    const char *nl = strchr(msg, '\n');
+    CHECK("other_seq_len_exit_2", status == 2, "exit status %d, want 2", status);
+    CHECK("other_seq_len_one_line", nl && nl[1] == 0 && strstr(msg, path) != NULL, "%s", msg);
+    CHECK("other_seq_len_names_both", strstr(msg, "data.seq_len 48") && strstr(msg, "is 32") &&
+          strstr(msg, "delete it"), "%s", msg);
+
+    /* a preference file without max_prompt_length: none recorded */
+    w->max_prompt_length = -1;
+    tmp_path(path, sizeof path, "v2_no_prompt.h5");
+    dpo_ref_save(path, w);
+    r = dpo_ref_load(path, NULL, NULL);
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    const htri_t has = H5Aexists(f, "max_prompt_length");
+    H5Fclose(f);
+    CHECK("v2_no_max_prompt_length", r && r->max_prompt_length == -1 && has == 0, "max_prompt_length %lld, attr %d",
+          r ? (long long)r->max_prompt_length : -9, (int)has);
+    dpo_ref_free(r);
+
+    /* version 1 (no seq_len): read, seq_len unknown, no length refused */
+    tmp_path(old, sizeof old, "v1.h5");
+    rewrite_header(path, old, 1, "seq_len");
+    r = dpo_ref_load(old, NULL, NULL);
+    CHECK("v1_still_read", r && r->n_pairs == 3 && r->seq_len == 0 && r->logps[5] == w->logps[5],
+          "a version-1 file did not load as one");
+    dpo_ref_free(r);
+    struct seq_len_args v1 = {old, 32};
+    status = check_run_child(child_seq_len, &v1, msg, sizeof msg);
+    CHECK("v1_any_seq_len_passes", status == 0, "exit %d: %s", status, msg);
+
+    /* version 2 without seq_len, an unknown version */
+    tmp_path(old, sizeof old, "v2_no_seq_len.h5");
+    rewrite_header(path, old, 2, "seq_len");
+    check_bad("v2_without_seq_len", old, NULL, NULL, "attribute 'seq_len' is missing");
+    tmp_path(old, sizeof old, "v3.h5");
+    rewrite_header(path, old, 3, NULL);
+    check_bad("unknown_version", old, NULL, NULL, "version 3");
+    dpo_ref_free(w);
+}
+
 int main(void)
 {
     const char *base = getenv("SHARDLM_TEST_TMP");
@@ -153,6 +238,7 @@ int main(void)
     struct dpo_ref *e = dpo_ref_new(0);
     snprintf(e->sha256, sizeof e->sha256, "%s", w->sha256);
     snprintf(e->samples_path, sizeof e->samples_path, "%s", samples);
+    e->seq_len = 8;
     tmp_path(path, sizeof path, "empty.h5");
     dpo_ref_save(path, e);
     r = dpo_ref_load(path, e->sha256, "");
@@ -217,6 +303,8 @@ int main(void)
     dpo_ref_save(path, w);
     check_bad("positive_logp", path, NULL, NULL, "sample 3");
     dpo_ref_free(w);
+
+    check_seq_len(samples);
 
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
