@@ -34,10 +34,15 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 short_write:K): exit 2, one error line naming the file, the file
                 removed; resumed
                 from the step-2 checkpoint to step 6: equal to the uninterrupted run
-  rss.*         a model of 17 M parameters, N=1, stage 1: the peak resident
-                memory (VmHWM of the rank, through getrusage of its children) of
-                the nvme run is below the "cpu" run's by at least 2/3 of the
-                state's 12 B/element minus the nvme buffers
+  rss.*         N = 1 and 2, stage 1, fp32, a 10 M-parameter model (114 MiB of state at N=1) with
+                SHARDLM_NVME_PIECE=262144 (12 MiB of buffers): each rank's peak RSS (VmHWM, the metrics'
+                host_rss_peak) under nvme <= what `shardlm plan --json --target cpu` puts in the rank
+                (device space, which is host memory on the CPU backend, + pinned + ordinary + the NVMe
+                buffers) + the process's baseline (a tiny model's peak less its plan, measured at the same N,
+                ~21 MiB: libraries, MPI, OpenBLAS; sane: below 64 MiB) + the parameters' init staging (the
+                largest unit in fp32 twice, freed before step 1) + 16 MiB (allocator and OpenBLAS areas that
+                grow with the matrices); the "cpu" run's peak holds the whole state (master + m + v) and
+                exceeds that bound
   bad.*         nvme_path a file; nvme_path under a file (cannot be made); a file
                 size limit (ulimit -f: the file cannot be allocated, as on a full
                 disk; no statvfs override exists and a full file system cannot be
@@ -76,7 +81,10 @@ ASAN = "build-asan" in BIN
 V, T = 100, 16
 SMALL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": T, "vocab_size": V}
 KILL_MODEL = {"n_layer": 2, "n_head": 4, "n_embd": 256, "n_positions": T, "vocab_size": 4096}
-RSS_MODEL = {"n_layer": 4, "n_head": 8, "n_embd": 512, "n_positions": T, "vocab_size": 8192}
+RSS_MODEL = {"n_layer": 3, "n_head": 8, "n_embd": 512, "n_positions": T, "vocab_size": 1024}
+RSS_BASE = {"n_layer": 1, "n_head": 2, "n_embd": 32, "n_positions": T, "vocab_size": 128}
+RSS_PIECE = 1 << 18  # SHARDLM_NVME_PIECE: 3 MiB buffers, so that the state outweighs them
+MiB = 1 << 20
 
 rng = np.random.default_rng(36)
 DATA = os.path.join(TMP, "train.bin")
@@ -113,9 +121,9 @@ def config(name, device, stage=2, dtype="fp32", steps=3, model=None, ckdir=None,
 
 
 class Run:
-    def __init__(self, name, rc, out, rows, final, nvme, memory, rss):
+    def __init__(self, name, rc, out, rows, final, nvme, memory, rss, host_rss):
         self.name, self.rc, self.out, self.rows, self.final = name, rc, out, rows, final
-        self.nvme, self.memory, self.rss = nvme, memory, rss
+        self.nvme, self.memory, self.rss, self.host_rss = nvme, memory, rss, host_rss
 
     def col(self, k):
         return [r.get(k) for r in self.rows]
@@ -151,7 +159,7 @@ def run(name, N, cfg, *extra, env=None, final=True, fresh=True, rlimit=None, tim
         f.write(out)
     rss = [int(line.split()[1]) for line in out.splitlines() if line.startswith("RSS_KIB")]
     out = "\n".join(line for line in out.splitlines() if not line.startswith("RSS_KIB"))
-    rows, nvme, memory = [], None, None
+    rows, nvme, memory, host_rss = [], None, None, None
     if os.path.exists(mpath):
         with open(mpath) as f:
             for line in f:
@@ -160,8 +168,9 @@ def run(name, N, cfg, *extra, env=None, final=True, fresh=True, rlimit=None, tim
                     rows.append(j)
                 nvme = j.get("nvme", nvme)
                 memory = j.get("memory", memory)
+                host_rss = j.get("host_rss_peak", host_rss)
     fin = read_dump(fpath) if final and rc == 0 and os.path.exists(fpath) else None
-    return Run(name, rc, out, rows, fin, nvme, memory, rss[0] if rss else None)
+    return Run(name, rc, out, rows, fin, nvme, memory, rss[0] if rss else None, host_rss)
 
 
 def ok(name, r, steps):
@@ -324,24 +333,60 @@ def test_io_error():
         check("io.resume", True)
 
 
+def plan_json(cfg, N, env):
+    r = subprocess.run([BIN, "plan", cfg, "--ranks", str(N), "--target", "cpu", "--json"], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+
+
+def plan_process_bytes(pl, N):
+    """What the plan puts in one rank's memory on the CPU backend: its device space (host memory there), pinned
+    and ordinary host memory and the NVMe buffers (plan_host_bytes: host_per_node over the node's N ranks)."""
+    return pl["space_total"]["device"] + pl["host_per_node"] / N
+
+
 def test_rss():
+    """Each rank's peak RSS (VmHWM, the metrics' host_rss_peak) against the plan's bytes for that rank."""
     if ASAN:
         note("rss: left out under ASan (its shadow memory decides the peak)")
         return
-    r = {}
-    for dev in ("cpu", "nvme"):
-        r[dev] = run(f"rss_{dev}", 1, config(f"rss_{dev}", dev, 1, "fp32", 2, model=RSS_MODEL), final=False)
-        if not ok(f"rss.{dev}", r[dev], 2):
-            return
-    nv = r["nvme"].nvme
-    state_kib = nv["file_bytes"] / 1024
-    buffers_kib = nv["host_bytes"] / 1024
-    saved = r["cpu"].rss - r["nvme"].rss
-    note(f"peak RSS: cpu {r['cpu'].rss} KiB, nvme {r['nvme'].rss} KiB; state {state_kib:.0f} KiB, "
-         f"nvme buffers {buffers_kib:.0f} KiB")
-    check("rss.below_cpu", saved >= (state_kib - buffers_kib) * 2 / 3,
-          f"cpu {r['cpu'].rss} KiB, nvme {r['nvme'].rss} KiB: saved {saved} KiB of a state of {state_kib:.0f} KiB "
-          f"with {buffers_kib:.0f} KiB of buffers")
+    env = dict(ENV, SHARDLM_NVME_PIECE=str(RSS_PIECE))
+    C = RSS_MODEL["n_embd"]
+    # the parameters' init stages the largest unit (a block: 12 C^2 + 13 C elements) in an fp32 scratch and an
+    # fp32 cast buffer (zero.c zero_init), freed before step 1 and outside the plan's buffers
+    staging = 8 * (12 * C * C + 13 * C + 65536)
+    slack = 16 * MiB  # allocator and OpenBLAS work areas that grow with the matrices, beyond the tiny run's
+    for N in (1, 2):
+        # the process's own baseline (libraries, MPI, OpenBLAS, the log): a tiny model's peak less its plan
+        cfg = config(f"rss_base_{N}", "nvme", 1, "fp32", 1, model=RSS_BASE)
+        base, pl = run(f"rss_base_{N}", N, cfg, env=env, final=False), plan_json(cfg, N, env)
+        if not ok(f"rss.N{N}.baseline", base, 1) or not pl or not base.host_rss:
+            check(f"rss.N{N}.baseline", False, f"no plan or no host_rss_peak: {base.tail()}")
+            continue
+        baseline = max(base.host_rss) - plan_process_bytes(pl, N)
+        check(f"rss.N{N}.baseline", 0 < baseline < 64 * MiB, f"{baseline / MiB:.1f} MiB")
+        r, plans = {}, {}
+        for dev in ("cpu", "nvme"):
+            cfg = config(f"rss_{dev}_{N}", dev, 1, "fp32", 1, model=RSS_MODEL)
+            r[dev], plans[dev] = run(f"rss_{dev}_{N}", N, cfg, env=env, final=False), plan_json(cfg, N, env)
+        if not all(ok(f"rss.N{N}.{d}", r[d], 1) and plans[d] and r[d].host_rss for d in r):
+            check(f"rss.N{N}", False, "a run or its plan failed")
+            continue
+        pn = plans["nvme"]
+        planned = plan_process_bytes(pn, N)
+        bound = planned + baseline + staging + slack
+        state = sum(plans["cpu"]["memory"][k]["bytes"] for k in ("fp32 master weights", "Adam m", "Adam v"))
+        nv_rss, cpu_rss = max(r["nvme"].host_rss), min(r["cpu"].host_rss)
+        note(f"rss N={N}: nvme peak {nv_rss / MiB:.1f} MiB <= plan {planned / MiB:.1f} (NVMe buffers "
+             f"{pn['nvme']['optimizer_buffers'] / MiB:.1f}) + baseline {baseline / MiB:.1f} + init staging "
+             f"{staging / MiB:.1f} + {slack / MiB:.0f} = {bound / MiB:.1f} MiB; cpu peak {cpu_rss / MiB:.1f} MiB, "
+             f"state {state / MiB:.1f} MiB per rank")
+        check(f"rss.N{N}.nvme_within_plan", nv_rss <= bound and pn["nvme"]["optimizer_buffers"] * 3 < state,
+              f"nvme peak {nv_rss} B > {bound:.0f} B, or buffers {pn['nvme']['optimizer_buffers']} B not well "
+              f"below the state {state} B")
+        # CPU offload holds the whole state, and the bound above tells the two apart
+        check(f"rss.N{N}.cpu_holds_state", cpu_rss >= state and cpu_rss > bound,
+              f"cpu peak {cpu_rss} B, state {state} B, the nvme bound {bound:.0f} B")
 
 
 def one_error_line(name, r, *words):

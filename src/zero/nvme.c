@@ -52,9 +52,20 @@ size_t nvme_file_bytes(size_t n, size_t piece)
     return (n + piece - 1) / piece * 3 * piece * sizeof(float);
 }
 
+size_t nvme_piece_default(void)
+{
+    const char *e = getenv("SHARDLM_NVME_PIECE");
+    char *end = NULL;
+    const unsigned long long v = e && *e ? strtoull(e, &end, 10) : 0;
+    if (e && *e && (*end || v == 0))
+        fail_input("SHARDLM_NVME_PIECE='%s' is not a number of elements above 0; unset it or give one, e.g. 262144", e);
+    return v ? round_up((size_t)v, NVME_PIECE_ALIGN) : NVME_PIECE_DEFAULT;
+}
+
 void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece)
 {
-    size_t p = n < NVME_PIECE_DEFAULT ? round_up(n ? n : 1, NVME_PIECE_ALIGN) : NVME_PIECE_DEFAULT;
+    const size_t dflt = nvme_piece_default();
+    size_t p = n < dflt ? round_up(n ? n : 1, NVME_PIECE_ALIGN) : dflt;
     const size_t b = (size_t)(buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers);
     *piece = p;
     *file_bytes = nvme_file_bytes(n, p);

@@ -85,6 +85,10 @@ size_t nvme_file_bytes(size_t n, size_t piece);
  * is smaller, the range rounded up to NVME_PIECE_ALIGN. The engine opens its
  * file with these and the memory plan counts them: one function for both. */
 void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece);
+/* The piece nvme_sizes starts from: NVME_PIECE_DEFAULT, or the environment's
+ * SHARDLM_NVME_PIECE (elements, rounded up to NVME_PIECE_ALIGN; a test and
+ * benchmark hook: a small model's state then outweighs its buffers). */
+size_t nvme_piece_default(void);
 
 struct nvme_file;
 
