@@ -44,10 +44,11 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 grow with the matrices); the "cpu" run's peak holds the whole state (master + m + v) and
                 exceeds that bound
   bad.*         nvme_path a file; nvme_path under a file (cannot be made); a file
-                size limit (ulimit -f: the file cannot be allocated, as on a full
-                disk; no statvfs override exists and a full file system cannot be
-                faked without root mounts, so the room check itself is
-                tests/unit/test_nvme.c's); a second job on the same files (the same
+                size limit (ulimit -f: the file cannot be allocated); a disk without
+                room (full_disk: a 48 KiB tmpfs mounted on the test's dir, root, N=2,
+                the statvfs check itself): exit 2 before step 1, one line naming the
+                path, the bytes free and the bytes needed (the plan's file), the tmpfs
+                warning shown first; a second job on the same files (the same
                 SLURM_JOB_ID, N=2, its rank-1 file held locked: the ranks agree
                 before the parameters' init): exit 2 and one line
                 naming the path; a tmpfs nvme_path (/dev/shm): runs, with the
@@ -69,7 +70,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, ENV, check, note, read_dump, run_main, scratch_dir, write_shard  # noqa: E402
+from harness import BIN, ENV, check, mount_full_disk, note, read_dump, run_main, scratch_dir, write_shard  # noqa: E402
 
 try:
     import h5py
@@ -406,6 +407,23 @@ def test_bad():
     r = run("bad_room", 1, config("bad_room", "nvme", 1, nvme_path=os.path.join(TMP, "room")), final=False,
             rlimit=64 * 1024)
     one_error_line("bad.no_room", r, os.path.join(TMP, "room", "shardlm-"), "File too large")
+    # a disk without room for the file, end to end: a 48 KiB tmpfs mounted on the test's dir (root; the statvfs
+    # check, no shim): stopped before step 1, one line naming the path, the bytes free and needed, the tmpfs warning
+    mnt = os.path.join(TMP, "full")
+    if mount_full_disk(mnt, "bad.full_disk"):
+        try:
+            cfg = config("bad_full", "nvme", 2, nvme_path=mnt)
+            vfs = os.statvfs(mnt)
+            free, pl = vfs.f_bavail * vfs.f_frsize, plan_json(cfg, 2, ENV)
+            r = run("bad_full", 2, cfg, final=False)
+        finally:
+            subprocess.run(["umount", mnt])
+        need = pl["nvme"]["optimizer_file"] if pl else -1
+        one_error_line("bad.full_disk", r, f"nvme_path '{mnt}' has {free} bytes", f"needs {need} bytes",
+                       "free space or choose another disk")
+        warned = [line for line in r.out.splitlines() if "warning" in line and "is tmpfs: memory, not disk" in line]
+        check("bad.full_disk_before_step_1", need > free and not r.rows and len(warned) >= 1 and mnt in warned[0],
+              f"needs {need} B, free {free} B, steps {r.col('step')}, tmpfs warnings {warned}")
     # a second job on the same files: the same Slurm job id, its rank-1 file locked by the first (N=2: rank 0
     # opens its own, and the ranks agree on rank 1's line before the parameters' init)
     lockdir = os.path.join(TMP, "locked")

@@ -117,13 +117,14 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
     if (statvfs(dir, &vfs) != 0)
         fail_input("nvme_path '%s': statvfs failed (%s)", dir, strerror(errno));
     info->free_bytes = (double)vfs.f_bavail * (double)vfs.f_frsize;
-    if (info->free_bytes < need_bytes)
-        fail_input("nvme_path '%s' has %.3f GiB free; the offloaded state needs %.3f GiB: free space or choose "
-                   "another disk", dir, info->free_bytes / 1073741824.0, need_bytes / 1073741824.0);
-    struct statfs fs;
+    struct statfs fs; /* the warning first: a tmpfs too small to hold the state is memory all the same */
     info->tmpfs = statfs(dir, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
     if (info->tmpfs)
         log_warn("nvme_path '%s' is tmpfs: memory, not disk; the offloaded state takes host memory there", dir);
+    if (info->free_bytes < need_bytes)
+        fail_input("nvme_path '%s' has %.0f bytes (%.3f GiB) free; the offloaded state needs %.0f bytes (%.3f GiB): "
+                   "free space or choose another disk",
+                   dir, info->free_bytes, info->free_bytes / 1073741824.0, need_bytes, need_bytes / 1073741824.0);
 }
 
 /* ---- I/O ------------------------------------------------------------------- */
