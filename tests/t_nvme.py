@@ -3,7 +3,8 @@
 engine): each rank's fp32 master, Adam m and v in its file under nvme_path, the
 AdamW step streamed through the pinned buffers.
 
-Every run goes through `mpirun -np N --oversubscribe bin/shardlm train ...`.
+Every run at N > 1 goes through `mpirun -np N --oversubscribe bin/shardlm train ...`; at N=1 the
+binary runs alone (MPI's singleton init: mpirun costs seconds, most where a rank fails).
 Small model: 2 layers, 2 heads, C=32, T=16, vocab 100; 3 steps (fp16: 4, an
 overflow injected at step 2, so that the loss scaler skips a step).
 
@@ -22,18 +23,17 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 device; the gradient class "device" under nvme, "pinned host"
                 under "cpu"), and a LoRA run (the adapters' state in the
                 file, the frozen base none)
-  resume.*      nvme, 3 steps + --resume auto + 3 bitwise equal to 6 steps; a
-                checkpoint of an nvme run resumed under "cpu", and one of a "cpu"
-                run resumed under nvme, equal to the same 6 steps (the same state)
-  kill.*        a model of 2.6 M parameters (2 pieces of the file): the job
-                killed (SIGKILL, SHARDLM_INJECT_NVME=kill:K) after the first piece
-                write of step 5's optimizer step, its file half new and half old:
-                exit status not 0, the step-4 checkpoint and latest intact;
-                --resume auto to step 6 bitwise equal to an uninterrupted run
-  io.*          an injected short write in step 3 (SHARDLM_INJECT_NVME=
+  resume.*      from the step-2 checkpoints of same.n2_s3_fp32 (saved every step) to step
+                3: nvme resumed under nvme, nvme under "cpu" and "cpu" under nvme, step 3's
+                values and the final parameters bitwise equal to the uninterrupted runs
+  kill.*        same.n1_s1_fp32 under nvme with SHARDLM_NVME_PIECE=4096 (7 pieces in the
+                file): the job killed (SIGKILL, SHARDLM_INJECT_NVME=kill:K) after the first
+                piece write of step 3's optimizer step, its file part new and part old:
+                exit status not 0, steps 1-2 logged, the step-2 checkpoint and latest
+                intact; --resume auto to step 3 bitwise equal to the uninterrupted run
+  io.*          the same with an injected short write in step 3 (SHARDLM_INJECT_NVME=
                 short_write:K): exit 2, one error line naming the file, the file
-                removed; resumed
-                from the step-2 checkpoint to step 6: equal to the uninterrupted run
+                removed; resumed from the step-2 checkpoint: equal to the uninterrupted run
   rss.*         N = 1 and 2, stage 1, fp32, a 10 M-parameter model (114 MiB of state at N=1) with
                 SHARDLM_NVME_PIECE=262144 (12 MiB of buffers): each rank's peak RSS (VmHWM, the metrics'
                 host_rss_peak) under nvme <= what `shardlm plan --json --target cpu` puts in the rank
@@ -81,7 +81,6 @@ TMP = scratch_dir("t_nvme")
 ASAN = "build-asan" in BIN
 V, T = 100, 16
 SMALL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": T, "vocab_size": V}
-KILL_MODEL = {"n_layer": 2, "n_head": 4, "n_embd": 256, "n_positions": T, "vocab_size": 4096}
 RSS_MODEL = {"n_layer": 3, "n_head": 8, "n_embd": 512, "n_positions": T, "vocab_size": 1024}
 RSS_BASE = {"n_layer": 1, "n_head": 2, "n_embd": 32, "n_positions": T, "vocab_size": 128}
 RSS_PIECE = 1 << 18  # SHARDLM_NVME_PIECE: 3 MiB buffers, so that the state outweighs them
@@ -143,7 +142,9 @@ def run(name, N, cfg, *extra, env=None, final=True, fresh=True, rlimit=None, tim
         os.remove(fpath)
     # a file-size limit on the ranks only (mpirun's PMIx needs its files)
     limit = ["bash", "-c", f'ulimit -f {rlimit // 512}; exec "$@"', "ulimit"] if rlimit else []
-    args = ["mpirun", "-np", str(N), "--oversubscribe"] + limit + [BIN, "train", cfg, "--quiet"] + list(extra)
+    # N=1: the binary alone (MPI's singleton init; mpirun adds seconds, most where the rank fails)
+    mpi = ["mpirun", "-np", str(N), "--oversubscribe"] if N > 1 or rlimit else []
+    args = mpi + limit + [BIN, "train", cfg, "--quiet"] + list(extra)
     if final:
         args += ["--dump-final", fpath]
     wrapper = ("import resource, subprocess, sys\n"
@@ -227,8 +228,6 @@ CASES = [  # name, N, stage, dtype, env extra, config extra
     ("n2_s2_bf16", 2, 2, "bf16", {}, {}),
     ("n3_s3_fp16", 3, 3, "fp16", {"SHARDLM_INJECT_INF_STEP": "2"}, {}),
     ("n2_s3_fp32", 2, 3, "fp32", {}, {}),
-    ("n3_s1_bf16", 3, 1, "bf16", {}, {}),
-    ("n1_s2_fp16", 1, 2, "fp16", {"SHARDLM_INJECT_INF_STEP": "2"}, {}),
     ("n2_s3_bf16_device", 2, 3, "bf16", {"SHARDLM_EMULATE_DEVICE": "1", "SHARDLM_FP32_ACTIVATIONS": "1"}, {}),
     # stage 1 on the device: the all-reduced fp32 gradients stay there (no pinned host copy of the range)
     ("n2_s1_fp16_device", 2, 1, "fp16", {"SHARDLM_EMULATE_DEVICE": "1", "SHARDLM_FP32_ACTIVATIONS": "1",
@@ -238,6 +237,11 @@ CASES = [  # name, N, stage, dtype, env extra, config extra
 ]
 
 
+SAME = {}  # name: {"cpu": Run, "nvme": Run}, the uninterrupted runs the resume, kill and io checks compare with
+SHARED = ("n1_s1_fp32", "n2_s3_fp32")  # their checkpoints are saved every step
+SHARED_STEPS = 3
+
+
 def test_same():
     for name, N, stage, dtype, extra, cfg_extra in CASES:
         steps = 4 if dtype == "fp16" else 3
@@ -245,9 +249,11 @@ def test_same():
         runs = {}
         for dev in ("cpu", "nvme"):
             ck = os.path.join(TMP, f"same_{name}_{dev}.ckpt")
-            cfg = config(f"same_{name}_{dev}", dev, stage, dtype, steps, ckdir=ck, extra=cfg_extra)
+            cfg = config(f"same_{name}_{dev}", dev, stage, dtype, steps, ckdir=ck, extra=cfg_extra,
+                         every=1 if name in SHARED else 0)
             runs[dev] = run(f"same_{name}_{dev}", N, cfg, env=env)
         a, b = runs["nvme"], runs["cpu"]
+        SAME[name] = runs
         if not (ok(f"same.{name}", a, steps) and ok(f"same.{name}", b, steps)):
             continue
         if not same_run(f"same.{name}", a, b, steps):
@@ -273,65 +279,92 @@ def test_same():
               f"checkpoint datasets differ {bad[:4]}; state classes {state}; nvme {nv}; files left {nvme_files()}")
 
 
-def test_resume():
-    steps = 6
-    u = run("res_u", 2, config("res_u", "nvme", 3, "bf16", steps))
-    if not ok("resume.uninterrupted", u, steps):
+def uninterrupted(case, dev, check_name):
+    """The same.* run of CASE under DEV (run by test_same when it has not run yet)."""
+    if case not in SAME:
+        saved = CASES[:]
+        CASES[:] = [c for c in saved if c[0] == case]
+        test_same()
+        CASES[:] = saved
+    u = SAME.get(case, {}).get(dev)
+    if u is None or not ok(check_name, u, SHARED_STEPS):
+        return None
+    return u
+
+
+def resumed_equal(name, b, u):
+    """b, resumed after step 2, against u: step 3's values and the final parameters bitwise."""
+    if b.rc != 0:
+        check(name, False, f"exit status {b.rc}: {b.tail()}")
         return
+    if b.col("step") != [SHARED_STEPS]:
+        check(name, False, f"resumed steps {b.col('step')}, expected [{SHARED_STEPS}]")
+        return
+    for k in ("loss", "grad_norm", "loss_scale", "skipped"):
+        if b.col(k) != u.col(k)[SHARED_STEPS - 1:]:
+            check(name, False, f"{k}: {b.col(k)} vs {u.col(k)}")
+            return
+    bad = params_differ(b.final, u.final)
+    check(name, not bad, f"final parameters differ: {bad[:4]}")
+
+
+def step2(case, dev):
+    return os.path.join(TMP, f"same_{case}_{dev}.ckpt", "step_000002.h5")
+
+
+def test_resume():
+    """same.n2_s3_fp32's runs (checkpoints every step): resumed after step 2 to step 3, under nvme, across."""
+    case = "n2_s3_fp32"
     for name, first, second in (("nvme", "nvme", "nvme"), ("nvme_to_cpu", "nvme", "cpu"),
                                 ("cpu_to_nvme", "cpu", "nvme")):
-        ck = os.path.join(TMP, f"res_{name}.ckpt")
-        a = run(f"res_{name}", 2, config(f"res_{name}", first, 3, "bf16", 3, ckdir=ck), final=False)
-        if not ok(f"resume.{name}", a, 3):
+        u = uninterrupted(case, second, f"resume.{name}")
+        if u is None or not os.path.exists(step2(case, first)):
+            check(f"resume.{name}", False, f"no uninterrupted run or no {step2(case, first)}")
             continue
-        b = run(f"res_{name}", 2, config(f"res_{name}", second, 3, "bf16", steps, ckdir=ck), "--resume", "auto",
-                fresh=False)
-        if ok(f"resume.{name}", b, steps) and same_run(f"resume.{name}", b, u, steps):
-            check(f"resume.{name}", True)
+        cfg = config(f"res_{name}", second, 3, "fp32", SHARED_STEPS, ckdir=os.path.join(TMP, f"res_{name}.ckpt"))
+        resumed_equal(f"resume.{name}", run(f"res_{name}", 2, cfg, "--resume", step2(case, first)), u)
 
 
-def file_pieces(nv):
-    """Pieces of the file from the run's nvme metrics (buffer_count 4, the default)."""
-    return nv["file_bytes"] // (nv["host_bytes"] // 4)
+# the kill and io checks: same.n1_s1_fp32's nvme run with pieces of 4096 elements (its state in 7 pieces)
+FAULT_PIECE = 4096
+
+
+def fault_case(name, env_extra):
+    """Runs same.n1_s1_fp32 under nvme with checkpoints every step and the fault; returns (run, pieces, ckdir)."""
+    env = dict(ENV, SHARDLM_NVME_PIECE=str(FAULT_PIECE))
+    ck, nvdir = os.path.join(TMP, f"{name}.ckpt"), os.path.join(TMP, f"nvme_{name}")
+    cfg = config(name, "nvme", 1, "fp32", SHARED_STEPS, ckdir=ck, every=1, nvme_path=nvdir)
+    pl = plan_json(cfg, 1, env)
+    pieces = pl["nvme"]["optimizer_file"] // (12 * pl["nvme"]["optimizer_piece"]) if pl else 0
+    check(f"{name}.pieces", pieces >= 3, f"{pieces} pieces of {FAULT_PIECE}: {pl and pl['nvme']}")
+    a = run(name, 1, cfg, env=dict(env, SHARDLM_INJECT_NVME=env_extra(pieces)), final=False)
+    return a, cfg, env, ck, nvdir
 
 
 def test_kill():
-    steps = 6
-    u = run("kill_u", 1, config("kill_u", "nvme", 1, "fp32", steps, model=KILL_MODEL))
-    if not ok("kill.uninterrupted", u, steps):
+    u = uninterrupted("n1_s1_fp32", "nvme", "kill.uninterrupted")
+    if u is None:
         return
-    pieces = file_pieces(u.nvme)
-    check("kill.pieces", pieces >= 2, f"{pieces} pieces: {u.nvme}")
-    ck = os.path.join(TMP, "kill.ckpt")
-    k = 4 * pieces + 1  # the first piece of step 5
-    a = run("kill", 1, config("kill", "nvme", 1, "fp32", steps, model=KILL_MODEL, ckdir=ck, every=2),
-            env=dict(ENV, SHARDLM_INJECT_NVME=f"kill:{k}"), final=False)
+    # killed (SIGKILL) after the first piece write of step 3's optimizer step: the file half new, half old
+    a, cfg, env, ck, _ = fault_case("kill", lambda pieces: f"kill:{2 * pieces + 1}")
     latest = open(os.path.join(ck, "latest")).read().strip() if os.path.exists(os.path.join(ck, "latest")) else ""
-    check("kill.killed", a.rc not in (0, None) and a.col("step") == [1, 2, 3, 4] and latest == "step_000004.h5",
+    check("kill.killed", a.rc not in (0, None) and a.col("step") == [1, 2] and latest == "step_000002.h5",
           f"exit {a.rc}, steps {a.col('step')}, latest '{latest}': {a.tail()}")
-    b = run("kill", 1, config("kill", "nvme", 1, "fp32", steps, model=KILL_MODEL, ckdir=ck, every=2),
-            "--resume", "auto", fresh=False)
-    if ok("kill.resume", b, steps) and same_run("kill.resume", b, u, steps):
-        check("kill.resume", True)
+    resumed_equal("kill.resume", run("kill", 1, cfg, "--resume", "auto", env=env), u)
 
 
 def test_io_error():
-    steps = 6
-    u = run("io_u", 1, config("io_u", "nvme", 2, "bf16", steps))
-    if not ok("io.uninterrupted", u, steps):
+    u = uninterrupted("n1_s1_fp32", "nvme", "io.uninterrupted")
+    if u is None:
         return
-    ck, nvdir = os.path.join(TMP, "io.ckpt"), os.path.join(TMP, "nvme_io")
-    cfg = config("io", "nvme", 2, "bf16", steps, ckdir=ck, every=2, nvme_path=nvdir)
-    a = run("io", 1, cfg, env=dict(ENV, SHARDLM_INJECT_NVME=f"short_write:{2 * file_pieces(u.nvme) + 1}"),
-            final=False)
+    # the first piece write of step 3 comes back short
+    a, cfg, env, _, nvdir = fault_case("io", lambda pieces: f"short_write:{2 * pieces + 1}")
     errors = [line for line in a.out.splitlines() if "error" in line]
     named = len(errors) == 1 and "short write" in errors[0] and os.path.join(nvdir, "shardlm-") in errors[0]
     left = os.listdir(nvdir) if os.path.isdir(nvdir) else []
     check("io.short_write", a.rc == 2 and named and a.col("step") == [1, 2] and not left,
           f"exit {a.rc}, steps {a.col('step')}, error lines {errors}, files left {left}")
-    b = run("io", 1, cfg, "--resume", "auto", fresh=False)
-    if ok("io.resume", b, steps) and same_run("io.resume", b, u, steps):
-        check("io.resume", True)
+    resumed_equal("io.resume", run("io", 1, cfg, "--resume", "auto", env=env), u)
 
 
 def plan_json(cfg, N, env):
