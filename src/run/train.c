@@ -142,9 +142,9 @@ static void refuse_output_alias(const struct trainer *tr, const char *out, const
                    key, out, dir);
 }
 
-/* Logs every rank's peak resident memory (VmHWM) so far: what the parameters'
- * init cost the host, whether seeded or read from a model directory. */
-static void log_peak_rss(struct trainer *tr, const char *when)
+/* Every rank's peak resident memory so far (VmHWM, KiB), gathered on every
+ * rank (a collective); the caller frees it. */
+static double *gather_peak_rss(struct trainer *tr)
 {
     double *kib = xcalloc((size_t)tr->sess.world, sizeof *kib);
     FILE *f = fopen("/proc/self/status", "r");
@@ -157,13 +157,22 @@ static void log_peak_rss(struct trainer *tr, const char *when)
         fclose(f);
     kib[tr->sess.rank] = (double)v;
     comm_allgather(tr->sess.comm, &kib[tr->sess.rank], kib, 1, COMM_F64, NULL);
+    return kib;
+}
+
+/* Logs every rank's peak resident memory (VmHWM) so far: what the parameters'
+ * init cost the host, whether seeded or read from a model directory; at the
+ * end, the run's. Returns it (KiB per rank; the caller frees it). */
+static double *log_peak_rss(struct trainer *tr, const char *when)
+{
+    double *kib = gather_peak_rss(tr);
     char list[1024] = "";
     for (int r = 0; r < tr->sess.world; r++) {
         size_t len = strlen(list);
         snprintf(list + len, sizeof list - len, "%s%.0f", r ? " " : "", kib[r]);
     }
     log_info("peak host memory per rank %s (KiB): %s", when, list);
-    free(kib);
+    return kib;
 }
 
 /* Whether --resume will load a checkpoint (then the initial weights are not read). */
@@ -232,7 +241,7 @@ static void init_parameters(struct trainer *tr)
         session_load(&tr->sess, hashed ? &hash.src : NULL);
         if (hashed)
             identify_base(tr, zero_hash_total(&hash, tr->sess.comm, tr->sess.rank, tr->sess.world));
-        log_peak_rss(tr, "after the parameters' init");
+        free(log_peak_rss(tr, "after the parameters' init"));
         return;
     }
     struct hf_source hf;
@@ -255,7 +264,7 @@ static void init_parameters(struct trainer *tr)
              cfg->model.pretrained, total, hf.st.n_files, hf.st.n_files == 1 ? "" : "s", now_seconds() - t0, list);
     free(bytes);
     hf_source_close(&hf);
-    log_peak_rss(tr, "after the parameters' init");
+    free(log_peak_rss(tr, "after the parameters' init"));
 }
 
 /* SHARDLM_TEST_FREEZE (a test hook until LoRA freezes the base units): the
@@ -581,15 +590,19 @@ static void metrics_flush(struct trainer *tr, bool closing)
                    tr->cfg->train.metrics_path, strerror(err ? err : EIO));
 }
 
-/* The last metrics line: planned and peak bytes per buffer class, exact. */
-static void write_memory_json(struct trainer *tr)
+/* The last metrics line: planned and peak bytes per buffer class, exact, and
+ * each rank's peak resident memory (VmHWM, bytes: rss_kib x 1024). */
+static void write_memory_json(struct trainer *tr, const double *rss_kib)
 {
     fprintf(tr->metrics, "{\"memory\": {");
     for (int k = 0; k < BUF_COUNT; k++)
         fprintf(tr->metrics, "%s\"%s\": {\"space\": \"%s\", \"planned\": %zu, \"peak\": %zu}", k ? ", " : "",
                 arena_class_name(k), mem_space_name(tr->sess.plan.space[k]), tr->sess.plan.bytes[k],
                 tr->sess.mem.peak[k]);
-    fprintf(tr->metrics, "}}\n");
+    fprintf(tr->metrics, "}, \"host_rss_peak\": [");
+    for (int r = 0; r < tr->sess.world; r++)
+        fprintf(tr->metrics, "%s%.0f", r ? ", " : "", rss_kib[r] * 1024.0);
+    fprintf(tr->metrics, "]}\n");
     struct nvme_file *f = tr->sess.zero.nvme; /* offload_optimizer "nvme": rank 0's file and its traffic */
     if (f) {
         double rd, wr;
@@ -809,10 +822,12 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     comm_allreduce(comm, peaks, BUF_COUNT, COMM_F64, COMM_MAX, NULL);
     for (int k = 0; k < BUF_COUNT; k++)
         tr.sess.mem.peak[k] = (size_t)peaks[k];
+    double *rss = log_peak_rss(&tr, "at the end");
     if (tr.metrics) {
-        write_memory_json(&tr);
+        write_memory_json(&tr, rss);
         metrics_flush(&tr, true);
     }
+    free(rss);
     plan_print(&tr.sess.plan, &tr.sess.mem, "memory per rank at the end (planned vs peak):");
     plan_check_device(&tr.sess.plan, 0);
     if (tr.sess.world > 1)

@@ -52,9 +52,20 @@ size_t nvme_file_bytes(size_t n, size_t piece)
     return (n + piece - 1) / piece * 3 * piece * sizeof(float);
 }
 
+size_t nvme_piece_default(void)
+{
+    const char *e = getenv("SHARDLM_NVME_PIECE");
+    char *end = NULL;
+    const unsigned long long v = e && *e ? strtoull(e, &end, 10) : 0;
+    if (e && *e && (*end || v == 0))
+        fail_input("SHARDLM_NVME_PIECE='%s' is not a number of elements above 0; unset it or give one, e.g. 262144", e);
+    return v ? round_up((size_t)v, NVME_PIECE_ALIGN) : NVME_PIECE_DEFAULT;
+}
+
 void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece)
 {
-    size_t p = n < NVME_PIECE_DEFAULT ? round_up(n ? n : 1, NVME_PIECE_ALIGN) : NVME_PIECE_DEFAULT;
+    const size_t dflt = nvme_piece_default();
+    size_t p = n < dflt ? round_up(n ? n : 1, NVME_PIECE_ALIGN) : dflt;
     const size_t b = (size_t)(buffers < NVME_BUFFERS_MIN ? NVME_BUFFERS_MIN : buffers);
     *piece = p;
     *file_bytes = nvme_file_bytes(n, p);
@@ -106,13 +117,14 @@ void nvme_check_dir(const char *dir, double need_bytes, struct nvme_dir_info *in
     if (statvfs(dir, &vfs) != 0)
         fail_input("nvme_path '%s': statvfs failed (%s)", dir, strerror(errno));
     info->free_bytes = (double)vfs.f_bavail * (double)vfs.f_frsize;
-    if (info->free_bytes < need_bytes)
-        fail_input("nvme_path '%s' has %.3f GiB free; the offloaded state needs %.3f GiB: free space or choose "
-                   "another disk", dir, info->free_bytes / 1073741824.0, need_bytes / 1073741824.0);
-    struct statfs fs;
+    struct statfs fs; /* the warning first: a tmpfs too small to hold the state is memory all the same */
     info->tmpfs = statfs(dir, &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
     if (info->tmpfs)
         log_warn("nvme_path '%s' is tmpfs: memory, not disk; the offloaded state takes host memory there", dir);
+    if (info->free_bytes < need_bytes)
+        fail_input("nvme_path '%s' has %.0f bytes (%.3f GiB) free; the offloaded state needs %.0f bytes (%.3f GiB): "
+                   "free space or choose another disk",
+                   dir, info->free_bytes, info->free_bytes / 1073741824.0, need_bytes, need_bytes / 1073741824.0);
 }
 
 /* ---- I/O ------------------------------------------------------------------- */
@@ -283,13 +295,24 @@ void **nvme_pinned_buffers(int n, size_t bytes)
     return bufs;
 }
 
-void nvme_free_buffers(void **bufs, int n, size_t bytes)
+void nvme_release(struct io_uring *ring, bool async, void **bufs, int n, size_t bytes, int fd, char *path)
 {
+#ifndef SHARDLM_NO_URING
+    if (async)
+        io_uring_queue_exit(ring);
+#else
+    (void)ring;
+    (void)async;
+#endif
     for (int b = 0; b < n; b++) {
         munlock(bufs[b], bytes);
         free(bufs[b]);
     }
     free(bufs);
+    unlink(path);
+    util_keep_file(path); /* the file is gone: nothing to remove should this process fail later */
+    close(fd);
+    free(path);
 }
 
 /* Files of other jobs (optimizer state or parameters) that a kill (-9, a lost
@@ -397,16 +420,13 @@ void nvme_close(struct nvme_file *f)
         return;
     drain(f);
 #ifndef SHARDLM_NO_URING
-    if (f->async)
-        io_uring_queue_exit(&f->ring);
+    struct io_uring *ring = &f->ring;
+#else
+    struct io_uring *ring = NULL;
 #endif
-    nvme_free_buffers((void **)f->bufs, f->n_bufs, piece_bytes(f));
-    unlink(f->path);
-    util_keep_file(f->path);
-    close(f->fd);
+    nvme_release(ring, f->async, (void **)f->bufs, f->n_bufs, piece_bytes(f), f->fd, f->path);
     free(f->state);
     free(f->buf_piece);
-    free(f->path);
     free(f);
 }
 
@@ -434,8 +454,10 @@ static void check_range(const struct nvme_file *f, size_t at, size_t count)
  * the 4 KiB blocks that hold the range (O_DIRECT's unit; a piece's parts
  * start on such blocks), read, or written (the end blocks read first where
  * the range covers them partly). */
-static void move_range(struct nvme_file *f, size_t at, size_t count, float *const arr[3], bool to_file)
+static void move_range(struct nvme_file *f, size_t at, size_t count, float *const arr[3], bool to_file,
+                       enum dtype out_dtype)
 {
+    const size_t out_size = (size_t)dtype_size(out_dtype);
     check_range(f, at, count);
     drain(f);
     for (size_t i = at / f->piece; count > 0 && i * f->piece < at + count; i++) {
@@ -460,8 +482,8 @@ static void move_range(struct nvme_file *f, size_t at, size_t count, float *cons
             if (to_file) {
                 memcpy(in_buf, arr[g] + (lo - at), (hi - lo) * sizeof(float));
                 sync_bytes(f, 0, part + b0, b1 - b0, true);
-            } else {
-                memcpy(arr[g] + (lo - at), in_buf, (hi - lo) * sizeof(float));
+            } else { /* reads: in out_dtype (fp32: as stored) */
+                dtype_convert((char *)arr[g] + (lo - at) * out_size, out_dtype, in_buf, DTYPE_F32, hi - lo);
             }
         }
         f->state[0] = BUF_FREE;
@@ -471,13 +493,19 @@ static void move_range(struct nvme_file *f, size_t at, size_t count, float *cons
 void nvme_write_range(struct nvme_file *f, size_t at, size_t count, const float *p, const float *m, const float *v)
 {
     float *const arr[3] = {(float *)p, (float *)m, (float *)v};
-    move_range(f, at, count, arr, true);
+    move_range(f, at, count, arr, true, DTYPE_F32);
 }
 
 void nvme_read_range(struct nvme_file *f, size_t at, size_t count, float *p, float *m, float *v)
 {
     float *const arr[3] = {p, m, v};
-    move_range(f, at, count, arr, false);
+    move_range(f, at, count, arr, false, DTYPE_F32);
+}
+
+void nvme_read_master_as(struct nvme_file *f, size_t at, size_t count, void *out, enum dtype dtype)
+{
+    float *const arr[3] = {out, NULL, NULL};
+    move_range(f, at, count, arr, false, dtype);
 }
 
 /* ---- the step ------------------------------------------------------------------ */

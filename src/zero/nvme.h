@@ -85,6 +85,10 @@ size_t nvme_file_bytes(size_t n, size_t piece);
  * is smaller, the range rounded up to NVME_PIECE_ALIGN. The engine opens its
  * file with these and the memory plan counts them: one function for both. */
 void nvme_sizes(size_t n, int buffers, size_t *file_bytes, size_t *host_bytes, size_t *piece);
+/* The piece nvme_sizes starts from: NVME_PIECE_DEFAULT, or the environment's
+ * SHARDLM_NVME_PIECE (elements, rounded up to NVME_PIECE_ALIGN; a test and
+ * benchmark hook: a small model's state then outweighs its buffers). */
+size_t nvme_piece_default(void);
 
 struct nvme_file;
 
@@ -109,6 +113,9 @@ size_t nvme_host_bytes(const struct nvme_file *f); /* the buffers' bytes */
  * given, only the 4 KiB blocks that hold the range move. */
 void nvme_write_range(struct nvme_file *f, size_t at, size_t count, const float *p, const float *m, const float *v);
 void nvme_read_range(struct nvme_file *f, size_t at, size_t count, float *p, float *m, float *v);
+/* Reads the master of elements [at, at + count) into out as dtype (converted
+ * from the file's buffer: no scratch). */
+void nvme_read_master_as(struct nvme_file *f, size_t at, size_t count, void *out, enum dtype dtype);
 
 /* One tensor slice of the step: elements [at, at + n) of the state, their
  * fp32 gradients, the decay, and where the new parameters go in out_dtype
@@ -136,13 +143,15 @@ int nvme_open_locked(const char *dir, const char *job, int rank, const char *ext
                      bool *direct);
 /* One line naming the file and the cause of a failed or short read/write, exit 2. */
 __attribute__((noreturn)) void nvme_io_failed(const char *path, const char *what, long res, size_t want);
-/* n buffers of bytes each, 4 KiB aligned, zeroed, mlocked where the limit allows; freed by nvme_free_buffers. */
+/* n buffers of bytes each, 4 KiB aligned, zeroed, mlocked where the limit allows; freed by nvme_release. */
 void **nvme_pinned_buffers(int n, size_t bytes);
-void nvme_free_buffers(void **bufs, int n, size_t bytes);
+struct io_uring;
+/* The end both file kinds share: ring (when async) torn down, the n buffers of bytes each freed, the file (fd,
+ * path) removed, unlocked and closed, path freed. */
+void nvme_release(struct io_uring *ring, bool async, void **bufs, int n, size_t bytes, int fd, char *path);
 /* Reads or writes bytes at off of path (fd) synchronously, whole (errors: nvme_io_failed). */
 void nvme_sync_io(int fd, const char *path, void *buf, size_t bytes, size_t off, bool write);
 /* Waits for one completion of ring (liburing): the buffer index its request carried; *res its result. */
-struct io_uring;
 int nvme_ring_reap(struct io_uring *ring, const char *path, int *res);
 
 /*

@@ -120,17 +120,14 @@ void nvme_params_close(struct nvme_params *f)
     for (int b = 0; b < f->n_bufs; b++)
         nvme_params_wait(f, b);
 #ifndef SHARDLM_NO_URING
-    if (f->async)
-        io_uring_queue_exit(&f->ring);
+    struct io_uring *ring = &f->ring;
+#else
+    struct io_uring *ring = NULL;
 #endif
-    nvme_free_buffers(f->bufs, f->n_bufs, f->buf_bytes);
-    unlink(f->path);
-    util_keep_file(f->path);
-    close(f->fd);
+    nvme_release(ring, f->async, f->bufs, f->n_bufs, f->buf_bytes, f->fd, f->path);
     free(f->busy);
     free(f->writing);
     free(f->bytes);
-    free(f->path);
     free(f);
 }
 

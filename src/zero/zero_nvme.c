@@ -267,35 +267,26 @@ void zero_nvme_store(struct zero *z, int u)
     nvme_params_wait(z->pfile, 0);
 }
 
-/* The parameter dtype of count fp32 values at src (host or backend memory) into host memory at dst. */
+/* The parameter dtype of count fp32 values at src (host or backend memory) into host memory at dst. A master
+ * in device memory comes over in chunks through a bounce on the stack (fp32: straight into dst): no scratch on
+ * the heap, nothing the plan would have to count. */
 static void narrow_to_host(struct zero *z, void *dst, const float *src, size_t count)
 {
     if (!z->device || z->optimizer_on_host) {
         dtype_convert(dst, z->dtype, src, DTYPE_F32, count);
         return;
     }
-    enum { CHUNK = 1 << 16 };
-    float *tmp = xmalloc(CHUNK * sizeof *tmp);
+    if (z->dtype == DTYPE_F32) {
+        backend_copy(dst, src, count * sizeof *src);
+        return;
+    }
+    enum { CHUNK = 1 << 14 };
+    float tmp[CHUNK];
     for (size_t at = 0; at < count; at += CHUNK) {
         const size_t n = count - at < CHUNK ? count - at : CHUNK;
         backend_copy(tmp, src + at, n * sizeof *tmp);
         dtype_convert(elem(dst, at, z->esize), z->dtype, tmp, DTYPE_F32, n);
     }
-    free(tmp);
-}
-
-/* A trained unit's new master in offload_optimizer nvme's file: narrowed into
- * dst a chunk at a time (read after the step's writes; no copy of the shard). */
-static void narrow_from_file(struct zero *z, void *dst, int u, size_t count)
-{
-    enum { CHUNK = 1 << 18 };
-    float *tmp = xmalloc(CHUNK * sizeof *tmp);
-    for (size_t at = 0; at < count; at += CHUNK) {
-        const size_t n = count - at < CHUNK ? count - at : CHUNK;
-        nvme_read_range(z->nvme, zero_range_offset(z, u) + at, n, tmp, NULL, NULL);
-        dtype_convert(elem(dst, at, z->esize), z->dtype, tmp, DTYPE_F32, n);
-    }
-    free(tmp);
 }
 
 void zero_nvme_write_back(struct zero *z)
@@ -312,8 +303,9 @@ void zero_nvme_write_back(struct zero *z)
             continue;
         const int b = k++ % nb;
         nvme_params_wait(z->pfile, b);
-        if (zu->role.state_in_file)
-            narrow_from_file(z, nvme_params_buffer(z->pfile, b), u, zu->opt_count);
+        if (zu->role.state_in_file) /* the new master, from offload_optimizer nvme's file */
+            nvme_read_master_as(z->nvme, zero_range_offset(z, u), zu->opt_count, nvme_params_buffer(z->pfile, b),
+                                z->dtype);
         else
             narrow_to_host(z, nvme_params_buffer(z->pfile, b), zu->master, zu->opt_count);
         nvme_params_start(z->pfile, b, z->pfile_off[u], file_span(z, zu), true);

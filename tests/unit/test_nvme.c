@@ -203,7 +203,7 @@ static void check_bad_input(void)
     CHECK("nvme_path_made", st == 0 && stat(deep, &sb) == 0 && S_ISDIR(sb.st_mode), "exit %d, '%s'", st, msg);
 
     a = (struct open_args){deep, "j", 100, 1e18};
-    expect_error("nvme_path_no_room", check_dir_child, &a, deep, "GiB free");
+    expect_error("nvme_path_no_room", check_dir_child, &a, deep, "GiB) free; the offloaded state needs");
 
     snprintf(path, sizeof path, "%s/plain-file/sub", base);
     a = (struct open_args){path, "j", 100, 0};
