@@ -365,6 +365,60 @@ static void lm_chunk_forward(struct family_acts *a, const float *lm, int r0, int
         backend_crossentropy_forward(a->losses + r0, a->logits, a->dev_targets + r0, n, V, Vp);
 }
 
+/* The next run of rows with a trained target at or after row *at (host targets): its first row, its length
+ * (0: none left); *at moves past it. */
+static int trained_run(const int32_t *targets, int rows, int *at, int *len)
+{
+    int i = *at;
+    while (i < rows && targets[i] < 0)
+        i++;
+    int j = i;
+    while (j < rows && targets[j] >= 0)
+        j++;
+    *at = j;
+    *len = j - i;
+    return i;
+}
+
+/* An evaluation forward with targets: only the rows with a trained target need their logits (an untrained
+ * row's loss is 0), so those rows of the final norm's output move down to the front (nothing reads it after
+ * an evaluation forward; a run moves in pieces no longer than the distance, so no copy overlaps itself) and
+ * the LM head runs over them alone, its chunks' cross-entropy run by run with each run's own targets and
+ * losses. A row's logits and loss are the ones the head computes over every row, bit for bit (the matmul and
+ * the cross-entropy compute each row on its own); for DPO's reference and prompts that are not trained this
+ * saves their share of the LM head. */
+static void lm_chunks_trained(struct family_acts *a, const float *lm)
+{
+    const struct model *m = a->m;
+    const int rows = a->B * a->T, R = a->logits_rows, C = m->cfg.n_embd, V = m->cfg.vocab_size;
+    const int Vp = m->cfg.padded_vocab;
+    const size_t es = act_size_now(), row_bytes = (size_t)C * es;
+    backend_zero(a->losses, (size_t)rows);
+    int n = 0, len;
+    for (int at = 0, i; (i = trained_run(a->targets, rows, &at, &len), len > 0); n += len)
+        for (int done = 0, step = i - n; done < len && step > 0; done += step) {
+            const int k = len - done < step ? len - done : step;
+            backend_copy((char *)a->norm_out + (size_t)(n + done) * row_bytes,
+                         (const char *)a->norm_out + (size_t)(i + done) * row_bytes, (size_t)k * row_bytes);
+        }
+    /* the chunks of the n rows, and the runs (row i at compact row c) each chunk's rows come from */
+    int at = 0, c = 0, i = trained_run(a->targets, rows, &at, &len);
+    for (int c0 = 0; c0 < n; c0 += R) {
+        const int nc = n - c0 < R ? n - c0 : R;
+        backend_matmul_forward_transposed(a->logits, elem_at(a->norm_out, (size_t)c0 * C, es), lm, nc, C, Vp);
+        for (const int end = c0 + nc; c < end;) {
+            const int k = end - c < len ? end - c : len; /* the run's rows in this chunk */
+            backend_crossentropy_forward(a->losses + i, (float *)elem_at(a->logits, (size_t)(c - c0) * Vp, es),
+                                         a->dev_targets + i, k, V, Vp);
+            i += k, len -= k, c += k;
+            if (len == 0)
+                i = trained_run(a->targets, rows, &at, &len);
+        }
+    }
+    /* compact rows are no row's own: family_read_logits (forwards without targets) refuses every row */
+    a->logits_r0 = -(R + 1);
+}
+
 /* The chunk's dlogits from its probabilities (scale: per row, or dloss_scale when NULL), folded into the LM
  * head's gradient dlm and the final norm's output gradient. */
 static void lm_chunk_backward(struct family_acts *a, const float *lm, float *dlm, int r0, int n, const float *scale)
@@ -411,12 +465,15 @@ static double lm_chunks(struct family_acts *a, const float *lm, float *lm_grad_u
     const bool rows_after = weighted && !dlm;
     if (rows_after)
         a->dloss_scale = 1.0f;
-    for (int r0 = 0; r0 < rows; r0 += R) {
-        const int n = rows - r0 < R ? rows - r0 : R;
-        lm_chunk_forward(a, lm, r0, n, with_targets);
-        if (with_targets && backward && (!weighted || rows_after))
-            lm_chunk_backward(a, lm, dlm, r0, n, NULL);
-    }
+    if (with_targets && !backward && !a->kv && !a->debug_logits)
+        lm_chunks_trained(a, lm);
+    else
+        for (int r0 = 0; r0 < rows; r0 += R) {
+            const int n = rows - r0 < R ? rows - r0 : R;
+            lm_chunk_forward(a, lm, r0, n, with_targets);
+            if (with_targets && backward && (!weighted || rows_after))
+                lm_chunk_backward(a, lm, dlm, r0, n, NULL);
+        }
     if (!with_targets)
         return 0.0;
     read_losses(a, rows);
