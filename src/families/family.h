@@ -196,6 +196,9 @@ void family_read_logits(const struct family_acts *a, int row, float *out);
 /* Tests: this many rows instead (the plan follows). */
 #define LOGITS_ROWS_ENV "SHARDLM_LOGITS_ROWS"
 int family_logits_rows(const struct model *m, int B, int T);
+/* Tests: "all": an evaluation forward with targets runs the LM head over every row, as before it skipped the
+ * untrained ones; "log": it says on stderr how many rows it ran of how many. */
+#define EVAL_ROWS_ENV "SHARDLM_EVAL_LM_ROWS"
 
 /* ---- for the families ---- */
 
