@@ -19,7 +19,9 @@
  *           (family_logits_rows): logits, loss and, in training, at once
  *           their gradient into the LM head's weight gradient and the final
  *           norm's output gradient (no buffer of every row's logits exists),
- *           then the final norm's backward (the head unit again when tied).
+ *           then the final norm's backward (the head unit again when tied);
+ *           an evaluation with targets runs the rows with a trained target
+ *           only (family.c lm_chunks_trained), the same losses bit for bit.
  * Backward: the blocks in segments from the last (each segment's blocks
  *           gathered together, their forward recomputed from the kept input
  *           when checkpointing), embedding.
