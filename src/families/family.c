@@ -1,5 +1,6 @@
 #include "family.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -365,6 +366,75 @@ static void lm_chunk_forward(struct family_acts *a, const float *lm, int r0, int
         backend_crossentropy_forward(a->losses + r0, a->logits, a->dev_targets + r0, n, V, Vp);
 }
 
+/* The next run of rows with a trained target at or after row *at (host targets): its first row, its length
+ * (0: none left); *at moves past it. */
+static int trained_run(const int32_t *targets, int rows, int *at, int *len)
+{
+    int i = *at;
+    while (i < rows && targets[i] < 0)
+        i++;
+    int j = i;
+    while (j < rows && targets[j] >= 0)
+        j++;
+    *at = j;
+    *len = j - i;
+    return i;
+}
+
+/* An evaluation forward with targets: only the rows with a trained target need their logits (an untrained
+ * row's loss is 0), so those rows of the final norm's output move down to the front (nothing reads it after
+ * an evaluation forward; a run moves in pieces no longer than the distance, so no copy overlaps itself) and
+ * the LM head runs over them alone, its chunks' cross-entropy run by run with each run's own targets and
+ * losses; for DPO's reference and prompts that are not trained this saves their share of the LM head. Each
+ * row's loss is the one the pass over every row computes, bit for bit: the cross-entropy computes each row on
+ * its own, and so does the matmul as long as every call, the pass's and this one's, has at least
+ * LOGITS_MIN_ROWS rows (OpenBLAS's blocked sgemm: a row's sums depend on the inner dimension alone; a handful
+ * of rows takes other kernels). So it runs only when the chunk is that long (not a tiny micro-batch, not
+ * SHARDLM_LOGITS_ROWS's short chunks), a last chunk shorter than that is computed whole as before, and the
+ * last chunk of the trained rows takes at least that many (rows past them, whose logits nothing reads).
+ * Returns false, doing nothing, when it does not run. */
+static bool lm_chunks_trained(struct family_acts *a, const float *lm)
+{
+    const struct model *m = a->m;
+    const int rows = a->B * a->T, R = a->logits_rows, C = m->cfg.n_embd, V = m->cfg.vocab_size;
+    const int Vp = m->cfg.padded_vocab, last = (rows - 1) / R * R;
+    const char *hook = getenv(EVAL_ROWS_ENV);
+    if (R < LOGITS_MIN_ROWS || (hook && strcmp(hook, "all") == 0))
+        return false;
+    const int end = rows - last < LOGITS_MIN_ROWS ? last : rows; /* the rows that may move */
+    const size_t es = act_size_now(), row_bytes = (size_t)C * es;
+    backend_zero(a->losses, (size_t)rows);
+    int n = 0, len;
+    for (int at = 0, i; (i = trained_run(a->targets, end, &at, &len), len > 0); n += len)
+        for (int done = 0, step = i - n; done < len && step > 0; done += step) {
+            const int k = len - done < step ? len - done : step;
+            backend_copy((char *)a->norm_out + (size_t)(n + done) * row_bytes,
+                         (const char *)a->norm_out + (size_t)(i + done) * row_bytes, (size_t)k * row_bytes);
+        }
+    /* the chunks of the n rows, and the runs (row i at compact row c) each chunk's rows come from */
+    int at = 0, c = 0, i = trained_run(a->targets, end, &at, &len), ran = rows - end;
+    for (int c0 = 0; c0 < n; c0 += R) {
+        const int nc = n - c0 < R ? n - c0 : R, nm = nc < LOGITS_MIN_ROWS ? LOGITS_MIN_ROWS : nc; /* <= end - c0 */
+        ran += nm;
+        backend_matmul_forward_transposed(a->logits, elem_at(a->norm_out, (size_t)c0 * C, es), lm, nm, C, Vp);
+        for (const int stop = c0 + nc; c < stop;) {
+            const int k = stop - c < len ? stop - c : len; /* the run's rows in this chunk */
+            backend_crossentropy_forward(a->losses + i, (float *)elem_at(a->logits, (size_t)(c - c0) * Vp, es),
+                                         a->dev_targets + i, k, V, Vp);
+            i += k, len -= k, c += k;
+            if (len == 0)
+                i = trained_run(a->targets, end, &at, &len);
+        }
+    }
+    if (end < rows)
+        lm_chunk_forward(a, lm, end, rows - end, 1);
+    if (hook && strcmp(hook, "log") == 0)
+        fprintf(stderr, "eval LM head: %d of %d rows (%d trained moved, %d after them)\n", ran, rows, n, rows - end);
+    /* compact rows are no row's own: family_read_logits (forwards without targets) refuses every row */
+    a->logits_r0 = -(R + 1);
+    return true;
+}
+
 /* The chunk's dlogits from its probabilities (scale: per row, or dloss_scale when NULL), folded into the LM
  * head's gradient dlm and the final norm's output gradient. */
 static void lm_chunk_backward(struct family_acts *a, const float *lm, float *dlm, int r0, int n, const float *scale)
@@ -411,12 +481,13 @@ static double lm_chunks(struct family_acts *a, const float *lm, float *lm_grad_u
     const bool rows_after = weighted && !dlm;
     if (rows_after)
         a->dloss_scale = 1.0f;
-    for (int r0 = 0; r0 < rows; r0 += R) {
-        const int n = rows - r0 < R ? rows - r0 : R;
-        lm_chunk_forward(a, lm, r0, n, with_targets);
-        if (with_targets && backward && (!weighted || rows_after))
-            lm_chunk_backward(a, lm, dlm, r0, n, NULL);
-    }
+    if (!(with_targets && !backward && !a->kv && !a->debug_logits && lm_chunks_trained(a, lm)))
+        for (int r0 = 0; r0 < rows; r0 += R) {
+            const int n = rows - r0 < R ? rows - r0 : R;
+            lm_chunk_forward(a, lm, r0, n, with_targets);
+            if (with_targets && backward && (!weighted || rows_after))
+                lm_chunk_backward(a, lm, dlm, r0, n, NULL);
+        }
     if (!with_targets)
         return 0.0;
     read_losses(a, rows);

@@ -19,7 +19,9 @@
  *           (family_logits_rows): logits, loss and, in training, at once
  *           their gradient into the LM head's weight gradient and the final
  *           norm's output gradient (no buffer of every row's logits exists),
- *           then the final norm's backward (the head unit again when tied).
+ *           then the final norm's backward (the head unit again when tied);
+ *           an evaluation with targets runs the rows with a trained target
+ *           only (family.c lm_chunks_trained), the same losses bit for bit.
  * Backward: the blocks in segments from the last (each segment's blocks
  *           gathered together, their forward recomputed from the kept input
  *           when checkpointing), embedding.
@@ -196,6 +198,9 @@ void family_read_logits(const struct family_acts *a, int row, float *out);
 /* Tests: this many rows instead (the plan follows). */
 #define LOGITS_ROWS_ENV "SHARDLM_LOGITS_ROWS"
 int family_logits_rows(const struct model *m, int B, int T);
+/* Tests: "all": an evaluation forward with targets runs the LM head over every row, as before it skipped the
+ * untrained ones; "log": it says on stderr how many rows it ran of how many. */
+#define EVAL_ROWS_ENV "SHARDLM_EVAL_LM_ROWS"
 
 /* ---- for the families ---- */
 
