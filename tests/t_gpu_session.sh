@@ -3,7 +3,7 @@
 # through tests/cudaemu's CPU emulation of the CUDA sources, NCCL found the
 # way the GPU machine has it (a nvidia-nccl wheel: libnccl.so.2 without a
 # libnccl.so link, in a Python's site-packages), and results.json is checked:
-# well-formed, every stage present with its status, all six passed here,
+# well-formed, every stage present with its status, all seven passed here,
 # the Llama throughput measured like GPT-2's, at most 8 files in OUT.
 # Then a stage that hangs is killed at its time limit, reported as
 # "timeout", and the next stage still runs. Issue 35: results.json names the
@@ -48,7 +48,7 @@ OUT=$TMP/out bash tests/gpu/session.sh --rehearse >"$TMP/stdout" 2>&1
 rc=$?
 [ "$rc" = 0 ] && ok gpu_session.exit_0 || fail gpu_session.exit_0 "exit $rc: $(tail -12 "$TMP/stdout" | tr '\n' ' ')"
 last=$(tail -1 "$TMP/stdout")
-[ "$last" = "6 passed, 0 failed" ] && ok gpu_session.summary_line || fail gpu_session.summary_line "last line '$last'"
+[ "$last" = "7 passed, 0 failed" ] && ok gpu_session.summary_line || fail gpu_session.summary_line "last line '$last'"
 n=$(find "$TMP/out" -type f | wc -l)
 [ "$n" -le 8 ] && ok gpu_session.at_most_8_files || fail gpu_session.at_most_8_files "$n files: $(ls "$TMP/out" | tr '\n' ' ')"
 
@@ -64,7 +64,7 @@ except (OSError, ValueError) as e:
     sys.exit(0)
 check("gpu_session.results_json", res.get("mode") == "rehearsal", f"mode {res.get('mode')}")
 stages = {s["name"]: s for s in res["stages"]}
-want = ["probe", "build", "kernels", "e2e", "throughput", "timings"]
+want = ["probe", "build", "kernels", "e2e", "nvme", "throughput", "timings"]
 check("gpu_session.every_stage", [s["name"] for s in res["stages"]] == want, f"stages {list(stages)}")
 for name in want:
     s = stages.get(name, {})
@@ -77,6 +77,9 @@ check("gpu_session.probe.no_gpu_is_skip", any(x["name"] == "probe.gpu" for x in 
       str(stages["probe"]["skipped"]))
 check("gpu_session.probe.nccl_from_wheel", str(probe.get("nccl", "")).startswith(sys.argv[2]), f"nccl {probe.get('nccl')}")
 check("gpu_session.kernels.count", stages["kernels"]["passed"] >= 100, f"{stages['kernels']['passed']} kernel checks")
+nv = stages["nvme"]["figures"]
+check("gpu_session.nvme.figures", all(isinstance(nv.get(k), (int, float)) and nv[k] > 0
+                                      for k in ("nvme_ratio", "plain_ms", "step_ms")), str(nv)[:300])
 worst = stages["e2e"]["figures"].get("worst_relative_loss_difference", {})
 check("gpu_session.e2e.cases", sorted(worst) == ["llama_n1_bf16", "n1_fp32", "n2_fp32", "offload_bf16"], str(worst))
 check("gpu_session.commit", str(res.get("commit", "")).startswith(sys.argv[3]), f"commit {res.get('commit')}")
@@ -311,7 +314,7 @@ p, e, t = st.get("probe", {}), st.get("e2e", {}), st.get("timings", {})
 ok = p.get("status") == "timeout" and p.get("seconds", 99) < 30 and t.get("status") == "pass"
 print("ok gpu_session.hang_times_out" if ok else
       f"FAIL gpu_session.hang_times_out: probe {p.get('status')} in {p.get('seconds')} s, timings {t.get('status')}")
-ok = e.get("status") == "pass" and e.get("passed", 0) >= 3 and e.get("seconds", 0) > 1
+ok = e.get("status") == "pass" and e.get("passed", 0) >= 3  # its checks ran (no wall-clock bound: a fast machine)
 print("ok gpu_session.hang_later_stages_run" if ok else
       f"FAIL gpu_session.hang_later_stages_run: e2e {e.get('status')} in {e.get('seconds')} s, {e.get('failed_checks')}, "
       f"note {e.get('note')}")

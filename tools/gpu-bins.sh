@@ -9,6 +9,8 @@
 #                            default x86-64-v2: not this CPU's native), no -g
 #   check_kernels, time_kernels   tests/gpu's checkers, linked as the session's
 #                            build stage links them
+#   nvme_bench               tools/bench/nvme_bench.c, linked the same way (the
+#                            session's nvme stage: issue 36's benchmark there)
 #   refs/                    tests/gpu/e2e.py's CPU runs and plans, precomputed
 #   build-nomake.sh          the fallback for a machine where they do not load
 #                            and there is no make (tools/gpu-nomake.sh)
@@ -40,7 +42,7 @@ make --no-print-directory -j"$(nproc)" "${ARGS[@]}" check-deps "$B/bin/shardlm" 
 rm -rf "$DIR" && mkdir -p "$DIR"
 cp "$B/bin/shardlm" "$B/bin/shardlm-cuda" "$DIR/"
 bash tests/gpu/session.sh --link-checkers "$B" "$DIR" "${ARGS[@]}" || die "linking the checkers failed"
-for f in shardlm shardlm-cuda check_kernels time_kernels; do strip --strip-debug "$DIR/$f"; done
+for f in shardlm shardlm-cuda check_kernels time_kernels nvme_bench; do strip --strip-debug "$DIR/$f"; done
 # where they do not load and there is no make: the Makefile's recipes for gcc and nvcc alone
 bash tools/gpu-nomake.sh "$DIR/build-nomake.sh"
 

@@ -26,6 +26,10 @@
 #   e2e        (180 s)  tests/gpu/e2e.py: CUDA build vs CPU build (precomputed
 #                       in gpu-bins/refs where present), fp32/bf16, N=1 over
 #                       NCCL, N=2 on one GPU host-staged MPI, offload
+#   nvme        (60 s)  nvme_bench (tools/bench/nvme_bench.c, linked with the
+#                       checkers): the streamed AdamW step of offload_optimizer
+#                       "nvme" against a plain O_DIRECT read + write of the
+#                       same 768 MiB on the machine's own disk (issue 36)
 #   throughput (200 s)  tests/gpu/throughput.py: GPT-2 350M bf16, accumulation 1
 #                       and 8, 12 steps a run, shardlm and PyTorch alternated
 #                       twice: median tokens/s and MFU (vs 989 TFLOP/s and vs a
@@ -57,9 +61,9 @@ set -u
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
 SELF=$ROOT/tests/gpu/session.sh
-ALL_STAGES="probe build kernels e2e throughput timings"
+ALL_STAGES="probe build kernels e2e nvme throughput timings"
 # stage time limits in seconds (the brief's: at most 9 minutes in all)
-declare -A LIMIT=([probe]=60 [build]=150 [kernels]=60 [e2e]=180 [throughput]=200 [timings]=30)
+declare -A LIMIT=([probe]=60 [build]=150 [kernels]=60 [e2e]=180 [nvme]=60 [throughput]=200 [timings]=30)
 
 usage() { sed -n '2,/^set -u/p' "$SELF" | sed '$d; s/^# \{0,1\}//'; }
 
@@ -214,6 +218,9 @@ link_checkers() {
   # shellcheck disable=SC2086
   if gcc $cflags tests/gpu/time_kernels.c $cuda_objs $objs -o "$d/time_kernels" $ldlibs $cudalibs; then
     ok build.time_kernels; else fail build.time_kernels "compiling or linking tests/gpu/time_kernels.c failed"; fi
+  # shellcheck disable=SC2086
+  if gcc $cflags tools/bench/nvme_bench.c $cuda_objs $objs -o "$d/nvme_bench" $ldlibs $cudalibs; then
+    ok build.nvme_bench; else fail build.nvme_bench "compiling or linking tools/bench/nvme_bench.c failed"; fi
 }
 
 # use_carried: the binaries tools/gpu-bins.sh built (sm_90, portable -march) in
@@ -230,6 +237,7 @@ use_carried() {
     return 1
   fi
   mkdir -p bin && cp -p "$BINS/shardlm" "$BINS/shardlm-cuda" bin/ && cp -p "$BINS/check_kernels" "$BINS/time_kernels" "$WORK/" || return 1
+  [ -x "$BINS/nvme_bench" ] && cp -p "$BINS/nvme_bench" "$WORK/" # optional: the nvme stage skips without it
   say "carried binaries from $BINS: $(tr -s ' \n' ' ' <"$BINS/INFO.json" 2>/dev/null | cut -c1-400)"
   ok build.carried
   PY=${PY:-python3} figure binaries=carried
@@ -324,6 +332,25 @@ stage_throughput() {
   [ "$EMULATE" = 1 ] && emu=(--emulate)
   SHARDLM_COMM_TIMEOUT=60 "$TORCH_PY" -u tests/gpu/throughput.py "${emu[@]}" --python "$TORCH_PY" \
     --part-timeout $((STAGE_LIMIT * 2 / 5))
+}
+
+# the disk of the machine (issue 36's benchmark): where the session's scratch is
+stage_nvme() {
+  local nb=$WORK/nvme_bench dir=$WORK/nvme args=(--n 67108864 --rounds 5) out=$WORK/nvme.out
+  [ "$EMULATE" = 1 ] && args=(--n 1048576 --piece 262144 --rounds 2)
+  [ -x "$nb" ] || { echo "@skip no $nb (the build stage did not link it)"; return 0; }
+  mkdir -p "$dir"
+  say "disk: $(df -T "$dir" | awk 'NR == 2 {print $1, $2}') at $dir; $(nproc) CPUs"
+  "$nb" --dir "$dir" "${args[@]}" 2>&1 | tee "$out"
+  local rc=${PIPESTATUS[0]} ratio plain step
+  rm -rf "$dir"
+  [ "$rc" = 0 ] || { fail nvme.run "nvme_bench exited $rc"; return 1; }
+  ratio=$(sed -n 's/^ratio plain \/ step: \([0-9.]*\).*/\1/p' "$out")
+  plain=$(sed -n 's/^ *plain read + write *\([0-9.]*\) ms.*/\1/p' "$out")
+  step=$(sed -n 's/^ *nvme AdamW step *\([0-9.]*\) ms.*/\1/p' "$out")
+  [ -n "$ratio" ] && [ -n "$plain" ] && [ -n "$step" ] || { fail nvme.run "no ratio in nvme_bench's output"; return 1; }
+  PY=${PY:-python3} figure nvme_ratio="$ratio" plain_ms="$plain" step_ms="$step" target=0.8
+  ok nvme.run
 }
 
 stage_timings() {
