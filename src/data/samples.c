@@ -62,26 +62,41 @@ static int64_t attr_i64(const struct sample_set *s, const char *name)
     return v;
 }
 
+/* The existing attribute name of loc, a fixed-length string, into buf (cap bytes; "" unless read): 0 read,
+ * 1 not a fixed-length string, -1 an HDF5 error. */
+static int read_fixed_str(hid_t loc, const char *name, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT), type = a < 0 ? -1 : H5Aget_type(a);
+    const size_t size = type < 0 ? 0 : H5Tget_size(type);
+    int r = type < 0 ? -1 : H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) > 0 || size == 0 ? 1 : 0;
+    if (r == 0) {
+        char *v = xcalloc(size + 1, 1);
+        if (H5Aread(a, type, v) < 0)
+            r = -1;
+        else
+            snprintf(buf, cap, "%s", v);
+        free(v);
+    }
+    if (type >= 0)
+        H5Tclose(type);
+    if (a >= 0)
+        H5Aclose(a);
+    return r;
+}
+
 /* A fixed-length string attribute into buf (cap bytes), "" when missing. */
 static void attr_str(const struct sample_set *s, const char *name, char *buf, size_t cap)
 {
     buf[0] = 0;
     if (!has_attr(s, name))
         return;
-    hid_t a = H5Aopen((hid_t)s->file, name, H5P_DEFAULT), type = a < 0 ? -1 : H5Aget_type(a);
-    if (type < 0)
+    const int r = read_fixed_str((hid_t)s->file, name, buf, cap);
+    if (r < 0)
         h5_fail(s, "read an attribute");
-    size_t size = H5Tget_size(type);
-    if (H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) > 0 || size == 0)
+    if (r > 0)
         fail_input("%s '%s': attribute '%s' is not a fixed-length string: not a sample file of "
                    "tools/prepare_data.py", s->what, s->path, name);
-    char *v = xcalloc(size + 1, 1);
-    if (H5Aread(a, type, v) < 0)
-        h5_fail(s, "read an attribute");
-    snprintf(buf, cap, "%s", v);
-    free(v);
-    H5Tclose(type);
-    H5Aclose(a);
 }
 
 static hid_t open_dataset(const struct sample_set *s, const char *name, size_t *n)
@@ -312,17 +327,8 @@ bool samples_file_format(const char *path, char *format, size_t cap)
     hid_t f = stat(path, &st) == 0 && S_ISREG(st.st_mode) && H5Fis_hdf5(path) > 0
                   ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
     if (f >= 0) {
-        hid_t a = H5Aexists(f, "format") > 0 ? H5Aopen(f, "format", H5P_DEFAULT) : -1;
-        hid_t type = a < 0 ? -1 : H5Aget_type(a);
-        char *v = type >= 0 && H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) <= 0
-                      ? xcalloc(H5Tget_size(type) + 1, 1) : NULL;
-        if (v && H5Aread(a, type, v) >= 0)
-            snprintf(format, cap, "%s", v);
-        free(v);
-        if (type >= 0)
-            H5Tclose(type);
-        if (a >= 0)
-            H5Aclose(a);
+        if (H5Aexists(f, "format") > 0)
+            (void)read_fixed_str(f, "format", format, cap); /* anything else than a string: "" */
         H5Fclose(f);
     }
     H5Eclear2(H5E_DEFAULT);
