@@ -351,6 +351,20 @@ stage_nvme() {
   [ -n "$ratio" ] && [ -n "$plain" ] && [ -n "$step" ] || { fail nvme.run "no ratio in nvme_bench's output"; return 1; }
   PY=${PY:-python3} figure nvme_ratio="$ratio" plain_ms="$plain" step_ms="$step" target=0.8
   ok nvme.run
+  # the same bench with more buffers and with smaller and larger pieces (3
+  # rounds each): which knob, if any, moves the ratio on this disk
+  local v name vargs=()
+  for v in "b8:--buffers 8" "p512k:--piece 524288" "p8m:--piece 8388608"; do
+    name=${v%%:*}; read -r -a vargs <<<"${v#*:}"
+    [ "$EMULATE" = 1 ] && vargs+=(--n 1048576) && [ "$name" = p8m ] && continue
+    mkdir -p "$dir"
+    "$nb" --dir "$dir" "${args[@]}" --rounds 3 "${vargs[@]}" >"$out" 2>&1
+    rc=$?; rm -rf "$dir"
+    ratio=$(sed -n 's/^ratio plain \/ step: \([0-9.]*\).*/\1/p' "$out")
+    say "sweep $name (${vargs[*]}): exit $rc, ratio ${ratio:-none}"
+    [ -n "$ratio" ] && PY=${PY:-python3} figure "sweep_${name}_ratio=$ratio"
+  done
+  return 0
 }
 
 stage_timings() {
