@@ -37,6 +37,14 @@ using namespace nvcuda;
 #define TC_THREADS (TC_WARPS * 32)
 #define TC_ROWS (TC_WARPS * 16) /* query rows of a forward block */
 #define TC_MAX_HS 128
+/* Row strides of the warps' shared tiles of n columns: fp32 scores and dP (TC_LDF), and the probabilities and dS
+ * as [A] operands (TC_LDA); wmma needs multiples of 4 floats and 8 halves. The padding puts the rows of a tile in
+ * different banks: with a tile's row at a multiple of 32 words, the 16 rows' lanes of the softmax all hit one bank
+ * (a 16- to 32-way conflict on every score read and probability write); padded, two lanes at most share one.
+ * The 16-column [A] tiles of the dk/dv kernel stay unpadded (a 4-way conflict): padded, that kernel at head size
+ * 128 needs more than the 48 KiB of static shared memory. */
+#define TC_LDF(n) ((n) + 4)
+#define TC_LDA(n) ((n) + ((n) > 16 ? 8 : 0))
 
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> tc_acc;
 
@@ -174,7 +182,7 @@ __device__ static void tc_times_tile(float *out, XK xk, const A *y, int hs)
                 wmma::load_matrix_sync(yf, y + (size_t)c * 16 * hs + k * 16, hs);
                 wmma::mma_sync(acc, xk(k), yf, acc);
             }
-        wmma::store_matrix_sync(out + c * 16, acc, N, wmma::mem_row_major);
+        wmma::store_matrix_sync(out + c * 16, acc, TC_LDF(N), wmma::mem_row_major);
     }
     __syncwarp();
 }
@@ -209,7 +217,7 @@ __device__ static void tc_weights_times_tile(tc_acc *acc, const A *w, const A *y
 #pragma unroll
     for (int kk = 0; kk < N / 16; kk++) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, A, wmma::row_major> wf;
-        wmma::load_matrix_sync(wf, w + kk * 16, N);
+        wmma::load_matrix_sync(wf, w + kk * 16, TC_LDA(N));
 #pragma unroll
         for (int f = 0; f < ND; f++)
             if (f < hs / 16) {
@@ -227,8 +235,8 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_forward_kernel
 {
     /* the block's queries (staged once), then each tile's keys and values */
     __shared__ __align__(32) A kv[2 * BK * ND * 16];
-    __shared__ __align__(32) float scores[TC_WARPS][16 * BK];
-    __shared__ __align__(32) A probs[TC_WARPS][16 * BK];
+    __shared__ __align__(32) float scores[TC_WARPS][16 * TC_LDF(BK)];
+    __shared__ __align__(32) A probs[TC_WARPS][16 * TC_LDA(BK)];
     __shared__ float factor[TC_WARPS][16];
     static_assert(2 * BK * ND * 16 >= TC_ROWS * ND * 16, "the queries fit where the keys and values go");
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, hs = s.hs, nd = hs / 16;
@@ -246,7 +254,7 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_forward_kernel
     tc_acc o[ND];
     tc_zero<ND>(o);
 
-    /* two lanes a row: row r, columns [half BK / 2, (half + 1) BK / 2) of a tile */
+    /* two lanes a row: row r, the even (half 0) or odd (half 1) columns of a tile */
     const int r = lane / 2, half = lane % 2, i = w0 + r;
     const int first = i < s.T ? tc_first_key(s, b, i) : 0;
     const int wfirst = w0 < s.T ? tc_first_key(s, b, w0) : 0;
@@ -261,8 +269,8 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_forward_kernel
             float x[BK / 2], mx = -INFINITY;
 #pragma unroll
             for (int c2 = 0; c2 < BK / 2; c2++) {
-                const int c = half * (BK / 2) + c2, j = j0 + c;
-                x[c2] = c < n && i < s.T && j >= first && j <= i ? sc[r * BK + c] * s.scale : -INFINITY;
+                const int c = 2 * c2 + half, j = j0 + c;
+                x[c2] = c < n && i < s.T && j >= first && j <= i ? sc[r * TC_LDF(BK) + c] * s.scale : -INFINITY;
                 mx = fmaxf(mx, x[c2]);
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -281,7 +289,7 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_forward_kernel
             m = mnew;
 #pragma unroll
             for (int c2 = 0; c2 < BK / 2; c2++)
-                tc_round(&pr[r * BK + half * (BK / 2) + c2], mnew > -INFINITY ? x[c2] : 0.0f);
+                tc_round(&pr[r * TC_LDA(BK) + 2 * c2 + half], mnew > -INFINITY ? x[c2] : 0.0f);
             if (half == 0)
                 factor[warp][r] = corr;
             __syncwarp();
@@ -325,18 +333,18 @@ template <typename A, int NC, typename See, typename Lse, typename Dterm>
 __device__ static void tc_softmax_backward(A *p, A *ds, const float *sc, const float *dp, float scale, See see, Lse lse,
                                            Dterm dterm)
 {
-    const int lane = (int)threadIdx.x % 32, r = lane / 2, c0 = lane % 2 * (NC / 2);
+    const int lane = (int)threadIdx.x % 32, r = lane / 2;
 #pragma unroll 4
-    for (int c = c0; c < c0 + NC / 2; c++) {
-        const int at = r * NC + c;
+    for (int c = lane % 2; c < NC; c += 2) { /* the even or odd columns: see TC_LDF */
+        const int at = r * TC_LDF(NC) + c, ap = r * TC_LDA(NC) + c;
         float pv = 0.0f, dsv = 0.0f;
         if (see(r, c)) {
             pv = expf(sc[at] * scale - lse(r, c));
             dsv = pv * (dp[at] - dterm(r, c)) * scale;
         }
         if (p)
-            tc_round(&p[at], pv);
-        tc_round(&ds[at], dsv);
+            tc_round(&p[ap], pv);
+        tc_round(&ds[ap], dsv);
     }
     __syncwarp();
 }
@@ -362,8 +370,8 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_backward_dq(A 
                                                                                struct tc_shape s)
 {
     __shared__ __align__(32) A kv[2 * TC_BWD_TILE * ND * 16]; /* first the queries, then dout, then keys, values */
-    __shared__ __align__(32) float scores[TC_WARPS][16 * TC_BWD_TILE], dps[TC_WARPS][16 * TC_BWD_TILE];
-    __shared__ __align__(32) A dss[TC_WARPS][16 * TC_BWD_TILE];
+    __shared__ __align__(32) float scores[TC_WARPS][16 * TC_LDF(TC_BWD_TILE)], dps[TC_WARPS][16 * TC_LDF(TC_BWD_TILE)];
+    __shared__ __align__(32) A dss[TC_WARPS][16 * TC_LDA(TC_BWD_TILE)];
     __shared__ float Ls[TC_WARPS][16], Ds[TC_WARPS][16];
     __shared__ int firsts[TC_WARPS][16];
     static_assert(2 * TC_BWD_TILE >= TC_ROWS, "a block's rows fit where the keys and values go");
@@ -426,8 +434,8 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_backward_dkdv(
 {
     __shared__ __align__(32) A qd[2 * TC_BWD_TILE * ND * 16]; /* first the keys; then each tile's queries, dout */
     __shared__ __align__(32) A vals[TC_ROWS * ND * 16];
-    __shared__ __align__(32) float scores[TC_WARPS][16 * 16], dps[TC_WARPS][16 * 16];
-    __shared__ __align__(32) A pts[TC_WARPS][16 * 16], dss[TC_WARPS][16 * 16];
+    __shared__ __align__(32) float scores[TC_WARPS][16 * TC_LDF(16)], dps[TC_WARPS][16 * TC_LDF(16)];
+    __shared__ __align__(32) A pts[TC_WARPS][16 * TC_LDA(16)], dss[TC_WARPS][16 * TC_LDA(16)];
     __shared__ float Ls[TC_BWD_TILE], Ds[TC_BWD_TILE];
     __shared__ int firsts[TC_BWD_TILE];
     const int warp = (int)threadIdx.x / 32, hs = s.hs, nd = hs / 16;
