@@ -350,15 +350,26 @@ __device__ static void tc_softmax_backward(A *p, A *ds, const float *sc, const f
 }
 
 /* dout_i . out_i of token t of query head h (fp32), by the `lanes` lanes (a power of two, neighbours) of a row,
- * lane `part` of them summing the channels part, part + lanes, ... */
+ * lane `part` of them summing the 16-byte groups of channels part, part + lanes, ... */
 template <typename A>
 __device__ static float tc_row_term(const A *dout, const A *out, const struct tc_shape &s, int b, int t, int h,
                                     int part, int lanes)
 {
     const size_t at = ((size_t)b * s.T + t) * s.NH * s.hs + (size_t)h * s.hs;
+    /* 16 bytes at a time (a row starts 32-byte aligned: tc_applies), lane `part` taking every lanes-th: a few wide
+     * loads in flight instead of hs / lanes dependent narrow ones */
+    const int per = 16 / (int)sizeof(A), vecs = s.hs / per;
+    const tc_vec *dv = (const tc_vec *)(dout + at), *ov = (const tc_vec *)(out + at);
     float d = 0.0f;
-    for (int c = part; c < s.hs; c += lanes)
-        d += tc_wide(dout[at + c]) * tc_wide(out[at + c]);
+    for (int e = part; e < vecs; e += lanes) {
+        const tc_vec x = dv[e], y = ov[e];
+        A xa[16 / sizeof(A)], ya[16 / sizeof(A)];
+        memcpy(xa, &x, 16); /* not a cast: reading the words as A would break aliasing rules */
+        memcpy(ya, &y, 16);
+#pragma unroll
+        for (int k = 0; k < 16 / (int)sizeof(A); k++)
+            d += tc_wide(xa[k]) * tc_wide(ya[k]);
+    }
     for (int o = 1; o < lanes; o *= 2)
         d += __shfl_xor_sync(0xffffffffu, d, o);
     return d;
