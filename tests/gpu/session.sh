@@ -335,32 +335,48 @@ stage_throughput() {
 }
 
 # the disk of the machine (issue 36's benchmark): where the session's scratch is
+# nvme_bench with the stage's arguments and more into $out (its files made and
+# removed under $dir); its exit status
+nvme_bench_run() {
+  mkdir -p "$dir"
+  "$nb" --dir "$dir" "${args[@]}" "$@" >"$out" 2>&1
+  local rc=$?
+  rm -rf "$dir"
+  return $rc
+}
+
+# the figure "NAME" (ratio, plain, step) of nvme_bench's output $out
+nvme_bench_figure() {
+  case "$1" in
+  ratio) sed -n 's/^ratio plain \/ step: \([0-9.]*\).*/\1/p' "$out" ;;
+  plain) sed -n 's/^ *plain read + write *\([0-9.]*\) ms.*/\1/p' "$out" ;;
+  step) sed -n 's/^ *nvme AdamW step *\([0-9.]*\) ms.*/\1/p' "$out" ;;
+  esac
+}
+
 stage_nvme() {
   local nb=$WORK/nvme_bench dir=$WORK/nvme args=(--n 67108864 --rounds 5) out=$WORK/nvme.out
   [ "$EMULATE" = 1 ] && args=(--n 1048576 --piece 262144 --rounds 2)
   [ -x "$nb" ] || { echo "@skip no $nb (the build stage did not link it)"; return 0; }
   mkdir -p "$dir"
   say "disk: $(df -T "$dir" | awk 'NR == 2 {print $1, $2}') at $dir; $(nproc) CPUs"
-  "$nb" --dir "$dir" "${args[@]}" 2>&1 | tee "$out"
-  local rc=${PIPESTATUS[0]} ratio plain step
-  rm -rf "$dir"
+  nvme_bench_run
+  local rc=$? ratio plain step
+  cat "$out"
   [ "$rc" = 0 ] || { fail nvme.run "nvme_bench exited $rc"; return 1; }
-  ratio=$(sed -n 's/^ratio plain \/ step: \([0-9.]*\).*/\1/p' "$out")
-  plain=$(sed -n 's/^ *plain read + write *\([0-9.]*\) ms.*/\1/p' "$out")
-  step=$(sed -n 's/^ *nvme AdamW step *\([0-9.]*\) ms.*/\1/p' "$out")
+  ratio=$(nvme_bench_figure ratio) plain=$(nvme_bench_figure plain) step=$(nvme_bench_figure step)
   [ -n "$ratio" ] && [ -n "$plain" ] && [ -n "$step" ] || { fail nvme.run "no ratio in nvme_bench's output"; return 1; }
   PY=${PY:-python3} figure nvme_ratio="$ratio" plain_ms="$plain" step_ms="$step" target=0.8
   ok nvme.run
   # the same bench with more buffers and with smaller and larger pieces (3
-  # rounds each): which knob, if any, moves the ratio on this disk
+  # rounds each): which knob, if any, moves the ratio on this disk (pieces of
+  # 8M elements would make the emulation's small state 96 MiB: left out there)
   local v name vargs=()
   for v in "b8:--buffers 8" "p512k:--piece 524288" "p8m:--piece 8388608"; do
     name=${v%%:*}; read -r -a vargs <<<"${v#*:}"
-    [ "$EMULATE" = 1 ] && vargs+=(--n 1048576) && [ "$name" = p8m ] && continue
-    mkdir -p "$dir"
-    "$nb" --dir "$dir" "${args[@]}" --rounds 3 "${vargs[@]}" >"$out" 2>&1
-    rc=$?; rm -rf "$dir"
-    ratio=$(sed -n 's/^ratio plain \/ step: \([0-9.]*\).*/\1/p' "$out")
+    [ "$EMULATE" = 1 ] && [ "$name" = p8m ] && continue
+    nvme_bench_run --rounds 3 "${vargs[@]}"
+    rc=$? ratio=$(nvme_bench_figure ratio)
     say "sweep $name (${vargs[*]}): exit $rc, ratio ${ratio:-none}"
     [ -n "$ratio" ] && PY=${PY:-python3} figure "sweep_${name}_ratio=$ratio"
   done

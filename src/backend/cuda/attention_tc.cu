@@ -358,16 +358,16 @@ __device__ static float tc_row_term(const A *dout, const A *out, const struct tc
     const size_t at = ((size_t)b * s.T + t) * s.NH * s.hs + (size_t)h * s.hs;
     /* 16 bytes at a time (a row starts 32-byte aligned: tc_applies), lane `part` taking every lanes-th: a few wide
      * loads in flight instead of hs / lanes dependent narrow ones */
-    const int per = 16 / (int)sizeof(A), vecs = s.hs / per;
+    constexpr int per = 16 / (int)sizeof(A);
     const tc_vec *dv = (const tc_vec *)(dout + at), *ov = (const tc_vec *)(out + at);
     float d = 0.0f;
-    for (int e = part; e < vecs; e += lanes) {
+    for (int e = part; e < s.hs / per; e += lanes) {
         const tc_vec x = dv[e], y = ov[e];
-        A xa[16 / sizeof(A)], ya[16 / sizeof(A)];
+        A xa[per], ya[per];
         memcpy(xa, &x, 16); /* not a cast: reading the words as A would break aliasing rules */
         memcpy(ya, &y, 16);
 #pragma unroll
-        for (int k = 0; k < 16 / (int)sizeof(A); k++)
+        for (int k = 0; k < per; k++)
             d += tc_wide(xa[k]) * tc_wide(ya[k]);
     }
     for (int o = 1; o < lanes; o *= 2)
