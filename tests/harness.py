@@ -50,6 +50,32 @@ def use_ref_venv(module, check_name):
     sys.exit(1)
 
 
+REF5_VENV = os.path.join(ROOT, "build", "ref5-venv")
+
+
+def ref5_env():
+    """The environment build/ref5-venv's Python needs: LD_LIBRARY_PATH with /usr/local/cuda/lib and the lib
+    folders of the CUDA wheels PyPI's torch 2.11 imports (tools/deps.sh --test, ref5_venv)."""
+    import glob
+    libs = ["/usr/local/cuda/lib"] + sorted(glob.glob(os.path.join(REF5_VENV, "lib", "python3*", "site-packages",
+                                                                  "nvidia", "*", "lib")))
+    old = os.environ.get("LD_LIBRARY_PATH")
+    return dict(os.environ, LD_LIBRARY_PATH=":".join(libs + ([old] if old else [])))
+
+
+def use_ref5_venv(check_name):
+    """Continues in build/ref5-venv (transformers 5.25, tokenizers 0.23, PEFT 0.21 over PyPI's torch 2.11; tools/deps.sh
+    --test makes it): re-executes the script with the venv's Python and its library path, or prints a FAIL line
+    and exits 1 when there is no venv."""
+    py = os.path.join(REF5_VENV, "bin", "python")
+    if os.path.realpath(sys.prefix) == os.path.realpath(REF5_VENV):
+        return
+    if not os.path.exists(py):
+        print(f"FAIL {check_name}: {py} does not exist; run tools/deps.sh --test")
+        sys.exit(1)
+    os.execve(py, [py] + sys.argv, ref5_env())
+
+
 def write_config(path, cfg, extra=None):
     """Writes cfg, with extra's sections merged into it (a dict updates the section, another value replaces it),
     as JSON to path; returns path."""

