@@ -60,7 +60,10 @@ def ref5_env():
     libs = ["/usr/local/cuda/lib"] + sorted(glob.glob(os.path.join(REF5_VENV, "lib", "python3*", "site-packages",
                                                                   "nvidia", "*", "lib")))
     old = os.environ.get("LD_LIBRARY_PATH")
-    return dict(os.environ, LD_LIBRARY_PATH=":".join(libs + ([old] if old else [])))
+    # USE_HUB_KERNELS=0: transformers 5 otherwise asks for the `kernels` package (Hub-downloaded kernels) in
+    # every from_pretrained; HF_HUB_OFFLINE: nothing is fetched at test time
+    return dict(os.environ, LD_LIBRARY_PATH=":".join(libs + ([old] if old else [])), USE_HUB_KERNELS="0",
+                HF_HUB_OFFLINE="1")
 
 
 def use_ref5_venv(check_name):

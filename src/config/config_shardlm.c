@@ -58,7 +58,7 @@ static void check_model_sizes(const struct model_config *m, bool gpt2)
 
 /* ---- sections ---------------------------------------------------------- */
 
-/* Hugging Face's rope_scaling (type "llama3" only; null or absent: none). */
+/* Hugging Face's rope_scaling: type "llama3" or "linear" (null, absent or "default": none). */
 static void read_rope_scaling(struct model_config *m, json_t *root)
 {
     if (!is_given(root, "model.rope_scaling"))
@@ -68,11 +68,18 @@ static void read_rope_scaling(struct model_config *m, json_t *root)
         type = read_str(root, "model.rope_scaling.type", NULL, NO_FILL);
     if (!type || strcmp(type, "default") == 0)
         return;
-    if (strcmp(type, "llama3") != 0)
-        fail_input("config: 'model.rope_scaling.rope_type' is \"%s\"; supported: \"llama3\" (Llama 3.1), or null for "
-                   "none",
+    if (strcmp(type, "llama3") != 0 && strcmp(type, "linear") != 0)
+        fail_input("config: 'model.rope_scaling.rope_type' is \"%s\"; supported: \"llama3\" (Llama 3.1), \"linear\", "
+                   "or null for none",
                    type);
     struct rope_scaling *r = &m->rope_scaling;
+    if (strcmp(type, "linear") == 0) {
+        r->type = ROPE_SCALING_LINEAR;
+        r->factor = read_num(root, "model.rope_scaling.factor", 1.0, NO_FILL);
+        if (!is_given(root, "model.rope_scaling.factor") || !(r->factor >= 1.0) || !isfinite(r->factor))
+            fail_input("config: 'model.rope_scaling.factor' of a \"linear\" rope_scaling must be given, at least 1");
+        return;
+    }
     r->type = ROPE_SCALING_LLAMA3;
     r->factor = read_num(root, "model.rope_scaling.factor", 8.0, FILL);
     r->low_freq_factor = read_num(root, "model.rope_scaling.low_freq_factor", 1.0, FILL);
@@ -111,7 +118,7 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
     double eps = read_num(root, "model.rms_norm_eps", 1e-5, FILL);
     if (!(eps > 0) || eps > 1.0)
         fail_input("config: 'model.rms_norm_eps' must be in (0, 1], got %g", eps);
-    m->norm_eps = (float)eps;
+    m->norm_eps = eps;
     double theta = read_num(root, "model.rope_theta", 10000.0, FILL);
     if (!(theta > 1.0) || !isfinite(theta))
         fail_input("config: 'model.rope_theta' must be larger than 1, got %g", theta);

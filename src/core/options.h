@@ -29,12 +29,13 @@ enum warmup_type { WARMUP_LOG = 0, WARMUP_LINEAR = 1 };
 /* Architecture variants, fixed by model.type (model_build sets them). */
 enum norm_kind { NORM_LAYERNORM = 0, NORM_RMSNORM };
 enum mlp_kind { MLP_GELU = 0, MLP_SWIGLU };
-enum rope_scaling_type { ROPE_SCALING_NONE = 0, ROPE_SCALING_LLAMA3 };
+enum rope_scaling_type { ROPE_SCALING_NONE = 0, ROPE_SCALING_LLAMA3, ROPE_SCALING_LINEAR };
 
-/* Hugging Face's rope_scaling of type "llama3" (Llama 3.1): wavelengths
- * longer than original_max_positions / low_freq_factor are divided by factor,
- * shorter than original_max_positions / high_freq_factor kept, and blended
- * between the two. */
+/* Hugging Face's rope_scaling (transformers 5: rope_parameters). Type "llama3"
+ * (Llama 3.1): wavelengths longer than original_max_positions /
+ * low_freq_factor are divided by factor, shorter than original_max_positions /
+ * high_freq_factor kept, and blended between the two. Type "linear": every
+ * frequency divided by factor (positions interpolated). */
 struct rope_scaling {
     enum rope_scaling_type type;
     double factor, low_freq_factor, high_freq_factor;
@@ -58,7 +59,8 @@ struct model_config {
     int vocab_size;    /* real vocabulary V */
     int padded_vocab;  /* V rounded up to a multiple of 128 (derived) */
     float init_std;    /* std of the normal init of weights (GPT-2: 0.02) */
-    float norm_eps;    /* Llama: RMSNorm's rms_norm_eps (GPT-2's LayerNorm: 1e-5, fixed) */
+    double norm_eps;   /* Llama: RMSNorm's rms_norm_eps as config.json gives it (the kernels take it as float;
+                        * an export writes it back as it came: GPT-2's LayerNorm: 1e-5, fixed) */
     double rope_theta; /* Llama: the rotary base (Hugging Face rope_theta) */
     struct rope_scaling rope_scaling; /* Llama: rope_scaling (type none: plain rotary) */
     bool tie_embeddings; /* Llama: tie_word_embeddings (lm_head is embed_tokens); GPT-2: always */

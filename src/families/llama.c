@@ -76,6 +76,8 @@ static void llama_plan(const struct model *m, const struct exec_target *t, int B
 static float rope_inv_freq(const struct model_config *c, int i, int hs)
 {
     float inv = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * i) / (double)hs));
+    if (c->rope_scaling.type == ROPE_SCALING_LINEAR)
+        return inv / (float)c->rope_scaling.factor; /* transformers: inv_freq /= factor, in fp32 */
     if (c->rope_scaling.type != ROPE_SCALING_LLAMA3)
         return inv;
     const double pi = 3.14159265358979323846;

@@ -157,11 +157,36 @@ void hf_export_write_named(struct hf_writer *w, const char *name, size_t begin, 
     hf_export_write(w, u, t, begin, count, src);
 }
 
+/* Whether every real in j reads back as the same double when printed with
+ * digits significant digits. */
+static bool reals_round_trip(const json_t *j, int digits)
+{
+    if (json_is_real(j)) {
+        char text[48];
+        snprintf(text, sizeof text, "%.*g", digits, json_real_value(j));
+        return strtod(text, NULL) == json_real_value(j);
+    }
+    const char *key;
+    size_t i;
+    json_t *v;
+    if (json_is_object(j))
+        json_object_foreach((json_t *)j, key, v) if (!reals_round_trip(v, digits)) return false;
+    if (json_is_array(j))
+        json_array_foreach(j, i, v) if (!reals_round_trip(v, digits)) return false;
+    return true;
+}
+
 void hf_write_json(const char *path, json_t *j)
 {
     char tmp[1200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (json_dump_file(j, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+    /* The fewest digits (15 to 17) at which every number reads back exactly, so
+     * that 1e-05 is written 1e-05, as Python's json writes it, and not
+     * 1.0000000000000001e-05 (jansson's 17 digits): the same value either way. */
+    int digits = 15;
+    while (digits < 17 && !reals_round_trip(j, digits))
+        digits++;
+    if (json_dump_file(j, tmp, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(digits)) != 0)
         fail_input("export: cannot write '%s': %s", tmp, strerror(errno));
     if (rename(tmp, path) != 0)
         fail_input("export: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));

@@ -80,8 +80,9 @@ void hf_writer_open(struct hf_writer *w, const struct model *m, enum dtype dt, c
  * publish(ctx, dir) (the JSON files, written last); every rank waits for it
  * and the writer is freed. */
 void hf_writer_close(struct hf_writer *w, void (*publish)(void *ctx, const char *dir), void *ctx, struct comm *comm);
-/* JSON as transformers and PEFT write it (indent 2, keys sorted) to path,
- * through path.tmp renamed into place. */
+/* JSON as transformers and PEFT write it (indent 2, keys sorted, numbers in
+ * the fewest digits that read back exactly) to path, through path.tmp renamed
+ * into place. */
 void hf_write_json(const char *path, json_t *j);
 
 #endif

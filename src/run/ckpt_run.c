@@ -335,14 +335,20 @@ void ckpt_run_model(struct ckpt_reader *r, const char *path, struct model *m)
     mc.n_kv_head = ckpt_has_attr(r, "n_kv_head") ? attr_int(r, path, "n_kv_head") : mc.n_head;
     mc.ffn_dim = ckpt_has_attr(r, "ffn_dim") ? attr_int(r, path, "ffn_dim") : 4 * mc.n_embd;
     mc.tie_embeddings = ckpt_has_attr(r, "tie_word_embeddings") ? ckpt_attr_i64(r, "tie_word_embeddings") != 0 : true;
-    mc.norm_eps = ckpt_has_attr(r, "rms_norm_eps") ? (float)ckpt_attr_f64(r, "rms_norm_eps") : 1e-5f;
+    mc.norm_eps = ckpt_has_attr(r, "rms_norm_eps") ? ckpt_attr_f64(r, "rms_norm_eps") : 1e-5;
     mc.rope_theta = ckpt_has_attr(r, "rope_theta") ? ckpt_attr_f64(r, "rope_theta") : 10000.0;
     /* the rest from the run's resolved config: rope_scaling, and the directory it started from */
     char *config = ckpt_has_attr(r, "config") ? ckpt_attr_str(r, "config") : NULL;
     json_t *doc = config ? json_loads(config, 0, NULL) : NULL;
     json_t *model = json_object_get(doc, "model");
     json_t *rs = json_object_get(model, "rope_scaling");
-    if (json_is_object(rs)) {
+    const char *rs_type = json_string_value(json_object_get(rs, "rope_type"));
+    if (!rs_type)
+        rs_type = json_string_value(json_object_get(rs, "type"));
+    if (json_is_object(rs) && rs_type && strcmp(rs_type, "linear") == 0) {
+        mc.rope_scaling.type = ROPE_SCALING_LINEAR;
+        mc.rope_scaling.factor = json_number_value(json_object_get(rs, "factor"));
+    } else if (json_is_object(rs) && (!rs_type || strcmp(rs_type, "default") != 0)) {
         mc.rope_scaling.type = ROPE_SCALING_LLAMA3;
         mc.rope_scaling.factor = json_number_value(json_object_get(rs, "factor"));
         mc.rope_scaling.low_freq_factor = json_number_value(json_object_get(rs, "low_freq_factor"));

@@ -686,6 +686,13 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
              cfg->model.type, cfg->model.n_layer, cfg->model.n_head, cfg->model.n_kv_head, cfg->model.n_embd,
              cfg->model.ffn_dim, cfg->model.n_positions, cfg->model.vocab_size, cfg->model.padded_vocab,
              tr.sess.model.cfg.tied_head ? ", LM head tied" : "", tr.sess.model.n_params);
+    if (tr.sess.model.cfg.rotary) {
+        const struct rope_scaling *rs = &cfg->model.rope_scaling;
+        log_info("rotary: rope_theta %g, rope_type %s%s, rms_norm_eps %g", cfg->model.rope_theta,
+                 rs->type == ROPE_SCALING_LLAMA3 ? "llama3" : rs->type == ROPE_SCALING_LINEAR ? "linear" : "default",
+                 rs->type == ROPE_SCALING_NONE ? "" : (snprintf(a, sizeof a, " x%g", rs->factor), a),
+                 cfg->model.norm_eps);
+    }
     if (!tr.train_data.samples) {
         log_info("batch: %d sequences of %d tokens = %d micro x %d accumulation x %d ranks; %zu training windows",
                  cfg->train_batch_size, T, cfg->micro_batch, cfg->grad_accum, tr.sess.world,

@@ -625,9 +625,12 @@ static void test_errors(void)
          "'model.n_embd' / 'model.n_head' is 9, an odd head dimension: rotary embeddings rotate channel pairs"},
         {"unknown rope_scaling type", "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"yarn\"}}}",
          NULL, "'model.rope_scaling.rope_type' is \"yarn\"; supported: \"llama3\""},
+        {"linear rope_scaling without factor",
+         "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"linear\"}}}", NULL,
+         "'model.rope_scaling.factor' of a \"linear\" rope_scaling must be given"},
         {"unknown rope_scaling type, legacy key",
-         "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}}", NULL,
-         "'model.rope_scaling.rope_type' is \"linear\""},
+         "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}}", NULL,
+         "'model.rope_scaling.rope_type' is \"dynamic\""},
         {"rope_scaling factor below 1",
          "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 0.5}}}", NULL,
          "'model.rope_scaling.factor' must be at least 1, got 0.5"},
@@ -790,7 +793,7 @@ static void test_llama(void)
     load(&c, "{\"model\": {\"type\": \"llama\", \"n_head\": 8, \"n_kv_head\": 2, \"n_embd\": 64, \"ffn_dim\": 176}}",
          NULL, NULL);
     CHECK("llama defaults: rms_norm_eps 1e-5, rope_theta 1e4, untied, no rope scaling",
-          c.model.norm_eps == 1e-5f && c.model.rope_theta == 10000.0 && !c.model.tie_embeddings &&
+          c.model.norm_eps == 1e-5 && c.model.rope_theta == 10000.0 && !c.model.tie_embeddings &&
               c.model.rope_scaling.type == ROPE_SCALING_NONE,
           "eps %g theta %g tie %d scaling %d", c.model.norm_eps, c.model.rope_theta, c.model.tie_embeddings,
           c.model.rope_scaling.type);
@@ -802,7 +805,7 @@ static void test_llama(void)
          "\"original_max_position_embeddings\": 8192}}}",
          NULL, NULL);
     CHECK("llama 3.1 keys read",
-          c.model.norm_eps == 1e-6f && c.model.rope_theta == 500000.0 && c.model.tie_embeddings &&
+          c.model.norm_eps == 1e-6 && c.model.rope_theta == 500000.0 && c.model.tie_embeddings &&
               c.model.rope_scaling.type == ROPE_SCALING_LLAMA3 && c.model.rope_scaling.factor == 8.0 &&
               c.model.rope_scaling.low_freq_factor == 1.0 && c.model.rope_scaling.high_freq_factor == 4.0 &&
               c.model.rope_scaling.original_max_positions == 8192,
@@ -814,6 +817,12 @@ static void test_llama(void)
     load(&c, "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"default\"}}}", NULL, NULL);
     CHECK("rope_scaling of type default: none", c.model.rope_scaling.type == ROPE_SCALING_NONE, "got %d",
           c.model.rope_scaling.type);
+    config_free(&c);
+    load(&c, "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.5}}}", NULL,
+         NULL);
+    CHECK("rope_scaling linear (4.x's 'type' key): factor read", c.model.rope_scaling.type == ROPE_SCALING_LINEAR &&
+              c.model.rope_scaling.factor == 2.5, "type %d factor %g", c.model.rope_scaling.type,
+          c.model.rope_scaling.factor);
     config_free(&c);
 }
 

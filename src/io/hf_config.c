@@ -1,0 +1,731 @@
+/*
+ * hf_config — config.json in and out (declared in hf.h): what shardlm reads
+ * of a Hugging Face directory's config.json, as transformers 4.x and 5.x
+ * write it, and the config.json an export writes so that both load it as the
+ * same model.
+ *
+ * Every key of the file is accounted for, so that a model is never silently
+ * read as another one:
+ *  - the keys a family reads (the reader records each one it looks at);
+ *  - keys known not to change what the model computes (inert_keys below);
+ *  - keys that are inert only at one value (fixed_keys: pruned_heads {}, ...);
+ *  - anything else is unknown: refused, naming it, when its name says it is a
+ *    rope, attention, norm, activation or other setting of the computation
+ *    (computation_words), else accepted with one warning line listing them.
+ * A key that is absent takes the default transformers' own configuration
+ * class gives it for that architecture (transformers 4.40 and 5.25 agree on
+ * every one read here), and the log says which default was taken.
+ *
+ * transformers 5 moved the rotary settings into "rope_parameters" (rope_type,
+ * rope_theta and the scaling keys; nested by layer type for models with local
+ * and global layers) and writes "dtype" for "torch_dtype". Both spellings are
+ * read with transformers 5's precedence (modeling_rope_utils.py,
+ * convert_rope_params_to_dict): a non-null rope_scaling wins over
+ * rope_parameters, a rope_theta inside the dictionary wins over a top-level
+ * one, and llama3 scaling without original_max_position_embeddings takes
+ * max_position_embeddings.
+ */
+#include "hf.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/dtype.h"
+#include "core/hf_json.h"
+#include "core/util.h"
+#include "hf_export.h"
+#include "model/arch.h"
+
+/* ---- the keys ------------------------------------------------------------------------- */
+
+/* Keys that do not change what the model computes, whatever their value:
+ * bookkeeping, token ids (the tokenizer's and generation's business), the
+ * generation settings transformers 4 kept in config.json, output switches,
+ * GPT-2's sequence-summary head (GPT2DoubleHeadsModel, not the LM),
+ * pretraining_tp (Llama's sliced matmuls: the same product), and the dropout
+ * rates (training-time noise; shardlm trains without dropout and says so). */
+static const char *const inert_keys[] = {
+    "transformers_version", "initializer_range", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
+    "sep_token_id", "decoder_start_token_id", "id2label", "label2id", "problem_type", "return_dict",
+    "output_attentions", "output_hidden_states", "torchscript", "use_bfloat16", "tf_legacy_loss",
+    "chunk_size_feed_forward", "finetuning_task", "tokenizer_class", "prefix", "task_specific_params", "is_decoder",
+    "cross_attention_hidden_size", "tie_encoder_decoder", "pretraining_tp", HF_ORIGIN_KEY,
+    /* generation settings of transformers 4 (GenerationConfig's since) */
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    /* GPT-2's sequence-summary head */
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
+    /* dropout (logged when not zero) */
+    "attention_dropout", "attn_pdrop", "embd_pdrop", "resid_pdrop", NULL};
+
+/* The dropout keys among them: a non-zero rate is logged once. */
+static const char *const dropout_keys[] = {"attention_dropout", "attn_pdrop", "embd_pdrop", "resid_pdrop", NULL};
+
+/* Keys that are inert only at the value transformers writes by default: any
+ * other value changes the model's layout or computation. */
+static const struct {
+    const char *key, *value; /* the value as JSON */
+    const char *meaning;
+} fixed_keys[] = {
+    {"pruned_heads", "{}", "heads pruned from the attention"},
+    {"add_cross_attention", "false", "cross-attention layers"},
+    {"is_encoder_decoder", "false", "an encoder-decoder model"},
+};
+
+/* Words (between underscores) that mark an unknown key as a setting of the
+ * computation: refused rather than ignored. */
+static const char *const computation_words[] = {
+    "rope", "rotary", "attn", "attention", "norm", "layernorm", "rmsnorm", "eps", "epsilon", "act", "activation",
+    "gelu", "silu", "softcap", "softcapping", "logit", "logits", "scale", "scaling", "scalar", "multiplier", "window",
+    "sliding", "bias", "qk", "qkv", "kv", "head", "heads", "expert", "experts", "moe", "residual", "alibi", "position",
+    "positions", "embedding", "embeddings", "embd", "layer", "layers", "hidden", "intermediate", "mlp", "ffn",
+    "clip", "quantization", "partial", "parallel", "dim", "query", NULL};
+
+static bool in_list(const char *const *list, const char *s)
+{
+    for (; *list; list++)
+        if (strcmp(*list, s) == 0)
+            return true;
+    return false;
+}
+
+static bool is_computation_key(const char *key)
+{
+    char word[64];
+    for (const char *p = key; *p;) {
+        size_t n = strcspn(p, "_");
+        if (n > 0 && n < sizeof word) {
+            memcpy(word, p, n);
+            word[n] = '\0';
+            if (in_list(computation_words, word))
+                return true;
+        }
+        p += n + (p[n] == '_');
+    }
+    return false;
+}
+
+/* ---- reading --------------------------------------------------------------------------- */
+
+/* One config.json being read: its path for messages, the transformers class
+ * whose defaults apply (for the log), and the keys read so far. */
+struct reader {
+    json_t *root;
+    const char *path;
+    const char *cls; /* "LlamaConfig", ... */
+    json_t *used;    /* object: key -> true */
+};
+
+static json_t *get(struct reader *r, const char *key)
+{
+    json_object_set_new(r->used, key, json_true());
+    json_t *v = json_object_get(r->root, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static void log_default(const struct reader *r, const char *key, const char *value)
+{
+    log_info("%s has no %s: transformers' %s default, %s", r->path, key, r->cls, value);
+}
+
+/* A positive integer (def when absent, logged; def < 0: required). */
+static long long int_key(struct reader *r, const char *key, long long def)
+{
+    json_t *v = get(r, key);
+    if (!v) {
+        if (def < 0)
+            fail_input("%s: '%s' is missing; shardlm needs it to lay out the model", r->path, key);
+        char text[32];
+        snprintf(text, sizeof text, "%lld", def);
+        log_default(r, key, text);
+        return def;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1ll << 31))
+        fail_input("%s: '%s' must be a positive integer", r->path, key);
+    return json_integer_value(v);
+}
+
+/* The first of two spellings present (GPT-2's n_embd or hidden_size, ...). */
+static long long int_key2(struct reader *r, const char *key, const char *alias, long long def)
+{
+    get(r, alias);
+    if (json_object_get(r->root, alias) && !json_object_get(r->root, key))
+        return int_key(r, alias, def);
+    return int_key(r, key, def);
+}
+
+static double num_key(struct reader *r, const char *key, double def, const char *def_text)
+{
+    json_t *v = get(r, key);
+    if (!v) {
+        log_default(r, key, def_text);
+        return def;
+    }
+    double x;
+    if (!hf_json_number(v, &x) || !isfinite(x))
+        fail_input("%s: '%s' must be a finite number", r->path, key);
+    return x;
+}
+
+static bool bool_key(struct reader *r, const char *key, bool def, bool quiet)
+{
+    json_t *v = get(r, key);
+    if (!v) {
+        if (!quiet)
+            log_default(r, key, def ? "true" : "false");
+        return def;
+    }
+    if (!json_is_boolean(v))
+        fail_input("%s: '%s' must be true or false", r->path, key);
+    return json_is_true(v);
+}
+
+static const char *str_key(struct reader *r, const char *key, const char *def)
+{
+    json_t *v = get(r, key);
+    if (!v)
+        return def;
+    if (!json_is_string(v))
+        fail_input("%s: '%s' must be a string", r->path, key);
+    return json_string_value(v);
+}
+
+/* dtype (transformers 5) or torch_dtype (4.x): how the weights are stored.
+ * Checked only: the run's precision is its own config's, and the weights are
+ * read in whatever dtype each tensor's header gives. */
+static void read_dtype(struct reader *r)
+{
+    const char *dt = str_key(r, "dtype", NULL), *old = str_key(r, "torch_dtype", NULL);
+    const char *name = dt ? dt : old;
+    static const char *const known[] = {"float32", "float16", "bfloat16", "auto", "float64", NULL};
+    if (name && !in_list(known, name))
+        fail_input("%s: '%s' is \"%s\"; shardlm reads weights stored as float32, float16 or bfloat16", r->path,
+                   dt ? "dtype" : "torch_dtype", name);
+}
+
+/* Every key of the file not read by the family: inert, fixed at its
+ * default, refused as a setting of the computation, or warned about. */
+static void check_other_keys(struct reader *r)
+{
+    const char *key;
+    json_t *v;
+    char unknown[512] = "";
+    json_object_foreach(r->root, key, v) {
+        if (json_object_get(r->used, key) || key[0] == '_')
+            continue; /* read, or private (_name_or_path, _attn_implementation: how, not what) */
+        if (in_list(inert_keys, key)) {
+            double rate;
+            if (in_list(dropout_keys, key) && hf_json_number(v, &rate) && rate != 0)
+                log_info("%s: %s is %g; shardlm trains without dropout", r->path, key, rate);
+            continue;
+        }
+        bool fixed = false;
+        for (size_t i = 0; i < sizeof fixed_keys / sizeof fixed_keys[0]; i++) {
+            if (strcmp(key, fixed_keys[i].key) != 0)
+                continue;
+            json_t *want = json_loads(fixed_keys[i].value, JSON_DECODE_ANY, NULL);
+            bool same = json_is_null(v) || json_equal(v, want);
+            json_decref(want);
+            if (!same)
+                fail_input("%s: '%s' is not %s: %s are not implemented; shardlm reads the model transformers "
+                           "builds with the default",
+                           r->path, key, fixed_keys[i].value, fixed_keys[i].meaning);
+            fixed = true;
+        }
+        if (fixed)
+            continue;
+        if (strcmp(key, "quantization_config") == 0)
+            fail_input("%s: 'quantization_config' is set: the weights are quantized, which shardlm does not read; "
+                       "give the unquantized model's directory",
+                       r->path);
+        if (is_computation_key(key))
+            fail_input("%s: '%s' is not a %s setting shardlm implements, and it may change what the model computes; "
+                       "remove it if it does not apply to this model",
+                       r->path, key, r->cls);
+        size_t len = strlen(unknown);
+        if (len + strlen(key) + 3 < sizeof unknown)
+            snprintf(unknown + len, sizeof unknown - len, "%s%s", len ? ", " : "", key);
+    }
+    if (unknown[0])
+        log_warn("%s: keys shardlm does not know, taken as not changing the model: %s", r->path, unknown);
+}
+
+/* ---- rotary settings ------------------------------------------------------------------ */
+
+/* The keys one rope_type may carry (beside rope_type / type and rope_theta). */
+static bool rope_key_allowed(const char *type, const char *key)
+{
+    if (!strcmp(key, "rope_type") || !strcmp(key, "type") || !strcmp(key, "rope_theta"))
+        return true;
+    if (!strcmp(type, "linear"))
+        return !strcmp(key, "factor");
+    if (!strcmp(type, "llama3"))
+        return !strcmp(key, "factor") || !strcmp(key, "low_freq_factor") || !strcmp(key, "high_freq_factor") ||
+               !strcmp(key, "original_max_position_embeddings");
+    return false;
+}
+
+static double rope_num(struct reader *r, json_t *d, const char *where, const char *key)
+{
+    json_t *v = json_object_get(d, key);
+    double x;
+    if (!v || !hf_json_number(v, &x) || !isfinite(x))
+        fail_input("%s: %s.%s is missing or not a number; transformers refuses this rope_type without it", r->path,
+                   where, key);
+    return x;
+}
+
+/* One rotary dictionary (rope_parameters, rope_scaling, or one layer type's
+ * entry) into the shardlm model keys rope_theta and rope_scaling: a new
+ * object {"rope_theta": x, "rope_scaling": {...} or null}. top_theta: the
+ * top-level rope_theta (or the default; top_given: the file's);
+ * max_pos: max_position_embeddings. */
+static json_t *read_rope_dict(struct reader *r, json_t *d, const char *where, double top_theta, bool top_given,
+                              long long max_pos)
+{
+    const char *type = "default";
+    json_t *t = json_object_get(d, "rope_type");
+    if (!t || json_is_null(t))
+        t = json_object_get(d, "type");
+    if (t && !json_is_null(t)) {
+        if (!json_is_string(t))
+            fail_input("%s: %s.rope_type must be a string", r->path, where);
+        type = json_string_value(t);
+    }
+    if (strcmp(type, "default") && strcmp(type, "linear") && strcmp(type, "llama3"))
+        fail_input("%s: %s.rope_type is \"%s\", which shardlm does not implement for %s; it implements \"default\", "
+                   "\"linear\" and \"llama3\"",
+                   r->path, where, type, r->cls);
+    const char *key;
+    json_t *v;
+    json_object_foreach(d, key, v) {
+        if (!strcmp(key, "partial_rotary_factor")) {
+            double f;
+            if (hf_json_number(v, &f) && f == 1.0)
+                continue;
+            fail_input("%s: %s.partial_rotary_factor is not 1: a partly rotated head is not implemented for %s",
+                       r->path, where, r->cls);
+        }
+        if (!rope_key_allowed(type, key))
+            fail_input("%s: %s.%s is not a key of rope_type \"%s\" that shardlm implements, and it changes the "
+                       "rotary embedding; remove it if it does not apply",
+                       r->path, where, key, type);
+    }
+    double theta = top_theta;
+    json_t *th = json_object_get(d, "rope_theta");
+    if (!top_given && (!th || json_is_null(th)))
+        log_default(r, "rope_theta", "10000 (default_theta)");
+    if (th && !json_is_null(th) && (!hf_json_number(th, &theta) || !(theta > 1.0) || !isfinite(theta)))
+        fail_input("%s: %s.rope_theta must be a number larger than 1", r->path, where);
+    json_t *out = json_pack("{s:f, s:n}", "rope_theta", theta, "rope_scaling");
+    if (!strcmp(type, "linear")) {
+        json_object_set_new(out, "rope_scaling",
+                            json_pack("{s:s, s:f}", "rope_type", "linear", "factor", rope_num(r, d, where, "factor")));
+    } else if (!strcmp(type, "llama3")) {
+        long long omax = max_pos;
+        json_t *o = json_object_get(d, "original_max_position_embeddings");
+        json_t *top = json_object_get(r->root, "original_max_position_embeddings");
+        json_object_set_new(r->used, "original_max_position_embeddings", json_true());
+        if (top && json_is_integer(top)) /* transformers 5 gives a top-level one priority (Phi-3's layout) */
+            omax = json_integer_value(top);
+        else if (o && json_is_integer(o))
+            omax = json_integer_value(o);
+        else
+            log_info("%s has no %s.original_max_position_embeddings: transformers 5 takes max_position_embeddings, "
+                     "%lld",
+                     r->path, where, omax);
+        json_object_set_new(out, "rope_scaling",
+                            json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", "llama3", "factor",
+                                      rope_num(r, d, where, "factor"), "low_freq_factor",
+                                      rope_num(r, d, where, "low_freq_factor"), "high_freq_factor",
+                                      rope_num(r, d, where, "high_freq_factor"), "original_max_position_embeddings",
+                                      (json_int_t)omax));
+    }
+    return out;
+}
+
+/* The layer types of layer_types (transformers 5), each checked against
+ * allowed ("full_attention", ...); NULL when the file has none. */
+static json_t *read_layer_types(struct reader *r, long long n_layer, const char *const *allowed)
+{
+    json_t *lt = get(r, "layer_types");
+    if (!lt)
+        return NULL;
+    if (!json_is_array(lt) || (long long)json_array_size(lt) != n_layer)
+        fail_input("%s: 'layer_types' must be a list of num_hidden_layers (%lld) strings", r->path, n_layer);
+    size_t i;
+    json_t *e;
+    json_array_foreach(lt, i, e) {
+        if (!json_is_string(e) || !in_list(allowed, json_string_value(e)))
+            fail_input("%s: layer_types[%zu] is %s; %s layers here may only be \"%s\"", r->path, i,
+                       json_is_string(e) ? json_string_value(e) : "not a string", r->cls, allowed[0]);
+    }
+    return lt;
+}
+
+/* Whether name is one of layer_types' entries. */
+static bool names_layer_type(json_t *layer_types, const char *name)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(layer_types, i, e) if (strcmp(json_string_value(e), name) == 0) return true;
+    return false;
+}
+
+/* rope_theta and rope_scaling of the whole model (one setting for every
+ * layer), from either spelling: puts the shardlm keys. */
+static void read_rope(struct reader *r, json_t *layer_types, long long max_pos,
+                      void (*put)(void *, const char *, json_t *), void *ctx)
+{
+    json_t *scaling = get(r, "rope_scaling"), *params = get(r, "rope_parameters");
+    json_t *top = get(r, "rope_theta");
+    double top_theta = 10000.0; /* transformers' default_theta (4.x: LlamaConfig's rope_theta) */
+    if (top && (!hf_json_number(top, &top_theta) || !(top_theta > 1.0) || !isfinite(top_theta)))
+        fail_input("%s: 'rope_theta' must be a number larger than 1", r->path);
+    json_t *d = scaling ? scaling : params;
+    const char *where = scaling ? "rope_scaling" : "rope_parameters";
+    if (d && !json_is_object(d))
+        fail_input("%s: '%s' must be an object", r->path, where);
+    /* Keyed by layer type (transformers 5's nested_rope_parameter_keys: keys that
+     * are layer types of layer_types), as models with local and global layers
+     * write it. Llama and Mistral have one kind of layer, and transformers'
+     * LlamaRotaryEmbedding reads the dictionary's own top-level keys whatever
+     * else it holds: such a file is ambiguous, and refused. */
+    const char *key;
+    json_t *v;
+    if (d && layer_types)
+        json_object_foreach(d, key, v) if (names_layer_type(layer_types, key))
+            fail_input("%s: %s is keyed by layer type ('%s'); %s has one rotary setting for every layer and "
+                       "transformers' Llama reads only the dictionary's own keys; write rope_parameters without "
+                       "layer-type keys",
+                       r->path, where, key, r->cls);
+    if (!d && !top)
+        log_default(r, "rope_theta", "10000 (default_theta)");
+    json_t *res = d ? read_rope_dict(r, d, where, top_theta, top != NULL, max_pos)
+                    : json_pack("{s:f, s:n}", "rope_theta", top_theta, "rope_scaling");
+    json_t *rs = json_object_get(res, "rope_scaling");
+    put(ctx, "rope_theta", json_incref(json_object_get(res, "rope_theta")));
+    if (!json_is_null(rs))
+        put(ctx, "rope_scaling", json_incref(rs));
+    json_decref(res);
+}
+
+/* ---- families ------------------------------------------------------------------------- */
+
+/* transformers' defaults of the keys shardlm reads (LlamaConfig and
+ * MistralConfig, the same in 4.40 and 5.25). */
+struct llama_defaults {
+    const char *cls;
+    long long vocab, hidden, ffn, layers, heads, kv_heads /* -1: heads */, max_pos;
+    double eps;
+    const char *eps_text;
+    long long window; /* sliding_window when absent (0: none) */
+};
+static const struct llama_defaults llama_defaults = {"LlamaConfig", 32000, 4096, 11008, 32, 32, -1, 2048,
+                                                     1e-6, "1e-6", 0};
+static const struct llama_defaults mistral_defaults = {"MistralConfig", 32000, 4096, 14336, 32, 32, 8, 4096 * 32,
+                                                       1e-6, "1e-6", 4096};
+
+static void llama_keys(struct reader *r, bool mistral, void (*put)(void *, const char *, json_t *), void *ctx,
+                       int *sliding_window)
+{
+    const struct llama_defaults *df = mistral ? &mistral_defaults : &llama_defaults;
+    r->cls = df->cls;
+    const char *act = str_key(r, "hidden_act", "silu");
+    if (strcmp(act, "silu") != 0)
+        fail_input("%s: hidden_act is \"%s\"; shardlm's Llama MLP is SwiGLU (silu)", r->path, act);
+    if (bool_key(r, "attention_bias", false, true) || bool_key(r, "mlp_bias", false, true))
+        fail_input("%s: attention_bias / mlp_bias is true; shardlm's Llama has no biases", r->path);
+    long long C = int_key(r, "hidden_size", df->hidden), NH = int_key(r, "num_attention_heads", df->heads);
+    json_t *hd_given = get(r, "head_dim");
+    long long hd = hd_given ? int_key(r, "head_dim", -1) : C / NH;
+    if (hd * NH != C)
+        fail_input("%s: head_dim %lld x num_attention_heads %lld != hidden_size %lld; shardlm needs head_dim = "
+                   "hidden_size / num_attention_heads",
+                   r->path, hd, NH, C);
+    long long L = int_key(r, "num_hidden_layers", df->layers);
+    long long max_pos = int_key(r, "max_position_embeddings", df->max_pos);
+    put(ctx, "type", json_string(arch_get(ARCH_LLAMA)->type));
+    put(ctx, "n_layer", json_integer(L));
+    put(ctx, "n_head", json_integer(NH));
+    put(ctx, "n_kv_head", json_integer(int_key(r, "num_key_value_heads", df->kv_heads < 0 ? NH : df->kv_heads)));
+    put(ctx, "n_embd", json_integer(C));
+    put(ctx, "ffn_dim", json_integer(int_key(r, "intermediate_size", df->ffn)));
+    put(ctx, "n_positions", json_integer(max_pos));
+    put(ctx, "vocab_size", json_integer(int_key(r, "vocab_size", df->vocab)));
+    double eps = num_key(r, "rms_norm_eps", df->eps, df->eps_text);
+    if (!(eps > 0) || eps > 1.0)
+        fail_input("%s: 'rms_norm_eps' must be in (0, 1], got %g", r->path, eps);
+    put(ctx, "rms_norm_eps", json_real(eps));
+    put(ctx, "tie_word_embeddings",
+        json_boolean(bool_key(r, "tie_word_embeddings", false, false)));
+    /* Mistral's window: absent takes MistralConfig's 4096, null means none */
+    long long window = 0;
+    json_t *w = json_object_get(r->root, "sliding_window");
+    json_object_set_new(r->used, "sliding_window", json_true());
+    if (mistral && !w) {
+        window = df->window;
+        log_default(r, "sliding_window", "4096");
+    } else if (w && !json_is_null(w)) {
+        window = int_key(r, "sliding_window", -1);
+    }
+    static const char *const full[] = {"full_attention", NULL}, *const sliding[] = {"sliding_attention", NULL};
+    json_t *lt = read_layer_types(r, L, window ? sliding : full);
+    read_rope(r, lt, max_pos, put, ctx);
+    *sliding_window = (int)window;
+}
+
+/* GPT2Config's defaults (4.40 and 5.25). */
+#define GPT2_DEFAULT_VOCAB 50257
+#define GPT2_DEFAULT_POSITIONS 1024
+#define GPT2_DEFAULT_EMBD 768
+#define GPT2_DEFAULT_LAYERS 12
+#define GPT2_DEFAULT_HEADS 12
+
+static void gpt2_keys(struct reader *r, void (*put)(void *, const char *, json_t *), void *ctx)
+{
+    r->cls = "GPT2Config";
+    const char *act = str_key(r, "activation_function", "gelu_new");
+    if (strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)
+        fail_input("%s: activation_function is \"%s\"; shardlm's GPT-2 uses the tanh GELU (gelu_new)", r->path, act);
+    json_t *eps_v = get(r, "layer_norm_epsilon");
+    double eps = 1e-5;
+    if (eps_v && (!hf_json_number(eps_v, &eps) || fabs(eps - 1e-5) > 1e-12))
+        fail_input("%s: layer_norm_epsilon is %g; shardlm's GPT-2 LayerNorm uses 1e-5", r->path, eps);
+    long long C = int_key2(r, "n_embd", "hidden_size", GPT2_DEFAULT_EMBD);
+    json_t *inner = get(r, "n_inner");
+    if (inner && (!json_is_integer(inner) || json_integer_value(inner) != 4 * C))
+        fail_input("%s: n_inner is not 4 n_embd; shardlm's GPT-2 MLP is 4 n_embd wide", r->path);
+    if (bool_key(r, "scale_attn_by_inverse_layer_idx", false, true) ||
+        bool_key(r, "reorder_and_upcast_attn", false, true) || !bool_key(r, "scale_attn_weights", true, true))
+        fail_input("%s: GPT-2 attention variants (scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, "
+                   "scale_attn_weights false) are not supported",
+                   r->path);
+    if (!bool_key(r, "tie_word_embeddings", true, true))
+        fail_input("%s: tie_word_embeddings is false; shardlm's GPT-2 ties its LM head to the token embedding",
+                   r->path);
+    put(ctx, "type", json_string(arch_get(ARCH_GPT2)->type));
+    put(ctx, "n_layer", json_integer(int_key2(r, "n_layer", "num_hidden_layers", GPT2_DEFAULT_LAYERS)));
+    put(ctx, "n_head", json_integer(int_key2(r, "n_head", "num_attention_heads", GPT2_DEFAULT_HEADS)));
+    put(ctx, "n_embd", json_integer(C));
+    get(r, "n_ctx"); /* transformers < 4 kept the context here too; n_positions is what GPT2Config reads */
+    put(ctx, "n_positions",
+        json_integer(int_key2(r, "n_positions", "max_position_embeddings", GPT2_DEFAULT_POSITIONS)));
+    put(ctx, "vocab_size", json_integer(int_key(r, "vocab_size", GPT2_DEFAULT_VOCAB)));
+}
+
+/* ---- config.json ------------------------------------------------------------------------ */
+
+void hf_refuse_gguf(const char *path, const char *what)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return;
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(magic, 1, sizeof magic, f) : 0;
+    if (f)
+        fclose(f);
+    if (got == 4 && memcmp(magic, "GGUF", 4) == 0)
+        fail_input("%s '%s' is a GGUF file (llama.cpp), not a Hugging Face directory; convert it once with "
+                   "tools/gguf_to_hf.py '%s' DIR and give DIR",
+                   what, path, path);
+}
+
+/* A GGUF file or another file given where a model directory belongs: named,
+ * with what to do, before config.json is looked for. */
+static void refuse_model_file(const char *dir)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || S_ISDIR(sb.st_mode))
+        return;
+    hf_refuse_gguf(dir, "model.from_pretrained");
+    fail_input("model.from_pretrained '%s' is a file, not a directory; give the Hugging Face model directory "
+               "(config.json and its .safetensors files)",
+               dir);
+}
+
+static json_t *load_config_json(const char *dir, char *path, size_t cap)
+{
+    refuse_model_file(dir);
+    snprintf(path, cap, "%s/config.json", dir);
+    const char *kind = util_irregular(path);
+    if (kind)
+        fail_input("model.from_pretrained: '%s' is %s, not a file; give a Hugging Face model directory (config.json "
+                   "and its .safetensors files)",
+                   path, kind);
+    json_error_t err;
+    char why[300];
+    json_t *root = hf_json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root)
+        fail_input("model.from_pretrained: cannot read '%s': %s; give a Hugging Face model directory "
+                   "(config.json and its .safetensors files)",
+                   path, hf_json_why(&err, why, sizeof why));
+    if (!json_is_object(root))
+        fail_input("model.from_pretrained: '%s' is not a JSON object", path);
+    return root;
+}
+
+/* The architecture: architectures[0], else from model_type. */
+static const char *architecture(struct reader *r)
+{
+    json_t *a = get(r, "architectures");
+    const char *type = str_key(r, "model_type", NULL);
+    if (json_is_array(a) && json_array_size(a) > 0 && json_is_string(json_array_get(a, 0)))
+        return json_string_value(json_array_get(a, 0));
+    const char *named = type ? arch_hf_architecture_of(type) : NULL;
+    if (named)
+        return named;
+    fail_input("%s: no 'architectures' and model_type '%s'; shardlm reads %s", r->path, type ? type : "(none)",
+               HF_ARCHITECTURES);
+}
+
+void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
+                    int *sliding_window)
+{
+    char path[1100];
+    struct reader r = {load_config_json(dir, path, sizeof path), path, "PretrainedConfig", json_object()};
+    const char *arch = architecture(&r);
+    *sliding_window = 0;
+    const struct arch *family = arch_find_hf(arch);
+    if (family && family->id == ARCH_LLAMA)
+        llama_keys(&r, strcmp(arch, "MistralForCausalLM") == 0, put, ctx, sliding_window);
+    else if (family && family->id == ARCH_GPT2)
+        gpt2_keys(&r, put, ctx);
+    else
+        fail_input("%s: architecture %s is not supported; shardlm reads %s", path, arch, HF_ARCHITECTURES);
+    read_dtype(&r);
+    check_other_keys(&r);
+    json_decref(r.used);
+    json_decref(r.root);
+}
+
+/* ---- writing ---------------------------------------------------------------------------- */
+
+static const char *torch_dtype(enum dtype dt)
+{
+    return dt == DTYPE_BF16 ? "bfloat16" : dt == DTYPE_F16 ? "float16" : "float32";
+}
+
+/* The rotary settings in both spellings: top-level rope_theta and
+ * rope_scaling (transformers 4.x reads these) and rope_parameters
+ * (transformers 5), which 5.x reads as the same model when both are there. */
+static void put_rope(json_t *out, const struct model_config *c)
+{
+    json_t *scaling = json_null(), *params = json_pack("{s:s, s:f}", "rope_type", "default", "rope_theta",
+                                                        c->rope_theta);
+    const struct rope_scaling *s = &c->rope_scaling;
+    if (s->type == ROPE_SCALING_LLAMA3) {
+        scaling = json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", s->factor,
+                            "low_freq_factor", s->low_freq_factor, "high_freq_factor", s->high_freq_factor,
+                            "original_max_position_embeddings", s->original_max_positions);
+    } else if (s->type == ROPE_SCALING_LINEAR) {
+        scaling = json_pack("{s:s, s:f}", "rope_type", "linear", "factor", s->factor);
+    }
+    if (!json_is_null(scaling)) {
+        json_object_update(params, scaling);
+        json_object_set_new(params, "rope_theta", json_real(c->rope_theta));
+    }
+    json_object_set_new(out, "rope_theta", json_real(c->rope_theta));
+    json_object_set_new(out, "rope_scaling", scaling);
+    json_object_set_new(out, "rope_parameters", params);
+}
+
+struct int_key {
+    const char *key;
+    int value;
+};
+
+static void set_ints(json_t *out, const struct int_key *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        json_object_set_new(out, keys[i].key, json_integer(keys[i].value));
+}
+
+json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir)
+{
+    const struct model_config *c = &m->cfg;
+    json_t *out = NULL;
+    if (src_dir && src_dir[0]) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/config.json", src_dir);
+        out = util_irregular(path) ? NULL : hf_json_load_file(path, 0, NULL);
+    }
+    if (!json_is_object(out)) {
+        json_decref(out);
+        out = json_object();
+    }
+    bool llama = arch_is(c->type, ARCH_LLAMA);
+    const struct arch *family = arch_get(llama ? ARCH_LLAMA : ARCH_GPT2);
+    if (llama) {
+        const char *arch = json_string_value(json_array_get(json_object_get(out, "architectures"), 0));
+        bool mistral = arch && strcmp(arch, "MistralForCausalLM") == 0;
+        if (!arch) {
+            json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));
+            json_object_set_new(out, "model_type", json_string(family->hf_model_types[0]));
+        }
+        const struct int_key shape[] = {{"hidden_size", c->n_embd},          {"num_hidden_layers", c->n_layer},
+                                        {"num_attention_heads", c->n_head},   {"num_key_value_heads", c->n_kv_head},
+                                        {"head_dim", c->n_embd / c->n_head},  {"intermediate_size", c->ffn_dim},
+                                        {"max_position_embeddings", c->n_positions}, {"vocab_size", c->vocab_size}};
+        set_ints(out, shape, sizeof shape / sizeof shape[0]);
+        json_object_set_new(out, "rms_norm_eps", json_real(c->norm_eps));
+        json_object_set_new(out, "tie_word_embeddings", json_boolean(c->tied_head));
+        json_object_set_new(out, "hidden_act", json_string("silu"));
+        json_object_set_new(out, "attention_bias", json_false());
+        json_object_set_new(out, "mlp_bias", json_false());
+        put_rope(out, c);
+        if (mistral && c->sliding_window) /* 0 from a checkpoint: the source's own value stays */
+            json_object_set_new(out, "sliding_window", json_integer(c->sliding_window));
+    } else {
+        json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));
+        json_object_set_new(out, "model_type", json_string(family->hf_model_types[0]));
+        const struct int_key shape[] = {{"n_embd", c->n_embd},           {"n_layer", c->n_layer},
+                                        {"n_head", c->n_head},           {"n_positions", c->n_positions},
+                                        {"n_ctx", c->n_positions},       {"vocab_size", c->vocab_size}};
+        set_ints(out, shape, sizeof shape / sizeof shape[0]);
+        json_object_set_new(out, "activation_function", json_string("gelu_new"));
+        json_object_set_new(out, "layer_norm_epsilon", json_real(1e-5));
+        json_object_set_new(out, "tie_word_embeddings", json_true());
+    }
+    /* transformers 5 reads dtype, 4.x torch_dtype (5.x takes dtype when both are there) */
+    json_object_set_new(out, "dtype", json_string(torch_dtype(dt)));
+    json_object_set_new(out, "torch_dtype", json_string(torch_dtype(dt)));
+    return out;
+}
+
+/* The shape fields that say which model a config.json describes. */
+static const char *const shape_keys[] = {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                                         "num_key_value_heads", "intermediate_size", "vocab_size",
+                                         "n_embd", "n_layer", "n_head"};
+
+int hf_config_differs(const struct model *m, const char *dir, const char **key, long long *have, long long *want)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *file = util_irregular(path) ? NULL : hf_json_load_file(path, 0, NULL);
+    if (!json_is_object(file)) {
+        json_decref(file);
+        return -1;
+    }
+    json_t *model = hf_config_json(m, DTYPE_F32, NULL);
+    int differs = 0;
+    for (size_t i = 0; !differs && i < sizeof shape_keys / sizeof shape_keys[0]; i++) {
+        json_t *a = json_object_get(file, shape_keys[i]), *b = json_object_get(model, shape_keys[i]);
+        if (b && (!a || !json_equal(a, b))) {
+            differs = 1;
+            *key = shape_keys[i];
+            *have = a ? (long long)json_integer_value(a) : -1LL;
+            *want = (long long)json_integer_value(b);
+        }
+    }
+    json_decref(file);
+    json_decref(model);
+    return differs;
+}
