@@ -32,6 +32,16 @@ Checks (references: transformers 4.40.2, tokenizers 0.19, PEFT 0.10.0):
   lora.*, full.*  a short LoRA and full fine-tune on chat pairs (ZeRO 3, N = 2)
                lower the pairs' loss; their exports load in PEFT /
                transformers and give shardlm eval's loss (relative 1e-4)
+  tf5.*        issue 44: the tokenizer re-saved by transformers 5.25 (build/ref5-venv: tokenizer.json
+               with its merges as pairs, tokenizer_config.json without the template or
+               added_tokens_decoder, chat_template.jinja) beside the same weights gives the same
+               prepared samples (ids, trained flags, offsets; chat and text lines, tools/prepare_data.py
+               in build/data-venv's tokenizers 0.23), the same rendered prompts
+               (tools/chat_template.py), and the same greedy tokens: generate.N1 runs on the re-saved
+               directory (its plain prompts find chat_template.jinja by themselves), generate.prompt_text
+               on the original. The full fine-tune starts from the re-saved directory, so its export
+               must carry chat_template.jinja. Without any chat template, chat lines (prepare_data) and
+               --chat or {"messages"} prompts (generate) are one line naming the directory, exit 2.
 Under the AddressSanitizer build (make test-asan) only convert.*, eval.N1 and
 generate.N1 on one prompt run (a note says so): the rest repeats the same
 engine code paths at 10x the cost.
@@ -203,17 +213,112 @@ def check_tokenize(model, tok):
           f" vs {want[bad[0]]}" if bad else f"{len(got)} lines for {len(strings)}")
 
 
-def sample_file(model, name, pairs):
+# The data tools as a user runs them: Debian's python3, which re-executes them in build/data-venv (tokenizers
+# 0.23, which reads what transformers 5 writes; this script's ref-venv holds 0.19).
+TOOL_PY = "/usr/bin/python3"
+
+
+def chat_lines(pairs):
+    return [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in pairs]
+
+
+def sample_file(model, name, lines, must_work=True):
+    """prepare_data's sample file of the JSON lines; returns (path, the run)."""
     src = os.path.join(TMP, name + ".jsonl")
     with open(src, "w") as f:
-        for q, a in pairs:
-            f.write(json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
-                    + "\n")
+        f.writelines(json.dumps(x) + "\n" for x in lines)
     out = os.path.join(TMP, name + ".h5")
-    r = subprocess.run([PY, os.path.join(ROOT, "tools", "prepare_data.py"), "--tokenizer", model, "-o", out, src],
+    r = subprocess.run([TOOL_PY, os.path.join(ROOT, "tools", "prepare_data.py"), "--tokenizer", model, "-o", out,
+                        "--overwrite", src], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if must_work:
+        check(f"data.{name}", r.returncode == 0, r.stderr[-400:])
+    return out, r
+
+
+def resave_tf5(model):
+    """model's tokenizer loaded and saved by transformers 5.25 (build/ref5-venv), beside links to model's
+    weights and config: a directory as a transformers 5 user's own save holds it."""
+    from harness import REF5_VENV, ref5_env
+    out = os.path.join(TMP, "tf5")
+    shutil.rmtree(out, ignore_errors=True)
+    code = ("import sys; from transformers import AutoTokenizer; "
+            "AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])")
+    r = subprocess.run([os.path.join(REF5_VENV, "bin", "python"), "-c", code, model, out], env=ref5_env(),
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    check(f"data.{name}", r.returncode == 0, r.stderr[-400:])
+    check("tf5.save", r.returncode == 0, r.stderr[-400:])
+    if r.returncode != 0:
+        return None
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        os.symlink(os.path.join(model, name), os.path.join(out, name))
+    with open(os.path.join(out, "tokenizer.json")) as f:
+        merges = json.load(f)["model"]["merges"]
+    with open(os.path.join(out, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    check("tf5.layout", os.path.isfile(os.path.join(out, "chat_template.jinja")) and "chat_template" not in config
+          and isinstance(merges[0], list) and "added_tokens_decoder" not in config,
+          f"files {sorted(os.listdir(out))}, tokenizer_config.json keys {sorted(config)}, merges[0] {merges[0]!r}: "
+          "transformers 5 no longer writes what issue 44 describes")
     return out
+
+
+def same_samples(a, b):
+    with h5py.File(a) as fa, h5py.File(b) as fb:
+        return all(np.array_equal(fa[k][:], fb[k][:]) for k in ("tokens", "trained", "offsets")), int(fa["tokens"].size)
+
+
+def render(model, prompts):
+    r = subprocess.run([TOOL_PY, os.path.join(ROOT, "tools", "chat_template.py"), "--tokenizer", model],
+                       input="".join(json.dumps([{"role": "user", "content": p}]) + "\n" for p in prompts),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return [json.loads(x) for x in r.stdout.splitlines()] if r.returncode == 0 else [r.stderr.strip()]
+
+
+def no_template_dir(tf5):
+    """tf5 without chat_template.jinja: a tokenizer with no chat template at all."""
+    out = os.path.join(TMP, "no_template")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    for name in os.listdir(tf5):
+        if name != "chat_template.jinja":
+            os.symlink(os.path.realpath(os.path.join(tf5, name)), os.path.join(out, name))
+    return out
+
+
+def check_tf5(model, tf5, data):
+    """The re-saved tokenizer against the original files: samples, prompts; and no template at all. Returns the
+    directory without a template and the re-saved tokenizer's chat samples (the same tokens as DATA, another
+    tokenizer_sha256: a run from the re-saved directory takes these)."""
+    text = [{"text": q + " " + a} for q, a in PAIRS] + [{"text": "Digits 1234567 and ünïcödé, 日本語 👍🏽"}]
+    samples = {}
+    for name, lines in (("chat", chat_lines(PAIRS)), ("text", text)):
+        base = data if name == "chat" else sample_file(model, "text", lines)[0]
+        resaved, _ = sample_file(tf5, f"tf5_{name}", lines)
+        samples[name] = resaved
+        same, n = same_samples(base, resaved) if os.path.exists(resaved) else (False, 0)
+        check(f"tf5.samples_{name}", same, "the re-saved tokenizer prepares other ids, flags or offsets")
+        note(f"tf5.samples_{name}: {n} tokens equal")
+    want, got = render(model, CHAT_PROMPTS), render(tf5, CHAT_PROMPTS)
+    check("tf5.chat_prompts", got == want and len(got) == len(CHAT_PROMPTS) and "<|im_start|>" in got[0],
+          f"{got[:1]} vs {want[:1]}")
+    bare = no_template_dir(tf5)
+    _, r = sample_file(bare, "no_template", chat_lines(PAIRS[:1]), must_work=False)
+    check("tf5.no_template.prepare_data", r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+          and bare in r.stderr and "--chat-template" in r.stderr, f"exit {r.returncode}: {r.stderr.strip()!r}")
+    return bare, samples["chat"]
+
+
+def check_no_template_generate(bare):
+    """generate --chat and {"messages"} prompts on a tokenizer with no chat template: one line, exit 2, never
+    the raw text."""
+    path = os.path.join(TMP, "messages.jsonl")
+    with open(path, "w") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": CHAT_PROMPTS[0]}]}) + "\n")
+    for name, args in (("chat", ["--prompt", CHAT_PROMPTS[0], "--chat"]), ("messages", ["--prompt-file", path])):
+        r = run(["generate", bare, "--max-new-tokens", "2"] + args)
+        errors = [x for x in r.stderr.splitlines() if "error" in x]
+        check(f"tf5.no_template.generate_{name}", r.returncode == 2 and len(errors) == 1 and bare in errors[0]
+              and "chat_template.jinja" in errors[0] and not r.stdout.strip(),
+              f"exit {r.returncode}: {r.stderr.strip()[-400:]!r}, stdout {r.stdout[:80]!r}")
 
 
 @torch.no_grad()
@@ -251,7 +356,7 @@ def check_eval(model, hf, data):
     return want
 
 
-def check_generate(model, hf, tok):
+def check_generate(model, hf, tok, tf5):
     prompts = CHAT_PROMPTS[:1] if ASAN else CHAT_PROMPTS
     n = 8 if ASAN else NEW
     want = [hf_greedy(hf, tok, chat_ids(tok, p), n) for p in prompts]
@@ -260,7 +365,8 @@ def check_generate(model, hf, tok):
         for i, p in enumerate(prompts):  # plain prompts and {"messages"} lines: both through the template
             f.write(json.dumps({"prompt": p} if i % 2 else {"messages": [{"role": "user", "content": p}]}) + "\n")
     for N in (1,):  # N = 2 shares the prompts out: t_generate checks that it changes no token
-        r = run(["generate", model, "--prompt-file", path, "--max-new-tokens", str(n), "--batch", "4"], N=N)
+        # the directory transformers 5 saved: its chat_template.jinja found without --chat (issue 44)
+        r = run(["generate", tf5 or model, "--prompt-file", path, "--max-new-tokens", str(n), "--batch", "4"], N=N)
         check(f"generate.N{N}.run", r.returncode == 0, f"exit {r.returncode}: {r.stderr[-600:]}")
         if r.returncode != 0:
             continue
@@ -275,10 +381,10 @@ def check_generate(model, hf, tok):
               f"{r.stdout!r} vs {text!r}: {r.stderr[-300:]}")
 
 
-def fine_tune(name, model, data, lora):
+def fine_tune(name, model, data, lora, start=None):
     ck = os.path.join(TMP, name)
     shutil.rmtree(ck, ignore_errors=True)
-    cfg = {"model": {"from_pretrained": model},
+    cfg = {"model": {"from_pretrained": start or model},
            "data": {"train": data, "shuffle": False, "max_seq_length": 128},
            "train": {"steps": 6, "eval_every": 0, "sample_tokens": 0},
            "train_micro_batch_size_per_gpu": 3,
@@ -292,7 +398,7 @@ def fine_tune(name, model, data, lora):
     return ck if r.returncode == 0 else None
 
 
-def check_fine_tunes(model, data, base_loss):
+def check_fine_tunes(model, data, base_loss, tf5, tf5_data):
     from peft import PeftModel
     ck = fine_tune("lora", model, data, lora=True)
     if ck:
@@ -301,7 +407,13 @@ def check_fine_tunes(model, data, base_loss):
         base = transformers.LlamaForCausalLM.from_pretrained(model, torch_dtype=torch.float32).eval()
         peft = PeftModel.from_pretrained(base, os.path.join(ck, "hf")).eval()
         close("lora.peft_equals_eval", hf_loss(peft, data), got, 1e-4)
-    ck = fine_tune("full", model, data, lora=False)
+    if tf5:  # the run starts from the re-saved directory: its samples, of the same tokens
+        data = tf5_data
+    ck = fine_tune("full", model, data, lora=False, start=tf5)
+    if ck and tf5:
+        with open(os.path.join(tf5, "chat_template.jinja")) as f, \
+                open(os.path.join(ck, "hf", "chat_template.jinja")) as g:
+            check("tf5.export_chat_template", f.read() == g.read(), "the export's chat_template.jinja differs")
     if ck:
         got = shardlm_loss("full.eval", ck, data, 1)
         check("full.lowers_loss", got < base_loss - 0.05, f"{got} vs base {base_loss}")
@@ -321,12 +433,16 @@ def main():
         check_tokenize(model, tok)
     else:
         note("AddressSanitizer build: convert, eval at N = 1 and one short generation only")
-    data = sample_file(model, "pairs", PAIRS)
+    data, _ = sample_file(model, "pairs", chat_lines(PAIRS))
+    tf5 = resave_tf5(model)
+    bare, tf5_data = check_tf5(model, tf5, data) if tf5 else (None, None)
     check_user_mistakes(model, os.path.join(ROOT, "build", "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     base_loss = check_eval(model, hf, data)
-    check_generate(model, hf, tok)
+    check_generate(model, hf, tok, tf5)
+    if bare:
+        check_no_template_generate(bare)
     if not ASAN:
-        check_fine_tunes(model, data, base_loss)
+        check_fine_tunes(model, data, base_loss, tf5, tf5_data)
 
 
 if __name__ == "__main__":

@@ -32,9 +32,8 @@ def main():
     ap.add_argument("--chat-template", metavar="FILE")
     a = ap.parse_args()
     tok = Tokenizer(a.tokenizer, a.chat_template)
-    if tok.template is None:
-        fail(f"{a.tokenizer}: the tokenizer has no chat_template (tokenizer_config.json); drop --chat, or give "
-             "--chat-template FILE")
+    if tok.template is None:  # never the raw text instead: the caller asked for the template
+        fail(f"chat_template: {tok.no_template}; drop --chat, or give --chat-template FILE")
     for number, line in enumerate(sys.stdin, 1):
         messages = json.loads(line)
         try:

@@ -180,10 +180,16 @@ ref5_venv() {
 # tools/prepare_data.py: tokenizers and jinja2; tools/gguf_to_hf.py: gguf (llama.cpp's
 # reader and dequantizer) and safetensors. Training does not need it,
 # so without it (no PyPI here) the build goes on with a warning.
-data_install() { pip_install "$1" 'tokenizers>=0.19,<0.20' jinja2 safetensors 'gguf>=0.10'; }
+# tokenizers is the version transformers 5.25 runs (ref5_pins): 0.19 cannot read a tokenizer.json that
+# tokenizers >= 0.20 (and so transformers 5) writes, with its merges as pairs. This venv has no transformers,
+# so transformers 4.40's pin on tokenizers < 0.20 (ref-venv's) does not hold it back. An older venv fails
+# the version assert below and is made again.
+data_tokenizers=0.23.3
+data_install() { pip_install "$1" "tokenizers==$data_tokenizers" jinja2 safetensors 'gguf>=0.10'; }
 data_venv() {
-  make_venv data-venv 'import tokenizers, jinja2, numpy, h5py, safetensors, gguf
-assert tokenizers.__version__.startswith("0.19."), tokenizers.__version__' "tokenizers 0.19, jinja2" data_install ||
+  make_venv data-venv "import tokenizers, jinja2, numpy, h5py, safetensors, gguf
+assert tokenizers.__version__ == '$data_tokenizers', tokenizers.__version__" "tokenizers $data_tokenizers, jinja2" \
+    data_install ||
     echo "shardlm deps: warning: no build/data-venv, so tools/prepare_data.py cannot run" >&2
   [ ! -x "$(cd "$(dirname "$0")/.." && pwd)/build/data-venv/bin/python" ] ||
     no_pypi_torch "$(cd "$(dirname "$0")/.." && pwd)/build/data-venv"

@@ -93,8 +93,7 @@ class PairBuilder:
         pd = self.pd
         tok = self.builder.need_tokenizer("preference")
         if tok.template is None:
-            raise pd.BadLine("the tokenizer has no chat_template (or no \"default\" among its named ones); "
-                             "give one with --chat-template FILE")
+            raise pd.NoChatTemplate(tok.no_template + "; give one with --chat-template FILE")
         prompt = obj["prompt"]
         if not prompt:
             raise pd.BadLine("\"prompt\" is an empty list; give the conversation before the completions")

@@ -20,8 +20,10 @@ comes from its keys, or from --format for every line:
               preference file: see tools/prefdata.py
 
 Tokenization (a Hugging Face directory: tokenizer.json, tokenizer_config.json,
-special_tokens_map.json; or a tokenizer.json, whose directory is read for the
-other two). Text is always encoded without the tokenizer's post-processor
+special_tokens_map.json, chat_template.jinja, additional_chat_templates/; or a
+tokenizer.json, whose directory is read for the others; transformers 5 writes
+no special_tokens_map.json and keeps the chat template in chat_template.jinja,
+see find_chat_template). Text is always encoded without the tokenizer's post-processor
 (add_special_tokens=False): this tool adds BOS and EOS itself, so no sample
 gets them twice.
   * BOS starts text, completion and Alpaca samples when the tokenizer adds it:
@@ -80,6 +82,7 @@ import glob
 import hashlib
 import json
 import os
+import pathlib
 import sys
 import tempfile
 import time
@@ -87,8 +90,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXIT_BAD_INPUT = 2
 # Environments that hold tokenizers and jinja2 over Debian's numpy and h5py, in
-# order of preference: tools/deps.sh makes data-venv (and ref-venv with --test).
-VENVS = ("data-venv", "ref-venv")
+# order of preference: tools/deps.sh makes data-venv (and ref5-venv and ref-venv
+# with --test). ref5-venv (tokenizers 0.23) before ref-venv, whose tokenizers
+# 0.19 (held there by transformers 4.40) cannot read what transformers 5 writes.
+VENVS = ("data-venv", "ref5-venv", "ref-venv")
 REEXEC_MARK = "SHARDLM_PREPARE_DATA_VENV"
 
 
@@ -161,6 +166,11 @@ class BadLine(Exception):
     """A line that cannot become a sample: str(e) is "problem; what to do"."""
 
 
+class NoChatTemplate(BadLine):
+    """A chat line, and the tokenizer has no chat template: the tokenizer's fault, not the line's, so it ends
+    the run even with --skip-bad (skipping every chat line would drop the data without a word)."""
+
+
 class Tokenizer:
     """tokenizer.json with the special tokens, BOS rule and chat template of its
     directory's tokenizer_config.json and special_tokens_map.json."""
@@ -174,8 +184,11 @@ class Tokenizer:
                 raw = f.read()
             self.tok = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
         except Exception as e:  # OSError, UnicodeDecodeError, the tokenizers library's parse errors
-            fail(f"{json_path}: cannot read the tokenizer ({type(e).__name__}: {e}); "
-                 "give --tokenizer a Hugging Face model directory or its tokenizer.json")
+            old = tuple(int(x) for x in tokenizers.__version__.split(".")[:2]) < (0, 20)
+            fail(f"{json_path}: cannot read the tokenizer ({type(e).__name__}: {e}); " +
+                 (f"tokenizers {tokenizers.__version__} ({sys.executable}) cannot read what tokenizers >= 0.20 "
+                  "writes: run tools/deps.sh, which makes build/data-venv with a current one" if old else
+                  "give --tokenizer a Hugging Face model directory or its tokenizer.json"))
         self.sha256 = hashlib.sha256(raw).hexdigest()
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         config = read_json_object(os.path.join(folder, "tokenizer_config.json"))
@@ -201,19 +214,14 @@ class Tokenizer:
         if not isinstance(add_bos, bool):
             add_bos = self.post_processor_adds_bos()
         self.add_bos = add_bos and self.bos is not None
-        self.template_source = None
-        template = config.get("chat_template")
+        self.template, self.template_source, self.no_template = None, None, None
         if chat_template_file:
-            try:
-                with open(chat_template_file, encoding="utf-8") as f:
-                    template = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                fail(f"{chat_template_file}: cannot read the chat template ({e}); give a jinja2 template file")
+            template = read_template(chat_template_file, "give a jinja2 template file")
             self.template_source = chat_template_file
-        elif isinstance(template, list):  # several named templates: transformers uses "default"
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default")
-        self.template = compile_template(template, self.template_source or folder) if template else None
+        else:
+            template, self.template_source, self.no_template = find_chat_template(folder, config)
+        if template is not None:
+            self.template = compile_template(template, self.template_source)
 
     def post_processor_adds_bos(self):
         probe = "a"
@@ -223,6 +231,62 @@ class Tokenizer:
 
     def render(self, messages, add_generation_prompt):
         return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.special)
+
+
+# transformers 5's names (transformers.utils.hub): the template beside tokenizer.json, and the folder of named ones.
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+PROCESSOR_CHAT_TEMPLATE_FILE = "chat_template.json"
+
+
+def read_template(path, hint):
+    try:
+        return pathlib.Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"{path}: cannot read the chat template ({e}); {hint}")
+
+
+def find_chat_template(folder, config):
+    """The chat template that transformers 5.25's tokenizer renders (AutoTokenizer.from_pretrained,
+    tokenization_utils_base._from_pretrained, then get_chat_template with no tools): returns
+    (source, where it came from, None), or (None, None, why there is none: a clause, the caller adds what to do).
+
+    chat_template.jinja is the "default" template and additional_chat_templates/NAME.jinja the named ones;
+    when either exists they replace tokenizer_config.json's chat_template (transformers 4 wrote it there: a
+    string, or a list of {"name", "template"}). Of several named templates, "default" is rendered;
+    without one transformers refuses, and so does this. chat_template.json is a processor's file
+    (AutoProcessor reads it, AutoTokenizer does not), so it is not read here either: only named in the
+    error, since a model directory that holds it most likely wants it."""
+    templates, where = {}, {}
+    jinja = os.path.join(folder, CHAT_TEMPLATE_FILE)
+    if os.path.isfile(jinja):
+        templates["default"], where["default"] = read_template(jinja, "fix or remove the file"), jinja
+    named_dir = os.path.join(folder, CHAT_TEMPLATE_DIR)
+    if os.path.isdir(named_dir):
+        for name in sorted(os.listdir(named_dir)):
+            path = os.path.join(named_dir, name)
+            if name.endswith(".jinja") and os.path.isfile(path):
+                templates[name[:-len(".jinja")]] = read_template(path, "fix or remove the file")
+                where[name[:-len(".jinja")]] = path
+    if not templates:
+        value = config.get("chat_template")
+        config_path = os.path.join(folder, "tokenizer_config.json")
+        if isinstance(value, str) and value:
+            templates["default"], where["default"] = value, config_path
+        elif isinstance(value, list):
+            for t in value:
+                if isinstance(t, dict) and isinstance(t.get("template"), str):
+                    templates[t.get("name")], where[t.get("name")] = t["template"], config_path
+    if "default" in templates:
+        return templates["default"], where["default"], None
+    if templates:
+        return None, None, (f"{folder}'s chat templates ({', '.join(sorted(map(str, templates)))}) have no "
+                            "\"default\" one")
+    processor = os.path.join(folder, PROCESSOR_CHAT_TEMPLATE_FILE)
+    note = (f"; its {PROCESSOR_CHAT_TEMPLATE_FILE} is a processor's, which transformers' tokenizer does not read"
+            if os.path.isfile(processor) else "")
+    return None, None, (f"{folder} has no chat template ({CHAT_TEMPLATE_FILE}, {CHAT_TEMPLATE_DIR}/default.jinja "
+                        f"or tokenizer_config.json's chat_template){note}")
 
 
 def read_json_object(path):
@@ -344,8 +408,7 @@ class SampleBuilder:
     def chat(self, obj):
         tok = self.need_tokenizer("chat")
         if tok.template is None:
-            raise BadLine("the tokenizer has no chat_template (or no \"default\" among its named ones); "
-                          "give one with --chat-template FILE")
+            raise NoChatTemplate(tok.no_template + "; give one with --chat-template FILE")
         messages = obj.get("messages")
         check_messages(messages)
         full = render(tok, messages, False)
@@ -736,7 +799,7 @@ class Conversion:
 
     def bad_line(self, where, error):
         message = f"{where}: {error}".replace("\n", " ")
-        if not self.skip_bad:
+        if not self.skip_bad or isinstance(error, NoChatTemplate):
             self.progress.finish()
             fail(message)
         self.skipped += 1

@@ -3,13 +3,14 @@
 A tool started by any interpreter (the `python3` first on PATH may not see
 Debian's numpy and h5py) calls use_venv() before its imports: when one of the
 modules it needs is missing, the tool is started again, once, with the Python
-of build/data-venv (or build/ref-venv), which tools/deps.sh makes.
+of build/data-venv (or build/ref5-venv, build/ref-venv), which tools/deps.sh
+makes.
 """
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VENVS = ("data-venv", "ref-venv")
+VENVS = ("data-venv", "ref5-venv", "ref-venv")  # prepare_data.py says why in this order
 
 
 def use_venv(tool, script, modules):

@@ -15,6 +15,7 @@
  * the batch. Rank 0 gathers the rounds' tokens and prints the results in
  * prompt order.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -155,24 +156,80 @@ static struct prompt *read_prompts(const struct gen_options *g, int *n_out)
 
 /* ---- the chat template ---------------------------------------------------------------- */
 
-/* Whether the tokenizer's directory has a chat template (tokenizer_config.json's chat_template key). */
-static bool has_chat_template(const char *tokenizer_json)
+/* What the tokenizer's directory holds of a chat template, by the rules of transformers 5.25's
+ * AutoTokenizer (tokenization_utils_base._from_pretrained and get_chat_template), which
+ * tools/prepare_data.py's find_chat_template (what renders it) follows too:
+ *   chat_template.jinja is the "default" template, additional_chat_templates/NAME.jinja a named one;
+ *   when either exists they replace tokenizer_config.json's chat_template (a string, the default, or
+ *   transformers 4's list of {"name", "template"}); the "default" one is rendered, and without it
+ *   transformers refuses. chat_template.json is a processor's file, which AutoTokenizer does not read.
+ * why (cap bytes) says, when there is no default, what there is, as the first clause of an error. */
+enum chat_template_kind { CHAT_TEMPLATE_NONE, CHAT_TEMPLATE_NO_DEFAULT, CHAT_TEMPLATE_DEFAULT };
+
+static bool regular_file(const char *path)
 {
-    char path[4200];
-    const char *slash = strrchr(tokenizer_json, '/');
-    snprintf(path, sizeof path, "%.*stokenizer_config.json", slash ? (int)(slash - tokenizer_json) + 1 : 0,
-             tokenizer_json);
     struct stat st;
-    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
-        return false;
-    json_error_t err;
-    char why[300];
-    json_t *config = hf_json_load_file(path, 0, &err);
-    if (!config)
-        fail_input("%s: cannot read it: %s; fix the file, or give --no-chat", path, hf_json_why(&err, why, sizeof why));
-    bool has = hf_chat_template(config, NULL) != NULL;
-    json_decref(config);
-    return has;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static enum chat_template_kind chat_template_kind(const char *tokenizer_json, char *why, size_t cap)
+{
+    char dir[4096], path[4200];
+    const char *slash = strrchr(tokenizer_json, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - tokenizer_json) : 1, slash ? tokenizer_json : ".");
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    if (regular_file(path))
+        return CHAT_TEMPLATE_DEFAULT;
+    /* the named templates' names, for the error when none is "default" */
+    char names[512] = ""; /* cut short past 512 bytes: only an error shows them */
+    size_t used = 0;
+    snprintf(path, sizeof path, "%s/additional_chat_templates", dir);
+    DIR *named = opendir(path);
+    for (struct dirent *e; named && (e = readdir(named));) {
+        const size_t len = strlen(e->d_name);
+        if (len <= 6 || strcmp(e->d_name + len - 6, ".jinja") != 0)
+            continue;
+        if (strcmp(e->d_name, "default.jinja") == 0) {
+            closedir(named);
+            return CHAT_TEMPLATE_DEFAULT;
+        }
+        if (used < sizeof names)
+            used += (size_t)snprintf(names + used, sizeof names - used, "%s%.*s", used ? ", " : "", (int)len - 6,
+                                     e->d_name);
+    }
+    if (named)
+        closedir(named);
+    if (!used) { /* no template file: tokenizer_config.json's, as transformers 4 wrote it */
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        if (regular_file(path)) {
+            json_error_t err;
+            char load_why[300];
+            json_t *config = hf_json_load_file(path, 0, &err);
+            if (!config)
+                fail_input("%s: cannot read it: %s; fix the file, or give --no-chat", path,
+                           hf_json_why(&err, load_why, sizeof load_why));
+            const bool has_default = hf_chat_template(config, NULL) != NULL;
+            const char *list[16];
+            const size_t n = hf_chat_template_names(config, list, 16);
+            for (size_t i = 0; i < n && i < 16; i++)
+                if (used < sizeof names)
+                    used += (size_t)snprintf(names + used, sizeof names - used, "%s%s", used ? ", " : "", list[i]);
+            json_decref(config);
+            if (has_default)
+                return CHAT_TEMPLATE_DEFAULT;
+        }
+    }
+    if (used) {
+        snprintf(why, cap, "%s's chat templates (%s) have no \"default\" one", dir, names);
+        return CHAT_TEMPLATE_NO_DEFAULT;
+    }
+    snprintf(path, sizeof path, "%s/chat_template.json", dir);
+    snprintf(why, cap,
+             "%s has no chat template (chat_template.jinja, additional_chat_templates/default.jinja or "
+             "tokenizer_config.json's chat_template)%s",
+             dir, regular_file(path) ? "; its chat_template.json is a processor's, which transformers' tokenizer "
+                                       "does not read" : "");
+    return CHAT_TEMPLATE_NONE;
 }
 
 /* tools/chat_template.py of the checkout this binary was built in: bin/'s
@@ -508,8 +565,9 @@ static void usage_generate(FILE *out)
             "  --ignore-eos           go on past the end-of-sequence token (benchmarks)\n"
             "  --chat                 render each text prompt as a user turn with the tokenizer's chat template\n"
             "                         (transformers' apply_chat_template, add_generation_prompt), and\n"
-            "                         {\"messages\": [...]} lines as conversations; the default when\n"
-            "                         tokenizer_config.json has a chat_template (tools/chat_template.py renders)\n"
+            "                         {\"messages\": [...]} lines as conversations; the default when the\n"
+            "                         tokenizer has one (chat_template.jinja, or tokenizer_config.json's\n"
+            "                         chat_template; tools/chat_template.py renders); without one, an error\n"
             "  --no-chat              prompts as given, without the chat template\n"
             "  --json                 the --prompt result as a JSON line too (ids, finish reason)\n"
             "  --base DIR             a LoRA checkpoint's base (default: the directory its run started from)\n"
@@ -602,8 +660,20 @@ int cmd_generate(int argc, char **argv)
                    "--no-chat", g.prompt_file);
     if (any_text || any_messages)
         infer_require_tokenizer(&s, o.model, "a prompt is text");
-    const bool chat = (any_text || any_messages) &&
-                      (g.chat == 1 || (g.chat == -1 && (any_messages || has_chat_template(s.tokenizer_path))));
+    /* --chat, or conversations, need the template: never the raw text in its place (issue 44). Without
+     * either, text prompts take it when the directory has one, and go as given when it has none. */
+    char why[4800]; /* a directory path and the names of its templates */
+    const enum chat_template_kind template =
+        any_text || any_messages ? chat_template_kind(s.tokenizer_path, why, sizeof why) : CHAT_TEMPLATE_NONE;
+    if (any_messages && template != CHAT_TEMPLATE_DEFAULT)
+        fail_input("--prompt-file '%s' holds {\"messages\"} conversations, which need a chat template, and %s; "
+                   "add one (chat_template.jinja), or give text prompts", g.prompt_file, why);
+    if (g.chat == 1 && any_text && template != CHAT_TEMPLATE_DEFAULT)
+        fail_input("--chat: %s; add one (chat_template.jinja), or drop --chat", why);
+    if (g.chat == -1 && any_text && template == CHAT_TEMPLATE_NO_DEFAULT)
+        fail_input("%s, so the prompts cannot be rendered with it; add a chat_template.jinja, or give --no-chat",
+                   why);
+    const bool chat = (any_text || any_messages) && g.chat != 0 && template == CHAT_TEMPLATE_DEFAULT;
     if (chat) {
         apply_chat_template(prompts, n_prompts, s.tokenizer_path);
         if (s.sess.rank == 0)

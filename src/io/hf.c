@@ -1,5 +1,6 @@
 #include "hf.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -248,12 +249,34 @@ static void copy_file(const char *src, const char *dst)
 
 void hf_copy_tokenizer(const char *src_dir, const char *dst_dir)
 {
-    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                        "tokenizer.model", "generation_config.json", "vocab.json", "merges.txt"};
+    /* chat_template.jinja and additional_chat_templates/ hold the chat templates of a tokenizer that
+     * transformers 5 saved (no longer in tokenizer_config.json); chat_template.json a processor's. */
+    static const char *const files[] = {"tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json",
+                                        "tokenizer.model",     "generation_config.json", "vocab.json",
+                                        "merges.txt",          "chat_template.jinja",   "chat_template.json"};
+    static const char named_dir[] = "additional_chat_templates";
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char src[2100], dst[2100];
         snprintf(src, sizeof src, "%s/%s", src_dir, files[i]);
         snprintf(dst, sizeof dst, "%s/%s", dst_dir, files[i]);
         copy_file(src, dst);
     }
+    char src[2100], dst[2100];
+    snprintf(src, sizeof src, "%s/%s", src_dir, named_dir);
+    DIR *named = opendir(src);
+    if (!named)
+        return; /* none: nothing to copy */
+    snprintf(dst, sizeof dst, "%s/%s", dst_dir, named_dir);
+    if (mkdir(dst, 0755) != 0 && errno != EEXIST)
+        fail_input("cannot make '%s': %s", dst, strerror(errno));
+    for (struct dirent *e; (e = readdir(named));) {
+        const size_t len = strlen(e->d_name);
+        if (len <= 6 || strcmp(e->d_name + len - 6, ".jinja") != 0) /* what transformers reads there */
+            continue;
+        char src_file[2400], dst_file[2400];
+        snprintf(src_file, sizeof src_file, "%s/%s", src, e->d_name);
+        snprintf(dst_file, sizeof dst_file, "%s/%s", dst, e->d_name);
+        copy_file(src_file, dst_file);
+    }
+    closedir(named);
 }

@@ -72,7 +72,9 @@ void hf_tensor_name(const struct model *m, const struct tensor_desc *t, int pref
 
 /* Copies the tokenizer and generation files of src_dir (tokenizer.json,
  * tokenizer_config.json, special_tokens_map.json, tokenizer.model,
- * generation_config.json, vocab.json, merges.txt, when present) into dst_dir. */
+ * generation_config.json, vocab.json, merges.txt, chat_template.jinja,
+ * chat_template.json and additional_chat_templates/'s *.jinja, when present)
+ * into dst_dir. */
 void hf_copy_tokenizer(const char *src_dir, const char *dst_dir);
 
 /* Fails (exit status 2) when PATH is a GGUF file (llama.cpp), naming the

@@ -1,6 +1,7 @@
 /*
  * tokenizer — Hugging Face tokenizer.json in C, with the ids of the Python
- * `tokenizers` package (0.19): Tokenizer.encode(text, add_special_tokens).ids
+ * `tokenizers` package (0.23, what transformers 5 runs; 0.19 where the two
+ * agree): Tokenizer.encode(text, add_special_tokens).ids
  * and Tokenizer.decode(ids, skip_special_tokens), for the places where shardlm
  * itself needs text (generation, evaluation). Data preparation keeps using
  * Python's tokenizers (tools/prepare_data.py); this reader must agree with it.
@@ -17,7 +18,9 @@
  *   5. post_processor (when add_special): null, ByteLevel (no change to the
  *      ids), TemplateProcessing for one sequence, or a Sequence of them.
  * Decoding: the tokens of the ids (unknown ids skipped, special ones too with
- * skip_special), then the decoder: ByteLevel, Metaspace, or a Sequence of
+ * skip_special; a `normalized` added token as the normalizers write it, e.g.
+ * Llama 2's "▁<extra_0>", which tokenizers >= 0.20 decodes, where 0.19 took its
+ * content), then the decoder: ByteLevel, Metaspace, or a Sequence of
  * Replace, ByteFallback, Fuse, Strip (and those two); without a decoder the
  * tokens joined by spaces. Regexes are Oniguruma's (tokenizers' engine), run
  * with PCRE2 after a translation of what the two dialects spell differently

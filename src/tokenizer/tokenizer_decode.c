@@ -237,10 +237,11 @@ char *tokenizer_decode(const struct tokenizer *tok, const int32_t *ids, size_t n
 {
     struct strs a = {0}, b = {0};
     for (size_t i = 0; i < n; i++) {
-        size_t tlen;
-        const char *t = tokenizer_id_to_token(tok, ids[i], &tlen);
-        if (t && !(skip_special && tokenizer_is_special(tok, ids[i])))
-            strs_push(&a, t, tlen);
+        if (ids[i] < 0 || (size_t)ids[i] >= tok->n_ids || !tok->ids[ids[i]].has_text)
+            continue;
+        const struct tok_id *t = &tok->ids[ids[i]];
+        if (!(skip_special && (t->flags & TOK_ID_SKIPPED)))
+            strs_push(&a, tok->strings.b + t->dec_off, t->dec_len);
     }
     for (size_t k = 0; k < tok->n_decoders; k++) {
         b.buf.len = 0, b.n = 0;

@@ -207,9 +207,13 @@ enum {
     TOK_ID_SINGLE_WORD = 4,
     TOK_ID_LSTRIP = 8,
     TOK_ID_RSTRIP = 16,
+    TOK_ID_SKIPPED = 32,     /* decode's skip_special leaves it out: its decode text is a special token's */
 };
 struct tok_id {
     uint32_t off, len;       /* the token's text in strings */
+    uint32_t dec_off, dec_len; /* the text decoding starts from: off/len, but for a normalized added token the
+                                * normalizers' output on its content, as tokenizers >= 0.20 decodes it
+                                * (AddedVocabulary's normalized_cache; 0.19 decoded the content) */
     int32_t has_text;        /* 0: no token has this id */
     uint32_t flags;          /* TOK_ID_* */
 };

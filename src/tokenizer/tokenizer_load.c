@@ -403,8 +403,21 @@ static void build_ids(struct tok_load *L, int32_t max_id, const struct added_tok
     }
     for (size_t id = 0; id < tok->n_ids; id++) {
         struct tok_id *t = &tok->ids[id];
+        t->dec_off = t->off, t->dec_len = t->len; /* build_set changes it for a normalized added token */
         if (t->has_text && tok_str_map_get(special, &tok->strings, tok->strings.b + t->off, t->len) >= 0)
             t->flags |= TOK_ID_SPECIAL;
+    }
+}
+
+/* TOK_ID_SKIPPED where decode's skip_special drops the id: tokenizers (0.23, Tokenizer::decode) asks whether
+ * the text it decodes is a special token's content, so a special token that is also normalized, and that
+ * the normalizers change (Llama 2's Prepend "▁"), is kept. */
+static void mark_skipped(struct tokenizer *tok, const struct tok_str_map *special)
+{
+    for (size_t id = 0; id < tok->n_ids; id++) {
+        struct tok_id *t = &tok->ids[id];
+        if (t->has_text && tok_str_map_get(special, &tok->strings, tok->strings.b + t->dec_off, t->dec_len) >= 0)
+            t->flags |= TOK_ID_SKIPPED;
     }
 }
 
@@ -440,6 +453,8 @@ static int build_set(struct tok_load *L, struct tok_added_set *set, bool normali
                 return -1;
             }
             off = store(tok, norm.b, norm.len), len = (uint32_t)norm.len;
+            if (id >= 0 && (len != t->len || memcmp(norm.b, content, len) != 0))
+                tok->ids[id].dec_off = off, tok->ids[id].dec_len = len; /* what tokenizers 0.23 decodes */
         }
         if (len == 0 || id < 0)
             continue;
@@ -510,6 +525,7 @@ static int load_added_tokens(struct tok_load *L, json_t *list, int32_t max_vocab
                      build_set(L, &tok->added_normalized, true, added, order, n_order) == 0
                  ? 0
                  : -1;
+    mark_skipped(tok, &special);
     bool single_word = false;
     for (size_t i = 0; i < n; i++)
         single_word |= added[i].single_word;
