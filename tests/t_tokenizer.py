@@ -70,8 +70,13 @@ classes.*  Digits and \\w on characters where PCRE2's classes and Oniguruma's di
 newer_unicode.*  code points newer than PCRE2 10.42's Unicode 14 tables (Unicode 15's
             emoji joined by ZWJ under \\p{So}+, Cyrillic Extended-D, Kawi, Kaktovik
             numerals; Unicode 16's Cyrillic Extended-C, Arabic Extended-B and Balinese
-            additions) under Llama 3's pattern, \\p{So}+, \\w+ and Digits: exactly the
-            recorded texts differ from tokenizers 0.23 (issue 44: what remains, and why)
+            additions) under Llama 3's pattern, \\p{So}+, \\w+, Digits, Punctuation and
+            \\p{Alphabetic}+: exactly the recorded texts differ from tokenizers 0.23
+            (issue 44: Unicode 16, Other_Alphabetic marks, Punctuation's Unicode 8)
+unicode_15.*  every run of Unicode 15's code points (utf8proc assigns them, Python's
+            Unicode 14 does not) splits as tokenizers 0.23 does under the general
+            categories in and out of classes, negated, by long name, \\w \\W \\d \\D,
+            Llama 3's pattern, Digits, Punctuation and Whitespace
 bad.*: a WordPiece and a Unigram tokenizer.json, a BertNormalizer, a
 BertPreTokenizer, a WordPiece decoder, BPE dropout, a merge of tokens
 not in the vocabulary, malformed JSON, a missing tokenizer or text, an
@@ -567,14 +572,18 @@ def piece_tokenizer(name, texts, pre):
 
 
 def differing_pieces(name, texts, pre):
-    """The texts of TEXTS that shardlm tokenize splits otherwise than tokenizers under PRE."""
+    """The texts of TEXTS that shardlm tokenize splits otherwise than tokenizers under PRE (one run for all)."""
     tok, path = piece_tokenizer(name, texts, pre)
-    bad = []
-    for t in texts:
-        r = subprocess.run([BIN, "tokenize", path, "-"], input=t.encode(), capture_output=True)
-        if r.returncode != 0 or json.loads(r.stdout) != tok.encode(t).ids:
-            bad.append(t)
-    return bad
+    files = []
+    for k, t in enumerate(texts):
+        files.append(os.path.join(TMP, f"pieces_{name}_{k}.txt"))
+        with open(files[-1], "w", encoding="utf-8", newline="") as f:
+            f.write(t)
+    r = subprocess.run([BIN, "tokenize", path, *files], capture_output=True)
+    lines = r.stdout.decode().splitlines() if r.returncode == 0 else []
+    if len(lines) != len(texts):
+        return list(texts)
+    return [t for t, line in zip(texts, lines) if json.loads(line) != tok.encode(t).ids]
 
 
 def character_classes():
@@ -589,16 +598,23 @@ def character_classes():
 
 
 # Code points that Unicode assigned after PCRE2 10.42's tables (Unicode 14; Debian 12): tokenizers 0.23's
-# Oniguruma and Rust know Unicode 16, so these fall into other classes here (issue 44, kinds a and c).
+# Oniguruma and Rust know Unicode 16. utf8proc 2.8 (Unicode 15.0) moves Unicode 15's into their categories
+# (src/tokenizer/tokenizer_unicode.c); Unicode 16's stay unassigned here and fall into other classes (issue 44).
 # {name: (text, the pre-tokenizers under which shardlm splits it otherwise, as measured)}; the old scripts and
 # the old emoji around them split alike under every one.
 NEWER_UNICODE = {
-    "emoji_15_zwj": ("a\U0001FACE\u200d\U0001FACF b\U0001FAE8c", {"so"}),     # moose ZWJ donkey, shaking face
-    "cyrillic_ext_d_15": ("x\U0001E030\U0001E031y", {"llama3", "word"}),
-    "kawi_15": ("x\U00011F00\U00011F04 1", {"word"}),
-    "kaktovik_15": ("x\U0001D2C0\U0001D2C1", {"digits"}),
-    "cyrillic_ext_c_16": ("\u0416\u1C89\u1C8A!", {"llama3", "word"}),
-    "arabic_ext_b_16": ("\u0628\u0897\u0628", {"word"}),
+    "emoji_15_zwj": ("a\U0001FACE\u200d\U0001FACF b\U0001FAE8c", set()),     # moose ZWJ donkey, shaking face
+    "cyrillic_ext_d_15": ("x\U0001E030\U0001E031y", set()),
+    # U+11F00, a Kawi sign, is Other_Alphabetic, which utf8proc does not know: \p{Alphabetic} misses it (\w has
+    # it as a mark)
+    "kawi_15": ("x\U00011F00\U00011F04 1", {"alpha"}),
+    # Kawi's digits and punctuation: Digits and \d take the digits; Punctuation (Unicode 8's tables) takes
+    # neither the punctuation nor U+2E52 (Unicode 13), which PCRE2's \p{P} (Unicode 14) has
+    "kawi_digits_15": ("x\U00011F50\U00011F51\U00011F43y", set()),
+    "punctuation_13": ("a\u2E52b", {"punctuation"}),
+    "kaktovik_15": ("x\U0001D2C0\U0001D2C1", set()),
+    "cyrillic_ext_c_16": ("\u0416\u1C89\u1C8A!", {"llama3", "word", "alpha"}),
+    "arabic_ext_b_16": ("\u0628\u0897\u0628", {"word", "alpha"}),
     "balinese_16": ("\u1B05\u1B4E\u1B7F\u1B05", set()),
     "old_scripts": ("\u0416\u0438\u0437\u043d\u044c \u0628 \u1B05 a\U0001F468\u200d\U0001F469 b\U0001F44D\U0001F3FDc 12",
                     set()),
@@ -606,23 +622,69 @@ NEWER_UNICODE = {
 
 
 def newer_unicode():
-    """The splits of NEWER_UNICODE's texts under Llama 3's pattern, \\p{So}+ (the emoji), \\w+ and Digits: the
-    texts that differ from tokenizers 0.23 are exactly the recorded ones (a library with newer tables, or a
-    regression, changes the set and this check says which)."""
+    """The splits of NEWER_UNICODE's texts under Llama 3's pattern, \\p{So}+ (the emoji), \\w+, Digits,
+    Punctuation and \\p{Alphabetic}+: the texts that differ from tokenizers 0.23 are exactly the recorded ones (a
+    library with newer tables, or a regression, changes the set and this check says which)."""
     texts = [t for t, _ in NEWER_UNICODE.values()]
     for pre_name, pre in (("llama3", pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated")),
                           ("so", pre_tokenizers.Split(Regex(r"\p{So}+"), "isolated")),
                           ("word", pre_tokenizers.Split(Regex(r"\w+"), "isolated")),
-                          ("digits", pre_tokenizers.Digits(individual_digits=True))):
+                          ("digits", pre_tokenizers.Digits(individual_digits=True)),
+                          ("punctuation", pre_tokenizers.Punctuation()),
+                          ("alpha", pre_tokenizers.Split(Regex(r"\p{Alphabetic}+"), "isolated"))):
         bad = set(differing_pieces("newer_" + pre_name, texts, pre))
         want = {t for t, pres in NEWER_UNICODE.values() if pre_name in pres}
         names = {n for n, (t, _) in NEWER_UNICODE.items() if t in bad ^ want}
         check(f"newer_unicode.{pre_name}", bad == want, f"differs from the record on {sorted(names)}")
 
 
+def unicode_15_runs():
+    """Every run of code points (one category) that utf8proc assigns and Python's unicodedata (Unicode 14, as
+    PCRE2 10.42) does not: Unicode 15's additions, as the C tokenizer sees them. [(first, last, category)]."""
+    import ctypes
+    import unicodedata
+    lib = ctypes.CDLL("libutf8proc.so.2")
+    lib.utf8proc_category.restype = ctypes.c_int
+    runs = []
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000 or unicodedata.category(chr(cp)) != "Cn":
+            continue
+        cat = lib.utf8proc_category(cp)
+        if cat == 0:
+            continue
+        if runs and runs[-1][1] == cp - 1 and runs[-1][2] == cat:
+            runs[-1][1] = cp
+        else:
+            runs.append([cp, cp, cat])
+    return runs
+
+
+def unicode_15_classes():
+    """Each run of Unicode 15's code points (its first and last, between Latin letters and spaces) splits as in
+    tokenizers 0.23 under the general categories, inside and outside classes, negated, by long name, \\w \\W \\d
+    \\D, Llama 3's pattern, Digits, Punctuation and Whitespace."""
+    runs = unicode_15_runs()
+    count = sum(last - first + 1 for first, last, _ in runs)
+    check("unicode_15.code_points", count > 4000, f"{count} code points of Unicode 15 found: "
+          f"unicodedata {__import__('unicodedata').unidata_version} is not Unicode 14")
+    texts = [f"a{chr(first)}{chr(last)}b {chr(first)}1" for first, last, _ in runs]
+    patterns = [r"\p{L}+", r"\p{Lm}+", r"\p{N}+", r"\p{So}+", r"\p{P}+", r"\p{M}+", r"\p{Cf}+", r"\p{Cn}+",
+                r"\p{C}+", r"\P{L}+", r"\p{^N}+", r"[\P{L}b]+", r"[^\P{So}]+", r"\p{Letter}+", r"\w+", r"\W+",
+                r"\d+", r"[\Da]+"]
+    pres = [(p, pre_tokenizers.Split(Regex(p), "isolated")) for p in patterns]
+    pres += [("llama3", pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated")),
+             ("digits", pre_tokenizers.Digits(individual_digits=True)),
+             ("punctuation", pre_tokenizers.Punctuation()), ("whitespace", pre_tokenizers.Whitespace())]
+    for k, (name, pre) in enumerate(pres):
+        bad = differing_pieces(f"unicode_15_{k}", texts, pre)
+        runs_bad = [f"{runs[texts.index(t)][0]:X}" for t in bad]
+        check(f"unicode_15.{name}", not bad, f"pieces differ from tokenizers' on the runs at {runs_bad}")
+
+
 def main():
     character_classes()
     newer_unicode()
+    unicode_15_classes()
     groups = input_groups()
     src, docs = corpus_files()
     train_files = src + docs

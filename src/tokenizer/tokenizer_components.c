@@ -27,7 +27,8 @@ static int get_pattern(struct tok_load *L, json_t *obj, struct tok_regex *re, co
         return tok_load_fail(L, "%s.pattern is not {\"String\": ...} or {\"Regex\": ...}: the file is damaged; make it "
                              "again with tokenizers' Tokenizer.save", what);
     char why[512];
-    if (tok_regex_compile(re, json_string_value(v), json_string_length(v), v == s, why, sizeof why) != 0)
+    if (tok_regex_compile(re, json_string_value(v), json_string_length(v),
+                          v == s ? TOK_PATTERN_STRING : TOK_PATTERN_REGEX, why, sizeof why) != 0)
         return tok_load_fail(L, "%s.pattern %.200s: %s; shardlm runs tokenizers' Oniguruma patterns with PCRE2, "
                              "and this one has no PCRE2 equivalent", what, json_string_value(v), why);
     return 0;
@@ -194,16 +195,21 @@ static const struct fixed_split {
     const char *pattern;
     enum tok_split_behavior behavior; /* when the file names none */
     bool invert;
+    enum tok_pattern_kind kind; /* whose Unicode tables: Rust's (16: as new as utf8proc knows) or older */
 } fixed_splits[] = {
     /* char::is_numeric (Unicode's Nd, Nl and No: "३", "①" as well as ASCII
      * digits); individual_digits picks Isolated, else Contiguous */
-    {"Digits", "\\p{N}", SPLIT_CONTIGUOUS, false},
-    /* char::is_ascii_punctuation or Unicode's P* categories; behavior from the file */
-    {"Punctuation", "[\\p{P}\\x{21}-\\x{2F}\\x{3A}-\\x{40}\\x{5B}-\\x{60}\\x{7B}-\\x{7E}]", SPLIT_ISOLATED, false},
+    {"Digits", "\\p{N}", SPLIT_CONTIGUOUS, false, TOK_PATTERN_REGEX},
+    /* char::is_ascii_punctuation or Unicode's P* categories; behavior from the
+     * file. is_punctuation is the unicode_categories crate's, whose tables are
+     * Unicode 8's (tokenizers 0.23 splits U+2E42, not U+2E43 of Unicode 9 nor
+     * Kawi's U+11F43 of Unicode 15): PCRE2's Unicode 14 is the nearest here */
+    {"Punctuation", "[\\p{P}\\x{21}-\\x{2F}\\x{3A}-\\x{40}\\x{5B}-\\x{60}\\x{7B}-\\x{7E}]", SPLIT_ISOLATED, false,
+     TOK_PATTERN_REGEX_PCRE2_TABLES},
     /* \w+|[^\w\s]+ kept, the rest (white space) removed */
-    {"Whitespace", "[" RUST_WORD "]+|[^" RUST_WORD RUST_SPACE "]+", SPLIT_REMOVED, true},
+    {"Whitespace", "[" RUST_WORD "]+|[^" RUST_WORD RUST_SPACE "]+", SPLIT_REMOVED, true, TOK_PATTERN_REGEX},
     /* char::is_whitespace, each removed */
-    {"WhitespaceSplit", "[" RUST_SPACE "]", SPLIT_REMOVED, false},
+    {"WhitespaceSplit", "[" RUST_SPACE "]", SPLIT_REMOVED, false, TOK_PATTERN_REGEX},
 };
 #define N_FIXED_SPLITS (sizeof fixed_splits / sizeof *fixed_splits)
 
@@ -231,7 +237,7 @@ static int load_fixed_split(struct tok_load *L, json_t *p, struct tok_pretok *pt
         if (found >= 0)
             pt->behavior = (enum tok_split_behavior)found;
     }
-    if (tok_regex_compile(&pt->pattern, fs->pattern, strlen(fs->pattern), false, why, sizeof why) != 0)
+    if (tok_regex_compile(&pt->pattern, fs->pattern, strlen(fs->pattern), fs->kind, why, sizeof why) != 0)
         return tok_load_fail(L, "%s's pattern: %s", what, why);
     return 0;
 }
@@ -257,7 +263,7 @@ int tok_load_pre_tokenizer(struct tok_load *L, json_t *p)
             return -1;
         char why[256];
         if (pt->use_regex &&
-            tok_regex_compile(&pt->pattern, gpt2_pattern, strlen(gpt2_pattern), false, why, sizeof why) != 0)
+            tok_regex_compile(&pt->pattern, gpt2_pattern, strlen(gpt2_pattern), TOK_PATTERN_REGEX, why, sizeof why) != 0)
             return tok_load_fail(L, "GPT-2's pre-tokenization regex: %s", why);
         return 0;
     }

@@ -112,12 +112,30 @@ void tok_merge_map_free(struct tok_merge_map *m);
 struct tok_regex {
     pcre2_code *code;
 };
+enum tok_pattern_kind {
+    TOK_PATTERN_REGEX,   /* Oniguruma's dialect, Unicode classes as new as utf8proc knows (tokenizer_unicode.c) */
+    TOK_PATTERN_STRING,  /* a string to find as it is (tokenizers' {"String": ...}) */
+    TOK_PATTERN_REGEX_PCRE2_TABLES, /* Oniguruma's dialect, Unicode classes from PCRE2's own tables only (for a
+                                     * tokenizers component whose tables are older than PCRE2's) */
+};
 /* A pattern is matched with the options tokenizers' Oniguruma uses (Ruby
- * syntax: ^ and $ at line ends); \s \S \w \W \h \H \uHHHH (?m) are rewritten
- * to PCRE2's spelling of Oniguruma's meaning. literal: the
- * pattern is a string to find as it is (tokenizers' {"String": ...}).
+ * syntax: ^ and $ at line ends); \s \S \w \W \d \D \h \H \uHHHH (?m) are
+ * rewritten to PCRE2's spelling of Oniguruma's meaning, and Unicode property
+ * escapes widened by tok_unicode_property (TOK_PATTERN_REGEX).
  * Returns 0, or -1 with the reason in why. */
-int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, bool literal, char *why, size_t whylen);
+int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, enum tok_pattern_kind kind, char *why,
+                      size_t whylen);
+
+/* ---- Unicode newer than PCRE2's tables (tokenizer_unicode.c) ---- */
+
+/* Appends PCRE2's spelling of the property escape \p{name} (\P{name} when
+ * negated; name[0, len) without the braces or a '^'), written inside a class
+ * or not, with the code points that utf8proc assigns and PCRE2's tables leave
+ * unassigned moved to where their general category puts them. The first call
+ * asks both libraries for those code points (a few milliseconds, once per
+ * process; thread-safe). Returns false, appending nothing, for a property it
+ * does not widen (scripts, most binary properties): the caller copies it. */
+bool tok_unicode_property(struct tok_bytes *out, const char *name, size_t len, bool negated, bool in_class);
 void tok_regex_free(struct tok_regex *re);
 
 /* What a search needs besides the pattern (one per encode or decode call). */

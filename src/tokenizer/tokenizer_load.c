@@ -530,12 +530,13 @@ static int load_added_tokens(struct tok_load *L, json_t *list, int32_t max_vocab
     for (size_t i = 0; i < n; i++)
         single_word |= added[i].single_word;
     if (rc == 0 && single_word) {
-        int code;
-        PCRE2_SIZE at;
-        tok->word_char = pcre2_compile((PCRE2_SPTR)rust_word_char, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-                                       &code, &at, NULL);
-        if (!tok->word_char)
-            fail_internal("PCRE2 cannot compile %s (error %d)", rust_word_char, code);
+        /* through tok_regex_compile for the letters and marks newer than PCRE2's tables */
+        struct tok_regex word_char;
+        char why[256];
+        if (tok_regex_compile(&word_char, rust_word_char, strlen(rust_word_char), TOK_PATTERN_REGEX, why,
+                              sizeof why) != 0)
+            fail_internal("%s: %s", rust_word_char, why);
+        tok->word_char = word_char.code;
     }
     tok_str_map_free(&special);
     free(order);

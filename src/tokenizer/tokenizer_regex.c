@@ -9,12 +9,17 @@
  *   \w \W  Oniguruma: Unicode's Word property plus Latin-1's superscripts
  *          and fractions (not U+2460 and other numbers outside both); PCRE2
  *          10.42: letters and numbers -> [ONIG_WORD] and its negation
+ *   \d \D  both Unicode's Nd -> \p{Nd} / \P{Nd}, so that they widen (below)
  *   \h \H  Oniguruma: a hexadecimal digit; PCRE2: horizontal space
  *          -> [0-9a-fA-F] and its negation
  *   \uHHHH Oniguruma's escape -> \x{HHHH}
  *   ^ $    Ruby semantics: at every line -> PCRE2_MULTILINE
  *   (?m)   Ruby's option for . to match a newline -> (?s) (PCRE2's (?m)
  *          is already on)
+ * Property escapes (\p{L}, \P{N}, \p{^So}, \p{Letter}, and those of the
+ * rewrites) are spelled by tok_unicode_property: the code points utf8proc
+ * assigns and PCRE2 10.42's Unicode 14 leaves unassigned join their category
+ * (TOK_PATTERN_REGEX_PCRE2_TABLES: not, for Punctuation's older tables).
  * A negated class escape inside a class ([^\W]) has no PCRE2 spelling and is
  * refused. GPT-2's and Llama 3's patterns need only the \s rewrite; the test
  * (tests/t_tokenizer.py) compares the splits with tokenizers' on text in many
@@ -53,6 +58,8 @@ static const struct escape_rewrite rewrites[] = {
     {'S', "\\P{White_Space}", "\\P{White_Space}"},
     {'w', "[" ONIG_WORD "]", ONIG_WORD},
     {'W', "[^" ONIG_WORD "]", NULL},
+    {'d', "\\p{Nd}", "\\p{Nd}"},
+    {'D', "\\P{Nd}", "\\P{Nd}"},
     {'h', "[0-9a-fA-F]", "0-9a-fA-F"},
     {'H', "[^0-9a-fA-F]", NULL},
 };
@@ -61,11 +68,41 @@ static bool is_option(char c) { return c == 'i' || c == 'm' || c == 'x' || c == 
 
 static bool is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
-/* Oniguruma pattern p[0, len) in PCRE2's spelling, appended to out. Returns 0,
- * or -1 with why filled. */
-static int translate(const char *p, size_t len, struct tok_bytes *out, char *why, size_t whylen)
+/* The property escape at p[0, len) (\p{name}, \p{^name}, \P{name}, \pL),
+ * appended as tok_unicode_property spells it; *used: the escape's bytes.
+ * False (nothing appended) when it is not one that widens. */
+static bool widen_property(const char *p, size_t len, bool in_class, struct tok_bytes *out, size_t *used)
 {
-    bool in_class = false;
+    bool negated = p[1] == 'P';
+    const char *name = p + 2;
+    size_t n = 1;
+    if (len >= 3 && p[2] == '{') {
+        const char *close = memchr(p + 3, '}', len - 3);
+        if (!close)
+            return false;
+        name = p + 3;
+        n = (size_t)(close - name);
+        *used = n + 4;
+    } else if (len >= 3 && ((p[2] >= 'A' && p[2] <= 'Z') || (p[2] >= 'a' && p[2] <= 'z'))) {
+        *used = 3;
+    } else {
+        return false;
+    }
+    if (n && name[0] == '^') {
+        negated = !negated;
+        name++, n--;
+    }
+    return tok_unicode_property(out, name, n, negated, in_class);
+}
+
+/* Oniguruma pattern p[0, len) in PCRE2's spelling, appended to out; *in_class:
+ * whether p starts (and, on return, ends) inside a character class. widen:
+ * property escapes go through tok_unicode_property. Returns 0, or -1 with
+ * why filled. */
+static int translate(const char *p, size_t len, bool *in_class_io, bool widen, struct tok_bytes *out, char *why,
+                     size_t whylen)
+{
+    bool in_class = *in_class_io;
     for (size_t i = 0; i < len;) {
         char c = p[i];
         if (c == '[' && !in_class) {
@@ -103,6 +140,7 @@ static int translate(const char *p, size_t len, struct tok_bytes *out, char *why
             continue;
         }
         char e = p[i + 1];
+        size_t used;
         const struct escape_rewrite *r = NULL;
         for (size_t k = 0; k < sizeof rewrites / sizeof *rewrites; k++)
             if (rewrites[k].escape == e)
@@ -113,8 +151,12 @@ static int translate(const char *p, size_t len, struct tok_bytes *out, char *why
                 tok_err(why, whylen, "\\%c inside a character class has no PCRE2 equivalent", e);
                 return -1;
             }
-            tok_bytes_append(out, with, strlen(with));
+            /* the rewrite's own property escapes (\w's \p{Alphabetic} ...) widen too */
+            if (translate(with, strlen(with), &in_class, widen, out, why, whylen) != 0)
+                return -1;
             i += 2;
+        } else if ((e == 'p' || e == 'P') && widen && widen_property(p + i, len - i, in_class, out, &used)) {
+            i += used;
         } else if (e == 'u' && i + 5 < len && is_hex(p[i + 2]) && is_hex(p[i + 3]) && is_hex(p[i + 4]) &&
                    is_hex(p[i + 5])) {
             tok_bytes_append(out, "\\x{", 3);
@@ -129,17 +171,20 @@ static int translate(const char *p, size_t len, struct tok_bytes *out, char *why
             i += n;
         }
     }
+    *in_class_io = in_class;
     return 0;
 }
 
-int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, bool literal, char *why, size_t whylen)
+int tok_regex_compile(struct tok_regex *re, const char *pattern, size_t len, enum tok_pattern_kind kind, char *why,
+                      size_t whylen)
 {
     struct tok_bytes text = {0};
     uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE;
-    if (literal) {
+    bool in_class = false;
+    if (kind == TOK_PATTERN_STRING) {
         options = PCRE2_UTF | PCRE2_LITERAL; /* the only options PCRE2 takes with a literal */
         tok_bytes_append(&text, pattern, len);
-    } else if (translate(pattern, len, &text, why, whylen) != 0) {
+    } else if (translate(pattern, len, &in_class, kind == TOK_PATTERN_REGEX, &text, why, whylen) != 0) {
         free(text.b);
         return -1;
     }
