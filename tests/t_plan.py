@@ -103,8 +103,9 @@ def check_presets():
 
 
 def check_bad_input():
-    rc, out, err = plan("--preset", "llama3-70b")
-    known = ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b"]
+    rc, out, err = plan("--preset", "llama9-1t")
+    known = ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b",
+             "llama3.1-70b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b"]
     check("bad.unknown_preset", rc == 2 and one_error_line(err) and all(k in err for k in known),
           f"rc {rc}, stderr {err!r}")
     for opt in ("gpu-mem", "host-mem"):

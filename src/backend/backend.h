@@ -193,6 +193,19 @@ void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const fl
 void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                               const float *rstd, float *scratch, int N, int C);
 
+/* A bias on every row, for the matmuls without one of their own (the
+ * transposed ones: Qwen2's q|k|v): out [A] (N, OC) += bias [A] (OC). */
+void backend_bias_forward(float *out, const float *bias, int N, int OC);
+/* dbias [G] (OC) += the column sums of dout [A] (N, OC), in a fixed order
+ * (the same bits every run); nothing when dbias is NULL. */
+void backend_bias_backward(float *dbias, const float *dout, int N, int OC);
+/* Columns [src_col, src_col + width) of the N rows of src [A] (row stride
+ * src_ld elements) into columns [dst_col, dst_col + width) of dst [A] (row
+ * stride dst_ld): the query and key heads of qkv to and from contiguous rows
+ * for the per-head RMSNorm (Qwen3's q_norm and k_norm). */
+void backend_copy_cols(float *dst, int dst_ld, int dst_col, const float *src, int src_ld, int src_col, int N,
+                       int width);
+
 /* Rotary position embedding in place on the query and key heads of qkv [A]
  * (B, T, (NH + 2 NKV) hs) (the first NH + NKV heads of each row; values are
  * left alone), Hugging Face's rotate-half convention: for i < hs / 2 and

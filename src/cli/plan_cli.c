@@ -158,9 +158,16 @@ static const char *class_label(enum buf_class c, enum mem_space s)
 static void print_model(const struct model *m)
 {
     const struct model_config *c = &m->cfg;
-    char kv[48] = "";
+    char kv[96] = "";
+    int at = 0;
     if (c->n_kv_head != c->n_head)
-        snprintf(kv, sizeof kv, ", %d KV heads", c->n_kv_head);
+        at += snprintf(kv + at, sizeof kv - at, ", %d KV heads", c->n_kv_head);
+    if (c->head_dim * c->n_head != c->n_embd)
+        at += snprintf(kv + at, sizeof kv - at, " of %d", c->head_dim);
+    if (c->qkv_bias)
+        at += snprintf(kv + at, sizeof kv - at, ", q|k|v biases");
+    if (c->qk_norm)
+        snprintf(kv + at, sizeof kv - at, ", q/k norms");
     printf("model: %s%s%s%s, %d layers, d_model %d, %d heads%s, FFN %d (%s), vocab %d (padded %d), context %d, %s "
            "head: %zu parameters (%.2f B)\n",
            c->preset[0] ? c->preset : "", c->preset[0] ? " (" : "", c->type, c->preset[0] ? ")" : "", c->n_layer,

@@ -44,6 +44,9 @@ static const struct key_spec model_keys[] = {
     {"rope_theta", K_NUM, 0, NULL, NULL},
     {"rope_scaling", K_OBJ, F_NULLABLE, rope_scaling_keys, NULL},
     {"tie_word_embeddings", K_BOOL, 0, NULL, NULL},
+    {"head_dim", K_INT, 0, NULL, NULL},
+    {"qkv_bias", K_BOOL, 0, NULL, NULL},
+    {"qk_norm", K_BOOL, 0, NULL, NULL},
     {0},
 };
 

@@ -38,7 +38,8 @@ static void check_model_sizes(const struct model_config *m, bool gpt2)
     if (m->n_layer > CONFIG_MAX_LAYERS)
         fail_input("config: 'model.n_layer' is %d, more than the %d layers shardlm allows", m->n_layer,
                    CONFIG_MAX_LAYERS);
-    const long long C = m->n_embd, F = m->ffn_dim, KV = C / m->n_head * m->n_kv_head;
+    const long long hs = m->head_dim > 0 ? m->head_dim : m->n_embd / m->n_head;
+    const long long C = m->n_embd, F = m->ffn_dim, KV = hs * m->n_kv_head;
     snprintf(keys, sizeof keys, "model.vocab_size %d x model.n_embd %d", m->vocab_size, m->n_embd);
     check_bound("the token embedding", sat_mul(m->padded_vocab, C), CONFIG_MAX_TENSOR, keys);
     if (gpt2) {
@@ -99,7 +100,8 @@ static void read_rope_scaling(struct model_config *m, json_t *root)
 static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
 {
     static const char *const only_llama[] = {"model.rms_norm_eps", "model.rope_theta", "model.rope_scaling",
-                                              "model.tie_word_embeddings"};
+                                              "model.tie_word_embeddings", "model.head_dim", "model.qkv_bias",
+                                              "model.qk_norm"};
     m->norm_eps = 1e-5f;
     m->rope_theta = 10000.0;
     m->tie_embeddings = gpt2;
@@ -111,10 +113,15 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
                            only_llama[i]);
         return;
     }
-    if (m->n_embd / m->n_head % 2 != 0)
-        fail_input("config: 'model.n_embd' / 'model.n_head' is %d, an odd head dimension: rotary embeddings rotate "
-                   "channel pairs, so Llama needs an even head dimension",
-                   m->n_embd / m->n_head);
+    /* head_dim: Hugging Face's, Qwen3's apart from n_embd / n_head */
+    m->head_dim = read_int(root, "model.head_dim", m->head_dim > 0 ? m->head_dim : m->n_embd / m->n_head, NO_FILL);
+    require_positive("model.head_dim", m->head_dim);
+    if (m->head_dim % 2 != 0)
+        fail_input("config: the head dimension ('model.head_dim', else 'model.n_embd' / 'model.n_head') is %d, odd: "
+                   "rotary embeddings rotate channel pairs, so Llama needs an even head dimension",
+                   m->head_dim);
+    m->qkv_bias = read_bool(root, "model.qkv_bias", m->qkv_bias, NO_FILL);
+    m->qk_norm = read_bool(root, "model.qk_norm", m->qk_norm, NO_FILL);
     double eps = read_num(root, "model.rms_norm_eps", 1e-5, FILL);
     if (!(eps > 0) || eps > 1.0)
         fail_input("config: 'model.rms_norm_eps' must be in (0, 1], got %g", eps);
@@ -174,7 +181,7 @@ void read_model(struct config *cfg, json_t *root)
     /* A preset supplies the defaults of the shape keys; keys given beside it win. */
     const struct model_preset gpt2_default = {NULL, arch_get(ARCH_GPT2)->type, MODEL_N_LAYER_DEFAULT,
                                               MODEL_N_HEAD_DEFAULT, 0, MODEL_N_EMBD_DEFAULT, 0,
-                                              MODEL_N_POSITIONS_DEFAULT, MODEL_VOCAB_SIZE_DEFAULT, 0};
+                                              MODEL_N_POSITIONS_DEFAULT, MODEL_VOCAB_SIZE_DEFAULT, 0, 0, false, false};
     const struct model_preset *preset = &gpt2_default;
     const char *preset_name = read_str(root, "model.preset", NULL, NO_FILL);
     if (preset_name) {
@@ -198,7 +205,7 @@ void read_model(struct config *cfg, json_t *root)
     require_positive("model.n_embd", m->n_embd);
     require_positive("model.n_positions", m->n_positions);
     require_positive("model.vocab_size", m->vocab_size);
-    if (m->n_embd % m->n_head != 0)
+    if (m->n_embd % m->n_head != 0 && !is_given(root, "model.head_dim"))
         fail_input("config: 'model.n_embd' (%d) must be divisible by 'model.n_head' (%d): each head gets "
                    "n_embd / n_head channels",
                    m->n_embd, m->n_head);
@@ -211,6 +218,11 @@ void read_model(struct config *cfg, json_t *root)
         fail_input("config: 'model.n_embd' is %d; the MLP it implies (4 n_embd = %lld) is out of range (at most %d)",
                    m->n_embd, ffn_default, INT_MAX);
     m->ffn_dim = read_int(root, "model.ffn_dim", (int)ffn_default, NO_FILL);
+    if (same_type) { /* the preset's Llama-like extras, as defaults of their keys (read_llama_keys) */
+        m->head_dim = preset->head_dim;
+        m->qkv_bias = preset->qkv_bias;
+        m->qk_norm = preset->qk_norm;
+    }
     require_positive("model.n_kv_head", m->n_kv_head);
     require_positive("model.ffn_dim", m->ffn_dim);
     if (m->n_head % m->n_kv_head != 0)
@@ -224,9 +236,8 @@ void read_model(struct config *cfg, json_t *root)
     if (m->vocab_size > INT_MAX - MODEL_VOCAB_ALIGN)
         fail_input("config: 'model.vocab_size' (%d) is too large", m->vocab_size);
     m->padded_vocab = (int)round_up((size_t)m->vocab_size, MODEL_VOCAB_ALIGN);
-    check_model_sizes(m, gpt2);
-
     read_llama_keys(m, root, gpt2);
+    check_model_sizes(m, gpt2);
 
     double std = read_num(root, "model.init_std", MODEL_INIT_STD_DEFAULT, FILL);
     if (!(std > 0))

@@ -66,6 +66,10 @@ struct model_config {
     bool tie_embeddings; /* Llama: tie_word_embeddings (lm_head is embed_tokens); GPT-2: always */
     char pretrained[1024]; /* model.from_pretrained: a Hugging Face directory ("": a random init) */
     int sliding_window;  /* Mistral's attention window from its config.json (0: none) */
+    int head_dim;        /* Llama: channels per attention head (Hugging Face head_dim; Qwen3's differs from
+                          * n_embd / n_head); model_build sets n_embd / n_head when 0 */
+    bool qkv_bias;       /* Llama: q_proj, k_proj, v_proj carry biases (Qwen2) */
+    bool qk_norm;        /* Llama: an RMSNorm over each head of q and of k before the rotary (Qwen3) */
     uint64_t init_seed;
     /* derived from type by model_build: */
     enum norm_kind norm; /* GPT-2: LayerNorm with bias; Llama: RMSNorm, weight only */

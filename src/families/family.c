@@ -238,8 +238,8 @@ void family_read_logits(const struct family_acts *a, int row, float *out)
 int family_logits_rows(const struct model *m, int B, int T)
 {
     const struct model_config *c = &m->cfg;
-    const long long N = (long long)B * T, hs = c->n_embd / c->n_head;
-    const long long qkv = c->n_embd + 2LL * c->n_kv_head * hs;
+    const long long N = (long long)B * T, hs = c->head_dim;
+    const long long qkv = (c->n_head + 2LL * c->n_kv_head) * hs;
     const long long mlp = c->mlp == MLP_SWIGLU ? 2LL * c->ffn_dim : c->ffn_dim;
     long long widest = qkv > mlp ? qkv : mlp, rows = N * widest / c->padded_vocab;
     rows = rows < LOGITS_MIN_ROWS ? LOGITS_MIN_ROWS : rows;
@@ -866,7 +866,7 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
 
 void family_kv_plan(const struct model *m, const struct exec_target *t, int B, int Tmax, size_t bytes[BUF_COUNT])
 {
-    const size_t kvw = (size_t)m->cfg.n_kv_head * (size_t)(m->cfg.n_embd / m->cfg.n_head);
+    const size_t kvw = (size_t)m->cfg.n_kv_head * (size_t)m->cfg.head_dim;
     bytes[BUF_ACTIVATIONS] += 2 * (size_t)m->cfg.n_layer * target_act_bytes(t, (size_t)B * (size_t)Tmax * kvw);
     if (t->device)
         bytes[BUF_WORKSPACE] += arena_round((size_t)B * sizeof(int32_t));
@@ -879,7 +879,7 @@ void family_kv_init(struct family_acts *a, struct family_kv *kv, const struct ex
     const int L = m->cfg.n_layer, B = a->max_B;
     if (Tmax > a->max_pos)
         fail_internal("a cache of %d positions beyond the rotary tables' %d", Tmax, a->max_pos);
-    const size_t kvw = (size_t)m->cfg.n_kv_head * (size_t)(m->cfg.n_embd / m->cfg.n_head);
+    const size_t kvw = (size_t)m->cfg.n_kv_head * (size_t)m->cfg.head_dim;
     const size_t bytes = (size_t)B * (size_t)Tmax * kvw * (size_t)dtype_size(t->act);
     memset(kv, 0, sizeof *kv);
     kv->Tmax = Tmax;

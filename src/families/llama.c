@@ -7,8 +7,15 @@
  *
  * A block unit stores q_proj, k_proj, v_proj one after the other and so
  * gate_proj and up_proj (model.c packs them without alignment gaps), so
- * each group is one (out, in) matrix and one matmul: q|k|v (C + 2 KV, C) and
- * gate|up (2F, C).
+ * each group is one (out, in) matrix and one matmul: q|k|v (Q + 2 KV, C) and
+ * gate|up (2F, C), with Q = NH hs and KV = NKV hs (hs: head_dim, which
+ * Qwen3 sets apart from C / NH).
+ *
+ * The Llama-like families differ here only by tensors a block may have, read
+ * from the model at set-up (struct llama_extras) and not by family name:
+ * q|k|v biases (Qwen2), added after the matmul, and an RMSNorm over each
+ * head of q and of k before the rotary (Qwen3's q_norm and k_norm), run as
+ * the model's RMSNorm on the heads copied to contiguous rows.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -21,11 +28,20 @@
 /* Tensors of a Llama block unit, in model.c's order. */
 enum { LT_IN_NORM, LT_Q, LT_K, LT_V, LT_O, LT_POST_NORM, LT_GATE, LT_UP, LT_DOWN };
 
+/* The block tensors beyond Llama's (model.c, build_llama): their numbers in
+ * the unit, -1 where the model has none. */
+struct llama_extras {
+    int qkv_bias;       /* q_proj.bias, then k's and v's packed after it: one (Q + 2 KV) vector */
+    int q_norm, k_norm; /* (hs) each */
+};
+
 struct llama_block_acts {
     float *ln1, *rstd1; /* (B, T, C) [A], (B, T) */
-    float *qkv;         /* (B, T, C + 2 KV) after rotary */
+    float *qkv;         /* (B, T, Q + 2 KV) after rotary */
+    float *q_pre, *k_pre;   /* (B, T, NH hs), (B, T, NKV hs) [A]: q and k before q_norm / k_norm (Qwen3) */
+    float *q_rstd, *k_rstd; /* (B T NH), (B T NKV) */
     float *att;         /* what attention keeps (backend_attention_saved) */
-    float *atty;        /* (B, T, C) attention output before o_proj */
+    float *atty;        /* (B, T, Q) attention output before o_proj */
     float *res2;        /* (B, T, C) residual after attention */
     float *ln2, *rstd2; /* (B, T, C), (B, T) */
     float *gu;          /* (B, T, 2F) gate | up */
@@ -33,9 +49,12 @@ struct llama_block_acts {
 };
 
 struct llama_acts {
+    struct llama_extras x;
     struct llama_block_acts *sets;
     float *rstd_final;  /* (B, T) */
-    float *dqkv;        /* (B, T, C + 2 KV) */
+    float *dqkv;        /* (B, T, Q + 2 KV) */
+    float *datty;       /* (B, T, Q) where Q > C (else the driver's dwork_c holds it) */
+    float *head_a, *head_b; /* (B, T, NH hs) [A] each: the per-head norm's contiguous rows (qk_norm only) */
     float *dgu;         /* (B, T, 2F) */
     float *dh;          /* (B, T, F) */
     float *scratch;     /* attention and RMSNorm backward scratch */
@@ -43,27 +62,48 @@ struct llama_acts {
 };
 
 struct dims {
-    int N, C, NH, NKV, hs, QKV, F;
+    int N, C, NH, NKV, hs, Q, QKV, F;
 };
 
 static struct dims dims_of(const struct model *m, int B, int T)
 {
     const struct model_config *c = &m->cfg;
-    struct dims d = {B * T, c->n_embd, c->n_head, c->n_kv_head, c->n_embd / c->n_head, 0, c->ffn_dim};
-    d.QKV = d.C + 2 * d.NKV * d.hs;
+    struct dims d = {B * T, c->n_embd, c->n_head, c->n_kv_head, c->head_dim, 0, 0, c->ffn_dim};
+    d.Q = d.NH * d.hs;
+    d.QKV = d.Q + 2 * d.NKV * d.hs;
     return d;
 }
 
-static size_t rope_floats(const struct model *m, int T) { return (size_t)T * (size_t)(m->cfg.n_embd / m->cfg.n_head / 2); }
+static struct llama_extras extras_of(const struct model *m)
+{
+    const struct model_config *c = &m->cfg;
+    const int after = 9; /* LT_DOWN + 1 */
+    struct llama_extras x = {c->qkv_bias ? after : -1, -1, -1};
+    if (c->qk_norm) {
+        x.q_norm = after + (c->qkv_bias ? 3 : 0);
+        x.k_norm = x.q_norm + 1;
+    }
+    return x;
+}
+
+static size_t rope_floats(const struct model *m, int T) { return (size_t)T * (size_t)(m->cfg.head_dim / 2); }
 
 static void llama_plan(const struct model *m, const struct exec_target *t, int B, int T, int max_pos, int n_sets,
                        size_t bytes[BUF_COUNT])
 {
     const struct dims d = dims_of(m, B, T);
     const size_t N = (size_t)d.N, C = (size_t)d.C, F = (size_t)d.F, QKV = (size_t)d.QKV;
-    const size_t set = 4 * target_act_bytes(t, N * C) + 2 * family_f32_bytes(N) + target_act_bytes(t, N * QKV) +
-                       arena_round(target_attention_saved(t, B, T, d.NH)) + target_act_bytes(t, N * 2 * F) +
-                       target_act_bytes(t, N * F);
+    const size_t Q = (size_t)d.Q;
+    size_t set = 3 * target_act_bytes(t, N * C) + target_act_bytes(t, N * Q) + 2 * family_f32_bytes(N) +
+                 target_act_bytes(t, N * QKV) + arena_round(target_attention_saved(t, B, T, d.NH)) +
+                 target_act_bytes(t, N * 2 * F) + target_act_bytes(t, N * F);
+    if (m->cfg.qk_norm) {
+        set += target_act_bytes(t, N * Q) + target_act_bytes(t, N * d.NKV * d.hs) + family_f32_bytes(N * d.NH) +
+               family_f32_bytes(N * d.NKV);
+        bytes[BUF_WORKSPACE] += 2 * target_act_bytes(t, N * Q);
+    }
+    if (d.Q > d.C)
+        bytes[BUF_WORKSPACE] += target_act_bytes(t, N * Q);
     bytes[BUF_ACTIVATIONS] += (size_t)n_sets * set;
     bytes[BUF_LOGITS] += family_f32_bytes(N);
     bytes[BUF_WORKSPACE] += target_act_bytes(t, N * QKV) + target_act_bytes(t, N * 2 * F) + target_act_bytes(t, N * F) +
@@ -95,7 +135,7 @@ static float rope_inv_freq(const struct model_config *c, int i, int hs)
 /* cos and sin of position t times each pair's frequency, (T, hs / 2). */
 static void rope_tables(const struct model_config *c, int T, float *cos_out, float *sin_out)
 {
-    const int hs = c->n_embd / c->n_head, half = hs / 2;
+    const int hs = c->head_dim, half = hs / 2;
     for (int i = 0; i < half; i++) {
         float inv = rope_inv_freq(c, i, hs);
         for (int t = 0; t < T; t++) {
@@ -114,6 +154,8 @@ static void llama_init(struct family_acts *fa, const struct exec_target *t, stru
     const size_t ae = (size_t)dtype_size(t->act);
     struct llama_acts *a = xcalloc(1, sizeof *a);
     fa->priv = a;
+    a->x = extras_of(m);
+    const size_t Q = (size_t)d.Q, KVW = (size_t)d.NKV * (size_t)d.hs;
 #define ALLOC(cls, n) arena_alloc(dev, mem, cls, (n) * sizeof(float), 1)
 #define ALLOC_ACT(cls, n) arena_alloc(dev, mem, cls, (n) * ae, 1)
     a->sets = xcalloc((size_t)fa->n_sets, sizeof *a->sets);
@@ -123,7 +165,13 @@ static void llama_init(struct family_acts *fa, const struct exec_target *t, stru
         ba->rstd1 = ALLOC(BUF_ACTIVATIONS, N);
         ba->qkv = ALLOC_ACT(BUF_ACTIVATIONS, N * QKV);
         ba->att = arena_alloc(dev, mem, BUF_ACTIVATIONS, target_attention_saved(t, fa->max_B, fa->max_T, d.NH), 1);
-        ba->atty = ALLOC_ACT(BUF_ACTIVATIONS, N * C);
+        ba->atty = ALLOC_ACT(BUF_ACTIVATIONS, N * Q);
+        if (m->cfg.qk_norm) {
+            ba->q_pre = ALLOC_ACT(BUF_ACTIVATIONS, N * Q);
+            ba->k_pre = ALLOC_ACT(BUF_ACTIVATIONS, N * KVW);
+            ba->q_rstd = ALLOC(BUF_ACTIVATIONS, N * (size_t)d.NH);
+            ba->k_rstd = ALLOC(BUF_ACTIVATIONS, N * (size_t)d.NKV);
+        }
         ba->res2 = ALLOC_ACT(BUF_ACTIVATIONS, N * C);
         ba->ln2 = ALLOC_ACT(BUF_ACTIVATIONS, N * C);
         ba->rstd2 = ALLOC(BUF_ACTIVATIONS, N);
@@ -135,6 +183,12 @@ static void llama_init(struct family_acts *fa, const struct exec_target *t, stru
     a->dgu = ALLOC_ACT(BUF_WORKSPACE, N * 2 * F);
     a->dh = ALLOC_ACT(BUF_WORKSPACE, N * F);
     a->scratch = ALLOC(BUF_WORKSPACE, family_scratch_floats(m, t, fa->max_T));
+    if (d.Q > d.C)
+        a->datty = ALLOC_ACT(BUF_WORKSPACE, N * Q);
+    if (m->cfg.qk_norm) {
+        a->head_a = ALLOC_ACT(BUF_WORKSPACE, N * Q);
+        a->head_b = ALLOC_ACT(BUF_WORKSPACE, N * Q);
+    }
     const size_t nr = rope_floats(m, fa->max_pos);
     a->rope_cos = ALLOC(BUF_WORKSPACE, nr);
     a->rope_sin = ALLOC(BUF_WORKSPACE, nr);
@@ -175,6 +229,31 @@ static void project_add(float *y, const float *x, const float *inp, const float 
     backend_add_act(y, y, x, (size_t)N * C);
 }
 
+/* An RMSNorm over each of the `heads` heads of hs channels that start at
+ * column col of qkv's rows (Qwen3's q_norm, k_norm), in place: the heads
+ * are copied to contiguous rows (pre, kept for the backward), normalised
+ * into work and copied back. */
+static void head_norm_forward(const struct dims *d, float *qkv, int col, int heads, const float *weight, float eps,
+                              float *pre, float *rstd, float *work)
+{
+    const int width = heads * d->hs;
+    backend_copy_cols(pre, width, 0, qkv, d->QKV, col, d->N, width);
+    backend_rmsnorm_forward(work, rstd, pre, weight, eps, d->N * heads, d->hs);
+    backend_copy_cols(qkv, d->QKV, col, work, width, 0, d->N, width);
+}
+
+/* Its backward, in place on the gradient dqkv: dweight (NULL: frozen) += ... */
+static void head_norm_backward(const struct dims *d, float *dqkv, int col, int heads, const float *weight,
+                               float *dweight, const float *pre, const float *rstd, float *dy, float *dx, float *scratch)
+{
+    const int width = heads * d->hs;
+    const size_t n = (size_t)d->N * (size_t)width;
+    backend_copy_cols(dy, width, 0, dqkv, d->QKV, col, d->N, width);
+    backend_zero(dx, n * (size_t)dtype_size(backend_act_dtype()) / sizeof(float)); /* the backward adds into dx */
+    backend_rmsnorm_backward(dx, dweight, dy, pre, weight, rstd, scratch, d->N * heads, d->hs);
+    backend_copy_cols(dqkv, d->QKV, col, dx, width, 0, d->N, width);
+}
+
 /* LoRA's groups of linear layers (model_block_linears): q|k|v, o, gate|up, down. */
 enum { LG_QKV, LG_O, LG_GATE_UP, LG_DOWN };
 
@@ -190,12 +269,18 @@ static void llama_block_forward(struct family_acts *fa, int l, const float *unit
 #define P(t) family_param(fa, unit, u, t)
     backend_rmsnorm_forward(ba->ln1, ba->rstd1, x, P(LT_IN_NORM), eps, d.N, d.C);
     backend_matmul_forward_transposed(ba->qkv, ba->ln1, P(LT_Q), d.N, d.C, d.QKV);
+    if (a->x.qkv_bias >= 0)
+        backend_bias_forward(ba->qkv, P(a->x.qkv_bias), d.N, d.QKV);
     family_lora_forward(fa, l, ad, LG_QKV, ba->ln1, ba->qkv, d.QKV);
+    if (a->x.q_norm >= 0) {
+        head_norm_forward(&d, ba->qkv, 0, d.NH, P(a->x.q_norm), eps, ba->q_pre, ba->q_rstd, a->head_a);
+        head_norm_forward(&d, ba->qkv, d.Q, d.NKV, P(a->x.k_norm), eps, ba->k_pre, ba->k_rstd, a->head_a);
+    }
     backend_rope_forward(ba->qkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
     if (!family_attention_kv(fa, l, ba->atty, ba->qkv, d.NH, d.NKV, d.hs))
         backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH,
                                       d.NKV, d.hs);
-    project_add(ba->res2, x, ba->atty, P(LT_O), d.N, d.C, d.C);
+    project_add(ba->res2, x, ba->atty, P(LT_O), d.N, d.Q, d.C);
     family_lora_forward(fa, l, ad, LG_O, ba->atty, ba->res2, d.C);
     backend_rmsnorm_forward(ba->ln2, ba->rstd2, ba->res2, P(LT_POST_NORM), eps, d.N, d.C);
     backend_matmul_forward_transposed(ba->gu, ba->ln2, P(LT_GATE), d.N, d.C, 2 * d.F);
@@ -229,11 +314,23 @@ static void llama_block_backward(struct family_acts *fa, int l, const float *uni
     family_copy_act(dres2, dy, NC);
     backend_rmsnorm_backward(dres2, G(LT_POST_NORM), dc, ba->res2, P(LT_POST_NORM), ba->rstd2, a->scratch, d.N, d.C);
     /* attention */
-    backend_matmul_backward_transposed(dc, G(LT_O), dres2, ba->atty, P(LT_O), d.N, d.C, d.C);
-    family_lora_backward(fa, l, ad, ag, LG_O, ba->atty, dres2, d.C, dc);
-    backend_attention_gqa_backward(a->dqkv, dc, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, fa->B, fa->T,
+    float *datty = d.Q > d.C ? a->datty : dc; /* (B, T, Q): dc holds C channels */
+    backend_matmul_backward_transposed(datty, G(LT_O), dres2, ba->atty, P(LT_O), d.N, d.Q, d.C);
+    family_lora_backward(fa, l, ad, ag, LG_O, ba->atty, dres2, d.C, datty);
+    backend_attention_gqa_backward(a->dqkv, datty, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, fa->B, fa->T,
                                    d.NH, d.NKV, d.hs);
     backend_rope_backward(a->dqkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    if (a->x.q_norm >= 0) {
+        head_norm_backward(&d, a->dqkv, 0, d.NH, P(a->x.q_norm), G(a->x.q_norm), ba->q_pre, ba->q_rstd, a->head_a,
+                           a->head_b, a->scratch);
+        head_norm_backward(&d, a->dqkv, d.Q, d.NKV, P(a->x.k_norm), G(a->x.k_norm), ba->k_pre, ba->k_rstd, a->head_a,
+                           a->head_b, a->scratch);
+    }
+    if (a->x.qkv_bias >= 0) {
+        const int b0 = a->x.qkv_bias;
+        backend_bias_backward(family_group_grad(fa, grad, u, b0, b0 + 2), a->dqkv, d.N, d.QKV);
+        family_group_grad_done(fa, grad, u, b0, b0 + 2);
+    }
     backend_matmul_backward_transposed(dc, family_group_grad(fa, grad, u, LT_Q, LT_V), a->dqkv, ba->ln1, P(LT_Q), d.N,
                                        d.C, d.QKV);
     family_group_grad_done(fa, grad, u, LT_Q, LT_V);

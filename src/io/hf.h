@@ -4,9 +4,12 @@
  * the weights of DIR as the source of a run's initial parameters, each rank
  * reading only the element ranges it owns (safetensors.h).
  *
- * Architectures: LlamaForCausalLM and MistralForCausalLM (model.type
- * "llama"), GPT2LMHeadModel ("gpt2"); anything else is refused with the
- * list. Tensor names: a Llama's are shardlm's own; a GPT-2 checkpoint's may
+ * Architectures: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
+ * Qwen3ForCausalLM (model.type "llama": Llama's block, with Qwen2's q|k|v
+ * biases or Qwen3's q/k norms and head_dim), GPT2LMHeadModel ("gpt2");
+ * mixture-of-experts models are refused naming what is missing, anything
+ * else with the list (hf_config.c reads config.json, one row per
+ * architecture). Tensor names: a Llama's are shardlm's own; a GPT-2 checkpoint's may
  * carry the "transformer." prefix, its tied lm_head.weight is not read, and
  * the attn.bias / attn.masked_bias buffers of older files are ignored.
  */
@@ -20,7 +23,7 @@
 #include "model/model.h"
 #include "safetensors.h"
 
-#define HF_ARCHITECTURES "LlamaForCausalLM, MistralForCausalLM, GPT2LMHeadModel"
+#define HF_ARCHITECTURES "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel"
 
 /* Reads DIR/config.json and calls put(ctx, key, value) for every shardlm
  * model key it determines ("type", "n_layer", ...; value a new reference the

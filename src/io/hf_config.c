@@ -418,37 +418,83 @@ static void read_rope(struct reader *r, json_t *layer_types, long long max_pos,
 
 /* ---- families ------------------------------------------------------------------------- */
 
-/* transformers' defaults of the keys shardlm reads (LlamaConfig and
- * MistralConfig, the same in 4.40 and 5.25). */
-struct llama_defaults {
-    const char *cls;
+/* The Llama-like architectures: what each one's block has, and the defaults
+ * of transformers' configuration class for the keys shardlm reads (the same
+ * in 4.40 and 5.25 for Llama and Mistral; Qwen2Config and Qwen3Config of
+ * 5.25). One row per architecture: the readers and the export ask it, never
+ * the architecture's name. */
+struct llama_like {
+    const char *architecture, *model_type, *cls;
     long long vocab, hidden, ffn, layers, heads, kv_heads /* -1: heads */, max_pos;
-    double eps;
-    const char *eps_text;
-    long long window; /* sliding_window when absent (0: none) */
+    long long head_dim;   /* -1: hidden / heads */
+    long long window;     /* Mistral: sliding_window when absent (0: none) */
+    bool qkv_bias;        /* Qwen2: q_proj, k_proj, v_proj always carry biases */
+    bool qk_norm;         /* Qwen3: q_norm and k_norm */
+    bool bias_keys;       /* attention_bias (and, Llama, mlp_bias) are keys of the class, refused when true */
+    bool mlp_bias_key;
+    bool qwen_window;     /* use_sliding_window / sliding_window / max_window_layers (Qwen) */
 };
-static const struct llama_defaults llama_defaults = {"LlamaConfig", 32000, 4096, 11008, 32, 32, -1, 2048,
-                                                     1e-6, "1e-6", 0};
-static const struct llama_defaults mistral_defaults = {"MistralConfig", 32000, 4096, 14336, 32, 32, 8, 4096 * 32,
-                                                       1e-6, "1e-6", 4096};
+static const struct llama_like llama_likes[] = {
+    {"LlamaForCausalLM", "llama", "LlamaConfig", 32000, 4096, 11008, 32, 32, -1, 2048, -1, 0, false, false, true, true,
+     false},
+    {"MistralForCausalLM", "mistral", "MistralConfig", 32000, 4096, 14336, 32, 32, 8, 4096 * 32, -1, 4096, false,
+     false, true, true, false},
+    {"Qwen2ForCausalLM", "qwen2", "Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, -1, 0, true, false, false,
+     false, true},
+    {"Qwen3ForCausalLM", "qwen3", "Qwen3Config", 151936, 4096, 22016, 32, 32, 32, 32768, 128, 0, false, true, true,
+     false, true},
+};
+#define LLAMA_RMS_NORM_EPS_DEFAULT 1e-6 /* every one of these classes' rms_norm_eps */
 
-static void llama_keys(struct reader *r, bool mistral, void (*put)(void *, const char *, json_t *), void *ctx,
-                       int *sliding_window)
+static const struct llama_like *llama_like(const char *architecture)
 {
-    const struct llama_defaults *df = mistral ? &mistral_defaults : &llama_defaults;
+    for (size_t i = 0; i < sizeof llama_likes / sizeof llama_likes[0]; i++)
+        if (architecture && strcmp(llama_likes[i].architecture, architecture) == 0)
+            return &llama_likes[i];
+    return &llama_likes[0];
+}
+
+/* Qwen's window: use_sliding_window (false as released) turns it on for the
+ * layers from max_window_layers on; honoured nowhere yet, so refused. */
+static void qwen_window(struct reader *r)
+{
+    get(r, "sliding_window");
+    get(r, "max_window_layers");
+    if (bool_key(r, "use_sliding_window", false, true))
+        fail_input("%s: use_sliding_window is true: %s's windowed layers are not implemented; set it to false (as the "
+                   "released models have it)",
+                   r->path, r->cls);
+}
+
+/* Mistral's window: absent takes MistralConfig's 4096, null means none. */
+static long long mistral_window(struct reader *r, const struct llama_like *df)
+{
+    json_t *w = json_object_get(r->root, "sliding_window");
+    json_object_set_new(r->used, "sliding_window", json_true());
+    if (df->window && !w) {
+        log_default(r, "sliding_window", "4096");
+        return df->window;
+    }
+    return w && !json_is_null(w) ? int_key(r, "sliding_window", -1) : 0;
+}
+
+static void llama_keys(struct reader *r, const struct llama_like *df, void (*put)(void *, const char *, json_t *),
+                       void *ctx, int *sliding_window)
+{
     r->cls = df->cls;
     const char *act = str_key(r, "hidden_act", "silu");
     if (strcmp(act, "silu") != 0)
         fail_input("%s: hidden_act is \"%s\"; shardlm's Llama MLP is SwiGLU (silu)", r->path, act);
-    if (bool_key(r, "attention_bias", false, true) || bool_key(r, "mlp_bias", false, true))
-        fail_input("%s: attention_bias / mlp_bias is true; shardlm's Llama has no biases", r->path);
+    if (df->bias_keys && (bool_key(r, "attention_bias", false, true) ||
+                          (df->mlp_bias_key && bool_key(r, "mlp_bias", false, true))))
+        fail_input("%s: attention_bias / mlp_bias is true; %s's projections have no biases in shardlm", r->path,
+                   df->cls);
     long long C = int_key(r, "hidden_size", df->hidden), NH = int_key(r, "num_attention_heads", df->heads);
-    json_t *hd_given = get(r, "head_dim");
-    long long hd = hd_given ? int_key(r, "head_dim", -1) : C / NH;
-    if (hd * NH != C)
-        fail_input("%s: head_dim %lld x num_attention_heads %lld != hidden_size %lld; shardlm needs head_dim = "
+    long long hd = int_key(r, "head_dim", df->head_dim > 0 ? df->head_dim : C / NH);
+    if (!df->qk_norm && hd * NH != C) /* Qwen3 is the family whose attention is not hidden_size wide */
+        fail_input("%s: head_dim %lld x num_attention_heads %lld != hidden_size %lld; shardlm's %s needs head_dim = "
                    "hidden_size / num_attention_heads",
-                   r->path, hd, NH, C);
+                   r->path, hd, NH, C, df->cls);
     long long L = int_key(r, "num_hidden_layers", df->layers);
     long long max_pos = int_key(r, "max_position_embeddings", df->max_pos);
     put(ctx, "type", json_string(arch_get(ARCH_LLAMA)->type));
@@ -459,27 +505,32 @@ static void llama_keys(struct reader *r, bool mistral, void (*put)(void *, const
     put(ctx, "ffn_dim", json_integer(int_key(r, "intermediate_size", df->ffn)));
     put(ctx, "n_positions", json_integer(max_pos));
     put(ctx, "vocab_size", json_integer(int_key(r, "vocab_size", df->vocab)));
-    double eps = num_key(r, "rms_norm_eps", df->eps, df->eps_text);
+    if (hd * NH != C)
+        put(ctx, "head_dim", json_integer(hd));
+    if (df->qkv_bias)
+        put(ctx, "qkv_bias", json_true());
+    if (df->qk_norm)
+        put(ctx, "qk_norm", json_true());
+    double eps = num_key(r, "rms_norm_eps", LLAMA_RMS_NORM_EPS_DEFAULT, "1e-6");
     if (!(eps > 0) || eps > 1.0)
         fail_input("%s: 'rms_norm_eps' must be in (0, 1], got %g", r->path, eps);
     put(ctx, "rms_norm_eps", json_real(eps));
-    put(ctx, "tie_word_embeddings",
-        json_boolean(bool_key(r, "tie_word_embeddings", false, false)));
-    /* Mistral's window: absent takes MistralConfig's 4096, null means none */
+    put(ctx, "tie_word_embeddings", json_boolean(bool_key(r, "tie_word_embeddings", false, false)));
     long long window = 0;
-    json_t *w = json_object_get(r->root, "sliding_window");
-    json_object_set_new(r->used, "sliding_window", json_true());
-    if (mistral && !w) {
-        window = df->window;
-        log_default(r, "sliding_window", "4096");
-    } else if (w && !json_is_null(w)) {
-        window = int_key(r, "sliding_window", -1);
-    }
+    if (df->qwen_window)
+        qwen_window(r);
+    else
+        window = mistral_window(r, df);
     static const char *const full[] = {"full_attention", NULL}, *const sliding[] = {"sliding_attention", NULL};
     json_t *lt = read_layer_types(r, L, window ? sliding : full);
     read_rope(r, lt, max_pos, put, ctx);
     *sliding_window = (int)window;
 }
+
+/* Mixture-of-experts architectures: named, so that the refusal says what is missing. */
+static const char *const moe_architectures[] = {"MixtralForCausalLM",    "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+                                                "GptOssForCausalLM",     "DeepseekV2ForCausalLM",
+                                                "DeepseekV3ForCausalLM", "OlmoeForCausalLM",    NULL};
 
 /* GPT2Config's defaults (4.40 and 5.25). */
 #define GPT2_DEFAULT_VOCAB 50257
@@ -595,9 +646,14 @@ void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, jso
     *sliding_window = 0;
     const struct arch *family = arch_find_hf(arch);
     if (family && family->id == ARCH_LLAMA)
-        llama_keys(&r, strcmp(arch, "MistralForCausalLM") == 0, put, ctx, sliding_window);
+        llama_keys(&r, llama_like(arch), put, ctx, sliding_window);
     else if (family && family->id == ARCH_GPT2)
         gpt2_keys(&r, put, ctx);
+    else if (in_list(moe_architectures, arch) || json_object_get(r.root, "num_local_experts") ||
+             json_object_get(r.root, "num_experts"))
+        fail_input("%s: %s is a mixture-of-experts model, which shardlm does not implement yet (its dense families: "
+                   "%s)",
+                   path, arch, HF_ARCHITECTURES);
     else
         fail_input("%s: architecture %s is not supported; shardlm reads %s", path, arch, HF_ARCHITECTURES);
     read_dtype(&r);
@@ -665,23 +721,31 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
     const struct arch *family = arch_get(llama ? ARCH_LLAMA : ARCH_GPT2);
     if (llama) {
         const char *arch = json_string_value(json_array_get(json_object_get(out, "architectures"), 0));
-        bool mistral = arch && strcmp(arch, "MistralForCausalLM") == 0;
+        /* without a source: the architecture whose block this model has */
+        const struct llama_like *df = llama_like(arch ? arch
+                                                      : c->qk_norm ? "Qwen3ForCausalLM"
+                                                      : c->qkv_bias ? "Qwen2ForCausalLM"
+                                                                    : family->hf_architectures[0]);
         if (!arch) {
-            json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));
-            json_object_set_new(out, "model_type", json_string(family->hf_model_types[0]));
+            json_object_set_new(out, "architectures", json_pack("[s]", df->architecture));
+            json_object_set_new(out, "model_type", json_string(df->model_type));
         }
         const struct int_key shape[] = {{"hidden_size", c->n_embd},          {"num_hidden_layers", c->n_layer},
                                         {"num_attention_heads", c->n_head},   {"num_key_value_heads", c->n_kv_head},
-                                        {"head_dim", c->n_embd / c->n_head},  {"intermediate_size", c->ffn_dim},
+                                        {"head_dim", c->head_dim},  {"intermediate_size", c->ffn_dim},
                                         {"max_position_embeddings", c->n_positions}, {"vocab_size", c->vocab_size}};
         set_ints(out, shape, sizeof shape / sizeof shape[0]);
         json_object_set_new(out, "rms_norm_eps", json_real(c->norm_eps));
         json_object_set_new(out, "tie_word_embeddings", json_boolean(c->tied_head));
         json_object_set_new(out, "hidden_act", json_string("silu"));
-        json_object_set_new(out, "attention_bias", json_false());
-        json_object_set_new(out, "mlp_bias", json_false());
+        if (df->bias_keys)
+            json_object_set_new(out, "attention_bias", json_false());
+        if (df->mlp_bias_key)
+            json_object_set_new(out, "mlp_bias", json_false());
+        if (df->qwen_window && !json_object_get(out, "use_sliding_window"))
+            json_object_set_new(out, "use_sliding_window", json_false());
         put_rope(out, c);
-        if (mistral && c->sliding_window) /* 0 from a checkpoint: the source's own value stays */
+        if (df->window && c->sliding_window) /* 0 from a checkpoint: the source's own value stays */
             json_object_set_new(out, "sliding_window", json_integer(c->sliding_window));
     } else {
         json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));

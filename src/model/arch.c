@@ -11,8 +11,11 @@ static const char type_gpt2[] = "gpt2", type_llama[] = "llama";
 static const char *const gpt2_hf_architectures[] = {"GPT2LMHeadModel", NULL};
 static const char *const gpt2_hf_model_types[] = {"gpt2", NULL};
 static const char *const gpt2_lora_targets[] = {"c_attn", NULL};
-static const char *const llama_hf_architectures[] = {"LlamaForCausalLM", "MistralForCausalLM", NULL};
-static const char *const llama_hf_model_types[] = {"llama", "mistral", NULL};
+/* the Llama-like families: Llama's block, with Qwen2's q|k|v biases, Qwen3's q/k norms and head_dim
+ * (io/hf_config.c reads which) */
+static const char *const llama_hf_architectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                                     "Qwen3ForCausalLM", NULL};
+static const char *const llama_hf_model_types[] = {"llama", "mistral", "qwen2", "qwen3", NULL};
 static const char *const llama_lora_targets[] = {"q_proj", "v_proj", NULL};
 
 static const struct arch arches[ARCH_COUNT] = {
@@ -72,16 +75,23 @@ const char *arch_hf_architecture_of(const char *model_type)
  * -xl; the 124M..1.5B names count the tied head once). Llama 2: Touvron et al.
  * 2023, HF meta-llama/Llama-2-*-hf config.json (70B: grouped-query attention
  * with 8 KV heads); parameter totals: the Hugging Face checkpoints' exact counts
- * (6.74 B, 13.0 B, 68.98 B as published). */
+ * (6.74 B, 13.0 B, 68.98 B as published). Llama 3.1 70B, Qwen2.5 7B/72B (q|k|v
+ * biases) and Qwen3 8B/32B (head_dim 128, q/k norms): their Hugging Face
+ * config.json, untied, and the exact totals of their safetensors indexes. */
 const struct model_preset arch_presets[] = {
-    {"gpt2-124m", type_gpt2, 12, 12, 12, 768, 3072, 1024, 50257, 124439808.0},
-    {"gpt2-350m", type_gpt2, 24, 16, 16, 1024, 4096, 1024, 50257, 354823168.0},
-    {"gpt2-774m", type_gpt2, 36, 20, 20, 1280, 5120, 1024, 50257, 774030080.0},
-    {"gpt2-1.5b", type_gpt2, 48, 25, 25, 1600, 6400, 1024, 50257, 1557611200.0},
-    {"llama2-7b", type_llama, 32, 32, 32, 4096, 11008, 4096, 32000, 6738415616.0},
-    {"llama2-13b", type_llama, 40, 40, 40, 5120, 13824, 4096, 32000, 13015864320.0},
-    {"llama2-70b", type_llama, 80, 64, 8, 8192, 28672, 4096, 32000, 68976648192.0},
-    {"llama3-8b", type_llama, 32, 32, 8, 4096, 14336, 8192, 128256, 8030261248.0},
+    {"gpt2-124m", type_gpt2, 12, 12, 12, 768, 3072, 1024, 50257, 124439808.0, 0, false, false},
+    {"gpt2-350m", type_gpt2, 24, 16, 16, 1024, 4096, 1024, 50257, 354823168.0, 0, false, false},
+    {"gpt2-774m", type_gpt2, 36, 20, 20, 1280, 5120, 1024, 50257, 774030080.0, 0, false, false},
+    {"gpt2-1.5b", type_gpt2, 48, 25, 25, 1600, 6400, 1024, 50257, 1557611200.0, 0, false, false},
+    {"llama2-7b", type_llama, 32, 32, 32, 4096, 11008, 4096, 32000, 6738415616.0, 0, false, false},
+    {"llama2-13b", type_llama, 40, 40, 40, 5120, 13824, 4096, 32000, 13015864320.0, 0, false, false},
+    {"llama2-70b", type_llama, 80, 64, 8, 8192, 28672, 4096, 32000, 68976648192.0, 0, false, false},
+    {"llama3-8b", type_llama, 32, 32, 8, 4096, 14336, 8192, 128256, 8030261248.0, 0, false, false},
+    {"llama3.1-70b", type_llama, 80, 64, 8, 8192, 28672, 131072, 128256, 70553706496.0, 0, false, false},
+    {"qwen2.5-7b", type_llama, 28, 28, 4, 3584, 18944, 32768, 152064, 7615616512.0, 0, true, false},
+    {"qwen2.5-72b", type_llama, 80, 64, 8, 8192, 29568, 32768, 152064, 72706203648.0, 0, true, false},
+    {"qwen3-8b", type_llama, 36, 32, 8, 4096, 12288, 40960, 151936, 8190735360.0, 128, false, true},
+    {"qwen3-32b", type_llama, 64, 64, 8, 5120, 25600, 40960, 151936, 32762123264.0, 128, false, true},
 };
 const int arch_n_presets = (int)(sizeof arch_presets / sizeof arch_presets[0]);
 

@@ -49,6 +49,8 @@ struct model_preset {
     const char *type;
     int n_layer, n_head, n_kv_head, n_embd, ffn_dim, n_positions, vocab_size;
     double published_params; /* the total the paper / model card gives, for tests */
+    int head_dim;            /* 0: n_embd / n_head */
+    bool qkv_bias, qk_norm;  /* Qwen2's q|k|v biases, Qwen3's q/k norms (model_config) */
 };
 /* The preset called name, or NULL. */
 const struct model_preset *arch_find_preset(const char *name);

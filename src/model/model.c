@@ -46,6 +46,10 @@ static void set_arch(struct model_config *c)
         c->n_kv_head = c->n_head;
     if (c->ffn_dim <= 0)
         c->ffn_dim = 4 * c->n_embd;
+    if (c->head_dim <= 0 || !llama)
+        c->head_dim = c->n_embd / c->n_head;
+    if (!llama)
+        c->qkv_bias = c->qk_norm = false;
 }
 
 static struct unit_desc *start_unit(struct model *m, int u, enum unit_kind kind, int block, const char *name,
@@ -99,15 +103,20 @@ static void build_gpt2(struct model *m)
     add_tensor(h, &id, "ln_f.bias", C, 0, false, INIT_ZEROS);
 }
 
-/* Llama (Hugging Face LlamaForCausalLM): nn.Linear weights (out, in), RMSNorm
- * weights only, SwiGLU MLP, rotary positions (no table), lm_head in the head
- * unit unless tied to embed_tokens. k_proj and v_proj follow q_proj without a
- * gap, up_proj follows gate_proj: each group is one matrix to the kernels. */
+/* Llama (Hugging Face LlamaForCausalLM, and the Llama-like Qwen2 and Qwen3):
+ * nn.Linear weights (out, in), RMSNorm weights only, SwiGLU MLP, rotary
+ * positions (no table), lm_head in the head unit unless tied to
+ * embed_tokens. k_proj and v_proj follow q_proj without a gap, up_proj
+ * follows gate_proj: each group is one matrix to the kernels. The attention
+ * is NH x head_dim wide (Qwen3: not n_embd). Qwen2's q|k|v biases are one
+ * packed vector and Qwen3's q_norm and k_norm (head_dim each) come after
+ * down_proj, so that every Llama keeps its tensor numbers (LT_* in llama.c;
+ * model_llama_extras gives the others'). */
 static void build_llama(struct model *m)
 {
     const struct model_config *cfg = &m->cfg;
     const int L = cfg->n_layer, C = cfg->n_embd, Vp = cfg->padded_vocab, F = cfg->ffn_dim;
-    const int KV = C / cfg->n_head * cfg->n_kv_head;
+    const int Q = cfg->n_head * cfg->head_dim, KV = cfg->head_dim * cfg->n_kv_head;
     int id = 0;
     char name[MODEL_MAX_NAME], prefix[32], uname[32];
     struct unit_desc *e = start_unit(m, 0, UNIT_EMBED, -1, "embedding", 1);
@@ -116,16 +125,25 @@ static void build_llama(struct model *m)
     for (int l = 0; l < L; l++) {
         snprintf(uname, sizeof uname, "block %d", l);
         snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
-        struct unit_desc *u = start_unit(m, model_block_unit(l), UNIT_BLOCK, l, uname, 9);
+        struct unit_desc *u = start_unit(m, model_block_unit(l), UNIT_BLOCK, l, uname, 14);
         T(u, "input_layernorm.weight", C, 0, false, INIT_ONES);
-        T(u, "self_attn.q_proj.weight", C, C, true, INIT_NORMAL);
+        T(u, "self_attn.q_proj.weight", Q, C, true, INIT_NORMAL);
         T_PACKED(u, "self_attn.k_proj.weight", KV, C, true, INIT_NORMAL);
         T_PACKED(u, "self_attn.v_proj.weight", KV, C, true, INIT_NORMAL);
-        T(u, "self_attn.o_proj.weight", C, C, true, INIT_NORMAL);
+        T(u, "self_attn.o_proj.weight", C, Q, true, INIT_NORMAL);
         T(u, "post_attention_layernorm.weight", C, 0, false, INIT_ONES);
         T(u, "mlp.gate_proj.weight", F, C, true, INIT_NORMAL);
         T_PACKED(u, "mlp.up_proj.weight", F, C, true, INIT_NORMAL);
         T(u, "mlp.down_proj.weight", C, F, true, INIT_NORMAL);
+        if (cfg->qkv_bias) { /* nn.Linear's bias: no decay (HF Trainer's rule for biases) */
+            T(u, "self_attn.q_proj.bias", Q, 0, false, INIT_ZEROS);
+            T_PACKED(u, "self_attn.k_proj.bias", KV, 0, false, INIT_ZEROS);
+            T_PACKED(u, "self_attn.v_proj.bias", KV, 0, false, INIT_ZEROS);
+        }
+        if (cfg->qk_norm) {
+            T(u, "self_attn.q_norm.weight", cfg->head_dim, 0, false, INIT_ONES);
+            T(u, "self_attn.k_norm.weight", cfg->head_dim, 0, false, INIT_ONES);
+        }
     }
     struct unit_desc *h = start_unit(m, model_head_unit(m), UNIT_HEAD, -1, "head", 2);
     add_tensor(h, &id, "model.norm.weight", C, 0, false, INIT_ONES);
@@ -290,11 +308,12 @@ static size_t module_length(const char *tensor_name);
 
 int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX_LINEAR])
 {
-    const int C = m->cfg.n_embd, F = m->cfg.ffn_dim, KV = C / m->cfg.n_head * m->cfg.n_kv_head;
+    const int C = m->cfg.n_embd, F = m->cfg.ffn_dim, KV = m->cfg.head_dim * m->cfg.n_kv_head;
+    const int Q = m->cfg.head_dim * m->cfg.n_head;
     if (arch_is(m->cfg.type, ARCH_LLAMA)) {
         const struct model_linear l[] = {
-            {"self_attn.q_proj", 1, C, C, 0, 0},  {"self_attn.k_proj", 2, C, KV, C, 0}, {"self_attn.v_proj", 3, C, KV, C + KV, 0},
-            {"self_attn.o_proj", 4, C, C, 0, 1},  {"mlp.gate_proj", 6, C, F, 0, 2},     {"mlp.up_proj", 7, C, F, F, 2},
+            {"self_attn.q_proj", 1, C, Q, 0, 0},  {"self_attn.k_proj", 2, C, KV, Q, 0}, {"self_attn.v_proj", 3, C, KV, Q + KV, 0},
+            {"self_attn.o_proj", 4, Q, C, 0, 1},  {"mlp.gate_proj", 6, C, F, 0, 2},     {"mlp.up_proj", 7, C, F, F, 2},
             {"mlp.down_proj", 8, F, C, 0, 3},
         };
         memcpy(out, l, sizeof l);
@@ -527,9 +546,9 @@ double model_flops_per_token(const struct model *m, int seq_len)
      * size also under grouped-query attention (causal half not subtracted), as
      * in the PaLM paper's appendix B: 6N + 12 L H Q T. */
     const double L = m->cfg.n_layer, C = m->cfg.n_embd, V = m->cfg.padded_vocab, F = m->cfg.ffn_dim;
-    const double KV = C / m->cfg.n_head * m->cfg.n_kv_head;
-    const double attn = 2.0 * C * C + 2.0 * C * KV; /* q, o; k, v */
+    const double KV = (double)m->cfg.head_dim * m->cfg.n_kv_head, Q = (double)m->cfg.head_dim * m->cfg.n_head;
+    const double attn = 2.0 * C * Q + 2.0 * C * KV; /* q, o; k, v */
     const double mlp = (m->cfg.mlp == MLP_SWIGLU ? 3.0 : 2.0) * C * F;
     double matmul_params = L * (attn + mlp) + V * C;
-    return 6.0 * matmul_params + 12.0 * L * C * (double)seq_len;
+    return 6.0 * matmul_params + 12.0 * L * Q * (double)seq_len;
 }

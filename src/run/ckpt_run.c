@@ -356,6 +356,11 @@ void ckpt_run_model(struct ckpt_reader *r, const char *path, struct model *m)
         mc.rope_scaling.original_max_positions =
             (int)json_integer_value(json_object_get(rs, "original_max_position_embeddings"));
     }
+    /* the Llama-like families' extras (absent before Qwen: a Llama's) */
+    json_t *hd = json_object_get(model, "head_dim");
+    mc.head_dim = json_is_integer(hd) ? (int)json_integer_value(hd) : 0;
+    mc.qkv_bias = json_is_true(json_object_get(model, "qkv_bias"));
+    mc.qk_norm = json_is_true(json_object_get(model, "qk_norm"));
     json_t *src = json_object_get(model, "from_pretrained");
     if (json_is_string(src))
         snprintf(mc.pretrained, sizeof mc.pretrained, "%s", json_string_value(src));

@@ -60,6 +60,10 @@ OFFLOAD_ACCUM_CKPT = {"zero_optimization": {"offload_param": {"device": "cpu"}},
 LLAMA = {"model": {"type": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 40, "ffn_dim": 48,
                    "n_positions": MODEL["n_positions"], "vocab_size": MODEL["vocab_size"]}}
 
+# the Llama-like extras (issue 48): Qwen2's q|k|v biases, and Qwen3's per-head q/k norms with a head_dim apart
+# from n_embd / n_head (4 heads of 16: the attention 64 wide in a 40-wide model)
+QWEN = {"model": dict(LLAMA["model"], qkv_bias=True, qk_norm=True, head_dim=16)}
+
 
 def packed_data():
     """A sample file of 60 samples of 3 to 32 tokens, each a prompt then a trained completion, packed."""
@@ -174,9 +178,12 @@ def main():
              ("llama_lora_nodrop_bf16_n1", 1, "bf16", {}, LORA_BF16_TOL),
              ("llama_lora_nodrop_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("llama_dpo_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
-             ("llama_lora_nodrop_dpo_bf16_n1", 1, "bf16", {}, LORA_BF16_TOL))
+             ("llama_lora_nodrop_dpo_bf16_n1", 1, "bf16", {}, LORA_BF16_TOL),
+             ("qwen_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("qwen_bf16_n1", 1, "bf16", {}, BF16_TOL))
     for tag, N, dtype, env, tol in cases:
-        extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else None
+        extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else \
+            QWEN if tag.startswith("qwen") else None
         if tag.endswith("_packed"):
             extra = dict(extra or {}, **packed_data())
         if "_dpo" in tag:

@@ -570,6 +570,38 @@ static void check_llama_norm_and_mlp(const struct llama_shape *sh, const char *v
     free(dmlp), free(dgu), free(tokens), free(wte), free(dwte);
 }
 
+/* The Llama-like families' extras: a bias on every row of the fused q|k|v output and its gradient (Qwen2), and
+ * the column copies that take the query heads to contiguous rows and back (Qwen3's per-head norm), at the
+ * shape's q|k|v width. */
+static void check_llama_extras(const struct llama_shape *sh, const char *v)
+{
+    const int N = sh->B * sh->T, Q = sh->NH * sh->hs, QKV = Q + 2 * sh->NKV * sh->hs;
+    const size_t n = (size_t)N * QKV;
+    float *y = act_round(host_random(n, 1), n), *b = act_round(host_random(QKV, 1), QKV);
+    float *d_y = act_to_device(y, n), *d_b = act_to_device(b, QKV);
+    cpu_bias_forward(y, b, N, QKV);
+    backend_bias_forward(d_y, d_b, N, QKV);
+    compare_act(named2("bias_forward_accumulates", v), y, d_y, n, g_tol);
+    float *db = host_random(QKV, 1), *d_db = to_device(db, QKV * 4);
+    cpu_bias_backward(db, y, N, QKV);
+    backend_bias_backward(d_db, d_y, N, QKV);
+    compare(named2("bias_backward_accumulates", v), db, d_db, QKV, g_tol);
+    backend_bias_backward(NULL, d_y, N, QKV); /* frozen: nothing to do, nothing touched */
+    act_round(y, n); /* the device's y is in the activation dtype: the copies below move those values */
+    /* the key heads (columns Q .. Q + NKV hs) out to contiguous rows and back into a copy of another matrix */
+    const int width = sh->NKV * sh->hs;
+    float *heads = malloc((size_t)N * width * 4), *d_heads = act_poisoned((size_t)N * width);
+    cpu_copy_cols(heads, width, 0, y, QKV, Q, N, width);
+    backend_copy_cols(d_heads, width, 0, d_y, QKV, Q, N, width);
+    compare_act(named2("copy_cols_out", v), heads, d_heads, (size_t)N * width, 0.0);
+    float *z = act_round(host_random(n, 2), n), *d_z = act_to_device(z, n);
+    cpu_copy_cols(z, QKV, Q, heads, width, 0, N, width);
+    backend_copy_cols(d_z, QKV, Q, d_heads, width, 0, N, width);
+    compare_act(named2("copy_cols_back", v), z, d_z, n, 0.0);
+    cudaFree(d_y), cudaFree(d_b), cudaFree(d_db), cudaFree(d_heads), cudaFree(d_z);
+    free(y), free(b), free(db), free(heads), free(z);
+}
+
 /* Attention on qkv (host, already rounded to the activation dtype) against the CPU backend, pos NULL or packed
  * rows (host; the device gets a copy): forward output, the device's log-sum-exp, backward. gpt2_call: through the
  * GPT-2 calls (NKV = NH), which must then also equal the grouped-query ones to the bit. */
@@ -682,6 +714,7 @@ static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
         char v[48];
         snprintf(v, sizeof v, "_nh%d_kv%d_hs%d", sh->NH, sh->NKV, sh->hs);
         check_llama_norm_and_mlp(sh, v);
+        check_llama_extras(sh, v);
         check_llama_attention(sh, NULL, v);
         int32_t *pos = packed_positions(sh->B, sh->T);
         snprintf(v, sizeof v, "_nh%d_kv%d_hs%d_packed", sh->NH, sh->NKV, sh->hs);

@@ -8,7 +8,10 @@
 #define backend_attention_kv_forward cpu_attention_kv_forward
 #define backend_attention_saved cpu_attention_saved
 #define backend_attention_scratch cpu_attention_scratch
+#define backend_bias_backward cpu_bias_backward
+#define backend_bias_forward cpu_bias_forward
 #define backend_check_performance cpu_check_performance
+#define backend_copy_cols cpu_copy_cols
 #define backend_copy cpu_copy
 #define backend_crossentropy_backward cpu_crossentropy_backward
 #define backend_crossentropy_backward_rows cpu_crossentropy_backward_rows

@@ -11,7 +11,10 @@
 #undef backend_attention_kv_forward
 #undef backend_attention_saved
 #undef backend_attention_scratch
+#undef backend_bias_backward
+#undef backend_bias_forward
 #undef backend_check_performance
+#undef backend_copy_cols
 #undef backend_copy
 #undef backend_crossentropy_backward
 #undef backend_crossentropy_backward_rows

@@ -622,7 +622,7 @@ static void test_errors(void)
         {"llama n_kv_head not dividing n_head", "{\"model\": {\"type\": \"llama\", \"n_head\": 8, \"n_kv_head\": 3}}",
          NULL, "'model.n_head' (8) must be a multiple of 'model.n_kv_head' (3)"},
         {"llama odd head dimension", "{\"model\": {\"type\": \"llama\", \"n_embd\": 36, \"n_head\": 4}}", NULL,
-         "'model.n_embd' / 'model.n_head' is 9, an odd head dimension: rotary embeddings rotate channel pairs"},
+         "'model.n_embd' / 'model.n_head') is 9, odd: rotary embeddings rotate channel pairs"},
         {"unknown rope_scaling type", "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"yarn\"}}}",
          NULL, "'model.rope_scaling.rope_type' is \"yarn\"; supported: \"llama3\""},
         {"linear rope_scaling without factor",

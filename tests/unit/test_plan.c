@@ -72,6 +72,9 @@ static void preset_model(struct model *m, const struct model_preset *p)
     mc.ffn_dim = p->ffn_dim;
     mc.n_positions = p->n_positions;
     mc.vocab_size = p->vocab_size;
+    mc.head_dim = p->head_dim;
+    mc.qkv_bias = p->qkv_bias;
+    mc.qk_norm = p->qk_norm;
     mc.padded_vocab = (p->vocab_size + 127) / 128 * 128;
     model_build(m, &mc);
 }

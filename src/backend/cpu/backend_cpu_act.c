@@ -345,6 +345,24 @@ void act_scale_rows(void (*f32)(float *x, const float *s, int N, int C), float *
     narrow(x, w, (size_t)N * C);
 }
 
+void act_bias_forward(void (*f32)(float *out, const float *bias, int N, int OC), float *out, const float *bias, int N,
+                      int OC)
+{
+    float *o = widen(out, (size_t)N * OC), *b = widen(bias, (size_t)OC);
+    f32(o, b, N, OC);
+    narrow(out, o, (size_t)N * OC);
+    free(b);
+}
+
+void act_bias_backward(void (*f32)(float *dbias, const float *dout, int N, int OC), float *dbias, const float *dout,
+                       int N, int OC)
+{
+    float *d = widen(dout, (size_t)N * OC), *db = grad_begin(dbias, (size_t)OC);
+    f32(db, d, N, OC);
+    grad_done(dbias, db, (size_t)OC);
+    free(d);
+}
+
 void backend_add_act(float *out, const float *a, const float *b, size_t n)
 {
     if (g_act == DTYPE_F32) {

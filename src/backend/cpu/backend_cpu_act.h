@@ -94,6 +94,10 @@ void act_crossentropy_backward(void (*f32)(float *probs, const int32_t *targets,
 void act_crossentropy_backward_rows(void (*f32)(float *probs, const int32_t *targets, const float *dloss, int N,
                                                 int V, int Vp),
                                     float *probs, const int32_t *targets, const float *dloss, int N, int V, int Vp);
+void act_bias_forward(void (*f32)(float *out, const float *bias, int N, int OC), float *out, const float *bias, int N,
+                      int OC);
+void act_bias_backward(void (*f32)(float *dbias, const float *dout, int N, int OC), float *dbias, const float *dout,
+                       int N, int OC);
 void act_scale_rows(void (*f32)(float *x, const float *s, int N, int C), float *x, const float *s, int N, int C);
 void act_lora_forward(void (*f32)(float *t, float *scratch, const float *x, const float *A, const struct lora_out *out,
                                   int k, int ld, float scale, const struct lora_dropout *d, int N, int C, int r),

@@ -172,6 +172,24 @@ template <typename A> __global__ static void swiglu_backward_kernel(A *dgu, cons
     }
 }
 
+template <typename A>
+__global__ static void copy_cols_kernel(A *dst, int dst_ld, int dst_col, const A *src, int src_ld, int src_col, int N,
+                                        int width)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, n = (size_t)N * width;
+    for (; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / (size_t)width, c = i % (size_t)width;
+        dst[r * dst_ld + dst_col + c] = src[r * src_ld + src_col + c];
+    }
+}
+
+extern "C" void backend_copy_cols(float *dst, int dst_ld, int dst_col, const float *src, int src_ld, int src_col,
+                                  int N, int width)
+{
+    WITH_ACT(copy_cols_kernel<A><<<blocks_for((size_t)N * width, BLOCK), BLOCK, 0, g_stream>>>(
+        (A *)dst, dst_ld, dst_col, (const A *)src, src_ld, src_col, N, width));
+}
+
 extern "C" void backend_swiglu_forward(float *out, const float *gu, int N, int F)
 {
     WITH_ACT(swiglu_forward_kernel<A><<<blocks_for((size_t)N * F, BLOCK), BLOCK, 0, g_stream>>>((A *)out,

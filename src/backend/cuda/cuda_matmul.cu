@@ -272,6 +272,32 @@ extern "C" void backend_matmul_backward_transposed(float *dinp, float *dweight, 
         gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, C, 1);
 }
 
+/* ---- a bias on its own (the transposed matmuls have none: Qwen2's q|k|v) ------------------ */
+
+template <typename A> __global__ static void add_rows(A *out, const A *row, int N, int OC)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, n = (size_t)N * OC;
+    for (; i < n; i += (size_t)gridDim.x * blockDim.x)
+        st(out, i, ld(out, i) + ld(row, i % OC));
+}
+
+extern "C" void backend_bias_forward(float *out, const float *bias, int N, int OC)
+{
+    WITH_ACT(add_rows<A><<<blocks_for((size_t)N * OC, BLOCK), BLOCK, 0, g_stream>>>((A *)out, (const A *)bias, N,
+                                                                                      OC));
+}
+
+/* The same fixed-order column sums as a matmul's bias gradient. */
+extern "C" void backend_bias_backward(float *dbias, const float *dout, int N, int OC)
+{
+    if (!dbias)
+        return;
+    int chunks = colsum_chunks(N, OC, 1);
+    dim3 grid((OC + BLOCK - 1) / BLOCK, chunks);
+    WITH_ACT(column_sums_partial<A><<<grid, BLOCK, 0, g_stream>>>(g_colsum, (const A *)dout, N, OC, chunks));
+    column_sums_finish<<<(OC + BLOCK - 1) / BLOCK, BLOCK, 0, g_stream>>>(dbias, g_grad, g_colsum, OC, chunks);
+}
+
 extern "C" size_t backend_library_workspace(void) { return BACKEND_CUDA_LIBRARY_WORKSPACE; }
 
 extern "C" void backend_set_library_workspace(void *p, size_t bytes)

@@ -1,0 +1,69 @@
+/*
+ * CPU backend, row-wise helpers of backend.h: a bias added to every row of a
+ * matmul output and its gradient (the column sums), and strided column
+ * copies between [A] matrices. The bias kernels take the activation dtype
+ * through backend_cpu_act's wrappers like every kernel with [A] operands;
+ * the copy moves elements of whatever size [A] has.
+ */
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend_cpu_act.h"
+#include "core/devemu.h"
+#include "core/dtype.h"
+
+static void f32_bias_forward(float *out, const float *bias, int N, int OC)
+{
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(bias);
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float *row = out + (size_t)n * OC;
+        for (int o = 0; o < OC; o++)
+            row[o] += bias[o];
+    }
+}
+
+/* Each thread a range of columns, summed over the rows in order: the same
+ * bits whatever the thread count. */
+static void f32_bias_backward(float *dbias, const float *dout, int N, int OC)
+{
+    DEVEMU_VIEW(dbias);
+    DEVEMU_VIEW(dout);
+#pragma omp parallel for
+    for (int o = 0; o < OC; o++) {
+        float sum = 0.0f;
+        for (int n = 0; n < N; n++)
+            sum += dout[(size_t)n * OC + o];
+        dbias[o] += sum;
+    }
+}
+
+void backend_bias_forward(float *out, const float *bias, int N, int OC)
+{
+    ACT_DISPATCH(act_bias_forward(f32_bias_forward, out, bias, N, OC));
+    f32_bias_forward(out, bias, N, OC);
+}
+
+void backend_bias_backward(float *dbias, const float *dout, int N, int OC)
+{
+    if (!dbias)
+        return;
+    ACT_DISPATCH(act_bias_backward(f32_bias_backward, dbias, dout, N, OC));
+    f32_bias_backward(dbias, dout, N, OC);
+}
+
+void backend_copy_cols(float *dst, int dst_ld, int dst_col, const float *src, int src_ld, int src_col, int N,
+                       int width)
+{
+#ifdef BACKEND_CPU_NO_ACT /* the kernel checker's reference: fp32 only (backend_cpu_act.h) */
+    const size_t es = sizeof(float);
+#else
+    const size_t es = (size_t)dtype_size(backend_act_dtype());
+#endif
+    char *d = devemu_host(dst);
+    const char *s = devemu_host(src);
+#pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        memcpy(d + ((size_t)n * dst_ld + dst_col) * es, s + ((size_t)n * src_ld + src_col) * es, (size_t)width * es);
+}

@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""t_qwen — Qwen2/Qwen2.5 and Qwen3 against transformers 5 (issue 48).
+
+transformers 5.25 (build/ref5-venv over PyPI's torch 2.11 on the CPU; this
+script re-executes itself there) makes tiny models with its own
+save_pretrained, so that config.json is exactly as transformers writes it:
+  qwen2   Qwen2ForCausalLM, q|k|v biases (set to random values: a model that
+          dropped them could not pass), rope_theta 1e6, grouped-query
+          attention (4 heads, 2 key/value heads), tied embeddings, fp32
+  qwen3   Qwen3ForCausalLM, head_dim 32 with hidden_size 64 and 4 heads (the
+          attention 128 wide, not 64), q_norm and k_norm with random weights,
+          rms_norm_eps 1e-5, untied, fp32
+  qwen2_bf16  the qwen2 case saved in bf16 (the loss only)
+
+Checks per case, against the transformers model in float64:
+  X.N1.*      ZeRO 3 at N = 1, three AdamW steps (weight decay 0.1, clipping
+              at 1.0) with --dump/--dump-final: the first micro-batch's
+              logits and loss (rel 1e-5), every parameter's gradient (rel
+              1e-4), the three steps' losses and the final weights against
+              torch's AdamW with decay on the matrices only
+  X.N2, X.N3  the step-1 loss at N = 2 and 3 (ZeRO 3) equals transformers'
+              on the same windows (rel 1e-5)
+  X.generate  32 tokens of greedy generation from token-id prompts equal
+              transformers' generate(do_sample=False)
+  X.export    checkpoint.export_hf of the N = 2 run loads in transformers 5
+              as the same architecture, at shardlm's loss of the exported
+              model (rel 1e-5)
+  X.lora      LoRA r 4 on every linear layer (lora.init false: B not zero),
+              one step at lr 0: the exported adapters load with PEFT 0.21
+              onto the transformers base at shardlm's logits (rel 1e-4)
+  refuse.*    MixtralForCausalLM (mixture-of-experts named) and Qwen's
+              use_sliding_window true: one line, exit status 2
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import use_ref5_venv  # noqa: E402
+
+use_ref5_venv("qwen.env")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from peft import PeftModel  # noqa: E402
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+from harness import BIN, ENV, check, failures, note, read_dump, rel, scratch_dir, write_config, write_shard  # noqa: E402
+
+TMP = scratch_dir("t_qwen")
+torch.set_num_threads(1)
+V, T, B, STEPS = 320, 32, 2, 3
+# eps 1e-4, not the default 1e-8: Adam's first steps move a weight by about lr whatever its gradient's size, so
+# a gradient near zero whose sign fp32 and float64 disagree on would move it lr the other way; with eps above the
+# gradients' fp32 error such a weight moves by g / eps, continuously
+LR, BETAS, EPS, WD, CLIP = 3e-3, (0.9, 0.95), 1e-4, 0.1, 1.0
+TOL, GRAD_TOL = 1e-5, 1e-4
+TOKENS = np.random.default_rng(17).integers(0, V, 40 * T + 1)
+DATA = os.path.join(TMP, "train.bin")
+write_shard(DATA, TOKENS)
+SHAPE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2)
+CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}
+
+
+def make_models():
+    dirs = {}
+    torch.manual_seed(0)
+    q2 = Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=True,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    with torch.no_grad():
+        for layer in q2.model.layers:
+            for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                p.bias.normal_(0.0, 0.5)
+    dirs["qwen2"] = os.path.join(TMP, "qwen2")
+    q2.save_pretrained(dirs["qwen2"])
+    dirs["qwen2_bf16"] = os.path.join(TMP, "qwen2_bf16")
+    q2.to(torch.bfloat16).save_pretrained(dirs["qwen2_bf16"])
+    q3 = Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=32, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    with torch.no_grad():
+        for layer in q3.model.layers:
+            layer.self_attn.q_norm.weight.normal_(1.0, 0.3)
+            layer.self_attn.k_norm.weight.normal_(1.0, 0.3)
+    dirs["qwen3"] = os.path.join(TMP, "qwen3")
+    q3.save_pretrained(dirs["qwen3"])
+    return dirs
+
+
+def hf(kind, d):
+    return CLASSES[kind].from_pretrained(d, dtype=torch.float32).eval().double()
+
+
+def windows(first, n):
+    x = np.stack([TOKENS[(first + k) * T:(first + k) * T + T] for k in range(n)]).astype(np.int64)
+    y = np.stack([TOKENS[(first + k) * T + 1:(first + k) * T + T + 1] for k in range(n)]).astype(np.int64)
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def loss_of(model, x, y):
+    logits = model(input_ids=x).logits
+    return logits, torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+
+
+def run(args, N=1):
+    cmd = (["mpirun", "-np", str(N), "--oversubscribe"] if N > 1 else []) + [BIN] + args
+    return subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+
+
+def config(name, src, steps=1, extra=None):
+    cfg = {"model": {"from_pretrained": src},
+           "data": {"train": DATA, "seq_len": T, "shuffle": False},
+           "train": {"steps": steps, "eval_every": 0, "sample_tokens": 0, "metrics": os.path.join(TMP, name + ".jsonl")},
+           "train_micro_batch_size_per_gpu": B, "gradient_clipping": CLIP,
+           "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": WD}},
+           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    return write_config(os.path.join(TMP, name + ".json"), cfg, extra)
+
+
+def train(name, src, N, steps=1, extra=None, final=False):
+    dump = os.path.join(TMP, name + ".dump")
+    args = ["train", config(name, src, steps, extra), "--dump", dump]
+    if final:
+        args += ["--dump-final", dump + ".final"]
+    r = run(args, N)
+    check(f"{name}.run", r.returncode == 0, f"exit {r.returncode}: {r.stderr[-600:]}")
+    if r.returncode != 0:
+        return None
+    return read_dump(dump), (read_dump(dump + ".final") if final else None)
+
+
+def check_n1(kind, d):
+    res = train(f"{kind}.N1", d, 1, STEPS, final=True)
+    if res is None:
+        return
+    dump, final = res
+    model = hf(kind, d)
+    x, y = windows(0, B)
+    logits, loss = loss_of(model, x, y)
+    loss.backward()
+    check(f"{kind}.N1.logits", rel(dump["logits"][..., :V], logits.detach().numpy()) <= TOL,
+          f"rel {rel(dump['logits'][..., :V], logits.detach().numpy()):.2e}")
+    e = rel(dump["loss"], np.array([loss.item()]))
+    check(f"{kind}.N1.loss", e <= TOL, f"rel {e:.2e}")
+    params = dict(model.named_parameters())
+    bad, worst = [], 0.0
+    for n, p in params.items():
+        g = dump.get("grad." + n)
+        if g is None:
+            bad.append(f"{n} not dumped")
+            continue
+        g = g[:V] if n in ("model.embed_tokens.weight", "lm_head.weight") else g
+        e = rel(g, p.grad.numpy())
+        worst = max(worst, e)
+        if not e <= GRAD_TOL:
+            bad.append(f"{n} {e:.2e}")
+    check(f"{kind}.N1.grads", not bad, f"{bad[:5]}")
+    note(f"{kind}: max gradient rel err {worst:.2e} over {len(params)} tensors")
+    # three AdamW steps, decay on the matrices only, clipping at CLIP
+    model = hf(kind, d)
+    ps = dict(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in ps.values() if p.dim() == 2], "weight_decay": WD},
+                             {"params": [p for p in ps.values() if p.dim() != 2], "weight_decay": 0.0}],
+                            lr=LR, betas=BETAS, eps=EPS)
+    losses = []
+    for s in range(STEPS):
+        opt.zero_grad()
+        _, l_ = loss_of(model, *windows(s * B, B))
+        l_.backward()
+        torch.nn.utils.clip_grad_norm_(list(ps.values()), CLIP)
+        opt.step()
+        losses.append(l_.item())
+    rows = [json.loads(line) for line in open(os.path.join(TMP, f"{kind}.N1.jsonl")) if '"loss"' in line]
+    got = [r_["loss"] for r_ in rows]
+    e = rel(np.array(got), np.array(losses)) if len(got) == STEPS else float("inf")
+    check(f"{kind}.N1.adamw_losses", e <= GRAD_TOL, f"rel {e:.2e}: {got} vs {losses}")
+    bad = []
+    for n, p in ps.items():
+        w = final[n][:V] if n in ("model.embed_tokens.weight", "lm_head.weight") else final[n]
+        e = rel(w, p.detach().numpy())
+        if not e <= 10 * GRAD_TOL:
+            bad.append(f"{n} {e:.2e}")
+    check(f"{kind}.N1.adamw_weights", not bad, f"{bad[:5]}")
+
+
+def check_ranks(kind, d, model_kind):
+    model = hf(model_kind, d)
+    for N in (2, 3):
+        extra = {"checkpoint": {"dir": os.path.join(TMP, f"ck_{kind}"), "export_hf": True}} if N == 2 else None
+        res = train(f"{kind}.N{N}", d, N, extra=extra)
+        if res is None:
+            continue
+        x, y = windows(0, N * B)
+        with torch.no_grad():
+            _, want = loss_of(model, x, y)
+        got = float(res[0]["loss"].ravel()[0])
+        e = abs(got - want.item()) / want.item()
+        tol = TOL if "bf16" not in kind else 1e-5
+        check(f"{kind}.N{N}.loss", e <= tol, f"{got} vs transformers {want.item()} (rel {e:.2e})")
+
+
+def check_export(kind):
+    out = os.path.join(TMP, f"ck_{kind}", "hf")
+    if not os.path.exists(os.path.join(out, "config.json")):
+        check(f"{kind}.export.written", False, "no export")
+        return
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    check(f"{kind}.export.architecture", cfg["architectures"] == [CLASSES[kind].__name__], f"{cfg['architectures']}")
+    res = train(f"{kind}.reload", out, 1)
+    if res is None:
+        return
+    x, y = windows(0, B)
+    with torch.no_grad():
+        _, want = loss_of(hf(kind, out), x, y)
+    got = float(res[0]["loss"].ravel()[0])
+    e = abs(got - want.item()) / want.item()
+    check(f"{kind}.export.transformers_loss", e <= TOL, f"{got} vs {want.item()} (rel {e:.2e})")
+
+
+def check_generate(kind, d):
+    model = CLASSES[kind].from_pretrained(d, dtype=torch.float32).eval()
+    prompts = [[3, 14, 15, 92, 65], list(range(40, 60))]
+    new = 32
+    path = os.path.join(TMP, f"{kind}_prompts.jsonl")
+    with open(path, "w") as f:
+        for p in prompts:
+            f.write(json.dumps({"ids": p}) + "\n")
+    r = run(["generate", d, "--prompt-file", path, "--max-new-tokens", str(new), "--ignore-eos", "--no-chat",
+             "--tokenizer", TOKENIZER])
+    check(f"{kind}.generate.run", r.returncode == 0, r.stderr[-600:])
+    if r.returncode != 0:
+        return
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    for i, p in enumerate(prompts):
+        with torch.no_grad():
+            y = model.generate(torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                               attention_mask=torch.ones(1, len(p), dtype=torch.long), pad_token_id=0)
+        want = y[0, len(p):].tolist()
+        got = rows[i]["ids"] if i < len(rows) else None
+        check(f"{kind}.generate.greedy_{i}", got == want, f"shardlm {got} vs transformers {want}")
+
+
+def check_lora(kind, d):
+    ck = os.path.join(TMP, f"lora_{kind}")
+    shutil.rmtree(ck, ignore_errors=True)
+    extra = {"lora": {"r": 4, "alpha": 8, "init": False, "target_modules": "all-linear"},
+             "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0}},
+             "checkpoint": {"dir": ck, "export_hf": True}}
+    res = train(f"{kind}.lora", d, 2, extra=extra)
+    if res is None:
+        return
+    base = CLASSES[kind].from_pretrained(d, dtype=torch.float32)
+    try:
+        model = PeftModel.from_pretrained(base, os.path.join(ck, "hf")).double().eval()
+    except Exception as e:  # noqa: BLE001
+        check(f"{kind}.lora.peft_loads", False, f"{type(e).__name__}: {e}")
+        return
+    dump = res[0]
+    with torch.no_grad():
+        want = model(input_ids=torch.as_tensor(dump["inputs"], dtype=torch.int64)).logits.numpy()
+    e = rel(dump["logits"][..., :V], want)
+    check(f"{kind}.lora.peft_logits", e <= GRAD_TOL, f"rel {e:.2e}")
+
+
+def check_refused(dirs):
+    cases = {"mixtral": ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8},
+                         ["mixture-of-experts"]),
+             "qwen_window": ({"use_sliding_window": True}, ["use_sliding_window"])}
+    for name, (edit, words) in cases.items():
+        d = os.path.join(TMP, "bad_" + name)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(dirs["qwen2"], d)
+        c = json.load(open(os.path.join(d, "config.json")))
+        c.update(edit)
+        json.dump(c, open(os.path.join(d, "config.json"), "w"))
+        r = run(["train", config("bad_" + name, d)])
+        lines = r.stderr.strip().splitlines()
+        check(f"refuse.{name}", r.returncode == 2 and lines and all(w in lines[-1] for w in words),
+              f"exit {r.returncode}: {r.stderr[-300:]}")
+
+
+def make_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=V, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    here = os.path.dirname(os.path.abspath(__file__))
+    tok.train_from_iterator([open(os.path.join(here, "..", "docs", "DESIGN.md"), encoding="utf-8").read()], trainer)
+    path = os.path.join(TMP, "tokenizer.json")
+    tok.save(path)
+    return path
+
+
+TOKENIZER = None
+
+
+def main():
+    global TOKENIZER
+    TOKENIZER = make_tokenizer()
+    dirs = make_models()
+    for kind in ("qwen2", "qwen3"):
+        check_n1(kind, dirs[kind])
+        check_ranks(kind, dirs[kind], kind)
+        check_export(kind)
+        check_generate(kind, dirs[kind])
+        check_lora(kind, dirs[kind])
+    check_ranks("qwen2_bf16", dirs["qwen2_bf16"], "qwen2")
+    check_refused(dirs)
+    sys.exit(1 if failures() else 0)
+
+
+if __name__ == "__main__":
+    main()
