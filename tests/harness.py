@@ -79,6 +79,44 @@ def use_ref5_venv(check_name):
     os.execve(py, [py] + sys.argv, ref5_env())
 
 
+def byte_bpe_tokenizer(path, vocab_size):
+    """A byte-level BPE tokenizer.json of vocab_size tokens trained with `tokenizers` on docs/DESIGN.md, saved at
+    path (returned): a tokenizer for tests whose prompts are token ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator([open(os.path.join(ROOT, "docs", "DESIGN.md"), encoding="utf-8").read()], trainer)
+    tok.save(path)
+    return path
+
+
+def check_greedy(name, model_dir, model, prompts, new, tokenizer, scratch):
+    """`shardlm generate` on model_dir from token-id prompts, greedy, new tokens past the end of sequence, against
+    the transformers model's generate(do_sample=False) on the same prompts: a check per prompt."""
+    import torch
+    path = os.path.join(scratch, name + "_prompts.jsonl")
+    with open(path, "w") as f:
+        for p in prompts:
+            f.write(json.dumps({"ids": p}) + "\n")
+    r = subprocess.run([BIN, "generate", model_dir, "--prompt-file", path, "--max-new-tokens", str(new),
+                        "--ignore-eos", "--no-chat", "--tokenizer", tokenizer], env=ENV, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=300)
+    check(f"{name}.run", r.returncode == 0, r.stderr[-600:])
+    if r.returncode != 0:
+        return
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    for i, p in enumerate(prompts):
+        with torch.no_grad():
+            y = model.generate(torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                               attention_mask=torch.ones(1, len(p), dtype=torch.long), pad_token_id=0)
+        want = y[0, len(p):].tolist()
+        got = rows[i]["ids"] if i < len(rows) else None
+        check(f"{name}.greedy_{i}", got == want, f"shardlm {got} vs transformers {want}")
+
+
 def write_config(path, cfg, extra=None):
     """Writes cfg, with extra's sections merged into it (a dict updates the section, another value replaces it),
     as JSON to path; returns path."""

@@ -53,7 +53,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from harness import BIN, ENV, ROOT, check, failures, note, read_dump, scratch_dir, write_config, write_shard  # noqa: E402
+from harness import (
+    BIN, ENV, ROOT, byte_bpe_tokenizer, check, check_greedy, failures, note, read_dump, scratch_dir,
+    write_config, write_shard)  # noqa: E402
 
 TMP = scratch_dir("t_hf5")
 V, T, B = 512, 64, 2
@@ -195,26 +197,7 @@ def check_load(dirs):
 
 def check_generate(d):
     model = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-    prompts = [[5, 17, 300, 42, 9], list(range(100, 140))]
-    new = 12
-    path = os.path.join(TMP, "prompts.jsonl")
-    with open(path, "w") as f:
-        for p in prompts:
-            f.write(json.dumps({"ids": p}) + "\n")
-    r = subprocess.run([BIN, "generate", d, "--prompt-file", path, "--max-new-tokens", str(new), "--ignore-eos",
-                        "--no-chat", "--tokenizer", TOKENIZER], env=ENV, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, timeout=300)
-    check("generate.run", r.returncode == 0, r.stderr[-600:])
-    if r.returncode != 0:
-        return
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-    for i, p in enumerate(prompts):
-        with torch.no_grad():
-            y = model.generate(torch.tensor([p]), max_new_tokens=new, do_sample=False, min_new_tokens=new,
-                               attention_mask=torch.ones(1, len(p), dtype=torch.long), pad_token_id=0)
-        want = y[0, len(p):].tolist()
-        got = rows[i]["ids"] if i < len(rows) else None
-        check(f"generate.greedy_{i}", got == want, f"shardlm {got} vs transformers 5 {want}")
+    check_greedy("generate", d, model, [[5, 17, 300, 42, 9], list(range(100, 140))], 12, TOKENIZER, TMP)
 
 
 def check_export(dirs):
@@ -288,25 +271,12 @@ def check_refused(dirs):
     check("refuse.harmless_unknown_warned", got is not None and "unsloth_fixed" in log, log[-500:])
 
 
-def make_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=V, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator([open(os.path.join(ROOT, "docs", "DESIGN.md"), encoding="utf-8").read()], trainer)
-    path = os.path.join(TMP, "tokenizer.json")
-    tok.save(path)
-    return path
-
-
 TOKENIZER = None
 
 
 def main():
     global TOKENIZER
-    TOKENIZER = make_tokenizer()
+    TOKENIZER = byte_bpe_tokenizer(os.path.join(TMP, "tokenizer.json"), V)
     dirs = {
         "t5_theta_fp32": save5("t5_theta_fp32", {"rope_type": "default", "rope_theta": 500000.0}, False,
                                torch.float32),

@@ -47,7 +47,9 @@ import torch  # noqa: E402
 from peft import PeftModel  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
-from harness import BIN, ENV, check, failures, note, read_dump, rel, scratch_dir, write_config, write_shard  # noqa: E402
+from harness import (
+    BIN, ENV, byte_bpe_tokenizer, check, check_greedy, failures, note, read_dump, rel, scratch_dir,
+    write_config, write_shard)  # noqa: E402
 
 TMP = scratch_dir("t_qwen")
 torch.set_num_threads(1)
@@ -221,25 +223,7 @@ def check_export(kind):
 
 def check_generate(kind, d):
     model = CLASSES[kind].from_pretrained(d, dtype=torch.float32).eval()
-    prompts = [[3, 14, 15, 92, 65], list(range(40, 60))]
-    new = 32
-    path = os.path.join(TMP, f"{kind}_prompts.jsonl")
-    with open(path, "w") as f:
-        for p in prompts:
-            f.write(json.dumps({"ids": p}) + "\n")
-    r = run(["generate", d, "--prompt-file", path, "--max-new-tokens", str(new), "--ignore-eos", "--no-chat",
-             "--tokenizer", TOKENIZER])
-    check(f"{kind}.generate.run", r.returncode == 0, r.stderr[-600:])
-    if r.returncode != 0:
-        return
-    rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-    for i, p in enumerate(prompts):
-        with torch.no_grad():
-            y = model.generate(torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                               attention_mask=torch.ones(1, len(p), dtype=torch.long), pad_token_id=0)
-        want = y[0, len(p):].tolist()
-        got = rows[i]["ids"] if i < len(rows) else None
-        check(f"{kind}.generate.greedy_{i}", got == want, f"shardlm {got} vs transformers {want}")
+    check_greedy(f"{kind}.generate", d, model, [[3, 14, 15, 92, 65], list(range(40, 60))], 32, TOKENIZER, TMP)
 
 
 def check_lora(kind, d):
@@ -281,26 +265,12 @@ def check_refused(dirs):
               f"exit {r.returncode}: {r.stderr[-300:]}")
 
 
-def make_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=V, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    here = os.path.dirname(os.path.abspath(__file__))
-    tok.train_from_iterator([open(os.path.join(here, "..", "docs", "DESIGN.md"), encoding="utf-8").read()], trainer)
-    path = os.path.join(TMP, "tokenizer.json")
-    tok.save(path)
-    return path
-
-
 TOKENIZER = None
 
 
 def main():
     global TOKENIZER
-    TOKENIZER = make_tokenizer()
+    TOKENIZER = byte_bpe_tokenizer(os.path.join(TMP, "tokenizer.json"), V)
     dirs = make_models()
     for kind in ("qwen2", "qwen3"):
         check_n1(kind, dirs[kind])
