@@ -285,6 +285,27 @@ static void freeze_for_tests(struct trainer *tr)
                  tr->sess.model.n_units, model_frozen_params(&tr->sess.model), tr->sess.model.n_params);
 }
 
+/* checkpoint.dir made, writable and this run's alone (ckpt_lock_dir) before anything reads or writes it:
+ * a second run on it stops here, before its reference pass, metrics or start-up cleanup touch a file. Rank 0,
+ * before the set-up (whose collectives the other ranks would be waiting in), its failure agreed by all. */
+static void claim_checkpoint_dir(const struct config *cfg)
+{
+    if (cfg->model.pretrained[0] && util_same_file(cfg->checkpoint.dir, cfg->model.pretrained, -1))
+        fail_input("config: checkpoint.dir '%s' is the model.from_pretrained directory: checkpoints (and "
+                   "checkpoint.export_hf) would mix with the base model. Hint: give checkpoint.dir another directory",
+                   cfg->checkpoint.dir);
+    char why[2 * CKPT_MAX_PATH];
+    if (ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {
+        if (!cfg->checkpoint.on_error_continue)
+            fail_input("%s. Hint: point checkpoint.dir at a writable directory", why);
+        log_warn("%s; training anyway, as checkpoint.on_error is \"continue\": its saves will fail", why);
+        return;
+    }
+    if (ckpt_lock_dir(cfg->checkpoint.dir, why, sizeof why) != 0)
+        fail_input("%s", why);
+    ckpt_remove_stale_tmp(cfg->checkpoint.dir); /* ours alone now: no live run is writing them */
+}
+
 static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
@@ -311,10 +332,6 @@ static void trainer_setup(struct trainer *tr)
         json_object_set_new(json_object_get(cfg->json, "model"), "from_pretrained", json_string(abs));
     }
     free(abs);
-    if (cfg->model.pretrained[0] && cfg->checkpoint.dir && util_same_file(cfg->checkpoint.dir, cfg->model.pretrained, -1))
-        fail_input("config: checkpoint.dir '%s' is the model.from_pretrained directory: checkpoints (and "
-                   "checkpoint.export_hf) would mix with the base model. Hint: give checkpoint.dir another directory",
-                   cfg->checkpoint.dir);
     model_build(&tr->sess.model, &cfg->model);
     model_add_lora(&tr->sess.model, &cfg->lora);
     freeze_for_tests(tr);
@@ -340,14 +357,6 @@ static void trainer_setup(struct trainer *tr)
     init_parameters(tr);
     session_acts(&tr->sess, &shape);
     dpo_setup(tr);
-    char why[2 * CKPT_MAX_PATH];
-    if (cfg->checkpoint.dir && tr->sess.rank == 0 && ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {
-        if (!cfg->checkpoint.on_error_continue)
-            fail_input("%s. Hint: point checkpoint.dir at a writable directory", why);
-        log_warn("%s; training anyway, as checkpoint.on_error is \"continue\": its saves will fail", why);
-    }
-    if (cfg->checkpoint.dir && tr->sess.rank == 0)
-        ckpt_remove_stale_tmp(cfg->checkpoint.dir);
     if (tr->sess.rank == 0) {
         const char *dumps[2] = {tr->opt->dump_path, tr->opt->dump_final_path};
         const char *dump_keys[2] = {"--dump", "--dump-final"};
@@ -670,6 +679,11 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     const char *f32_acts = getenv("SHARDLM_FP32_ACTIVATIONS");
     backend_set_act_dtype(backend_is_device() && !(f32_acts && strcmp(f32_acts, "1") == 0) ? cfg->dtype
                                                                                           : DTYPE_F32);
+    struct fail_trap trap;
+    if (FAIL_TRAP(&trap) == 0 && cfg->checkpoint.dir && tr.sess.rank == 0)
+        claim_checkpoint_dir(cfg);
+    fail_untrap();
+    comm_agree_failure(comm, &trap);
     trainer_setup_agreed(&tr);
     /* a device's unit gradient buffers in the parameter dtype (zero.h half_grad_buffers) */
     backend_set_grad_dtype(tr.sess.zero.half_grad_buffers ? cfg->dtype : DTYPE_F32);
