@@ -279,6 +279,11 @@ def check_refused(dirs):
                                 ["keyed by layer type", "full_attention"]),
         "qk_norm": (lambda c: c.update(use_qk_norm=True), ["use_qk_norm"]),
         "sliding_layer": (lambda c: c.update(layer_types=["sliding_attention", "full_attention"]), ["layer_types[0]"]),
+        # issue 46's rough edges, refused by io/hf_config.c (issue 44's reader): NaN, and a llama3 scaling without
+        # its numbers (transformers 5 raises a KeyError naming them)
+        "rms_norm_eps_nan": (lambda c: c.update(rms_norm_eps=float("nan")), ["rms_norm_eps", "finite number"]),
+        "llama3_without_numbers": (lambda c: c.update(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}),
+                                   ["factor"]),
     }
     for name, (edit, words) in cases.items():
         d = edited(src, "bad_" + name, edit)
