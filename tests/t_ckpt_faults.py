@@ -30,6 +30,16 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each; exit status 1 on failure):
              caught by ckpt_try_save's check before HDF5 writes: getrlimit and
              fallocate of the .tmp file; see ckpt.h.)
   config.on_error.bad   checkpoint.on_error "maybe": exit 2 naming the key.
+  lock.*     one run per checkpoint.dir (issue 46), with real concurrent
+             processes (one rank each): a holder frozen inside its first step
+             (SHARDLM_INJECT_SIGNAL=step:STOP) makes a second run exit 2 in one
+             line naming the directory and the holder's pid, with no file of
+             the directory changed (a planted .tmp of the holder's save
+             included); after kill -9 of the holder the next run resumes
+             (the kernel dropped the flock) and removes the stale .tmp. Two
+             runs started together: one trains, one exits 2, the checkpoints
+             are the winner's. noflock: SHARDLM_TEST_NO_FLOCK's O_EXCL lock
+             file refuses, is taken over after kill -9, removed at the end.
 
 Whole test ~20 s on 2 cores. Environment: SHARDLM_BIN, SHARDLM_TEST_TMP (see
 harness.py).
@@ -246,6 +256,127 @@ for kind in ("notdir", "fsize", "enospc"):
         check(f"{name}.previous_intact", after == before, f"before {before}, after {after}")
         files = sorted(os.listdir(d))
         check(f"{name}.no_leftovers", not any(f.startswith("step_000010") for f in files), f"files {files}")
+
+# ---------------------------------------------------------------- one run per directory (issue 46)
+def start_alone(name, cfg, *extra, env=None):
+    """`shardlm train CFG` as one process (an MPI singleton: the pid is the rank's), output to TMP/NAME.out."""
+    path = os.path.join(TMP, name + ".out")
+    with open(path, "w") as out:
+        proc = subprocess.Popen([BIN, "train", cfg, "--quiet"] + list(extra), env=env or ENV, stdout=out,
+                                stderr=subprocess.STDOUT)
+    proc.out_path = path
+    return proc
+
+
+def proc_state(pid):
+    """The state letter of /proc/PID/stat ("T": stopped), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def wait_stopped_or_exited(procs, deadline=120):
+    """Waits (polling the processes' states, no fixed sleep) until each of PROCS has either exited or stopped
+    itself (SHARDLM_INJECT_SIGNAL=PHASE:STOP); returns {proc: "stopped" | exit status | None (still running)}."""
+    t0 = time.time()
+    while time.time() - t0 < deadline:
+        seen = {p: p.poll() if p.poll() is not None else ("stopped" if proc_state(p.pid) == "T" else None)
+                for p in procs}
+        if all(v is not None for v in seen.values()):
+            return seen
+        time.sleep(0.02)
+    return seen
+
+
+def lock_cases():
+    # A run holding the directory, frozen inside its first step after resuming step 5 (SIGSTOP at a known point):
+    # a second run stops at once in one line naming the directory and the holder, changing nothing (not even the
+    # holder's in-progress .tmp); the holder killed with -9, the kernel drops its flock and a third run resumes.
+    d = good_checkpoint("lock.held")
+    if not d:
+        return
+    cfg = make_config("lock.held.run", d, 20)
+    holder = start_alone("lock.held.holder", cfg, "--resume", "auto", env=dict(ENV, SHARDLM_INJECT_SIGNAL="step:STOP"))
+    state = wait_stopped_or_exited([holder])[holder]
+    check("lock.held.holder_frozen", state == "stopped", f"holder: {state}: {text_of(holder)[-300:]}")
+    if state != "stopped":
+        holder.kill()
+        return
+    tmp = os.path.join(d, "step_000006.h5.tmp")  # as the holder's save in progress would leave it
+    with open(tmp, "wb") as f:
+        f.write(b"a save in progress")
+    before = files_of(d)
+    r = run("lock.held.second", make_config("lock.held.other", d, 20), "--set", "train.seed=99")
+    errs = error_lines(r)
+    check("lock.held.second.refused", r.rc == 2 and len(errs) == 1 and f"'{d}'" in errs[0] and "in use by another run"
+          in errs[0] and f"pid {holder.pid} " in errs[0], f"rc {r.rc}, error lines {errs}: {r.tail()}")
+    check("lock.held.second.nothing_changed", files_of(d) == before, f"before {before}, after {files_of(d)}")
+    holder.kill()  # SIGKILL, also to a stopped process
+    holder.wait()
+    r = run("lock.held.after_kill", cfg, "--resume", "auto")
+    check("lock.held.after_kill.resumes", r.rc == 0 and f"resumed from {d}/step_000005.h5 at step 5" in r.out and
+          "step_000006.h5.tmp" in r.err and latest(d) == "step_000020.h5",
+          f"rc {r.rc}, latest {latest(d)}: {r.tail(8)}")
+    check("lock.held.after_kill.no_tmp", not any(f.endswith(".tmp") for f in os.listdir(d)), sorted(os.listdir(d)))
+
+    # Two runs started together on a fresh directory: exactly one trains (and holds the directory, frozen after
+    # its last save); the other stops in one line before writing anything. Whichever wins, the checkpoints are
+    # the winner's alone: its step_000003.h5 resumes.
+    d = os.path.join(TMP, "lock.race.ck")
+    cfgs = [make_config(f"lock.race.{i}", d, 3, every=1, keep=0) for i in range(2)]
+    env = dict(ENV, SHARDLM_INJECT_SIGNAL="exit:STOP")
+    procs = [start_alone(f"lock.race.{i}", cfgs[i], env=env) for i in range(2)]
+    states = wait_stopped_or_exited(procs)
+    outcome = sorted(str(v) for v in states.values())
+    loser = next((p for p in procs if states[p] == 2), None)
+    check("lock.race.one_wins", outcome == ["2", "stopped"] and loser is not None and
+          "in use by another run" in text_of(loser), f"states {outcome}")
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    files = sorted(os.listdir(d))
+    check("lock.race.one_run_of_files", files == [".shardlm.lock", "latest", "step_000001.h5", "step_000002.h5",
+                                                   "step_000003.h5"] and latest(d) == "step_000003.h5", files)
+    r = run("lock.race.resume", make_config("lock.race.resume", d, 4, every=1, keep=0), "--resume", "auto")
+    check("lock.race.resume", r.rc == 0 and f"resumed from {d}/step_000003.h5 at step 3" in r.out, r.tail(6))
+
+    # Where flock is not honoured (SHARDLM_TEST_NO_FLOCK=1 takes that path): the lock is the O_EXCL file
+    # .shardlm.lock.held; a second run is refused naming it; after a kill -9 of its holder a run of the same host
+    # takes it over (the recorded pid is gone), and a run that ends removes it.
+    d = os.path.join(TMP, "lock.noflock.ck")
+    env = dict(ENV, SHARDLM_TEST_NO_FLOCK="1")
+    cfg = make_config("lock.noflock", d, 1)
+    holder = start_alone("lock.noflock.holder", cfg, env=dict(env, SHARDLM_INJECT_SIGNAL="setup:STOP"))
+    state = wait_stopped_or_exited([holder])[holder]
+    held = os.path.join(d, ".shardlm.lock.held")
+    second = start_alone("lock.noflock.second", cfg, env=env)
+    second.wait()
+    check("lock.noflock.second.refused", state == "stopped" and second.returncode == 2 and
+          f"remove '{held}'" in text_of(second) and f"pid {holder.pid} " in text_of(second),
+          f"holder {state}, second rc {second.returncode}: {text_of(second)[-400:]}")
+    holder.kill()
+    holder.wait()
+    third = start_alone("lock.noflock.third", cfg, env=env)
+    third.wait()
+    check("lock.noflock.after_kill", third.returncode == 0 and "the lock of a run that ended" in text_of(third) and
+          not os.path.exists(held) and latest(d) == "step_000001.h5", f"rc {third.returncode}, held file there: "
+          f"{os.path.exists(held)}: {text_of(third)[-400:]}")
+
+
+def files_of(d):
+    return {n: digest(os.path.join(d, n)) for n in sorted(os.listdir(d))}
+
+
+def text_of(proc):
+    """What a process of start_alone printed so far."""
+    with open(proc.out_path) as f:
+        return f.read()
+
+
+lock_cases()
 
 # ---------------------------------------------------------------- config
 bad = make_config("config.bad", os.path.join(TMP, "bad.ck"), 1, on_error="maybe")

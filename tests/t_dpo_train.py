@@ -30,6 +30,10 @@ Checks:
                             shards or data.val with one, a resume whose reference file changed, a reference
                             file of another data.seq_len (version 2: by its seq_len; version 1: by its counts)
   ref_file.*                the reference file records seq_len and max_prompt_length; a version-1 file is read
+  out.*                     (issue 46) one line, exit 2, no file changed (by checksum): dpo.ref_log_probs_path
+                            naming checkpoint.dir's latest or a step file a save would write, the preference
+                            data or the config; train.metrics naming the reference read (configured, or named
+                            by the resumed checkpoint); a refused resume appends nothing to the metrics
 Under BUILD=build-asan the stage-3 and bf16 cases are left out (said so).
 """
 import json
@@ -49,7 +53,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from harness import BIN, ENV, check, note, read_dump, rel, run_main, scratch_dir, write_config  # noqa: E402
+from harness import BIN, ENV, check, files_state, note, read_dump, rel, run_main, scratch_dir, write_config  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from datafiles import set_str, write_samples, write_shard  # noqa: E402
@@ -400,9 +404,59 @@ def check_resume():
         same = all(np.array_equal(res[1][k], v) for k, v in full[1].items())
         check("resume.bitwise", same and os.stat(ref).st_mtime_ns == stamp,
               "final weights differ from the run without a stop, or the reference was recomputed")
+    check_outputs(ck, cfg)
+    metrics = os.path.join(TMP, "resume_a.jsonl")
+    before = files_state(metrics)
     perturb(ref, 2)  # another file at the recorded path; on 2 ranks, still one line
     r = train("resume_bad", cfg, ranks=2, args=["--resume", "auto"], dump=False, expect=2)
     one_line("bad.resume_other_reference", r, "not the file the checkpoint was trained with")
+    check("bad.resume_other_reference.metrics_untouched", files_state(metrics) == before,
+          "the refused resume wrote to its metrics file")
+
+
+def edited_config(name, path, **sections):
+    """A copy of the config at PATH, as TMP/NAME.json, with keys of its sections replaced (SECTION={KEY: VALUE})."""
+    with open(path) as f:
+        cfg = json.load(f)
+    for section, keys in sections.items():
+        cfg[section].update(keys)
+    return write_config(os.path.join(TMP, name + ".json"), cfg)
+
+
+def check_outputs(ck, resume_cfg):
+    """Issue 46: a run's outputs against its inputs, before anything is opened for writing. CK holds resume_a's
+    checkpoints (steps 2 and 4), which name resume_a.ref.h5 as their reference; no case changes a file."""
+    ref = os.path.join(TMP, "resume_a.ref.h5")
+    cases = []  # (name, config, args, text of the one error line)
+    for name in ("latest", "step_000006.h5"):  # an existing file, and one a later save would write
+        target = os.path.join(ck, name)
+        cases.append((f"ref_in_checkpoint_dir.{name[:6]}",
+                      config(f"out_ref_{name[:6]}", steps=6, dpo={"ref_log_probs_path": target},
+                             extra={"checkpoint": {"dir": ck, "every": 2}}),
+                      [], f"dpo.ref_log_probs_path '{target}' is a file of checkpoint.dir"))
+    # train.metrics naming the reference the run reads: the configured one, and the one a resumed checkpoint
+    # names (known only once the resume has read it)
+    cases.append(("metrics_is_reference",
+                  edited_config("out_metrics_ref", config("out_metrics_ref", dpo={"ref_log_probs_path": ref}),
+                                train={"metrics": ref}),
+                  [], f"train.metrics '{ref}' is the DPO reference log-probs file"))
+    cases.append(("metrics_is_resumed_reference",
+                  edited_config("out_metrics_resumed", resume_cfg, train={"metrics": ref},
+                                dpo={"ref_log_probs_path": os.path.join(TMP, "another.ref.h5")}),
+                  ["--resume", "auto"], f"train.metrics '{ref}' is the DPO reference log-probs file"))
+    # the reference the run would compute naming one of its inputs: the preference data, the config
+    cases.append(("reference_is_data", config("out_ref_data", dpo={"ref_log_probs_path": DATA}), [],
+                  f"dpo.ref_log_probs_path '{DATA}' is the train data file"))
+    own = os.path.join(TMP, "out_ref_config.json")
+    cases.append(("reference_is_config", config("out_ref_config", dpo={"ref_log_probs_path": own}), [],
+                  f"dpo.ref_log_probs_path '{own}' is the config file"))
+    before = files_state(TMP)
+    for name, path, args, text in cases:  # one after another: the cases on CK would meet its lock
+        one_line(f"out.{name}", train(f"out_{name}", path, args=args, dump=False, expect=2), text)
+    after = files_state(TMP)
+    # (CK's lock file records the run that last held the directory: the refused runs on CK held it first)
+    changed = sorted(p for p in before if after.get(p) != before[p] and not p.endswith("/.shardlm.lock"))
+    check("out.nothing_changed", not changed, f"changed: {changed}")
 
 
 def check_ref_seq_len():

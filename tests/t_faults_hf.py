@@ -22,6 +22,9 @@ on BASE.
   import.*                unused tensors (8), NaN weights, a FIFO or directory as config.json / tokenizer.json (10)
   prepare.*               prepare_data.py: never over a checkpoint (4), a 17 MiB line (6), a full disk (7),
                           a lone surrogate, 100k-deep JSON
+  gguf.*                  tools/gguf_to_hf.py --overwrite never replaces a directory holding its input (at any
+                          depth, through a link) or a checkpoint directory; SIGTERM while writing and Ctrl-C
+                          while reading: one line, exit 128 + the signal, no hidden directory left (issue 46)
   tmp.*, message.*, samples.*, train.*, lora.r_above_layer.warning
                           the issue's rough edges
 """
@@ -68,7 +71,9 @@ def files_state(*roots):
 
 
 def changed(before, after, allowed=()):
-    return sorted(p for p in before if not any(p.startswith(a) for a in allowed) and after.get(p) != before[p])
+    # (a checkpoint.dir's .shardlm.lock records the run that last held it: its own bookkeeping)
+    return sorted(p for p in before if not any(p.startswith(a) for a in allowed) and
+                  not p.endswith("/.shardlm.lock") and after.get(p) != before[p])
 
 
 def error_lines(text):
@@ -342,6 +347,17 @@ def prepare_faults():
     one_line("prepare.existing_sample", rc2, out2, [sample, "--overwrite"], before, files_state(sample))
     rc3, out3 = prepare(["-o", sample, jsonl, "--overwrite"])
     check("prepare.existing_sample.overwrite", rc1 == 0 and rc3 == 0, f"exits {rc1}, {rc3}: {tail(out3)}")
+    # issue 46: SIGTERM with the hidden .tmp written, Ctrl-C: one line, 128 + the signal, no .tmp left, the
+    # earlier output untouched
+    for sig, status in (("TERM", 143), ("INT", 130)):
+        before = files_state(sample)
+        r = subprocess.run(["/usr/bin/python3", PREPARE, "--vocab-size", str(V), "-o", sample, jsonl, "--overwrite"],
+                           env=dict(ENV, SHARDLM_TOOL_SIGNAL=f"write:{sig}"), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=300)
+        lines = [ln for ln in r.stdout.decode(errors="replace").splitlines() if ln.strip()]
+        left = [n for n in os.listdir(TMP) if n.startswith(".ids.h5.")]
+        check(f"prepare.sig{sig.lower()}", r.returncode == status and len(lines) == 1 and "stopped by SIG" in lines[0]
+              and not left and files_state(sample) == before, f"exit {r.returncode}; lines {lines[-3:]}; left {left}")
     # rough edge: a trained flag other than 0/1 in a sample file is named
     import h5py
     bad_mask = os.path.join(TMP, "bad_mask.h5")
@@ -410,6 +426,48 @@ def temp_files():
           f"exit {rc}; warnings {warned}; {tail(out)}")
 
 
+# ---- issue 46 defect 4 and rough edge: gguf_to_hf.py never replaces its input or a checkpoint; signals ----------
+GGUF_TO_HF = os.path.join(harness.ROOT, "tools", "gguf_to_hf.py")
+REAL_GGUF = os.path.join(harness.ROOT, "build", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def gguf_to_hf(args, env=None):
+    r = subprocess.run(["/usr/bin/python3", GGUF_TO_HF] + args, env=dict(ENV, **(env or {})), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=600)
+    return r.returncode, r.stdout.decode(errors="replace")
+
+
+def gguf_faults():
+    top = os.path.join(TMP, "gguf_top")
+    nested = os.path.join(top, "models", "in")
+    os.makedirs(nested, exist_ok=True)
+    src = os.path.join(nested, "m.gguf")  # refused before it is read: any bytes do
+    with open(src, "wb") as f:
+        f.write(b"GGUF" + b"\0" * 60)
+    link = os.path.join(TMP, "gguf_top_link")
+    if not os.path.lexists(link):
+        os.symlink(top, link)
+    ck = os.path.join(TMP, "prep_ck")  # prepare_faults' checkpoint directory
+    for tag, out, words in [("out_holds_input", top, ["holds the GGUF file"]),
+                            ("out_link_holds_input", link, ["holds the GGUF file"]),
+                            ("out_checkpoint_dir", ck, ["checkpoint directory", "even with --overwrite"])]:
+        before = files_state()
+        rc, text = gguf_to_hf(["--overwrite", src, out])
+        one_line(f"gguf.{tag}", rc, text, [out] + words, before, files_state())
+    if not os.path.exists(REAL_GGUF):
+        harness.note(f"gguf.signal: no {REAL_GGUF} (tools/real_model.sh fetches it): skipped")
+        return
+    # a signal in the middle of a conversion: one line, exit 128 + the signal, nothing left (SIGTERM while the
+    # hidden directory is being written, Ctrl-C while reading)
+    for tag, spec, status in [("sigterm_writing", "write:TERM", 143), ("sigint_reading", "read:INT", 130)]:
+        out = os.path.join(TMP, "gguf_" + tag)
+        rc, text = gguf_to_hf([REAL_GGUF, out], env={"SHARDLM_TOOL_SIGNAL": spec})
+        lines = [line for line in text.splitlines() if line.strip()]
+        left = [n for n in os.listdir(TMP) if "gguf_" + tag in n]
+        check(f"gguf.{tag}", rc == status and len(lines) == 1 and "stopped by SIG" in lines[0] and not left,
+              f"exit {rc} (want {status}); lines {lines[-3:]}; left {left}")
+
+
 def lora_rank_warning():
     cfg = make_config("lora_big_r", model={"from_pretrained": BASE}, steps=1, lora=dict(LORA, r=32))
     rc, out = run(["train", cfg, "--quiet"])
@@ -421,6 +479,7 @@ def main():
     lora_rank_warning()
     temp_files()
     prepare_faults()
+    gguf_faults()
     lora_resume()
     lora_bf16_eval()
     export_faults()

@@ -37,6 +37,11 @@ Checks:
                  keys), an unknown computation key (use_qk_norm), layer_types
                  with a sliding layer in a Llama; an unknown key that is not a
                  setting of the computation is accepted with a warning naming it
+  tied_head.*    (issue 46) tie_word_embeddings true beside an lm_head.weight
+                 that differs: shardlm's loss equals transformers 4.40's (which
+                 loads lm_head.weight into the tied tensor), not 5.25's (which
+                 keeps the two apart; the two versions' losses differ by more
+                 than 100 TOL here), with one warning; equal tensors, no warning
 """
 import json
 import os
@@ -257,6 +262,11 @@ def check_refused(dirs):
                                 ["keyed by layer type", "full_attention"]),
         "qk_norm": (lambda c: c.update(use_qk_norm=True), ["use_qk_norm"]),
         "sliding_layer": (lambda c: c.update(layer_types=["sliding_attention", "full_attention"]), ["layer_types[0]"]),
+        # issue 46's rough edges, refused by io/hf_config.c (issue 44's reader): NaN, and a llama3 scaling without
+        # its numbers (transformers 5 raises a KeyError naming them)
+        "rms_norm_eps_nan": (lambda c: c.update(rms_norm_eps=float("nan")), ["rms_norm_eps", "finite number"]),
+        "llama3_without_numbers": (lambda c: c.update(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}),
+                                   ["factor"]),
     }
     for name, (edit, words) in cases.items():
         d = edited(src, "bad_" + name, edit)
@@ -269,6 +279,36 @@ def check_refused(dirs):
     d = edited(src, "odd_key", lambda c: c.update(unsloth_fixed=True))
     got, log = shardlm_loss("odd_key", d, 1)
     check("refuse.harmless_unknown_warned", got is not None and "unsloth_fixed" in log, log[-500:])
+
+
+def check_tied_head(dirs):
+    """Issue 46: tie_word_embeddings true with an lm_head.weight that differs from embed_tokens. transformers 4.40
+    loads lm_head.weight into the tied tensor (embedding and head); 5.25 keeps the two apart, untied. shardlm keeps
+    the model tied and follows 4.40, with one warning; both versions' losses are measured, and must differ here
+    (else the case would not tell the readings apart)."""
+    from safetensors.torch import load_file, save_file
+    d = os.path.join(TMP, "tied_other_head")
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(dirs["t5_no_theta"], d)
+    path = os.path.join(d, "model.safetensors")
+    tensors = load_file(path)
+    torch.manual_seed(46)
+    tensors["lm_head.weight"] = torch.randn_like(tensors["model.embed_tokens.weight"]) * 0.2
+    save_file(tensors, path, metadata={"format": "pt"})
+    x, y = windows(1)
+    want4 = float(ref4(LOSS4, d, x.tolist(), y.tolist()).split()[-1])
+    got5 = hf_loss(hf5_model(d), x, y)
+    got, log = shardlm_loss("tied_other_head", d, 1)
+    if got is None:
+        return
+    e = abs(got - want4) / abs(want4)
+    check("tied_head.as_transformers4", e <= TOL, f"{got} vs transformers 4.40 {want4} (rel {e:.2e}); 5.25 {got5}")
+    check("tied_head.versions_differ", abs(got5 - want4) > 100 * TOL * abs(want4), f"4.40 {want4}, 5.25 {got5}")
+    warned = [ln for ln in log.splitlines() if "warning" in ln and "lm_head.weight differs" in ln]
+    check("tied_head.warned_once", len(warned) == 1, log[-600:])
+    note(f"tied head with another lm_head.weight: shardlm {got}, transformers 4.40 {want4}, 5.25 {got5}")
+    same, log = shardlm_loss("tied_same_head", dirs["t5_no_theta"], 1)
+    check("tied_head.equal_no_warning", same is not None and "lm_head.weight differs" not in log, log[-400:])
 
 
 TOKENIZER = None
@@ -297,6 +337,7 @@ def main():
     check_generate(dirs["t5_llama3_bf16_tied"])
     check_export(dirs)
     check_refused(dirs)
+    check_tied_head(dirs)
     note(f"transformers {__import__('transformers').__version__}, torch {torch.__version__}")
     sys.exit(1 if failures() else 0)
 

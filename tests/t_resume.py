@@ -477,7 +477,8 @@ def signals():
 def files():
     d = os.path.join(TMP, "ck_full_N2_s3_fp32")  # every 5, keep 2, 20 uninterrupted steps at N=2
     names = sorted(os.listdir(d)) if os.path.isdir(d) else None
-    check("files.kept", names == ["latest", "step_000015.h5", "step_000020.h5"], f"dir holds {names}")
+    # .shardlm.lock: the run's hold on the directory (issue 46), never pruned
+    check("files.kept", names == [".shardlm.lock", "latest", "step_000015.h5", "step_000020.h5"], f"dir holds {names}")
     latest = open(os.path.join(d, "latest")).read().strip() if names and "latest" in names else None
     check("files.latest", latest is not None and os.path.basename(latest) == "step_000020.h5", f"latest {latest!r}")
     path = os.path.join(d, "step_000020.h5")
@@ -573,9 +574,10 @@ def fresh():
 
 # ---- 7: the latest pointer: --resume auto never starts over on top of checkpoints ----------------------------------
 def dir_state(d):
-    """{name: (size, sha256)} of every file in D: what a refused run must leave as it was."""
+    """{name: (size, sha256)} of every file in D: what a refused run must leave as it was (but the lock file, which
+    records the run that last held D: a refused run took it first)."""
     state = {}
-    for name in sorted(os.listdir(d)):
+    for name in sorted(n for n in os.listdir(d) if n != ".shardlm.lock"):
         with open(os.path.join(d, name), "rb") as f:
             state[name] = hashlib.sha256(f.read()).hexdigest()
     return state

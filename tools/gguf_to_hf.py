@@ -30,7 +30,9 @@ tokenizer, a pre-tokenizer it does not know, a quant type the package cannot
 dequantize, a file that is not GGUF or is truncated) ends with one line on
 stderr and exit status 2, and nothing is written: the directory is assembled
 under a temporary name beside OUT_DIR and renamed into place at the end.
-An OUT_DIR that exists and is not empty is refused unless --overwrite.
+An OUT_DIR that exists and is not empty is refused unless --overwrite; one
+that holds the GGUF file (at any depth, through any link) or is a shardlm
+checkpoint directory (latest, step_N.h5) is refused even with it.
 """
 import argparse
 import json
@@ -42,6 +44,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXIT_BAD_INPUT = 2
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from toolenv import use_venv  # noqa: E402
+from toolexit import fault_point, run_removing_on_signal, uninterrupted  # noqa: E402
+
+TEMPORARY = []  # the directory being assembled, while it is (toolexit removes it on a signal)
 
 
 def fail(message):
@@ -271,6 +276,28 @@ def tokenizer_files(r, tokens, types, add_bos, context):
     return tcfg, special
 
 
+def checkpoint_files(d):
+    """The names in directory D that a shardlm checkpoint directory holds (latest, step_N.h5, its lock)."""
+    return sorted(n for n in os.listdir(d) if n in ("latest", ".shardlm.lock") or
+                  (n.startswith("step_") and n.endswith((".h5", ".h5.tmp"))))
+
+
+def refuse_output_dir(out, gguf_path):
+    """OUT is replaced as a whole (--overwrite removes it): never when it holds the GGUF file being converted, at
+    any depth or through a link (its removal would delete the input), nor when it is a shardlm checkpoint
+    directory (its step files and latest would go), --overwrite or not."""
+    if not os.path.isdir(out):
+        return
+    real_out, real_in = os.path.realpath(out), os.path.realpath(gguf_path)
+    if os.path.commonpath([real_out, real_in]) == real_out:
+        fail(f"'{out}' holds the GGUF file being converted ('{gguf_path}'); replacing it would delete the input: "
+             "name another directory")
+    ckpt = checkpoint_files(out)
+    if ckpt:
+        fail(f"'{out}' is a shardlm checkpoint directory (it holds {', '.join(ckpt[:3])}); it is never replaced, "
+             "even with --overwrite: name another directory")
+
+
 def main():
     ap = argparse.ArgumentParser(description="a llama.cpp GGUF file to a Hugging Face model directory")
     ap.add_argument("gguf")
@@ -281,11 +308,11 @@ def main():
     out = a.out.rstrip("/") or "/"
     if os.path.lexists(out) and not os.path.isdir(out):
         fail(f"'{out}' exists and is not a directory; name a new directory")
+    refuse_output_dir(out, a.gguf)
     if os.path.isdir(out) and os.listdir(out) and not a.overwrite:
         fail(f"'{out}' exists and is not empty; name a new directory or give --overwrite")
-    if os.path.isdir(out) and os.path.samefile(os.path.dirname(os.path.abspath(a.gguf)), out):
-        fail(f"'{out}' holds the GGUF file being converted; name another directory")
     r = read_gguf(a.gguf)
+    fault_point("read")
     names = {t.name for t in r.tensors}
     tied = "output.weight" not in names
     cfg = model_config(r, a.gguf, tied)
@@ -307,19 +334,23 @@ def main():
 
     parent = os.path.dirname(os.path.abspath(out))
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(out))}.gguf_to_hf.{os.getpid()}")
+    TEMPORARY.append(tmp)  # removed should a signal stop the conversion (toolexit)
     try:
         os.makedirs(tmp)
         safetensors.numpy.save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)
+        fault_point("write")
         tok.save(os.path.join(tmp, "tokenizer.json"))
         for name, doc in (("config.json", cfg), ("tokenizer_config.json", tcfg),
                           ("special_tokens_map.json", special), ("generation_config.json", gen)):
             with open(os.path.join(tmp, name), "w") as f:
                 json.dump(doc, f, indent=2, ensure_ascii=False)
                 f.write("\n")
-        if os.path.isdir(out):
-            shutil.rmtree(out)
-        os.rename(tmp, out)
+        with uninterrupted():
+            if os.path.isdir(out):
+                shutil.rmtree(out)
+            os.rename(tmp, out)
+            TEMPORARY.remove(tmp)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         fail(f"cannot write '{out}': {e.strerror or e}; free space or name another directory")
@@ -329,4 +360,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_removing_on_signal("gguf_to_hf", main, TEMPORARY)

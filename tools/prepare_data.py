@@ -134,6 +134,7 @@ import tokenizers  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import prefdata  # noqa: E402
+from toolexit import fault_point, run_removing_on_signal  # noqa: E402
 
 FORMATS = ("text", "completion", "alpaca", "chat", "tokenized")
 ROLES = ("system", "user", "assistant", "tool")
@@ -867,6 +868,7 @@ def main():
         }
         if counts[prefdata.FORMAT]:
             attrs.update(conversion.pairs.write(writer))
+        fault_point("write")  # the hidden .tmp written, not yet renamed
         refuse_existing_output(args.output, args.overwrite)  # after the input's own errors, before the rename
         writer.commit(attrs)
     except (OSError, RuntimeError) as e:
@@ -893,4 +895,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    # a stop signal unwinds main, whose writer.abort() removes the hidden .tmp; then one line, 128 + the signal
+    run_removing_on_signal("prepare_data", main, [])

@@ -82,6 +82,21 @@ static void read_rope_scaling(struct model_config *m, json_t *root)
         return;
     }
     r->type = ROPE_SCALING_LLAMA3;
+    /* transformers 5 refuses a llama3 scaling without these three (a KeyError naming them), as 4.43+ did: taking
+     * Llama 3.1's values instead would compute another model without a word (issue 46) */
+    static const char *const needed[] = {"factor", "low_freq_factor", "high_freq_factor"};
+    char missing[128] = "";
+    for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "model.rope_scaling.%s", needed[i]);
+        if (!is_given(root, key))
+            snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", missing[0] ? ", " : "",
+                     needed[i]);
+    }
+    if (missing[0])
+        fail_input("config: 'model.rope_scaling' of rope_type \"llama3\" lacks %s, as transformers refuses it; give "
+                   "the model's own values (Llama 3.1: factor 8, low_freq_factor 1, high_freq_factor 4)",
+                   missing);
     r->factor = read_num(root, "model.rope_scaling.factor", 8.0, FILL);
     r->low_freq_factor = read_num(root, "model.rope_scaling.low_freq_factor", 1.0, FILL);
     r->high_freq_factor = read_num(root, "model.rope_scaling.high_freq_factor", 4.0, FILL);

@@ -184,13 +184,22 @@ void ckpt_save(const char *dir, long step, int keep, const struct ckpt_contents 
  * checkpoint.dir is found before any step, not at the first save. Returns 0,
  * or -1 with the problem (one line naming DIR) in WHY. Local (no MPI). */
 int ckpt_check_dir(const char *dir, char *why, size_t why_cap);
+/* One run at a time on DIR (issue 46): takes DIR's lock for the life of the
+ * process (an flock on DIR/.shardlm.lock, which the kernel releases however
+ * the process ends, kill -9 included; where the file system does not honour
+ * flock, the existence of DIR/.shardlm.lock.held: ckpt_lock.c says which
+ * file systems and what then). Returns 0, or -1 with one line in WHY naming
+ * DIR and the run holding it (host, pid, Slurm job, since when). DIR must
+ * exist. Rank 0, before anything in DIR is read or written. Local (no MPI). */
+int ckpt_lock_dir(const char *dir, char *why, size_t why_cap);
 /* 1 when a file called NAME (no directory part) is one that a checkpoint
  * directory's saves write, replace or delete: step_<N>.h5, its .tmp, latest
  * and latest.tmp. */
 int ckpt_managed_name(const char *name);
 /* Removes, naming each, the temporary files of saves that did not finish
  * (step_N.h5.tmp, latest.tmp: a rank killed mid-save) from DIR. Rank 0, at
- * the start of a run, before any save. */
+ * the start of a run, before any save, and only once ckpt_lock_dir holds DIR:
+ * then no live run is writing any of them. */
 void ckpt_remove_stale_tmp(const char *dir);
 
 /* The checkpoint file SPEC means, malloc'd, or NULL for a fresh start.

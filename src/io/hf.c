@@ -60,6 +60,8 @@ static void refuse_unused_tensors(const struct hf_source *s, const char *dir)
         for (int i = 0; i < s->m->units[u].n_tensors; i++)
             if (s->map[u][i])
                 used[s->map[u][i] - s->st.tensors] = true;
+    if (s->tied_embed_unread) /* read by transformers 4.x too, then replaced by lm_head.weight */
+        used[s->tied_embed_unread - s->st.tensors] = true;
     char list[512] = "";
     int n = 0;
     for (int k = 0; k < s->st.n_tensors; k++)
@@ -73,6 +75,43 @@ static void refuse_unused_tensors(const struct hf_source *s, const char *dir)
                    "does not use (%s%s): config.json and the weights do not match (num_hidden_layers?); fix "
                    "config.json or the files",
                    dir, n, n == 1 ? "" : "s", list, n > 3 ? ", ..." : "");
+}
+
+/* Values compared a piece at a time (fp32 elements), so that no whole tensor is held in memory. */
+#define TIED_COMPARE_ELEMS ((size_t)1 << 16)
+
+/* tie_word_embeddings with an lm_head.weight stored beside the embedding: read as transformers 4.x reads it.
+ * transformers 4.40 loads both names and ties the parameters after, so the tied tensor (input embedding and
+ * LM head) holds lm_head.weight's values; transformers 5.25 keeps embed_tokens for the input and lm_head for the
+ * output, untied (both checked by tests/t_hf5.py tied_*). shardlm keeps the model tied, as config.json says, so it
+ * follows 4.x: the tied tensor is read from lm_head.weight. When the two differ no reading is right for both
+ * versions: one warning says so. The comparison reads both tensors whole on every rank (a piece at a time),
+ * a cost only such directories pay. The embedding is the first tensor of unit 0 in every family. */
+static void read_tied_head_as_transformers(struct hf_source *s, const char *dir)
+{
+    const struct st_tensor *head = st_find(&s->st, "lm_head.weight"), *embed = s->map[0][0];
+    if (!s->m->cfg.tied_head || !head || !embed || head->ndim != 2 || head->shape[0] != embed->shape[0] ||
+        head->shape[1] != embed->shape[1])
+        return;
+    s->map[0][0] = head;
+    s->tied_embed_unread = embed;
+    const size_t n = (size_t)embed->shape[0] * (size_t)embed->shape[1];
+    float *a = xmalloc(TIED_COMPARE_ELEMS * sizeof *a), *b = xmalloc(TIED_COMPARE_ELEMS * sizeof *b);
+    double max_diff = 0.0;
+    for (size_t at = 0; at < n; at += TIED_COMPARE_ELEMS) {
+        const size_t k = n - at < TIED_COMPARE_ELEMS ? n - at : TIED_COMPARE_ELEMS;
+        st_read(&s->st, embed, at, k, a);
+        st_read(&s->st, head, at, k, b);
+        for (size_t i = 0; i < k; i++)
+            max_diff = fmax(max_diff, fabs((double)a[i] - (double)b[i]));
+    }
+    free(a);
+    free(b);
+    if (max_diff > 0.0)
+        log_warn("model.from_pretrained '%s': tie_word_embeddings is true but lm_head.weight differs from %s (by up "
+                 "to %g): read as transformers 4.x does, lm_head.weight for both the embedding and the LM head "
+                 "(transformers 5 keeps the two apart); make them equal, or set tie_word_embeddings false",
+                 dir, embed->name, max_diff);
 }
 
 void hf_source_open(struct hf_source *s, const struct model *m, const char *dir)
@@ -103,6 +142,7 @@ void hf_source_open(struct hf_source *s, const struct model *m, const char *dir)
             s->map[u][i] = st;
         }
     }
+    read_tied_head_as_transformers(s, dir);
     refuse_unused_tensors(s, dir);
 }
 

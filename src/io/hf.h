@@ -50,6 +50,8 @@ struct hf_source {
     const struct model *m;
     struct st_model st;
     const struct st_tensor ***map; /* [unit][tensor]: the file's tensor, NULL when not read (tied) */
+    /* tied, with an lm_head.weight beside it: the embedding's own tensor, read in its place (hf.c says why) */
+    const struct st_tensor *tied_embed_unread;
     char dir[1024];
 };
 

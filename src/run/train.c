@@ -1,6 +1,7 @@
 #include "train.h"
 #include "train_internal.h"
 #include "ckpt_run.h"
+#include "dpo_ref.h"
 
 #include <errno.h>
 #include <math.h>
@@ -109,13 +110,32 @@ static void log_ranks_signalled(struct comm *comm, long step, const char *name)
 }
 
 /* PyTorch's clip_grad_norm_ adds this to the norm before dividing. */
+#define REF_KEY "dpo.ref_log_probs_path"
 #define CLIP_EPS 1e-6
 
 
-/* An output the run opens for writing (train.metrics, the dumps) must not be
- * a file the run reads or keeps, under any name or link: a data file, the
- * config, the checkpoint it resumes from, or a file the checkpoint directory
- * manages ('w' would truncate it). */
+/* The precomputed DPO reference file the run reads (and writes when it is missing): the one a resumed checkpoint
+ * names once the resume has read it, else dpo.ref_log_probs_path or the default beside the preference file; NULL
+ * without one. */
+static const char *reference_file(const struct trainer *tr, char *buf, size_t cap)
+{
+    const struct config *cfg = tr->cfg;
+    if (!cfg->dpo.enabled || !cfg->dpo.precompute_ref_log_probs)
+        return NULL;
+    if (tr->dpo.ref_path[0])
+        return tr->dpo.ref_path;
+    if (cfg->dpo.ref_log_probs_path)
+        return cfg->dpo.ref_log_probs_path;
+    if (!tr->train_data.samples)
+        return NULL;
+    dpo_ref_default_path(tr->train_data.smp.path, buf, cap);
+    return buf;
+}
+
+/* An output the run opens for writing (train.metrics, the dumps, the DPO reference it computes) must not be a
+ * file the run reads or keeps, under any name or link: a data file, the config, the checkpoint it resumes from,
+ * the reference it reads, a file of the base model, or a file the checkpoint directory manages (saves replace
+ * or prune it; 'w' would truncate it). Checked before the output is opened, so a refusal changes nothing. */
 static void refuse_output_alias(const struct trainer *tr, const char *out, const char *key)
 {
     const struct loader *sets[2] = {&tr->train_data, tr->have_val ? &tr->val_data : NULL};
@@ -124,19 +144,25 @@ static void refuse_output_alias(const struct trainer *tr, const char *out, const
         if (sets[s] && loader_has_file(sets[s], out, &name))
             fail_input("%s '%s' is the %s file '%s': writing there would destroy it. Hint: name another file", key,
                        out, sets[s]->what, name);
-    const char *inputs[3] = {tr->opt->config_path, tr->opt->deepspeed_path, tr->opt->resume};
-    const char *what[3] = {"config file", "DeepSpeed config file", "checkpoint to resume from"};
-    for (int i = 0; i < 3; i++)
+    char ref_buf[CKPT_MAX_PATH];
+    const char *ref = reference_file(tr, ref_buf, sizeof ref_buf);
+    const char *inputs[4] = {tr->opt->config_path, tr->opt->deepspeed_path, tr->opt->resume,
+                             ref && strcmp(key, REF_KEY) != 0 ? ref : NULL};
+    const char *what[4] = {"config file", "DeepSpeed config file", "checkpoint to resume from",
+                           "DPO reference log-probs file (" REF_KEY ")"};
+    for (int i = 0; i < 4; i++)
         if (inputs[i] && util_same_file(out, inputs[i], -1))
             fail_input("%s '%s' is the %s '%s': writing there would destroy it. Hint: name another file", key, out,
                        what[i], inputs[i]);
-    const char *dir = tr->cfg->checkpoint.dir;
-    if (!dir)
-        return;
     char parent[CKPT_MAX_PATH];
     const char *slash = strrchr(out, '/');
     snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - out) + 1 : 1, slash ? out : ".");
-    if (ckpt_managed_name(slash ? slash + 1 : out) && util_same_file(parent, dir, -1))
+    const char *base = tr->cfg->model.pretrained;
+    if (base[0] && util_same_file(parent, base, -1) && access(out, F_OK) == 0)
+        fail_input("%s '%s' is a file of the base model (model.from_pretrained '%s'): writing there would destroy "
+                   "it. Hint: name a file outside that directory", key, out, base);
+    const char *dir = tr->cfg->checkpoint.dir;
+    if (dir && ckpt_managed_name(slash ? slash + 1 : out) && util_same_file(parent, dir, -1))
         fail_input("%s '%s' is a file of checkpoint.dir ('%s'), which its saves replace or delete. Hint: name "
                    "another file",
                    key, out, dir);
@@ -285,6 +311,27 @@ static void freeze_for_tests(struct trainer *tr)
                  tr->sess.model.n_units, model_frozen_params(&tr->sess.model), tr->sess.model.n_params);
 }
 
+/* checkpoint.dir made, writable and this run's alone (ckpt_lock_dir) before anything reads or writes it:
+ * a second run on it stops here, before its reference pass, metrics or start-up cleanup touch a file. Rank 0,
+ * before the set-up (whose collectives the other ranks would be waiting in), its failure agreed by all. */
+static void claim_checkpoint_dir(const struct config *cfg)
+{
+    if (cfg->model.pretrained[0] && util_same_file(cfg->checkpoint.dir, cfg->model.pretrained, -1))
+        fail_input("config: checkpoint.dir '%s' is the model.from_pretrained directory: checkpoints (and "
+                   "checkpoint.export_hf) would mix with the base model. Hint: give checkpoint.dir another directory",
+                   cfg->checkpoint.dir);
+    char why[2 * CKPT_MAX_PATH];
+    if (ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {
+        if (!cfg->checkpoint.on_error_continue)
+            fail_input("%s. Hint: point checkpoint.dir at a writable directory", why);
+        log_warn("%s; training anyway, as checkpoint.on_error is \"continue\": its saves will fail", why);
+        return;
+    }
+    if (ckpt_lock_dir(cfg->checkpoint.dir, why, sizeof why) != 0)
+        fail_input("%s", why);
+    ckpt_remove_stale_tmp(cfg->checkpoint.dir); /* ours alone now: no live run is writing them */
+}
+
 static void trainer_setup(struct trainer *tr)
 {
     struct config *cfg = tr->cfg;
@@ -311,10 +358,6 @@ static void trainer_setup(struct trainer *tr)
         json_object_set_new(json_object_get(cfg->json, "model"), "from_pretrained", json_string(abs));
     }
     free(abs);
-    if (cfg->model.pretrained[0] && cfg->checkpoint.dir && util_same_file(cfg->checkpoint.dir, cfg->model.pretrained, -1))
-        fail_input("config: checkpoint.dir '%s' is the model.from_pretrained directory: checkpoints (and "
-                   "checkpoint.export_hf) would mix with the base model. Hint: give checkpoint.dir another directory",
-                   cfg->checkpoint.dir);
     model_build(&tr->sess.model, &cfg->model);
     model_add_lora(&tr->sess.model, &cfg->lora);
     freeze_for_tests(tr);
@@ -340,14 +383,6 @@ static void trainer_setup(struct trainer *tr)
     init_parameters(tr);
     session_acts(&tr->sess, &shape);
     dpo_setup(tr);
-    char why[2 * CKPT_MAX_PATH];
-    if (cfg->checkpoint.dir && tr->sess.rank == 0 && ckpt_check_dir(cfg->checkpoint.dir, why, sizeof why) != 0) {
-        if (!cfg->checkpoint.on_error_continue)
-            fail_input("%s. Hint: point checkpoint.dir at a writable directory", why);
-        log_warn("%s; training anyway, as checkpoint.on_error is \"continue\": its saves will fail", why);
-    }
-    if (cfg->checkpoint.dir && tr->sess.rank == 0)
-        ckpt_remove_stale_tmp(cfg->checkpoint.dir);
     if (tr->sess.rank == 0) {
         const char *dumps[2] = {tr->opt->dump_path, tr->opt->dump_final_path};
         const char *dump_keys[2] = {"--dump", "--dump-final"};
@@ -355,14 +390,41 @@ static void trainer_setup(struct trainer *tr)
             if (dumps[i])
                 refuse_output_alias(tr, dumps[i], dump_keys[i]);
     }
-    if (cfg->train.metrics_path && tr->sess.rank == 0) {
-        refuse_output_alias(tr, cfg->train.metrics_path, "train.metrics");
-        /* a resumed run continues the metrics of the run it resumes */
-        tr->metrics = fopen(cfg->train.metrics_path, tr->opt->resume ? "a" : "w");
-        if (!tr->metrics)
-            fail_input("cannot write metrics file '%s': %s (train.metrics)", cfg->train.metrics_path,
-                       strerror(errno));
+    if (tr->sess.rank == 0) {
+        /* the reference the run computes when it is missing, and the metrics against the reference configured
+         * (checked again once a resume names the one it was trained with: open_metrics) */
+        char ref_buf[CKPT_MAX_PATH];
+        const char *ref = reference_file(tr, ref_buf, sizeof ref_buf);
+        if (ref)
+            refuse_output_alias(tr, ref, REF_KEY);
+        if (cfg->train.metrics_path)
+            refuse_output_alias(tr, cfg->train.metrics_path, "train.metrics");
     }
+}
+
+/* train.metrics opened once the resume and the DPO reference are settled, so that a run refused there leaves
+ * the file as it was (no line appended, nothing truncated), then its first line (sample files: what the data
+ * holds). Rank 0; a failure agreed by every rank. */
+static void open_metrics(struct trainer *tr)
+{
+    const struct config *cfg = tr->cfg;
+    if (!cfg->train.metrics_path || tr->sess.rank != 0)
+        return;
+    refuse_output_alias(tr, cfg->train.metrics_path, "train.metrics");
+    /* a resumed run continues the metrics of the run it resumes */
+    tr->metrics = fopen(cfg->train.metrics_path, tr->opt->resume ? "a" : "w");
+    if (!tr->metrics)
+        fail_input("cannot write metrics file '%s': %s (train.metrics)", cfg->train.metrics_path, strerror(errno));
+    if (!tr->train_data.samples)
+        return;
+    const struct sample_set *smp = &tr->train_data.smp;
+    fprintf(tr->metrics,
+            "{\"data\": \"%s\", \"samples\": %u, \"samples_in_file\": %zu, \"tokens\": %llu, "
+            "\"trained_tokens\": %llu, \"truncated\": %zu, \"dropped_longer\": %zu, "
+            "\"dropped_untrained\": %zu, \"units_per_epoch\": %llu}\n",
+            smp->path, smp->n, smp->n_file, (unsigned long long)smp->tokens_kept,
+            (unsigned long long)smp->trained_kept, smp->n_truncated, smp->n_dropped_long, smp->n_dropped_untrained,
+            (unsigned long long)loader_units(&tr->train_data));
 }
 
 static void trainer_teardown(struct trainer *tr)
@@ -670,6 +732,11 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     const char *f32_acts = getenv("SHARDLM_FP32_ACTIVATIONS");
     backend_set_act_dtype(backend_is_device() && !(f32_acts && strcmp(f32_acts, "1") == 0) ? cfg->dtype
                                                                                           : DTYPE_F32);
+    struct fail_trap trap;
+    if (FAIL_TRAP(&trap) == 0 && cfg->checkpoint.dir && tr.sess.rank == 0)
+        claim_checkpoint_dir(cfg);
+    fail_untrap();
+    comm_agree_failure(comm, &trap);
     trainer_setup_agreed(&tr);
     /* a device's unit gradient buffers in the parameter dtype (zero.h half_grad_buffers) */
     backend_set_grad_dtype(tr.sess.zero.half_grad_buffers ? cfg->dtype : DTYPE_F32);
@@ -712,14 +779,6 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
                  smp->path, smp->n, (unsigned long long)smp->tokens_kept, (unsigned long long)smp->trained_kept,
                  smp->n_file, smp->n_truncated, T, smp->n_dropped_long, smp->n_dropped_untrained,
                  (unsigned long long)loader_units(&tr.train_data), units);
-        if (tr.metrics)
-            fprintf(tr.metrics,
-                    "{\"data\": \"%s\", \"samples\": %u, \"samples_in_file\": %zu, \"tokens\": %llu, "
-                    "\"trained_tokens\": %llu, \"truncated\": %zu, \"dropped_longer\": %zu, "
-                    "\"dropped_untrained\": %zu, \"units_per_epoch\": %llu}\n",
-                    smp->path, smp->n, smp->n_file, (unsigned long long)smp->tokens_kept,
-                    (unsigned long long)smp->trained_kept, smp->n_truncated, smp->n_dropped_long,
-                    smp->n_dropped_untrained, (unsigned long long)loader_units(&tr.train_data));
     }
     if (opt->print_config) {
         char *config_json = config_dump(cfg);
@@ -731,6 +790,10 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     if (opt->resume)
         ckpt_run_resume(&tr, opt->resume);
     dpo_prepare(&tr);
+    if (FAIL_TRAP(&trap) == 0)
+        open_metrics(&tr);
+    fail_untrap();
+    comm_agree_failure(comm, &trap);
     /* A stop signal during the set-up or the resume (the handlers are in
      * place from the start, train_install_stop_handlers) is seen after the
      * first step: the run trains that step and saves it, so that even a job

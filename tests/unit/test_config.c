@@ -632,8 +632,16 @@ static void test_errors(void)
          "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}}", NULL,
          "'model.rope_scaling.rope_type' is \"dynamic\""},
         {"rope_scaling factor below 1",
-         "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 0.5}}}", NULL,
+         "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 0.5, "
+         "\"low_freq_factor\": 1, \"high_freq_factor\": 4}}}", NULL,
          "'model.rope_scaling.factor' must be at least 1, got 0.5"},
+        {"llama3 rope_scaling without its numbers (issue 46)",
+         "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8}}}", NULL,
+         "'model.rope_scaling' of rope_type \"llama3\" lacks low_freq_factor, high_freq_factor, as transformers "
+         "refuses it"},
+        {"llama3 rope_scaling with no number at all (issue 46)",
+         "{\"model\": {\"type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"llama3\"}}}", NULL,
+         "lacks factor, low_freq_factor, high_freq_factor"},
         {"rope_theta zero", "{\"model\": {\"type\": \"llama\", \"rope_theta\": 0}}", NULL,
          "'model.rope_theta' must be larger than 1, got 0"},
         {"rms_norm_eps zero", "{\"model\": {\"type\": \"llama\", \"rms_norm_eps\": 0}}", NULL,
