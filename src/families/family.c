@@ -385,13 +385,17 @@ static int trained_run(const int32_t *targets, int rows, int *at, int *len)
  * row's loss is 0), so those rows of the final norm's output move down to the front (nothing reads it after
  * an evaluation forward; a run moves in pieces no longer than the distance, so no copy overlaps itself) and
  * the LM head runs over them alone, its chunks' cross-entropy run by run with each run's own targets and
- * losses; for DPO's reference and prompts that are not trained this saves their share of the LM head. Each
- * row's loss is the one the pass over every row computes, bit for bit: the cross-entropy computes each row on
- * its own, and so does the matmul as long as every call, the pass's and this one's, has at least
- * LOGITS_MIN_ROWS rows (OpenBLAS's blocked sgemm: a row's sums depend on the inner dimension alone; a handful
- * of rows takes other kernels). So it runs only when the chunk is that long (not a tiny micro-batch, not
- * SHARDLM_LOGITS_ROWS's short chunks), a last chunk shorter than that is computed whole as before, and the
- * last chunk of the trained rows takes at least that many (rows past them, whose logits nothing reads).
+ * losses; for DPO's reference and prompts that are not trained this saves their share of the LM head.
+ * Each row's loss equals the pass over every row's to rounding, not bit for bit: the cross-entropy computes
+ * each row on its own wherever it sits, but sgemm does not promise that a row's sums are the same at another
+ * position or in a call of another length (OpenBLAS's Haswell/Zen kernel takes the rows 12 at a time, rounds
+ * the two halves of each 12 differently and the last N mod 12 rows in other kernels; threads split the rows
+ * by N), so a moved row's logits may differ in the last bit (tests/t_eval_rows.py: a row's loss within 1 ulp,
+ * a log-prob held to 1e-6 per trained target, where one wrong row moves it by 1e-3 or more). The chunks keep the
+ * pass's length, at least LOGITS_MIN_ROWS rows (not a tiny micro-batch, not SHARDLM_LOGITS_ROWS's short
+ * chunks): a last chunk shorter than that is computed whole as before, and the last chunk of the trained rows
+ * takes at least that many (rows past them, whose logits nothing reads), so the moved rows take the pass's
+ * blocked sgemm, never the few-row kernels (small_rows_t, OpenBLAS's small-matrix paths).
  * Returns false, doing nothing, when it does not run. */
 static bool lm_chunks_trained(struct family_acts *a, const float *lm)
 {

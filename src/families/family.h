@@ -21,7 +21,8 @@
  *           norm's output gradient (no buffer of every row's logits exists),
  *           then the final norm's backward (the head unit again when tied);
  *           an evaluation with targets runs the rows with a trained target
- *           only (family.c lm_chunks_trained), the same losses bit for bit.
+ *           only (family.c lm_chunks_trained), the same losses to rounding
+ *           (sgemm's sums depend on a row's place in the call).
  * Backward: the blocks in segments from the last (each segment's blocks
  *           gathered together, their forward recomputed from the kept input
  *           when checkpointing), embedding.
