@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""t_qwen — Qwen2/Qwen2.5 and Qwen3 against transformers 5 (issue 48).
+"""t_qwen — Qwen2/Qwen2.5, Qwen3 and Phi-3 against transformers 5 (issue 48).
 
 transformers 5.25 (build/ref5-venv over PyPI's torch 2.11 on the CPU; this
 script re-executes itself there) makes tiny models with its own
@@ -10,6 +10,10 @@ save_pretrained, so that config.json is exactly as transformers writes it:
   qwen3   Qwen3ForCausalLM, head_dim 32 with hidden_size 64 and 4 heads (the
           attention 128 wide, not 64), q_norm and k_norm with random weights,
           rms_norm_eps 1e-5, untied, fp32
+  phi3    Phi3ForCausalLM: q|k|v fused in qkv_proj and gate|up in gate_up_proj
+          in the files (shardlm keeps the parts: split at import, joined at
+          export), rope_theta 250000, rms_norm_eps 1e-5 (Phi3Config's),
+          grouped-query attention, untied, fp32
   qwen2_bf16  the qwen2 case saved in bf16 (the loss only)
 
 Checks per case, against the transformers model in float64:
@@ -28,8 +32,9 @@ Checks per case, against the transformers model in float64:
   X.lora      LoRA r 4 on every linear layer (lora.init false: B not zero),
               one step at lr 0: the exported adapters load with PEFT 0.21
               onto the transformers base at shardlm's logits (rel 1e-4)
-  refuse.*    MixtralForCausalLM (mixture-of-experts named) and Qwen's
-              use_sliding_window true: one line, exit status 2
+  X.lora      not for phi3: LoRA on the fused modules is refused in one line
+  refuse.*    MixtralForCausalLM (mixture-of-experts named), Qwen's
+              use_sliding_window true, Phi-3's longrope: one line, exit 2
 """
 import json
 import os
@@ -45,7 +50,8 @@ use_ref5_venv("qwen.env")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from peft import PeftModel  # noqa: E402
-from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from transformers import (Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,  # noqa: E402
+                          Qwen3ForCausalLM)
 
 from harness import (
     BIN, ENV, byte_bpe_tokenizer, check, check_greedy, failures, note, read_dump, rel, scratch_dir,
@@ -64,7 +70,7 @@ DATA = os.path.join(TMP, "train.bin")
 write_shard(DATA, TOKENS)
 SHAPE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2)
-CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}
+CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "phi3": Phi3ForCausalLM}
 
 
 def make_models():
@@ -88,6 +94,12 @@ def make_models():
             layer.self_attn.k_norm.weight.normal_(1.0, 0.3)
     dirs["qwen3"] = os.path.join(TMP, "qwen3")
     q3.save_pretrained(dirs["qwen3"])
+    # pad_token_id None: transformers' Llama-like models build nn.Embedding(padding_idx=pad_token_id), whose row
+    # never receives a gradient; shardlm trains every row (README, "Known differences")
+    phi = Phi3ForCausalLM(Phi3Config(**SHAPE, tie_word_embeddings=False, pad_token_id=None, bos_token_id=1,
+                                     eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 250000.0}))
+    dirs["phi3"] = os.path.join(TMP, "phi3")
+    phi.save_pretrained(dirs["phi3"])
     return dirs
 
 
@@ -133,6 +145,23 @@ def train(name, src, N, steps=1, extra=None, final=False):
     return read_dump(dump), (read_dump(dump + ".final") if final else None)
 
 
+# Phi-3's fused tensors as shardlm's parts (the dumps name the parts): the parts' rows one after the other
+FUSED = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+         "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+
+
+def dumped(dump, prefix, name):
+    """Tensor name of a transformers model out of a shardlm dump (prefix "grad." for gradients): a fused one joined
+    from its parts, the embedding and LM head without the padded rows."""
+    for whole, parts in FUSED.items():
+        if name.endswith(whole):
+            layer = name[:-len(whole)]
+            got = [dump.get(prefix + layer + p) for p in parts]
+            return None if any(g is None for g in got) else np.concatenate(got, axis=0)
+    g = dump.get(prefix + name)
+    return g[:V] if g is not None and name in ("model.embed_tokens.weight", "lm_head.weight") else g
+
+
 def check_n1(kind, d):
     res = train(f"{kind}.N1", d, 1, STEPS, final=True)
     if res is None:
@@ -149,11 +178,10 @@ def check_n1(kind, d):
     params = dict(model.named_parameters())
     bad, worst = [], 0.0
     for n, p in params.items():
-        g = dump.get("grad." + n)
+        g = dumped(dump, "grad.", n)
         if g is None:
             bad.append(f"{n} not dumped")
             continue
-        g = g[:V] if n in ("model.embed_tokens.weight", "lm_head.weight") else g
         e = rel(g, p.grad.numpy())
         worst = max(worst, e)
         if not e <= GRAD_TOL:
@@ -180,8 +208,7 @@ def check_n1(kind, d):
     check(f"{kind}.N1.adamw_losses", e <= GRAD_TOL, f"rel {e:.2e}: {got} vs {losses}")
     bad = []
     for n, p in ps.items():
-        w = final[n][:V] if n in ("model.embed_tokens.weight", "lm_head.weight") else final[n]
-        e = rel(w, p.detach().numpy())
+        e = rel(dumped(final, "", n), p.detach().numpy())
         if not e <= 10 * GRAD_TOL:
             bad.append(f"{n} {e:.2e}")
     check(f"{kind}.N1.adamw_weights", not bad, f"{bad[:5]}")
@@ -248,14 +275,40 @@ def check_lora(kind, d):
     check(f"{kind}.lora.peft_logits", e <= GRAD_TOL, f"rel {e:.2e}")
 
 
+def check_phi3_files(d):
+    """The Phi-3 files hold the fused tensors only, and so does the export (byte for byte the same tensors after a
+    step at lr 0); LoRA on the fused modules is refused."""
+    from safetensors.torch import load_file
+    src = load_file(os.path.join(d, "model.safetensors"))
+    check("phi3.files_fused", "model.layers.0.self_attn.qkv_proj.weight" in src
+          and not any("q_proj" in k or "gate_proj" in k for k in src), f"{sorted(src)[:6]}")
+    ck = os.path.join(TMP, "ck_phi3_lr0")
+    shutil.rmtree(ck, ignore_errors=True)
+    res = train("phi3.lr0", d, 2, extra={"optimizer": {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0}},
+                                         "checkpoint": {"dir": ck, "export_hf": True}})
+    if res is not None:
+        out = {}
+        for f in os.listdir(os.path.join(ck, "hf")):
+            if f.endswith(".safetensors"):
+                out.update(load_file(os.path.join(ck, "hf", f)))
+        same = out.keys() == src.keys() and all(torch.equal(out[k], src[k]) for k in src)
+        check("phi3.export_roundtrip_bitwise", same, f"{sorted(set(out) ^ set(src))[:4]}")
+    r = run(["train", config("phi3_lora", d, extra={"lora": {"r": 4, "target_modules": "all-linear"}})])
+    lines = r.stderr.strip().splitlines()
+    check("phi3.lora_refused", r.returncode == 2 and lines and "qkv_proj" in lines[-1], r.stderr[-300:])
+
+
 def check_refused(dirs):
     cases = {"mixtral": ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8},
                          ["mixture-of-experts"]),
-             "qwen_window": ({"use_sliding_window": True}, ["use_sliding_window"])}
+             "qwen_window": ({"use_sliding_window": True}, ["use_sliding_window"]),
+             "phi3_longrope": ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
+                                                    "long_factor": [2.0] * 8, "original_max_position_embeddings": 64}},
+                               ["longrope"])}
     for name, (edit, words) in cases.items():
         d = os.path.join(TMP, "bad_" + name)
         shutil.rmtree(d, ignore_errors=True)
-        shutil.copytree(dirs["qwen2"], d)
+        shutil.copytree(dirs["phi3" if "phi3" in name else "qwen2"], d)
         c = json.load(open(os.path.join(d, "config.json")))
         c.update(edit)
         json.dump(c, open(os.path.join(d, "config.json"), "w"))
@@ -272,12 +325,14 @@ def main():
     global TOKENIZER
     TOKENIZER = byte_bpe_tokenizer(os.path.join(TMP, "tokenizer.json"), V)
     dirs = make_models()
-    for kind in ("qwen2", "qwen3"):
+    for kind in ("qwen2", "qwen3", "phi3"):
         check_n1(kind, dirs[kind])
         check_ranks(kind, dirs[kind], kind)
         check_export(kind)
         check_generate(kind, dirs[kind])
-        check_lora(kind, dirs[kind])
+        if kind != "phi3":
+            check_lora(kind, dirs[kind])
+    check_phi3_files(dirs["phi3"])
     check_ranks("qwen2_bf16", dirs["qwen2_bf16"], "qwen2")
     check_refused(dirs)
     sys.exit(1 if failures() else 0)

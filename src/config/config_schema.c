@@ -47,6 +47,7 @@ static const struct key_spec model_keys[] = {
     {"head_dim", K_INT, 0, NULL, NULL},
     {"qkv_bias", K_BOOL, 0, NULL, NULL},
     {"qk_norm", K_BOOL, 0, NULL, NULL},
+    {"fused_projections", K_BOOL, 0, NULL, NULL},
     {0},
 };
 

@@ -116,7 +116,7 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
 {
     static const char *const only_llama[] = {"model.rms_norm_eps", "model.rope_theta", "model.rope_scaling",
                                               "model.tie_word_embeddings", "model.head_dim", "model.qkv_bias",
-                                              "model.qk_norm"};
+                                              "model.qk_norm", "model.fused_projections"};
     m->norm_eps = 1e-5f;
     m->rope_theta = 10000.0;
     m->tie_embeddings = gpt2;
@@ -137,6 +137,7 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
                    m->head_dim);
     m->qkv_bias = read_bool(root, "model.qkv_bias", m->qkv_bias, NO_FILL);
     m->qk_norm = read_bool(root, "model.qk_norm", m->qk_norm, NO_FILL);
+    m->fused_projections = read_bool(root, "model.fused_projections", false, NO_FILL);
     double eps = read_num(root, "model.rms_norm_eps", 1e-5, FILL);
     if (!(eps > 0) || eps > 1.0)
         fail_input("config: 'model.rms_norm_eps' must be in (0, 1], got %g", eps);

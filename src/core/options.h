@@ -70,6 +70,8 @@ struct model_config {
                           * n_embd / n_head); model_build sets n_embd / n_head when 0 */
     bool qkv_bias;       /* Llama: q_proj, k_proj, v_proj carry biases (Qwen2) */
     bool qk_norm;        /* Llama: an RMSNorm over each head of q and of k before the rotary (Qwen3) */
+    bool fused_projections; /* Llama: the Hugging Face files hold q|k|v as qkv_proj and gate|up as gate_up_proj
+                             * (Phi-3); shardlm's tensors are their row ranges (io/hf.c) */
     uint64_t init_seed;
     /* derived from type by model_build: */
     enum norm_kind norm; /* GPT-2: LayerNorm with bias; Llama: RMSNorm, weight only */

@@ -25,6 +25,38 @@ void hf_tensor_name(const struct model *m, const struct tensor_desc *t, int pref
 
 /* ---- the parameter source --------------------------------------------------------------- */
 
+/* Phi-3's fused projections: the part's name suffix, the whole's, and the
+ * rows before the part as a count of (q heads, key/value heads, MLP rows). */
+static const struct {
+    const char *part, *whole;
+    int q, kv, f;
+} fused_parts[] = {
+    {"self_attn.q_proj.weight", "self_attn.qkv_proj.weight", 0, 0, 0},
+    {"self_attn.k_proj.weight", "self_attn.qkv_proj.weight", 1, 0, 0},
+    {"self_attn.v_proj.weight", "self_attn.qkv_proj.weight", 1, 1, 0},
+    {"mlp.gate_proj.weight", "mlp.gate_up_proj.weight", 0, 0, 0},
+    {"mlp.up_proj.weight", "mlp.gate_up_proj.weight", 0, 0, 1},
+};
+
+bool hf_fused_part(const struct model *m, const struct tensor_desc *t, char *whole, size_t cap, int *row0,
+                   int *whole_rows)
+{
+    if (!m->cfg.fused_projections)
+        return false;
+    const int Q = m->cfg.n_head * m->cfg.head_dim, KV = m->cfg.n_kv_head * m->cfg.head_dim, F = m->cfg.ffn_dim;
+    const size_t len = strlen(t->name);
+    for (size_t i = 0; i < sizeof fused_parts / sizeof fused_parts[0]; i++) {
+        const size_t n = strlen(fused_parts[i].part);
+        if (len < n || strcmp(t->name + len - n, fused_parts[i].part) != 0)
+            continue;
+        snprintf(whole, cap, "%.*s%s", (int)(len - n), t->name, fused_parts[i].whole);
+        *row0 = fused_parts[i].q * Q + fused_parts[i].kv * KV + fused_parts[i].f * F;
+        *whole_rows = fused_parts[i].whole[0] == 's' ? Q + 2 * KV : 2 * F;
+        return true;
+    }
+    return false;
+}
+
 static const struct st_tensor *find_tensor(const struct hf_source *s, const struct tensor_desc *t)
 {
     char name[ST_MAX_NAME + 16];
@@ -121,18 +153,25 @@ void hf_source_open(struct hf_source *s, const struct model *m, const char *dir)
     snprintf(s->dir, sizeof s->dir, "%s", dir);
     st_open(&s->st, dir);
     s->map = xcalloc((size_t)m->n_units, sizeof *s->map);
+    s->elem0 = xcalloc((size_t)m->n_units, sizeof *s->elem0);
     for (int u = 0; u < m->n_units; u++) {
         const struct unit_desc *ud = &m->units[u];
         s->map[u] = xcalloc((size_t)ud->n_tensors, sizeof *s->map[u]);
+        s->elem0[u] = xcalloc((size_t)ud->n_tensors, sizeof *s->elem0[u]);
         for (int i = 0; i < ud->n_tensors && !model_is_adapter(m, u); i++) {
             const struct tensor_desc *t = &ud->tensors[i];
-            const struct st_tensor *st = find_tensor(s, t);
+            char whole[ST_MAX_NAME + 16];
+            int row0 = 0, whole_rows = 0;
+            const bool part = hf_fused_part(m, t, whole, sizeof whole, &row0, &whole_rows);
+            const struct st_tensor *st = part ? st_find(&s->st, whole) : find_tensor(s, t);
             if (!st)
                 fail_input("model.from_pretrained '%s': tensor '%s' is in no .safetensors file of the directory; "
                            "the checkpoint does not match its config.json",
-                           dir, t->name);
-            /* (out, in) or (in, out) as stored; the embedding and LM head without the vocabulary padding */
-            int64_t want0 = t->rows_valid, want1 = t->ndim == 2 ? t->shape[1] : 0;
+                           dir, part ? whole : t->name);
+            /* (out, in) or (in, out) as stored; the embedding and LM head without the vocabulary padding; a
+             * fused part: its rows of the whole */
+            int64_t want0 = part ? whole_rows : t->rows_valid, want1 = t->ndim == 2 ? t->shape[1] : 0;
+            s->elem0[u][i] = (size_t)row0 * (size_t)t->shape[1];
             bool ok = st->ndim == t->ndim && st->shape[0] == want0 && (t->ndim == 1 || st->shape[1] == want1);
             if (!ok)
                 fail_input("%s: tensor '%s' has shape [%lld%s%lld]; config.json gives [%lld%s%lld]",
@@ -148,9 +187,12 @@ void hf_source_open(struct hf_source *s, const struct model *m, const char *dir)
 
 void hf_source_close(struct hf_source *s)
 {
-    for (int u = 0; s->map && u < s->m->n_units; u++)
+    for (int u = 0; s->map && u < s->m->n_units; u++) {
         free(s->map[u]);
+        free(s->elem0[u]);
+    }
     free(s->map);
+    free(s->elem0);
     st_close(&s->st);
     memset(s, 0, sizeof *s);
 }
@@ -174,7 +216,7 @@ static void walk_range(const struct hf_source *s, int u, size_t begin, size_t co
             continue;
         if (lo > pos)
             zero(ctx, pos - begin, lo - pos);
-        read(ctx, s->map[u][i], lo - t->offset, hi - lo, lo - begin);
+        read(ctx, s->map[u][i], s->elem0[u][i] + (lo - t->offset), hi - lo, lo - begin);
         pos = hi;
     }
     if (pos < end)

@@ -23,7 +23,8 @@
 #include "model/model.h"
 #include "safetensors.h"
 
-#define HF_ARCHITECTURES "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GPT2LMHeadModel"
+#define HF_ARCHITECTURES                                                                                               \
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel"
 
 /* Reads DIR/config.json and calls put(ctx, key, value) for every shardlm
  * model key it determines ("type", "n_layer", ...; value a new reference the
@@ -50,6 +51,7 @@ struct hf_source {
     const struct model *m;
     struct st_model st;
     const struct st_tensor ***map; /* [unit][tensor]: the file's tensor, NULL when not read (tied) */
+    size_t **elem0;                /* [unit][tensor]: where in the file's tensor it starts (a fused part's rows) */
     /* tied, with an lm_head.weight beside it: the embedding's own tensor, read in its place (hf.c says why) */
     const struct st_tensor *tied_embed_unread;
     char dir[1024];
@@ -70,6 +72,14 @@ bool hf_source_read_as(void *source, int u, size_t begin, size_t count, enum dty
                        void (*landed)(void *ctx, size_t elems), void *ctx);
 /* Bytes of the file tensors the model reads (buffers and unused tensors not counted). */
 double hf_source_bytes(const struct hf_source *s);
+
+/* Whether tensor t of m is part of a fused Hugging Face tensor (Phi-3's
+ * qkv_proj, gate_up_proj, when m->cfg.fused_projections): the whole's name
+ * into whole, its rows in *whole_rows, and the part's first row in *row0. The
+ * parts follow each other in their unit without gaps (model.c packs them),
+ * so the whole is one contiguous range of the unit as well. */
+bool hf_fused_part(const struct model *m, const struct tensor_desc *t, char *whole, size_t cap, int *row0,
+                   int *whole_rows);
 
 /* The name tensor t of m has in a Hugging Face checkpoint ("transformer."
  * prefixed for GPT-2 when prefix is set), into out. */

@@ -433,18 +433,23 @@ struct llama_like {
     bool bias_keys;       /* attention_bias (and, Llama, mlp_bias) are keys of the class, refused when true */
     bool mlp_bias_key;
     bool qwen_window;     /* use_sliding_window / sliding_window / max_window_layers (Qwen) */
+    bool fused;           /* Phi-3: qkv_proj and gate_up_proj in the files (model_config.fused_projections) */
+    double eps;           /* rms_norm_eps when absent */
+    const char *eps_text;
 };
 static const struct llama_like llama_likes[] = {
     {"LlamaForCausalLM", "llama", "LlamaConfig", 32000, 4096, 11008, 32, 32, -1, 2048, -1, 0, false, false, true, true,
-     false},
+     false, false, 1e-6, "1e-6"},
     {"MistralForCausalLM", "mistral", "MistralConfig", 32000, 4096, 14336, 32, 32, 8, 4096 * 32, -1, 4096, false,
-     false, true, true, false},
+     false, true, true, false, false, 1e-6, "1e-6"},
     {"Qwen2ForCausalLM", "qwen2", "Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, -1, 0, true, false, false,
-     false, true},
+     false, true, false, 1e-6, "1e-6"},
     {"Qwen3ForCausalLM", "qwen3", "Qwen3Config", 151936, 4096, 22016, 32, 32, 32, 32768, 128, 0, false, true, true,
-     false, true},
+     false, true, false, 1e-6, "1e-6"},
+    /* Phi-3, 3.5 and 4 (sliding_window: Phi3Config's default is none, Phi-3-mini-4k's file gives 2047) */
+    {"Phi3ForCausalLM", "phi3", "Phi3Config", 32064, 3072, 8192, 32, 32, -1, 4096, -1, 0, false, false, false, false,
+     false, true, 1e-5, "1e-5"},
 };
-#define LLAMA_RMS_NORM_EPS_DEFAULT 1e-6 /* every one of these classes' rms_norm_eps */
 
 static const struct llama_like *llama_like(const char *architecture)
 {
@@ -511,11 +516,15 @@ static void llama_keys(struct reader *r, const struct llama_like *df, void (*put
         put(ctx, "qkv_bias", json_true());
     if (df->qk_norm)
         put(ctx, "qk_norm", json_true());
-    double eps = num_key(r, "rms_norm_eps", LLAMA_RMS_NORM_EPS_DEFAULT, "1e-6");
+    if (df->fused)
+        put(ctx, "fused_projections", json_true());
+    double eps = num_key(r, "rms_norm_eps", df->eps, df->eps_text);
     if (!(eps > 0) || eps > 1.0)
         fail_input("%s: 'rms_norm_eps' must be in (0, 1], got %g", r->path, eps);
     put(ctx, "rms_norm_eps", json_real(eps));
     put(ctx, "tie_word_embeddings", json_boolean(bool_key(r, "tie_word_embeddings", false, false)));
+    if (df->fused) /* Phi-3 keeps it beside rope_parameters; read for longrope, which shardlm refuses */
+        get(r, "original_max_position_embeddings");
     long long window = 0;
     if (df->qwen_window)
         qwen_window(r);

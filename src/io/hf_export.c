@@ -77,6 +77,7 @@ void hf_writer_open(struct hf_writer *w, const struct model *m, enum dtype dt, c
     struct st_out *outs = xcalloc((size_t)n, sizeof *outs);
     char (*names)[ST_MAX_NAME] = xcalloc((size_t)n, sizeof *names);
     w->first = xcalloc((size_t)n, sizeof *w->first);
+    w->elem0 = xcalloc((size_t)n, sizeof *w->elem0);
     int k = 0, written = 0;
     for (int u = 0; u < m->n_units; u++)
         for (int i = 0; i < m->units[u].n_tensors; i++, k++) {
@@ -84,7 +85,16 @@ void hf_writer_open(struct hf_writer *w, const struct model *m, enum dtype dt, c
             w->first[k] = -1;
             if (!spec->name(m, u, i, names[written], sizeof names[written]))
                 continue;
-            outs[written] = (struct st_out){names[written], t->ndim, {t->rows_valid, t->ndim == 2 ? t->shape[1] : 0}};
+            /* a fused part (Phi-3's q|k|v, gate|up) is written into the whole its first part opened */
+            char whole[ST_MAX_NAME];
+            int row0 = 0, rows = t->rows_valid;
+            if (hf_fused_part(m, t, whole, sizeof whole, &row0, &rows) && row0 > 0 && written > 0 &&
+                strcmp(names[written - 1], names[written]) == 0) {
+                w->first[k] = written - 1;
+                w->elem0[k] = (size_t)row0 * (size_t)t->shape[1];
+                continue;
+            }
+            outs[written] = (struct st_out){names[written], t->ndim, {rows, t->ndim == 2 ? t->shape[1] : 0}};
             w->first[k] = written++;
         }
     st_layout_plan(&w->layout, outs, written, dt, spec->max_file);
@@ -105,7 +115,9 @@ static bool model_tensor_name(const struct model *m, int u, int t, char *out, si
 {
     if (model_is_adapter(m, u))
         return false;
-    hf_tensor_name(m, &m->units[u].tensors[t], 1, out, cap);
+    int row0, rows;
+    if (!hf_fused_part(m, &m->units[u].tensors[t], out, cap, &row0, &rows))
+        hf_tensor_name(m, &m->units[u].tensors[t], 1, out, cap);
     return true;
 }
 
@@ -145,7 +157,7 @@ void hf_export_write(struct hf_writer *w, int u, int t, size_t begin, size_t cou
         return;
     if (begin + count > valid)
         count = valid - begin;
-    st_write(&w->layout, &w->files, k, begin, count, src);
+    st_write(&w->layout, &w->files, k, w->elem0[model_tensor_index(w->m, u, t)] + begin, count, src);
     w->bytes_written += (uint64_t)count * (uint64_t)dtype_size(w->layout.dtype);
 }
 
@@ -203,6 +215,8 @@ void hf_writer_close(struct hf_writer *w, void (*publish)(void *ctx, const char 
     comm_barrier(comm);
     st_layout_free(&w->layout);
     free(w->first);
+    free(w->elem0);
+    w->elem0 = NULL;
     w->first = NULL;
 }
 

@@ -38,6 +38,7 @@ struct hf_writer {
     struct st_layout layout;
     struct st_files files;
     int *first;          /* model tensor k (unit-major) -> its layout tensor; -1: not written */
+    size_t *elem0;       /* model tensor k -> where it starts in that layout tensor (a fused part's rows) */
     uint64_t bytes_written;
     char dir[1024];
 };

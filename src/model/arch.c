@@ -14,8 +14,8 @@ static const char *const gpt2_lora_targets[] = {"c_attn", NULL};
 /* the Llama-like families: Llama's block, with Qwen2's q|k|v biases, Qwen3's q/k norms and head_dim
  * (io/hf_config.c reads which) */
 static const char *const llama_hf_architectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                                     "Qwen3ForCausalLM", NULL};
-static const char *const llama_hf_model_types[] = {"llama", "mistral", "qwen2", "qwen3", NULL};
+                                                     "Qwen3ForCausalLM", "Phi3ForCausalLM", NULL};
+static const char *const llama_hf_model_types[] = {"llama", "mistral", "qwen2", "qwen3", "phi3", NULL};
 static const char *const llama_lora_targets[] = {"q_proj", "v_proj", NULL};
 
 static const struct arch arches[ARCH_COUNT] = {

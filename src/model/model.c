@@ -49,7 +49,7 @@ static void set_arch(struct model_config *c)
     if (c->head_dim <= 0 || !llama)
         c->head_dim = c->n_embd / c->n_head;
     if (!llama)
-        c->qkv_bias = c->qk_norm = false;
+        c->qkv_bias = c->qk_norm = c->fused_projections = false;
 }
 
 static struct unit_desc *start_unit(struct model *m, int u, enum unit_kind kind, int block, const char *name,
@@ -388,6 +388,9 @@ void model_add_lora(struct model *m, const struct lora_config *l)
 {
     if (!l->enabled)
         return;
+    if (m->cfg.fused_projections) /* PEFT adapts the fused modules, whose adapters span q|k|v: not the parts' */
+        fail_input("lora: LoRA on a model whose files fuse q|k|v and gate|up (Phi-3's qkv_proj, gate_up_proj) is not "
+                   "implemented yet; train it in full (no lora section), or choose a Llama, Mistral or Qwen model");
     check_lora_names(m, l);
     struct model_lora *lo = &m->lora;
     const int L = m->cfg.n_layer;
