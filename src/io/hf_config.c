@@ -495,7 +495,8 @@ static void llama_keys(struct reader *r, const struct llama_like *df, void (*put
         fail_input("%s: attention_bias / mlp_bias is true; %s's projections have no biases in shardlm", r->path,
                    df->cls);
     long long C = int_key(r, "hidden_size", df->hidden), NH = int_key(r, "num_attention_heads", df->heads);
-    long long hd = int_key(r, "head_dim", df->head_dim > 0 ? df->head_dim : C / NH);
+    /* head_dim: absent is hidden / heads in every class but Qwen3's (128), which is logged as a default */
+    long long hd = df->head_dim > 0 || get(r, "head_dim") ? int_key(r, "head_dim", df->head_dim) : C / NH;
     if (!df->qk_norm && hd * NH != C) /* Qwen3 is the family whose attention is not hidden_size wide */
         fail_input("%s: head_dim %lld x num_attention_heads %lld != hidden_size %lld; shardlm's %s needs head_dim = "
                    "hidden_size / num_attention_heads",
