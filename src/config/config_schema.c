@@ -227,9 +227,9 @@ static const struct key_spec offload_param_keys[] = {
 static const struct key_spec zero_keys[] = {
     {"stage", K_INT, 0, NULL, NULL, "0", "0, 1, 2, 3",
      "what is sharded over the ranks: nothing, optimizer state, + gradients, + parameters"},
-    {"offload_optimizer", K_OBJ, F_NULLABLE, offload_optimizer_keys, NULL, "null", NULL,
+    {"offload_optimizer", K_OBJ, F_NULLABLE, offload_optimizer_keys, NULL, NULL, NULL,
      "optimizer state off the device (keys below)"},
-    {"offload_param", K_OBJ, F_NULLABLE, offload_param_keys, NULL, "null", NULL,
+    {"offload_param", K_OBJ, F_NULLABLE, offload_param_keys, NULL, NULL, NULL,
      "stage 3: parameter shards off the device (keys below)"},
     NO_EFFECT("reduce_bucket_size", K_INT, WHOLE_UNITS),
     NO_EFFECT("contiguous_gradients", K_BOOL, WHOLE_UNITS),
