@@ -583,7 +583,7 @@ def check_readme_tables():
             readme += f.read()
     stale = [x for x in rows if x not in readme]
     check("readme.plan_tables_rows", r.returncode == 0 and len(rows) >= 20 and not stale,
-          f"exit {r.returncode}, {len(rows)} rows, not in docs/{" or ".join(PLAN_TABLE_PAGES)}: {stale[:3]} {r.stderr[-200:]}")
+          f"exit {r.returncode}, {len(rows)} rows, not in docs/{' or '.join(PLAN_TABLE_PAGES)}: {stale[:3]} {r.stderr[-200:]}")
 
 
 def main():
