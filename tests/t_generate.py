@@ -77,7 +77,7 @@ def make_tokenizer():
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=[EOS_TOKEN],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator([open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()], trainer)
+    tok.train_from_iterator([open(os.path.join(ROOT, "docs", "getting-started.md"), encoding="utf-8").read()], trainer)
     return tok
 
 
@@ -267,7 +267,7 @@ def check_bad(bases, tok):
     big.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    big.train_from_iterator([open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()], trainer)
+    big.train_from_iterator([open(os.path.join(ROOT, "docs", "getting-started.md"), encoding="utf-8").read()], trainer)
     big_path = os.path.join(TMP, "big_tokenizer.json")
     big.save(big_path)
     expect_bad("tokenizer_vocab", ["generate", base, "--tokenizer", big_path, "--prompt", "x"],

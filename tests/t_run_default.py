@@ -17,7 +17,7 @@ Checks:
   run.eval.*          three eval lines (base, fine-tune, LoRA) on the 8
                       held-back pairs; both fine-tunes' losses below the
                       base's; the fine-tune's equals its last validation loss
-  run.answers         both held-back questions, each with the README's, the
+  run.answers         both held-back questions, each with the reference's, the
                       base's and the fine-tune's answers
   run.hf.*            the exported fine-tune loads in transformers
                       (LlamaForCausalLM) and its loss on the held-back samples
@@ -27,7 +27,7 @@ Checks:
                       paths printed
   run.bad_env         a step count that is not a positive integer: one line,
                       exit status 2
-  run.bad_tool.*      tools/default_job.py: a README without the configuration
+  run.bad_tool.*      tools/default_job.py: a page without the configuration
                       table, a vocabulary under 300, answers that are not JSON
                       lines: one line, exit status 2
 """
@@ -52,7 +52,7 @@ from harness import ENV, ROOT, check, note, run_main, scratch_dir  # noqa: E402
 
 TMP = scratch_dir("t_run_default")
 OUT = os.path.join(TMP, "run")
-PRETRAIN_STEPS, FINETUNE_STEPS = 150, 30  # 60 left LoRA 0.05 below the base: a README edit could flip it
+PRETRAIN_STEPS, FINETUNE_STEPS = 150, 30  # 60 left LoRA 0.05 below the base: an edit of the pages could flip it
 MAX_SEQ = 128  # input/run_finetune.json's data.max_seq_length: longer samples are cut to it
 SECTIONS = 6
 HF_TOLERANCE = 1e-4  # relative, fp32 on both sides (t_generate measures ~1e-7)
@@ -167,7 +167,7 @@ def is_png(path):
 
 
 def check_outputs(log):
-    questions = re.findall(r"^Question: .*\n  README: +.+\n  base: +.+\n  fine-tuned: +.+$", log, re.M)
+    questions = re.findall(r"^Question: .*\n  reference: +.+\n  base: +.+\n  fine-tuned: +.+$", log, re.M)
     check("run.answers", len(questions) == 2, f"{len(questions)} answered questions")
     plots = [os.path.join(OUT, p) for p in ("pretrain_loss.png", "finetune_loss.png", "finetune_memory.png")]
     bad = [p for p in plots if not is_png(p) or os.path.getsize(p) < MIN_PNG_BYTES or p not in log]
@@ -196,14 +196,14 @@ def main():
 
 
 def check_bad_input():
-    """A bad step count, a README without the configuration table, a vocabulary too small: one line, exit 2."""
+    """A bad step count, a page without the configuration table, a vocabulary too small: one line, exit 2."""
     p = run_job({"SHARDLM_RUN_FINETUNE_STEPS": "ten"})
     check("run.bad_env", p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "'ten'" in p.stderr
           and not p.stdout, f"rc {p.returncode}, stdout {p.stdout!r}, stderr {p.stderr!r}")
     tool = os.path.join(ROOT, "tools", "default_job.py")
     no_table = os.path.join(TMP, "no_table.md")
     with open(no_table, "w") as f:
-        f.write("# a README\n\n| key | meaning |\n|---|---|\n| `a.b` | c |\n")
+        f.write("# a page\n\n| key | meaning |\n|---|---|\n| `a.b` | c |\n")
     for name, args, expect in (
             ("no_table", ["instructions", no_table, "--out", TMP], "no configuration table"),
             ("vocab", ["tokenizer", "--vocab-size", "100", "--out", TMP, "--shards", TMP, no_table],

@@ -9,13 +9,13 @@
         ends a generation). The texts, encoded with it and each ended by that token, become llm.c token
         shards for pre-training: --shards DIR/corpus_train.bin and corpus_val.bin (the last tenth of every
         text).
-    tools/default_job.py instructions README --out DIR [--hold-every K]
-        One prompt/completion pair per configuration key of the README's table (the one headed
-        "| key | default | meaning |"): "What does `train.steps` do?" -> its description. Every K-th pair
-        (default 7) is held back: DIR/train.jsonl, DIR/held.jsonl, and DIR/questions.jsonl, the prompts of
+    tools/default_job.py instructions REFERENCE --out DIR [--hold-every K]
+        One prompt/completion pair per key of the configuration reference's table (docs/configuration.md, the
+        table headed "| key | type | default | allowed | meaning |"): "What does `train.steps` do?" -> its
+        meaning. Every K-th pair (default 14) is held back: DIR/train.jsonl, DIR/held.jsonl, and DIR/questions.jsonl, the prompts of
         the two held-back pairs with the shortest answers among rows naming one key (for shardlm generate).
     tools/default_job.py answers QUESTIONS BASE.jsonl FINETUNED.jsonl
-        Prints each question with the README's answer and the completions of the two models (the JSON lines
+        Prints each question with the reference's answer and the completions of the two models (the JSON lines
         of shardlm generate --prompt-file).
 
 Runs in build/data-venv (tokenizers; tools/deps.sh makes it), re-executing itself there when started by
@@ -33,11 +33,11 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 EXIT_BAD_INPUT = 2
 EOS_TOKEN = "<|endoftext|>"
 VAL_FRACTION = 0.1  # the tail of each text kept for validation, as tools/make_corpus.sh does
-HOLD_EVERY = 7  # every 7th key held back: 8 of the README table's 57 keys, one optimizer step of 8 samples
-CONFIG_TABLE_HEADER = "| key | default | meaning |"
-# The prompt around a question; the completion starts with a space, as the README's cells do after "|".
+HOLD_EVERY = 14  # every 14th key held back: 8 of the reference's 115 keys, one optimizer step of 8 samples
+CONFIG_TABLE_HEADER = "| key | type | default | allowed | meaning |"
+# The prompt around a question; the completion starts with a space, as the reference's cells do after "|".
 PROMPT_FORMAT = "Question: What does {key} do?\nAnswer:"
-# make run's real instruct model (--chat): the question as a user turn, the README's words as the answer
+# make run's real instruct model (--chat): the question as a user turn, the reference's words as the answer
 CHAT_QUESTION = "In shardlm's configuration, what does {key} do?"
 # shardlm generate's finish_reason, in words
 FINISH_REASONS = {"eos": "ended by the end-of-text token", "length": "cut at --max-new-tokens"}
@@ -156,31 +156,32 @@ def without_config_table(text):
     return text if span is None else "".join(lines[:span[0]] + lines[span[1]:])
 
 
-def config_keys(readme_path):
-    """[(key, description, whether the row names this key alone)] of the README's configuration table, in its
-    order. A row naming several keys ("`model.n_kv_head`, `ffn_dim`") gives one pair per key, the later ones
-    completed with the first one's section ("model.ffn_dim")."""
-    lines = read_text(readme_path).splitlines()
+def config_keys(reference_path):
+    """[(key, meaning, whether the row names this key alone)] of the configuration reference's key table
+    (docs/configuration.md, printed by `shardlm config --reference`), in its order; a section's own row (type
+    object) asks nothing."""
+    lines = read_text(reference_path).splitlines()
     span = config_table(lines)
     if span is None:
-        fail(f"{readme_path}: no configuration table (a line '{CONFIG_TABLE_HEADER}'); give the project's README.md")
+        fail(f"{reference_path}: no configuration table (a line '{CONFIG_TABLE_HEADER}'); "
+             "give the project's docs/configuration.md")
     pairs = []
     for row in lines[span[0] + 2:span[1]]:
         cells = split_cells(row)
-        if len(cells) != 3:
-            fail(f"{readme_path}: a configuration row without 3 cells: {row[:60]!r}; fix the table")
-        keys = re.findall(r"`([A-Za-z0-9_.]+)`", cells[0].split("(")[0])
-        section = keys[0].rsplit(".", 1)[0] + "." if keys and "." in keys[0] else ""
-        for i, key in enumerate(keys):
-            full = key if i == 0 or "." in key else section + key
-            pairs.append((f"`{full}`", cells[2], len(keys) == 1))
+        if len(cells) != 5:
+            fail(f"{reference_path}: a configuration row without 5 cells: {row[:60]!r}; regenerate it with "
+                 "bin/shardlm config --reference")
+        if cells[1].startswith("object"):
+            continue
+        pairs.append((cells[0], cells[4], True))
     if len(pairs) < 8:
-        fail(f"{readme_path}: the configuration table has {len(pairs)} keys; at least 8 are needed to hold some back")
+        fail(f"{reference_path}: the configuration table has {len(pairs)} keys; at least 8 are needed to hold some "
+             "back")
     return pairs
 
 
 def cmd_instructions(args):
-    pairs = config_keys(args.readme)
+    pairs = config_keys(args.reference)
     if args.hold_every < 2:
         fail(f"--hold-every {args.hold_every}: give 2 or more (every K-th pair is held back)")
     os.makedirs(args.out, exist_ok=True)
@@ -214,7 +215,7 @@ def cmd_instructions(args):
     with open(os.path.join(args.out, "questions.jsonl"), "w", encoding="utf-8") as f:
         for s in questions:
             f.write(json.dumps({"prompt": s["prompt"], "answer": s["completion"].strip(), "held": s["held"]}) + "\n")
-    print(f"instructions: {len(pairs)} questions from the configuration table of {args.readme}: {len(train)} to "
+    print(f"instructions: {len(pairs)} questions from the configuration table of {args.reference}: {len(train)} to "
           f"train on -> {args.out}/train.jsonl, {len(held)} held back -> {args.out}/held.jsonl")
 
 
@@ -240,7 +241,7 @@ def cmd_answers(args):
                  f"{args.questions} again")
     for q, base, tuned in zip(questions, *answers):
         print(q["prompt"].replace("\n", " ") + ("  [held back]" if q.get("held") else "  [trained on]"))
-        print(f"  {'README:':11} {q['answer']}")
+        print(f"  {'reference:':11} {q['answer']}")
         for name, row in (("base", base), ("fine-tuned", tuned)):
             end = FINISH_REASONS.get(row.get("finish_reason"), row.get("finish_reason"))
             print(f"  {name + ':':11} {row['completion'].strip()!r} ({end})")
@@ -259,8 +260,8 @@ def main():
     p.add_argument("--out", required=True, metavar="DIR", help="the model directory to hold the tokenizer files")
     p.add_argument("--vocab-size", type=int, default=1024)
     p.add_argument("--shards", required=True, metavar="DIR", help="where corpus_train.bin and corpus_val.bin go")
-    p = sub.add_parser("instructions", help="question/answer pairs from the README's configuration table")
-    p.add_argument("readme", metavar="README")
+    p = sub.add_parser("instructions", help="question/answer pairs from the configuration reference's table")
+    p.add_argument("reference", metavar="REFERENCE")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--hold-every", type=int, default=HOLD_EVERY)
     p.add_argument("--chat", action="store_true", help="chat samples ({\"messages\"}) for an instruct model")

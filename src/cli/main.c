@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ckpt_tools.h"
+#include "config_cli.h"
 #include "eval_cli.h"
 #include "generate.h"
 #include "plan_cli.h"
@@ -28,6 +29,8 @@ static void usage_main(FILE *out)
             "  eval MODEL       mean loss and perplexity of a model over a data file (see 'shardlm eval --help')\n"
             "  plan [CONFIG]    memory per rank, communication and FLOPs of a model and settings, without\n"
             "                   running; --fit finds settings that fit (see 'shardlm plan --help')\n"
+            "  config CONFIG    check a config as train would and print it resolved, running nothing;\n"
+            "                   --reference prints every key (see 'shardlm config --help')\n"
             "  tokenize TOK [FILE]  encode a text with a Hugging Face tokenizer.json (or --decode ids) as\n"
             "                   Python's tokenizers does (see 'shardlm tokenize --help')\n"
             "  version          print the version\n"
@@ -53,6 +56,8 @@ int main(int argc, char **argv)
         return cmd_eval(argc - 1, argv + 1);
     if (strcmp(cmd, "plan") == 0)
         return cmd_plan(argc - 1, argv + 1);
+    if (strcmp(cmd, "config") == 0)
+        return cmd_config(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenize") == 0)
         return cmd_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

@@ -25,6 +25,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "core/options.h"
 
@@ -59,6 +60,11 @@ void config_resolve_batch(struct config *cfg, int world);
 /* The resolved configuration as a JSON string (caller frees). */
 char *config_dump(const struct config *cfg);
 void config_free(struct config *cfg);
+/* Prints the configuration reference (docs/configuration.md, markdown) from
+ * the schema table: every key with its type, default, allowed values and
+ * meaning, the DeepSpeed keys accepted without effect with their warning, and
+ * those refused with their error (config_reference.c). */
+void config_print_reference(FILE *out);
 
 
 #endif

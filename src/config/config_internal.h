@@ -41,12 +41,21 @@ enum key_flags {
     F_REJECT = 1u << 2,    /* a DeepSpeed key shardlm refuses; hint says why */
 };
 
+/* One row of the schema. The last three fields are the configuration
+ * reference (`shardlm config --reference`, docs/configuration.md), printed
+ * from this table, so the documentation and the reader are one table:
+ * every row that is neither F_NO_EFFECT nor F_REJECT must have `doc`
+ * (config_print_reference refuses otherwise, and tests/t_docs.py with it). */
 struct key_spec {
     const char *name;
     enum key_kind kind;
     unsigned flags;
     const struct key_spec *children; /* K_OBJ: its keys, ended by {0} */
     const char *hint;                /* F_NO_EFFECT: why; F_REJECT: the error */
+    const char *def;     /* the default in words ("`false`"; NULL: none, the key is optional or required) */
+    const char *allowed; /* the values accepted, in words (NULL: any of the type); "@presets" and "@types"
+                            print the architecture table's names */
+    const char *doc;     /* one line: what the key does */
 };
 
 /* The top level of the document. */
