@@ -33,8 +33,13 @@ Checks per case, against the transformers model in float64:
               one step at lr 0: the exported adapters load with PEFT 0.21
               onto the transformers base at shardlm's logits (rel 1e-4)
   X.lora      not for phi3: LoRA on the fused modules is refused in one line
+  longrope.*  Phi-3's longrope (the 128k models' scaling) with random short
+              factors and max_position_embeddings / original = 4 (cos and sin
+              scaled by sqrt(1 + ln 4 / ln 32)): logits and loss at a sequence
+              up to original_max_position_embeddings, the export loaded back
+              by transformers at the same loss; a longer data.seq_len refused
   refuse.*    MixtralForCausalLM (mixture-of-experts named), Qwen's
-              use_sliding_window true, Phi-3's longrope: one line, exit 2
+              use_sliding_window true, a rope_type shardlm lacks: one line
 """
 import json
 import os
@@ -298,13 +303,52 @@ def check_phi3_files(d):
     check("phi3.lora_refused", r.returncode == 2 and lines and "qkv_proj" in lines[-1], r.stderr[-300:])
 
 
+def check_longrope():
+    rng = np.random.default_rng(3)
+    half = SHAPE["hidden_size"] // SHAPE["num_attention_heads"] // 2
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [float(x) for x in rng.uniform(1, 3, half)],
+            "long_factor": [float(x) for x in rng.uniform(2, 6, half)]}
+    torch.manual_seed(5)
+    cfg = Phi3Config(**SHAPE, original_max_position_embeddings=T, tie_word_embeddings=False, pad_token_id=None,
+                     rope_parameters=rope)
+    d = os.path.join(TMP, "phi3_longrope")
+    Phi3ForCausalLM(cfg).save_pretrained(d)
+    ck = os.path.join(TMP, "ck_longrope")
+    shutil.rmtree(ck, ignore_errors=True)
+    res = train("longrope.N1", d, 1, extra={"checkpoint": {"dir": ck, "export_hf": True}})
+    if res is None:
+        return
+    model = hf("phi3", d)
+    x, y = windows(0, B)
+    with torch.no_grad():
+        logits, loss = loss_of(model, x, y)
+    e = rel(res[0]["logits"][..., :V], logits.numpy())
+    check("longrope.logits", e <= TOL, f"rel {e:.2e}")
+    e = abs(float(res[0]["loss"].ravel()[0]) - loss.item()) / loss.item()
+    check("longrope.loss", e <= TOL, f"rel {e:.2e}")
+    plain = hf("phi3", d)
+    plain.config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    with torch.no_grad():
+        _, other = loss_of(Phi3ForCausalLM(plain.config).double().eval().requires_grad_(False), x, y)
+    out = os.path.join(ck, "hf")
+    back = train("longrope.reload", out, 1)
+    if back is not None:
+        with torch.no_grad():
+            _, want = loss_of(hf("phi3", out), x, y)
+        e = abs(float(back[0]["loss"].ravel()[0]) - want.item()) / want.item()
+        check("longrope.export_transformers_loss", e <= TOL, f"rel {e:.2e}")
+    r = run(["train", config("longrope_long", d, extra={"data": {"seq_len": T + 8}})])
+    lines = r.stderr.strip().splitlines()
+    check("longrope.longer_refused", r.returncode == 2 and lines and "original_max_position_embeddings" in lines[-1],
+          r.stderr[-300:])
+
+
 def check_refused(dirs):
     cases = {"mixtral": ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8},
                          ["mixture-of-experts"]),
              "qwen_window": ({"use_sliding_window": True}, ["use_sliding_window"]),
-             "phi3_longrope": ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
-                                                    "long_factor": [2.0] * 8, "original_max_position_embeddings": 64}},
-                               ["longrope"])}
+             "phi3_yarn": ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+                           ["dynamic"])}
     for name, (edit, words) in cases.items():
         d = os.path.join(TMP, "bad_" + name)
         shutil.rmtree(d, ignore_errors=True)
@@ -333,6 +377,7 @@ def main():
         if kind != "phi3":
             check_lora(kind, dirs[kind])
     check_phi3_files(dirs["phi3"])
+    check_longrope()
     check_ranks("qwen2_bf16", dirs["qwen2_bf16"], "qwen2")
     check_refused(dirs)
     sys.exit(1 if failures() else 0)

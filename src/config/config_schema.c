@@ -26,7 +26,7 @@
 
 static const struct key_spec rope_scaling_keys[] = {
     {"type", K_STR, 0, NULL, NULL, NULL, NULL, "the old name of `rope_type` (transformers reads either)"},
-    {"rope_type", K_STR, 0, NULL, NULL, "`\"default\"`", "`\"default\"`, `\"llama3\"` (Llama 3.1), `\"linear\"`",
+    {"rope_type", K_STR, 0, NULL, NULL, "`\"default\"`", "`\"default\"`, `\"llama3\"` (Llama 3.1), `\"linear\"`, `\"longrope\"` (Phi-3)",
      "how the rotary frequencies are rescaled for long contexts; other types are refused"},
     {"factor", K_NUM, 0, NULL, NULL, NULL, ">= 1",
      "the context extension factor (required by `llama3` and `linear`, as transformers requires it)"},
@@ -34,7 +34,12 @@ static const struct key_spec rope_scaling_keys[] = {
     {"high_freq_factor", K_NUM, 0, NULL, NULL, NULL, "> `low_freq_factor`",
      "`llama3`: the high-frequency wavelength factor (required)"},
     {"original_max_position_embeddings", K_INT, 0, NULL, NULL, "8192", "> 0",
-     "`llama3`: the context length the model was pre-trained at"},
+     "`llama3`, `longrope`: the context length the model was pre-trained at"},
+    {"short_factor", K_ARRAY, 0, NULL, NULL, NULL, "`head_dim` / 2 numbers > 0",
+     "`longrope`: each channel pair's frequency divisor up to `original_max_position_embeddings` (required)"},
+    {"long_factor", K_ARRAY, 0, NULL, NULL, NULL, "`head_dim` / 2 numbers > 0",
+     "`longrope`: the divisors beyond it (required; longer sequences are refused)"},
+    {"attention_factor", K_NUM, 0, NULL, NULL, "1", "> 0", "`longrope`: the scale of cos and sin"},
     {0},
 };
 

@@ -60,6 +60,45 @@ static void check_model_sizes(const struct model_config *m, bool gpt2)
 /* ---- sections ---------------------------------------------------------- */
 
 /* Hugging Face's rope_scaling: type "llama3" or "linear" (null, absent or "default": none). */
+/* A longrope factor list: head_dim / 2 numbers > 0. */
+static int read_factors(json_t *root, const char *key, int want, double *out)
+{
+    char path[64];
+    snprintf(path, sizeof path, "model.rope_scaling.%s", key);
+    json_t *a = doc_get(root, path);
+    if (!json_is_array(a) || (int)json_array_size(a) != want)
+        fail_input("config: '%s' must be a list of head_dim / 2 = %d numbers, as longrope has one per channel pair",
+                   path, want);
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) {
+        double x = json_number_value(v);
+        if (!json_is_number(v) || !(x > 0) || !isfinite(x))
+            fail_input("config: '%s[%zu]' must be a number > 0", path, i);
+        out[i] = x;
+    }
+    return want;
+}
+
+/* Phi-3's longrope: the short factors (sequences up to original_max_position_embeddings, the only ones shardlm
+ * runs), the long ones (kept for the export), and the cos/sin scale, all as io/hf_config.c resolved them. */
+static void read_longrope(struct model_config *m, json_t *root)
+{
+    struct rope_scaling *r = &m->rope_scaling;
+    const int half = m->head_dim / 2;
+    if (half > ROPE_MAX_FACTORS)
+        fail_input("config: longrope with head_dim %d: at most %d channel pairs are implemented", m->head_dim,
+                   ROPE_MAX_FACTORS);
+    r->type = ROPE_SCALING_LONGROPE;
+    r->n_factors = read_factors(root, "short_factor", half, r->short_factor);
+    read_factors(root, "long_factor", half, r->long_factor);
+    r->attention_factor = read_num(root, "model.rope_scaling.attention_factor", 1.0, NO_FILL);
+    r->original_max_positions = read_int(root, "model.rope_scaling.original_max_position_embeddings", 0, NO_FILL);
+    if (!(r->attention_factor > 0) || !isfinite(r->attention_factor))
+        fail_input("config: 'model.rope_scaling.attention_factor' must be a number > 0");
+    require_positive("model.rope_scaling.original_max_position_embeddings", r->original_max_positions);
+}
+
 static void read_rope_scaling(struct model_config *m, json_t *root)
 {
     if (!is_given(root, "model.rope_scaling"))
@@ -69,11 +108,15 @@ static void read_rope_scaling(struct model_config *m, json_t *root)
         type = read_str(root, "model.rope_scaling.type", NULL, NO_FILL);
     if (!type || strcmp(type, "default") == 0)
         return;
-    if (strcmp(type, "llama3") != 0 && strcmp(type, "linear") != 0)
+    if (strcmp(type, "llama3") != 0 && strcmp(type, "linear") != 0 && strcmp(type, "longrope") != 0)
         fail_input("config: 'model.rope_scaling.rope_type' is \"%s\"; supported: \"llama3\" (Llama 3.1), \"linear\", "
-                   "or null for none",
+                   "\"longrope\" (Phi-3), or null for none",
                    type);
     struct rope_scaling *r = &m->rope_scaling;
+    if (strcmp(type, "longrope") == 0) {
+        read_longrope(m, root);
+        return;
+    }
     if (strcmp(type, "linear") == 0) {
         r->type = ROPE_SCALING_LINEAR;
         r->factor = read_num(root, "model.rope_scaling.factor", 1.0, NO_FILL);
@@ -297,6 +340,12 @@ void read_data(struct config *cfg, json_t *root)
         fail_input("config: 'data.seq_len' (%d) is longer than the model's sliding attention window (%d, "
                    "sliding_window in %s/config.json), which shardlm does not implement; lower data.seq_len",
                    d->seq_len, cfg->model.sliding_window, cfg->model.pretrained);
+    const struct rope_scaling *rs = &cfg->model.rope_scaling;
+    if (rs->type == ROPE_SCALING_LONGROPE && d->seq_len > rs->original_max_positions)
+        fail_input("config: 'data.seq_len' (%d) is longer than the longrope model's original_max_position_embeddings "
+                   "(%d): transformers switches to its long_factor there, which shardlm does not implement; lower "
+                   "data.seq_len",
+                   d->seq_len, rs->original_max_positions);
     if (d->seq_len > cfg->model.n_positions)
         fail_input("config: 'data.seq_len' (%d) is larger than 'model.n_positions' (%d): a sequence longer than the "
                    "context; lower data.seq_len or raise model.n_positions",

@@ -29,17 +29,27 @@ enum warmup_type { WARMUP_LOG = 0, WARMUP_LINEAR = 1 };
 /* Architecture variants, fixed by model.type (model_build sets them). */
 enum norm_kind { NORM_LAYERNORM = 0, NORM_RMSNORM };
 enum mlp_kind { MLP_GELU = 0, MLP_SWIGLU };
-enum rope_scaling_type { ROPE_SCALING_NONE = 0, ROPE_SCALING_LLAMA3, ROPE_SCALING_LINEAR };
+enum rope_scaling_type { ROPE_SCALING_NONE = 0, ROPE_SCALING_LLAMA3, ROPE_SCALING_LINEAR, ROPE_SCALING_LONGROPE };
+
+/* Longrope's per-frequency factors: one per channel pair, head_dim / 2 at most this. */
+#define ROPE_MAX_FACTORS 256
 
 /* Hugging Face's rope_scaling (transformers 5: rope_parameters). Type "llama3"
  * (Llama 3.1): wavelengths longer than original_max_positions /
  * low_freq_factor are divided by factor, shorter than original_max_positions /
  * high_freq_factor kept, and blended between the two. Type "linear": every
- * frequency divided by factor (positions interpolated). */
+ * frequency divided by factor (positions interpolated). Type "longrope"
+ * (Phi-3's 128k models): pair i's frequency divided by short_factor[i] and
+ * cos, sin times attention_factor, for sequences up to
+ * original_max_positions (longer ones take long_factor in transformers;
+ * shardlm refuses them). */
 struct rope_scaling {
     enum rope_scaling_type type;
     double factor, low_freq_factor, high_freq_factor;
     int original_max_positions;
+    double attention_factor;                                         /* longrope */
+    int n_factors;                                                   /* longrope: head_dim / 2 */
+    double short_factor[ROPE_MAX_FACTORS], long_factor[ROPE_MAX_FACTORS]; /* longrope, as config.json gives them */
 };
 
 /* model.vocab_size padded to a multiple of this (model_config.padded_vocab), so the logits matmul has

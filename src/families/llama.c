@@ -118,6 +118,10 @@ static float rope_inv_freq(const struct model_config *c, int i, int hs)
     float inv = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * i) / (double)hs));
     if (c->rope_scaling.type == ROPE_SCALING_LINEAR)
         return inv / (float)c->rope_scaling.factor; /* transformers: inv_freq /= factor, in fp32 */
+    if (c->rope_scaling.type == ROPE_SCALING_LONGROPE) { /* 1 / (short_factor[i] base^(2i / hs)), factors in fp32 */
+        const double f = (float)c->rope_scaling.short_factor[i];
+        return (float)(1.0 / (f * pow(c->rope_theta, (double)(2 * i) / hs)));
+    }
     if (c->rope_scaling.type != ROPE_SCALING_LLAMA3)
         return inv;
     const double pi = 3.14159265358979323846;
@@ -136,12 +140,14 @@ static float rope_inv_freq(const struct model_config *c, int i, int hs)
 static void rope_tables(const struct model_config *c, int T, float *cos_out, float *sin_out)
 {
     const int hs = c->head_dim, half = hs / 2;
+    /* longrope scales cos and sin (transformers' attention_scaling, in fp32) */
+    const float scale = c->rope_scaling.type == ROPE_SCALING_LONGROPE ? (float)c->rope_scaling.attention_factor : 1.0f;
     for (int i = 0; i < half; i++) {
         float inv = rope_inv_freq(c, i, hs);
         for (int t = 0; t < T; t++) {
             float angle = (float)t * inv; /* fp32, as Hugging Face's outer product */
-            cos_out[(size_t)t * half + i] = (float)cos((double)angle);
-            sin_out[(size_t)t * half + i] = (float)sin((double)angle);
+            cos_out[(size_t)t * half + i] = (float)cos((double)angle) * scale;
+            sin_out[(size_t)t * half + i] = (float)sin((double)angle) * scale;
         }
     }
 }

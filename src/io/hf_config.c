@@ -268,6 +268,9 @@ static bool rope_key_allowed(const char *type, const char *key)
     if (!strcmp(type, "llama3"))
         return !strcmp(key, "factor") || !strcmp(key, "low_freq_factor") || !strcmp(key, "high_freq_factor") ||
                !strcmp(key, "original_max_position_embeddings");
+    if (!strcmp(type, "longrope"))
+        return !strcmp(key, "short_factor") || !strcmp(key, "long_factor") || !strcmp(key, "factor") ||
+               !strcmp(key, "attention_factor") || !strcmp(key, "original_max_position_embeddings");
     return false;
 }
 
@@ -279,6 +282,39 @@ static double rope_num(struct reader *r, json_t *d, const char *where, const cha
         fail_input("%s: %s.%s is missing or not a number; transformers refuses this rope_type without it", r->path,
                    where, key);
     return x;
+}
+
+/* Phi-3's longrope (transformers 5's _compute_longrope_parameters): the
+ * factor lists as given, original_max_position_embeddings (the top-level key
+ * first, as Phi3Config gives it priority), and attention_factor as given or
+ * computed from max_position_embeddings / original: sqrt(1 + ln(factor) /
+ * ln(original)) above 1, else 1. */
+static json_t *read_longrope(struct reader *r, json_t *d, const char *where, long long max_pos)
+{
+    static const char *const lists[] = {"short_factor", "long_factor"};
+    for (int i = 0; i < 2; i++)
+        if (!json_is_array(json_object_get(d, lists[i])))
+            fail_input("%s: %s.%s is missing or not a list; transformers refuses a longrope without it", r->path,
+                       where, lists[i]);
+    json_t *top = get(r, "original_max_position_embeddings"), *o = json_object_get(d, "original_max_position_embeddings");
+    json_t *omax_v = top && json_is_integer(top) ? top : o;
+    if (!json_is_integer(omax_v) || json_integer_value(omax_v) <= 0)
+        fail_input("%s: original_max_position_embeddings is missing or not a positive integer; longrope needs it",
+                   r->path);
+    const long long omax = json_integer_value(omax_v);
+    double factor = (double)max_pos / (double)omax, att;
+    json_t *f = json_object_get(d, "factor"), *a = json_object_get(d, "attention_factor");
+    if (f && !json_is_null(f) && !hf_json_number(f, &factor))
+        fail_input("%s: %s.factor must be a number", r->path, where);
+    if (a && !json_is_null(a)) {
+        if (!hf_json_number(a, &att) || !(att > 0))
+            fail_input("%s: %s.attention_factor must be a number > 0", r->path, where);
+    } else {
+        att = factor <= 1.0 ? 1.0 : sqrt(1.0 + log(factor) / log((double)omax));
+    }
+    return json_pack("{s:s, s:O, s:O, s:f, s:I}", "rope_type", "longrope", "short_factor",
+                     json_object_get(d, "short_factor"), "long_factor", json_object_get(d, "long_factor"),
+                     "attention_factor", att, "original_max_position_embeddings", (json_int_t)omax);
 }
 
 /* One rotary dictionary (rope_parameters, rope_scaling, or one layer type's
@@ -298,9 +334,12 @@ static json_t *read_rope_dict(struct reader *r, json_t *d, const char *where, do
             fail_input("%s: %s.rope_type must be a string", r->path, where);
         type = json_string_value(t);
     }
-    if (strcmp(type, "default") && strcmp(type, "linear") && strcmp(type, "llama3"))
+    if (!strcmp(type, "su") || !strcmp(type, "yarn")) /* Phi3Config reads both as longrope */
+        type = !strcmp(r->cls, "Phi3Config") ? "longrope" : type;
+    if (strcmp(type, "default") && strcmp(type, "linear") && strcmp(type, "llama3") &&
+        (strcmp(type, "longrope") || strcmp(r->cls, "Phi3Config")))
         fail_input("%s: %s.rope_type is \"%s\", which shardlm does not implement for %s; it implements \"default\", "
-                   "\"linear\" and \"llama3\"",
+                   "\"linear\", \"llama3\" and Phi-3's \"longrope\"",
                    r->path, where, type, r->cls);
     const char *key;
     json_t *v;
@@ -324,7 +363,9 @@ static json_t *read_rope_dict(struct reader *r, json_t *d, const char *where, do
     if (th && !json_is_null(th) && (!hf_json_number(th, &theta) || !(theta > 1.0) || !isfinite(theta)))
         fail_input("%s: %s.rope_theta must be a number larger than 1", r->path, where);
     json_t *out = json_pack("{s:f, s:n}", "rope_theta", theta, "rope_scaling");
-    if (!strcmp(type, "linear")) {
+    if (!strcmp(type, "longrope")) {
+        json_object_set_new(out, "rope_scaling", read_longrope(r, d, where, max_pos));
+    } else if (!strcmp(type, "linear")) {
         json_object_set_new(out, "rope_scaling",
                             json_pack("{s:s, s:f}", "rope_type", "linear", "factor", rope_num(r, d, where, "factor")));
     } else if (!strcmp(type, "llama3")) {
@@ -693,6 +734,15 @@ static void put_rope(json_t *out, const struct model_config *c)
                             "original_max_position_embeddings", s->original_max_positions);
     } else if (s->type == ROPE_SCALING_LINEAR) {
         scaling = json_pack("{s:s, s:f}", "rope_type", "linear", "factor", s->factor);
+    } else if (s->type == ROPE_SCALING_LONGROPE) {
+        json_t *sf = json_array(), *lf = json_array();
+        for (int i = 0; i < s->n_factors; i++) {
+            json_array_append_new(sf, json_real(s->short_factor[i]));
+            json_array_append_new(lf, json_real(s->long_factor[i]));
+        }
+        scaling = json_pack("{s:s, s:o, s:o, s:f, s:i}", "rope_type", "longrope", "short_factor", sf, "long_factor",
+                            lf, "attention_factor", s->attention_factor, "original_max_position_embeddings",
+                            s->original_max_positions);
     }
     if (!json_is_null(scaling)) {
         json_object_update(params, scaling);

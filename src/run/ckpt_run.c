@@ -345,7 +345,18 @@ void ckpt_run_model(struct ckpt_reader *r, const char *path, struct model *m)
     const char *rs_type = json_string_value(json_object_get(rs, "rope_type"));
     if (!rs_type)
         rs_type = json_string_value(json_object_get(rs, "type"));
-    if (json_is_object(rs) && rs_type && strcmp(rs_type, "linear") == 0) {
+    if (json_is_object(rs) && rs_type && strcmp(rs_type, "longrope") == 0) {
+        struct rope_scaling *r = &mc.rope_scaling;
+        json_t *sf = json_object_get(rs, "short_factor"), *lf = json_object_get(rs, "long_factor");
+        r->type = ROPE_SCALING_LONGROPE;
+        r->n_factors = (int)json_array_size(sf) < ROPE_MAX_FACTORS ? (int)json_array_size(sf) : ROPE_MAX_FACTORS;
+        for (int i = 0; i < r->n_factors; i++) {
+            r->short_factor[i] = json_number_value(json_array_get(sf, (size_t)i));
+            r->long_factor[i] = json_number_value(json_array_get(lf, (size_t)i));
+        }
+        r->attention_factor = json_number_value(json_object_get(rs, "attention_factor"));
+        r->original_max_positions = (int)json_integer_value(json_object_get(rs, "original_max_position_embeddings"));
+    } else if (json_is_object(rs) && rs_type && strcmp(rs_type, "linear") == 0) {
         mc.rope_scaling.type = ROPE_SCALING_LINEAR;
         mc.rope_scaling.factor = json_number_value(json_object_get(rs, "factor"));
     } else if (json_is_object(rs) && (!rs_type || strcmp(rs_type, "default") != 0)) {

@@ -756,7 +756,10 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
     if (tr.sess.model.cfg.rotary) {
         const struct rope_scaling *rs = &cfg->model.rope_scaling;
         log_info("rotary: rope_theta %g, rope_type %s%s, rms_norm_eps %g", cfg->model.rope_theta,
-                 rs->type == ROPE_SCALING_LLAMA3 ? "llama3" : rs->type == ROPE_SCALING_LINEAR ? "linear" : "default",
+                 rs->type == ROPE_SCALING_LLAMA3     ? "llama3"
+                 : rs->type == ROPE_SCALING_LINEAR   ? "linear"
+                 : rs->type == ROPE_SCALING_LONGROPE ? "longrope"
+                                                     : "default",
                  rs->type == ROPE_SCALING_NONE ? "" : (snprintf(a, sizeof a, " x%g", rs->factor), a),
                  cfg->model.norm_eps);
     }
