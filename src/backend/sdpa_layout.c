@@ -135,10 +135,11 @@ static const char *refusal(enum attn_kernel k, const struct attn_call *c, char *
     const int half = c->act == DTYPE_F16 || c->act == DTYPE_BF16;
     switch (k) {
     case ATTN_KERNEL_CUDNN:
-        if (!c->cudnn_headers)
-            snprintf(buf, cap, "this binary was built without cuDNN's headers");
-        else if (!c->cudnn_version)
-            snprintf(buf, cap, "no cuDNN library: %s", c->cudnn_missing ? c->cudnn_missing : "not loaded");
+        if (!c->cudnn_version)
+            snprintf(buf, cap, "cuDNN is unavailable: %s",
+                     c->cudnn_missing ? c->cudnn_missing
+                     : c->cudnn_headers ? "its library is not loaded"
+                                        : "this binary was built without cudnn-frontend's headers");
         else if (c->cudnn_version < c->cudnn_headers)
             snprintf(buf, cap, "the cuDNN library is version %ld, older than the headers the build used (%ld)",
                      c->cudnn_version, c->cudnn_headers);

@@ -78,9 +78,9 @@ struct attn_call {
     int hs;               /* head size */
     int aligned;          /* every tensor 16-byte aligned (the tensor-core kernel's staging copies) */
     int tc_enabled;       /* SHARDLM_ATTN_TC is not 0 */
-    long cudnn_version;   /* the loaded library's cudnnGetVersion(), 0: none loaded */
+    long cudnn_version;   /* the loaded library's cudnnGetVersion(), 0: none (cuDNN unavailable) */
     long cudnn_headers;   /* CUDNN_VERSION the build was compiled against, 0: built without cuDNN */
-    const char *cudnn_missing; /* why no library is loaded (cudnn_version 0), or NULL */
+    const char *cudnn_missing; /* why cuDNN is unavailable (cudnn_version 0), or NULL */
 };
 
 /* The head sizes cuDNN's SDPA takes for fp16/bf16 on sm_80/sm_90: multiples of 8 up to 256 (the cuDNN

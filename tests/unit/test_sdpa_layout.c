@@ -193,10 +193,14 @@ static void test_choice(void)
     CHOOSE("attn.cudnn", ATTN_KERNEL_CUDNN, (void)0, ATTN_KERNEL_CUDNN, NULL);
     CHOOSE("attn.cudnn_newer_library", ATTN_KERNEL_CUDNN, c.cudnn_version = 92000, ATTN_KERNEL_CUDNN, NULL);
     CHOOSE("attn.cudnn_missing", ATTN_KERNEL_CUDNN, (c.cudnn_version = 0, c.cudnn_missing = "libcudnn.so.9: not found"),
-           ATTN_KERNEL_TC, "cudnn wanted, but no cuDNN library: libcudnn.so.9: not found; the tc kernel runs");
+           ATTN_KERNEL_TC, "cudnn wanted, but cuDNN is unavailable: libcudnn.so.9: not found; the tc kernel runs");
     CHOOSE("attn.cudnn_older", ATTN_KERNEL_CUDNN, c.cudnn_version = 90100, ATTN_KERNEL_TC,
            "version 90100, older than the headers the build used (91900)");
-    CHOOSE("attn.cudnn_no_headers", ATTN_KERNEL_CUDNN, c.cudnn_headers = 0, ATTN_KERNEL_TC, "built without cuDNN");
+    CHOOSE("attn.cudnn_no_headers", ATTN_KERNEL_CUDNN, (c.cudnn_headers = 0, c.cudnn_version = 0), ATTN_KERNEL_TC,
+           "cuDNN is unavailable: this binary was built without cudnn-frontend's headers");
+    CHOOSE("attn.cudnn_emulated", ATTN_KERNEL_CUDNN,
+           (c.cudnn_headers = 0, c.cudnn_version = 0, c.cudnn_missing = "tests/cudaemu does not emulate cuDNN"),
+           ATTN_KERNEL_TC, "cuDNN is unavailable: tests/cudaemu does not emulate cuDNN; the tc kernel runs");
     CHOOSE("attn.cudnn_fp32", ATTN_KERNEL_CUDNN, c.act = DTYPE_F32, ATTN_KERNEL_FP32,
            "activations are fp32 (cuDNN's fused attention takes fp16 and bf16); the fp32 kernel runs");
     CHOOSE("attn.cudnn_hs_256", ATTN_KERNEL_CUDNN, c.hs = 256, ATTN_KERNEL_CUDNN, NULL);
