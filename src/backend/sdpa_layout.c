@@ -77,11 +77,14 @@ int sdpa_layout_of(struct sdpa_layout *L, struct sdpa_ragged *r, int B, int T, i
     tensor_set(&L->k, L->batch, NKV, T, hs, T * W, hs, W, 1, (int64_t)NH * hs);
     tensor_set(&L->v, L->batch, NKV, T, hs, T * W, hs, W, 1, (int64_t)(NH + NKV) * hs);
     tensor_set(&L->o, L->batch, NH, T, hs, T * OW, hs, OW, 1, 0);
-    tensor_set(&L->stats, L->batch, NH, T, 1, (int64_t)NH * T, T, 1, 1, 0);
-    if (!pos)
+    if (!pos) {
+        tensor_set(&L->stats, L->batch, NH, T, 1, (int64_t)NH * T, T, 1, 1, 0);
         return 0;
-    /* One sequence per sample, in row order; row b's sample starting at token t0 has its tokens at
-     * (b T + t0) W in qkv, (b T + t0) NH hs in out, and its head h's statistics at (b NH + h) T + t0 in lse. */
+    }
+    /* packed: token-major (B T, NH), cuDNN's ragged statistics (sdpa_layout.h) */
+    tensor_set(&L->stats, L->batch, NH, T, 1, (int64_t)T * NH, 1, NH, 1, 0);
+    /* One sequence per sample, in row order; row b's sample starting at token t0 = its token tok = b T + t0 has
+     * its tokens at tok W in qkv, tok NH hs in out, and its statistics at tok NH in the token-major copy. */
     int64_t s = 0;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -94,7 +97,7 @@ int sdpa_layout_of(struct sdpa_layout *L, struct sdpa_ragged *r, int B, int T, i
             r->seq_len[s] = len;
             r->qkv_off[s] = tok * W;
             r->o_off[s] = tok * OW;
-            r->stats_off[s] = (int64_t)b * NH * T + t;
+            r->stats_off[s] = tok * NH;
             s++;
         }
     /* The rounding's empty sequences, and the end: where the last sample ends. */
@@ -104,7 +107,7 @@ int sdpa_layout_of(struct sdpa_layout *L, struct sdpa_ragged *r, int B, int T, i
             r->seq_len[s] = 0;
         r->qkv_off[s] = tokens * W;
         r->o_off[s] = tokens * OW;
-        r->stats_off[s] = (int64_t)(B - 1) * NH * T + T;
+        r->stats_off[s] = tokens * NH;
     }
     return 0;
 }

@@ -17,7 +17,11 @@
  * token, one array per tensor, batch + 1 entries) and the padding mask gets each sequence's length. The batch
  * is the number of samples rounded up to a power of two (at least B), so that a run of micro-batches with
  * varying sample counts builds a handful of graphs, not one per micro-batch; the sequences past the samples
- * have length 0 and start where the last sample ends. s stays T (a sample is at most T tokens).
+ * have length 0 and start where the last sample ends. s stays T (a sample is at most T tokens). The statistics
+ * of packed rows are token-major, (B T, NH) (token tok's head h at tok NH + h), cuDNN's ragged layout: its
+ * backward sizes its own workspace copies of a ragged tensor as tokens x the tensor's strides, so lse's
+ * head-major (B, NH, T) under ragged offsets would overrun them. The CUDA backend keeps them in a token-major
+ * buffer and transposes to and from lse around cuDNN's calls (cuda_attention.cu), so lse stays backend.h's.
  *
  * The choice. SHARDLM_ATTENTION=cudnn|tc|fp32 (unset: cudnn) names the kernel a test wants; what runs is the
  * first of cuDNN, the tensor-core kernel (attention_tc.h) and the FP32 kernel that applies, with the reason
@@ -32,7 +36,7 @@
 #include "core/dtype.h"
 
 /* One operand as cuDNN sees it: dims and strides in cuDNN's (b, h, s, d) order, in elements, and where its
- * element 0 is, in elements from the tensor's base pointer (qkv for q, k, v; out for o; lse for stats). */
+ * element 0 is, in elements from the tensor's base pointer (qkv for q, k, v; out for o; the statistics). */
 struct sdpa_tensor {
     int64_t dim[4], stride[4];
     int64_t offset;
@@ -46,12 +50,12 @@ struct sdpa_layout {
     float scale;     /* 1 / sqrt(hs) */
     struct sdpa_tensor q, k, v; /* views of qkv, and of dqkv for the gradients */
     struct sdpa_tensor o;       /* out, and dout */
-    struct sdpa_tensor stats;   /* lse (B, NH, T) fp32 */
+    struct sdpa_tensor stats;   /* lse (B, NH, T) fp32; packed: its token-major copy (B T, NH) */
 };
 
 /* The packed rows' arrays (ragged only), batch entries of seq_len and batch + 1 of each offset array, in
  * elements: qkv_off (q, k, v and their gradients, each offset further by its tensor's .offset), o_off (out,
- * dout) and stats_off (lse). Caller-owned, at least sdpa_layout_max_batch(B, T) (+ 1) entries each. */
+ * dout) and stats_off (the token-major statistics). Caller-owned, at least sdpa_layout_max_batch(B, T) (+ 1) entries each. */
 struct sdpa_ragged {
     int32_t *seq_len;
     int64_t *qkv_off, *o_off, *stats_off;

@@ -810,6 +810,29 @@ static void check_attention_tc(void)
 
 long backend_cuda_attention_cudnn_calls(void); /* cudnn_attention.h */
 long cudnn_attention_library(const char **why);
+void attention_lse_transpose(float *dst, const float *src, int B, int T, int NH, int to_token_major,
+                             cudaStream_t stream);
+
+/* Packed rows' statistics to cuDNN's token-major layout and back (cudnn_attention.h): element (b, h, t) of lse
+ * at (b T + t) NH + h, and the round trip the same bits. */
+static void check_lse_transpose(void)
+{
+    const int B = 3, T = 37, NH = 5;
+    const size_t n = (size_t)B * T * NH;
+    float *lse = host_random(n, 1), *want = malloc(n * 4);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++)
+                want[((size_t)b * T + t) * NH + h] = lse[((size_t)b * NH + h) * T + t];
+    float *d_lse = to_device(lse, n * 4), *d_tok = poisoned(n), *d_back = poisoned(n);
+    attention_lse_transpose(d_tok, d_lse, B, T, NH, 1, 0);
+    compare("attention_lse_to_token_major", want, d_tok, n, 0.0);
+    attention_lse_transpose(d_back, d_tok, B, T, NH, 0, 0);
+    check_value("attention_lse_round_trip_bits", same_bits(d_back, d_lse, n * 4),
+                "lse to token-major and back is not the same bits");
+    cudaFree(d_lse), cudaFree(d_tok), cudaFree(d_back);
+    free(lse), free(want);
+}
 
 /* Head sizes 64 and 128; T = 1, 63, 64, 192 (T mod 128 = 64 has broken cuDNN before) and 2048; grouped-query
  * (NKV < NH, one kv head for all) and not; the GPT-2 call; packed rows (each sample a ragged sequence). */
@@ -864,6 +887,7 @@ static void check_cudnn_lse_and_determinism(int packed)
 static void check_attention_cudnn(void)
 {
     const char *missing = NULL;
+    check_lse_transpose();
     const long version = cudnn_attention_library(&missing);
     setenv("SHARDLM_ATTENTION", "cudnn", 1);
     if (!version) {

@@ -6,8 +6,10 @@
  *   - a small GQA shape: every element of q, k, v, out and lse reached through the layout is the element
  *     backend.h puts there (the address each way, for every b, h, s, d);
  *   - packed rows (samples of 1, 2, 7, 33 tokens and one-token padding): one sequence per sample in row order,
- *     the batch rounded to a power of two, each sequence's length and ragged offsets in qkv, out and lse, every
- *     token of every sample at its backend.h address, the empty sequences at the end;
+ *     the batch rounded to a power of two, each sequence's length and ragged offsets in qkv, out and the
+ *     token-major statistics (B T, NH), every token of every sample at its address, the empty sequences at
+ *     the end; the statistics' extent is what cuDNN's backward sizes its ragged workspace copies by (tokens x
+ *     strides), so no offset reaches past it;
  *   - positions that are not samples end to end and bad shapes refused with a message;
  *   - the kernel choice: SHARDLM_ATTENTION's values, cuDNN missing, older than the headers, built without,
  *     fp32 activations, head sizes cuDNN or the tensor-core kernel refuse, SHARDLM_ATTN_TC=0, misalignment.
@@ -121,8 +123,7 @@ static void test_packed(void)
                     /* ragged: the sequence's offset takes the place of the batch stride */
                     bad += qkv_off[s] + at(&L.q, 0, h, j, d) != tok * W + h * HS + d;
                     bad += o_off[s] + at(&L.o, 0, h, j, d) != tok * NH * HS + h * HS + d;
-                    bad += d == 0 && stats_off[s] + at(&L.stats, 0, h, j, 0) !=
-                                         ((int64_t)want[s].b * NH + h) * T + want[s].t0 + j;
+                    bad += d == 0 && stats_off[s] + at(&L.stats, 0, h, j, 0) != tok * NH + h; /* token-major */
                 }
             for (int g = 0; g < NKV; g++)
                 bad += qkv_off[s] + at(&L.v, 0, g, j, 3) != tok * W + (NH + NKV + g) * HS + 3;
@@ -130,11 +131,21 @@ static void test_packed(void)
     }
     CHECK("sdpa.packed.every_token_at_its_address", bad == 0, "%ld mismatches", bad);
     CHECK("sdpa.packed.first_offsets", qkv_off[0] == 0 && qkv_off[1] == W && qkv_off[2] == 3 * W &&
-          qkv_off[5] == T * W && o_off[5] == T * NH * HS && stats_off[5] == NH * T && stats_off[4] == 43,
+          qkv_off[5] == T * W && o_off[5] == T * NH * HS && stats_off[5] == T * NH && stats_off[4] == 43 * NH,
           "qkv %lld %lld %lld %lld, stats %lld %lld", (long long)qkv_off[0], (long long)qkv_off[1],
           (long long)qkv_off[2], (long long)qkv_off[5], (long long)stats_off[4], (long long)stats_off[5]);
+    /* cudnn-frontend 1.32's ragged_workspace_size: ((tokens - 1) stride_s + (h - 1) stride_h + (d - 1) stride_d
+     * + 1) elements; every element a sequence reaches must lie below it */
+    const int64_t extent = (B * T - 1) * L.stats.stride[2] + (NH - 1) * L.stats.stride[1] + 1;
+    int64_t reach = 0;
+    for (int s = 0; s < n; s++) {
+        const int64_t last = stats_off[s] + at(&L.stats, 0, NH - 1, want[s].len - 1, 0);
+        reach = last > reach ? last : reach;
+    }
+    CHECK("sdpa.packed.stats_within_cudnn_workspace", reach < extent && reach == B * T * NH - 1,
+          "the statistics reach element %lld, cuDNN's ragged copy holds %lld", (long long)reach, (long long)extent);
     CHECK("sdpa.packed.empty_tail", seq_len[14] == 0 && seq_len[15] == 0 && qkv_off[14] == B * T * W &&
-          qkv_off[16] == B * T * W && o_off[16] == B * T * NH * HS && stats_off[16] == (B - 1) * NH * T + T,
+          qkv_off[16] == B * T * W && o_off[16] == B * T * NH * HS && stats_off[16] == B * T * NH,
           "len %d %d, off %lld %lld", seq_len[14], seq_len[15], (long long)qkv_off[14], (long long)qkv_off[16]);
     /* one sample a row, as packed rows: B sequences of T, no rounding */
     memset(pos, 0, sizeof pos);

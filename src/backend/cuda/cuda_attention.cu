@@ -383,6 +383,27 @@ static struct att_shape att_shape_of(const int32_t *pos, int B, int T, int NH, i
     return s;
 }
 
+/* lse (B, NH, T) <-> token-major (B T, NH), one thread an element (cudnn_attention.h). */
+__global__ static void lse_transpose_kernel(float *dst, const float *src, int B, int T, int NH, int to_token_major)
+{
+    const size_t n = (size_t)B * T * NH;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t tok = i / NH, h = i % NH, b = tok / T, t = tok % T; /* i: token-major */
+        const size_t head_major = (b * NH + h) * T + t;
+        if (to_token_major)
+            dst[i] = src[head_major];
+        else
+            dst[head_major] = src[i];
+    }
+}
+
+extern "C" void attention_lse_transpose(float *dst, const float *src, int B, int T, int NH, int to_token_major,
+                                        cudaStream_t stream)
+{
+    lse_transpose_kernel<<<blocks_for((size_t)B * T * NH, BLOCK), BLOCK, 0, stream>>>(dst, src, B, T, NH,
+                                                                                      to_token_major);
+}
+
 /* ---- which kernel: cuDNN, tensor cores or FP32 (sdpa_layout.h) ------------------------------------------- */
 
 /* SHARDLM_ATTENTION, read at every call (a getenv: tests/gpu/check_kernels.c switches it between cases). */

@@ -278,14 +278,30 @@ static graph_entry &graph_for(int backward, const struct sdpa_layout &L, int B, 
 
 /* ---- per-call buffers ------------------------------------------------------------------------------------ */
 
-/* The workspace of the largest graph run so far and the packed rows' arrays, device memory that grows (at the
- * first call of a larger shape, never in the steady state), outside the memory plan: cuDNN's forward needs
- * none at these shapes, its deterministic backward a few MiB. */
+/* The workspace of the largest graph run so far, the packed rows' arrays and their token-major statistics:
+ * device memory that grows (at the first call of a larger shape, never in the steady state), outside the memory
+ * plan, which does not reserve it yet. The backward's workspace holds fp32 copies of dQ and of the statistics
+ * (cudnn-frontend's composite backward: about B T NH (hs + 1) floats, 64 MiB at Llama-3.1-8B's heads with
+ * B 2, T 2048; packed rows: dQ's copy takes qkv's strides, half as much again); the GPU session's peaks will
+ * say what to plan. */
 static void *g_workspace;
 static int64_t g_workspace_bytes;
 static int32_t *g_ragged_dev, *g_ragged_host; /* seq_len, then the offsets of qkv, out, lse: 4 (n + 1) int32 */
 static int32_t *g_pos_host;
 static int64_t g_ragged_cap, g_pos_cap;
+static float *g_stats; /* packed rows: the token-major statistics (B T, NH) */
+static int64_t g_stats_cap;
+
+static float *stats_buffer(int64_t n)
+{
+    if (n > g_stats_cap) {
+        if (g_stats)
+            cudaCheck(cudaFree(g_stats));
+        cudaCheck(cudaMalloc((void **)&g_stats, (size_t)n * sizeof(float)));
+        g_stats_cap = n;
+    }
+    return g_stats;
+}
 
 static void *workspace_of(int64_t bytes)
 {
@@ -421,9 +437,13 @@ static int attend(int backward, const struct sdpa_tensors &x, const int32_t *pos
     graph_entry *e = prepare(backward, &L, &ragged, pos, B, T, NH, NKV, hs, act, stream, why, why_cap);
     if (!e)
         return 0;
+    /* packed rows: cuDNN's statistics are token-major, lse's head-major (sdpa_layout.h) */
+    float *stats = ragged ? stats_buffer((int64_t)B * T * NH) : (float *)x.lse;
+    if (ragged && backward)
+        attention_lse_transpose(stats, x.lse, B, T, NH, 1, stream);
     std::unordered_map<int64_t, void *> pack = {{UID_Q, at(x.qkv, L.q.offset)}, {UID_K, at(x.qkv, L.k.offset)},
                                                 {UID_V, at(x.qkv, L.v.offset)}, {UID_O, (void *)x.out},
-                                                {UID_STATS, (void *)x.lse}};
+                                                {UID_STATS, stats}};
     if (backward) {
         pack[UID_DO] = (void *)x.dout;
         pack[UID_DQ] = at(x.dqkv, L.q.offset);
@@ -432,7 +452,11 @@ static int attend(int backward, const struct sdpa_tensors &x, const int32_t *pos
     }
     if (ragged)
         pack_ragged(pack, ragged, L.batch, backward);
-    return run(*e, pack, why, why_cap);
+    if (!run(*e, pack, why, why_cap))
+        return 0;
+    if (ragged && !backward)
+        attention_lse_transpose((float *)x.lse, stats, B, T, NH, 0, stream);
+    return 1;
 }
 
 extern "C" int cudnn_attention_forward(void *out, float *lse, const void *qkv, const int32_t *pos, int B, int T,

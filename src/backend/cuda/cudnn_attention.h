@@ -41,6 +41,12 @@ int cudnn_attention_backward(void *dqkv, const void *dout, const void *out, cons
                              const int32_t *pos, int B, int T, int NH, int NKV, int hs, enum dtype act,
                              cudaStream_t stream, char *why, size_t why_cap);
 
+/* Packed rows' statistics between lse's (B, NH, T) and cuDNN's token-major (B T, NH) (sdpa_layout.h): dst = src
+ * transposed, to_token_major 1: lse -> token-major, 0: back; on stream. Defined in cuda_attention.cu (this file's
+ * translation unit has no device code: nvcc's device passes skip it). */
+void attention_lse_transpose(float *dst, const float *src, int B, int T, int NH, int to_token_major,
+                             cudaStream_t stream);
+
 /* How many attention calls cuDNN ran so far (tests/gpu/check_kernels.c checks its cases take it). */
 long backend_cuda_attention_cudnn_calls(void);
 #ifdef __cplusplus
