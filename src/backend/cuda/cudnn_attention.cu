@@ -148,8 +148,10 @@ struct graph_entry {
     int64_t workspace;
 };
 
-/* Graphs by shape, dtype and direction, built at the first call of each and kept for the process. */
-static std::map<std::string, graph_entry> g_graphs;
+/* Graphs by shape, dtype and direction, built at the first call of each and kept for the process: never
+ * destroyed, because static destructors run after the CUDA runtime's exit handlers may have torn the context
+ * down, and a plan's destructor then calls into cuDNN (cudnn-frontend leaks its own statics for the same reason). */
+static std::map<std::string, graph_entry> &g_graphs = *new std::map<std::string, graph_entry>;
 
 static std::shared_ptr<fe::graph::Tensor_attributes> tensor_of(fe::graph::Graph &g, const char *name, int64_t uid,
                                                                const struct sdpa_tensor &x)
