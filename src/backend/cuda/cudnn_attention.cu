@@ -8,7 +8,8 @@
 #include "cudnn_attention.h"
 
 #if defined(__has_include) && !defined(CUDAEMU_RUNTIME_H) /* tests/cudaemu: no cuDNN */
-#if __has_include(<cudnn_frontend.h>)
+/* both: a CUDA toolkit without cuDNN's own headers (a GPU machine's fallback build) builds the stub too */
+#if __has_include(<cudnn_frontend.h>) && __has_include(<cudnn.h>)
 #define SHARDLM_CUDNN 1
 #endif
 #endif
@@ -477,7 +478,7 @@ extern "C" int cudnn_attention_backward(void *dqkv, const void *dout, const void
     return attend(1, x, pos, B, T, NH, NKV, hs, act, stream, why, why_cap);
 }
 
-#else /* no cudnn-frontend headers, or tests/cudaemu: cuDNN is unavailable */
+#else /* no cudnn-frontend or cuDNN headers, or tests/cudaemu: cuDNN is unavailable */
 
 #include <stdio.h>
 
@@ -489,7 +490,7 @@ extern "C" long cudnn_attention_library(const char **why)
 #ifdef CUDAEMU_RUNTIME_H
         *why = "tests/cudaemu does not emulate cuDNN";
 #else
-        *why = "built without cudnn-frontend's headers (run tools/deps.sh, then make CUDA=1 again)";
+        *why = "built without cudnn-frontend's or cuDNN's headers (run tools/deps.sh, then make CUDA=1 again)";
 #endif
     return 0;
 }
