@@ -419,20 +419,28 @@ static enum attn_kernel attention_wanted(void)
 }
 
 /* Says once, per distinct reason, why the attention runs another kernel than the one wanted: a run logs one
- * line when cuDNN is missing, not one per call. */
+ * line when cuDNN is missing, not one per call; past NOTES reasons (shapes cuDNN refuses, each its own), one
+ * line says the rest go unsaid. */
 static void attention_note(const char *why)
 {
     enum { NOTES = 8 };
     static char seen[NOTES][256]; /* each reason's first 255 characters */
     static int n;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n && i < NOTES; i++)
         if (strncmp(seen[i], why, sizeof seen[i] - 1) == 0)
             return;
-    if (n < NOTES) {
-        const size_t len = strnlen(why, sizeof seen[0] - 1);
-        memcpy(seen[n], why, len);
-        seen[n++][len] = 0;
+    if (n > NOTES)
+        return;
+    if (n == NOTES) {
+        n++;
+        log_info("attention: more than %d reasons to run another kernel than SHARDLM_ATTENTION's; the rest are not "
+                 "logged",
+                 NOTES);
+        return;
     }
+    const size_t len = strnlen(why, sizeof seen[0] - 1);
+    memcpy(seen[n], why, len);
+    seen[n++][len] = 0;
     log_info("%s", why);
 }
 
