@@ -94,9 +94,18 @@ NCCL_HOME ?= $(CUDA_HOME)
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
+# cudnn-frontend's headers (tools/deps.sh unpacks them from PyPI's wheel), for src/backend/cuda/cudnn_attention.cu
+# alone, which tests for them (__has_include) and without them builds a stub that says cuDNN is unavailable. A
+# relative path, so that the session's build on the GPU machine (tools/gpu-nomake.sh) takes the same flags.
+CUDNN_FE  ?= build/cudnn-frontend-1.32.0
 NVCCFLAGS := -O3 -std=c++17 $(CUDA_ARCH) $(if $(WERROR),-Werror all-warnings) -Xcompiler -Wall,-Wextra$(if $(WERROR),$(comma)$(WERROR)),-Wno-unused-parameter \
-             -Xcompiler -iquote,src -I$(NCCL_HOME)/include $(PC_CFLAGS)
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -lcublasLt -lcublas -lcudart -lnccl -lstdc++ \
+             -Xcompiler -iquote,src -I$(NCCL_HOME)/include -isystem $(CUDNN_FE)/include $(PC_CFLAGS)
+ifeq ($(CUDA),1)
+ifeq ($(wildcard $(CUDNN_FE)/include/cudnn_frontend.h),)
+$(info shardlm: no cudnn-frontend headers in $(CUDNN_FE); run tools/deps.sh to fetch them, else the CUDA build has no cuDNN attention)
+endif
+endif
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 -lcublasLt -lcublas -lcudart -lnccl -lstdc++ -ldl \
              -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib64
 CUDA_SRCS := $(wildcard src/backend/cuda/*.cu)
 CUDA_OBJS := $(patsubst src/backend/cuda/%.cu,$(BUILD)/cuda/%.o,$(CUDA_SRCS))

@@ -33,6 +33,17 @@ ldd bin/shardlm-cuda | grep -q 'libcublas' && ok cuda.links_cublas || fail cuda.
 ldd bin/shardlm-cuda | grep -q 'libcublasLt' && ok cuda.links_cublaslt || fail cuda.links_cublaslt "no libcublasLt in ldd"
 ldd bin/shardlm-cuda | grep -q 'libnccl' && ok cuda.links_nccl || fail cuda.links_nccl "no libnccl in ldd"
 nm -C build/cuda/comm_nccl.o | grep -q " U ncclCommInitRank" && ok cuda.nccl_bootstrap_linked || fail cuda.nccl_bootstrap_linked "comm_nccl.o does not call ncclCommInitRank"
+# cuDNN's attention (issue 45): compiled with cudnn-frontend's headers (tools/deps.sh unpacks them into build/),
+# the library dlopened at run time, never linked (the machine's cuDNN, or none: the own kernels then run)
+if [ -f build/cudnn-frontend-1.32.0/include/cudnn_frontend.h ]; then
+  nm -C build/cuda/cudnn_attention.o | grep -q "cudnn_frontend::graph::Graph" && nm build/cuda/cudnn_attention.o |
+    grep -q " U dlopen" && ok cuda.cudnn_frontend_compiled ||
+    fail cuda.cudnn_frontend_compiled "build/cuda/cudnn_attention.o has no cudnn_frontend graph code or no dlopen"
+else
+  fail cuda.cudnn_frontend_compiled "no build/cudnn-frontend-1.32.0 (tools/deps.sh fetches it; make test runs that first)"
+fi
+ldd bin/shardlm-cuda | grep -q 'libcudnn' && fail cuda.cudnn_not_linked "bin/shardlm-cuda links $(ldd bin/shardlm-cuda | grep -o 'libcudnn[^ ]*' | head -1)" ||
+  ok cuda.cudnn_not_linked
 # the session's build stage (the probe may fail here: no GPU)
 OUT=$TMP/gpu-out SESSION_WORK=$TMP/gpu bash tests/gpu/run.sh --build-only >"$TMP/gpu.log" 2>&1
 if /usr/bin/python3 -c 'import json, sys

@@ -94,9 +94,16 @@ good = (sorted(progs) == ["check_kernels", "shardlm", "shardlm-cuda", "time_kern
                 for n, p in progs.items()))
 print("ok gpu_bins_info" if good else f"FAIL gpu_bins_info: {info}")
 # sm_90 device code only (no sm_80, no PTX to JIT), in the trainer that runs on
-# the H200: the targets nvcc names in the embedded device code (no cuobjdump here)
-import re
-blob = open(os.path.join(d, "shardlm-cuda"), "rb").read() if os.path.exists(os.path.join(d, "shardlm-cuda")) else b""
+# the H200: the targets nvcc names in the embedded device code (no cuobjdump here),
+# read from the .nv_fatbin section alone: the host code's strings name others
+# (cudnn-frontend's messages and knobs: sm_80, sm_100a, ...)
+import re, subprocess, tempfile
+blob = b""
+if os.path.exists(os.path.join(d, "shardlm-cuda")):
+    with tempfile.NamedTemporaryFile() as fb:
+        subprocess.run(["objcopy", "-O", "binary", "--only-section=.nv_fatbin", os.path.join(d, "shardlm-cuda"), fb.name],
+                       check=False)
+        blob = open(fb.name, "rb").read()
 arches = sorted(set(re.findall(rb"(?:sm|compute)_[0-9]+[a-z]?", blob)))
 print("ok gpu_bins_sm90_only" if arches == [b"sm_90"] else f"FAIL gpu_bins_sm90_only: {arches}")
 PY

@@ -8,8 +8,57 @@
 # reference-test tools (Debian's python3-torch, numpy, h5py, crc32c) and the
 # Slurm daemons for tests/t_slurm.sh are present.  With --slurm it checks only
 # Slurm (munge, slurmctld, slurmd, the clients, PMIx), for
-# tools/slurm-local/start.sh.
+# tools/slurm-local/start.sh.  With --cudnn-frontend it only unpacks
+# cudnn-frontend's headers (below) into build/, as make CUDA=1 asks.
 set -euo pipefail
+
+# cudnn-frontend (NVIDIA, MIT licence, header-only C++17: the CUDA backend's cuDNN attention, issue 45),
+# from PyPI's nvidia-cudnn-frontend wheel: that exact file, its SHA-256 checked, fetched once with
+# pip download --no-deps, its include/ unpacked into build/cudnn-frontend-VERSION/include (cached: nothing is
+# fetched while that folder's version header is there). The wheel's compiled Python module and cuDNN's
+# libraries are never used: the library is the machine's, found at run time. Without nvcc nothing is fetched.
+cudnn_fe_version=1.32.0
+cudnn_fe_wheel=nvidia_cudnn_frontend-1.32.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
+cudnn_fe_sha256=c6006556017a4d1c914c52a556c71b1267f2d6a0500f742e7b4edef539878df0
+cudnn_frontend() {
+  local root dest tmp
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  dest="$root/build/cudnn-frontend-$cudnn_fe_version"
+  if grep -qs "CUDNN_FRONTEND_MINOR_VERSION 32" "$dest/include/cudnn_frontend_version.h"; then
+    return 0
+  fi
+  echo "shardlm deps: fetching cudnn-frontend $cudnn_fe_version's headers into $dest" >&2
+  tmp=$(mktemp -d)
+  # the wheel is the same C++ headers for every Python; pin the one file by its tags
+  if ! /usr/bin/python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version 3.11 --implementation cp --abi cp311 --platform manylinux_2_28_x86_64 \
+      "nvidia-cudnn-frontend==$cudnn_fe_version" -d "$tmp" >"$tmp/pip.log" 2>&1 || [ ! -f "$tmp/$cudnn_fe_wheel" ]; then
+    tail -3 "$tmp/pip.log" >&2
+    echo "shardlm deps: could not download $cudnn_fe_wheel from PyPI; without it make CUDA=1 builds the CUDA backend without cuDNN (the tensor-core attention runs)" >&2
+    rm -rf "$tmp"
+    return 2
+  fi
+  if [ "$(sha256sum "$tmp/$cudnn_fe_wheel" | cut -d' ' -f1)" != "$cudnn_fe_sha256" ]; then
+    echo "shardlm deps: $cudnn_fe_wheel does not have the SHA-256 tools/deps.sh pins ($cudnn_fe_sha256); not unpacked" >&2
+    rm -rf "$tmp"
+    return 2
+  fi
+  rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+  /usr/bin/python3 - "$tmp/$cudnn_fe_wheel" "$dest.tmp" <<'PYEOF' || { rm -rf "$tmp" "$dest.tmp"; return 2; }
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    names = [n for n in z.namelist() if n.startswith("include/") and not n.endswith("/")]
+    if not any(n == "include/cudnn_frontend.h" for n in names):
+        sys.exit("shardlm deps: the wheel has no include/cudnn_frontend.h")
+    for n in names:
+        z.extract(n, sys.argv[2])
+PYEOF
+  rm -rf "$dest" && mv "$dest.tmp" "$dest" && rm -rf "$tmp"
+}
+if [ "${1:-}" = --cudnn-frontend ]; then
+  cudnn_frontend
+  exit $?
+fi
 
 want_build=1 want_test=0 want_slurm=0
 case "${1:-}" in
@@ -214,6 +263,7 @@ assert (tensorboard.__version__, wandb.__version__) == ('2.20.0', '0.21.4')" "te
 # --test the reference one.
 venvs() {
   if [ "$want_build" = 1 ]; then data_venv; fi
+  if [ "$want_build" = 1 ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then cudnn_frontend || true; fi
   if [ "$want_test" = 1 ]; then
     ref_venv
     ref5_venv

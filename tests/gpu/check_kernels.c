@@ -782,19 +782,24 @@ static const struct packed_attention_shape TC_ATTENTION_SHAPES[] = {
     {3, 150, 4, 2, 64, 0}, {2, 100, 4, 1, 128, 0}, {3, 130, 2, 2, 128, 1}, {1, 100, 2, 2, 64, 1},
 };
 
-/* check_attention on a fresh random qkv (1.5 scale, rounded to the dtype) with packed rows or none; 1 when the
- * tensor cores took every attention call it made. */
-static int attention_case_took_tc(const struct packed_attention_shape *a, int packed, const char *v)
+/* check_attention on a fresh random qkv (1.5 scale, rounded to the dtype) with packed rows or none; 1 when calls()
+ * (a kernel's count of the calls it ran) counted every attention call the case made. */
+static int attention_case_took(const struct packed_attention_shape *a, int packed, const char *v, long (*calls)(void))
 {
     const size_t nqkv = (size_t)a->B * a->T * (a->NH + 2 * a->NKV) * a->hs;
     float *qkv = act_round(host_random(nqkv, 1.5f), nqkv);
     int32_t *pos = packed ? packed_positions(a->B, a->T) : NULL;
-    const long before = backend_cuda_attention_tc_calls();
+    const long before = calls();
     check_attention(qkv, pos, a->B, a->T, a->NH, a->NKV, a->hs, a->gpt2_call, v);
     /* forward and backward, and the GPT-2 call's second pass through the grouped-query calls */
-    const long want = a->gpt2_call ? 4 : 2, took = backend_cuda_attention_tc_calls() - before;
+    const long want = a->gpt2_call ? 4 : 2, took = calls() - before;
     free(qkv), free(pos);
     return took == want;
+}
+
+static int attention_case_took_tc(const struct packed_attention_shape *a, int packed, const char *v)
+{
+    return attention_case_took(a, packed, v, backend_cuda_attention_tc_calls);
 }
 
 static void check_attention_tc(void)
@@ -832,6 +837,124 @@ static void check_attention_tc(void)
                 "SHARDLM_ATTN_TC=0 still ran on the tensor cores");
     unsetenv("SHARDLM_ATTN_TC");
     use_act(DTYPE_F32, TOL, "");
+}
+
+/* ---- attention through cuDNN (src/backend/cuda/cudnn_attention.cu, issue 45) -------------------------------- */
+
+long backend_cuda_attention_cudnn_calls(void); /* cudnn_attention.h */
+long cudnn_attention_library(const char **why);
+void attention_lse_transpose(float *dst, const float *src, int B, int T, int NH, int to_token_major,
+                             cudaStream_t stream);
+
+/* Packed rows' statistics to cuDNN's token-major layout and back (cudnn_attention.h): element (b, h, t) of lse
+ * at (b T + t) NH + h, and the round trip the same bits. */
+static void check_lse_transpose(void)
+{
+    const int B = 3, T = 37, NH = 5;
+    const size_t n = (size_t)B * T * NH;
+    float *lse = host_random(n, 1), *want = malloc(n * 4);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++)
+                want[((size_t)b * T + t) * NH + h] = lse[((size_t)b * NH + h) * T + t];
+    float *d_lse = to_device(lse, n * 4), *d_tok = poisoned(n), *d_back = poisoned(n);
+    attention_lse_transpose(d_tok, d_lse, B, T, NH, 1, 0);
+    compare("attention_lse_to_token_major", want, d_tok, n, 0.0);
+    attention_lse_transpose(d_back, d_tok, B, T, NH, 0, 0);
+    check_value("attention_lse_round_trip_bits", same_bits(d_back, d_lse, n * 4),
+                "lse to token-major and back is not the same bits");
+    cudaFree(d_lse), cudaFree(d_tok), cudaFree(d_back);
+    free(lse), free(want);
+}
+
+/* Head sizes 64 and 128; T = 1, 63, 64, 192 (T mod 128 = 64 has broken cuDNN before) and 2048; grouped-query
+ * (NKV < NH, one kv head for all) and not; the GPT-2 call; packed rows (each sample a ragged sequence). */
+static const struct packed_attention_shape CUDNN_ATTENTION_SHAPES[] = {
+    {2, 1, 4, 4, 64, 0},    {2, 63, 4, 4, 64, 1},  {2, 64, 4, 2, 64, 0},   {2, 192, 8, 2, 64, 0},
+    {1, 1, 4, 1, 128, 0},   {2, 63, 4, 1, 128, 0}, {2, 192, 4, 4, 128, 0}, {1, 2048, 8, 2, 128, 0},
+    {1, 2048, 4, 1, 128, 0},
+};
+/* which of them also run with packed rows */
+static const int CUDNN_PACKED[] = {0, 1, 0, 1, 0, 1, 1, 0, 1};
+
+static int attention_case_took_cudnn(const struct packed_attention_shape *a, int packed, const char *v)
+{
+    return attention_case_took(a, packed, v, backend_cuda_attention_cudnn_calls);
+}
+
+/* cuDNN's forward, then the tensor-core backward from its log-sum-exp (so both keep the same one: either backward
+ * follows either forward), and cuDNN's backward twice to the same bits (deterministic: bit-exact resume). */
+static void check_cudnn_lse_and_determinism(int packed)
+{
+    const int B = 2, T = 192, NH = 4, NKV = 2, hs = 64, N = B * T;
+    const size_t nqkv = (size_t)N * (NH + 2 * NKV) * hs, nout = (size_t)N * NH * hs;
+    const char *v = packed ? "_cudnn_mixed_packed" : "_cudnn_mixed";
+    float *qkv = act_round(host_random(nqkv, 1.5f), nqkv), *d_qkv = act_to_device(qkv, nqkv);
+    int32_t *pos = packed ? packed_positions(B, T) : NULL, *d_pos = pos ? to_device(pos, (size_t)N * 4) : NULL;
+    float *att = malloc(cpu_attention_saved(B, T, NH) + 4), *out = malloc(nout * 4);
+    float *scratch = malloc((cpu_attention_scratch(T, NH) + 1) * 4), *dqkv = malloc(nqkv * 4);
+    float *dout = act_round(host_random(nout, 1), nout), *d_dout = act_to_device(dout, nout);
+    float *d_out = act_poisoned(nout), *d_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
+    float *d_dqkv = act_poisoned(nqkv), *d_dqkv2 = act_poisoned(nqkv);
+    cpu_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs);
+    cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs);
+    setenv("SHARDLM_ATTENTION", "cudnn", 1);
+    backend_attention_gqa_forward(d_out, d_att, d_qkv, NULL, d_pos, B, T, NH, NKV, hs);
+    compare(named2("attention_cudnn_lse", v), att, d_att, (size_t)B * NH * T, LSE_TOL);
+    setenv("SHARDLM_ATTENTION", "tc", 1);
+    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs);
+    compare_act(named2("attention_tc_backward_after_cudnn_forward", v), dqkv, d_dqkv, nqkv, g_tol);
+    setenv("SHARDLM_ATTENTION", "cudnn", 1);
+    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_backward(d_dqkv2, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs);
+    check_value(named2("attention_cudnn_backward_deterministic", v), same_bits(d_dqkv, d_dqkv2, act_bytes(nqkv)),
+                "cuDNN's backward gave other bits the second time");
+    cudaFree(d_qkv), cudaFree(d_pos), cudaFree(d_dout), cudaFree(d_out), cudaFree(d_att), cudaFree(d_dqkv);
+    cudaFree(d_dqkv2);
+    free(qkv), free(pos), free(att), free(out), free(scratch), free(dqkv), free(dout);
+}
+
+/* Every case in bf16 and fp16 against the CPU's FP32 attention, each call taken by cuDNN. Where cuDNN is not
+ * there (no library, tests/cudaemu), the cases are skipped with the reason, and one case checks that the
+ * tensor-core kernel runs in its place. */
+static void check_attention_cudnn(void)
+{
+    const char *missing = NULL;
+    check_lse_transpose();
+    const long version = cudnn_attention_library(&missing);
+    setenv("SHARDLM_ATTENTION", "cudnn", 1);
+    if (!version) {
+        printf("skip attention_cudnn: %s\n", missing ? missing : "cuDNN unavailable");
+        use_act(DTYPE_BF16, 1e-2, "_bf16");
+        const long tc_before = backend_cuda_attention_tc_calls();
+        const int took = attention_case_took_cudnn(&TC_ATTENTION_SHAPES[0], 1, "_cudnn_unavailable");
+        check_value("attention_cudnn_unavailable_runs_tc", !took && backend_cuda_attention_tc_calls() - tc_before == 2,
+                    "without cuDNN the attention did not run on the tensor cores");
+        use_act(DTYPE_F32, TOL, "");
+        return;
+    }
+    printf("cuDNN %ld\n", version);
+    const enum dtype dts[2] = {DTYPE_BF16, DTYPE_F16};
+    const double tols[2] = {1e-2, 5e-3};
+    for (int d = 0; d < 2; d++) {
+        use_act(dts[d], tols[d], dts[d] == DTYPE_BF16 ? "_bf16" : "_fp16");
+        for (size_t k = 0; k < sizeof CUDNN_ATTENTION_SHAPES / sizeof CUDNN_ATTENTION_SHAPES[0]; k++)
+            for (int packed = 0; packed <= CUDNN_PACKED[k]; packed++) {
+                const struct packed_attention_shape *a = &CUDNN_ATTENTION_SHAPES[k];
+                char v[64];
+                snprintf(v, sizeof v, "_cudnn_T%d_nh%d_kv%d_hs%d%s%s", a->T, a->NH, a->NKV, a->hs,
+                         a->gpt2_call ? "_gpt2" : "", packed ? "_packed" : "");
+                check_value(named2("attention_cudnn_taken", v), attention_case_took_cudnn(a, packed, v),
+                            "an attention call of this case did not run through cuDNN");
+            }
+        check_cudnn_lse_and_determinism(0);
+        check_cudnn_lse_and_determinism(1);
+    }
+    /* fp32 activations: not cuDNN's (the FP32 kernel runs) */
+    use_act(DTYPE_F32, TOL, "");
+    setenv("SHARDLM_ATTENTION", "cudnn", 1);
+    check_value("attention_cudnn_not_taken_fp32", !attention_case_took_cudnn(&TC_ATTENTION_SHAPES[0], 0, "_cudnn_fp32"),
+                "fp32 activations ran through cuDNN");
 }
 
 /* The packed position-table gradient over more than one window of the device's fp32 sums (T x C beyond its
@@ -1219,6 +1342,8 @@ int main(void)
     backend_init(0);
     /* the CPU's attention keeps what the device's does (each row's log-sum-exp), whatever SHARDLM_ATTENTION says */
     backend_cpu_attention_use(CPU_ATTENTION_TILED);
+    /* the own kernels' checks below test the tensor-core and FP32 kernels; cuDNN's are check_attention_cudnn's */
+    setenv("SHARDLM_ATTENTION", "tc", 1);
     check_half_grads(DTYPE_BF16, 1e-2, "_bf16", EVEN);
     check_half_grads(DTYPE_F16, 5e-3, "_fp16", ODD);
     check_act_kernels(DTYPE_F32, TOL, "", EVEN);
@@ -1234,6 +1359,8 @@ int main(void)
     check_packing(DTYPE_F16, 5e-3, "_fp16", ODD);
     check_packed_wpe_windows();
     check_attention_tc();
+    check_attention_cudnn();
+    setenv("SHARDLM_ATTENTION", "tc", 1);
     check_lora_kernels(DTYPE_F32, TOL, "", 0);
     check_lora_kernels(DTYPE_BF16, 1e-2, "_bf16", 0);
     check_lora_kernels(DTYPE_BF16, 1e-2, "_bf16_grads_bf16", 1);

@@ -17,6 +17,17 @@
   llama_12l     the Llama shape (12 layers, C 768, 12 heads, 4 KV heads, FFN
                 2048, vocab 32000, T 512), bf16, ZeRO stage 3: shardlm-cuda
                 and PyTorch (when transformers is importable, else "skip")
+  llama8b       issue 45's workload: Llama-3.1-8B's width (d 4096, 32 heads,
+                8 KV heads, FFN 14336, vocab 128256, RoPE llama3), random
+                init, bf16, T 2048, micro-batch 2, accumulation 8, activation
+                checkpointing, SESSION_8B_LAYERS layers (default 4: the whole
+                32 do not fit the machine's 128 GiB of host memory or the
+                session's minutes; the per-layer figures are the same):
+                (full) ZeRO-3 with offload_optimizer "cpu" against PyTorch
+                FSDP2 with CPUOffloadPolicy, (lora) LoRA r 16 on every linear
+                layer against PEFT with SDPA (tools/bench/torch_llama8b.py);
+                tokens/s, MFU (6N full, 4N LoRA, attention counted), peak
+                device memory, peak host RSS, shardlm's plan beside its peaks
 
 MFU = tokens/s x FLOPs per token (src/model/model.c model_flops_per_token) / peak.
 PEAK_TFLOPS: NVIDIA's H200 SXM datasheet (nvidia.com/en-us/data-center/h200,
@@ -39,7 +50,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from harness import check, failures, scratch_dir, write_shard  # noqa: E402
+from harness import REF5_VENV, check, failures, ref5_env, scratch_dir, write_shard  # noqa: E402
 from procgroup import run_group  # noqa: E402
 
 PEAK_TFLOPS = float(os.environ.get("SHARDLM_PEAK_TFLOPS", "989"))  # H200 SXM dense bf16; see the docstring
@@ -125,8 +136,22 @@ def gemm_tflops(emulate):
     return 2.0 * n ** 3 / best / 1e12, n, name, cuda
 
 
-def run_shardlm(args, tag, model, micro, accum, steps):
-    """Trains with the CUDA build; returns (tokens/s median, peak device bytes) or (None, why)."""
+def merged(base, extra):
+    """base with extra's keys, nested dictionaries merged."""
+    out = dict(base)
+    for k, v in (extra or {}).items():
+        out[k] = merged(out.get(k, {}), v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+# Runs a command and prints its descendants' peak resident set (the trainer under mpirun included) as "@rss N".
+RSS_WRAPPER = ("import resource, subprocess, sys; r = subprocess.call(sys.argv[1:]); "
+               "print('@rss', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, flush=True); sys.exit(r)")
+
+
+def run_shardlm(args, tag, model, micro, accum, steps, extra=None):
+    """Trains with the CUDA build (extra: config keys merged in); returns (tokens/s median, peak device bytes, the
+    window's tokens/s, the metrics' memory rows, peak host RSS bytes) or (None, why)."""
     data = os.path.join(TMP, f"tokens_{model['vocab_size']}.bin")
     if not os.path.exists(data):
         import numpy as np
@@ -139,12 +164,14 @@ def run_shardlm(args, tag, model, micro, accum, steps):
            "gradient_clipping": 1.0, "bf16": {"enabled": True},
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}},
            "zero_optimization": {"stage": 3}}
+    cfg = merged(cfg, extra)
     path = os.path.join(TMP, tag + ".json")
     with open(path, "w") as f:
         json.dump(cfg, f)
     if os.path.exists(metrics):
         os.remove(metrics)
-    cmd = ["mpirun", "-np", "1", "--bind-to", "none", args.shardlm, "train", path, "--quiet"]
+    cmd = [sys.executable, "-c", RSS_WRAPPER, "mpirun", "-np", "1", "--bind-to", "none", args.shardlm, "train", path,
+           "--quiet"]
     r = run_group(cmd, ENV, args.part_timeout)
     if r is None:
         return None, f"timed out after {args.part_timeout} s (its process group killed)"
@@ -160,8 +187,9 @@ def run_shardlm(args, tag, model, micro, accum, steps):
     if not tps:
         return None, "no step in the metrics"
     mem = next((r["memory"] for r in rows if "memory" in r), {})
+    rss = next((int(x.split()[1]) for x in out.splitlines() if x.startswith("@rss ")), 0)
     return (statistics.median(tps[-WINDOW:]), sum(v["peak"] for v in mem.values() if v["space"] == "device"),
-            tps[-WINDOW:]), ""
+            tps[-WINDOW:], mem, rss), ""
 
 
 def run_torch(args, L, NH, C, T, B, V, Vp, accum, steps, extra=()):
@@ -185,6 +213,90 @@ def run_torch(args, L, NH, C, T, B, V, Vp, accum, steps, extra=()):
     return (statistics.median(tps), summary["peak_bytes"] or 0, tps), summary
 
 
+LLAMA8B_TORCH = os.path.join(ROOT, "tools", "bench", "torch_llama8b.py")
+
+
+def spaces(mem, key):
+    """The metrics' memory rows summed per space: {space: bytes} of key ("planned" or "peak")."""
+    out = {}
+    for v in mem.values():
+        out[v["space"]] = out.get(v["space"], 0) + v[key]
+    return out
+
+
+def llama8b(args, gemm):
+    """Issue 45's workload (the docstring's llama8b): both modes, shardlm then PyTorch; the table's rows."""
+    emulate = args.emulate
+    L = int(os.environ.get("SESSION_8B_LAYERS", "4"))
+    if emulate:  # torch_llama8b.py --width toy's shape
+        L, T, B, accum, steps, width = 2, 32, 2, 2, 3, "toy"
+        shape = {"n_head": 4, "n_kv_head": 2, "n_embd": 64, "ffn_dim": 224, "vocab_size": 512, "n_positions": T}
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64}
+    else:
+        T, B, accum, steps, width = 2048, 2, 8, 10, "8b"
+        # n_positions: rope_scaling's original context (it sizes the rotary tables and the data; T is 2048)
+        shape = {"n_head": 32, "n_kv_head": 8, "n_embd": 4096, "ffn_dim": 14336, "vocab_size": 128256,
+                 "n_positions": 8192}
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192}
+    model = dict(type="llama", n_layer=L, rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=scaling,
+                 tie_word_embeddings=False, **shape)
+    C, NH, KVH, F, V = shape["n_embd"], shape["n_head"], shape["n_kv_head"], shape["ffn_dim"], shape["vocab_size"]
+    KV = C // NH * KVH
+    N = L * (2.0 * C * C + 2.0 * C * KV + 3.0 * C * F) + V * C
+    rows = []
+    for mode in ("full", "lora"):
+        fpt = (6.0 if mode == "full" else 4.0) * N + 12.0 * L * C * T
+        extra = {"data": {"seq_len": T}, "activation_checkpointing": {"enabled": True, "interval": 1},
+                 "optimizer": {"params": {"lr": 1e-5, "weight_decay": 0.01}}}
+        if mode == "full":
+            extra["zero_optimization"] = {"offload_optimizer": {"device": "cpu"}}
+        else:
+            extra["lora"] = {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
+        fig = {"mode": mode, "layers": L, "of_layers": 32, "width": width, "T": T, "B": B, "accum": accum,
+               "steps": steps, "emulated": emulate, "flops_per_token": fpt}
+        s, why = run_shardlm(args, f"llama8b_{mode}", model, B, accum, steps, extra)
+        ok(f"throughput.llama8b.{mode}.shardlm", s is not None and s[0] > 0, why)
+        if s is not None:
+            fig["shardlm"] = {"tokens_per_s": round(s[0], 1), "mfu_vs_peak": round(s[0] * fpt / 1e12 / PEAK_TFLOPS, 4),
+                              "mfu_vs_gemm": round(s[0] * fpt / 1e12 / gemm, 4) if gemm else None,
+                              "peak_device_bytes": s[1], "peak_host_rss_bytes": s[4],
+                              "planned_by_space": spaces(s[3], "planned"), "peak_by_space": spaces(s[3], "peak")}
+        cmd = [args.python, LLAMA8B_TORCH, "--mode", mode, "--width", width, "--layers", str(L), "--seq-len", str(T),
+               "--batch", str(B), "--accum", str(accum), "--steps", str(steps),
+               "--device", "cpu" if emulate else "cuda"]
+        env = None
+        if emulate and os.path.exists(os.path.join(REF5_VENV, "bin", "python")):
+            # the rehearsal runs the reference for real, at toy size on the CPU, in build/ref5-venv (torch 2.11 with
+            # FSDP2, transformers 5, PEFT: what the GPU machine's PyTorch has), where tools/deps.sh --test made it
+            cmd[0], env = os.path.join(REF5_VENV, "bin", "python"), dict(ref5_env(), OMP_NUM_THREADS="2")
+        t = run_group(cmd, env, args.part_timeout)
+        lines = t.stdout.decode(errors="replace").strip().splitlines() if t is not None else []
+        summary = next((json.loads(x[8:]) for x in lines if x.startswith("summary ")), None)
+        p = None
+        if t is not None and t.returncode == 3 and lines and lines[-1].startswith("skip"):
+            skip(f"throughput.llama8b.{mode}.pytorch", lines[-1][5:].strip(" :"))
+            fig["pytorch"] = {"status": "skip", "reason": lines[-1]}
+        else:
+            ok(f"throughput.llama8b.{mode}.pytorch", summary is not None,
+               "timed out" if t is None else f"exit {t.returncode}: " + " | ".join(lines[-3:]))
+        if summary:
+            tps = [B * T * accum / (x / 1e3) for x in (summary["ms"][1:] or summary["ms"])[-WINDOW:]]
+            p = (statistics.median(tps),)
+            fig["pytorch"] = {"tokens_per_s": round(p[0], 1), "mfu_vs_peak": round(p[0] * fpt / 1e12 / PEAK_TFLOPS, 4),
+                              "mfu_vs_gemm": round(p[0] * fpt / 1e12 / gemm, 4) if gemm else None,
+                              "peak_device_bytes": summary["peak_bytes"],
+                              "peak_host_rss_bytes": summary["peak_rss_bytes"], "offload": summary["offload"],
+                              "what": "FSDP2 + CPUOffloadPolicy" if mode == "full" else "PEFT LoRA r16, SDPA"}
+        if s is not None and p is not None:
+            fig["ratio"] = round(s[0] / p[0], 3)
+            fig["target_ratio"] = 1.5 if mode == "full" else 1.2
+        figure(**{f"llama8b_{mode}": fig})
+        rows.append((f"Llama 8B-wide {L}L {mode}", s and (s[0],), p, fpt))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--emulate", action="store_true", help="tiny shapes, emulated CUDA trainer, PyTorch on the CPU")
@@ -206,63 +318,71 @@ def main():
     except Exception as e:  # noqa: BLE001 (any torch failure is this check's failure)
         ok("throughput.gemm", False, f"{type(e).__name__}: {e}")
 
-    # GPT-2 350M (emulated: a tiny GPT-2 of the same layout)
-    # At least 12 steps (the median and spread of the last 8), shardlm and PyTorch
-    # alternated twice, the SM clock and power read after each run (issue 35)
-    L, NH, C, T, V, B, steps = (2, 2, 64, 32, 256, 2, 3) if emulate else (24, 16, 1024, 1024, 50257, 8, 12)
-    Vp = padded(V)
-    fpt = gpt2_flops_per_token(L, C, Vp, T)
-    model = {"n_layer": L, "n_head": NH, "n_embd": C, "n_positions": T, "vocab_size": V}
+    # which parts (SESSION_THROUGHPUT_PARTS: a session split over two device calls runs llama8b on its own)
+    parts = os.environ.get("SESSION_THROUGHPUT_PARTS", "gpt2,llama12l,llama8b").split(",")
     rows = []
-    for accum in (1, 8):
-        fig = {"model": "gpt2_350m", "B": B, "T": T, "accum": accum, "steps": steps, "window": WINDOW,
-               "emulated": emulate, "order": [], "after_each": []}
-        got = {"shardlm": [], "pytorch": []}
-        for rep in range(2):
-            s, why = run_shardlm(args, f"gpt2_acc{accum}_{rep}", model, B, accum, steps)
-            ok(f"throughput.gpt2_350m.acc{accum}.shardlm.{rep}", s is not None and s[0] > 0, why)
-            fig["after_each"].append({"run": f"shardlm.{rep}", "gpu": gpu_state()})
-            p, pwhy = run_torch(args, L, NH, C, T, B, V, Vp, accum, steps)
-            ok(f"throughput.gpt2_350m.acc{accum}.pytorch.{rep}", p is not None and p[0] > 0, pwhy)
-            fig["after_each"].append({"run": f"pytorch.{rep}", "gpu": gpu_state()})
-            fig["order"] += [f"shardlm.{rep}", f"pytorch.{rep}"]
-            for side, res in (("shardlm", s), ("pytorch", p)):
-                if res is not None:
-                    got[side].append(res)
-        for side, runs in got.items():
-            if runs:
-                fig[side] = summarize(runs)
-                tps = fig[side]["tokens_per_s"]
-                fig[side].update(mfu_vs_peak=round(tps * fpt / 1e12 / PEAK_TFLOPS, 4),
-                                 mfu_vs_gemm=round(tps * fpt / 1e12 / gemm, 4) if gemm else None)
-        figure(**{f"gpt2_350m_acc{accum}": fig})
-        s = (fig["shardlm"]["tokens_per_s"],) if "shardlm" in fig else None
-        p = (fig["pytorch"]["tokens_per_s"],) if "pytorch" in fig else None
-        rows.append((f"GPT-2 350M acc {accum}", s, p, fpt))
+    steps = 3 if emulate else 12
+    if "gpt2" in parts:
+        # GPT-2 350M (emulated: a tiny GPT-2 of the same layout)
+        # At least 12 steps (the median and spread of the last 8), shardlm and PyTorch
+        # alternated twice, the SM clock and power read after each run (issue 35)
+        L, NH, C, T, V, B, steps = (2, 2, 64, 32, 256, 2, 3) if emulate else (24, 16, 1024, 1024, 50257, 8, 12)
+        Vp = padded(V)
+        fpt = gpt2_flops_per_token(L, C, Vp, T)
+        model = {"n_layer": L, "n_head": NH, "n_embd": C, "n_positions": T, "vocab_size": V}
+        for accum in (1, 8):
+            fig = {"model": "gpt2_350m", "B": B, "T": T, "accum": accum, "steps": steps, "window": WINDOW,
+                   "emulated": emulate, "order": [], "after_each": []}
+            got = {"shardlm": [], "pytorch": []}
+            for rep in range(2):
+                s, why = run_shardlm(args, f"gpt2_acc{accum}_{rep}", model, B, accum, steps)
+                ok(f"throughput.gpt2_350m.acc{accum}.shardlm.{rep}", s is not None and s[0] > 0, why)
+                fig["after_each"].append({"run": f"shardlm.{rep}", "gpu": gpu_state()})
+                p, pwhy = run_torch(args, L, NH, C, T, B, V, Vp, accum, steps)
+                ok(f"throughput.gpt2_350m.acc{accum}.pytorch.{rep}", p is not None and p[0] > 0, pwhy)
+                fig["after_each"].append({"run": f"pytorch.{rep}", "gpu": gpu_state()})
+                fig["order"] += [f"shardlm.{rep}", f"pytorch.{rep}"]
+                for side, res in (("shardlm", s), ("pytorch", p)):
+                    if res is not None:
+                        got[side].append(res)
+            for side, runs in got.items():
+                if runs:
+                    fig[side] = summarize(runs)
+                    tps = fig[side]["tokens_per_s"]
+                    fig[side].update(mfu_vs_peak=round(tps * fpt / 1e12 / PEAK_TFLOPS, 4),
+                                     mfu_vs_gemm=round(tps * fpt / 1e12 / gemm, 4) if gemm else None)
+            figure(**{f"gpt2_350m_acc{accum}": fig})
+            s = (fig["shardlm"]["tokens_per_s"],) if "shardlm" in fig else None
+            p = (fig["pytorch"]["tokens_per_s"],) if "pytorch" in fig else None
+            rows.append((f"GPT-2 350M acc {accum}", s, p, fpt))
 
-    # the 12-layer Llama shape
-    L, NH, KVH, C, FF, T, V, B = (2, 2, 1, 64, 128, 32, 256, 2) if emulate else (12, 12, 4, 768, 2048, 512, 32000, 16)
-    fpt_l = llama_flops_per_token(L, C, NH, KVH, FF, padded(V), T)
-    model = {"type": "llama", "n_layer": L, "n_head": NH, "n_kv_head": KVH, "n_embd": C, "ffn_dim": FF,
-             "n_positions": T, "vocab_size": V}
-    fig = {"B": B, "T": T, "emulated": emulate}
-    s, why = run_shardlm(args, "llama_12l", model, B, 1, steps)
-    ok("throughput.llama_12l.shardlm", s is not None and s[0] > 0, why)
-    p, pwhy = run_torch(args, L, NH, C, T, B, V, V, 1, steps,
-                        ("--arch", "llama", "--kv-heads", str(KVH), "--ffn", str(FF)))
-    if p is None and str(pwhy).startswith("skip"):
-        skip("throughput.llama_12l.pytorch", pwhy[5:].strip(" :"))
-        fig["pytorch"] = {"status": "skip", "reason": pwhy}
-    else:
-        ok("throughput.llama_12l.pytorch", p is not None and p[0] > 0, pwhy)
-    for side, res in (("shardlm", s), ("pytorch", p)):
-        if res is not None:
-            fig[side] = {"status": "pass", "tokens_per_s": round(res[0], 1),
-                         "mfu_vs_peak": round(res[0] * fpt_l / 1e12 / PEAK_TFLOPS, 4),
-                         "mfu_vs_gemm": round(res[0] * fpt_l / 1e12 / gemm, 4) if gemm else None,
-                         "peak_device_bytes": res[1]}
-    figure(llama_12l=fig)
-    rows.append(("Llama 12L", s, p, fpt_l))
+    if "llama12l" in parts:
+        # the 12-layer Llama shape
+        L, NH, KVH, C, FF, T, V, B = (2, 2, 1, 64, 128, 32, 256, 2) if emulate else (12, 12, 4, 768, 2048, 512, 32000, 16)
+        fpt_l = llama_flops_per_token(L, C, NH, KVH, FF, padded(V), T)
+        model = {"type": "llama", "n_layer": L, "n_head": NH, "n_kv_head": KVH, "n_embd": C, "ffn_dim": FF,
+                 "n_positions": T, "vocab_size": V}
+        fig = {"B": B, "T": T, "emulated": emulate}
+        s, why = run_shardlm(args, "llama_12l", model, B, 1, steps)
+        ok("throughput.llama_12l.shardlm", s is not None and s[0] > 0, why)
+        p, pwhy = run_torch(args, L, NH, C, T, B, V, V, 1, steps,
+                            ("--arch", "llama", "--kv-heads", str(KVH), "--ffn", str(FF)))
+        if p is None and str(pwhy).startswith("skip"):
+            skip("throughput.llama_12l.pytorch", pwhy[5:].strip(" :"))
+            fig["pytorch"] = {"status": "skip", "reason": pwhy}
+        else:
+            ok("throughput.llama_12l.pytorch", p is not None and p[0] > 0, pwhy)
+        for side, res in (("shardlm", s), ("pytorch", p)):
+            if res is not None:
+                fig[side] = {"status": "pass", "tokens_per_s": round(res[0], 1),
+                             "mfu_vs_peak": round(res[0] * fpt_l / 1e12 / PEAK_TFLOPS, 4),
+                             "mfu_vs_gemm": round(res[0] * fpt_l / 1e12 / gemm, 4) if gemm else None,
+                             "peak_device_bytes": res[1]}
+        figure(llama_12l=fig)
+        rows.append(("Llama 12L", s, p, fpt_l))
+
+    if "llama8b" in parts:
+        rows += llama8b(args, gemm)
 
     note = " (EMULATED: meaningless)" if emulate else ""
     print(f"| model{note} | shardlm tok/s | MFU | PyTorch tok/s | MFU | ratio |\n|---|---|---|---|---|---|")

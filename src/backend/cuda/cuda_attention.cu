@@ -4,6 +4,11 @@
  */
 #include "attention_tc.h"
 #include "cuda_internal.h"
+#include "cudnn_attention.h"
+
+extern "C" {
+#include "backend/sdpa_layout.h"
+}
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
@@ -378,27 +383,131 @@ static struct att_shape att_shape_of(const int32_t *pos, int B, int T, int NH, i
     return s;
 }
 
+/* lse (B, NH, T) <-> token-major (B T, NH), one thread an element (cudnn_attention.h). */
+__global__ static void lse_transpose_kernel(float *dst, const float *src, int B, int T, int NH, int to_token_major)
+{
+    const size_t n = (size_t)B * T * NH;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t tok = i / NH, h = i % NH, b = tok / T, t = tok % T; /* i: token-major */
+        const size_t head_major = (b * NH + h) * T + t;
+        if (to_token_major)
+            dst[i] = src[head_major];
+        else
+            dst[head_major] = src[i];
+    }
+}
+
+extern "C" void attention_lse_transpose(float *dst, const float *src, int B, int T, int NH, int to_token_major,
+                                        cudaStream_t stream)
+{
+    lse_transpose_kernel<<<blocks_for((size_t)B * T * NH, BLOCK), BLOCK, 0, stream>>>(dst, src, B, T, NH,
+                                                                                      to_token_major);
+}
+
+/* ---- which kernel: cuDNN, tensor cores or FP32 (sdpa_layout.h) ------------------------------------------- */
+
+/* SHARDLM_ATTENTION, read at every call (a getenv: tests/gpu/check_kernels.c switches it between cases). */
+static enum attn_kernel attention_wanted(void)
+{
+    const char *env = getenv("SHARDLM_ATTENTION");
+    enum attn_kernel k;
+    if (attn_kernel_parse(env, &k) != 0)
+        fail_input("SHARDLM_ATTENTION='%s' is not a CUDA attention kernel; set it to 'cudnn' (the default: cuDNN's "
+                   "fused attention where it applies), 'tc' (the tensor-core kernel) or 'fp32'",
+                   env);
+    return k;
+}
+
+/* Says once, per distinct reason, why the attention runs another kernel than the one wanted: a run logs one
+ * line when cuDNN is missing, not one per call; past NOTES reasons (shapes cuDNN refuses, each its own), one
+ * line says the rest go unsaid. */
+static void attention_note(const char *why)
+{
+    enum { NOTES = 8 };
+    static char seen[NOTES][256]; /* each reason's first 255 characters */
+    static int n;
+    for (int i = 0; i < n && i < NOTES; i++)
+        if (strncmp(seen[i], why, sizeof seen[i] - 1) == 0)
+            return;
+    if (n > NOTES)
+        return;
+    if (n == NOTES) {
+        n++;
+        log_info("attention: more than %d reasons to run another kernel than SHARDLM_ATTENTION's; the rest are not "
+                 "logged",
+                 NOTES);
+        return;
+    }
+    const size_t len = strnlen(why, sizeof seen[0] - 1);
+    memcpy(seen[n], why, len);
+    seen[n++][len] = 0;
+    log_info("%s", why);
+}
+
+/* The kernel for a call with these tensors: SHARDLM_ATTENTION's, or the next that applies (noted once). */
+static enum attn_kernel attention_kernel(int hs, const void *a, const void *b)
+{
+    const enum attn_kernel want = attention_wanted();
+    const char *tc = getenv("SHARDLM_ATTN_TC"), *missing = NULL;
+    struct attn_call c = {g_act, hs, (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0, !(tc && strcmp(tc, "0") == 0),
+                          0, cudnn_attention_headers(), NULL};
+    if (want == ATTN_KERNEL_CUDNN && g_act != DTYPE_F32) { /* loads the library at the first call */
+        c.cudnn_version = cudnn_attention_library(&missing);
+        c.cudnn_missing = missing;
+    }
+    char why[512] = "";
+    const enum attn_kernel k = attn_kernel_choose(want, &c, why, sizeof why);
+    if (why[0] && !(want == ATTN_KERNEL_CUDNN && g_act == DTYPE_F32)) /* fp32 training: nothing to say */
+        attention_note(why);
+    return k;
+}
+
+/* cuDNN refused or failed a call it was chosen for: the tensor-core kernel instead, said once per reason. */
+static void attention_cudnn_refused(const char *why)
+{
+    char line[640];
+    snprintf(line, sizeof line, "attention: cudnn wanted, but %s; the tc kernel runs", why);
+    attention_note(line);
+}
+
 /* att: the rows' log-sum-exp (B NH T fp32), kept for the backward. */
 extern "C" void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch,
                                               const int32_t *pos, int B, int T, int NH, int NKV, int hs)
 {
     (void)scratch;
     const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs);
-    if (attention_tc_forward(out, att, qkv, pos, B, T, NH, NKV, hs, g_act, g_stream)) /* tensor cores */
+    const enum attn_kernel k = attention_kernel(hs, out, qkv);
+    if (k == ATTN_KERNEL_CUDNN) {
+        char why[512];
+        if (cudnn_attention_forward(out, att, qkv, pos, B, T, NH, NKV, hs, g_act, g_stream, why, sizeof why))
+            return;
+        attention_cudnn_refused(why);
+    }
+    if (k != ATTN_KERNEL_FP32 && attention_tc_forward(out, att, qkv, pos, B, T, NH, NKV, hs, g_act, g_stream))
         return;
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS));
     WITH_ACT(WITH_ATT_FRAG(hs, attention_forward_kernel<A, F><<<grid, ATT_THREADS, 0, g_stream>>>((A *)out, att,
                                                                                                  (const A *)qkv, s)));
 }
 
-/* out: the forward's output (backend.h: the attention's output is kept). */
+/* out: the forward's output (backend.h: the attention's output is kept). Any backward follows any forward:
+ * all three keep the same log-sum-exp. */
 extern "C" void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                                const float *out, float *scratch, const int32_t *pos, int B, int T,
                                                int NH, int NKV, int hs)
 {
     (void)scratch;
     const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs);
-    if (attention_tc_backward(dqkv, dout, out, qkv, att, pos, B, T, NH, NKV, hs, g_act, g_stream)) /* tensor cores */
+    const enum attn_kernel k = attention_kernel(hs, dqkv, dout);
+    if (k == ATTN_KERNEL_CUDNN) {
+        char why[512];
+        if (cudnn_attention_backward(dqkv, dout, out, qkv, att, pos, B, T, NH, NKV, hs, g_act, g_stream, why,
+                                     sizeof why))
+            return;
+        attention_cudnn_refused(why);
+    }
+    if (k != ATTN_KERNEL_FP32 &&
+        attention_tc_backward(dqkv, dout, out, qkv, att, pos, B, T, NH, NKV, hs, g_act, g_stream))
         return;
     const unsigned row_blocks = (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS);
     const dim3 q_grid((unsigned)(B * NH), row_blocks), kv_grid((unsigned)(B * NKV), row_blocks);

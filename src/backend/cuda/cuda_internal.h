@@ -26,7 +26,8 @@
  * library workspace), cuda_lora.cu (the LoRA adapters), cuda_norm.cu (layernorm, RMSNorm),
  * cuda_elementwise.cu (GELU, residual adds, scale, zero, RoPE, SwiGLU), cuda_attention.cu (causal
  * attention and attention with a key/value cache), cuda_embedding_loss.cu (embeddings and
- * cross-entropy), cuda_reduce.cu (sums of squares, the finite check, the fused AdamW step) and
+ * cross-entropy), cuda_reduce.cu (sums of squares, the finite check, the fused AdamW step),
+ * cudnn_attention.cu (cuDNN's fused attention, the one file that includes cudnn-frontend) and
  * cuda_memory.cu (device selection, the handles and streams, memory spaces, copies and casts);
  * comm_nccl.cu is the NCCL transport. This header holds what more than one of them uses: the
  * launch geometry, the device state (defined once, in cuda_memory.cu), the loads and stores of
