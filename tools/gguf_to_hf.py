@@ -116,6 +116,18 @@ def field(reader, key, default=None):
     return f.contents()
 
 
+def save_tokenizer(tok, path):
+    """tokenizer.json as every `tokenizers` release reads it: 0.20 and later write BPE merges as pairs, which
+    0.19 (transformers 4.x's pin) cannot read; where no piece of a merge holds a space (byte-level BPE's never
+    do), the pairs are written as the "a b" strings both read, else left as pairs."""
+    doc = json.loads(tok.to_str())
+    merges = doc.get("model", {}).get("merges")
+    if isinstance(merges, list) and all(isinstance(m, list) and len(m) == 2 and " " not in m[0] + m[1]
+                                        for m in merges):
+        doc["model"]["merges"] = [f"{a} {b}" for a, b in merges]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False)
+
 def read_gguf(path):
     if not os.path.isfile(path):
         fail(f"'{path}' is not a regular file; give the path of a .gguf file")
@@ -340,7 +352,7 @@ def main():
         safetensors.numpy.save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         os.chmod(os.path.join(tmp, "model.safetensors"), 0o644)
         fault_point("write")
-        tok.save(os.path.join(tmp, "tokenizer.json"))
+        save_tokenizer(tok, os.path.join(tmp, "tokenizer.json"))
         for name, doc in (("config.json", cfg), ("tokenizer_config.json", tcfg),
                           ("special_tokens_map.json", special), ("generation_config.json", gen)):
             with open(os.path.join(tmp, name), "w") as f:
