@@ -433,7 +433,8 @@ def check_outputs(ck, resume_cfg):
         cases.append((f"ref_in_checkpoint_dir.{name[:6]}",
                       config(f"out_ref_{name[:6]}", steps=6, dpo={"ref_log_probs_path": target},
                              extra={"checkpoint": {"dir": ck, "every": 2}}),
-                      [], f"dpo.ref_log_probs_path '{target}' is a file of checkpoint.dir"))
+                      ["--resume", "none", "--overwrite"],  # a fresh start over CK, as asked for
+                      f"dpo.ref_log_probs_path '{target}' is a file of checkpoint.dir"))
     # train.metrics naming the reference the run reads: the configured one, and the one a resumed checkpoint
     # names (known only once the resume has read it)
     cases.append(("metrics_is_reference",

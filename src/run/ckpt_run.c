@@ -157,18 +157,20 @@ static void check_base(struct trainer *tr, struct ckpt_reader *r, const char *pa
     const bool lora_ckpt = ckpt_has_attr(r, "base_checksum");
     if (!tr->sess.model.lora.on && lora_ckpt)
         fail_input("checkpoint '%s' holds LoRA adapters, not a whole model; resume it with the 'lora' section it was "
-                   "trained with, or start fresh (--resume none)",
+                   "trained with, or start fresh (--resume none --overwrite)",
                    path);
     if (!tr->sess.model.lora.on)
         return;
     if (!lora_ckpt)
         fail_input("checkpoint '%s' holds a whole model, not LoRA adapters; to train adapters on it, export it "
-                   "(shardlm export) and give that directory as model.from_pretrained, or start fresh (--resume none)",
+                   "(shardlm export) and give that directory as model.from_pretrained, or start fresh (--resume "
+                   "none --overwrite)",
                    path);
     char *sum = ckpt_attr_str(r, "base_checksum"), *source = ckpt_attr_str(r, "base_source");
     if (strcmp(sum, tr->base_checksum) != 0)
         fail_input("checkpoint '%s' trained its adapters on another base: %s (checksum %s), and this run's base is "
-                   "%s (checksum %s); resume with the base it was trained on, or start fresh (--resume none)",
+                   "%s (checksum %s); resume with the base it was trained on, or start fresh (--resume none "
+                   "--overwrite)",
                    path, source, sum, tr->base_source, tr->base_checksum);
     free(sum);
     free(source);
