@@ -35,6 +35,8 @@ Checks:
   bad.ref_*                 (issue 46) one line, exit 2: a value edited in the file (the checksum), an fp32 file
                             reused by a bf16 run; dpo.ref_log_probs_path naming a sample file or a directory,
                             without the hint to delete it (given only about a reference file)
+  resume.other_world_batch_said  (issue 46) resumed at 2 ranks from 1 with the micro-batch and accumulation
+                            fixed: one warning names the batch size before and after and how to keep it
   resume.moved_reference    (issue 46) the checkpoint's reference file moved (same SHA-256) and named by
                             dpo.ref_log_probs_path: the resume reads it there and trains on
   out.*                     (issue 46) one line, exit 2, no file changed (by checksum): dpo.ref_log_probs_path
@@ -46,6 +48,7 @@ Under BUILD=build-asan the stage-3 and bf16 cases are left out (said so).
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -464,6 +467,27 @@ def check_resume():
           and steps[-2:] == [5, 6], f"exit {res.returncode}, steps {steps}: {res.stderr[-400:]}")
 
 
+def check_resume_world():
+    """Issue 46: a DPO run resumed at 2 ranks from a checkpoint of 1, its config fixing the micro-batch and the
+    accumulation (no train_batch_size), takes twice the pairs a step: said in one warning naming both batch sizes
+    and how to keep the old one; the run goes on (exit 0)."""
+    ck = os.path.join(TMP, "ck_world")
+    shutil.rmtree(ck, ignore_errors=True)
+    with open(config("world", steps=2, dpo={}, extra={"checkpoint": {"dir": ck, "every": 1}})) as f:
+        cfg = json.load(f)
+    del cfg["train_batch_size"]  # micro-batch 2 x accumulation 2 x the ranks
+    cfg["gradient_accumulation_steps"] = 2
+    path = write_config(os.path.join(TMP, "world.json"), cfg)
+    first = train("world_a", path, dump=False, metrics="world")
+    cfg["train"]["steps"] = 3
+    path = write_config(os.path.join(TMP, "world.json"), cfg)
+    r = train("world_b", path, ranks=2, args=["--resume", "auto"], dump=False, expect=-1)
+    warn = [x for x in r.stderr.splitlines() if "train_batch_size" in x]
+    check("resume.other_world_batch_said", first is not None and r.returncode == 0 and len(warn) == 1
+          and "train_batch_size 4 (1 rank)" in warn[0] and "this run's is 8" in warn[0]
+          and "give train_batch_size 4" in warn[0], f"exit {r.returncode}: {warn or r.stderr[-400:]}")
+
+
 def edited_config(name, path, **sections):
     """A copy of the config at PATH, as TMP/NAME.json, with keys of its sections replaced (SECTION={KEY: VALUE})."""
     with open(path) as f:
@@ -608,6 +632,7 @@ def main():
     check_lora_grads()
     check_packed()
     check_resume()
+    check_resume_world()
     check_bad()
     check_ref_seq_len()
     check_ref_integrity()

@@ -176,6 +176,29 @@ static void check_base(struct trainer *tr, struct ckpt_reader *r, const char *pa
     free(source);
 }
 
+/* A resume at another world size keeps the micro-batch and the accumulation the config gives, so the batch
+ * (train_batch_size: samples, or DPO pairs, per step) follows the ranks: the learning rate's meaning and the data
+ * each step takes change. Said in one line (the config may well mean it); the batch the checkpoint trained with
+ * is the one of its resolved config. */
+static void say_batch_change(const struct trainer *tr, struct ckpt_reader *r, const char *path, int saved_world)
+{
+    const struct config *cfg = tr->cfg;
+    char *text = ckpt_has_attr(r, "config") ? ckpt_attr_str(r, "config") : NULL;
+    json_t *doc = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    json_t *saved = json_object_get(doc, "train_batch_size");
+    if (json_is_integer(saved) && json_integer_value(saved) != cfg->train_batch_size) {
+        const long long was = (long long)json_integer_value(saved);
+        log_warn("checkpoint '%s' trained with train_batch_size %lld (%d rank%s); this run's is %d (micro-batch %d "
+                 "x accumulation %d x %d rank%s), so each step takes another number of %s: to keep %lld, give "
+                 "train_batch_size %lld (the accumulation follows)",
+                 path, was, saved_world, saved_world > 1 ? "s" : "", cfg->train_batch_size, cfg->micro_batch,
+                 cfg->grad_accum, tr->sess.world, tr->sess.world > 1 ? "s" : "", tr->dpo.on ? "pairs" : "samples",
+                 was, was);
+    }
+    json_decref(doc);
+}
+
 /* Continues from a checkpoint when --resume names one (or "auto" finds one). */
 void ckpt_run_resume(struct trainer *tr, const char *spec)
 {
@@ -243,6 +266,7 @@ void ckpt_run_resume(struct trainer *tr, const char *spec)
     }
     free(saved_dtype);
     int saved_world = ckpt_saved_world(r);
+    say_batch_change(tr, r, path, saved_world);
     ckpt_close(r);
     log_info("resumed from %s at step %ld (saved by %d rank%s, now %d) (%.2f s)", path, tr->step, saved_world,
              saved_world > 1 ? "s" : "", tr->sess.world, now_seconds() - t0);
