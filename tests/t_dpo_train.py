@@ -29,7 +29,16 @@ Checks:
   bad.*                     one line, exit 2: a preference file without a dpo section, an SFT file, token
                             shards or data.val with one, a resume whose reference file changed, a reference
                             file of another data.seq_len (version 2: by its seq_len; version 1: by its counts)
-  ref_file.*                the reference file records seq_len and max_prompt_length; a version-1 file is read
+  ref_file.*                the reference file records seq_len and max_prompt_length; a version-1 file is read;
+                            (issue 46) version 3 records the dtype it was computed in and a CRC-32C of its data
+                            (checked from Python), and no refusal below changes a file (by checksum)
+  bad.ref_*                 (issue 46) one line, exit 2: a value edited in the file (the checksum), an fp32 file
+                            reused by a bf16 run; dpo.ref_log_probs_path naming a sample file or a directory,
+                            without the hint to delete it (given only about a reference file)
+  resume.other_world_batch_said  (issue 46) resumed at 2 ranks from 1 with the micro-batch and accumulation
+                            fixed: one warning names the batch size before and after and how to keep it
+  resume.moved_reference    (issue 46) the checkpoint's reference file moved (same SHA-256) and named by
+                            dpo.ref_log_probs_path: the resume reads it there and trains on
   out.*                     (issue 46) one line, exit 2, no file changed (by checksum): dpo.ref_log_probs_path
                             naming checkpoint.dir's latest or a step file a save would write, the preference
                             data or the config; train.metrics naming the reference read (configured, or named
@@ -39,6 +48,7 @@ Under BUILD=build-asan the stage-3 and bf16 cases are left out (said so).
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -129,7 +139,7 @@ def train(name, path, ranks=1, args=(), dump=True, expect=0, metrics=None, env=N
     if ranks > 1:
         cmd = ["mpirun", "-q", "-np", str(ranks)] + cmd
     r = subprocess.run(cmd, env=dict(ENV, **(env or {})), capture_output=True, text=True, timeout=600)
-    if expect:
+    if expect:  # the result as it is (-1: whatever the exit status)
         return r
     check(f"{name}.run", r.returncode == 0, f"exit {r.returncode}: {r.stderr[-800:]}")
     if r.returncode != 0:
@@ -227,11 +237,43 @@ def against_torch(name, res, n_pairs, ref_path, loss_type="sigmoid", eps=0.0, to
     check(f"{name}.metrics", not bad, f"{[(k, rows[0].get(k), metrics[k]) for k in bad][:2]}")
 
 
-def perturb(path, seed):
-    """The reference values moved away from the policy's, so that z != 0 (the file's identity stays)."""
+def _crc32c_table():
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+CRC32C_TABLE = _crc32c_table()
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli, reflected), as src/core/crc32c computes it: crc32c(b"123456789") = 0xE3069283."""
+    c = 0xFFFFFFFF
+    for b in data:
+        c = CRC32C_TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def ref_data_crc(lp, n):
+    """A reference file's data_crc32c (version 3): /logps as little-endian float64, then /n_targets as int64."""
+    return crc32c(np.asarray(lp, "<f8").tobytes() + np.asarray(n, "<i8").tobytes())
+
+
+def perturb(path, seed, dtype=None):
+    """The reference values moved away from the policy's, so that z != 0 (the file's identity stays: its checksum
+    follows, as if computed so); DTYPE: the file says it was computed in that dtype."""
     with h5py.File(path, "r+") as f:
-        lp = f["logps"][:]
-        f["logps"][:] = lp + np.random.default_rng(seed).uniform(-3, 3, lp.shape)
+        lp = f["logps"][:] + np.random.default_rng(seed).uniform(-3, 3, f["logps"].shape)
+        f["logps"][:] = lp
+        f.attrs["data_crc32c"] = np.int64(ref_data_crc(lp, f["n_targets"][:]))
+        if dtype:
+            if "dtype" in f.attrs:
+                del f.attrs["dtype"]
+            set_str(f, "dtype", dtype)
 
 
 def ln2(name, rows):
@@ -297,6 +339,7 @@ def check_full():
     name = "z.fp16"
     path = config(name, dpo={}, dtype="fp16", steps=3)
     subprocess.run(["cp", os.path.join(TMP, "z.sigmoid.ref.h5"), os.path.join(TMP, name + ".ref.h5")], check=True)
+    perturb(os.path.join(TMP, name + ".ref.h5"), 3, dtype="fp16")  # an fp32 file is refused by an fp16 run
     r = train(name, path)
     if r:
         check("z.fp16.scaled", r[2][0]["loss_scale"] > 1 and not any(x["skipped"] for x in r[2]) and len(r[2]) == 3,
@@ -407,11 +450,42 @@ def check_resume():
     check_outputs(ck, cfg)
     metrics = os.path.join(TMP, "resume_a.jsonl")
     before = files_state(metrics)
+    moved = os.path.join(TMP, "moved", "resume_a.ref.h5")
+    os.makedirs(os.path.dirname(moved), exist_ok=True)
+    subprocess.run(["cp", ref, moved], check=True)
     perturb(ref, 2)  # another file at the recorded path; on 2 ranks, still one line
     r = train("resume_bad", cfg, ranks=2, args=["--resume", "auto"], dump=False, expect=2)
     one_line("bad.resume_other_reference", r, "not the file the checkpoint was trained with")
     check("bad.resume_other_reference.metrics_untouched", files_state(metrics) == before,
           "the refused resume wrote to its metrics file")
+    # the file the checkpoint recorded, moved (same SHA-256) and named by dpo.ref_log_probs_path: accepted
+    moved_cfg = edited_config("resume_moved", config("resume_a", steps=6, dpo={}, shuffle=True, extra=extra),
+                              dpo={"ref_log_probs_path": moved})
+    res = train("resume_moved", moved_cfg, args=["--resume", "auto"], dump=False, metrics="resume_a", expect=-1)
+    steps = [x.get("step") for x in map(json.loads, filter(str.strip, open(metrics))) if "loss" in x]
+    check("resume.moved_reference", res.returncode == 0 and f"read from {moved}" in res.stderr + res.stdout
+          and steps[-2:] == [5, 6], f"exit {res.returncode}, steps {steps}: {res.stderr[-400:]}")
+
+
+def check_resume_world():
+    """Issue 46: a DPO run resumed at 2 ranks from a checkpoint of 1, its config fixing the micro-batch and the
+    accumulation (no train_batch_size), takes twice the pairs a step: said in one warning naming both batch sizes
+    and how to keep the old one; the run goes on (exit 0)."""
+    ck = os.path.join(TMP, "ck_world")
+    shutil.rmtree(ck, ignore_errors=True)
+    with open(config("world", steps=2, dpo={}, extra={"checkpoint": {"dir": ck, "every": 1}})) as f:
+        cfg = json.load(f)
+    del cfg["train_batch_size"]  # micro-batch 2 x accumulation 2 x the ranks
+    cfg["gradient_accumulation_steps"] = 2
+    path = write_config(os.path.join(TMP, "world.json"), cfg)
+    first = train("world_a", path, dump=False, metrics="world")
+    cfg["train"]["steps"] = 3
+    path = write_config(os.path.join(TMP, "world.json"), cfg)
+    r = train("world_b", path, ranks=2, args=["--resume", "auto"], dump=False, expect=-1)
+    warn = [x for x in r.stderr.splitlines() if "train_batch_size" in x]
+    check("resume.other_world_batch_said", first is not None and r.returncode == 0 and len(warn) == 1
+          and "train_batch_size 4 (1 rank)" in warn[0] and "this run's is 8" in warn[0]
+          and "give train_batch_size 4" in warn[0], f"exit {r.returncode}: {warn or r.stderr[-400:]}")
 
 
 def edited_config(name, path, **sections):
@@ -433,7 +507,8 @@ def check_outputs(ck, resume_cfg):
         cases.append((f"ref_in_checkpoint_dir.{name[:6]}",
                       config(f"out_ref_{name[:6]}", steps=6, dpo={"ref_log_probs_path": target},
                              extra={"checkpoint": {"dir": ck, "every": 2}}),
-                      [], f"dpo.ref_log_probs_path '{target}' is a file of checkpoint.dir"))
+                      ["--resume", "none", "--overwrite"],  # a fresh start over CK, as asked for
+                      f"dpo.ref_log_probs_path '{target}' is a file of checkpoint.dir"))
     # train.metrics naming the reference the run reads: the configured one, and the one a resumed checkpoint
     # names (known only once the resume has read it)
     cases.append(("metrics_is_reference",
@@ -466,7 +541,7 @@ def check_ref_seq_len():
     full = os.path.join(TMP, "full.ref.h5")
     with h5py.File(full, "r") as f:
         attrs = {k: int(f.attrs[k]) for k in ("version", "seq_len", "max_prompt_length") if k in f.attrs}
-    check("ref_file.records_seq_len", attrs == {"version": 2, "seq_len": T, "max_prompt_length": 8}, str(attrs))
+    check("ref_file.records_seq_len", attrs == {"version": 3, "seq_len": T, "max_prompt_length": 8}, str(attrs))
 
     def copy(name, v1):
         path = os.path.join(TMP, name + ".ref.h5")
@@ -488,6 +563,41 @@ def check_ref_seq_len():
     if ok.returncode == 0:
         with open(os.path.join(TMP, "v1.jsonl")) as f:
             ln2("ref_file.v1", [x for x in map(json.loads, filter(str.strip, f)) if "loss" in x])
+
+
+def check_ref_integrity():
+    """Issue 46: the reference file (version 3) records the dtype it was computed in and a CRC-32C of its data
+    (the documented bytes: checked here from Python); a value edited in the file, and an fp32 file used by a
+    bf16 run, are refused in one line; dpo.ref_log_probs_path naming a file that is not a reference file (a
+    sample file, a directory) is refused without the hint to delete it. No case changes a file."""
+    full = os.path.join(TMP, "full.ref.h5")
+    with h5py.File(full, "r") as f:
+        dtype = f.attrs.get("dtype")
+        dtype = dtype.decode() if isinstance(dtype, bytes) else dtype
+        crc_ok = "data_crc32c" in f.attrs and int(f.attrs["data_crc32c"]) == ref_data_crc(f["logps"][:],
+                                                                                          f["n_targets"][:])
+    check("ref_file.records_dtype_and_crc", dtype == "fp32" and crc_ok, f"dtype {dtype}, crc matches {crc_ok}")
+    edited = os.path.join(TMP, "edited.ref.h5")
+    subprocess.run(["cp", full, edited], check=True)
+    with h5py.File(edited, "r+") as f:
+        f["logps"][3] = f["logps"][3] - 0.5  # still a valid log-prob: only the checksum tells
+    subprocess.run(["cp", full, os.path.join(TMP, "bf16ref.ref.h5")], check=True)
+    refdir = os.path.join(TMP, "refdir")
+    os.makedirs(refdir, exist_ok=True)
+    jobs = [("edited", config("edited", dpo={})), ("bf16ref", config("bf16ref", dpo={}, dtype="bf16")),
+            ("notref_sft", config("notref_sft", dpo={"ref_log_probs_path": SFT})),
+            ("notref_dir", config("notref_dir", dpo={"ref_log_probs_path": refdir}))]
+    before = files_state(TMP)
+    edit, bf16, sft, dirr = side_by_side(jobs)
+    one_line("bad.ref_edited_value", edit, "does not match its checksum")
+    one_line("bad.ref_other_dtype", bf16, "was computed in fp32, this run trains in bf16")
+    for name, r, text in (("sample_file", sft, "not a reference log-prob file"), ("directory", dirr, "directory")):
+        one_line(f"bad.ref_is_{name}", r, text)
+        check(f"bad.ref_is_{name}.no_delete_hint", "delete it" not in r.stderr and "name a reference log-prob file"
+              in r.stderr, r.stderr[-300:])
+    after = files_state(TMP)
+    changed = sorted(p for p in set(before) | set(after) if after.get(p) != before.get(p))
+    check("ref_file.refusals_change_nothing", not changed, f"changed: {changed}")
 
 
 def one_line(name, r, text):
@@ -522,8 +632,10 @@ def main():
     check_lora_grads()
     check_packed()
     check_resume()
+    check_resume_world()
     check_bad()
     check_ref_seq_len()
+    check_ref_integrity()
 
 
 if __name__ == "__main__":

@@ -299,7 +299,9 @@ def aliases():
     ]
     for name, args, words in cases:
         before = files_state()
-        rc, out = run(["train", cfg, "--quiet", "--set", "train.steps=3"] + args)
+        # a fresh start over D's checkpoints, as asked for (else refused as one: t_resume fresh_start.*)
+        fresh = [] if "--resume" in args else ["--resume", "none", "--overwrite"]
+        rc, out = run(["train", cfg, "--quiet", "--set", "train.steps=3"] + fresh + args)
         one_error(f"alias.{name}", rc, out, words, before=before, after=files_state())
     for name, out_path, words in (("export_over_checkpoint", os.path.join(d, "step_000001.h5"), ["training checkpoint"]),
                                   ("export_onto_itself", ck, ["the checkpoint being exported"])):

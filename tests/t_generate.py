@@ -39,7 +39,13 @@ Checks:
                      empty prompt, a prompt longer than the context (and
                      --truncate-prompt then works), a tokenizer with more
                      tokens than the model's vocabulary, a WordPiece
-                     tokenizer.json, a --prompt-file line that is not JSON
+                     tokenizer.json, a --prompt-file line that is not JSON;
+                     (issue 46) a generation_config.json that is not JSON or
+                     whose eos_token_id is a string, a fraction, an object,
+                     1e20, outside the vocabulary or -1, naming the file,
+                     the directory unchanged (checksums); one error line (the
+                     log's notes on config.json's defaults are not errors)
+  generation_config.list_accepted  a list of valid ids still generates
 """
 import json
 import os
@@ -58,7 +64,7 @@ from peft import PeftModel  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from harness import BIN, ENV, ROOT, check, note, run_main, scratch_dir, write_config, write_shard  # noqa: E402
+from harness import BIN, ENV, ROOT, check, files_state, note, run_main, scratch_dir, write_config, write_shard  # noqa: E402
 
 TMP = scratch_dir("t_generate")
 torch.manual_seed(11)
@@ -248,7 +254,8 @@ def check_eval(bases):
 
 def expect_bad(name, args, words, N=1):
     r = run(args, N=N)
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    # the error lines (the log's notes, such as a default taken for a key config.json lacks, are not errors)
+    lines = [x for x in r.stderr.splitlines() if "error" in x]
     ok = r.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words)
     check(f"bad.{name}", ok, f"exit {r.returncode}, stderr {lines[:3]} (want one line naming {words})")
 
@@ -276,9 +283,39 @@ def check_bad(bases, tok):
     wp_path = os.path.join(TMP, "wordpiece.json")
     wp.save(wp_path)
     expect_bad("tokenizer_wordpiece", ["generate", base, "--tokenizer", wp_path, "--prompt", "x"], ["WordPiece"])
+    check_generation_config(base, tok)
     bad_file = os.path.join(TMP, "bad_prompts.jsonl")
     open(bad_file, "w").write('"fine"\n{not json\n')
     expect_bad("prompt_file_line", ["generate", base, "--prompt-file", bad_file], ["line 2"])
+
+
+def check_generation_config(base, tok):
+    """Issue 46: a generation_config.json that is not JSON, or whose eos_token_id is no token id of the model (a
+    string, a fraction, an object, 1e20, the vocabulary's size, -1, which would never stop a sequence), is refused
+    in one line naming the file; the directory is left as it was. A valid list still stops generation."""
+    eos = tok.token_to_id(EOS_TOKEN)
+    cases = [("not_json", '{"eos_token_id": 2,'), ("string", '{"eos_token_id": "2"}'),
+             ("fraction", '{"eos_token_id": 2.5}'), ("object", '{"eos_token_id": {"id": 2}}'),
+             ("huge", '{"eos_token_id": 1e20}'), ("outside_vocabulary", f'{{"eos_token_id": {V}}}'),
+             ("minus_one", '{"eos_token_id": -1}'), ("list_with_bad", f'{{"eos_token_id": [{eos}, -1]}}')]
+    for name, text in cases:
+        d = os.path.join(TMP, "gen_" + name)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(base, d)
+        path = os.path.join(d, "generation_config.json")
+        with open(path, "w") as f:
+            f.write(text)
+        before = files_state(d)
+        expect_bad(f"generation_config.{name}", ["generate", d, "--prompt", "x"],
+                   [path, "not valid JSON" if name == "not_json" else "eos_token_id"])
+        check(f"bad.generation_config.{name}.unchanged", files_state(d) == before, d)
+    d = os.path.join(TMP, "gen_list")
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(base, d)
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+        f.write(f'{{"eos_token_id": [{V - 1}, {eos}]}}')
+    r = run(["generate", d, "--prompt", "x", "--max-new-tokens", "4", "--json"])
+    check("generation_config.list_accepted", r.returncode == 0, f"exit {r.returncode}: {r.stderr[-300:]}")
 
 
 def check_saved_tokenizer(bases, tok):

@@ -324,6 +324,7 @@ def check_bad(dirs):
     expect_bad("contradicting_key", g, ["model.n_layer", "config.json"], extra={"model": {"n_layer": 5}})
     expect_bad("sequence_beyond_sliding_window", dirs["mistral"], ["sliding_window", "data.seq_len"],
                extra={"data": {"seq_len": 48}})
+    check_eval_window(dirs["mistral"])
     # an export into a directory that holds another model
     ck = os.path.join(TMP, "ck_llama_fp32")
     out = os.path.join(TMP, "bad_export_dir")
@@ -335,6 +336,23 @@ def check_bad(dirs):
     lines = [x for x in r.stderr.splitlines() if "error" in x]
     check("bad.export_into_other_model", r.returncode == 2 and len(lines) == 1 and "another model" in lines[0]
           and sorted(os.listdir(out)) == before, f"exit {r.returncode}: {lines}")
+
+
+def check_eval_window(mistral):
+    """eval of a Mistral directory (sliding_window 32, 64 positions): --seq-len 16 evaluates (the config's
+    default length is the window, not the 64 positions beyond it), and --seq-len 48 is refused naming --seq-len
+    and the longest that works, not data.seq_len"""
+    def evaluate(*args):
+        return subprocess.run([BIN, "eval", mistral, "--data", DATA] + list(args), env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    r = evaluate("--seq-len", "16", "--max-batches", "2")
+    check("eval_window.seq_len_16", r.returncode == 0 and "loss" in r.stdout + r.stderr,
+          f"exit {r.returncode}: {r.stderr.strip()[-300:]}")
+    r = evaluate("--seq-len", "48")
+    lines = [x for x in r.stderr.splitlines() if "error" in x]
+    check("eval_window.seq_len_48_refused", r.returncode == 2 and len(lines) == 1 and "--seq-len 48" in lines[0]
+          and "window (32" in lines[0] and "--seq-len 32 or less" in lines[0] and "data.seq_len" not in lines[0],
+          f"exit {r.returncode}: {lines}")
 
 
 def peak_kib(out):

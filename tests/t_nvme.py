@@ -54,7 +54,9 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 naming the path; a tmpfs nvme_path (/dev/shm): runs, with the
                 warning that it is memory; a killed job's file (another job's
                 name, unlocked, 2 minutes old) removed with a warning naming it,
-                a live job's (locked) and a new one kept
+                a live job's (locked) and a new one kept; (issue 46) a config error
+                found once the files exist (train.metrics in a missing directory,
+                N=2): one line, exit 2, nothing left in nvme_path
 
 Environment: SHARDLM_BIN, SHARDLM_TEST_TMP (harness.py). Under BUILD=build-asan
 (SHARDLM_BIN under build-asan) the rss check and the 17 M model are left out
@@ -64,6 +66,7 @@ import fcntl
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 
@@ -457,6 +460,17 @@ def test_bad():
         warned = [line for line in r.out.splitlines() if "warning" in line and "is tmpfs: memory, not disk" in line]
         check("bad.full_disk_before_step_1", need > free and not r.rows and len(warned) >= 1 and mnt in warned[0],
               f"needs {need} B, free {free} B, steps {r.col('step')}, tmpfs warnings {warned}")
+    # issue 46: a config error found once the state files exist (train.metrics in a missing directory, opened
+    # after the set-up): one line, exit 2, and no preallocated file left in nvme_path on either rank
+    late = os.path.join(TMP, "late")
+    shutil.rmtree(late, ignore_errors=True)
+    os.makedirs(late)
+    missing = os.path.join(TMP, "no_such_dir", "late.jsonl")
+    r = run("late_error", 2, config("late_error", "nvme", 1, nvme_path=late,
+                                    extra={"train": {"steps": 3, "seed": 7, "eval_every": 0, "sample_tokens": 0,
+                                                     "metrics": missing}}), final=False)
+    one_error_line("bad.late_config_error", r, missing, "train.metrics")
+    check("bad.late_config_error_no_file_left", os.listdir(late) == [], f"left in {late}: {os.listdir(late)}")
     # a second job on the same files: the same Slurm job id, its rank-1 file locked by the first (N=2: rank 0
     # opens its own, and the ranks agree on rank 1's line before the parameters' init)
     lockdir = os.path.join(TMP, "locked")

@@ -18,7 +18,11 @@ Checks:
   trunc.*        TRL's rule: a long prompt keeps BOS and its last P - 1 tokens,
                  completions their first L - P; short pairs untouched; counts
   bad.*          every bad preference input: exit 2, one line naming FILE:LINE (or
-                 the option), nothing written
+                 the option), nothing written; issue 46: a pair without "rejected"
+                 (or "chosen") names the key, an empty prompt is named as such (not as
+                 a chat-template problem), --max-seq-length 0 / -5 as itself, an input
+                 directory or FIFO as what it is, an earlier preference file as one
+  overwrite.*    --overwrite replaces an earlier preference file
   trainer.*      shardlm train without a dpo section refuses a preference file by name
                  (add a dpo section), rather than training SFT on both completions
 """
@@ -163,6 +167,42 @@ def check_bad(paths):
     base.expect_failure("prompt_length_alone", tok + ["--max-prompt-length", "4"], [good_path], "--max-prompt-length")
     base.expect_failure("prompt_length_too_big", tok + ["--max-seq-length", "8", "--max-prompt-length", "8"],
                         [good_path], "--max-prompt-length")
+    # issue 46: each named as what it is
+    bare = ["--tokenizer", paths["bare"]]
+    named = [  # name, tokenizer args, lines, line number, text after FILE:LINE:
+        ("auto_no_rejected", tok, [good, {"prompt": "a", "chosen": "b"}], 2,
+         'a preference pair has no "rejected" field'),
+        ("auto_no_chosen", tok, [good, {"prompt": "a", "rejected": "b"}], 2, 'a preference pair has no "chosen" field'),
+        ("empty_prompt_no_bos", bare, [{"prompt": "", "chosen": "b", "rejected": "c"}], 1,
+         '"prompt" is empty and the tokenizer adds no BOS token'),
+        ("empty_prompt_list_no_template", bare,
+         [{"prompt": [], "chosen": [assistant], "rejected": [dict(assistant, content="y")]}], 1,
+         '"prompt" is an empty list'),
+    ]
+    for name, args, lines, number, text in named:
+        path = write_jsonl(os.path.join("bad", name + ".jsonl"), lines)
+        base.expect_failure(name, args, [path], f"{path}:{number}: {text}")
+    for length in ("0", "-5"):
+        base.expect_failure(f"max_seq_length_{length}", tok + ["--max-seq-length", length], [good_path],
+                            f"--max-seq-length {length}: want at least 2")
+    folder = os.path.join(base.TMP, "bad", "input_dir")
+    os.makedirs(folder, exist_ok=True)
+    fifo = os.path.join(base.TMP, "bad", "input_fifo")
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    base.expect_failure("input_directory", tok, [folder], f"{folder}: is a directory")
+    base.expect_failure("input_fifo", tok, [fifo], f"{fifo}: is a FIFO")
+    # an earlier preference file: refused without --overwrite (naming it as one, unchanged), replaced with it
+    out = os.path.join(base.TMP, "bad", "again.h5")
+    first = base.run_tool(tok + ["-o", out, good_path])
+    before = open(out, "rb").read() if first.returncode == 0 else b""
+    again = base.run_tool(tok + ["-o", out, write_jsonl("bad/two.jsonl", STRING_PAIRS)])
+    check("bad.preference_output_exists", first.returncode == 0 and again.returncode == 2
+          and "replace that preference file" in again.stderr and open(out, "rb").read() == before,
+          f"exit {first.returncode}, {again.returncode}: {again.stderr.strip()}")
+    again = base.run_tool(tok + ["--overwrite", "-o", out, os.path.join(base.TMP, "bad", "two.jsonl")])
+    samples, attrs, _ = base.read_samples(out)
+    same("overwrite.preference_file_replaced", (again.returncode, attrs.get("n_pairs"), len(samples)), (0, 2, 4))
     # --skip-bad keeps the good pairs and counts the bad lines
     path = write_jsonl("bad/skip.jsonl", [good, {"prompt": "a", "chosen": "b", "rejected": "b"}, {"text": "x"},
                                           STRING_PAIRS[1]])

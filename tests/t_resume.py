@@ -619,8 +619,8 @@ def pointers():
         r = run(f"ptr_{name}", 2, cfg, "--resume", "auto")
         lines = error_lines(r.err)
         hint = f"--resume {os.path.join(d, 'step_000020.h5')}"
-        ok = r.rc == 2 and lines and all(listed in line and why in line and hint in line and "--resume none" in line
-                                         for line in lines)
+        ok = r.rc == 2 and lines and all(listed in line and why in line and hint in line
+                                         and "--resume none --overwrite" in line for line in lines)
         check(f"pointer.refuses_{name}", ok, f"exit status {r.rc}; error lines {lines[:1]}; {tail(r)}")
         check(f"pointer.unchanged_{name}", dir_state(d) == before and r.col("step") == [],
               f"dir {sorted(dir_state(d))} (was {sorted(before)}), steps {r.col('step')}")
@@ -635,9 +635,22 @@ def pointers():
         r = run(f"ptr_{name}", 2, cfg, "--resume", os.path.join(d, "latest") if spec == "DIR/latest" else spec)
         check(f"pointer.resumes_{name}", r.rc == 0 and f"resumed from {os.path.join(d, 'step_000020.h5')} at step 20"
               in r.out + r.err and r.col("step") == [21, 22], f"exit status {r.rc}, steps {r.col('step')}: {tail(r)}")
+    # a fresh start on a directory that holds checkpoints (issue 46): without --resume, or with --resume none
+    # alone, refused in one line naming the directory, the step it holds and the two ways on, nothing changed
     d = pointer_dir("none", b"garbage\n")
     cfg = make_config("ptr_none", 3, "fp32", False, d, steps=3)
-    r = run("ptr_none", 2, cfg, "--resume", "none")
+    for name, args in (("no_resume", ()), ("resume_none", ("--resume", "none"))):
+        before = dir_state(d)
+        r = run("ptr_none", 2, cfg, *args)
+        lines = error_lines(r.err)
+        ok = r.rc == 2 and lines and all(f"'{d}'" in line and "up to step 20" in line and listed in line
+                                         and "--resume auto" in line and "--resume none --overwrite" in line
+                                         for line in lines)
+        check(f"fresh_start.refused_{name}", ok, f"exit status {r.rc}; error lines {lines[:1]}; {tail(r)}")
+        check(f"fresh_start.unchanged_{name}", dir_state(d) == before and r.col("step") == []
+              and not os.path.exists(os.path.join(TMP, "ptr_none.jsonl")),
+              f"dir {sorted(dir_state(d))} (was {sorted(before)}), steps {r.col('step')}")
+    r = run("ptr_none", 2, cfg, "--resume", "none", "--overwrite")
     check("pointer.none_starts_fresh", r.rc == 0 and "--resume none: starting fresh" in r.out + r.err
           and r.col("step") == [1, 2, 3], f"exit status {r.rc}, steps {r.col('step')}: {tail(r)}")
     r = run("ptr_empty", 2, cfg, "--resume", "")

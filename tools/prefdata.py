@@ -43,7 +43,8 @@ KEYS = ("prompt", "chosen", "rejected")
 
 
 def is_pair(obj):
-    return isinstance(obj, dict) and "chosen" in obj and "rejected" in obj
+    """A line meant as a pair: "chosen" or "rejected" (a pair missing the other is then named as one)."""
+    return isinstance(obj, dict) and ("chosen" in obj or "rejected" in obj)
 
 
 class Pair(list):
@@ -82,6 +83,9 @@ class PairBuilder:
                 raise pd.BadLine("\"chosen\" and \"rejected\" are the same; a pair needs two different completions")
             for key in ("chosen", "rejected"):
                 pd.string_field(obj, key, allow_empty=False)
+            if not obj["prompt"] and not self.builder.bos():
+                raise pd.BadLine("\"prompt\" is empty and the tokenizer adds no BOS token, so a completion's first "
+                                 "token has nothing before it to be predicted from; give the prompt text")
             return Pair(self.builder.prompt_completion(obj["prompt"], obj["chosen"]),
                         self.builder.prompt_completion(obj["prompt"], obj["rejected"]), "strings")
         if all(isinstance(v, list) for v in values):
@@ -92,11 +96,11 @@ class PairBuilder:
     def conversational(self, obj):
         pd = self.pd
         tok = self.builder.need_tokenizer("preference")
+        prompt = obj["prompt"]
+        if not prompt:  # the line's fault, whatever the tokenizer
+            raise pd.BadLine("\"prompt\" is an empty list; give the conversation before the completions")
         if tok.template is None:
             raise pd.NoChatTemplate(tok.no_template + "; give one with --chat-template FILE")
-        prompt = obj["prompt"]
-        if not prompt:
-            raise pd.BadLine("\"prompt\" is an empty list; give the conversation before the completions")
         if any(isinstance(m, dict) and m.get("role") == "assistant" for m in prompt[-1:]):
             raise pd.BadLine("\"prompt\" ends with an assistant turn; end it with the turn the completions answer")
         before = pd.render(tok, prompt, True)

@@ -83,6 +83,7 @@ import hashlib
 import json
 import os
 import pathlib
+import stat
 import sys
 import tempfile
 import time
@@ -591,11 +592,13 @@ def refuse_existing_output(output, overwrite):
         except OSError:
             pass
     kind = kind.decode(errors="replace") if isinstance(kind, bytes) else kind
-    if kind != "shardlm-samples":
-        what = "an HDF5 file that is not a sample file (a checkpoint?)" if h5py.is_hdf5(output) else "not a sample file"
+    if kind not in ("shardlm-samples", prefdata.FILE_FORMAT):  # what this tool writes, SFT or preference
+        what = ("an HDF5 file that is neither a sample file nor a preference file (a checkpoint?)"
+                if h5py.is_hdf5(output) else "not a sample file")
         fail(f"{output}: the output exists and is {what}; it is never replaced: name another file")
     if not overwrite:
-        fail(f"{output}: the output exists; give --overwrite to replace that sample file, or name another file")
+        what = "preference file" if kind == prefdata.FILE_FORMAT else "sample file"
+        fail(f"{output}: the output exists; give --overwrite to replace that {what}, or name another file")
 
 
 def append(dataset, values):
@@ -645,6 +648,21 @@ class Progress:
             self.shown = False
 
 
+def input_kind(path):
+    """What a path that is no regular file is ("is a directory", ...), or None when there is nothing there."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    if stat.S_ISFIFO(mode):
+        return "is a FIFO (named pipe), not a regular file; write its lines to a file first"
+    return "is not a regular file (a device or socket)"
+
+
 def expand_inputs(patterns):
     """Input files in the order given, each glob's matches sorted; exits on a glob that matches nothing."""
     paths = []
@@ -655,7 +673,9 @@ def expand_inputs(patterns):
                 fail(f"{pattern}: the pattern matches no file; check the path (quote globs for this tool)")
             paths += matches
         elif not os.path.isfile(pattern):
-            fail(f"{pattern}: no such file; check the path")
+            kind = input_kind(pattern)
+            fail(f"{pattern}: {kind}" + ("" if "; " in kind else "; give a JSONL file") if kind
+                 else f"{pattern}: no such file; check the path")
         else:
             paths.append(pattern)
     return paths
@@ -688,6 +708,9 @@ def parse_args():
     args = parser.parse_args()
     if args.max_prompt_length is not None and args.max_seq_length is None:
         parser.error("--max-prompt-length needs --max-seq-length")
+    if args.max_seq_length is not None and args.max_seq_length < 2:
+        parser.error(f"--max-seq-length {args.max_seq_length}: want at least 2 (a pair keeps a prompt token and a "
+                     "completion token)")
     if args.max_seq_length is not None and not 0 < (args.max_prompt_length or 1) < args.max_seq_length:
         parser.error("--max-prompt-length must be positive and below --max-seq-length")
     if args.tokenizer and args.vocab_size is not None:

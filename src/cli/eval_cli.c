@@ -52,6 +52,17 @@ static void usage_eval(FILE *out)
                  "  -h, --help             this text\n");
 }
 
+void eval_check_length(const struct config *cfg, int T)
+{
+    if (T > cfg->model.n_positions)
+        fail_input("eval --seq-len %d is longer than the model's context (%d positions); lower it", T,
+                   cfg->model.n_positions);
+    if (cfg->model.sliding_window > 0 && T > cfg->model.sliding_window)
+        fail_input("eval --seq-len %d is longer than the model's sliding attention window (%d, sliding_window in "
+                   "%s/config.json), which shardlm does not implement; give --seq-len %d or less",
+                   T, cfg->model.sliding_window, cfg->model.pretrained, cfg->model.sliding_window);
+}
+
 /* The data as the trainer reads validation data, with the config's data
  * options, at eval's own length: --seq-len, else a sample file's longest
  * sample (within the model's context), else data.seq_len (a .bin file's
@@ -63,15 +74,15 @@ static void open_eval_data(struct infer *s, struct loader *ld, const char *path,
         struct config *cfg = &s->cfg;
         cfg->micro_batch = B;
         cfg->train_batch_size = B * s->sess.world;
+        const int window = cfg->model.sliding_window;
+        const int context = window > 0 && window < cfg->model.n_positions ? window : cfg->model.n_positions;
         if (seq_len > 0)
             cfg->data.seq_len = seq_len;
         else if (samples_is_sample_file(path)) {
             size_t longest = samples_longest(path, cfg->model.vocab_size, false, "eval data");
-            cfg->data.seq_len = longest < (size_t)cfg->model.n_positions ? (int)longest : cfg->model.n_positions;
+            cfg->data.seq_len = longest < (size_t)context ? (int)longest : context;
         }
-        if (cfg->data.seq_len > cfg->model.n_positions)
-            fail_input("eval --seq-len %d is longer than the model's context (%d positions); lower it",
-                       cfg->data.seq_len, cfg->model.n_positions);
+        eval_check_length(cfg, seq_len > 0 ? seq_len : cfg->data.seq_len);
         cfg->data.truncate = true;
         loader_open(ld, cfg, path, false, s->tokenizer_path[0] ? s->tokenizer_path : NULL, "eval data");
         if (loader_units(ld) == 0)

@@ -39,12 +39,12 @@ struct pref_run {
  * eval's are: both at the same length, or at lengths that cut none. */
 static int eval_length(const struct infer *s, const struct pref_run *pr, size_t longest, int seq_len)
 {
-    const int ctx = s->cfg.model.n_positions, R = pr->ref ? pr->ref->seq_len : 0;
+    const int window = s->cfg.model.sliding_window, R = pr->ref ? pr->ref->seq_len : 0;
+    const int ctx = window > 0 && window < s->cfg.model.n_positions ? window : s->cfg.model.n_positions;
     int T = seq_len > 0 ? seq_len : longest < (size_t)ctx ? (int)longest : ctx;
     if (seq_len <= 0 && R > 0 && R < T)
         T = R;
-    if (T > ctx)
-        fail_input("eval --seq-len %d is longer than the model's context (%d positions); lower it", T, ctx);
+    eval_check_length(&s->cfg, T);
     if (R > 0 && T != R && ((size_t)T < longest || (size_t)R < longest))
         fail_input("reference log-prob file '%s' was computed at data.seq_len %d, eval's length is %d (samples of "
                    "up to %zu tokens are cut otherwise): give --seq-len %d, or --ref MODEL to compute the "

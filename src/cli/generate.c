@@ -647,6 +647,7 @@ int cmd_generate(int argc, char **argv)
     struct prompt *prompts = read_prompts(&g, &n_prompts);
     struct infer s;
     infer_open(&s, &comm, &o);
+    infer_require_eos(&s);
     const int ctx = s.cfg.model.n_positions;
     if (g.n_stops)
         infer_require_tokenizer(&s, o.model, "--stop compares text");

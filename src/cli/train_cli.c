@@ -31,7 +31,9 @@ static void usage_train(FILE *out)
             "                       auto: continue from checkpoint.dir's latest checkpoint; start fresh only\n"
             "                       when the directory holds none (with checkpoints but no usable 'latest' it\n"
             "                       refuses, naming them); none: start fresh; PATH: a checkpoint file, its\n"
-            "                       directory or that directory's 'latest'\n"
+            "                       directory or that directory's 'latest'. Without --resume (or with none) a\n"
+            "                       checkpoint.dir that holds checkpoints is refused, unless --overwrite\n"
+            "  --overwrite          a fresh start may save over the checkpoints in checkpoint.dir (and its latest)\n"
             "  --print-config       log the resolved configuration (file, --deepspeed, --set, derived batch sizes)\n"
             "  --quiet              no per-step lines\n"
             "  -h, --help           this text\n"
@@ -63,6 +65,7 @@ int cmd_train(int argc, char **argv)
         {"quiet", no_argument, NULL, 'q'},
         {"print-config", no_argument, NULL, 'p'},
         {"resume", required_argument, NULL, 'r'},
+        {"overwrite", no_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -85,6 +88,7 @@ int cmd_train(int argc, char **argv)
         case 'q': topt.quiet = 1; break;
         case 'p': topt.print_config = 1; break;
         case 'r': topt.resume = optarg; break;
+        case 'o': topt.overwrite = 1; break;
         case 'h': usage_train(stdout); return EXIT_OK;
         default: usage_train(stderr); return EXIT_BAD_INPUT;
         }

@@ -477,6 +477,8 @@ void comm_agree_failure(struct comm *c, const struct fail_trap *t)
         return;
     if (c->world - (key >> 8) == c->rank)
         fail_report(t);
+    /* what this rank was writing (an NVMe state file preallocated at set-up, a .tmp) goes, as under util_exit */
+    util_remove_pending_files();
     comm_finalize(c);
     exit(key & 0xff);
 }

@@ -314,7 +314,11 @@ void read_data(struct config *cfg, json_t *root)
     d->val_path = read_path(root, "data.val");
     /* max_seq_length (Hugging Face's name, for sample files) is seq_len */
     const int max_seq = read_int(root, "data.max_seq_length", 0, NO_FILL);
-    d->seq_len = read_int(root, "data.seq_len", max_seq > 0 ? max_seq : cfg->model.n_positions, FILL);
+    /* the default is the model's context, or its sliding attention window when that is shorter (shardlm
+     * attends over whole sequences): eval and generate, which choose their own lengths, start from it too */
+    const int window = cfg->model.sliding_window;
+    const int context = window > 0 && window < cfg->model.n_positions ? window : cfg->model.n_positions;
+    d->seq_len = read_int(root, "data.seq_len", max_seq > 0 ? max_seq : context, FILL);
     if (max_seq > 0 && max_seq != d->seq_len)
         fail_input("config: 'data.max_seq_length' (%d) and 'data.seq_len' (%d) name the same length; give one",
                    max_seq, d->seq_len);

@@ -39,11 +39,19 @@ void util_keep_file(const char *path)
         }
 }
 
-void util_exit(int status)
+void util_remove_pending_files(void)
 {
     for (int i = 0; i < MAX_PENDING_FILES; i++)
-        if (g_pending[i])
+        if (g_pending[i]) {
             unlink(g_pending[i]);
+            free(g_pending[i]);
+            g_pending[i] = NULL;
+        }
+}
+
+void util_exit(int status)
+{
+    util_remove_pending_files();
     fflush(stdout);
     fflush(stderr);
     if (g_abort_hook)

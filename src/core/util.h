@@ -82,6 +82,9 @@ void fail_report(const struct fail_trap *t);
  * failed write (a full disk) leaves nothing behind. At most 1024 at a time. */
 void util_remove_on_failure(const char *path);
 void util_keep_file(const char *path);
+/* Removes the files util_remove_on_failure names now: for an exit that agreed a failure across the ranks
+ * (comm_agree_failure) rather than leaving through util_exit, on every rank, the failing one or not. */
+void util_remove_pending_files(void);
 
 /* 1 when paths a and b name the same existing file (any name or link);
  * b_fd >= 0 stands for b when the file is open (b may then be NULL). */

@@ -202,6 +202,11 @@ int ckpt_managed_name(const char *name);
  * then no live run is writing any of them. */
 void ckpt_remove_stale_tmp(const char *dir);
 
+/* The newest step of the published checkpoints (step_N.h5) DIR holds, with
+ * LIST "step_000020.h5, step_000010.h5 (2 in all)" (newest first, a few
+ * named); -1 and LIST "" when it holds none. Local (no MPI). */
+long ckpt_dir_checkpoints(const char *dir, char *list, size_t list_cap);
+
 /* The checkpoint file SPEC means, malloc'd, or NULL for a fresh start.
  *   "auto"  DIR/latest's target. Without a usable latest (absent, malformed,
  *           naming a missing file) it is NULL only when DIR holds no

@@ -292,6 +292,16 @@ static void list_checkpoints(const char *dir, char *out, size_t cap, char *newes
         snprintf(newest, newest_cap, "%s/step_%06ld.h5", dir, steps[0]);
 }
 
+long ckpt_dir_checkpoints(const char *dir, char *list, size_t list_cap)
+{
+    char newest[CKPT_MAX_PATH];
+    list_checkpoints(dir, list, list_cap, newest, sizeof newest);
+    if (!list[0])
+        return -1;
+    const char *base = strrchr(newest, '/');
+    return parse_ckpt_name(base ? base + 1 : newest);
+}
+
 /* Refuses --resume auto in DIR, whose latest is unusable for WHY, when DIR
  * holds checkpoints: starting over would overwrite them (a requeued job would
  * throw its training away). Returns when DIR holds none. */
@@ -302,7 +312,7 @@ static void refuse_if_checkpoints(const char *dir, const char *why)
     if (!found[0])
         return;
     fail_input("--resume auto: '%s' holds checkpoints (%s) but %s. Hint: resume from one with --resume %s, or "
-               "start over with --resume none (or an empty checkpoint.dir)",
+               "start over with --resume none --overwrite (or an empty checkpoint.dir)",
                dir, found, why, newest);
 }
 

@@ -157,21 +157,46 @@ static void check_base(struct trainer *tr, struct ckpt_reader *r, const char *pa
     const bool lora_ckpt = ckpt_has_attr(r, "base_checksum");
     if (!tr->sess.model.lora.on && lora_ckpt)
         fail_input("checkpoint '%s' holds LoRA adapters, not a whole model; resume it with the 'lora' section it was "
-                   "trained with, or start fresh (--resume none)",
+                   "trained with, or start fresh (--resume none --overwrite)",
                    path);
     if (!tr->sess.model.lora.on)
         return;
     if (!lora_ckpt)
         fail_input("checkpoint '%s' holds a whole model, not LoRA adapters; to train adapters on it, export it "
-                   "(shardlm export) and give that directory as model.from_pretrained, or start fresh (--resume none)",
+                   "(shardlm export) and give that directory as model.from_pretrained, or start fresh (--resume "
+                   "none --overwrite)",
                    path);
     char *sum = ckpt_attr_str(r, "base_checksum"), *source = ckpt_attr_str(r, "base_source");
     if (strcmp(sum, tr->base_checksum) != 0)
         fail_input("checkpoint '%s' trained its adapters on another base: %s (checksum %s), and this run's base is "
-                   "%s (checksum %s); resume with the base it was trained on, or start fresh (--resume none)",
+                   "%s (checksum %s); resume with the base it was trained on, or start fresh (--resume none "
+                   "--overwrite)",
                    path, source, sum, tr->base_source, tr->base_checksum);
     free(sum);
     free(source);
+}
+
+/* A resume at another world size keeps the micro-batch and the accumulation the config gives, so the batch
+ * (train_batch_size: samples, or DPO pairs, per step) follows the ranks: the learning rate's meaning and the data
+ * each step takes change. Said in one line (the config may well mean it); the batch the checkpoint trained with
+ * is the one of its resolved config. */
+static void say_batch_change(const struct trainer *tr, struct ckpt_reader *r, const char *path, int saved_world)
+{
+    const struct config *cfg = tr->cfg;
+    char *text = ckpt_has_attr(r, "config") ? ckpt_attr_str(r, "config") : NULL;
+    json_t *doc = text ? json_loads(text, 0, NULL) : NULL;
+    free(text);
+    json_t *saved = json_object_get(doc, "train_batch_size");
+    if (json_is_integer(saved) && json_integer_value(saved) != cfg->train_batch_size) {
+        const long long was = (long long)json_integer_value(saved);
+        log_warn("checkpoint '%s' trained with train_batch_size %lld (%d rank%s); this run's is %d (micro-batch %d "
+                 "x accumulation %d x %d rank%s), so each step takes another number of %s: to keep %lld, give "
+                 "train_batch_size %lld (the accumulation follows)",
+                 path, was, saved_world, saved_world > 1 ? "s" : "", cfg->train_batch_size, cfg->micro_batch,
+                 cfg->grad_accum, tr->sess.world, tr->sess.world > 1 ? "s" : "", tr->dpo.on ? "pairs" : "samples",
+                 was, was);
+    }
+    json_decref(doc);
 }
 
 /* Continues from a checkpoint when --resume names one (or "auto" finds one). */
@@ -241,6 +266,7 @@ void ckpt_run_resume(struct trainer *tr, const char *spec)
     }
     free(saved_dtype);
     int saved_world = ckpt_saved_world(r);
+    say_batch_change(tr, r, path, saved_world);
     ckpt_close(r);
     log_info("resumed from %s at step %ld (saved by %d rank%s, now %d) (%.2f s)", path, tr->step, saved_world,
              saved_world > 1 ? "s" : "", tr->sess.world, now_seconds() - t0);

@@ -16,6 +16,11 @@
  * and 0 targets (dpo_ref_has). Independent of beta and the loss type. Written atomically (a .tmp,
  * then rename).
  *
+ * Version 3 adds dtype (the parameter dtype the values were computed in, "fp32", "fp16" or "bf16": the
+ * parameters are rounded to it, so another dtype gives other values; the trainer refuses such a file for a
+ * fresh start) and data_crc32c (CRC-32C of /logps then /n_targets, as stored, little-endian: a value edited
+ * in the file is refused, as a checkpoint's is). Versions 1 and 2 are read without either check.
+ *
  * Version 1 (issue 37's first files) lacks seq_len and max_prompt_length;
  * such files are still read (seq_len 0: unknown), and their users compare
  * each sample's trained-token count with their own instead (a sample cut at
@@ -29,7 +34,7 @@
 #include <stdint.h>
 
 #define DPO_REF_FORMAT "shardlm-ref-logps"
-#define DPO_REF_VERSION 2
+#define DPO_REF_VERSION 3
 #define DPO_REF_OLDEST_VERSION 1 /* still read */
 #define DPO_REF_MODEL_CAP 4300 /* a path (CKPT_MAX_PATH) and a checksum */
 
@@ -42,6 +47,9 @@ struct dpo_ref {
     char samples_path[4096]; /* as recorded (informative: the sha decides) */
     int seq_len;         /* data.seq_len of the computation; 0: unknown (a version-1 file) */
     int64_t max_prompt_length; /* the preference file's (0: prompts not cut); -1: it has none */
+    char dtype[8];       /* the parameter dtype of the computation (dtype_name); "": unknown (version < 3) */
+    uint32_t data_crc32c; /* as read (version 3), checked by dpo_ref_load */
+    int version;         /* as read */
 };
 
 /* Whether sample i (2 pair + 0 chosen / 1 rejected) has a value. */
@@ -55,7 +63,10 @@ struct dpo_ref *dpo_ref_load(const char *path, const char *want_sha256, const ch
  * than seq_len (a version-1 file, which does not say, passes): one line
  * naming both and what to do (`todo`). */
 void dpo_ref_check_seq_len(const struct dpo_ref *r, const char *path, int seq_len, const char *todo);
-/* Writes r to path (r->samples_path made absolute); rank 0 only; atomic. */
+/* fail_input when r (loaded from path) was computed in another parameter dtype than dtype (a file before
+ * version 3, which does not say, passes): one line naming both and what to do (`todo`). */
+void dpo_ref_check_dtype(const struct dpo_ref *r, const char *path, const char *dtype, const char *todo);
+/* Writes r to path (r->samples_path made absolute; r->dtype set); rank 0 only; atomic. */
 void dpo_ref_save(const char *path, const struct dpo_ref *r);
 /* A zeroed struct with room for n_pairs pairs (max_prompt_length -1). */
 struct dpo_ref *dpo_ref_new(int64_t n_pairs);

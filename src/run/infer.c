@@ -30,23 +30,72 @@ static bool readable(const char *path) { return access(path, R_OK) == 0; }
 
 /* ---- the config ------------------------------------------------------------------------- */
 
+/* generation_config.json's eos_token_id into s->eos: an id of the model's vocabulary, or a list of up to 8.
+ * A file that is not a JSON object, or an eos_token_id of another kind (a string, a fraction, an object, a
+ * number outside the vocabulary, -1), leaves s->eos_problem naming the file and the value, which generate
+ * refuses (infer_require_eos): transformers would never stop on such an id. Absent or null: nothing. */
+static void read_generation_eos(struct infer *s, const char *path)
+{
+    json_error_t err;
+    json_t *doc = hf_json_load_file(path, 0, &err);
+    char why[512], value[64] = "";
+    if (!json_is_object(doc)) {
+        snprintf(s->eos_problem, sizeof s->eos_problem, "%s: %s; fix it, or remove it to stop at config.json's or "
+                 "the tokenizer's end token", path, doc ? "not a JSON object" : hf_json_why(&err, why, sizeof why));
+        json_decref(doc);
+        return;
+    }
+    json_t *eos = json_object_get(doc, "eos_token_id");
+    const size_t n = json_is_array(eos) ? json_array_size(eos) : 1;
+    bool ok = eos && !json_is_null(eos) && n >= 1 && n <= sizeof s->eos / sizeof s->eos[0];
+    for (size_t i = 0; ok && i < n; i++) {
+        json_t *id = json_is_array(eos) ? json_array_get(eos, i) : eos;
+        ok = json_is_integer(id) && json_integer_value(id) >= 0 &&
+             json_integer_value(id) < s->cfg.model.vocab_size;
+        if (ok)
+            s->eos[s->n_eos++] = (int32_t)json_integer_value(id);
+    }
+    if (eos && !json_is_null(eos) && !ok) {
+        s->n_eos = 0;
+        char *text = json_dumps(eos, JSON_ENCODE_ANY | JSON_COMPACT);
+        snprintf(value, sizeof value, "%.40s%s", text ? text : "?", text && strlen(text) > 40 ? "..." : "");
+        free(text);
+        snprintf(s->eos_problem, sizeof s->eos_problem, "%s: eos_token_id %s is not a token id of this model (an "
+                 "integer from 0 to %d, or a list of 1 to %zu of them); fix it, or remove it to stop at "
+                 "config.json's or the tokenizer's end token", path, value, s->cfg.model.vocab_size - 1,
+                 sizeof s->eos / sizeof s->eos[0]);
+    }
+    json_decref(doc);
+}
+
+void infer_require_eos(const struct infer *s)
+{
+    if (s->eos_problem[0])
+        fail_input("%s", s->eos_problem);
+}
+
 /* The end-of-sequence ids of a Hugging Face directory: generation_config.json's
- * eos_token_id, else config.json's (a number or a list). */
+ * eos_token_id (read_generation_eos), else config.json's (a number or a list). */
 static void read_eos(struct infer *s, const char *dir)
 {
-    static const char *const files[] = {"generation_config.json", "config.json"};
-    for (int f = 0; f < 2 && !s->n_eos; f++) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/%s", dir, files[f]);
-        json_t *doc = readable(path) ? hf_json_load_file(path, 0, NULL) : NULL;
-        json_t *eos = json_object_get(doc, "eos_token_id");
-        if (json_is_integer(eos))
-            s->eos[s->n_eos++] = (int32_t)json_integer_value(eos);
-        for (size_t i = 0; json_is_array(eos) && i < json_array_size(eos) && s->n_eos < 8; i++)
-            if (json_is_integer(json_array_get(eos, i)))
-                s->eos[s->n_eos++] = (int32_t)json_integer_value(json_array_get(eos, i));
-        json_decref(doc);
-    }
+    char generation[4200];
+    snprintf(generation, sizeof generation, "%s/generation_config.json", dir);
+    if (access(generation, F_OK) == 0)
+        read_generation_eos(s, generation);
+    if (s->n_eos || s->eos_problem[0])
+        return;
+    /* config.json's, as io/hf_config reads it (token ids are inert there; GPT2Config's 50256 may lie outside
+     * a small vocabulary, where it never matches) */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *doc = readable(path) ? hf_json_load_file(path, 0, NULL) : NULL;
+    json_t *eos = json_object_get(doc, "eos_token_id");
+    if (json_is_integer(eos))
+        s->eos[s->n_eos++] = (int32_t)json_integer_value(eos);
+    for (size_t i = 0; json_is_array(eos) && i < json_array_size(eos) && s->n_eos < 8; i++)
+        if (json_is_integer(json_array_get(eos, i)))
+            s->eos[s->n_eos++] = (int32_t)json_integer_value(json_array_get(eos, i));
+    json_decref(doc);
 }
 
 static void find_tokenizer(struct infer *s, const struct infer_options *o)

@@ -47,6 +47,8 @@ struct infer {
     char tokenizer_path[4200];
     int32_t eos[8];                /* end-of-sequence ids (config.json's eos_token_id, else the tokenizer's) */
     int n_eos;
+    char eos_problem[4800];        /* generation_config.json unusable (not JSON, eos_token_id no id): the line
+                                    * generate refuses with (infer_require_eos); "" when fine */
     char ckpt_path[4096];          /* the checkpoint read, "" for a Hugging Face directory */
     char hf_dir[4096];             /* the Hugging Face directory read (the model, or a LoRA checkpoint's base), "" */
     bool lora_ckpt;
@@ -57,6 +59,9 @@ struct infer {
 /* Resolves MODEL, builds the config (o->sets applied) and the model, finds
  * the tokenizer; reads no weights yet. Collective. */
 void infer_open(struct infer *s, struct comm *comm, const struct infer_options *o);
+/* Fails (exit status 2) in one line naming generation_config.json when it is not JSON or its eos_token_id
+ * is no token id of the model (generate: where a sequence ends; eval does not need it). */
+void infer_require_eos(const struct infer *s);
 /* Fails (exit status 2) when the model has no tokenizer and its vocabulary
  * is not byte-level: `why` says what needs one. */
 void infer_require_tokenizer(const struct infer *s, const char *model, const char *why);

@@ -311,10 +311,27 @@ static void freeze_for_tests(struct trainer *tr)
                  tr->sess.model.n_units, model_frozen_params(&tr->sess.model), tr->sess.model.n_params);
 }
 
+/* A fresh start (no --resume, or --resume none) on a checkpoint.dir that holds checkpoints would save over
+ * them, move latest and rewrite the metrics: a job script that forgets --resume auto loses its training on the
+ * first requeue. Refused unless --overwrite says that is meant. Rank 0, with the directory locked. */
+static void refuse_fresh_start_over(const char *dir, const struct train_options *opt)
+{
+    if (opt->overwrite || (opt->resume && strcmp(opt->resume, "none") != 0))
+        return;
+    char list[512];
+    long step = ckpt_dir_checkpoints(dir, list, sizeof list);
+    if (step < 0)
+        return;
+    fail_input("checkpoint.dir '%s' holds another run's checkpoints up to step %ld (%s), and this run starts "
+               "fresh%s: its saves would replace them. Hint: continue it with --resume auto, or start over on top "
+               "of it with --resume none --overwrite",
+               dir, step, list, opt->resume ? " (--resume none)" : " (no --resume)");
+}
+
 /* checkpoint.dir made, writable and this run's alone (ckpt_lock_dir) before anything reads or writes it:
  * a second run on it stops here, before its reference pass, metrics or start-up cleanup touch a file. Rank 0,
  * before the set-up (whose collectives the other ranks would be waiting in), its failure agreed by all. */
-static void claim_checkpoint_dir(const struct config *cfg)
+static void claim_checkpoint_dir(const struct config *cfg, const struct train_options *opt)
 {
     if (cfg->model.pretrained[0] && util_same_file(cfg->checkpoint.dir, cfg->model.pretrained, -1))
         fail_input("config: checkpoint.dir '%s' is the model.from_pretrained directory: checkpoints (and "
@@ -330,6 +347,7 @@ static void claim_checkpoint_dir(const struct config *cfg)
     if (ckpt_lock_dir(cfg->checkpoint.dir, why, sizeof why) != 0)
         fail_input("%s", why);
     ckpt_remove_stale_tmp(cfg->checkpoint.dir); /* ours alone now: no live run is writing them */
+    refuse_fresh_start_over(cfg->checkpoint.dir, opt);
 }
 
 static void trainer_setup(struct trainer *tr)
@@ -734,7 +752,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
                                                                                           : DTYPE_F32);
     struct fail_trap trap;
     if (FAIL_TRAP(&trap) == 0 && cfg->checkpoint.dir && tr.sess.rank == 0)
-        claim_checkpoint_dir(cfg);
+        claim_checkpoint_dir(cfg, opt);
     fail_untrap();
     comm_agree_failure(comm, &trap);
     trainer_setup_agreed(&tr);

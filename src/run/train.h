@@ -18,6 +18,7 @@ struct train_options {
     int quiet;                   /* no per-step lines */
     int print_config;            /* log the resolved configuration at start (job logs) */
     const char *resume;          /* "auto", a checkpoint file or a directory; NULL: fresh start */
+    int overwrite;               /* a fresh start may save over the checkpoints checkpoint.dir holds */
     const char *config_path;     /* the CONFIG file and --deepspeed file (NULL: none): inputs that */
     const char *deepspeed_path;  /* no output may overwrite */
 };

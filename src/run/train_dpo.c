@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/util.h"
 #include "dpo_ref.h"
 #include "families/family.h"
@@ -128,6 +129,7 @@ static void compute_reference(struct trainer *tr)
         if (ref.n_targets[i] == 0) /* a pair left out (too long, nothing trained): no value */
             ref.logps[i] = NAN;
     }
+    snprintf(ref.dtype, sizeof ref.dtype, "%s", dtype_name(cfg->dtype));
     snprintf(ref.sha256, sizeof ref.sha256, "%s", d->samples_sha256);
     snprintf(ref.model, sizeof ref.model, "%s", d->model);
     char *abs = realpath(tr->train_data.smp.path, NULL);
@@ -144,24 +146,49 @@ static void compute_reference(struct trainer *tr)
     samples_close(&s);
 }
 
+/* A resume's reference: the file the checkpoint names, by its SHA-256, where the checkpoint recorded it or where
+ * dpo.ref_log_probs_path names it now (a file moved since, the same bytes). Local. */
+static void resumed_reference(struct trainer *tr)
+{
+    struct trainer_dpo *d = &tr->dpo;
+    const struct config *cfg = tr->cfg;
+    const char *moved = cfg->dpo.ref_log_probs_path;
+    char have[65] = "", have_moved[65] = "";
+    const bool saved_readable = samples_file_sha256(d->saved_path, have);
+    if (moved && strcmp(moved, d->saved_path) != 0 && samples_file_sha256(moved, have_moved) &&
+        strcmp(have_moved, d->saved_sha256) == 0) {
+        snprintf(d->ref_path, sizeof d->ref_path, "%s", moved);
+        if (tr->sess.rank == 0)
+            log_info("DPO: the checkpoint's reference log-probs, recorded at %s, read from %s "
+                     "(dpo.ref_log_probs_path: the same SHA-256)", d->saved_path, moved);
+    } else if (!saved_readable) {
+        fail_input("the checkpoint's reference log-probs '%s' cannot be read%s: put the file back, name where it "
+                   "is now with dpo.ref_log_probs_path, or start fresh (--resume none --overwrite)", d->saved_path,
+                   have_moved[0] ? " (and dpo.ref_log_probs_path names another file)" : "");
+    } else if (strcmp(have, d->saved_sha256) != 0) {
+        fail_input("reference log-probs '%s' are not the file the checkpoint was trained with (SHA-256 %.12s..., "
+                   "recorded %.12s...): put that file back, name where it is now with dpo.ref_log_probs_path, or "
+                   "start fresh (--resume none --overwrite)", d->saved_path, have, d->saved_sha256);
+    } else {
+        snprintf(d->ref_path, sizeof d->ref_path, "%s", d->saved_path);
+    }
+    d->ref = dpo_ref_load(d->ref_path, d->samples_sha256, NULL);
+    dpo_ref_check_seq_len(d->ref, d->ref_path, cfg->data.seq_len, "resume with the data.seq_len it was "
+                          "trained with, or start fresh (--resume none --overwrite)");
+    /* the run trained against these values: keeping them keeps its objective, in any dtype */
+    if (d->ref->dtype[0] && strcmp(d->ref->dtype, dtype_name(cfg->dtype)) != 0 && tr->sess.rank == 0)
+        log_warn("reference log-probs '%s' were computed in %s and this run resumes in %s: kept, as the run "
+                 "trained against them (a fresh start would refuse them)", d->ref_path, d->ref->dtype,
+                 dtype_name(cfg->dtype));
+}
+
 /* The file to use, loaded when it is there (a resume: the one the checkpoint names, as it was). Local. */
 static void find_reference(struct trainer *tr)
 {
     struct trainer_dpo *d = &tr->dpo;
     const struct config *cfg = tr->cfg;
     if (d->saved_path[0]) {
-        snprintf(d->ref_path, sizeof d->ref_path, "%s", d->saved_path);
-        char have[65];
-        if (!samples_file_sha256(d->ref_path, have))
-            fail_input("the checkpoint's reference log-probs '%s' cannot be read: put the file back, or start fresh "
-                       "(--resume none)", d->ref_path);
-        if (strcmp(have, d->saved_sha256) != 0)
-            fail_input("reference log-probs '%s' are not the file the checkpoint was trained with (SHA-256 %.12s..., "
-                       "recorded %.12s...): put that file back, or start fresh (--resume none)",
-                       d->ref_path, have, d->saved_sha256);
-        d->ref = dpo_ref_load(d->ref_path, d->samples_sha256, NULL);
-        dpo_ref_check_seq_len(d->ref, d->ref_path, cfg->data.seq_len, "resume with the data.seq_len it was "
-                              "trained with, or start fresh (--resume none)");
+        resumed_reference(tr);
         return;
     }
     if (tr->step > 0)
@@ -172,8 +199,10 @@ static void find_reference(struct trainer *tr)
     else
         dpo_ref_default_path(tr->train_data.smp.path, d->ref_path, sizeof d->ref_path);
     d->ref = dpo_ref_load(d->ref_path, d->samples_sha256, d->model);
-    if (d->ref)
+    if (d->ref) {
         dpo_ref_check_seq_len(d->ref, d->ref_path, cfg->data.seq_len, REF_AGAIN);
+        dpo_ref_check_dtype(d->ref, d->ref_path, dtype_name(cfg->dtype), REF_AGAIN);
+    }
     if (d->ref && tr->sess.rank == 0)
         log_info("DPO: reference log-probs from %s (computed before with this model and data)", d->ref_path);
 }

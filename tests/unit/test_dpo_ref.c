@@ -31,6 +31,7 @@ static struct dpo_ref *make_ref(int64_t n_pairs, const char *samples)
     dpo_ref_model_id("/models/tiny", "0123456789abcdef", r->model, sizeof r->model);
     snprintf(r->samples_path, sizeof r->samples_path, "%s", samples);
     r->seq_len = 64;
+    snprintf(r->dtype, sizeof r->dtype, "fp32");
     return r;
 }
 
@@ -44,8 +45,10 @@ static void child_load(const void *arg)
     dpo_ref_free(dpo_ref_load(a->path, a->sha, a->model));
 }
 
-/* Exit 2, one line, naming the file, holding phrase and the advice. */
-static void check_bad(const char *name, const char *path, const char *sha, const char *model, const char *phrase)
+/* Exit 2, one line, naming the file, holding phrase and the advice: to delete it only when the file is known to
+ * be a reference file (KNOWN_REF: its format attribute says so), else to name one (issue 46). */
+static void check_bad(const char *name, const char *path, const char *sha, const char *model, const char *phrase,
+                      bool known_ref)
 {
     struct load_args a = {path, sha, model};
     char msg[4096], cn[128];
@@ -61,7 +64,12 @@ static void check_bad(const char *name, const char *path, const char *sha, const
     snprintf(cn, sizeof cn, "%s_says_why", name);
     CHECK(cn, strstr(msg, phrase) != NULL, "stderr lacks '%s': %s", phrase, msg);
     snprintf(cn, sizeof cn, "%s_says_what_to_do", name);
-    CHECK(cn, strstr(msg, "delete it") != NULL, "stderr gives no advice: %s", msg);
+    if (known_ref)
+        CHECK(cn, strstr(msg, "delete it (it is computed again)") != NULL, "stderr gives no advice: %s", msg);
+    else
+        CHECK(cn, strstr(msg, "name a reference log-prob file") != NULL && strstr(msg, "delete it") == NULL,
+              "a file not known as a reference file: want 'name a reference log-prob file', no 'delete it': %s",
+              msg);
 }
 
 static void write_bytes(const char *path, const void *data, size_t n)
@@ -181,10 +189,54 @@ static void check_seq_len(const char *samples)
     /* version 2 without seq_len, an unknown version */
     tmp_path(old, sizeof old, "v2_no_seq_len.h5");
     rewrite_header(path, old, 2, "seq_len");
-    check_bad("v2_without_seq_len", old, NULL, NULL, "attribute 'seq_len' is missing");
-    tmp_path(old, sizeof old, "v3.h5");
-    rewrite_header(path, old, 3, NULL);
-    check_bad("unknown_version", old, NULL, NULL, "version 3");
+    check_bad("v2_without_seq_len", old, NULL, NULL, "attribute 'seq_len' is missing", true);
+    tmp_path(old, sizeof old, "v4.h5");
+    rewrite_header(path, old, 4, NULL);
+    check_bad("unknown_version", old, NULL, NULL, "version 4", true);
+    dpo_ref_free(w);
+}
+
+static void child_dtype(const void *arg)
+{
+    const char *path = arg;
+    struct dpo_ref *r = dpo_ref_load(path, NULL, NULL);
+    dpo_ref_check_dtype(r, path, "bf16", "delete it or keep the dtype");
+    dpo_ref_free(r);
+}
+
+/* Version 3 (issue 46): the dtype of the computation and a CRC-32C of the data, recorded and read back; an
+ * edited value refused by the checksum (one line, naming the file); another dtype refused by
+ * dpo_ref_check_dtype naming both; a file before version 3 (neither recorded) passes both. */
+static void check_integrity(const char *samples)
+{
+    char path[600], old[600], msg[4096];
+    struct dpo_ref *w = make_ref(3, samples);
+    tmp_path(path, sizeof path, "v3.h5");
+    dpo_ref_save(path, w);
+    struct dpo_ref *r = dpo_ref_load(path, NULL, NULL);
+    CHECK("v3_round_trip", r && r->version == 3 && strcmp(r->dtype, "fp32") == 0 && r->data_crc32c != 0,
+          "version %d, dtype '%s', crc %08x", r ? r->version : -1, r ? r->dtype : "", r ? r->data_crc32c : 0);
+    dpo_ref_free(r);
+    /* one value changed in place, to another valid log-prob: only the checksum tells */
+    tmp_path(old, sizeof old, "edited.h5");
+    copy_file(path, old, 0);
+    hid_t f = H5Fopen(old, H5F_ACC_RDWR, H5P_DEFAULT), d = H5Dopen2(f, "logps", H5P_DEFAULT);
+    double values[6];
+    H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values);
+    values[2] -= 0.25;
+    H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values);
+    H5Dclose(d);
+    H5Fclose(f);
+    check_bad("edited_value", old, NULL, NULL, "does not match its checksum", true);
+    int status = check_run_child(child_dtype, path, msg, sizeof msg);
+    printf("# other_dtype: %s", msg[0] ? msg : "(no stderr)\n");
+    CHECK("other_dtype_refused", status == 2 && strstr(msg, "computed in fp32, this run trains in bf16") &&
+          strstr(msg, path), "exit %d: %s", status, msg);
+    /* version 2 (no dtype, no checksum): an edited value and any dtype pass, as before */
+    tmp_path(path, sizeof path, "v2_edited.h5");
+    rewrite_header(old, path, 2, "dtype");
+    status = check_run_child(child_dtype, path, msg, sizeof msg);
+    CHECK("v2_unchecked", status == 0, "exit %d: %s", status, msg);
     dpo_ref_free(w);
 }
 
@@ -239,6 +291,7 @@ int main(void)
     snprintf(e->sha256, sizeof e->sha256, "%s", w->sha256);
     snprintf(e->samples_path, sizeof e->samples_path, "%s", samples);
     e->seq_len = 8;
+    snprintf(e->dtype, sizeof e->dtype, "bf16");
     tmp_path(path, sizeof path, "empty.h5");
     dpo_ref_save(path, e);
     r = dpo_ref_load(path, e->sha256, "");
@@ -250,37 +303,37 @@ int main(void)
     char other_sha[65];
     snprintf(other_sha, sizeof other_sha, "%s", w->sha256);
     other_sha[0] = 'f';
-    check_bad("wrong_sha", good, other_sha, w->model, "another preference file");
-    check_bad("wrong_model", good, w->sha256, "/models/other (checksum 1)", "another model");
+    check_bad("wrong_sha", good, other_sha, w->model, "another preference file", true);
+    check_bad("wrong_model", good, w->sha256, "/models/other (checksum 1)", "another model", true);
 
     /* truncated, garbage, empty, a directory */
     tmp_path(path, sizeof path, "truncated.h5");
     copy_file(good, path, 1000);
-    check_bad("truncated", path, NULL, NULL, "truncated");
+    check_bad("truncated", path, NULL, NULL, "truncated", false);
     tmp_path(path, sizeof path, "garbage.h5");
     write_bytes(path, "this is not an HDF5 file at all, just some text\n", 48);
-    check_bad("garbage", path, NULL, NULL, "not an HDF5 file");
+    check_bad("garbage", path, NULL, NULL, "not an HDF5 file", false);
     tmp_path(path, sizeof path, "zero.h5");
     write_bytes(path, "", 0);
-    check_bad("empty_file", path, NULL, NULL, "not an HDF5 file");
-    check_bad("directory", dir, NULL, NULL, "not a file");
+    check_bad("empty_file", path, NULL, NULL, "not an HDF5 file", false);
+    check_bad("directory", dir, NULL, NULL, "not a file", false);
 
     /* another HDF5 file: the preference file's format */
     tmp_path(path, sizeof path, "samples_like.h5");
     hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     H5Fclose(f);
-    check_bad("no_format", path, NULL, NULL, "not a reference log-prob file");
+    check_bad("no_format", path, NULL, NULL, "not a reference log-prob file", false);
 
     /* missing or mismatched datasets */
     tmp_path(path, sizeof path, "no_logps.h5");
     damage_dataset(good, path, "logps", false);
-    check_bad("missing_logps", path, NULL, NULL, "dataset '/logps' is missing");
+    check_bad("missing_logps", path, NULL, NULL, "dataset '/logps' is missing", true);
     tmp_path(path, sizeof path, "no_targets.h5");
     damage_dataset(good, path, "n_targets", false);
-    check_bad("missing_n_targets", path, NULL, NULL, "dataset '/n_targets' is missing");
+    check_bad("missing_n_targets", path, NULL, NULL, "dataset '/n_targets' is missing", true);
     tmp_path(path, sizeof path, "short_targets.h5");
     damage_dataset(good, path, "n_targets", true);
-    check_bad("mismatched_datasets", path, NULL, NULL, "10 log-probs and 3 target counts");
+    check_bad("mismatched_datasets", path, NULL, NULL, "10 log-probs and 3 target counts", true);
 
     /* a pair left out by the run: NaN over 0 targets */
     w->logps[4] = w->logps[5] = NAN;
@@ -294,17 +347,18 @@ int main(void)
     w->n_targets[5] = 2;
     tmp_path(path, sizeof path, "nan_with_targets.h5");
     dpo_ref_save(path, w);
-    check_bad("nan_with_targets", path, NULL, NULL, "sample 5");
+    check_bad("nan_with_targets", path, NULL, NULL, "sample 5", true);
     w->logps[4] = w->logps[5] = -1.0;
 
     /* a positive log-prob is no log-prob */
     w->logps[3] = 0.5;
     tmp_path(path, sizeof path, "positive.h5");
     dpo_ref_save(path, w);
-    check_bad("positive_logp", path, NULL, NULL, "sample 3");
+    check_bad("positive_logp", path, NULL, NULL, "sample 3", true);
     dpo_ref_free(w);
 
     check_seq_len(samples);
+    check_integrity(samples);
 
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
