@@ -77,7 +77,7 @@ static struct dims dims_of(const struct model *m, int B, int T)
 static struct llama_extras extras_of(const struct model *m)
 {
     const struct model_config *c = &m->cfg;
-    const int after = 9; /* LT_DOWN + 1 */
+    const int after = LT_DOWN + 1; /* the extras follow down_proj (model.c) */
     struct llama_extras x = {c->qkv_bias ? after : -1, -1, -1};
     if (c->qk_norm) {
         x.q_norm = after + (c->qkv_bias ? 3 : 0);
