@@ -193,6 +193,16 @@ void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const fl
 void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                               const float *rstd, float *scratch, int N, int C);
 
+/* Gemma's RMSNorm: y = x s (offset + w), the same kernels with the weight
+ * read as offset + w (offset 0: the plain RMSNorm above; Gemma 1, its
+ * weights stored as w with (1 + w) applied, in fp32, as transformers'
+ * Gemma2RMSNorm); dweight gets the same sum either way. */
+void backend_rmsnorm_offset_forward(float *out, float *rstd, const float *inp, const float *weight, float offset,
+                                    float eps, int N, int C);
+void backend_rmsnorm_offset_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                     const float *weight, float offset, const float *rstd, float *scratch, int N,
+                                     int C);
+
 /* A bias on every row, for the matmuls without one of their own (the
  * transposed ones: Qwen2's q|k|v): out [A] (N, OC) += bias [A] (OC). */
 void backend_bias_forward(float *out, const float *bias, int N, int OC);
@@ -226,6 +236,27 @@ void backend_rope_backward(float *dqkv, const float *cos, const float *sin, cons
 void backend_swiglu_forward(float *out, const float *gu, int N, int F);
 /* dgu [A] (N, 2F) overwritten: d gate = dout * up * silu'(gate), d up = dout * silu(gate). */
 void backend_swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F);
+/* GeGLU (Gemma's MLP, hidden_activation gelu_pytorch_tanh): out [A] (N, F)
+ * = gelu_tanh(gu[:, :F]) * gu[:, F:], the GELU of backend_gelu_forward. */
+void backend_geglu_forward(float *out, const float *gu, int N, int F);
+/* dgu [A] (N, 2F) overwritten: d gate = dout * up * gelu'(gate), d up = dout * gelu(gate). */
+void backend_geglu_backward(float *dgu, const float *dout, const float *gu, int N, int F);
+/* x [A] (n) *= s, in the activation dtype (Gemma's embedding times sqrt(n_embd)). */
+void backend_scale_act(float *x, float s, size_t n);
+/* Soft-capping of the final logits (Gemma 2's final_logit_softcapping), in
+ * place on the first V of Vp columns of logits [A] (N, Vp): y = cap
+ * tanh(z / cap), fp32; lse (N, fp32) receives each row's log-sum-exp of the
+ * capped logits, which the backward needs once the cross-entropy has turned
+ * them into probabilities. */
+void backend_logit_softcap_forward(float *logits, float *lse, float cap, int N, int V, int Vp);
+/* The cross-entropy's backward through the cap: probs [A] (N, Vp) (the
+ * cross-entropy forward's, of capped logits y) are replaced by dz = (probs -
+ * onehot) d (1 - (y / cap)^2), y = log probs + lse; d = dloss_rows[i]
+ * (fp32, N) or dloss when dloss_rows is NULL; the whole row 0 where the
+ * target is < 0, padded columns 0. */
+void backend_crossentropy_softcap_backward(float *probs, const int32_t *targets, float dloss, const float *dloss_rows,
+                                           const float *lse, float cap, int N, int V, int Vp);
+
 /* The CUDA backend's (the planner plans the CUDA build from any build): no
  * scratch, and the rows' log-sum-exp. */
 #define BACKEND_CUDA_ATTENTION_SCRATCH(T, NH) ((void)(T), (void)(NH), (size_t)0)

@@ -49,8 +49,9 @@ static const struct key_spec model_keys[] = {
      "weights from its files; not with `model.preset`"},
     {"preset", K_STR, 0, NULL, NULL, NULL, "@presets", "a published shape that supplies the model keys' defaults"},
     {"type", K_STR, 0, NULL, NULL, "`\"gpt2\"` (the preset's type)", "@types",
-     "the model family: `gpt2` (LayerNorm, learned positions, tied head) or `llama` (RMSNorm, rotary, SwiGLU, "
-     "grouped-query attention; Llama 2/3, Mistral, Qwen2, Qwen3)"},
+     "the model family: `gpt2` (LayerNorm, learned positions, tied head), `llama` (RMSNorm, rotary, SwiGLU, "
+     "grouped-query attention; Llama 2/3, Mistral, Qwen2, Qwen3) or `gemma` (Llama's attention with (1 + w) norms "
+     "before and after attention and MLP, GeGLU, scaled embeddings; Gemma 2, Gemma 3 text)"},
     {"n_layer", K_INT, 0, NULL, NULL, "12 (the preset's)", "1 to 65536", "transformer blocks"},
     {"n_head", K_INT, 0, NULL, NULL, "12 (the preset's)", "> 0", "attention heads"},
     {"n_kv_head", K_INT, 0, NULL, NULL, "`n_head` (the preset's)", "a divisor of `n_head`",
@@ -78,6 +79,18 @@ static const struct key_spec model_keys[] = {
      "Llama: RMSNorm of each head's q and k before the rotary (Qwen3)"},
     {"fused_projections", K_BOOL, 0, NULL, NULL, "`false`", NULL,
      "Llama: the Hugging Face files fuse q, k, v as `qkv_proj` and gate, up as `gate_up_proj` (Phi-3)"},
+    {"final_logit_softcapping", K_NUM, F_NULLABLE, NULL, NULL, "null", "> 0",
+     "Gemma: the logits become cap × tanh(logits / cap) (Gemma 2: 30; null: none)"},
+    {"attn_logit_softcapping", K_NUM, F_NULLABLE, NULL, NULL, "null", "null",
+     "Gemma: the attention scores' soft-cap; other values than null are refused until the attention kernels take it"},
+    {"query_pre_attn_scalar", K_NUM, F_NULLABLE, NULL, NULL, "`head_dim`", "`head_dim`",
+     "Gemma: the attention scores are scaled by its -1/2 power; other values than `head_dim` are refused until the "
+     "attention kernels take a scale"},
+    {"sliding_window_pattern", K_INT, 0, NULL, NULL, "0 (the preset's)", ">= 0",
+     "Gemma: layer l is local (sliding window) unless l + 1 is a multiple of it (Gemma 2: 2, Gemma 3: 6; 0: every "
+     "layer global)"},
+    {"rope_local_theta", K_NUM, F_NULLABLE, NULL, NULL, "`rope_theta`", "> 1",
+     "Gemma 3: the local layers' rotary base (`rope_local_base_freq`), without `rope_scaling`"},
     {0},
 };
 

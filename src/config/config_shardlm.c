@@ -153,6 +153,42 @@ static void read_rope_scaling(struct model_config *m, json_t *root)
     require_positive("model.rope_scaling.original_max_position_embeddings", r->original_max_positions);
 }
 
+/* Gemma's keys: refused for the other types; the attention options the
+ * kernels do not take yet refused at any value but their default. */
+static void read_gemma_keys(struct model_config *m, json_t *root, bool gemma)
+{
+    static const char *const only_gemma[] = {"model.final_logit_softcapping", "model.attn_logit_softcapping",
+                                             "model.query_pre_attn_scalar", "model.sliding_window_pattern",
+                                             "model.rope_local_theta"};
+    if (!gemma) {
+        for (size_t i = 0; i < sizeof only_gemma / sizeof only_gemma[0]; i++)
+            if (is_given(root, only_gemma[i]))
+                fail_input("config: '%s' is a Gemma key; remove it or use model.type \"gemma\"", only_gemma[i]);
+        return;
+    }
+    m->final_softcap = read_num(root, "model.final_logit_softcapping", 0.0, NO_FILL);
+    m->attn_softcap = read_num(root, "model.attn_logit_softcapping", 0.0, NO_FILL);
+    m->query_scalar = read_num(root, "model.query_pre_attn_scalar", m->head_dim, NO_FILL);
+    m->window_pattern = read_int(root, "model.sliding_window_pattern", m->window_pattern, FILL);
+    m->rope_local_theta = read_num(root, "model.rope_local_theta", m->rope_local_theta > 0 ? m->rope_local_theta
+                                                                                             : m->rope_theta, FILL);
+    if (!(m->final_softcap >= 0) || !isfinite(m->final_softcap))
+        fail_input("config: 'model.final_logit_softcapping' must be a number > 0 or null, got %g", m->final_softcap);
+    if (m->window_pattern < 0)
+        fail_input("config: 'model.sliding_window_pattern' must be >= 0, got %d", m->window_pattern);
+    if (!(m->rope_local_theta > 1.0) || !isfinite(m->rope_local_theta))
+        fail_input("config: 'model.rope_local_theta' must be larger than 1, got %g", m->rope_local_theta);
+    if (m->attn_softcap != 0)
+        fail_input("config: 'model.attn_logit_softcapping' is %g: soft-capping the attention scores is not implemented "
+                   "in shardlm's attention yet; set it to null to train without it (the model then computes other "
+                   "scores than it was trained with)",
+                   m->attn_softcap);
+    if (!(m->query_scalar > 0) || m->query_scalar != m->head_dim)
+        fail_input("config: 'model.query_pre_attn_scalar' is %g, not head_dim (%d): another attention scale is not "
+                   "implemented in shardlm's attention yet",
+                   m->query_scalar, m->head_dim);
+}
+
 /* The keys only Llama has: refused for GPT-2, read with Hugging Face's
  * meaning (and Llama 2/3's published values as defaults) for Llama. */
 static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
@@ -169,6 +205,7 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
                 fail_input("config: '%s' is a Llama key; GPT-2 has LayerNorm, learned positions and a tied head. "
                            "Remove it or use model.type \"llama\"",
                            only_llama[i]);
+        read_gemma_keys(m, root, false);
         return;
     }
     /* head_dim: Hugging Face's, Qwen3's apart from n_embd / n_head */
@@ -189,8 +226,9 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
     if (!(theta > 1.0) || !isfinite(theta))
         fail_input("config: 'model.rope_theta' must be larger than 1, got %g", theta);
     m->rope_theta = theta;
-    m->tie_embeddings = read_bool(root, "model.tie_word_embeddings", false, FILL);
+    m->tie_embeddings = read_bool(root, "model.tie_word_embeddings", arch_is(m->type, ARCH_GEMMA), FILL);
     read_rope_scaling(m, root);
+    read_gemma_keys(m, root, arch_is(m->type, ARCH_GEMMA));
 }
 
 void config_put_pretrained(void *cfg_, const char *key, json_t *value)
@@ -240,7 +278,7 @@ void read_model(struct config *cfg, json_t *root)
     /* A preset supplies the defaults of the shape keys; keys given beside it win. */
     const struct model_preset gpt2_default = {NULL, arch_get(ARCH_GPT2)->type, MODEL_N_LAYER_DEFAULT,
                                               MODEL_N_HEAD_DEFAULT, 0, MODEL_N_EMBD_DEFAULT, 0,
-                                              MODEL_N_POSITIONS_DEFAULT, MODEL_VOCAB_SIZE_DEFAULT, 0, 0, false, false};
+                                              MODEL_N_POSITIONS_DEFAULT, MODEL_VOCAB_SIZE_DEFAULT, 0, 0, false, false, 0, 0};
     const struct model_preset *preset = &gpt2_default;
     const char *preset_name = read_str(root, "model.preset", NULL, NO_FILL);
     if (preset_name) {
@@ -281,6 +319,8 @@ void read_model(struct config *cfg, json_t *root)
         m->head_dim = preset->head_dim;
         m->qkv_bias = preset->qkv_bias;
         m->qk_norm = preset->qk_norm;
+        m->window_pattern = preset->window_pattern;
+        m->rope_local_theta = preset->rope_local_theta;
     }
     require_positive("model.n_kv_head", m->n_kv_head);
     require_positive("model.ffn_dim", m->ffn_dim);

@@ -28,7 +28,7 @@ enum warmup_type { WARMUP_LOG = 0, WARMUP_LINEAR = 1 };
 
 /* Architecture variants, fixed by model.type (model_build sets them). */
 enum norm_kind { NORM_LAYERNORM = 0, NORM_RMSNORM };
-enum mlp_kind { MLP_GELU = 0, MLP_SWIGLU };
+enum mlp_kind { MLP_GELU = 0, MLP_SWIGLU, MLP_GEGLU };
 enum rope_scaling_type { ROPE_SCALING_NONE = 0, ROPE_SCALING_LLAMA3, ROPE_SCALING_LINEAR, ROPE_SCALING_LONGROPE };
 
 /* Longrope's per-frequency factors: one per channel pair, head_dim / 2 at most this. */
@@ -82,6 +82,13 @@ struct model_config {
     bool qk_norm;        /* Llama: an RMSNorm over each head of q and of k before the rotary (Qwen3) */
     bool fused_projections; /* Llama: the Hugging Face files hold q|k|v as qkv_proj and gate|up as gate_up_proj
                              * (Phi-3); shardlm's tensors are their row ranges (io/hf.c) */
+    /* Gemma (model.type "gemma", families/gemma.c): */
+    double final_softcap;  /* final_logit_softcapping: logits = cap tanh(logits / cap) (0: none; Gemma 2: 30) */
+    double attn_softcap;   /* attn_logit_softcapping (0: none); refused until the attention kernels take it */
+    double query_scalar;   /* query_pre_attn_scalar: scores scaled by its -1/2 power (0: head_dim) */
+    int window_pattern;    /* layer l is local (sliding_window) unless (l + 1) % pattern == 0 (Gemma 2: 2, Gemma 3:
+                            * 6; 0: every layer global) */
+    double rope_local_theta; /* the local layers' rotary base (Gemma 3's rope_local_base_freq; 0: rope_theta) */
     uint64_t init_seed;
     /* derived from type by model_build: */
     enum norm_kind norm; /* GPT-2: LayerNorm with bias; Llama: RMSNorm, weight only */
@@ -89,6 +96,8 @@ struct model_config {
     bool biases;         /* linear layers carry biases (GPT-2) */
     bool rotary;         /* rotary position embedding, no position table (Llama) */
     bool tied_head;      /* LM head tied to the token embedding (GPT-2) */
+    float norm_offset;   /* RMSNorm scales by (norm_offset + w): Gemma 1, others 0 */
+    bool post_norms;     /* Gemma: norms after attention and the MLP too (pre_feedforward_layernorm, post_feedforward_...) */
 };
 
 /* Model presets (model.preset): published shapes. */

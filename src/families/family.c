@@ -9,7 +9,7 @@
 #include "core/util.h"
 #include "model/arch.h"
 
-static const struct family *const families[] = {&family_gpt2, &family_llama};
+static const struct family *const families[] = {&family_gpt2, &family_llama, &family_gemma};
 
 const struct family *family_of(const struct model *m)
 {
@@ -359,6 +359,8 @@ static void lm_chunk_forward(struct family_acts *a, const float *lm, int r0, int
     const int C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
     const float *x = elem_at(a->norm_out, (size_t)r0 * C, act_size_now());
     backend_matmul_forward_transposed(a->logits, x, lm, n, C, Vp);
+    if (m->cfg.final_softcap > 0) /* Gemma 2: the logits (and what the loss sees) capped */
+        backend_logit_softcap_forward(a->logits, a->logits_lse, (float)m->cfg.final_softcap, n, V, Vp);
     a->logits_r0 = r0;
     if (a->debug_logits)
         read_act(a->debug_logits + (size_t)r0 * Vp, a->logits, (size_t)n * Vp);
@@ -421,6 +423,8 @@ static bool lm_chunks_trained(struct family_acts *a, const float *lm)
         const int nc = n - c0 < R ? n - c0 : R, nm = nc < LOGITS_MIN_ROWS ? LOGITS_MIN_ROWS : nc; /* <= end - c0 */
         ran += nm;
         backend_matmul_forward_transposed(a->logits, elem_at(a->norm_out, (size_t)c0 * C, es), lm, nm, C, Vp);
+        if (m->cfg.final_softcap > 0)
+            backend_logit_softcap_forward(a->logits, NULL, (float)m->cfg.final_softcap, nm, V, Vp);
         for (const int stop = c0 + nc; c < stop;) {
             const int k = stop - c < len ? stop - c : len; /* the run's rows in this chunk */
             backend_crossentropy_forward(a->losses + i, (float *)elem_at(a->logits, (size_t)(c - c0) * Vp, es),
@@ -446,7 +450,10 @@ static void lm_chunk_backward(struct family_acts *a, const float *lm, float *dlm
     const struct model *m = a->m;
     const int C = m->cfg.n_embd, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab;
     const size_t es = act_size_now();
-    if (scale)
+    if (m->cfg.final_softcap > 0)
+        backend_crossentropy_softcap_backward(a->logits, a->dev_targets + r0, a->dloss_scale, scale ? scale + r0 : NULL,
+                                              a->logits_lse, (float)m->cfg.final_softcap, n, V, Vp);
+    else if (scale)
         backend_crossentropy_backward_rows(a->logits, a->dev_targets + r0, scale + r0, n, V, Vp);
     else
         backend_crossentropy_backward(a->logits, a->dev_targets + r0, a->dloss_scale, n, V, Vp);
@@ -761,6 +768,8 @@ void family_plan(const struct model *m, const struct exec_target *t, int B, int 
     }
     const size_t logits_rows = (size_t)family_logits_rows(m, B, T);
     bytes[BUF_LOGITS] += resid + target_act_bytes(t, logits_rows * (size_t)m->cfg.padded_vocab) + family_f32_bytes(BT);
+    if (m->cfg.final_softcap > 0)
+        bytes[BUF_LOGITS] += family_f32_bytes(logits_rows);
     const size_t token_arrays = positions ? 3 : 2; /* inputs, targets, packed rows' positions */
     bytes[BUF_WORKSPACE] += 3 * resid + token_arrays * tokens + target_library_arena_bytes(target_library_workspace(t));
     if (t->device)
@@ -837,6 +846,8 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
     a->norm_out = ALLOC_ACT(BUF_LOGITS, BT * C);
     a->logits_rows = family_logits_rows(m, B, T);
     a->logits = ALLOC_ACT(BUF_LOGITS, (size_t)a->logits_rows * Vp);
+    if (m->cfg.final_softcap > 0)
+        a->logits_lse = ALLOC(BUF_LOGITS, (size_t)a->logits_rows);
     a->losses = ALLOC(BUF_LOGITS, BT);
     a->dresid_a = ALLOC_ACT(BUF_WORKSPACE, BT * C);
     a->dresid_b = ALLOC_ACT(BUF_WORKSPACE, BT * C);

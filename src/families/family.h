@@ -80,6 +80,7 @@ struct family_acts {
     float *norm_out;          /* (B, T, C) the final norm's output, the LM head's input */
     float *logits;            /* (logits_rows, Vp): a chunk's logits, then probabilities, then dlogits */
     int logits_rows;          /* rows of logits computed at a time (family_logits_rows) */
+    float *logits_lse;        /* (logits_rows) fp32, final_softcap only: the capped logits' log-sum-exp per row */
     int logits_r0;            /* the first row of the chunk the buffer holds */
     float dloss_scale;        /* the training forward's: its dlogits scale (family_forward) */
     /* When set (DPO), a FAMILY_TRAIN forward computes every position's loss first (the LM head's forward over all
@@ -237,6 +238,6 @@ size_t family_f32_bytes(size_t n);
 /* Copies n [A] elements (the running backend's act dtype). */
 void family_copy_act(float *dst, const float *src, size_t n);
 
-extern const struct family family_gpt2, family_llama;
+extern const struct family family_gpt2, family_llama, family_gemma;
 
 #endif

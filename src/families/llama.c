@@ -23,61 +23,22 @@
 
 #include "backend/backend.h"
 #include "family.h"
+#include "llama.h"
 #include "core/util.h"
 
-/* Tensors of a Llama block unit, in model.c's order. */
-enum { LT_IN_NORM, LT_Q, LT_K, LT_V, LT_O, LT_POST_NORM, LT_GATE, LT_UP, LT_DOWN };
-
-/* The block tensors beyond Llama's (model.c, build_llama): their numbers in
- * the unit, -1 where the model has none. */
-struct llama_extras {
-    int qkv_bias;       /* q_proj.bias, then k's and v's packed after it: one (Q + 2 KV) vector */
-    int q_norm, k_norm; /* (hs) each */
-};
-
-struct llama_block_acts {
-    float *ln1, *rstd1; /* (B, T, C) [A], (B, T) */
-    float *qkv;         /* (B, T, Q + 2 KV) after rotary */
-    float *q_pre, *k_pre;   /* (B, T, NH hs), (B, T, NKV hs) [A]: q and k before q_norm / k_norm (Qwen3) */
-    float *q_rstd, *k_rstd; /* (B T NH), (B T NKV) */
-    float *att;         /* what attention keeps (backend_attention_saved) */
-    float *atty;        /* (B, T, Q) attention output before o_proj */
-    float *res2;        /* (B, T, C) residual after attention */
-    float *ln2, *rstd2; /* (B, T, C), (B, T) */
-    float *gu;          /* (B, T, 2F) gate | up */
-    float *h;           /* (B, T, F) silu(gate) * up */
-};
-
-struct llama_acts {
-    struct llama_extras x;
-    struct llama_block_acts *sets;
-    float *rstd_final;  /* (B, T) */
-    float *dqkv;        /* (B, T, Q + 2 KV) */
-    float *datty;       /* (B, T, Q) where Q > C (else the driver's dwork_c holds it) */
-    float *head_a, *head_b; /* (B, T, NH hs) [A] each: the per-head norm's contiguous rows (qk_norm only) */
-    float *dgu;         /* (B, T, 2F) */
-    float *dh;          /* (B, T, F) */
-    float *scratch;     /* attention and RMSNorm backward scratch */
-    float *rope_cos, *rope_sin; /* (T, hs / 2) fp32 */
-};
-
-struct dims {
-    int N, C, NH, NKV, hs, Q, QKV, F;
-};
-
-static struct dims dims_of(const struct model *m, int B, int T)
+struct llama_dims llama_dims_of(const struct model *m, int B, int T)
 {
     const struct model_config *c = &m->cfg;
-    struct dims d = {B * T, c->n_embd, c->n_head, c->n_kv_head, c->head_dim, 0, 0, c->ffn_dim};
+    struct llama_dims d = {B * T, c->n_embd, c->n_head, c->n_kv_head, c->head_dim, 0, 0, c->ffn_dim};
     d.Q = d.NH * d.hs;
     d.QKV = d.Q + 2 * d.NKV * d.hs;
     return d;
 }
 
-static struct llama_extras extras_of(const struct model *m)
+struct llama_extras llama_extras_of(const struct model *m)
 {
     const struct model_config *c = &m->cfg;
-    const int after = LT_DOWN + 1; /* the extras follow down_proj (model.c) */
+    const int after = LT_DOWN + 1 + (c->post_norms ? 2 : 0); /* the extras follow down_proj (and Gemma's norms) */
     struct llama_extras x = {c->qkv_bias ? after : -1, -1, -1};
     if (c->qk_norm) {
         x.q_norm = after + (c->qkv_bias ? 3 : 0);
@@ -86,12 +47,12 @@ static struct llama_extras extras_of(const struct model *m)
     return x;
 }
 
-static size_t rope_floats(const struct model *m, int T) { return (size_t)T * (size_t)(m->cfg.head_dim / 2); }
+size_t llama_rope_floats(const struct model *m, int T) { return (size_t)T * (size_t)(m->cfg.head_dim / 2); }
 
-static void llama_plan(const struct model *m, const struct exec_target *t, int B, int T, int max_pos, int n_sets,
+void llama_plan(const struct model *m, const struct exec_target *t, int B, int T, int max_pos, int n_sets,
                        size_t bytes[BUF_COUNT])
 {
-    const struct dims d = dims_of(m, B, T);
+    const struct llama_dims d = llama_dims_of(m, B, T);
     const size_t N = (size_t)d.N, C = (size_t)d.C, F = (size_t)d.F, QKV = (size_t)d.QKV;
     const size_t Q = (size_t)d.Q;
     size_t set = 3 * target_act_bytes(t, N * C) + target_act_bytes(t, N * Q) + 2 * family_f32_bytes(N) +
@@ -107,20 +68,23 @@ static void llama_plan(const struct model *m, const struct exec_target *t, int B
     bytes[BUF_ACTIVATIONS] += (size_t)n_sets * set;
     bytes[BUF_LOGITS] += family_f32_bytes(N);
     bytes[BUF_WORKSPACE] += target_act_bytes(t, N * QKV) + target_act_bytes(t, N * 2 * F) + target_act_bytes(t, N * F) +
-                            family_f32_bytes(family_scratch_floats(m, t, T)) + 2 * family_f32_bytes(rope_floats(m, max_pos));
+                            family_f32_bytes(family_scratch_floats(m, t, T)) + 2 * family_f32_bytes(llama_rope_floats(m, max_pos));
 }
 
 /* The rotary frequency of pair i (Hugging Face's inv_freq, in fp32 as it
- * computes it), with Llama 3.1's scaling of the long wavelengths when
- * rope_scaling is "llama3". */
-static float rope_inv_freq(const struct model_config *c, int i, int hs)
+ * computes it) for base theta, with Llama 3.1's scaling of the long
+ * wavelengths when rope_scaling is "llama3" (scaled false: none, Gemma 3's
+ * local layers). */
+static float rope_inv_freq(const struct model_config *c, double theta, bool scaled, int i, int hs)
 {
-    float inv = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * i) / (double)hs));
+    float inv = (float)(1.0 / pow(theta, (double)(2 * i) / (double)hs));
+    if (!scaled)
+        return inv;
     if (c->rope_scaling.type == ROPE_SCALING_LINEAR)
         return inv / (float)c->rope_scaling.factor; /* transformers: inv_freq /= factor, in fp32 */
     if (c->rope_scaling.type == ROPE_SCALING_LONGROPE) { /* 1 / (short_factor[i] base^(2i / hs)), factors in fp32 */
         const double f = (float)c->rope_scaling.short_factor[i];
-        return (float)(1.0 / (f * pow(c->rope_theta, (double)(2 * i) / hs)));
+        return (float)(1.0 / (f * pow(theta, (double)(2 * i) / hs)));
     }
     if (c->rope_scaling.type != ROPE_SCALING_LLAMA3)
         return inv;
@@ -136,14 +100,15 @@ static float rope_inv_freq(const struct model_config *c, int i, int hs)
     return (float)((1.0 - smooth) * inv / factor + smooth * inv);
 }
 
-/* cos and sin of position t times each pair's frequency, (T, hs / 2). */
-static void rope_tables(const struct model_config *c, int T, float *cos_out, float *sin_out)
+void llama_rope_tables(const struct model_config *c, double theta, bool scaled, int T, float *cos_out,
+                       float *sin_out)
 {
     const int hs = c->head_dim, half = hs / 2;
     /* longrope scales cos and sin (transformers' attention_scaling, in fp32) */
-    const float scale = c->rope_scaling.type == ROPE_SCALING_LONGROPE ? (float)c->rope_scaling.attention_factor : 1.0f;
+    const float scale =
+        scaled && c->rope_scaling.type == ROPE_SCALING_LONGROPE ? (float)c->rope_scaling.attention_factor : 1.0f;
     for (int i = 0; i < half; i++) {
-        float inv = rope_inv_freq(c, i, hs);
+        float inv = rope_inv_freq(c, theta, scaled, i, hs);
         for (int t = 0; t < T; t++) {
             float angle = (float)t * inv; /* fp32, as Hugging Face's outer product */
             cos_out[(size_t)t * half + i] = (float)cos((double)angle) * scale;
@@ -152,15 +117,17 @@ static void rope_tables(const struct model_config *c, int T, float *cos_out, flo
     }
 }
 
-static void llama_init(struct family_acts *fa, const struct exec_target *t, struct arena *dev, struct mem_tracker *mem)
+void llama_init(struct family_acts *fa, const struct exec_target *t, struct arena *dev, struct mem_tracker *mem)
 {
     const struct model *m = fa->m;
-    const struct dims d = dims_of(m, fa->max_B, fa->max_T);
+    const struct llama_dims d = llama_dims_of(m, fa->max_B, fa->max_T);
     const size_t N = (size_t)d.N, C = (size_t)d.C, F = (size_t)d.F, QKV = (size_t)d.QKV;
     const size_t ae = (size_t)dtype_size(t->act);
-    struct llama_acts *a = xcalloc(1, sizeof *a);
+    struct llama_acts *a = fa->priv ? fa->priv : xcalloc(1, sizeof *a); /* a family on the block brings its own */
     fa->priv = a;
-    a->x = extras_of(m);
+    a->x = llama_extras_of(m);
+    a->gate_forward = m->cfg.mlp == MLP_GEGLU ? backend_geglu_forward : backend_swiglu_forward;
+    a->gate_backward = m->cfg.mlp == MLP_GEGLU ? backend_geglu_backward : backend_swiglu_backward;
     const size_t Q = (size_t)d.Q, KVW = (size_t)d.NKV * (size_t)d.hs;
 #define ALLOC(cls, n) arena_alloc(dev, mem, cls, (n) * sizeof(float), 1)
 #define ALLOC_ACT(cls, n) arena_alloc(dev, mem, cls, (n) * ae, 1)
@@ -195,19 +162,19 @@ static void llama_init(struct family_acts *fa, const struct exec_target *t, stru
         a->head_a = ALLOC_ACT(BUF_WORKSPACE, N * Q);
         a->head_b = ALLOC_ACT(BUF_WORKSPACE, N * Q);
     }
-    const size_t nr = rope_floats(m, fa->max_pos);
+    const size_t nr = llama_rope_floats(m, fa->max_pos);
     a->rope_cos = ALLOC(BUF_WORKSPACE, nr);
     a->rope_sin = ALLOC(BUF_WORKSPACE, nr);
 #undef ALLOC
 #undef ALLOC_ACT
     float *cs = xcalloc(2 * nr + 1, sizeof *cs);
-    rope_tables(&m->cfg, fa->max_pos, cs, cs + nr);
+    llama_rope_tables(&m->cfg, m->cfg.rope_theta, true, fa->max_pos, cs, cs + nr);
     backend_copy(a->rope_cos, cs, nr * sizeof *cs);
     backend_copy(a->rope_sin, cs + nr, nr * sizeof *cs);
     free(cs);
 }
 
-static void llama_free(struct family_acts *fa)
+void llama_free(struct family_acts *fa)
 {
     struct llama_acts *a = fa->priv;
     if (a)
@@ -216,52 +183,71 @@ static void llama_free(struct family_acts *fa)
     fa->priv = NULL;
 }
 
-static void llama_embed_forward(struct family_acts *fa, const float *unit, float *out)
+void llama_embed_forward(struct family_acts *fa, const float *unit, float *out)
 {
     backend_embedding_forward(out, fa->dev_inputs, family_param(fa, unit, 0, 0), NULL, fa->dev_positions, fa->B, fa->T,
                               fa->m->cfg.n_embd);
 }
 
-static void llama_embed_backward(struct family_acts *fa, float *grad, const float *dout)
+void llama_embed_backward(struct family_acts *fa, float *grad, const float *dout)
 {
     backend_embedding_backward(family_grad(fa, grad, 0, 0), NULL, dout, fa->dev_inputs, fa->dev_positions, fa->B, fa->T,
                                fa->m->cfg.n_embd);
 }
 
-/* y [A] = x [A] + inp [A] @ w^T: a projection added into the residual stream, in place in y. */
-static void project_add(float *y, const float *x, const float *inp, const float *w, int N, int C_in, int C)
+void llama_project_add(float *y, const float *x, const float *inp, const float *w, int N, int C_in, int C)
 {
     backend_matmul_forward_transposed(y, inp, w, N, C_in, C);
     backend_add_act(y, y, x, (size_t)N * C);
 }
 
-/* An RMSNorm over each of the `heads` heads of hs channels that start at
- * column col of qkv's rows (Qwen3's q_norm, k_norm), in place: the heads
- * are copied to contiguous rows (pre, kept for the backward), normalised
- * into work and copied back. */
-static void head_norm_forward(const struct dims *d, float *qkv, int col, int heads, const float *weight, float eps,
-                              float *pre, float *rstd, float *work)
+void llama_head_norm_forward(const struct llama_dims *d, float *qkv, int col, int heads, const float *weight,
+                             float offset, float eps, float *pre, float *rstd, float *work)
 {
     const int width = heads * d->hs;
     backend_copy_cols(pre, width, 0, qkv, d->QKV, col, d->N, width);
-    backend_rmsnorm_forward(work, rstd, pre, weight, eps, d->N * heads, d->hs);
+    backend_rmsnorm_offset_forward(work, rstd, pre, weight, offset, eps, d->N * heads, d->hs);
     backend_copy_cols(qkv, d->QKV, col, work, width, 0, d->N, width);
 }
 
-/* Its backward, in place on the gradient dqkv: dweight (NULL: frozen) += ... */
-static void head_norm_backward(const struct dims *d, float *dqkv, int col, int heads, const float *weight,
-                               float *dweight, const float *pre, const float *rstd, float *dy, float *dx, float *scratch)
+void llama_head_norm_backward(const struct llama_dims *d, float *dqkv, int col, int heads, const float *weight,
+                              float offset, float *dweight, const float *pre, const float *rstd, float *dy, float *dx,
+                              float *scratch)
 {
     const int width = heads * d->hs;
     const size_t n = (size_t)d->N * (size_t)width;
     backend_copy_cols(dy, width, 0, dqkv, d->QKV, col, d->N, width);
     backend_zero(dx, n * (size_t)dtype_size(backend_act_dtype()) / sizeof(float)); /* the backward adds into dx */
-    backend_rmsnorm_backward(dx, dweight, dy, pre, weight, rstd, scratch, d->N * heads, d->hs);
+    backend_rmsnorm_offset_backward(dx, dweight, dy, pre, weight, offset, rstd, scratch, d->N * heads, d->hs);
     backend_copy_cols(dqkv, d->QKV, col, dx, width, 0, d->N, width);
 }
 
-/* LoRA's groups of linear layers (model_block_linears): q|k|v, o, gate|up, down. */
-enum { LG_QKV, LG_O, LG_GATE_UP, LG_DOWN };
+
+void llama_attention_forward(struct family_acts *fa, int l, const float *unit, const float *ad, const float *x,
+                             const struct llama_layer_attn *la)
+{
+    const struct model *m = fa->m;
+    struct llama_acts *a = fa->priv;
+    struct llama_block_acts *ba = &a->sets[l % fa->n_sets];
+    const struct llama_dims d = llama_dims_of(m, fa->B, fa->T);
+    const int u = model_block_unit(l);
+    const float eps = m->cfg.norm_eps, off = m->cfg.norm_offset;
+#define P(t) family_param(fa, unit, u, t)
+    backend_rmsnorm_offset_forward(ba->ln1, ba->rstd1, x, P(LT_IN_NORM), off, eps, d.N, d.C);
+    backend_matmul_forward_transposed(ba->qkv, ba->ln1, P(LT_Q), d.N, d.C, d.QKV);
+    if (a->x.qkv_bias >= 0)
+        backend_bias_forward(ba->qkv, P(a->x.qkv_bias), d.N, d.QKV);
+    family_lora_forward(fa, l, ad, LG_QKV, ba->ln1, ba->qkv, d.QKV);
+    if (a->x.q_norm >= 0) {
+        llama_head_norm_forward(&d, ba->qkv, 0, d.NH, P(a->x.q_norm), off, eps, ba->q_pre, ba->q_rstd, a->head_a);
+        llama_head_norm_forward(&d, ba->qkv, d.Q, d.NKV, P(a->x.k_norm), off, eps, ba->k_pre, ba->k_rstd, a->head_a);
+    }
+    backend_rope_forward(ba->qkv, la->rope_cos, la->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    if (!family_attention_kv(fa, l, ba->atty, ba->qkv, d.NH, d.NKV, d.hs))
+        backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH,
+                                      d.NKV, d.hs);
+#undef P
+}
 
 static void llama_block_forward(struct family_acts *fa, int l, const float *unit, const float *ad, const float *x,
                                 float *y)
@@ -269,68 +255,43 @@ static void llama_block_forward(struct family_acts *fa, int l, const float *unit
     const struct model *m = fa->m;
     struct llama_acts *a = fa->priv;
     struct llama_block_acts *ba = &a->sets[l % fa->n_sets];
-    const struct dims d = dims_of(m, fa->B, fa->T);
+    const struct llama_dims d = llama_dims_of(m, fa->B, fa->T);
     const int u = model_block_unit(l);
-    const float eps = m->cfg.norm_eps;
 #define P(t) family_param(fa, unit, u, t)
-    backend_rmsnorm_forward(ba->ln1, ba->rstd1, x, P(LT_IN_NORM), eps, d.N, d.C);
-    backend_matmul_forward_transposed(ba->qkv, ba->ln1, P(LT_Q), d.N, d.C, d.QKV);
-    if (a->x.qkv_bias >= 0)
-        backend_bias_forward(ba->qkv, P(a->x.qkv_bias), d.N, d.QKV);
-    family_lora_forward(fa, l, ad, LG_QKV, ba->ln1, ba->qkv, d.QKV);
-    if (a->x.q_norm >= 0) {
-        head_norm_forward(&d, ba->qkv, 0, d.NH, P(a->x.q_norm), eps, ba->q_pre, ba->q_rstd, a->head_a);
-        head_norm_forward(&d, ba->qkv, d.Q, d.NKV, P(a->x.k_norm), eps, ba->k_pre, ba->k_rstd, a->head_a);
-    }
-    backend_rope_forward(ba->qkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
-    if (!family_attention_kv(fa, l, ba->atty, ba->qkv, d.NH, d.NKV, d.hs))
-        backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH,
-                                      d.NKV, d.hs);
-    project_add(ba->res2, x, ba->atty, P(LT_O), d.N, d.Q, d.C);
+    const struct llama_layer_attn la = {a->rope_cos, a->rope_sin, 0, 0.0f, 0.0f};
+    llama_attention_forward(fa, l, unit, ad, x, &la);
+    llama_project_add(ba->res2, x, ba->atty, P(LT_O), d.N, d.Q, d.C);
     family_lora_forward(fa, l, ad, LG_O, ba->atty, ba->res2, d.C);
-    backend_rmsnorm_forward(ba->ln2, ba->rstd2, ba->res2, P(LT_POST_NORM), eps, d.N, d.C);
+    backend_rmsnorm_forward(ba->ln2, ba->rstd2, ba->res2, P(LT_POST_NORM), m->cfg.norm_eps, d.N, d.C);
     backend_matmul_forward_transposed(ba->gu, ba->ln2, P(LT_GATE), d.N, d.C, 2 * d.F);
     family_lora_forward(fa, l, ad, LG_GATE_UP, ba->ln2, ba->gu, 2 * d.F);
-    backend_swiglu_forward(ba->h, ba->gu, d.N, d.F);
-    project_add(y, ba->res2, ba->h, P(LT_DOWN), d.N, d.F, d.C);
+    a->gate_forward(ba->h, ba->gu, d.N, d.F);
+    llama_project_add(y, ba->res2, ba->h, P(LT_DOWN), d.N, d.F, d.C);
     family_lora_forward(fa, l, ad, LG_DOWN, ba->h, y, d.C);
 #undef P
 }
 
-static void llama_block_backward(struct family_acts *fa, int l, const float *unit, float *grad, const float *ad,
-                                 float *ag, const float *x)
+void llama_attention_backward(struct family_acts *fa, int l, const float *unit, float *grad, const float *ad,
+                              float *ag, const float *x, const float *datty, const float *dres2,
+                              const struct llama_layer_attn *la)
 {
     const struct model *m = fa->m;
     struct llama_acts *a = fa->priv;
     const struct llama_block_acts *ba = &a->sets[l % fa->n_sets];
-    const struct dims d = dims_of(m, fa->B, fa->T);
+    const struct llama_dims d = llama_dims_of(m, fa->B, fa->T);
     const int u = model_block_unit(l);
-    float *dy = fa->dresid_a, *dres2 = fa->dresid_b, *dc = fa->dwork_c;
-    const size_t NC = (size_t)d.N * d.C;
+    const float off = m->cfg.norm_offset;
+    float *dc = fa->dwork_c;
 #define P(t) family_param(fa, unit, u, t)
 #define G(t) family_grad(fa, grad, u, t)
-    /* MLP */
-    backend_matmul_backward_transposed(a->dh, G(LT_DOWN), dy, ba->h, P(LT_DOWN), d.N, d.F, d.C);
-    family_lora_backward(fa, l, ad, ag, LG_DOWN, ba->h, dy, d.C, a->dh);
-    backend_swiglu_backward(a->dgu, a->dh, ba->gu, d.N, d.F);
-    backend_matmul_backward_transposed(dc, family_group_grad(fa, grad, u, LT_GATE, LT_UP), a->dgu, ba->ln2,
-                                       P(LT_GATE), d.N, d.C, 2 * d.F);
-    family_group_grad_done(fa, grad, u, LT_GATE, LT_UP);
-    family_lora_backward(fa, l, ad, ag, LG_GATE_UP, ba->ln2, a->dgu, 2 * d.F, dc);
-    family_copy_act(dres2, dy, NC);
-    backend_rmsnorm_backward(dres2, G(LT_POST_NORM), dc, ba->res2, P(LT_POST_NORM), ba->rstd2, a->scratch, d.N, d.C);
-    /* attention */
-    float *datty = d.Q > d.C ? a->datty : dc; /* (B, T, Q): dc holds C channels */
-    backend_matmul_backward_transposed(datty, G(LT_O), dres2, ba->atty, P(LT_O), d.N, d.Q, d.C);
-    family_lora_backward(fa, l, ad, ag, LG_O, ba->atty, dres2, d.C, datty);
     backend_attention_gqa_backward(a->dqkv, datty, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, fa->B, fa->T,
                                    d.NH, d.NKV, d.hs);
-    backend_rope_backward(a->dqkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    backend_rope_backward(a->dqkv, la->rope_cos, la->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
     if (a->x.q_norm >= 0) {
-        head_norm_backward(&d, a->dqkv, 0, d.NH, P(a->x.q_norm), G(a->x.q_norm), ba->q_pre, ba->q_rstd, a->head_a,
-                           a->head_b, a->scratch);
-        head_norm_backward(&d, a->dqkv, d.Q, d.NKV, P(a->x.k_norm), G(a->x.k_norm), ba->k_pre, ba->k_rstd, a->head_a,
-                           a->head_b, a->scratch);
+        llama_head_norm_backward(&d, a->dqkv, 0, d.NH, P(a->x.q_norm), off, G(a->x.q_norm), ba->q_pre, ba->q_rstd,
+                                 a->head_a, a->head_b, a->scratch);
+        llama_head_norm_backward(&d, a->dqkv, d.Q, d.NKV, P(a->x.k_norm), off, G(a->x.k_norm), ba->k_pre,
+                                 ba->k_rstd, a->head_a, a->head_b, a->scratch);
     }
     if (a->x.qkv_bias >= 0) {
         const int b0 = a->x.qkv_bias;
@@ -341,26 +302,73 @@ static void llama_block_backward(struct family_acts *fa, int l, const float *uni
                                        d.C, d.QKV);
     family_group_grad_done(fa, grad, u, LT_Q, LT_V);
     family_lora_backward(fa, l, ad, ag, LG_QKV, ba->ln1, a->dqkv, d.QKV, dc);
-    family_copy_act(dy, dres2, NC);
-    backend_rmsnorm_backward(dy, G(LT_IN_NORM), dc, x, P(LT_IN_NORM), ba->rstd1, a->scratch, d.N, d.C);
+    family_copy_act(fa->dresid_a, dres2, (size_t)d.N * d.C);
+    backend_rmsnorm_offset_backward(fa->dresid_a, G(LT_IN_NORM), dc, x, P(LT_IN_NORM), off, ba->rstd1, a->scratch, d.N,
+                                    d.C);
 #undef P
 #undef G
 }
 
-static void llama_norm_forward(struct family_acts *fa, const float *head)
+void llama_mlp_backward(struct family_acts *fa, int l, const float *unit, float *grad, const float *ad, float *ag,
+                        const float *dout)
 {
     struct llama_acts *a = fa->priv;
-    backend_rmsnorm_forward(fa->norm_out, a->rstd_final, fa->final, family_param(fa, head, model_head_unit(fa->m), 0),
-                            fa->m->cfg.norm_eps, fa->B * fa->T, fa->m->cfg.n_embd);
+    const struct llama_block_acts *ba = &a->sets[l % fa->n_sets];
+    const struct llama_dims d = llama_dims_of(fa->m, fa->B, fa->T);
+    const int u = model_block_unit(l);
+#define P(t) family_param(fa, unit, u, t)
+    backend_matmul_backward_transposed(a->dh, family_grad(fa, grad, u, LT_DOWN), dout, ba->h, P(LT_DOWN), d.N, d.F,
+                                       d.C);
+    family_lora_backward(fa, l, ad, ag, LG_DOWN, ba->h, dout, d.C, a->dh);
+    a->gate_backward(a->dgu, a->dh, ba->gu, d.N, d.F);
+    backend_matmul_backward_transposed(fa->dwork_c, family_group_grad(fa, grad, u, LT_GATE, LT_UP), a->dgu, ba->ln2,
+                                       P(LT_GATE), d.N, d.C, 2 * d.F);
+    family_group_grad_done(fa, grad, u, LT_GATE, LT_UP);
+    family_lora_backward(fa, l, ad, ag, LG_GATE_UP, ba->ln2, a->dgu, 2 * d.F, fa->dwork_c);
+#undef P
 }
 
-static void llama_norm_backward(struct family_acts *fa, const float *head, float *grad)
+static void llama_block_backward(struct family_acts *fa, int l, const float *unit, float *grad, const float *ad,
+                                 float *ag, const float *x)
+{
+    const struct model *m = fa->m;
+    struct llama_acts *a = fa->priv;
+    const struct llama_block_acts *ba = &a->sets[l % fa->n_sets];
+    const struct llama_dims d = llama_dims_of(m, fa->B, fa->T);
+    const int u = model_block_unit(l);
+    float *dy = fa->dresid_a, *dres2 = fa->dresid_b, *dc = fa->dwork_c;
+    const size_t NC = (size_t)d.N * d.C;
+#define P(t) family_param(fa, unit, u, t)
+#define G(t) family_grad(fa, grad, u, t)
+    llama_mlp_backward(fa, l, unit, grad, ad, ag, dy);
+    family_copy_act(dres2, dy, NC);
+    backend_rmsnorm_backward(dres2, G(LT_POST_NORM), dc, ba->res2, P(LT_POST_NORM), ba->rstd2, a->scratch, d.N, d.C);
+    /* attention */
+    float *datty = d.Q > d.C ? a->datty : dc; /* (B, T, Q): dc holds C channels */
+    backend_matmul_backward_transposed(datty, G(LT_O), dres2, ba->atty, P(LT_O), d.N, d.Q, d.C);
+    family_lora_backward(fa, l, ad, ag, LG_O, ba->atty, dres2, d.C, datty);
+    const struct llama_layer_attn la = {a->rope_cos, a->rope_sin, 0, 0.0f, 0.0f};
+    llama_attention_backward(fa, l, unit, grad, ad, ag, x, datty, dres2, &la);
+#undef P
+#undef G
+}
+
+void llama_norm_forward(struct family_acts *fa, const float *head)
 {
     struct llama_acts *a = fa->priv;
+    const struct model_config *c = &fa->m->cfg;
+    backend_rmsnorm_offset_forward(fa->norm_out, a->rstd_final, fa->final, family_param(fa, head, model_head_unit(fa->m), 0),
+                                   c->norm_offset, (float)c->norm_eps, fa->B * fa->T, c->n_embd);
+}
+
+void llama_norm_backward(struct family_acts *fa, const float *head, float *grad)
+{
+    struct llama_acts *a = fa->priv;
+    const struct model_config *c = &fa->m->cfg;
     const int hu = model_head_unit(fa->m);
-    backend_rmsnorm_backward(fa->dresid_a, family_grad(fa, grad, hu, 0), fa->dwork_c, fa->final,
-                             family_param(fa, head, hu, 0), a->rstd_final, a->scratch, fa->B * fa->T,
-                             fa->m->cfg.n_embd);
+    backend_rmsnorm_offset_backward(fa->dresid_a, family_grad(fa, grad, hu, 0), fa->dwork_c, fa->final,
+                                    family_param(fa, head, hu, 0), c->norm_offset, a->rstd_final, a->scratch,
+                                    fa->B * fa->T, c->n_embd);
 }
 
 const struct family family_llama = {

@@ -66,6 +66,14 @@ static const struct st_tensor *find_tensor(const struct hf_source *s, const stru
         hf_tensor_name(s->m, t, 1, name, sizeof name);
         st = st_find(&s->st, name);
     }
+    /* Gemma3ForConditionalGeneration's language model: model.language_model.X (transformers 5), or
+     * language_model.model.X (4.x), for shardlm's model.X */
+    static const char *const multimodal[] = {"model.language_model.", "language_model.model."};
+    for (size_t i = 0; !st && arch_is(s->m->cfg.type, ARCH_GEMMA) && i < 2; i++)
+        if (strncmp(t->name, "model.", 6) == 0) {
+            snprintf(name, sizeof name, "%s%s", multimodal[i], t->name + 6);
+            st = st_find(&s->st, name);
+        }
     return st;
 }
 
@@ -75,6 +83,15 @@ static const struct st_tensor *find_tensor(const struct hf_source *s, const stru
 static bool ignorable_tensor(const struct model *m, const char *name)
 {
     static const char *const ends[] = {".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq"};
+    /* Gemma3ForConditionalGeneration's vision tower and projector (config.json's reading logs the skip) */
+    static const char *const vision[] = {"model.vision_tower.", "model.multi_modal_projector.", "vision_tower.",
+                                         "multi_modal_projector."};
+    for (size_t k = 0; arch_is(m->cfg.type, ARCH_GEMMA) && k < sizeof vision / sizeof vision[0]; k++)
+        if (strncmp(name, vision[k], strlen(vision[k])) == 0)
+            return true;
+    if (arch_is(m->cfg.type, ARCH_GEMMA) && m->cfg.tied_head &&
+        (!strcmp(name, "lm_head.weight") || !strcmp(name, "language_model.lm_head.weight")))
+        return true;
     const size_t len = strlen(name);
     for (size_t k = 0; k < sizeof ends / sizeof ends[0]; k++)
         if (len >= strlen(ends[k]) && strcmp(name + len - strlen(ends[k]), ends[k]) == 0)

@@ -24,7 +24,8 @@
 #include "safetensors.h"
 
 #define HF_ARCHITECTURES                                                                                               \
-    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel"
+    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, " \
+    "Gemma3ForCausalLM, Gemma3ForConditionalGeneration (text), GPT2LMHeadModel"
 
 /* Reads DIR/config.json and calls put(ctx, key, value) for every shardlm
  * model key it determines ("type", "n_layer", ...; value a new reference the

@@ -37,6 +37,7 @@
 #include "core/hf_json.h"
 #include "core/util.h"
 #include "hf_export.h"
+#include "hf_config_internal.h"
 #include "model/arch.h"
 
 /* ---- the keys ------------------------------------------------------------------------- */
@@ -87,7 +88,7 @@ static const char *const computation_words[] = {
     "positions", "embedding", "embeddings", "embd", "layer", "layers", "hidden", "intermediate", "mlp", "ffn",
     "clip", "quantization", "partial", "parallel", "dim", "query", NULL};
 
-static bool in_list(const char *const *list, const char *s)
+bool hfc_in_list(const char *const *list, const char *s)
 {
     for (; *list; list++)
         if (strcmp(*list, s) == 0)
@@ -103,7 +104,7 @@ static bool is_computation_key(const char *key)
         if (n > 0 && n < sizeof word) {
             memcpy(word, p, n);
             word[n] = '\0';
-            if (in_list(computation_words, word))
+            if (hfc_in_list(computation_words, word))
                 return true;
         }
         p += n + (p[n] == '_');
@@ -113,37 +114,28 @@ static bool is_computation_key(const char *key)
 
 /* ---- reading --------------------------------------------------------------------------- */
 
-/* One config.json being read: its path for messages, the transformers class
- * whose defaults apply (for the log), and the keys read so far. */
-struct reader {
-    json_t *root;
-    const char *path;
-    const char *cls; /* "LlamaConfig", ... */
-    json_t *used;    /* object: key -> true */
-};
-
-static json_t *get(struct reader *r, const char *key)
+json_t *hfc_get(struct reader *r, const char *key)
 {
     json_object_set_new(r->used, key, json_true());
     json_t *v = json_object_get(r->root, key);
     return v && !json_is_null(v) ? v : NULL;
 }
 
-static void log_default(const struct reader *r, const char *key, const char *value)
+void hfc_log_default(const struct reader *r, const char *key, const char *value)
 {
     log_info("%s has no %s: transformers' %s default, %s", r->path, key, r->cls, value);
 }
 
 /* A positive integer (def when absent, logged; def < 0: required). */
-static long long int_key(struct reader *r, const char *key, long long def)
+long long hfc_int_key(struct reader *r, const char *key, long long def)
 {
-    json_t *v = get(r, key);
+    json_t *v = hfc_get(r, key);
     if (!v) {
         if (def < 0)
             fail_input("%s: '%s' is missing; shardlm needs it to lay out the model", r->path, key);
         char text[32];
         snprintf(text, sizeof text, "%lld", def);
-        log_default(r, key, text);
+        hfc_log_default(r, key, text);
         return def;
     }
     if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1ll << 31))
@@ -154,17 +146,17 @@ static long long int_key(struct reader *r, const char *key, long long def)
 /* The first of two spellings present (GPT-2's n_embd or hidden_size, ...). */
 static long long int_key2(struct reader *r, const char *key, const char *alias, long long def)
 {
-    get(r, alias);
+    hfc_get(r, alias);
     if (json_object_get(r->root, alias) && !json_object_get(r->root, key))
-        return int_key(r, alias, def);
-    return int_key(r, key, def);
+        return hfc_int_key(r, alias, def);
+    return hfc_int_key(r, key, def);
 }
 
-static double num_key(struct reader *r, const char *key, double def, const char *def_text)
+double hfc_num_key(struct reader *r, const char *key, double def, const char *def_text)
 {
-    json_t *v = get(r, key);
+    json_t *v = hfc_get(r, key);
     if (!v) {
-        log_default(r, key, def_text);
+        hfc_log_default(r, key, def_text);
         return def;
     }
     double x;
@@ -173,12 +165,12 @@ static double num_key(struct reader *r, const char *key, double def, const char 
     return x;
 }
 
-static bool bool_key(struct reader *r, const char *key, bool def, bool quiet)
+bool hfc_bool_key(struct reader *r, const char *key, bool def, bool quiet)
 {
-    json_t *v = get(r, key);
+    json_t *v = hfc_get(r, key);
     if (!v) {
         if (!quiet)
-            log_default(r, key, def ? "true" : "false");
+            hfc_log_default(r, key, def ? "true" : "false");
         return def;
     }
     if (!json_is_boolean(v))
@@ -186,9 +178,9 @@ static bool bool_key(struct reader *r, const char *key, bool def, bool quiet)
     return json_is_true(v);
 }
 
-static const char *str_key(struct reader *r, const char *key, const char *def)
+const char *hfc_str_key(struct reader *r, const char *key, const char *def)
 {
-    json_t *v = get(r, key);
+    json_t *v = hfc_get(r, key);
     if (!v)
         return def;
     if (!json_is_string(v))
@@ -199,19 +191,19 @@ static const char *str_key(struct reader *r, const char *key, const char *def)
 /* dtype (transformers 5) or torch_dtype (4.x): how the weights are stored.
  * Checked only: the run's precision is its own config's, and the weights are
  * read in whatever dtype each tensor's header gives. */
-static void read_dtype(struct reader *r)
+void hfc_read_dtype(struct reader *r)
 {
-    const char *dt = str_key(r, "dtype", NULL), *old = str_key(r, "torch_dtype", NULL);
+    const char *dt = hfc_str_key(r, "dtype", NULL), *old = hfc_str_key(r, "torch_dtype", NULL);
     const char *name = dt ? dt : old;
     static const char *const known[] = {"float32", "float16", "bfloat16", "auto", "float64", NULL};
-    if (name && !in_list(known, name))
+    if (name && !hfc_in_list(known, name))
         fail_input("%s: '%s' is \"%s\"; shardlm reads weights stored as float32, float16 or bfloat16", r->path,
                    dt ? "dtype" : "torch_dtype", name);
 }
 
 /* Every key of the file not read by the family: inert, fixed at its
  * default, refused as a setting of the computation, or warned about. */
-static void check_other_keys(struct reader *r)
+void hfc_check_other_keys(struct reader *r)
 {
     const char *key;
     json_t *v;
@@ -219,9 +211,9 @@ static void check_other_keys(struct reader *r)
     json_object_foreach(r->root, key, v) {
         if (json_object_get(r->used, key) || key[0] == '_')
             continue; /* read, or private (_name_or_path, _attn_implementation: how, not what) */
-        if (in_list(inert_keys, key)) {
+        if (hfc_in_list(inert_keys, key)) {
             double rate;
-            if (in_list(dropout_keys, key) && hf_json_number(v, &rate) && rate != 0)
+            if (hfc_in_list(dropout_keys, key) && hf_json_number(v, &rate) && rate != 0)
                 log_info("%s: %s is %g; shardlm trains without dropout", r->path, key, rate);
             continue;
         }
@@ -296,7 +288,7 @@ static json_t *read_longrope(struct reader *r, json_t *d, const char *where, lon
         if (!json_is_array(json_object_get(d, lists[i])))
             fail_input("%s: %s.%s is missing or not a list; transformers refuses a longrope without it", r->path,
                        where, lists[i]);
-    json_t *top = get(r, "original_max_position_embeddings"), *o = json_object_get(d, "original_max_position_embeddings");
+    json_t *top = hfc_get(r, "original_max_position_embeddings"), *o = json_object_get(d, "original_max_position_embeddings");
     json_t *omax_v = top && json_is_integer(top) ? top : o;
     if (!json_is_integer(omax_v) || json_integer_value(omax_v) <= 0)
         fail_input("%s: original_max_position_embeddings is missing or not a positive integer; longrope needs it",
@@ -322,7 +314,7 @@ static json_t *read_longrope(struct reader *r, json_t *d, const char *where, lon
  * object {"rope_theta": x, "rope_scaling": {...} or null}. top_theta: the
  * top-level rope_theta (or the default; top_given: the file's);
  * max_pos: max_position_embeddings. */
-static json_t *read_rope_dict(struct reader *r, json_t *d, const char *where, double top_theta, bool top_given,
+json_t *hfc_read_rope_dict(struct reader *r, json_t *d, const char *where, double top_theta, bool top_given,
                               long long max_pos)
 {
     const char *type = "default";
@@ -359,7 +351,7 @@ static json_t *read_rope_dict(struct reader *r, json_t *d, const char *where, do
     double theta = top_theta;
     json_t *th = json_object_get(d, "rope_theta");
     if (!top_given && (!th || json_is_null(th)))
-        log_default(r, "rope_theta", "10000 (default_theta)");
+        hfc_log_default(r, "rope_theta", "10000 (default_theta)");
     if (th && !json_is_null(th) && (!hf_json_number(th, &theta) || !(theta > 1.0) || !isfinite(theta)))
         fail_input("%s: %s.rope_theta must be a number larger than 1", r->path, where);
     json_t *out = json_pack("{s:f, s:n}", "rope_theta", theta, "rope_scaling");
@@ -395,7 +387,7 @@ static json_t *read_rope_dict(struct reader *r, json_t *d, const char *where, do
  * allowed ("full_attention", ...); NULL when the file has none. */
 static json_t *read_layer_types(struct reader *r, long long n_layer, const char *const *allowed)
 {
-    json_t *lt = get(r, "layer_types");
+    json_t *lt = hfc_get(r, "layer_types");
     if (!lt)
         return NULL;
     if (!json_is_array(lt) || (long long)json_array_size(lt) != n_layer)
@@ -403,7 +395,7 @@ static json_t *read_layer_types(struct reader *r, long long n_layer, const char 
     size_t i;
     json_t *e;
     json_array_foreach(lt, i, e) {
-        if (!json_is_string(e) || !in_list(allowed, json_string_value(e)))
+        if (!json_is_string(e) || !hfc_in_list(allowed, json_string_value(e)))
             fail_input("%s: layer_types[%zu] is %s; %s layers here may only be \"%s\"", r->path, i,
                        json_is_string(e) ? json_string_value(e) : "not a string", r->cls, allowed[0]);
     }
@@ -424,8 +416,8 @@ static bool names_layer_type(json_t *layer_types, const char *name)
 static void read_rope(struct reader *r, json_t *layer_types, long long max_pos,
                       void (*put)(void *, const char *, json_t *), void *ctx)
 {
-    json_t *scaling = get(r, "rope_scaling"), *params = get(r, "rope_parameters");
-    json_t *top = get(r, "rope_theta");
+    json_t *scaling = hfc_get(r, "rope_scaling"), *params = hfc_get(r, "rope_parameters");
+    json_t *top = hfc_get(r, "rope_theta");
     double top_theta = 10000.0; /* transformers' default_theta (4.x: LlamaConfig's rope_theta) */
     if (top && (!hf_json_number(top, &top_theta) || !(top_theta > 1.0) || !isfinite(top_theta)))
         fail_input("%s: 'rope_theta' must be a number larger than 1", r->path);
@@ -447,8 +439,8 @@ static void read_rope(struct reader *r, json_t *layer_types, long long max_pos,
                        "layer-type keys",
                        r->path, where, key, r->cls);
     if (!d && !top)
-        log_default(r, "rope_theta", "10000 (default_theta)");
-    json_t *res = d ? read_rope_dict(r, d, where, top_theta, top != NULL, max_pos)
+        hfc_log_default(r, "rope_theta", "10000 (default_theta)");
+    json_t *res = d ? hfc_read_rope_dict(r, d, where, top_theta, top != NULL, max_pos)
                     : json_pack("{s:f, s:n}", "rope_theta", top_theta, "rope_scaling");
     json_t *rs = json_object_get(res, "rope_scaling");
     put(ctx, "rope_theta", json_incref(json_object_get(res, "rope_theta")));
@@ -477,19 +469,27 @@ struct llama_like {
     bool fused;           /* Phi-3: qkv_proj and gate_up_proj in the files (model_config.fused_projections) */
     double eps;           /* rms_norm_eps when absent */
     const char *eps_text;
+    enum arch_id family;  /* the model.type it reads as (Gemma's block is its own family) */
+    const char *act_key, *act; /* the activation's key and the one value shardlm implements */
+    bool tied;            /* tie_word_embeddings when absent */
 };
 static const struct llama_like llama_likes[] = {
     {"LlamaForCausalLM", "llama", "LlamaConfig", 32000, 4096, 11008, 32, 32, -1, 2048, -1, 0, false, false, true, true,
-     false, false, 1e-6, "1e-6"},
+     false, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false},
     {"MistralForCausalLM", "mistral", "MistralConfig", 32000, 4096, 14336, 32, 32, 8, 4096 * 32, -1, 4096, false,
-     false, true, true, false, false, 1e-6, "1e-6"},
+     false, true, true, false, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false},
     {"Qwen2ForCausalLM", "qwen2", "Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, -1, 0, true, false, false,
-     false, true, false, 1e-6, "1e-6"},
+     false, true, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false},
     {"Qwen3ForCausalLM", "qwen3", "Qwen3Config", 151936, 4096, 22016, 32, 32, 32, 32768, 128, 0, false, true, true,
-     false, true, false, 1e-6, "1e-6"},
+     false, true, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false},
     /* Phi-3, 3.5 and 4 (sliding_window: Phi3Config's default is none, Phi-3-mini-4k's file gives 2047) */
     {"Phi3ForCausalLM", "phi3", "Phi3Config", 32064, 3072, 8192, 32, 32, -1, 4096, -1, 0, false, false, false, false,
-     false, true, 1e-5, "1e-5"},
+     false, true, 1e-5, "1e-5", ARCH_LLAMA, "hidden_act", "silu", false},
+    /* Gemma 2 and 3 (hf_gemma.c reads their window, layer types, rotary settings and soft-caps) */
+    {"Gemma2ForCausalLM", "gemma2", "Gemma2Config", 256000, 2304, 9216, 26, 8, 4, 8192, 256, 4096, false, false, true,
+     false, false, false, 1e-6, "1e-6", ARCH_GEMMA, "hidden_activation", "gelu_pytorch_tanh", true},
+    {"Gemma3ForCausalLM", "gemma3_text", "Gemma3TextConfig", 262208, 2304, 9216, 26, 8, 4, 131072, 256, 4096, false,
+     true, true, false, false, false, 1e-6, "1e-6", ARCH_GEMMA, "hidden_activation", "gelu_pytorch_tanh", true},
 };
 
 static const struct llama_like *llama_like(const char *architecture)
@@ -504,9 +504,9 @@ static const struct llama_like *llama_like(const char *architecture)
  * layers from max_window_layers on; honoured nowhere yet, so refused. */
 static void qwen_window(struct reader *r)
 {
-    get(r, "sliding_window");
-    get(r, "max_window_layers");
-    if (bool_key(r, "use_sliding_window", false, true))
+    hfc_get(r, "sliding_window");
+    hfc_get(r, "max_window_layers");
+    if (hfc_bool_key(r, "use_sliding_window", false, true))
         fail_input("%s: use_sliding_window is true: %s's windowed layers are not implemented; set it to false (as the "
                    "released models have it)",
                    r->path, r->cls);
@@ -518,40 +518,41 @@ static long long mistral_window(struct reader *r, const struct llama_like *df)
     json_t *w = json_object_get(r->root, "sliding_window");
     json_object_set_new(r->used, "sliding_window", json_true());
     if (df->window && !w) {
-        log_default(r, "sliding_window", "4096");
+        hfc_log_default(r, "sliding_window", "4096");
         return df->window;
     }
-    return w && !json_is_null(w) ? int_key(r, "sliding_window", -1) : 0;
+    return w && !json_is_null(w) ? hfc_int_key(r, "sliding_window", -1) : 0;
 }
 
 static void llama_keys(struct reader *r, const struct llama_like *df, void (*put)(void *, const char *, json_t *),
                        void *ctx, int *sliding_window)
 {
     r->cls = df->cls;
-    const char *act = str_key(r, "hidden_act", "silu");
-    if (strcmp(act, "silu") != 0)
-        fail_input("%s: hidden_act is \"%s\"; shardlm's Llama MLP is SwiGLU (silu)", r->path, act);
-    if (df->bias_keys && (bool_key(r, "attention_bias", false, true) ||
-                          (df->mlp_bias_key && bool_key(r, "mlp_bias", false, true))))
+    const char *act = hfc_str_key(r, df->act_key, df->act);
+    if (strcmp(act, df->act) != 0)
+        fail_input("%s: %s is \"%s\"; shardlm's %s MLP uses %s", r->path, df->act_key, act, df->cls, df->act);
+    if (df->bias_keys && (hfc_bool_key(r, "attention_bias", false, true) ||
+                          (df->mlp_bias_key && hfc_bool_key(r, "mlp_bias", false, true))))
         fail_input("%s: attention_bias / mlp_bias is true; %s's projections have no biases in shardlm", r->path,
                    df->cls);
-    long long C = int_key(r, "hidden_size", df->hidden), NH = int_key(r, "num_attention_heads", df->heads);
+    long long C = hfc_int_key(r, "hidden_size", df->hidden), NH = hfc_int_key(r, "num_attention_heads", df->heads);
     /* head_dim: absent is hidden / heads in every class but Qwen3's (128), which is logged as a default */
-    long long hd = df->head_dim > 0 || get(r, "head_dim") ? int_key(r, "head_dim", df->head_dim) : C / NH;
-    if (!df->qk_norm && hd * NH != C) /* Qwen3 is the family whose attention is not hidden_size wide */
+    long long hd = df->head_dim > 0 || hfc_get(r, "head_dim") ? hfc_int_key(r, "head_dim", df->head_dim) : C / NH;
+    /* Qwen3 and Gemma are the families whose attention need not be hidden_size wide */
+    if (!df->qk_norm && df->family != ARCH_GEMMA && hd * NH != C)
         fail_input("%s: head_dim %lld x num_attention_heads %lld != hidden_size %lld; shardlm's %s needs head_dim = "
                    "hidden_size / num_attention_heads",
                    r->path, hd, NH, C, df->cls);
-    long long L = int_key(r, "num_hidden_layers", df->layers);
-    long long max_pos = int_key(r, "max_position_embeddings", df->max_pos);
-    put(ctx, "type", json_string(arch_get(ARCH_LLAMA)->type));
+    long long L = hfc_int_key(r, "num_hidden_layers", df->layers);
+    long long max_pos = hfc_int_key(r, "max_position_embeddings", df->max_pos);
+    put(ctx, "type", json_string(arch_get(df->family)->type));
     put(ctx, "n_layer", json_integer(L));
     put(ctx, "n_head", json_integer(NH));
-    put(ctx, "n_kv_head", json_integer(int_key(r, "num_key_value_heads", df->kv_heads < 0 ? NH : df->kv_heads)));
+    put(ctx, "n_kv_head", json_integer(hfc_int_key(r, "num_key_value_heads", df->kv_heads < 0 ? NH : df->kv_heads)));
     put(ctx, "n_embd", json_integer(C));
-    put(ctx, "ffn_dim", json_integer(int_key(r, "intermediate_size", df->ffn)));
+    put(ctx, "ffn_dim", json_integer(hfc_int_key(r, "intermediate_size", df->ffn)));
     put(ctx, "n_positions", json_integer(max_pos));
-    put(ctx, "vocab_size", json_integer(int_key(r, "vocab_size", df->vocab)));
+    put(ctx, "vocab_size", json_integer(hfc_int_key(r, "vocab_size", df->vocab)));
     if (hd * NH != C)
         put(ctx, "head_dim", json_integer(hd));
     if (df->qkv_bias)
@@ -560,13 +561,17 @@ static void llama_keys(struct reader *r, const struct llama_like *df, void (*put
         put(ctx, "qk_norm", json_true());
     if (df->fused)
         put(ctx, "fused_projections", json_true());
-    double eps = num_key(r, "rms_norm_eps", df->eps, df->eps_text);
+    double eps = hfc_num_key(r, "rms_norm_eps", df->eps, df->eps_text);
     if (!(eps > 0) || eps > 1.0)
         fail_input("%s: 'rms_norm_eps' must be in (0, 1], got %g", r->path, eps);
     put(ctx, "rms_norm_eps", json_real(eps));
-    put(ctx, "tie_word_embeddings", json_boolean(bool_key(r, "tie_word_embeddings", false, false)));
+    put(ctx, "tie_word_embeddings", json_boolean(hfc_bool_key(r, "tie_word_embeddings", df->tied, false)));
+    if (df->family == ARCH_GEMMA) {
+        hfc_gemma_keys(r, L, hd, max_pos, put, ctx, sliding_window);
+        return;
+    }
     if (df->fused) /* Phi-3 keeps it beside rope_parameters; read for longrope, which shardlm refuses */
-        get(r, "original_max_position_embeddings");
+        hfc_get(r, "original_max_position_embeddings");
     long long window = 0;
     if (df->qwen_window)
         qwen_window(r);
@@ -593,33 +598,33 @@ static const char *const moe_architectures[] = {"MixtralForCausalLM",    "Qwen2M
 static void gpt2_keys(struct reader *r, void (*put)(void *, const char *, json_t *), void *ctx)
 {
     r->cls = "GPT2Config";
-    const char *act = str_key(r, "activation_function", "gelu_new");
+    const char *act = hfc_str_key(r, "activation_function", "gelu_new");
     if (strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)
         fail_input("%s: activation_function is \"%s\"; shardlm's GPT-2 uses the tanh GELU (gelu_new)", r->path, act);
-    json_t *eps_v = get(r, "layer_norm_epsilon");
+    json_t *eps_v = hfc_get(r, "layer_norm_epsilon");
     double eps = 1e-5;
     if (eps_v && (!hf_json_number(eps_v, &eps) || fabs(eps - 1e-5) > 1e-12))
         fail_input("%s: layer_norm_epsilon is %g; shardlm's GPT-2 LayerNorm uses 1e-5", r->path, eps);
     long long C = int_key2(r, "n_embd", "hidden_size", GPT2_DEFAULT_EMBD);
-    json_t *inner = get(r, "n_inner");
+    json_t *inner = hfc_get(r, "n_inner");
     if (inner && (!json_is_integer(inner) || json_integer_value(inner) != 4 * C))
         fail_input("%s: n_inner is not 4 n_embd; shardlm's GPT-2 MLP is 4 n_embd wide", r->path);
-    if (bool_key(r, "scale_attn_by_inverse_layer_idx", false, true) ||
-        bool_key(r, "reorder_and_upcast_attn", false, true) || !bool_key(r, "scale_attn_weights", true, true))
+    if (hfc_bool_key(r, "scale_attn_by_inverse_layer_idx", false, true) ||
+        hfc_bool_key(r, "reorder_and_upcast_attn", false, true) || !hfc_bool_key(r, "scale_attn_weights", true, true))
         fail_input("%s: GPT-2 attention variants (scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, "
                    "scale_attn_weights false) are not supported",
                    r->path);
-    if (!bool_key(r, "tie_word_embeddings", true, true))
+    if (!hfc_bool_key(r, "tie_word_embeddings", true, true))
         fail_input("%s: tie_word_embeddings is false; shardlm's GPT-2 ties its LM head to the token embedding",
                    r->path);
     put(ctx, "type", json_string(arch_get(ARCH_GPT2)->type));
     put(ctx, "n_layer", json_integer(int_key2(r, "n_layer", "num_hidden_layers", GPT2_DEFAULT_LAYERS)));
     put(ctx, "n_head", json_integer(int_key2(r, "n_head", "num_attention_heads", GPT2_DEFAULT_HEADS)));
     put(ctx, "n_embd", json_integer(C));
-    get(r, "n_ctx"); /* transformers < 4 kept the context here too; n_positions is what GPT2Config reads */
+    hfc_get(r, "n_ctx"); /* transformers < 4 kept the context here too; n_positions is what GPT2Config reads */
     put(ctx, "n_positions",
         json_integer(int_key2(r, "n_positions", "max_position_embeddings", GPT2_DEFAULT_POSITIONS)));
-    put(ctx, "vocab_size", json_integer(int_key(r, "vocab_size", GPT2_DEFAULT_VOCAB)));
+    put(ctx, "vocab_size", json_integer(hfc_int_key(r, "vocab_size", GPT2_DEFAULT_VOCAB)));
 }
 
 /* ---- config.json ------------------------------------------------------------------------ */
@@ -677,8 +682,8 @@ static json_t *load_config_json(const char *dir, char *path, size_t cap)
 /* The architecture: architectures[0], else from model_type. */
 static const char *architecture(struct reader *r)
 {
-    json_t *a = get(r, "architectures");
-    const char *type = str_key(r, "model_type", NULL);
+    json_t *a = hfc_get(r, "architectures");
+    const char *type = hfc_str_key(r, "model_type", NULL);
     if (json_is_array(a) && json_array_size(a) > 0 && json_is_string(json_array_get(a, 0)))
         return json_string_value(json_array_get(a, 0));
     const char *named = type ? arch_hf_architecture_of(type) : NULL;
@@ -696,19 +701,27 @@ void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, jso
     const char *arch = architecture(&r);
     *sliding_window = 0;
     const struct arch *family = arch_find_hf(arch);
-    if (family && family->id == ARCH_LLAMA)
-        llama_keys(&r, llama_like(arch), put, ctx, sliding_window);
+    struct reader text = r; /* Gemma3ForConditionalGeneration: its text_config */
+    if (family && family->id == ARCH_GEMMA && hfc_gemma_text_config(&r, &text, arch))
+        arch = "Gemma3ForCausalLM";
+    if (family && family->id != ARCH_GPT2)
+        llama_keys(&text, llama_like(arch), put, ctx, sliding_window);
     else if (family && family->id == ARCH_GPT2)
         gpt2_keys(&r, put, ctx);
-    else if (in_list(moe_architectures, arch) || json_object_get(r.root, "num_local_experts") ||
+    else if (hfc_in_list(moe_architectures, arch) || json_object_get(r.root, "num_local_experts") ||
              json_object_get(r.root, "num_experts"))
         fail_input("%s: %s is a mixture-of-experts model, which shardlm does not implement yet (its dense families: "
                    "%s)",
                    path, arch, HF_ARCHITECTURES);
     else
         fail_input("%s: architecture %s is not supported; shardlm reads %s", path, arch, HF_ARCHITECTURES);
-    read_dtype(&r);
-    check_other_keys(&r);
+    hfc_read_dtype(&r);
+    hfc_check_other_keys(&r);
+    if (text.root != r.root) {
+        hfc_check_other_keys(&text);
+        json_decref(text.used);
+        json_decref(text.root);
+    }
     json_decref(r.used);
     json_decref(r.root);
 }
@@ -777,15 +790,18 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         json_decref(out);
         out = json_object();
     }
-    bool llama = arch_is(c->type, ARCH_LLAMA);
-    const struct arch *family = arch_get(llama ? ARCH_LLAMA : ARCH_GPT2);
+    const bool gemma = arch_is(c->type, ARCH_GEMMA), llama = arch_is(c->type, ARCH_LLAMA) || gemma;
+    const struct arch *family = arch_get(gemma ? ARCH_GEMMA : llama ? ARCH_LLAMA : ARCH_GPT2);
     if (llama) {
+        if (gemma)
+            out = hfc_gemma_config_base(out);
         const char *arch = json_string_value(json_array_get(json_object_get(out, "architectures"), 0));
         /* without a source: the architecture whose block this model has */
         const struct llama_like *df = llama_like(arch ? arch
-                                                      : c->qk_norm ? "Qwen3ForCausalLM"
-                                                      : c->qkv_bias ? "Qwen2ForCausalLM"
-                                                                    : family->hf_architectures[0]);
+                                                 : gemma ? (c->qk_norm ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM")
+                                                 : c->qk_norm ? "Qwen3ForCausalLM"
+                                                 : c->qkv_bias ? "Qwen2ForCausalLM"
+                                                               : family->hf_architectures[0]);
         if (!arch) {
             json_object_set_new(out, "architectures", json_pack("[s]", df->architecture));
             json_object_set_new(out, "model_type", json_string(df->model_type));
@@ -797,7 +813,7 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         set_ints(out, shape, sizeof shape / sizeof shape[0]);
         json_object_set_new(out, "rms_norm_eps", json_real(c->norm_eps));
         json_object_set_new(out, "tie_word_embeddings", json_boolean(c->tied_head));
-        json_object_set_new(out, "hidden_act", json_string("silu"));
+        json_object_set_new(out, df->act_key, json_string(df->act));
         if (df->bias_keys)
             json_object_set_new(out, "attention_bias", json_false());
         if (df->mlp_bias_key)
@@ -807,6 +823,8 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         put_rope(out, c);
         if (df->window && c->sliding_window) /* 0 from a checkpoint: the source's own value stays */
             json_object_set_new(out, "sliding_window", json_integer(c->sliding_window));
+        if (gemma)
+            hfc_gemma_config_keys(c, out);
     } else {
         json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));
         json_object_set_new(out, "model_type", json_string(family->hf_model_types[0]));

@@ -14,7 +14,7 @@
 
 #include <stdbool.h>
 
-enum arch_id { ARCH_GPT2, ARCH_LLAMA, ARCH_COUNT };
+enum arch_id { ARCH_GPT2, ARCH_LLAMA, ARCH_GEMMA, ARCH_COUNT };
 
 struct arch {
     enum arch_id id;
@@ -51,6 +51,8 @@ struct model_preset {
     double published_params; /* the total the paper / model card gives, for tests */
     int head_dim;            /* 0: n_embd / n_head */
     bool qkv_bias, qk_norm;  /* Qwen2's q|k|v biases, Qwen3's q/k norms (model_config) */
+    int window_pattern;      /* Gemma: local layers to one global (model_config) */
+    double rope_local_theta; /* Gemma 3: the local layers' rotary base */
 };
 /* The preset called name, or NULL. */
 const struct model_preset *arch_find_preset(const char *name);

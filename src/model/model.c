@@ -36,20 +36,26 @@ static void add_tensor(struct unit_desc *u, int *id, const char *name, int d0, i
 /* The architecture variant fields of cfg, fixed by the family (config.h). */
 static void set_arch(struct model_config *c)
 {
-    bool llama = arch_is(c->type, ARCH_LLAMA);
+    const bool gemma = arch_is(c->type, ARCH_GEMMA), llama = arch_is(c->type, ARCH_LLAMA) || gemma;
     c->norm = llama ? NORM_RMSNORM : NORM_LAYERNORM;
-    c->mlp = llama ? MLP_SWIGLU : MLP_GELU;
+    c->mlp = gemma ? MLP_GEGLU : llama ? MLP_SWIGLU : MLP_GELU;
     c->biases = !llama;
     c->rotary = llama;
     c->tied_head = !llama || c->tie_embeddings;
+    c->norm_offset = gemma ? 1.0f : 0.0f; /* Gemma's RMSNorm: x s (1 + w) */
+    c->post_norms = gemma;
+    if (!gemma)
+        c->final_softcap = c->attn_softcap = c->query_scalar = c->rope_local_theta = 0, c->window_pattern = 0;
     if (c->n_kv_head <= 0)
         c->n_kv_head = c->n_head;
     if (c->ffn_dim <= 0)
         c->ffn_dim = 4 * c->n_embd;
     if (c->head_dim <= 0 || !llama)
         c->head_dim = c->n_embd / c->n_head;
+    if (!llama || gemma)
+        c->qkv_bias = c->fused_projections = false;
     if (!llama)
-        c->qkv_bias = c->qk_norm = c->fused_projections = false;
+        c->qk_norm = false;
 }
 
 static struct unit_desc *start_unit(struct model *m, int u, enum unit_kind kind, int block, const char *name,
@@ -111,12 +117,16 @@ static void build_gpt2(struct model *m)
  * is NH x head_dim wide (Qwen3: not n_embd). Qwen2's q|k|v biases are one
  * packed vector and Qwen3's q_norm and k_norm (head_dim each) come after
  * down_proj, so that every Llama keeps its tensor numbers (LT_* in llama.c;
- * model_llama_extras gives the others'). */
+ * model_llama_extras gives the others'). Gemma's block is the same with
+ * pre_feedforward_layernorm and post_feedforward_layernorm after down_proj
+ * (its post_attention_layernorm normalises the attention's output) and its
+ * norms initialised to 0 (they scale by 1 + w). */
 static void build_llama(struct model *m)
 {
     const struct model_config *cfg = &m->cfg;
     const int L = cfg->n_layer, C = cfg->n_embd, Vp = cfg->padded_vocab, F = cfg->ffn_dim;
     const int Q = cfg->n_head * cfg->head_dim, KV = cfg->head_dim * cfg->n_kv_head;
+    const enum init_kind norm_init = cfg->norm_offset != 0.0f ? INIT_ZEROS : INIT_ONES;
     int id = 0;
     char name[MODEL_MAX_NAME], prefix[32], uname[32];
     struct unit_desc *e = start_unit(m, 0, UNIT_EMBED, -1, "embedding", 1);
@@ -126,27 +136,31 @@ static void build_llama(struct model *m)
         snprintf(uname, sizeof uname, "block %d", l);
         snprintf(prefix, sizeof prefix, "model.layers.%d.", l);
         struct unit_desc *u = start_unit(m, model_block_unit(l), UNIT_BLOCK, l, uname, 14);
-        T(u, "input_layernorm.weight", C, 0, false, INIT_ONES);
+        T(u, "input_layernorm.weight", C, 0, false, norm_init);
         T(u, "self_attn.q_proj.weight", Q, C, true, INIT_NORMAL);
         T_PACKED(u, "self_attn.k_proj.weight", KV, C, true, INIT_NORMAL);
         T_PACKED(u, "self_attn.v_proj.weight", KV, C, true, INIT_NORMAL);
         T(u, "self_attn.o_proj.weight", C, Q, true, INIT_NORMAL);
-        T(u, "post_attention_layernorm.weight", C, 0, false, INIT_ONES);
+        T(u, "post_attention_layernorm.weight", C, 0, false, norm_init);
         T(u, "mlp.gate_proj.weight", F, C, true, INIT_NORMAL);
         T_PACKED(u, "mlp.up_proj.weight", F, C, true, INIT_NORMAL);
         T(u, "mlp.down_proj.weight", C, F, true, INIT_NORMAL);
+        if (cfg->post_norms) {
+            T(u, "pre_feedforward_layernorm.weight", C, 0, false, norm_init);
+            T(u, "post_feedforward_layernorm.weight", C, 0, false, norm_init);
+        }
         if (cfg->qkv_bias) { /* nn.Linear's bias: no decay (HF Trainer's rule for biases) */
             T(u, "self_attn.q_proj.bias", Q, 0, false, INIT_ZEROS);
             T_PACKED(u, "self_attn.k_proj.bias", KV, 0, false, INIT_ZEROS);
             T_PACKED(u, "self_attn.v_proj.bias", KV, 0, false, INIT_ZEROS);
         }
         if (cfg->qk_norm) {
-            T(u, "self_attn.q_norm.weight", cfg->head_dim, 0, false, INIT_ONES);
-            T(u, "self_attn.k_norm.weight", cfg->head_dim, 0, false, INIT_ONES);
+            T(u, "self_attn.q_norm.weight", cfg->head_dim, 0, false, norm_init);
+            T(u, "self_attn.k_norm.weight", cfg->head_dim, 0, false, norm_init);
         }
     }
     struct unit_desc *h = start_unit(m, model_head_unit(m), UNIT_HEAD, -1, "head", 2);
-    add_tensor(h, &id, "model.norm.weight", C, 0, false, INIT_ONES);
+    add_tensor(h, &id, "model.norm.weight", C, 0, false, norm_init);
     if (cfg->tied_head)
         return;
     add_tensor(h, &id, "lm_head.weight", Vp, C, true, INIT_NORMAL);
@@ -162,7 +176,7 @@ void model_build(struct model *m, const struct model_config *cfg)
     set_arch(&m->cfg);
     m->n_units = m->n_base_units = cfg->n_layer + 2;
     m->units = xcalloc((size_t)m->n_units, sizeof *m->units);
-    if (arch_is(m->cfg.type, ARCH_LLAMA))
+    if (m->cfg.rotary) /* Llama and the Llama-like families, Gemma among them */
         build_llama(m);
     else
         build_gpt2(m);
@@ -310,7 +324,7 @@ int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX
 {
     const int C = m->cfg.n_embd, F = m->cfg.ffn_dim, KV = m->cfg.head_dim * m->cfg.n_kv_head;
     const int Q = m->cfg.head_dim * m->cfg.n_head;
-    if (arch_is(m->cfg.type, ARCH_LLAMA)) {
+    if (m->cfg.rotary) {
         const struct model_linear l[] = {
             {"self_attn.q_proj", 1, C, Q, 0, 0},  {"self_attn.k_proj", 2, C, KV, Q, 0}, {"self_attn.v_proj", 3, C, KV, Q + KV, 0},
             {"self_attn.o_proj", 4, Q, C, 0, 1},  {"mlp.gate_proj", 6, C, F, 0, 2},     {"mlp.up_proj", 7, C, F, F, 2},

@@ -399,6 +399,12 @@ void ckpt_run_model(struct ckpt_reader *r, const char *path, struct model *m)
     mc.qkv_bias = json_is_true(json_object_get(model, "qkv_bias"));
     mc.qk_norm = json_is_true(json_object_get(model, "qk_norm"));
     mc.fused_projections = json_is_true(json_object_get(model, "fused_projections"));
+    /* Gemma's (absent for the other types: 0) */
+    mc.final_softcap = json_number_value(json_object_get(model, "final_logit_softcapping"));
+    mc.attn_softcap = json_number_value(json_object_get(model, "attn_logit_softcapping"));
+    mc.query_scalar = json_number_value(json_object_get(model, "query_pre_attn_scalar"));
+    mc.window_pattern = (int)json_integer_value(json_object_get(model, "sliding_window_pattern"));
+    mc.rope_local_theta = json_number_value(json_object_get(model, "rope_local_theta"));
     json_t *src = json_object_get(model, "from_pretrained");
     if (json_is_string(src))
         snprintf(mc.pretrained, sizeof mc.pretrained, "%s", json_string_value(src));

@@ -79,6 +79,8 @@
 #define backend_cpu_attention_use f64_attention_use
 #define backend_rmsnorm_forward f64_rmsnorm_forward
 #define backend_rmsnorm_backward f64_rmsnorm_backward
+#define backend_rmsnorm_offset_forward f64_rmsnorm_offset_forward
+#define backend_rmsnorm_offset_backward f64_rmsnorm_offset_backward
 #define backend_rope_forward f64_rope_forward
 #define backend_rope_backward f64_rope_backward
 #define backend_swiglu_forward f64_swiglu_forward

@@ -75,6 +75,9 @@ static void preset_model(struct model *m, const struct model_preset *p)
     mc.head_dim = p->head_dim;
     mc.qkv_bias = p->qkv_bias;
     mc.qk_norm = p->qk_norm;
+    mc.window_pattern = p->window_pattern;
+    mc.rope_local_theta = p->rope_local_theta;
+    mc.tie_embeddings = arch_is(p->type, ARCH_GEMMA); /* the released Gemma models tie (config.c's default for gemma) */
     mc.padded_vocab = (p->vocab_size + 127) / 128 * 128;
     model_build(m, &mc);
 }

@@ -344,7 +344,9 @@ static void f32_gelu_backward(float *dinp, const float *inp, const float *dout, 
     }
 }
 
-static void f32_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
+/* offset: 0 (Llama), or 1 for Gemma's y = x s (1 + w), the sum in fp32 as transformers' Gemma RMSNorm. */
+static void f32_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float offset, float eps,
+                                int N, int C)
 {
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(rstd);
@@ -360,13 +362,13 @@ static void f32_rmsnorm_forward(float *out, float *rstd, const float *inp, const
             ss += x[c] * x[c];
         float s = 1.0f / sqrtf(ss / (float)C + eps);
         for (int c = 0; c < C; c++)
-            y[c] = x[c] * s * weight[c];
+            y[c] = x[c] * s * (offset + weight[c]);
         rstd[i] = s;
     }
 }
 
 static void f32_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                                 const float *rstd, float *scratch, int N, int C)
+                                 float offset, const float *rstd, float *scratch, int N, int C)
 {
     DEVEMU_VIEW(dinp);
     DEVEMU_VIEW(dweight);
@@ -390,12 +392,12 @@ static void f32_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
             float s = rstd[i], dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
             for (int c = 0; c < C; c++) {
-                dot += x[c] * weight[c] * dy[c];
+                dot += x[c] * (offset + weight[c]) * dy[c];
                 dw[c] += x[c] * s * dy[c];
             }
             float k = s * s * dot / (float)C;
             for (int c = 0; c < C; c++)
-                dx[c] += s * (weight[c] * dy[c] - x[c] * k);
+                dx[c] += s * ((offset + weight[c]) * dy[c] - x[c] * k);
         }
     }
     for (int t = 0; dweight && t < nthreads; t++)
@@ -798,17 +800,30 @@ void backend_gelu_backward(float *dinp, const float *inp, const float *dout, siz
     f32_gelu_backward(dinp, inp, dout, n);
 }
 
+void backend_rmsnorm_offset_forward(float *out, float *rstd, const float *inp, const float *weight, float offset,
+                                    float eps, int N, int C)
+{
+    ACT_DISPATCH(act_rmsnorm_forward(f32_rmsnorm_forward, out, rstd, inp, weight, offset, eps, N, C));
+    f32_rmsnorm_forward(out, rstd, inp, weight, offset, eps, N, C);
+}
+
+void backend_rmsnorm_offset_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                     const float *weight, float offset, const float *rstd, float *scratch, int N, int C)
+{
+    ACT_DISPATCH(act_rmsnorm_backward(f32_rmsnorm_backward, dinp, dweight, dout, inp, weight, offset, rstd, scratch, N,
+                                      C));
+    f32_rmsnorm_backward(dinp, dweight, dout, inp, weight, offset, rstd, scratch, N, C);
+}
+
 void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
 {
-    ACT_DISPATCH(act_rmsnorm_forward(f32_rmsnorm_forward, out, rstd, inp, weight, eps, N, C));
-    f32_rmsnorm_forward(out, rstd, inp, weight, eps, N, C);
+    backend_rmsnorm_offset_forward(out, rstd, inp, weight, 0.0f, eps, N, C);
 }
 
 void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                               const float *rstd, float *scratch, int N, int C)
 {
-    ACT_DISPATCH(act_rmsnorm_backward(f32_rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, scratch, N, C));
-    f32_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, scratch, N, C);
+    backend_rmsnorm_offset_backward(dinp, dweight, dout, inp, weight, 0.0f, rstd, scratch, N, C);
 }
 
 void backend_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,

@@ -218,25 +218,27 @@ void act_attention_kv_forward(void (*f32)(float *out, const float *qkv, float *k
     free(q);
 }
 
-void act_rmsnorm_forward(void (*f32)(float *out, float *rstd, const float *inp, const float *weight, float eps, int N,
-                                     int C),
-                         float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C)
+void act_rmsnorm_forward(void (*f32)(float *out, float *rstd, const float *inp, const float *weight, float offset,
+                                     float eps, int N, int C),
+                         float *out, float *rstd, const float *inp, const float *weight, float offset, float eps, int N,
+                         int C)
 {
     float *w = widen(weight, (size_t)C), *x = widen(inp, (size_t)N * C), *o = xcalloc((size_t)N * C, sizeof *o);
-    f32(o, rstd, x, w, eps, N, C);
+    f32(o, rstd, x, w, offset, eps, N, C);
     narrow(out, o, (size_t)N * C);
     free(w), free(x);
 }
 
 void act_rmsnorm_backward(void (*f32)(float *dinp, float *dweight, const float *dout, const float *inp,
-                                      const float *weight, const float *rstd, float *scratch, int N, int C),
+                                      const float *weight, float offset, const float *rstd, float *scratch, int N,
+                                      int C),
                           float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                          const float *rstd, float *scratch, int N, int C)
+                          float offset, const float *rstd, float *scratch, int N, int C)
 {
     float *d = widen(dout, (size_t)N * C), *w = widen(weight, (size_t)C), *x = widen(inp, (size_t)N * C);
     float *di = widen(dinp, (size_t)N * C); /* accumulated: round once, after the += */
     float *dw = grad_begin(dweight, (size_t)C);
-    f32(di, dw, d, x, w, rstd, scratch, N, C);
+    f32(di, dw, d, x, w, offset, rstd, scratch, N, C);
     grad_done(dweight, dw, (size_t)C);
     narrow(dinp, di, (size_t)N * C);
     free(d), free(w), free(x);
@@ -336,6 +338,13 @@ void act_crossentropy_backward_rows(void (*f32)(float *probs, const int32_t *tar
     float *p = widen(probs, (size_t)N * Vp);
     f32(p, targets, dloss, N, V, Vp);
     narrow(probs, p, (size_t)N * Vp);
+}
+
+void act_in_place(void (*f32)(float *x, const void *args), float *x, size_t n, const void *args)
+{
+    float *w = widen(x, n);
+    f32(w, args);
+    narrow(x, w, n);
 }
 
 void act_scale_rows(void (*f32)(float *x, const float *s, int N, int C), float *x, const float *s, int N, int C)

@@ -71,13 +71,18 @@ void act_attention_kv_forward(void (*f32)(float *out, const float *qkv, float *k
                                           int B, int T, int NH, int NKV, int hs, int Tmax),
                               float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
                               int NH, int NKV, int hs, int Tmax);
-void act_rmsnorm_forward(void (*f32)(float *out, float *rstd, const float *inp, const float *weight, float eps, int N,
-                                     int C),
-                         float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C);
+void act_rmsnorm_forward(void (*f32)(float *out, float *rstd, const float *inp, const float *weight, float offset,
+                                     float eps, int N, int C),
+                         float *out, float *rstd, const float *inp, const float *weight, float offset, float eps, int N,
+                         int C);
 void act_rmsnorm_backward(void (*f32)(float *dinp, float *dweight, const float *dout, const float *inp,
-                                      const float *weight, const float *rstd, float *scratch, int N, int C),
+                                      const float *weight, float offset, const float *rstd, float *scratch, int N,
+                                      int C),
                           float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                          const float *rstd, float *scratch, int N, int C);
+                          float offset, const float *rstd, float *scratch, int N, int C);
+/* A kernel that works in place on n [A] elements of x (its other arguments in args): x widened, f32 run, x
+ * narrowed (backend_cpu_gemma.c's soft-capping and scaling). */
+void act_in_place(void (*f32)(float *x, const void *args), float *x, size_t n, const void *args);
 void act_rope(void (*f32)(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
                           int NKV, int hs),
               float *x, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH, int NKV, int hs);

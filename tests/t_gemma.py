@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""t_gemma — Gemma 2 and Gemma 3 (text) against transformers 5 (issue 49).
+
+transformers 5.25 (build/ref5-venv; this script re-executes itself there)
+makes tiny models with its own save_pretrained, config.json exactly as
+transformers writes it, every config key shardlm reads at a value other than
+the class's default:
+  gemma2  Gemma2ForCausalLM: hidden 48 with 4 heads of head_dim 16 (the
+          attention 64 wide), 2 key/value heads, random (1 + w) norm weights
+          (all four per block and the final one), rms_norm_eps 1e-5,
+          rope_theta 20000, final_logit_softcapping 1.5 (the logits are large
+          enough that the cap changes the loss: checked), tied, fp32
+  gemma3  Gemma3ForCausalLM: 3 layers with layer_types sliding, sliding,
+          full (sliding_window_pattern 3), q_norm and k_norm with random
+          weights, the global layers' rope_theta 5e5 with linear scaling 2,
+          the local layers' 20000, untied, fp32
+  gemma2_bf16  the gemma2 case saved in bf16 (the loss at N = 2 and 3)
+Until the attention kernels take a window, a scale and a soft-cap, the
+models have sliding_window 64 >= the sequence (32), query_pre_attn_scalar =
+head_dim and attn_logit_softcapping null (other values are refused: refuse.*).
+
+Checks per case, as tests/t_qwen.py makes them (its functions, on this
+test's models), against the transformers model in float64:
+  X.N1.*      ZeRO 3 at N = 1, three AdamW steps: logits and loss (rel 1e-5),
+              every gradient (rel 1e-4), the steps' losses and final weights
+  X.N2, X.N3  the step-1 loss at N = 2 and 3 (ZeRO 3)
+  X.generate  32 tokens of greedy generation equal transformers' generate
+  X.export    the N = 2 run's export loads in transformers 5 as the same
+              architecture at shardlm's loss of it
+  X.lora      LoRA r 4 on every linear layer, the adapters loaded by PEFT at
+              shardlm's logits
+  softcap.changes_loss  transformers' loss without the cap differs (> 1 %)
+  mm.*        Gemma3ForConditionalGeneration (a tiny SigLIP tower): the
+              language model read from text_config and model.language_model.*,
+              the vision tower skipped with a log line, logits equal to the
+              text model's
+  refuse.*    attn_logit_softcapping, query_pre_attn_scalar != head_dim, a
+              data.seq_len beyond sliding_window, use_bidirectional_attention,
+              layer_types without a pattern, hidden_activation gelu: one line,
+              exit 2
+"""
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import use_ref5_venv  # noqa: E402
+
+use_ref5_venv("gemma.env")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3Config, Gemma3ForCausalLM,  # noqa: E402
+                          Gemma3ForConditionalGeneration, Gemma3TextConfig)
+
+import t_qwen as q  # noqa: E402  the checks of the Llama-like families, pointed at this test's models
+from harness import byte_bpe_tokenizer, check, failures, note, rel, scratch_dir, write_shard  # noqa: E402
+
+TMP = scratch_dir("t_gemma")
+q.TMP = TMP
+q.DATA = os.path.join(TMP, "train.bin")
+write_shard(q.DATA, q.TOKENS)
+q.CLASSES = {"gemma2": Gemma2ForCausalLM, "gemma3": Gemma3ForCausalLM}
+V, T = q.V, q.T
+SHAPE = dict(vocab_size=V, hidden_size=48, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, max_position_embeddings=128, initializer_range=0.2, rms_norm_eps=1e-5,
+             query_pre_attn_scalar=16, sliding_window=64, attn_logit_softcapping=None, pad_token_id=None,
+             eos_token_id=None)  # transformers' generate(min_new_tokens) never picks an end token; shardlm ignores it
+FINAL_CAP = 1.5
+
+
+def random_norms(model, std=0.3):
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.normal_(0.0, std)
+
+
+def make_models():
+    dirs = {}
+    torch.manual_seed(0)
+    g2 = Gemma2ForCausalLM(Gemma2Config(**SHAPE, num_hidden_layers=2, final_logit_softcapping=FINAL_CAP,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 20000.0}))
+    random_norms(g2)
+    dirs["gemma2"] = os.path.join(TMP, "gemma2")
+    g2.save_pretrained(dirs["gemma2"])
+    dirs["gemma2_bf16"] = os.path.join(TMP, "gemma2_bf16")
+    g2.to(torch.bfloat16).save_pretrained(dirs["gemma2_bf16"])
+    rope = {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}}
+    g3 = Gemma3ForCausalLM(Gemma3TextConfig(**SHAPE, num_hidden_layers=3, tie_word_embeddings=False,
+                                            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                            rope_parameters=rope))
+    random_norms(g3)
+    dirs["gemma3"] = os.path.join(TMP, "gemma3")
+    g3.save_pretrained(dirs["gemma3"])
+    return dirs
+
+
+def check_softcap(d):
+    model = q.hf("gemma2", d)
+    x, y = q.windows(0, q.B)
+    with torch.no_grad():
+        logits, capped = q.loss_of(model, x, y)
+        model.config.final_logit_softcapping = None
+        _, plain = q.loss_of(model, x, y)
+    note(f"gemma2: |logits| up to {logits.abs().max().item():.3f} under the cap {FINAL_CAP}; loss {capped.item():.4f} "
+         f"capped, {plain.item():.4f} without")
+    e = abs(plain.item() - capped.item()) / capped.item()
+    check("softcap.changes_loss", e > 1e-2, f"rel {e:.2e}")
+
+
+def check_multimodal(d3):
+    """A Gemma3ForConditionalGeneration directory around the gemma3 case's language model."""
+    text = json.load(open(os.path.join(d3, "config.json")))
+    text.pop("architectures", None)
+    text.pop("transformers_version", None)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16,
+                  patch_size=8)
+    cfg = Gemma3Config(text_config=Gemma3TextConfig(**{k: v for k, v in text.items() if k != "model_type"}),
+                       vision_config=vision, mm_tokens_per_image=4, image_token_index=V - 1, boi_token_index=V - 3,
+                       eoi_token_index=V - 2)
+    torch.manual_seed(1)
+    mm = Gemma3ForConditionalGeneration(cfg)
+    mm.model.language_model.load_state_dict(Gemma3ForCausalLM.from_pretrained(d3).model.state_dict())
+    d = os.path.join(TMP, "gemma3_mm")
+    mm.save_pretrained(d)  # tied (Gemma3Config's tie_word_embeddings, which the text model's false does not change)
+    res = q.train("mm.N1", d, 1)
+    if res is None:
+        return
+    model = Gemma3ForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval().double()
+    x, y = q.windows(0, q.B)
+    with torch.no_grad():
+        logits, _ = q.loss_of(model, x, y)
+    e = rel(res[0]["logits"][..., :V], logits.numpy())
+    check("mm.logits", e <= q.TOL, f"rel {e:.2e}")
+    r = q.run(["train", q.config("mm_log", d)])
+    out = r.stdout + r.stderr
+    check("mm.vision_skipped_logged", r.returncode == 0 and "vision tower is skipped" in out
+          and "keys shardlm does not know" not in out, f"exit {r.returncode}: {out[-300:]}")
+
+
+def check_refused(dirs):
+    cases = {"attn_softcap": ("gemma2", {"attn_logit_softcapping": 50.0}, ["attn_logit_softcapping"], None),
+             "query_scalar": ("gemma2", {"query_pre_attn_scalar": 256}, ["query_pre_attn_scalar"], None),
+             "window": ("gemma3", {"sliding_window": 16}, ["sliding"], None),
+             "bidirectional": ("gemma3", {"use_bidirectional_attention": True}, ["use_bidirectional_attention"], None),
+             "layer_types": ("gemma3", {"layer_types": ["full_attention", "sliding_attention", "sliding_attention"]},
+                             ["layer_types"], None),
+             "activation": ("gemma2", {"hidden_activation": "gelu"}, ["hidden_activation"], None)}
+    for name, (src, edit, words, _) in cases.items():
+        d = os.path.join(TMP, "bad_" + name)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(dirs[src], d)
+        c = json.load(open(os.path.join(d, "config.json")))
+        c.update(edit)
+        json.dump(c, open(os.path.join(d, "config.json"), "w"))
+        r = q.run(["train", q.config("bad_" + name, d)])
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("shardlm:")]
+        check(f"refuse.{name}", r.returncode == 2 and len(lines) == 1 and all(w in lines[-1] for w in words),
+              f"exit {r.returncode}: {r.stderr[-300:]}")
+
+
+def main():
+    q.TOKENIZER = byte_bpe_tokenizer(os.path.join(TMP, "tokenizer.json"), V)
+    dirs = make_models()
+    parts = os.environ.get("T_GEMMA_ONLY", "gemma2,gemma3,extra").split(",")  # a part alone while developing
+    for kind in ("gemma2", "gemma3"):
+        if kind not in parts:
+            continue
+        q.check_n1(kind, dirs[kind])
+        q.check_ranks(kind, dirs[kind], kind)
+        q.check_export(kind)
+        q.check_generate(kind, dirs[kind])
+        q.check_lora(kind, dirs[kind])
+    if "extra" in parts:
+        check_softcap(dirs["gemma2"])
+        q.check_ranks("gemma2_bf16", dirs["gemma2_bf16"], "gemma2")
+        check_multimodal(dirs["gemma3"])
+        check_refused(dirs)
+    sys.exit(1 if failures() else 0)
+
+
+if __name__ == "__main__":
+    main()
