@@ -38,7 +38,7 @@ for src in src/backend/cuda/*.cu; do
   cuda_objs+=("$OUT/$f.o")
 done
 # the CPU backend renamed cpu_*, and the kernel checker, as tests/gpu/session.sh builds them
-for f in backend_cpu backend_cpu_attention backend_cpu_rows; do
+for f in backend_cpu backend_cpu_attention backend_cpu_rows backend_cpu_gemma; do
   gcc -std=gnu11 -O2 -march=native -fopenmp -iquote src -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT $PC_CFLAGS \
     -c "src/backend/cpu/$f.c" -o "$OUT/${f}_renamed.o" & pids+=($!)
 done
@@ -51,7 +51,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 src_objs() { find src -name '*.c' | sort | sed 's#^src/\(.*\)\.c$#build/src/\1.o#'; }
 EMU="$OUT/cudaemu.o $OUT/cublas.o $OUT/cublaslt.o $OUT/nccl_mpi.o ${cuda_objs[*]}"
 g++ $SAN -fopenmp "$OUT/check_kernels.o" "$OUT/backend_cpu_renamed.o" "$OUT/backend_cpu_attention_renamed.o" \
-  "$OUT/backend_cpu_rows_renamed.o" $EMU \
+  "$OUT/backend_cpu_rows_renamed.o" "$OUT/backend_cpu_gemma_renamed.o" $EMU \
   $(src_objs | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/check_kernels" $PC_LIBS -lm
 g++ $SAN -fopenmp "$OUT/time_kernels.o" $EMU \
   $(src_objs | grep -v -e '/main.o$' -e '/backend_cpu') -o "$OUT/time_kernels" $PC_LIBS -lm

@@ -706,6 +706,76 @@ static void check_attention_kv(int NH, int NKV, int hs, int T, const char *v)
     free(qkv), free(kc), free(vc), free(out);
 }
 
+/* Gemma's kernels (issue 49) at the Llama shapes, against the CPU's: the (1 + w) RMSNorm forward and backward
+ * (weights near 0, as Gemma's), GeGLU with the tanh GELU, the scaling of activations, the final logits'
+ * soft-cap (the capped logits and each row's log-sum-exp) and the cross-entropy's backward through it, at one
+ * scale and at a scale per row, an ignored row zero. The cap (2) is below the logits' range (up to 4), so it
+ * bends them. */
+#define GEMMA_NORM_OFFSET 1.0f
+#define GEMMA_SOFTCAP 2.0f
+static void check_gemma(const struct llama_shape *sh, const char *v)
+{
+    const int N = sh->B * sh->T, C = sh->NH * sh->hs, F = sh->F, V = sh->V, Vp = (V + 127) / 128 * 128;
+    const size_t NC = (size_t)N * C, NF = (size_t)N * F, NV = (size_t)N * Vp;
+    float *x = act_round(host_random(NC, 1), NC), *w = act_round(host_random(C, 0.3f), C);
+    float *d_x = act_to_device(x, NC), *d_w = act_to_device(w, C);
+    float *out = malloc(NC * 4), *rstd = malloc(N * 4), *d_out = act_poisoned(NC), *d_rstd = poisoned(N);
+    cpu_rmsnorm_offset_forward(out, rstd, x, w, GEMMA_NORM_OFFSET, RMSNORM_EPS, N, C);
+    backend_rmsnorm_offset_forward(d_out, d_rstd, d_x, d_w, GEMMA_NORM_OFFSET, RMSNORM_EPS, N, C);
+    compare_act(named2("gemma_rmsnorm_forward", v), out, d_out, NC, g_tol);
+    float *dout = act_round(host_random(NC, 1), NC), *dinp = act_round(host_random(NC, 1), NC);
+    float *d_dout = act_to_device(dout, NC), *d_dinp = act_to_device(dinp, NC);
+    float *dw = host_random(C, 1), *d_dw = to_device(dw, C * 4);
+    float *scratch = malloc((cpu_layernorm_scratch(C) + 1) * 4), *d_scratch = poisoned(backend_layernorm_scratch(C) + 1);
+    cpu_rmsnorm_offset_backward(dinp, dw, dout, x, w, GEMMA_NORM_OFFSET, rstd, scratch, N, C);
+    backend_rmsnorm_offset_backward(d_dinp, d_dw, d_dout, d_x, d_w, GEMMA_NORM_OFFSET, d_rstd, d_scratch, N, C);
+    compare_act(named2("gemma_rmsnorm_backward_dinp", v), dinp, d_dinp, NC, g_tol);
+    compare(named2("gemma_rmsnorm_backward_dweight", v), dw, d_dw, C, g_tol);
+    cpu_scale_act(x, 6.9282f, NC);
+    backend_scale_act(d_x, 6.9282f, NC);
+    compare_act(named2("gemma_scale_act", v), x, d_x, NC, g_tol);
+
+    float *gu = act_round(host_random(2 * NF, 3), 2 * NF), *d_gu = act_to_device(gu, 2 * NF);
+    float *mlp = malloc(NF * 4), *d_mlp = act_poisoned(NF);
+    cpu_geglu_forward(mlp, gu, N, F);
+    backend_geglu_forward(d_mlp, d_gu, N, F);
+    compare_act(named2("geglu_forward", v), mlp, d_mlp, NF, g_tol);
+    float *dmlp = act_round(host_random(NF, 1), NF), *d_dmlp = act_to_device(dmlp, NF);
+    float *dgu = malloc(2 * NF * 4), *d_dgu = act_poisoned(2 * NF);
+    cpu_geglu_backward(dgu, dmlp, gu, N, F);
+    backend_geglu_backward(d_dgu, d_dmlp, d_gu, N, F);
+    compare_act(named2("geglu_backward", v), dgu, d_dgu, 2 * NF, g_tol);
+
+    int32_t *targets = malloc(N * sizeof *targets);
+    for (int i = 0; i < N; i++)
+        targets[i] = i == 1 ? -1 : (int32_t)((uniform() + 1.0f) * 0.5f * (V - 1));
+    int32_t *d_targets = to_device(targets, N * 4);
+    float *logits = act_round(host_random(NV, 4), NV), *d_logits = act_to_device(logits, NV);
+    float *lse = malloc(N * 4), *d_lse = poisoned(N), *losses = malloc(N * 4), *d_losses = poisoned(N);
+    float *rows = host_random(N, 1), *d_rows = to_device(rows, N * 4);
+    cpu_logit_softcap_forward(logits, lse, GEMMA_SOFTCAP, N, V, Vp);
+    backend_logit_softcap_forward(d_logits, d_lse, GEMMA_SOFTCAP, N, V, Vp);
+    compare_act(named2("logit_softcap_forward", v), logits, d_logits, NV, g_tol);
+    compare(named2("logit_softcap_forward_lse", v), lse, d_lse, N, g_tol);
+    cpu_crossentropy_forward(losses, logits, targets, N, V, Vp);
+    backend_crossentropy_forward(d_losses, d_logits, d_targets, N, V, Vp);
+    float *probs = malloc(NV * 4), *d_probs = act_poisoned(NV);
+    memcpy(probs, logits, NV * 4);
+    cuda_ok(cudaMemcpy(d_probs, d_logits, act_bytes(NV), cudaMemcpyDeviceToDevice), "softcap");
+    cpu_crossentropy_softcap_backward(logits, targets, 1.0f / N, NULL, lse, GEMMA_SOFTCAP, N, V, Vp);
+    backend_crossentropy_softcap_backward(d_logits, d_targets, 1.0f / N, NULL, d_lse, GEMMA_SOFTCAP, N, V, Vp);
+    compare_act(named2("crossentropy_softcap_backward", v), logits, d_logits, NV, g_tol);
+    cpu_crossentropy_softcap_backward(probs, targets, 0.0f, rows, lse, GEMMA_SOFTCAP, N, V, Vp);
+    backend_crossentropy_softcap_backward(d_probs, d_targets, 0.0f, d_rows, d_lse, GEMMA_SOFTCAP, N, V, Vp);
+    compare_act(named2("crossentropy_softcap_backward_rows", v), probs, d_probs, NV, g_tol);
+
+    cudaFree(d_x), cudaFree(d_w), cudaFree(d_out), cudaFree(d_rstd), cudaFree(d_dout), cudaFree(d_dinp);
+    cudaFree(d_dw), cudaFree(d_scratch), cudaFree(d_gu), cudaFree(d_mlp), cudaFree(d_dmlp), cudaFree(d_dgu);
+    cudaFree(d_targets), cudaFree(d_logits), cudaFree(d_lse), cudaFree(d_losses), cudaFree(d_rows), cudaFree(d_probs);
+    free(x), free(w), free(out), free(rstd), free(dout), free(dinp), free(dw), free(scratch), free(gu), free(mlp);
+    free(dmlp), free(dgu), free(targets), free(logits), free(lse), free(losses), free(rows), free(probs);
+}
+
 static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
 {
     use_act(dt, tol, tag);
@@ -715,6 +785,7 @@ static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
         snprintf(v, sizeof v, "_nh%d_kv%d_hs%d", sh->NH, sh->NKV, sh->hs);
         check_llama_norm_and_mlp(sh, v);
         check_llama_extras(sh, v);
+        check_gemma(sh, v);
         check_llama_attention(sh, NULL, v);
         int32_t *pos = packed_positions(sh->B, sh->T);
         snprintf(v, sizeof v, "_nh%d_kv%d_hs%d_packed", sh->NH, sh->NKV, sh->hs);

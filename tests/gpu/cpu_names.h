@@ -44,3 +44,10 @@
 #define backend_swiglu_backward cpu_swiglu_backward
 #define backend_swiglu_forward cpu_swiglu_forward
 #define backend_zero cpu_zero
+#define backend_rmsnorm_offset_forward cpu_rmsnorm_offset_forward
+#define backend_rmsnorm_offset_backward cpu_rmsnorm_offset_backward
+#define backend_geglu_forward cpu_geglu_forward
+#define backend_geglu_backward cpu_geglu_backward
+#define backend_scale_act cpu_scale_act
+#define backend_logit_softcap_forward cpu_logit_softcap_forward
+#define backend_crossentropy_softcap_backward cpu_crossentropy_softcap_backward

@@ -47,3 +47,10 @@
 #undef backend_swiglu_backward
 #undef backend_swiglu_forward
 #undef backend_zero
+#undef backend_rmsnorm_offset_forward
+#undef backend_rmsnorm_offset_backward
+#undef backend_geglu_forward
+#undef backend_geglu_backward
+#undef backend_scale_act
+#undef backend_logit_softcap_forward
+#undef backend_crossentropy_softcap_backward

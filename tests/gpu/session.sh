@@ -238,11 +238,14 @@ link_checkers() {
       -o "$d/backend_cpu_attention_renamed.o" &&
     gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend/cpu/backend_cpu_rows.c \
       -o "$d/backend_cpu_rows_renamed.o" &&
+    gcc $cflags -include tests/gpu/cpu_names.h -DBACKEND_CPU_NO_ACT -c src/backend/cpu/backend_cpu_gemma.c \
+      -o "$d/backend_cpu_gemma_renamed.o" &&
     gcc $cflags -iquote tests/gpu -I"$CUDA_HOME/include" tests/gpu/check_kernels.c "$d/backend_cpu_renamed.o" \
-      "$d/backend_cpu_attention_renamed.o" "$d/backend_cpu_rows_renamed.o" \
+      "$d/backend_cpu_attention_renamed.o" "$d/backend_cpu_rows_renamed.o" "$d/backend_cpu_gemma_renamed.o" \
       $cuda_objs $objs -o "$d/check_kernels" $ldlibs $cudalibs; then ok build.check_kernels; else
     fail build.check_kernels "compiling or linking tests/gpu/check_kernels.c failed"; fi
-  rm -f "$d/backend_cpu_renamed.o" "$d/backend_cpu_attention_renamed.o" "$d/backend_cpu_rows_renamed.o"
+  rm -f "$d/backend_cpu_renamed.o" "$d/backend_cpu_attention_renamed.o" "$d/backend_cpu_rows_renamed.o" \
+    "$d/backend_cpu_gemma_renamed.o"
   # shellcheck disable=SC2086
   if gcc $cflags tests/gpu/time_kernels.c $cuda_objs $objs -o "$d/time_kernels" $ldlibs $cudalibs; then
     ok build.time_kernels; else fail build.time_kernels "compiling or linking tests/gpu/time_kernels.c failed"; fi

@@ -22,7 +22,7 @@ __device__ static float warp_sum(float v)
  * square). inp, out [A]. */
 template <typename A>
 __global__ static void norm_forward_kernel(A *out, float *mean, float *rstd, const A *inp, const A *weight,
-                                           const A *bias, float eps, int N, int C)
+                                           const A *bias, float offset, float eps, int N, int C)
 {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N)
@@ -40,7 +40,7 @@ __global__ static void norm_forward_kernel(A *out, float *mean, float *rstd, con
         v += (ld(x, c) - m) * (ld(x, c) - m);
     float r = rsqrtf(warp_sum(v) / C + eps);
     for (int c = lane; c < C; c += WARP) {
-        const float y = (ld(x, c) - m) * r * ld(weight, c);
+        const float y = (ld(x, c) - m) * r * (offset + ld(weight, c)); /* Gemma: (1 + w) in fp32 */
         st(out, (size_t)row * C + c, bias ? y + ld(bias, c) : y);
     }
     if (lane == 0) {
@@ -51,30 +51,36 @@ __global__ static void norm_forward_kernel(A *out, float *mean, float *rstd, con
 }
 
 static void norm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                         const float *bias, float eps, int N, int C)
+                         const float *bias, float offset, float eps, int N, int C)
 {
     int rows_per_block = BLOCK / WARP;
     WITH_ACT(norm_forward_kernel<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-        (A *)out, mean, rstd, (const A *)inp, (const A *)weight, (const A *)bias, eps, N, C));
+        (A *)out, mean, rstd, (const A *)inp, (const A *)weight, (const A *)bias, offset, eps, N, C));
 }
 
 extern "C" void backend_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                           const float *weight, const float *bias, int N, int C)
 {
-    norm_forward(out, mean, rstd, inp, weight, bias, LAYERNORM_EPS, N, C);
+    norm_forward(out, mean, rstd, inp, weight, bias, 0.0f, LAYERNORM_EPS, N, C);
 }
 
 extern "C" void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps,
                                         int N, int C)
 {
-    norm_forward(out, NULL, rstd, inp, weight, NULL, eps, N, C);
+    norm_forward(out, NULL, rstd, inp, weight, NULL, 0.0f, eps, N, C);
+}
+
+extern "C" void backend_rmsnorm_offset_forward(float *out, float *rstd, const float *inp, const float *weight,
+                                               float offset, float eps, int N, int C)
+{
+    norm_forward(out, NULL, rstd, inp, weight, NULL, offset, eps, N, C);
 }
 
 /* dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, dnorm = dout * weight; one warp per row.
  * RMSNorm (mean NULL): without the mean(dnorm) term, which the centring brings. */
 template <typename A>
-__global__ static void norm_backward_input(A *dinp, const A *dout, const A *inp, const A *weight, const float *mean,
-                                           const float *rstd, int N, int C)
+__global__ static void norm_backward_input(A *dinp, const A *dout, const A *inp, const A *weight, float offset,
+                                           const float *mean, const float *rstd, int N, int C)
 {
     int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (row >= N)
@@ -83,7 +89,7 @@ __global__ static void norm_backward_input(A *dinp, const A *dout, const A *inp,
     const A *x = inp + at;
     float m = mean ? mean[row] : 0.0f, r = rstd[row], a = 0.0f, b = 0.0f;
     for (int c = lane; c < C; c += WARP) {
-        float dnorm = ld(dout, at + c) * ld(weight, c);
+        float dnorm = ld(dout, at + c) * (offset + ld(weight, c));
         a += dnorm;
         b += dnorm * (ld(x, c) - m) * r;
     }
@@ -91,7 +97,7 @@ __global__ static void norm_backward_input(A *dinp, const A *dout, const A *inp,
     b = warp_sum(b) / C;
     for (int c = lane; c < C; c += WARP) {
         float norm = (ld(x, c) - m) * r;
-        st(dinp, at + c, ld(dinp, at + c) + (ld(dout, at + c) * ld(weight, c) - a - norm * b) * r);
+        st(dinp, at + c, ld(dinp, at + c) + (ld(dout, at + c) * (offset + ld(weight, c)) - a - norm * b) * r);
     }
 }
 
@@ -119,12 +125,12 @@ __global__ static void norm_backward_params(float *partial, const A *dout, const
 /* dinp [A] +=, dweight [G] +=, dbias [G] += (layernorm: mean and dbias non-NULL; RMSNorm: both NULL);
  * dweight NULL (frozen weights): the input gradient only. */
 static void norm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                          const float *weight, const float *mean, const float *rstd, int N, int C)
+                          const float *weight, float offset, const float *mean, const float *rstd, int N, int C)
 {
     int rows_per_block = BLOCK / WARP;
     WITH_ACT({
         norm_backward_input<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
-            (A *)dinp, (const A *)dout, (const A *)inp, (const A *)weight, mean, rstd, N, C);
+            (A *)dinp, (const A *)dout, (const A *)inp, (const A *)weight, offset, mean, rstd, N, C);
     });
     if (!dweight)
         return;
@@ -143,14 +149,23 @@ extern "C" void backend_layernorm_backward(float *dinp, float *dweight, float *d
                                            const float *rstd, float *scratch, int N, int C)
 {
     (void)scratch;
-    norm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    norm_backward(dinp, dweight, dbias, dout, inp, weight, 0.0f, mean, rstd, N, C);
 }
 
 extern "C" void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                                          const float *weight, const float *rstd, float *scratch, int N, int C)
 {
     (void)scratch;
-    norm_backward(dinp, dweight, NULL, dout, inp, weight, NULL, rstd, N, C);
+    norm_backward(dinp, dweight, NULL, dout, inp, weight, 0.0f, NULL, rstd, N, C);
+}
+
+/* dweight's sums are the same with the offset: d(offset + w) / dw = 1 */
+extern "C" void backend_rmsnorm_offset_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                                const float *weight, float offset, const float *rstd, float *scratch,
+                                                int N, int C)
+{
+    (void)scratch;
+    norm_backward(dinp, dweight, NULL, dout, inp, weight, offset, NULL, rstd, N, C);
 }
 
 extern "C" size_t backend_layernorm_scratch(int C)
