@@ -43,6 +43,9 @@ Tokenizers:
   whitespace, whitespace_split, punctuation_<behavior>  those pre-tokenizers
   norm_*     NFD, NFKC, NFKD, Lowercase, Strip (both ends, then Prepend; left
              only) normalizers
+  gemma      llama2's vocabulary with Gemma's normalizer (Replace without
+             Prepend), decoder (Replace + ByteFallback + Fuse, no Strip) and
+             the special <start_of_turn>, <end_of_turn> (gemma.differs_from_llama2)
   (Mistral's shape, Metaspace(prepend_scheme "first", split false) over a
   byte_fallback BPE, is metaspace above.) Each of these is also checked to
   give other ids than gpt2's on the multilingual text (*.differs_from_gpt2),
@@ -307,6 +310,21 @@ def make_llama2(files):
         {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always",
                                    "split": True}]}
     return j, unk, meta, meta_split
+
+
+def make_gemma(llama2):
+    """Gemma's layout over llama2's vocabulary: Replace " " -> "▁" without Prepend (Gemma's SentencePiece has no
+    dummy prefix), byte_fallback, decoder Replace + ByteFallback + Fuse (no Strip), <bos> $A, and the special
+    <start_of_turn> / <end_of_turn> of its chat template."""
+    j = json.loads(json.dumps(llama2))
+    j["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    n = len(j["model"]["vocab"]) + len(j["added_tokens"]) - 3
+    for k, content in enumerate(("<start_of_turn>", "<end_of_turn>")):
+        j["added_tokens"].append({"id": n + k, "content": content, "single_word": False, "lstrip": False,
+                                  "rstrip": False, "normalized": False, "special": True})
+    return j
 
 
 def split_variants(gpt2):
@@ -704,9 +722,16 @@ def main():
                     round_trips=False)
     check("llama3.ignore_merges_matters", ids3 != ids3m, "the same ids with and without ignore_merges")
 
-    for name, j in zip(("llama2", "llama2_unk", "metaspace", "metaspace_split"), make_llama2(train_files)):
+    llama2 = make_llama2(train_files)
+    for name, j in zip(("llama2", "llama2_unk", "metaspace", "metaspace_split"), llama2):
         ref = Tokenizer.from_str(json.dumps(j))
         compare(name, write_json(name + ".json", j), ref, groups)
+    gemma = make_gemma(llama2[0])
+    ref = Tokenizer.from_str(json.dumps(gemma))
+    compare("gemma", write_json("gemma.json", gemma), ref,
+            {"src": groups["src"][:4], "multilingual": groups["multilingual"], "edge": groups["edge"]})
+    check("gemma.differs_from_llama2", ref.encode(MULTILINGUAL).ids != Tokenizer.from_str(
+        json.dumps(llama2[0])).encode(MULTILINGUAL).ids, "the same ids as llama2's: Prepend would not show")
 
     small = {k: v if k != "src" else v[:12] for k, v in groups.items()}
     for name, j in split_variants(gpt2).items():
