@@ -23,7 +23,7 @@ use_venv("chat_template", __file__, ("h5py", "jinja2", "tokenizers"))
 
 import argparse  # noqa: E402
 
-from prepare_data import Tokenizer, fail  # noqa: E402
+from prepare_data import ImagesInData, Tokenizer, fail, refuse_images  # noqa: E402
 
 
 def main():
@@ -36,6 +36,10 @@ def main():
         fail(f"chat_template: {tok.no_template}; drop --chat, or give --chat-template FILE")
     for number, line in enumerate(sys.stdin, 1):
         messages = json.loads(line)
+        try:
+            refuse_images(messages)
+        except ImagesInData as e:
+            fail(f"prompt {number}: {e}")
         try:
             text = tok.render(messages, True)
         except Exception as e:  # the template's raise_exception, or any error inside it

@@ -173,6 +173,33 @@ class NoChatTemplate(BadLine):
     the run even with --skip-bad (skipping every chat line would drop the data without a word)."""
 
 
+class ImagesInData(BadLine):
+    """A line that carries images (Gemma 3's and other multimodal chat data): shardlm trains the language model on
+    text alone, so such data ends the run even with --skip-bad (skipping would drop the images without a word)."""
+
+
+IMAGE_KEYS = ("images", "image", "pixel_values", "image_url")
+IMAGE_TYPES = ("image", "image_url", "input_image")
+
+
+def refuse_images(obj):
+    """Raises ImagesInData when OBJ (a line, or a list of messages) holds an image: a top-level images field, or a
+    message content item of an image type ({"type": "image"}, as Gemma 3's chat template takes)."""
+    if isinstance(obj, dict):
+        for key in IMAGE_KEYS:
+            if obj.get(key):
+                raise ImagesInData(f"the line carries images (\"{key}\"); shardlm trains the language model on text "
+                                   "only (a Gemma 3 vision model's tower is not trained); remove the images")
+        obj = [m for key in ("messages", "prompt", "chosen", "rejected") if isinstance(obj.get(key), list)
+               for m in obj[key]]
+    for m in obj if isinstance(obj, list) else ():
+        content = m.get("content") if isinstance(m, dict) else None
+        for item in content if isinstance(content, list) else ():
+            if isinstance(item, dict) and (item.get("type") in IMAGE_TYPES or any(k in item for k in IMAGE_KEYS)):
+                raise ImagesInData("a message's content holds an image item; shardlm trains the language model on "
+                                   "text only (a Gemma 3 vision model's tower is not trained); remove the images")
+
+
 class Tokenizer:
     """tokenizer.json with the special tokens, BOS rule and chat template of its
     directory's tokenizer_config.json and special_tokens_map.json."""
@@ -771,6 +798,7 @@ class Conversion:
             return
         try:
             obj = parse_line(raw)
+            refuse_images(obj)
             if isinstance(obj, dict) and (self.format == prefdata.FORMAT
                                           or self.format == "auto" and prefdata.is_pair(obj)):
                 fmt, pieces = prefdata.FORMAT, self.pairs.plan(obj)
@@ -823,7 +851,7 @@ class Conversion:
 
     def bad_line(self, where, error):
         message = f"{where}: {error}".replace("\n", " ")
-        if not self.skip_bad or isinstance(error, NoChatTemplate):
+        if not self.skip_bad or isinstance(error, (NoChatTemplate, ImagesInData)):
             self.progress.finish()
             fail(message)
         self.skipped += 1

@@ -171,7 +171,7 @@ static void print_model(const struct model *m)
     printf("model: %s%s%s%s, %d layers, d_model %d, %d heads%s, FFN %d (%s), vocab %d (padded %d), context %d, %s "
            "head: %zu parameters (%.2f B)\n",
            c->preset[0] ? c->preset : "", c->preset[0] ? " (" : "", c->type, c->preset[0] ? ")" : "", c->n_layer,
-           c->n_embd, c->n_head, kv, c->ffn_dim, c->mlp == MLP_SWIGLU ? "SwiGLU" : "GELU", c->vocab_size,
+           c->n_embd, c->n_head, kv, c->ffn_dim, c->mlp == MLP_SWIGLU ? "SwiGLU" : c->mlp == MLP_GEGLU ? "GeGLU" : "GELU", c->vocab_size,
            c->padded_vocab, c->n_positions, c->tied_head ? "tied" : "untied", m->n_params, (double)m->n_params / 1e9);
     if (m->lora.on)
         printf("LoRA: r %d, alpha / r %g, %d adapted layers, %zu adapter parameters\n", m->lora.r, m->lora.scale,
