@@ -69,10 +69,12 @@ Checks, for each tokenizer:
 classes.*  Digits and \\w on characters where PCRE2's classes and Oniguruma's differ
 newer_unicode.*  code points newer than PCRE2 10.42's Unicode 14 tables (Unicode 15's
             emoji joined by ZWJ under \\p{So}+, Cyrillic Extended-D, Kawi, Kaktovik
-            numerals; Unicode 16's Cyrillic Extended-C, Arabic Extended-B and Balinese
-            additions) under Llama 3's pattern, \\p{So}+, \\w+, Digits, Punctuation and
-            \\p{Alphabetic}+: exactly the recorded texts differ from tokenizers 0.23
-            (issue 44: Unicode 16, Other_Alphabetic marks, Punctuation's Unicode 8)
+            numerals; Unicode 16's Cyrillic Extended-C, Arabic Extended-B, Balinese, Garay,
+            outlined digits and emoji) under Llama 3's pattern, \\p{So}+, \\w+, Digits,
+            Punctuation and \\p{Alphabetic}+: exactly the recorded texts differ from
+            tokenizers 0.23 (Other_Alphabetic marks, Punctuation's Unicode 8);
+            newer_unicode.table_generated: src/tokenizer/unicode_newer.h is what
+            tools/gen_unicode_newer.py makes of the pinned unicodedata2 16.0.0
 unicode_15.*  every run of Unicode 15's code points (utf8proc assigns them, Python's
             Unicode 14 does not) splits as tokenizers 0.23 does under the general
             categories in and out of classes, negated, by long name, \\w \\W \\d \\D,
@@ -613,9 +615,15 @@ NEWER_UNICODE = {
     "kawi_digits_15": ("x\U00011F50\U00011F51\U00011F43y", set()),
     "punctuation_13": ("a\u2E52b", {"punctuation"}),
     "kaktovik_15": ("x\U0001D2C0\U0001D2C1", set()),
-    "cyrillic_ext_c_16": ("\u0416\u1C89\u1C8A!", {"llama3", "word", "alpha"}),
-    "arabic_ext_b_16": ("\u0628\u0897\u0628", {"word", "alpha"}),
+    "cyrillic_ext_c_16": ("\u0416\u1C89\u1C8A!", set()),
+    # U+0897, Arabic Pepet (a mark), is Other_Alphabetic, which neither utf8proc nor unicode_newer.h has
+    "arabic_ext_b_16": ("\u0628\u0897\u0628", {"alpha"}),
     "balinese_16": ("\u1B05\u1B4E\u1B7F\u1B05", set()),
+    # Garay (Unicode 16): capital and small letters, a digit; Legacy Computing Supplement's outlined digits (Nd)
+    "garay_16": ("x\U00010D50\U00010D70 \U00010D40\U00010D41 1", set()),
+    "outlined_digits_16": ("a\U0001CCF0\U0001CCF1b", set()),
+    # Unicode 16's emoji: face with bags under eyes, fingerprint, leafless tree, harp, shovel, splatter
+    "emoji_16": ("a\U0001FAE9\U0001FAC6 \U0001FABE\U0001FA89b \U0001FA8F\U0001FADF", set()),
     "old_scripts": ("\u0416\u0438\u0437\u043d\u044c \u0628 \u1B05 a\U0001F468\u200d\U0001F469 b\U0001F44D\U0001F3FDc 12",
                     set()),
 }
@@ -636,6 +644,17 @@ def newer_unicode():
         want = {t for t, pres in NEWER_UNICODE.values() if pre_name in pres}
         names = {n for n, (t, _) in NEWER_UNICODE.items() if t in bad ^ want}
         check(f"newer_unicode.{pre_name}", bad == want, f"differs from the record on {sorted(names)}")
+
+
+def unicode_table_generated():
+    """src/tokenizer/unicode_newer.h is what tools/gen_unicode_newer.py writes from the pinned unicodedata2."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen_unicode_newer.py")], capture_output=True,
+                       text=True)
+    with open(os.path.join(ROOT, "src", "tokenizer", "unicode_newer.h"), encoding="utf-8") as f:
+        committed = f.read()
+    check("newer_unicode.table_generated", r.returncode == 0 and r.stdout == committed,
+          f"tools/gen_unicode_newer.py gives another table (rc {r.returncode}: {r.stderr.strip()[:200]}); regenerate "
+          "src/tokenizer/unicode_newer.h")
 
 
 def unicode_15_runs():
@@ -684,6 +703,7 @@ def unicode_15_classes():
 def main():
     character_classes()
     newer_unicode()
+    unicode_table_generated()
     unicode_15_classes()
     groups = input_groups()
     src, docs = corpus_files()
