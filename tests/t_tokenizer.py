@@ -75,8 +75,8 @@ newer_unicode.*  code points newer than PCRE2 10.42's Unicode 14 tables (Unicode
             tokenizers 0.23 (Other_Alphabetic marks, Punctuation's Unicode 8);
             newer_unicode.table_generated: src/tokenizer/unicode_newer.h is what
             tools/gen_unicode_newer.py makes of the pinned unicodedata2 16.0.0
-unicode_15.*  every run of Unicode 15's code points (utf8proc assigns them, Python's
-            Unicode 14 does not) splits as tokenizers 0.23 does under the general
+unicode_16.*  every run of Unicode 15's and 16's code points (unicodedata2 16.0.0
+            assigns them, Python's Unicode 14 does not) splits as tokenizers 0.23 does under the general
             categories in and out of classes, negated, by long name, \\w \\W \\d \\D,
             Llama 3's pattern, Digits, Punctuation and Whitespace
 bad.*: a WordPiece and a Unigram tokenizer.json, a BertNormalizer, a
@@ -657,34 +657,22 @@ def unicode_table_generated():
           "src/tokenizer/unicode_newer.h")
 
 
-def unicode_15_runs():
-    """Every run of code points (one category) that utf8proc assigns and Python's unicodedata (Unicode 14, as
-    PCRE2 10.42) does not: Unicode 15's additions, as the C tokenizer sees them. [(first, last, category)]."""
-    import ctypes
-    import unicodedata
-    lib = ctypes.CDLL("libutf8proc.so.2")
-    lib.utf8proc_category.restype = ctypes.c_int
-    runs = []
-    for cp in range(0x110000):
-        if 0xD800 <= cp < 0xE000 or unicodedata.category(chr(cp)) != "Cn":
-            continue
-        cat = lib.utf8proc_category(cp)
-        if cat == 0:
-            continue
-        if runs and runs[-1][1] == cp - 1 and runs[-1][2] == cat:
-            runs[-1][1] = cp
-        else:
-            runs.append([cp, cp, cat])
-    return runs
+def unicode_16_runs():
+    """Every run of code points (one category) that Unicode 16 assigns and Python's unicodedata (Unicode 14, as
+    PCRE2 10.42) does not, as tools/gen_unicode_newer.py lists them from unicodedata2 16.0.0: Unicode 15's
+    additions (utf8proc knows them) and 15.1's and 16.0's (unicode_newer.h). [(first, last, category)]."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import gen_unicode_newer
+    return gen_unicode_newer.runs()
 
 
-def unicode_15_classes():
-    """Each run of Unicode 15's code points (its first and last, between Latin letters and spaces) splits as in
+def unicode_16_classes():
+    """Each run of Unicode 15's and 16's code points (its first and last, between Latin letters and spaces) splits as in
     tokenizers 0.23 under the general categories, inside and outside classes, negated, by long name, \\w \\W \\d
     \\D, Llama 3's pattern, Digits, Punctuation and Whitespace."""
-    runs = unicode_15_runs()
+    runs = unicode_16_runs()
     count = sum(last - first + 1 for first, last, _ in runs)
-    check("unicode_15.code_points", count > 4000, f"{count} code points of Unicode 15 found: "
+    check("unicode_16.code_points", count > 10000, f"{count} code points of Unicode 15 and 16 found: "
           f"unicodedata {__import__('unicodedata').unidata_version} is not Unicode 14")
     texts = [f"a{chr(first)}{chr(last)}b {chr(first)}1" for first, last, _ in runs]
     patterns = [r"\p{L}+", r"\p{Lm}+", r"\p{N}+", r"\p{So}+", r"\p{P}+", r"\p{M}+", r"\p{Cf}+", r"\p{Cn}+",
@@ -695,16 +683,16 @@ def unicode_15_classes():
              ("digits", pre_tokenizers.Digits(individual_digits=True)),
              ("punctuation", pre_tokenizers.Punctuation()), ("whitespace", pre_tokenizers.Whitespace())]
     for k, (name, pre) in enumerate(pres):
-        bad = differing_pieces(f"unicode_15_{k}", texts, pre)
+        bad = differing_pieces(f"unicode_16_{k}", texts, pre)
         runs_bad = [f"{runs[texts.index(t)][0]:X}" for t in bad]
-        check(f"unicode_15.{name}", not bad, f"pieces differ from tokenizers' on the runs at {runs_bad}")
+        check(f"unicode_16.{name}", not bad, f"pieces differ from tokenizers' on the runs at {runs_bad}")
 
 
 def main():
     character_classes()
     newer_unicode()
     unicode_table_generated()
-    unicode_15_classes()
+    unicode_16_classes()
     groups = input_groups()
     src, docs = corpus_files()
     train_files = src + docs
