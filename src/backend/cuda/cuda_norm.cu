@@ -1,5 +1,6 @@
 /*
- * CUDA backend, normalisations: layernorm (GPT-2) and RMSNorm (Llama). The forward: one warp per row.
+ * CUDA backend, normalisations: layernorm (GPT-2) and RMSNorm (Llama). The forward: one warp per row (16-byte
+ * vectors where rows are aligned).
  * The backward: one fused pass where rows are 16-byte aligned and not too wide (norm_backward_fused), else one
  * warp per row for the input gradient and a column pass for the weight and bias gradients; either way the
  * weight and bias gradients in two fixed-order stages (cuda_matmul.cu's column_sums_finish).
@@ -15,6 +16,29 @@ __device__ static float warp_sum(float v)
     for (int o = WARP / 2; o > 0; o /= 2)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+/* 16 bytes of [A] elements, loaded and stored as one vector. */
+template <typename A>
+struct __align__(16) vec16 {
+    A e[16 / sizeof(A)];
+};
+
+template <typename A>
+__device__ __forceinline__ void ld_vec(float *out, const A *p, size_t i)
+{
+    const vec16<A> v = *(const vec16<A> *)(p + i);
+    for (int k = 0; k < (int)(16 / sizeof(A)); k++)
+        out[k] = ld(v.e, k);
+}
+
+template <typename A>
+__device__ __forceinline__ void st_vec(A *p, size_t i, const float *x)
+{
+    vec16<A> v;
+    for (int k = 0; k < (int)(16 / sizeof(A)); k++)
+        st(v.e, k, x[k]);
+    *(vec16<A> *)(p + i) = v;
 }
 
 /* The two normalisations share their kernels: mean non-NULL is layernorm (centred, bias), mean NULL is RMSNorm
@@ -52,10 +76,66 @@ __global__ static void norm_forward_kernel(A *out, float *mean, float *rstd, con
     }
 }
 
+/* The same with 16-byte vectors (C a multiple of V = 16 / sizeof(A), rows aligned): the statistics in another
+ * order of the same fp32 sums. */
+template <typename A>
+__global__ static void norm_forward_vec(A *out, float *mean, float *rstd, const A *inp, const A *weight,
+                                        const A *bias, float eps, int N, int C)
+{
+    constexpr int V = 16 / sizeof(A);
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= N)
+        return;
+    const size_t at = (size_t)row * C;
+    float x[V], m = 0.0f, v = 0.0f;
+    if (mean) {
+        float s = 0.0f;
+        for (int c = lane * V; c < C; c += WARP * V) {
+            ld_vec(x, inp, at + c);
+            for (int k = 0; k < V; k++)
+                s += x[k];
+        }
+        m = warp_sum(s) / C;
+    }
+    for (int c = lane * V; c < C; c += WARP * V) {
+        ld_vec(x, inp, at + c);
+        for (int k = 0; k < V; k++)
+            v += (x[k] - m) * (x[k] - m);
+    }
+    float r = rsqrtf(warp_sum(v) / C + eps);
+    for (int c = lane * V; c < C; c += WARP * V) {
+        float w[V], b[V], y[V];
+        ld_vec(x, inp, at + c);
+        ld_vec(w, weight, c);
+        if (bias)
+            ld_vec(b, bias, c);
+        for (int k = 0; k < V; k++)
+            y[k] = (x[k] - m) * r * w[k] + (bias ? b[k] : 0.0f);
+        st_vec(out, at + c, y);
+    }
+    if (lane == 0) {
+        if (mean)
+            mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+/* Whether the [A] rows of width C and these pointers take 16-byte vectors. */
+static bool norm_vectors(int C, const void *a, const void *b, const void *c, const void *d)
+{
+    const int V = (int)(16 / dtype_size(g_act));
+    return C % V == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15);
+}
+
 static void norm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                          const float *bias, float eps, int N, int C)
 {
     int rows_per_block = BLOCK / WARP;
+    if (norm_vectors(C, out, inp, weight, bias)) {
+        WITH_ACT(norm_forward_vec<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
+            (A *)out, mean, rstd, (const A *)inp, (const A *)weight, (const A *)bias, eps, N, C));
+        return;
+    }
     WITH_ACT(norm_forward_kernel<A><<<(N + rows_per_block - 1) / rows_per_block, BLOCK, 0, g_stream>>>(
         (A *)out, mean, rstd, (const A *)inp, (const A *)weight, (const A *)bias, eps, N, C));
 }
@@ -126,32 +206,10 @@ __global__ static void norm_backward_params(float *partial, const A *dout, const
  * elements) at columns (g BLOCK + tid) V for g < G; the row's two sums are one block reduction; each thread keeps
  * its columns' weight (and bias) gradient sums in registers and writes them at the end as the chunk's partials,
  * which column_sums_finish adds in chunk order, as before. Fixed order everywhere: deterministic. Used when C is a
- * multiple of V, every row starts 16-byte aligned, and C <= NORM_FUSED_GROUPS BLOCK V. */
+ * multiple of V, every row starts 16-byte aligned, and C <= NORM_FUSED_GROUPS BLOCK V; SHARDLM_NORM_UNFUSED=1 takes
+ * the two kernels anyway (to time the two side by side). */
 #define NORM_FUSED_GROUPS 8
 #define NORM_FUSED_MAX_CHUNKS 256 /* blocks: enough to fill an H100/H200 (132 SMs) twice */
-
-/* 16 bytes of [A] elements, loaded and stored as one vector. */
-template <typename A>
-struct __align__(16) vec16 {
-    A e[16 / sizeof(A)];
-};
-
-template <typename A>
-__device__ __forceinline__ void ld_vec(float *out, const A *p, size_t i)
-{
-    const vec16<A> v = *(const vec16<A> *)(p + i);
-    for (int k = 0; k < (int)(16 / sizeof(A)); k++)
-        out[k] = ld(v.e, k);
-}
-
-template <typename A>
-__device__ __forceinline__ void st_vec(A *p, size_t i, const float *x)
-{
-    vec16<A> v;
-    for (int k = 0; k < (int)(16 / sizeof(A)); k++)
-        st(v.e, k, x[k]);
-    *(vec16<A> *)(p + i) = v;
-}
 
 /* The block's sums of a and b (BLOCK threads), in a fixed order; every thread gets them. */
 __device__ static inline void block_sum2(float *a, float *b)
@@ -240,8 +298,7 @@ __global__ static void __launch_bounds__(BLOCK) norm_backward_fused(A *dinp, flo
 static int norm_fused_groups(const void *dinp, const void *dout, const void *inp, const void *weight, int C)
 {
     const int V = (int)(16 / dtype_size(g_act));
-    if (getenv("SHARDLM_NORM_UNFUSED") || C % V != 0 ||
-        (((uintptr_t)dinp | (uintptr_t)dout | (uintptr_t)inp | (uintptr_t)weight) & 15))
+    if (getenv("SHARDLM_NORM_UNFUSED") || !norm_vectors(C, dinp, dout, inp, weight))
         return 0;
     const int need = (C / V + BLOCK - 1) / BLOCK;
     return need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= NORM_FUSED_GROUPS ? 8 : 0;
