@@ -156,16 +156,18 @@ $(BUILD)/tests/%: tests/unit/%.c $(LIB_OBJS) tests/unit/check.h
 	@echo "  TEST    $@"
 	@$(CC) $(CFLAGS) -iquote tests/unit $< $(LIB_OBJS) -o $@ $(LDLIBS)
 
+# The build runs on every core unless make was given -j itself (MAKEFLAGS then holds a jobserver).
+JOBS_FLAG = $(if $(findstring -j,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 2))
 test:
 	@bash tools/deps.sh --test
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(JOBS_FLAG) all
 	@bash tests/run.sh
 
 # The suite again on the AddressSanitizer + UBSan build (leak checks off: Open
 # MPI's own allocations at exit would drown the report).
 test-asan:
 	@bash tools/deps.sh --test
-	@$(MAKE) --no-print-directory SANITIZE=1 all
+	@$(MAKE) --no-print-directory $(JOBS_FLAG) SANITIZE=1 all
 	@ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		BUILD=build-asan bash tests/run.sh
 

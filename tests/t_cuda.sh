@@ -18,7 +18,7 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 TMP=$(mktemp -d "${SHARDLM_TEST_TMP:-/tmp}/t_cuda.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
-if make CUDA=1 bin/shardlm-cuda >"$TMP/build.log" 2>&1 && [ -x bin/shardlm-cuda ]; then
+if make -j"$(nproc)" CUDA=1 bin/shardlm-cuda >"$TMP/build.log" 2>&1 && [ -x bin/shardlm-cuda ]; then
   ok cuda.build
 else
   fail cuda.build "make CUDA=1 failed: $(tail -3 "$TMP/build.log" | tr '\n' ' ')"

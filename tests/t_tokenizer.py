@@ -72,12 +72,14 @@ Checks, for each tokenizer:
 classes.*  Digits and \\w on characters where PCRE2's classes and Oniguruma's differ
 newer_unicode.*  code points newer than PCRE2 10.42's Unicode 14 tables (Unicode 15's
             emoji joined by ZWJ under \\p{So}+, Cyrillic Extended-D, Kawi, Kaktovik
-            numerals; Unicode 16's Cyrillic Extended-C, Arabic Extended-B and Balinese
-            additions) under Llama 3's pattern, \\p{So}+, \\w+, Digits, Punctuation and
-            \\p{Alphabetic}+: exactly the recorded texts differ from tokenizers 0.23
-            (issue 44: Unicode 16, Other_Alphabetic marks, Punctuation's Unicode 8)
-unicode_15.*  every run of Unicode 15's code points (utf8proc assigns them, Python's
-            Unicode 14 does not) splits as tokenizers 0.23 does under the general
+            numerals; Unicode 16's Cyrillic Extended-C, Arabic Extended-B, Balinese, Garay,
+            outlined digits and emoji) under Llama 3's pattern, \\p{So}+, \\w+, Digits,
+            Punctuation and \\p{Alphabetic}+: exactly the recorded texts differ from
+            tokenizers 0.23 (Other_Alphabetic marks, Punctuation's Unicode 8);
+            newer_unicode.table_generated: src/tokenizer/unicode_newer.h is what
+            tools/gen_unicode_newer.py makes of the pinned unicodedata2 16.0.0
+unicode_16.*  every run of Unicode 15's and 16's code points (unicodedata2 16.0.0
+            assigns them, Python's Unicode 14 does not) splits as tokenizers 0.23 does under the general
             categories in and out of classes, negated, by long name, \\w \\W \\d \\D,
             Llama 3's pattern, Digits, Punctuation and Whitespace
 bad.*: a WordPiece and a Unigram tokenizer.json, a BertNormalizer, a
@@ -631,9 +633,15 @@ NEWER_UNICODE = {
     "kawi_digits_15": ("x\U00011F50\U00011F51\U00011F43y", set()),
     "punctuation_13": ("a\u2E52b", {"punctuation"}),
     "kaktovik_15": ("x\U0001D2C0\U0001D2C1", set()),
-    "cyrillic_ext_c_16": ("\u0416\u1C89\u1C8A!", {"llama3", "word", "alpha"}),
-    "arabic_ext_b_16": ("\u0628\u0897\u0628", {"word", "alpha"}),
+    "cyrillic_ext_c_16": ("\u0416\u1C89\u1C8A!", set()),
+    # U+0897, Arabic Pepet (a mark), is Other_Alphabetic, which neither utf8proc nor unicode_newer.h has
+    "arabic_ext_b_16": ("\u0628\u0897\u0628", {"alpha"}),
     "balinese_16": ("\u1B05\u1B4E\u1B7F\u1B05", set()),
+    # Garay (Unicode 16): capital and small letters, a digit; Legacy Computing Supplement's outlined digits (Nd)
+    "garay_16": ("x\U00010D50\U00010D70 \U00010D40\U00010D41 1", set()),
+    "outlined_digits_16": ("a\U0001CCF0\U0001CCF1b", set()),
+    # Unicode 16's emoji: face with bags under eyes, fingerprint, leafless tree, harp, shovel, splatter
+    "emoji_16": ("a\U0001FAE9\U0001FAC6 \U0001FABE\U0001FA89b \U0001FA8F\U0001FADF", set()),
     "old_scripts": ("\u0416\u0438\u0437\u043d\u044c \u0628 \u1B05 a\U0001F468\u200d\U0001F469 b\U0001F44D\U0001F3FDc 12",
                     set()),
 }
@@ -656,34 +664,33 @@ def newer_unicode():
         check(f"newer_unicode.{pre_name}", bad == want, f"differs from the record on {sorted(names)}")
 
 
-def unicode_15_runs():
-    """Every run of code points (one category) that utf8proc assigns and Python's unicodedata (Unicode 14, as
-    PCRE2 10.42) does not: Unicode 15's additions, as the C tokenizer sees them. [(first, last, category)]."""
-    import ctypes
-    import unicodedata
-    lib = ctypes.CDLL("libutf8proc.so.2")
-    lib.utf8proc_category.restype = ctypes.c_int
-    runs = []
-    for cp in range(0x110000):
-        if 0xD800 <= cp < 0xE000 or unicodedata.category(chr(cp)) != "Cn":
-            continue
-        cat = lib.utf8proc_category(cp)
-        if cat == 0:
-            continue
-        if runs and runs[-1][1] == cp - 1 and runs[-1][2] == cat:
-            runs[-1][1] = cp
-        else:
-            runs.append([cp, cp, cat])
-    return runs
+def unicode_table_generated():
+    """src/tokenizer/unicode_newer.h is what tools/gen_unicode_newer.py writes from the pinned unicodedata2."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen_unicode_newer.py")], capture_output=True,
+                       text=True)
+    with open(os.path.join(ROOT, "src", "tokenizer", "unicode_newer.h"), encoding="utf-8") as f:
+        committed = f.read()
+    check("newer_unicode.table_generated", r.returncode == 0 and r.stdout == committed,
+          f"tools/gen_unicode_newer.py gives another table (rc {r.returncode}: {r.stderr.strip()[:200]}); regenerate "
+          "src/tokenizer/unicode_newer.h")
 
 
-def unicode_15_classes():
-    """Each run of Unicode 15's code points (its first and last, between Latin letters and spaces) splits as in
+def unicode_16_runs():
+    """Every run of code points (one category) that Unicode 16 assigns and Python's unicodedata (Unicode 14, as
+    PCRE2 10.42) does not, as tools/gen_unicode_newer.py lists them from unicodedata2 16.0.0: Unicode 15's
+    additions (utf8proc knows them) and 15.1's and 16.0's (unicode_newer.h). [(first, last, category)]."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    import gen_unicode_newer
+    return gen_unicode_newer.runs()
+
+
+def unicode_16_classes():
+    """Each run of Unicode 15's and 16's code points (its first and last, between Latin letters and spaces) splits as in
     tokenizers 0.23 under the general categories, inside and outside classes, negated, by long name, \\w \\W \\d
     \\D, Llama 3's pattern, Digits, Punctuation and Whitespace."""
-    runs = unicode_15_runs()
+    runs = unicode_16_runs()
     count = sum(last - first + 1 for first, last, _ in runs)
-    check("unicode_15.code_points", count > 4000, f"{count} code points of Unicode 15 found: "
+    check("unicode_16.code_points", count > 10000, f"{count} code points of Unicode 15 and 16 found: "
           f"unicodedata {__import__('unicodedata').unidata_version} is not Unicode 14")
     texts = [f"a{chr(first)}{chr(last)}b {chr(first)}1" for first, last, _ in runs]
     patterns = [r"\p{L}+", r"\p{Lm}+", r"\p{N}+", r"\p{So}+", r"\p{P}+", r"\p{M}+", r"\p{Cf}+", r"\p{Cn}+",
@@ -694,15 +701,16 @@ def unicode_15_classes():
              ("digits", pre_tokenizers.Digits(individual_digits=True)),
              ("punctuation", pre_tokenizers.Punctuation()), ("whitespace", pre_tokenizers.Whitespace())]
     for k, (name, pre) in enumerate(pres):
-        bad = differing_pieces(f"unicode_15_{k}", texts, pre)
+        bad = differing_pieces(f"unicode_16_{k}", texts, pre)
         runs_bad = [f"{runs[texts.index(t)][0]:X}" for t in bad]
-        check(f"unicode_15.{name}", not bad, f"pieces differ from tokenizers' on the runs at {runs_bad}")
+        check(f"unicode_16.{name}", not bad, f"pieces differ from tokenizers' on the runs at {runs_bad}")
 
 
 def main():
     character_classes()
     newer_unicode()
-    unicode_15_classes()
+    unicode_table_generated()
+    unicode_16_classes()
     groups = input_groups()
     src, docs = corpus_files()
     train_files = src + docs

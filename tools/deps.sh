@@ -197,13 +197,15 @@ ref5_pins=(torch==2.11.0 nvidia-cufile==1.20.0.107 nvidia-cusparselt-cu13==0.8.0
            networkx==3.6.1 Jinja2==3.1.6 MarkupSafe==3.0.4 fsspec==2026.9.0 psutil==7.2.2 httpx2==2.17.0
            httpcore2==2.17.0 h11==0.16.0 anyio==4.16.0 idna==3.21 truststore==0.10.5 click==8.5.1 typer==0.29.2
            shellingham==1.5.4 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 Pygments==2.21.0
-           annotated-doc==0.0.7 annotated-types==0.8.0 bitsandbytes==0.50.2)
+           annotated-doc==0.0.7 annotated-types==0.8.0 bitsandbytes==0.50.2
+           unicodedata2==16.0.0)
 ref5_check='import torch, transformers, tokenizers, peft, safetensors, h5py
 assert torch.__version__.startswith("2.11.0"), torch.__version__
 assert transformers.__version__ == "5.25.0" and tokenizers.__version__ == "0.23.3", transformers.__version__
 from transformers import LlamaForCausalLM
 from peft import LoraConfig
-import bitsandbytes.functional
+import bitsandbytes.functional, unicodedata2
+assert unicodedata2.unidata_version == "16.0.0", unicodedata2.unidata_version
 assert bitsandbytes.__version__ == "0.50.2", bitsandbytes.__version__'
 # The lib folders of the CUDA wheels in the venv, colon-separated (what torch's import needs to find).
 ref5_libs() { ls -d "$1"/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':'; }

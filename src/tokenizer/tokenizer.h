@@ -24,10 +24,9 @@
  * Replace, ByteFallback, Fuse, Strip (and those two); without a decoder the
  * tokens joined by spaces. Regexes are Oniguruma's (tokenizers' engine), run
  * with PCRE2 after a translation of what the two dialects spell differently
- * (tokenizer_regex.c), their Unicode classes widened by utf8proc (Unicode 15)
- * over PCRE2 10.42's Unicode 14 tables (tokenizer_unicode.c). tokenizers 0.23
- * knows Unicode 16: its code points (Cyrillic Extended-C, U+0897 ...) are
- * unassigned here and fall into other classes; scripts, Emoji and
+ * (tokenizer_regex.c), their general categories widened to Unicode 16 (as
+ * tokenizers 0.23 has them) by utf8proc and unicode_newer.h over PCRE2
+ * 10.42's Unicode 14 tables (tokenizer_unicode.c); scripts, Emoji and
  * Other_Alphabetic keep Unicode 14; Punctuation (tokenizers' Unicode 8
  * tables) splits the punctuation of Unicode 9 to 14, which tokenizers does
  * not (README, "Unicode tables"). Anything else (WordPiece, Unigram, NFKC, BPE dropout,

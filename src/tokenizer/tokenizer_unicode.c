@@ -8,25 +8,27 @@
  * it. tokenizers 0.23 runs its patterns with Oniguruma and its fixed
  * pre-tokenizers with Rust's char and regex crate, all of Unicode 16, so
  * \p{L}, \p{N}, \p{So}, \w, \d put those code points elsewhere than PCRE2.
- * utf8proc 2.8 (Unicode 15.0) knows their general category. Once per
- * process, the code points that utf8proc assigns and PCRE2 matches with
- * \p{Cn} are collected (4489 with these two libraries, 49 runs of one
- * category); a property escape whose set takes any of them is spelled for
- * PCRE2 as its own class plus those ranges, so PCRE2's fast property lookup
- * still does the rest. Nothing is hand-written: the ranges come from asking
- * both libraries, and a newer PCRE2 or utf8proc changes them by itself.
+ * utf8proc 2.8 (Unicode 15.0) knows the general category of Unicode 15's;
+ * unicode_newer.h (tools/gen_unicode_newer.py, from the Unicode Character
+ * Database as unicodedata2 16.0.0 ships it) those of Unicode 15.1 and 16.0
+ * (Cyrillic Extended-C, Arabic Extended-B, Garay, the new emoji ...). Once per
+ * process, the code points that either assigns and PCRE2 matches with \p{Cn}
+ * are collected (10,301 with these libraries, 126 runs of one category); a
+ * property escape whose set takes any of them is spelled for PCRE2 as its own
+ * class plus those ranges, so PCRE2's fast property lookup still does the
+ * rest. The ranges come from asking the libraries and the table; a newer
+ * PCRE2 or utf8proc changes them by itself.
  *
  * What this reaches: the general categories (\p{L}, \p{Lu}, \p{N}, \p{So},
  * \p{C}, \p{Cn}, their long names, negated or not, inside and outside a
  * class) and Alphabetic (in \w: its letters and letter numbers; the marks
  * that are Other_Alphabetic are in \w through \p{M}, but a bare
- * \p{Alphabetic} misses the new ones: utf8proc has no Other_Alphabetic).
- * Scripts (\p{Cyrillic}), Emoji and the other binary properties keep PCRE2's
- * Unicode 14, as does all of Unicode 16 (Cyrillic Extended-C, Arabic
- * Extended-B, Garay ...), which neither library knows.
+ * \p{Alphabetic} misses the new ones: neither utf8proc nor the table has
+ * Other_Alphabetic). Scripts (\p{Cyrillic}), Emoji and the other binary
+ * properties keep PCRE2's Unicode 14.
  *
- * Unicode 15's new code points have no case pairs, so adding them as ranges
- * to a class changes nothing under (?i).
+ * Under (?i), PCRE2 does not fold the new code points' case pairs (Unicode 16's
+ * U+1C89/U+1C8A, Cyrillic TJE): a pattern that needs them to fold is rare.
  */
 #include "tokenizer_internal.h"
 
@@ -37,6 +39,7 @@
 #include <utf8proc.h>
 
 #include "core/util.h"
+#include "unicode_newer.h"
 
 #define CAT(c) (1u << UTF8PROC_CATEGORY_##c)
 #define CATS_L (CAT(LU) | CAT(LL) | CAT(LT) | CAT(LM) | CAT(LO))
@@ -147,21 +150,44 @@ static long unicode_version(const char *text)
     return major * 1000000L + minor * 1000L + update;
 }
 
-/* Every code point utf8proc assigns (private use aside: stable since Unicode
+/* A code point's general category in Unicode 16: utf8proc's, or where it has
+ * none (utf8proc older than 16), unicode_newer.h's. */
+static int category_16(uint32_t cp)
+{
+    int category = utf8proc_category((utf8proc_int32_t)cp);
+    if (category != UTF8PROC_CATEGORY_CN)
+        return category;
+    size_t lo = 0, hi = sizeof unicode_newer / sizeof *unicode_newer;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp > unicode_newer[mid].last)
+            lo = mid + 1;
+        else if (cp < unicode_newer[mid].first)
+            hi = mid;
+        else
+            return (int)unicode_newer[mid].category;
+    }
+    return category;
+}
+
+/* Every code point Unicode 16 assigns (private use aside: stable since Unicode
  * 2), written back to back, searched once with PCRE2's \p{Cn}: about 150,000
  * code points, a few milliseconds. */
 static void build_tables(void)
 {
-    /* With a PCRE2 as new as utf8proc (or newer), PCRE2's answers stand:
-     * utf8proc's unassigned code points would then take some PCRE2 knows. */
+    /* With a PCRE2 as new as utf8proc and Unicode 16 (or newer), PCRE2's answers
+     * stand: the others' unassigned code points would then take some PCRE2 knows. */
     char pcre2_version[24] = "";
     pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, pcre2_version);
-    if (unicode_version(utf8proc_unicode_version()) <= unicode_version(pcre2_version))
+    long newest = unicode_version(utf8proc_unicode_version());
+    if (unicode_version(UNICODE_NEWER_VERSION) > newest)
+        newest = unicode_version(UNICODE_NEWER_VERSION);
+    if (newest <= unicode_version(pcre2_version))
         return;
     size_t cap_newer = 0, cap_unassigned = 0;
     struct tok_bytes assigned = {0};
     for (uint32_t cp = 0; cp <= 0x10FFFF; cp++) {
-        int category = utf8proc_category((utf8proc_int32_t)cp);
+        int category = category_16(cp);
         if (category == UTF8PROC_CATEGORY_CN)
             push_range(&tables.unassigned, &tables.n_unassigned, &cap_unassigned, cp, category);
         else if (category != UTF8PROC_CATEGORY_CS && category != UTF8PROC_CATEGORY_CO)
@@ -181,7 +207,7 @@ static void build_tables(void)
             break;
         size_t start = pcre2_get_ovector_pointer(md)[0];
         uint32_t cp = tok_utf8_decode(assigned.b + start);
-        push_range(&tables.newer, &tables.n_newer, &cap_newer, cp, utf8proc_category((utf8proc_int32_t)cp));
+        push_range(&tables.newer, &tables.n_newer, &cap_newer, cp, category_16(cp));
         pos = start + tok_utf8_len((unsigned char)assigned.b[start]);
     }
     pcre2_match_data_free(md);

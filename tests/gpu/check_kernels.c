@@ -776,6 +776,55 @@ static void check_gemma(const struct llama_shape *sh, const char *v)
     free(dmlp), free(dgu), free(targets), free(logits), free(lse), free(losses), free(rows), free(probs);
 }
 
+/* RMSNorm and layernorm at widths and row counts that take every path of the backward (cuda_norm.cu): the fused
+ * pass with 1, 2, 4 and 8 vectors per thread and chunks of several rows (600 rows of 40), and the two-kernel one
+ * where a row is not a whole number of 16-byte vectors (2058) or is too wide for the fused pass (fp32 8200). */
+static void check_wide_norms(enum dtype dt, double tol, const char *tag)
+{
+    static const int shapes[][2] = {{600, 40}, {5, 1032}, {3, 2056}, {3, 4104}, {2, 8200}, {3, 2058}};
+    use_act(dt, tol, tag);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const int N = shapes[k][0], C = shapes[k][1];
+        const size_t NC = (size_t)N * C;
+        char v[32];
+        snprintf(v, sizeof v, "_%dx%d", N, C);
+        float *x = act_round(host_random(NC, 1), NC), *w = act_round(host_random(C, 1), C);
+        float *b = act_round(host_random(C, 1), C), *dout = act_round(host_random(NC, 1), NC);
+        float *dinp = act_round(host_random(NC, 1), NC), *dw = host_random(C, 1), *db = host_random(C, 1);
+        float *d_x = act_to_device(x, NC), *d_w = act_to_device(w, C), *d_b = act_to_device(b, C);
+        float *d_dout = act_to_device(dout, NC), *d_dinp = act_to_device(dinp, NC);
+        float *d_frozen = act_to_device(dinp, NC), *d_dw = to_device(dw, C * 4), *d_db = to_device(db, C * 4);
+        float *out = malloc(NC * 4), *mean = malloc(N * 4), *rstd = malloc(N * 4);
+        float *d_out = act_poisoned(NC), *d_mean = poisoned(N), *d_rstd = poisoned(N);
+        float *scratch = malloc((cpu_layernorm_scratch(C) + 1) * 4);
+        float *d_scratch = poisoned(backend_layernorm_scratch(C) + 1);
+        /* RMSNorm, then layernorm on the same buffers (dinp, dw accumulate on across both, on both sides) */
+        cpu_rmsnorm_forward(out, rstd, x, w, RMSNORM_EPS, N, C);
+        backend_rmsnorm_forward(d_out, d_rstd, d_x, d_w, RMSNORM_EPS, N, C);
+        compare(named2("wide_rmsnorm_forward_rstd", v), rstd, d_rstd, N, TOL);
+        cpu_rmsnorm_backward(dinp, dw, dout, x, w, rstd, scratch, N, C);
+        backend_rmsnorm_backward(d_dinp, d_dw, d_dout, d_x, d_w, d_rstd, d_scratch, N, C);
+        backend_rmsnorm_backward(d_frozen, NULL, d_dout, d_x, d_w, d_rstd, d_scratch, N, C);
+        compare_act(named2("wide_rmsnorm_backward_dinp", v), dinp, d_dinp, NC, g_tol);
+        compare(named2("wide_rmsnorm_backward_dweight", v), dw, d_dw, C, g_tol);
+        check_value(named2("wide_rmsnorm_backward_frozen_same_dinp", v), same_bits(d_frozen, d_dinp, act_bytes(NC)),
+                    "dweight NULL changed dinp");
+        cpu_layernorm_forward(out, mean, rstd, x, w, b, N, C);
+        backend_layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+        compare_act(named2("wide_layernorm_forward", v), out, d_out, NC, g_tol);
+        cpu_layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, scratch, N, C);
+        backend_layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, d_scratch, N, C);
+        compare_act(named2("wide_layernorm_backward_dinp", v), dinp, d_dinp, NC, g_tol);
+        compare(named2("wide_layernorm_backward_dweight", v), dw, d_dw, C, g_tol);
+        compare(named2("wide_layernorm_backward_dbias", v), db, d_db, C, g_tol);
+        cudaFree(d_x), cudaFree(d_w), cudaFree(d_b), cudaFree(d_dout), cudaFree(d_dinp), cudaFree(d_frozen);
+        cudaFree(d_dw), cudaFree(d_db), cudaFree(d_out), cudaFree(d_mean), cudaFree(d_rstd), cudaFree(d_scratch);
+        free(x), free(w), free(b), free(dout), free(dinp), free(dw), free(db), free(out), free(mean), free(rstd);
+        free(scratch);
+    }
+    use_act(DTYPE_F32, TOL, "");
+}
+
 static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
 {
     use_act(dt, tol, tag);
@@ -1425,6 +1474,8 @@ int main(void)
     check_llama_kernels(DTYPE_F32, TOL, "");
     check_llama_kernels(DTYPE_BF16, 1e-2, "_bf16");
     check_llama_kernels(DTYPE_F16, 5e-3, "_fp16");
+    check_wide_norms(DTYPE_F32, TOL, "");
+    check_wide_norms(DTYPE_BF16, 1e-2, "_bf16");
     check_packing(DTYPE_F32, TOL, "", ODD);
     check_packing(DTYPE_BF16, 1e-2, "_bf16", EVEN);
     check_packing(DTYPE_F16, 5e-3, "_fp16", ODD);
