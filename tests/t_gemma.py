@@ -34,6 +34,12 @@ test's models), against the transformers model in float64:
               language model read from text_config and model.language_model.*,
               the vision tower skipped with a log line, logits equal to the
               text model's
+  chat.*      a tokenizer in Gemma's layout (tokenizers' API) with Gemma's
+              chat template: prepare_data's chat sample has the ids of
+              apply_chat_template; generate --chat renders the prompt and
+              stops at <end_of_turn>, one of generation_config.json's
+              eos_token_id list, where transformers' generate stops; a chat
+              line carrying an image is refused in one line (--skip-bad too)
   refuse.*    attn_logit_softcapping, query_pre_attn_scalar != head_dim, a
               data.seq_len beyond sliding_window, use_bidirectional_attention,
               layer_types without a pattern, hidden_activation gelu: one line,
@@ -55,7 +61,9 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3Config, Gemma3F
                           Gemma3ForConditionalGeneration, Gemma3TextConfig)
 
 import t_qwen as q  # noqa: E402  the checks of the Llama-like families, pointed at this test's models
-from harness import byte_bpe_tokenizer, check, failures, note, rel, scratch_dir, write_shard  # noqa: E402
+import subprocess  # noqa: E402
+
+from harness import BIN, ENV, ROOT, byte_bpe_tokenizer, check, failures, note, rel, scratch_dir, write_shard  # noqa: E402
 
 TMP = scratch_dir("t_gemma")
 q.TMP = TMP
@@ -141,6 +149,100 @@ def check_multimodal(d3):
           and "keys shardlm does not know" not in out, f"exit {r.returncode}: {out[-300:]}")
 
 
+# Gemma 2's and Gemma 3's chat template for text turns (google/gemma-2-2b-it's tokenizer_config.json)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}")
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+
+
+def gemma_tokenizer(d):
+    """A tokenizer.json in Gemma's layout, made with tokenizers' own API: <pad> <eos> <bos> <unk> <start_of_turn>
+    <end_of_turn>, the 256 byte tokens (byte_fallback), BPE pieces trained on docs/DESIGN.md; normalizer Replace
+    " " -> "▁" (no dummy prefix), decoder Replace + ByteFallback + Fuse, <bos> $A; and tokenizer_config.json with
+    Gemma's chat template. V tokens in all."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never", split=True)
+    bytes_ = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=V, special_tokens=SPECIALS + bytes_, limit_alphabet=40,
+                                  show_progress=False)
+    tok.train_from_iterator([open(os.path.join(ROOT, "docs", "DESIGN.md"), encoding="utf-8").read()], trainer)
+    tok.pre_tokenizer = None
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    tok.save(os.path.join(d, "tokenizer.json"))
+    json.dump({"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+               "add_bos_token": True, "add_eos_token": False, "chat_template": GEMMA_TEMPLATE,
+               "tokenizer_class": "GemmaTokenizerFast"}, open(os.path.join(d, "tokenizer_config.json"), "w"))
+    return tok.token_to_id("<end_of_turn>")
+
+
+def check_chat(d3):
+    """Gemma's chat template rendered by prepare_data and generate, and generation stopping at <end_of_turn> as
+    generation_config.json's eos_token_id list says; images in chat data refused."""
+    from transformers import AutoTokenizer
+    d = os.path.join(TMP, "gemma3_chat")
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(d3, d)
+    eot = gemma_tokenizer(d)
+    hf_tok = AutoTokenizer.from_pretrained(d)
+    chat = [{"role": "user", "content": "What does ZeRO stage 3 shard?"},
+            {"role": "assistant", "content": "Parameters, gradients and optimizer state."}]
+    # prepare_data: the conversation's tokens are apply_chat_template's
+    data = os.path.join(TMP, "chat.jsonl")
+    with open(data, "w") as f:
+        f.write(json.dumps({"messages": chat}) + "\n")
+    out = os.path.join(TMP, "chat.h5")
+    r = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "prepare_data.py"), "--tokenizer", d,
+                          "-o", out, data], capture_output=True, text=True, timeout=300)
+    check("chat.prepare_data.run", r.returncode == 0, r.stderr[-300:])
+    if r.returncode == 0:
+        import h5py
+        got = h5py.File(out, "r")["tokens"][:].tolist()
+        want = hf_tok.apply_chat_template(chat, tokenize=True, return_dict=False)
+        check("chat.prepare_data.template_ids", got == list(want), f"{got[:12]}... vs {list(want)[:12]}...")
+    image_line = {"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+                               {"role": "assistant", "content": "A cat."}]}
+    bad = os.path.join(TMP, "images.jsonl")
+    with open(bad, "w") as f:
+        f.write(json.dumps(image_line) + "\n")
+    r = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tools", "prepare_data.py"), "--tokenizer", d,
+                          "--skip-bad", "-o", os.path.join(TMP, "images.h5"), bad], capture_output=True, text=True,
+                         timeout=300)
+    lines = r.stderr.strip().splitlines()
+    check("chat.images_refused", r.returncode == 2 and len(lines) == 1 and "image" in lines[0], r.stderr[-300:])
+    # generate: the prompt rendered by the template; the LM head's <end_of_turn> row made twice the row of the token
+    # transformers picks third, so that greedy decoding meets <end_of_turn> and stops there
+    prompt = chat[:1]
+    ids = hf_tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+    model = Gemma3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    x = torch.tensor([list(ids)])
+    with torch.no_grad():
+        free = model.generate(x, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(ids):]
+        model.lm_head.weight[eot] = 2.0 * model.lm_head.weight[int(free[2])]
+    model.save_pretrained(d)
+    json.dump({"eos_token_id": [1, eot], "bos_token_id": 2, "pad_token_id": 0},
+              open(os.path.join(d, "generation_config.json"), "w"))
+    with torch.no_grad():
+        want = model.generate(x, max_new_tokens=32, do_sample=False, eos_token_id=[1, eot], pad_token_id=0)[0, len(ids):]
+    path = os.path.join(TMP, "chat_prompts.jsonl")
+    with open(path, "w") as f:
+        f.write(json.dumps({"messages": prompt}) + "\n")
+    r = subprocess.run([BIN, "generate", d, "--prompt-file", path, "--max-new-tokens", "32", "--chat"],
+                         env=ENV, capture_output=True, text=True, timeout=300)
+    check("chat.generate.run", r.returncode == 0, r.stderr[-300:])
+    if r.returncode == 0:
+        row = json.loads(r.stdout.strip().splitlines()[0])
+        check("chat.generate.stops_at_end_of_turn", row["ids"] == want.tolist() and row["ids"][-1] == eot
+              and row["finish_reason"] == "eos", f"{row['ids']} ({row['finish_reason']}) vs {want.tolist()}")
+
+
 def check_refused(dirs):
     cases = {"attn_softcap": ("gemma2", {"attn_logit_softcapping": 50.0}, ["attn_logit_softcapping"], None),
              "query_scalar": ("gemma2", {"query_pre_attn_scalar": 256}, ["query_pre_attn_scalar"], None),
@@ -178,6 +280,7 @@ def main():
         check_softcap(dirs["gemma2"])
         q.check_ranks("gemma2_bf16", dirs["gemma2_bf16"], "gemma2")
         check_multimodal(dirs["gemma3"])
+        check_chat(dirs["gemma3"])
         check_refused(dirs)
     sys.exit(1 if failures() else 0)
 
