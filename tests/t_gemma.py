@@ -40,6 +40,8 @@ test's models), against the transformers model in float64:
               stops at <end_of_turn>, one of generation_config.json's
               eos_token_id list, where transformers' generate stops; a chat
               line carrying an image is refused in one line (--skip-bad too)
+  dpo.*       one DPO step (full fine-tune, beta 0.25) on the gemma2 case: the
+              loss ln 2 and every gradient that of TRL's sigmoid loss
   refuse.*    attn_logit_softcapping, query_pre_attn_scalar != head_dim, a
               data.seq_len beyond sliding_window, use_bidirectional_attention,
               layer_types without a pattern, hidden_activation gelu: one line,
@@ -243,6 +245,63 @@ def check_chat(d3):
               and row["finish_reason"] == "eos", f"{row['ids']} ({row['finish_reason']}) vs {want.tolist()}")
 
 
+DPO_BETA = 0.25  # not TRL's 0.1
+
+
+def check_dpo(d2):
+    """One full-fine-tune DPO step on the gemma2 case (its final soft-cap in the per-position backward through the
+    LM head): the reference pass makes the reference the policy, so the loss is ln 2, and every gradient is that
+    of TRL's sigmoid loss, -beta / 2 times d(log p chosen - log p rejected), averaged over the pairs."""
+    import h5py
+    from datafiles import set_str, write_samples
+    rng = np.random.default_rng(23)
+    pairs = []
+    for _ in range(2):
+        prompt = rng.integers(3, V, 5).tolist()
+        pairs.append([(prompt + rng.integers(3, V, n).tolist(), [0] * 5 + [1] * n) for n in (7, 4)])
+    path = os.path.join(TMP, "pref.h5")
+    toks, tr, off = [], [], [0]
+    for pair in pairs:
+        for ids, trained in pair:
+            toks, tr = toks + ids, tr + trained
+            off.append(len(toks))
+    write_samples(path, toks, tr, off, V)
+    with h5py.File(path, "r+") as f:
+        del f.attrs["format"]
+        set_str(f, "format", "shardlm-preferences")
+        f["prompt_lengths"] = np.array([5, 5], np.int64)
+        f.attrs["max_prompt_length"] = np.int64(8)
+    extra = {"data": {"train": path, "seq_len": T, "shuffle": False},
+             "dpo": {"beta": DPO_BETA, "ref_log_probs_path": os.path.join(TMP, "dpo.ref.h5")},
+             "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0}}}
+    res = q.train("dpo", d2, 1, extra=extra)
+    if res is None:
+        return
+    dump = res[0]
+    rows = [json.loads(line) for line in open(os.path.join(TMP, "dpo.jsonl")) if '"loss"' in line]
+    e = abs(rows[0]["loss"] - np.log(2.0)) / np.log(2.0) if rows else float("inf")
+    check("dpo.loss_ln2", e <= q.TOL, f"rel {e:.2e}")
+    model = q.hf("gemma2", d2)
+    loss = 0.0
+    for pair in pairs:
+        lp = []
+        for ids, trained in pair:
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0], -1)
+            lp.append(sum(logp[p - 1, ids[p]] for p in range(1, len(ids)) if trained[p]))
+        margin = (lp[0] - lp[0].detach()) - (lp[1] - lp[1].detach())
+        loss = loss - torch.nn.functional.logsigmoid(DPO_BETA * margin) / len(pairs)
+    loss.backward()
+    bad, worst = [], 0.0
+    for n, p in model.named_parameters():
+        g = q.dumped(dump, "grad.", n)
+        e = rel(g, p.grad.numpy()) if g is not None else float("inf")
+        worst = max(worst, e)
+        if not e <= q.GRAD_TOL:
+            bad.append(f"{n} {e:.2e}")
+    check("dpo.grads", not bad, f"{bad[:4]}")
+    note(f"gemma2 DPO: max gradient rel err {worst:.2e}")
+
+
 def check_refused(dirs):
     cases = {"attn_softcap": ("gemma2", {"attn_logit_softcapping": 50.0}, ["attn_logit_softcapping"], None),
              "query_scalar": ("gemma2", {"query_pre_attn_scalar": 256}, ["query_pre_attn_scalar"], None),
@@ -281,6 +340,7 @@ def main():
         q.check_ranks("gemma2_bf16", dirs["gemma2_bf16"], "gemma2")
         check_multimodal(dirs["gemma3"])
         check_chat(dirs["gemma3"])
+        check_dpo(dirs["gemma2"])
         check_refused(dirs)
     sys.exit(1 if failures() else 0)
 
