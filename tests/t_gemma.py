@@ -42,6 +42,9 @@ test's models), against the transformers model in float64:
               line carrying an image is refused in one line (--skip-bad too)
   dpo.*       one DPO step (full fine-tune, beta 0.25) on the gemma2 case: the
               loss ln 2 and every gradient that of TRL's sigmoid loss
+  eval.loss   shardlm eval of the gemma2 case over 4 windows equals transformers
+  mm.export_text_model  the multimodal run's export is a Gemma3ForCausalLM that
+              transformers loads at the same logits
   refuse.*    attn_logit_softcapping, query_pre_attn_scalar != head_dim, a
               data.seq_len beyond sliding_window, use_bidirectional_attention,
               layer_types without a pattern, hidden_activation gelu: one line,
@@ -121,6 +124,22 @@ def check_softcap(d):
     check("softcap.changes_loss", e > 1e-2, f"rel {e:.2e}")
 
 
+def check_eval(d2):
+    """shardlm eval over the first 4 windows of the data (the soft-capped LM head over the trained rows only)
+    equals transformers' loss."""
+    r = subprocess.run([BIN, "eval", d2, "--data", q.DATA, "--seq-len", str(T), "--batch", "2", "--max-batches", "2",
+                        "--json"], env=ENV, capture_output=True, text=True, timeout=300)
+    check("eval.run", r.returncode == 0, r.stderr[-300:])
+    if r.returncode != 0:
+        return
+    got = json.loads(r.stdout.strip().splitlines()[-1])["loss"]
+    x, y = q.windows(0, 4)
+    with torch.no_grad():
+        _, want = q.loss_of(q.hf("gemma2", d2), x, y)
+    e = abs(got - want.item()) / want.item()
+    check("eval.loss", e <= q.TOL, f"{got} vs transformers {want.item()} (rel {e:.2e})")
+
+
 def check_multimodal(d3):
     """A Gemma3ForConditionalGeneration directory around the gemma3 case's language model."""
     text = json.load(open(os.path.join(d3, "config.json")))
@@ -136,7 +155,10 @@ def check_multimodal(d3):
     mm.model.language_model.load_state_dict(Gemma3ForCausalLM.from_pretrained(d3).model.state_dict())
     d = os.path.join(TMP, "gemma3_mm")
     mm.save_pretrained(d)  # tied (Gemma3Config's tie_word_embeddings, which the text model's false does not change)
-    res = q.train("mm.N1", d, 1)
+    ck = os.path.join(TMP, "ck_mm")
+    shutil.rmtree(ck, ignore_errors=True)
+    res = q.train("mm.N1", d, 1, extra={"optimizer": {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0}},
+                                        "checkpoint": {"dir": ck, "export_hf": True}})
     if res is None:
         return
     model = Gemma3ForConditionalGeneration.from_pretrained(d, dtype=torch.float32).eval().double()
@@ -146,6 +168,12 @@ def check_multimodal(d3):
     e = rel(res[0]["logits"][..., :V], logits.numpy())
     check("mm.logits", e <= q.TOL, f"rel {e:.2e}")
     r = q.run(["train", q.config("mm_log", d)])
+    exported = json.load(open(os.path.join(ck, "hf", "config.json")))
+    text_model = Gemma3ForCausalLM.from_pretrained(os.path.join(ck, "hf"), dtype=torch.float32).eval().double()
+    with torch.no_grad():
+        e = rel(text_model(input_ids=x).logits.numpy(), logits.numpy())
+    check("mm.export_text_model", exported["architectures"] == ["Gemma3ForCausalLM"] and e <= q.TOL,
+          f"{exported['architectures']}, logits rel {e:.2e}")
     out = r.stdout + r.stderr
     check("mm.vision_skipped_logged", r.returncode == 0 and "vision tower is skipped" in out
           and "keys shardlm does not know" not in out, f"exit {r.returncode}: {out[-300:]}")
@@ -337,6 +365,7 @@ def main():
         q.check_lora(kind, dirs[kind])
     if "extra" in parts:
         check_softcap(dirs["gemma2"])
+        check_eval(dirs["gemma2"])
         q.check_ranks("gemma2_bf16", dirs["gemma2_bf16"], "gemma2")
         check_multimodal(dirs["gemma3"])
         check_chat(dirs["gemma3"])
