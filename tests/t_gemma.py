@@ -42,6 +42,8 @@ test's models), against the transformers model in float64:
               line carrying an image is refused in one line (--skip-bad too)
   dpo.*       one DPO step (full fine-tune, beta 0.25) on the gemma2 case: the
               loss ln 2 and every gradient that of TRL's sigmoid loss
+  ckpt.same_gradients  activation checkpointing every 2 blocks: the same
+              loss and gradients, bit for bit
   eval.loss   shardlm eval of the gemma2 case over 4 windows equals transformers
   mm.export_text_model  the multimodal run's export is a Gemma3ForCausalLM that
               transformers loads at the same logits
@@ -122,6 +124,19 @@ def check_softcap(d):
          f"capped, {plain.item():.4f} without")
     e = abs(plain.item() - capped.item()) / capped.item()
     check("softcap.changes_loss", e > 1e-2, f"rel {e:.2e}")
+
+
+def check_checkpointing(d3):
+    """Activation checkpointing every 2 blocks (gemma3's 3 blocks: a segment of 2 and one of 1, recomputed in the
+    backward) gives the plain run's loss and gradients bit for bit."""
+    plain = q.train("ckpt.plain", d3, 1)
+    ck = q.train("ckpt.interval2", d3, 1, extra={"activation_checkpointing": {"enabled": True, "interval": 2}})
+    if plain is None or ck is None:
+        return
+    a, b = plain[0], ck[0]
+    names = [k for k in a if k.startswith("grad.")]
+    same = bool(names) and all(np.array_equal(a[k], b[k]) for k in names) and np.array_equal(a["loss"], b["loss"])
+    check("ckpt.same_gradients", same, f"{len(names)} gradients compared")
 
 
 def check_eval(d2):
@@ -366,6 +381,7 @@ def main():
     if "extra" in parts:
         check_softcap(dirs["gemma2"])
         check_eval(dirs["gemma2"])
+        check_checkpointing(dirs["gemma3"])
         q.check_ranks("gemma2_bf16", dirs["gemma2_bf16"], "gemma2")
         check_multimodal(dirs["gemma3"])
         check_chat(dirs["gemma3"])
