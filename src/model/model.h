@@ -100,7 +100,8 @@ struct unit_desc {
 #define MODEL_MAX_LINEAR 7
 struct model_linear {
     const char *module;        /* the module's name inside a block: "self_attn.q_proj", "attn.c_attn" */
-    int tensor;                /* its weight's index in the block unit */
+    int tensor;                /* its weight's index in the block unit (a fused layer's: the first part's; the
+                                * other parts follow it with no gap, out rows in all) */
     int in, out;               /* features */
     int col;                   /* where its output starts in the fused output the kernels compute (q|k|v, gate|up) */
     int group;                 /* layers of a group read the same input (q|k|v, gate|up); groups number 0, 1, ... */
@@ -189,6 +190,10 @@ bool model_module_matches(const struct model *m, const char *name, enum model_mo
 /* PEFT's match of one module name (its first len characters) against one
  * configured name: the whole name, or its end after a dot. */
 bool model_module_named(const char *module, size_t len, const char *name);
+/* The module name of block's linear layer li as PEFT names it: its weight's
+ * module with li's last component ("model.layers.3.self_attn.qkv_proj" for
+ * Phi-3's fused layer, whose weight here is the part q_proj). */
+void model_linear_module(const struct model *m, int block, const struct model_linear *li, char *out, size_t cap);
 /* The distinct last components of the set's module names, ", "-separated, for messages. */
 void model_module_names(const struct model *m, enum model_modules set, char *out, size_t cap);
 
