@@ -45,6 +45,12 @@ Checks per case, against the transformers model in float64:
               scaled by sqrt(1 + ln 4 / ln 32)): logits and loss at a sequence
               up to original_max_position_embeddings, the export loaded back
               by transformers at the same loss; a longer data.seq_len refused
+  X.dpo_lora.N1  one LoRA-DPO step (every linear layer; phi3: the fused ones; the
+              reference the base with the adapters off) against PEFT 0.21 on
+              transformers 5.25 and TRL's sigmoid loss (beta 0.1, sums of the
+              completions' log-probs): loss and rewards/margins (rel 1e-5),
+              every adapter's gradient (1e-4), the AdamW step's adapters;
+              phi3.dpo_lora.N2 the same over two ranks
   refuse.*    MixtralForCausalLM (mixture-of-experts named), Qwen's
               use_sliding_window true, a rope_type shardlm lacks: one line
 """
@@ -65,6 +71,7 @@ from peft import PeftModel  # noqa: E402
 from transformers import (Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,  # noqa: E402
                           Qwen3ForCausalLM)
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from harness import (
     BIN, ENV, byte_bpe_tokenizer, check, check_greedy, failures, note, read_dump, rel, scratch_dir,
     write_config, write_shard)  # noqa: E402
@@ -290,18 +297,17 @@ def check_lora(kind, d):
 PHI3_TARGETS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]  # PEFT's Phi3 targets: the fused modules
 
 
-def peft_phi3(d, dump):
-    """PEFT's LoRA over the transformers Phi-3 base (float64) with shardlm's dumped adapters copied in; the map from
-    PEFT's parameter names to shardlm's."""
+def peft_lora(kind, d, dump, targets):
+    """PEFT's LoRA (r 4, alpha 8) on targets over the transformers base (float64) with shardlm's dumped adapters
+    copied in; the map from PEFT's parameter names to shardlm's."""
     from peft import LoraConfig, get_peft_model
-    base = hf("phi3", d)
-    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=PHI3_TARGETS,
-                                         init_lora_weights=False)).double()
+    pm = get_peft_model(hf(kind, d), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets,
+                                                init_lora_weights=False)).double()
     params, ours = dict(pm.named_parameters()), {}
     for name, w in dump.items():
         if ".lora_" in name and not name.startswith("grad."):
-            module, kind = name.rsplit(".lora_", 1)
-            pname = f"base_model.model.{module}.lora_{kind[0]}.default.weight"
+            module, part = name.rsplit(".lora_", 1)
+            pname = f"base_model.model.{module}.lora_{part[0]}.default.weight"
             if pname in params:
                 with torch.no_grad():
                     params[pname].copy_(torch.tensor(w, dtype=torch.float64))
@@ -326,7 +332,7 @@ def check_phi3_lora(d):
         if res is None:
             continue
         dump = res[0]
-        pm, ours = peft_phi3(d, dump)
+        pm, ours = peft_lora("phi3", d, dump, PHI3_TARGETS)
         trainable = {n for n, p in pm.named_parameters() if p.requires_grad}
         check(f"{name}.adapters_are_peft", trainable == set(ours) and len(ours) == 4 * 2 * SHAPE["num_hidden_layers"],
               f"PEFT {sorted(trainable - set(ours))[:3]}, shardlm {sorted(set(ours) - trainable)[:3]}")
@@ -345,7 +351,7 @@ def check_phi3_lora(d):
         check(f"{name}.adapter_grads", not bad and ours, f"{bad[:4]}")
         note(f"{name}: max adapter gradient rel err {worst:.2e} over {len(ours)} tensors")
         if N == 1:
-            pm, ours = peft_phi3(d, dump)
+            pm, ours = peft_lora("phi3", d, dump, PHI3_TARGETS)
             tp = [p for p in pm.parameters() if p.requires_grad]
             opt = torch.optim.AdamW(tp, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
             losses = []
@@ -386,6 +392,93 @@ def check_phi3_lora(d):
             _, got = loss_of(hf("phi3", merged), x, y)
         e = abs(got.item() - peft_loss.item()) / peft_loss.item()
         check(f"{name}.merged_transformers_loss", e <= TOL, f"{got.item()} vs PEFT {peft_loss.item()} (rel {e:.2e})")
+
+
+# LoRA-DPO (TRL's sigmoid loss, beta 0.1): random preference pairs, prompt untrained, completion trained
+N_PAIRS, BETA = 4, 0.1
+LINEARS = {"qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+           "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+           "phi3": PHI3_TARGETS}
+
+
+def make_pairs():
+    """[(chosen, rejected)] of (ids, trained) and the preference file shardlm reads (tools/prefdata.py's layout)."""
+    import h5py
+    from datafiles import set_str, write_samples
+    rng = np.random.default_rng(48)
+    pairs = []
+    for _ in range(N_PAIRS):
+        prompt = [int(t) for t in rng.integers(0, V, rng.integers(3, 8))]
+        pairs.append([(prompt + c, [0] * len(prompt) + [1] * len(c))
+                      for c in ([int(t) for t in rng.integers(0, V, rng.integers(3, 9))] for _ in range(2))])
+    toks, trained, off = [], [], [0]
+    for pair in pairs:
+        for ids, tr in pair:
+            toks, trained = toks + ids, trained + tr
+            off.append(len(toks))
+    path = write_samples(os.path.join(TMP, "pref.h5"), toks, trained, off, V)
+    with h5py.File(path, "r+") as f:
+        del f.attrs["format"]
+        set_str(f, "format", "shardlm-preferences")
+        f["prompt_lengths"] = np.array([p[0][1].index(1) for p in pairs], np.int64)
+        f.attrs["max_prompt_length"] = np.int64(T)
+    return pairs, path
+
+
+def seq_logps(model, pairs):
+    """[(chosen, rejected)] sums of log p of each trained token given the ones before (TRL's concatenated_forward)."""
+    out = []
+    for pair in pairs:
+        row = []
+        for ids, trained in pair:
+            lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0], -1)
+            row.append(sum(lp[p - 1, ids[p]] for p in range(1, len(ids)) if trained[p]))
+        out.append(row)
+    return out
+
+
+def dpo_loss(pol, ref):
+    """TRL's DPOTrainer.dpo_loss, loss_type sigmoid: -logsigmoid(beta ((pi_c - pi_r) - (ref_c - ref_r))), mean."""
+    z = [(c - r) - (rc - rr) for (c, r), (rc, rr) in zip(pol, ref)]
+    return sum(-torch.nn.functional.logsigmoid(BETA * x) for x in z) / len(z), \
+        float(sum(BETA * x.item() for x in z) / len(z))
+
+
+def check_dpo(kind, d, pairs, pref, N=1):
+    """One LoRA-DPO step (the reference: the base with the adapters off, in the same step) against PEFT 0.21 on
+    transformers 5.25 with TRL's loss: the loss, rewards/margins, every adapter's gradient and the AdamW step's
+    adapters. B random (lora.init false), so the policy is not the reference and z != 0."""
+    name = f"{kind}.dpo_lora.N{N}"
+    extra = {"data": {"train": pref, "seq_len": T, "shuffle": False},
+             "dpo": {"beta": BETA, "ref_log_probs_path": os.path.join(TMP, name + ".ref.h5")},
+             "lora": {"r": 4, "alpha": 8, "dropout": 0.0, "init": False, "target_modules": LINEARS[kind]},
+             "train_batch_size": N_PAIRS, "train_micro_batch_size_per_gpu": N_PAIRS // N}
+    res = train(name, d, N, 1, extra=extra, final=True)
+    if res is None:
+        return
+    dump, final = res
+    pm, ours = peft_lora(kind, d, dump, LINEARS[kind])
+    params = dict(pm.named_parameters())
+    trainable = {n for n, p in params.items() if p.requires_grad}
+    check(f"{name}.adapters_are_peft", trainable == set(ours), f"{sorted(trainable ^ set(ours))[:3]}")
+    with torch.no_grad(), pm.disable_adapter():
+        ref = [(float(c), float(r)) for c, r in seq_logps(pm, pairs)]
+    loss, margin = dpo_loss(seq_logps(pm, pairs), ref)
+    loss.backward()
+    rows = [json.loads(line) for line in open(os.path.join(TMP, name + ".jsonl")) if '"loss"' in line]
+    got = rows[0]["loss"] if rows else float("nan")
+    e = abs(got - loss.item()) / loss.item()
+    check(f"{name}.loss", e <= TOL and abs(loss.item() - np.log(2)) > 1e-3, f"{got} vs torch {loss.item()} (rel {e:.2e})")
+    m = rows[0].get("rewards/margins", float("nan")) if rows else float("nan")
+    check(f"{name}.margins", abs(m - margin) <= TOL * max(1.0, abs(margin)), f"{m} vs {margin}")
+    worst = max((rel(dump.get("grad." + n), params[p].grad.numpy()) for p, n in ours.items()), default=float("inf"))
+    check(f"{name}.adapter_grads", worst <= GRAD_TOL, f"rel {worst:.2e}")
+    note(f"{name}: loss rel {e:.2e}, max adapter gradient rel err {worst:.2e} over {len(ours)} tensors")
+    opt = torch.optim.AdamW([params[p] for p in ours], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    torch.nn.utils.clip_grad_norm_([params[p] for p in ours], CLIP)
+    opt.step()
+    e = max(rel(final[n], params[p].detach().numpy()) for p, n in ours.items())
+    check(f"{name}.adamw_adapters", e <= 10 * GRAD_TOL, f"rel {e:.2e}")
 
 
 def check_phi3_files(d):
@@ -487,6 +580,10 @@ def main():
             check_lora(kind, dirs[kind])
     check_phi3_files(dirs["phi3"])
     check_phi3_lora(dirs["phi3"])
+    pairs, pref = make_pairs()
+    for kind in ("qwen2", "qwen3", "phi3"):
+        check_dpo(kind, dirs[kind], pairs, pref)
+    check_dpo("phi3", dirs["phi3"], pairs, pref, N=2)
     check_longrope()
     check_ranks("qwen2_bf16", dirs["qwen2_bf16"], "qwen2")
     check_refused(dirs)
