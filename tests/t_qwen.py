@@ -73,7 +73,7 @@ from transformers import (Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCaus
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from harness import (
-    BIN, ENV, byte_bpe_tokenizer, check, check_greedy, failures, note, read_dump, rel, scratch_dir,
+    BIN, ENV, ROOT, byte_bpe_tokenizer, check, check_greedy, failures, note, read_dump, rel, scratch_dir,
     write_config, write_shard)  # noqa: E402
 
 TMP = scratch_dir("t_qwen")
@@ -481,6 +481,104 @@ def check_dpo(kind, d, pairs, pref, N=1):
     check(f"{name}.adamw_adapters", e <= 10 * GRAD_TOL, f"rel {e:.2e}")
 
 
+# Chat templates (tests/hf_tokenizers.py): Qwen2.5's ChatML with its default system turn and tool calls, Phi-3's
+CHATS = {
+    "qwen2": [[{"role": "user", "content": "Hello, wie geht's? 你好"}, {"role": "assistant", "content": "Gut, danke."}],
+              [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Zürich?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"type": "function", "function": {"name": "weather", "arguments": {"city": "Zürich <b>"}}}]},
+               {"role": "tool", "content": "22°C"}, {"role": "assistant", "content": "It is 22°C."},
+               {"role": "user", "content": "Thanks!"}, {"role": "assistant", "content": "You're welcome."}]],
+    "phi3": [[{"role": "user", "content": "Hello, wie geht's? 你好"}, {"role": "assistant", "content": "Gut, danke."}],
+             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"},
+              {"role": "assistant", "content": " 4."}, {"role": "user", "content": "And 3 + 3?\n"},
+              {"role": "assistant", "content": "6"}]],
+}
+
+
+def chat_model(kind, d):
+    """d with kind's tokenizer (320 tokens, trained on docs/DESIGN.md) and chat template, saved by transformers."""
+    from transformers import PreTrainedTokenizerFast
+    from hf_tokenizers import PHI3_TEMPLATE, QWEN25_TEMPLATE, phi3_tokenizer, qwen2_tokenizer
+    text = [open(os.path.join(os.path.dirname(BIN), "..", "docs", "DESIGN.md"), encoding="utf-8").read()]
+    out = os.path.join(TMP, f"{kind}_chat")
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(d, out)
+    if kind == "qwen2":
+        tok = PreTrainedTokenizerFast(tokenizer_object=qwen2_tokenizer(text, V), eos_token="<|im_end|>",
+                                      pad_token="<|endoftext|>", chat_template=QWEN25_TEMPLATE)
+    else:
+        tok = PreTrainedTokenizerFast(tokenizer_object=phi3_tokenizer(text, V), bos_token="<s>",
+                                      eos_token="<|endoftext|>", unk_token="<unk>", pad_token="<|endoftext|>",
+                                      chat_template=PHI3_TEMPLATE)
+    tok.save_pretrained(out)
+    return out, tok
+
+
+def ids_of(encoded):
+    """apply_chat_template(tokenize=True)'s ids: a list, or transformers 5's BatchEncoding."""
+    return list(encoded["input_ids"]) if hasattr(encoded, "keys") else list(encoded)
+
+
+def check_chat(kind, d):
+    """The chat template rendered by prepare_data (training samples) and by generate (tools/chat_template.py, then
+    the C tokenizer) against transformers 5.25's apply_chat_template: the text, the ids, the trained tokens, and
+    greedy generation from the rendered prompt."""
+    import h5py
+    from transformers import AutoTokenizer
+    out, _ = chat_model(kind, d)
+    tok = AutoTokenizer.from_pretrained(out)
+    chats = CHATS[kind]
+    src = os.path.join(TMP, f"{kind}_chats.jsonl")
+    with open(src, "w") as f:
+        f.writelines(json.dumps({"messages": m}) + "\n" for m in chats)
+    # generate's renderer: the prompt, the conversation before the last assistant turn
+    prompts = [m[:max(i for i, x in enumerate(m) if x["role"] == "assistant")] for m in chats]
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "chat_template.py"), "--tokenizer", out],
+                       input="".join(json.dumps(p) + "\n" for p in prompts), capture_output=True, text=True, env=ENV)
+    got = [json.loads(x) for x in r.stdout.splitlines()]
+    want = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    check(f"chat.{kind}.generate_render", r.returncode == 0 and got == want, f"{r.stderr[-300:]} {got} vs {want}")
+    h5 = os.path.join(TMP, f"{kind}_chats.h5")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "prepare_data.py"), "--tokenizer", out, "-o", h5,
+                        "--overwrite", src], capture_output=True, text=True, env=ENV)
+    check(f"chat.{kind}.prepare_runs", r.returncode == 0, r.stderr[-400:])
+    if r.returncode == 0:
+        with h5py.File(h5, "r") as f:
+            tokens, trained, offsets = f["tokens"][:], f["trained"][:], f["offsets"][:]
+        for k, m in enumerate(chats):
+            ids, mask = tokens[offsets[k]:offsets[k + 1]].tolist(), trained[offsets[k]:offsets[k + 1]].tolist()
+            check(f"chat.{kind}.{k}.prepare_ids", ids == ids_of(tok.apply_chat_template(m, tokenize=True)),
+                  f"{ids} vs {ids_of(tok.apply_chat_template(m, tokenize=True))}")
+            runs, cur = [], []
+            for i, t in zip(ids + [None], mask + [0]):
+                if t:
+                    cur.append(i)
+                elif cur:
+                    runs.append(tok.decode(cur))
+                    cur = []
+            turns = [x["content"] for x in m if x["role"] == "assistant"]  # a tool call's content is empty
+            check(f"chat.{kind}.{k}.trained_turns", len(runs) == len(turns) and
+                  all(c.strip() in run for c, run in zip(turns, runs)), f"{runs} for {turns}")
+    # generate: the rendered prompt through the C tokenizer, then greedy decoding, against transformers (the
+    # conversations up to their first assistant turn: the model's context is 128)
+    prompts = [m[:next(i for i, x in enumerate(m) if x["role"] == "assistant")] for m in chats]
+    pf = os.path.join(TMP, f"{kind}_gen.jsonl")
+    with open(pf, "w") as f:
+        f.writelines(json.dumps({"messages": p}) + "\n" for p in prompts)
+    r = run(["generate", out, "--prompt-file", pf, "--max-new-tokens", "8", "--ignore-eos", "--json"])
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.strip()] if r.returncode == 0 else []
+    model = CLASSES[kind].from_pretrained(out, dtype=torch.float32).eval()
+    for k, p in enumerate(prompts):
+        ids = ids_of(tok.apply_chat_template(p, tokenize=True, add_generation_prompt=True))
+        with torch.no_grad():
+            y = model.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                               attention_mask=torch.ones(1, len(ids), dtype=torch.long), pad_token_id=0)
+        row = rows[k] if k < len(rows) else {}
+        check(f"chat.{kind}.{k}.generate", row.get("prompt_tokens") == len(ids) and row.get("ids") == y[0, len(ids):]
+              .tolist(), f"{r.stderr[-300:]} {row} vs {len(ids)} prompt tokens, {y[0, len(ids):].tolist()}")
+
+
 def check_phi3_files(d):
     """The Phi-3 files hold the fused tensors only, and so does the export (byte for byte the same tensors after a
     step at lr 0); LoRA on the fused modules is refused."""
@@ -584,6 +682,8 @@ def main():
     for kind in ("qwen2", "qwen3", "phi3"):
         check_dpo(kind, dirs[kind], pairs, pref)
     check_dpo("phi3", dirs["phi3"], pairs, pref, N=2)
+    for kind in ("qwen2", "phi3"):
+        check_chat(kind, dirs[kind])
     check_longrope()
     check_ranks("qwen2_bf16", dirs["qwen2_bf16"], "qwen2")
     check_refused(dirs)
