@@ -94,9 +94,12 @@ struct unit_desc {
  * (model_block_linears), their lora_A (r, in) one after the other (one
  * (k r, in) matrix to the kernels), then their lora_B (out, r), named as
  * PEFT names them without its "base_model.model." prefix:
- * "model.layers.3.self_attn.q_proj.lora_A.weight". Every base tensor is
- * frozen except those of lora.modules_to_save; a base unit none of whose
- * tensors trains is frozen as a whole. */
+ * "model.layers.3.self_attn.q_proj.lora_A.weight". On a model whose files
+ * fuse q|k|v and gate|up (Phi-3) the layers are the fused modules, as PEFT
+ * adapts them: one lora_A (r, C) and one lora_B (Q + 2 KV, r) over the q|k|v
+ * output the kernels compute ("self_attn.qkv_proj"), gate|up the same way.
+ * Every base tensor is frozen except those of lora.modules_to_save; a base
+ * unit none of whose tensors trains is frozen as a whole. */
 #define MODEL_MAX_LINEAR 7
 struct model_linear {
     const char *module;        /* the module's name inside a block: "self_attn.q_proj", "attn.c_attn" */
