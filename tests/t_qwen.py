@@ -39,7 +39,8 @@ Checks per case, against the transformers model in float64:
               1e-5) and three AdamW steps' losses; at N = 2 (lr 0) the loss and
               gradients, the export loaded by PEFT at shardlm's logits,
               export --merge loaded by transformers at PEFT's loss; a part
-              (q_proj) as a target refused in one line naming the fused ones
+              (q_proj) as a target refused in one line naming the fused ones,
+              a part (gate_proj) in modules_to_save refused in one line
   longrope.*  Phi-3's longrope (the 128k models' scaling) with random short
               factors and max_position_embeddings / original = 4 (cos and sin
               scaled by sqrt(1 + ln 4 / ln 32)): logits and loss at a sequence
@@ -601,6 +602,15 @@ def check_phi3_files(d):
     lines = r.stderr.strip().splitlines()
     check("phi3.lora_part_refused", r.returncode == 2 and lines and "q_proj" in lines[-1] and "qkv_proj" in lines[-1],
           r.stderr[-300:])
+    r = run(["train", config("phi3_lora_save_part", d, extra={"lora": {"r": 4, "target_modules": ["o_proj"],
+                                                                       "modules_to_save": ["gate_proj"]}})])
+    lines = [x for x in r.stderr.strip().splitlines() if x.startswith("shardlm:")]
+    check("phi3.lora_save_part_refused", r.returncode == 2 and len(lines) == 1 and "gate_proj" in lines[0]
+          and "gate_up_proj" in lines[0] and "target_modules" in lines[0], r.stderr[-300:])
+    # o_proj is no part: it may be trained in full beside the adapters (one step runs)
+    r = run(["train", config("phi3_lora_save_o", d, extra={"lora": {"r": 4, "target_modules": ["qkv_proj"],
+                                                                    "modules_to_save": ["o_proj"]}})])
+    check("phi3.lora_save_o_proj_runs", r.returncode == 0, r.stderr[-300:])
 
 
 def check_longrope():

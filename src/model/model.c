@@ -384,13 +384,23 @@ static void check_module_list(const struct model *m, const char *path, const cha
     }
 }
 
-/* Whether name matches a block's 2-D tensor (on a fused model: a part, q_proj ... up_proj, or o_proj, down_proj). */
+/* Whether name matches a part of a fused linear layer (Phi-3's q_proj ... up_proj): a block tensor inside the
+ * span of a layer whose output is wider than its first tensor. */
 static bool module_is_part(const struct model *m, const char *name)
 {
     const struct unit_desc *ud = &m->units[model_block_unit(0)];
-    for (int t = 0; t < ud->n_tensors; t++)
-        if (ud->tensors[t].ndim == 2 && model_module_named(ud->tensors[t].name, module_length(ud->tensors[t].name), name))
-            return true;
+    struct model_linear li[MODEL_MAX_LINEAR];
+    const int n = model_block_linears(m, li);
+    for (int k = 0; k < n; k++) {
+        const struct tensor_desc *first = &ud->tensors[li[k].tensor];
+        const size_t end = first->offset + (size_t)li[k].out * (size_t)li[k].in;
+        for (int t = 0; li[k].out != first->shape[0] && t < ud->n_tensors; t++) {
+            const struct tensor_desc *td = &ud->tensors[t];
+            if (td->offset >= first->offset && td->offset < end &&
+                model_module_named(td->name, module_length(td->name), name))
+                return true;
+        }
+    }
     return false;
 }
 
