@@ -28,7 +28,8 @@ QWEN2_PLAIN = ["<tool_call>", "</tool_call>"]
 PHI3_SPECIAL = ["<|endoftext|>"]
 PHI3_RSTRIP = ["<|assistant|>", "<|placeholder1|>", "<|system|>", "<|end|>", "<|user|>"]
 
-# Qwen2.5-Instruct's chat template (ChatML, a default system turn, tool calls).
+# Qwen2.5-Instruct's chat template as its tokenizer_config.json has it (ChatML, a default system turn, tool calls
+# with their arguments through tojson, tool responses as user turns), written out here: nothing is downloaded.
 QWEN25_TEMPLATE = """{%- if tools %}
     {{- '<|im_start|>system\\n' }}
     {%- if messages[0]['role'] == 'system' %}
@@ -85,7 +86,7 @@ QWEN25_TEMPLATE = """{%- if tools %}
 {%- endif %}
 """
 
-# Phi-3-mini-4k-instruct's chat template.
+# Phi-3-mini-4k-instruct's chat template (its eos_token after the last turn unless a generation prompt follows).
 PHI3_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + "
                  "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + "
                  "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + "
