@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from dumpfile import read_dump  # noqa: E402,F401  (re-exported for the tests)
 from datafiles import write_shard  # noqa: E402,F401  (re-exported for the tests)
+from toolenv import REF5_VENV, ref5_env  # noqa: E402,F401  (re-exported for the tests)
 
 BIN = os.environ.get("SHARDLM_BIN") or os.path.join(ROOT, "bin", "shardlm")
 
@@ -48,22 +49,6 @@ def use_ref_venv(module, check_name):
         os.execv(py, [py] + sys.argv)
     print(f"FAIL {check_name}: {module} is missing and {py} does not exist; run tools/deps.sh --test")
     sys.exit(1)
-
-
-REF5_VENV = os.path.join(ROOT, "build", "ref5-venv")
-
-
-def ref5_env():
-    """The environment build/ref5-venv's Python needs: LD_LIBRARY_PATH with /usr/local/cuda/lib and the lib
-    folders of the CUDA wheels PyPI's torch 2.11 imports (tools/deps.sh --test, ref5_venv)."""
-    import glob
-    libs = ["/usr/local/cuda/lib"] + sorted(glob.glob(os.path.join(REF5_VENV, "lib", "python3*", "site-packages",
-                                                                  "nvidia", "*", "lib")))
-    old = os.environ.get("LD_LIBRARY_PATH")
-    # USE_HUB_KERNELS=0: transformers 5 otherwise asks for the `kernels` package (Hub-downloaded kernels) in
-    # every from_pretrained; HF_HUB_OFFLINE: nothing is fetched at test time
-    return dict(os.environ, LD_LIBRARY_PATH=":".join(libs + ([old] if old else [])), USE_HUB_KERNELS="0",
-                HF_HUB_OFFLINE="1")
 
 
 def use_ref5_venv(check_name):

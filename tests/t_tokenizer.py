@@ -46,13 +46,22 @@ Tokenizers:
   gemma      llama2's vocabulary with Gemma's normalizer (Replace without
              Prepend), decoder (Replace + ByteFallback + Fuse, no Strip) and
              the special <start_of_turn>, <end_of_turn> (gemma.differs_from_llama2)
+  qwen2_file Qwen2/Qwen2.5's tokenizer.json as released (tests/hf_tokenizers.py):
+             NFC, Split on its regex + ByteLevel, ByteLevel post-processor
+             and decoder, the model's affixes "" (not null), ChatML's
+             special tokens and the non-special <tool_call>
+  phi3_file  Phi-3's (Llama 2's SentencePiece-converted layout: Prepend +
+             Replace, byte_fallback, fuse_unk, <s> $A) with its chat tokens
+             after the vocabulary, rstrip true (the newline after <|user|>
+             is part of the token); both built with tokenizers' own API
   (Mistral's shape, Metaspace(prepend_scheme "first", split false) over a
   byte_fallback BPE, is metaspace above.) Each of these is also checked to
   give other ids than gpt2's on the multilingual text (*.differs_from_gpt2),
   so that a component left out would show. smollm2 and qwen2 run every check
   on 12 of the src files, the docs, the multilingual text and the edge cases;
   the others compare ids on 4 src files, the multilingual text and the edge
-  cases.
+  cases; qwen2_file and phi3_file run every check (ids, decode, stream) on
+  those.
 
 Checks, for each tokenizer:
   *.encode.{src,docs,multilingual,edge}[.no_special]
@@ -108,14 +117,12 @@ from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, pre_toke
                         trainers)
 
 from harness import BIN, ROOT, check, failures, note, scratch_dir  # noqa: E402
+from hf_tokenizers import QWEN2_PATTERN, phi3_tokenizer, qwen2_tokenizer  # noqa: E402
 
 TMP = scratch_dir("t_tokenizer")
 # Llama 3's pre-tokenization regex (its tokenizer.json's Split pattern).
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                   r"\s*[\r\n]+|\s+(?!\S)|\s+")
-# Qwen2's (its tokenizer.json's Split pattern): Llama 3's with digits one at a time.
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
 VOCAB = 2000
 # Random id sequences decoded per tokenizer, and their length.
 RANDOM_DECODES, RANDOM_LEN = 40, 24
@@ -147,6 +154,8 @@ MULTILINGUAL = "\n".join([
     "Long: " + "a" * 3000 + " " + "9" * 200 + " " * 500 + "end",
     "Math: ∀x∈ℝ, x² ≥ 0; ∑ᵢ aᵢ ≠ ∞; ﬁnal ﬂow",
     "Case: İstanbul ΑΘΗΝΑ ǅ Ǆ ẞ ΣΑΣ Ⅻ ＡＢＣ Å Ω K",
+    "Chat: <|user|>\nHi there<|end|>\n<|assistant|>\n  Yes.<|end|>\n<|im_start|>user\nNFC: e\u0301 A\u030a<|im_end|>\n"
+    "<tool_call>\n{\"name\": 1}</tool_call><|system|> <|placeholder1|>",
 ]) + "\n   "
 
 EDGE = ["", " ", "  ", "\n", "\r\n", "\t", " leading", "trailing ", "  both  ", "a", "<|endoftext|>",
@@ -754,6 +763,13 @@ def main():
         # the component acts on the text: without it the ids would be gpt2's
         check(f"{name}.differs_from_gpt2", ref.encode(MULTILINGUAL).ids != gpt2.encode(MULTILINGUAL).ids,
               "the same ids as the gpt2 tokenizer: the test would not see the component")
+
+    # released families' files, built in their structure with tokenizers' API (tests/hf_tokenizers.py)
+    texts = [read_text(p) for p in train_files]
+    for name, ref in (("qwen2_file", qwen2_tokenizer(texts, VOCAB)), ("phi3_file", phi3_tokenizer(texts, VOCAB))):
+        path = os.path.join(TMP, name + ".json")
+        ref.save(path)
+        compare(name, path, ref, tiny)
 
     bad_inputs(gpt2_path, json.loads(gpt2.to_str()))
 

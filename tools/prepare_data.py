@@ -45,8 +45,12 @@ gets them twice.
     characters of assistant turn k are those between the rendering of
     messages[:k] with add_generation_prompt=True and the rendering of
     messages[:k+1]: the content and the end-of-turn text the template writes
-    after it. A token is trained when all its characters lie in such a span.
-    Both renderings must be prefixes of the whole one, else the line is bad.
+    after it; where the template ends a conversation with more than a turn's
+    end (Phi-3's eos_token after the last <|end|>), a middle turn ends where
+    messages[:k+1]'s rendering leaves the whole one. A token is trained when
+    all its characters lie in such a span. The first rendering must be a
+    prefix of the whole one and the turn must hold the message's content
+    (stripped), else the line is bad.
     A chat gets no BOS or EOS beyond what its template writes (as with
     apply_chat_template(tokenize=True)).
   * Pre-tokenized ids are taken as they are (no BOS, EOS or template).
@@ -335,13 +339,20 @@ def read_json_object(path):
 def compile_template(source, where):
     """The chat template compiled as transformers compiles it (4.40:
     ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, a
-    raise_exception global; later releases add the loopcontrols extension)."""
+    raise_exception global, its tojson filter; later releases add the
+    loopcontrols extension)."""
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # transformers' own (chat_template_utils._compile_jinja_template): jinja2's escapes <, >, &, ' and
+        # non-ASCII characters, which Qwen2.5's tool calls ("arguments": {...} | tojson) would then carry
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                        extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = tojson
     try:
         return env.from_string(source)
     except jinja2.exceptions.TemplateError as e:
@@ -447,11 +458,15 @@ class SampleBuilder:
                 continue
             before = render(tok, messages[:k], True)
             through = render(tok, messages[:k + 1], False)
-            if not (full.startswith(before) and full.startswith(through) and len(before) <= len(through)):
+            # a template that ends a conversation with more than the turn's end (Phi-3's eos_token after the last
+            # <|end|>) renders a middle turn as the whole one's start up to that: the turn is what they share
+            end = len(os.path.commonprefix([full, through]))
+            turn = full[len(before):end]
+            if not (full.startswith(before) and len(before) <= end and message["content"].strip() in turn):
                 raise BadLine(f"the chat template does not render messages[:{k}] as the start of the whole "
                               "conversation, so assistant turns cannot be found; use a template that renders "
                               "each turn independently of the later ones")
-            spans.append((len(before), len(through)))
+            spans.append((len(before), end))
         return [(full, spans)]
 
     def tokenized(self, obj):

@@ -33,3 +33,21 @@ def use_venv(tool, script, modules, venvs=VENVS):
     print(f"{tool}: Python module {missing} is missing ({sys.executable}, {where}); run tools/deps.sh "
           "(make deps)", file=sys.stderr)
     sys.exit(2)
+
+
+REF5_VENV = os.path.join(ROOT, "build", "ref5-venv")
+
+
+def ref5_env(base=None):
+    """The environment build/ref5-venv's Python needs (BASE, default os.environ, with more): LD_LIBRARY_PATH with
+    /usr/local/cuda/lib and the lib folders of the CUDA wheels PyPI's torch 2.11 imports (tools/deps.sh --test,
+    ref5_venv)."""
+    import glob
+    base = os.environ if base is None else base
+    libs = ["/usr/local/cuda/lib"] + sorted(glob.glob(os.path.join(REF5_VENV, "lib", "python3*", "site-packages",
+                                                                  "nvidia", "*", "lib")))
+    old = base.get("LD_LIBRARY_PATH")
+    # USE_HUB_KERNELS=0: transformers 5 otherwise asks for the `kernels` package (Hub-downloaded kernels) in
+    # every from_pretrained; HF_HUB_OFFLINE: nothing is fetched
+    return dict(base, LD_LIBRARY_PATH=":".join(libs + ([old] if old else [])), USE_HUB_KERNELS="0",
+                HF_HUB_OFFLINE="1")

@@ -120,10 +120,14 @@ void lora_merge_read(struct lora_merge *g, int u, int t, size_t begin, size_t co
     if (ud->kind != UNIT_BLOCK)
         return;
     for (int k = 0; k < m->lora.n_linear; k++) {
+        /* the layer's weight spans its out x in elements from its first tensor: a fused layer's parts (Phi-3's
+         * q|k|v, gate|up) lie inside it, each at its own offset */
+        const struct model_linear *li = &m->lora.linear[k];
+        const size_t first = ud->tensors[li->tensor].offset, span = (size_t)li->out * (size_t)li->in;
         const int a = m->lora.a_tensor[ud->block][k];
-        if (m->lora.linear[k].tensor != t || a < 0)
+        if (a < 0 || td->offset < first || td->offset + td->numel > first + span)
             continue;
         load_pair(g, m->lora.unit[ud->block], a, m->lora.b_tensor[ud->block][k]);
-        add_delta(g, &m->lora.linear[k], begin, count, out);
+        add_delta(g, li, td->offset - first + begin, count, out);
     }
 }

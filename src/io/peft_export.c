@@ -59,9 +59,7 @@ void peft_export_begin(struct hf_writer *w, const struct model *m, enum dtype dt
 /* The module name of a block's linear weight k ("model.layers.3.self_attn.q_proj"). */
 static void linear_module(const struct model *m, int block, int k, char *out, size_t cap)
 {
-    const char *w = m->units[model_block_unit(block)].tensors[m->lora.linear[k].tensor].name;
-    const char *dot = strrchr(w, '.');
-    snprintf(out, cap, "%.*s", (int)(dot - w), w);
+    model_linear_module(m, block, &m->lora.linear[k], out, cap);
 }
 
 /* Whether the module of tensor t of unit u (its weight's, or its bias's) is adapted. */

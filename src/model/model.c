@@ -324,7 +324,17 @@ int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX
 {
     const int C = m->cfg.n_embd, F = m->cfg.ffn_dim, KV = m->cfg.head_dim * m->cfg.n_kv_head;
     const int Q = m->cfg.head_dim * m->cfg.n_head;
-    if (m->cfg.rotary) {
+    if (arch_is(m->cfg.type, ARCH_LLAMA) && m->cfg.fused_projections) {
+        /* Phi-3: the modules of the files (and PEFT's) are the fused ones; each adapts the whole q|k|v or gate|up
+         * output the kernels compute, from the first part's weight on (the parts follow it with no gap) */
+        const struct model_linear l[] = {
+            {"self_attn.qkv_proj", 1, C, Q + 2 * KV, 0, 0}, {"self_attn.o_proj", 4, Q, C, 0, 1},
+            {"mlp.gate_up_proj", 6, C, 2 * F, 0, 2},        {"mlp.down_proj", 8, F, C, 0, 3},
+        };
+        memcpy(out, l, sizeof l);
+        return 4;
+    }
+    if (m->cfg.rotary) { /* Llama and the Llama-like families, Gemma among them */
         const struct model_linear l[] = {
             {"self_attn.q_proj", 1, C, Q, 0, 0},  {"self_attn.k_proj", 2, C, KV, Q, 0}, {"self_attn.v_proj", 3, C, KV, Q + KV, 0},
             {"self_attn.o_proj", 4, Q, C, 0, 1},  {"mlp.gate_proj", 6, C, F, 0, 2},     {"mlp.up_proj", 7, C, F, F, 2},
@@ -341,6 +351,16 @@ int model_block_linears(const struct model *m, struct model_linear out[MODEL_MAX
     };
     memcpy(out, l, sizeof l);
     return 4;
+}
+
+void model_linear_module(const struct model *m, int block, const struct model_linear *li, char *out, size_t cap)
+{
+    const char *w = m->units[model_block_unit(block)].tensors[li->tensor].name;
+    size_t len = module_length(w), begin = len;
+    while (begin > 0 && w[begin - 1] != '.')
+        begin--;
+    const char *last = strrchr(li->module, '.');
+    snprintf(out, cap, "%.*s%s", (int)begin, w, last ? last + 1 : li->module);
 }
 
 bool model_module_named(const char *module, size_t len, const char *name)
@@ -378,6 +398,26 @@ static void check_module_list(const struct model *m, const char *path, const cha
     }
 }
 
+/* Whether name matches a part of a fused linear layer (Phi-3's q_proj ... up_proj): a block tensor inside the
+ * span of a layer whose output is wider than its first tensor. */
+static bool module_is_part(const struct model *m, const char *name)
+{
+    const struct unit_desc *ud = &m->units[model_block_unit(0)];
+    struct model_linear li[MODEL_MAX_LINEAR];
+    const int n = model_block_linears(m, li);
+    for (int k = 0; k < n; k++) {
+        const struct tensor_desc *first = &ud->tensors[li[k].tensor];
+        const size_t end = first->offset + (size_t)li[k].out * (size_t)li[k].in;
+        for (int t = 0; li[k].out != first->shape[0] && t < ud->n_tensors; t++) {
+            const struct tensor_desc *td = &ud->tensors[t];
+            if (td->offset >= first->offset && td->offset < end &&
+                model_module_named(td->name, module_length(td->name), name))
+                return true;
+        }
+    }
+    return false;
+}
+
 /* lora.target_modules and lora.modules_to_save against the model they adapt:
  * every name matches a module, and no module is both adapted and saved. */
 static void check_lora_names(const struct model *m, const struct lora_config *l)
@@ -386,6 +426,11 @@ static void check_lora_names(const struct model *m, const struct lora_config *l)
                       MODEL_MODULES_BLOCK_LINEAR, "linear layer");
     check_module_list(m, "lora.modules_to_save", l->modules_to_save, l->n_modules_to_save, MODEL_MODULES_ALL,
                       "module");
+    for (int i = 0; m->cfg.fused_projections && i < l->n_modules_to_save; i++)
+        if (module_is_part(m, l->modules_to_save[i]))
+            fail_input("config: lora.modules_to_save has \"%s\", a part of a fused projection (Phi-3's qkv_proj, "
+                       "gate_up_proj), which PEFT could not load; adapt it with lora.target_modules instead",
+                       l->modules_to_save[i]);
     for (int i = 0; i < l->n_modules_to_save; i++) {
         const char *name = l->modules_to_save[i];
         bool adapted = l->all_linear && model_module_matches(m, name, MODEL_MODULES_BLOCK_LINEAR);
@@ -402,9 +447,6 @@ void model_add_lora(struct model *m, const struct lora_config *l)
 {
     if (!l->enabled)
         return;
-    if (m->cfg.fused_projections) /* PEFT adapts the fused modules, whose adapters span q|k|v: not the parts' */
-        fail_input("lora: LoRA on a model whose files fuse q|k|v and gate|up (Phi-3's qkv_proj, gate_up_proj) is not "
-                   "implemented yet; train it in full (no lora section), or choose a Llama, Mistral or Qwen model");
     check_lora_names(m, l);
     struct model_lora *lo = &m->lora;
     const int L = m->cfg.n_layer;
@@ -433,14 +475,13 @@ void model_add_lora(struct model *m, const struct lora_config *l)
         id += m->units[u].n_tensors;
     char name[MODEL_MAX_NAME], uname[32];
     for (int b = 0; b < L; b++) {
-        const struct unit_desc *block = &m->units[model_block_unit(b)];
         lo->unit[b] = -1;
         int adapted[MODEL_MAX_LINEAR], n = 0;
         for (int k = 0; k < lo->n_linear; k++) {
-            const char *wname = block->tensors[lo->linear[k].tensor].name;
-            const size_t len = module_length(wname);
+            char module[MODEL_MAX_NAME];
+            model_linear_module(m, b, &lo->linear[k], module, sizeof module);
             lo->a_tensor[b][k] = -1;
-            if (l->all_linear || in_list(wname, len, l->target_modules, l->n_target_modules))
+            if (l->all_linear || in_list(module, strlen(module), l->target_modules, l->n_target_modules))
                 adapted[n++] = k;
         }
         if (!n)
@@ -450,7 +491,6 @@ void model_add_lora(struct model *m, const struct lora_config *l)
         snprintf(uname, sizeof uname, "adapters %d", b);
         lo->unit[b] = m->n_units;
         struct unit_desc *ad = start_unit(m, m->n_units++, UNIT_ADAPTER, b, uname, 2 * n);
-        block = &m->units[model_block_unit(b)]; /* m->units moved */
         /* per group: the lora_A of its adapted layers one after the other (one matrix), then their lora_B */
         for (int g = 0, i0 = 0; g < lo->n_groups; g++) {
             int i1 = i0;
@@ -459,16 +499,16 @@ void model_add_lora(struct model *m, const struct lora_config *l)
             for (int pass = 0; pass < 2; pass++)
                 for (int i = i0; i < i1; i++) {
                     const struct model_linear *li = &lo->linear[adapted[i]];
-                    const char *wname = block->tensors[li->tensor].name;
-                    const int len = (int)module_length(wname);
+                    char module[MODEL_MAX_NAME - 16]; /* room for ".lora_A.weight" */
+                    model_linear_module(m, b, li, module, sizeof module);
                     if (pass == 0) {
                         lo->a_tensor[b][adapted[i]] = ad->n_tensors;
-                        snprintf(name, sizeof name, "%.*s.lora_A.weight", len, wname);
+                        snprintf(name, sizeof name, "%s.lora_A.weight", module);
                         add_tensor_at(ad, &id, name, l->r, li->in, true,
                                       l->init == LORA_INIT_GAUSSIAN ? INIT_NORMAL_INV_R : INIT_KAIMING_UNIFORM, i > i0);
                     } else {
                         lo->b_tensor[b][adapted[i]] = ad->n_tensors;
-                        snprintf(name, sizeof name, "%.*s.lora_B.weight", len, wname);
+                        snprintf(name, sizeof name, "%s.lora_B.weight", module);
                         add_tensor(ad, &id, name, li->out, l->r, true,
                                    l->init == LORA_INIT_RANDOM ? INIT_KAIMING_UNIFORM : INIT_ZEROS);
                         lo->n_adapted++;
@@ -502,26 +542,39 @@ static size_t module_length(const char *tensor_name)
     return dot ? (size_t)(dot - tensor_name) : strlen(tensor_name);
 }
 
-static bool in_set(const struct unit_desc *ud, const struct tensor_desc *td, enum model_modules set)
+/* The modules of the set, one at a time: *k counts from 0; false when there are no more. A block's linear layers
+ * are model_block_linears' (on a fused model the fused modules, not the tensors' parts); the others, every module
+ * with a tensor. */
+static bool next_module(const struct model *m, enum model_modules set, int *k, char *out, size_t cap)
 {
-    /* a block's 2-D tensors are exactly its linear layers' weights, in both families */
-    return set == MODEL_MODULES_ALL || (ud->kind == UNIT_BLOCK && td->ndim == 2);
+    if (set == MODEL_MODULES_BLOCK_LINEAR) {
+        struct model_linear li[MODEL_MAX_LINEAR];
+        const int n = model_block_linears(m, li);
+        if (*k >= n * m->cfg.n_layer)
+            return false;
+        model_linear_module(m, *k / n, &li[*k % n], out, cap);
+        ++*k;
+        return true;
+    }
+    for (int u = 0, i = 0; u < m->n_units; u++) {
+        if (*k >= i + m->units[u].n_tensors) {
+            i += m->units[u].n_tensors;
+            continue;
+        }
+        const char *name = m->units[u].tensors[*k - i].name;
+        snprintf(out, cap, "%.*s", (int)module_length(name), name);
+        ++*k;
+        return true;
+    }
+    return false;
 }
 
 bool model_module_matches(const struct model *m, const char *name, enum model_modules set)
 {
-    const size_t n = strlen(name);
-    if (n == 0)
-        return false;
-    for (int u = 0; u < m->n_units; u++)
-        for (int t = 0; t < m->units[u].n_tensors; t++) {
-            const struct tensor_desc *td = &m->units[u].tensors[t];
-            const size_t len = module_length(td->name);
-            if (!in_set(&m->units[u], td, set) || n > len || memcmp(td->name + len - n, name, n) != 0)
-                continue;
-            if (n == len || td->name[len - n - 1] == '.')
-                return true;
-        }
+    char module[MODEL_MAX_NAME];
+    for (int k = 0; next_module(m, set, &k, module, sizeof module);)
+        if (model_module_named(module, strlen(module), name))
+            return true;
     return false;
 }
 
@@ -539,19 +592,12 @@ void model_module_names(const struct model *m, enum model_modules set, char *out
 {
     size_t used = 0;
     out[0] = '\0';
-    for (int u = 0; u < m->n_units; u++)
-        for (int t = 0; t < m->units[u].n_tensors; t++) {
-            const struct tensor_desc *td = &m->units[u].tensors[t];
-            if (!in_set(&m->units[u], td, set))
-                continue;
-            size_t end = module_length(td->name), begin = end;
-            while (begin > 0 && td->name[begin - 1] != '.')
-                begin--;
-            char word[MODEL_MAX_NAME];
-            snprintf(word, sizeof word, "%.*s", (int)(end - begin), td->name + begin);
-            if (!listed(out, word) && used < cap)
-                used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? ", " : "", word);
-        }
+    char module[MODEL_MAX_NAME];
+    for (int k = 0; next_module(m, set, &k, module, sizeof module);) {
+        const char *dot = strrchr(module, '.'), *word = dot ? dot + 1 : module;
+        if (!listed(out, word) && used < cap)
+            used += (size_t)snprintf(out + used, cap - used, "%s%s", used ? ", " : "", word);
+    }
 }
 
 double model_flops_per_token(const struct model *m, int seq_len)

@@ -94,13 +94,17 @@ struct unit_desc {
  * (model_block_linears), their lora_A (r, in) one after the other (one
  * (k r, in) matrix to the kernels), then their lora_B (out, r), named as
  * PEFT names them without its "base_model.model." prefix:
- * "model.layers.3.self_attn.q_proj.lora_A.weight". Every base tensor is
- * frozen except those of lora.modules_to_save; a base unit none of whose
- * tensors trains is frozen as a whole. */
+ * "model.layers.3.self_attn.q_proj.lora_A.weight". On a model whose files
+ * fuse q|k|v and gate|up (Phi-3) the layers are the fused modules, as PEFT
+ * adapts them: one lora_A (r, C) and one lora_B (Q + 2 KV, r) over the q|k|v
+ * output the kernels compute ("self_attn.qkv_proj"), gate|up the same way.
+ * Every base tensor is frozen except those of lora.modules_to_save; a base
+ * unit none of whose tensors trains is frozen as a whole. */
 #define MODEL_MAX_LINEAR 7
 struct model_linear {
     const char *module;        /* the module's name inside a block: "self_attn.q_proj", "attn.c_attn" */
-    int tensor;                /* its weight's index in the block unit */
+    int tensor;                /* its weight's index in the block unit (a fused layer's: the first part's; the
+                                * other parts follow it with no gap, out rows in all) */
     int in, out;               /* features */
     int col;                   /* where its output starts in the fused output the kernels compute (q|k|v, gate|up) */
     int group;                 /* layers of a group read the same input (q|k|v, gate|up); groups number 0, 1, ... */
@@ -189,6 +193,10 @@ bool model_module_matches(const struct model *m, const char *name, enum model_mo
 /* PEFT's match of one module name (its first len characters) against one
  * configured name: the whole name, or its end after a dot. */
 bool model_module_named(const char *module, size_t len, const char *name);
+/* The module name of block's linear layer li as PEFT names it: its weight's
+ * module with li's last component ("model.layers.3.self_attn.qkv_proj" for
+ * Phi-3's fused layer, whose weight here is the part q_proj). */
+void model_linear_module(const struct model *m, int block, const struct model_linear *li, char *out, size_t cap);
 /* The distinct last components of the set's module names, ", "-separated, for messages. */
 void model_module_names(const struct model *m, enum model_modules set, char *out, size_t cap);
 

@@ -234,9 +234,11 @@ static void identify_base(struct trainer *tr, uint64_t sum)
         for (int k = 0; k < lo->n_linear; k++) {
             const int side = lo->linear[k].in < lo->linear[k].out ? lo->linear[k].in : lo->linear[k].out;
             if (lo->a_tensor[b][k] >= 0 && lo->r > side) {
+                char module[MODEL_MAX_NAME];
+                model_linear_module(&tr->sess.model, b, &lo->linear[k], module, sizeof module);
                 log_warn("lora.r %d is larger than an adapted layer's smaller side (%d, %s of block %d): the adapters "
                          "cost more than the layer and add no rank; lower lora.r",
-                         lo->r, side, tr->sess.model.units[model_block_unit(b)].tensors[lo->linear[k].tensor].name, b);
+                         lo->r, side, module, b);
                 b = cfg->model.n_layer; /* one warning */
                 break;
             }

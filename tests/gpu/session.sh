@@ -462,6 +462,7 @@ for side, path in zip(("cudnn", "tc"), sys.argv[1:3]):
     got[side] = {"attention_fwd_tflops": fwd, "attention_bwd_tflops": bwd,
                  "causal_attention_fwd_tflops": fwd and fwd / 2, "causal_attention_bwd_tflops": bwd and bwd / 2,
                  "rmsnorm_bwd_gbps": k.get("rmsnorm_bwd", {}).get("gbps"),
+                 "rmsnorm_bwd_unfused_gbps": k.get("rmsnorm_bwd_unfused", {}).get("gbps"),
                  "layernorm_bwd_gbps": k.get("layernorm_bwd", {}).get("gbps")}
 got["targets"] = {"attention_fwd_tflops": 400, "attention_bwd_tflops": 300, "rmsnorm_bwd_gbps": 2500}
 print("@figure " + json.dumps({"issue45": got}))

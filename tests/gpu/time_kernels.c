@@ -239,6 +239,11 @@ static void time_llama(const struct shape *sh)
     /* reads dout and inp, reads and writes dinp [A] */
     TIME_OP("rmsnorm_bwd", 4.0 * a * (double)N * C, 0,
             backend_rmsnorm_backward(dx, dw, y, x, w, rstd, scratch, (int)N, C));
+    /* the two-kernel backward the fused pass replaced (cuda_norm.cu), beside it */
+    setenv("SHARDLM_NORM_UNFUSED", "1", 1);
+    TIME_OP("rmsnorm_bwd_unfused", 4.0 * a * (double)N * C, 0,
+            backend_rmsnorm_backward(dx, dw, y, x, w, rstd, scratch, (int)N, C));
+    unsetenv("SHARDLM_NORM_UNFUSED");
 
     /* rotary on the query and key heads of qkv, in place; tables (T, hs / 2) fp32 */
     float *qkv = device_random(nqkv, sh->act, 1.0f), *dqkv = device_zeros(nqkv);

@@ -49,8 +49,14 @@ def hf_side(args):
         LlamaForCausalLM(cfg).float().save_pretrained(args.make, safe_serialization=True)
         return
     model = LlamaForCausalLM.from_pretrained(args.model, attn_implementation="eager").eval()
-    prompts = [json.loads(x)["ids"] for x in open(args.prompts)][:args.batch]
-    ids = torch.tensor(prompts)
+    print(json.dumps(timed_generate(model, args)))
+
+
+def timed_generate(model, args):
+    """transformers' greedy generate() of args.new tokens from the first args.batch prompts of args.prompts (a
+    {"ids"} file), best of args.repeats: {"seconds", "new_tokens", "ids" (row 0's new tokens)}."""
+    import torch
+    ids = torch.tensor([json.loads(x)["ids"] for x in open(args.prompts)][:args.batch])
     best, out = None, None
     with torch.no_grad():
         for _ in range(args.repeats):
@@ -59,8 +65,8 @@ def hf_side(args):
                                  min_new_tokens=args.new, do_sample=False, pad_token_id=0)
             dt = time.perf_counter() - t0
             best = dt if best is None or dt < best else best
-    print(json.dumps({"seconds": best, "new_tokens": int(out.shape[0] * (out.shape[1] - ids.shape[1])),
-                      "ids": out[0, ids.shape[1]:].tolist()}))
+    return {"seconds": best, "new_tokens": int(out.shape[0] * (out.shape[1] - ids.shape[1])),
+            "ids": out[0, ids.shape[1]:].tolist()}
 
 
 def shardlm_side(args, env, model, prompts, batch):
@@ -79,33 +85,48 @@ def shardlm_side(args, env, model, prompts, batch):
     return best, ids
 
 
-def main():
-    ap = argparse.ArgumentParser(description="shardlm generate vs transformers generate, tokens/s")
+def add_generate_args(ap, new, prompt_len, json_name):
+    """The options of a generate bench (this one, tools/bench/qwen.py), with these defaults, and the hidden ones of
+    its transformers side (--model, --prompts, --batch)."""
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--coretype", default=None, help="OPENBLAS_CORETYPE for both sides (train_throughput.py)")
     ap.add_argument("--isa", default="native", choices=("native", "avx2"))
-    ap.add_argument("--new", type=int, default=256, help="new tokens per prompt (default 256)")
-    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new", type=int, default=new, help=f"new tokens per prompt (default {new})")
+    ap.add_argument("--prompt-len", type=int, default=prompt_len)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--repeats", type=int, default=2, help="runs per side and batch; the best counts (default 2)")
-    ap.add_argument("--json", default=os.path.join(tt.OUT, "generate.json"))
+    ap.add_argument("--json", default=os.path.join(tt.OUT, json_name))
     ap.add_argument("--check-only", action="store_true")
-    ap.add_argument("--hf-side", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--make", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+
+
+def bench_setup(args, hf_python):
+    """train_throughput's environment (threads, core type) for both sides: (env, OPENBLAS_CORETYPE as set, the
+    CPU's description), build/bench made; None with --check-only. Ends the program when HF_PYTHON is missing."""
+    args.wait_quiet = 0
+    env, coretype_env, cpu = tt.bench_env(args)
+    if not os.access(hf_python, os.X_OK):
+        raise SystemExit(f"error: {hf_python} missing: make it with bash tools/deps.sh --test")
+    if args.check_only:
+        return None
+    os.makedirs(tt.OUT, exist_ok=True)
+    return env, coretype_env, cpu
+
+
+def main():
+    ap = argparse.ArgumentParser(description="shardlm generate vs transformers generate, tokens/s")
+    add_generate_args(ap, 256, 128, "generate.json")
+    ap.add_argument("--hf-side", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--make", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.hf_side:
         return hf_side(args)
-    # train_throughput's environment (threads, core type) for both sides
-    args.wait_quiet = 0
-    env, coretype_env, cpu = tt.bench_env(args)
-    if not os.access(HF_PYTHON, os.X_OK):
-        raise SystemExit(f"error: {HF_PYTHON} missing: make it with bash tools/deps.sh --test")
-    if args.check_only:
+    setup = bench_setup(args, HF_PYTHON)
+    if setup is None:
         return
-    os.makedirs(tt.OUT, exist_ok=True)
+    env, coretype_env, cpu = setup
     model = os.path.join(tt.OUT, "generate_12L")
     if not os.path.exists(os.path.join(model, "config.json")):
         subprocess.run([HF_PYTHON, __file__, "--hf-side", "--make", model], env=env, check=True)

@@ -27,3 +27,10 @@ python3 tools/bench/memory_ladder.py
 bash tools/bench/hf_io.sh --no-build
 # instruction data at skewed lengths: fixed padding, dynamic padding, group_by_length, packing (issue 18)
 python3 tools/bench/packing.py "${core[@]}"
+# the Qwen families (issue 48): Qwen3 LoRA step against PEFT 0.21, Qwen2.5 generate against transformers 5.25
+# (build/ref5-venv; ~5 minutes)
+if [ -x build/ref5-venv/bin/python ]; then
+    bash tools/bench/qwen.sh --no-build "${core[@]}"
+else
+    echo "qwen: skipped: build/ref5-venv (transformers 5.25, peft 0.21) missing; make it with bash tools/deps.sh --test"
+fi
