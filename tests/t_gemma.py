@@ -44,6 +44,8 @@ test's models), against the transformers model in float64:
               loss ln 2 and every gradient that of TRL's sigmoid loss
   ckpt.same_gradients  activation checkpointing every 2 blocks: the same
               loss and gradients, bit for bit
+  plan.*      plan on each preset (8 ranks, ZeRO 3, bf16, 4096 tokens): the
+              published parameter totals, the logits buffer a chunk of B T V
   eval.loss   shardlm eval of the gemma2 case over 4 windows equals transformers
   mm.export_text_model  the multimodal run's export is a Gemma3ForCausalLM that
               transformers loads at the same logits
@@ -137,6 +139,31 @@ def check_checkpointing(d3):
     names = [k for k in a if k.startswith("grad.")]
     same = bool(names) and all(np.array_equal(a[k], b[k]) for k in names) and np.array_equal(a["loss"], b["loss"])
     check("ckpt.same_gradients", same, f"{len(names)} gradients compared")
+
+
+# the language models' totals from their config.json shapes (model/arch.c), the 256k embedding tied
+PRESETS = {"gemma-2-9b": (9241705984, 256000, 3584), "gemma-2-27b": (27227128320, 256000, 4608),
+           "gemma-3-4b": (3880263168, 262208, 2560), "gemma-3-12b": (11766034176, 262208, 3840),
+           "gemma-3-27b": (27009346304, 262208, 5376)}
+
+
+def check_plan():
+    """shardlm plan on each Gemma preset at 8 ranks, ZeRO 3, bf16, 4096 tokens: the parameters (less the
+    vocabulary's padding to 128) are the published shapes', and the logits buffer is the LM head's chunk, far
+    below the whole B T V."""
+    for name, (total, vocab, C) in PRESETS.items():
+        r = subprocess.run([BIN, "plan", "--preset", name, "--ranks", "8", "--set", "data.seq_len=4096", "--set",
+                            "zero_optimization.stage=3", "--set", "bf16.enabled=true", "--json"], env=ENV,
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            check(f"plan.{name}", False, r.stderr[-300:])
+            continue
+        p = json.loads(r.stdout.strip().splitlines()[-1])
+        padding = ((vocab + 127) // 128 * 128 - vocab) * C
+        logits = p["memory"]["logits and loss"]["bytes"]
+        whole = 4096 * (vocab + 127) // 128 * 128 * 2
+        check(f"plan.{name}", p["n_params"] - padding == total and logits < whole / 4,
+              f"{p['n_params']} parameters (want {total} + {padding}), logits {logits} B of {whole}")
 
 
 def check_eval(d2):
@@ -382,6 +409,7 @@ def main():
         check_softcap(dirs["gemma2"])
         check_eval(dirs["gemma2"])
         check_checkpointing(dirs["gemma3"])
+        check_plan()
         q.check_ranks("gemma2_bf16", dirs["gemma2_bf16"], "gemma2")
         check_multimodal(dirs["gemma3"])
         check_chat(dirs["gemma3"])
