@@ -46,6 +46,9 @@ test's models), against the transformers model in float64:
               loss and gradients, bit for bit
   plan.*      plan on each preset (8 ranks, ZeRO 3, bf16, 4096 tokens): the
               published parameter totals, the logits buffer a chunk of B T V
+  old_spelling.logits  the gemma3 config.json in transformers 4.x's spelling
+              (rope_theta, rope_local_base_freq, rope_scaling,
+              sliding_window_pattern): the same logits
   eval.loss   shardlm eval of the gemma2 case over 4 windows equals transformers
   mm.export_text_model  the multimodal run's export is a Gemma3ForCausalLM that
               transformers loads at the same logits
@@ -164,6 +167,29 @@ def check_plan():
         whole = 4096 * (vocab + 127) // 128 * 128 * 2
         check(f"plan.{name}", p["n_params"] - padding == total and logits < whole / 4,
               f"{p['n_params']} parameters (want {total} + {padding}), logits {logits} B of {whole}")
+
+
+def check_old_spelling(d3):
+    """The gemma3 case's config.json as transformers 4.5x wrote Gemma 3's: rope_theta, rope_local_base_freq and
+    rope_scaling (on the global layers) instead of rope_parameters by layer type, sliding_window_pattern instead
+    of layer_types: the same logits as transformers' model of the original file."""
+    d = os.path.join(TMP, "gemma3_old")
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(d3, d)
+    c = json.load(open(os.path.join(d, "config.json")))
+    for k in ("rope_parameters", "layer_types", "_sliding_window_pattern"):
+        c.pop(k, None)
+    c.update(rope_theta=5e5, rope_local_base_freq=20000.0, rope_scaling={"rope_type": "linear", "factor": 2.0},
+             sliding_window_pattern=3)
+    json.dump(c, open(os.path.join(d, "config.json"), "w"))
+    res = q.train("old.N1", d, 1)
+    if res is None:
+        return
+    x, y = q.windows(0, q.B)
+    with torch.no_grad():
+        logits, _ = q.loss_of(q.hf("gemma3", d3), x, y)
+    e = rel(res[0]["logits"][..., :V], logits.numpy())
+    check("old_spelling.logits", e <= q.TOL, f"rel {e:.2e}")
 
 
 def check_eval(d2):
@@ -410,6 +436,7 @@ def main():
         check_eval(dirs["gemma2"])
         check_checkpointing(dirs["gemma3"])
         check_plan()
+        check_old_spelling(dirs["gemma3"])
         q.check_ranks("gemma2_bf16", dirs["gemma2_bf16"], "gemma2")
         check_multimodal(dirs["gemma3"])
         check_chat(dirs["gemma3"])
