@@ -91,8 +91,9 @@ static int read_pattern(struct reader *r, long long L)
             pattern = (int)i + 1; /* the first global layer */
             break;
         }
-    if (pattern <= L && strcmp(json_string_value(json_array_get(lt, (size_t)pattern - 1)), "full_attention") != 0)
-        pattern = (int)L + 1; /* every layer local */
+    const char *at_pattern = pattern <= L ? json_string_value(json_array_get(lt, (size_t)pattern - 1)) : NULL;
+    if (pattern <= L && (!at_pattern || strcmp(at_pattern, "full_attention") != 0))
+        pattern = (int)L + 1; /* no global layer: every layer local */
     size_t i;
     json_t *e;
     json_array_foreach(lt, i, e) {
