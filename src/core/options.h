@@ -58,7 +58,7 @@ struct rope_scaling {
 #define MODEL_VOCAB_ALIGN 128
 
 struct model_config {
-    char type[16];     /* "gpt2" or "llama" */
+    char type[16];     /* "gpt2", "llama" or "gemma" */
     char preset[24];   /* model.preset that supplied the defaults, "" when none */
     int n_layer;       /* number of transformer blocks */
     int n_head;        /* attention heads */

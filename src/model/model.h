@@ -17,6 +17,10 @@
  *                     post_attention_layernorm.weight (C), mlp.gate_proj, up_proj (F, C),
  *                     down_proj (C, F)
  *   unit L + 1        model.norm.weight (C), lm_head.weight (Vp, C) unless tie_word_embeddings
+ * A Gemma model (model.type "gemma") is a Llama model with
+ * pre_feedforward_layernorm.weight and post_feedforward_layernorm.weight (C)
+ * after down_proj, Gemma 3's self_attn.q_norm and k_norm (head_dim) after
+ * them, every norm weight w of a (1 + w) norm (model_config.norm_offset).
  * k_proj and v_proj follow q_proj with no alignment gap, and up_proj follows
  * gate_proj, so that the kernels read q|k|v and gate|up as one matrix each.
  * model_build sets the architecture fields of cfg (norm, mlp, biases, rotary,
