@@ -21,7 +21,9 @@ gate|up each take one group call of the LoRA kernels (dropout calls them
 layer by layer); and DPO on a preference file (issue 37: the per-row
 dlogits scales uploaded from host memory, the reference computed before step 1
 or, LoRA, with the adapters off in each step): Llama fp32 N=2 over NCCL
-(precomputed reference) and LoRA without dropout in bf16 N=1.
+(precomputed reference) and LoRA without dropout in bf16 N=1; and Gemma 3's
+block (the (1 + w) norms, GeGLU, scaled embedding, local and global rotary
+bases, a final soft-cap) in fp32 N=2 over NCCL, bf16 N=1 and DPO fp32 N=2.
 The emulated streams are lazy
 (README.md), so a missing synchronisation in the engine or the CUDA code
 changes the losses; the offload cases also run with CUDAEMU_EAGER=1 (every
@@ -63,6 +65,12 @@ LLAMA = {"model": {"type": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "
 # the Llama-like extras (issue 48): Qwen2's q|k|v biases, and Qwen3's per-head q/k norms with a head_dim apart
 # from n_embd / n_head (4 heads of 16: the attention 64 wide in a 40-wide model)
 QWEN = {"model": dict(LLAMA["model"], qkv_bias=True, qk_norm=True, head_dim=16)}
+
+# Gemma (issue 49): the (1 + w) norms, GeGLU, the scaled embedding, Gemma 3's q/k norms and head_dim, local and
+# global rotary bases (3 layers, the last global), and a final soft-cap that the larger weights make bend the logits
+GEMMA = {"model": dict(LLAMA["model"], type="gemma", n_layer=3, qk_norm=True, head_dim=16, init_std=0.3,
+                       final_logit_softcapping=3.0, sliding_window_pattern=3, rope_theta=500000.0,
+                       rope_local_theta=20000.0, tie_word_embeddings=True)}
 
 
 def packed_data():
@@ -180,10 +188,13 @@ def main():
              ("llama_dpo_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("llama_lora_nodrop_dpo_bf16_n1", 1, "bf16", {}, LORA_BF16_TOL),
              ("qwen_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
-             ("qwen_bf16_n1", 1, "bf16", {}, BF16_TOL))
+             ("qwen_bf16_n1", 1, "bf16", {}, BF16_TOL),
+             ("gemma_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("gemma_bf16_n1", 1, "bf16", {}, BF16_TOL),
+             ("gemma_dpo_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
     for tag, N, dtype, env, tol in cases:
         extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else \
-            QWEN if tag.startswith("qwen") else None
+            QWEN if tag.startswith("qwen") else GEMMA if tag.startswith("gemma") else None
         if tag.endswith("_packed"):
             extra = dict(extra or {}, **packed_data())
         if "_dpo" in tag:
