@@ -509,10 +509,35 @@ static void rope_tables(float *cos_t, float *sin_t, int T, int hs)
         }
 }
 
+/* A gated MLP activation (SwiGLU, Gemma's GeGLU): gu (N, 2F), out (N, F), dout, dgu [A], forward and backward
+ * against the CPU's. */
+static void check_gate(const char *name, void (*cpu_forward)(float *, const float *, int, int),
+                       void (*forward)(float *, const float *, int, int),
+                       void (*cpu_backward)(float *, const float *, const float *, int, int),
+                       void (*backward)(float *, const float *, const float *, int, int), int N, int F, const char *v)
+{
+    const size_t NF = (size_t)N * F;
+    char what[64];
+    float *gu = act_round(host_random(2 * NF, 3), 2 * NF), *d_gu = act_to_device(gu, 2 * NF);
+    float *mlp = malloc(NF * 4), *d_mlp = act_poisoned(NF);
+    cpu_forward(mlp, gu, N, F);
+    forward(d_mlp, d_gu, N, F);
+    snprintf(what, sizeof what, "%s_forward", name);
+    compare_act(named2(what, v), mlp, d_mlp, NF, g_tol);
+    float *dmlp = act_round(host_random(NF, 1), NF), *d_dmlp = act_to_device(dmlp, NF);
+    float *dgu = malloc(2 * NF * 4), *d_dgu = act_poisoned(2 * NF);
+    cpu_backward(dgu, dmlp, gu, N, F);
+    backward(d_dgu, d_dmlp, d_gu, N, F);
+    snprintf(what, sizeof what, "%s_backward", name);
+    compare_act(named2(what, v), dgu, d_dgu, 2 * NF, g_tol);
+    cudaFree(d_gu), cudaFree(d_mlp), cudaFree(d_dmlp), cudaFree(d_dgu);
+    free(gu), free(mlp), free(dmlp), free(dgu);
+}
+
 static void check_llama_norm_and_mlp(const struct llama_shape *sh, const char *v)
 {
     const int N = sh->B * sh->T, C = sh->NH * sh->hs, F = sh->F;
-    const size_t NC = (size_t)N * C, NF = (size_t)N * F;
+    const size_t NC = (size_t)N * C;
     /* RMSNorm: inp, out, weight, dout and dinp (the residual stream's gradient, accumulated) [A]; dweight fp32 */
     float *x = act_round(host_random(NC, 1), NC), *w = act_round(host_random(C, 1), C);
     float *d_x = act_to_device(x, NC), *d_w = act_to_device(w, C);
@@ -535,17 +560,8 @@ static void check_llama_norm_and_mlp(const struct llama_shape *sh, const char *v
     cudaFree(d_dinp_frozen);
     compare(named2("rmsnorm_backward_dweight_accumulates", v), dw, d_dw, C, g_tol);
 
-    /* SwiGLU: gu (N, 2F), out (N, F), dout, dgu [A] */
-    float *gu = act_round(host_random(2 * NF, 3), 2 * NF), *d_gu = act_to_device(gu, 2 * NF);
-    float *mlp = malloc(NF * 4), *d_mlp = act_poisoned(NF);
-    cpu_swiglu_forward(mlp, gu, N, F);
-    backend_swiglu_forward(d_mlp, d_gu, N, F);
-    compare_act(named2("swiglu_forward", v), mlp, d_mlp, NF, g_tol);
-    float *dmlp = act_round(host_random(NF, 1), NF), *d_dmlp = act_to_device(dmlp, NF);
-    float *dgu = malloc(2 * NF * 4), *d_dgu = act_poisoned(2 * NF);
-    cpu_swiglu_backward(dgu, dmlp, gu, N, F);
-    backend_swiglu_backward(d_dgu, d_dmlp, d_gu, N, F);
-    compare_act(named2("swiglu_backward", v), dgu, d_dgu, 2 * NF, g_tol);
+    check_gate("swiglu", cpu_swiglu_forward, backend_swiglu_forward, cpu_swiglu_backward, backend_swiglu_backward, N,
+               F, v);
 
     /* the embedding without a position table: wte, out, dout [A]; dwte fp32, a repeated token */
     int32_t *tokens = malloc(N * sizeof *tokens);
@@ -564,10 +580,9 @@ static void check_llama_norm_and_mlp(const struct llama_shape *sh, const char *v
     compare(named2("embedding_backward_nopos_dwte", v), dwte, d_dwte, (size_t)sh->V * C, TOL);
 
     cudaFree(d_x), cudaFree(d_w), cudaFree(d_out), cudaFree(d_rstd), cudaFree(d_dout), cudaFree(d_dinp);
-    cudaFree(d_dw), cudaFree(d_scratch), cudaFree(d_gu), cudaFree(d_mlp), cudaFree(d_dmlp), cudaFree(d_dgu);
-    cudaFree(d_tokens), cudaFree(d_wte), cudaFree(d_emb), cudaFree(d_dwte);
-    free(x), free(w), free(out), free(rstd), free(dout), free(dinp), free(dw), free(scratch), free(gu), free(mlp);
-    free(dmlp), free(dgu), free(tokens), free(wte), free(dwte);
+    cudaFree(d_dw), cudaFree(d_scratch), cudaFree(d_tokens), cudaFree(d_wte), cudaFree(d_emb), cudaFree(d_dwte);
+    free(x), free(w), free(out), free(rstd), free(dout), free(dinp), free(dw), free(scratch), free(tokens), free(wte);
+    free(dwte);
 }
 
 /* The Llama-like families' extras: a bias on every row of the fused q|k|v output and its gradient (Qwen2), and
@@ -716,7 +731,7 @@ static void check_attention_kv(int NH, int NKV, int hs, int T, const char *v)
 static void check_gemma(const struct llama_shape *sh, const char *v)
 {
     const int N = sh->B * sh->T, C = sh->NH * sh->hs, F = sh->F, V = sh->V, Vp = (V + 127) / 128 * 128;
-    const size_t NC = (size_t)N * C, NF = (size_t)N * F, NV = (size_t)N * Vp;
+    const size_t NC = (size_t)N * C, NV = (size_t)N * Vp;
     float *x = act_round(host_random(NC, 1), NC), *w = act_round(host_random(C, 0.3f), C);
     float *d_x = act_to_device(x, NC), *d_w = act_to_device(w, C);
     float *out = malloc(NC * 4), *rstd = malloc(N * 4), *d_out = act_poisoned(NC), *d_rstd = poisoned(N);
@@ -735,16 +750,8 @@ static void check_gemma(const struct llama_shape *sh, const char *v)
     backend_scale_act(d_x, 6.9282f, NC);
     compare_act(named2("gemma_scale_act", v), x, d_x, NC, g_tol);
 
-    float *gu = act_round(host_random(2 * NF, 3), 2 * NF), *d_gu = act_to_device(gu, 2 * NF);
-    float *mlp = malloc(NF * 4), *d_mlp = act_poisoned(NF);
-    cpu_geglu_forward(mlp, gu, N, F);
-    backend_geglu_forward(d_mlp, d_gu, N, F);
-    compare_act(named2("geglu_forward", v), mlp, d_mlp, NF, g_tol);
-    float *dmlp = act_round(host_random(NF, 1), NF), *d_dmlp = act_to_device(dmlp, NF);
-    float *dgu = malloc(2 * NF * 4), *d_dgu = act_poisoned(2 * NF);
-    cpu_geglu_backward(dgu, dmlp, gu, N, F);
-    backend_geglu_backward(d_dgu, d_dmlp, d_gu, N, F);
-    compare_act(named2("geglu_backward", v), dgu, d_dgu, 2 * NF, g_tol);
+    check_gate("geglu", cpu_geglu_forward, backend_geglu_forward, cpu_geglu_backward, backend_geglu_backward, N, F,
+               v);
 
     int32_t *targets = malloc(N * sizeof *targets);
     for (int i = 0; i < N; i++)
@@ -770,10 +777,10 @@ static void check_gemma(const struct llama_shape *sh, const char *v)
     compare_act(named2("crossentropy_softcap_backward_rows", v), probs, d_probs, NV, g_tol);
 
     cudaFree(d_x), cudaFree(d_w), cudaFree(d_out), cudaFree(d_rstd), cudaFree(d_dout), cudaFree(d_dinp);
-    cudaFree(d_dw), cudaFree(d_scratch), cudaFree(d_gu), cudaFree(d_mlp), cudaFree(d_dmlp), cudaFree(d_dgu);
-    cudaFree(d_targets), cudaFree(d_logits), cudaFree(d_lse), cudaFree(d_losses), cudaFree(d_rows), cudaFree(d_probs);
-    free(x), free(w), free(out), free(rstd), free(dout), free(dinp), free(dw), free(scratch), free(gu), free(mlp);
-    free(dmlp), free(dgu), free(targets), free(logits), free(lse), free(losses), free(rows), free(probs);
+    cudaFree(d_dw), cudaFree(d_scratch), cudaFree(d_targets), cudaFree(d_logits), cudaFree(d_lse), cudaFree(d_losses);
+    cudaFree(d_rows), cudaFree(d_probs);
+    free(x), free(w), free(out), free(rstd), free(dout), free(dinp), free(dw), free(scratch), free(targets);
+    free(logits), free(lse), free(losses), free(rows), free(probs);
 }
 
 /* RMSNorm and layernorm at widths and row counts that take every path of the backward (cuda_norm.cu): the fused
