@@ -84,7 +84,7 @@ def shardlm_steps(d, a, out):
 
 def peft_steps(d, a):
     torch.set_num_threads(a.threads)
-    model = Gemma3ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    model = Gemma3ForCausalLM.from_pretrained(d, dtype=torch.float32)  # transformers 5.25's default attention (SDPA)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
