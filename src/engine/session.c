@@ -5,8 +5,19 @@
 
 #include <string.h>
 
+#include "core/util.h"
+
+void session_refuse_4bit(const struct config *cfg)
+{
+    if (cfg->quant.load_in_4bit)
+        fail_input("config: 'quantization.load_in_4bit': this build checks the section but cannot run a 4-bit base "
+                   "yet (4-bit units in the engine are issue 50's next step); remove the quantization section to "
+                   "train the same adapters on the unquantized base");
+}
+
 void session_init(struct session *s, struct comm *comm, const struct config *cfg)
 {
+    session_refuse_4bit(cfg);
     memset(s, 0, sizeof *s);
     s->cfg = cfg;
     s->comm = comm;
