@@ -10,7 +10,6 @@
 #include "model/arch.h"
 #include "model/model.h"
 #include "engine/plan.h"
-#include "engine/session.h"
 #include "run/run_config.h"
 #include "core/util.h"
 
@@ -818,7 +817,6 @@ int cmd_plan(int argc, char **argv)
         run_config_load(&cfg, deepspeed, NULL, sets, n_sets);
     else
         run_config_load_string(&cfg, "{}", sets, n_sets);
-    session_refuse_4bit(&cfg);
     if (cfg.train_batch_size == 0 && cfg.micro_batch == 0)
         cfg.micro_batch = 1;
     const int batch_given = cfg.train_batch_size;

@@ -100,6 +100,10 @@ void read_quantization(struct config *cfg, json_t *root)
                    "\"float16\", \"float32\"",
                    storage);
     read_skip_modules(root);
+    if (q->load_in_4bit && (strcmp(cfg->model.type, "llama") != 0 || cfg->model.fused_projections))
+        fail_input("config: 'quantization.load_in_4bit' is supported for Llama-family models with separate "
+                   "projections (Llama, Mistral, Qwen2, Qwen3), not %s%s; remove the quantization section",
+                   cfg->model.type, cfg->model.fused_projections ? " with fused qkv_proj/gate_up_proj (Phi-3)" : "");
     if (q->load_in_4bit && !cfg->lora.enabled)
         fail_input("config: 'quantization.load_in_4bit' makes the base 4-bit and frozen, so it cannot be fine-tuned "
                    "in full; add a lora section (QLoRA) or remove the quantization section");

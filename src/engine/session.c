@@ -5,19 +5,11 @@
 
 #include <string.h>
 
+#include "core/quant4.h"
 #include "core/util.h"
-
-void session_refuse_4bit(const struct config *cfg)
-{
-    if (cfg->quant.load_in_4bit)
-        fail_input("config: 'quantization.load_in_4bit': this build checks the section but cannot run a 4-bit base "
-                   "yet (4-bit units in the engine are issue 50's next step); remove the quantization section to "
-                   "train the same adapters on the unquantized base");
-}
 
 void session_init(struct session *s, struct comm *comm, const struct config *cfg)
 {
-    session_refuse_4bit(cfg);
     memset(s, 0, sizeof *s);
     s->cfg = cfg;
     s->comm = comm;
@@ -49,8 +41,21 @@ void session_plan(struct session *s, const struct session_shape *shape)
 void session_load(struct session *s, const struct param_source *src)
 {
     const int(*slots)[ZERO_POOLS] = (const int(*)[ZERO_POOLS])s->plan.pool_slots;
+    struct quant4_source quant;
+    if (s->cfg->quant.load_in_4bit) { /* the base's linear weights as bitsandbytes' 4-bit makes them */
+        zero_quant4_source(&quant, &s->model, &s->cfg->quant, src);
+        src = &quant.src;
+        if (s->rank == 0)
+            log_warn("quantization.load_in_4bit: the blocks' linear weights are bitsandbytes' %s%s values, held in "
+                     "%s: 4-bit storage and gathers are not implemented yet, so memory and traffic are a LoRA "
+                     "run's (the plan counts them)",
+                     quant4_type_name((enum quant4_type)s->cfg->quant.quant_type),
+                     s->cfg->quant.double_quant ? " (double-quantized)" : "", dtype_name(s->cfg->dtype));
+    }
     zero_init(&s->zero, &s->model, s->cfg, &s->target, s->comm, s->rank, s->world, false, slots, s->arenas, &s->mem,
               src);
+    if (s->cfg->quant.load_in_4bit)
+        zero_quant4_source_free(&quant);
     s->loaded = true;
 }
 

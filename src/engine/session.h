@@ -57,19 +57,14 @@ struct session {
     bool planned, loaded, started; /* what session_close frees */
 };
 
-/* Empties s and notes the comm and the config (which outlives s). Refuses a
- * config with quantization.load_in_4bit (session_refuse_4bit). */
+/* Empties s and notes the comm and the config (which outlives s). */
 void session_init(struct session *s, struct comm *comm, const struct config *cfg);
-
-/* fail_input when cfg asks for a 4-bit base: the quantization format exists
- * (core/quant4) and the config is checked, but the engine does not yet store,
- * gather and dequantize 4-bit units (issue 50), and training the bf16 base in
- * its place would be another run than the one asked for. `plan` calls it too. */
-void session_refuse_4bit(const struct config *cfg);
 /* The target, the passes and the memory plan of the shape; the arenas. Local. */
 void session_plan(struct session *s, const struct session_shape *shape);
 /* The ZeRO state with its parameters from src (NULL: the seeded init), each
  * rank reading what it stores. Collective. */
+/* With quantization.load_in_4bit, src's block linear weights pass through
+ * bitsandbytes' 4-bit quantization first (zero_quant4_source). */
 void session_load(struct session *s, const struct param_source *src);
 /* The activations of the shape (and the cache when shape->Tmax > 0). */
 void session_acts(struct session *s, const struct session_shape *shape);

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""t_qlora — a QLoRA step (issue 50) against PEFT over bitsandbytes' Linear4bit
+on the CPU: transformers 5.25, PEFT 0.21.2 and bitsandbytes 0.50.2 in
+build/ref5-venv (the script re-executes itself there).
+
+A random Llama (d 64, 4 heads of 16, 2 key/value heads, SwiGLU 256, 2 layers,
+vocabulary 128) is saved by transformers in fp32. shardlm trains from that
+directory with a quantization section and LoRA on every linear layer
+(lora.init false: B nonzero from the start), ZeRO stage 3, a global batch of
+6 windows of 16 tokens (micro-batch 1 per rank), and dumps the first step.
+The reference loads the same directory with
+BitsAndBytesConfig(load_in_4bit=True, ...) on the CPU (every block linear
+becomes a Linear4bit), wraps it with PEFT (init_lora_weights=False), sets the
+adapters to shardlm's dumped ones and runs the same 6 windows in fp32.
+
+  weights.*      every block linear weight shardlm computes with equals
+                 bitsandbytes' dequantize_4bit of that layer's packed weight,
+                 bit for bit (the rest of the base equals the file)
+  sensitivity    the unquantized model's loss differs from the 4-bit one by
+                 more than 10 TOL, so a run that skipped the quantization (or
+                 quantized another way) fails loss.*
+  loss.*         shardlm's step loss equals PEFT's within TOL (relative)
+  grads.*        every LoRA gradient within TOL (max |a - b| / max |b| per tensor)
+Cases: nf4 with double quantization at N = 1, 2, 3 (each rank quantizes the
+same whole tensors), fp4 without it at N = 2.
+  resume.bitwise  nf4 at N = 2, 4 steps with a checkpoint every 2: stopped
+                  at 2 and resumed (--resume auto), the final adapters equal
+                  the uninterrupted run's bit for bit
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import use_ref5_venv  # noqa: E402
+
+use_ref5_venv("qlora.env")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import bitsandbytes.functional as bnbf  # noqa: E402
+from peft import LoraConfig, get_peft_model  # noqa: E402
+from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+from harness import BIN, ENV, check, failures, read_dump, rel, scratch_dir, write_shard  # noqa: E402
+
+TMP = scratch_dir("t_qlora")
+torch.set_num_threads(1)
+hf_logging.disable_progress_bar()
+hf_logging.set_verbosity_error()
+
+V, T, ROWS = 128, 16, 6
+R, ALPHA = 4, 8.0
+# fp32 against fp32: the same dequantized weights, matmuls summed in other orders
+TOL = 1e-4
+LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+torch.manual_seed(7)
+HF = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=T, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                 initializer_range=0.05)
+BASE = os.path.join(TMP, "base")
+LlamaForCausalLM(HF).float().save_pretrained(BASE)
+
+rng = np.random.default_rng(5)
+TOKENS = rng.integers(0, V, 40 * T + 1)
+DATA = os.path.join(TMP, "train.bin")
+write_shard(DATA, TOKENS)
+X = torch.from_numpy(np.stack([TOKENS[i * T:i * T + T] for i in range(ROWS)]).astype(np.int64))
+Y = torch.from_numpy(np.stack([TOKENS[i * T + 1:i * T + T + 1] for i in range(ROWS)]).astype(np.int64))
+
+
+def config(name, qtype, double, steps=1, extra=None):
+    cfg = {
+        "model": {"from_pretrained": BASE},
+        "data": {"train": DATA, "seq_len": T, "shuffle": False},
+        "train": {"steps": steps, "eval_every": 0, "sample_tokens": 0, "seed": 5,
+                  "metrics": os.path.join(TMP, name + ".jsonl")},
+        "train_batch_size": ROWS, "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        "lora": {"r": R, "alpha": ALPHA, "target_modules": "all-linear", "init": False},
+        "quantization": {"load_in_4bit": True, "bnb_4bit_quant_type": qtype, "bnb_4bit_use_double_quant": double,
+                         "bnb_4bit_compute_dtype": "float32"},
+    }
+    cfg.update(extra or {})
+    path = os.path.join(TMP, name + ".json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def train(name, path, ranks, args=()):
+    dump, final = os.path.join(TMP, name + ".dump"), os.path.join(TMP, name + ".final")
+    resuming = "--resume" in args
+    cmd = [BIN, "train", path] + ([] if resuming else ["--dump", dump]) + ["--dump-final", final, "--quiet", *args]
+    if ranks > 1:
+        cmd = ["mpirun", "-q", "-np", str(ranks)] + cmd
+    r = subprocess.run(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    out = r.stdout.decode(errors="replace")
+    check(f"{name}.run", r.returncode == 0, f"exit {r.returncode}: {out[-800:]}")
+    if r.returncode != 0:
+        return None, None
+    return (None if resuming else read_dump(dump)), read_dump(final)
+
+
+def reference(qtype, double):
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=qtype, bnb_4bit_use_double_quant=double,
+                           bnb_4bit_compute_dtype=torch.float32)
+    return LlamaForCausalLM.from_pretrained(BASE, quantization_config=q, dtype=torch.float32, device_map="cpu",
+                                            use_kernels=False)
+
+
+def loss_of(model):
+    logits = model(input_ids=X).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, V).float(), Y.reshape(-1))
+
+
+def check_case(name, qtype, double, ranks):
+    dump, _ = train(name, config(name, qtype, double), ranks)
+    if dump is None:
+        return
+    model = reference(qtype, double)
+    # the weights shardlm computes with: bitsandbytes' dequantized 4-bit weights, bit for bit
+    bad = []
+    for layer in range(HF.num_hidden_layers):
+        for lin in LINEARS:
+            mod = model.model.layers[layer].self_attn if lin.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) \
+                else model.model.layers[layer].mlp
+            w = getattr(mod, lin).weight
+            want = bnbf.dequantize_4bit(w, w.quant_state).float().numpy()
+            key = f"model.layers.{layer}.{'self_attn' if mod is model.model.layers[layer].self_attn else 'mlp'}." \
+                  f"{lin}.weight"
+            got = dump.get(key)
+            if got is None or got.shape != want.shape or not np.array_equal(got.view(np.uint32),
+                                                                             want.view(np.uint32)):
+                bad.append(key)
+    check(f"weights.{name}", not bad, f"{len(bad)} differ: {bad[:3]}")
+    pm = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=LINEARS,
+                                          init_lora_weights=False))
+    params = dict(pm.named_parameters())
+    ours = {}
+    for n, w in dump.items():
+        if (".lora_A." in n or ".lora_B." in n) and not n.startswith("grad."):
+            module, kind = n.rsplit(".lora_", 1)
+            pname = f"base_model.model.{module}.lora_{kind[0]}.default.weight"
+            with torch.no_grad():
+                params[pname].copy_(torch.from_numpy(w))
+            ours[pname] = n
+    trainable = {n for n, p in pm.named_parameters() if p.requires_grad}
+    check(f"adapters.{name}", trainable == set(ours) and ours, f"{sorted(trainable ^ set(ours))[:3]}")
+    loss = loss_of(pm)
+    loss.backward()
+    e = rel(dump["loss"], np.array([loss.item()]))
+    check(f"loss.{name}", e <= TOL, f"{dump['loss']} vs {loss.item()}: rel {e:.3e}")
+    worst, bad = 0.0, []
+    for pname, n in ours.items():
+        g = dump.get("grad." + n)
+        e = rel(g, params[pname].grad.numpy()) if g is not None else float("inf")
+        worst = max(worst, e)
+        if not e <= TOL:
+            bad.append(f"{n} {e:.2e}")
+    check(f"grads.{name}", not bad, f"{bad[:4]}")
+    print(f"# {name}: loss {dump['loss'][0]:.7f} (PEFT {loss.item():.7f}), worst LoRA gradient rel {worst:.2e} "
+          f"over {len(ours)} tensors", flush=True)
+    return loss.item()
+
+
+def check_sensitivity(quantized_loss):
+    model = LlamaForCausalLM.from_pretrained(BASE, dtype=torch.float32)
+    pm = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, target_modules=LINEARS, init_lora_weights=False))
+    dump = read_dump(os.path.join(TMP, "nf4_dq.n1.dump"))
+    params = dict(pm.named_parameters())
+    with torch.no_grad():
+        for n, w in dump.items():
+            if (".lora_A." in n or ".lora_B." in n) and not n.startswith("grad."):
+                module, kind = n.rsplit(".lora_", 1)
+                params[f"base_model.model.{module}.lora_{kind[0]}.default.weight"].copy_(torch.from_numpy(w))
+        plain = loss_of(pm).item()
+    e = abs(plain - quantized_loss) / abs(quantized_loss)
+    check("sensitivity", e > 10 * TOL, f"unquantized loss {plain} vs 4-bit {quantized_loss}: rel {e:.2e}")
+
+
+def check_resume():
+    ck = os.path.join(TMP, "resume_ck")
+    extra = {"checkpoint": {"dir": ck, "every": 2}}
+    _, full = train("resume.full", config("resume.full", "nf4", True, steps=4, extra=extra), 2)
+    if full is None:
+        return
+    for f in os.listdir(ck):
+        if f.startswith("step_000004"):
+            os.remove(os.path.join(ck, f))
+    with open(os.path.join(ck, "latest"), "w") as f:
+        f.write("step_000002.h5\n")
+    _, res = train("resume.same", config("resume.same", "nf4", True, steps=4, extra=extra), 2,
+                   args=["--resume", "auto"])
+    if res is None:
+        return
+    a = {k: v for k, v in full.items() if ".lora_" in k}
+    check("resume.bitwise", a and all(np.array_equal(res[k], a[k]) for k in a),
+          "final adapters differ from the run without a stop")
+
+
+def main():
+    ref_loss = None
+    for ranks in (1, 2, 3):
+        loss = check_case(f"nf4_dq.n{ranks}", "nf4", True, ranks)
+        ref_loss = ref_loss if ref_loss is not None else loss
+    check_case("fp4.n2", "fp4", False, 2)
+    if ref_loss is not None:
+        check_sensitivity(ref_loss)
+    check_resume()
+    shutil.rmtree(BASE, ignore_errors=True)
+    return 1 if failures() else 0
+
+
+sys.exit(main())
