@@ -26,6 +26,17 @@ same whole tensors), fp4 without it at N = 2.
   resume.bitwise  nf4 at N = 2, 4 steps with a checkpoint every 2: stopped
                   at 2 and resumed (--resume auto), the final adapters equal
                   the uninterrupted run's bit for bit
+  qdir.*          the 4-bit model saved by transformers (save_pretrained of the
+                  BitsAndBytesConfig model): its files hold NAME.weight,
+                  .absmax, .quant_map, .nested_absmax, .nested_quant_map and
+                  .quant_state.bitsandbytes__nf4; shardlm reads it (no
+                  quantization section: taken from its config.json) at N = 1
+                  and 2, its block weights bit for bit those quantized from the
+                  fp32 directory, and the step-1 loss (adapters B = 0) equals
+                  transformers' loss of the 4-bit model within TOL; a quant
+                  state whose shape does not match its weight, and directories
+                  whose quantization_config is GPTQ, AWQ or GGUF: one line,
+                  exit 2
 """
 import json
 import os
@@ -73,9 +84,9 @@ X = torch.from_numpy(np.stack([TOKENS[i * T:i * T + T] for i in range(ROWS)]).as
 Y = torch.from_numpy(np.stack([TOKENS[i * T + 1:i * T + T + 1] for i in range(ROWS)]).astype(np.int64))
 
 
-def config(name, qtype, double, steps=1, extra=None):
+def config(name, qtype, double, steps=1, extra=None, base=None):
     cfg = {
-        "model": {"from_pretrained": BASE},
+        "model": {"from_pretrained": base or BASE},
         "data": {"train": DATA, "seq_len": T, "shuffle": False},
         "train": {"steps": steps, "eval_every": 0, "sample_tokens": 0, "seed": 5,
                   "metrics": os.path.join(TMP, name + ".jsonl")},
@@ -204,6 +215,64 @@ def check_resume():
           "final adapters differ from the run without a stop")
 
 
+QDIR_KEYS = ["", ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4"]
+
+
+def check_quantized_dir():
+    """A directory transformers saved from the 4-bit model: read dequantized, transformers' loss."""
+    from safetensors.torch import load_file, save_file
+    model = reference("nf4", True)
+    qdir = os.path.join(TMP, "qdir")
+    model.save_pretrained(qdir)
+    tensors = load_file(os.path.join(qdir, "model.safetensors"))
+    w = "model.layers.1.mlp.down_proj.weight"
+    check("qdir.names", all(w + k in tensors for k in QDIR_KEYS),
+          f"{sorted(k for k in tensors if k.startswith(w))}")
+    with torch.no_grad():
+        want_loss = loss_of(model).item()
+    for ranks in (1, 2):
+        name = f"qdir.n{ranks}"
+        path = config(name, "nf4", True, base=qdir)
+        cfg = json.load(open(path))
+        del cfg["quantization"]  # taken from the directory's config.json
+        cfg["lora"]["init"] = "default"  # B = 0: the step's loss is the 4-bit model's
+        json.dump(cfg, open(path, "w"))
+        dump, _ = train(name, path, ranks)
+        if dump is None:
+            continue
+        ref = read_dump(os.path.join(TMP, "nf4_dq.n1.dump"))
+        linear = [k for k in ref if k.startswith("model.layers.") and k.endswith("_proj.weight")]
+        check(f"{name}.weights", linear and all(np.array_equal(dump[k], ref[k]) for k in linear),
+              "the directory's dequantized weights differ from those quantized from the fp32 directory")
+        e = rel(dump["loss"], np.array([want_loss]))
+        check(f"{name}.loss", e <= TOL, f"{dump['loss']} vs transformers {want_loss}: rel {e:.3e}")
+    # a quant state that does not match its weight's shape
+    bad = os.path.join(TMP, "qdir_bad")
+    shutil.copytree(qdir, bad)
+    state = w + ".quant_state.bitsandbytes__nf4"
+    js = json.loads(bytes(tensors[state].numpy()).decode())
+    js["shape"] = [js["shape"][1], js["shape"][0]]
+    tensors[state] = torch.frombuffer(bytearray(json.dumps(js).encode()), dtype=torch.uint8)
+    save_file(tensors, os.path.join(bad, "model.safetensors"), metadata={"format": "pt"})
+    refuse("qdir.shape_mismatch", config("qdir_bad", "nf4", True, base=bad), ["quant state", "does not match"])
+    # other quantized formats: one line naming the method
+    for method in ("gptq", "awq", "gguf"):
+        other = os.path.join(TMP, "qdir_" + method)
+        shutil.copytree(BASE, other)
+        conf = json.load(open(os.path.join(other, "config.json")))
+        conf["quantization_config"] = {"quant_method": method, "bits": 4}
+        json.dump(conf, open(os.path.join(other, "config.json"), "w"))
+        refuse(f"qdir.{method}", config("qdir_" + method, "nf4", True, base=other), ["quant_method", method])
+
+
+def refuse(name, path, words):
+    r = subprocess.run([BIN, "train", path, "--quiet"], env=ENV, capture_output=True, text=True, timeout=120)
+    lines = [line for line in r.stderr.splitlines() if "error" in line]
+    check(name, r.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words),
+          f"rc {r.returncode}: {r.stderr.strip()[-400:]!r}")
+    print(f"# {name}: {lines[0] if lines else ''}", flush=True)
+
+
 def main():
     ref_loss = None
     for ranks in (1, 2, 3):
@@ -213,6 +282,7 @@ def main():
     if ref_loss is not None:
         check_sensitivity(ref_loss)
     check_resume()
+    check_quantized_dir()
     shutil.rmtree(BASE, ignore_errors=True)
     return 1 if failures() else 0
 

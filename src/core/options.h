@@ -222,6 +222,8 @@ struct quant_config {
     int quant_type;         /* enum quant4_type: bnb_4bit_quant_type, "fp4" (transformers' default) or "nf4" */
     bool double_quant;      /* bnb_4bit_use_double_quant */
     enum dtype compute_dtype; /* bnb_4bit_compute_dtype: must be the run's parameter dtype */
+    bool prequantized;        /* model.from_pretrained holds bitsandbytes' 4-bit weights (read dequantized,
+                               * io/hf_bnb.h): nothing to quantize again */
     bool storage_bytes;       /* bnb_4bit_quant_storage "uint8" (the default); else the dtype below */
     enum dtype storage_dtype; /* the float dtype the packed bytes are labelled with (FSDP's bf16 storage) */
 };

@@ -42,7 +42,8 @@ void session_load(struct session *s, const struct param_source *src)
 {
     const int(*slots)[ZERO_POOLS] = (const int(*)[ZERO_POOLS])s->plan.pool_slots;
     struct quant4_source quant;
-    if (s->cfg->quant.load_in_4bit) { /* the base's linear weights as bitsandbytes' 4-bit makes them */
+    const bool quantize = s->cfg->quant.load_in_4bit && !s->cfg->quant.prequantized;
+    if (quantize) { /* the base's linear weights as bitsandbytes' 4-bit makes them */
         zero_quant4_source(&quant, &s->model, &s->cfg->quant, src);
         src = &quant.src;
         if (s->rank == 0)
@@ -54,7 +55,7 @@ void session_load(struct session *s, const struct param_source *src)
     }
     zero_init(&s->zero, &s->model, s->cfg, &s->target, s->comm, s->rank, s->world, false, slots, s->arenas, &s->mem,
               src);
-    if (s->cfg->quant.load_in_4bit)
+    if (quantize)
         zero_quant4_source_free(&quant);
     s->loaded = true;
 }
