@@ -37,6 +37,13 @@ same whole tensors), fp4 without it at N = 2.
                   state whose shape does not match its weight, and directories
                   whose quantization_config is GPTQ, AWQ or GGUF: one line,
                   exit 2
+  export.*        a step at lr 0 with checkpoint.export_hf at N = 1 and 2: the
+                  base's checksum (of its 4-bit values) the same at both;
+                  peft.PeftModel.from_pretrained(the bitsandbytes model,
+                  ckpt/hf) gives shardlm's logits; `shardlm export --merge`
+                  (N = 2) writes dequantize_4bit(W) + (alpha / r) B A for every
+                  adapted layer (what PEFT's merge of a Linear4bit adds before
+                  it quantizes again; rel 1e-6) and the PEFT model's logits
 """
 import json
 import os
@@ -265,6 +272,64 @@ def check_quantized_dir():
         refuse(f"qdir.{method}", config("qdir_" + method, "nf4", True, base=other), ["quant_method", method])
 
 
+def inspect_checksum(ck):
+    r = subprocess.run([BIN, "inspect", ck], env=ENV, capture_output=True, text=True, timeout=120)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("LoRA:")), "")
+    return line[line.find("checksum"):].split(",")[0] if "checksum" in line else None
+
+
+def check_export():
+    """PEFT's adapters onto the bitsandbytes base, --merge onto the dequantized base, the base's checksum."""
+    from peft import PeftModel
+    sums = {}
+    for ranks in (1, 2):
+        ck = os.path.join(TMP, f"export_ck{ranks}")
+        name = f"export.n{ranks}"
+        path = config(name, "nf4", True, extra={"checkpoint": {"dir": ck, "export_hf": True}})
+        cfg = json.load(open(path))
+        cfg["optimizer"]["params"]["lr"] = 0.0  # the exported adapters are the dumped ones
+        json.dump(cfg, open(path, "w"))
+        dump, _ = train(name, path, ranks)
+        if dump is None:
+            return
+        sums[ranks] = inspect_checksum(ck)
+    check("export.checksum_world_size", sums[1] and sums[1] == sums[2], f"{sums}")
+    base = reference("nf4", True)
+    pm = PeftModel.from_pretrained(base, os.path.join(ck, "hf"))
+    x = torch.from_numpy(dump["inputs"].astype(np.int64))
+    with torch.no_grad():
+        peft_logits = pm(input_ids=x).logits.numpy()
+    e = rel(dump["logits"][..., :V], peft_logits)
+    check("export.peft_on_bnb_base", e <= TOL, f"logits rel {e:.3e}")
+    merged = os.path.join(TMP, "merged")
+    r = subprocess.run(["mpirun", "-q", "-np", "2", BIN, "export", "--merge", ck, merged], env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    check("export.merge_run", r.returncode == 0, r.stderr[-600:])
+    if r.returncode != 0:
+        return
+    m = LlamaForCausalLM.from_pretrained(merged, dtype=torch.float32)
+    # PEFT's merge of a 4-bit layer: dequantize_4bit(W) + scale B A (then it quantizes again; the bf16/fp32
+    # directory keeps the sum)
+    worst, bad = 0.0, []
+    for layer in range(HF.num_hidden_layers):
+        for lin in LINEARS:
+            part = "self_attn" if lin in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            w = getattr(getattr(base.model.layers[layer], part), lin).weight
+            key = f"model.layers.{layer}.{part}.{lin}"
+            want = bnbf.dequantize_4bit(w, w.quant_state).float() + (ALPHA / R) * (
+                torch.from_numpy(dump[key + ".lora_B.weight"]) @ torch.from_numpy(dump[key + ".lora_A.weight"]))
+            got = getattr(getattr(m.model.layers[layer], part), lin).weight.detach()
+            e = rel(got.numpy(), want.numpy())
+            worst = max(worst, e)
+            if not e <= 1e-6:
+                bad.append(f"{key} {e:.2e}")
+    check("export.merge_weights", not bad, f"{bad[:3]}")
+    with torch.no_grad():
+        e = rel(m(input_ids=x).logits.numpy(), peft_logits)
+    check("export.merge_logits", e <= TOL, f"rel {e:.3e}")
+    print(f"# export: PEFT on the 4-bit base, merged weights within {worst:.1e} of dequantize_4bit + B A", flush=True)
+
+
 def refuse(name, path, words):
     r = subprocess.run([BIN, "train", path, "--quiet"], env=ENV, capture_output=True, text=True, timeout=120)
     lines = [line for line in r.stderr.splitlines() if "error" in line]
@@ -283,6 +348,7 @@ def main():
         check_sensitivity(ref_loss)
     check_resume()
     check_quantized_dir()
+    check_export()
     shutil.rmtree(BASE, ignore_errors=True)
     return 1 if failures() else 0
 

@@ -353,27 +353,6 @@ struct base_hash {
     uint64_t sum;
 };
 void zero_hash_source(struct base_hash *h, const struct model *m, int u_end, const struct param_source *inner);
-/* quantization.load_in_4bit (issue 50, zero_quant.c): a source whose blocks'
- * linear weights are inner's after bitsandbytes' quantize_4bit and
- * dequantize_4bit (type and double quantization from qc), each tensor whole,
- * in fp32; every other value as inner (NULL: the seeded init) gives it. Give
- * q->src to zero_init; free with zero_quant4_source_free. The engine stores
- * these values in the parameter dtype: 4-bit storage is the next step. */
-struct quant4_source {
-    struct param_source src;
-    const struct param_source *inner;
-    const struct model *m;
-    int type;                              /* enum quant4_type */
-    bool double_quant;
-    int n_linear;                          /* the block's linear weights (model_block_linears) */
-    int linear_tensor[MODEL_MAX_LINEAR];   /* their tensor indices in a block unit */
-    int cached_unit, cached_tensor;        /* the tensor in cache, -1: none */
-    float *cache;                          /* (numel) that tensor dequantized */
-    size_t cache_cap;
-};
-void zero_quant4_source(struct quant4_source *q, const struct model *m, const struct quant_config *qc,
-                        const struct param_source *inner);
-void zero_quant4_source_free(struct quant4_source *q);
 uint64_t zero_hash_total(struct base_hash *h, struct comm *comm, int rank, int world);
 struct ckpt_slice;
 struct ckpt_reader;

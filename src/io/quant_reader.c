@@ -1,19 +1,19 @@
 /*
- * zero_quant — the 4-bit base as a parameter source (zero.h,
- * zero_quant4_source): the values of the blocks' linear weights after
- * bitsandbytes' quantization and dequantization (core/quant4), everything else
- * as the inner source gives it.
+ * quant_reader — the 4-bit base as a reader of a model's values (contract in
+ * quant_reader.h): the blocks' linear weights after bitsandbytes'
+ * quantization and dequantization (core/quant4), everything else as the
+ * inner reader gives it.
  *
- * This is the first step of issue 50: a QLoRA run computes with exactly the
- * weights bitsandbytes' Linear4bit computes with, so its loss and adapter
- * gradients are PEFT's over bitsandbytes; the engine still stores, gathers
- * and offloads those weights in the parameter dtype (the memory of a LoRA
- * run). A weight is quantized whole, as bitsandbytes quantizes a tensor (its
+ * A QLoRA run computes with exactly the weights bitsandbytes' Linear4bit
+ * computes with, so its loss and adapter gradients are PEFT's over
+ * bitsandbytes; the engine still stores, gathers and offloads those weights
+ * in the parameter dtype (the memory of a LoRA run). export --merge reads
+ * the base through the same reader. A weight is quantized whole, as bitsandbytes quantizes a tensor (its
  * blocks of 64 and the double quantization's mean run over the whole
  * tensor), so a rank that stores part of it reads all of it, one tensor at a
  * time, and keeps the last one it dequantized for the next range.
  */
-#include "zero.h"
+#include "quant_reader.h"
 
 #include "core/quant4.h"
 #include "core/util.h"
@@ -21,10 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void inner_read(const struct quant4_source *q, int u, size_t begin, size_t count, float *out)
+static void inner_read(const struct quant_reader *q, int u, size_t begin, size_t count, float *out)
 {
     if (q->inner)
-        q->inner->read(q->inner->ctx, u, begin, count, out);
+        q->inner(q->inner_ctx, u, begin, count, out);
     else
         model_init_range(q->m, u, begin, count, out);
 }
@@ -32,9 +32,9 @@ static void inner_read(const struct quant4_source *q, int u, size_t begin, size_
 /* Whether tensor t of unit u is a weight bitsandbytes quantizes: a linear
  * layer's weight in a block of the base (Linear4bit replaces every nn.Linear
  * but the LM head; embeddings, norms and biases are not linear weights). */
-static bool quantized_tensor(const struct quant4_source *q, int u, int t)
+static bool quantized_tensor(const struct quant_reader *q, int u, int t)
 {
-    if (q->m->units[u].kind != UNIT_BLOCK || model_is_adapter(q->m, u))
+    if (!quant_reader_quantizes(q, u))
         return false;
     for (int i = 0; i < q->n_linear; i++)
         if (q->linear_tensor[i] == t)
@@ -43,7 +43,7 @@ static bool quantized_tensor(const struct quant4_source *q, int u, int t)
 }
 
 /* q->cache := tensor t of unit u, quantized and dequantized to fp32. */
-static void load_tensor(struct quant4_source *q, int u, int t)
+static void load_tensor(struct quant_reader *q, int u, int t)
 {
     if (q->cached_unit == u && q->cached_tensor == t)
         return;
@@ -75,9 +75,14 @@ static void load_tensor(struct quant4_source *q, int u, int t)
     q->cached_tensor = t;
 }
 
-static void quant_read(void *ctx, int u, size_t begin, size_t count, float *out)
+bool quant_reader_quantizes(const struct quant_reader *q, int u)
 {
-    struct quant4_source *q = ctx;
+    return q->m->units[u].kind == UNIT_BLOCK && !model_is_adapter(q->m, u);
+}
+
+void quant_reader_read(void *ctx, int u, size_t begin, size_t count, float *out)
+{
+    struct quant_reader *q = ctx;
     inner_read(q, u, begin, count, out);
     const struct unit_desc *ud = &q->m->units[u];
     const size_t end = begin + count;
@@ -92,23 +97,12 @@ static void quant_read(void *ctx, int u, size_t begin, size_t count, float *out)
     }
 }
 
-static bool quant_read_as(void *ctx, int u, size_t begin, size_t count, enum dtype dt, void *out,
-                          void (*landed)(void *landed_ctx, size_t elems), void *landed_ctx)
-{
-    struct quant4_source *q = ctx;
-    if (q->m->units[u].kind == UNIT_BLOCK && !model_is_adapter(q->m, u))
-        return false; /* its weights are not the file's: through quant_read */
-    if (!q->inner || !q->inner->read_as)
-        return false;
-    return q->inner->read_as(q->inner->ctx, u, begin, count, dt, out, landed, landed_ctx);
-}
-
-void zero_quant4_source(struct quant4_source *q, const struct model *m, const struct quant_config *qc,
-                        const struct param_source *inner)
+void quant_reader_init(struct quant_reader *q, const struct model *m, const struct quant_config *qc,
+                       void (*inner)(void *ctx, int u, size_t begin, size_t count, float *out), void *inner_ctx)
 {
     memset(q, 0, sizeof *q);
-    q->src = (struct param_source){quant_read, quant_read_as, q};
     q->inner = inner;
+    q->inner_ctx = inner_ctx;
     q->m = m;
     q->type = (enum quant4_type)qc->quant_type;
     q->double_quant = qc->double_quant;
@@ -119,7 +113,7 @@ void zero_quant4_source(struct quant4_source *q, const struct model *m, const st
     q->cached_unit = q->cached_tensor = -1;
 }
 
-void zero_quant4_source_free(struct quant4_source *q)
+void quant_reader_free(struct quant_reader *q)
 {
     free(q->cache);
     q->cache = NULL;
