@@ -23,6 +23,9 @@ adapters to shardlm's dumped ones and runs the same 6 windows in fp32.
   grads.*        every LoRA gradient within TOL (max |a - b| / max |b| per tensor)
 Cases: nf4 with double quantization at N = 1, 2, 3 (each rank quantizes the
 same whole tensors), fp4 without it at N = 2.
+  bf16_offload.*  nf4 in bf16 with offload_param and offload_optimizer at N = 2:
+                  the weights are the fp32 case's rounded once to bf16, the loss
+                  within 1e-2 of the fp32 case's
   resume.bitwise  nf4 at N = 2, 4 steps with a checkpoint every 2: stopped
                   at 2 and resumed (--resume auto), the final adapters equal
                   the uninterrupted run's bit for bit
@@ -187,6 +190,26 @@ def check_case(name, qtype, double, ranks):
     return loss.item()
 
 
+def check_bf16_offload(fp32_loss):
+    """bf16 with parameters and optimizer offloaded: the 4-bit weights rounded once to bf16."""
+    extra = {"bf16": {"enabled": True},
+             "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "pin_memory": True},
+                                   "offload_optimizer": {"device": "cpu", "pin_memory": True}}}
+    path = config("bf16_offload.n2", "nf4", True, extra=extra)
+    cfg = json.load(open(path))
+    cfg["quantization"]["bnb_4bit_compute_dtype"] = "bfloat16"
+    json.dump(cfg, open(path, "w"))
+    dump, _ = train("bf16_offload.n2", path, 2)
+    if dump is None:
+        return
+    ref = read_dump(os.path.join(TMP, "nf4_dq.n1.dump"))
+    linear = [k for k in ref if k.startswith("model.layers.") and k.endswith("_proj.weight")]
+    same = all(np.array_equal(dump[k], torch.from_numpy(ref[k]).to(torch.bfloat16).float().numpy()) for k in linear)
+    check("bf16_offload.weights", linear and same, "the bf16 weights are not the fp32 4-bit values rounded once")
+    e = rel(dump["loss"], np.array([fp32_loss]))
+    check("bf16_offload.loss", e <= 1e-2, f"{dump['loss']} vs fp32 {fp32_loss}: rel {e:.2e}")
+
+
 def check_sensitivity(quantized_loss):
     model = LlamaForCausalLM.from_pretrained(BASE, dtype=torch.float32)
     pm = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, target_modules=LINEARS, init_lora_weights=False))
@@ -346,6 +369,7 @@ def main():
     check_case("fp4.n2", "fp4", False, 2)
     if ref_loss is not None:
         check_sensitivity(ref_loss)
+        check_bf16_offload(ref_loss)
     check_resume()
     check_quantized_dir()
     check_export()
