@@ -26,6 +26,10 @@ same whole tensors), fp4 without it at N = 2.
   bf16_offload.*  nf4 in bf16 with offload_param and offload_optimizer at N = 2:
                   the weights are the fp32 case's rounded once to bf16, the loss
                   within 1e-2 of the fp32 case's
+  dpo.*           LoRA-DPO (sigmoid, beta 0.1) on the 4-bit base at N = 2, 4
+                  pairs: the loss and every adapter gradient equal TRL's formula
+                  over PEFT on the bitsandbytes model, its reference the same
+                  model with the adapters disabled (within TOL)
   resume.bitwise  nf4 at N = 2, 4 steps with a checkpoint every 2: stopped
                   at 2 and resumed (--resume auto), the final adapters equal
                   the uninterrupted run's bit for bit
@@ -66,7 +70,8 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from harness import BIN, ENV, check, failures, read_dump, rel, scratch_dir, write_shard  # noqa: E402
+from harness import (BIN, ENV, check, failures, peft_set_adapters, read_dump, rel, scratch_dir,  # noqa: E402
+                     write_preferences, write_shard)
 
 TMP = scratch_dir("t_qlora")
 torch.set_num_threads(1)
@@ -163,14 +168,7 @@ def check_case(name, qtype, double, ranks):
     pm = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=LINEARS,
                                           init_lora_weights=False))
     params = dict(pm.named_parameters())
-    ours = {}
-    for n, w in dump.items():
-        if (".lora_A." in n or ".lora_B." in n) and not n.startswith("grad."):
-            module, kind = n.rsplit(".lora_", 1)
-            pname = f"base_model.model.{module}.lora_{kind[0]}.default.weight"
-            with torch.no_grad():
-                params[pname].copy_(torch.from_numpy(w))
-            ours[pname] = n
+    ours = peft_set_adapters(pm, dump)
     trainable = {n for n, p in pm.named_parameters() if p.requires_grad}
     check(f"adapters.{name}", trainable == set(ours) and ours, f"{sorted(trainable ^ set(ours))[:3]}")
     loss = loss_of(pm)
@@ -210,16 +208,59 @@ def check_bf16_offload(fp32_loss):
     check("bf16_offload.loss", e <= 1e-2, f"{dump['loss']} vs fp32 {fp32_loss}: rel {e:.2e}")
 
 
+DPO_BETA = 0.1
+
+
+def seq_logps(model, pairs):
+    """[(chosen, rejected)] summed log p of each pair's trained tokens."""
+    out = []
+    for pair in pairs:
+        row = []
+        for ids, trained in pair:
+            lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+            row.append(sum(lp[p - 1, ids[p]] for p in range(1, len(ids)) if trained[p]))
+        out.append(row)
+    return out
+
+
+def check_dpo():
+    """LoRA-DPO on the 4-bit base: the reference is the 4-bit base with the adapters off (TRL's sigmoid loss)."""
+    rng = np.random.default_rng(9)
+    pairs = []
+    for _ in range(4):
+        prompt = [int(t) for t in rng.integers(0, V, 4)]
+        pairs.append([(prompt + [int(t) for t in rng.integers(0, V, 5 + k)], [0] * 4 + [1] * (5 + k))
+                      for k in range(2)])
+    pref = write_preferences(os.path.join(TMP, "pref.h5"), pairs, V)
+    path = config("dpo.n2", "nf4", True, extra={"train_batch_size": 4, "dpo": {"beta": DPO_BETA}})
+    cfg = json.load(open(path))
+    cfg["data"] = {"train": pref, "seq_len": T, "shuffle": False}
+    json.dump(cfg, open(path, "w"))
+    dump, _ = train("dpo.n2", path, 2)
+    if dump is None:
+        return
+    rows = [r for r in (json.loads(line) for line in open(os.path.join(TMP, "dpo.n2.jsonl")) if line.strip())
+            if "loss" in r]
+    pm = get_peft_model(reference("nf4", True), LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0,
+                                                            target_modules=LINEARS, init_lora_weights=False))
+    params, ours = dict(pm.named_parameters()), peft_set_adapters(pm, dump)
+    with torch.no_grad(), pm.disable_adapter():
+        ref = seq_logps(pm, pairs)
+    pol = seq_logps(pm, pairs)
+    z = [(c - r) - (rc - rr) for (c, r), (rc, rr) in zip(pol, ref)]
+    loss = sum(-torch.nn.functional.logsigmoid(DPO_BETA * x) for x in z) / len(z)
+    loss.backward()
+    e = abs(rows[0]["loss"] - loss.item()) / abs(loss.item())
+    check("dpo.loss", e <= TOL and abs(loss.item() - np.log(2)) > 1e-4, f"{rows[0]['loss']} vs {loss.item()}")
+    worst = max(rel(dump["grad." + n], params[p].grad.numpy()) for p, n in ours.items())
+    check("dpo.grads", worst <= TOL, f"rel {worst:.3e}")
+
+
 def check_sensitivity(quantized_loss):
     model = LlamaForCausalLM.from_pretrained(BASE, dtype=torch.float32)
     pm = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, target_modules=LINEARS, init_lora_weights=False))
-    dump = read_dump(os.path.join(TMP, "nf4_dq.n1.dump"))
-    params = dict(pm.named_parameters())
+    peft_set_adapters(pm, read_dump(os.path.join(TMP, "nf4_dq.n1.dump")))
     with torch.no_grad():
-        for n, w in dump.items():
-            if (".lora_A." in n or ".lora_B." in n) and not n.startswith("grad."):
-                module, kind = n.rsplit(".lora_", 1)
-                params[f"base_model.model.{module}.lora_{kind[0]}.default.weight"].copy_(torch.from_numpy(w))
         plain = loss_of(pm).item()
     e = abs(plain - quantized_loss) / abs(quantized_loss)
     check("sensitivity", e > 10 * TOL, f"unquantized loss {plain} vs 4-bit {quantized_loss}: rel {e:.2e}")
@@ -373,6 +414,7 @@ def main():
     check_resume()
     check_quantized_dir()
     check_export()
+    check_dpo()
     shutil.rmtree(BASE, ignore_errors=True)
     return 1 if failures() else 0
 
