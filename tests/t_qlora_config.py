@@ -15,8 +15,9 @@ re-executes itself there).
              an unknown storage dtype, a skipped module other than lm_head, a
              misspelt key (with "did you mean"), a model other than a Llama
              with separate projections (GPT-2)
-  plan       `shardlm plan` of a valid QLoRA config exits 0 (the numerics
-             of the 4-bit base are tests/t_qlora.py's)
+  plan       `shardlm plan` of a valid QLoRA config exits 0 and says that it
+             plans the base in the parameter dtype (4-bit storage is not
+             implemented yet; the numerics are tests/t_qlora.py's)
 """
 import json
 import os
@@ -115,6 +116,7 @@ gpt2 = dict(base, model={"type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64
 one_line_error("refuse.gpt2", run("config", gpt2, "--no-files"), "load_in_4bit", "gpt2")
 
 r = run("plan", dict(base, quantization=qlora))
-check("plan", r.returncode == 0, r.stderr.strip()[-300:])
+check("plan", r.returncode == 0 and "4-bit storage is not implemented yet" in r.stdout,
+      r.stderr.strip()[-300:] + r.stdout[:300])
 
 sys.exit(1 if failures() else 0)
