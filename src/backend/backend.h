@@ -390,6 +390,16 @@ void backend_mem_free(enum mem_space space, void *p, size_t bytes);
 int backend_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* dst (n, dst_dt) = src (n, src_dt), rounding to nearest even (dtype.h). */
 void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n);
+/* bitsandbytes' 4-bit weights (core/quant4.h) dequantized, bit for bit as
+ * quant4_dequantize: out (n, out_dt) element i = table[code i] * absmax[i / 64],
+ * rounded once to out_dt, the codes (n + 1) / 2 bytes, the even element in the
+ * high nibble; type is enum quant4_type. With double quantization (qabsmax
+ * not NULL) absmax[b] = dynamic[qabsmax[b]] * nested_absmax[b / 256] + offset,
+ * the product and the sum rounded apart (quant4_nested_dequantize), and
+ * absmax is not read. n elements from the start of a tensor; every pointer in
+ * backend memory. */
+void backend_dequant4(void *out, enum dtype out_dt, const uint8_t *codes, const float *absmax, const uint8_t *qabsmax,
+                      const float *nested_absmax, float offset, size_t n, int type);
 /* acc (n, fp32) += src (n, dt). On a device, backend_convert and
  * backend_add_to_f32 from device memory into pinned host memory run on a
  * copy stream beside the kernels; every later call still sees the result. */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "core/quant4.h"
 #include "model/arch.h"
 #include "model/model.h"
 #include "engine/plan.h"
@@ -841,6 +842,10 @@ int cmd_plan(int argc, char **argv)
         status = run_max_seq(&cfg, &m, &o);
     struct plan_eval *e = xcalloc(1, sizeof *e);
     print_settings(&cfg, &o);
+    if (cfg.quant.load_in_4bit) /* the plan is what the engine allocates: the base in the parameter dtype */
+        printf("quantization: the base's linear weights are bitsandbytes' %s values held in %s (4-bit storage is "
+               "not implemented yet): this is the plan of the same LoRA run\n",
+               quant4_type_name((enum quant4_type)cfg.quant.quant_type), dtype_name(cfg.dtype));
     evaluate(e, &m, &cfg, &o);
     print_dpo(e, &m, &cfg);
     print_plan(e, &m, &cfg, &o);

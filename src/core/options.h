@@ -212,6 +212,22 @@ struct lora_config {
     const char **modules_to_save;
 };
 
+/* quantization: a 4-bit frozen base (QLoRA, issue 50) under the names of
+ * transformers' BitsAndBytesConfig: the blocks' linear weights stored in
+ * bitsandbytes' NF4 or FP4 (core/quant4.h), optionally with the absmax
+ * double-quantized; embeddings, norms and the LM head stay unquantized, as
+ * transformers leaves them. Only with a lora section (the base is frozen). */
+struct quant_config {
+    bool load_in_4bit;      /* false: the section changes nothing */
+    int quant_type;         /* enum quant4_type: bnb_4bit_quant_type, "fp4" (transformers' default) or "nf4" */
+    bool double_quant;      /* bnb_4bit_use_double_quant */
+    enum dtype compute_dtype; /* bnb_4bit_compute_dtype: must be the run's parameter dtype */
+    bool prequantized;        /* model.from_pretrained holds bitsandbytes' 4-bit weights (read dequantized,
+                               * io/hf_bnb.h): nothing to quantize again */
+    bool storage_bytes;       /* bnb_4bit_quant_storage "uint8" (the default); else the dtype below */
+    enum dtype storage_dtype; /* the float dtype the packed bytes are labelled with (FSDP's bf16 storage) */
+};
+
 /* dpo: preference fine-tuning on a preference file (issue 37), TRL's
  * DPOConfig names and defaults: loss (engine/dpo.h) on the policy's and the
  * reference's summed log-probabilities of each pair's chosen and rejected
@@ -242,6 +258,7 @@ struct config {
     struct checkpoint_config checkpoint;
     struct lora_config lora;
     struct dpo_config dpo;
+    struct quant_config quant;
 
     /* Batch: any two of the three given; the third derived at resolve time. 0 = not given. */
     int train_batch_size;

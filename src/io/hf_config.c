@@ -27,6 +27,8 @@
  */
 #include "hf.h"
 
+#include "core/quant4.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +38,8 @@
 #include "core/dtype.h"
 #include "core/hf_json.h"
 #include "core/util.h"
+
+static void check_quantization(const char *path, json_t *q);
 #include "hf_export.h"
 #include "model/arch.h"
 
@@ -240,10 +244,10 @@ static void check_other_keys(struct reader *r)
         }
         if (fixed)
             continue;
-        if (strcmp(key, "quantization_config") == 0)
-            fail_input("%s: 'quantization_config' is set: the weights are quantized, which shardlm does not read; "
-                       "give the unquantized model's directory",
-                       r->path);
+        if (strcmp(key, "quantization_config") == 0) {
+            check_quantization(r->path, v);
+            continue;
+        }
         if (is_computation_key(key))
             fail_input("%s: '%s' is not a %s setting shardlm implements, and it may change what the model computes; "
                        "remove it if it does not apply to this model",
@@ -254,6 +258,42 @@ static void check_other_keys(struct reader *r)
     }
     if (unknown[0])
         log_warn("%s: keys shardlm does not know, taken as not changing the model: %s", r->path, unknown);
+}
+
+/* config.json's quantization_config: bitsandbytes' 4-bit (read, hf_bnb.h)
+ * or refused, naming the method (GPTQ, AWQ, GGUF, compressed-tensors, 8-bit). */
+static void check_quantization(const char *path, json_t *q)
+{
+    const char *method = json_string_value(json_object_get(q, "quant_method"));
+    if (!method || strcmp(method, "bitsandbytes") != 0)
+        fail_input("%s: quantization_config.quant_method is \"%s\": shardlm reads unquantized weights or "
+                   "bitsandbytes' 4-bit ones, not %s; give the unquantized model's directory (a quantization "
+                   "section quantizes it as it is read)",
+                   path, method ? method : "(none)", method ? method : "this format");
+    if (!json_is_true(json_object_get(q, "load_in_4bit")))
+        fail_input("%s: quantization_config is bitsandbytes without load_in_4bit (LLM.int8): shardlm reads only "
+                   "4-bit bitsandbytes weights; give the unquantized model's directory",
+                   path);
+}
+
+int hf_quantization(const char *dir, int *quant_type, bool *double_quant)
+{
+    char path[2100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *root = util_irregular(path) ? NULL : hf_json_load_file(path, 0, NULL);
+    json_t *q = root ? json_object_get(root, "quantization_config") : NULL;
+    int found = 0;
+    if (json_is_object(q)) {
+        check_quantization(path, q);
+        const char *type = json_string_value(json_object_get(q, "bnb_4bit_quant_type"));
+        *quant_type = quant4_type_parse(type ? type : "fp4");
+        if (*quant_type < 0)
+            fail_input("%s: quantization_config.bnb_4bit_quant_type \"%s\" is not nf4 or fp4", path, type);
+        *double_quant = json_is_true(json_object_get(q, "bnb_4bit_use_double_quant"));
+        found = 1;
+    }
+    json_decref(root);
+    return found;
 }
 
 /* ---- rotary settings ------------------------------------------------------------------ */

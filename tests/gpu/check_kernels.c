@@ -23,6 +23,7 @@
 #include "backend/cpu/backend_cpu_attention.h"
 #include "cpu_names_decl.h"
 #include "core/dtype.h"
+#include "core/quant4.h"
 
 #define TOL 1e-5
 /* The rows' log-sum-exp, fp32 on both sides from the same (rounded) inputs in every activation dtype: the
@@ -1228,6 +1229,45 @@ static void check_lora_kernels(enum dtype dt, double tol, const char *tag, int h
  * against adamw_update on the host: the same bits, for every output dtype
  * and both decay modes; and backend_sum_squares_multi against the sum of the
  * CPU backend's per-range sums. */
+/* bitsandbytes' 4-bit dequantization (backend_dequant4): NF4 and FP4, with and without double quantization, into
+ * fp32, bf16 and fp16, an odd length (a short last block, a pad nibble): the device's bytes equal the CPU's. */
+static void check_dequant4(void)
+{
+    const size_t n = (size_t)QUANT4_BLOCK * (2 * QUANT4_NESTED_BLOCK + 7) + 33, blocks = quant4_blocks(n);
+    const size_t nested_blocks = quant4_nested_blocks(blocks), bytes = quant4_code_bytes(n);
+    uint8_t *codes = malloc(bytes), *qabsmax = malloc(blocks);
+    for (size_t i = 0; i < bytes; i++)
+        codes[i] = (uint8_t)(uniform() * 128.0f + 128.0f);
+    for (size_t b = 0; b < blocks; b++)
+        qabsmax[b] = (uint8_t)(uniform() * 128.0f + 128.0f);
+    float *absmax = host_random(blocks, 2.0f), *nested = host_random(nested_blocks, 0.05f);
+    for (size_t b = 0; b < blocks; b++)
+        absmax[b] = fabsf(absmax[b]) + 1e-3f;
+    uint8_t *d_codes = to_device(codes, bytes), *d_qabsmax = to_device(qabsmax, blocks);
+    float *d_absmax = to_device(absmax, blocks * 4), *d_nested = to_device(nested, nested_blocks * 4);
+    const float offset = 0.0371f;
+    const enum dtype outs[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    void *want = malloc(n * 4), *got = malloc(n * 4);
+    void *d_out = backend_mem_alloc(SPACE_DEVICE, n * 4, "check_kernels");
+    for (int type = 0; type < 2; type++)
+        for (int double_quant = 0; double_quant < 2; double_quant++)
+            for (int o = 0; o < 3; o++) {
+                const size_t out_bytes = n * (size_t)dtype_size(outs[o]);
+                cpu_dequant4(want, outs[o], codes, absmax, double_quant ? qabsmax : NULL, nested, offset, n, type);
+                backend_dequant4(d_out, outs[o], d_codes, d_absmax, double_quant ? d_qabsmax : NULL, d_nested, offset,
+                                 n, type);
+                backend_synchronize();
+                cuda_ok(cudaMemcpy(got, d_out, out_bytes, cudaMemcpyDeviceToHost), "dequant4 result");
+                char name[64];
+                snprintf(name, sizeof name, "dequant4_%s%s_%s", quant4_type_name((enum quant4_type)type),
+                         double_quant ? "_nested" : "", dtype_name(outs[o]));
+                check_value(name, memcmp(want, got, out_bytes) == 0, "the device's bytes differ from the CPU's");
+            }
+    backend_mem_free(SPACE_DEVICE, d_out, n * 4);
+    cudaFree(d_codes), cudaFree(d_qabsmax), cudaFree(d_absmax), cudaFree(d_nested);
+    free(codes), free(qabsmax), free(absmax), free(nested), free(want), free(got);
+}
+
 static void check_optimizer(void)
 {
     enum { RANGES = 40 };
@@ -1489,6 +1529,7 @@ int main(void)
     backend_mem_free(SPACE_PINNED, pinned, NX * 4);
 
     check_optimizer();
+    check_dequant4();
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed ? 1 : 0;
 }
