@@ -314,11 +314,9 @@ void read_data(struct config *cfg, json_t *root)
     d->val_path = read_path(root, "data.val");
     /* max_seq_length (Hugging Face's name, for sample files) is seq_len */
     const int max_seq = read_int(root, "data.max_seq_length", 0, NO_FILL);
-    /* the default is the model's context, or its sliding attention window when that is shorter (shardlm
-     * attends over whole sequences): eval and generate, which choose their own lengths, start from it too */
-    const int window = cfg->model.sliding_window;
-    const int context = window > 0 && window < cfg->model.n_positions ? window : cfg->model.n_positions;
-    d->seq_len = read_int(root, "data.seq_len", max_seq > 0 ? max_seq : context, FILL);
+    /* the default is the model's context (a sliding window limits what each token sees, not the length):
+     * eval and generate, which choose their own lengths, start from it too */
+    d->seq_len = read_int(root, "data.seq_len", max_seq > 0 ? max_seq : cfg->model.n_positions, FILL);
     if (max_seq > 0 && max_seq != d->seq_len)
         fail_input("config: 'data.max_seq_length' (%d) and 'data.seq_len' (%d) name the same length; give one",
                    max_seq, d->seq_len);
@@ -340,10 +338,6 @@ void read_data(struct config *cfg, json_t *root)
     if (!d->samples && (d->group_by_length || d->packing))
         fail_input("config: data.%s needs a sample file (.h5 from tools/prepare_data.py) in data.train; token "
                    "shards (.bin) are cut into full windows already", d->packing ? "packing" : "group_by_length");
-    if (cfg->model.sliding_window > 0 && d->seq_len > cfg->model.sliding_window)
-        fail_input("config: 'data.seq_len' (%d) is longer than the model's sliding attention window (%d, "
-                   "sliding_window in %s/config.json), which shardlm does not implement; lower data.seq_len",
-                   d->seq_len, cfg->model.sliding_window, cfg->model.pretrained);
     const struct rope_scaling *rs = &cfg->model.rope_scaling;
     if (rs->type == ROPE_SCALING_LONGROPE && d->seq_len > rs->original_max_positions)
         fail_input("config: 'data.seq_len' (%d) is longer than the longrope model's original_max_position_embeddings "

@@ -31,9 +31,10 @@
  * callee owns). Refuses (fail_input, naming the file and the field) an
  * unknown architecture and settings shardlm does not implement (a hidden_act
  * other than silu, attention or MLP biases in a Llama, a GPT-2 activation
- * other than gelu_new, ...). *sliding_window: Mistral's window (0: none). */
+ * other than gelu_new, ...). *att: each block's attention (Mistral's and
+ * Qwen's sliding windows; all zero: every block full causal). */
 void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
-                    int *sliding_window);
+                    struct attention_layers *att);
 
 /* config.json for model m in dtype dt (torch_dtype), as transformers writes
  * it; when src_dir is given, its config.json's other fields (token ids,

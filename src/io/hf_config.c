@@ -27,6 +27,7 @@
  */
 #include "hf.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@
 #include "core/util.h"
 #include "hf_export.h"
 #include "model/arch.h"
+#include "model/model.h"
 
 /* ---- the keys ------------------------------------------------------------------------- */
 
@@ -500,16 +502,43 @@ static const struct llama_like *llama_like(const char *architecture)
     return &llama_likes[0];
 }
 
-/* Qwen's window: use_sliding_window (false as released) turns it on for the
- * layers from max_window_layers on; honoured nowhere yet, so refused. */
-static void qwen_window(struct reader *r)
+/* A model with sliding layers fits struct attention_layers. */
+static void check_windowed_layers(struct reader *r, long long window, long long L)
 {
-    get(r, "sliding_window");
+    if (window && L > MODEL_MAX_WINDOWED_LAYERS)
+        fail_input("%s: %lld layers with a sliding window; shardlm's windowed models have at most %d layers", r->path,
+                   L, MODEL_MAX_WINDOWED_LAYERS);
+}
+
+/* Qwen2Config's and Qwen3Config's defaults of 5.25 for the window keys. */
+#define QWEN_DEFAULT_WINDOW 4096
+#define QWEN_DEFAULT_MAX_WINDOW_LAYERS 28
+
+/* Qwen's window as transformers 5.25 reads it: use_sliding_window (false as
+ * released) keeps sliding_window (absent: 4096; null: none), else none; the
+ * sliding layers are layer_types' "sliding_attention" entries, or without
+ * layer_types the blocks from max_window_layers on (absent: 28). Returns W
+ * and marks the sliding blocks in *att. */
+static long long qwen_window(struct reader *r, long long L, struct attention_layers *att)
+{
+    json_t *w = get(r, "sliding_window");
     get(r, "max_window_layers");
-    if (bool_key(r, "use_sliding_window", false, true))
-        fail_input("%s: use_sliding_window is true: %s's windowed layers are not implemented; set it to false (as the "
-                   "released models have it)",
-                   r->path, r->cls);
+    static const char *const full[] = {"full_attention", NULL};
+    static const char *const both[] = {"full_attention", "sliding_attention", NULL};
+    if (!bool_key(r, "use_sliding_window", false, true)) {
+        read_layer_types(r, L, full);
+        return 0;
+    }
+    long long window = !w ? QWEN_DEFAULT_WINDOW : json_is_null(w) ? 0 : int_key(r, "sliding_window", -1);
+    if (!w)
+        log_default(r, "sliding_window", "4096");
+    json_t *lt = read_layer_types(r, L, window ? both : full);
+    const long long mwl = lt || !window ? 0 : int_key(r, "max_window_layers", QWEN_DEFAULT_MAX_WINDOW_LAYERS);
+    check_windowed_layers(r, window, L);
+    for (long long l = 0; window && l < L; l++)
+        if (lt ? strcmp(json_string_value(json_array_get(lt, (size_t)l)), "sliding_attention") == 0 : l >= mwl)
+            model_attention_set_sliding(att, (int)l);
+    return window;
 }
 
 /* Mistral's window: absent takes MistralConfig's 4096, null means none. */
@@ -525,7 +554,7 @@ static long long mistral_window(struct reader *r, const struct llama_like *df)
 }
 
 static void llama_keys(struct reader *r, const struct llama_like *df, void (*put)(void *, const char *, json_t *),
-                       void *ctx, int *sliding_window)
+                       void *ctx, struct attention_layers *att)
 {
     r->cls = df->cls;
     const char *act = str_key(r, "hidden_act", "silu");
@@ -568,14 +597,24 @@ static void llama_keys(struct reader *r, const struct llama_like *df, void (*put
     if (df->fused) /* Phi-3 keeps it beside rope_parameters; read for longrope, which shardlm refuses */
         get(r, "original_max_position_embeddings");
     long long window = 0;
-    if (df->qwen_window)
-        qwen_window(r);
-    else
+    json_t *lt = NULL;
+    if (df->qwen_window) {
+        window = qwen_window(r, L, att);
+        lt = get(r, "layer_types");
+    } else {
         window = mistral_window(r, df);
-    static const char *const full[] = {"full_attention", NULL}, *const sliding[] = {"sliding_attention", NULL};
-    json_t *lt = read_layer_types(r, L, window ? sliding : full);
+        static const char *const full[] = {"full_attention", NULL}, *const sliding[] = {"sliding_attention", NULL};
+        lt = read_layer_types(r, L, window ? sliding : full);
+        check_windowed_layers(r, window, L);
+        for (long long l = 0; window && l < L; l++) /* Mistral: every block through the window */
+            model_attention_set_sliding(att, (int)l);
+    }
+    if (window < 0)
+        fail_input("%s: 'sliding_window' must be positive or null, got %lld", r->path, window);
+    if (window > INT_MAX / 2)
+        window = INT_MAX / 2; /* longer than any sequence: the same as full causal attention */
     read_rope(r, lt, max_pos, put, ctx);
-    *sliding_window = (int)window;
+    att->window = (int)window;
 }
 
 /* Mixture-of-experts architectures: named, so that the refusal says what is missing. */
@@ -689,15 +728,15 @@ static const char *architecture(struct reader *r)
 }
 
 void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
-                    int *sliding_window)
+                    struct attention_layers *att)
 {
     char path[1100];
     struct reader r = {load_config_json(dir, path, sizeof path), path, "PretrainedConfig", json_object()};
     const char *arch = architecture(&r);
-    *sliding_window = 0;
+    memset(att, 0, sizeof *att);
     const struct arch *family = arch_find_hf(arch);
     if (family && family->id == ARCH_LLAMA)
-        llama_keys(&r, llama_like(arch), put, ctx, sliding_window);
+        llama_keys(&r, llama_like(arch), put, ctx, att);
     else if (family && family->id == ARCH_GPT2)
         gpt2_keys(&r, put, ctx);
     else if (in_list(moe_architectures, arch) || json_object_get(r.root, "num_local_experts") ||
@@ -805,8 +844,8 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         if (df->qwen_window && !json_object_get(out, "use_sliding_window"))
             json_object_set_new(out, "use_sliding_window", json_false());
         put_rope(out, c);
-        if (df->window && c->sliding_window) /* 0 from a checkpoint: the source's own value stays */
-            json_object_set_new(out, "sliding_window", json_integer(c->sliding_window));
+        if (df->window && c->attention.window) /* 0 from a checkpoint: the source's own value stays */
+            json_object_set_new(out, "sliding_window", json_integer(c->attention.window));
     } else {
         json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));
         json_object_set_new(out, "model_type", json_string(family->hf_model_types[0]));

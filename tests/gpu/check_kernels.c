@@ -458,9 +458,9 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     /* backend.h: the GPT-2 calls are the grouped-query ones with NKV = NH, to the bit */
     float *d_gqa_out = act_poisoned(NC), *d_gqa_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
     float *d_gqa_dqkv = act_poisoned(nqkv);
-    backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_fscratch, NULL, B, T, NH, NH, C / NH);
+    backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_fscratch, NULL, B, T, NH, NH, C / NH, NULL);
     backend_attention_gqa_backward(d_gqa_dqkv, d_lndout, d_qkv, d_gqa_att, d_gqa_out, d_ascratch, NULL, B, T, NH, NH,
-                                   C / NH);
+                                   C / NH, NULL);
     check_value(named("attention_gqa_equals_mha_bits"),
                 same_bits(d_gqa_out, d_aout, act_bytes(NC)) && same_bits(d_gqa_dqkv, d_dqkv, act_bytes(nqkv)) &&
                     same_bits(d_gqa_att, d_att, (size_t)B * NH * T * 4),
@@ -626,10 +626,10 @@ static void check_attention(const float *qkv, const int32_t *pos, int B, int T, 
         cpu_attention_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, C, NH);
         backend_attention_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, C, NH);
     } else {
-        cpu_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs);
-        backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, d_pos, B, T, NH, NKV, hs);
-        cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs);
-        backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, NH, NKV, hs);
+        cpu_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs, NULL);
+        backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, d_pos, B, T, NH, NKV, hs, NULL);
+        cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs, NULL);
+        backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, NH, NKV, hs, NULL);
     }
     snprintf(name, sizeof name, "%s_forward_out", kind);
     compare_act(named2(name, v), out, d_out, nout, g_tol);
@@ -640,9 +640,9 @@ static void check_attention(const float *qkv, const int32_t *pos, int B, int T, 
     if (gpt2_call) { /* backend.h: the GPT-2 calls are the grouped-query ones with NKV = NH, to the bit */
         float *d_gqa_out = act_poisoned(nout), *d_gqa_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
         float *d_gqa_dqkv = act_poisoned(nqkv);
-        backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_scratch, d_pos, B, T, NH, NH, hs);
+        backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_scratch, d_pos, B, T, NH, NH, hs, NULL);
         backend_attention_gqa_backward(d_gqa_dqkv, d_dout, d_qkv, d_gqa_att, d_gqa_out, d_scratch, d_pos, B, T, NH, NH,
-                                       hs);
+                                       hs, NULL);
         check_value(named2("attention_gqa_equals_mha_bits", v),
                     same_bits(d_gqa_out, d_out, act_bytes(nout)) && same_bits(d_gqa_dqkv, d_dqkv, act_bytes(nqkv)) &&
                         same_bits(d_gqa_att, d_att, (size_t)B * NH * T * 4),
@@ -896,17 +896,17 @@ static void check_cudnn_lse_and_determinism(int packed)
     float *dout = act_round(host_random(nout, 1), nout), *d_dout = act_to_device(dout, nout);
     float *d_out = act_poisoned(nout), *d_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
     float *d_dqkv = act_poisoned(nqkv), *d_dqkv2 = act_poisoned(nqkv);
-    cpu_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs);
-    cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs);
+    cpu_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs, NULL);
+    cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs, NULL);
     setenv("SHARDLM_ATTENTION", "cudnn", 1);
-    backend_attention_gqa_forward(d_out, d_att, d_qkv, NULL, d_pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_forward(d_out, d_att, d_qkv, NULL, d_pos, B, T, NH, NKV, hs, NULL);
     compare(named2("attention_cudnn_lse", v), att, d_att, (size_t)B * NH * T, LSE_TOL);
     setenv("SHARDLM_ATTENTION", "tc", 1);
-    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs, NULL);
     compare_act(named2("attention_tc_backward_after_cudnn_forward", v), dqkv, d_dqkv, nqkv, g_tol);
     setenv("SHARDLM_ATTENTION", "cudnn", 1);
-    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs);
-    backend_attention_gqa_backward(d_dqkv2, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs, NULL);
+    backend_attention_gqa_backward(d_dqkv2, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs, NULL);
     check_value(named2("attention_cudnn_backward_deterministic", v), same_bits(d_dqkv, d_dqkv2, act_bytes(nqkv)),
                 "cuDNN's backward gave other bits the second time");
     cudaFree(d_qkv), cudaFree(d_pos), cudaFree(d_dout), cudaFree(d_out), cudaFree(d_att), cudaFree(d_dqkv);
