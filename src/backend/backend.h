@@ -170,11 +170,14 @@ size_t backend_attention_saved(int B, int T, int NH);
  *   softcap  c > 0: each scaled score s becomes c tanh(s / c) before the softmax (Gemma 2's
  *            attn_logit_softcapping); the backward carries d tanh exactly;
  *   scale    the scores' factor, s = scale q.k; 0: 1 / sqrt(hs) (Gemma: query_pre_attn_scalar^-0.5). */
+#ifndef SHARDLM_ATTN_OPTS /* read twice by tests/gpu/cpu_names_decl.h, as mem_space above */
+#define SHARDLM_ATTN_OPTS
 struct attn_opts {
     int window;
     float softcap;
     float scale;
 };
+#endif
 
 /* Grouped-query attention (Llama): the same, with qkv [A] (B, T, (NH + 2 NKV) hs)
  * holding NH query heads, then NKV key heads, then NKV value heads of hs
