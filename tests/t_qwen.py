@@ -38,8 +38,19 @@ Checks per case, against the transformers model in float64:
               scaled by sqrt(1 + ln 4 / ln 32)): logits and loss at a sequence
               up to original_max_position_embeddings, the export loaded back
               by transformers at the same loss; a longer data.seq_len refused
-  refuse.*    MixtralForCausalLM (mixture-of-experts named), Qwen's
-              use_sliding_window true, a rope_type shardlm lacks: one line
+  refuse.*    MixtralForCausalLM (mixture-of-experts named), a rope_type
+              shardlm lacks: one line
+Sliding windows (issue 48 item 4), windows of 8 under sequences of T = 32:
+  mistral     MistralForCausalLM, sliding_window 8 on every layer
+  qwen2w      Qwen2ForCausalLM with use_sliding_window true and
+              max_window_layers 1 of 3 layers: layer 0 full, 1 and 2 through
+              the window (layer_types as save_pretrained writes them)
+  each: N1 (logits, loss, every gradient, three AdamW steps), N2 and N3
+  losses, the export (the window kept), 32 tokens of greedy generation past
+  the window (the cache a ring of 8 on the sliding layers), eval's loss;
+  qwen2w.no_layer_types: the same file without layer_types (the sliding
+  layers from max_window_layers) at the same loss.
+`t_qwen.py window` runs the window cases only.
 """
 import json
 import os
@@ -55,8 +66,8 @@ use_ref5_venv("qwen.env")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from peft import PeftModel  # noqa: E402
-from transformers import (Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,  # noqa: E402
-                          Qwen3ForCausalLM)
+from transformers import (MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,  # noqa: E402
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 from harness import (
     BIN, ENV, byte_bpe_tokenizer, check, check_greedy, failures, note, read_dump, rel, scratch_dir,
@@ -75,7 +86,9 @@ DATA = os.path.join(TMP, "train.bin")
 write_shard(DATA, TOKENS)
 SHAPE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2)
-CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "phi3": Phi3ForCausalLM}
+CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "phi3": Phi3ForCausalLM,
+           "mistral": MistralForCausalLM, "qwen2w": Qwen2ForCausalLM}
+WINDOW = 8  # the sliding window of the window cases: a quarter of T
 
 
 def make_models():
@@ -346,7 +359,6 @@ def check_longrope():
 def check_refused(dirs):
     cases = {"mixtral": ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8},
                          ["mixture-of-experts"]),
-             "qwen_window": ({"use_sliding_window": True}, ["use_sliding_window"]),
              "phi3_yarn": ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
                            ["dynamic"])}
     for name, (edit, words) in cases.items():
@@ -362,12 +374,79 @@ def check_refused(dirs):
               f"exit {r.returncode}: {r.stderr[-300:]}")
 
 
+def make_window_models():
+    dirs = {}
+    torch.manual_seed(1)
+    mistral = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=WINDOW, tie_word_embeddings=False,
+                                               pad_token_id=None))
+    dirs["mistral"] = os.path.join(TMP, "mistral")
+    mistral.save_pretrained(dirs["mistral"])
+    q2 = Qwen2ForCausalLM(Qwen2Config(**dict(SHAPE, num_hidden_layers=3), tie_word_embeddings=True,
+                                      use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    with torch.no_grad():
+        for layer in q2.model.layers:
+            for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                p.bias.normal_(0.0, 0.5)
+    dirs["qwen2w"] = os.path.join(TMP, "qwen2w")
+    q2.save_pretrained(dirs["qwen2w"])
+    cfg = json.load(open(os.path.join(dirs["qwen2w"], "config.json")))
+    check("qwen2w.layer_types", cfg.get("layer_types") == ["full_attention"] + ["sliding_attention"] * 2,
+          f"{cfg.get('layer_types')}")
+    return dirs
+
+
+def check_eval(kind, d):
+    """`shardlm eval` over the first 4 windows of T tokens at the transformers model's loss."""
+    r = subprocess.run([BIN, "eval", d, "--data", DATA, "--seq-len", str(T), "--batch", "2", "--max-batches", "2",
+                        "--json"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    check(f"{kind}.eval.run", r.returncode == 0, r.stderr[-600:])
+    if r.returncode != 0:
+        return
+    got = json.loads(r.stdout.strip().splitlines()[-1])["loss"]
+    with torch.no_grad():
+        _, want = loss_of(hf(kind, d), *windows(0, 4))
+    e = abs(got - want.item()) / want.item()
+    check(f"{kind}.eval.loss", e <= TOL, f"{got} vs transformers {want.item()} (rel {e:.2e})")
+
+
+def check_windows():
+    dirs = make_window_models()
+    for kind in ("mistral", "qwen2w"):
+        check_n1(kind, dirs[kind])
+        check_ranks(kind, dirs[kind], kind)
+        check_export(kind)
+        check_generate(kind, dirs[kind])
+        check_eval(kind, dirs[kind])
+    out = os.path.join(TMP, "ck_qwen2w", "hf", "config.json")
+    if os.path.exists(out):
+        c = json.load(open(out))
+        check("qwen2w.export.window", c.get("use_sliding_window") is True and c.get("sliding_window") == WINDOW
+              and c.get("layer_types") == ["full_attention"] + ["sliding_attention"] * 2,
+              f"{[c.get(k) for k in ('use_sliding_window', 'sliding_window', 'layer_types')]}")
+    d = os.path.join(TMP, "qwen2w_no_layer_types")
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(dirs["qwen2w"], d)
+    c = json.load(open(os.path.join(d, "config.json")))
+    del c["layer_types"]
+    json.dump(c, open(os.path.join(d, "config.json"), "w"))
+    res = train("qwen2w.no_layer_types", d, 1)
+    if res is not None:
+        with torch.no_grad():
+            _, want = loss_of(hf("qwen2w", dirs["qwen2w"]), *windows(0, B))
+        e = abs(float(res[0]["loss"].ravel()[0]) - want.item()) / want.item()
+        check("qwen2w.no_layer_types.loss", e <= TOL, f"rel {e:.2e}")
+
+
 TOKENIZER = None
 
 
 def main():
     global TOKENIZER
     TOKENIZER = byte_bpe_tokenizer(os.path.join(TMP, "tokenizer.json"), V)
+    if sys.argv[1:] == ["window"]:
+        check_windows()
+        sys.exit(1 if failures() else 0)
     dirs = make_models()
     for kind in ("qwen2", "qwen3", "phi3"):
         check_n1(kind, dirs[kind])
@@ -379,6 +458,7 @@ def main():
     check_phi3_files(dirs["phi3"])
     check_longrope()
     check_ranks("qwen2_bf16", dirs["qwen2_bf16"], "qwen2")
+    check_windows()
     check_refused(dirs)
     sys.exit(1 if failures() else 0)
 

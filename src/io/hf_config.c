@@ -479,19 +479,20 @@ struct llama_like {
     bool fused;           /* Phi-3: qkv_proj and gate_up_proj in the files (model_config.fused_projections) */
     double eps;           /* rms_norm_eps when absent */
     const char *eps_text;
+    bool window_key;      /* sliding_window, when set, slides every layer (Mistral, Phi-3); LlamaModel ignores it */
 };
 static const struct llama_like llama_likes[] = {
     {"LlamaForCausalLM", "llama", "LlamaConfig", 32000, 4096, 11008, 32, 32, -1, 2048, -1, 0, false, false, true, true,
-     false, false, 1e-6, "1e-6"},
+     false, false, 1e-6, "1e-6", false},
     {"MistralForCausalLM", "mistral", "MistralConfig", 32000, 4096, 14336, 32, 32, 8, 4096 * 32, -1, 4096, false,
-     false, true, true, false, false, 1e-6, "1e-6"},
+     false, true, true, false, false, 1e-6, "1e-6", true},
     {"Qwen2ForCausalLM", "qwen2", "Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, -1, 0, true, false, false,
-     false, true, false, 1e-6, "1e-6"},
+     false, true, false, 1e-6, "1e-6", false},
     {"Qwen3ForCausalLM", "qwen3", "Qwen3Config", 151936, 4096, 22016, 32, 32, 32, 32768, 128, 0, false, true, true,
-     false, true, false, 1e-6, "1e-6"},
+     false, true, false, 1e-6, "1e-6", false},
     /* Phi-3, 3.5 and 4 (sliding_window: Phi3Config's default is none, Phi-3-mini-4k's file gives 2047) */
     {"Phi3ForCausalLM", "phi3", "Phi3Config", 32064, 3072, 8192, 32, 32, -1, 4096, -1, 0, false, false, false, false,
-     false, true, 1e-5, "1e-5"},
+     false, true, 1e-5, "1e-5", true},
 };
 
 static const struct llama_like *llama_like(const char *architecture)
@@ -541,11 +542,14 @@ static long long qwen_window(struct reader *r, long long L, struct attention_lay
     return window;
 }
 
-/* Mistral's window: absent takes MistralConfig's 4096, null means none. */
+/* Mistral's and Phi-3's window: absent takes the class's default (MistralConfig's 4096, Phi3Config's none), null
+ * means none. Llama's class has no window (LlamaModel ignores a sliding_window key). */
 static long long mistral_window(struct reader *r, const struct llama_like *df)
 {
     json_t *w = json_object_get(r->root, "sliding_window");
     json_object_set_new(r->used, "sliding_window", json_true());
+    if (!df->window_key)
+        return 0;
     if (df->window && !w) {
         log_default(r, "sliding_window", "4096");
         return df->window;
