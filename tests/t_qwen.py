@@ -91,15 +91,22 @@ CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "phi3": Phi3For
 WINDOW = 8  # the sliding window of the window cases: a quarter of T
 
 
-def make_models():
-    dirs = {}
-    torch.manual_seed(0)
-    q2 = Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=True,
+def qwen2(shape, **window):
+    """A tied Qwen2 of shape with rope_theta 1e6 and random q|k|v biases (a model that dropped them could not
+    pass); window: use_sliding_window and its keys."""
+    q2 = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True, **window,
                                       rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
     with torch.no_grad():
         for layer in q2.model.layers:
             for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 p.bias.normal_(0.0, 0.5)
+    return q2
+
+
+def make_models():
+    dirs = {}
+    torch.manual_seed(0)
+    q2 = qwen2(SHAPE)
     dirs["qwen2"] = os.path.join(TMP, "qwen2")
     q2.save_pretrained(dirs["qwen2"])
     dirs["qwen2_bf16"] = os.path.join(TMP, "qwen2_bf16")
@@ -381,13 +388,7 @@ def make_window_models():
                                                pad_token_id=None))
     dirs["mistral"] = os.path.join(TMP, "mistral")
     mistral.save_pretrained(dirs["mistral"])
-    q2 = Qwen2ForCausalLM(Qwen2Config(**dict(SHAPE, num_hidden_layers=3), tie_word_embeddings=True,
-                                      use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
-                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
-    with torch.no_grad():
-        for layer in q2.model.layers:
-            for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                p.bias.normal_(0.0, 0.5)
+    q2 = qwen2(dict(SHAPE, num_hidden_layers=3), use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
     dirs["qwen2w"] = os.path.join(TMP, "qwen2w")
     q2.save_pretrained(dirs["qwen2w"])
     cfg = json.load(open(os.path.join(dirs["qwen2w"], "config.json")))
