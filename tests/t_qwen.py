@@ -48,8 +48,10 @@ Sliding windows (issue 48 item 4), windows of 8 under sequences of T = 32:
   each: N1 (logits, loss, every gradient, three AdamW steps), N2 and N3
   losses, the export (the window kept), 32 tokens of greedy generation past
   the window (the cache a ring of 8 on the sliding layers), eval's loss;
-  qwen2w.no_layer_types: the same file without layer_types (the sliding
-  layers from max_window_layers) at the same loss.
+  qwen2w.max_window_layers_1/_0: the same file without layer_types (the
+  sliding layers from max_window_layers on: 1 and 2, or all) at
+  transformers' loss of that file; refuse.*: max_window_layers -1 and
+  sliding_window 0 in one line.
   mistral.packed: samples of 8 to 50 tokens packed into rows of 64 give the
   loss and every gradient of the same samples one per micro-batch (rel 1e-5):
   the window counts positions within each sample.
@@ -456,18 +458,34 @@ def check_windows():
         check("qwen2w.export.window", c.get("use_sliding_window") is True and c.get("sliding_window") == WINDOW
               and c.get("layer_types") == ["full_attention"] + ["sliding_attention"] * 2,
               f"{[c.get(k) for k in ('use_sliding_window', 'sliding_window', 'layer_types')]}")
-    d = os.path.join(TMP, "qwen2w_no_layer_types")
+    # without layer_types the sliding layers are those from max_window_layers on (1: layers 1 and 2; 0: all)
+    for mwl in (1, 0):
+        d = edited_copy(dirs["qwen2w"], f"qwen2w_mwl{mwl}", {"max_window_layers": mwl}, drop="layer_types")
+        res = train(f"qwen2w.max_window_layers_{mwl}", d, 1)
+        if res is not None:
+            with torch.no_grad():
+                _, want = loss_of(hf("qwen2w", d), *windows(0, B))
+            e = abs(float(res[0]["loss"].ravel()[0]) - want.item()) / want.item()
+            check(f"qwen2w.max_window_layers_{mwl}.loss", e <= TOL, f"rel {e:.2e}")
+    for name, src, edit, words in (("max_window_layers", "qwen2w", {"max_window_layers": -1}, ["max_window_layers"]),
+                                   ("sliding_window_0", "mistral", {"sliding_window": 0}, ["sliding_window"])):
+        d = edited_copy(dirs[src], "bad_" + name, edit, drop="layer_types" if src == "qwen2w" else None)
+        r = run(["train", config("bad_" + name, d)])
+        lines = r.stderr.strip().splitlines()
+        check(f"refuse.{name}", r.returncode == 2 and lines and all(w in lines[-1] for w in words),
+              f"exit {r.returncode}: {r.stderr[-300:]}")
+
+
+def edited_copy(src, name, edit, drop=None):
+    """A copy of model directory src with config.json updated by edit (and key drop removed)."""
+    d = os.path.join(TMP, name)
     shutil.rmtree(d, ignore_errors=True)
-    shutil.copytree(dirs["qwen2w"], d)
+    shutil.copytree(src, d)
     c = json.load(open(os.path.join(d, "config.json")))
-    del c["layer_types"]
+    c.update(edit)
+    c.pop(drop, None)
     json.dump(c, open(os.path.join(d, "config.json"), "w"))
-    res = train("qwen2w.no_layer_types", d, 1)
-    if res is not None:
-        with torch.no_grad():
-            _, want = loss_of(hf("qwen2w", dirs["qwen2w"]), *windows(0, B))
-        e = abs(float(res[0]["loss"].ravel()[0]) - want.item()) / want.item()
-        check("qwen2w.no_layer_types.loss", e <= TOL, f"rel {e:.2e}")
+    return d
 
 
 TOKENIZER = None

@@ -522,8 +522,7 @@ static void check_windowed_layers(struct reader *r, long long window, long long 
  * and marks the sliding blocks in *att. */
 static long long qwen_window(struct reader *r, long long L, struct attention_layers *att)
 {
-    json_t *w = get(r, "sliding_window");
-    get(r, "max_window_layers");
+    json_t *w = get(r, "sliding_window"), *m = get(r, "max_window_layers");
     static const char *const full[] = {"full_attention", NULL};
     static const char *const both[] = {"full_attention", "sliding_attention", NULL};
     if (!bool_key(r, "use_sliding_window", false, true)) {
@@ -534,7 +533,11 @@ static long long qwen_window(struct reader *r, long long L, struct attention_lay
     if (!w)
         log_default(r, "sliding_window", "4096");
     json_t *lt = read_layer_types(r, L, window ? both : full);
-    const long long mwl = lt || !window ? 0 : int_key(r, "max_window_layers", QWEN_DEFAULT_MAX_WINDOW_LAYERS);
+    long long mwl = QWEN_DEFAULT_MAX_WINDOW_LAYERS; /* 0 is valid: every layer slides */
+    if (!lt && window && !m)
+        log_default(r, "max_window_layers", "28");
+    else if (!lt && window && (!json_is_integer(m) || (mwl = json_integer_value(m)) < 0))
+        fail_input("%s: 'max_window_layers' must be an integer >= 0 (the first layer that slides)", r->path);
     check_windowed_layers(r, window, L);
     for (long long l = 0; window && l < L; l++)
         if (lt ? strcmp(json_string_value(json_array_get(lt, (size_t)l)), "sliding_attention") == 0 : l >= mwl)
@@ -613,8 +616,6 @@ static void llama_keys(struct reader *r, const struct llama_like *df, void (*put
         for (long long l = 0; window && l < L; l++) /* Mistral: every block through the window */
             model_attention_set_sliding(att, (int)l);
     }
-    if (window < 0)
-        fail_input("%s: 'sliding_window' must be positive or null, got %lld", r->path, window);
     if (window > INT_MAX / 2)
         window = INT_MAX / 2; /* longer than any sequence: the same as full causal attention */
     read_rope(r, lt, max_pos, put, ctx);
