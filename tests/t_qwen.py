@@ -47,7 +47,8 @@ Sliding windows (issue 48 item 4), windows of 8 under sequences of T = 32:
               the window (layer_types as save_pretrained writes them)
   each: N1 (logits, loss, every gradient, three AdamW steps), N2 and N3
   losses, the export (the window kept), 32 tokens of greedy generation past
-  the window (the cache a ring of 8 on the sliding layers), eval's loss;
+  the window (the cache a ring of 8 on the sliding layers) at N = 1, 2 and
+  3, eval's loss at N = 1 and 2;
   qwen2w.max_window_layers_1/_0: the same file without layer_types (the
   sliding layers from max_window_layers on: 1 and 2, or all) at
   transformers' loss of that file; refuse.*: max_window_layers -1 and
@@ -403,17 +404,43 @@ def make_window_models():
 
 
 def check_eval(kind, d):
-    """`shardlm eval` over the first 4 windows of T tokens at the transformers model's loss."""
-    r = subprocess.run([BIN, "eval", d, "--data", DATA, "--seq-len", str(T), "--batch", "2", "--max-batches", "2",
-                        "--json"], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
-    check(f"{kind}.eval.run", r.returncode == 0, r.stderr[-600:])
-    if r.returncode != 0:
-        return
-    got = json.loads(r.stdout.strip().splitlines()[-1])["loss"]
+    """`shardlm eval` over the first 4 windows of T tokens at the transformers model's loss, at N = 1 and 2 (one
+    forward of 2 rows a rank)."""
     with torch.no_grad():
         _, want = loss_of(hf(kind, d), *windows(0, 4))
-    e = abs(got - want.item()) / want.item()
-    check(f"{kind}.eval.loss", e <= TOL, f"{got} vs transformers {want.item()} (rel {e:.2e})")
+    for N in (1, 2):
+        r = run(["eval", d, "--data", DATA, "--seq-len", str(T), "--batch", "2", "--max-batches", str(2 // N),
+                 "--json"], N)
+        check(f"{kind}.eval.N{N}.run", r.returncode == 0, r.stderr[-600:])
+        if r.returncode != 0:
+            continue
+        got = json.loads(r.stdout.strip().splitlines()[-1])["loss"]
+        e = abs(got - want.item()) / want.item()
+        check(f"{kind}.eval.N{N}.loss", e <= TOL, f"{got} vs transformers {want.item()} (rel {e:.2e})")
+
+
+def check_generate_ranks(kind, d):
+    """`shardlm generate` at N = 2 and 3 (the model sharded, every rank decoding the prompts it holds) gives
+    transformers' greedy tokens, 32 past prompts of 5 and 20 tokens: far past the window."""
+    model = CLASSES[kind].from_pretrained(d, dtype=torch.float32).eval()
+    prompts = [[3, 14, 15, 92, 65], list(range(40, 60)), [7, 7, 8]]
+    path = os.path.join(TMP, kind + "_ranks_prompts.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps({"ids": p}) + "\n" for p in prompts)
+    want = []
+    for p in prompts:
+        with torch.no_grad():
+            y = model.generate(torch.tensor([p]), max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                               attention_mask=torch.ones(1, len(p), dtype=torch.long), pad_token_id=0)
+        want.append(y[0, len(p):].tolist())
+    for N in (2, 3):
+        r = run(["generate", d, "--prompt-file", path, "--max-new-tokens", "32", "--ignore-eos", "--no-chat",
+                 "--tokenizer", TOKENIZER], N)
+        check(f"{kind}.generate.N{N}.run", r.returncode == 0, r.stderr[-600:])
+        if r.returncode != 0:
+            continue
+        got = [json.loads(line)["ids"] for line in r.stdout.splitlines() if line.strip()]
+        check(f"{kind}.generate.N{N}.greedy", got == want, f"shardlm {got} vs transformers {want}")
 
 
 def check_packed_window(d):
@@ -450,6 +477,7 @@ def check_windows():
         check_ranks(kind, dirs[kind], kind)
         check_export(kind)
         check_generate(kind, dirs[kind])
+        check_generate_ranks(kind, dirs[kind])
         check_eval(kind, dirs[kind])
     check_packed_window(dirs["mistral"])
     out = os.path.join(TMP, "ck_qwen2w", "hf", "config.json")
