@@ -376,7 +376,8 @@ static void tiled_forward_step(const struct forward_tile *t, const struct attn_d
         const int first = attention_first_key(d, t->pos_row, i);
         const int hi = i + 1 < j1 ? i + 1 - j0 : n, r = i - t->i0;
         const int lo = first > j0 ? (first - j0 < hi ? first - j0 : hi) : 0; /* lo = hi: none of these keys */
-        tiled_softmax_row(d, t->s + (size_t)(i - r0) * t->ld, n, lo, hi, &t->m[r], &t->l[r], t->y + (size_t)r * C, d->hs);
+        tiled_softmax_row(d, t->s + (size_t)(i - r0) * t->ld, n, lo, hi, &t->m[r], &t->l[r], t->y + (size_t)r * C,
+                          d->hs);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, d->hs, n, 1.0f, t->s, t->ld,
                 t->v + (size_t)j0 * row, row, 1.0f, t->y + (size_t)(r0 - t->i0) * C, C);
