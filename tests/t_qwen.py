@@ -417,6 +417,17 @@ def check_eval(kind, d):
         got = json.loads(r.stdout.strip().splitlines()[-1])["loss"]
         e = abs(got - want.item()) / want.item()
         check(f"{kind}.eval.N{N}.loss", e <= TOL, f"{got} vs transformers {want.item()} (rel {e:.2e})")
+    # the N = 2 run's checkpoint (its resolved config keeps the window: no config.json is read) at the loss of its
+    # export in transformers
+    ck = os.path.join(TMP, f"ck_{kind}")
+    if os.path.exists(os.path.join(ck, "hf", "config.json")):
+        r = run(["eval", ck, "--data", DATA, "--seq-len", str(T), "--batch", "2", "--max-batches", "2", "--json"])
+        with torch.no_grad():
+            _, want = loss_of(hf(kind, os.path.join(ck, "hf")), *windows(0, 4))
+        got = json.loads(r.stdout.strip().splitlines()[-1])["loss"] if r.returncode == 0 else float("nan")
+        e = abs(got - want.item()) / want.item()
+        check(f"{kind}.eval.checkpoint", e <= TOL, f"{got} vs transformers {want.item()} (rel {e:.2e}) "
+              f"{r.stderr[-300:] if r.returncode else ''}")
 
 
 def check_generate_ranks(kind, d):
@@ -495,13 +506,22 @@ def check_windows():
                 _, want = loss_of(hf("qwen2w", d), *windows(0, B))
             e = abs(float(res[0]["loss"].ravel()[0]) - want.item()) / want.item()
             check(f"qwen2w.max_window_layers_{mwl}.loss", e <= TOL, f"rel {e:.2e}")
-    for name, src, edit, words in (("max_window_layers", "qwen2w", {"max_window_layers": -1}, ["max_window_layers"]),
-                                   ("sliding_window_0", "mistral", {"sliding_window": 0}, ["sliding_window"])):
-        d = edited_copy(dirs[src], "bad_" + name, edit, drop="layer_types" if src == "qwen2w" else None)
+    for name, src, edit, drop, words in (
+            ("max_window_layers", "qwen2w", {"max_window_layers": -1}, "layer_types", ["max_window_layers"]),
+            ("sliding_window_0", "mistral", {"sliding_window": 0}, None, ["sliding_window"]),
+            ("layer_types", "qwen2w", {"layer_types": ["sliding_attention"] * 2}, None, ["layer_types"])):
+        d = edited_copy(dirs[src], "bad_" + name, edit, drop=drop)
         r = run(["train", config("bad_" + name, d)])
         lines = r.stderr.strip().splitlines()
         check(f"refuse.{name}", r.returncode == 2 and lines and all(w in lines[-1] for w in words),
               f"exit {r.returncode}: {r.stderr[-300:]}")
+    # the window as shardlm's own keys, for a model without config.json: layers out of range refused
+    r = run(["train", config("bad_sliding_layers", dirs["mistral"], extra={
+        "model": {"from_pretrained": None, "type": "llama", "n_layer": 2, "n_head": 4, "n_embd": 64, "ffn_dim": 96,
+                  "vocab_size": V, "n_positions": 128, "sliding_window": 8, "sliding_layers": [1, 2]}})])
+    lines = r.stderr.strip().splitlines()
+    check("refuse.sliding_layers", r.returncode == 2 and lines and "model.sliding_layers[1]" in lines[-1],
+          f"exit {r.returncode}: {r.stderr[-300:]}")
 
 
 def edited_copy(src, name, edit, drop=None):

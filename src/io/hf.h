@@ -31,10 +31,10 @@
  * callee owns). Refuses (fail_input, naming the file and the field) an
  * unknown architecture and settings shardlm does not implement (a hidden_act
  * other than silu, attention or MLP biases in a Llama, a GPT-2 activation
- * other than gelu_new, ...). *att: each block's attention (Mistral's and
- * Qwen's sliding windows; all zero: every block full causal). */
-void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
-                    struct attention_layers *att);
+ * other than gelu_new, ...). A sliding window (Mistral's, Phi-3's, Qwen's
+ * use_sliding_window) puts sliding_window and, unless every layer slides,
+ * sliding_layers (the layers from 0 that do). */
+void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx);
 
 /* config.json for model m in dtype dt (torch_dtype), as transformers writes
  * it; when src_dir is given, its config.json's other fields (token ids,

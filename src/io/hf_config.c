@@ -560,8 +560,25 @@ static long long mistral_window(struct reader *r, const struct llama_like *df)
     return w && !json_is_null(w) ? int_key(r, "sliding_window", -1) : 0;
 }
 
+/* The window as shardlm's model keys: model.sliding_window, and model.sliding_layers unless every layer slides. */
+static void put_window(const struct attention_layers *att, long long L, void (*put)(void *, const char *, json_t *),
+                       void *ctx)
+{
+    if (!att->window)
+        return;
+    put(ctx, "sliding_window", json_integer(att->window));
+    json_t *layers = json_array();
+    for (int l = 0; l < L; l++)
+        if (model_attention_sliding(att, l))
+            json_array_append_new(layers, json_integer(l));
+    if ((long long)json_array_size(layers) < L)
+        put(ctx, "sliding_layers", layers);
+    else
+        json_decref(layers);
+}
+
 static void llama_keys(struct reader *r, const struct llama_like *df, void (*put)(void *, const char *, json_t *),
-                       void *ctx, struct attention_layers *att)
+                       void *ctx)
 {
     r->cls = df->cls;
     const char *act = str_key(r, "hidden_act", "silu");
@@ -605,6 +622,7 @@ static void llama_keys(struct reader *r, const struct llama_like *df, void (*put
         get(r, "original_max_position_embeddings");
     long long window = 0;
     json_t *lt = NULL;
+    struct attention_layers window_layers = {0}, *att = &window_layers;
     if (df->qwen_window) {
         window = qwen_window(r, L, att);
         lt = get(r, "layer_types");
@@ -620,6 +638,7 @@ static void llama_keys(struct reader *r, const struct llama_like *df, void (*put
         window = INT_MAX / 2; /* longer than any sequence: the same as full causal attention */
     read_rope(r, lt, max_pos, put, ctx);
     att->window = (int)window;
+    put_window(att, L, put, ctx);
 }
 
 /* Mixture-of-experts architectures: named, so that the refusal says what is missing. */
@@ -732,16 +751,14 @@ static const char *architecture(struct reader *r)
                HF_ARCHITECTURES);
 }
 
-void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
-                    struct attention_layers *att)
+void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx)
 {
     char path[1100];
     struct reader r = {load_config_json(dir, path, sizeof path), path, "PretrainedConfig", json_object()};
     const char *arch = architecture(&r);
-    memset(att, 0, sizeof *att);
     const struct arch *family = arch_find_hf(arch);
     if (family && family->id == ARCH_LLAMA)
-        llama_keys(&r, llama_like(arch), put, ctx, att);
+        llama_keys(&r, llama_like(arch), put, ctx);
     else if (family && family->id == ARCH_GPT2)
         gpt2_keys(&r, put, ctx);
     else if (in_list(moe_architectures, arch) || json_object_get(r.root, "num_local_experts") ||
@@ -808,6 +825,35 @@ static void set_ints(json_t *out, const struct int_key *keys, size_t n)
         json_object_set_new(out, keys[i].key, json_integer(keys[i].value));
 }
 
+/* The model's window in the keys of its architecture: Qwen's use_sliding_window, sliding_window, layer_types and
+ * max_window_layers; Mistral's and Phi-3's sliding_window (every layer slides there). Without a window the
+ * source's keys stay as they were. */
+static void put_export_window(json_t *out, const struct model_config *c, const struct llama_like *df)
+{
+    int sliding = 0, first = -1;
+    for (int l = 0; l < c->n_layer; l++)
+        if (model_attention_sliding(&c->attention, l)) {
+            sliding++;
+            first = first < 0 ? l : first;
+        }
+    if (!sliding)
+        return;
+    if (df->qwen_window) {
+        json_t *lt = json_array();
+        for (int l = 0; l < c->n_layer; l++)
+            json_array_append_new(lt, json_string(model_attention_sliding(&c->attention, l) ? "sliding_attention"
+                                                                                            : "full_attention"));
+        json_object_set_new(out, "use_sliding_window", json_true());
+        json_object_set_new(out, "max_window_layers", json_integer(first));
+        json_object_set_new(out, "layer_types", lt);
+    } else if (!df->window_key || sliding != c->n_layer) {
+        fail_input("export: %d of the %d layers attend through a window of %d, which %s cannot say (its window is "
+                   "on every layer or none); export from the checkpoint of a model that came with its config.json",
+                   sliding, c->n_layer, c->attention.window, df->architecture);
+    }
+    json_object_set_new(out, "sliding_window", json_integer(c->attention.window));
+}
+
 json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir)
 {
     const struct model_config *c = &m->cfg;
@@ -829,7 +875,8 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         const struct llama_like *df = llama_like(arch ? arch
                                                       : c->qk_norm ? "Qwen3ForCausalLM"
                                                       : c->qkv_bias ? "Qwen2ForCausalLM"
-                                                                    : family->hf_architectures[0]);
+                                                      : c->attention.window ? "MistralForCausalLM"
+                                                                            : family->hf_architectures[0]);
         if (!arch) {
             json_object_set_new(out, "architectures", json_pack("[s]", df->architecture));
             json_object_set_new(out, "model_type", json_string(df->model_type));
@@ -849,8 +896,7 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         if (df->qwen_window && !json_object_get(out, "use_sliding_window"))
             json_object_set_new(out, "use_sliding_window", json_false());
         put_rope(out, c);
-        if (df->window && c->attention.window) /* 0 from a checkpoint: the source's own value stays */
-            json_object_set_new(out, "sliding_window", json_integer(c->attention.window));
+        put_export_window(out, c, df);
     } else {
         json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));
         json_object_set_new(out, "model_type", json_string(family->hf_model_types[0]));

@@ -10,7 +10,7 @@
 static void run_config_end(struct config *cfg)
 {
     if (cfg->model.pretrained[0])
-        hf_config_keys(cfg->model.pretrained, config_put_pretrained, cfg, &cfg->model.attention);
+        hf_config_keys(cfg->model.pretrained, config_put_pretrained, cfg);
     config_end(cfg);
 }
 
