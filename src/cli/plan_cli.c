@@ -159,7 +159,7 @@ static const char *class_label(enum buf_class c, enum mem_space s)
 static void print_model(const struct model *m)
 {
     const struct model_config *c = &m->cfg;
-    char kv[96] = "";
+    char kv[128] = "";
     int at = 0;
     if (c->n_kv_head != c->n_head)
         at += snprintf(kv + at, sizeof kv - at, ", %d KV heads", c->n_kv_head);
@@ -168,7 +168,12 @@ static void print_model(const struct model *m)
     if (c->qkv_bias)
         at += snprintf(kv + at, sizeof kv - at, ", q|k|v biases");
     if (c->qk_norm)
-        snprintf(kv + at, sizeof kv - at, ", q/k norms");
+        at += snprintf(kv + at, sizeof kv - at, ", q/k norms");
+    int sliding = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        sliding += model_attention_sliding(&c->attention, l);
+    if (sliding) /* a generation's cache keeps the window only on those layers (family_kv_plan) */
+        snprintf(kv + at, sizeof kv - at, ", window %d on %d layers", c->attention.window, sliding);
     printf("model: %s%s%s%s, %d layers, d_model %d, %d heads%s, FFN %d (%s), vocab %d (padded %d), context %d, %s "
            "head: %zu parameters (%.2f B)\n",
            c->preset[0] ? c->preset : "", c->preset[0] ? " (" : "", c->type, c->preset[0] ? ")" : "", c->n_layer,

@@ -78,6 +78,11 @@ static const struct key_spec model_keys[] = {
      "Llama: RMSNorm of each head's q and k before the rotary (Qwen3)"},
     {"fused_projections", K_BOOL, 0, NULL, NULL, "`false`", NULL,
      "Llama: the Hugging Face files fuse q, k, v as `qkv_proj` and gate, up as `gate_up_proj` (Phi-3)"},
+    {"sliding_window", K_INT, 0, NULL, NULL, "0", ">= 0",
+     "Llama: keys a query of a sliding layer sees, itself included (Mistral's, Qwen2's `sliding_window`); 0: "
+     "none. Set from `config.json` with `model.from_pretrained`, and kept in checkpoints"},
+    {"sliding_layers", K_ARRAY, 0, NULL, NULL, "every layer", "layer numbers from 0, each once",
+     "Llama: the layers that attend through `sliding_window` (Qwen2's from `max_window_layers` on)"},
     {0},
 };
 

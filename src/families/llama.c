@@ -285,7 +285,7 @@ static void llama_block_forward(struct family_acts *fa, int l, const float *unit
     backend_rope_forward(ba->qkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
     if (!family_attention_kv(fa, l, ba->atty, ba->qkv, d.NH, d.NKV, d.hs))
         backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH,
-                                      d.NKV, d.hs);
+                                      d.NKV, d.hs, &fa->attn[l]);
     project_add(ba->res2, x, ba->atty, P(LT_O), d.N, d.Q, d.C);
     family_lora_forward(fa, l, ad, LG_O, ba->atty, ba->res2, d.C);
     backend_rmsnorm_forward(ba->ln2, ba->rstd2, ba->res2, P(LT_POST_NORM), eps, d.N, d.C);
@@ -324,7 +324,7 @@ static void llama_block_backward(struct family_acts *fa, int l, const float *uni
     backend_matmul_backward_transposed(datty, G(LT_O), dres2, ba->atty, P(LT_O), d.N, d.Q, d.C);
     family_lora_backward(fa, l, ad, ag, LG_O, ba->atty, dres2, d.C, datty);
     backend_attention_gqa_backward(a->dqkv, datty, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, fa->B, fa->T,
-                                   d.NH, d.NKV, d.hs);
+                                   d.NH, d.NKV, d.hs, &fa->attn[l]);
     backend_rope_backward(a->dqkv, a->rope_cos, a->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
     if (a->x.q_norm >= 0) {
         head_norm_backward(&d, a->dqkv, 0, d.NH, P(a->x.q_norm), G(a->x.q_norm), ba->q_pre, ba->q_rstd, a->head_a,

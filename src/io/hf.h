@@ -32,9 +32,10 @@
  * callee owns). Refuses (fail_input, naming the file and the field) an
  * unknown architecture and settings shardlm does not implement (a hidden_act
  * other than silu, attention or MLP biases in a Llama, a GPT-2 activation
- * other than gelu_new, ...). *sliding_window: Mistral's window (0: none). */
-void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
-                    int *sliding_window);
+ * other than gelu_new, ...). A sliding window (Mistral's, Phi-3's, Qwen's
+ * use_sliding_window) puts sliding_window and, unless every layer slides,
+ * sliding_layers (the layers from 0 that do). */
+void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx);
 
 /* Whether DIR/config.json says its weights are bitsandbytes' 4-bit (1, with
  * the type, enum quant4_type, and the double quantization), 0 when it has no

@@ -27,8 +27,7 @@
  */
 #include "hf.h"
 
-#include "core/quant4.h"
-
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,11 +36,13 @@
 
 #include "core/dtype.h"
 #include "core/hf_json.h"
+#include "core/quant4.h"
 #include "core/util.h"
-
-static void check_quantization(const char *path, json_t *q);
 #include "hf_export.h"
 #include "model/arch.h"
+#include "model/model.h"
+
+static void check_quantization(const char *path, json_t *q);
 
 /* ---- the keys ------------------------------------------------------------------------- */
 
@@ -517,19 +518,20 @@ struct llama_like {
     bool fused;           /* Phi-3: qkv_proj and gate_up_proj in the files (model_config.fused_projections) */
     double eps;           /* rms_norm_eps when absent */
     const char *eps_text;
+    bool window_key;      /* sliding_window, when set, slides every layer (Mistral, Phi-3); LlamaModel ignores it */
 };
 static const struct llama_like llama_likes[] = {
     {"LlamaForCausalLM", "llama", "LlamaConfig", 32000, 4096, 11008, 32, 32, -1, 2048, -1, 0, false, false, true, true,
-     false, false, 1e-6, "1e-6"},
+     false, false, 1e-6, "1e-6", false},
     {"MistralForCausalLM", "mistral", "MistralConfig", 32000, 4096, 14336, 32, 32, 8, 4096 * 32, -1, 4096, false,
-     false, true, true, false, false, 1e-6, "1e-6"},
+     false, true, true, false, false, 1e-6, "1e-6", true},
     {"Qwen2ForCausalLM", "qwen2", "Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, -1, 0, true, false, false,
-     false, true, false, 1e-6, "1e-6"},
+     false, true, false, 1e-6, "1e-6", false},
     {"Qwen3ForCausalLM", "qwen3", "Qwen3Config", 151936, 4096, 22016, 32, 32, 32, 32768, 128, 0, false, true, true,
-     false, true, false, 1e-6, "1e-6"},
+     false, true, false, 1e-6, "1e-6", false},
     /* Phi-3, 3.5 and 4 (sliding_window: Phi3Config's default is none, Phi-3-mini-4k's file gives 2047) */
     {"Phi3ForCausalLM", "phi3", "Phi3Config", 32064, 3072, 8192, 32, 32, -1, 4096, -1, 0, false, false, false, false,
-     false, true, 1e-5, "1e-5"},
+     false, true, 1e-5, "1e-5", true},
 };
 
 static const struct llama_like *llama_like(const char *architecture)
@@ -540,23 +542,56 @@ static const struct llama_like *llama_like(const char *architecture)
     return &llama_likes[0];
 }
 
-/* Qwen's window: use_sliding_window (false as released) turns it on for the
- * layers from max_window_layers on; honoured nowhere yet, so refused. */
-static void qwen_window(struct reader *r)
+/* A model with sliding layers fits struct attention_layers. */
+static void check_windowed_layers(struct reader *r, long long window, long long L)
 {
-    get(r, "sliding_window");
-    get(r, "max_window_layers");
-    if (bool_key(r, "use_sliding_window", false, true))
-        fail_input("%s: use_sliding_window is true: %s's windowed layers are not implemented; set it to false (as the "
-                   "released models have it)",
-                   r->path, r->cls);
+    if (window && L > MODEL_MAX_WINDOWED_LAYERS)
+        fail_input("%s: %lld layers with a sliding window; shardlm's windowed models have at most %d layers", r->path,
+                   L, MODEL_MAX_WINDOWED_LAYERS);
 }
 
-/* Mistral's window: absent takes MistralConfig's 4096, null means none. */
+/* Qwen2Config's and Qwen3Config's defaults of 5.25 for the window keys. */
+#define QWEN_DEFAULT_WINDOW 4096
+#define QWEN_DEFAULT_MAX_WINDOW_LAYERS 28
+
+/* Qwen's window as transformers 5.25 reads it: use_sliding_window (false as
+ * released) keeps sliding_window (absent: 4096; null: none), else none; the
+ * sliding layers are layer_types' "sliding_attention" entries, or without
+ * layer_types the blocks from max_window_layers on (absent: 28). Returns W
+ * and marks the sliding blocks in *att. */
+static long long qwen_window(struct reader *r, long long L, struct attention_layers *att)
+{
+    json_t *w = get(r, "sliding_window"), *m = get(r, "max_window_layers");
+    static const char *const full[] = {"full_attention", NULL};
+    static const char *const both[] = {"full_attention", "sliding_attention", NULL};
+    if (!bool_key(r, "use_sliding_window", false, true)) {
+        read_layer_types(r, L, full);
+        return 0;
+    }
+    long long window = !w ? QWEN_DEFAULT_WINDOW : json_is_null(w) ? 0 : int_key(r, "sliding_window", -1);
+    if (!w)
+        log_default(r, "sliding_window", "4096");
+    json_t *lt = read_layer_types(r, L, window ? both : full);
+    long long mwl = QWEN_DEFAULT_MAX_WINDOW_LAYERS; /* 0 is valid: every layer slides */
+    if (!lt && window && !m)
+        log_default(r, "max_window_layers", "28");
+    else if (!lt && window && (!json_is_integer(m) || (mwl = json_integer_value(m)) < 0))
+        fail_input("%s: 'max_window_layers' must be an integer >= 0 (the first layer that slides)", r->path);
+    check_windowed_layers(r, window, L);
+    for (long long l = 0; window && l < L; l++)
+        if (lt ? strcmp(json_string_value(json_array_get(lt, (size_t)l)), "sliding_attention") == 0 : l >= mwl)
+            model_attention_set_sliding(att, (int)l);
+    return window;
+}
+
+/* Mistral's and Phi-3's window: absent takes the class's default (MistralConfig's 4096, Phi3Config's none), null
+ * means none. Llama's class has no window (LlamaModel ignores a sliding_window key). */
 static long long mistral_window(struct reader *r, const struct llama_like *df)
 {
     json_t *w = json_object_get(r->root, "sliding_window");
     json_object_set_new(r->used, "sliding_window", json_true());
+    if (!df->window_key)
+        return 0;
     if (df->window && !w) {
         log_default(r, "sliding_window", "4096");
         return df->window;
@@ -564,8 +599,25 @@ static long long mistral_window(struct reader *r, const struct llama_like *df)
     return w && !json_is_null(w) ? int_key(r, "sliding_window", -1) : 0;
 }
 
+/* The window as shardlm's model keys: model.sliding_window, and model.sliding_layers unless every layer slides. */
+static void put_window(const struct attention_layers *att, long long L, void (*put)(void *, const char *, json_t *),
+                       void *ctx)
+{
+    if (!att->window)
+        return;
+    put(ctx, "sliding_window", json_integer(att->window));
+    json_t *layers = json_array();
+    for (int l = 0; l < L; l++)
+        if (model_attention_sliding(att, l))
+            json_array_append_new(layers, json_integer(l));
+    if ((long long)json_array_size(layers) < L)
+        put(ctx, "sliding_layers", layers);
+    else
+        json_decref(layers);
+}
+
 static void llama_keys(struct reader *r, const struct llama_like *df, void (*put)(void *, const char *, json_t *),
-                       void *ctx, int *sliding_window)
+                       void *ctx)
 {
     r->cls = df->cls;
     const char *act = str_key(r, "hidden_act", "silu");
@@ -608,14 +660,24 @@ static void llama_keys(struct reader *r, const struct llama_like *df, void (*put
     if (df->fused) /* Phi-3 keeps it beside rope_parameters; read for longrope, which shardlm refuses */
         get(r, "original_max_position_embeddings");
     long long window = 0;
-    if (df->qwen_window)
-        qwen_window(r);
-    else
+    json_t *lt = NULL;
+    struct attention_layers window_layers = {0}, *att = &window_layers;
+    if (df->qwen_window) {
+        window = qwen_window(r, L, att);
+        lt = get(r, "layer_types");
+    } else {
         window = mistral_window(r, df);
-    static const char *const full[] = {"full_attention", NULL}, *const sliding[] = {"sliding_attention", NULL};
-    json_t *lt = read_layer_types(r, L, window ? sliding : full);
+        static const char *const full[] = {"full_attention", NULL}, *const sliding[] = {"sliding_attention", NULL};
+        lt = read_layer_types(r, L, window ? sliding : full);
+        check_windowed_layers(r, window, L);
+        for (long long l = 0; window && l < L; l++) /* Mistral: every block through the window */
+            model_attention_set_sliding(att, (int)l);
+    }
+    if (window > INT_MAX / 2)
+        window = INT_MAX / 2; /* longer than any sequence: the same as full causal attention */
     read_rope(r, lt, max_pos, put, ctx);
-    *sliding_window = (int)window;
+    att->window = (int)window;
+    put_window(att, L, put, ctx);
 }
 
 /* Mixture-of-experts architectures: named, so that the refusal says what is missing. */
@@ -728,16 +790,14 @@ static const char *architecture(struct reader *r)
                HF_ARCHITECTURES);
 }
 
-void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
-                    int *sliding_window)
+void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx)
 {
     char path[1100];
     struct reader r = {load_config_json(dir, path, sizeof path), path, "PretrainedConfig", json_object()};
     const char *arch = architecture(&r);
-    *sliding_window = 0;
     const struct arch *family = arch_find_hf(arch);
     if (family && family->id == ARCH_LLAMA)
-        llama_keys(&r, llama_like(arch), put, ctx, sliding_window);
+        llama_keys(&r, llama_like(arch), put, ctx);
     else if (family && family->id == ARCH_GPT2)
         gpt2_keys(&r, put, ctx);
     else if (in_list(moe_architectures, arch) || json_object_get(r.root, "num_local_experts") ||
@@ -804,6 +864,35 @@ static void set_ints(json_t *out, const struct int_key *keys, size_t n)
         json_object_set_new(out, keys[i].key, json_integer(keys[i].value));
 }
 
+/* The model's window in the keys of its architecture: Qwen's use_sliding_window, sliding_window, layer_types and
+ * max_window_layers; Mistral's and Phi-3's sliding_window (every layer slides there). Without a window the
+ * source's keys stay as they were. */
+static void put_export_window(json_t *out, const struct model_config *c, const struct llama_like *df)
+{
+    int sliding = 0, first = -1;
+    for (int l = 0; l < c->n_layer; l++)
+        if (model_attention_sliding(&c->attention, l)) {
+            sliding++;
+            first = first < 0 ? l : first;
+        }
+    if (!sliding)
+        return;
+    if (df->qwen_window) {
+        json_t *lt = json_array();
+        for (int l = 0; l < c->n_layer; l++)
+            json_array_append_new(lt, json_string(model_attention_sliding(&c->attention, l) ? "sliding_attention"
+                                                                                            : "full_attention"));
+        json_object_set_new(out, "use_sliding_window", json_true());
+        json_object_set_new(out, "max_window_layers", json_integer(first));
+        json_object_set_new(out, "layer_types", lt);
+    } else if (!df->window_key || sliding != c->n_layer) {
+        fail_input("export: %d of the %d layers attend through a window of %d, which %s cannot say (its window is "
+                   "on every layer or none); export from the checkpoint of a model that came with its config.json",
+                   sliding, c->n_layer, c->attention.window, df->architecture);
+    }
+    json_object_set_new(out, "sliding_window", json_integer(c->attention.window));
+}
+
 json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir)
 {
     const struct model_config *c = &m->cfg;
@@ -825,7 +914,8 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         const struct llama_like *df = llama_like(arch ? arch
                                                       : c->qk_norm ? "Qwen3ForCausalLM"
                                                       : c->qkv_bias ? "Qwen2ForCausalLM"
-                                                                    : family->hf_architectures[0]);
+                                                      : c->attention.window ? "MistralForCausalLM"
+                                                                            : family->hf_architectures[0]);
         if (!arch) {
             json_object_set_new(out, "architectures", json_pack("[s]", df->architecture));
             json_object_set_new(out, "model_type", json_string(df->model_type));
@@ -845,8 +935,7 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         if (df->qwen_window && !json_object_get(out, "use_sliding_window"))
             json_object_set_new(out, "use_sliding_window", json_false());
         put_rope(out, c);
-        if (df->window && c->sliding_window) /* 0 from a checkpoint: the source's own value stays */
-            json_object_set_new(out, "sliding_window", json_integer(c->sliding_window));
+        put_export_window(out, c, df);
     } else {
         json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));
         json_object_set_new(out, "model_type", json_string(family->hf_model_types[0]));

@@ -601,3 +601,21 @@ double model_flops_per_token(const struct model *m, int seq_len)
     double matmul_params = L * (attn + mlp) + V * C;
     return 6.0 * matmul_params + 12.0 * L * Q * (double)seq_len;
 }
+
+bool model_attention_sliding(const struct attention_layers *a, int l)
+{
+    return a->window > 0 && l >= 0 && l < MODEL_MAX_WINDOWED_LAYERS && (a->sliding[l / 8] >> (l % 8) & 1);
+}
+
+void model_attention_set_sliding(struct attention_layers *a, int l)
+{
+    if (l < 0 || l >= MODEL_MAX_WINDOWED_LAYERS)
+        fail_internal("block %d is beyond the %d that may slide", l, MODEL_MAX_WINDOWED_LAYERS);
+    a->sliding[l / 8] |= (uint8_t)(1u << (l % 8));
+}
+
+int model_attention_cache_len(const struct model_config *c, int l, int Tmax)
+{
+    const int W = c->attention.window;
+    return model_attention_sliding(&c->attention, l) && W < Tmax ? W : Tmax;
+}

@@ -397,6 +397,8 @@ void ckpt_run_model(struct ckpt_reader *r, const char *path, struct model *m)
     json_t *hd = json_object_get(model, "head_dim");
     mc.head_dim = json_is_integer(hd) ? (int)json_integer_value(hd) : 0;
     mc.qkv_bias = json_is_true(json_object_get(model, "qkv_bias"));
+    if (doc)
+        config_read_sliding(&mc, doc);
     mc.qk_norm = json_is_true(json_object_get(model, "qk_norm"));
     mc.fused_projections = json_is_true(json_object_get(model, "fused_projections"));
     json_t *src = json_object_get(model, "from_pretrained");

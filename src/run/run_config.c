@@ -48,7 +48,7 @@ static void run_config_end(struct config *cfg)
 {
     bool prequantized = false;
     if (cfg->model.pretrained[0]) {
-        hf_config_keys(cfg->model.pretrained, config_put_pretrained, cfg, &cfg->model.sliding_window);
+        hf_config_keys(cfg->model.pretrained, config_put_pretrained, cfg);
         prequantized = take_quantized_dir(cfg);
     }
     config_end(cfg);
