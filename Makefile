@@ -136,6 +136,10 @@ $(BUILD)/src/%.o: src/%.c $(HDRS) Makefile
 	@echo "  CC      $<"
 	@$(CC) $(CFLAGS) -c $< -o $@
 
+# core/quant4.c reproduces bitsandbytes' roundings: a product and a sum that are
+# two roundings there must not become one fused multiply-add here.
+$(BUILD)/src/core/quant4.o: CFLAGS += -ffp-contract=off
+
 $(BIN)/shardlm: $(OBJS)
 	@mkdir -p $(dir $@)
 	@echo "  LD      $@"

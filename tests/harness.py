@@ -150,6 +150,42 @@ def mount_full_disk(path, check_name):
     return m.returncode == 0
 
 
+def write_preferences(path, pairs, vocab_size, fmt="shardlm-preferences", max_prompt_length=8):
+    """A preference file of pairs [((ids, trained), (ids, trained)), ...] (chosen, rejected; the prompt the
+    untrained head of each), as tools/prepare_data.py writes one; fmt other than shardlm-preferences: a sample
+    file that claims another format (for refusals)."""
+    import h5py
+    from datafiles import set_str, write_samples
+    toks, tr, off = [], [], [0]
+    for pair in pairs:
+        for ids, trained in pair:
+            toks += ids
+            tr += trained
+            off.append(len(toks))
+    write_samples(path, toks, tr, off, vocab_size)
+    with h5py.File(path, "r+") as f:
+        del f.attrs["format"]
+        set_str(f, "format", fmt)
+        if fmt == "shardlm-preferences":
+            f["prompt_lengths"] = np.array([p[0][1].index(1) for p in pairs], np.int64)
+            f.attrs["max_prompt_length"] = np.int64(max_prompt_length)  # above every prompt
+    return path
+
+
+def peft_set_adapters(pm, dump):
+    """Copies a shardlm dump's LoRA tensors into PEFT model pm's adapters: {PEFT parameter name: shardlm name}."""
+    import torch
+    params, ours = dict(pm.named_parameters()), {}
+    for n, w in dump.items():
+        if ".lora_" in n and not n.startswith("grad."):
+            module, kind = n.rsplit(".lora_", 1)
+            pname = f"base_model.model.{module}.lora_{kind[0]}.default.weight"
+            with torch.no_grad():
+                params[pname].copy_(torch.as_tensor(w, dtype=params[pname].dtype))
+            ours[pname] = n
+    return ours
+
+
 def check(name, cond, details=""):
     global _failures
     if cond:

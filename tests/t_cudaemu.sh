@@ -24,7 +24,7 @@ else
   fail cudaemu.build "$(grep -v '^rewrite' "$TMP/build.log" | tail -4 | tr '\n' ' ')"
   exit 1
 fi
-env -u SHARDLM_TF32 timeout 120 build/cudaemu/check_kernels >"$TMP/ck.out" 2>"$TMP/ck.err"
+env -u SHARDLM_TF32 timeout 300 build/cudaemu/check_kernels >"$TMP/ck.out" 2>"$TMP/ck.err"
 rc=$?
 grep -E '^(ok|FAIL) ' "$TMP/ck.out"
 summary=$(tail -1 "$TMP/ck.out")
@@ -34,7 +34,7 @@ else
   fail cudaemu.check_kernels_completed "exit $rc, last line '$summary', stderr: $(tail -3 "$TMP/ck.err" | tr '\n' ' ')"
 fi
 # again with cuBLASLt finding no algorithm for any epilogue: every fused matmul takes its unfused fallback
-env -u SHARDLM_TF32 CUDAEMU_LT_REFUSE=all timeout 120 build/cudaemu/check_kernels >"$TMP/ck_refuse.out" 2>&1
+env -u SHARDLM_TF32 CUDAEMU_LT_REFUSE=all timeout 300 build/cudaemu/check_kernels >"$TMP/ck_refuse.out" 2>&1
 rc=$?
 summary=$(tail -1 "$TMP/ck_refuse.out")
 if [ "$rc" -eq 0 ] && [[ "$summary" =~ ^[0-9]+\ passed,\ 0\ failed$ ]]; then
@@ -44,7 +44,7 @@ else
 fi
 # again with cuBLASLt answering INVALID_VALUE for the bias epilogues, as cuBLAS 13 on an H200 did in bf16:
 # the unfused kernels run, and the note says so once per epilogue
-env -u SHARDLM_TF32 CUDAEMU_LT_REFUSE=invalid timeout 120 build/cudaemu/check_kernels >"$TMP/ck_invalid.out" 2>&1
+env -u SHARDLM_TF32 CUDAEMU_LT_REFUSE=invalid timeout 300 build/cudaemu/check_kernels >"$TMP/ck_invalid.out" 2>&1
 rc=$?
 summary=$(tail -1 "$TMP/ck_invalid.out")
 notes=$(grep -c "cuBLASLt refused the fused epilogue" "$TMP/ck_invalid.out")

@@ -63,7 +63,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from harness import BIN, ENV, check, files_state, note, read_dump, rel, run_main, scratch_dir, write_config  # noqa: E402
+from harness import (BIN, ENV, check, files_state, note, peft_set_adapters, read_dump, rel, run_main,  # noqa: E402
+                     scratch_dir, write_config, write_preferences)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from datafiles import set_str, write_samples, write_shard  # noqa: E402
@@ -91,20 +92,7 @@ for _ in range(N_PAIRS):
 
 
 def write_pref(path, pairs, fmt="shardlm-preferences"):
-    toks, tr, off = [], [], [0]
-    for pair in pairs:
-        for ids, trained in pair:
-            toks += ids
-            tr += trained
-            off.append(len(toks))
-    write_samples(path, toks, tr, off, V)
-    with h5py.File(path, "r+") as f:
-        del f.attrs["format"]
-        set_str(f, "format", fmt)
-        if fmt == "shardlm-preferences":
-            f["prompt_lengths"] = np.array([p[0][1].index(1) for p in pairs], np.int64)
-            f.attrs["max_prompt_length"] = np.int64(8)  # above every prompt: what the reference file records
-    return path
+    return write_preferences(path, pairs, V, fmt)  # max_prompt_length 8: above every prompt
 
 
 DATA = write_pref(os.path.join(TMP, "pref.h5"), PAIRS)
@@ -374,14 +362,7 @@ def check_lora_grads():
     base = {n: w for n, w in dump.items() if ".lora_" not in n}
     pm = get_peft_model(hf_model(base), LoraConfig(r=4, lora_alpha=8.0, lora_dropout=0.0, target_modules=targets,
                                                    init_lora_weights=False))
-    params, ours = dict(pm.named_parameters()), {}
-    for n, w in dump.items():
-        if ".lora_" in n and not n.startswith("grad."):
-            module, kind = n.rsplit(".lora_", 1)
-            pname = f"base_model.model.{module}.lora_{kind[0]}.default.weight"
-            with torch.no_grad():
-                params[pname].copy_(torch.tensor(w))
-            ours[pname] = n
+    params, ours = dict(pm.named_parameters()), peft_set_adapters(pm, dump)
     check("lora_z.adapters_cover_peft", set(ours) == {n for n, p in pm.named_parameters() if p.requires_grad},
           f"{len(ours)} adapters")
     with torch.no_grad(), pm.disable_adapter():

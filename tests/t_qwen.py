@@ -52,8 +52,25 @@ Checks per case, against the transformers model in float64:
               completions' log-probs): loss and rewards/margins (rel 1e-5),
               every adapter's gradient (1e-4), the AdamW step's adapters;
               phi3.dpo_lora.N2 the same over two ranks
-  refuse.*    MixtralForCausalLM (mixture-of-experts named), Qwen's
-              use_sliding_window true, a rope_type shardlm lacks: one line
+  refuse.*    MixtralForCausalLM (mixture-of-experts named), a rope_type
+              shardlm lacks: one line
+Sliding windows (issue 48 item 4), windows of 8 under sequences of T = 32:
+  mistral     MistralForCausalLM, sliding_window 8 on every layer
+  qwen2w      Qwen2ForCausalLM with use_sliding_window true and
+              max_window_layers 1 of 3 layers: layer 0 full, 1 and 2 through
+              the window (layer_types as save_pretrained writes them)
+  each: N1 (logits, loss, every gradient, three AdamW steps), N2 and N3
+  losses, the export (the window kept), 32 tokens of greedy generation past
+  the window (the cache a ring of 8 on the sliding layers) at N = 1, 2 and
+  3, eval's loss at N = 1 and 2;
+  qwen2w.max_window_layers_1/_0: the same file without layer_types (the
+  sliding layers from max_window_layers on: 1 and 2, or all) at
+  transformers' loss of that file; refuse.*: max_window_layers -1 and
+  sliding_window 0 in one line.
+  mistral.packed: samples of 8 to 50 tokens packed into rows of 64 give the
+  loss and every gradient of the same samples one per micro-batch (rel 1e-5):
+  the window counts positions within each sample.
+`t_qwen.py window` runs the window cases only.
 """
 import json
 import os
@@ -69,8 +86,8 @@ use_ref5_venv("qwen.env")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from peft import PeftModel  # noqa: E402
-from transformers import (Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,  # noqa: E402
-                          Qwen3ForCausalLM)
+from transformers import (MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,  # noqa: E402
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from harness import (
@@ -90,18 +107,27 @@ DATA = os.path.join(TMP, "train.bin")
 write_shard(DATA, TOKENS)
 SHAPE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.2)
-CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "phi3": Phi3ForCausalLM}
+CLASSES = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "phi3": Phi3ForCausalLM,
+           "mistral": MistralForCausalLM, "qwen2w": Qwen2ForCausalLM}
+WINDOW = 8  # the sliding window of the window cases: a quarter of T
 
 
-def make_models():
-    dirs = {}
-    torch.manual_seed(0)
-    q2 = Qwen2ForCausalLM(Qwen2Config(**SHAPE, tie_word_embeddings=True,
+def qwen2(shape, **window):
+    """A tied Qwen2 of shape with rope_theta 1e6 and random q|k|v biases (a model that dropped them could not
+    pass); window: use_sliding_window and its keys."""
+    q2 = Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True, **window,
                                       rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
     with torch.no_grad():
         for layer in q2.model.layers:
             for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 p.bias.normal_(0.0, 0.5)
+    return q2
+
+
+def make_models():
+    dirs = {}
+    torch.manual_seed(0)
+    q2 = qwen2(SHAPE)
     dirs["qwen2"] = os.path.join(TMP, "qwen2")
     q2.save_pretrained(dirs["qwen2"])
     dirs["qwen2_bf16"] = os.path.join(TMP, "qwen2_bf16")
@@ -656,7 +682,6 @@ def check_longrope():
 def check_refused(dirs):
     cases = {"mixtral": ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 8},
                          ["mixture-of-experts"]),
-             "qwen_window": ({"use_sliding_window": True}, ["use_sliding_window"]),
              "phi3_yarn": ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
                            ["dynamic"])}
     for name, (edit, words) in cases.items():
@@ -672,12 +697,164 @@ def check_refused(dirs):
               f"exit {r.returncode}: {r.stderr[-300:]}")
 
 
+def make_window_models():
+    dirs = {}
+    torch.manual_seed(1)
+    mistral = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=WINDOW, tie_word_embeddings=False,
+                                               pad_token_id=None))
+    dirs["mistral"] = os.path.join(TMP, "mistral")
+    mistral.save_pretrained(dirs["mistral"])
+    q2 = qwen2(dict(SHAPE, num_hidden_layers=3), use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+    dirs["qwen2w"] = os.path.join(TMP, "qwen2w")
+    q2.save_pretrained(dirs["qwen2w"])
+    cfg = json.load(open(os.path.join(dirs["qwen2w"], "config.json")))
+    check("qwen2w.layer_types", cfg.get("layer_types") == ["full_attention"] + ["sliding_attention"] * 2,
+          f"{cfg.get('layer_types')}")
+    return dirs
+
+
+def check_eval(kind, d):
+    """`shardlm eval` over the first 4 windows of T tokens at the transformers model's loss, at N = 1 and 2 (one
+    forward of 2 rows a rank)."""
+    with torch.no_grad():
+        _, want = loss_of(hf(kind, d), *windows(0, 4))
+    for N in (1, 2):
+        r = run(["eval", d, "--data", DATA, "--seq-len", str(T), "--batch", "2", "--max-batches", str(2 // N),
+                 "--json"], N)
+        check(f"{kind}.eval.N{N}.run", r.returncode == 0, r.stderr[-600:])
+        if r.returncode != 0:
+            continue
+        got = json.loads(r.stdout.strip().splitlines()[-1])["loss"]
+        e = abs(got - want.item()) / want.item()
+        check(f"{kind}.eval.N{N}.loss", e <= TOL, f"{got} vs transformers {want.item()} (rel {e:.2e})")
+    # the N = 2 run's checkpoint (its resolved config keeps the window: no config.json is read) at the loss of its
+    # export in transformers
+    ck = os.path.join(TMP, f"ck_{kind}")
+    if os.path.exists(os.path.join(ck, "hf", "config.json")):
+        r = run(["eval", ck, "--data", DATA, "--seq-len", str(T), "--batch", "2", "--max-batches", "2", "--json"])
+        with torch.no_grad():
+            _, want = loss_of(hf(kind, os.path.join(ck, "hf")), *windows(0, 4))
+        got = json.loads(r.stdout.strip().splitlines()[-1])["loss"] if r.returncode == 0 else float("nan")
+        e = abs(got - want.item()) / want.item()
+        check(f"{kind}.eval.checkpoint", e <= TOL, f"{got} vs transformers {want.item()} (rel {e:.2e}) "
+              f"{r.stderr[-300:] if r.returncode else ''}")
+
+
+def check_generate_ranks(kind, d):
+    """`shardlm generate` at N = 2 and 3 (the model sharded, every rank decoding the prompts it holds) gives
+    transformers' greedy tokens, 32 past prompts of 5 and 20 tokens: far past the window."""
+    model = CLASSES[kind].from_pretrained(d, dtype=torch.float32).eval()
+    prompts = [[3, 14, 15, 92, 65], list(range(40, 60)), [7, 7, 8]]
+    path = os.path.join(TMP, kind + "_ranks_prompts.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps({"ids": p}) + "\n" for p in prompts)
+    want = []
+    for p in prompts:
+        with torch.no_grad():
+            y = model.generate(torch.tensor([p]), max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                               attention_mask=torch.ones(1, len(p), dtype=torch.long), pad_token_id=0)
+        want.append(y[0, len(p):].tolist())
+    for N in (2, 3):
+        r = run(["generate", d, "--prompt-file", path, "--max-new-tokens", "32", "--ignore-eos", "--no-chat",
+                 "--tokenizer", TOKENIZER], N)
+        check(f"{kind}.generate.N{N}.run", r.returncode == 0, r.stderr[-600:])
+        if r.returncode != 0:
+            continue
+        got = [json.loads(line)["ids"] for line in r.stdout.splitlines() if line.strip()]
+        check(f"{kind}.generate.N{N}.greedy", got == want, f"shardlm {got} vs transformers {want}")
+
+
+def check_packed_window(d):
+    """A step over 8 samples packed 2 rows x 2 micro-batches equals the step over them one per micro-batch."""
+    import datafiles  # tools/, on the path through harness
+    rng = np.random.default_rng(9)
+    lens = [30, 20, 10, 40, 25, 15, 50, 8]
+    toks = [rng.integers(0, V, size=n) for n in lens]
+    trained = [np.r_[np.zeros(3, np.uint8), np.ones(n - 3, np.uint8)] for n in lens]
+    data = datafiles.write_samples(os.path.join(TMP, "packed_window.h5"), np.concatenate(toks),
+                                   np.concatenate(trained), np.cumsum([0] + lens), V)
+    steps = {}
+    for name, micro, accum, extra in (("alone", 1, 8, {"pad_to_multiple_of": 1}), ("packed", 2, 2, {"packing": True})):
+        dump = os.path.join(TMP, f"mistral.packed_{name}.dump")
+        cfg = config(f"mistral.packed_{name}", d, extra={
+            "data": dict({"train": data, "seq_len": 64}, **extra), "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": accum})
+        r = run(["train", cfg, "--dump", dump])
+        check(f"mistral.packed_{name}.run", r.returncode == 0, r.stderr[-600:])
+        if r.returncode != 0:
+            return
+        steps[name] = read_dump(dump)
+    a, b = steps["packed"], steps["alone"]
+    e = abs(float(a["loss"][0]) - float(b["loss"][0])) / abs(float(b["loss"][0]))
+    worst = max((rel(a[k], b[k]), k) for k in b if k.startswith("grad."))
+    check("mistral.packed.loss", e <= TOL, f"rel {e:.2e}")
+    check("mistral.packed.grads", worst[0] <= TOL, f"worst {worst[1]} rel {worst[0]:.2e}")
+
+
+def check_windows():
+    dirs = make_window_models()
+    for kind in ("mistral", "qwen2w"):
+        check_n1(kind, dirs[kind])
+        check_ranks(kind, dirs[kind], kind)
+        check_export(kind)
+        check_generate(kind, dirs[kind])
+        check_generate_ranks(kind, dirs[kind])
+        check_eval(kind, dirs[kind])
+    check_packed_window(dirs["mistral"])
+    out = os.path.join(TMP, "ck_qwen2w", "hf", "config.json")
+    if os.path.exists(out):
+        c = json.load(open(out))
+        check("qwen2w.export.window", c.get("use_sliding_window") is True and c.get("sliding_window") == WINDOW
+              and c.get("layer_types") == ["full_attention"] + ["sliding_attention"] * 2,
+              f"{[c.get(k) for k in ('use_sliding_window', 'sliding_window', 'layer_types')]}")
+    # without layer_types the sliding layers are those from max_window_layers on (1: layers 1 and 2; 0: all)
+    for mwl in (1, 0):
+        d = edited_copy(dirs["qwen2w"], f"qwen2w_mwl{mwl}", {"max_window_layers": mwl}, drop="layer_types")
+        res = train(f"qwen2w.max_window_layers_{mwl}", d, 1)
+        if res is not None:
+            with torch.no_grad():
+                _, want = loss_of(hf("qwen2w", d), *windows(0, B))
+            e = abs(float(res[0]["loss"].ravel()[0]) - want.item()) / want.item()
+            check(f"qwen2w.max_window_layers_{mwl}.loss", e <= TOL, f"rel {e:.2e}")
+    for name, src, edit, drop, words in (
+            ("max_window_layers", "qwen2w", {"max_window_layers": -1}, "layer_types", ["max_window_layers"]),
+            ("sliding_window_0", "mistral", {"sliding_window": 0}, None, ["sliding_window"]),
+            ("layer_types", "qwen2w", {"layer_types": ["sliding_attention"] * 2}, None, ["layer_types"])):
+        d = edited_copy(dirs[src], "bad_" + name, edit, drop=drop)
+        r = run(["train", config("bad_" + name, d)])
+        lines = r.stderr.strip().splitlines()
+        check(f"refuse.{name}", r.returncode == 2 and lines and all(w in lines[-1] for w in words),
+              f"exit {r.returncode}: {r.stderr[-300:]}")
+    # the window as shardlm's own keys, for a model without config.json: layers out of range refused
+    r = run(["train", config("bad_sliding_layers", dirs["mistral"], extra={
+        "model": {"from_pretrained": None, "type": "llama", "n_layer": 2, "n_head": 4, "n_embd": 64, "ffn_dim": 96,
+                  "vocab_size": V, "n_positions": 128, "sliding_window": 8, "sliding_layers": [1, 2]}})])
+    lines = r.stderr.strip().splitlines()
+    check("refuse.sliding_layers", r.returncode == 2 and lines and "model.sliding_layers[1]" in lines[-1],
+          f"exit {r.returncode}: {r.stderr[-300:]}")
+
+
+def edited_copy(src, name, edit, drop=None):
+    """A copy of model directory src with config.json updated by edit (and key drop removed)."""
+    d = os.path.join(TMP, name)
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(src, d)
+    c = json.load(open(os.path.join(d, "config.json")))
+    c.update(edit)
+    c.pop(drop, None)
+    json.dump(c, open(os.path.join(d, "config.json"), "w"))
+    return d
+
+
 TOKENIZER = None
 
 
 def main():
     global TOKENIZER
     TOKENIZER = byte_bpe_tokenizer(os.path.join(TMP, "tokenizer.json"), V)
+    if sys.argv[1:] == ["window"]:
+        check_windows()
+        sys.exit(1 if failures() else 0)
     dirs = make_models()
     for kind in ("qwen2", "qwen3", "phi3"):
         check_n1(kind, dirs[kind])
@@ -696,6 +873,7 @@ def main():
         check_chat(kind, dirs[kind])
     check_longrope()
     check_ranks("qwen2_bf16", dirs["qwen2_bf16"], "qwen2")
+    check_windows()
     check_refused(dirs)
     sys.exit(1 if failures() else 0)
 

@@ -162,30 +162,54 @@ void backend_attention_backward(float *dqkv, const float *dout, const float *qkv
                                 float *scratch, const int32_t *pos, int B, int T, int C, int NH);
 size_t backend_attention_scratch(int T, int NH);
 size_t backend_attention_saved(int B, int T, int NH);
+/* One layer's attention variant, decided once at set-up (the model's config: family_acts.attn[l]) and read by
+ * the kernels as data; NULL or all zero: full causal attention, no soft-cap, scores scaled by 1 / sqrt(hs).
+ *   window   W > 0: the query at position p (within its sample, as pos says) sees the keys at positions
+ *            p - W + 1 .. p of its sample, W keys with itself: transformers' sliding window (masking_utils:
+ *            kv_idx > q_idx - sliding_window; Mistral, Qwen2's sliding layers, Gemma 2/3's sliding layers);
+ *   softcap  c > 0: each scaled score s becomes c tanh(s / c) before the softmax (Gemma 2's
+ *            attn_logit_softcapping); the backward carries d tanh exactly;
+ *   scale    the scores' factor, s = scale q.k; 0: 1 / sqrt(hs) (Gemma: query_pre_attn_scalar^-0.5). */
+#ifndef SHARDLM_ATTN_OPTS /* read twice by tests/gpu/cpu_names_decl.h, as mem_space above */
+#define SHARDLM_ATTN_OPTS
+struct attn_opts {
+    int window;
+    float softcap;
+    float scale;
+};
+#endif
+
 /* Grouped-query attention (Llama): the same, with qkv [A] (B, T, (NH + 2 NKV) hs)
  * holding NH query heads, then NKV key heads, then NKV value heads of hs
  * channels each; query head h reads key/value head h / (NH / NKV); out [A]
- * (B, T, NH hs); scores scaled by 1 / sqrt(hs). NKV divides NH. The GPT-2
- * calls above are this one with NKV = NH and hs = C / NH (the same bits). The
+ * (B, T, NH hs); scores scaled, capped and windowed as opt says (NULL: 1 / sqrt(hs), full causal). NKV divides
+ * NH. The GPT-2 calls above are this one with NKV = NH, hs = C / NH and opt NULL (the same bits). The
  * backward sums a key/value head's gradient over its query heads in head
  * order. att, scratch: sized for NH heads as above. */
 void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
-                                   int B, int T, int NH, int NKV, int hs);
+                                   int B, int T, int NH, int NKV, int hs, const struct attn_opts *opt);
 void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                     const float *out, float *scratch, const int32_t *pos, int B, int T, int NH,
-                                    int NKV, int hs);
+                                    int NKV, int hs, const struct attn_opts *opt);
 
 /* RMSNorm (Llama): rstd (N) = 1 / sqrt(mean(inp^2) + eps) in fp32, out [A] (N, C) =
  * inp [A] * rstd * weight [A], as Hugging Face's LlamaRMSNorm. */
 /* Generation with a key/value cache (family.h struct family_kv): T new tokens
  * of each of B rows, qkv [A] (B, T, (NH + 2 NKV) hs) as above (after rotary);
- * row b's token t sits at position past[b] + t, below Tmax. Their keys and
- * values are stored in kc, vc [A] (B, Tmax, NKV hs) at those positions, then
- * each token attends causally to positions 0 .. its own of its row, which the
- * cache holds: out [A] (B, T, NH hs). Scores scaled by 1 / sqrt(hs), softmax
- * in fp32. past: int32 in the kernels' memory (the device's on a GPU). */
-void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
-                                  int NH, int NKV, int hs, int Tmax);
+ * row b's token t sits at position past[b] + t. kc, vc [A] (B, Tc, NKV hs)
+ * hold the keys and values of the positions before past[b], position p in
+ * slot p % Tc: a ring of the last Tc positions (a full layer: Tc the longest
+ * sequence, so slot p = p; a sliding layer: Tc >= opt->window, the window
+ * only). Each token attends to positions max(0, p - W + 1) .. p of its row
+ * (W = opt->window, 0: from 0), those before past[b] from the cache, the
+ * others from qkv: out [A] (B, T, NH hs). Then the first keep[b] tokens' keys
+ * and values (the row's real ones; those after are padding) are stored, the
+ * last Tc of them. Scores as backend_attention_gqa_forward's, softmax in
+ * fp32. past, keep: int32 (B) in the kernels' memory (the device's on a
+ * GPU); keep NULL: all T. A full layer needs past[b] + T <= Tc. */
+void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past,
+                                  const int32_t *keep, int B, int T, int NH, int NKV, int hs, int Tc,
+                                  const struct attn_opts *opt);
 
 void backend_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, float eps, int N, int C);
 /* dinp [A] += ... (accumulated, as layernorm's), dweight [G] += ...; dout [A], inp [A], weight [A];
@@ -421,6 +445,16 @@ void backend_mem_free(enum mem_space space, void *p, size_t bytes);
 int backend_mem_info(size_t *free_bytes, size_t *total_bytes);
 /* dst (n, dst_dt) = src (n, src_dt), rounding to nearest even (dtype.h). */
 void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype src_dt, size_t n);
+/* bitsandbytes' 4-bit weights (core/quant4.h) dequantized, bit for bit as
+ * quant4_dequantize: out (n, out_dt) element i = table[code i] * absmax[i / 64],
+ * rounded once to out_dt, the codes (n + 1) / 2 bytes, the even element in the
+ * high nibble; type is enum quant4_type. With double quantization (qabsmax
+ * not NULL) absmax[b] = dynamic[qabsmax[b]] * nested_absmax[b / 256] + offset,
+ * the product and the sum rounded apart (quant4_nested_dequantize), and
+ * absmax is not read. n elements from the start of a tensor; every pointer in
+ * backend memory. */
+void backend_dequant4(void *out, enum dtype out_dt, const uint8_t *codes, const float *absmax, const uint8_t *qabsmax,
+                      const float *nested_absmax, float offset, size_t n, int type);
 /* acc (n, fp32) += src (n, dt). On a device, backend_convert and
  * backend_add_to_f32 from device memory into pinned host memory run on a
  * copy stream beside the kernels; every later call still sees the result. */

@@ -21,6 +21,7 @@
 #include "io/hf.h"
 #include "io/hf_export.h"
 #include "io/lora_merge.h"
+#include "io/quant_reader.h"
 #include "io/peft_export.h"
 #include "engine/plan.h"
 #include "comm/comm.h"
@@ -479,11 +480,17 @@ static void refuse_existing_file(const char *out, bool overwrite)
  * its checksum (zero_hash_source over the base units, as the trainer computes
  * it from the files) the checkpoint's base_checksum. Every rank hashes 1/N. */
 static void check_merge_base(const struct model *m, struct ckpt_reader *r, const char *path, const char *base,
-                             struct comm *comm)
+                             struct comm *comm, const struct quant_config *quant)
 {
     struct hf_source hf;
     hf_source_open(&hf, m, base);
     struct param_source src = {hf_source_read, NULL, &hf};
+    struct quant_reader qr; /* a QLoRA checkpoint's checksum is of the 4-bit values, as its run read them */
+    const bool quantize = quant->load_in_4bit && hf.bnb_weights == 0;
+    if (quantize) {
+        quant_reader_init(&qr, m, quant, hf_source_read, &hf);
+        src = (struct param_source){quant_reader_read, NULL, &qr};
+    }
     struct base_hash h;
     zero_hash_source(&h, m, m->n_base_units, &src);
     float *buf = xmalloc(TOOLS_PIECE * sizeof *buf);
@@ -494,6 +501,8 @@ static void check_merge_base(const struct model *m, struct ckpt_reader *r, const
             h.src.read(h.src.ctx, u, b, hi - b < TOOLS_PIECE ? hi - b : TOOLS_PIECE, buf);
     }
     free(buf);
+    if (quantize)
+        quant_reader_free(&qr);
     hf_source_close(&hf);
     char sum[24];
     snprintf(sum, sizeof sum, "%016llx", (unsigned long long)zero_hash_total(&h, comm, comm->rank, comm->world));
@@ -586,8 +595,9 @@ static int export_hf_dir(const struct export_request *q)
             fail_input("export --merge: checkpoint '%s' names no base model directory (its run had no "
                        "model.from_pretrained); give the base the adapters were trained on with --base DIR",
                        path);
-        lora_merge_open(&merge, &m, r, base, q->base ? "--base" : "the checkpoint's model.from_pretrained");
-        check_merge_base(&m, r, path, base, &comm);
+        lora_merge_open(&merge, &m, r, base, q->base ? "--base" : "the checkpoint's model.from_pretrained",
+                        &lora_cfg.quant);
+        check_merge_base(&m, r, path, base, &comm, &lora_cfg.quant);
     }
     const bool adapters = lora && !q->merge;
     /* the tokenizer files and config.json fields come from the directory the run started from */

@@ -57,10 +57,6 @@ void eval_check_length(const struct config *cfg, int T)
     if (T > cfg->model.n_positions)
         fail_input("eval --seq-len %d is longer than the model's context (%d positions); lower it", T,
                    cfg->model.n_positions);
-    if (cfg->model.sliding_window > 0 && T > cfg->model.sliding_window)
-        fail_input("eval --seq-len %d is longer than the model's sliding attention window (%d, sliding_window in "
-                   "%s/config.json), which shardlm does not implement; give --seq-len %d or less",
-                   T, cfg->model.sliding_window, cfg->model.pretrained, cfg->model.sliding_window);
 }
 
 /* The data as the trainer reads validation data, with the config's data
@@ -74,8 +70,7 @@ static void open_eval_data(struct infer *s, struct loader *ld, const char *path,
         struct config *cfg = &s->cfg;
         cfg->micro_batch = B;
         cfg->train_batch_size = B * s->sess.world;
-        const int window = cfg->model.sliding_window;
-        const int context = window > 0 && window < cfg->model.n_positions ? window : cfg->model.n_positions;
+        const int context = cfg->model.n_positions;
         if (seq_len > 0)
             cfg->data.seq_len = seq_len;
         else if (samples_is_sample_file(path)) {

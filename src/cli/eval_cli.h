@@ -22,8 +22,8 @@ struct eval_pref_options {
     bool json;
 };
 
-/* Refuses eval's length T (--seq-len, or the one chosen from the data) beyond the model's context or its
- * sliding attention window, in one line naming --seq-len and the longest length that works. */
+/* Refuses eval's length T (--seq-len, or the one chosen from the data) beyond the model's context, in one line
+ * naming --seq-len and the longest length that works. */
 void eval_check_length(const struct config *cfg, int T);
 
 /* eval on a preference file (eval_pref.c); returns the exit status. Collective. */

@@ -39,8 +39,7 @@ struct pref_run {
  * eval's are: both at the same length, or at lengths that cut none. */
 static int eval_length(const struct infer *s, const struct pref_run *pr, size_t longest, int seq_len)
 {
-    const int window = s->cfg.model.sliding_window, R = pr->ref ? pr->ref->seq_len : 0;
-    const int ctx = window > 0 && window < s->cfg.model.n_positions ? window : s->cfg.model.n_positions;
+    const int R = pr->ref ? pr->ref->seq_len : 0, ctx = s->cfg.model.n_positions;
     int T = seq_len > 0 ? seq_len : longest < (size_t)ctx ? (int)longest : ctx;
     if (seq_len <= 0 && R > 0 && R < T)
         T = R;

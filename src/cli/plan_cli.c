@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "config/config.h"
+#include "core/quant4.h"
 #include "model/arch.h"
 #include "model/model.h"
 #include "engine/plan.h"
@@ -158,7 +159,7 @@ static const char *class_label(enum buf_class c, enum mem_space s)
 static void print_model(const struct model *m)
 {
     const struct model_config *c = &m->cfg;
-    char kv[96] = "";
+    char kv[128] = "";
     int at = 0;
     if (c->n_kv_head != c->n_head)
         at += snprintf(kv + at, sizeof kv - at, ", %d KV heads", c->n_kv_head);
@@ -167,7 +168,12 @@ static void print_model(const struct model *m)
     if (c->qkv_bias)
         at += snprintf(kv + at, sizeof kv - at, ", q|k|v biases");
     if (c->qk_norm)
-        snprintf(kv + at, sizeof kv - at, ", q/k norms");
+        at += snprintf(kv + at, sizeof kv - at, ", q/k norms");
+    int sliding = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        sliding += model_attention_sliding(&c->attention, l);
+    if (sliding) /* a generation's cache keeps the window only on those layers (family_kv_plan) */
+        snprintf(kv + at, sizeof kv - at, ", window %d on %d layers", c->attention.window, sliding);
     printf("model: %s%s%s%s, %d layers, d_model %d, %d heads%s, FFN %d (%s), vocab %d (padded %d), context %d, %s "
            "head: %zu parameters (%.2f B)\n",
            c->preset[0] ? c->preset : "", c->preset[0] ? " (" : "", c->type, c->preset[0] ? ")" : "", c->n_layer,
@@ -841,6 +847,10 @@ int cmd_plan(int argc, char **argv)
         status = run_max_seq(&cfg, &m, &o);
     struct plan_eval *e = xcalloc(1, sizeof *e);
     print_settings(&cfg, &o);
+    if (cfg.quant.load_in_4bit) /* the plan is what the engine allocates: the base in the parameter dtype */
+        printf("quantization: the base's linear weights are bitsandbytes' %s values held in %s (4-bit storage is "
+               "not implemented yet): this is the plan of the same LoRA run\n",
+               quant4_type_name((enum quant4_type)cfg.quant.quant_type), dtype_name(cfg.dtype));
     evaluate(e, &m, &cfg, &o);
     print_dpo(e, &m, &cfg);
     print_plan(e, &m, &cfg, &o);

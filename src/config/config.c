@@ -147,6 +147,7 @@ void config_end(struct config *cfg)
     read_optimizer(cfg, root);
     read_scheduler(cfg, root);
     read_precision(cfg, root);
+    read_quantization(cfg, root); /* after lora (a frozen base) and the precision (the compute dtype) */
     read_zero(cfg, root);
     read_act_ckpt(cfg, root);
 }

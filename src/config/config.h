@@ -54,6 +54,10 @@ void config_begin_json(struct config *cfg, json_t *root, const char *const *sets
  * into the document as if given, or an error when the config gives it with
  * another value. cfg: the struct config between the two steps. */
 void config_put_pretrained(void *cfg, const char *key, json_t *value);
+
+/* m->attention from root's model.sliding_window and model.sliding_layers (m->n_layer set), checked as
+ * config_load checks them; also for a checkpoint's resolved config (run/ckpt_run.c). */
+void config_read_sliding(struct model_config *m, json_t *root);
 void config_end(struct config *cfg);
 /* Derives the missing batch number for this world size; inconsistent triples fail. */
 void config_resolve_batch(struct config *cfg, int world);

@@ -13,6 +13,7 @@
  *                      fp16/bf16, zero_optimization, activation_checkpointing
  *   config_lora.c      the lora section
  *   config_dpo.c       the dpo section
+ *   config_quant.c     the quantization section (BitsAndBytesConfig's names)
  *
  * Every read_*() of a section fills its part of struct config from the
  * document and writes the defaults it used back into it (so the document is
@@ -126,6 +127,7 @@ void read_pretrained(struct model_config *m, json_t *root); /* config_shardlm.c 
 void read_model(struct config *cfg, json_t *root);      /* config_shardlm.c */
 void read_lora(struct config *cfg, json_t *root);       /* config_lora.c */
 void read_dpo(struct config *cfg, json_t *root);        /* config_dpo.c */
+void read_quantization(struct config *cfg, json_t *root); /* config_quant.c */
 void read_data(struct config *cfg, json_t *root);       /* config_shardlm.c */
 void read_train(struct config *cfg, json_t *root);      /* config_shardlm.c */
 void read_checkpoint(struct config *cfg, json_t *root); /* config_shardlm.c */

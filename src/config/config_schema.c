@@ -79,6 +79,11 @@ static const struct key_spec model_keys[] = {
      "Llama: RMSNorm of each head's q and k before the rotary (Qwen3)"},
     {"fused_projections", K_BOOL, 0, NULL, NULL, "`false`", NULL,
      "Llama: the Hugging Face files fuse q, k, v as `qkv_proj` and gate, up as `gate_up_proj` (Phi-3)"},
+    {"sliding_window", K_INT, 0, NULL, NULL, "0", ">= 0",
+     "Llama: keys a query of a sliding layer sees, itself included (Mistral's, Qwen2's `sliding_window`); 0: "
+     "none. Set from `config.json` with `model.from_pretrained`, and kept in checkpoints"},
+    {"sliding_layers", K_ARRAY, 0, NULL, NULL, "every layer", "layer numbers from 0, each once",
+     "Llama: the layers that attend through `sliding_window` (Qwen2's from `max_window_layers` on)"},
     {"final_logit_softcapping", K_NUM, F_NULLABLE, NULL, NULL, "null", "> 0",
      "Gemma: the logits become cap × tanh(logits / cap) (Gemma 2: 30; null: none)"},
     {"attn_logit_softcapping", K_NUM, F_NULLABLE, NULL, NULL, "null", "null",
@@ -311,6 +316,33 @@ static const struct key_spec lora_keys[] = {
     {0},
 };
 
+/* quantization: transformers' BitsAndBytesConfig names (its to_dict(), as config.json's quantization_config
+ * holds it, is accepted whole). */
+static const struct key_spec quant_keys[] = {
+    {"quant_method", K_STR, 0, NULL, NULL, "`\"bitsandbytes\"`", "`\"bitsandbytes\"`",
+     "the quantization library whose formats are used; GPTQ, AWQ and others are refused"},
+    {"load_in_4bit", K_BOOL, 0, NULL, NULL, "`false`", NULL,
+     "store the frozen base's block linear weights in 4 bits (QLoRA); needs a `lora` section"},
+    {"load_in_8bit", K_BOOL, 0, NULL, NULL, "`false`", "`false`", "LLM.int8 bases are not supported (refused when true)"},
+    {"bnb_4bit_quant_type", K_STR, 0, NULL, NULL, "`\"fp4\"` (transformers' default)", "`\"nf4\"`, `\"fp4\"`",
+     "the 4-bit data type: NormalFloat (QLoRA's) or bitsandbytes' FP4"},
+    {"bnb_4bit_use_double_quant", K_BOOL, 0, NULL, NULL, "`false`", NULL,
+     "quantize the block maxima again (8 bits in blocks of 256): about 0.37 fewer bits per weight"},
+    {"bnb_4bit_compute_dtype", K_STR, 0, NULL, NULL, "the run's dtype", "`\"float32\"`, `\"bfloat16\"`, `\"float16\"`",
+     "the dtype the base is dequantized to for compute; must be the run's parameter dtype (`bf16`, `fp16`)"},
+    {"bnb_4bit_quant_storage", K_STR, 0, NULL, NULL, "`\"uint8\"`",
+     "`\"uint8\"`, `\"bfloat16\"`, `\"float16\"`, `\"float32\"`",
+     "the dtype the packed 4-bit codes are stored as (the same bytes; FSDP setups use the model's dtype)"},
+    {"llm_int8_skip_modules", K_ANY, F_NULLABLE, NULL, NULL, "null", "null or `[\"lm_head\"]`",
+     "modules left unquantized: the LM head always is"},
+    NO_EFFECT("_load_in_4bit", K_BOOL, " (transformers' private copy of load_in_4bit)"),
+    NO_EFFECT("_load_in_8bit", K_BOOL, " (transformers' private copy of load_in_8bit)"),
+    NO_EFFECT("llm_int8_threshold", K_NUM, " (an LLM.int8 setting)"),
+    NO_EFFECT("llm_int8_has_fp16_weight", K_BOOL, " (an LLM.int8 setting)"),
+    NO_EFFECT("llm_int8_enable_fp32_cpu_offload", K_BOOL, " (an LLM.int8 setting)"),
+    {0},
+};
+
 /* DeepSpeed's asynchronous I/O section (ZeRO-Infinity's NVMe offload). */
 static const struct key_spec aio_keys[] = {
     NO_EFFECT("block_size", K_INT, NULL),
@@ -364,6 +396,8 @@ const struct key_spec top_keys[] = {
      "LoRA adapters on a frozen base (keys below)"},
     {"dpo", K_OBJ, F_NULLABLE, dpo_keys, NULL, "null (next-token loss)", NULL,
      "DPO on a preference file (keys below)"},
+    {"quantization", K_OBJ, F_NULLABLE, quant_keys, NULL, "null (an unquantized base)", NULL,
+     "a 4-bit frozen base (QLoRA), transformers' BitsAndBytesConfig names (keys below)"},
     {"aio", K_OBJ, 0, aio_keys, NULL, NULL, NULL, "DeepSpeed's asynchronous I/O settings; none has an effect here"},
     NO_EFFECT("zero_allow_untested_optimizer", K_ANY, NULL),
     NO_EFFECT("zero_force_ds_cpu_optimizer", K_ANY, NULL),

@@ -6,6 +6,7 @@
  */
 #include "config_internal.h"
 #include "model/arch.h"
+#include "model/model.h"
 #include "data/samples.h"
 
 #include "core/util.h"
@@ -153,8 +154,8 @@ static void read_rope_scaling(struct model_config *m, json_t *root)
     require_positive("model.rope_scaling.original_max_position_embeddings", r->original_max_positions);
 }
 
-/* Gemma's keys: refused for the other types; the attention options the
- * kernels do not take yet refused at any value but their default. */
+/* Gemma's keys, refused for the other types. The attention's soft-cap and scale become each layer's attention
+ * options in model_build (model.c set_arch), so that a checkpoint's model gets them too. */
 static void read_gemma_keys(struct model_config *m, json_t *root, bool gemma)
 {
     static const char *const only_gemma[] = {"model.final_logit_softcapping", "model.attn_logit_softcapping",
@@ -178,15 +179,45 @@ static void read_gemma_keys(struct model_config *m, json_t *root, bool gemma)
         fail_input("config: 'model.sliding_window_pattern' must be >= 0, got %d", m->window_pattern);
     if (!(m->rope_local_theta > 1.0) || !isfinite(m->rope_local_theta))
         fail_input("config: 'model.rope_local_theta' must be larger than 1, got %g", m->rope_local_theta);
-    if (m->attn_softcap != 0)
-        fail_input("config: 'model.attn_logit_softcapping' is %g: soft-capping the attention scores is not implemented "
-                   "in shardlm's attention yet; set it to null to train without it (the model then computes other "
-                   "scores than it was trained with)",
-                   m->attn_softcap);
-    if (!(m->query_scalar > 0) || m->query_scalar != m->head_dim)
-        fail_input("config: 'model.query_pre_attn_scalar' is %g, not head_dim (%d): another attention scale is not "
-                   "implemented in shardlm's attention yet",
-                   m->query_scalar, m->head_dim);
+    if (!(m->attn_softcap >= 0) || !isfinite(m->attn_softcap))
+        fail_input("config: 'model.attn_logit_softcapping' must be a number > 0 or null, got %g", m->attn_softcap);
+    if (!(m->query_scalar > 0) || !isfinite(m->query_scalar))
+        fail_input("config: 'model.query_pre_attn_scalar' must be a number > 0, got %g", m->query_scalar);
+}
+
+/* The sliding window (core/options.h struct attention_layers): model.sliding_window W, on the layers
+ * model.sliding_layers lists (absent: every layer). */
+void config_read_sliding(struct model_config *m, json_t *root)
+{
+    memset(&m->attention, 0, sizeof m->attention);
+    const int W = read_int(root, "model.sliding_window", 0, NO_FILL);
+    json_t *layers = doc_get(root, "model.sliding_layers");
+    if (W < 0)
+        fail_input("config: 'model.sliding_window' must be >= 0 (0: no window), got %d", W);
+    if (W == 0) {
+        if (layers && json_array_size(layers) > 0)
+            fail_input("config: 'model.sliding_layers' is given without 'model.sliding_window'; give the window "
+                       "or remove the layers");
+        return;
+    }
+    if (m->n_layer > MODEL_MAX_WINDOWED_LAYERS)
+        fail_input("config: a sliding window on a model of %d layers; shardlm's windowed models have at most %d",
+                   m->n_layer, MODEL_MAX_WINDOWED_LAYERS);
+    m->attention.window = W;
+    if (!layers) {
+        for (int l = 0; l < m->n_layer; l++)
+            model_attention_set_sliding(&m->attention, l);
+        return;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(layers, i, v) {
+        const long long l = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (l < 0 || l >= m->n_layer || model_attention_sliding(&m->attention, (int)l))
+            fail_input("config: 'model.sliding_layers[%zu]' must be a layer number from 0 to %d, each once", i,
+                       m->n_layer - 1);
+        model_attention_set_sliding(&m->attention, (int)l);
+    }
 }
 
 /* The keys only Llama has: refused for GPT-2, read with Hugging Face's
@@ -195,7 +226,8 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
 {
     static const char *const only_llama[] = {"model.rms_norm_eps", "model.rope_theta", "model.rope_scaling",
                                               "model.tie_word_embeddings", "model.head_dim", "model.qkv_bias",
-                                              "model.qk_norm", "model.fused_projections"};
+                                              "model.qk_norm", "model.fused_projections", "model.sliding_window",
+                                              "model.sliding_layers"};
     m->norm_eps = 1e-5f;
     m->rope_theta = 10000.0;
     m->tie_embeddings = gpt2;
@@ -218,6 +250,7 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
     m->qkv_bias = read_bool(root, "model.qkv_bias", m->qkv_bias, NO_FILL);
     m->qk_norm = read_bool(root, "model.qk_norm", m->qk_norm, NO_FILL);
     m->fused_projections = read_bool(root, "model.fused_projections", false, NO_FILL);
+    config_read_sliding(m, root);
     double eps = read_num(root, "model.rms_norm_eps", 1e-5, FILL);
     if (!(eps > 0) || eps > 1.0)
         fail_input("config: 'model.rms_norm_eps' must be in (0, 1], got %g", eps);
@@ -354,11 +387,9 @@ void read_data(struct config *cfg, json_t *root)
     d->val_path = read_path(root, "data.val");
     /* max_seq_length (Hugging Face's name, for sample files) is seq_len */
     const int max_seq = read_int(root, "data.max_seq_length", 0, NO_FILL);
-    /* the default is the model's context, or its sliding attention window when that is shorter (shardlm
-     * attends over whole sequences): eval and generate, which choose their own lengths, start from it too */
-    const int window = cfg->model.sliding_window;
-    const int context = window > 0 && window < cfg->model.n_positions ? window : cfg->model.n_positions;
-    d->seq_len = read_int(root, "data.seq_len", max_seq > 0 ? max_seq : context, FILL);
+    /* the default is the model's context (a sliding window limits what each token sees, not the length):
+     * eval and generate, which choose their own lengths, start from it too */
+    d->seq_len = read_int(root, "data.seq_len", max_seq > 0 ? max_seq : cfg->model.n_positions, FILL);
     if (max_seq > 0 && max_seq != d->seq_len)
         fail_input("config: 'data.max_seq_length' (%d) and 'data.seq_len' (%d) name the same length; give one",
                    max_seq, d->seq_len);
@@ -380,10 +411,6 @@ void read_data(struct config *cfg, json_t *root)
     if (!d->samples && (d->group_by_length || d->packing))
         fail_input("config: data.%s needs a sample file (.h5 from tools/prepare_data.py) in data.train; token "
                    "shards (.bin) are cut into full windows already", d->packing ? "packing" : "group_by_length");
-    if (cfg->model.sliding_window > 0 && d->seq_len > cfg->model.sliding_window)
-        fail_input("config: 'data.seq_len' (%d) is longer than the model's sliding attention window (%d, "
-                   "sliding_window in %s/config.json), which shardlm does not implement; lower data.seq_len",
-                   d->seq_len, cfg->model.sliding_window, cfg->model.pretrained);
     const struct rope_scaling *rs = &cfg->model.rope_scaling;
     if (rs->type == ROPE_SCALING_LONGROPE && d->seq_len > rs->original_max_positions)
         fail_input("config: 'data.seq_len' (%d) is longer than the longrope model's original_max_position_embeddings "

@@ -57,6 +57,19 @@ struct rope_scaling {
  * (run/ckpt_run.c). */
 #define MODEL_VOCAB_ALIGN 128
 
+/* The attention of each block as the model's config.json describes it (io/hf_config: Mistral's sliding_window,
+ * Qwen2's use_sliding_window and max_window_layers, layer_types), decided once: family_acts_init turns it into
+ * each block's backend attn_opts, which the kernels read as data. All zero: every block full causal, no
+ * soft-cap, scores scaled by 1 / sqrt(head_dim). A model with sliding layers has at most
+ * MODEL_MAX_WINDOWED_LAYERS blocks (the largest released, Gemma 3 27B, has 62; Qwen2.5-72B 80). */
+#define MODEL_MAX_WINDOWED_LAYERS 1024
+struct attention_layers {
+    int window;      /* W of the sliding layers, keys per query with itself (sliding_window; 0: none) */
+    uint8_t sliding[MODEL_MAX_WINDOWED_LAYERS / 8]; /* bit l: block l attends through the window */
+    float softcap;   /* every block's score soft-cap c (attn_logit_softcapping; 0: none) */
+    float scale;     /* every block's score scale (query_pre_attn_scalar^-0.5; 0: 1 / sqrt(head_dim)) */
+};
+
 struct model_config {
     char type[16];     /* "gpt2", "llama" or "gemma" */
     char preset[24];   /* model.preset that supplied the defaults, "" when none */
@@ -75,7 +88,7 @@ struct model_config {
     struct rope_scaling rope_scaling; /* Llama: rope_scaling (type none: plain rotary) */
     bool tie_embeddings; /* Llama: tie_word_embeddings (lm_head is embed_tokens); GPT-2: always */
     char pretrained[1024]; /* model.from_pretrained: a Hugging Face directory ("": a random init) */
-    int sliding_window;  /* Mistral's attention window from its config.json (0: none) */
+    struct attention_layers attention; /* each block's attention variant, from config.json (io/hf_config) */
     int head_dim;        /* Llama: channels per attention head (Hugging Face head_dim; Qwen3's differs from
                           * n_embd / n_head); model_build sets n_embd / n_head when 0 */
     bool qkv_bias;       /* Llama: q_proj, k_proj, v_proj carry biases (Qwen2) */
@@ -221,6 +234,22 @@ struct lora_config {
     const char **modules_to_save;
 };
 
+/* quantization: a 4-bit frozen base (QLoRA, issue 50) under the names of
+ * transformers' BitsAndBytesConfig: the blocks' linear weights stored in
+ * bitsandbytes' NF4 or FP4 (core/quant4.h), optionally with the absmax
+ * double-quantized; embeddings, norms and the LM head stay unquantized, as
+ * transformers leaves them. Only with a lora section (the base is frozen). */
+struct quant_config {
+    bool load_in_4bit;      /* false: the section changes nothing */
+    int quant_type;         /* enum quant4_type: bnb_4bit_quant_type, "fp4" (transformers' default) or "nf4" */
+    bool double_quant;      /* bnb_4bit_use_double_quant */
+    enum dtype compute_dtype; /* bnb_4bit_compute_dtype: must be the run's parameter dtype */
+    bool prequantized;        /* model.from_pretrained holds bitsandbytes' 4-bit weights (read dequantized,
+                               * io/hf_bnb.h): nothing to quantize again */
+    bool storage_bytes;       /* bnb_4bit_quant_storage "uint8" (the default); else the dtype below */
+    enum dtype storage_dtype; /* the float dtype the packed bytes are labelled with (FSDP's bf16 storage) */
+};
+
 /* dpo: preference fine-tuning on a preference file (issue 37), TRL's
  * DPOConfig names and defaults: loss (engine/dpo.h) on the policy's and the
  * reference's summed log-probabilities of each pair's chosen and rejected
@@ -251,6 +280,7 @@ struct config {
     struct checkpoint_config checkpoint;
     struct lora_config lora;
     struct dpo_config dpo;
+    struct quant_config quant;
 
     /* Batch: any two of the three given; the third derived at resolve time. 0 = not given. */
     int train_batch_size;

@@ -5,6 +5,10 @@
 
 #include <string.h>
 
+#include "core/quant4.h"
+#include "core/util.h"
+#include "io/quant_reader.h"
+
 void session_init(struct session *s, struct comm *comm, const struct config *cfg)
 {
     memset(s, 0, sizeof *s);
@@ -33,6 +37,54 @@ void session_plan(struct session *s, const struct session_shape *shape)
     for (int sp = 0; sp < SPACE_COUNT; sp++)
         arena_create(&s->arenas[sp], sp, s->plan.space_total[sp]);
     s->planned = true;
+}
+
+static void inner_read(void *ctx, int u, size_t begin, size_t count, float *out)
+{
+    const struct param_source *inner = ctx;
+    inner->read(inner->ctx, u, begin, count, out);
+}
+
+static void quant_read(void *ctx, int u, size_t begin, size_t count, float *out)
+{
+    struct session_base *b = ctx;
+    quant_reader_read(&b->reader, u, begin, count, out);
+}
+
+static bool quant_read_as(void *ctx, int u, size_t begin, size_t count, enum dtype dt, void *out,
+                          void (*landed)(void *landed_ctx, size_t elems), void *landed_ctx)
+{
+    struct session_base *b = ctx;
+    if (quant_reader_quantizes(&b->reader, u) || !b->inner || !b->inner->read_as)
+        return false; /* its weights are not the source's: through quant_reader_read */
+    return b->inner->read_as(b->inner->ctx, u, begin, count, dt, out, landed, landed_ctx);
+}
+
+const struct param_source *session_base_source(const struct session *s, const struct param_source *src,
+                                               struct session_base *b)
+{
+    const struct quant_config *qc = &s->cfg->quant;
+    memset(b, 0, sizeof *b);
+    if (qc->load_in_4bit && s->rank == 0)
+        log_warn("quantization.load_in_4bit: the blocks' linear weights are bitsandbytes' %s%s values, held in %s: "
+                 "4-bit storage and gathers are not implemented yet, so memory and traffic are a LoRA run's (the "
+                 "plan counts them)",
+                 quant4_type_name((enum quant4_type)qc->quant_type), qc->double_quant ? " (double-quantized)" : "",
+                 dtype_name(s->cfg->dtype));
+    if (!qc->load_in_4bit || qc->prequantized) /* prequantized: the files' 4-bit weights, read dequantized */
+        return src;
+    b->on = true;
+    b->inner = src;
+    b->src = (struct param_source){quant_read, quant_read_as, b};
+    quant_reader_init(&b->reader, &s->model, qc, src ? inner_read : NULL, (void *)src);
+    return &b->src;
+}
+
+void session_base_free(struct session_base *b)
+{
+    if (b->on)
+        quant_reader_free(&b->reader);
+    memset(b, 0, sizeof *b);
 }
 
 void session_load(struct session *s, const struct param_source *src)

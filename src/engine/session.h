@@ -31,6 +31,7 @@
 #include "comm/comm.h"
 #include "core/options.h"
 #include "families/family.h"
+#include "io/quant_reader.h"
 #include "model/model.h"
 #include "plan.h"
 #include "zero/zero.h"
@@ -64,6 +65,21 @@ void session_plan(struct session *s, const struct session_shape *shape);
 /* The ZeRO state with its parameters from src (NULL: the seeded init), each
  * rank reading what it stores. Collective. */
 void session_load(struct session *s, const struct param_source *src);
+
+/* The base's values for s's config: src itself (NULL: the seeded init), or
+ * with quantization.load_in_4bit over an unquantized source, src's values
+ * with the blocks' linear weights as bitsandbytes' 4-bit makes them
+ * (io/quant_reader.h). Wrap it (the base's checksum) and give it to
+ * session_load; b holds the wrapper until session_base_free. */
+struct session_base {
+    struct param_source src;
+    const struct param_source *inner;
+    struct quant_reader reader;
+    bool on;
+};
+const struct param_source *session_base_source(const struct session *s, const struct param_source *src,
+                                               struct session_base *b);
+void session_base_free(struct session_base *b);
 /* The activations of the shape (and the cache when shape->Tmax > 0). */
 void session_acts(struct session *s, const struct session_shape *shape);
 void session_close(struct session *s);

@@ -712,8 +712,11 @@ double family_forward(struct zero *z, struct family_acts *a, int B, int T, int w
     if (a->kv) {
         if (mode != FAMILY_EVAL || with_targets)
             fail_internal("generation's forward computes logits only");
+        int32_t *keep = a->kv->past + a->max_B;
+        for (int b = 0; b < B; b++)
+            keep[b] = a->kv->last[b] + 1; /* the tokens after a row's last are padding, never cached */
         if (a->kv->dev_past != a->kv->past)
-            backend_copy(a->kv->dev_past, a->kv->past, (size_t)B * sizeof(int32_t));
+            backend_copy(a->kv->dev_past, a->kv->past, 2 * (size_t)a->max_B * sizeof(int32_t));
     }
     a->lora_dropout_on = mode == FAMILY_TRAIN;
     struct walk w = {z, NULL, 0};
@@ -791,6 +794,16 @@ void family_plan(const struct model *m, const struct exec_target *t, int B, int 
         bytes[BUF_WORKSPACE] += target_act_bytes(t, BT * (size_t)lora_widest_input(m));
 }
 
+/* Each block's attention variant, from the model's config (struct attention_layers), decided here once. */
+static struct attn_opts *attention_of(const struct model *m)
+{
+    const struct attention_layers *at = &m->cfg.attention;
+    struct attn_opts *o = xcalloc((size_t)m->cfg.n_layer, sizeof *o);
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        o[l] = (struct attn_opts){model_attention_sliding(at, l) ? at->window : 0, at->softcap, at->scale};
+    return o;
+}
+
 void family_acts_init(struct family_acts *a, const struct model *m, const struct exec_target *t, int B, int T,
                       int max_pos, int interval, bool positions, enum mem_space ckpt_space,
                       struct arena arenas[SPACE_COUNT], struct mem_tracker *mem)
@@ -806,6 +819,7 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
     a->max_pos = max_pos;
     a->interval = interval;
     a->n_sets = sets_for(m, interval);
+    a->attn = attention_of(m);
 #define ALLOC(cls, n) arena_alloc(dev, mem, cls, (n) * sizeof(float), 1)
 #define ALLOC_ACT(cls, n) arena_alloc(dev, mem, cls, (n) * ae, 1)
     /* Kept inputs first: without checkpointing they are every block's input. */
@@ -882,9 +896,12 @@ void family_acts_init(struct family_acts *a, const struct model *m, const struct
 void family_kv_plan(const struct model *m, const struct exec_target *t, int B, int Tmax, size_t bytes[BUF_COUNT])
 {
     const size_t kvw = (size_t)m->cfg.n_kv_head * (size_t)m->cfg.head_dim;
-    bytes[BUF_ACTIVATIONS] += 2 * (size_t)m->cfg.n_layer * target_act_bytes(t, (size_t)B * (size_t)Tmax * kvw);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const size_t Tc = (size_t)model_attention_cache_len(&m->cfg, l, Tmax);
+        bytes[BUF_ACTIVATIONS] += 2 * target_act_bytes(t, (size_t)B * Tc * kvw);
+    }
     if (t->device)
-        bytes[BUF_WORKSPACE] += arena_round((size_t)B * sizeof(int32_t));
+        bytes[BUF_WORKSPACE] += arena_round(2 * (size_t)B * sizeof(int32_t));
 }
 
 void family_kv_init(struct family_acts *a, struct family_kv *kv, const struct exec_target *t, int Tmax,
@@ -895,18 +912,21 @@ void family_kv_init(struct family_acts *a, struct family_kv *kv, const struct ex
     if (Tmax > a->max_pos)
         fail_internal("a cache of %d positions beyond the rotary tables' %d", Tmax, a->max_pos);
     const size_t kvw = (size_t)m->cfg.n_kv_head * (size_t)m->cfg.head_dim;
-    const size_t bytes = (size_t)B * (size_t)Tmax * kvw * (size_t)dtype_size(t->act);
     memset(kv, 0, sizeof *kv);
     kv->Tmax = Tmax;
+    kv->Tc = xcalloc((size_t)L, sizeof *kv->Tc);
     kv->k = xcalloc((size_t)L, sizeof *kv->k);
     kv->v = xcalloc((size_t)L, sizeof *kv->v);
     for (int l = 0; l < L; l++) {
+        kv->Tc[l] = model_attention_cache_len(&m->cfg, l, Tmax);
+        const size_t bytes = (size_t)B * (size_t)kv->Tc[l] * kvw * (size_t)dtype_size(t->act);
         kv->k[l] = arena_alloc(&arenas[SPACE_DEVICE], mem, BUF_ACTIVATIONS, bytes, 1);
         kv->v[l] = arena_alloc(&arenas[SPACE_DEVICE], mem, BUF_ACTIVATIONS, bytes, 1);
     }
-    kv->past = xcalloc((size_t)B, sizeof *kv->past);
+    kv->past = xcalloc(2 * (size_t)B, sizeof *kv->past);
     kv->last = xcalloc((size_t)B, sizeof *kv->last);
-    kv->dev_past = t->device ? arena_alloc(&arenas[SPACE_DEVICE], mem, BUF_WORKSPACE, (size_t)B * sizeof(int32_t), 1)
+    kv->dev_past = t->device ? arena_alloc(&arenas[SPACE_DEVICE], mem, BUF_WORKSPACE,
+                                           2 * (size_t)B * sizeof(int32_t), 1)
                              : kv->past;
     a->kv = kv;
 }
@@ -916,6 +936,7 @@ void family_kv_free(struct family_acts *a)
     struct family_kv *kv = a->kv;
     if (!kv)
         return;
+    free(kv->Tc);
     free(kv->k);
     free(kv->v);
     free(kv->past);
@@ -928,8 +949,9 @@ bool family_attention_kv(struct family_acts *a, int l, float *out, const float *
 {
     if (!a->kv)
         return false;
-    backend_attention_kv_forward(out, qkv, a->kv->k[l], a->kv->v[l], a->kv->dev_past, a->B, a->T, NH, NKV, hs,
-                                 a->kv->Tmax);
+    const struct family_kv *kv = a->kv;
+    backend_attention_kv_forward(out, qkv, kv->k[l], kv->v[l], kv->dev_past, kv->dev_past + a->max_B, a->B, a->T, NH,
+                                 NKV, hs, kv->Tc[l], &a->attn[l]);
     return true;
 }
 
@@ -942,6 +964,7 @@ void family_acts_free(struct family_acts *a)
     free(a->work);
     free(a->seg_params);
     free(a->seg_adapters);
+    free(a->attn);
     free(a->lora_t);
     memset(a, 0, sizeof *a);
 }

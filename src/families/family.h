@@ -56,11 +56,15 @@
 struct family;
 
 /* Generation (family_kv_init): every block's keys and values of B rows of up
- * to Tmax positions, so that a forward computes only the new tokens. */
+ * to Tmax positions, so that a forward computes only the new tokens. A
+ * sliding block keeps only its window (a ring of its last W positions,
+ * backend_attention_kv_forward), whatever Tmax. */
 struct family_kv {
     int Tmax;
-    float **k, **v;           /* [n_layer] (B, Tmax, n_kv_head hs) [A] */
-    int32_t *past;            /* (B) host: positions of each row already in the cache (the caller advances it) */
+    int *Tc;                  /* [n_layer] positions block l's cache holds (model_attention_cache_len) */
+    float **k, **v;           /* [n_layer] (B, Tc[l], n_kv_head hs) [A] */
+    int32_t *past;            /* (2 max_B) host: positions of each row already in the cache (the caller advances
+                               * it), then each row's tokens of this forward to keep (family_forward: last + 1) */
     int32_t *dev_past;        /* the kernels' copy (the same buffer on the CPU) */
     int32_t *last;            /* (B) host: each row's last real token among this forward's T (its logits row) */
 };
@@ -112,6 +116,8 @@ struct family_acts {
     uint64_t lora_row0;       /* the global index of this micro-batch's first row (sample, packed row or window) */
     bool lora_dropout_on;     /* dropout in this pass: training, not evaluation */
     struct family_kv *kv;     /* generation's cache (family_kv_init), NULL: attention over the micro-batch itself */
+    struct attn_opts *attn;   /* [n_layer] each block's attention variant (window, soft-cap, scale), from the
+                               * model's config (struct attention_layers) at set-up; the kernels take it as data */
     void *priv;               /* the family's own buffers */
 };
 

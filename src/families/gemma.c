@@ -17,10 +17,10 @@
  *    a local layer of Gemma 3 takes the rotary tables of rope_local_theta
  *    without rope_scaling, a global one rope_theta with it;
  *  - final_logit_softcapping, applied by the driver's LM head (family.c).
- * Each layer's attention options (struct llama_layer_attn: window, scale,
- * soft-cap) are set here per layer; the kernels take the rotary tables now
- * and the rest once they implement them (config refuses other values until
- * then).
+ * Each layer's rotary tables are chosen here (struct llama_layer_attn); its
+ * attention options (the window of the local layers, attn_logit_softcapping,
+ * query_pre_attn_scalar^-1/2) are fa->attn[l], from the model config
+ * (model.sliding_window and sliding_layers, model.c's set_arch).
  *
  * The activations are Llama's (struct llama_acts, allocated by llama_init
  * inside struct gemma_acts) plus the outputs of o_proj and down_proj and
@@ -46,7 +46,7 @@ struct gemma_acts {
     float *dmid;                      /* (B, T, C) [A] the gradient of o_proj's or down_proj's output */
     float *rope_cos_local, *rope_sin_local; /* (max_pos, hs / 2) fp32: the local layers' (the global ones' when the
                                              * bases are the same) */
-    struct llama_layer_attn *layers;  /* [n_layer] */
+    struct llama_layer_attn *layers;  /* [n_layer] each layer's rotary tables */
     float embed_scale;                /* sqrt(n_embd) in the activation dtype */
 };
 
@@ -104,14 +104,11 @@ static void gemma_init(struct family_acts *fa, const struct exec_target *t, stru
         backend_copy(g->rope_sin_local, cs + nr, nr * sizeof *cs);
         free(cs);
     }
-    /* transformers: scaling = query_pre_attn_scalar ** -0.5; 0 here when it is head_dim (the kernels' own) */
-    const float scale = c->query_scalar > 0 && c->query_scalar != c->head_dim ? (float)(1.0 / sqrt(c->query_scalar)) : 0.0f;
     g->layers = xcalloc((size_t)c->n_layer, sizeof *g->layers);
     for (int l = 0; l < c->n_layer; l++) {
         const bool local = layer_local(c, l);
         g->layers[l] = (struct llama_layer_attn){local ? g->rope_cos_local : g->base.rope_cos,
-                                                 local ? g->rope_sin_local : g->base.rope_sin,
-                                                 local ? c->sliding_window : 0, scale, (float)c->attn_softcap};
+                                                 local ? g->rope_sin_local : g->base.rope_sin};
     }
     const float root = (float)sqrt((double)c->n_embd);
     g->embed_scale = t->act == DTYPE_BF16 ? bf16_to_f32(f32_to_bf16(root))

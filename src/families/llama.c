@@ -245,7 +245,7 @@ void llama_attention_forward(struct family_acts *fa, int l, const float *unit, c
     backend_rope_forward(ba->qkv, la->rope_cos, la->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
     if (!family_attention_kv(fa, l, ba->atty, ba->qkv, d.NH, d.NKV, d.hs))
         backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH,
-                                      d.NKV, d.hs);
+                                      d.NKV, d.hs, &fa->attn[l]);
 #undef P
 }
 
@@ -258,7 +258,7 @@ static void llama_block_forward(struct family_acts *fa, int l, const float *unit
     const struct llama_dims d = llama_dims_of(m, fa->B, fa->T);
     const int u = model_block_unit(l);
 #define P(t) family_param(fa, unit, u, t)
-    const struct llama_layer_attn la = {a->rope_cos, a->rope_sin, 0, 0.0f, 0.0f};
+    const struct llama_layer_attn la = {a->rope_cos, a->rope_sin};
     llama_attention_forward(fa, l, unit, ad, x, &la);
     llama_project_add(ba->res2, x, ba->atty, P(LT_O), d.N, d.Q, d.C);
     family_lora_forward(fa, l, ad, LG_O, ba->atty, ba->res2, d.C);
@@ -285,7 +285,7 @@ void llama_attention_backward(struct family_acts *fa, int l, const float *unit, 
 #define P(t) family_param(fa, unit, u, t)
 #define G(t) family_grad(fa, grad, u, t)
     backend_attention_gqa_backward(a->dqkv, datty, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, fa->B, fa->T,
-                                   d.NH, d.NKV, d.hs);
+                                   d.NH, d.NKV, d.hs, &fa->attn[l]);
     backend_rope_backward(a->dqkv, la->rope_cos, la->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
     if (a->x.q_norm >= 0) {
         llama_head_norm_backward(&d, a->dqkv, 0, d.NH, P(a->x.q_norm), off, G(a->x.q_norm), ba->q_pre, ba->q_rstd,
@@ -347,7 +347,7 @@ static void llama_block_backward(struct family_acts *fa, int l, const float *uni
     float *datty = d.Q > d.C ? a->datty : dc; /* (B, T, Q): dc holds C channels */
     backend_matmul_backward_transposed(datty, G(LT_O), dres2, ba->atty, P(LT_O), d.N, d.Q, d.C);
     family_lora_backward(fa, l, ad, ag, LG_O, ba->atty, dres2, d.C, datty);
-    const struct llama_layer_attn la = {a->rope_cos, a->rope_sin, 0, 0.0f, 0.0f};
+    const struct llama_layer_attn la = {a->rope_cos, a->rope_sin};
     llama_attention_backward(fa, l, unit, grad, ad, ag, x, datty, dres2, &la);
 #undef P
 #undef G

@@ -74,19 +74,15 @@ void llama_free(struct family_acts *fa);
 void llama_embed_forward(struct family_acts *fa, const float *unit, float *out);
 void llama_embed_backward(struct family_acts *fa, float *grad, const float *dout);
 
-/* What one layer's attention computes with: its rotary tables, and the options the attention kernels take per
- * layer (Gemma's local and global layers): window (0: every earlier position), the scores' scale (0: 1 /
- * sqrt(head_dim)) and their soft-cap (0: none). The kernels take the rotary tables now; window, scale and
- * softcap must be the defaults until they take those too (the config refuses other values). */
+/* One layer's rotary tables (Gemma 3's local layers have their own base); the attention's own options (window,
+ * soft-cap, scale) are fa->attn[l], from the model config. */
 struct llama_layer_attn {
     const float *rope_cos, *rope_sin;
-    int window;
-    float scale, softcap;
 };
 
 /* The attention half of block l up to its output before o_proj (sets' atty): the input norm (weight read as
  * norm_offset + w) of x, q|k|v (biases, LoRA), the per-head q/k norms, the rotary with these tables, attention
- * (through the cache when generating). */
+ * (fa->attn[l]'s window, soft-cap and scale; through the cache when generating). */
 void llama_attention_forward(struct family_acts *fa, int l, const float *unit, const float *ad, const float *x,
                              const struct llama_layer_attn *la);
 /* Its backward from datty (the gradient of atty, (B, T, Q)): fa->dresid_a = dres2 (the gradient of the residual

@@ -109,6 +109,8 @@ static void refuse_unused_tensors(const struct hf_source *s, const char *dir)
         for (int i = 0; i < s->m->units[u].n_tensors; i++)
             if (s->map[u][i])
                 used[s->map[u][i] - s->st.tensors] = true;
+    for (int k = 0; s->bnb_used && k < s->st.n_tensors; k++)
+        used[k] = used[k] || s->bnb_used[k];
     if (s->tied_embed_unread) /* read by transformers 4.x too, then replaced by lm_head.weight */
         used[s->tied_embed_unread - s->st.tensors] = true;
     char list[512] = "";
@@ -171,6 +173,8 @@ void hf_source_open(struct hf_source *s, const struct model *m, const char *dir)
     st_open(&s->st, dir);
     s->map = xcalloc((size_t)m->n_units, sizeof *s->map);
     s->elem0 = xcalloc((size_t)m->n_units, sizeof *s->elem0);
+    s->bnb = xcalloc((size_t)s->st.n_tensors + 1, sizeof *s->bnb);
+    s->bnb_used = xcalloc((size_t)s->st.n_tensors + 1, sizeof *s->bnb_used);
     for (int u = 0; u < m->n_units; u++) {
         const struct unit_desc *ud = &m->units[u];
         s->map[u] = xcalloc((size_t)ud->n_tensors, sizeof *s->map[u]);
@@ -185,6 +189,18 @@ void hf_source_open(struct hf_source *s, const struct model *m, const char *dir)
                 fail_input("model.from_pretrained '%s': tensor '%s' is in no .safetensors file of the directory; "
                            "the checkpoint does not match its config.json",
                            dir, part ? whole : t->name);
+            struct hf_bnb_weight w;
+            if (!part && hf_bnb_find(&s->st, st->name, t, &w, s->bnb_used)) { /* 4-bit: checked by its quant state */
+                s->bnb[st - s->st.tensors] = xmalloc(sizeof w);
+                *s->bnb[st - s->st.tensors] = w;
+                s->bnb_weights++;
+                s->map[u][i] = st;
+                continue;
+            }
+            if (st->bytes)
+                fail_input("%s: tensor '%s' is U8 without a bitsandbytes quant state beside it; shardlm reads F32, "
+                           "F16, BF16 and bitsandbytes' 4-bit weights",
+                           s->st.paths[st->file], st->name);
             /* (out, in) or (in, out) as stored; the embedding and LM head without the vocabulary padding; a
              * fused part: its rows of the whole */
             int64_t want0 = part ? whole_rows : t->rows_valid, want1 = t->ndim == 2 ? t->shape[1] : 0;
@@ -210,6 +226,10 @@ void hf_source_close(struct hf_source *s)
     }
     free(s->map);
     free(s->elem0);
+    for (int k = 0; s->bnb && k < s->st.n_tensors; k++)
+        free(s->bnb[k]);
+    free(s->bnb);
+    free(s->bnb_used);
     st_close(&s->st);
     memset(s, 0, sizeof *s);
 }
@@ -267,7 +287,11 @@ static void check_finite(const struct read_ctx *r, const struct st_tensor *t, co
 static void read_f32(void *c, const struct st_tensor *t, size_t first, size_t n, size_t at)
 {
     struct read_ctx *r = c;
-    st_read(&r->s->st, t, first, n, (float *)r->out + at);
+    const struct hf_bnb_weight *w = r->s->bnb[t - r->s->st.tensors];
+    if (w)
+        hf_bnb_read(&r->s->st, w, first, n, (float *)r->out + at);
+    else
+        st_read(&r->s->st, t, first, n, (float *)r->out + at);
     check_finite(r, t, (float *)r->out + at, DTYPE_F32, n);
 }
 
@@ -305,7 +329,7 @@ bool hf_source_read_as(void *source, int u, size_t begin, size_t count, enum dty
     if (model_is_adapter(s->m, u))
         return false;
     for (int i = 0; i < s->m->units[u].n_tensors; i++)
-        if (s->map[u][i] && s->map[u][i]->dtype != dt)
+        if (s->map[u][i] && (s->map[u][i]->bytes || s->map[u][i]->dtype != dt))
             return false;
     struct read_ctx r = {s, out, (size_t)dtype_size(dt), landed, ctx, 0};
     walk_range(s, u, begin, count, read_raw, zero_out, &r);
@@ -318,7 +342,7 @@ double hf_source_bytes(const struct hf_source *s)
     for (int u = 0; u < s->m->n_units; u++)
         for (int i = 0; i < s->m->units[u].n_tensors; i++)
             if (s->map[u][i])
-                total += (double)s->map[u][i]->numel * dtype_size(s->map[u][i]->dtype);
+                total += (double)s->map[u][i]->numel * (double)st_elem_size(s->map[u][i]);
     return total;
 }
 

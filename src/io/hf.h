@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hf_bnb.h"
 #include "model/model.h"
 #include "safetensors.h"
 
@@ -32,9 +33,15 @@
  * callee owns). Refuses (fail_input, naming the file and the field) an
  * unknown architecture and settings shardlm does not implement (a hidden_act
  * other than silu, attention or MLP biases in a Llama, a GPT-2 activation
- * other than gelu_new, ...). *sliding_window: Mistral's window (0: none). */
-void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
-                    int *sliding_window);
+ * other than gelu_new, ...). A sliding window (Mistral's, Phi-3's, Qwen's
+ * use_sliding_window) puts sliding_window and, unless every layer slides,
+ * sliding_layers (the layers from 0 that do). */
+void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx);
+
+/* Whether DIR/config.json says its weights are bitsandbytes' 4-bit (1, with
+ * the type, enum quant4_type, and the double quantization), 0 when it has no
+ * quantization_config; another quantization is fail_input. */
+int hf_quantization(const char *dir, int *quant_type, bool *double_quant);
 
 /* config.json for model m in dtype dt (torch_dtype), as transformers writes
  * it; when src_dir is given, its config.json's other fields (token ids,
@@ -53,13 +60,17 @@ struct hf_source {
     struct st_model st;
     const struct st_tensor ***map; /* [unit][tensor]: the file's tensor, NULL when not read (tied) */
     size_t **elem0;                /* [unit][tensor]: where in the file's tensor it starts (a fused part's rows) */
+    struct hf_bnb_weight **bnb;    /* [file tensor]: the reader of a 4-bit weight (hf_bnb.h), NULL: not 4-bit */
+    bool *bnb_used;                /* [file tensor]: a 4-bit weight's companion (absmax, quant state, ...) */
+    int bnb_weights;               /* how many weights are 4-bit (a directory saved from a bitsandbytes model) */
     /* tied, with an lm_head.weight beside it: the embedding's own tensor, read in its place (hf.c says why) */
     const struct st_tensor *tied_embed_unread;
     char dir[1024];
 };
 
 /* Opens DIR's weights and checks that every tensor of m is there with the
- * shape config.json implies (fail_input naming the file and the tensor). */
+ * shape config.json implies (fail_input naming the file and the tensor). A
+ * linear weight stored as bitsandbytes' 4-bit (hf_bnb.h) is read dequantized. */
 void hf_source_open(struct hf_source *s, const struct model *m, const char *dir);
 void hf_source_close(struct hf_source *s);
 /* fp32 values of unit u's elements [begin, begin + count): the file's

@@ -27,6 +27,7 @@
  */
 #include "hf.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,10 +36,14 @@
 
 #include "core/dtype.h"
 #include "core/hf_json.h"
+#include "core/quant4.h"
 #include "core/util.h"
 #include "hf_export.h"
 #include "hf_config_internal.h"
 #include "model/arch.h"
+#include "model/model.h"
+
+static void check_quantization(const char *path, json_t *q);
 
 /* ---- the keys ------------------------------------------------------------------------- */
 
@@ -232,10 +237,10 @@ void hfc_check_other_keys(struct reader *r)
         }
         if (fixed)
             continue;
-        if (strcmp(key, "quantization_config") == 0)
-            fail_input("%s: 'quantization_config' is set: the weights are quantized, which shardlm does not read; "
-                       "give the unquantized model's directory",
-                       r->path);
+        if (strcmp(key, "quantization_config") == 0) {
+            check_quantization(r->path, v);
+            continue;
+        }
         if (is_computation_key(key))
             fail_input("%s: '%s' is not a %s setting shardlm implements, and it may change what the model computes; "
                        "remove it if it does not apply to this model",
@@ -246,6 +251,42 @@ void hfc_check_other_keys(struct reader *r)
     }
     if (unknown[0])
         log_warn("%s: keys shardlm does not know, taken as not changing the model: %s", r->path, unknown);
+}
+
+/* config.json's quantization_config: bitsandbytes' 4-bit (read, hf_bnb.h)
+ * or refused, naming the method (GPTQ, AWQ, GGUF, compressed-tensors, 8-bit). */
+static void check_quantization(const char *path, json_t *q)
+{
+    const char *method = json_string_value(json_object_get(q, "quant_method"));
+    if (!method || strcmp(method, "bitsandbytes") != 0)
+        fail_input("%s: quantization_config.quant_method is \"%s\": shardlm reads unquantized weights or "
+                   "bitsandbytes' 4-bit ones, not %s; give the unquantized model's directory (a quantization "
+                   "section quantizes it as it is read)",
+                   path, method ? method : "(none)", method ? method : "this format");
+    if (!json_is_true(json_object_get(q, "load_in_4bit")))
+        fail_input("%s: quantization_config is bitsandbytes without load_in_4bit (LLM.int8): shardlm reads only "
+                   "4-bit bitsandbytes weights; give the unquantized model's directory",
+                   path);
+}
+
+int hf_quantization(const char *dir, int *quant_type, bool *double_quant)
+{
+    char path[2100];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *root = util_irregular(path) ? NULL : hf_json_load_file(path, 0, NULL);
+    json_t *q = root ? json_object_get(root, "quantization_config") : NULL;
+    int found = 0;
+    if (json_is_object(q)) {
+        check_quantization(path, q);
+        const char *type = json_string_value(json_object_get(q, "bnb_4bit_quant_type"));
+        *quant_type = quant4_type_parse(type ? type : "fp4");
+        if (*quant_type < 0)
+            fail_input("%s: quantization_config.bnb_4bit_quant_type \"%s\" is not nf4 or fp4", path, type);
+        *double_quant = json_is_true(json_object_get(q, "bnb_4bit_use_double_quant"));
+        found = 1;
+    }
+    json_decref(root);
+    return found;
 }
 
 /* ---- rotary settings ------------------------------------------------------------------ */
@@ -472,24 +513,27 @@ struct llama_like {
     enum arch_id family;  /* the model.type it reads as (Gemma's block is its own family) */
     const char *act_key, *act; /* the activation's key and the one value shardlm implements */
     bool tied;            /* tie_word_embeddings when absent */
+    bool window_key;      /* sliding_window, when set, slides every layer (Mistral, Phi-3); LlamaModel ignores it */
 };
 static const struct llama_like llama_likes[] = {
     {"LlamaForCausalLM", "llama", "LlamaConfig", 32000, 4096, 11008, 32, 32, -1, 2048, -1, 0, false, false, true, true,
-     false, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false},
+     false, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false, false},
     {"MistralForCausalLM", "mistral", "MistralConfig", 32000, 4096, 14336, 32, 32, 8, 4096 * 32, -1, 4096, false,
-     false, true, true, false, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false},
+     false, true, true, false, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false, true},
     {"Qwen2ForCausalLM", "qwen2", "Qwen2Config", 151936, 4096, 22016, 32, 32, 32, 32768, -1, 0, true, false, false,
-     false, true, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false},
+     false, true, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false, false},
     {"Qwen3ForCausalLM", "qwen3", "Qwen3Config", 151936, 4096, 22016, 32, 32, 32, 32768, 128, 0, false, true, true,
-     false, true, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false},
+     false, true, false, 1e-6, "1e-6", ARCH_LLAMA, "hidden_act", "silu", false, false},
     /* Phi-3, 3.5 and 4 (sliding_window: Phi3Config's default is none, Phi-3-mini-4k's file gives 2047) */
     {"Phi3ForCausalLM", "phi3", "Phi3Config", 32064, 3072, 8192, 32, 32, -1, 4096, -1, 0, false, false, false, false,
-     false, true, 1e-5, "1e-5", ARCH_LLAMA, "hidden_act", "silu", false},
+     false, true, 1e-5, "1e-5", ARCH_LLAMA, "hidden_act", "silu", false, true},
     /* Gemma 2 and 3 (hf_gemma.c reads their window, layer types, rotary settings and soft-caps) */
     {"Gemma2ForCausalLM", "gemma2", "Gemma2Config", 256000, 2304, 9216, 26, 8, 4, 8192, 256, 4096, false, false, true,
-     false, false, false, 1e-6, "1e-6", ARCH_GEMMA, "hidden_activation", "gelu_pytorch_tanh", true},
+     false, false, false, 1e-6, "1e-6", ARCH_GEMMA, "hidden_activation", "gelu_pytorch_tanh", true,
+     false},
     {"Gemma3ForCausalLM", "gemma3_text", "Gemma3TextConfig", 262208, 2304, 9216, 26, 8, 4, 131072, 256, 4096, false,
-     true, true, false, false, false, 1e-6, "1e-6", ARCH_GEMMA, "hidden_activation", "gelu_pytorch_tanh", true},
+     true, true, false, false, false, 1e-6, "1e-6", ARCH_GEMMA, "hidden_activation", "gelu_pytorch_tanh", true,
+     false},
 };
 
 static const struct llama_like *llama_like(const char *architecture)
@@ -500,23 +544,56 @@ static const struct llama_like *llama_like(const char *architecture)
     return &llama_likes[0];
 }
 
-/* Qwen's window: use_sliding_window (false as released) turns it on for the
- * layers from max_window_layers on; honoured nowhere yet, so refused. */
-static void qwen_window(struct reader *r)
+/* A model with sliding layers fits struct attention_layers. */
+static void check_windowed_layers(struct reader *r, long long window, long long L)
 {
-    hfc_get(r, "sliding_window");
-    hfc_get(r, "max_window_layers");
-    if (hfc_bool_key(r, "use_sliding_window", false, true))
-        fail_input("%s: use_sliding_window is true: %s's windowed layers are not implemented; set it to false (as the "
-                   "released models have it)",
-                   r->path, r->cls);
+    if (window && L > MODEL_MAX_WINDOWED_LAYERS)
+        fail_input("%s: %lld layers with a sliding window; shardlm's windowed models have at most %d layers", r->path,
+                   L, MODEL_MAX_WINDOWED_LAYERS);
 }
 
-/* Mistral's window: absent takes MistralConfig's 4096, null means none. */
+/* Qwen2Config's and Qwen3Config's defaults of 5.25 for the window keys. */
+#define QWEN_DEFAULT_WINDOW 4096
+#define QWEN_DEFAULT_MAX_WINDOW_LAYERS 28
+
+/* Qwen's window as transformers 5.25 reads it: use_sliding_window (false as
+ * released) keeps sliding_window (absent: 4096; null: none), else none; the
+ * sliding layers are layer_types' "sliding_attention" entries, or without
+ * layer_types the blocks from max_window_layers on (absent: 28). Returns W
+ * and marks the sliding blocks in *att. */
+static long long qwen_window(struct reader *r, long long L, struct attention_layers *att)
+{
+    json_t *w = hfc_get(r, "sliding_window"), *m = hfc_get(r, "max_window_layers");
+    static const char *const full[] = {"full_attention", NULL};
+    static const char *const both[] = {"full_attention", "sliding_attention", NULL};
+    if (!hfc_bool_key(r, "use_sliding_window", false, true)) {
+        read_layer_types(r, L, full);
+        return 0;
+    }
+    long long window = !w ? QWEN_DEFAULT_WINDOW : json_is_null(w) ? 0 : hfc_int_key(r, "sliding_window", -1);
+    if (!w)
+        hfc_log_default(r, "sliding_window", "4096");
+    json_t *lt = read_layer_types(r, L, window ? both : full);
+    long long mwl = QWEN_DEFAULT_MAX_WINDOW_LAYERS; /* 0 is valid: every layer slides */
+    if (!lt && window && !m)
+        hfc_log_default(r, "max_window_layers", "28");
+    else if (!lt && window && (!json_is_integer(m) || (mwl = json_integer_value(m)) < 0))
+        fail_input("%s: 'max_window_layers' must be an integer >= 0 (the first layer that slides)", r->path);
+    check_windowed_layers(r, window, L);
+    for (long long l = 0; window && l < L; l++)
+        if (lt ? strcmp(json_string_value(json_array_get(lt, (size_t)l)), "sliding_attention") == 0 : l >= mwl)
+            model_attention_set_sliding(att, (int)l);
+    return window;
+}
+
+/* Mistral's and Phi-3's window: absent takes the class's default (MistralConfig's 4096, Phi3Config's none), null
+ * means none. Llama's class has no window (LlamaModel ignores a sliding_window key). */
 static long long mistral_window(struct reader *r, const struct llama_like *df)
 {
     json_t *w = json_object_get(r->root, "sliding_window");
     json_object_set_new(r->used, "sliding_window", json_true());
+    if (!df->window_key)
+        return 0;
     if (df->window && !w) {
         hfc_log_default(r, "sliding_window", "4096");
         return df->window;
@@ -524,8 +601,25 @@ static long long mistral_window(struct reader *r, const struct llama_like *df)
     return w && !json_is_null(w) ? hfc_int_key(r, "sliding_window", -1) : 0;
 }
 
+/* The window as shardlm's model keys: model.sliding_window, and model.sliding_layers unless every layer slides. */
+void hfc_put_window(const struct attention_layers *att, long long L, void (*put)(void *, const char *, json_t *),
+                    void *ctx)
+{
+    if (!att->window)
+        return;
+    put(ctx, "sliding_window", json_integer(att->window));
+    json_t *layers = json_array();
+    for (int l = 0; l < L; l++)
+        if (model_attention_sliding(att, l))
+            json_array_append_new(layers, json_integer(l));
+    if ((long long)json_array_size(layers) < L)
+        put(ctx, "sliding_layers", layers);
+    else
+        json_decref(layers);
+}
+
 static void llama_keys(struct reader *r, const struct llama_like *df, void (*put)(void *, const char *, json_t *),
-                       void *ctx, int *sliding_window)
+                       void *ctx)
 {
     r->cls = df->cls;
     const char *act = hfc_str_key(r, df->act_key, df->act);
@@ -567,20 +661,30 @@ static void llama_keys(struct reader *r, const struct llama_like *df, void (*put
     put(ctx, "rms_norm_eps", json_real(eps));
     put(ctx, "tie_word_embeddings", json_boolean(hfc_bool_key(r, "tie_word_embeddings", df->tied, false)));
     if (df->family == ARCH_GEMMA) {
-        hfc_gemma_keys(r, L, hd, max_pos, put, ctx, sliding_window);
+        hfc_gemma_keys(r, L, hd, max_pos, put, ctx);
         return;
     }
     if (df->fused) /* Phi-3 keeps it beside rope_parameters; read for longrope, which shardlm refuses */
         hfc_get(r, "original_max_position_embeddings");
     long long window = 0;
-    if (df->qwen_window)
-        qwen_window(r);
-    else
+    json_t *lt = NULL;
+    struct attention_layers window_layers = {0}, *att = &window_layers;
+    if (df->qwen_window) {
+        window = qwen_window(r, L, att);
+        lt = hfc_get(r, "layer_types");
+    } else {
         window = mistral_window(r, df);
-    static const char *const full[] = {"full_attention", NULL}, *const sliding[] = {"sliding_attention", NULL};
-    json_t *lt = read_layer_types(r, L, window ? sliding : full);
+        static const char *const full[] = {"full_attention", NULL}, *const sliding[] = {"sliding_attention", NULL};
+        lt = read_layer_types(r, L, window ? sliding : full);
+        check_windowed_layers(r, window, L);
+        for (long long l = 0; window && l < L; l++) /* Mistral: every block through the window */
+            model_attention_set_sliding(att, (int)l);
+    }
+    if (window > INT_MAX / 2)
+        window = INT_MAX / 2; /* longer than any sequence: the same as full causal attention */
     read_rope(r, lt, max_pos, put, ctx);
-    *sliding_window = (int)window;
+    att->window = (int)window;
+    hfc_put_window(att, L, put, ctx);
 }
 
 /* Mixture-of-experts architectures: named, so that the refusal says what is missing. */
@@ -693,19 +797,17 @@ static const char *architecture(struct reader *r)
                HF_ARCHITECTURES);
 }
 
-void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx,
-                    int *sliding_window)
+void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, json_t *value), void *ctx)
 {
     char path[1100];
     struct reader r = {load_config_json(dir, path, sizeof path), path, "PretrainedConfig", json_object()};
     const char *arch = architecture(&r);
-    *sliding_window = 0;
     const struct arch *family = arch_find_hf(arch);
     struct reader text = r; /* Gemma3ForConditionalGeneration: its text_config */
     if (family && family->id == ARCH_GEMMA && hfc_gemma_text_config(&r, &text, arch))
         arch = "Gemma3ForCausalLM";
     if (family && family->id != ARCH_GPT2)
-        llama_keys(&text, llama_like(arch), put, ctx, sliding_window);
+        llama_keys(&text, llama_like(arch), put, ctx);
     else if (family && family->id == ARCH_GPT2)
         gpt2_keys(&r, put, ctx);
     else if (hfc_in_list(moe_architectures, arch) || json_object_get(r.root, "num_local_experts") ||
@@ -777,6 +879,35 @@ static void set_ints(json_t *out, const struct int_key *keys, size_t n)
         json_object_set_new(out, keys[i].key, json_integer(keys[i].value));
 }
 
+/* The model's window in the keys of its architecture: Qwen's use_sliding_window, sliding_window, layer_types and
+ * max_window_layers; Mistral's and Phi-3's sliding_window (every layer slides there). Without a window the
+ * source's keys stay as they were. */
+static void put_export_window(json_t *out, const struct model_config *c, const struct llama_like *df)
+{
+    int sliding = 0, first = -1;
+    for (int l = 0; l < c->n_layer; l++)
+        if (model_attention_sliding(&c->attention, l)) {
+            sliding++;
+            first = first < 0 ? l : first;
+        }
+    if (!sliding)
+        return;
+    if (df->qwen_window) {
+        json_t *lt = json_array();
+        for (int l = 0; l < c->n_layer; l++)
+            json_array_append_new(lt, json_string(model_attention_sliding(&c->attention, l) ? "sliding_attention"
+                                                                                            : "full_attention"));
+        json_object_set_new(out, "use_sliding_window", json_true());
+        json_object_set_new(out, "max_window_layers", json_integer(first));
+        json_object_set_new(out, "layer_types", lt);
+    } else if (!df->window_key || sliding != c->n_layer) {
+        fail_input("export: %d of the %d layers attend through a window of %d, which %s cannot say (its window is "
+                   "on every layer or none); export from the checkpoint of a model that came with its config.json",
+                   sliding, c->n_layer, c->attention.window, df->architecture);
+    }
+    json_object_set_new(out, "sliding_window", json_integer(c->attention.window));
+}
+
 json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir)
 {
     const struct model_config *c = &m->cfg;
@@ -801,6 +932,7 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
                                                  : gemma ? (c->qk_norm ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM")
                                                  : c->qk_norm ? "Qwen3ForCausalLM"
                                                  : c->qkv_bias ? "Qwen2ForCausalLM"
+                                                 : c->attention.window ? "MistralForCausalLM"
                                                                : family->hf_architectures[0]);
         if (!arch) {
             json_object_set_new(out, "architectures", json_pack("[s]", df->architecture));
@@ -821,10 +953,10 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
         if (df->qwen_window && !json_object_get(out, "use_sliding_window"))
             json_object_set_new(out, "use_sliding_window", json_false());
         put_rope(out, c);
-        if (df->window && c->sliding_window) /* 0 from a checkpoint: the source's own value stays */
-            json_object_set_new(out, "sliding_window", json_integer(c->sliding_window));
         if (gemma)
             hfc_gemma_config_keys(c, out);
+        else
+            put_export_window(out, c, df);
     } else {
         json_object_set_new(out, "architectures", json_pack("[s]", family->hf_architectures[0]));
         json_object_set_new(out, "model_type", json_string(family->hf_model_types[0]));

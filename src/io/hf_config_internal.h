@@ -42,7 +42,11 @@ json_t *hfc_read_rope_dict(struct reader *r, json_t *d, const char *where, doubl
  * llama_keys): layer_types as sliding_window_pattern, the window, the rotary settings of each layer type, the
  * soft-caps and query_pre_attn_scalar, put as shardlm's model keys. */
 void hfc_gemma_keys(struct reader *r, long long n_layer, long long head_dim, long long max_pos,
-                    void (*put)(void *, const char *, json_t *), void *ctx, int *sliding_window);
+                    void (*put)(void *, const char *, json_t *), void *ctx);
+/* The window as shardlm's model keys: model.sliding_window, and model.sliding_layers unless every layer slides. */
+struct attention_layers;
+void hfc_put_window(const struct attention_layers *att, long long L, void (*put)(void *, const char *, json_t *),
+                    void *ctx);
 /* Gemma3ForConditionalGeneration: text becomes a reader of a copy of its text_config (the language model; the
  * caller frees text->root and text->used) with the outer tie_word_embeddings, every other key of the outer file
  * is marked read and the vision tower's skipping logged; true then. False (text

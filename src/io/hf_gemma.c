@@ -7,16 +7,17 @@
  *    Gemma3TextConfig's 5 local to 1 global from sliding_window_pattern) as
  *    model.sliding_window_pattern: a layer is local unless (l + 1) is a
  *    multiple of it. Any other list is refused.
- *  - The window of the local layers: sliding_window, out of band as
- *    Mistral's (a data.seq_len beyond it is refused until the attention
- *    takes a window); use_bidirectional_attention is refused.
+ *  - The window of the local layers: sliding_window, put as
+ *    model.sliding_window and model.sliding_layers (the local ones), which
+ *    become each layer's attention options; use_bidirectional_attention is
+ *    refused.
  *  - The rotary settings: Gemma 2 one dictionary for every layer; Gemma 3
  *    rope_parameters keyed by layer type (full_attention: rope_theta and its
  *    scaling; sliding_attention: the local base, unscaled), or the older
  *    rope_theta, rope_local_base_freq and rope_scaling (applied to the
  *    global layers), with Gemma3TextConfig's defaults 1e6 and 1e4.
- *  - final_logit_softcapping, attn_logit_softcapping (null: none; the config
- *    refuses a value until the attention takes it) and query_pre_attn_scalar.
+ *  - final_logit_softcapping, attn_logit_softcapping (null: none) and
+ *    query_pre_attn_scalar.
  * Gemma3ForConditionalGeneration: its text_config is the language model;
  * the vision tower's keys and tensors are skipped, with one log line.
  */
@@ -171,7 +172,7 @@ static void read_rope(struct reader *r, long long max_pos, void (*put)(void *, c
 }
 
 void hfc_gemma_keys(struct reader *r, long long L, long long head_dim, long long max_pos,
-                    void (*put)(void *, const char *, json_t *), void *ctx, int *sliding_window)
+                    void (*put)(void *, const char *, json_t *), void *ctx)
 {
     if (hfc_bool_key(r, "use_bidirectional_attention", false, true))
         fail_input("%s: use_bidirectional_attention is true (a bidirectional encoder, EmbeddingGemma); shardlm trains "
@@ -186,7 +187,15 @@ void hfc_gemma_keys(struct reader *r, long long L, long long head_dim, long long
         hfc_log_default(r, "sliding_window", "4096");
         window = 4096;
     }
-    *sliding_window = pattern > 1 ? (int)window : 0;
+    if (window && pattern > 1 && L > MODEL_MAX_WINDOWED_LAYERS)
+        fail_input("%s: %lld layers with a sliding window; shardlm's windowed models have at most %d layers", r->path,
+                   L, MODEL_MAX_WINDOWED_LAYERS);
+    struct attention_layers att = {0};
+    att.window = window && pattern > 1 ? (int)window : 0;
+    for (long long l = 0; att.window && l < L; l++)
+        if ((l + 1) % pattern != 0)
+            model_attention_set_sliding(&att, (int)l);
+    hfc_put_window(&att, L, put, ctx); /* the local layers' window: each layer's attention options */
     put(ctx, "sliding_window_pattern", json_integer(window ? pattern : 0));
     read_rope(r, max_pos, put, ctx);
     const double final_cap = softcap_key(r, "final_logit_softcapping", gemma3(r) ? 0.0 : GEMMA2_FINAL_SOFTCAP);
@@ -233,8 +242,8 @@ void hfc_gemma_config_keys(const struct model_config *c, json_t *out)
     /* Gemma2Config and Gemma3TextConfig type it int (transformers 5 refuses 256.0) */
     json_object_set_new(out, "query_pre_attn_scalar", scalar == floor(scalar) ? json_integer((json_int_t)scalar)
                                                                               : json_real(scalar));
-    if (c->sliding_window)
-        json_object_set_new(out, "sliding_window", json_integer(c->sliding_window));
+    if (c->attention.window)
+        json_object_set_new(out, "sliding_window", json_integer(c->attention.window));
     if (!c->qk_norm)
         return;
     /* Gemma 3: the rotary settings by layer type (transformers 5) and as 4.x spelled them */

@@ -40,7 +40,7 @@ static void check_base(const struct model *m, const char *dir, const char *what)
 }
 
 void lora_merge_open(struct lora_merge *g, const struct model *m, struct ckpt_reader *r, const char *base_dir,
-                     const char *what)
+                     const char *what, const struct quant_config *quant)
 {
     if (!m->lora.on)
         fail_internal("lora_merge_open: the model has no LoRA adapters");
@@ -50,10 +50,16 @@ void lora_merge_open(struct lora_merge *g, const struct model *m, struct ckpt_re
     g->pair_unit = g->pair_a = -1;
     check_base(m, base_dir, what);
     hf_source_open(&g->base, m, base_dir); /* checks every base tensor's shape in the files */
+    /* a base saved 4-bit is read dequantized already (hf_bnb.h) */
+    g->quantize = quant && quant->load_in_4bit && g->base.bnb_weights == 0;
+    if (g->quantize)
+        quant_reader_init(&g->quant, m, quant, hf_source_read, &g->base);
 }
 
 void lora_merge_close(struct lora_merge *g)
 {
+    if (g->quantize)
+        quant_reader_free(&g->quant);
     hf_source_close(&g->base);
     free(g->A);
     free(g->B);
@@ -116,7 +122,10 @@ void lora_merge_read(struct lora_merge *g, int u, int t, size_t begin, size_t co
         read_master(g->r, td, begin, count, out);
         return;
     }
-    hf_source_read(&g->base, u, td->offset + begin, count, out);
+    if (g->quantize)
+        quant_reader_read(&g->quant, u, td->offset + begin, count, out);
+    else
+        hf_source_read(&g->base, u, td->offset + begin, count, out);
     if (ud->kind != UNIT_BLOCK)
         return;
     for (int k = 0; k < m->lora.n_linear; k++) {

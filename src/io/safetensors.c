@@ -140,7 +140,9 @@ static void format_shape(char *out, size_t cap, const int64_t *shape, int ndim)
 /* ------------------------------------------------------------------------ */
 /* Reading: headers                                                          */
 
-static size_t tensor_bytes(const struct st_tensor *t) { return t->numel * (size_t)dtype_size(t->dtype); }
+size_t st_elem_size(const struct st_tensor *t) { return t->bytes ? 1 : (size_t)dtype_size(t->dtype); }
+
+static size_t tensor_bytes(const struct st_tensor *t) { return t->numel * st_elem_size(t); }
 
 static struct st_tensor *append_tensor(struct st_model *st)
 {
@@ -187,7 +189,8 @@ static void parse_entry(const char *path, const char *name, json_t *entry, uint6
     json_t *dtype = json_object_get(entry, "dtype");
     if (!json_is_string(dtype))
         fail_input("%s: tensor '%s': \"dtype\" is not a string: the file is corrupt; download it again", path, name);
-    if (!parse_dtype(json_string_value(dtype), &t->dtype))
+    t->bytes = strcmp(json_string_value(dtype), "U8") == 0; /* bitsandbytes' packed weights and statistics */
+    if (!t->bytes && !parse_dtype(json_string_value(dtype), &t->dtype))
         fail_input("%s: tensor '%s': dtype %s is not supported: shardlm reads F32, F16 and BF16; convert the model "
                    "(for example, load it in torch and save_pretrained it in bfloat16)", path, name,
                    json_string_value(dtype));
@@ -216,11 +219,11 @@ static void parse_entry(const char *path, const char *name, json_t *entry, uint6
     char dims[128];
     format_shape(dims, sizeof dims, t->shape, t->ndim);
     uint64_t want;
-    if (__builtin_mul_overflow(numel, (uint64_t)dtype_size(t->dtype), &want) || (uint64_t)(end - begin) != want)
+    if (__builtin_mul_overflow(numel, (uint64_t)st_elem_size(t), &want) || (uint64_t)(end - begin) != want)
         fail_input("%s: tensor '%s': data_offsets [%lld, %lld) hold %lld bytes but shape %s of %s needs %llu "
                    "(elements x %d bytes): the file is corrupt; download it again", path, name, (long long)begin,
-                   (long long)end, (long long)(end - begin), dims, st_dtype_names[t->dtype], (unsigned long long)want,
-                   dtype_size(t->dtype));
+                   (long long)end, (long long)(end - begin), dims, t->bytes ? "U8" : st_dtype_names[t->dtype],
+                   (unsigned long long)want, (int)st_elem_size(t));
     if ((uint64_t)end > data_bytes)
         fail_input("%s: tensor '%s': data_offsets [%lld, %lld) end past the file's data (%llu bytes): the file is "
                    "truncated or corrupt; download it again", path, name, (long long)begin, (long long)end,
@@ -502,7 +505,7 @@ void st_read_raw(struct st_model *st, const struct st_tensor *t, size_t begin, s
                  void (*landed)(void *ctx, size_t elems), void *ctx)
 {
     check_range(t, begin, count);
-    const size_t esize = (size_t)dtype_size(t->dtype);
+    const size_t esize = st_elem_size(t);
     struct landed_elems l = {landed, ctx, esize};
     read_bytes(st, t, out, count * esize, t->offset + begin * esize, &l);
     st->bytes_read += count * esize;
@@ -511,6 +514,8 @@ void st_read_raw(struct st_model *st, const struct st_tensor *t, size_t begin, s
 void st_read(struct st_model *st, const struct st_tensor *t, size_t begin, size_t count, float *out)
 {
     check_range(t, begin, count);
+    if (t->bytes)
+        fail_internal("st_read: '%s' holds bytes (U8), not values; read it with st_read_raw", t->name);
     if (t->dtype == DTYPE_F32) {
         st_read_raw(st, t, begin, count, out, NULL, NULL); /* already fp32: straight into out */
         return;

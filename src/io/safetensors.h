@@ -13,7 +13,8 @@
  * pipeline: O_DIRECT where the file system allows it).
  *
  * Reading: every rank opens the headers (small) and reads only the element
- * ranges it owns, converted to fp32 on the way (F32, F16, BF16; any other
+ * ranges it owns, converted to fp32 on the way (F32, F16, BF16; U8 tensors
+ * are read as bytes, for bitsandbytes' 4-bit weights, hf_bnb.h; any other
  * dtype is refused). Writing: the layout (which tensor in which file at which
  * offset) is computed identically on every rank from the tensor list, rank 0
  * creates the files at their final size with their headers, and every rank
@@ -25,6 +26,7 @@
 #ifndef SHARDLM_SAFETENSORS_H
 #define SHARDLM_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,7 +49,9 @@ struct st_files {
 
 struct st_tensor {
     char name[ST_MAX_NAME];
-    enum dtype dtype;          /* F32, F16 or BF16 */
+    enum dtype dtype;          /* F32, F16 or BF16 (unless bytes) */
+    bool bytes;                /* U8: bytes, not values (bitsandbytes' packed 4-bit weights, their
+                                * 8-bit statistics and quant state); st_read_raw only */
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     size_t numel;
@@ -75,6 +79,8 @@ struct st_model {
  * names and the files it names exist. A tensor name in two files is refused. */
 void st_open(struct st_model *st, const char *dir);
 void st_close(struct st_model *st);
+/* Bytes per element of t (1 for U8). */
+size_t st_elem_size(const struct st_tensor *t);
 /* The tensor called name, or NULL. */
 const struct st_tensor *st_find(const struct st_model *st, const char *name);
 /* Elements [begin, begin + count) of t (row-major), converted to fp32 into out. */

@@ -56,6 +56,12 @@ static void set_arch(struct model_config *c)
         c->qkv_bias = c->fused_projections = false;
     if (!llama)
         c->qk_norm = false;
+    /* Gemma's attention options, every layer's (the window is the config's, model.sliding_layers): the scores'
+     * soft-cap, and their scale query_pre_attn_scalar^-1/2 (0, the kernels' 1 / sqrt(head_dim), when the scalar
+     * is head_dim) */
+    c->attention.softcap = (float)c->attn_softcap;
+    c->attention.scale = c->query_scalar > 0 && c->query_scalar != c->head_dim ? (float)(1.0 / sqrt(c->query_scalar))
+                                                                              : 0.0f;
 }
 
 static struct unit_desc *start_unit(struct model *m, int u, enum unit_kind kind, int block, const char *name,
@@ -614,4 +620,22 @@ double model_flops_per_token(const struct model *m, int seq_len)
     const double mlp = (m->cfg.mlp == MLP_SWIGLU ? 3.0 : 2.0) * C * F;
     double matmul_params = L * (attn + mlp) + V * C;
     return 6.0 * matmul_params + 12.0 * L * Q * (double)seq_len;
+}
+
+bool model_attention_sliding(const struct attention_layers *a, int l)
+{
+    return a->window > 0 && l >= 0 && l < MODEL_MAX_WINDOWED_LAYERS && (a->sliding[l / 8] >> (l % 8) & 1);
+}
+
+void model_attention_set_sliding(struct attention_layers *a, int l)
+{
+    if (l < 0 || l >= MODEL_MAX_WINDOWED_LAYERS)
+        fail_internal("block %d is beyond the %d that may slide", l, MODEL_MAX_WINDOWED_LAYERS);
+    a->sliding[l / 8] |= (uint8_t)(1u << (l % 8));
+}
+
+int model_attention_cache_len(const struct model_config *c, int l, int Tmax)
+{
+    const int W = c->attention.window;
+    return model_attention_sliding(&c->attention, l) && W < Tmax ? W : Tmax;
 }

@@ -204,6 +204,14 @@ void model_linear_module(const struct model *m, int block, const struct model_li
 /* The distinct last components of the set's module names, ", "-separated, for messages. */
 void model_module_names(const struct model *m, enum model_modules set, char *out, size_t cap);
 
+/* Whether block l attends through the sliding window (struct attention_layers, core/options.h), and marking it
+ * so (l < MODEL_MAX_WINDOWED_LAYERS). */
+bool model_attention_sliding(const struct attention_layers *a, int l);
+void model_attention_set_sliding(struct attention_layers *a, int l);
+/* Positions of block l's key/value cache for sequences of up to Tmax tokens: the window on a sliding block
+ * (a ring of the last W positions), Tmax on the others. */
+int model_attention_cache_len(const struct model_config *c, int l, int Tmax);
+
 /* Model FLOPs per token for forward+backward (6N + attention), as in the PaLM MFU definition. */
 double model_flops_per_token(const struct model *m, int seq_len);
 

@@ -397,6 +397,8 @@ void ckpt_run_model(struct ckpt_reader *r, const char *path, struct model *m)
     json_t *hd = json_object_get(model, "head_dim");
     mc.head_dim = json_is_integer(hd) ? (int)json_integer_value(hd) : 0;
     mc.qkv_bias = json_is_true(json_object_get(model, "qkv_bias"));
+    if (doc)
+        config_read_sliding(&mc, doc);
     mc.qk_norm = json_is_true(json_object_get(model, "qk_norm"));
     mc.fused_projections = json_is_true(json_object_get(model, "fused_projections"));
     /* Gemma's (absent for the other types: 0) */
@@ -433,6 +435,11 @@ bool ckpt_run_lora(struct ckpt_reader *r, const char *path, struct config *cfg)
     if (on) {
         json_t *part = json_pack("{sosO}", "model", json_deep_copy(model), "lora", lora);
         json_object_del(json_object_get(part, "model"), "from_pretrained");
+        /* a QLoRA checkpoint: its quantization, checked against the run's precision */
+        static const char *const with[] = {"quantization", "bf16", "bfloat16", "fp16"};
+        for (size_t k = 0; k < sizeof with / sizeof with[0]; k++)
+            if (json_object_get(doc, with[k]))
+                json_object_set(part, with[k], json_object_get(doc, with[k]));
         config_load_json(cfg, part, NULL, 0); /* the config takes part */
     }
     json_decref(doc);

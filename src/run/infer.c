@@ -242,11 +242,17 @@ static void load_weights(struct infer *s)
     struct ckpt_run_source cs = {&s->sess.model, r};
     struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf}, ck_src = {ckpt_run_source_read, NULL, &cs};
     const struct param_source *first = from_hf ? &hf_src : r && !s->lora_ckpt ? &ck_src : NULL;
+    struct session_base base; /* a 4-bit base: the quantized values are the base (and its checksum) */
+    if (first != &ck_src)
+        first = session_base_source(&s->sess, first, &base);
+    else
+        memset(&base, 0, sizeof base);
     struct base_hash hash; /* a LoRA checkpoint's base: its checksum as read (zero.h) */
     zero_hash_source(&hash, &s->sess.model, s->sess.model.n_base_units, first);
     if (s->lora_ckpt)
         first = &hash.src;
     session_load(&s->sess, first);
+    session_base_free(&base);
     if (from_hf)
         hf_source_close(&hf);
     if (s->lora_ckpt) {

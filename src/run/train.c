@@ -264,9 +264,12 @@ static void init_parameters(struct trainer *tr)
     struct base_hash hash;
     const bool hashed = tr->sess.model.lora.on ||
                         (cfg->dpo.enabled && cfg->dpo.precompute_ref_log_probs && !will_resume(tr));
+    struct session_base base; /* a 4-bit base: the quantized values are the base (and its checksum) */
     if (!cfg->model.pretrained[0] || (will_resume(tr) && !tr->sess.model.lora.on)) {
-        zero_hash_source(&hash, &tr->sess.model, tr->sess.model.n_base_units, NULL);
-        session_load(&tr->sess, hashed ? &hash.src : NULL);
+        const struct param_source *seeded = session_base_source(&tr->sess, NULL, &base);
+        zero_hash_source(&hash, &tr->sess.model, tr->sess.model.n_base_units, seeded);
+        session_load(&tr->sess, hashed ? &hash.src : seeded);
+        session_base_free(&base);
         if (hashed)
             identify_base(tr, zero_hash_total(&hash, tr->sess.comm, tr->sess.rank, tr->sess.world));
         free(log_peak_rss(tr, "after the parameters' init"));
@@ -275,9 +278,11 @@ static void init_parameters(struct trainer *tr)
     struct hf_source hf;
     double t0 = now_seconds();
     hf_source_open(&hf, &tr->sess.model, cfg->model.pretrained);
-    struct param_source src = {hf_source_read, hf_source_read_as, &hf};
-    zero_hash_source(&hash, &tr->sess.model, tr->sess.model.n_base_units, &src);
-    session_load(&tr->sess, hashed ? &hash.src : &src);
+    struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf};
+    const struct param_source *src = session_base_source(&tr->sess, &hf_src, &base);
+    zero_hash_source(&hash, &tr->sess.model, tr->sess.model.n_base_units, src);
+    session_load(&tr->sess, hashed ? &hash.src : src);
+    session_base_free(&base);
     if (hashed)
         identify_base(tr, zero_hash_total(&hash, tr->sess.comm, tr->sess.rank, tr->sess.world));
     double total = hf_source_bytes(&hf), *bytes = xcalloc((size_t)tr->sess.world, sizeof *bytes);

@@ -23,6 +23,7 @@
 #include "backend/cpu/backend_cpu_attention.h"
 #include "cpu_names_decl.h"
 #include "core/dtype.h"
+#include "core/quant4.h"
 
 #define TOL 1e-5
 /* The rows' log-sum-exp, fp32 on both sides from the same (rounded) inputs in every activation dtype: the
@@ -458,9 +459,9 @@ static void check_act_kernels(enum dtype dt, double tol, const char *tag, struct
     /* backend.h: the GPT-2 calls are the grouped-query ones with NKV = NH, to the bit */
     float *d_gqa_out = act_poisoned(NC), *d_gqa_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
     float *d_gqa_dqkv = act_poisoned(nqkv);
-    backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_fscratch, NULL, B, T, NH, NH, C / NH);
+    backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_fscratch, NULL, B, T, NH, NH, C / NH, NULL);
     backend_attention_gqa_backward(d_gqa_dqkv, d_lndout, d_qkv, d_gqa_att, d_gqa_out, d_ascratch, NULL, B, T, NH, NH,
-                                   C / NH);
+                                   C / NH, NULL);
     check_value(named("attention_gqa_equals_mha_bits"),
                 same_bits(d_gqa_out, d_aout, act_bytes(NC)) && same_bits(d_gqa_dqkv, d_dqkv, act_bytes(nqkv)) &&
                     same_bits(d_gqa_att, d_att, (size_t)B * NH * T * 4),
@@ -619,9 +620,10 @@ static void check_llama_extras(const struct llama_shape *sh, const char *v)
 
 /* Attention on qkv (host, already rounded to the activation dtype) against the CPU backend, pos NULL or packed
  * rows (host; the device gets a copy): forward output, the device's log-sum-exp, backward. gpt2_call: through the
- * GPT-2 calls (NKV = NH), which must then also equal the grouped-query ones to the bit. */
-static void check_attention(const float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int hs, int gpt2_call,
-                            const char *v)
+ * GPT-2 calls (NKV = NH), which must then also equal the grouped-query ones to the bit. opt: the variant (window,
+ * soft-cap, scale; backend.h), grouped-query calls only. */
+static void check_attention_opt(const float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                                int gpt2_call, const struct attn_opts *opt, const char *v)
 {
     const int N = B * T, C = NH * hs;
     const size_t nqkv = (size_t)N * (NH + 2 * NKV) * hs, nout = (size_t)N * C;
@@ -641,10 +643,10 @@ static void check_attention(const float *qkv, const int32_t *pos, int B, int T, 
         cpu_attention_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, C, NH);
         backend_attention_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, C, NH);
     } else {
-        cpu_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs);
-        backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, d_pos, B, T, NH, NKV, hs);
-        cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs);
-        backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, NH, NKV, hs);
+        cpu_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs, opt);
+        backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, d_pos, B, T, NH, NKV, hs, opt);
+        cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs, opt);
+        backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, NH, NKV, hs, opt);
     }
     snprintf(name, sizeof name, "%s_forward_out", kind);
     compare_act(named2(name, v), out, d_out, nout, g_tol);
@@ -655,9 +657,9 @@ static void check_attention(const float *qkv, const int32_t *pos, int B, int T, 
     if (gpt2_call) { /* backend.h: the GPT-2 calls are the grouped-query ones with NKV = NH, to the bit */
         float *d_gqa_out = act_poisoned(nout), *d_gqa_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
         float *d_gqa_dqkv = act_poisoned(nqkv);
-        backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_scratch, d_pos, B, T, NH, NH, hs);
+        backend_attention_gqa_forward(d_gqa_out, d_gqa_att, d_qkv, d_scratch, d_pos, B, T, NH, NH, hs, NULL);
         backend_attention_gqa_backward(d_gqa_dqkv, d_dout, d_qkv, d_gqa_att, d_gqa_out, d_scratch, d_pos, B, T, NH, NH,
-                                       hs);
+                                       hs, NULL);
         check_value(named2("attention_gqa_equals_mha_bits", v),
                     same_bits(d_gqa_out, d_out, act_bytes(nout)) && same_bits(d_gqa_dqkv, d_dqkv, act_bytes(nqkv)) &&
                         same_bits(d_gqa_att, d_att, (size_t)B * NH * T * 4),
@@ -667,6 +669,12 @@ static void check_attention(const float *qkv, const int32_t *pos, int B, int T, 
     cudaFree(d_qkv), cudaFree(d_pos), cudaFree(d_out), cudaFree(d_att), cudaFree(d_scratch), cudaFree(d_dout);
     cudaFree(d_dqkv);
     free(att), free(out), free(scratch), free(dout), free(dqkv);
+}
+
+static void check_attention(const float *qkv, const int32_t *pos, int B, int T, int NH, int NKV, int hs, int gpt2_call,
+                            const char *v)
+{
+    check_attention_opt(qkv, pos, B, T, NH, NKV, hs, gpt2_call, NULL, v);
 }
 
 /* Rotary and grouped-query attention at a Llama shape; pos NULL or packed rows (host). */
@@ -700,24 +708,27 @@ static void check_llama_attention(const struct llama_shape *sh, const int32_t *p
  * different positions (one row starting empty, one half full, one whose
  * chunk of keys spans more than a device block: 300 positions), the caches
  * given the same random start on both sides; the new keys and values land
- * in both caches and the outputs agree. */
-static void check_attention_kv(int NH, int NKV, int hs, int T, const char *v)
+ * in both caches and the outputs agree. With opt's window W the cache is a
+ * ring of Tmax = W slots (backend.h), positions past it wrap, and row 1
+ * keeps one token fewer than the call's T (the rest padding). */
+static void check_attention_kv_opt(int NH, int NKV, int hs, int T, const struct attn_opts *opt, const char *v)
 {
-    const int B = 3, Tmax = 320;
-    const int32_t past[3] = {0, 7, Tmax - T - 3};
+    const int B = 3, Tmax = opt && opt->window ? opt->window : 320;
+    const int32_t past[3] = {0, 7, opt && opt->window ? 300 : Tmax - T - 3}, keep[3] = {T, T - 1 > 0 ? T - 1 : T, T};
     const size_t nqkv = (size_t)B * T * (NH + 2 * NKV) * hs, nout = (size_t)B * T * NH * hs;
     const size_t ncache = (size_t)B * Tmax * NKV * hs;
     float *qkv = act_round(host_random(nqkv, 1), nqkv), *d_qkv = act_to_device(qkv, nqkv);
     float *kc = act_round(host_random(ncache, 1), ncache), *d_kc = act_to_device(kc, ncache);
     float *vc = act_round(host_random(ncache, 1), ncache), *d_vc = act_to_device(vc, ncache);
     float *out = malloc(nout * 4), *d_out = act_poisoned(nout);
-    int32_t *d_past = to_device(past, sizeof past);
-    cpu_attention_kv_forward(out, qkv, kc, vc, past, B, T, NH, NKV, hs, Tmax);
-    backend_attention_kv_forward(d_out, d_qkv, d_kc, d_vc, d_past, B, T, NH, NKV, hs, Tmax);
+    int32_t *d_past = to_device(past, sizeof past), *d_keep = to_device(keep, sizeof keep);
+    const int32_t *h_keep = opt ? keep : NULL, *dev_keep = opt ? d_keep : NULL;
+    cpu_attention_kv_forward(out, qkv, kc, vc, past, h_keep, B, T, NH, NKV, hs, Tmax, opt);
+    backend_attention_kv_forward(d_out, d_qkv, d_kc, d_vc, d_past, dev_keep, B, T, NH, NKV, hs, Tmax, opt);
     compare_act(named2("attention_kv_out", v), out, d_out, nout, g_tol);
     compare_act(named2("attention_kv_keys", v), kc, d_kc, ncache, 0.0);
     compare_act(named2("attention_kv_values", v), vc, d_vc, ncache, 0.0);
-    cudaFree(d_qkv), cudaFree(d_kc), cudaFree(d_vc), cudaFree(d_out), cudaFree(d_past);
+    cudaFree(d_qkv), cudaFree(d_kc), cudaFree(d_vc), cudaFree(d_out), cudaFree(d_past), cudaFree(d_keep);
     free(qkv), free(kc), free(vc), free(out);
 }
 
@@ -832,6 +843,11 @@ static void check_wide_norms(enum dtype dt, double tol, const char *tag)
     use_act(DTYPE_F32, TOL, "");
 }
 
+static void check_attention_kv(int NH, int NKV, int hs, int T, const char *v)
+{
+    check_attention_kv_opt(NH, NKV, hs, T, NULL, v);
+}
+
 static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
 {
     use_act(dt, tol, tag);
@@ -851,6 +867,13 @@ static void check_llama_kernels(enum dtype dt, double tol, const char *tag)
             snprintf(v, sizeof v, "_nh%d_kv%d_hs%d_T%d", sh->NH, sh->NKV, sh->hs, T);
             check_attention_kv(sh->NH, sh->NKV, sh->hs, T, v);
         }
+        /* a sliding layer's ring of 8: a prefill of 11 wraps it (plain), one token past 300 positions (soft-capped,
+         * with a scale of its own) */
+        const struct attn_opts ring = {8, 0.0f, 0.0f}, capped = {8, 3.0f, 0.2f};
+        snprintf(v, sizeof v, "_nh%d_kv%d_hs%d_T11_window8", sh->NH, sh->NKV, sh->hs);
+        check_attention_kv_opt(sh->NH, sh->NKV, sh->hs, 11, &ring, v);
+        snprintf(v, sizeof v, "_nh%d_kv%d_hs%d_T1_window8_softcap", sh->NH, sh->NKV, sh->hs);
+        check_attention_kv_opt(sh->NH, sh->NKV, sh->hs, 1, &capped, v);
     }
     use_act(DTYPE_F32, TOL, "");
 }
@@ -911,17 +934,23 @@ static const struct packed_attention_shape TC_ATTENTION_SHAPES[] = {
 
 /* check_attention on a fresh random qkv (1.5 scale, rounded to the dtype) with packed rows or none; 1 when calls()
  * (a kernel's count of the calls it ran) counted every attention call the case made. */
-static int attention_case_took(const struct packed_attention_shape *a, int packed, const char *v, long (*calls)(void))
+static int attention_case_took_opt(const struct packed_attention_shape *a, int packed, const struct attn_opts *opt,
+                                   const char *v, long (*calls)(void))
 {
     const size_t nqkv = (size_t)a->B * a->T * (a->NH + 2 * a->NKV) * a->hs;
     float *qkv = act_round(host_random(nqkv, 1.5f), nqkv);
     int32_t *pos = packed ? packed_positions(a->B, a->T) : NULL;
     const long before = calls();
-    check_attention(qkv, pos, a->B, a->T, a->NH, a->NKV, a->hs, a->gpt2_call, v);
+    check_attention_opt(qkv, pos, a->B, a->T, a->NH, a->NKV, a->hs, a->gpt2_call, opt, v);
     /* forward and backward, and the GPT-2 call's second pass through the grouped-query calls */
     const long want = a->gpt2_call ? 4 : 2, took = calls() - before;
     free(qkv), free(pos);
     return took == want;
+}
+
+static int attention_case_took(const struct packed_attention_shape *a, int packed, const char *v, long (*calls)(void))
+{
+    return attention_case_took_opt(a, packed, NULL, v, calls);
 }
 
 static int attention_case_took_tc(const struct packed_attention_shape *a, int packed, const char *v)
@@ -966,9 +995,64 @@ static void check_attention_tc(void)
     use_act(DTYPE_F32, TOL, "");
 }
 
-/* ---- attention through cuDNN (src/backend/cuda/cudnn_attention.cu, issue 45) -------------------------------- */
+/* ---- attention variants: sliding window, soft-cap, scale (backend.h struct attn_opts) ------------------------ */
 
 long backend_cuda_attention_cudnn_calls(void); /* cudnn_attention.h */
+long cudnn_attention_library(const char **why);
+
+/* Windows shorter than T and than a tile (5) or across tiles and 64-row blocks (40), alone and in packed rows
+ * (window and sample boundaries both cutting), grouped-query; a soft-cap and a scale of their own, alone and with
+ * a window. */
+static const struct attn_opts ATTN_VARIANTS[] = {{5, 0.0f, 0.0f}, {40, 0.0f, 0.0f}, {0, 2.0f, 0.2f}, {16, 5.0f, 0.0f}};
+/* T past the FP32 kernel's 32-row blocks and 64-row tiles, the tensor cores' 64-row blocks and their key tiles (64
+ * at hs 64, 32 at 128); the second shape takes every other variant (check_kernels' time under tests/cudaemu) */
+static const struct packed_attention_shape VARIANT_SHAPES[] = {{1, 100, 4, 2, 64, 0}, {1, 80, 2, 1, 128, 0}};
+
+/* Every variant at every shape, packed and not, against the CPU: fp32 through the FP32 kernel, bf16 and fp16
+ * through the tensor cores (each call taken by them: SHARDLM_ATTENTION=tc), and, where cuDNN is there, through
+ * cuDNN, which takes the windows and scales and must leave the soft-capped variants to the tensor cores
+ * (cudnn_attention.h). */
+static void check_attention_variants(void)
+{
+    const enum dtype dts[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    const double tols[3] = {TOL, 1e-2, 5e-3};
+    const char *tags[3] = {"", "_bf16", "_fp16"};
+    const long cudnn = cudnn_attention_library(NULL);
+    for (int d = 0; d < 3; d++) {
+        use_act(dts[d], tols[d], tags[d]);
+        for (int want_cudnn = 0; want_cudnn <= (d > 0 && cudnn > 0); want_cudnn++) {
+            setenv("SHARDLM_ATTENTION", want_cudnn ? "cudnn" : d ? "tc" : "fp32", 1);
+            for (size_t k = 0; k < sizeof VARIANT_SHAPES / sizeof VARIANT_SHAPES[0]; k++)
+                for (size_t o = k; o < sizeof ATTN_VARIANTS / sizeof ATTN_VARIANTS[0]; o += 1 + k)
+                    for (int packed = 0; packed <= 1; packed++) {
+                        const struct packed_attention_shape *a = &VARIANT_SHAPES[k];
+                        const struct attn_opts *opt = &ATTN_VARIANTS[o];
+                        char v[96];
+                        snprintf(v, sizeof v, "_%s_T%d_nh%d_kv%d_hs%d_window%d_softcap%g_scale%g%s",
+                                 want_cudnn ? "cudnn" : d ? "tc" : "fp32", a->T, a->NH, a->NKV, a->hs, opt->window,
+                                 (double)opt->softcap, (double)opt->scale, packed ? "_packed" : "");
+                        const long tc_before = backend_cuda_attention_tc_calls();
+                        const int took_cudnn =
+                            attention_case_took_opt(a, packed, opt, v, backend_cuda_attention_cudnn_calls);
+                        const long tc = backend_cuda_attention_tc_calls() - tc_before;
+                        if (d == 0)
+                            check_value(named2("attention_variant_fp32_kernel", v), tc == 0 && !took_cudnn,
+                                        "fp32 activations ran elsewhere than the FP32 kernel");
+                        else if (!want_cudnn || opt->softcap > 0.0f)
+                            check_value(named2("attention_variant_taken_tc", v), tc == 2 && !took_cudnn,
+                                        "an attention call of this case did not run on tensor cores");
+                        else
+                            check_value(named2("attention_variant_taken_cudnn", v), took_cudnn,
+                                        "an attention call of this case did not run through cuDNN");
+                    }
+        }
+    }
+    unsetenv("SHARDLM_ATTENTION");
+    use_act(DTYPE_F32, TOL, "");
+}
+
+/* ---- attention through cuDNN (src/backend/cuda/cudnn_attention.cu, issue 45) -------------------------------- */
+
 long cudnn_attention_library(const char **why);
 void attention_lse_transpose(float *dst, const float *src, int B, int T, int NH, int to_token_major,
                              cudaStream_t stream);
@@ -1023,17 +1107,17 @@ static void check_cudnn_lse_and_determinism(int packed)
     float *dout = act_round(host_random(nout, 1), nout), *d_dout = act_to_device(dout, nout);
     float *d_out = act_poisoned(nout), *d_att = poisoned(backend_attention_saved(B, T, NH) / 4 + 1);
     float *d_dqkv = act_poisoned(nqkv), *d_dqkv2 = act_poisoned(nqkv);
-    cpu_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs);
-    cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs);
+    cpu_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs, NULL);
+    cpu_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs, NULL);
     setenv("SHARDLM_ATTENTION", "cudnn", 1);
-    backend_attention_gqa_forward(d_out, d_att, d_qkv, NULL, d_pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_forward(d_out, d_att, d_qkv, NULL, d_pos, B, T, NH, NKV, hs, NULL);
     compare(named2("attention_cudnn_lse", v), att, d_att, (size_t)B * NH * T, LSE_TOL);
     setenv("SHARDLM_ATTENTION", "tc", 1);
-    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs, NULL);
     compare_act(named2("attention_tc_backward_after_cudnn_forward", v), dqkv, d_dqkv, nqkv, g_tol);
     setenv("SHARDLM_ATTENTION", "cudnn", 1);
-    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs);
-    backend_attention_gqa_backward(d_dqkv2, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs, NULL);
+    backend_attention_gqa_backward(d_dqkv2, d_dout, d_qkv, d_att, d_out, NULL, d_pos, B, T, NH, NKV, hs, NULL);
     check_value(named2("attention_cudnn_backward_deterministic", v), same_bits(d_dqkv, d_dqkv2, act_bytes(nqkv)),
                 "cuDNN's backward gave other bits the second time");
     cudaFree(d_qkv), cudaFree(d_pos), cudaFree(d_dout), cudaFree(d_out), cudaFree(d_att), cudaFree(d_dqkv);
@@ -1306,6 +1390,45 @@ static void check_lora_kernels(enum dtype dt, double tol, const char *tag, int h
  * against adamw_update on the host: the same bits, for every output dtype
  * and both decay modes; and backend_sum_squares_multi against the sum of the
  * CPU backend's per-range sums. */
+/* bitsandbytes' 4-bit dequantization (backend_dequant4): NF4 and FP4, with and without double quantization, into
+ * fp32, bf16 and fp16, an odd length (a short last block, a pad nibble): the device's bytes equal the CPU's. */
+static void check_dequant4(void)
+{
+    const size_t n = (size_t)QUANT4_BLOCK * (2 * QUANT4_NESTED_BLOCK + 7) + 33, blocks = quant4_blocks(n);
+    const size_t nested_blocks = quant4_nested_blocks(blocks), bytes = quant4_code_bytes(n);
+    uint8_t *codes = malloc(bytes), *qabsmax = malloc(blocks);
+    for (size_t i = 0; i < bytes; i++)
+        codes[i] = (uint8_t)(uniform() * 128.0f + 128.0f);
+    for (size_t b = 0; b < blocks; b++)
+        qabsmax[b] = (uint8_t)(uniform() * 128.0f + 128.0f);
+    float *absmax = host_random(blocks, 2.0f), *nested = host_random(nested_blocks, 0.05f);
+    for (size_t b = 0; b < blocks; b++)
+        absmax[b] = fabsf(absmax[b]) + 1e-3f;
+    uint8_t *d_codes = to_device(codes, bytes), *d_qabsmax = to_device(qabsmax, blocks);
+    float *d_absmax = to_device(absmax, blocks * 4), *d_nested = to_device(nested, nested_blocks * 4);
+    const float offset = 0.0371f;
+    const enum dtype outs[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
+    void *want = malloc(n * 4), *got = malloc(n * 4);
+    void *d_out = backend_mem_alloc(SPACE_DEVICE, n * 4, "check_kernels");
+    for (int type = 0; type < 2; type++)
+        for (int double_quant = 0; double_quant < 2; double_quant++)
+            for (int o = 0; o < 3; o++) {
+                const size_t out_bytes = n * (size_t)dtype_size(outs[o]);
+                cpu_dequant4(want, outs[o], codes, absmax, double_quant ? qabsmax : NULL, nested, offset, n, type);
+                backend_dequant4(d_out, outs[o], d_codes, d_absmax, double_quant ? d_qabsmax : NULL, d_nested, offset,
+                                 n, type);
+                backend_synchronize();
+                cuda_ok(cudaMemcpy(got, d_out, out_bytes, cudaMemcpyDeviceToHost), "dequant4 result");
+                char name[64];
+                snprintf(name, sizeof name, "dequant4_%s%s_%s", quant4_type_name((enum quant4_type)type),
+                         double_quant ? "_nested" : "", dtype_name(outs[o]));
+                check_value(name, memcmp(want, got, out_bytes) == 0, "the device's bytes differ from the CPU's");
+            }
+    backend_mem_free(SPACE_DEVICE, d_out, n * 4);
+    cudaFree(d_codes), cudaFree(d_qabsmax), cudaFree(d_absmax), cudaFree(d_nested);
+    free(codes), free(qabsmax), free(absmax), free(nested), free(want), free(got);
+}
+
 static void check_optimizer(void)
 {
     enum { RANGES = 40 };
@@ -1489,6 +1612,7 @@ int main(void)
     check_packed_wpe_windows();
     check_attention_tc();
     check_attention_cudnn();
+    check_attention_variants();
     setenv("SHARDLM_ATTENTION", "tc", 1);
     check_lora_kernels(DTYPE_F32, TOL, "", 0);
     check_lora_kernels(DTYPE_BF16, 1e-2, "_bf16", 0);
@@ -1567,6 +1691,7 @@ int main(void)
     backend_mem_free(SPACE_PINNED, pinned, NX * 4);
 
     check_optimizer();
+    check_dequant4();
     printf("%d passed, %d failed\n", g_passed, g_failed);
     return g_failed ? 1 : 0;
 }

@@ -13,6 +13,7 @@
 #define backend_check_performance cpu_check_performance
 #define backend_copy_cols cpu_copy_cols
 #define backend_copy cpu_copy
+#define backend_dequant4 cpu_dequant4
 #define backend_crossentropy_backward cpu_crossentropy_backward
 #define backend_crossentropy_backward_rows cpu_crossentropy_backward_rows
 #define backend_crossentropy_forward cpu_crossentropy_forward

@@ -16,6 +16,7 @@
 #undef backend_check_performance
 #undef backend_copy_cols
 #undef backend_copy
+#undef backend_dequant4
 #undef backend_crossentropy_backward
 #undef backend_crossentropy_backward_rows
 #undef backend_crossentropy_forward

@@ -258,16 +258,16 @@ static void time_llama(const struct shape *sh)
     float *att = device_zeros(att_n), *att_scratch = device_zeros(scratch_n);
     double attn = 4.0 * B * (double)T * T * NH * hs;
     TIME_OP("attention_gqa_fwd", attn, 1,
-            backend_attention_gqa_forward(y, att, qkv, att_scratch, NULL, B, T, NH, NKV, hs));
+            backend_attention_gqa_forward(y, att, qkv, att_scratch, NULL, B, T, NH, NKV, hs, NULL));
     TIME_OP("attention_gqa_bwd", 2 * attn, 1,
-            backend_attention_gqa_backward(dqkv, x, qkv, att, y, att_scratch, NULL, B, T, NH, NKV, hs));
+            backend_attention_gqa_backward(dqkv, x, qkv, att, y, att_scratch, NULL, B, T, NH, NKV, hs, NULL));
     /* the same over packed rows of PACKED_SAMPLES samples: the FLOPs of those samples alone */
     int32_t *pos = packed_positions(B, T);
     const double packed_attn = attn * packed_fraction(T);
     TIME_OP("attention_gqa_fwd_packed", packed_attn, 1,
-            backend_attention_gqa_forward(y, att, qkv, att_scratch, pos, B, T, NH, NKV, hs));
+            backend_attention_gqa_forward(y, att, qkv, att_scratch, pos, B, T, NH, NKV, hs, NULL));
     TIME_OP("attention_gqa_bwd_packed", 2 * packed_attn, 1,
-            backend_attention_gqa_backward(dqkv, x, qkv, att, y, att_scratch, pos, B, T, NH, NKV, hs));
+            backend_attention_gqa_backward(dqkv, x, qkv, att, y, att_scratch, pos, B, T, NH, NKV, hs, NULL));
     backend_mem_free(SPACE_DEVICE, pos, (size_t)B * T * 4);
 
     /* SwiGLU over the gate and up projections (N, 2F) */

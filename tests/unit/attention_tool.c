@@ -42,8 +42,9 @@ static struct outputs attend(const struct shape *s, const float *qkv, const floa
     struct outputs o = {xmalloc(out_floats(s) * sizeof(float)), xmalloc(backend_attention_saved(s->B, s->T, s->NH)),
                         xmalloc(qkv_floats(s) * sizeof(float))};
     float *scratch = xmalloc((backend_attention_scratch(s->T, s->NH) + 1) * sizeof *scratch);
-    backend_attention_gqa_forward(o.out, o.att, qkv, scratch, pos, s->B, s->T, s->NH, s->NKV, s->hs);
-    backend_attention_gqa_backward(o.dqkv, dout, qkv, o.att, o.out, scratch, pos, s->B, s->T, s->NH, s->NKV, s->hs);
+    backend_attention_gqa_forward(o.out, o.att, qkv, scratch, pos, s->B, s->T, s->NH, s->NKV, s->hs, NULL);
+    backend_attention_gqa_backward(o.dqkv, dout, qkv, o.att, o.out, scratch, pos, s->B, s->T, s->NH, s->NKV, s->hs,
+                                   NULL);
     free(scratch);
     return o;
 }

@@ -68,9 +68,9 @@ static struct result run(enum cpu_attention kernel, const struct attention_case 
         backend_attention_forward(r.out, r.att, qkv, scratch, pos, c->B, c->T, c->NH * c->hs, c->NH);
         backend_attention_backward(r.dqkv, dout, qkv, r.att, r.out, scratch, pos, c->B, c->T, c->NH * c->hs, c->NH);
     } else {
-        backend_attention_gqa_forward(r.out, r.att, qkv, scratch, pos, c->B, c->T, c->NH, c->NKV, c->hs);
+        backend_attention_gqa_forward(r.out, r.att, qkv, scratch, pos, c->B, c->T, c->NH, c->NKV, c->hs, NULL);
         backend_attention_gqa_backward(r.dqkv, dout, qkv, r.att, r.out, scratch, pos, c->B, c->T, c->NH, c->NKV,
-                                       c->hs);
+                                       c->hs, NULL);
     }
     free(scratch);
     return r;

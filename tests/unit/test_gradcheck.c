@@ -837,6 +837,7 @@ struct attention_case {
                          * probabilities (B, NH, T, T) */
     double *scratch;    /* f64_attention_scratch(T, NH) */
     const int32_t *pos; /* (B, T) packed rows, or NULL */
+    const struct attn_opts *opt; /* the variant (window, soft-cap, scale), NULL: plain causal */
 };
 
 /* Elements of what the forward keeps (both kernels keep one element type: fp32, or double in the twin). */
@@ -848,7 +849,7 @@ static void attention_objective(void *ctx, double *out)
     if (a->gpt2_call)
         f64_attention_forward(out, a->att, a->qkv, a->scratch, a->pos, a->B, a->T, a->NH * a->hs, a->NH);
     else
-        f64_attention_gqa_forward(out, a->att, a->qkv, a->scratch, a->pos, a->B, a->T, a->NH, a->NKV, a->hs);
+        f64_attention_gqa_forward(out, a->att, a->qkv, a->scratch, a->pos, a->B, a->T, a->NH, a->NKV, a->hs, a->opt);
 }
 
 /* out: the forward's output (the tiled backward reads it). */
@@ -859,7 +860,7 @@ static void attention_backward_f64(double *dqkv, const double *dout, const doubl
         f64_attention_backward(dqkv, dout, a->qkv, att, out, a->scratch, a->pos, a->B, a->T, a->NH * a->hs, a->NH);
     else
         f64_attention_gqa_backward(dqkv, dout, a->qkv, att, out, a->scratch, a->pos, a->B, a->T, a->NH, a->NKV,
-                                   a->hs);
+                                   a->hs, a->opt);
 }
 
 /* The fp32 kernel's forward, then its backward with dout into dqkv, through
@@ -873,16 +874,25 @@ static void attention_f32(float *out, float *att, float *dqkv, const float *qkv,
         backend_attention_forward(out, att, qkv, scratch, a->pos, B, T, NH * hs, NH);
         backend_attention_backward(dqkv, dout, qkv, att, out, scratch, a->pos, B, T, NH * hs, NH);
     } else {
-        backend_attention_gqa_forward(out, att, qkv, scratch, a->pos, B, T, NH, NKV, hs);
-        backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, a->pos, B, T, NH, NKV, hs);
+        backend_attention_gqa_forward(out, att, qkv, scratch, a->pos, B, T, NH, NKV, hs, a->opt);
+        backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, a->pos, B, T, NH, NKV, hs, a->opt);
     }
     free(scratch);
+}
+
+/* The first key query i of row b sees (backend.h): its sample's first, or with a window W the key W - 1 before
+ * it when that is later. */
+static int reference_first_key(const struct attention_case *a, int b, int i)
+{
+    const int first = i - position_of(a->pos, b, i, a->T), W = a->opt ? a->opt->window : 0;
+    return W > 0 && i - W + 1 > first ? i - W + 1 : first;
 }
 
 /* out (B, T, NH hs): causal softmax(q k^T / sqrt(hs)) v written out row by
  * row, query head h reading key and value head h / (NH / NKV), query i the
  * keys of its sample from i - pos[i] (backend.h); lse (B, NH, T): each row's
- * log-sum-exp of its scaled scores. */
+ * log-sum-exp of its scaled scores. With a->opt: the scale it gives, the
+ * scores soft-capped (c tanh(s / c)) and the window (reference_first_key). */
 static void attention_reference(double *out, double *lse, const struct attention_case *a)
 {
     const int T = a->T, NH = a->NH, NKV = a->NKV, hs = a->hs;
@@ -893,13 +903,17 @@ static void attention_reference(double *out, double *lse, const struct attention
             for (int i = 0; i < T; i++) {
                 const double *q = a->qkv + ((size_t)b * T + i) * row + (size_t)h * hs;
                 double mx = -INFINITY, sum = 0.0;
-                const int first = i - position_of(a->pos, b, i, T);
+                const int first = reference_first_key(a, b, i);
+                const double scale = a->opt && a->opt->scale > 0 ? a->opt->scale : 1.0 / sqrt((double)hs);
+                const double cap = a->opt ? a->opt->softcap : 0.0;
                 for (int j = first; j <= i; j++) {
                     const double *k = a->qkv + ((size_t)b * T + j) * row + (size_t)(NH + h / group) * hs;
                     p[j] = 0.0;
                     for (int c = 0; c < hs; c++)
                         p[j] += q[c] * k[c];
-                    p[j] /= sqrt((double)hs);
+                    p[j] *= scale;
+                    if (cap > 0)
+                        p[j] = cap * tanh(p[j] / cap);
                     mx = p[j] > mx ? p[j] : mx;
                 }
                 for (int j = first; j <= i; j++)
@@ -933,7 +947,7 @@ static void check_attention_saved(const char *kernel, const double *att, const d
         for (int h = 0; h < NH; h++)
             for (int i = 0; i < T; i++)
                 for (int j = 0; j < T; j++)
-                    outside += (j < i - position_of(a->pos, b, i, T) || j > i) &&
+                    outside += (j < reference_first_key(a, b, i) || j > i) &&
                                att[(((size_t)b * NH + h) * T + i) * T + j] != 0.0;
     char name[200];
     snprintf(name, sizeof name, "gradcheck %s: probabilities outside each query's keys exactly 0", kernel);
@@ -942,9 +956,10 @@ static void check_attention_saved(const char *kernel, const double *att, const d
 
 /* gpt2_call: the GPT-2 calls (NKV = NH), else the grouped-query ones; packed: rows of several samples
  * (packed_positions); the kernel use_attention chose last. */
-static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call, int packed, uint64_t *rng)
+static void test_attention_opt(int B, int T, int NH, int NKV, int hs, int gpt2_call, int packed,
+                               const struct attn_opts *opt, uint64_t *rng)
 {
-    char kernel[128];
+    char kernel[200];
     const char *which = backend_cpu_attention_kernel() == CPU_ATTENTION_TILED ? "tiled" : "materialized";
     if (gpt2_call)
         snprintf(kernel, sizeof kernel, "attention %s B=%d T=%d C=%d NH=%d", which, B, T, NH * hs, NH);
@@ -952,13 +967,16 @@ static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call,
         snprintf(kernel, sizeof kernel, "attention_gqa %s B=%d T=%d NH=%d NKV=%d hs=%d", which, B, T, NH, NKV, hs);
     if (packed)
         strcat(kernel, " packed");
+    if (opt)
+        snprintf(kernel + strlen(kernel), sizeof kernel - strlen(kernel), " window=%d softcap=%g scale=%g",
+                 opt->window, (double)opt->softcap, (double)opt->scale);
     int32_t *pos = packed ? packed_positions(B, T) : NULL;
     const size_t n_qkv = (size_t)B * T * (NH + 2 * NKV) * hs, n_out = (size_t)B * T * NH * hs;
     const size_t n_att = attention_saved_n(B, T, NH);
     /* scores of a few units: softmax rows neither uniform nor one-hot */
     struct attention_case a = {B, T, NH, NKV, hs, gpt2_call, random_tensor(n_qkv, -1.5, 1.5, rng),
                                xmalloc(n_att * sizeof(double)),
-                               xmalloc((f64_attention_scratch(T, NH) + 1) * sizeof(double)), pos};
+                               xmalloc((f64_attention_scratch(T, NH) + 1) * sizeof(double)), pos, opt};
     double *w = random_tensor(n_out, -1, 1, rng);
 
     double *out = xmalloc(n_out * sizeof *out), *ref = xmalloc(n_out * sizeof *ref);
@@ -986,6 +1004,11 @@ static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call,
     free(num_qkv), free(qkv_f), free(w_f), free(out_f), free(att_f), free(dqkv_f), free(pos);
 }
 
+static void test_attention(int B, int T, int NH, int NKV, int hs, int gpt2_call, int packed, uint64_t *rng)
+{
+    test_attention_opt(B, T, NH, NKV, hs, gpt2_call, packed, NULL, rng);
+}
+
 /* The GPT-2 calls are the grouped-query ones with NKV = NH and hs = C / NH,
  * bit for bit (backend.h): the GPT-2 model keeps its results. */
 static void test_attention_gpt2_is_gqa(int B, int T, int NH, int hs, int packed, uint64_t *rng)
@@ -1001,7 +1024,7 @@ static void test_attention_gpt2_is_gqa(int B, int T, int NH, int hs, int packed,
     float *qkv_f = narrow(qkv, n_qkv), *w_f = narrow(w, n_out);
     float *out[2], *att[2], *dqkv[2];
     for (int gpt2_call = 0; gpt2_call < 2; gpt2_call++) {
-        struct attention_case a = {B, T, NH, NH, hs, gpt2_call, NULL, NULL, NULL, pos};
+        struct attention_case a = {B, T, NH, NH, hs, gpt2_call, NULL, NULL, NULL, pos, NULL};
         out[gpt2_call] = xmalloc(n_out * sizeof(float));
         att[gpt2_call] = xmalloc(n_att * sizeof(float));
         dqkv[gpt2_call] = sentinel_tensor_f(n_qkv);
@@ -1036,6 +1059,17 @@ static void test_attention_kernel(enum cpu_attention kernel, uint64_t *rng)
     test_attention(2, 70, 4, 1, 2, 0, 1, rng);
     test_attention(1, 47, 2, 1, 3, 0, 1, rng); /* a 33-token sample across three 16-key tiles */
     test_attention_gpt2_is_gqa(2, 70, 2, 4, 1, rng);
+    /* the variants (backend.h struct attn_opts): a window shorter than T, crossing tiles and row blocks, alone,
+     * in packed rows (windows and samples both cutting), grouped-query; soft-cap (d tanh in the backward) and a
+     * scale of its own, with and without a window */
+    const struct attn_opts window5 = {5, 0.0f, 0.0f}, window20 = {20, 0.0f, 0.0f};
+    const struct attn_opts capped = {0, 1.5f, 0.45f}, all = {7, 2.0f, 0.3f};
+    test_attention_opt(2, 13, 4, 2, 3, 0, 0, &window5, rng);
+    test_attention_opt(2, 70, 4, 1, 2, 0, 0, &window20, rng);
+    test_attention_opt(1, 47, 2, 1, 3, 0, 1, &window5, rng);
+    test_attention_opt(2, 70, 4, 2, 2, 0, 1, &window20, rng);
+    test_attention_opt(2, 13, 4, 2, 3, 0, 0, &capped, rng);
+    test_attention_opt(2, 70, 2, 1, 3, 0, 1, &all, rng);
 }
 
 /* ---- embedding ----------------------------------------------------------- */

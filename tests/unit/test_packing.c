@@ -113,8 +113,8 @@ static void attention_run(float *out, float *att, float *dqkv, const float *qkv,
         backend_attention_forward(out, att, qkv, scratch, pos, B_, T_, NH * hs, NH);
         backend_attention_backward(dqkv, dout, qkv, att, out, scratch, pos, B_, T_, NH * hs, NH);
     } else {
-        backend_attention_gqa_forward(out, att, qkv, scratch, pos, B_, T_, NH, NKV, hs);
-        backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B_, T_, NH, NKV, hs);
+        backend_attention_gqa_forward(out, att, qkv, scratch, pos, B_, T_, NH, NKV, hs, NULL);
+        backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B_, T_, NH, NKV, hs, NULL);
     }
     free(scratch);
 }
@@ -342,15 +342,15 @@ static void test_emulated_attention(const float *rot, const float *dout, const i
     const size_t att_bytes = backend_attention_saved(B, T, NH), scratch_bytes = (backend_attention_scratch(T, NH) + 1) * 4;
     float *out = xmalloc(n_out * sizeof *out), *dqkv = xmalloc(n_qkv * sizeof *dqkv), *att = xmalloc(att_bytes);
     float *scratch = xmalloc(scratch_bytes);
-    backend_attention_gqa_forward(out, att, rot, scratch, pos, B, T, NH, NKV, hs);
-    backend_attention_gqa_backward(dqkv, dout, rot, att, out, scratch, pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_forward(out, att, rot, scratch, pos, B, T, NH, NKV, hs, NULL);
+    backend_attention_gqa_backward(dqkv, dout, rot, att, out, scratch, pos, B, T, NH, NKV, hs, NULL);
     backend_set_act_dtype(DTYPE_BF16);
     const size_t d_att_bytes = backend_attention_saved(B, T, NH);
     float *d_out = backend_mem_alloc(SPACE_DEVICE, n_out * 2, "test_packing");
     float *d_dqkv = backend_mem_alloc(SPACE_DEVICE, n_qkv * 2, "test_packing");
     float *d_att = backend_mem_alloc(SPACE_DEVICE, d_att_bytes, "test_packing");
     float *d_scratch = backend_mem_alloc(SPACE_DEVICE, scratch_bytes, "test_packing");
-    backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, d_pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_forward(d_out, d_att, d_qkv, d_scratch, d_pos, B, T, NH, NKV, hs, NULL);
     snprintf(name, sizeof name, "packing emulated bf16: attention %s out = fp32", tiled ? "tiled" : "materialized");
     check_bf16(name, d_out, out, n_out);
     if (tiled) { /* fp32 on the device too: what the backward reads */
@@ -364,7 +364,7 @@ static void test_emulated_attention(const float *rot, const float *dout, const i
               d_att_bytes);
         free(lse);
     }
-    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, NH, NKV, hs);
+    backend_attention_gqa_backward(d_dqkv, d_dout, d_qkv, d_att, d_out, d_scratch, d_pos, B, T, NH, NKV, hs, NULL);
     snprintf(name, sizeof name, "packing emulated bf16: attention %s dqkv = fp32", tiled ? "tiled" : "materialized");
     check_bf16(name, d_dqkv, dqkv, n_qkv);
     backend_mem_free(SPACE_DEVICE, d_out, n_out * 2);
@@ -431,7 +431,7 @@ static void attention_with_bad_positions(const void *arg)
     const int32_t *pos = arg;
     enum { NH = 1, hs = 2, TB = 4 };
     float qkv[TB * 3 * NH * hs] = {0}, out[TB * NH * hs], att[NH * TB * TB];
-    backend_attention_gqa_forward(out, att, qkv, NULL, pos, 1, TB, NH, NH, hs);
+    backend_attention_gqa_forward(out, att, qkv, NULL, pos, 1, TB, NH, NH, hs, NULL);
 }
 
 static void test_bad_positions(void)

@@ -568,7 +568,8 @@ static void test_bad_headers(void)
                         "no \"shape\"");
     expect_header_error("missing_offsets", "{\"w\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "'w'",
                         "no \"data_offsets\"");
-    static const char *const unsupported[] = {"I8", "U8", "F8_E4M3", "F64", "I64", "BOOL"};
+    /* U8 is read as bytes (bitsandbytes' 4-bit weights; io/hf_bnb.h refuses a U8 weight without its quant state) */
+    static const char *const unsupported[] = {"I8", "F8_E4M3", "F64", "I64", "BOOL"};
     for (size_t i = 0; i < sizeof unsupported / sizeof *unsupported; i++) {
         char name[64], header[256], why[64];
         snprintf(name, sizeof name, "dtype_%s", unsupported[i]);

@@ -73,41 +73,47 @@ static void test_matmul(int N, int C, int OC, uint64_t *rng)
     free(x), free(w), free(bias), free(out), free(want);
 }
 
-/* A sequence of T tokens: the causal attention of the whole, against a prefill of its first P tokens and then
- * one token per call through the cache (row 1 of the batch starts its tokens at another position). */
-static void test_attention_kv(int NH, int NKV, int hs, uint64_t *rng)
+/* A sequence of T tokens: the causal attention of the whole, against a prefill of its first tokens and then
+ * one token per call through the cache. Row 1's prefill keeps fewer tokens than the call's P (the rest is
+ * padding, never cached) and goes on from there. With a window the cache is a ring of W positions, shorter
+ * than the prefill, so the prefill keeps only its last W and the decode wraps around it several times. */
+static void test_attention_kv(int NH, int NKV, int hs, const struct attn_opts *opt, uint64_t *rng)
 {
     enum { B = 2, T = 23, P = 9, TMAX = 30 };
+    const int Tc = opt && opt->window ? opt->window : TMAX;
     const size_t row = (size_t)(NH + 2 * NKV) * hs, C = (size_t)NH * hs;
     float *qkv = random_floats((size_t)B * T * row, rng);
     float *full = xcalloc((size_t)B * T * C, sizeof *full), *att = xcalloc((size_t)B * NH * T * T, sizeof *att);
     float *scratch = xcalloc(backend_attention_scratch(T, NH) + 1, sizeof *scratch);
-    backend_attention_gqa_forward(full, att, qkv, scratch, NULL, B, T, NH, NKV, hs);
-    float *kc = xcalloc((size_t)B * TMAX * NKV * hs, sizeof *kc), *vc = xcalloc((size_t)B * TMAX * NKV * hs, sizeof *vc);
+    backend_attention_gqa_forward(full, att, qkv, scratch, NULL, B, T, NH, NKV, hs, opt);
+    float *kc = xcalloc((size_t)B * Tc * NKV * hs, sizeof *kc), *vc = xcalloc((size_t)B * Tc * NKV * hs, sizeof *vc);
     float *got = xcalloc((size_t)B * T * C, sizeof *got), *step = xcalloc((size_t)B * P * row, sizeof *step);
     float *out = xcalloc((size_t)B * P * C, sizeof *out);
-    int32_t past[B] = {0, 0};
-    /* prefill: tokens 0 .. P-1 of each row */
+    int32_t past[B] = {0, 0}, keep[B] = {P, P - 3};
+    /* prefill: tokens 0 .. P-1 of each row, of which row b keeps keep[b] */
     for (int b = 0; b < B; b++)
         memcpy(step + (size_t)b * P * row, qkv + (size_t)b * T * row, (size_t)P * row * sizeof *step);
-    backend_attention_kv_forward(out, step, kc, vc, past, B, P, NH, NKV, hs, TMAX);
+    backend_attention_kv_forward(out, step, kc, vc, past, keep, B, P, NH, NKV, hs, Tc, opt);
     for (int b = 0; b < B; b++)
-        memcpy(got + (size_t)b * T * C, out + (size_t)b * P * C, (size_t)P * C * sizeof *got);
-    for (int t = P; t < T; t++) { /* then one token per call */
+        memcpy(got + (size_t)b * T * C, out + (size_t)b * P * C, (size_t)keep[b] * C * sizeof *got);
+    int32_t one[B] = {1, 1};
+    for (int t = keep[1]; t < T; t++) { /* then one token per call, row 0 from P on (before: its own again) */
         for (int b = 0; b < B; b++) {
-            past[b] = t;
-            memcpy(step + (size_t)b * row, qkv + ((size_t)b * T + t) * row, row * sizeof *step);
+            const int at = b == 0 && t < P ? P - 1 : t; /* row 0 rewrites its last prefilled token meanwhile */
+            past[b] = at;
+            memcpy(step + (size_t)b * row, qkv + ((size_t)b * T + at) * row, row * sizeof *step);
         }
-        backend_attention_kv_forward(out, step, kc, vc, past, B, 1, NH, NKV, hs, TMAX);
+        backend_attention_kv_forward(out, step, kc, vc, past, one, B, 1, NH, NKV, hs, Tc, opt);
         for (int b = 0; b < B; b++)
-            memcpy(got + ((size_t)b * T + t) * C, out + (size_t)b * C, C * sizeof *got);
+            memcpy(got + ((size_t)b * T + past[b]) * C, out + (size_t)b * C, C * sizeof *got);
     }
     double *want = xcalloc((size_t)B * T * C, sizeof *want);
     for (size_t i = 0; i < (size_t)B * T * C; i++)
         want[i] = full[i];
     double e = rel_err(got, want, (size_t)B * T * C);
-    char name[96];
-    snprintf(name, sizeof name, "attention_kv_equals_causal_nh%d_kv%d_hs%d", NH, NKV, hs);
+    char name[128];
+    snprintf(name, sizeof name, "attention_kv_equals_causal_nh%d_kv%d_hs%d_window%d_softcap%g_scale%g", NH, NKV, hs,
+             opt ? opt->window : 0, opt ? (double)opt->softcap : 0.0, opt ? (double)opt->scale : 0.0);
     CHECK(name, e <= TOL, "relative error %.3g", e);
     free(qkv), free(full), free(att), free(scratch), free(kc), free(vc), free(got), free(step), free(out), free(want);
 }
@@ -120,8 +126,13 @@ int main(void)
         test_matmul(N, 37, 301, &rng);
     test_matmul(3, 64, 8, &rng);
     test_matmul(8, 33, 5, &rng);
-    test_attention_kv(4, 2, 8, &rng);
-    test_attention_kv(3, 3, 5, &rng);
-    test_attention_kv(4, 1, 6, &rng);
+    test_attention_kv(4, 2, 8, NULL, &rng);
+    test_attention_kv(3, 3, 5, NULL, &rng);
+    test_attention_kv(4, 1, 6, NULL, &rng);
+    /* windows shorter than the prefill (a ring of 5 under a prefill of 9), soft-cap and a scale of their own */
+    const struct attn_opts window5 = {5, 0.0f, 0.0f}, capped = {4, 2.5f, 0.3f}, wide = {40, 1.5f, 0.0f};
+    test_attention_kv(4, 2, 8, &window5, &rng);
+    test_attention_kv(4, 1, 6, &capped, &rng);
+    test_attention_kv(3, 3, 5, &wide, &rng);
     return check_status();
 }

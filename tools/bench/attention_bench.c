@@ -68,9 +68,9 @@ static double run_once(enum cpu_attention kernel, struct run *r, const float *qk
 {
     backend_cpu_attention_use(kernel);
     const double t0 = now();
-    backend_attention_gqa_forward(r->out, r->att, qkv, r->scratch, NULL, s->B, s->T, s->NH, s->NKV, s->hs);
+    backend_attention_gqa_forward(r->out, r->att, qkv, r->scratch, NULL, s->B, s->T, s->NH, s->NKV, s->hs, NULL);
     backend_attention_gqa_backward(r->dqkv, dout, qkv, r->att, r->out, r->scratch, NULL, s->B, s->T, s->NH, s->NKV,
-                                   s->hs);
+                                   s->hs, NULL);
     return now() - t0;
 }
 

@@ -173,15 +173,15 @@ void act_gelu_backward(void (*f32)(float *dinp, const float *inp, const float *d
 /* att: the tiled kernel's log-sum-exp is fp32 in every activation dtype (backend_cpu_attention.h), written and
  * read in place; the materialized kernel's probabilities are [A]. */
 void act_attention_forward(void (*f32)(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
-                                       int B, int T, int NH, int NKV, int hs),
+                                       int B, int T, int NH, int NKV, int hs, const struct attn_opts *opt),
                            float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B, int T,
-                           int NH, int NKV, int hs)
+                           int NH, int NKV, int hs, const struct attn_opts *opt)
 {
     const size_t BT = (size_t)B * T, natt = (size_t)B * NH * T * T, C = (size_t)NH * hs;
     const size_t row = (size_t)(NH + 2 * NKV) * hs;
     const int tiled = backend_cpu_attention_kernel() == CPU_ATTENTION_TILED;
     float *q = widen(qkv, BT * row), *o = xcalloc(BT * C, sizeof *o), *p = tiled ? att : xcalloc(natt, sizeof *p);
-    f32(o, p, q, scratch, pos, B, T, NH, NKV, hs);
+    f32(o, p, q, scratch, pos, B, T, NH, NKV, hs, opt);
     narrow(out, o, BT * C);
     if (!tiled)
         narrow(att, p, natt);
@@ -190,28 +190,31 @@ void act_attention_forward(void (*f32)(float *out, float *att, const float *qkv,
 
 void act_attention_backward(void (*f32)(float *dqkv, const float *dout, const float *qkv, const float *att,
                                         const float *out, float *scratch, const int32_t *pos, int B, int T, int NH,
-                                        int NKV, int hs),
+                                        int NKV, int hs, const struct attn_opts *opt),
                             float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
-                            float *scratch, const int32_t *pos, int B, int T, int NH, int NKV, int hs)
+                            float *scratch, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                            const struct attn_opts *opt)
 {
     const size_t BT = (size_t)B * T, C = (size_t)NH * hs, row = (size_t)(NH + 2 * NKV) * hs;
     const int tiled = backend_cpu_attention_kernel() == CPU_ATTENTION_TILED;
     float *d = widen(dout, BT * C), *q = widen(qkv, BT * row), *dq = xcalloc(BT * row, sizeof *dq);
     float *p = tiled ? NULL : widen(att, (size_t)B * NH * T * T), *y = tiled ? widen(out, BT * C) : NULL;
-    f32(dq, d, q, tiled ? att : p, y, scratch, pos, B, T, NH, NKV, hs);
+    f32(dq, d, q, tiled ? att : p, y, scratch, pos, B, T, NH, NKV, hs, opt);
     narrow(dqkv, dq, BT * row);
     free(d), free(q), free(p), free(y);
 }
 
 void act_attention_kv_forward(void (*f32)(float *out, const float *qkv, float *kc, float *vc, const int32_t *past,
-                                          int B, int T, int NH, int NKV, int hs, int Tmax),
-                              float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
-                              int NH, int NKV, int hs, int Tmax)
+                                          const int32_t *keep, int B, int T, int NH, int NKV, int hs, int Tc,
+                                          const struct attn_opts *opt),
+                              float *out, const float *qkv, float *kc, float *vc, const int32_t *past,
+                              const int32_t *keep, int B, int T, int NH, int NKV, int hs, int Tc,
+                              const struct attn_opts *opt)
 {
     const size_t BT = (size_t)B * T, C = (size_t)NH * hs, row = (size_t)(NH + 2 * NKV) * hs;
-    const size_t ncache = (size_t)B * Tmax * NKV * hs;
+    const size_t ncache = (size_t)B * Tc * NKV * hs;
     float *q = widen(qkv, BT * row), *o = xcalloc(BT * C, sizeof *o), *k = widen(kc, ncache), *v = widen(vc, ncache);
-    f32(o, q, k, v, past, B, T, NH, NKV, hs, Tmax);
+    f32(o, q, k, v, past, keep, B, T, NH, NKV, hs, Tc, opt);
     narrow(out, o, BT * C);
     narrow(kc, k, ncache);
     narrow(vc, v, ncache);

@@ -59,18 +59,21 @@ void act_gelu_forward(void (*f32)(float *out, const float *inp, size_t n), float
 void act_gelu_backward(void (*f32)(float *dinp, const float *inp, const float *dout, size_t n), float *dinp,
                        const float *inp, const float *dout, size_t n);
 void act_attention_forward(void (*f32)(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
-                                       int B, int T, int NH, int NKV, int hs),
+                                       int B, int T, int NH, int NKV, int hs, const struct attn_opts *opt),
                            float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B, int T,
-                           int NH, int NKV, int hs);
+                           int NH, int NKV, int hs, const struct attn_opts *opt);
 void act_attention_backward(void (*f32)(float *dqkv, const float *dout, const float *qkv, const float *att,
                                         const float *out, float *scratch, const int32_t *pos, int B, int T, int NH,
-                                        int NKV, int hs),
+                                        int NKV, int hs, const struct attn_opts *opt),
                             float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
-                            float *scratch, const int32_t *pos, int B, int T, int NH, int NKV, int hs);
+                            float *scratch, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                            const struct attn_opts *opt);
 void act_attention_kv_forward(void (*f32)(float *out, const float *qkv, float *kc, float *vc, const int32_t *past,
-                                          int B, int T, int NH, int NKV, int hs, int Tmax),
-                              float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
-                              int NH, int NKV, int hs, int Tmax);
+                                          const int32_t *keep, int B, int T, int NH, int NKV, int hs, int Tc,
+                                          const struct attn_opts *opt),
+                              float *out, const float *qkv, float *kc, float *vc, const int32_t *past,
+                              const int32_t *keep, int B, int T, int NH, int NKV, int hs, int Tc,
+                              const struct attn_opts *opt);
 void act_rmsnorm_forward(void (*f32)(float *out, float *rstd, const float *inp, const float *weight, float offset,
                                      float eps, int N, int C),
                          float *out, float *rstd, const float *inp, const float *weight, float offset, float eps, int N,

@@ -31,6 +31,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,19 +110,47 @@ size_t backend_attention_scratch(int T, int NH)
     return (size_t)omp_get_max_threads() * (tiled() ? tiled_thread_floats(T) : (size_t)T * (size_t)T);
 }
 
-/* Packed rows (backend.h): the first key query i of a row may see, i - pos[i]
- * (0 without positions); pos_row is the row's positions or NULL. */
-static inline int attention_first_key(const int32_t *pos_row, int i) { return pos_row ? i - pos_row[i] : 0; }
+/* The shape of one attention call, and its variant (backend.h struct attn_opts). */
+struct attn_dims {
+    int B, T, NH, NKV, hs;
+    int row;       /* a token's width in qkv, (NH + 2 NKV) hs */
+    int C;         /* a token's width in out and dout, NH hs */
+    int group;     /* query heads per key/value head, NH / NKV */
+    int window;    /* keys per query at most, itself included (0: no limit) */
+    float softcap; /* c: scores c tanh(s / c) (0: none) */
+    float scale;   /* of the scores: opt's, or 1 / sqrt(hs) */
+};
 
-/* One past the last query that sees key j: the next sample's first token (T without positions). */
-static inline int attention_query_end(const int32_t *pos_row, int j, int T)
+/* The first key query i of a row may see: its sample's first token i - pos[i] (0 without positions), or with a
+ * window W the key W - 1 before it when that is later. pos_row is the row's positions or NULL. Nondecreasing in
+ * i, so a block of queries needs the keys from its first query's first key. */
+static inline int attention_first_key(const struct attn_dims *d, const int32_t *pos_row, int i)
 {
-    if (!pos_row)
-        return T;
+    const int first = pos_row ? i - pos_row[i] : 0;
+    return d->window > 0 && i - d->window + 1 > first ? i - d->window + 1 : first;
+}
+
+/* One past the last query that sees key j: the next sample's first token (T without positions), or with a
+ * window the query W after j when that is sooner. */
+static inline int attention_query_end(const struct attn_dims *d, const int32_t *pos_row, int j)
+{
     int i = j + 1;
-    while (i < T && pos_row[i] != 0)
-        i++;
-    return i;
+    if (!pos_row)
+        i = d->T;
+    else
+        while (i < d->T && pos_row[i] != 0)
+            i++;
+    return d->window > 0 && j + d->window < i ? j + d->window : i;
+}
+
+/* Scores s[lo, hi) soft-capped in place, c tanh(s / c), when the call caps them. */
+static inline void attention_softcap(const struct attn_dims *d, float *s, int lo, int hi)
+{
+    if (d->softcap <= 0.0f)
+        return;
+    const float c = d->softcap, inv = 1.0f / d->softcap;
+    for (int j = lo; j < hi; j++)
+        s[j] = c * tanhf(s[j] * inv);
 }
 
 /* The attention's reading of pos (backend.h): every row samples laid end to end, so that a query's keys and a
@@ -145,21 +174,23 @@ static void zero_outside(float *x, int n, int lo, int hi)
     memset(x + hi, 0, (size_t)(n - hi) * sizeof *x);
 }
 
-/* The shape of one attention call. */
-struct attn_dims {
-    int B, T, NH, NKV, hs;
-    int row;     /* a token's width in qkv, (NH + 2 NKV) hs */
-    int C;       /* a token's width in out and dout, NH hs */
-    int group;   /* query heads per key/value head, NH / NKV */
-    float scale; /* of the scores, 1 / sqrt(hs) */
-};
+/* The scale of the scores: opt's, or 1 / sqrt(hs). */
+static float attention_scale(const struct attn_opts *opt, int hs)
+{
+    return opt && opt->scale > 0.0f ? (float)opt->scale : 1.0f / sqrtf((float)hs);
+}
 
-/* The shape of a call whose positions pos (host view) are checked. */
-static struct attn_dims attn_dims_of(const int32_t *pos, int B, int T, int NH, int NKV, int hs)
+/* The shape and variant of a call whose positions pos (host view) are checked. */
+static struct attn_dims attn_dims_of(const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                                     const struct attn_opts *opt)
 {
     if (pos)
         attention_check_positions(pos, B, T);
-    return (struct attn_dims){B, T, NH, NKV, hs, (NH + 2 * NKV) * hs, NH * hs, NH / NKV, 1.0f / sqrtf((float)hs)};
+    if (opt && (opt->window < 0 || opt->softcap < 0.0f || opt->scale < 0.0f))
+        fail_internal("attention: window %d, soft-cap %g and scale %g must not be negative", opt->window,
+                      (double)opt->softcap, (double)opt->scale);
+    return (struct attn_dims){B,       T,       NH,         NKV, hs, (NH + 2 * NKV) * hs, NH * hs, NH / NKV,
+                              opt ? opt->window : 0, opt ? (float)opt->softcap : 0.0f, attention_scale(opt, hs)};
 }
 
 /* ---- materialized ---------------------------------------------------------------------------------------- */
@@ -180,13 +211,14 @@ static void materialized_forward(float *out, float *att, const float *qkv, const
             float *y = out + (size_t)b * T * C + (size_t)h * hs;
             /* Scores of rows [i0, i1) against the keys they may see, [k0, i1): k0 the first row's first key. */
             for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
-                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(pos_row, i0);
+                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(d, pos_row, i0);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1 - k0, hs, scale,
                             q + (size_t)i0 * row, row, k + (size_t)k0 * row, row, 0.0f, p + (size_t)i0 * T + k0, T);
             }
             for (int i = 0; i < T; i++) {
                 float *prow = p + (size_t)i * T;
-                const int j0 = attention_first_key(pos_row, i);
+                const int j0 = attention_first_key(d, pos_row, i);
+                attention_softcap(d, prow, j0, i + 1);
                 float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
                 for (int j = j0; j <= i; j++)
@@ -203,7 +235,7 @@ static void materialized_forward(float *out, float *att, const float *qkv, const
                 zero_outside(prow, T, j0, i + 1);
             }
             for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
-                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(pos_row, i0);
+                int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(d, pos_row, i0);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1 - k0, 1.0f,
                             p + (size_t)i0 * T + k0, T, v + (size_t)k0 * row, row, 0.0f, y + (size_t)i0 * C, C);
             }
@@ -231,13 +263,13 @@ static void materialized_head_backward(float *dqkv, const float *dout, const flo
     const float *dy = dout + (size_t)b * T * C + (size_t)h * hs;
     /* dP = dY V^T over the rows' blocks of keys; dV = P^T dY. */
     for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
-        int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(pos_row, i0);
+        int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(d, pos_row, i0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1 - k0, hs, 1.0f,
                     dy + (size_t)i0 * C, C, v + (size_t)k0 * row, row, 0.0f, ds + (size_t)i0 * T + k0, T);
     }
     /* Rows [j0, j1) of dV need only rows j0 <= i < the end of key j1 - 1's sample of P and dY. */
     for (int j0 = 0; j0 < T; j0 += ATTN_ROW_BLOCK) {
-        int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T, i1 = attention_query_end(pos_row, j1 - 1, T);
+        int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T, i1 = attention_query_end(d, pos_row, j1 - 1);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, i1 - j0, 1.0f,
                     p + (size_t)j0 * T + j0, T, dy + (size_t)j0 * C, C, beta, dv + (size_t)j0 * row, row);
     }
@@ -245,23 +277,32 @@ static void materialized_head_backward(float *dqkv, const float *dout, const flo
     for (int i = 0; i < T; i++) {
         const float *prow = p + (size_t)i * T;
         float *drow = ds + (size_t)i * T;
-        const int j0 = attention_first_key(pos_row, i);
+        const int j0 = attention_first_key(d, pos_row, i);
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
         for (int j = j0; j <= i; j++)
             dot += prow[j] * drow[j];
         for (int j = j0; j <= i; j++)
             drow[j] = prow[j] * (drow[j] - dot) * scale;
+        if (d->softcap > 0.0f) /* d(c tanh(s / c)) = 1 - tanh^2, from the score computed again */
+            for (int j = j0; j <= i; j++) {
+                const float *kj = k + (size_t)j * row, *qi = q + (size_t)i * row;
+                float dotqk = 0.0f;
+                for (int c = 0; c < hs; c++)
+                    dotqk += qi[c] * kj[c];
+                const float th = tanhf(dotqk * scale / d->softcap);
+                drow[j] *= 1.0f - th * th;
+            }
         zero_outside(drow, T, j0, i + 1);
     }
     /* dQ = dS K and dK = dS^T Q, over the same blocks of the block-diagonal lower-triangular dS. */
     for (int i0 = 0; i0 < T; i0 += ATTN_ROW_BLOCK) {
-        int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(pos_row, i0);
+        int i1 = i0 + ATTN_ROW_BLOCK < T ? i0 + ATTN_ROW_BLOCK : T, k0 = attention_first_key(d, pos_row, i0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1 - k0, 1.0f,
                     ds + (size_t)i0 * T + k0, T, k + (size_t)k0 * row, row, 0.0f, dq + (size_t)i0 * row, row);
     }
     for (int j0 = 0; j0 < T; j0 += ATTN_ROW_BLOCK) {
-        int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T, i1 = attention_query_end(pos_row, j1 - 1, T);
+        int j1 = j0 + ATTN_ROW_BLOCK < T ? j0 + ATTN_ROW_BLOCK : T, i1 = attention_query_end(d, pos_row, j1 - 1);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, i1 - j0, 1.0f,
                     ds + (size_t)j0 * T + j0, T, q + (size_t)j0 * row, row, beta, dk + (size_t)j0 * row, row);
     }
@@ -286,12 +327,14 @@ static void materialized_backward(float *dqkv, const float *dout, const float *q
 /* Row r of a forward tile: s[0, n) its scaled scores against keys [j0, j0 + n), of which it sees [lo, hi)
  * (maybe none). Overwrites s with exp(s - the new running maximum), 0 outside [lo, hi); updates the running
  * maximum m and sum l, and rescales y (hs), the row's output so far, to the new maximum. */
-static void tiled_softmax_row(float *s, int n, int lo, int hi, float *m, float *l, float *y, int hs)
+static void tiled_softmax_row(const struct attn_dims *d, float *s, int n, int lo, int hi, float *m, float *l, float *y,
+                              int hs)
 {
     if (lo >= hi) {
         memset(s, 0, (size_t)n * sizeof *s);
         return;
     }
+    attention_softcap(d, s, lo, hi);
     float mx = *m;
 #pragma omp simd reduction(max : mx)
     for (int j = lo; j < hi; j++)
@@ -330,9 +373,11 @@ static void tiled_forward_step(const struct forward_tile *t, const struct attn_d
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, n, d->hs, d->scale, t->q + (size_t)(r0 - t->i0) * row,
                 row, t->k + (size_t)j0 * row, row, 0.0f, t->s, t->ld);
     for (int i = r0; i < r1; i++) {
-        const int first = attention_first_key(t->pos_row, i);
-        const int lo = first > j0 ? first - j0 : 0, hi = i + 1 < j1 ? i + 1 - j0 : n, r = i - t->i0;
-        tiled_softmax_row(t->s + (size_t)(i - r0) * t->ld, n, lo, hi, &t->m[r], &t->l[r], t->y + (size_t)r * C, d->hs);
+        const int first = attention_first_key(d, t->pos_row, i);
+        const int hi = i + 1 < j1 ? i + 1 - j0 : n, r = i - t->i0;
+        const int lo = first > j0 ? (first - j0 < hi ? first - j0 : hi) : 0; /* lo = hi: none of these keys */
+        tiled_softmax_row(d, t->s + (size_t)(i - r0) * t->ld, n, lo, hi, &t->m[r], &t->l[r], t->y + (size_t)r * C,
+                          d->hs);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, d->hs, n, 1.0f, t->s, t->ld,
                 t->v + (size_t)j0 * row, row, 1.0f, t->y + (size_t)(r0 - t->i0) * C, C);
@@ -362,7 +407,7 @@ static void tiled_forward_rows(float *out, float *lse, const float *qkv, const i
         t.l[r] = 0.0f;
         memset(t.y + (size_t)r * d->C, 0, (size_t)hs * sizeof *t.y);
     }
-    for (int j0 = attention_first_key(pos_row, i0); j0 < i0; j0 += ATTN_TILE_K)
+    for (int j0 = attention_first_key(d, pos_row, i0); j0 < i0; j0 += ATTN_TILE_K)
         tiled_forward_step(&t, d, i0, i1, j0, j0 + ATTN_TILE_K < i0 ? j0 + ATTN_TILE_K : i0);
     for (int r0 = i0; r0 < i1; r0 += ATTN_TILE_DIAG) {
         const int r1 = r0 + ATTN_TILE_DIAG < i1 ? r0 + ATTN_TILE_DIAG : i1;
@@ -408,7 +453,7 @@ static void tiled_backward_tile(float *dqkv, const float *dout, const float *qkv
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, hs, 1.0f, dout + y_at, C, qkv + v_at, row, 0.0f,
                 ds, ld);
     for (int r = 0; r < rows; r++) {
-        const int i = i0 + r, first = attention_first_key(pos_row, i), hi = i + 1 < j1 ? i + 1 - j0 : n;
+        const int i = i0 + r, first = attention_first_key(d, pos_row, i), hi = i + 1 < j1 ? i + 1 - j0 : n;
         const int lo = first - j0 < 0 ? 0 : first - j0 < hi ? first - j0 : hi; /* lo = hi: none of these keys */
         const float *dy = dout + y_at + (size_t)r * C, *y = out + y_at + (size_t)r * C;
         float D = 0.0f; /* dout_i . out_i = sum_j P_ij dP_ij */
@@ -417,10 +462,20 @@ static void tiled_backward_tile(float *dqkv, const float *dout, const float *qkv
             D += dy[c] * y[c];
         float *pr = p + (size_t)r * ld, *dsr = ds + (size_t)r * ld;
         const float L = row_lse[r];
+        if (d->softcap > 0.0f) {
+            /* s' = c tanh(s / c): P from s', and dS = P (dP - D) (1 - tanh^2) scale */
+            const float inv = 1.0f / d->softcap;
+            for (int j = lo; j < hi; j++) {
+                const float th = tanhf(pr[j] * inv);
+                pr[j] = fast_expf(d->softcap * th - L);
+                dsr[j] = pr[j] * (dsr[j] - D) * (1.0f - th * th) * d->scale;
+            }
+        } else {
 #pragma omp simd
-        for (int j = lo; j < hi; j++) {
-            pr[j] = fast_expf(pr[j] - L);
-            dsr[j] = pr[j] * (dsr[j] - D) * d->scale; /* the scale of the scores folded in */
+            for (int j = lo; j < hi; j++) {
+                pr[j] = fast_expf(pr[j] - L);
+                dsr[j] = pr[j] * (dsr[j] - D) * d->scale; /* the scale of the scores folded in */
+            }
         }
         zero_outside(pr, n, lo, hi);
         zero_outside(dsr, n, lo, hi);
@@ -450,11 +505,11 @@ static void tiled_backward_kv_head(float *dqkv, const float *dout, const float *
         memset(x + (size_t)(d->NH + d->NKV + g) * hs, 0, (size_t)hs * sizeof *x);
     }
     for (int j0 = 0; j0 < T; j0 += ATTN_TILE_K) {
-        const int j1 = j0 + ATTN_TILE_K < T ? j0 + ATTN_TILE_K : T, end = attention_query_end(pos_row, j1 - 1, T);
+        const int j1 = j0 + ATTN_TILE_K < T ? j0 + ATTN_TILE_K : T, end = attention_query_end(d, pos_row, j1 - 1);
         for (int h = g * d->group; h < (g + 1) * d->group; h++)
             for (int i0 = j0; i0 < end; i0 += ATTN_TILE_Q) {
                 const int i1 = i0 + ATTN_TILE_Q < end ? i0 + ATTN_TILE_Q : end;
-                const int first = attention_first_key(pos_row, i0);
+                const int first = attention_first_key(d, pos_row, i0);
                 const int k0 = first > j0 ? first : j0, k1 = i1 < j1 ? i1 : j1, before = k1 < i0 ? k1 : i0;
                 /* the keys before the query tile with every row, then the triangle of the tile's own keys in
                  * blocks of rows, as the forward */
@@ -483,14 +538,14 @@ static void tiled_backward(float *dqkv, const float *dout, const float *qkv, con
 /* ---- the fp32 kernels ------------------------------------------------------------------------------------ */
 
 static void f32_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
-                                      int B, int T, int NH, int NKV, int hs)
+                                      int B, int T, int NH, int NKV, int hs, const struct attn_opts *opt)
 {
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(att);
     DEVEMU_VIEW(qkv);
     DEVEMU_VIEW(scratch);
     DEVEMU_VIEW(pos);
-    const struct attn_dims d = attn_dims_of(pos, B, T, NH, NKV, hs);
+    const struct attn_dims d = attn_dims_of(pos, B, T, NH, NKV, hs, opt);
     if (!tiled()) {
         materialized_forward(out, att, qkv, pos, &d); /* the scores in att itself: no scratch */
         return;
@@ -504,7 +559,7 @@ static void f32_attention_gqa_forward(float *out, float *att, const float *qkv, 
  * does not need (it keeps the probabilities). */
 static void f32_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                        const float *out, float *scratch, const int32_t *pos, int B, int T, int NH,
-                                       int NKV, int hs)
+                                       int NKV, int hs, const struct attn_opts *opt)
 {
     DEVEMU_VIEW(dqkv);
     DEVEMU_VIEW(dout);
@@ -513,7 +568,7 @@ static void f32_attention_gqa_backward(float *dqkv, const float *dout, const flo
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(scratch);
     DEVEMU_VIEW(pos);
-    const struct attn_dims d = attn_dims_of(pos, B, T, NH, NKV, hs);
+    const struct attn_dims d = attn_dims_of(pos, B, T, NH, NKV, hs, opt);
     if (tiled()) {
         if (!out)
             fail_internal("attention: the tiled kernel's backward needs the forward's output");
@@ -523,63 +578,92 @@ static void f32_attention_gqa_backward(float *dqkv, const float *dout, const flo
     }
 }
 
-static void f32_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B,
-                                     int T, int NH, int NKV, int hs, int Tmax)
+/* The cache's slot of position p: a ring of the last Tc positions (p itself when Tc holds every position). */
+static inline size_t kv_slot(int p, int Tc) { return (size_t)(p % Tc); }
+
+/* The attention of one new token, query q at position p of a row whose first new token is at past: keys
+ * from lo = max(0, p - W + 1) to p, those before past from the cache's ring (kc, vc row), the others from the
+ * new tokens' keys (knew, vnew, row stride `row`). p_buf: Tc + T floats. */
+struct kv_row {
+    const float *kc, *vc;     /* the row's cache (Tc, NKV hs), at the key/value head */
+    const float *knew, *vnew; /* the row's first new token's key/value head in qkv */
+    size_t kvw, row;          /* strides of the cache and of qkv */
+    int past, Tc;
+};
+
+static void kv_attend(float *y, const float *q, const struct kv_row *r, int p, const struct attn_dims *d,
+                      float *p_buf)
+{
+    const int lo = d->window > 0 && p - d->window + 1 > 0 ? p - d->window + 1 : 0, n = p + 1 - lo, hs = d->hs;
+    float mx = -INFINITY;
+    for (int j = lo; j <= p; j++) {
+        const float *kj = j < r->past ? r->kc + kv_slot(j, r->Tc) * r->kvw : r->knew + (size_t)(j - r->past) * r->row;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int i = 0; i < hs; i++)
+            s += q[i] * kj[i];
+        p_buf[j - lo] = s * d->scale;
+    }
+    attention_softcap(d, p_buf, 0, n);
+    for (int j = 0; j < n; j++)
+        mx = p_buf[j] > mx ? p_buf[j] : mx;
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++)
+        sum += p_buf[j] = expf(p_buf[j] - mx);
+    memset(y, 0, (size_t)hs * sizeof *y);
+    const float inv = 1.0f / sum;
+    for (int j = lo; j <= p; j++) {
+        const float *vj = j < r->past ? r->vc + kv_slot(j, r->Tc) * r->kvw : r->vnew + (size_t)(j - r->past) * r->row;
+        const float w = p_buf[j - lo] * inv;
+#pragma omp simd
+        for (int i = 0; i < hs; i++)
+            y[i] += w * vj[i];
+    }
+}
+
+static void f32_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past,
+                                     const int32_t *keep, int B, int T, int NH, int NKV, int hs, int Tc,
+                                     const struct attn_opts *opt)
 {
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(qkv);
     DEVEMU_VIEW(kc);
     DEVEMU_VIEW(vc);
     DEVEMU_VIEW(past);
-    const size_t row = (size_t)(NH + 2 * NKV) * hs, kvw = (size_t)NKV * hs, C = (size_t)NH * hs;
-    const int group = NH / NKV;
-    const float scale = 1.0f / sqrtf((float)hs);
-    for (int b = 0; b < B; b++) {
-        if (past[b] < 0 || past[b] + T > Tmax)
-            fail_internal("attention with a cache: row %d's tokens at %d .. %d, the cache holds %d positions", b,
-                          past[b], past[b] + T - 1, Tmax);
-        for (int t = 0; t < T; t++) {
-            const float *src = qkv + ((size_t)b * T + t) * row + C;
-            const size_t at = ((size_t)b * Tmax + (size_t)(past[b] + t)) * kvw;
-            memcpy(kc + at, src, kvw * sizeof *kc);
-            memcpy(vc + at, src + kvw, kvw * sizeof *vc);
-        }
-    }
+    DEVEMU_VIEW(keep);
+    const struct attn_dims d = attn_dims_of(NULL, B, T, NH, NKV, hs, opt);
+    const size_t row = (size_t)d.row, kvw = (size_t)NKV * hs, C = (size_t)NH * hs;
+    const bool ring = d.window > 0 && Tc >= d.window; /* a sliding layer's ring: positions past Tc are fine */
+    for (int b = 0; b < B; b++)
+        if (past[b] < 0 || (!ring && past[b] + T > Tc) || (keep && (keep[b] < 0 || keep[b] > T)))
+            fail_internal("attention with a cache: row %d's tokens at %d .. %d (%d kept), the cache holds %d "
+                          "positions (window %d)",
+                          b, past[b], past[b] + T - 1, keep ? keep[b] : T, Tc, d.window);
 #pragma omp parallel
     {
-        float *p = xcalloc((size_t)Tmax, sizeof *p);
+        float *p_buf = xcalloc((size_t)Tc + (size_t)T, sizeof *p_buf);
 #pragma omp for collapse(3) schedule(static)
         for (int b = 0; b < B; b++)
             for (int h = 0; h < NH; h++)
                 for (int t = 0; t < T; t++) {
-                    const float *q = qkv + ((size_t)b * T + t) * row + (size_t)h * hs;
-                    const float *k = kc + (size_t)b * Tmax * kvw + (size_t)(h / group) * hs;
-                    const float *v = vc + (size_t)b * Tmax * kvw + (size_t)(h / group) * hs;
-                    const int n = past[b] + t + 1;
-                    float mx = -INFINITY;
-                    for (int j = 0; j < n; j++) {
-                        const float *kj = k + (size_t)j * kvw;
-                        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                        for (int i = 0; i < hs; i++)
-                            s += q[i] * kj[i];
-                        p[j] = s * scale;
-                        mx = p[j] > mx ? p[j] : mx;
-                    }
-                    float sum = 0.0f;
-                    for (int j = 0; j < n; j++)
-                        sum += p[j] = expf(p[j] - mx);
-                    float *y = out + ((size_t)b * T + t) * C + (size_t)h * hs;
-                    memset(y, 0, (size_t)hs * sizeof *y);
-                    const float inv = 1.0f / sum;
-                    for (int j = 0; j < n; j++) {
-                        const float *vj = v + (size_t)j * kvw, w = p[j] * inv;
-#pragma omp simd
-                        for (int i = 0; i < hs; i++)
-                            y[i] += w * vj[i];
-                    }
+                    const size_t kv_head = (size_t)(h / d.group) * hs;
+                    const float *knew = qkv + (size_t)b * T * row + C + kv_head;
+                    const struct kv_row r = {kc + (size_t)b * Tc * kvw + kv_head, vc + (size_t)b * Tc * kvw + kv_head,
+                                             knew, knew + kvw, kvw, row, past[b], Tc};
+                    kv_attend(out + ((size_t)b * T + t) * C + (size_t)h * hs,
+                              qkv + ((size_t)b * T + t) * row + (size_t)h * hs, &r, past[b] + t, &d, p_buf);
                 }
-        free(p);
+        free(p_buf);
+    }
+    /* then the kept tokens into the ring, the last Tc of them (the earlier ones would be overwritten) */
+    for (int b = 0; b < B; b++) {
+        const int n = keep ? keep[b] : T;
+        for (int t = n > Tc ? n - Tc : 0; t < n; t++) {
+            const float *src = qkv + ((size_t)b * T + t) * row + C;
+            const size_t at = ((size_t)b * Tc + kv_slot(past[b] + t, Tc)) * kvw;
+            memcpy(kc + at, src, kvw * sizeof *kc);
+            memcpy(vc + at, src + kvw, kvw * sizeof *vc);
+        }
     }
 }
 
@@ -588,36 +672,39 @@ static void f32_attention_kv_forward(float *out, const float *qkv, float *kc, fl
  * (an emulated device, backend_cpu_act.h), the wrapper that runs that same kernel on fp32 copies. */
 
 void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B,
-                                   int T, int NH, int NKV, int hs)
+                                   int T, int NH, int NKV, int hs, const struct attn_opts *opt)
 {
-    ACT_DISPATCH(act_attention_forward(f32_attention_gqa_forward, out, att, qkv, scratch, pos, B, T, NH, NKV, hs));
-    f32_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs);
+    ACT_DISPATCH(
+        act_attention_forward(f32_attention_gqa_forward, out, att, qkv, scratch, pos, B, T, NH, NKV, hs, opt));
+    f32_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NKV, hs, opt);
 }
 
 void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                     const float *out, float *scratch, const int32_t *pos, int B, int T, int NH, int NKV,
-                                    int hs)
+                                    int hs, const struct attn_opts *opt)
 {
     ACT_DISPATCH(act_attention_backward(f32_attention_gqa_backward, dqkv, dout, qkv, att, out, scratch, pos, B, T, NH,
-                                        NKV, hs));
-    f32_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs);
+                                        NKV, hs, opt));
+    f32_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NKV, hs, opt);
 }
 
-void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past, int B, int T,
-                                  int NH, int NKV, int hs, int Tmax)
+void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past,
+                                  const int32_t *keep, int B, int T, int NH, int NKV, int hs, int Tc,
+                                  const struct attn_opts *opt)
 {
-    ACT_DISPATCH(act_attention_kv_forward(f32_attention_kv_forward, out, qkv, kc, vc, past, B, T, NH, NKV, hs, Tmax));
-    f32_attention_kv_forward(out, qkv, kc, vc, past, B, T, NH, NKV, hs, Tmax);
+    ACT_DISPATCH(act_attention_kv_forward(f32_attention_kv_forward, out, qkv, kc, vc, past, keep, B, T, NH, NKV, hs,
+                                          Tc, opt));
+    f32_attention_kv_forward(out, qkv, kc, vc, past, keep, B, T, NH, NKV, hs, Tc, opt);
 }
 
 void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos, int B,
                                int T, int C, int NH)
 {
-    backend_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NH, C / NH);
+    backend_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NH, C / NH, NULL);
 }
 
 void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, const float *out,
                                 float *scratch, const int32_t *pos, int B, int T, int C, int NH)
 {
-    backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NH, C / NH);
+    backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NH, C / NH, NULL);
 }

@@ -3,14 +3,18 @@
  * matmul output and its gradient (the column sums), and strided column
  * copies between [A] matrices. The bias kernels take the activation dtype
  * through backend_cpu_act's wrappers like every kernel with [A] operands;
- * the copy moves elements of whatever size [A] has.
+ * the copy moves elements of whatever size [A] has. And bitsandbytes' 4-bit
+ * dequantization (core/quant4), which the CUDA backend's kernel must equal.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "backend_cpu_act.h"
 #include "core/devemu.h"
 #include "core/dtype.h"
+#include "core/quant4.h"
+#include "core/util.h"
 
 static void f32_bias_forward(float *out, const float *bias, int N, int OC)
 {
@@ -66,4 +70,24 @@ void backend_copy_cols(float *dst, int dst_ld, int dst_col, const float *src, in
 #pragma omp parallel for
     for (int n = 0; n < N; n++)
         memcpy(d + ((size_t)n * dst_ld + dst_col) * es, s + ((size_t)n * src_ld + src_col) * es, (size_t)width * es);
+}
+
+void backend_dequant4(void *out, enum dtype out_dt, const uint8_t *codes, const float *absmax, const uint8_t *qabsmax,
+                      const float *nested_absmax, float offset, size_t n, int type)
+{
+    DEVEMU_VIEW(out);
+    DEVEMU_VIEW(codes);
+    float *nested = NULL;
+    if (qabsmax) {
+        DEVEMU_VIEW(qabsmax);
+        DEVEMU_VIEW(nested_absmax);
+        const size_t blocks = quant4_blocks(n);
+        nested = xmalloc(blocks * sizeof *nested);
+        quant4_nested_dequantize(qabsmax, nested_absmax, offset, blocks, nested);
+        absmax = nested;
+    } else {
+        DEVEMU_VIEW(absmax);
+    }
+    quant4_dequantize((enum quant4_type)type, codes, absmax, n, out, out_dt);
+    free(nested);
 }

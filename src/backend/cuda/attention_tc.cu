@@ -3,7 +3,8 @@
  * (nvcuda::wmma, 16 x 16 x 16 tiles of fp16 or bf16 operands, fp32 accumulation), for fp16/bf16 activations and
  * head sizes that are multiples of 16 up to 128. It computes what backend_cuda.cu's FP32 kernel does, with the same
  * semantics (backend.h): query head h reads key/value head h / (NH / NKV) (grouped-query attention), a row of
- * packed samples (pos) lets each query see the keys from its sample's first token to itself, and the forward keeps
+ * packed samples (pos) lets each query see the keys from its sample's first token to itself (or the last W of them,
+ * a sliding window; scores soft-capped and scaled as backend.h's struct attn_opts says), and the forward keeps
  * the output [A] and each row's log-sum-exp (B, NH, T) fp32, so that either backward can follow either forward.
  * Everything but the products is fp32 (scores, the online softmax's running maximum and sum, the output's
  * accumulator); the probabilities are rounded to the activation dtype as the second product's operand, as in
@@ -31,6 +32,10 @@
 #include "attention_tc.h"
 #include "cuda_check.h"
 
+extern "C" {
+#include "backend/backend.h"
+}
+
 using namespace nvcuda;
 
 #define TC_WARPS 4
@@ -53,6 +58,8 @@ struct tc_shape {
     int group; /* query heads per key/value head */
     float scale;
     const int32_t *pos; /* (B, T) or NULL */
+    int window;         /* keys a query sees at most, itself included (0: no limit; backend.h struct attn_opts) */
+    float softcap;      /* scores c tanh(s / c) (0: none) */
 };
 
 /* 16 bytes, the unit of the staging copies (hs is a multiple of 16 elements: 32 bytes). */
@@ -67,10 +74,24 @@ __device__ __forceinline__ void tc_round(__nv_bfloat16 *p, float v) { *p = __flo
 
 __device__ static int tc_min(int x, int y) { return x < y ? x : y; }
 
-/* Token t of sequence b: the first key it sees, its sample's first token (t - pos). */
+/* Token t of sequence b: the first key it sees, its sample's first token (t - pos), or with a window W the key
+ * W - 1 before it when that is later (nondecreasing in t). */
 __device__ static int tc_first_key(const struct tc_shape &s, int b, int t)
 {
-    return s.pos ? t - s.pos[(size_t)b * s.T + t] : 0;
+    const int first = s.pos ? t - s.pos[(size_t)b * s.T + t] : 0;
+    return s.window > 0 && t - s.window + 1 > first ? t - s.window + 1 : first;
+}
+
+/* A scaled score x soft-capped, c tanh(x / c) (x itself without a cap); *slope: d(capped) / dx, 1 - tanh^2. */
+__device__ static float tc_cap(const struct tc_shape &s, float x, float *slope)
+{
+    if (s.softcap <= 0.0f) {
+        *slope = 1.0f;
+        return x;
+    }
+    const float th = tanhf(x / s.softcap);
+    *slope = 1.0f - th * th;
+    return s.softcap * th;
 }
 
 /* Where part (0 query, 1 key, 2 value) head h of token t of sequence b starts in qkv (B, T, (NH + 2 NKV) hs). */
@@ -270,7 +291,9 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_forward_kernel
 #pragma unroll
             for (int c2 = 0; c2 < BK / 2; c2++) {
                 const int c = 2 * c2 + half, j = j0 + c;
-                x[c2] = c < n && i < s.T && j >= first && j <= i ? sc[r * TC_LDF(BK) + c] * s.scale : -INFINITY;
+                float slope;
+                x[c2] = c < n && i < s.T && j >= first && j <= i ? tc_cap(s, sc[r * TC_LDF(BK) + c] * s.scale, &slope)
+                                                                  : -INFINITY;
                 mx = fmaxf(mx, x[c2]);
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -330,17 +353,18 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_forward_kernel
  * P and dS of the row into p and ds [A] (p NULL: not kept), 0 where not seen. lse(r, c) and dterm(r, c): the
  * lse and D of the query of element (r, c). */
 template <typename A, int NC, typename See, typename Lse, typename Dterm>
-__device__ static void tc_softmax_backward(A *p, A *ds, const float *sc, const float *dp, float scale, See see, Lse lse,
-                                           Dterm dterm)
+__device__ static void tc_softmax_backward(A *p, A *ds, const float *sc, const float *dp, const struct tc_shape &s,
+                                           See see, Lse lse, Dterm dterm)
 {
     const int lane = (int)threadIdx.x % 32, r = lane / 2;
 #pragma unroll 4
     for (int c = lane % 2; c < NC; c += 2) { /* the even or odd columns: see TC_LDF */
         const int at = r * TC_LDF(NC) + c, ap = r * TC_LDA(NC) + c;
         float pv = 0.0f, dsv = 0.0f;
-        if (see(r, c)) {
-            pv = expf(sc[at] * scale - lse(r, c));
-            dsv = pv * (dp[at] - dterm(r, c)) * scale;
+        if (see(r, c)) { /* with a soft-cap: P from the capped score, dS through d tanh */
+            float slope;
+            pv = expf(tc_cap(s, sc[at] * s.scale, &slope) - lse(r, c));
+            dsv = pv * (dp[at] - dterm(r, c)) * slope * s.scale;
         }
         if (p)
             tc_round(&p[ap], pv);
@@ -427,7 +451,7 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_backward_dq(A 
             const float *L = Ls[warp], *D = Ds[warp];
             const int *fk = firsts[warp];
             tc_softmax_backward<A, TC_BWD_TILE>(
-                (A *)NULL, ds, sc, dp, s.scale,
+                (A *)NULL, ds, sc, dp, s,
                 [&](int r, int c) { return c < n && j0 + c >= fk[r] && j0 + c <= w0 + r; },
                 [&](int r, int c) { return L[r]; }, [&](int r, int c) { return D[r]; });
             tc_weights_times_tile<A, ND, TC_BWD_TILE>(dq, ds, ks, hs);
@@ -457,10 +481,13 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_backward_dkdv(
     float *sc = scores[warp], *dp = dps[warp];
     A *pt = pts[warp], *ds = dss[warp];
     const int rows = tc_min(TC_ROWS, s.T - r0);
-    /* one past the last query that sees the block's last key: the next sample's first token (T without pos) */
+    /* one past the last query that sees the block's last key: the next sample's first token (T without pos), or
+     * with a window the query W after it when that is sooner */
     int end = s.pos ? last + 1 : s.T;
     while (end < s.T && s.pos[(size_t)b * s.T + end] != 0)
         end++;
+    if (s.window > 0 && last + s.window < end)
+        end = last + s.window;
 
     wmma::fragment<wmma::matrix_a, 16, 16, 16, A, wmma::row_major> k[ND];
     tc_block_rows<A, ND>(k, qd, qkv + tc_qkv_at(s, b, r0, g, 1), stride, rows, hs);
@@ -497,7 +524,7 @@ __global__ static void __launch_bounds__(TC_THREADS) attention_tc_backward_dkdv(
                     tc_rows_times_tile<A, ND, 16>(sc, k, qq, hs);   /* S^T = K Q^T */
                     tc_staged_times_tile<A, ND, 16>(dp, v, dyq, hs); /* dP^T = V dout^T */
                     tc_softmax_backward<A, 16>(
-                        pt, ds, sc, dp, s.scale,
+                        pt, ds, sc, dp, s,
                         [&](int r, int c) {
                             return w0 + r <= wlast && w0 + r <= i0 + q0 + c && firsts[q0 + c] <= w0 + r;
                         },
@@ -535,9 +562,11 @@ static int tc_applies(enum dtype act, int hs, const void *a, const void *b)
     return act != DTYPE_F32 && hs % 16 == 0 && hs <= TC_MAX_HS && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0;
 }
 
-static struct tc_shape tc_shape_of(const int32_t *pos, int B, int T, int NH, int NKV, int hs)
+static struct tc_shape tc_shape_of(const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                                   const struct attn_opts *opt)
 {
-    struct tc_shape s = {B, T, NH, NKV, hs, NH / NKV, 1.0f / sqrtf((float)hs), pos};
+    const float scale = opt && opt->scale > 0.0f ? opt->scale : 1.0f / sqrtf((float)hs);
+    struct tc_shape s = {B, T, NH, NKV, hs, NH / NKV, scale, pos, opt ? opt->window : 0, opt ? opt->softcap : 0.0f};
     return s;
 }
 
@@ -553,11 +582,11 @@ static void tc_forward(A *out, float *lse, const A *qkv, struct tc_shape s, cuda
 }
 
 extern "C" int attention_tc_forward(void *out, float *lse, const void *qkv, const int32_t *pos, int B, int T, int NH,
-                                    int NKV, int hs, enum dtype act, cudaStream_t stream)
+                                    int NKV, int hs, const struct attn_opts *opt, enum dtype act, cudaStream_t stream)
 {
     if (!tc_applies(act, hs, out, qkv))
         return 0;
-    const struct tc_shape s = tc_shape_of(pos, B, T, NH, NKV, hs);
+    const struct tc_shape s = tc_shape_of(pos, B, T, NH, NKV, hs, opt);
     if (act == DTYPE_BF16)
         tc_forward((__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)qkv, s, stream);
     else
@@ -583,12 +612,12 @@ static void tc_backward(A *dqkv, const A *dout, const A *out, const A *qkv, cons
 }
 
 extern "C" int attention_tc_backward(void *dqkv, const void *dout, const void *out, const void *qkv, const float *lse,
-                                     const int32_t *pos, int B, int T, int NH, int NKV, int hs, enum dtype act,
-                                     cudaStream_t stream)
+                                     const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                                     const struct attn_opts *opt, enum dtype act, cudaStream_t stream)
 {
     if (!tc_applies(act, hs, dqkv, qkv) || !tc_applies(act, hs, dout, out))
         return 0;
-    const struct tc_shape s = tc_shape_of(pos, B, T, NH, NKV, hs);
+    const struct tc_shape s = tc_shape_of(pos, B, T, NH, NKV, hs, opt);
     if (act == DTYPE_BF16)
         tc_backward((__nv_bfloat16 *)dqkv, (const __nv_bfloat16 *)dout, (const __nv_bfloat16 *)out,
                     (const __nv_bfloat16 *)qkv, lse, s, stream);

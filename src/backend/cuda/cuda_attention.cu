@@ -52,6 +52,8 @@ struct att_shape {
     int group; /* query heads per kv head, NH / NKV */
     float scale;
     const int32_t *pos; /* (B, T) each token's position in its sample, or NULL: one sample per row */
+    int window;         /* keys a query sees at most, itself included (0: no limit; backend.h struct attn_opts) */
+    float softcap;      /* scores c tanh(s / c) (0: none) */
 };
 
 __device__ static int att_min(int x, int y) { return x < y ? x : y; }
@@ -63,22 +65,39 @@ __device__ static int att_tile_rows(int w)
     return ATT_TILE_FLOATS / w < ATT_MAX_TILE ? ATT_TILE_FLOATS / w : ATT_MAX_TILE;
 }
 
-/* The first key that query t of sequence b sees: its sample's first token (0 without positions). */
+/* The first key that query t of sequence b sees: its sample's first token (0 without positions), or with a
+ * window W the key W - 1 before it when that is later (nondecreasing in t). */
 __device__ static int att_first_key(const struct att_shape &s, int b, int t)
 {
-    return s.pos ? t - s.pos[(size_t)b * s.T + t] : 0;
+    const int first = s.pos ? t - s.pos[(size_t)b * s.T + t] : 0;
+    return s.window > 0 && t - s.window + 1 > first ? t - s.window + 1 : first;
 }
 
-/* One past the last query that sees key j of sequence b: the next sample's first token (T without positions). */
+/* One past the last query that sees key j of sequence b: the next sample's first token (T without positions),
+ * or with a window the query W after j when that is sooner. */
 __device__ static int att_query_end(const struct att_shape &s, int b, int j)
 {
-    if (!s.pos)
-        return s.T;
-    const int32_t *p = s.pos + (size_t)b * s.T;
     int i = j + 1;
-    while (i < s.T && p[i] != 0)
-        i++;
-    return i;
+    if (!s.pos) {
+        i = s.T;
+    } else {
+        const int32_t *p = s.pos + (size_t)b * s.T;
+        while (i < s.T && p[i] != 0)
+            i++;
+    }
+    return s.window > 0 && j + s.window < i ? j + s.window : i;
+}
+
+/* A scaled score x soft-capped, c tanh(x / c) (x itself without a cap); *slope: d(capped) / dx, 1 - tanh^2. */
+__device__ static float att_cap(const struct att_shape &s, float x, float *slope)
+{
+    if (s.softcap <= 0.0f) {
+        *slope = 1.0f;
+        return x;
+    }
+    const float th = tanhf(x / s.softcap);
+    *slope = 1.0f - th * th;
+    return s.softcap * th;
 }
 
 /* Row t of sequence b in the (B, T, (NH + 2 NKV) hs) qkv: query head h (part 0), key head h (part 1) or value
@@ -216,7 +235,8 @@ __global__ static void __launch_bounds__(ATT_THREADS) attention_forward_kernel(A
         for (int c = 0; c < n; c++) {
             const int j = j0 + c;
             const float dot = att_dot<F>(q, ks + (size_t)c * w, t.lane); /* every lane: a shuffle */
-            const float x = j < first || j > t.row ? -INFINITY : dot;
+            float slope;
+            const float x = j < first || j > t.row ? -INFINITY : att_cap(s, dot, &slope);
             if (t.lane == 0)
                 scores[r][c] = x;
             mx = fmaxf(mx, x);
@@ -282,11 +302,12 @@ __global__ static void __launch_bounds__(ATT_THREADS) attention_backward_dq(A *d
         att_stage<F>(vs, att_row(qkv, s, t.b, j0, kvh, 2), stride, n, hs);
         __syncthreads();
         for (int c = 0; c < n; c++) {
-            const float x = att_dot<F>(q, ks + (size_t)c * w, t.lane) * s.scale;
+            float slope;
+            const float x = att_cap(s, att_dot<F>(q, ks + (size_t)c * w, t.lane) * s.scale, &slope);
             const float dp = att_dot<F>(dy, vs + (size_t)c * w, t.lane);
             const int j = j0 + c;
             if (j >= first && j <= t.row)
-                att_axpy<F>(acc, expf(x - L) * (dp - D) * s.scale, ks + (size_t)c * w, t.lane);
+                att_axpy<F>(acc, expf(x - L) * (dp - D) * slope * s.scale, ks + (size_t)c * w, t.lane);
         }
         __syncthreads();
     }
@@ -337,13 +358,14 @@ __global__ static void __launch_bounds__(ATT_THREADS) attention_backward_dkdv(A 
             }
             __syncthreads();
             for (int c = 0; c < n; c++) {
-                const float x = att_dot<F>(k, qs + (size_t)c * w, t.lane) * s.scale;
+                float slope;
+                const float x = att_cap(s, att_dot<F>(k, qs + (size_t)c * w, t.lane) * s.scale, &slope);
                 const float dp = att_dot<F>(v, dys + (size_t)c * w, t.lane);
                 const int i = i0 + c;
                 if (j <= i && firsts[c] <= j) {
                     const float p = expf(x - Ls[c]);
                     att_axpy<F>(dv, p, dys + (size_t)c * w, t.lane);
-                    att_axpy<F>(dk, p * (dp - Ds[c]) * s.scale, qs + (size_t)c * w, t.lane);
+                    att_axpy<F>(dk, p * (dp - Ds[c]) * slope * s.scale, qs + (size_t)c * w, t.lane);
                 }
             }
             __syncthreads();
@@ -369,7 +391,8 @@ __global__ static void __launch_bounds__(ATT_THREADS) attention_backward_dkdv(A 
         }                                                 \
     } while (0)
 
-static struct att_shape att_shape_of(const int32_t *pos, int B, int T, int NH, int NKV, int hs)
+static struct att_shape att_shape_of(const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                                     const struct attn_opts *opt)
 {
     if (NKV < 1 || NH % NKV != 0)
         fail_input("attention: %d key/value heads do not divide %d query heads (model.n_kv_head must divide "
@@ -379,7 +402,11 @@ static struct att_shape att_shape_of(const int32_t *pos, int B, int T, int NH, i
         fail_input("attention: head size %d is more than the %d this CUDA kernel supports (a smaller head size: "
                    "more heads for the same width)",
                    hs, ATT_MAX_HS);
-    struct att_shape s = {B, T, NH, NKV, hs, NH / NKV, 1.0f / sqrtf((float)hs), pos};
+    if (opt && (opt->window < 0 || opt->softcap < 0.0f || opt->scale < 0.0f))
+        fail_internal("attention: window %d, soft-cap %g and scale %g must not be negative", opt->window,
+                      (double)opt->softcap, (double)opt->scale);
+    const float scale = opt && opt->scale > 0.0f ? opt->scale : 1.0f / sqrtf((float)hs);
+    struct att_shape s = {B, T, NH, NKV, hs, NH / NKV, scale, pos, opt ? opt->window : 0, opt ? opt->softcap : 0.0f};
     return s;
 }
 
@@ -472,18 +499,20 @@ static void attention_cudnn_refused(const char *why)
 
 /* att: the rows' log-sum-exp (B NH T fp32), kept for the backward. */
 extern "C" void backend_attention_gqa_forward(float *out, float *att, const float *qkv, float *scratch,
-                                              const int32_t *pos, int B, int T, int NH, int NKV, int hs)
+                                              const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+                                              const struct attn_opts *opt)
 {
     (void)scratch;
-    const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs);
+    const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs, opt);
     const enum attn_kernel k = attention_kernel(hs, out, qkv);
     if (k == ATTN_KERNEL_CUDNN) {
         char why[512];
-        if (cudnn_attention_forward(out, att, qkv, pos, B, T, NH, NKV, hs, g_act, g_stream, why, sizeof why))
+        if (cudnn_attention_forward(out, att, qkv, pos, B, T, NH, NKV, hs, opt, g_act, g_stream, why, sizeof why))
             return;
         attention_cudnn_refused(why);
     }
-    if (k != ATTN_KERNEL_FP32 && attention_tc_forward(out, att, qkv, pos, B, T, NH, NKV, hs, g_act, g_stream))
+    if (k != ATTN_KERNEL_FP32 &&
+        attention_tc_forward(out, att, qkv, pos, B, T, NH, NKV, hs, opt, g_act, g_stream))
         return;
     const dim3 grid((unsigned)(B * NH), (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS));
     WITH_ACT(WITH_ATT_FRAG(hs, attention_forward_kernel<A, F><<<grid, ATT_THREADS, 0, g_stream>>>((A *)out, att,
@@ -494,20 +523,20 @@ extern "C" void backend_attention_gqa_forward(float *out, float *att, const floa
  * all three keep the same log-sum-exp. */
 extern "C" void backend_attention_gqa_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                                const float *out, float *scratch, const int32_t *pos, int B, int T,
-                                               int NH, int NKV, int hs)
+                                               int NH, int NKV, int hs, const struct attn_opts *opt)
 {
     (void)scratch;
-    const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs);
+    const struct att_shape s = att_shape_of(pos, B, T, NH, NKV, hs, opt);
     const enum attn_kernel k = attention_kernel(hs, dqkv, dout);
     if (k == ATTN_KERNEL_CUDNN) {
         char why[512];
-        if (cudnn_attention_backward(dqkv, dout, out, qkv, att, pos, B, T, NH, NKV, hs, g_act, g_stream, why,
+        if (cudnn_attention_backward(dqkv, dout, out, qkv, att, pos, B, T, NH, NKV, hs, opt, g_act, g_stream, why,
                                      sizeof why))
             return;
         attention_cudnn_refused(why);
     }
     if (k != ATTN_KERNEL_FP32 &&
-        attention_tc_backward(dqkv, dout, out, qkv, att, pos, B, T, NH, NKV, hs, g_act, g_stream))
+        attention_tc_backward(dqkv, dout, out, qkv, att, pos, B, T, NH, NKV, hs, opt, g_act, g_stream))
         return;
     const unsigned row_blocks = (unsigned)((T + ATT_ROWS - 1) / ATT_ROWS);
     const dim3 q_grid((unsigned)(B * NH), row_blocks), kv_grid((unsigned)(B * NKV), row_blocks);
@@ -523,14 +552,14 @@ extern "C" void backend_attention_gqa_backward(float *dqkv, const float *dout, c
 extern "C" void backend_attention_forward(float *out, float *att, const float *qkv, float *scratch, const int32_t *pos,
                                           int B, int T, int C, int NH)
 {
-    backend_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NH, C / NH);
+    backend_attention_gqa_forward(out, att, qkv, scratch, pos, B, T, NH, NH, C / NH, NULL);
 }
 
 extern "C" void backend_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                            const float *out, float *scratch, const int32_t *pos, int B, int T, int C,
                                            int NH)
 {
-    backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NH, C / NH);
+    backend_attention_gqa_backward(dqkv, dout, qkv, att, out, scratch, pos, B, T, NH, NH, C / NH, NULL);
 }
 
 extern "C" size_t backend_attention_saved(int B, int T, int NH) { return BACKEND_CUDA_ATTENTION_SAVED(B, T, NH); }
@@ -539,16 +568,23 @@ extern "C" size_t backend_attention_scratch(int T, int NH) { return BACKEND_CUDA
 
 /* ---- attention with a key/value cache (generation) ------------------------------------------------ */
 
-/* The new tokens' keys and values into the cache at their rows' positions. */
+/* The cache's slot of position p: a ring of the last Tc positions (p itself when Tc holds every position). */
+__device__ static size_t kv_slot(int p, int Tc) { return (size_t)(p % Tc); }
+
+/* The kept new tokens' keys and values into the cache at their rows' slots (backend.h): the first keep[b] of row
+ * b's T, the last Tc of those (so that no two tokens of a call share a slot). After the attention, which reads
+ * the slots these overwrite. */
 template <typename A>
-__global__ static void kv_store_kernel(A *kc, A *vc, const A *qkv, const int32_t *past, int B, int T, int NH, int NKV,
-                                       int hs, int Tmax)
+__global__ static void kv_store_kernel(A *kc, A *vc, const A *qkv, const int32_t *past, const int32_t *keep, int B,
+                                       int T, int NH, int NKV, int hs, int Tc)
 {
     const size_t kvw = (size_t)NKV * hs, row = (size_t)(NH + 2 * NKV) * hs, n = (size_t)B * T * kvw;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const size_t tok = i / kvw, c = i % kvw;
-        const int b = (int)(tok / T), t = (int)(tok % T);
-        const size_t at = ((size_t)b * Tmax + (size_t)(past[b] + t)) * kvw + c;
+        const int b = (int)(tok / T), t = (int)(tok % T), kept = keep ? keep[b] : T;
+        if (t >= kept || t < kept - Tc)
+            continue;
+        const size_t at = ((size_t)b * Tc + kv_slot(past[b] + t, Tc)) * kvw + c;
         kc[at] = qkv[tok * row + (size_t)NH * hs + c];
         vc[at] = qkv[tok * row + (size_t)NH * hs + kvw + c];
     }
@@ -557,44 +593,50 @@ __global__ static void kv_store_kernel(A *kc, A *vc, const A *qkv, const int32_t
 /* Head sizes the cached attention takes (Llama and GPT-2 models have 64 or 128). */
 #define KV_MAX_HS 256
 
-/* One block (BLOCK threads) per (token, query head): the keys of its row up
- * to its position in chunks of BLOCK, one score per thread, with the online
- * softmax (running maximum and sum, the accumulated values rescaled). Shared:
- * q and the accumulator (hs each), the chunk's weights (BLOCK). */
+/* One block (BLOCK threads) per (token, query head): the keys of its row from max(0, p - W + 1) to its position
+ * p in chunks of BLOCK, one score per thread, with the online softmax (running maximum and sum, the accumulated
+ * values rescaled); the keys before past[b] from the cache's ring, the others from the call's own tokens.
+ * Shared: q and the accumulator (hs each), the chunk's weights (BLOCK). */
 template <typename A>
 __global__ static void kv_attention_kernel(A *out, const A *qkv, const A *kc, const A *vc, const int32_t *past, int T,
-                                           int NH, int NKV, int hs, int Tmax, float scale)
+                                           int NH, int NKV, int hs, int Tc, struct att_shape s)
 {
     __shared__ float q[KV_MAX_HS], acc[KV_MAX_HS], w[BLOCK];
     const int tok = blockIdx.x / NH, h = blockIdx.x % NH, b = tok / T, t = tok % T;
-    const size_t kvw = (size_t)NKV * hs, row = (size_t)(NH + 2 * NKV) * hs;
+    const size_t kvw = (size_t)NKV * hs, row = (size_t)(NH + 2 * NKV) * hs, kv_head = (size_t)(h / (NH / NKV)) * hs;
     for (int i = threadIdx.x; i < hs; i += blockDim.x) {
         q[i] = ld(qkv, (size_t)tok * row + (size_t)h * hs + i);
         acc[i] = 0.0f;
     }
     __syncthreads();
-    const A *k = kc + (size_t)b * Tmax * kvw + (size_t)(h / (NH / NKV)) * hs;
-    const A *v = vc + (size_t)b * Tmax * kvw + (size_t)(h / (NH / NKV)) * hs;
-    const int n = past[b] + t + 1;
+    const A *k = kc + (size_t)b * Tc * kvw + kv_head, *v = vc + (size_t)b * Tc * kvw + kv_head;
+    const A *knew = qkv + (size_t)b * T * row + (size_t)NH * hs + kv_head, *vnew = knew + kvw;
+    const int P = past[b], p = P + t, lo = s.window > 0 && p - s.window + 1 > 0 ? p - s.window + 1 : 0;
+    const int n = p + 1 - lo;
     float m = -INFINITY, l = 0.0f;
     for (int j0 = 0; j0 < n; j0 += blockDim.x) {
-        const int j = j0 + threadIdx.x, cnt = n - j0 < (int)blockDim.x ? n - j0 : (int)blockDim.x;
-        float s = -INFINITY;
-        if (j < n) {
-            s = 0.0f;
+        const int jj0 = j0 + threadIdx.x, cnt = n - j0 < (int)blockDim.x ? n - j0 : (int)blockDim.x;
+        float x = -INFINITY;
+        if (jj0 < n) {
+            const int j = lo + jj0;
+            const A *kj = j < P ? k + kv_slot(j, Tc) * kvw : knew + (size_t)(j - P) * row;
+            float dot = 0.0f;
             for (int i = 0; i < hs; i++)
-                s += q[i] * ld(k, (size_t)j * kvw + i);
-            s *= scale;
+                dot += q[i] * ld(kj, i);
+            float slope;
+            x = att_cap(s, dot * s.scale, &slope);
         }
-        const float m_new = fmaxf(m, block_reduce(s, true));
-        const float e = j < n ? expf(s - m_new) : 0.0f;
+        const float m_new = fmaxf(m, block_reduce(x, true));
+        const float e = jj0 < n ? expf(x - m_new) : 0.0f;
         w[threadIdx.x] = e;
         const float chunk = block_reduce(e, false), corr = expf(m - m_new);
         __syncthreads();
         for (int i = threadIdx.x; i < hs; i += blockDim.x) {
             float a = acc[i] * corr;
-            for (int jj = 0; jj < cnt; jj++)
-                a += w[jj] * ld(v, (size_t)(j0 + jj) * kvw + i);
+            for (int c = 0; c < cnt; c++) {
+                const int j = lo + j0 + c;
+                a += w[c] * ld(j < P ? v + kv_slot(j, Tc) * kvw : vnew + (size_t)(j - P) * row, i);
+            }
             acc[i] = a;
         }
         l = l * corr + chunk;
@@ -606,16 +648,16 @@ __global__ static void kv_attention_kernel(A *out, const A *qkv, const A *kc, co
 }
 
 extern "C" void backend_attention_kv_forward(float *out, const float *qkv, float *kc, float *vc, const int32_t *past,
-                                             int B, int T, int NH, int NKV, int hs, int Tmax)
+                                             const int32_t *keep, int B, int T, int NH, int NKV, int hs, int Tc,
+                                             const struct attn_opts *opt)
 {
     if (hs > KV_MAX_HS)
         fail_internal("attention with a cache: head size %d, above the %d the kernel holds", hs, KV_MAX_HS);
-    const float scale = 1.0f / sqrtf((float)hs);
+    const struct att_shape s = att_shape_of(NULL, B, T, NH, NKV, hs, opt);
     WITH_ACT({
-        kv_store_kernel<A><<<blocks_for((size_t)B * T * NKV * hs, BLOCK), BLOCK, 0, g_stream>>>(
-            (A *)kc, (A *)vc, (const A *)qkv, past, B, T, NH, NKV, hs, Tmax);
         kv_attention_kernel<A><<<(unsigned)(B * T * NH), BLOCK, 0, g_stream>>>(
-            (A *)out, (const A *)qkv, (const A *)kc, (const A *)vc, past, T, NH, NKV, hs, Tmax, scale);
+            (A *)out, (const A *)qkv, (const A *)kc, (const A *)vc, past, T, NH, NKV, hs, Tc, s);
+        kv_store_kernel<A><<<blocks_for((size_t)B * T * NKV * hs, BLOCK), BLOCK, 0, g_stream>>>(
+            (A *)kc, (A *)vc, (const A *)qkv, past, keep, B, T, NH, NKV, hs, Tc);
     });
 }
-

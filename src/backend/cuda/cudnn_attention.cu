@@ -202,11 +202,12 @@ static bool good(fe::error_t r, std::string &why)
 
 /* The graph of one direction (backward 0/1) for layout L, from the cache or built now. */
 static graph_entry &graph_for(int backward, const struct sdpa_layout &L, int B, int T, int NH, int NKV, int hs,
-                              enum dtype act)
+                              int window, enum dtype act)
 {
-    char key[160];
-    snprintf(key, sizeof key, "%s %s B%d T%d NH%d NKV%d hs%d batch%lld ragged%d", backward ? "bwd" : "fwd",
-             dtype_name(act), B, T, NH, NKV, hs, (long long)L.batch, L.ragged);
+    char key[200];
+    snprintf(key, sizeof key, "%s %s B%d T%d NH%d NKV%d hs%d batch%lld ragged%d window%d scale%a",
+             backward ? "bwd" : "fwd", dtype_name(act), B, T, NH, NKV, hs, (long long)L.batch, L.ragged, window,
+             (double)L.scale);
     auto it = g_graphs.find(key);
     if (it != g_graphs.end())
         return it->second;
@@ -228,6 +229,8 @@ static graph_entry &graph_for(int backward, const struct sdpa_layout &L, int B, 
             auto opt = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true).set_attn_scale(
                 L.scale);
             opt.set_causal_mask(true);
+            if (window > 0) /* top-left causal band: keys kv > q - W are kept (transformers' sliding window) */
+                opt.set_diagonal_band_left_bound(window);
             if (L.ragged)
                 opt.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv).set_max_total_seq_len_q(
                     tokens).set_max_total_seq_len_kv(tokens);
@@ -248,6 +251,8 @@ static graph_entry &graph_for(int backward, const struct sdpa_layout &L, int B, 
                            .set_attn_scale(L.scale)
                            .set_deterministic_algorithm(true); /* bit-exact resume (DESIGN §5) */
             opt.set_causal_mask(true);
+            if (window > 0)
+                opt.set_diagonal_band_left_bound(window);
             if (L.ragged) {
                 O->set_ragged_offset(ints_of(*g, "O_off", UID_OFF_O, n + 1));
                 dO->set_ragged_offset(ints_of(*g, "dO_off", UID_OFF_DO, n + 1));
@@ -366,11 +371,16 @@ static int32_t *ragged_upload(struct sdpa_layout *L, const int32_t *pos, int B, 
 
 /* The layout of this call (and its packed arrays on the device in *ragged), and its graph, or NULL with why. */
 static graph_entry *prepare(int backward, struct sdpa_layout *L, int32_t **ragged, const int32_t *pos, int B, int T,
-                            int NH, int NKV, int hs, enum dtype act, cudaStream_t stream, char *why, size_t why_cap)
+                            int NH, int NKV, int hs, const struct attn_opts *opt, enum dtype act, cudaStream_t stream,
+                            char *why, size_t why_cap)
 {
     const char *missing;
     if (!cudnn_attention_library(&missing)) {
         snprintf(why, why_cap, "%s", missing);
+        return nullptr;
+    }
+    if (opt && opt->softcap > 0.0f) { /* cudnn_attention.h: the soft-cap is the own kernels' */
+        snprintf(why, why_cap, "soft-capped scores (attn_logit_softcapping) are not wired into cuDNN's graphs");
         return nullptr;
     }
     *ragged = nullptr;
@@ -379,7 +389,9 @@ static graph_entry *prepare(int backward, struct sdpa_layout *L, int32_t **ragge
             return nullptr;
     } else if (sdpa_layout_of(L, nullptr, B, T, NH, NKV, hs, nullptr, why, why_cap) != 0)
         return nullptr;
-    graph_entry &e = graph_for(backward, *L, B, T, NH, NKV, hs, act);
+    if (opt && opt->scale > 0.0f)
+        L->scale = opt->scale;
+    graph_entry &e = graph_for(backward, *L, B, T, NH, NKV, hs, opt ? opt->window : 0, act);
     if (!e.graph) {
         snprintf(why, why_cap, "%s", e.refusal.c_str());
         return nullptr;
@@ -433,11 +445,11 @@ struct sdpa_tensors {
 };
 
 static int attend(int backward, const struct sdpa_tensors &x, const int32_t *pos, int B, int T, int NH, int NKV,
-                  int hs, enum dtype act, cudaStream_t stream, char *why, size_t why_cap)
+                  int hs, const struct attn_opts *opt, enum dtype act, cudaStream_t stream, char *why, size_t why_cap)
 {
     struct sdpa_layout L;
     int32_t *ragged;
-    graph_entry *e = prepare(backward, &L, &ragged, pos, B, T, NH, NKV, hs, act, stream, why, why_cap);
+    graph_entry *e = prepare(backward, &L, &ragged, pos, B, T, NH, NKV, hs, opt, act, stream, why, why_cap);
     if (!e)
         return 0;
     /* packed rows: cuDNN's statistics are token-major, lse's head-major (sdpa_layout.h) */
@@ -463,19 +475,20 @@ static int attend(int backward, const struct sdpa_tensors &x, const int32_t *pos
 }
 
 extern "C" int cudnn_attention_forward(void *out, float *lse, const void *qkv, const int32_t *pos, int B, int T,
-                                       int NH, int NKV, int hs, enum dtype act, cudaStream_t stream, char *why,
-                                       size_t why_cap)
+                                       int NH, int NKV, int hs, const struct attn_opts *opt, enum dtype act,
+                                       cudaStream_t stream, char *why, size_t why_cap)
 {
     const struct sdpa_tensors x = {qkv, out, nullptr, lse, nullptr};
-    return attend(0, x, pos, B, T, NH, NKV, hs, act, stream, why, why_cap);
+    return attend(0, x, pos, B, T, NH, NKV, hs, opt, act, stream, why, why_cap);
 }
 
 extern "C" int cudnn_attention_backward(void *dqkv, const void *dout, const void *out, const void *qkv,
                                         const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
-                                        enum dtype act, cudaStream_t stream, char *why, size_t why_cap)
+                                        const struct attn_opts *opt, enum dtype act, cudaStream_t stream, char *why,
+                                        size_t why_cap)
 {
     const struct sdpa_tensors x = {qkv, out, dout, lse, dqkv};
-    return attend(1, x, pos, B, T, NH, NKV, hs, act, stream, why, why_cap);
+    return attend(1, x, pos, B, T, NH, NKV, hs, opt, act, stream, why, why_cap);
 }
 
 #else /* no cudnn-frontend or cuDNN headers, or tests/cudaemu: cuDNN is unavailable */
@@ -498,8 +511,8 @@ extern "C" long cudnn_attention_library(const char **why)
 extern "C" long backend_cuda_attention_cudnn_calls(void) { return 0; }
 
 extern "C" int cudnn_attention_forward(void *out, float *lse, const void *qkv, const int32_t *pos, int B, int T,
-                                       int NH, int NKV, int hs, enum dtype act, cudaStream_t stream, char *why,
-                                       size_t why_cap)
+                                       int NH, int NKV, int hs, const struct attn_opts *opt, enum dtype act,
+                                       cudaStream_t stream, char *why, size_t why_cap)
 {
     const char *missing;
     cudnn_attention_library(&missing);
@@ -509,8 +522,9 @@ extern "C" int cudnn_attention_forward(void *out, float *lse, const void *qkv, c
 
 extern "C" int cudnn_attention_backward(void *dqkv, const void *dout, const void *out, const void *qkv,
                                         const float *lse, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
-                                        enum dtype act, cudaStream_t stream, char *why, size_t why_cap)
+                                        const struct attn_opts *opt, enum dtype act, cudaStream_t stream, char *why,
+                                        size_t why_cap)
 {
-    return cudnn_attention_forward(dqkv, (float *)lse, qkv, pos, B, T, NH, NKV, hs, act, stream, why, why_cap);
+    return cudnn_attention_forward(dqkv, (float *)lse, qkv, pos, B, T, NH, NKV, hs, opt, act, stream, why, why_cap);
 }
 #endif

@@ -30,16 +30,21 @@ long cudnn_attention_headers(void);
  * static message) saying what was tried. */
 long cudnn_attention_library(const char **why);
 
+struct attn_opts; /* backend.h: window, soft-cap, scale (NULL: plain causal) */
+
 /* The forward as backend.h's attention_gqa_forward (out [A], lse (B, NH, T) fp32, from qkv [A] and pos or
  * NULL, pos in device memory) on stream: 1 when cuDNN ran it, 0 when it refused the call (why filled: one line;
- * nothing written). fp16/bf16 only. */
+ * nothing written). fp16/bf16 only. Of opt's variants, the window (a top-left causal band,
+ * set_diagonal_band_left_bound: keys kv > q - W) and the scale go into the graph; a soft-cap is refused, so that
+ * the own kernels (tensor-core, FP32) run those layers. */
 int cudnn_attention_forward(void *out, float *lse, const void *qkv, const int32_t *pos, int B, int T, int NH,
-                            int NKV, int hs, enum dtype act, cudaStream_t stream, char *why, size_t why_cap);
+                            int NKV, int hs, const struct attn_opts *opt, enum dtype act, cudaStream_t stream,
+                            char *why, size_t why_cap);
 
 /* The backward (dqkv [A] overwritten) from dout, the forward's out and lse; as above. */
 int cudnn_attention_backward(void *dqkv, const void *dout, const void *out, const void *qkv, const float *lse,
-                             const int32_t *pos, int B, int T, int NH, int NKV, int hs, enum dtype act,
-                             cudaStream_t stream, char *why, size_t why_cap);
+                             const int32_t *pos, int B, int T, int NH, int NKV, int hs, const struct attn_opts *opt,
+                             enum dtype act, cudaStream_t stream, char *why, size_t why_cap);
 
 /* Packed rows' statistics between lse's (B, NH, T) and cuDNN's token-major (B T, NH) (sdpa_layout.h): dst = src
  * transposed, to_token_major 1: lse -> token-major, 0: back; on stream. Defined in cuda_attention.cu (this file's

@@ -87,6 +87,10 @@ inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __expf(float x) { return expf(x); }
 inline float __logf(float x) { return logf(x); }
 inline float __fdividef(float a, float b) { return a / b; }
+/* Round-to-nearest product and sum that never fuse into a multiply-add (as on the device): the volatile
+ * keeps g++ from contracting the two across an inlined call. */
+inline float __fmul_rn(float a, float b) { volatile float p = a * b; return p; }
+inline float __fadd_rn(float a, float b) { volatile float s = a + b; return s; }
 
 /* Checks a launch and enqueues it on its stream: when the stream reaches it,
  * the body runs for every thread of every block; name and site for messages. */
