@@ -8,16 +8,17 @@ the class's default:
   gemma2  Gemma2ForCausalLM: hidden 48 with 4 heads of head_dim 16 (the
           attention 64 wide), 2 key/value heads, random (1 + w) norm weights
           (all four per block and the final one), rms_norm_eps 1e-5,
-          rope_theta 20000, final_logit_softcapping 1.5 (the logits are large
-          enough that the cap changes the loss: checked), tied, fp32
+          rope_theta 20000, final_logit_softcapping 1.5 and
+          attn_logit_softcapping 0.5 (both large enough to change the loss:
+          checked), tied, fp32
   gemma3  Gemma3ForCausalLM: 3 layers with layer_types sliding, sliding,
           full (sliding_window_pattern 3), q_norm and k_norm with random
           weights, the global layers' rope_theta 5e5 with linear scaling 2,
           the local layers' 20000, untied, fp32
   gemma2_bf16  the gemma2 case saved in bf16 (the loss at N = 2 and 3)
-Until the attention kernels take a window, a scale and a soft-cap, the
-models have sliding_window 64 >= the sequence (32), query_pre_attn_scalar =
-head_dim and attn_logit_softcapping null (other values are refused: refuse.*).
+Both cases have sliding_window 8, a quarter of the sequence (32; Gemma 2's
+layer 0 and Gemma 3's layers 0 and 1 local), and query_pre_attn_scalar 24,
+not head_dim; attention.* checks that each option changes transformers' loss.
 
 Checks per case, as tests/t_qwen.py makes them (its functions, on this
 test's models), against the transformers model in float64:
@@ -52,10 +53,8 @@ test's models), against the transformers model in float64:
   eval.loss   shardlm eval of the gemma2 case over 4 windows equals transformers
   mm.export_text_model  the multimodal run's export is a Gemma3ForCausalLM that
               transformers loads at the same logits
-  refuse.*    attn_logit_softcapping, query_pre_attn_scalar != head_dim, a
-              data.seq_len beyond sliding_window, use_bidirectional_attention,
-              layer_types without a pattern, hidden_activation gelu: one line,
-              exit 2
+  refuse.*    use_bidirectional_attention, layer_types without a pattern,
+              hidden_activation gelu: one line, exit 2
 """
 import json
 import os
@@ -85,9 +84,10 @@ q.CLASSES = {"gemma2": Gemma2ForCausalLM, "gemma3": Gemma3ForCausalLM}
 V, T = q.V, q.T
 SHAPE = dict(vocab_size=V, hidden_size=48, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, max_position_embeddings=128, initializer_range=0.2, rms_norm_eps=1e-5,
-             query_pre_attn_scalar=16, sliding_window=64, attn_logit_softcapping=None, pad_token_id=None,
+             query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=None, pad_token_id=None,
              eos_token_id=None)  # transformers' generate(min_new_tokens) never picks an end token; shardlm ignores it
 FINAL_CAP = 1.5
+ATTN_CAP = 0.5  # below the scores' range at initializer_range 0.2: the cap bends them
 
 
 def random_norms(model, std=0.3):
@@ -100,7 +100,8 @@ def random_norms(model, std=0.3):
 def make_models():
     dirs = {}
     torch.manual_seed(0)
-    g2 = Gemma2ForCausalLM(Gemma2Config(**SHAPE, num_hidden_layers=2, final_logit_softcapping=FINAL_CAP,
+    g2 = Gemma2ForCausalLM(Gemma2Config(**dict(SHAPE, attn_logit_softcapping=ATTN_CAP), num_hidden_layers=2,
+                                        final_logit_softcapping=FINAL_CAP,
                                         rope_parameters={"rope_type": "default", "rope_theta": 20000.0}))
     random_norms(g2)
     dirs["gemma2"] = os.path.join(TMP, "gemma2")
@@ -116,6 +117,26 @@ def make_models():
     dirs["gemma3"] = os.path.join(TMP, "gemma3")
     g3.save_pretrained(dirs["gemma3"])
     return dirs
+
+
+def check_attention_options(dirs):
+    """Each attention option the cases set changes transformers' loss, so that shardlm's equal loss shows it took
+    it: the scores' soft-cap (gemma2), the scale query_pre_attn_scalar^-1/2 and the local layers' window
+    (gemma3; its window, 8, is a quarter of the sequence)."""
+    x, y = q.windows(0, q.B)
+    edits = (("gemma2", "attn_logit_softcapping", None), ("gemma3", "query_pre_attn_scalar", SHAPE["head_dim"]),
+             ("gemma3", "sliding_window", 4 * T))
+    for kind, key, value in edits:
+        with torch.no_grad():
+            _, want = q.loss_of(q.hf(kind, dirs[kind]), x, y)
+            c = json.load(open(os.path.join(dirs[kind], "config.json")))
+            c[key] = value
+            c.pop("transformers_version", None)
+            config = (Gemma2Config if kind == "gemma2" else Gemma3TextConfig)(**c)
+            other = q.CLASSES[kind].from_pretrained(dirs[kind], config=config, dtype=torch.float32).eval().double()
+            _, without = q.loss_of(other, x, y)
+        e = abs(without.item() - want.item()) / want.item()
+        check(f"attention.{key}_changes_loss", e > 1e-3, f"rel {e:.2e}")
 
 
 def check_softcap(d):
@@ -399,10 +420,7 @@ def check_dpo(d2):
 
 
 def check_refused(dirs):
-    cases = {"attn_softcap": ("gemma2", {"attn_logit_softcapping": 50.0}, ["attn_logit_softcapping"], None),
-             "query_scalar": ("gemma2", {"query_pre_attn_scalar": 256}, ["query_pre_attn_scalar"], None),
-             "window": ("gemma3", {"sliding_window": 16}, ["sliding"], None),
-             "bidirectional": ("gemma3", {"use_bidirectional_attention": True}, ["use_bidirectional_attention"], None),
+    cases = {"bidirectional": ("gemma3", {"use_bidirectional_attention": True}, ["use_bidirectional_attention"], None),
              "layer_types": ("gemma3", {"layer_types": ["full_attention", "sliding_attention", "sliding_attention"]},
                              ["layer_types"], None),
              "activation": ("gemma2", {"hidden_activation": "gelu"}, ["hidden_activation"], None)}
@@ -433,6 +451,7 @@ def main():
         q.check_lora(kind, dirs[kind])
     if "extra" in parts:
         check_softcap(dirs["gemma2"])
+        check_attention_options(dirs)
         check_eval(dirs["gemma2"])
         check_checkpointing(dirs["gemma3"])
         check_plan()
