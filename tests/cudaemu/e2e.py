@@ -67,10 +67,12 @@ LLAMA = {"model": {"type": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "
 QWEN = {"model": dict(LLAMA["model"], qkv_bias=True, qk_norm=True, head_dim=16)}
 
 # Gemma (issue 49): the (1 + w) norms, GeGLU, the scaled embedding, Gemma 3's q/k norms and head_dim, local and
-# global rotary bases (3 layers, the last global), and a final soft-cap that the larger weights make bend the logits
+# global rotary bases (3 layers, the last global), a final soft-cap that the larger weights make bend the logits,
+# and the attention options: the local layers' window of 8 in rows of 32, the scores' soft-cap and scale
 GEMMA = {"model": dict(LLAMA["model"], type="gemma", n_layer=3, qk_norm=True, head_dim=16, init_std=0.3,
                        final_logit_softcapping=3.0, sliding_window_pattern=3, rope_theta=500000.0,
-                       rope_local_theta=20000.0, tie_word_embeddings=True)}
+                       rope_local_theta=20000.0, tie_word_embeddings=True, sliding_window=8, sliding_layers=[0, 1],
+                       attn_logit_softcapping=2.0, query_pre_attn_scalar=24.0)}
 
 
 def packed_data():
