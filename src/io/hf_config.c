@@ -529,11 +529,9 @@ static const struct llama_like llama_likes[] = {
      false, true, 1e-5, "1e-5", ARCH_LLAMA, "hidden_act", "silu", false, true},
     /* Gemma 2 and 3 (hf_gemma.c reads their window, layer types, rotary settings and soft-caps) */
     {"Gemma2ForCausalLM", "gemma2", "Gemma2Config", 256000, 2304, 9216, 26, 8, 4, 8192, 256, 4096, false, false, true,
-     false, false, false, 1e-6, "1e-6", ARCH_GEMMA, "hidden_activation", "gelu_pytorch_tanh", true,
-     false},
+     false, false, false, 1e-6, "1e-6", ARCH_GEMMA, "hidden_activation", "gelu_pytorch_tanh", true, false},
     {"Gemma3ForCausalLM", "gemma3_text", "Gemma3TextConfig", 262208, 2304, 9216, 26, 8, 4, 131072, 256, 4096, false,
-     true, true, false, false, false, 1e-6, "1e-6", ARCH_GEMMA, "hidden_activation", "gelu_pytorch_tanh", true,
-     false},
+     true, true, false, false, false, 1e-6, "1e-6", ARCH_GEMMA, "hidden_activation", "gelu_pytorch_tanh", true, false},
 };
 
 static const struct llama_like *llama_like(const char *architecture)
@@ -819,11 +817,7 @@ void hf_config_keys(const char *dir, void (*put)(void *ctx, const char *key, jso
         fail_input("%s: architecture %s is not supported; shardlm reads %s", path, arch, HF_ARCHITECTURES);
     hfc_read_dtype(&r);
     hfc_check_other_keys(&r);
-    if (text.root != r.root) {
-        hfc_check_other_keys(&text);
-        json_decref(text.used);
-        json_decref(text.root);
-    }
+    hfc_gemma_text_done(&r, &text);
     json_decref(r.used);
     json_decref(r.root);
 }
@@ -924,8 +918,7 @@ json_t *hf_config_json(const struct model *m, enum dtype dt, const char *src_dir
     const bool gemma = arch_is(c->type, ARCH_GEMMA), llama = arch_is(c->type, ARCH_LLAMA) || gemma;
     const struct arch *family = arch_get(gemma ? ARCH_GEMMA : llama ? ARCH_LLAMA : ARCH_GPT2);
     if (llama) {
-        if (gemma)
-            out = hfc_gemma_config_base(out);
+        out = gemma ? hfc_gemma_config_base(out) : out;
         const char *arch = json_string_value(json_array_get(json_object_get(out, "architectures"), 0));
         /* without a source: the architecture whose block this model has */
         const struct llama_like *df = llama_like(arch ? arch

@@ -52,6 +52,8 @@ void hfc_put_window(const struct attention_layers *att, long long L, void (*put)
  * is marked read and the vision tower's skipping logged; true then. False (text
  * untouched) for the other architectures. */
 bool hfc_gemma_text_config(struct reader *outer, struct reader *text, const char *architecture);
+/* After the keys are read: text's other keys accounted for and text freed, when it is not outer itself. */
+void hfc_gemma_text_done(const struct reader *outer, struct reader *text);
 /* The config.json an export of a Gemma model writes, from out (the source's, or empty): first its base (a
  * multimodal source's text_config becomes the whole file of a Gemma3ForCausalLM; the object returned replaces
  * out), then, after the keys the Llama-like families share, Gemma's own keys. */

@@ -71,6 +71,15 @@ bool hfc_gemma_text_config(struct reader *outer, struct reader *text, const char
     return true;
 }
 
+void hfc_gemma_text_done(const struct reader *outer, struct reader *text)
+{
+    if (text->root == outer->root)
+        return;
+    hfc_check_other_keys(text);
+    json_decref(text->used);
+    json_decref(text->root);
+}
+
 /* The sliding-window pattern of layer_types (absent: the class's own). */
 static int read_pattern(struct reader *r, long long L)
 {
