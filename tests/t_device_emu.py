@@ -42,6 +42,9 @@ Checks (one "ok NAME" / "FAIL NAME: why" line each):
                 (DESIGN §5), bytes and space: no fp32 compute copies or send
                 buffers; half-precision gradient buffers, residual stream and
                 logits; the attention's statistics only
+  pretrained.DT  a Llama exported to a Hugging Face directory in fp32 and bf16:
+                training from it and `shardlm eval` of it, emulated and plain, equal
+                to the bit (fp32 read as stored, then copied to the device)
   (CASE includes Llama: bf16 stage 3, fp16 stage 2 with checkpointing,
   a tied head in fp32 stage 1)
   fit.*         with an emulated device capacity (SHARDLM_EMULATE_DEVICE_MEM):
@@ -227,6 +230,46 @@ def compare(tag, plain, emu):
           f"validation {pv} vs {ev}")
 
 
+def pretrained():
+    """pretrained.DT: a Llama read from a Hugging Face directory (exported from a checkpoint of its own) in fp32,
+    where the parameters are the master and are read as stored into host memory before the device copy, and in
+    bf16: training from it (ZeRO 3, N = 2) and `shardlm eval` of it give the plain run's results to the bit."""
+    ckdir = os.path.join(TMP, "pre_ck")
+    shutil.rmtree(ckdir, ignore_errors=True)
+    stage, dtype, extra = CASES["llama_s3_bf16"]
+    src, out = run("pre_src", make_config("pre_src", stage, "fp32", extra, steps=4, ckdir=ckdir), False)
+    for dt in ("fp32", "bf16"):
+        hf = os.path.join(TMP, "pre_hf_" + dt)
+        shutil.rmtree(hf, ignore_errors=True)
+        r = subprocess.run([BIN, "export", ckdir, hf, "--dtype", dt], env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=120)
+        if src is None or r.returncode != 0:
+            check(f"pretrained.{dt}", False, (out if src is None else r.stdout.decode()).strip().splitlines()[-3:])
+            continue
+        path = make_config("pre_" + dt, 3, dt, {}, steps=2)
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["model"] = {"from_pretrained": hf}
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        runs = [run(f"pre_{dt}_{'emu' if e else 'plain'}", path, e) for e in (False, True)]
+        ok = all(x is not None for x, _ in runs)
+        diff = same_params(runs[0][0]["final"], runs[1][0]["final"]) if ok else "run failed"
+        same_loss = ok and [x["loss"] for x in runs[0][0]["rows"]] == [x["loss"] for x in runs[1][0]["rows"]]
+        evals = []
+        for e in ("0", "1"):
+            r = subprocess.run([BIN, "eval", hf, "--data", DATA, "--seq-len", str(T), "--max-batches", "2", "--json"],
+                               env=dict(ENV, SHARDLM_EMULATE_DEVICE=e, SHARDLM_FP32_ACTIVATIONS="1"),
+                               capture_output=True, timeout=120)
+            lines = [x for x in r.stdout.decode(errors="replace").splitlines() if x.startswith("{")]
+            evals.append(json.loads(lines[-1]).get("loss") if r.returncode == 0 and lines else
+                         " | ".join(r.stderr.decode(errors="replace").strip().splitlines()[-2:]))
+        failed = "" if ok else " | ".join(next(o for x, o in runs if x is None).strip().splitlines()[-3:])
+        check(f"pretrained.{dt}", ok and same_loss and diff is None and isinstance(evals[0], float)
+              and evals[0] == evals[1],
+              f"train: {failed} differing tensor {diff}, same losses {same_loss}; eval plain/emulated {evals}")
+
+
 def main():
     for tag, (stage, dtype, extra) in CASES.items():
         env_extra = {"SHARDLM_INJECT_INF_STEP": "3"} if dtype == "fp16" else None
@@ -285,6 +328,8 @@ def main():
         diff = same_params(full["final"], second["final"]) if ok else "run failed"
         check(f"ckpt.{tag}", ok and diff is None and "resumed from" in out2,
               f"first differing tensor {diff}; " + " | ".join((out2 or out1).strip().splitlines()[-3:]))
+
+    pretrained()
 
     # the plan against the device's free memory
     cfg = make_config("fit", 3, "bf16", {})

@@ -402,7 +402,8 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     for (int u = 0; u < m->n_units; u++)
         largest = z->units[u].padded > largest ? z->units[u].padded : largest;
     float *scratch = z->master_copy || z->device ? xcalloc(largest, sizeof *scratch) : NULL;
-    void *cast = z->master_copy ? xcalloc(largest, z->esize) : NULL;
+    /* a device's parameters are read into cast first (init_params_as_stored), also where fp32 ones are the master */
+    void *cast = z->master_copy || z->device ? xcalloc(largest, z->esize) : NULL;
     const size_t recv = zero_receive_elems(z);
     void *grad_recv = recv ? arena_alloc(dev, mem, BUF_GRADS, recv * z->esize, 1) : NULL;
     const size_t stage = zero_nvme_stage_elems(z);
