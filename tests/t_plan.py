@@ -98,6 +98,12 @@ def check_presets():
         padding = ((V + 127) // 128 * 128 - V) * C * mats
         got = j["n_params"] - padding if j else None
         check(f"preset.{name}.n_params", rc == 0 and got == want, f"rc {rc}, got {got}, published {want}: {err}")
+    # Phi-4 (microsoft/phi-4's config.json): the Llama-like count from its shape, untied, no vocabulary padding
+    C, L, NH, NKV, F, V = 5120, 40, 40, 10, 17920, 100352
+    hs = C // NH
+    want = 2 * V * C + C + L * (C * (NH + 2 * NKV) * hs + NH * hs * C + 3 * C * F + 2 * C)
+    rc, j, out, err = plan_json("--preset", "phi-4")
+    check("preset.phi-4.n_params", rc == 0 and j["n_params"] == want == 14659507200, f"rc {rc}, {j and j['n_params']}")
     rc, _, out, err = plan_json("--preset", "llama2-70b")
     check("preset.llama2-70b.printed", "68.98 B" in out and "8 KV heads" in out and "SwiGLU" in out, out[:300])
 
@@ -105,7 +111,7 @@ def check_presets():
 def check_bad_input():
     rc, out, err = plan("--preset", "llama9-1t")
     known = ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b",
-             "llama3.1-70b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b"]
+             "llama3.1-70b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "phi-4"]
     check("bad.unknown_preset", rc == 2 and one_error_line(err) and all(k in err for k in known),
           f"rc {rc}, stderr {err!r}")
     for opt in ("gpu-mem", "host-mem"):

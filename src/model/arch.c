@@ -84,7 +84,8 @@ const char *arch_hf_architecture_of(const char *model_type)
  * with 8 KV heads); parameter totals: the Hugging Face checkpoints' exact counts
  * (6.74 B, 13.0 B, 68.98 B as published). Llama 3.1 70B, Qwen2.5 7B/72B (q|k|v
  * biases) and Qwen3 8B/32B (head_dim 128, q/k norms): their Hugging Face
- * config.json, untied, and the exact totals of their safetensors indexes. Gemma 2 9B/27B and Gemma 3
+ * config.json, untied, and the exact totals of their safetensors indexes. Phi-4 (14B): microsoft/phi-4's
+ * config.json (Phi3ForCausalLM, 10 KV heads, untied), the total computed from that shape. Gemma 2 9B/27B and Gemma 3
  * 4B/12B/27B: google/gemma-2-*, google/gemma-3-*-pt config.json (text_config for Gemma 3: head_dim 256 but
  * 128 on 27B, vocabulary 256000 / 262208, tied), the totals computed from those shapes (Gemma 3's language
  * model alone, without the vision tower). */
@@ -102,6 +103,7 @@ const struct model_preset arch_presets[] = {
     {"qwen2.5-72b", type_llama, 80, 64, 8, 8192, 29568, 32768, 152064, 72706203648.0, 0, true, false, 0, 0},
     {"qwen3-8b", type_llama, 36, 32, 8, 4096, 12288, 40960, 151936, 8190735360.0, 128, false, true, 0, 0},
     {"qwen3-32b", type_llama, 64, 64, 8, 5120, 25600, 40960, 151936, 32762123264.0, 128, false, true, 0, 0},
+    {"phi-4", type_llama, 40, 40, 10, 5120, 17920, 16384, 100352, 14659507200.0, 0, false, false, 0, 0},
     {"gemma-2-9b", type_gemma, 42, 16, 8, 3584, 14336, 8192, 256000, 9241705984.0, 256, false, false, 2, 0},
     {"gemma-2-27b", type_gemma, 46, 32, 16, 4608, 36864, 8192, 256000, 27227128320.0, 128, false, false, 2, 0},
     {"gemma-3-4b", type_gemma, 34, 8, 4, 2560, 10240, 131072, 262208, 3880263168.0, 256, false, true, 6, 10000.0},
