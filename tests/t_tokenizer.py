@@ -104,6 +104,7 @@ import glob
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -190,11 +191,25 @@ def write_json(name, obj):
 
 # ---- inputs -------------------------------------------------------------
 
+_CORPUS = []
+
+
 def corpus_files():
-    src = sorted(glob.glob(os.path.join(ROOT, "src", "**", "*.[ch]"), recursive=True), key=os.path.basename)
-    docs = sorted(subprocess.run(["git", "-C", ROOT, "ls-files", "*.md"], capture_output=True, text=True)
-                  .stdout.split())
-    return src, [os.path.join(ROOT, d) for d in docs]
+    """The sources and Markdown pages, copied once into TMP (the corpus stays the same while the tree is edited
+    during the run): (src paths, docs paths), each copy under its path relative to the checkout."""
+    if not _CORPUS:
+        src = sorted(glob.glob(os.path.join(ROOT, "src", "**", "*.[ch]"), recursive=True), key=os.path.basename)
+        docs = sorted(subprocess.run(["git", "-C", ROOT, "ls-files", "*.md"], capture_output=True, text=True)
+                      .stdout.split())
+        for group, paths in (("src", src), ("docs", [os.path.join(ROOT, d) for d in docs])):
+            copies = []
+            for path in paths:
+                copy = os.path.join(TMP, "corpus", os.path.relpath(path, ROOT))
+                os.makedirs(os.path.dirname(copy), exist_ok=True)
+                shutil.copyfile(path, copy)
+                copies.append(copy)
+            _CORPUS.append(copies)
+    return _CORPUS[0], _CORPUS[1]
 
 
 def input_groups():
@@ -202,7 +217,7 @@ def input_groups():
     src, docs = corpus_files()
     groups = {
         "src": [(os.path.basename(p), p, read_text(p)) for p in src],
-        "docs": [(os.path.relpath(p, ROOT), p, read_text(p)) for p in docs],
+        "docs": [(os.path.relpath(p, os.path.join(TMP, "corpus")), p, read_text(p)) for p in docs],
         "multilingual": [("multilingual", write_text("multilingual.txt", MULTILINGUAL), MULTILINGUAL)],
         "edge": [(repr(t), write_text(f"edge{i}.txt", t), t) for i, t in enumerate(EDGE)],
     }
