@@ -46,7 +46,8 @@ group_of() {
     *) echo "" ;;
   esac
 }
-FIRST=(t_gpu_kit.sh t_tokenizer.py t_cuda.sh t_real_model.py t_cudaemu.sh t_slurm_nodes.py t_gpu_session.sh)
+# (t_cuda.sh before t_gpu_kit.sh: the kit's test relinks build/cuda's objects, which t_cuda.sh brings up to date)
+FIRST=(t_cuda.sh t_tokenizer.py t_gpu_kit.sh t_real_model.py t_cudaemu.sh t_slurm_nodes.py t_gpu_session.sh)
 
 tests=()
 for first in "${FIRST[@]}"; do
