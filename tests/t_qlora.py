@@ -188,6 +188,63 @@ def check_case(name, qtype, double, ranks):
     return loss.item()
 
 
+
+def q4_shard_bytes(ranks):
+    """A block's shard at N ranks as zero.h's struct q4_layout lays it out: each linear weight in whole 64-blocks of
+    the whole tensor, ceil(blocks / N) per rank at 32 bytes of codes and a 4-byte absmax each; the two norms
+    (the plain part) padded to N * 16 elements, fp32; the shard rounded up to 16 bytes. Also the block's fp32
+    shard without quantization (its padded elements / N x 4)."""
+    C, F, KV = HF.hidden_size, HF.intermediate_size, HF.hidden_size // HF.num_attention_heads * HF.num_key_value_heads
+    linears = [C * C, KV * C, KV * C, C * C, F * C, F * C, C * F]
+    q4 = sum(-(-(-(-n // 64)) // ranks) * 36 for n in linears)
+    plain = -(-(2 * C) // (ranks * 16)) * 16
+    padded = -(-(sum(linears) + 2 * C) // (ranks * 16)) * ranks * 16
+    return -(-(q4 + plain * 4) // 16) * 16, padded // ranks * 4
+
+
+def arena(b):
+    return -(-b // 64) * 64
+
+
+def check_storage(ranks):
+    """The blocks stored and gathered in 4 bits: the run's parameter shards, gathered slots and all-gather bytes
+    are the LoRA run's with each block's fp32 shard replaced by its 4-bit one (computed here), and the run
+    allocated what its plan said."""
+    name = f"nf4_dq.n{ranks}"
+    rows = [json.loads(line) for line in open(os.path.join(TMP, name + ".jsonl")) if line.strip()]
+    step = next((r for r in rows if "loss" in r), None)
+    mem = next((r["memory"] for r in rows if "memory" in r), None)
+    path = os.path.join(TMP, name + ".lora.json")
+    cfg = json.load(open(os.path.join(TMP, name + ".json")))
+    del cfg["quantization"]
+    json.dump(cfg, open(path, "w"))
+    r = subprocess.run([BIN, "plan", path, "--ranks", str(ranks), "--target", "cpu", "--json"], env=ENV,
+                       capture_output=True, text=True, timeout=60)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    if step is None or mem is None or r.returncode != 0 or not lines:
+        check(f"storage.{name}", False, f"metrics or LoRA plan missing: rc {r.returncode} {r.stderr[-300:]}")
+        return
+    lora = json.loads(lines[-1])
+    q4, f32 = q4_shard_bytes(ranks)
+    L, accum = HF.num_hidden_layers, ROWS // ranks
+    want = lora["memory"]["parameter shard"]["bytes"] - L * arena(f32) + L * arena(q4)
+    got = mem["parameter shard"]["peak"]
+    check(f"storage.{name}.param_shard", got == want and mem["parameter shard"]["planned"] == want,
+          f"peak {got}, planned {mem['parameter shard']['planned']}, want {want}")
+    # the LoRA run's slots (the prefetch counts elements), each the N 4-bit shards instead of an fp32 block
+    slots = (lora["memory"]["gathered units"]["bytes"] - mem["gathered units"]["peak"]) / (
+        arena(ranks * f32) - arena(ranks * q4))
+    check(f"storage.{name}.gathered_4bit_slots", slots == int(slots) and slots >= 1,
+          f"{mem['gathered units']['peak']} vs LoRA {lora['memory']['gathered units']['bytes']}: {slots} slots")
+    # every block gathered for forward and again for backward, each micro-batch: (N - 1) x its shard
+    want = lora["bytes_allgather"] - L * 2 * accum * (ranks - 1) * (f32 - q4)
+    check(f"storage.{name}.allgather_bytes", step["bytes_allgather"] == want,
+          f"{step['bytes_allgather']} vs {want} (LoRA {lora['bytes_allgather']})")
+    bad = [k for k, v in mem.items() if v["planned"] != v["peak"]]
+    check(f"storage.{name}.planned_is_peak", not bad, f"{bad}")
+    print(f"# {name}: a block's shard {q4} B in 4 bits (fp32: {f32} B); all-gather {step['bytes_allgather']} B a "
+          f"step (LoRA: {lora['bytes_allgather']} B)", flush=True)
+
 def check_bf16_offload(fp32_loss):
     """bf16 with parameters and optimizer offloaded: the 4-bit weights rounded once to bf16."""
     extra = {"bf16": {"enabled": True},
@@ -408,6 +465,8 @@ def main():
         loss = check_case(f"nf4_dq.n{ranks}", "nf4", True, ranks)
         ref_loss = ref_loss if ref_loss is not None else loss
     check_case("fp4.n2", "fp4", False, 2)
+    for ranks in (2, 3):
+        check_storage(ranks)
     if ref_loss is not None:
         check_sensitivity(ref_loss)
         check_bf16_offload(ref_loss)

@@ -54,8 +54,10 @@ static void load_tensor(struct quant_reader *q, int u, int t)
         q->cache = xmalloc(n * sizeof(float));
         q->cache_cap = n;
     }
-    float *absmax = xmalloc(blocks * sizeof(float));
-    uint8_t *codes = xmalloc(quant4_code_bytes(n));
+    free(q->codes);
+    free(q->absmax);
+    float *absmax = q->absmax = xmalloc(blocks * sizeof(float));
+    uint8_t *codes = q->codes = xmalloc(quant4_code_bytes(n));
     inner_read(q, u, td->offset, n, q->cache);
     quant4_quantize(q->type, q->cache, DTYPE_F32, n, codes, absmax);
     if (q->double_quant) {
@@ -69,10 +71,19 @@ static void load_tensor(struct quant_reader *q, int u, int t)
         free(nested_absmax);
     }
     quant4_dequantize(q->type, codes, absmax, n, q->cache, DTYPE_F32);
-    free(codes);
-    free(absmax);
     q->cached_unit = u;
     q->cached_tensor = t;
+}
+
+void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, size_t n, uint8_t *codes,
+                          float *absmax)
+{
+    if (!quantized_tensor(q, u, t) || first % QUANT4_BLOCK || first + n > q->m->units[u].tensors[t].numel)
+        fail_internal("quant_reader: unit %d tensor %d elements [%zu, +%zu) are not whole blocks of a quantized weight",
+                      u, t, first, n);
+    load_tensor(q, u, t);
+    memcpy(codes, q->codes + first / 2, quant4_code_bytes(n));
+    memcpy(absmax, q->absmax + first / QUANT4_BLOCK, quant4_blocks(n) * sizeof(float));
 }
 
 bool quant_reader_quantizes(const struct quant_reader *q, int u)
@@ -116,6 +127,10 @@ void quant_reader_init(struct quant_reader *q, const struct model *m, const stru
 void quant_reader_free(struct quant_reader *q)
 {
     free(q->cache);
+    free(q->codes);
+    free(q->absmax);
+    q->codes = NULL;
+    q->absmax = NULL;
     q->cache = NULL;
     q->cache_cap = 0;
 }

@@ -17,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/options.h"
 #include "model/model.h"
@@ -31,6 +32,8 @@ struct quant_reader {
     int linear_tensor[MODEL_MAX_LINEAR];   /* their tensor indices in a block unit */
     int cached_unit, cached_tensor;        /* the tensor in cache, -1: none */
     float *cache;                          /* (numel) that tensor dequantized */
+    uint8_t *codes;                        /* its packed codes ((numel + 1) / 2 bytes) */
+    float *absmax;                         /* its absmax as dequantization uses it (after double quantization) */
     size_t cache_cap;
 };
 
@@ -39,6 +42,13 @@ void quant_reader_init(struct quant_reader *q, const struct model *m, const stru
 void quant_reader_free(struct quant_reader *q);
 /* fp32 values of unit u's elements [begin, begin + count) (ctx: the reader). */
 void quant_reader_read(void *ctx, int u, size_t begin, size_t count, float *out);
+/* Tensor t of unit u (a weight the reader quantizes), its elements
+ * [first, first + n) (first a multiple of QUANT4_BLOCK): packed codes
+ * ((n + 1) / 2 bytes) and the fp32 absmax its dequantization uses (one per
+ * block; with double quantization the dequantized absmax), bit for bit what
+ * quant_reader_read's values are made of. */
+void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, size_t n, uint8_t *codes,
+                          float *absmax);
 /* Whether unit u holds weights the reader quantizes (a block of the base). */
 bool quant_reader_quantizes(const struct quant_reader *q, int u);
 
