@@ -81,6 +81,7 @@ const struct param_source *session_base_source(const struct session *s, const st
     b->inner = src;
     b->src = (struct param_source){quant_read, quant_read_as, b, quant_read_q4};
     quant_reader_init(&b->reader, &s->model, qc, src ? inner_read : NULL, (void *)src);
+    b->reader.comm = s->comm; /* a 4-bit unit's share is quantized by its rank alone (quant_reader_read_q4) */
     return &b->src;
 }
 

@@ -117,15 +117,15 @@ void zero_q4_read_shard(struct zero *z, const struct param_source *src, int u, f
         const size_t n = first >= td->numel ? 0
                          : td->numel - first < q->blocks[i] * QUANT4_BLOCK ? td->numel - first
                                                                           : q->blocks[i] * QUANT4_BLOCK;
-        if (!n)
-            continue;
         uint8_t *codes = shard + q->at[i];
         float *absmax = (float *)(codes + q->blocks[i] * (QUANT4_BLOCK / 2));
         if (!src || !src->read_q4)
             fail_internal("unit %d: a 4-bit unit needs a source of 4-bit weights (session_base_source)", u);
-        /* the values first, for the sources that look at them (the base's checksum), then their 4-bit form */
-        src->read(src->ctx, u, td->offset + first, n, scratch);
+        /* every rank, even one without blocks of the tensor (collective with double quantization); then the
+         * values, for the sources that look at them (the base's checksum: read_q4 keeps them) */
         src->read_q4(src->ctx, u, q->tensor[i], first, n, codes, absmax);
+        if (n)
+            src->read(src->ctx, u, td->offset + first, n, scratch);
     }
     const size_t pbegin = (size_t)z->rank * q->plain_elems;
     memset(scratch, 0, q->plain_elems * sizeof *scratch);
