@@ -54,6 +54,7 @@ same whole tensors), fp4 without it at N = 2.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -244,6 +245,62 @@ def check_storage(ranks):
     check(f"storage.{name}.planned_is_peak", not bad, f"{bad}")
     print(f"# {name}: a block's shard {q4} B in 4 bits (fp32: {f32} B); all-gather {step['bytes_allgather']} B a "
           f"step (LoRA: {lora['bytes_allgather']} B)", flush=True)
+
+
+SMOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "models",
+                    "SmolLM2-135M-Instruct")
+# What a rank may hold while it reads beyond its planned buffers and the process itself (measured on the tiny
+# base): the reader's buffers and the page cache's share of the files in VmHWM. One unit in the source dtype
+# comes on top (the engine's read scratch).
+LOAD_ALLOWANCE = 32 << 20
+
+
+def init_peak(name, base, quantized):
+    """A 1-step QLoRA (or LoRA) run at N = 2 of base: (each rank's VmHWM after the parameters' init, the run's
+    planned bytes over every class), in bytes."""
+    extra = {"bf16": {"enabled": True}, "train_batch_size": 2}
+    path = config(name, "nf4", True, extra=extra, base=base)
+    cfg = json.load(open(path))
+    if quantized:
+        cfg["quantization"]["bnb_4bit_compute_dtype"] = "bfloat16"
+    else:
+        del cfg["quantization"]
+    json.dump(cfg, open(path, "w"))
+    r = subprocess.run(["mpirun", "-q", "-np", "2", BIN, "train", path], env=ENV, capture_output=True, text=True,
+                       timeout=300)
+    m = re.search(r"peak host memory per rank after the parameters' init \(KiB\): ([\d ]+)", r.stderr + r.stdout)
+    rows = [json.loads(line) for line in open(os.path.join(TMP, name + ".jsonl")) if line.strip()] \
+        if r.returncode == 0 else []
+    mem = next((row["memory"] for row in rows if "memory" in row), None)
+    if not m or mem is None:
+        check(f"loading.{name}.run", False, f"rc {r.returncode}: {r.stderr[-400:]}")
+        return None, None
+    return [int(k) * 1024 for k in m.group(1).split()], sum(v["planned"] for v in mem.values())
+
+
+def check_loading_memory():
+    """Each rank's host memory while the base is read: SmolLM2-135M (538 MB of fp32) at N = 2, bf16. Beyond
+    the process (the tiny base's run) and its planned buffers (4-bit shards included), a rank holds at most one
+    unit in the source dtype (the largest, the embedding) and LOAD_ALLOWANCE; and less than LoRA's run."""
+    if not os.path.isdir(SMOL):
+        print(f"# loading: {SMOL} is not here; skipped", flush=True)
+        return
+    tiny, tiny_plan = init_peak("loading.tiny", BASE, True)
+    q, q_plan = init_peak("loading.qlora", SMOL, True)
+    lo, lo_plan = init_peak("loading.lora", SMOL, False)
+    if None in (tiny, q, lo):
+        return
+    hf = json.load(open(os.path.join(SMOL, "config.json")))
+    unit = hf["vocab_size"] * hf["hidden_size"] * 4  # the embedding in fp32, the files' dtype
+    over = [(p - q_plan) - (t - tiny_plan) for p, t in zip(q, tiny)]
+    check("loading.qlora_bound", all(o <= unit + LOAD_ALLOWANCE for o in over),
+          f"beyond the plan and the process: {[o >> 20 for o in over]} MiB > {(unit + LOAD_ALLOWANCE) >> 20} MiB")
+    check("loading.qlora_below_lora", max(q) < min(lo), f"QLoRA {[k >> 20 for k in q]} MiB, LoRA "
+          f"{[k >> 20 for k in lo]} MiB")
+    print(f"# loading SmolLM2-135M, N = 2, bf16: VmHWM after init per rank QLoRA {[k >> 20 for k in q]} MiB "
+          f"(planned {q_plan >> 20} MiB), LoRA {[k >> 20 for k in lo]} MiB (planned {lo_plan >> 20} MiB); "
+          f"beyond plan and process {[o >> 20 for o in over]} MiB (bound {(unit + LOAD_ALLOWANCE) >> 20} MiB)",
+          flush=True)
 
 def check_bf16_offload(fp32_loss):
     """bf16 with parameters and optimizer offloaded: the 4-bit weights rounded once to bf16."""
@@ -467,6 +524,7 @@ def main():
     check_case("fp4.n2", "fp4", False, 2)
     for ranks in (2, 3):
         check_storage(ranks)
+    check_loading_memory()
     if ref_loss is not None:
         check_sensitivity(ref_loss)
         check_bf16_offload(ref_loss)
