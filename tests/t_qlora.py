@@ -318,6 +318,16 @@ def check_bf16_offload(fp32_loss):
     linear = [k for k in ref if k.startswith("model.layers.") and k.endswith("_proj.weight")]
     same = all(np.array_equal(dump[k], torch.from_numpy(ref[k]).to(torch.bfloat16).float().numpy()) for k in linear)
     check("bf16_offload.weights", linear and same, "the bf16 weights are not the fp32 4-bit values rounded once")
+    rows = [json.loads(line) for line in open(os.path.join(TMP, "bf16_offload.n2.jsonl")) if line.strip()]
+    mem = next((r["memory"] for r in rows if "memory" in r), {})
+    shard = mem.get("parameter shard", {})
+    q4, _ = q4_shard_bytes(2)
+    q4 -= -(-(2 * HF.hidden_size) // 32) * 16 * 2  # the norms in bf16, not fp32
+    # every unit's shard in pinned host memory, the blocks' in 4 bits: below the bf16 blocks' shards alone
+    check("bf16_offload.pinned_4bit_shards", shard.get("space") == "pinned host" and
+          shard.get("peak") == shard.get("planned") and
+          HF.num_hidden_layers * q4 <= shard.get("peak", 0) < HF.num_hidden_layers * q4_shard_bytes(2)[1] // 2,
+          f"{shard}")
     e = rel(dump["loss"], np.array([fp32_loss]))
     check("bf16_offload.loss", e <= 1e-2, f"{dump['loss']} vs fp32 {fp32_loss}: rel {e:.2e}")
 
@@ -391,6 +401,12 @@ def check_resume():
             os.remove(os.path.join(ck, f))
     with open(os.path.join(ck, "latest"), "w") as f:
         f.write("step_000002.h5\n")
+    import h5py
+    with h5py.File(os.path.join(ck, "step_000002.h5"), "r") as f:
+        saved = sorted(f["master"].keys()) if "master" in f else []
+    # the frozen 4-bit base is not saved (the checkpoint names the base by its checksum): the adapters alone
+    check("resume.adapters_only", saved and all(".lora_" in k for k in saved) and
+          len(saved) == 2 * len(LINEARS) * HF.num_hidden_layers, f"{len(saved)} datasets: {saved[:3]}")
     _, res = train("resume.same", config("resume.same", "nf4", True, steps=4, extra=extra), 2,
                    args=["--resume", "auto"])
     if res is None:

@@ -842,10 +842,7 @@ int cmd_plan(int argc, char **argv)
         status = run_max_seq(&cfg, &m, &o);
     struct plan_eval *e = xcalloc(1, sizeof *e);
     print_settings(&cfg, &o);
-    if (cfg.quant.load_in_4bit && cfg.quant.prequantized)
-        printf("quantization: a 4-bit directory's weights are read dequantized and held in %s (its 4-bit storage "
-               "is not implemented yet)\n", dtype_name(cfg.dtype));
-    else if (cfg.quant.load_in_4bit)
+    if (cfg.quant.load_in_4bit)
         printf("quantization: the blocks' linear weights in bitsandbytes' %s%s, stored and gathered in 4 bits (packed "
                "codes and an fp32 absmax per 64), dequantized to %s one unit at a time\n",
                quant4_type_name((enum quant4_type)cfg.quant.quant_type),

@@ -71,10 +71,6 @@ const struct param_source *session_base_source(const struct session *s, const st
 {
     const struct quant_config *qc = &s->cfg->quant;
     memset(b, 0, sizeof *b);
-    if (qc->load_in_4bit && qc->prequantized && s->rank == 0)
-        log_warn("quantization: the directory's 4-bit weights are read dequantized and held in %s: 4-bit storage "
-                 "of a prequantized directory is not implemented yet (quantize from the bf16 model instead)",
-                 dtype_name(s->cfg->dtype));
     if (!qc->load_in_4bit || qc->prequantized) /* prequantized: the files' 4-bit weights, read dequantized */
         return src;
     b->on = true;

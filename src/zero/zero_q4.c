@@ -30,8 +30,8 @@
 
 bool zero_q4_unit(const struct model *m, const struct config *cfg, int u, bool sharded)
 {
-    /* a 4-bit directory's weights are read dequantized (io/hf_bnb): stored as today for now */
-    return cfg->quant.load_in_4bit && !cfg->quant.prequantized && sharded && m->units[u].frozen &&
+    /* from a 4-bit directory too: its codes and statistics are copied (io/hf_bnb hf_bnb_read_q4) */
+    return cfg->quant.load_in_4bit && sharded && m->units[u].frozen &&
            m->units[u].kind == UNIT_BLOCK && !model_is_adapter(m, u);
 }
 
