@@ -330,6 +330,15 @@ def check_bf16_offload(fp32_loss):
           f"{shard}")
     e = rel(dump["loss"], np.array([fp32_loss]))
     check("bf16_offload.loss", e <= 1e-2, f"{dump['loss']} vs fp32 {fp32_loss}: rel {e:.2e}")
+    # offload_param "nvme": the other units' shards in the parameter file, the 4-bit shards kept in pinned memory
+    cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": TMP}
+    nvme_path = os.path.join(TMP, "bf16_offload_nvme.n2.json")
+    json.dump(cfg, open(nvme_path, "w"))
+    nvme, _ = train("bf16_offload_nvme.n2", nvme_path, 2)
+    if nvme is not None:
+        keys = [k for k in dump if ".lora_" in k or k == "loss"]
+        check("bf16_offload.nvme_same", keys and all(np.array_equal(nvme[k], dump[k]) for k in keys),
+              "offload_param nvme differs from cpu")
 
 
 DPO_BETA = 0.1
