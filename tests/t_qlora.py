@@ -423,6 +423,17 @@ def check_resume():
     a = {k: v for k, v in full.items() if ".lora_" in k}
     check("resume.bitwise", a and all(np.array_equal(res[k], a[k]) for k in a),
           "final adapters differ from the run without a stop")
+    # eval of the QLoRA checkpoint: its base quantized again as it is read (the checksum agrees) at any N
+    losses = []
+    for n in (1, 2):
+        r = subprocess.run(["mpirun", "-q", "-np", str(n), BIN, "eval", ck, "--data", DATA], env=ENV,
+                           capture_output=True, text=True, timeout=300)
+        m = re.search(r": loss ([0-9.]+) ", r.stdout + r.stderr)
+        losses.append(float(m.group(1)) if r.returncode == 0 and m else None)
+        if losses[-1] is None:
+            check(f"resume.eval_n{n}", False, f"rc {r.returncode}: {(r.stdout + r.stderr)[-400:]}")
+    if None not in losses:
+        check("resume.eval_any_n", abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[0]), f"{losses}")
 
 
 QDIR_KEYS = ["", ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4"]

@@ -27,7 +27,7 @@
  * arena: every unit is gathered from host shards into a gathered slot.
  *
  * Precision: parameters, gathered units and communicated gradients are in the
- * parameter dtype; with fp16/bf16 an fp32 master of this rank's optimizer
+ * parameter dtype (a 4-bit unit's linear weights excepted: struct q4_layout); with fp16/bf16 an fp32 master of this rank's optimizer
  * range is updated by the host AdamW, which writes the new half-precision
  * parameters in the same pass. Gradients accumulate in fp32 (the reduce-
  * scatter's half-precision result is added into the fp32 shard; at stages 0-1
