@@ -98,7 +98,9 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 # alone, which tests for them (__has_include) and without them builds a stub that says cuDNN is unavailable. A
 # relative path, so that the session's build on the GPU machine (tools/gpu-nomake.sh) takes the same flags.
 CUDNN_FE  ?= build/cudnn-frontend-1.32.0
-NVCCFLAGS := -O3 -std=c++17 $(CUDA_ARCH) $(if $(WERROR),-Werror all-warnings) -Xcompiler -Wall,-Wextra$(if $(WERROR),$(comma)$(WERROR)),-Wno-unused-parameter \
+# NVCC_EXTRA: more nvcc flags (tools/gpu-bins.sh: --compress-mode=size)
+NVCC_EXTRA ?=
+NVCCFLAGS := -O3 -std=c++17 $(CUDA_ARCH) $(NVCC_EXTRA) $(if $(WERROR),-Werror all-warnings) -Xcompiler -Wall,-Wextra$(if $(WERROR),$(comma)$(WERROR)),-Wno-unused-parameter \
              -Xcompiler -iquote,src -I$(NCCL_HOME)/include -isystem $(CUDNN_FE)/include $(PC_CFLAGS)
 ifeq ($(CUDA),1)
 ifeq ($(wildcard $(CUDNN_FE)/include/cudnn_frontend.h),)

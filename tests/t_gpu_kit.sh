@@ -93,19 +93,32 @@ good = (sorted(progs) == ["check_kernels", "shardlm", "shardlm-cuda", "time_kern
         and all(p["glibc_needed"].startswith("2.") and p["bytes"] == os.path.getsize(os.path.join(d, n))
                 for n, p in progs.items()))
 print("ok gpu_bins_info" if good else f"FAIL gpu_bins_info: {info}")
-# sm_90 device code only (no sm_80, no PTX to JIT), in the trainer that runs on
-# the H200: the targets nvcc names in the embedded device code (no cuobjdump here),
-# read from the .nv_fatbin section alone: the host code's strings name others
-# (cudnn-frontend's messages and knobs: sm_80, sm_100a, ...)
-import re, subprocess, tempfile
-blob = b""
-if os.path.exists(os.path.join(d, "shardlm-cuda")):
+# sm_90 device code only (no sm_80, no PTX to JIT), in the trainer that runs on the H200: the entries of the
+# embedded fatbinary (.nv_fatbin; no cuobjdump here), read from their headers, as the fatbins are compressed
+# (tools/gpu-bins.sh: nvcc --compress-mode=size): outer header magic 0xBA55ED50, u16 version, u16 header size, u64
+# size; each entry u16 kind (1 PTX, 2 ELF), u16, u32 header size, u64 payload size, the SM number at byte 0x1C
+import struct, tempfile
+def fatbin_entries(path):
     with tempfile.NamedTemporaryFile() as fb:
-        subprocess.run(["objcopy", "-O", "binary", "--only-section=.nv_fatbin", os.path.join(d, "shardlm-cuda"), fb.name],
-                       check=False)
+        subprocess.run(["objcopy", "-O", "binary", "--only-section=.nv_fatbin", path, fb.name], check=False)
         blob = open(fb.name, "rb").read()
-arches = sorted(set(re.findall(rb"(?:sm|compute)_[0-9]+[a-z]?", blob)))
-print("ok gpu_bins_sm90_only" if arches == [b"sm_90"] else f"FAIL gpu_bins_sm90_only: {arches}")
+    out, at = [], 0
+    while at + 16 <= len(blob):
+        magic, _, hsize, size = struct.unpack_from("<IHHQ", blob, at)
+        if magic != 0xBA55ED50:
+            at += 8
+            continue
+        e, end = at + hsize, at + hsize + size
+        while e + 0x20 <= end:
+            kind, _, eh, payload = struct.unpack_from("<HHIQ", blob, e)
+            out.append(({1: "ptx", 2: "elf"}.get(kind, str(kind)), struct.unpack_from("<I", blob, e + 0x1C)[0]))
+            if eh == 0:
+                break
+            e += eh + payload
+        at = end
+    return sorted(set(out))
+arches = fatbin_entries(os.path.join(d, "shardlm-cuda")) if os.path.exists(os.path.join(d, "shardlm-cuda")) else []
+print("ok gpu_bins_sm90_only" if arches == [("elf", 90)] else f"FAIL gpu_bins_sm90_only: {arches}")
 PY
 # the no-make fallback (tools/gpu-nomake.sh) travels in both folders: the same script, valid bash, no -Werror
 # (tests/t_gpu_session.sh runs it)

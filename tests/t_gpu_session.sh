@@ -253,11 +253,18 @@ fi
 mv=(CUDA=1 WERROR= "CUDA_ARCH=-gencode=arch=compute_90,code=sm_90" "NCCL_HOME=$TMP/work/nccl")
 [ -f gpu-kit/env.sh ] && mv+=(KIT=gpu-kit "SHARDLM_KIT_LIBS=$TMP/work/kit-libs")
 mvar() { make -s --no-print-directory "${mv[@]}" --eval 'print-%: ; @echo $($*)' "print-$1" 2>/dev/null | tail -1; }
+# and each compile as make would run it (a file's own flags, such as core/quant4.c's, included)
+make -n -B --no-print-directory "${mv[@]}" bin/shardlm bin/shardlm-cuda 2>/dev/null | grep ' -c src/' >"$TMP/make-n.log"
 "$PY" - "$TMP/out5/results.json" "$TMP/out5/session.log" "$TMP/compilers.log" "$TMP/work" \
-  "$(mvar CFLAGS)" "$(mvar NVCCFLAGS)" "$(mvar LDLIBS)" "$(mvar CUDA_LIBS)" <<'PYEOF'
+  "$(mvar CFLAGS)" "$(mvar NVCCFLAGS)" "$(mvar LDLIBS)" "$(mvar CUDA_LIBS)" "$TMP/make-n.log" <<'PYEOF'
 import glob, json, sys
 res_path, log_path, rec_path, work = sys.argv[1:5]
 cflags, nvccflags, ldlibs, cudalibs = (a.split() for a in sys.argv[5:9])
+# make's own compile of each source: its flags (what lies between the compiler and -c)
+make_flags = {}
+for line in open(sys.argv[9]):
+    w = line.split()
+    make_flags[w[w.index("-c") + 1]] = w[1:w.index("-c")]
 def check(name, cond, why=""):
     print(f"ok {name}" if cond else f"FAIL {name}: {why}")
 try:
@@ -274,7 +281,8 @@ c_src = sorted(glob.glob("src/**/*.c", recursive=True))
 cu_src = sorted(glob.glob("src/**/*.cu", recursive=True))
 def compiled(tool, flags, src, obj):
     return [tool] + flags + ["-c", src, "-o", obj] in calls
-bad = [s for s in c_src if not compiled("gcc", cflags, s, "build/" + s[:-2] + ".o")]
+bad = [s for s in c_src if not compiled("gcc", make_flags.get(s, cflags), s, "build/" + s[:-2] + ".o")]
+bad += [s for s in c_src if make_flags.get(s, cflags)[:len(cflags)] != cflags]  # a file's own flags come after
 bad += [s for s in cu_src if not compiled("nvcc", nvccflags, s, "build/cuda/" + s.rsplit("/", 1)[1][:-3] + ".o")]
 n_compiles = sum("-c" in c and c[c.index("-c") + 1].startswith("src/") and c[-1].startswith("build/") for c in calls)
 check("gpu_session.nomake_compiles_every_source", len(c_src) > 50 and len(cu_src) >= 8 and not bad

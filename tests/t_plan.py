@@ -592,6 +592,68 @@ def check_readme_tables():
           f"exit {r.returncode}, {len(rows)} rows, not in docs/{' or '.join(PLAN_TABLE_PAGES)}: {stale[:3]} {r.stderr[-200:]}")
 
 
+
+# ---- QLoRA: the 70B base stored and gathered in 4 bits (issue 50) -------------------------------------
+Q70 = ["--preset", "llama2-70b", "--ranks", "2", "--set", "bf16.enabled=true", "--set", "zero_optimization.stage=3",
+       "--set", "data.seq_len=2048", "--set", "lora.r=64", "--set", "lora.alpha=16",
+       "--set", "lora.target_modules=all-linear", "--set", "quantization.bnb_4bit_quant_type=nf4",
+       "--set", "quantization.bnb_4bit_use_double_quant=true", "--set", "quantization.bnb_4bit_compute_dtype=bfloat16",
+       *GOAL]
+
+
+def q4_block_sizes(ranks):
+    """One Llama-2-70B block at N ranks: (padded elements, a rank's 4-bit shard bytes), from the layout of
+    zero.h's struct q4_layout: each linear weight in whole 64-blocks, ceil(blocks / N) per rank, 32 bytes of
+    codes and a 4-byte absmax per block; the two norms (the plain part) padded to N * 16 elements, bf16."""
+    C, F, KV = 8192, 28672, 1024
+    linears = [C * C, KV * C, KV * C, C * C, F * C, F * C, C * F]
+    numel = sum(linears) + 2 * C  # every tensor a multiple of 16 elements: no alignment gaps
+    padded = -(-numel // (ranks * 16)) * ranks * 16
+    q4 = sum(-(-(n // 64) // ranks) * 36 for n in linears)
+    plain = -(-(2 * C) // (ranks * 16)) * 16
+    return padded, -(-(q4 + plain * 2) // 16) * 16
+
+
+def arena(b):
+    return -(-b // 64) * 64
+
+
+def check_qlora_70b():
+    """Llama-2-70B QLoRA r 64, T 2048, activation checkpointing, offload, N = 2 on 24 GB GPUs: the plan counts
+    the 4-bit shards, gathers and compute slot; the same run without quantization is the LoRA plan."""
+    rc, q, out, err = plan_json(*Q70, "--set", "quantization.load_in_4bit=true", "--gpu-mem", "24GB",
+                                "--host-mem", "128GB")
+    rc2, lo, _, err2 = plan_json(*Q70, "--set", "quantization.load_in_4bit=false", "--gpu-mem", "24GB")
+    if not (rc == 0 and rc2 == 0 and q and lo):
+        check("qlora70b.plans", False, f"rc {rc} {rc2}: {err[-300:]} {err2[-300:]}")
+        return
+    mem = {k: v["bytes"] for k, v in q["memory"].items()}
+    lmem = {k: v["bytes"] for k, v in lo["memory"].items()}
+    padded, shard = q4_block_sizes(2)
+    L = 80
+    # the pinned parameter shards: the LoRA plan's with every block's bf16 shard replaced by its 4-bit one
+    want = lmem["parameter shard"] - L * arena(padded // 2 * 2) + L * arena(shard)
+    check("qlora70b.param_shard", mem["parameter shard"] == want, f"{mem['parameter shard']} vs {want}")
+    # 855638016 quantized weights: 6684672 blocks per rank x 36 bytes, and 8192 norm elements x 2 bytes
+    check("qlora70b.param_shard_bytes", shard == 240664576, f"{shard}")
+    # gathered slots hold the N shards in 4 bits; one compute slot holds a block dequantized to bf16
+    # the same slots as LoRA's (the prefetch counts elements), each the two 4-bit shards instead of a bf16 block
+    slots = (lmem["gathered units"] - mem["gathered units"]) / (arena(padded * 2) - arena(2 * shard))
+    check("qlora70b.gathered", slots == int(slots) and 1 <= slots <= 3,
+          f"{mem['gathered units']} vs LoRA {lmem['gathered units']}: {slots} slots")
+    check("qlora70b.compute_slot", mem["fp32 compute copies"] == arena(padded * 2),
+          f"{mem['fp32 compute copies']} vs {arena(padded * 2)}")
+    # each block gathered for forward and again for backward: (N - 1) x its shard, twice
+    saved = lo["bytes_allgather"] - q["bytes_allgather"]
+    check("qlora70b.traffic", saved == L * 2 * (padded // 2 * 2 - shard), f"{saved}")
+    dev, host = q["space_total"]["device"], q["host_per_node"]
+    check("qlora70b.targets", dev <= 20 * 2**30 and host <= 128e9 and q["fits"] is True,
+          f"device {dev / 2**30:.2f} GiB, host {host / 2**30:.2f} GiB")
+    check("qlora70b.printed", "stored and gathered in 4 bits" in out, out[:800])
+    note(f"Llama-2-70B QLoRA N=2: {dev / 2**30:.2f} GiB per GPU, {host / 2**30:.2f} GiB host per node "
+         f"(LoRA: {lo['space_total']['device'] / 2**30:.2f} GiB, {lo['host_per_node'] / 2**30:.2f} GiB); all-gather "
+         f"{q['bytes_allgather'] / lo['bytes_allgather']:.3f} of LoRA's")
+
 def main():
     check_readme_tables()
     check_presets()
@@ -599,6 +661,7 @@ def main():
     check_options()
     check_train_llama()
     check_goal_and_fit()
+    check_qlora_70b()
     check_zero_paper()
     check_peaks()
     check_attention_kernels()

@@ -54,6 +54,7 @@ same whole tensors), fp4 without it at N = 2.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -188,6 +189,119 @@ def check_case(name, qtype, double, ranks):
     return loss.item()
 
 
+
+def q4_shard_bytes(ranks):
+    """A block's shard at N ranks as zero.h's struct q4_layout lays it out: each linear weight in whole 64-blocks of
+    the whole tensor, ceil(blocks / N) per rank at 32 bytes of codes and a 4-byte absmax each; the two norms
+    (the plain part) padded to N * 16 elements, fp32; the shard rounded up to 16 bytes. Also the block's fp32
+    shard without quantization (its padded elements / N x 4)."""
+    C, F, KV = HF.hidden_size, HF.intermediate_size, HF.hidden_size // HF.num_attention_heads * HF.num_key_value_heads
+    linears = [C * C, KV * C, KV * C, C * C, F * C, F * C, C * F]
+    q4 = sum(-(-(-(-n // 64)) // ranks) * 36 for n in linears)
+    plain = -(-(2 * C) // (ranks * 16)) * 16
+    padded = -(-(sum(linears) + 2 * C) // (ranks * 16)) * ranks * 16
+    return -(-(q4 + plain * 4) // 16) * 16, padded // ranks * 4
+
+
+def arena(b):
+    return -(-b // 64) * 64
+
+
+def check_storage(ranks):
+    """The blocks stored and gathered in 4 bits: the run's parameter shards, gathered slots and all-gather bytes
+    are the LoRA run's with each block's fp32 shard replaced by its 4-bit one (computed here), and the run
+    allocated what its plan said."""
+    name = f"nf4_dq.n{ranks}"
+    rows = [json.loads(line) for line in open(os.path.join(TMP, name + ".jsonl")) if line.strip()]
+    step = next((r for r in rows if "loss" in r), None)
+    mem = next((r["memory"] for r in rows if "memory" in r), None)
+    path = os.path.join(TMP, name + ".lora.json")
+    cfg = json.load(open(os.path.join(TMP, name + ".json")))
+    del cfg["quantization"]
+    json.dump(cfg, open(path, "w"))
+    r = subprocess.run([BIN, "plan", path, "--ranks", str(ranks), "--target", "cpu", "--json"], env=ENV,
+                       capture_output=True, text=True, timeout=60)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    if step is None or mem is None or r.returncode != 0 or not lines:
+        check(f"storage.{name}", False, f"metrics or LoRA plan missing: rc {r.returncode} {r.stderr[-300:]}")
+        return
+    lora = json.loads(lines[-1])
+    q4, f32 = q4_shard_bytes(ranks)
+    L, accum = HF.num_hidden_layers, ROWS // ranks
+    want = lora["memory"]["parameter shard"]["bytes"] - L * arena(f32) + L * arena(q4)
+    got = mem["parameter shard"]["peak"]
+    check(f"storage.{name}.param_shard", got == want and mem["parameter shard"]["planned"] == want,
+          f"peak {got}, planned {mem['parameter shard']['planned']}, want {want}")
+    # the LoRA run's slots (the prefetch counts elements), each the N 4-bit shards instead of an fp32 block
+    slots = (lora["memory"]["gathered units"]["bytes"] - mem["gathered units"]["peak"]) / (
+        arena(ranks * f32) - arena(ranks * q4))
+    check(f"storage.{name}.gathered_4bit_slots", slots == int(slots) and slots >= 1,
+          f"{mem['gathered units']['peak']} vs LoRA {lora['memory']['gathered units']['bytes']}: {slots} slots")
+    # every block gathered for forward and again for backward, each micro-batch: (N - 1) x its shard
+    want = lora["bytes_allgather"] - L * 2 * accum * (ranks - 1) * (f32 - q4)
+    check(f"storage.{name}.allgather_bytes", step["bytes_allgather"] == want,
+          f"{step['bytes_allgather']} vs {want} (LoRA {lora['bytes_allgather']})")
+    bad = [k for k, v in mem.items() if v["planned"] != v["peak"]]
+    check(f"storage.{name}.planned_is_peak", not bad, f"{bad}")
+    print(f"# {name}: a block's shard {q4} B in 4 bits (fp32: {f32} B); all-gather {step['bytes_allgather']} B a "
+          f"step (LoRA: {lora['bytes_allgather']} B)", flush=True)
+
+
+SMOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "models",
+                    "SmolLM2-135M-Instruct")
+# What a rank may hold while it reads beyond its planned buffers and the process itself (measured on the tiny
+# base): the reader's buffers and the page cache's share of the files in VmHWM. One unit in the source dtype
+# comes on top (the engine's read scratch).
+LOAD_ALLOWANCE = 32 << 20
+
+
+def init_peak(name, base, quantized):
+    """A 1-step QLoRA (or LoRA) run at N = 2 of base: (each rank's VmHWM after the parameters' init, the run's
+    planned bytes over every class), in bytes."""
+    extra = {"bf16": {"enabled": True}, "train_batch_size": 2}
+    path = config(name, "nf4", True, extra=extra, base=base)
+    cfg = json.load(open(path))
+    if quantized:
+        cfg["quantization"]["bnb_4bit_compute_dtype"] = "bfloat16"
+    else:
+        del cfg["quantization"]
+    json.dump(cfg, open(path, "w"))
+    r = subprocess.run(["mpirun", "-q", "-np", "2", BIN, "train", path], env=ENV, capture_output=True, text=True,
+                       timeout=300)
+    m = re.search(r"peak host memory per rank after the parameters' init \(KiB\): ([\d ]+)", r.stderr + r.stdout)
+    rows = [json.loads(line) for line in open(os.path.join(TMP, name + ".jsonl")) if line.strip()] \
+        if r.returncode == 0 else []
+    mem = next((row["memory"] for row in rows if "memory" in row), None)
+    if not m or mem is None:
+        check(f"loading.{name}.run", False, f"rc {r.returncode}: {r.stderr[-400:]}")
+        return None, None
+    return [int(k) * 1024 for k in m.group(1).split()], sum(v["planned"] for v in mem.values())
+
+
+def check_loading_memory():
+    """Each rank's host memory while the base is read: SmolLM2-135M (538 MB of fp32) at N = 2, bf16. Beyond
+    the process (the tiny base's run) and its planned buffers (4-bit shards included), a rank holds at most one
+    unit in the source dtype (the largest, the embedding) and LOAD_ALLOWANCE; and less than LoRA's run."""
+    if not os.path.isdir(SMOL):
+        print(f"# loading: {SMOL} is not here; skipped", flush=True)
+        return
+    tiny, tiny_plan = init_peak("loading.tiny", BASE, True)
+    q, q_plan = init_peak("loading.qlora", SMOL, True)
+    lo, lo_plan = init_peak("loading.lora", SMOL, False)
+    if None in (tiny, q, lo):
+        return
+    hf = json.load(open(os.path.join(SMOL, "config.json")))
+    unit = hf["vocab_size"] * hf["hidden_size"] * 4  # the embedding in fp32, the files' dtype
+    over = [(p - q_plan) - (t - tiny_plan) for p, t in zip(q, tiny)]
+    check("loading.qlora_bound", all(o <= unit + LOAD_ALLOWANCE for o in over),
+          f"beyond the plan and the process: {[o >> 20 for o in over]} MiB > {(unit + LOAD_ALLOWANCE) >> 20} MiB")
+    check("loading.qlora_below_lora", max(q) < min(lo), f"QLoRA {[k >> 20 for k in q]} MiB, LoRA "
+          f"{[k >> 20 for k in lo]} MiB")
+    print(f"# loading SmolLM2-135M, N = 2, bf16: VmHWM after init per rank QLoRA {[k >> 20 for k in q]} MiB "
+          f"(planned {q_plan >> 20} MiB), LoRA {[k >> 20 for k in lo]} MiB (planned {lo_plan >> 20} MiB); "
+          f"beyond plan and process {[o >> 20 for o in over]} MiB (bound {(unit + LOAD_ALLOWANCE) >> 20} MiB)",
+          flush=True)
+
 def check_bf16_offload(fp32_loss):
     """bf16 with parameters and optimizer offloaded: the 4-bit weights rounded once to bf16."""
     extra = {"bf16": {"enabled": True},
@@ -204,8 +318,27 @@ def check_bf16_offload(fp32_loss):
     linear = [k for k in ref if k.startswith("model.layers.") and k.endswith("_proj.weight")]
     same = all(np.array_equal(dump[k], torch.from_numpy(ref[k]).to(torch.bfloat16).float().numpy()) for k in linear)
     check("bf16_offload.weights", linear and same, "the bf16 weights are not the fp32 4-bit values rounded once")
+    rows = [json.loads(line) for line in open(os.path.join(TMP, "bf16_offload.n2.jsonl")) if line.strip()]
+    mem = next((r["memory"] for r in rows if "memory" in r), {})
+    shard = mem.get("parameter shard", {})
+    q4, _ = q4_shard_bytes(2)
+    q4 -= -(-(2 * HF.hidden_size) // 32) * 16 * 2  # the norms in bf16, not fp32
+    # every unit's shard in pinned host memory, the blocks' in 4 bits: below the bf16 blocks' shards alone
+    check("bf16_offload.pinned_4bit_shards", shard.get("space") == "pinned host" and
+          shard.get("peak") == shard.get("planned") and
+          HF.num_hidden_layers * q4 <= shard.get("peak", 0) < HF.num_hidden_layers * q4_shard_bytes(2)[1] // 2,
+          f"{shard}")
     e = rel(dump["loss"], np.array([fp32_loss]))
     check("bf16_offload.loss", e <= 1e-2, f"{dump['loss']} vs fp32 {fp32_loss}: rel {e:.2e}")
+    # offload_param "nvme": the other units' shards in the parameter file, the 4-bit shards kept in pinned memory
+    cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": TMP}
+    nvme_path = os.path.join(TMP, "bf16_offload_nvme.n2.json")
+    json.dump(cfg, open(nvme_path, "w"))
+    nvme, _ = train("bf16_offload_nvme.n2", nvme_path, 2)
+    if nvme is not None:
+        keys = [k for k in dump if ".lora_" in k or k == "loss"]
+        check("bf16_offload.nvme_same", keys and all(np.array_equal(nvme[k], dump[k]) for k in keys),
+              "offload_param nvme differs from cpu")
 
 
 DPO_BETA = 0.1
@@ -277,6 +410,12 @@ def check_resume():
             os.remove(os.path.join(ck, f))
     with open(os.path.join(ck, "latest"), "w") as f:
         f.write("step_000002.h5\n")
+    import h5py
+    with h5py.File(os.path.join(ck, "step_000002.h5"), "r") as f:
+        saved = sorted(f["master"].keys()) if "master" in f else []
+    # the frozen 4-bit base is not saved (the checkpoint names the base by its checksum): the adapters alone
+    check("resume.adapters_only", saved and all(".lora_" in k for k in saved) and
+          len(saved) == 2 * len(LINEARS) * HF.num_hidden_layers, f"{len(saved)} datasets: {saved[:3]}")
     _, res = train("resume.same", config("resume.same", "nf4", True, steps=4, extra=extra), 2,
                    args=["--resume", "auto"])
     if res is None:
@@ -284,6 +423,17 @@ def check_resume():
     a = {k: v for k, v in full.items() if ".lora_" in k}
     check("resume.bitwise", a and all(np.array_equal(res[k], a[k]) for k in a),
           "final adapters differ from the run without a stop")
+    # eval of the QLoRA checkpoint: its base quantized again as it is read (the checksum agrees) at any N
+    losses = []
+    for n in (1, 2):
+        r = subprocess.run(["mpirun", "-q", "-np", str(n), BIN, "eval", ck, "--data", DATA], env=ENV,
+                           capture_output=True, text=True, timeout=300)
+        m = re.search(r": loss ([0-9.]+) ", r.stdout + r.stderr)
+        losses.append(float(m.group(1)) if r.returncode == 0 and m else None)
+        if losses[-1] is None:
+            check(f"resume.eval_n{n}", False, f"rc {r.returncode}: {(r.stdout + r.stderr)[-400:]}")
+    if None not in losses:
+        check("resume.eval_any_n", abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[0]), f"{losses}")
 
 
 QDIR_KEYS = ["", ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4"]
@@ -408,6 +558,9 @@ def main():
         loss = check_case(f"nf4_dq.n{ranks}", "nf4", True, ranks)
         ref_loss = ref_loss if ref_loss is not None else loss
     check_case("fp4.n2", "fp4", False, 2)
+    for ranks in (2, 3):
+        check_storage(ranks)
+    check_loading_memory()
     if ref_loss is not None:
         check_sensitivity(ref_loss)
         check_bf16_offload(ref_loss)

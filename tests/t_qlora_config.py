@@ -116,7 +116,20 @@ gpt2 = dict(base, model={"type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64
 one_line_error("refuse.gpt2", run("config", gpt2, "--no-files"), "load_in_4bit", "gpt2")
 
 r = run("plan", dict(base, quantization=qlora))
-check("plan", r.returncode == 0 and "4-bit storage is not implemented yet" in r.stdout,
+check("plan", r.returncode == 0 and "stored and gathered in 4 bits" in r.stdout,
       r.stderr.strip()[-300:] + r.stdout[:300])
+
+
+def shard_bytes(cfg):
+    """The plan's parameter shard of cfg at stage 3 with every unit sharded (--json), or None."""
+    r = run("plan", cfg, "--ranks", "2", "--json", "--set", "zero_optimization.stage=3",
+            "--set", "zero_optimization.stage3_param_persistence_threshold=0")
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1])["memory"]["parameter shard"]["bytes"] if r.returncode == 0 and lines else None
+
+
+# the blocks' shards in 4 bits: a 2-layer model's 4-bit shards replace its bf16 ones (t_qlora checks the bytes)
+q4, lora = shard_bytes(dict(base, quantization=qlora)), shard_bytes(base)
+check("plan.4bit_shards", q4 is not None and lora is not None and q4 < lora, f"QLoRA {q4} B, LoRA {lora} B")
 
 sys.exit(1 if failures() else 0)

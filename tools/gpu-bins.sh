@@ -4,7 +4,7 @@
 #
 #   bash tools/gpu-bins.sh [DIR]          (default: gpu-bins at the repo root)
 #
-#   shardlm, shardlm-cuda    the trainers: CUDA code for sm_90 only (the H200),
+#   shardlm, shardlm-cuda    the trainers: CUDA code for sm_90 only (the H200), compressed,
 #                            host code for a portable -march (GPU_BINS_MARCH,
 #                            default x86-64-v2: not this CPU's native), no -g
 #   check_kernels, time_kernels   tests/gpu's checkers, linked as the session's
@@ -36,8 +36,10 @@ TRAVEL_LIMIT=$((64 * 1048576))
 die() { echo "gpu-bins: $*" >&2; exit 1; }
 [ -x "$CUDA_HOME/bin/nvcc" ] || die "no $CUDA_HOME/bin/nvcc; set CUDA_HOME"
 
+# the device code compressed for size (nvcc --compress-mode=size: the attention kernels' fatbin a seventh of
+# the default's; the runtime unpacks a module when it first loads it), so the four programs fit the 64 MiB
 ARGS=(CUDA=1 "BUILD=$B" "BIN=$B/bin" "OPT=-O3 -march=$MARCH -mtune=generic"
-  "CUDA_ARCH=-gencode=arch=compute_90,code=sm_90" "CUDA_HOME=$CUDA_HOME")
+  "CUDA_ARCH=-gencode=arch=compute_90,code=sm_90" "NVCC_EXTRA=--compress-mode=size" "CUDA_HOME=$CUDA_HOME")
 make --no-print-directory -j"$(nproc)" "${ARGS[@]}" check-deps "$B/bin/shardlm" "$B/bin/shardlm-cuda"
 rm -rf "$DIR" && mkdir -p "$DIR"
 cp "$B/bin/shardlm" "$B/bin/shardlm-cuda" "$DIR/"

@@ -484,12 +484,12 @@ static void check_merge_base(const struct model *m, struct ckpt_reader *r, const
 {
     struct hf_source hf;
     hf_source_open(&hf, m, base);
-    struct param_source src = {hf_source_read, NULL, &hf};
+    struct param_source src = {hf_source_read, NULL, &hf, NULL};
     struct quant_reader qr; /* a QLoRA checkpoint's checksum is of the 4-bit values, as its run read them */
     const bool quantize = quant->load_in_4bit && hf.bnb_weights == 0;
     if (quantize) {
         quant_reader_init(&qr, m, quant, hf_source_read, &hf);
-        src = (struct param_source){quant_reader_read, NULL, &qr};
+        src = (struct param_source){quant_reader_read, NULL, &qr, NULL};
     }
     struct base_hash h;
     zero_hash_source(&h, m, m->n_base_units, &src);

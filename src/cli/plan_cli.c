@@ -847,10 +847,11 @@ int cmd_plan(int argc, char **argv)
         status = run_max_seq(&cfg, &m, &o);
     struct plan_eval *e = xcalloc(1, sizeof *e);
     print_settings(&cfg, &o);
-    if (cfg.quant.load_in_4bit) /* the plan is what the engine allocates: the base in the parameter dtype */
-        printf("quantization: the base's linear weights are bitsandbytes' %s values held in %s (4-bit storage is "
-               "not implemented yet): this is the plan of the same LoRA run\n",
-               quant4_type_name((enum quant4_type)cfg.quant.quant_type), dtype_name(cfg.dtype));
+    if (cfg.quant.load_in_4bit)
+        printf("quantization: the blocks' linear weights in bitsandbytes' %s%s, stored and gathered in 4 bits (packed "
+               "codes and an fp32 absmax per 64), dequantized to %s one unit at a time\n",
+               quant4_type_name((enum quant4_type)cfg.quant.quant_type),
+               cfg.quant.double_quant ? " (double-quantized)" : "", dtype_name(cfg.dtype));
     evaluate(e, &m, &cfg, &o);
     print_dpo(e, &m, &cfg);
     print_plan(e, &m, &cfg, &o);

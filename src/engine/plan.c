@@ -151,11 +151,13 @@ void plan_traffic(const struct model *m, const struct config *cfg, int world, in
             bytes[COMM_REDUCE_SCATTER] += accum * (N - 1) * shard * esize;
         if (r.gather_after_step) /* the updated slices gathered after the step */
             bytes[COMM_ALLGATHER] += (N - 1) * shard * esize;
+        /* a 4-bit unit's shard is its packed bytes (zero.h) */
+        const double gathered = r.sharded ? (double)zero_gather_shard_bytes(m, cfg, &t, world, u) : 0.0;
         if (r.sharded) /* gathered wherever the pass acquires it unheld: for forward and again for backward */
-            bytes[COMM_ALLGATHER] += zero_pass_gathers(&train, u) * accum * (N - 1) * shard * esize;
+            bytes[COMM_ALLGATHER] += zero_pass_gathers(&train, u) * accum * (N - 1) * gathered;
         /* DPO with LoRA: the reference's evaluation forward (adapters off) gathers them once more */
         if (r.sharded && cfg->dpo.enabled && !cfg->dpo.precompute_ref_log_probs)
-            bytes[COMM_ALLGATHER] += zero_pass_gathers(&eval, u) * accum * (N - 1) * shard * esize;
+            bytes[COMM_ALLGATHER] += zero_pass_gathers(&eval, u) * accum * (N - 1) * gathered;
     }
     family_free_passes(&train, &eval);
 }

@@ -60,23 +60,24 @@ static bool quant_read_as(void *ctx, int u, size_t begin, size_t count, enum dty
     return b->inner->read_as(b->inner->ctx, u, begin, count, dt, out, landed, landed_ctx);
 }
 
+static void quant_read_q4(void *ctx, int u, int t, size_t first, size_t n, uint8_t *codes, float *absmax)
+{
+    struct session_base *b = ctx;
+    quant_reader_read_q4(&b->reader, u, t, first, n, codes, absmax);
+}
+
 const struct param_source *session_base_source(const struct session *s, const struct param_source *src,
                                                struct session_base *b)
 {
     const struct quant_config *qc = &s->cfg->quant;
     memset(b, 0, sizeof *b);
-    if (qc->load_in_4bit && s->rank == 0)
-        log_warn("quantization.load_in_4bit: the blocks' linear weights are bitsandbytes' %s%s values, held in %s: "
-                 "4-bit storage and gathers are not implemented yet, so memory and traffic are a LoRA run's (the "
-                 "plan counts them)",
-                 quant4_type_name((enum quant4_type)qc->quant_type), qc->double_quant ? " (double-quantized)" : "",
-                 dtype_name(s->cfg->dtype));
     if (!qc->load_in_4bit || qc->prequantized) /* prequantized: the files' 4-bit weights, read dequantized */
         return src;
     b->on = true;
     b->inner = src;
-    b->src = (struct param_source){quant_read, quant_read_as, b};
+    b->src = (struct param_source){quant_read, quant_read_as, b, quant_read_q4};
     quant_reader_init(&b->reader, &s->model, qc, src ? inner_read : NULL, (void *)src);
+    b->reader.comm = s->comm; /* a 4-bit unit's share is quantized by its rank alone (quant_reader_read_q4) */
     return &b->src;
 }
 

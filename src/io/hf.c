@@ -336,6 +336,18 @@ bool hf_source_read_as(void *source, int u, size_t begin, size_t count, enum dty
     return true;
 }
 
+void hf_source_read_q4(void *source, int u, int t, size_t first, size_t n, uint8_t *codes, float *absmax)
+{
+    struct hf_source *s = source;
+    const struct st_tensor *ft = s->map[u][t];
+    const struct hf_bnb_weight *w = ft ? s->bnb[ft - s->st.tensors] : NULL;
+    if (!w || s->elem0[u][t])
+        fail_input("%s: '%s' is not stored in bitsandbytes' 4 bits beside the directory's other linear weights; "
+                   "give a directory whose linear weights are all 4-bit, or the unquantized model",
+                   s->dir, s->m->units[u].tensors[t].name);
+    hf_bnb_read_q4(&s->st, w, first, n, codes, absmax);
+}
+
 double hf_source_bytes(const struct hf_source *s)
 {
     double total = 0;

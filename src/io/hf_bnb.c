@@ -111,15 +111,10 @@ bool hf_bnb_find(struct st_model *st, const char *name, const struct tensor_desc
     return true;
 }
 
-void hf_bnb_read(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n, float *out)
+/* The fp32 absmax of blocks [nb0, b1) (nb0 on a nested block's start with double quantization) into absmax. */
+static void read_absmax(struct st_model *st, const struct hf_bnb_weight *w, size_t nb0, size_t b0, size_t b1,
+                        float *absmax)
 {
-    if (n == 0)
-        return;
-    /* whole blocks around the range: from a nested block's start, so that the nested statistics line up */
-    const size_t b0 = first / QUANT4_BLOCK, b1 = (first + n - 1) / QUANT4_BLOCK + 1;
-    const size_t nb0 = w->nested_absmax ? b0 / QUANT4_NESTED_BLOCK * QUANT4_NESTED_BLOCK : b0;
-    const size_t e0 = b0 * QUANT4_BLOCK, e1 = b1 * QUANT4_BLOCK < w->numel ? b1 * QUANT4_BLOCK : w->numel;
-    float *absmax = xmalloc((b1 - nb0) * sizeof(float));
     if (w->nested_absmax) {
         const size_t n0 = nb0 / QUANT4_NESTED_BLOCK, n1 = (b1 - 1) / QUANT4_NESTED_BLOCK + 1;
         uint8_t *qabsmax = xmalloc(b1 - nb0);
@@ -132,6 +127,18 @@ void hf_bnb_read(struct st_model *st, const struct hf_bnb_weight *w, size_t firs
     } else {
         st_read(st, w->absmax, b0, b1 - b0, absmax);
     }
+}
+
+void hf_bnb_read(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n, float *out)
+{
+    if (n == 0)
+        return;
+    /* whole blocks around the range: from a nested block's start, so that the nested statistics line up */
+    const size_t b0 = first / QUANT4_BLOCK, b1 = (first + n - 1) / QUANT4_BLOCK + 1;
+    const size_t nb0 = w->nested_absmax ? b0 / QUANT4_NESTED_BLOCK * QUANT4_NESTED_BLOCK : b0;
+    const size_t e0 = b0 * QUANT4_BLOCK, e1 = b1 * QUANT4_BLOCK < w->numel ? b1 * QUANT4_BLOCK : w->numel;
+    float *absmax = xmalloc((b1 - nb0) * sizeof(float));
+    read_absmax(st, w, nb0, b0, b1, absmax);
     uint8_t *codes = xmalloc(quant4_code_bytes(e1 - e0));
     st_read_raw(st, w->codes, e0 / 2, quant4_code_bytes(e1 - e0), codes, NULL, NULL);
     float *values = xmalloc((e1 - e0) * sizeof(float));
@@ -140,4 +147,20 @@ void hf_bnb_read(struct st_model *st, const struct hf_bnb_weight *w, size_t firs
     free(values);
     free(codes);
     free(absmax);
+}
+
+void hf_bnb_read_q4(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n, uint8_t *codes,
+                    float *absmax)
+{
+    if (n == 0)
+        return;
+    if (first % QUANT4_BLOCK || first + n > w->numel)
+        fail_internal("hf_bnb_read_q4: [%zu, +%zu) is not whole blocks of a %zu-element weight", first, n, w->numel);
+    const size_t b0 = first / QUANT4_BLOCK, b1 = b0 + quant4_blocks(n);
+    const size_t nb0 = w->nested_absmax ? b0 / QUANT4_NESTED_BLOCK * QUANT4_NESTED_BLOCK : b0;
+    float *all = xmalloc((b1 - nb0) * sizeof(float));
+    read_absmax(st, w, nb0, b0, b1, all);
+    memcpy(absmax, all + (b0 - nb0), (b1 - b0) * sizeof(float));
+    free(all);
+    st_read_raw(st, w->codes, first / 2, quant4_code_bytes(n), codes, NULL, NULL);
 }

@@ -75,6 +75,53 @@ static void load_tensor(struct quant_reader *q, int u, int t)
     q->cached_tensor = t;
 }
 
+void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, size_t n, uint8_t *codes,
+                          float *absmax)
+{
+    const size_t numel = q->m->units[u].tensors[t].numel, blocks = quant4_blocks(numel);
+    const int rank = q->comm ? q->comm->rank : 0, world = q->comm ? q->comm->world : 1;
+    const size_t per_rank = (blocks + (size_t)world - 1) / (size_t)world;
+    const size_t want_first = (size_t)rank * per_rank * QUANT4_BLOCK;
+    const size_t want_n = want_first >= numel ? 0 : numel - want_first < per_rank * QUANT4_BLOCK
+                                                       ? numel - want_first : per_rank * QUANT4_BLOCK;
+    if (!quantized_tensor(q, u, t) || n != want_n || (n && first != want_first))
+        fail_internal("quant_reader: unit %d tensor %d elements [%zu, +%zu) are not rank %d's blocks of a quantized "
+                      "weight", u, t, first, n, rank);
+    free(q->range_values);
+    q->range_values = xmalloc((n ? n : 1) * sizeof(float));
+    const size_t own = quant4_blocks(n);
+    float *mine = xcalloc(per_rank ? per_rank : 1, sizeof *mine); /* this rank's absmax, padded to per_rank */
+    if (n) {
+        inner_read(q, u, q->m->units[u].tensors[t].offset + first, n, q->range_values);
+        quant4_quantize(q->type, q->range_values, DTYPE_F32, n, codes, mine);
+    }
+    if (q->double_quant) { /* the offset and nested blocks run over the whole tensor's absmax */
+        float *all = xcalloc((size_t)world * per_rank + 1, sizeof *all);
+        if (q->comm && world > 1)
+            comm_allgather(q->comm, mine, all, per_rank, COMM_F32, NULL);
+        else
+            memcpy(all, mine, blocks * sizeof *all);
+        uint8_t *qabsmax = xmalloc(blocks);
+        float *nested_absmax = xmalloc(quant4_nested_blocks(blocks) * sizeof(float));
+        const float offset = quant4_nested_offset(all, blocks);
+        quant4_nested_quantize(all, blocks, offset, qabsmax, nested_absmax);
+        quant4_nested_dequantize(qabsmax, nested_absmax, offset, blocks, all);
+        memcpy(mine, all + first / QUANT4_BLOCK, own * sizeof *mine);
+        free(qabsmax);
+        free(nested_absmax);
+        free(all);
+    }
+    if (n) {
+        memcpy(absmax, mine, own * sizeof *absmax);
+        quant4_dequantize(q->type, codes, absmax, n, q->range_values, DTYPE_F32);
+    }
+    free(mine);
+    q->range_unit = u;
+    q->range_tensor = t;
+    q->range_first = first;
+    q->range_n = n;
+}
+
 bool quant_reader_quantizes(const struct quant_reader *q, int u)
 {
     return q->m->units[u].kind == UNIT_BLOCK && !model_is_adapter(q->m, u);
@@ -92,6 +139,11 @@ void quant_reader_read(void *ctx, int u, size_t begin, size_t count, float *out)
         const size_t hi = end < td->offset + td->numel ? end : td->offset + td->numel;
         if (lo >= hi || !quantized_tensor(q, u, t))
             continue;
+        const size_t r_lo = td->offset + q->range_first;
+        if (q->range_unit == u && q->range_tensor == t && lo >= r_lo && hi <= r_lo + q->range_n) {
+            memcpy(out + (lo - begin), q->range_values + (lo - r_lo), (hi - lo) * sizeof(float));
+            continue; /* read_q4's range (a 4-bit unit's share): not the whole tensor */
+        }
         load_tensor(q, u, t);
         memcpy(out + (lo - begin), q->cache + (lo - td->offset), (hi - lo) * sizeof(float));
     }
@@ -111,11 +163,14 @@ void quant_reader_init(struct quant_reader *q, const struct model *m, const stru
     for (int i = 0; i < q->n_linear; i++)
         q->linear_tensor[i] = linear[i].tensor;
     q->cached_unit = q->cached_tensor = -1;
+    q->range_unit = q->range_tensor = -1;
 }
 
 void quant_reader_free(struct quant_reader *q)
 {
     free(q->cache);
+    free(q->range_values);
+    q->range_values = NULL;
     q->cache = NULL;
     q->cache_cap = 0;
 }

@@ -17,7 +17,9 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
+#include "comm/comm.h"
 #include "core/options.h"
 #include "model/model.h"
 
@@ -31,6 +33,10 @@ struct quant_reader {
     int linear_tensor[MODEL_MAX_LINEAR];   /* their tensor indices in a block unit */
     int cached_unit, cached_tensor;        /* the tensor in cache, -1: none */
     float *cache;                          /* (numel) that tensor dequantized */
+    struct comm *comm;                     /* quant_reader_read_q4's ranks (NULL: one) */
+    int range_unit, range_tensor;          /* quant_reader_read_q4's last range, -1: none */
+    size_t range_first, range_n;
+    float *range_values;                   /* (range_n) its values dequantized */
     size_t cache_cap;
 };
 
@@ -39,6 +45,20 @@ void quant_reader_init(struct quant_reader *q, const struct model *m, const stru
 void quant_reader_free(struct quant_reader *q);
 /* fp32 values of unit u's elements [begin, begin + count) (ctx: the reader). */
 void quant_reader_read(void *ctx, int u, size_t begin, size_t count, float *out);
+/* This rank's share of tensor t of unit u (a weight the reader quantizes),
+ * for a 4-bit unit (zero/zero_q4.c): of the tensor's B blocks this rank
+ * (comm's rank r of N) has [r b, min(B, (r + 1) b)), b = ceil(B / N), its
+ * elements [first, first + n) (n may be 0). Only that range is read from
+ * the inner reader and quantized: packed codes ((n + 1) / 2 bytes) and the
+ * fp32 absmax dequantization uses (one per block); with double quantization
+ * the ranks all-gather their blocks' absmax (1/64 of the elements) for the
+ * tensor's offset and nested blocks, so every rank must call it for every
+ * tensor, in the same order (collective; without comm the range is the
+ * whole tensor). Bit for bit the whole tensor's bytes for that range. The
+ * range's dequantized values are kept: a quant_reader_read of them (the
+ * base's checksum) after it reads nothing again. */
+void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, size_t n, uint8_t *codes,
+                          float *absmax);
 /* Whether unit u holds weights the reader quantizes (a block of the base). */
 bool quant_reader_quantizes(const struct quant_reader *q, int u);
 

@@ -288,7 +288,8 @@ json_t *ckpt_run_infer_config(struct ckpt_reader *r, const char *path, char *bas
         fail_input("checkpoint '%s' holds no run config with a model section: it was not written by shardlm train",
                    path);
     json_t *out = json_object();
-    static const char *const keep[] = {"model", "lora", "bf16", "fp16", "zero_optimization", "data"};
+    /* quantization: a QLoRA base is quantized again as it is read (its checksum is of the 4-bit values) */
+    static const char *const keep[] = {"model", "lora", "bf16", "fp16", "zero_optimization", "data", "quantization"};
     for (size_t i = 0; i < sizeof keep / sizeof *keep; i++) {
         json_t *v = json_object_get(doc, keep[i]);
         if (v && !json_is_null(v))

@@ -240,7 +240,7 @@ static void load_weights(struct infer *s)
         hf_source_open(&hf, &s->sess.model, s->hf_dir);
     struct ckpt_reader *r = s->ckpt_path[0] ? ckpt_open(s->ckpt_path) : NULL;
     struct ckpt_run_source cs = {&s->sess.model, r};
-    struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf}, ck_src = {ckpt_run_source_read, NULL, &cs};
+    struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf, hf_source_read_q4}, ck_src = {ckpt_run_source_read, NULL, &cs, NULL};
     const struct param_source *first = from_hf ? &hf_src : r && !s->lora_ckpt ? &ck_src : NULL;
     struct session_base base; /* a 4-bit base: the quantized values are the base (and its checksum) */
     if (first != &ck_src)

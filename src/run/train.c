@@ -278,7 +278,7 @@ static void init_parameters(struct trainer *tr)
     struct hf_source hf;
     double t0 = now_seconds();
     hf_source_open(&hf, &tr->sess.model, cfg->model.pretrained);
-    struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf};
+    struct param_source hf_src = {hf_source_read, hf_source_read_as, &hf, hf_source_read_q4};
     const struct param_source *src = session_base_source(&tr->sess, &hf_src, &base);
     zero_hash_source(&hash, &tr->sess.model, tr->sess.model.n_base_units, src);
     session_load(&tr->sess, hashed ? &hash.src : src);

@@ -65,12 +65,19 @@ static void decide_role(const struct zero *z, const struct config *cfg, int u, c
     /* With offload_param no unit persists: every unit is gathered from its host shards. */
     r->sharded = z->stage == 3 &&
                  (cfg->zero.offload_param || (double)zu->numel > cfg->zero.stage3_param_persistence_threshold);
+    r->q4 = zero_q4_unit(z->model, cfg, u, r->sharded);
     r->pools[POOL_GATHER] = r->sharded;
-    r->pools[POOL_COMPUTE] = z->compute_copies;
+    r->pools[POOL_COMPUTE] = z->compute_copies || r->q4;
     /* on NVMe: frozen, or trained with an fp32 master the shard is narrowed from after each step (in memory, or
-     * in offload_optimizer nvme's file) */
-    r->param_nvme = r->sharded && cfg->zero.offload_param_nvme && (!r->trained || z->master_copy);
-    own(r, UBUF_PARAMS, r->param_nvme ? 0 : r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
+     * in offload_optimizer nvme's file); a 4-bit shard stays in (pinned) memory */
+    r->param_nvme = r->sharded && !r->q4 && cfg->zero.offload_param_nvme && (!r->trained || z->master_copy);
+    if (r->q4) {
+        struct q4_layout q;
+        zero_q4_layout(z->model, cfg, u, z->world, z->esize, &q);
+        own(r, UBUF_PARAMS, q.shard_bytes, 1, BUF_PARAMS);
+    } else {
+        own(r, UBUF_PARAMS, r->param_nvme ? 0 : r->sharded ? zu->shard : zu->padded, z->esize, BUF_PARAMS);
+    }
     if (!r->trained) /* GRAD_NONE: the parameters alone */
         return;
     r->gather_after_step = z->stage >= 1 && !r->sharded;
@@ -107,12 +114,24 @@ static void decide_role(const struct zero *z, const struct config *cfg, int u, c
     }
 }
 
+/* Bytes of unit u's slot in a pool of gathered units or of compute copies:
+ * the N shards side by side; the fp32 copy, or a 4-bit unit's values in the
+ * parameter dtype (both when the CPU computes in fp32 from half precision:
+ * dequantized to the parameter dtype after the fp32 copy, then widened into
+ * it, as a stored half-precision unit is). */
+static size_t slot_need(const struct zero *z, enum zero_pool_set set, const struct zero_unit *zu)
+{
+    if (set == POOL_GATHER)
+        return zu->role.q4 ? (size_t)z->world * zu->q4.shard_bytes : zu->padded * z->esize;
+    return (z->compute_copies ? zu->padded * sizeof(float) : 0) + (zu->role.q4 ? zu->padded * z->esize : 0);
+}
+
 static void layout_units(struct zero *z, const struct config *cfg)
 {
     const struct model *m = z->model;
     for (int k = 0; k < ZERO_POOLS; k++) {
-        z->pools[POOL_GATHER][k].elem_size = z->esize;
-        z->pools[POOL_COMPUTE][k].elem_size = sizeof(float);
+        z->pools[POOL_GATHER][k].elem_size = 1; /* these two pools count bytes (slot_need) */
+        z->pools[POOL_COMPUTE][k].elem_size = 1;
         z->pools[POOL_GRAD][k].elem_size = z->half_grad_buffers ? z->esize : sizeof(float);
         z->pools[POOL_SEND][k].elem_size = z->esize;
     }
@@ -120,11 +139,14 @@ static void layout_units(struct zero *z, const struct config *cfg)
         struct zero_unit *zu = &z->units[u];
         size_unit(z, u, zu);
         decide_role(z, cfg, u, zu, &zu->role);
+        if (zu->role.q4)
+            zero_q4_layout(m, cfg, u, z->world, z->esize, &zu->q4);
         zu->gather_slot = zu->compute_slot = zu->grad_slot = zu->send_slot = -1;
         for (int set = 0; set < POOL_SETS; set++) {
             struct zero_pool *p = pool(z, set, u);
-            if (zu->role.pools[set] && zu->padded > p->slot_elems)
-                p->slot_elems = zu->padded;
+            const size_t need = set == POOL_GATHER || set == POOL_COMPUTE ? slot_need(z, set, zu) : zu->padded;
+            if (zu->role.pools[set] && need > p->slot_elems)
+                p->slot_elems = need;
         }
     }
 }
@@ -137,6 +159,19 @@ void zero_unit_role(const struct model *m, const struct config *cfg, const struc
     struct zero_unit zu;
     size_unit(&z, u, &zu);
     decide_role(&z, cfg, u, &zu, role);
+}
+
+size_t zero_gather_shard_bytes(const struct model *m, const struct config *cfg, const struct exec_target *t,
+                               int world, int u)
+{
+    struct zero z = {.model = m};
+    set_mode(&z, cfg, t, world);
+    struct zero_unit zu;
+    size_unit(&z, u, &zu);
+    decide_role(&z, cfg, u, &zu, &zu.role);
+    if (!zu.role.sharded)
+        return 0;
+    return zu.role.q4 ? zu.role.buf[UBUF_PARAMS].elems : zu.shard * z.esize;
 }
 
 /* ---- init ------------------------------------------------------------------ */
@@ -355,6 +390,11 @@ static void init_params_to(struct zero *z, const struct param_source *src, int u
 static void init_params(struct zero *z, const struct param_source *src, int u, float *scratch, void *cast)
 {
     struct zero_unit *zu = &z->units[u];
+    if (zu->role.q4) { /* this rank's blocks, read in 4 bits (the cast buffer holds the shard's bytes) */
+        zero_q4_read_shard(z, src, u, scratch, cast);
+        backend_copy(zu->param_shard, cast, zu->q4.shard_bytes);
+        return;
+    }
     if (zu->role.param_nvme) { /* staged in a buffer of the parameter file, then written to it */
         init_params_to(z, src, u, zero_nvme_staging(z), scratch, cast);
         zero_nvme_store(z, u);
@@ -368,6 +408,9 @@ void zero_load_units(struct zero *z, const struct param_source *src, const bool 
     size_t largest = 1;
     for (int u = 0; u < z->model->n_units; u++)
         largest = z->units[u].padded > largest ? z->units[u].padded : largest;
+    for (int u = 0; u < z->model->n_units; u++)
+        if (z->units[u].role.q4 && z->units[u].q4.shard_bytes > largest * z->esize)
+            largest = z->units[u].q4.shard_bytes;
     float *scratch = xcalloc(largest, sizeof *scratch);
     void *cast = xcalloc(largest, z->esize);
     for (int u = 0; u < z->model->n_units; u++)
@@ -401,9 +444,28 @@ void zero_init(struct zero *z, const struct model *m, const struct config *cfg, 
     size_t largest = 0;
     for (int u = 0; u < m->n_units; u++)
         largest = z->units[u].padded > largest ? z->units[u].padded : largest;
-    float *scratch = z->master_copy || z->device ? xcalloc(largest, sizeof *scratch) : NULL;
+    bool any_q4 = false;
+    size_t cast_bytes = largest * z->esize;
+    for (int u = 0; u < m->n_units; u++)
+        if (z->units[u].role.q4) {
+            any_q4 = true;
+            cast_bytes = z->units[u].q4.shard_bytes > cast_bytes ? z->units[u].q4.shard_bytes : cast_bytes;
+        }
+    if (any_q4 && rank == 0) {
+        int n_q4 = 0;
+        size_t q4_bytes = 0, plain_bytes = 0;
+        for (int u = 0; u < m->n_units; u++)
+            if (z->units[u].role.q4) {
+                n_q4++;
+                q4_bytes += z->units[u].q4.shard_bytes;
+                plain_bytes += z->units[u].shard * z->esize;
+            }
+        log_info("quantization: %d units stored and gathered in 4 bits, %.3f MiB per rank (%.1f%% of %s)", n_q4,
+                 (double)q4_bytes / 1048576.0, 100.0 * (double)q4_bytes / (double)plain_bytes, dtype_name(z->dtype));
+    }
+    float *scratch = z->master_copy || z->device || any_q4 ? xcalloc(largest, sizeof *scratch) : NULL;
     /* a device's parameters are read into cast first (init_params_as_stored), also where fp32 ones are the master */
-    void *cast = z->master_copy || z->device ? xcalloc(largest, z->esize) : NULL;
+    void *cast = z->master_copy || z->device || any_q4 ? xcalloc(cast_bytes, 1) : NULL;
     const size_t recv = zero_receive_elems(z);
     void *grad_recv = recv ? arena_alloc(dev, mem, BUF_GRADS, recv * z->esize, 1) : NULL;
     const size_t stage = zero_nvme_stage_elems(z);
@@ -511,9 +573,16 @@ static bool hashing_read_as(void *ctx, int u, size_t begin, size_t count, enum d
     return true;
 }
 
+static void hashing_read_q4(void *ctx, int u, int t, size_t first, size_t n, uint8_t *codes, float *absmax)
+{
+    struct base_hash *h = ctx; /* the values were hashed as read (zero_q4_read_shard reads them first) */
+    h->inner->read_q4(h->inner->ctx, u, t, first, n, codes, absmax);
+}
+
 void zero_hash_source(struct base_hash *h, const struct model *m, int u_end, const struct param_source *inner)
 {
-    *h = (struct base_hash){{hashing_read, hashing_read_as, h}, inner, m, u_end, 0};
+    *h = (struct base_hash){{hashing_read, hashing_read_as, h, inner && inner->read_q4 ? hashing_read_q4 : NULL},
+                            inner, m, u_end, 0};
 }
 
 uint64_t zero_hash_total(struct base_hash *h, struct comm *comm, int rank, int world)

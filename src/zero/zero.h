@@ -27,7 +27,7 @@
  * arena: every unit is gathered from host shards into a gathered slot.
  *
  * Precision: parameters, gathered units and communicated gradients are in the
- * parameter dtype; with fp16/bf16 an fp32 master of this rank's optimizer
+ * parameter dtype (a 4-bit unit's linear weights excepted: struct q4_layout); with fp16/bf16 an fp32 master of this rank's optimizer
  * range is updated by the host AdamW, which writes the new half-precision
  * parameters in the same pass. Gradients accumulate in fp32 (the reduce-
  * scatter's half-precision result is added into the fp32 shard; at stages 0-1
@@ -138,6 +138,8 @@ struct unit_buffer {
 struct unit_role {
     bool trained;            /* false: frozen */
     bool sharded;            /* stage 3 and not persistent: only this rank's shard is stored */
+    bool q4;                 /* a 4-bit unit (struct q4_layout): its shard holds packed codes, absmax and the
+                              * plain part; it always takes a compute slot, which acquire dequantizes into */
     bool gather_after_step;  /* stored whole at stages 1-3: the updated slices are all-gathered after each step */
     bool param_nvme;         /* offload_param "nvme": the shard lives in the parameter file (zero_nvme.c), not
                               * in memory (UBUF_PARAMS has no elements); a sharded unit that is frozen or has a
@@ -160,7 +162,28 @@ struct zero_pool {
     int *slot_unit;     /* unit using each slot, -1 when free */
 };
 
+/* A frozen block of a 4-bit base (quantization.load_in_4bit; zero_q4.c): its
+ * linear weights stored and gathered as bitsandbytes' packed codes and fp32
+ * absmax, each quantized tensor sharded by whole 64-element blocks of the
+ * whole tensor; the rest of the unit (norms, gaps: the "plain" part) in the
+ * parameter dtype, sharded by elements. A rank's shard of shard_bytes: for
+ * each quantized tensor i, codes (blocks[i] * 32 bytes) then absmax
+ * (blocks[i] fp32) at byte at[i]; then plain_elems elements at plain_at.
+ * Acquiring the unit dequantizes the N gathered shards into its compute slot
+ * (backend_dequant4). n == 0: the unit is stored in the parameter dtype. */
+struct q4_layout {
+    int n;                               /* quantized tensors */
+    int type;                            /* enum quant4_type */
+    int tensor[MODEL_MAX_LINEAR];        /* their indices in the unit, in unit order */
+    size_t blocks[MODEL_MAX_LINEAR];     /* blocks per rank: ceil(blocks of the tensor / N) (the last rank's
+                                          * may be fewer, even none; the bytes are reserved alike) */
+    size_t at[MODEL_MAX_LINEAR];         /* byte offset of the tensor's codes in a shard */
+    size_t plain_at, plain_elems;        /* the plain part's byte offset and elements per rank */
+    size_t shard_bytes;                  /* one rank's shard, a multiple of 16 */
+};
+
 struct zero_unit {
+    struct q4_layout q4; /* q4.n > 0: a 4-bit unit (its param_shard holds shard_bytes bytes) */
     size_t numel;       /* elements of the unit (model.c, with alignment gaps) */
     size_t padded;      /* numel rounded up to a multiple of world * MODEL_TENSOR_ALIGN */
     size_t shard;       /* padded / world */
@@ -259,6 +282,10 @@ struct param_source {
     bool (*read_as)(void *ctx, int unit, size_t begin, size_t count, enum dtype dt, void *out,
                     void (*landed)(void *landed_ctx, size_t elems), void *landed_ctx);
     void *ctx;
+    /* A 4-bit unit's weights (zero_q4.c): tensor t of unit u, its elements [first, first + n) (first a
+     * multiple of 64 of the tensor), as bitsandbytes' packed codes ((n + 1) / 2 bytes) and the fp32 absmax
+     * it dequantizes with (one per block). NULL: the source has none. */
+    void (*read_q4)(void *ctx, int unit, int tensor, size_t first, size_t n, uint8_t *codes, float *absmax);
 };
 
 /* Lays out the units and, unless dry, carves every buffer out of the arenas
@@ -278,6 +305,10 @@ void zero_load_units(struct zero *z, const struct param_source *src, const bool 
  * zero_init decides for it (every rank decides the same). */
 void zero_unit_role(const struct model *m, const struct config *cfg, const struct exec_target *t, int world, int u,
                     struct unit_role *role);
+/* Bytes of one rank's shard of unit u as an all-gather moves it (a 4-bit unit's shard_bytes, else the shard
+ * in the parameter dtype); 0 when the unit is not sharded. The engine's traffic counters and plan_traffic. */
+size_t zero_gather_shard_bytes(const struct model *m, const struct config *cfg, const struct exec_target *t,
+                               int world, int u);
 /* How many times the pass gathers unit u when the unit is sharded: once per
  * acquire that finds it not held (prefetching moves a gather, never adds one). */
 int zero_pass_gathers(const struct zero_pass *pass, int u);

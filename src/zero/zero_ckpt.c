@@ -10,6 +10,7 @@
 #include "zero_internal.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/backend.h"
 #include "io/ckpt.h"
@@ -32,6 +33,16 @@ static void gather_to_host(struct zero *z, const void *shard, size_t count, size
 void zero_gather_unit(struct zero *z, int u, float *out)
 {
     struct zero_unit *zu = &z->units[u];
+    if (zu->role.q4) { /* the 4-bit shards side by side, dequantized on the host */
+        void *shards = xcalloc((size_t)z->world, zu->q4.shard_bytes);
+        gather_to_host(z, zu->param_shard, zu->q4.shard_bytes / sizeof(float), sizeof(float), COMM_F32, shards);
+        void *values = xcalloc(zu->padded, z->esize); /* the values the kernels see, in the parameter dtype */
+        zero_q4_expand(z, u, shards, values, z->dtype, true);
+        dtype_convert(out, DTYPE_F32, values, z->dtype, zu->padded);
+        free(values);
+        free(shards);
+        return;
+    }
     void *full = z->half ? xcalloc(zu->padded, z->esize) : out;
     if (zu->role.sharded)
         gather_to_host(z, zu->role.param_nvme ? zero_nvme_read(z, u) : zu->param_shard, zu->shard, z->esize,

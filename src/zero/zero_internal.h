@@ -1,7 +1,7 @@
 /*
  * zero_internal — what the ZeRO engine's files share; not for callers of zero.h.
  *
- * The engine (zero.h) is five files:
+ * The engine (zero.h) is six files:
  *   zero.c        set-up: the engine's mode, each unit's sizes, shard and role
  *                 (the one place its buffers, pools and gradient path are
  *                 decided), carving the buffers out of the arenas, the initial
@@ -23,6 +23,9 @@
  *   zero_nvme.c   offload_param "nvme": the parameter file's layout, the
  *                 read-ahead of shards in pass order, the write-back of
  *                 trained shards after a step or a load
+ *   zero_q4.c     4-bit units (a quantized base's frozen blocks): their
+ *                 shard layout in whole 64-blocks, this rank's shard read,
+ *                 and the gathered shards dequantized into the compute slot
  * Functions here carry the zero_ prefix, or are small static inline helpers.
  */
 #ifndef SHARDLM_ZERO_INTERNAL_H
@@ -89,6 +92,20 @@ static inline void *opt_params(const struct zero *z, struct zero_unit *zu)
 void zero_pool_reserve(struct zero_pool *p, int n);
 /* Adds to the traffic counters the bytes this rank sends in one collective. */
 void zero_count_traffic(struct zero *z, enum comm_kind kind, size_t elems, size_t esize);
+
+/* ---- zero_q4.c (4-bit units) ---- */
+
+/* Whether unit u is stored in 4 bits: load_in_4bit, quantized here, a frozen sharded block of the base. */
+bool zero_q4_unit(const struct model *m, const struct config *cfg, int u, bool sharded);
+/* The 4-bit layout of unit u at world size N (parameter dtype of esize bytes). */
+void zero_q4_layout(const struct model *m, const struct config *cfg, int u, int world, size_t esize,
+                    struct q4_layout *q);
+/* This rank's shard of 4-bit unit u from src into host_shard (shard_bytes); scratch: fp32, host memory,
+ * the unit's padded elements. */
+void zero_q4_read_shard(struct zero *z, const struct param_source *src, int u, float *scratch, void *host_shard);
+/* The unit's values (out_dt, its elements [0, numel), the unit's layout) from its N gathered shards, in
+ * backend memory (host: in host memory, on the host's cores). */
+void zero_q4_expand(const struct zero *z, int u, const void *gathered, void *out, enum dtype out_dt, bool host);
 
 /* ---- zero.c ---- */
 

@@ -124,7 +124,11 @@ static void start_gather(struct zero *z, int u)
     struct zero_unit *zu = &z->units[u];
     zu->gather_slot = pool_take(z, POOL_GATHER, u);
     z->live_gathered_elems += zu->padded;
-    zero_count_traffic(z, COMM_ALLGATHER, zu->shard, z->esize);
+    /* a 4-bit unit's shard moves as bytes, in fp32 words (shard_bytes is a multiple of 16) */
+    const size_t shard_bytes = zu->role.q4 ? zu->q4.shard_bytes : zu->shard * z->esize;
+    const enum comm_dtype wire = zu->role.q4 ? COMM_F32 : z->comm_dtype;
+    const size_t wire_count = zu->role.q4 ? shard_bytes / sizeof(float) : zu->shard;
+    zero_count_traffic(z, COMM_ALLGATHER, shard_bytes, 1);
     if (z->dry)
         return;
     void *full = slot_ptr(pool(z, POOL_GATHER, u), zu->gather_slot);
@@ -136,11 +140,11 @@ static void start_gather(struct zero *z, int u)
     } else if (z->device && z->params_offloaded) {
         /* a collective takes buffers of one space: the host shard goes to its
          * slot of the device buffer first, and the gather runs in place */
-        void *own = elem(full, (size_t)z->rank * zu->shard, z->esize);
-        backend_copy_async(own, zu->param_shard, zu->shard * z->esize);
+        void *own = elem(full, (size_t)z->rank, shard_bytes);
+        backend_copy_async(own, zu->param_shard, shard_bytes);
         send = own;
     }
-    comm_allgather(z->comm, send, full, zu->shard, z->comm_dtype, &zu->gather_req);
+    comm_allgather(z->comm, send, full, wire_count, wire, &zu->gather_req);
     zu->gather_pending = true;
 }
 
@@ -228,7 +232,7 @@ const float *zero_acquire(struct zero *z, int u)
         start_gather(z, u);
     if (zu->role.sharded)
         prefetch(z);
-    if (z->compute_copies && zu->compute_slot < 0)
+    if (zu->role.pools[POOL_COMPUTE] && zu->compute_slot < 0)
         zu->compute_slot = pool_take(z, POOL_COMPUTE, u);
     if (z->dry)
         return NULL;
@@ -237,6 +241,15 @@ const float *zero_acquire(struct zero *z, int u)
         zu->gather_pending = false;
     }
     const void *full = zu->role.sharded ? slot_ptr(pool(z, POOL_GATHER, u), zu->gather_slot) : zu->params;
+    if (zu->role.q4) { /* dequantized to the parameter dtype: after the fp32 copy when there is one */
+        char *slot = slot_ptr(pool(z, POOL_COMPUTE, u), zu->compute_slot);
+        void *values = z->compute_copies ? slot + zu->padded * sizeof(float) : slot;
+        if (zu->refs == 1)
+            zero_q4_expand(z, u, full, values, z->dtype, false);
+        full = values;
+        if (!z->compute_copies)
+            return full;
+    }
     if (!z->compute_copies) /* fp32, or half-precision activations: the kernels take the unit as it is */
         return full;
     float *copy = slot_ptr(pool(z, POOL_COMPUTE, u), zu->compute_slot);

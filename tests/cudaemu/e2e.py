@@ -21,9 +21,12 @@ gate|up each take one group call of the LoRA kernels (dropout calls them
 layer by layer); and DPO on a preference file (issue 37: the per-row
 dlogits scales uploaded from host memory, the reference computed before step 1
 or, LoRA, with the adapters off in each step): Llama fp32 N=2 over NCCL
-(precomputed reference) and LoRA without dropout in bf16 N=1; and Gemma 3's
+(precomputed reference) and LoRA without dropout in bf16 N=1; Gemma 3's
 block (the (1 + w) norms, GeGLU, scaled embedding, local and global rotary
-bases, a final soft-cap) in fp32 N=2 over NCCL, bf16 N=1 and DPO fp32 N=2.
+bases, a final soft-cap) in fp32 N=2 over NCCL, bf16 N=1 and DPO fp32 N=2;
+and QLoRA (issue 50: the blocks' linear weights NF4 with double quantization,
+stored and gathered in 4 bits and dequantized into the compute slot by
+backend_dequant4): Llama fp32 N=2 over NCCL and bf16 N=2 with offload.
 The emulated streams are lazy
 (README.md), so a missing synchronisation in the engine or the CUDA code
 changes the losses; the offload cases also run with CUDAEMU_EAGER=1 (every
@@ -189,14 +192,23 @@ def main():
              ("llama_lora_nodrop_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("llama_dpo_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("llama_lora_nodrop_dpo_bf16_n1", 1, "bf16", {}, LORA_BF16_TOL),
+             ("llama_qlora_nodrop_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("llama_qlora_nodrop_bf16_n2_nccl_offload_accum_ckpt", 2, "bf16", {"CUDAEMU_DEVICES": "2"},
+              LORA_BF16_TOL),
              ("qwen_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("qwen_bf16_n1", 1, "bf16", {}, BF16_TOL),
              ("gemma_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("gemma_bf16_n1", 1, "bf16", {}, BF16_TOL),
              ("gemma_dpo_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # a substring of the cases to run (all by default)
     for tag, N, dtype, env, tol in cases:
+        if only not in tag:
+            continue
         extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else \
             QWEN if tag.startswith("qwen") else GEMMA if tag.startswith("gemma") else None
+        if "qlora" in tag:
+            extra = dict(extra or {}, **LLAMA, quantization={"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                                            "bnb_4bit_use_double_quant": True})
         if tag.endswith("_packed"):
             extra = dict(extra or {}, **packed_data())
         if "_dpo" in tag:

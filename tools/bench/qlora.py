@@ -11,8 +11,9 @@ micro-batch B of T tokens of random ids, S steps of which the first W are not
 counted. The QLoRA run adds quantization {load_in_4bit, nf4, double
 quantization, bfloat16 compute}. Prints the CPU model, each run's median step
 ms and the ratio (target: QLoRA <= 1.3 x LoRA), and each rank's peak host
-memory (VmHWM) after the parameters were read, against the run's parameter
-shard and the largest tensor the 4-bit reader holds. Outputs in build/bench/qlora/.
+memory (VmHWM) after the parameters were read (QLoRA: the 4-bit shards, and
+while reading only the rank's own blocks of one tensor; tests/t_qlora.py
+bounds it). Outputs in build/bench/qlora/.
 """
 import argparse
 import json
