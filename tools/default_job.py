@@ -12,7 +12,8 @@
     tools/default_job.py instructions REFERENCE --out DIR [--hold-every K]
         One prompt/completion pair per key of the configuration reference's table (docs/configuration.md, the
         table headed "| key | type | default | allowed | meaning |"): "What does `train.steps` do?" -> its
-        meaning. Every K-th pair (default 14) is held back: DIR/train.jsonl, DIR/held.jsonl, and DIR/questions.jsonl, the prompts of
+        meaning. Every K-th pair is held back (default: 8 pairs, evenly spaced): DIR/train.jsonl, DIR/held.jsonl, and
+        DIR/questions.jsonl, the prompts of
         the two held-back pairs with the shortest answers among rows naming one key (for shardlm generate).
     tools/default_job.py answers QUESTIONS BASE.jsonl FINETUNED.jsonl
         Prints each question with the reference's answer and the completions of the two models (the JSON lines
@@ -33,7 +34,10 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 EXIT_BAD_INPUT = 2
 EOS_TOKEN = "<|endoftext|>"
 VAL_FRACTION = 0.1  # the tail of each text kept for validation, as tools/make_corpus.sh does
-HOLD_EVERY = 14  # every 14th key held back: 8 of the reference's 115 keys, one optimizer step of 8 samples
+# 8 keys held back, evenly spaced (every len // 8-th, the first 8 of them): one optimizer step of 8 samples (2 ranks
+# x micro-batch 4), so that the fine-tunes' validation (eval_batches 1) sees exactly what eval sees, however many
+# keys the reference has
+HELD = 8
 CONFIG_TABLE_HEADER = "| key | type | default | allowed | meaning |"
 # The prompt around a question; the completion starts with a space, as the reference's cells do after "|".
 PROMPT_FORMAT = "Question: What does {key} do?\nAnswer:"
@@ -182,8 +186,9 @@ def config_keys(reference_path):
 
 def cmd_instructions(args):
     pairs = config_keys(args.reference)
-    if args.hold_every < 2:
+    if args.hold_every is not None and args.hold_every < 2:
         fail(f"--hold-every {args.hold_every}: give 2 or more (every K-th pair is held back)")
+    every = args.hold_every or max(2, len(pairs) // HELD)
     os.makedirs(args.out, exist_ok=True)
     train, held, askable = [], [], []
     trained_askable = []
@@ -197,7 +202,7 @@ def cmd_instructions(args):
                       "prompt": CHAT_QUESTION.format(key=key), "completion": description}
         else:
             sample = {"prompt": PROMPT_FORMAT.format(key=key), "completion": " " + description}
-        is_held = i % args.hold_every == args.hold_every - 1
+        is_held = i % every == every - 1 and (args.hold_every is not None or len(held) < HELD)
         (held if is_held else train).append(sample)
         if alone:
             (askable if is_held else trained_askable).append(sample)
@@ -263,7 +268,7 @@ def main():
     p = sub.add_parser("instructions", help="question/answer pairs from the configuration reference's table")
     p.add_argument("reference", metavar="REFERENCE")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--hold-every", type=int, default=HOLD_EVERY)
+    p.add_argument("--hold-every", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="chat samples ({\"messages\"}) for an instruct model")
     p = sub.add_parser("answers", help="the held-back questions with the base's and the fine-tune's answers")
     p.add_argument("questions", metavar="QUESTIONS")
