@@ -428,12 +428,19 @@ def first_difference(a, b):
     return min(len(a), len(b))
 
 
+def output_lines(out):
+    """shardlm tokenize's lines: split at "\n" alone (a decoded text may hold U+2028, U+0085 ..., which JSON
+    leaves unescaped and str.splitlines would split at)."""
+    lines = out.decode("utf-8").split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def run_lines(name, *args):
     """shardlm tokenize's output lines, each parsed as JSON; None and a message when it failed."""
     rc, out, err = shardlm(*args)
     if rc != 0:
         return None, f"{name}: exit {rc}: {err.strip()[:300]}"
-    return [json.loads(line) for line in out.decode("utf-8").splitlines()], ""
+    return [json.loads(line) for line in output_lines(out)], ""
 
 
 def write_ids(tag, id_lists):
@@ -624,7 +631,7 @@ def differing_pieces(name, texts, pre):
         with open(files[-1], "w", encoding="utf-8", newline="") as f:
             f.write(t)
     r = subprocess.run([BIN, "tokenize", path, *files], capture_output=True)
-    lines = r.stdout.decode().splitlines() if r.returncode == 0 else []
+    lines = output_lines(r.stdout) if r.returncode == 0 else []
     if len(lines) != len(texts):
         return list(texts)
     return [t for t, line in zip(texts, lines) if json.loads(line) != tok.encode(t).ids]
