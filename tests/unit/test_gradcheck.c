@@ -949,7 +949,7 @@ static void check_attention_saved(const char *kernel, const double *att, const d
                 for (int j = 0; j < T; j++)
                     outside += (j < reference_first_key(a, b, i) || j > i) &&
                                att[(((size_t)b * NH + h) * T + i) * T + j] != 0.0;
-    char name[200];
+    char name[320]; /* kernel: a case name of under 200 characters */
     snprintf(name, sizeof name, "gradcheck %s: probabilities outside each query's keys exactly 0", kernel);
     CHECK(name, outside == 0, "%zu nonzero", outside);
 }
