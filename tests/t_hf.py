@@ -54,7 +54,8 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           MistralForCausalLM)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import BIN, ENV, check, failures, note, read_dump, rel, scratch_dir, write_shard, write_config  # noqa: E402
+from harness import (BIN, ENV, check, failures, memory_binary, note, read_dump, rel, scratch_dir,  # noqa: E402
+                     write_config, write_shard)
 
 TMP = scratch_dir("t_hf")
 torch.manual_seed(3)
@@ -355,15 +356,6 @@ def check_eval_window(mistral):
 def peak_kib(out):
     m = re.search(r"peak host memory per rank after the parameters' init \(KiB\): ([\d ]+)", out)
     return [int(v) for v in m.group(1).split()] if m else None
-
-
-def memory_binary():
-    """The binary whose memory is measured: under AddressSanitizer (make test-asan sets ASAN_OPTIONS) the
-    resident set is the sanitizer allocator's (redzones, a quarantine that keeps freed blocks), not shardlm's, so
-    the same check runs the regular build, which make test-asan's suite runs after make test built it."""
-    if "ASAN_OPTIONS" not in os.environ:
-        return BIN
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bin", "shardlm")
 
 
 def check_memory():

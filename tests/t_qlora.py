@@ -71,7 +71,8 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from harness import (BIN, ENV, check, failures, peft_set_adapters, read_dump, rel, scratch_dir,  # noqa: E402
+from harness import (BIN, ENV, check, failures, memory_binary, peft_set_adapters, read_dump, rel,  # noqa: E402
+                     scratch_dir,
                      write_preferences, write_shard)
 
 TMP = scratch_dir("t_qlora")
@@ -266,8 +267,8 @@ def init_peak(name, base, quantized):
     else:
         del cfg["quantization"]
     json.dump(cfg, open(path, "w"))
-    r = subprocess.run(["mpirun", "-q", "-np", "2", BIN, "train", path], env=ENV, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(["mpirun", "-q", "-np", "2", memory_binary(), "train", path], env=ENV, capture_output=True,
+                       text=True, timeout=300)
     m = re.search(r"peak host memory per rank after the parameters' init \(KiB\): ([\d ]+)", r.stderr + r.stdout)
     rows = [json.loads(line) for line in open(os.path.join(TMP, name + ".jsonl")) if line.strip()] \
         if r.returncode == 0 else []

@@ -527,7 +527,7 @@ def chat_model(kind, d):
     """d with kind's tokenizer (320 tokens, trained on docs/DESIGN.md) and chat template, saved by transformers."""
     from transformers import PreTrainedTokenizerFast
     from hf_tokenizers import PHI3_TEMPLATE, QWEN25_TEMPLATE, phi3_tokenizer, qwen2_tokenizer
-    text = [open(os.path.join(os.path.dirname(BIN), "..", "docs", "DESIGN.md"), encoding="utf-8").read()]
+    text = [open(os.path.join(ROOT, "docs", "DESIGN.md"), encoding="utf-8").read()]
     out = os.path.join(TMP, f"{kind}_chat")
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(d, out)
