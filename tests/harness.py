@@ -242,6 +242,20 @@ def text_of(path):
         return ""
 
 
+def crash_summary(log, tail=800):
+    """One line for a FAIL message about a job's LOG: where it reports a sanitizer error or a crash, that report's
+    first line, its first stack frames and its summary (the runner shows a FAIL message's first line only);
+    otherwise the last TAIL characters, lines joined with " | "."""
+    lines = log.splitlines()
+    at = next((i for i, line in enumerate(lines) if "ERROR: AddressSanitizer" in line or "runtime error:" in line
+               or "Segmentation fault" in line), None)
+    if at is None:
+        return log[-tail:].replace("\n", " | ")
+    frames = [line.strip() for line in lines[at + 1:] if line.strip().startswith("#")][:8]
+    summary = next((line for line in lines[at:] if line.startswith("SUMMARY:")), "")
+    return " | ".join([lines[at].strip()] + frames + [summary])
+
+
 def alive(pid):
     """The process exists and is not a zombie."""
     try:

@@ -42,10 +42,14 @@ Checks per case, against the transformers model in float64:
               (q_proj) as a target refused in one line naming the fused ones,
               a part (gate_proj) in modules_to_save refused in one line
   longrope.*  Phi-3's longrope (the 128k models' scaling) with random short
-              factors and max_position_embeddings / original = 4 (cos and sin
-              scaled by sqrt(1 + ln 4 / ln 32)): logits and loss at a sequence
-              up to original_max_position_embeddings, the export loaded back
-              by transformers at the same loss; a longer data.seq_len refused
+              and long factors, original_max_position_embeddings 16 and
+              max_position_embeddings 128 (cos and sin scaled by
+              sqrt(1 + ln 8 / ln 16)): at T = 32 (long factors) logits, loss,
+              every gradient, N = 2 and 3 losses, and the short factors giving
+              another loss (the check can fail); at T = 16 the logits; eval at
+              both; the export loaded back by transformers at the same loss;
+              greedy generation across 16 (rows crossing at different steps,
+              4 rows a forward at N = 1 and 2, and 1) equal to transformers'
   X.dpo_lora.N1  one LoRA-DPO step (every linear layer; phi3: the fused ones; the
               reference the base with the adapters off) against PEFT 0.21 on
               transformers 5.25 and TRL's sigmoid loss (beta 0.1, sums of the
@@ -70,7 +74,7 @@ Sliding windows (issue 48 item 4), windows of 8 under sequences of T = 32:
   mistral.packed: samples of 8 to 50 tokens packed into rows of 64 give the
   loss and every gradient of the same samples one per micro-batch (rel 1e-5):
   the window counts positions within each sample.
-`t_qwen.py window` runs the window cases only.
+`t_qwen.py window` runs the window cases only, `t_qwen.py longrope` the longrope ones.
 """
 import json
 import os
@@ -639,33 +643,81 @@ def check_phi3_files(d):
     check("phi3.lora_save_o_proj_runs", r.returncode == 0, r.stderr[-300:])
 
 
+def grad_errors(dump, model):
+    """[bad tensors], worst relative error of every gradient of a dump against the model's .grad."""
+    bad, worst = [], 0.0
+    for n, p in model.named_parameters():
+        g = dumped(dump, "grad.", n)
+        e = rel(g, p.grad.numpy()) if g is not None else float("inf")
+        worst = max(worst, e)
+        if not e <= GRAD_TOL:
+            bad.append(f"{n} {e:.2e}")
+    return bad, worst
+
+
 def check_longrope():
+    """Phi-3's longrope with original_max_position_embeddings = T / 2 (max_position_embeddings 128: cos and sin
+    scaled by sqrt(1 + ln 8 / ln 16)) and random short and long factors."""
     rng = np.random.default_rng(3)
     half = SHAPE["hidden_size"] // SHAPE["num_attention_heads"] // 2
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [float(x) for x in rng.uniform(1, 3, half)],
             "long_factor": [float(x) for x in rng.uniform(2, 6, half)]}
     torch.manual_seed(5)
-    cfg = Phi3Config(**SHAPE, original_max_position_embeddings=T, tie_word_embeddings=False, pad_token_id=None,
-                     rope_parameters=rope)
+    short = T // 2
+    cfg = Phi3Config(**SHAPE, original_max_position_embeddings=short, tie_word_embeddings=False, pad_token_id=None,
+                     bos_token_id=1, eos_token_id=2, rope_parameters=rope)
     d = os.path.join(TMP, "phi3_longrope")
     Phi3ForCausalLM(cfg).save_pretrained(d)
     ck = os.path.join(TMP, "ck_longrope")
     shutil.rmtree(ck, ignore_errors=True)
+    # T past the original length: every row takes the long factors
     res = train("longrope.N1", d, 1, extra={"checkpoint": {"dir": ck, "export_hf": True}})
     if res is None:
         return
     model = hf("phi3", d)
     x, y = windows(0, B)
-    with torch.no_grad():
-        logits, loss = loss_of(model, x, y)
-    e = rel(res[0]["logits"][..., :V], logits.numpy())
-    check("longrope.logits", e <= TOL, f"rel {e:.2e}")
+    logits, loss = loss_of(model, x, y)
+    loss.backward()
+    e = rel(res[0]["logits"][..., :V], logits.detach().numpy())
+    check("longrope.long.logits", e <= TOL, f"rel {e:.2e}")
     e = abs(float(res[0]["loss"].ravel()[0]) - loss.item()) / loss.item()
-    check("longrope.loss", e <= TOL, f"rel {e:.2e}")
-    plain = hf("phi3", d)
-    plain.config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    check("longrope.long.loss", e <= TOL, f"rel {e:.2e}")
+    bad, worst = grad_errors(res[0], model)
+    check("longrope.long.grads", not bad, f"{bad[:5]}")
+    note(f"longrope: max gradient rel err {worst:.2e} past original_max_position_embeddings")
+    # the long factors change the model: the short ones over the same T give a loss 100 tolerances away at least
+    other_cfg = Phi3Config(**dict(cfg.to_dict(), rope_parameters=dict(rope, long_factor=rope["short_factor"])))
+    other = Phi3ForCausalLM(other_cfg).double().eval().requires_grad_(False)
+    other.load_state_dict(model.state_dict())
     with torch.no_grad():
-        _, other = loss_of(Phi3ForCausalLM(plain.config).double().eval().requires_grad_(False), x, y)
+        _, other_loss = loss_of(other, x, y)
+    check("longrope.long.factors_matter", abs(other_loss.item() - loss.item()) > 100 * TOL * loss.item(),
+          f"{other_loss.item()} vs {loss.item()}")
+    # up to the original length: the short factors
+    xs = torch.from_numpy(np.stack([TOKENS[k * short:k * short + short] for k in range(B)]).astype(np.int64))
+    ys = torch.from_numpy(np.stack([TOKENS[k * short + 1:k * short + short + 1] for k in range(B)]).astype(np.int64))
+    res_s = train("longrope.short", d, 1, extra={"data": {"seq_len": short}})
+    if res_s is not None:
+        with torch.no_grad():
+            logits_s, loss_s = loss_of(hf("phi3", d), xs, ys)
+        e = rel(res_s[0]["logits"][..., :V], logits_s.numpy())
+        check("longrope.short.logits", e <= TOL, f"rel {e:.2e}")
+    for N in (2, 3):
+        res_n = train(f"longrope.N{N}", d, N)
+        if res_n is None:
+            continue
+        with torch.no_grad():
+            _, want = loss_of(hf("phi3", d), *windows(0, N * B))
+        e = abs(float(res_n[0]["loss"].ravel()[0]) - want.item()) / want.item()
+        check(f"longrope.N{N}.loss", e <= TOL, f"rel {e:.2e}")
+    # eval on either side, and the export loaded back by transformers at the same loss
+    for seq, xx, yy in ((T, x, y), (short, xs, ys)):
+        with torch.no_grad():
+            _, want = loss_of(hf("phi3", d), xx, yy)
+        r = run(["eval", d, "--data", DATA, "--seq-len", str(seq), "--batch", "2", "--max-batches", "1", "--json"])
+        got = json.loads(r.stdout.strip().splitlines()[-1])["loss"] if r.returncode == 0 else float("nan")
+        e = abs(got - want.item()) / want.item()
+        check(f"longrope.eval_{seq}", e <= TOL, f"{got} vs {want.item()} (rel {e:.2e}) {r.stderr[-300:]}")
     out = os.path.join(ck, "hf")
     back = train("longrope.reload", out, 1)
     if back is not None:
@@ -673,10 +725,29 @@ def check_longrope():
             _, want = loss_of(hf("phi3", out), x, y)
         e = abs(float(back[0]["loss"].ravel()[0]) - want.item()) / want.item()
         check("longrope.export_transformers_loss", e <= TOL, f"rel {e:.2e}")
-    r = run(["train", config("longrope_long", d, extra={"data": {"seq_len": T + 8}})])
-    lines = r.stderr.strip().splitlines()
-    check("longrope.longer_refused", r.returncode == 2 and lines and "original_max_position_embeddings" in lines[-1],
-          r.stderr[-300:])
+    check_longrope_generate(d)
+
+
+def check_longrope_generate(d):
+    """Greedy generation across original_max_position_embeddings (16): prompts of 3, 5, 14, 16 and 20 tokens and 24
+    new ones, so rows cross it at different steps (the 16-token one at its first decode step, the 20-token one
+    starts past it), 4 rows a forward (a row alone in its last round) at N = 1 and 2, and one at a time: each equal
+    to transformers' generate of that prompt alone (which runs the sequence again at the crossing token)."""
+    model = Phi3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    prompts = [[7, 7, 8], [3, 14, 15, 92, 65], list(range(40, 54)), list(range(100, 116)), list(range(200, 220))]
+    path, want = greedy_reference("longrope", model, prompts, 24)
+    for N, batch in ((1, 4), (2, 4), (1, 1)):
+        r = run(["generate", d, "--prompt-file", path, "--max-new-tokens", "24", "--ignore-eos", "--no-chat",
+                 "--batch", str(batch), "--tokenizer", TOKENIZER], N)
+        name = f"longrope.generate.N{N}.batch{batch}"
+        check(f"{name}.run", r.returncode == 0, r.stderr[-600:])
+        if r.returncode != 0:
+            continue
+        got = [json.loads(line)["ids"] for line in r.stdout.splitlines() if line.strip()]
+        differ = [i for i in range(len(prompts)) if i >= len(got) or got[i] != want[i]]
+        check(f"{name}.greedy", not differ and len(got) == len(prompts),
+              f"prompts {differ}: shardlm {[got[i] if i < len(got) else None for i in differ]} vs transformers "
+              f"{[want[i] for i in differ]}")
 
 
 def check_refused(dirs):
@@ -740,20 +811,26 @@ def check_eval(kind, d):
               f"{r.stderr[-300:] if r.returncode else ''}")
 
 
-def check_generate_ranks(kind, d):
-    """`shardlm generate` at N = 2 and 3 (the model sharded, every rank decoding the prompts it holds) gives
-    transformers' greedy tokens, 32 past prompts of 5 and 20 tokens: far past the window."""
-    model = CLASSES[kind].from_pretrained(d, dtype=torch.float32).eval()
-    prompts = [[3, 14, 15, 92, 65], list(range(40, 60)), [7, 7, 8]]
-    path = os.path.join(TMP, kind + "_ranks_prompts.jsonl")
+def greedy_reference(name, model, prompts, new):
+    """The prompts as a prompt file (its path) and transformers' greedy tokens of each prompt alone."""
+    path = os.path.join(TMP, name + "_prompts.jsonl")
     with open(path, "w") as f:
         f.writelines(json.dumps({"ids": p}) + "\n" for p in prompts)
     want = []
     for p in prompts:
         with torch.no_grad():
-            y = model.generate(torch.tensor([p]), max_new_tokens=32, min_new_tokens=32, do_sample=False,
+            y = model.generate(torch.tensor([p]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
                                attention_mask=torch.ones(1, len(p), dtype=torch.long), pad_token_id=0)
         want.append(y[0, len(p):].tolist())
+    return path, want
+
+
+def check_generate_ranks(kind, d):
+    """`shardlm generate` at N = 2 and 3 (the model sharded, every rank decoding the prompts it holds) gives
+    transformers' greedy tokens, 32 past prompts of 5 and 20 tokens: far past the window."""
+    model = CLASSES[kind].from_pretrained(d, dtype=torch.float32).eval()
+    prompts = [[3, 14, 15, 92, 65], list(range(40, 60)), [7, 7, 8]]
+    path, want = greedy_reference(kind + "_ranks", model, prompts, 32)
     for N in (2, 3):
         r = run(["generate", d, "--prompt-file", path, "--max-new-tokens", "32", "--ignore-eos", "--no-chat",
                  "--tokenizer", TOKENIZER], N)
@@ -854,6 +931,9 @@ def main():
     TOKENIZER = byte_bpe_tokenizer(os.path.join(TMP, "tokenizer.json"), V)
     if sys.argv[1:] == ["window"]:
         check_windows()
+        sys.exit(1 if failures() else 0)
+    if sys.argv[1:] == ["longrope"]:
+        check_longrope()
         sys.exit(1 if failures() else 0)
     dirs = make_models()
     for kind in ("qwen2", "qwen3", "phi3"):

@@ -167,7 +167,8 @@ def losses(name):
 def completed(prefix, name, job):
     fields = wait_job(job)
     good = fields.get("JobState") == "COMPLETED" and fields.get("ExitCode") == "0:0"
-    check(f"{prefix}.completed", good, f"{fields.get('JobState')} {fields.get('ExitCode')}: {log_of(name, job)[-800:]}")
+    check(f"{prefix}.completed", good,
+          f"{fields.get('JobState')} {fields.get('ExitCode')}: {harness.crash_summary(log_of(name, job))}")
 
 
 RANK_LINE = re.compile(r"^rank (\d+) of (\d+) \| host (\S+) \| pid (\d+) \| node-local rank (\d+) of (\d+)$", re.M)

@@ -419,6 +419,51 @@ static void take_token(struct infer *s, const struct gen_options *g, struct prom
         p->finish = FINISH_LENGTH;
 }
 
+/* Whether row b goes past a longrope model's original_max_position_embeddings with its next token (at position
+ * kv->past[b]): its cache holds keys of the short factors, and transformers' generate runs the whole sequence
+ * again from there with the long ones. */
+static bool crossing(const struct round_row *r, const struct family_kv *kv, int b, int rope_switch)
+{
+    return rope_switch && r->p && !r->p->finish && kv->past[b] == rope_switch;
+}
+
+/* That run for the crossing rows of this rank (every rank runs it when one has such a row): each runs its prompt
+ * and tokens so far from an empty cache (llama_prepare picks the long factors by its length), which gives its next
+ * token; the other rows are silent (kv->last -1), their caches untouched. */
+static void recompute(struct infer *s, const struct gen_options *g, struct round_row *rows, int B, int ctx,
+                      int rope_switch, float *logits, void *work)
+{
+    struct family_acts *a = &s->sess.acts;
+    struct family_kv *kv = &s->sess.kv;
+    int32_t *past = xcalloc((size_t)B, sizeof *past);
+    bool *redo = xcalloc((size_t)B, sizeof *redo);
+    int T = 1;
+    for (int b = 0; b < B; b++) {
+        redo[b] = crossing(&rows[b], kv, b, rope_switch);
+        T = redo[b] ? rope_switch + 1 : T;
+    }
+    for (int b = 0; b < B; b++) {
+        const struct prompt *p = rows[b].p;
+        for (int t = 0; t < T; t++) {
+            a->inputs[b * T + t] = !redo[b] ? 0 : t < p->n ? p->ids[t] : p->out[t - p->n];
+            a->positions[b * T + t] = t;
+        }
+        past[b] = kv->past[b];
+        kv->past[b] = 0;
+        kv->last[b] = redo[b] ? T - 1 : -1;
+    }
+    session_forward(&s->sess, B, T, 0);
+    for (int b = 0; b < B; b++) {
+        kv->past[b] = redo[b] ? T : past[b];
+        if (!redo[b])
+            continue;
+        family_read_logits(a, b, logits);
+        take_token(s, g, rows[b].p, logits, work, ctx);
+    }
+    free(past);
+    free(redo);
+}
+
 /* One round: rows of this rank (B at most, prompts or empty). */
 static void run_round(struct infer *s, const struct gen_options *g, struct round_row *rows, int B, int ctx,
                       float *logits, void *work, double *t_prefill, double *t_decode)
@@ -452,13 +497,20 @@ static void run_round(struct infer *s, const struct gen_options *g, struct round
     }
     *t_prefill += now_seconds() - t0;
     t0 = now_seconds();
+    const int rope_switch = model_rope_switch(&s->sess.model.cfg, kv->Tmax);
+    bool *redo = xcalloc((size_t)B, sizeof *redo);
     for (;;) {
-        comm_allreduce(s->sess.comm, &active, 1, COMM_I32, COMM_MAX, NULL);
-        if (!active)
+        int now[2] = {active, 0}; /* any row generating; any crossing (every rank then runs the recompute) */
+        for (int b = 0; b < B; b++) {
+            redo[b] = crossing(&rows[b], kv, b, rope_switch);
+            now[1] |= redo[b];
+        }
+        comm_allreduce(s->sess.comm, now, 2, COMM_I32, COMM_MAX, NULL);
+        if (!now[0])
             break;
         for (int b = 0; b < B; b++) {
             struct prompt *p = rows[b].p;
-            const bool on = p && !p->finish;
+            const bool on = p && !p->finish && !redo[b]; /* a crossing row's token comes from the recompute */
             a->inputs[b] = on ? p->out[p->n_out - 1] : 0;
             if (!on) /* done or empty: rewrites a position of its own, never read */
                 kv->past[b] = kv->past[b] ? kv->past[b] - 1 : 0;
@@ -466,17 +518,21 @@ static void run_round(struct infer *s, const struct gen_options *g, struct round
             kv->last[b] = 0;
         }
         session_forward(&s->sess, B, 1, 0);
-        active = 0;
         for (int b = 0; b < B; b++) {
             struct prompt *p = rows[b].p;
             kv->past[b]++;
-            if (!p || p->finish)
+            if (!p || p->finish || redo[b])
                 continue;
             family_read_logits(a, b, logits);
             take_token(s, g, p, logits, work, ctx);
-            active += !p->finish;
         }
+        if (now[1])
+            recompute(s, g, rows, B, ctx, rope_switch, logits, work);
+        active = 0;
+        for (int b = 0; b < B; b++)
+            active += rows[b].p && !rows[b].p->finish;
     }
+    free(redo);
     *t_decode += now_seconds() - t0;
 }
 
@@ -710,7 +766,9 @@ int cmd_generate(int argc, char **argv)
         reach = p->n + g.max_new > reach ? p->n + g.max_new : reach;
     }
     const int B = g.batch < n_prompts ? g.batch : n_prompts, Tmax = reach < ctx ? reach : ctx;
-    infer_start(&s, &o, B, longest, Tmax);
+    /* longrope: a sequence that crosses original_max_position_embeddings runs again from its start (recompute) */
+    const int rope_switch = model_rope_switch(&s.cfg.model, Tmax);
+    infer_start(&s, &o, B, rope_switch >= longest ? rope_switch + 1 : longest, Tmax);
     struct tokenizer_stream stream;
     if (g.prompt && !g.json && !g.n_stops && s.tok && s.sess.rank == 0) { /* --prompt's text as it comes */
         tokenizer_stream_init(&stream, s.tok, prompts[0].ids, prompts[0].n, 1);

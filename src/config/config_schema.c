@@ -38,7 +38,7 @@ static const struct key_spec rope_scaling_keys[] = {
     {"short_factor", K_ARRAY, 0, NULL, NULL, NULL, "`head_dim` / 2 numbers > 0",
      "`longrope`: each channel pair's frequency divisor up to `original_max_position_embeddings` (required)"},
     {"long_factor", K_ARRAY, 0, NULL, NULL, NULL, "`head_dim` / 2 numbers > 0",
-     "`longrope`: the divisors beyond it (required; longer sequences are refused)"},
+     "`longrope`: the divisors of a sequence whose largest position + 1 exceeds it (required)"},
     {"attention_factor", K_NUM, 0, NULL, NULL, "1", "> 0", "`longrope`: the scale of cos and sin"},
     {0},
 };

@@ -81,8 +81,9 @@ static int read_factors(json_t *root, const char *key, int want, double *out)
     return want;
 }
 
-/* Phi-3's longrope: the short factors (sequences up to original_max_position_embeddings, the only ones shardlm
- * runs), the long ones (kept for the export), and the cos/sin scale, all as io/hf_config.c resolved them. */
+/* Phi-3's longrope: the short factors (rows whose positions stay within original_max_position_embeddings), the
+ * long ones (rows reaching past it: families/llama.c llama_prepare), and the cos/sin scale, all as io/hf_config.c
+ * resolved them. */
 static void read_longrope(struct model_config *m, json_t *root)
 {
     struct rope_scaling *r = &m->rope_scaling;
@@ -411,12 +412,6 @@ void read_data(struct config *cfg, json_t *root)
     if (!d->samples && (d->group_by_length || d->packing))
         fail_input("config: data.%s needs a sample file (.h5 from tools/prepare_data.py) in data.train; token "
                    "shards (.bin) are cut into full windows already", d->packing ? "packing" : "group_by_length");
-    const struct rope_scaling *rs = &cfg->model.rope_scaling;
-    if (rs->type == ROPE_SCALING_LONGROPE && d->seq_len > rs->original_max_positions)
-        fail_input("config: 'data.seq_len' (%d) is longer than the longrope model's original_max_position_embeddings "
-                   "(%d): transformers switches to its long_factor there, which shardlm does not implement; lower "
-                   "data.seq_len",
-                   d->seq_len, rs->original_max_positions);
     if (d->seq_len > cfg->model.n_positions)
         fail_input("config: 'data.seq_len' (%d) is larger than 'model.n_positions' (%d): a sequence longer than the "
                    "context; lower data.seq_len or raise model.n_positions",

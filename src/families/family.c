@@ -341,8 +341,9 @@ static int kv_last_rows(struct family_acts *a)
 {
     const size_t C = (size_t)a->m->cfg.n_embd, esize = act_size_now();
     for (int b = 0; b < a->B; b++) {
-        const size_t from = (size_t)b * a->T + (size_t)a->kv->last[b];
-        if (a->kv->last[b] < 0 || a->kv->last[b] >= a->T)
+        const int last = a->kv->last[b] < 0 ? 0 : a->kv->last[b]; /* -1: a silent row, its logits never read */
+        const size_t from = (size_t)b * a->T + (size_t)last;
+        if (a->kv->last[b] < -1 || last >= a->T)
             fail_internal("generation: row %d's last token %d is outside the forward's %d", b, a->kv->last[b], a->T);
         if (from != (size_t)b)
             backend_copy((float *)elem_at(a->norm_out, (size_t)b * C, esize), elem_at(a->norm_out, from * C, esize),
@@ -714,10 +715,13 @@ double family_forward(struct zero *z, struct family_acts *a, int B, int T, int w
             fail_internal("generation's forward computes logits only");
         int32_t *keep = a->kv->past + a->max_B;
         for (int b = 0; b < B; b++)
-            keep[b] = a->kv->last[b] + 1; /* the tokens after a row's last are padding, never cached */
+            keep[b] = a->kv->last[b] + 1; /* the tokens after a row's last are padding, never cached (a silent
+                                           * row's none) */
         if (a->kv->dev_past != a->kv->past)
             backend_copy(a->kv->dev_past, a->kv->past, 2 * (size_t)a->max_B * sizeof(int32_t));
     }
+    if (a->f->prepare)
+        a->f->prepare(a);
     a->lora_dropout_on = mode == FAMILY_TRAIN;
     struct walk w = {z, NULL, 0};
     return walk_forward(&w, a, with_targets, mode);

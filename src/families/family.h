@@ -66,7 +66,8 @@ struct family_kv {
     int32_t *past;            /* (2 max_B) host: positions of each row already in the cache (the caller advances
                                * it), then each row's tokens of this forward to keep (family_forward: last + 1) */
     int32_t *dev_past;        /* the kernels' copy (the same buffer on the CPU) */
-    int32_t *last;            /* (B) host: each row's last real token among this forward's T (its logits row) */
+    int32_t *last;            /* (B) host: each row's last real token among this forward's T (its logits row);
+                               * -1: a silent row, which stores nothing in the cache (its logits meaningless) */
 };
 
 struct family_acts {
@@ -130,6 +131,9 @@ struct family {
     /* Carves those buffers out of dev (a->max_B, max_T, max_pos, n_sets are set). */
     void (*init)(struct family_acts *a, const struct exec_target *t, struct arena *dev, struct mem_tracker *mem);
     void (*free)(struct family_acts *a);
+    /* Optional: set-up of a forward's micro-batch before its first kernel (a->B, T, positions and the cache's
+     * last are set), and the same for its backward. */
+    void (*prepare)(struct family_acts *a);
     /* Kernels; unit: the gathered unit (parameters [A]), grad: its gradient buffer ([G]). */
     void (*embed_forward)(struct family_acts *a, const float *unit, float *out);
     void (*embed_backward)(struct family_acts *a, float *grad, const float *dout);

@@ -72,7 +72,7 @@ static void gemma_plan(const struct model *m, const struct exec_target *t, int B
     bytes[BUF_ACTIVATIONS] += (size_t)n_sets * (2 * target_act_bytes(t, NC) + 2 * family_f32_bytes(N));
     bytes[BUF_WORKSPACE] += target_act_bytes(t, NC);
     if (own_local_tables(&m->cfg))
-        bytes[BUF_WORKSPACE] += 2 * family_f32_bytes(llama_rope_floats(m, max_pos));
+        bytes[BUF_WORKSPACE] += llama_rope_bytes(m, max_pos);
 }
 
 static void gemma_init(struct family_acts *fa, const struct exec_target *t, struct arena *dev, struct mem_tracker *mem)
@@ -94,16 +94,9 @@ static void gemma_init(struct family_acts *fa, const struct exec_target *t, stru
     g->dmid = arena_alloc(dev, mem, BUF_WORKSPACE, NC * ae, 1);
     g->rope_cos_local = g->base.rope_cos;
     g->rope_sin_local = g->base.rope_sin;
-    if (own_local_tables(c)) {
-        const size_t nr = llama_rope_floats(m, fa->max_pos);
-        g->rope_cos_local = arena_alloc(dev, mem, BUF_WORKSPACE, nr * sizeof(float), 1);
-        g->rope_sin_local = arena_alloc(dev, mem, BUF_WORKSPACE, nr * sizeof(float), 1);
-        float *cs = xcalloc(2 * nr + 1, sizeof *cs);
-        llama_rope_tables(c, c->rope_local_theta, false, fa->max_pos, cs, cs + nr);
-        backend_copy(g->rope_cos_local, cs, nr * sizeof *cs);
-        backend_copy(g->rope_sin_local, cs + nr, nr * sizeof *cs);
-        free(cs);
-    }
+    if (own_local_tables(c)) /* (two alike where the global ones are longrope's short and long) */
+        llama_rope_upload(c, c->rope_local_theta, false, fa->max_pos, dev, mem, &g->rope_cos_local,
+                          &g->rope_sin_local);
     g->layers = xcalloc((size_t)c->n_layer, sizeof *g->layers);
     for (int l = 0; l < c->n_layer; l++) {
         const bool local = layer_local(c, l);
@@ -212,6 +205,7 @@ const struct family family_gemma = {
     .plan = gemma_plan,
     .init = gemma_init,
     .free = gemma_free,
+    .prepare = llama_prepare,
     .embed_forward = gemma_embed_forward,
     .embed_backward = gemma_embed_backward,
     .block_forward = gemma_block_forward,

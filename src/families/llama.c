@@ -49,6 +49,12 @@ struct llama_extras llama_extras_of(const struct model *m)
 
 size_t llama_rope_floats(const struct model *m, int T) { return (size_t)T * (size_t)(m->cfg.head_dim / 2); }
 
+size_t llama_rope_bytes(const struct model *m, int max_pos)
+{
+    const size_t tables = model_rope_switch(&m->cfg, max_pos) ? 2 : 1;
+    return 2 * family_f32_bytes(tables * llama_rope_floats(m, max_pos));
+}
+
 void llama_plan(const struct model *m, const struct exec_target *t, int B, int T, int max_pos, int n_sets,
                        size_t bytes[BUF_COUNT])
 {
@@ -68,22 +74,24 @@ void llama_plan(const struct model *m, const struct exec_target *t, int B, int T
     bytes[BUF_ACTIVATIONS] += (size_t)n_sets * set;
     bytes[BUF_LOGITS] += family_f32_bytes(N);
     bytes[BUF_WORKSPACE] += target_act_bytes(t, N * QKV) + target_act_bytes(t, N * 2 * F) + target_act_bytes(t, N * F) +
-                            family_f32_bytes(family_scratch_floats(m, t, T)) + 2 * family_f32_bytes(llama_rope_floats(m, max_pos));
+                            family_f32_bytes(family_scratch_floats(m, t, T)) + llama_rope_bytes(m, max_pos);
+    if (model_rope_switch(&m->cfg, max_pos)) /* the rotary's positions */
+        bytes[BUF_WORKSPACE] += arena_round(N * sizeof(int32_t));
 }
 
 /* The rotary frequency of pair i (Hugging Face's inv_freq, in fp32 as it
  * computes it) for base theta, with Llama 3.1's scaling of the long
  * wavelengths when rope_scaling is "llama3" (scaled false: none, Gemma 3's
  * local layers). */
-static float rope_inv_freq(const struct model_config *c, double theta, bool scaled, int i, int hs)
+static float rope_inv_freq(const struct model_config *c, double theta, bool scaled, bool long_factors, int i, int hs)
 {
     float inv = (float)(1.0 / pow(theta, (double)(2 * i) / (double)hs));
     if (!scaled)
         return inv;
     if (c->rope_scaling.type == ROPE_SCALING_LINEAR)
         return inv / (float)c->rope_scaling.factor; /* transformers: inv_freq /= factor, in fp32 */
-    if (c->rope_scaling.type == ROPE_SCALING_LONGROPE) { /* 1 / (short_factor[i] base^(2i / hs)), factors in fp32 */
-        const double f = (float)c->rope_scaling.short_factor[i];
+    if (c->rope_scaling.type == ROPE_SCALING_LONGROPE) { /* 1 / (factor[i] base^(2i / hs)), factors in fp32 */
+        const double f = (float)(long_factors ? c->rope_scaling.long_factor[i] : c->rope_scaling.short_factor[i]);
         return (float)(1.0 / (f * pow(theta, (double)(2 * i) / hs)));
     }
     if (c->rope_scaling.type != ROPE_SCALING_LLAMA3)
@@ -100,15 +108,15 @@ static float rope_inv_freq(const struct model_config *c, double theta, bool scal
     return (float)((1.0 - smooth) * inv / factor + smooth * inv);
 }
 
-void llama_rope_tables(const struct model_config *c, double theta, bool scaled, int T, float *cos_out,
-                       float *sin_out)
+void llama_rope_tables(const struct model_config *c, double theta, bool scaled, bool long_factors, int T,
+                       float *cos_out, float *sin_out)
 {
     const int hs = c->head_dim, half = hs / 2;
     /* longrope scales cos and sin (transformers' attention_scaling, in fp32) */
     const float scale =
         scaled && c->rope_scaling.type == ROPE_SCALING_LONGROPE ? (float)c->rope_scaling.attention_factor : 1.0f;
     for (int i = 0; i < half; i++) {
-        float inv = rope_inv_freq(c, theta, scaled, i, hs);
+        float inv = rope_inv_freq(c, theta, scaled, long_factors, i, hs);
         for (int t = 0; t < T; t++) {
             float angle = (float)t * inv; /* fp32, as Hugging Face's outer product */
             cos_out[(size_t)t * half + i] = (float)cos((double)angle) * scale;
@@ -162,21 +170,60 @@ void llama_init(struct family_acts *fa, const struct exec_target *t, struct aren
         a->head_a = ALLOC_ACT(BUF_WORKSPACE, N * Q);
         a->head_b = ALLOC_ACT(BUF_WORKSPACE, N * Q);
     }
-    const size_t nr = llama_rope_floats(m, fa->max_pos);
-    a->rope_cos = ALLOC(BUF_WORKSPACE, nr);
-    a->rope_sin = ALLOC(BUF_WORKSPACE, nr);
+    llama_rope_upload(&m->cfg, m->cfg.rope_theta, true, fa->max_pos, dev, mem, &a->rope_cos, &a->rope_sin);
+    if (model_rope_switch(&m->cfg, fa->max_pos)) {
+        a->rope_pos = arena_alloc(dev, mem, BUF_WORKSPACE, N * sizeof(int32_t), 1);
+        a->rope_pos_host = t->device ? xcalloc(N, sizeof *a->rope_pos_host) : a->rope_pos;
+    }
 #undef ALLOC
 #undef ALLOC_ACT
-    float *cs = xcalloc(2 * nr + 1, sizeof *cs);
-    llama_rope_tables(&m->cfg, m->cfg.rope_theta, true, fa->max_pos, cs, cs + nr);
-    backend_copy(a->rope_cos, cs, nr * sizeof *cs);
-    backend_copy(a->rope_sin, cs + nr, nr * sizeof *cs);
+}
+
+void llama_rope_upload(const struct model_config *c, double theta, bool scaled, int max_pos, struct arena *dev,
+                       struct mem_tracker *mem, float **cos_out, float **sin_out)
+{
+    const size_t nr = (size_t)max_pos * (size_t)(c->head_dim / 2), tables = model_rope_switch(c, max_pos) ? 2 : 1;
+    float *cs = xcalloc(2 * tables * nr + 1, sizeof *cs), *sn = cs + tables * nr;
+    for (size_t k = 0; k < tables; k++)
+        llama_rope_tables(c, theta, scaled, k == 1, max_pos, cs + k * nr, sn + k * nr);
+    *cos_out = arena_alloc(dev, mem, BUF_WORKSPACE, tables * nr * sizeof(float), 1);
+    *sin_out = arena_alloc(dev, mem, BUF_WORKSPACE, tables * nr * sizeof(float), 1);
+    backend_copy(*cos_out, cs, tables * nr * sizeof *cs);
+    backend_copy(*sin_out, sn, tables * nr * sizeof *sn);
     free(cs);
+}
+
+/* Row b takes the long factors when its largest position + 1 exceeds original_max_position_embeddings: over every
+ * position of the row (padding too, as transformers' forward of the padded rows), with a cache over its real
+ * tokens (up to kv->last[b], so a prompt's tokens do not depend on the batch's padding). */
+void llama_prepare(struct family_acts *fa)
+{
+    struct llama_acts *a = fa->priv;
+    if (!a->rope_pos)
+        return;
+    const int original = model_rope_switch(&fa->m->cfg, fa->max_pos), B = fa->B, T = fa->T;
+    const int32_t *pos = fa->positions;
+    for (int b = 0; b < B; b++) {
+        const int32_t *row = pos ? pos + (size_t)b * T : NULL;
+        int top = T - 1;
+        if (row && fa->kv)
+            top = row[fa->kv->last[b] > 0 ? fa->kv->last[b] : 0];
+        else if (row)
+            for (int t = 0; t < T; t++)
+                top = t == 0 || row[t] > top ? row[t] : top;
+        const int32_t shift = top + 1 > original ? fa->max_pos : 0;
+        for (int t = 0; t < T; t++)
+            a->rope_pos_host[(size_t)b * T + t] = (row ? row[t] : t) + shift;
+    }
+    if (a->rope_pos_host != a->rope_pos)
+        backend_copy(a->rope_pos, a->rope_pos_host, (size_t)B * T * sizeof(int32_t));
 }
 
 void llama_free(struct family_acts *fa)
 {
     struct llama_acts *a = fa->priv;
+    if (a && a->rope_pos_host != a->rope_pos)
+        free(a->rope_pos_host);
     if (a)
         free(a->sets);
     free(a);
@@ -242,7 +289,8 @@ void llama_attention_forward(struct family_acts *fa, int l, const float *unit, c
         llama_head_norm_forward(&d, ba->qkv, 0, d.NH, P(a->x.q_norm), off, eps, ba->q_pre, ba->q_rstd, a->head_a);
         llama_head_norm_forward(&d, ba->qkv, d.Q, d.NKV, P(a->x.k_norm), off, eps, ba->k_pre, ba->k_rstd, a->head_a);
     }
-    backend_rope_forward(ba->qkv, la->rope_cos, la->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    backend_rope_forward(ba->qkv, la->rope_cos, la->rope_sin, a->rope_pos ? a->rope_pos : fa->dev_positions, fa->B,
+                         fa->T, d.NH, d.NKV, d.hs);
     if (!family_attention_kv(fa, l, ba->atty, ba->qkv, d.NH, d.NKV, d.hs))
         backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH,
                                       d.NKV, d.hs, &fa->attn[l]);
@@ -286,7 +334,8 @@ void llama_attention_backward(struct family_acts *fa, int l, const float *unit, 
 #define G(t) family_grad(fa, grad, u, t)
     backend_attention_gqa_backward(a->dqkv, datty, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, fa->B, fa->T,
                                    d.NH, d.NKV, d.hs, &fa->attn[l]);
-    backend_rope_backward(a->dqkv, la->rope_cos, la->rope_sin, fa->dev_positions, fa->B, fa->T, d.NH, d.NKV, d.hs);
+    backend_rope_backward(a->dqkv, la->rope_cos, la->rope_sin, a->rope_pos ? a->rope_pos : fa->dev_positions, fa->B,
+                          fa->T, d.NH, d.NKV, d.hs);
     if (a->x.q_norm >= 0) {
         llama_head_norm_backward(&d, a->dqkv, 0, d.NH, P(a->x.q_norm), off, G(a->x.q_norm), ba->q_pre, ba->q_rstd,
                                  a->head_a, a->head_b, a->scratch);
@@ -376,6 +425,7 @@ const struct family family_llama = {
     .plan = llama_plan,
     .init = llama_init,
     .free = llama_free,
+    .prepare = llama_prepare,
     .embed_forward = llama_embed_forward,
     .embed_backward = llama_embed_backward,
     .block_forward = llama_block_forward,

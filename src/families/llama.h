@@ -59,7 +59,11 @@ struct llama_acts {
     float *dgu;         /* (B, T, 2F) */
     float *dh;          /* (B, T, F) */
     float *scratch;     /* attention and RMSNorm backward scratch */
-    float *rope_cos, *rope_sin; /* (T, hs / 2) fp32 */
+    float *rope_cos, *rope_sin; /* (max_pos, hs / 2) fp32; two tables one after the other when rope_pos is set */
+    /* longrope past original_max_position_embeddings (model_rope_switch): the positions the rotary reads, each row's
+     * position plus max_pos where the row takes the long factors (llama_prepare), (B, T) on the kernels' side and
+     * its host copy; NULL: the rotary reads the micro-batch's positions (one table) */
+    int32_t *rope_pos, *rope_pos_host;
     /* the MLP's gate (model_config.mlp, chosen at set-up): SwiGLU, or Gemma's GeGLU */
     void (*gate_forward)(float *out, const float *gu, int N, int F);
     void (*gate_backward)(float *dgu, const float *dout, const float *gu, int N, int F);
@@ -100,10 +104,18 @@ void llama_norm_backward(struct family_acts *fa, const float *head, float *grad)
 
 /* Floats of one rotary table (cos or sin) covering T positions. */
 size_t llama_rope_floats(const struct model *m, int T);
+/* Bytes of the pair llama_rope_upload allocates. */
+size_t llama_rope_bytes(const struct model *m, int max_pos);
 /* cos and sin of position t times each pair's frequency for base theta, (T, hs / 2) host fp32; scaled: with the
- * model's rope_scaling (false: plain, Gemma 3's local layers). */
-void llama_rope_tables(const struct model_config *c, double theta, bool scaled, int T, float *cos_out,
-                       float *sin_out);
+ * model's rope_scaling (false: plain, Gemma 3's local layers); long_factors: longrope's long_factor (else its
+ * short_factor). */
+void llama_rope_tables(const struct model_config *c, double theta, bool scaled, bool long_factors, int T,
+                       float *cos_out, float *sin_out);
+/* Allocates and fills a rotary pair of max_pos positions (twice that, short then long, when model_rope_switch). */
+void llama_rope_upload(const struct model_config *c, double theta, bool scaled, int max_pos, struct arena *dev,
+                       struct mem_tracker *mem, float **cos_out, float **sin_out);
+/* Before each forward (family.prepare): which rows take the long factors (rope_pos), nothing with one table. */
+void llama_prepare(struct family_acts *fa);
 
 /* y [A] = x [A] + inp [A] @ w^T: a projection added into the residual stream, in place in y. */
 void llama_project_add(float *y, const float *x, const float *inp, const float *w, int N, int C_in, int C);

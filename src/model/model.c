@@ -639,3 +639,9 @@ int model_attention_cache_len(const struct model_config *c, int l, int Tmax)
     const int W = c->attention.window;
     return model_attention_sliding(&c->attention, l) && W < Tmax ? W : Tmax;
 }
+
+int model_rope_switch(const struct model_config *c, int max_pos)
+{
+    const int original = c->rope_scaling.original_max_positions;
+    return c->rope_scaling.type == ROPE_SCALING_LONGROPE && max_pos > original ? original : 0;
+}

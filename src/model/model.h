@@ -211,6 +211,10 @@ void model_attention_set_sliding(struct attention_layers *a, int l);
 /* Positions of block l's key/value cache for sequences of up to Tmax tokens: the window on a sliding block
  * (a ring of the last W positions), Tmax on the others. */
 int model_attention_cache_len(const struct model_config *c, int l, int Tmax);
+/* Phi-3's longrope over positions up to max_pos beyond original_max_position_embeddings: that length, else 0. A
+ * sequence whose largest position + 1 exceeds it takes the long factors (as transformers switches a forward by its
+ * largest position): the rotary then has two tables (families/llama.c). */
+int model_rope_switch(const struct model_config *c, int max_pos);
 
 /* Model FLOPs per token for forward+backward (6N + attention), as in the PaLM MFU definition. */
 double model_flops_per_token(const struct model *m, int seq_len);

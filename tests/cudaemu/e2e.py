@@ -26,7 +26,10 @@ block (the (1 + w) norms, GeGLU, scaled embedding, local and global rotary
 bases, a final soft-cap) in fp32 N=2 over NCCL, bf16 N=1 and DPO fp32 N=2;
 and QLoRA (issue 50: the blocks' linear weights NF4 with double quantization,
 stored and gathered in 4 bits and dequantized into the compute slot by
-backend_dequant4): Llama fp32 N=2 over NCCL and bf16 N=2 with offload.
+backend_dequant4): Llama fp32 N=2 over NCCL and bf16 N=2 with offload; and
+Phi-3's longrope past original_max_position_embeddings (two rotary tables,
+the rotary's positions offset row by row): fp32 N=2 over NCCL, and bf16 N=1
+packed (each row by its own longest sample).
 The emulated streams are lazy
 (README.md), so a missing synchronisation in the engine or the CUDA code
 changes the losses; the offload cases also run with CUDAEMU_EAGER=1 (every
@@ -77,6 +80,11 @@ GEMMA = {"model": dict(LLAMA["model"], type="gemma", n_layer=3, qk_norm=True, he
                        rope_local_theta=20000.0, tie_word_embeddings=True, sliding_window=8, sliding_layers=[0, 1],
                        attn_logit_softcapping=2.0, query_pre_attn_scalar=24.0)}
 
+# Phi-3's longrope (issue 48) past original_max_position_embeddings: rows of 32 beyond 16 take the long factors
+# (two rotary tables, the rotary's positions offset row by row); packed, each row by its own longest sample
+LONGROPE = {"model": dict(LLAMA["model"], rope_scaling={
+    "rope_type": "longrope", "original_max_position_embeddings": 16, "attention_factor": 1.2,
+    "short_factor": [1.0, 1.3, 1.9, 2.4, 3.1], "long_factor": [2.2, 3.5, 4.1, 5.0, 6.3]})}
 
 def packed_data():
     """A sample file of 60 samples of 3 to 32 tokens, each a prompt then a trained completion, packed."""
@@ -199,13 +207,16 @@ def main():
              ("qwen_bf16_n1", 1, "bf16", {}, BF16_TOL),
              ("gemma_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("gemma_bf16_n1", 1, "bf16", {}, BF16_TOL),
-             ("gemma_dpo_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
+             ("gemma_dpo_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("longrope_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
+             ("longrope_bf16_n1_packed", 1, "bf16", {}, BF16_TOL))
     only = sys.argv[1] if len(sys.argv) > 1 else ""  # a substring of the cases to run (all by default)
     for tag, N, dtype, env, tol in cases:
         if only not in tag:
             continue
         extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else \
-            QWEN if tag.startswith("qwen") else GEMMA if tag.startswith("gemma") else None
+            QWEN if tag.startswith("qwen") else GEMMA if tag.startswith("gemma") else \
+            LONGROPE if tag.startswith("longrope") else None
         if "qlora" in tag:
             extra = dict(extra or {}, **LLAMA, quantization={"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
                                                             "bnb_4bit_use_double_quant": True})
