@@ -102,6 +102,12 @@ void backend_matmul_backward_gelu(float *dpre, float *dweight, float *dbias, con
 
 /* out [A] (N, OC) = inp [A] (N, C) @ weight [A]^T, weight (OC, C): the LM head tied to wte. */
 void backend_matmul_forward_transposed(float *out, const float *inp, const float *weight, int N, int C, int OC);
+/* nn.Linear with a bias (Qwen2's q|k|v): out [A] (N, OC) = inp [A] (N, C) @ weight [A]^T + bias [A] (OC), weight
+ * (OC, C); bias NULL: backend_matmul_forward_transposed. The CPU backend computes exactly that matmul then
+ * backend_bias_forward; a device adds the bias in the matmul's epilogue (one rounding to [A]), or runs the two
+ * where its library offers no such epilogue. */
+void backend_matmul_forward_transposed_bias(float *out, const float *inp, const float *weight, const float *bias, int N,
+                                            int C, int OC);
 /* dinp [A] (N, C) = dout [A] @ weight [A] (overwritten); dweight [G] (OC, C) += dout^T @ inp [A]. */
 void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
                                         const float *weight, int N, int C, int OC);

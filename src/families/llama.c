@@ -281,9 +281,8 @@ void llama_attention_forward(struct family_acts *fa, int l, const float *unit, c
     const float eps = m->cfg.norm_eps, off = m->cfg.norm_offset;
 #define P(t) family_param(fa, unit, u, t)
     backend_rmsnorm_offset_forward(ba->ln1, ba->rstd1, x, P(LT_IN_NORM), off, eps, d.N, d.C);
-    backend_matmul_forward_transposed(ba->qkv, ba->ln1, P(LT_Q), d.N, d.C, d.QKV);
-    if (a->x.qkv_bias >= 0)
-        backend_bias_forward(ba->qkv, P(a->x.qkv_bias), d.N, d.QKV);
+    backend_matmul_forward_transposed_bias(ba->qkv, ba->ln1, P(LT_Q), a->x.qkv_bias >= 0 ? P(a->x.qkv_bias) : NULL,
+                                           d.N, d.C, d.QKV);
     family_lora_forward(fa, l, ad, LG_QKV, ba->ln1, ba->qkv, d.QKV);
     if (a->x.q_norm >= 0) {
         llama_head_norm_forward(&d, ba->qkv, 0, d.NH, P(a->x.q_norm), off, eps, ba->q_pre, ba->q_rstd, a->head_a);

@@ -603,6 +603,21 @@ static void check_llama_extras(const struct llama_shape *sh, const char *v)
     backend_bias_backward(d_db, d_y, N, QKV);
     compare(named2("bias_backward_accumulates", v), db, d_db, QKV, g_tol);
     backend_bias_backward(NULL, d_y, N, QKV); /* frozen: nothing to do, nothing touched */
+    /* q|k|v = x W^T + b with the bias in the matmul's epilogue (one rounding) against the CPU's matmul then bias */
+    {
+        const int C = sh->NH * sh->hs / 2 + 8;
+        float *x = act_round(host_random((size_t)N * C, 3), (size_t)N * C);
+        float *w = act_round(host_random((size_t)QKV * C, 4), (size_t)QKV * C), *o = malloc(n * 4);
+        float *d_x = act_to_device(x, (size_t)N * C), *d_w = act_to_device(w, (size_t)QKV * C), *d_o = act_poisoned(n);
+        cpu_matmul_forward_transposed_bias(o, x, w, b, N, C, QKV);
+        backend_matmul_forward_transposed_bias(d_o, d_x, d_w, d_b, N, C, QKV);
+        compare_act(named2("matmul_forward_transposed_bias", v), o, d_o, n, g_tol);
+        cpu_matmul_forward_transposed_bias(o, x, w, NULL, N, C, QKV);
+        backend_matmul_forward_transposed_bias(d_o, d_x, d_w, NULL, N, C, QKV);
+        compare_act(named2("matmul_forward_transposed_nobias", v), o, d_o, n, g_tol);
+        cudaFree(d_x), cudaFree(d_w), cudaFree(d_o);
+        free(x), free(w), free(o);
+    }
     act_round(y, n); /* the device's y is in the activation dtype: the copies below move those values */
     /* the key heads (columns Q .. Q + NKV hs) out to contiguous rows and back into a copy of another matrix */
     const int width = sh->NKV * sh->hs;

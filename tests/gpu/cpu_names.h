@@ -34,6 +34,7 @@
 #define backend_matmul_backward_gelu cpu_matmul_backward_gelu
 #define backend_matmul_forward_gelu cpu_matmul_forward_gelu
 #define backend_matmul_forward_transposed cpu_matmul_forward_transposed
+#define backend_matmul_forward_transposed_bias cpu_matmul_forward_transposed_bias
 #define backend_name cpu_name
 #define backend_rmsnorm_backward cpu_rmsnorm_backward
 #define backend_rmsnorm_forward cpu_rmsnorm_forward

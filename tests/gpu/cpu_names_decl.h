@@ -37,6 +37,7 @@
 #undef backend_matmul_backward_gelu
 #undef backend_matmul_forward_gelu
 #undef backend_matmul_forward_transposed
+#undef backend_matmul_forward_transposed_bias
 #undef backend_name
 #undef backend_rmsnorm_backward
 #undef backend_rmsnorm_forward

@@ -49,6 +49,14 @@ void backend_bias_forward(float *out, const float *bias, int N, int OC)
     f32_bias_forward(out, bias, N, OC);
 }
 
+void backend_matmul_forward_transposed_bias(float *out, const float *inp, const float *weight, const float *bias, int N,
+                                            int C, int OC)
+{
+    backend_matmul_forward_transposed(out, inp, weight, N, C, OC);
+    if (bias)
+        backend_bias_forward(out, bias, N, OC);
+}
+
 void backend_bias_backward(float *dbias, const float *dout, int N, int OC)
 {
     if (!dbias)

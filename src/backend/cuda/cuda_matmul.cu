@@ -264,6 +264,19 @@ extern "C" void backend_matmul_forward_transposed(float *out, const float *inp, 
     gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, 1.0f, weight, C, inp, C, 0.0f, out, OC, 0);
 }
 
+extern "C" void backend_matmul_forward_transposed_bias(float *out, const float *inp, const float *weight,
+                                                       const float *bias, int N, int C, int OC)
+{
+    if (bias) {
+        const struct lt_epilogue e = {CUBLASLT_EPILOGUE_BIAS, bias, NULL, 0};
+        if (lt_matmul(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, 0.0f, out, OC, 0, &e))
+            return;
+    }
+    backend_matmul_forward_transposed(out, inp, weight, N, C, OC);
+    if (bias)
+        backend_bias_forward(out, bias, N, OC);
+}
+
 extern "C" void backend_matmul_backward_transposed(float *dinp, float *dweight, const float *dout, const float *inp,
                                                    const float *weight, int N, int C, int OC)
 {
