@@ -85,10 +85,11 @@ def one_error_line(err):
 
 # ---- presets, bad input ---------------------------------------------------------------------------
 PUBLISHED = {"gpt2-124m": 124439808, "gpt2-350m": 354823168, "gpt2-774m": 774030080, "gpt2-1.5b": 1557611200,
-             "llama2-7b": 6738415616, "llama2-13b": 13015864320, "llama2-70b": 68976648192}
+             "llama2-7b": 6738415616, "llama2-13b": 13015864320, "llama2-70b": 68976648192,
+             "llama3.1-8b": 8030261248}
 SHAPES = {"gpt2-124m": (768, 50257, 1), "gpt2-350m": (1024, 50257, 1), "gpt2-774m": (1280, 50257, 1),
           "gpt2-1.5b": (1600, 50257, 1), "llama2-7b": (4096, 32000, 2), "llama2-13b": (5120, 32000, 2),
-          "llama2-70b": (8192, 32000, 2)}
+          "llama2-70b": (8192, 32000, 2), "llama3.1-8b": (4096, 128256, 2)}
 
 
 def check_presets():
@@ -111,7 +112,7 @@ def check_presets():
 def check_bad_input():
     rc, out, err = plan("--preset", "llama9-1t")
     known = ["gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b", "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b",
-             "llama3.1-70b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "phi-4"]
+             "llama3.1-8b", "llama3.1-70b", "qwen2.5-7b", "qwen2.5-72b", "qwen3-8b", "qwen3-32b", "phi-4"]
     check("bad.unknown_preset", rc == 2 and one_error_line(err) and all(k in err for k in known),
           f"rc {rc}, stderr {err!r}")
     for opt in ("gpu-mem", "host-mem"):

@@ -82,7 +82,7 @@ const char *arch_hf_architecture_of(const char *model_type)
  * -xl; the 124M..1.5B names count the tied head once). Llama 2: Touvron et al.
  * 2023, HF meta-llama/Llama-2-*-hf config.json (70B: grouped-query attention
  * with 8 KV heads); parameter totals: the Hugging Face checkpoints' exact counts
- * (6.74 B, 13.0 B, 68.98 B as published). Llama 3.1 70B, Qwen2.5 7B/72B (q|k|v
+ * (6.74 B, 13.0 B, 68.98 B as published). Llama 3.1 8B (Llama 3 8B's shape, context 131072) and 70B, Qwen2.5 7B/72B (q|k|v
  * biases) and Qwen3 8B/32B (head_dim 128, q/k norms): their Hugging Face
  * config.json, untied, and the exact totals of their safetensors indexes. Phi-4 (14B): microsoft/phi-4's
  * config.json (Phi3ForCausalLM, 10 KV heads, untied), the total computed from that shape. Gemma 2 9B/27B and Gemma 3
@@ -98,6 +98,7 @@ const struct model_preset arch_presets[] = {
     {"llama2-13b", type_llama, 40, 40, 40, 5120, 13824, 4096, 32000, 13015864320.0, 0, false, false, 0, 0},
     {"llama2-70b", type_llama, 80, 64, 8, 8192, 28672, 4096, 32000, 68976648192.0, 0, false, false, 0, 0},
     {"llama3-8b", type_llama, 32, 32, 8, 4096, 14336, 8192, 128256, 8030261248.0, 0, false, false, 0, 0},
+    {"llama3.1-8b", type_llama, 32, 32, 8, 4096, 14336, 131072, 128256, 8030261248.0, 0, false, false, 0, 0},
     {"llama3.1-70b", type_llama, 80, 64, 8, 8192, 28672, 131072, 128256, 70553706496.0, 0, false, false, 0, 0},
     {"qwen2.5-7b", type_llama, 28, 28, 4, 3584, 18944, 32768, 152064, 7615616512.0, 0, true, false, 0, 0},
     {"qwen2.5-72b", type_llama, 80, 64, 8, 8192, 29568, 32768, 152064, 72706203648.0, 0, true, false, 0, 0},
