@@ -97,8 +97,8 @@ for key in list(JOB_ENV):
         del JOB_ENV[key]   # not inside an enclosing job's context
 
 
-def run(cmd, timeout=60, **kw):
-    return subprocess.run(cmd, env=JOB_ENV, cwd=TMP, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+def run(cmd, timeout=60, env=None, **kw):
+    return subprocess.run(cmd, env=env or JOB_ENV, cwd=TMP, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout, **kw)
 
 
@@ -161,8 +161,8 @@ def small_llama_config(name):
 JOB_METRICS = {}   # job id: [the metrics file of its config]
 
 
-def sbatch(script, config, *sbatch_opts):
-    out = run(["sbatch", "--parsable", *sbatch_opts, os.path.join(JOBS, script), config])
+def sbatch(script, config, *sbatch_opts, env=None):
+    out = run(["sbatch", "--parsable", *sbatch_opts, os.path.join(JOBS, script), config], env=env)
     job = out.stdout.strip().split(";")[0]
     if out.returncode != 0 or not job.isdigit():
         raise RuntimeError(f"sbatch {script} failed: {out.stdout.strip()}")
@@ -444,7 +444,8 @@ def main():
                            "--signal=USR1@50")
     preempt_cfg = write_config("preempt", PREEMPT_BATCH, steps=PREEMPT_STEPS)
     reference_cfg = write_config("uninterrupted", PREEMPT_BATCH, steps=PREEMPT_STEPS)
-    preempt_job = sbatch("cpu.sbatch", preempt_cfg)
+    # held after step 1 until the signal comes (SHARDLM_TEST_HOLD_STEP, train.c): it arrives within the run
+    preempt_job = sbatch("cpu.sbatch", preempt_cfg, env=dict(JOB_ENV, SHARDLM_TEST_HOLD_STEP="1"))
     reference_job = sbatch("cpu.sbatch", reference_cfg)
     short = {n: sbatch("cpu.sbatch", write_config(f"tasks{n}"), f"--ntasks-per-node={n}") for n in (2, 4)}
     bad_cfg = write_config("bad")

@@ -456,7 +456,8 @@ def main():
         write_config(name)
     write_config("multinode", steps=SHORT_STEPS, batch=16)
     two_by_two = ["--nodes=2", "--ntasks-per-node=2"]
-    preempt = sbatch("cpu.sbatch", "preempt", *two_by_two)
+    # held after step 1 until the signal comes (SHARDLM_TEST_HOLD_STEP, train.c): it arrives within the run
+    preempt = sbatch("cpu.sbatch", "preempt", *two_by_two, env=dict(JOB_ENV, SHARDLM_TEST_HOLD_STEP="1"))
     cross = sbatch("cpu.sbatch", "cross", *two_by_two, env=dict(JOB_ENV, OMPI_MCA_btl_base_verbose="100"))
     single = sbatch("cpu.sbatch", "single", "--nodes=1", "--ntasks-per-node=4")
     template = sbatch("gpu-multinode.sbatch", "multinode", "--gpus-per-node=0", "--cpus-per-task=1",

@@ -83,6 +83,20 @@ void train_fault_point(const char *phase)
     raise(sig);
 }
 
+/* For the tests of a launcher's signals (tests/t_slurm.py, t_slurm_nodes.py): SHARDLM_TEST_HOLD_STEP=N holds
+ * each rank after step N (its metrics written) until a stop signal reaches it, for at most 300 s, so that a signal
+ * the test sends once it sees step N arrives within the run whatever the machine's speed. */
+static void test_hold(long step)
+{
+    static long hold = -2;
+    if (hold == -2) {
+        const char *s = getenv("SHARDLM_TEST_HOLD_STEP");
+        hold = s ? strtol(s, NULL, 10) : -1;
+    }
+    for (int i = 0; step == hold && !g_stop_signal && i < 30000; i++)
+        usleep(10000);
+}
+
 static const char *stop_signal_name(int sig)
 {
     return sig == SIGUSR1 ? "SIGUSR1" : sig == SIGINT ? "SIGINT" : "SIGTERM";
@@ -875,6 +889,7 @@ int train_run(struct config *cfg, struct comm *comm, const struct train_options 
                         vl, (unsigned long long)bytes[COMM_ALLGATHER]);
         }
         metrics_flush(&tr, false);
+        test_hold(tr.step);
         /* every rank stops at the same step if any was signalled */
         stop_signal = agree_stop_signal(comm);
         if (stop_signal)

@@ -267,7 +267,13 @@ use_carried() {
     fail build.carried "the carried binaries in $BINS do not load here: $missing(rebuilding from source)"
     return 1
   fi
-  mkdir -p bin && cp -p "$BINS/shardlm" "$BINS/shardlm-cuda" bin/ && cp -p "$BINS/check_kernels" "$BINS/time_kernels" "$WORK/" || return 1
+  # each trainer copied beside its place and renamed onto it: a process running the old file keeps it, and one
+  # starting now gets the old or the new one whole (a rehearsal runs in a checkout whose tests may be running it)
+  mkdir -p bin || return 1
+  for f in shardlm shardlm-cuda; do
+    cp -p "$BINS/$f" "bin/.$f.carried" && mv -f "bin/.$f.carried" "bin/$f" || return 1
+  done
+  cp -p "$BINS/check_kernels" "$BINS/time_kernels" "$WORK/" || return 1
   [ -x "$BINS/nvme_bench" ] && cp -p "$BINS/nvme_bench" "$WORK/" # optional: the nvme stage skips without it
   say "carried binaries from $BINS: $(tr -s ' \n' ' ' <"$BINS/INFO.json" 2>/dev/null | cut -c1-400)"
   ok build.carried
