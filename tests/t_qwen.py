@@ -74,7 +74,12 @@ Sliding windows (issue 48 item 4), windows of 8 under sequences of T = 32:
   mistral.packed: samples of 8 to 50 tokens packed into rows of 64 give the
   loss and every gradient of the same samples one per micro-batch (rel 1e-5):
   the window counts positions within each sample.
-`t_qwen.py window` runs the window cases only, `t_qwen.py longrope` the longrope ones.
+  partial.*   Phi-4-mini's partial rotary (partial_rotary_factor 0.75, 12 of
+              16 channels turned) with longrope past 16: logits, loss, every
+              gradient at T = 32, the whole rotation giving another loss, N = 2,
+              the export (key kept) at transformers' loss, greedy generation;
+              an odd rotated width and the key on Qwen2 refused in one line
+`t_qwen.py window` runs the window cases only, `t_qwen.py longrope` the longrope and partial ones.
 """
 import json
 import os
@@ -655,6 +660,45 @@ def grad_errors(dump, model):
     return bad, worst
 
 
+def phi3_n1(name, rope, original, seed):
+    """A Phi-3 of SHAPE with rope_parameters ROPE and original_max_position_embeddings ORIGINAL saved by transformers,
+    one step at T with a checkpoint (exported) against transformers: logits, loss, every gradient. Returns (its
+    directory, the checkpoint directory, the transformers model after backward, x, y, loss), None when the run
+    failed."""
+    torch.manual_seed(seed)
+    cfg = Phi3Config(**SHAPE, original_max_position_embeddings=original, tie_word_embeddings=False, pad_token_id=None,
+                     bos_token_id=1, eos_token_id=2, rope_parameters=rope)
+    d = os.path.join(TMP, "phi3_" + name)
+    Phi3ForCausalLM(cfg).save_pretrained(d)
+    ck = os.path.join(TMP, "ck_" + name)
+    shutil.rmtree(ck, ignore_errors=True)
+    res = train(f"{name}.N1", d, 1, extra={"checkpoint": {"dir": ck, "export_hf": True}})
+    if res is None:
+        return None
+    model = hf("phi3", d)
+    x, y = windows(0, B)
+    logits, loss = loss_of(model, x, y)
+    loss.backward()
+    e = rel(res[0]["logits"][..., :V], logits.detach().numpy())
+    check(f"{name}.logits", e <= TOL, f"rel {e:.2e}")
+    e = abs(float(res[0]["loss"].ravel()[0]) - loss.item()) / loss.item()
+    check(f"{name}.loss", e <= TOL, f"rel {e:.2e}")
+    bad, worst = grad_errors(res[0], model)
+    check(f"{name}.grads", not bad, f"{bad[:5]}")
+    note(f"{name}: max gradient rel err {worst:.2e}")
+    return d, ck, model, x, y, loss
+
+
+def check_phi3_reload(name, out, x, y):
+    """The export OUT trained from at transformers' loss of it."""
+    back = train(f"{name}.reload", out, 1)
+    if back is not None:
+        with torch.no_grad():
+            _, want = loss_of(hf("phi3", out), x, y)
+        e = abs(float(back[0]["loss"].ravel()[0]) - want.item()) / want.item()
+        check(f"{name}.export_transformers_loss", e <= TOL, f"rel {e:.2e}")
+
+
 def check_longrope():
     """Phi-3's longrope with original_max_position_embeddings = T / 2 (max_position_embeddings 128: cos and sin
     scaled by sqrt(1 + ln 8 / ln 16)) and random short and long factors."""
@@ -662,29 +706,13 @@ def check_longrope():
     half = SHAPE["hidden_size"] // SHAPE["num_attention_heads"] // 2
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [float(x) for x in rng.uniform(1, 3, half)],
             "long_factor": [float(x) for x in rng.uniform(2, 6, half)]}
-    torch.manual_seed(5)
     short = T // 2
-    cfg = Phi3Config(**SHAPE, original_max_position_embeddings=short, tie_word_embeddings=False, pad_token_id=None,
-                     bos_token_id=1, eos_token_id=2, rope_parameters=rope)
-    d = os.path.join(TMP, "phi3_longrope")
-    Phi3ForCausalLM(cfg).save_pretrained(d)
-    ck = os.path.join(TMP, "ck_longrope")
-    shutil.rmtree(ck, ignore_errors=True)
     # T past the original length: every row takes the long factors
-    res = train("longrope.N1", d, 1, extra={"checkpoint": {"dir": ck, "export_hf": True}})
-    if res is None:
+    got = phi3_n1("longrope", rope, short, 5)
+    if got is None:
         return
-    model = hf("phi3", d)
-    x, y = windows(0, B)
-    logits, loss = loss_of(model, x, y)
-    loss.backward()
-    e = rel(res[0]["logits"][..., :V], logits.detach().numpy())
-    check("longrope.long.logits", e <= TOL, f"rel {e:.2e}")
-    e = abs(float(res[0]["loss"].ravel()[0]) - loss.item()) / loss.item()
-    check("longrope.long.loss", e <= TOL, f"rel {e:.2e}")
-    bad, worst = grad_errors(res[0], model)
-    check("longrope.long.grads", not bad, f"{bad[:5]}")
-    note(f"longrope: max gradient rel err {worst:.2e} past original_max_position_embeddings")
+    d, ck, model, x, y, loss = got
+    cfg = model.config
     # the long factors change the model: the short ones over the same T give a loss 100 tolerances away at least
     other_cfg = Phi3Config(**dict(cfg.to_dict(), rope_parameters=dict(rope, long_factor=rope["short_factor"])))
     other = Phi3ForCausalLM(other_cfg).double().eval().requires_grad_(False)
@@ -718,14 +746,67 @@ def check_longrope():
         got = json.loads(r.stdout.strip().splitlines()[-1])["loss"] if r.returncode == 0 else float("nan")
         e = abs(got - want.item()) / want.item()
         check(f"longrope.eval_{seq}", e <= TOL, f"{got} vs {want.item()} (rel {e:.2e}) {r.stderr[-300:]}")
-    out = os.path.join(ck, "hf")
-    back = train("longrope.reload", out, 1)
-    if back is not None:
-        with torch.no_grad():
-            _, want = loss_of(hf("phi3", out), x, y)
-        e = abs(float(back[0]["loss"].ravel()[0]) - want.item()) / want.item()
-        check("longrope.export_transformers_loss", e <= TOL, f"rel {e:.2e}")
+    check_phi3_reload("longrope", os.path.join(ck, "hf"), x, y)
     check_longrope_generate(d)
+
+
+def check_partial_rotary():
+    """Phi-4-mini's layout: partial_rotary_factor 0.75 (the rotary turns 12 of a head's 16 channels, frequencies
+    over those 12) with longrope of 6 factor pairs past original_max_position_embeddings 16: at T = 32 logits, loss,
+    every gradient; N = 2 loss; the export (partial_rotary_factor kept) loaded back by transformers at the same
+    loss; greedy generation across 16; refused: a factor whose channels are odd, and the key on Qwen2."""
+    rng = np.random.default_rng(4)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+            "short_factor": [float(x) for x in rng.uniform(1, 3, 6)],
+            "long_factor": [float(x) for x in rng.uniform(2, 6, 6)]}
+    got = phi3_n1("partial", rope, T // 2, 6)
+    if got is None:
+        return
+    d, ck, model, x, y, loss = got
+    cfg = model.config
+    # the same weights rotated whole (their longrope factors padded) give a loss 100 tolerances away at least
+    whole = dict(rope, partial_rotary_factor=1.0, short_factor=rope["short_factor"] + [1.0, 1.0],
+                 long_factor=rope["long_factor"] + [1.0, 1.0])
+    other = Phi3ForCausalLM(Phi3Config(**dict(cfg.to_dict(), rope_parameters=whole))).double().eval()
+    other.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        _, other_loss = loss_of(other, x, y)
+    check("partial.rotation_matters", abs(other_loss.item() - loss.item()) > 100 * TOL * loss.item(),
+          f"{other_loss.item()} vs {loss.item()}")
+    res2 = train("partial.N2", d, 2)
+    if res2 is not None:
+        with torch.no_grad():
+            _, want = loss_of(hf("phi3", d), *windows(0, 2 * B))
+        e = abs(float(res2[0]["loss"].ravel()[0]) - want.item()) / want.item()
+        check("partial.N2.loss", e <= TOL, f"rel {e:.2e}")
+    out = os.path.join(ck, "hf")
+    exported = json.load(open(os.path.join(out, "config.json"))) if os.path.exists(out) else {}
+    check("partial.export.key", exported.get("rope_parameters", {}).get("partial_rotary_factor") == 0.75,
+          f"{exported.get('rope_parameters')}")
+    check_phi3_reload("partial", out, x, y)
+    gen = Phi3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    prompts = [[3, 14, 15, 92, 65], list(range(40, 54))]
+    path, want = greedy_reference("partial", gen, prompts, 24)
+    r = run(["generate", d, "--prompt-file", path, "--max-new-tokens", "24", "--ignore-eos", "--no-chat", "--batch",
+             "2", "--tokenizer", TOKENIZER])
+    got = [json.loads(line)["ids"] for line in r.stdout.splitlines() if line.strip()] if r.returncode == 0 else None
+    check("partial.generate.greedy", got == want, f"shardlm {got} vs transformers {want} {r.stderr[-300:]}")
+    for name, src, edit, word in (("odd", d, {"partial_rotary_factor": 0.1}, "partial_rotary_factor"),
+                                  ("qwen2", None, {"partial_rotary_factor": 0.5}, "Phi3ForCausalLM")):
+        bd = os.path.join(TMP, "bad_partial_" + name)
+        shutil.rmtree(bd, ignore_errors=True)
+        if src:
+            shutil.copytree(src, bd)
+        else:
+            qwen2(SHAPE).save_pretrained(bd)
+        c = json.load(open(os.path.join(bd, "config.json")))
+        c.update(edit)
+        c.get("rope_parameters", {}).update(edit)
+        json.dump(c, open(os.path.join(bd, "config.json"), "w"))
+        r = run(["train", config("bad_partial_" + name, bd)])
+        lines = r.stderr.strip().splitlines()
+        check(f"partial.refused_{name}", r.returncode == 2 and len(lines) == 1 and word in lines[-1],
+              f"exit {r.returncode}: {r.stderr[-300:]}")
 
 
 def check_longrope_generate(d):
@@ -934,6 +1015,7 @@ def main():
         sys.exit(1 if failures() else 0)
     if sys.argv[1:] == ["longrope"]:
         check_longrope()
+        check_partial_rotary()
         sys.exit(1 if failures() else 0)
     dirs = make_models()
     for kind in ("qwen2", "qwen3", "phi3"):
@@ -952,6 +1034,7 @@ def main():
     for kind in ("qwen2", "phi3"):
         check_chat(kind, dirs[kind])
     check_longrope()
+    check_partial_rotary()
     check_ranks("qwen2_bf16", dirs["qwen2_bf16"], "qwen2")
     check_windows()
     check_refused(dirs)

@@ -248,16 +248,18 @@ void backend_copy_cols(float *dst, int dst_ld, int dst_col, const float *src, in
 
 /* Rotary position embedding in place on the query and key heads of qkv [A]
  * (B, T, (NH + 2 NKV) hs) (the first NH + NKV heads of each row; values are
- * left alone), Hugging Face's rotate-half convention: for i < hs / 2 and
- * token (b, t) at position p = pos[b, t] (pos NULL: p = t), (x[i], x[i + hs/2])
- * becomes (x[i] cos - x[i + hs/2] sin, x[i + hs/2] cos + x[i] sin) with
- * cos = cos[p, i], sin = sin[p, i], tables (at least T rows, hs / 2) fp32. hs
- * is even. The backward applies the inverse rotation (sin negated) to the
+ * left alone), Hugging Face's rotate-half convention over the first rot
+ * channels of each head (rot = hs, or fewer: a partial rotary, Phi-4-mini's
+ * partial_rotary_factor; the others pass through): for i < rot / 2 and token
+ * (b, t) at position p = pos[b, t] (pos NULL: p = t), (x[i], x[i + rot/2])
+ * becomes (x[i] cos - x[i + rot/2] sin, x[i + rot/2] cos + x[i] sin) with
+ * cos = cos[p, i], sin = sin[p, i], tables (at least T rows, rot / 2) fp32.
+ * rot is even. The backward applies the inverse rotation (sin negated) to the
  * gradient dqkv [A] in place. */
 void backend_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
-                          int NKV, int hs);
+                          int NKV, int hs, int rot);
 void backend_rope_backward(float *dqkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
-                           int NKV, int hs);
+                           int NKV, int hs, int rot);
 
 /* SwiGLU (Llama's MLP): out [A] (N, F) = silu(gu[:, :F]) * gu[:, F:] with gu [A]
  * (N, 2F) the gate and up projections side by side (one matmul over gate_proj

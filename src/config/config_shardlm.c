@@ -61,15 +61,15 @@ static void check_model_sizes(const struct model_config *m, bool gpt2)
 /* ---- sections ---------------------------------------------------------- */
 
 /* Hugging Face's rope_scaling: type "llama3" or "linear" (null, absent or "default": none). */
-/* A longrope factor list: head_dim / 2 numbers > 0. */
+/* A longrope factor list: rotary_dim / 2 numbers > 0 (head_dim / 2 without a partial rotary). */
 static int read_factors(json_t *root, const char *key, int want, double *out)
 {
     char path[64];
     snprintf(path, sizeof path, "model.rope_scaling.%s", key);
     json_t *a = doc_get(root, path);
     if (!json_is_array(a) || (int)json_array_size(a) != want)
-        fail_input("config: '%s' must be a list of head_dim / 2 = %d numbers, as longrope has one per channel pair",
-                   path, want);
+        fail_input("config: '%s' must be a list of %d numbers (the rotated channels / 2), as longrope has one per "
+                   "channel pair", path, want);
     size_t i;
     json_t *v;
     json_array_foreach(a, i, v) {
@@ -87,10 +87,9 @@ static int read_factors(json_t *root, const char *key, int want, double *out)
 static void read_longrope(struct model_config *m, json_t *root)
 {
     struct rope_scaling *r = &m->rope_scaling;
-    const int half = m->head_dim / 2;
+    const int half = (int)(m->head_dim * m->partial_rotary) / 2;
     if (half > ROPE_MAX_FACTORS)
-        fail_input("config: longrope with head_dim %d: at most %d channel pairs are implemented", m->head_dim,
-                   ROPE_MAX_FACTORS);
+        fail_input("config: longrope over %d channel pairs: at most %d are implemented", half, ROPE_MAX_FACTORS);
     r->type = ROPE_SCALING_LONGROPE;
     r->n_factors = read_factors(root, "short_factor", half, r->short_factor);
     read_factors(root, "long_factor", half, r->long_factor);
@@ -228,7 +227,7 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
     static const char *const only_llama[] = {"model.rms_norm_eps", "model.rope_theta", "model.rope_scaling",
                                               "model.tie_word_embeddings", "model.head_dim", "model.qkv_bias",
                                               "model.qk_norm", "model.fused_projections", "model.sliding_window",
-                                              "model.sliding_layers"};
+                                              "model.sliding_layers", "model.partial_rotary_factor"};
     m->norm_eps = 1e-5f;
     m->rope_theta = 10000.0;
     m->tie_embeddings = gpt2;
@@ -248,6 +247,15 @@ static void read_llama_keys(struct model_config *m, json_t *root, bool gpt2)
         fail_input("config: the head dimension ('model.head_dim', else 'model.n_embd' / 'model.n_head') is %d, odd: "
                    "rotary embeddings rotate channel pairs, so Llama needs an even head dimension",
                    m->head_dim);
+    m->partial_rotary = read_num(root, "model.partial_rotary_factor", 1.0, NO_FILL);
+    const int rot = (int)(m->head_dim * m->partial_rotary);
+    if (!(m->partial_rotary > 0 && m->partial_rotary <= 1) || rot < 2 || rot % 2)
+        fail_input("config: 'model.partial_rotary_factor' is %g: the rotary turns int(head_dim x factor) = %d of a "
+                   "head's %d channels, which must be an even number from 2 up; give a factor in (0, 1]",
+                   m->partial_rotary, rot, m->head_dim);
+    if (m->partial_rotary != 1.0 && arch_is(m->type, ARCH_GEMMA))
+        fail_input("config: 'model.partial_rotary_factor' is for the Llama-like families (Phi-4-mini); Gemma turns "
+                   "every channel of a head. Remove it");
     m->qkv_bias = read_bool(root, "model.qkv_bias", m->qkv_bias, NO_FILL);
     m->qk_norm = read_bool(root, "model.qk_norm", m->qk_norm, NO_FILL);
     m->fused_projections = read_bool(root, "model.fused_projections", false, NO_FILL);

@@ -91,6 +91,8 @@ struct model_config {
     struct attention_layers attention; /* each block's attention variant, from config.json (io/hf_config) */
     int head_dim;        /* Llama: channels per attention head (Hugging Face head_dim; Qwen3's differs from
                           * n_embd / n_head); model_build sets n_embd / n_head when 0 */
+    double partial_rotary; /* Llama: partial_rotary_factor, the share of a head the rotary turns (Phi-4-mini: 0.75;
+                            * 0 or 1: all of it) */
     bool qkv_bias;       /* Llama: q_proj, k_proj, v_proj carry biases (Qwen2) */
     bool qk_norm;        /* Llama: an RMSNorm over each head of q and of k before the rotary (Qwen3) */
     bool fused_projections; /* Llama: the Hugging Face files hold q|k|v as qkv_proj and gate|up as gate_up_proj
@@ -108,6 +110,8 @@ struct model_config {
     enum mlp_kind mlp;   /* GPT-2: c_fc, GELU, c_proj; Llama: SwiGLU (gate, up, down) */
     bool biases;         /* linear layers carry biases (GPT-2) */
     bool rotary;         /* rotary position embedding, no position table (Llama) */
+    int rotary_dim;      /* the channels of a head the rotary turns, the first ones: int(head_dim partial_rotary)
+                          * as transformers computes it (head_dim when whole) */
     bool tied_head;      /* LM head tied to the token embedding (GPT-2) */
     float norm_offset;   /* RMSNorm scales by (norm_offset + w): Gemma 1, others 0 */
     bool post_norms;     /* Gemma: norms after attention and the MLP too (pre_feedforward_layernorm, post_feedforward_...) */

@@ -47,7 +47,7 @@ struct llama_extras llama_extras_of(const struct model *m)
     return x;
 }
 
-size_t llama_rope_floats(const struct model *m, int T) { return (size_t)T * (size_t)(m->cfg.head_dim / 2); }
+size_t llama_rope_floats(const struct model *m, int T) { return (size_t)T * (size_t)(m->cfg.rotary_dim / 2); }
 
 size_t llama_rope_bytes(const struct model *m, int max_pos)
 {
@@ -111,7 +111,7 @@ static float rope_inv_freq(const struct model_config *c, double theta, bool scal
 void llama_rope_tables(const struct model_config *c, double theta, bool scaled, bool long_factors, int T,
                        float *cos_out, float *sin_out)
 {
-    const int hs = c->head_dim, half = hs / 2;
+    const int hs = c->rotary_dim, half = hs / 2; /* transformers: frequencies over the rotated channels */
     /* longrope scales cos and sin (transformers' attention_scaling, in fp32) */
     const float scale =
         scaled && c->rope_scaling.type == ROPE_SCALING_LONGROPE ? (float)c->rope_scaling.attention_factor : 1.0f;
@@ -182,7 +182,7 @@ void llama_init(struct family_acts *fa, const struct exec_target *t, struct aren
 void llama_rope_upload(const struct model_config *c, double theta, bool scaled, int max_pos, struct arena *dev,
                        struct mem_tracker *mem, float **cos_out, float **sin_out)
 {
-    const size_t nr = (size_t)max_pos * (size_t)(c->head_dim / 2), tables = model_rope_switch(c, max_pos) ? 2 : 1;
+    const size_t nr = (size_t)max_pos * (size_t)(c->rotary_dim / 2), tables = model_rope_switch(c, max_pos) ? 2 : 1;
     float *cs = xcalloc(2 * tables * nr + 1, sizeof *cs), *sn = cs + tables * nr;
     for (size_t k = 0; k < tables; k++)
         llama_rope_tables(c, theta, scaled, k == 1, max_pos, cs + k * nr, sn + k * nr);
@@ -289,7 +289,7 @@ void llama_attention_forward(struct family_acts *fa, int l, const float *unit, c
         llama_head_norm_forward(&d, ba->qkv, d.Q, d.NKV, P(a->x.k_norm), off, eps, ba->k_pre, ba->k_rstd, a->head_a);
     }
     backend_rope_forward(ba->qkv, la->rope_cos, la->rope_sin, a->rope_pos ? a->rope_pos : fa->dev_positions, fa->B,
-                         fa->T, d.NH, d.NKV, d.hs);
+                         fa->T, d.NH, d.NKV, d.hs, m->cfg.rotary_dim);
     if (!family_attention_kv(fa, l, ba->atty, ba->qkv, d.NH, d.NKV, d.hs))
         backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH,
                                       d.NKV, d.hs, &fa->attn[l]);
@@ -334,7 +334,7 @@ void llama_attention_backward(struct family_acts *fa, int l, const float *unit, 
     backend_attention_gqa_backward(a->dqkv, datty, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, fa->B, fa->T,
                                    d.NH, d.NKV, d.hs, &fa->attn[l]);
     backend_rope_backward(a->dqkv, la->rope_cos, la->rope_sin, a->rope_pos ? a->rope_pos : fa->dev_positions, fa->B,
-                          fa->T, d.NH, d.NKV, d.hs);
+                          fa->T, d.NH, d.NKV, d.hs, m->cfg.rotary_dim);
     if (a->x.q_norm >= 0) {
         llama_head_norm_backward(&d, a->dqkv, 0, d.NH, P(a->x.q_norm), off, G(a->x.q_norm), ba->q_pre, ba->q_rstd,
                                  a->head_a, a->head_b, a->scratch);

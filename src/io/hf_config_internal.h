@@ -33,6 +33,13 @@ const char *hfc_str_key(struct reader *r, const char *key, const char *def);
 void hfc_read_dtype(struct reader *r);
 /* Every key not read: inert, fixed at its default, refused as a setting of the computation, or warned about. */
 void hfc_check_other_keys(struct reader *r);
+/* rope_theta, rope_scaling and partial_rotary_factor of the whole model (one setting for every layer; layer_types:
+ * the file's, or NULL), from either spelling: puts the shardlm keys (hf_rope.c). */
+void hfc_read_rope(struct reader *r, json_t *layer_types, long long max_pos, void (*put)(void *, const char *, json_t *),
+                   void *ctx);
+struct model_config;
+/* The model's rotary settings into an exported config.json in both spellings (hf_rope.c). */
+void hfc_put_rope(json_t *out, const struct model_config *c);
 /* One rotary dictionary into {"rope_theta": x, "rope_scaling": {...} or null} (a new object); where names it in
  * messages. */
 json_t *hfc_read_rope_dict(struct reader *r, json_t *d, const char *where, double top_theta, bool top_given,

@@ -54,6 +54,9 @@ static void set_arch(struct model_config *c)
         c->head_dim = c->n_embd / c->n_head;
     if (!llama || gemma)
         c->qkv_bias = c->fused_projections = false;
+    if (!llama || gemma || !(c->partial_rotary > 0 && c->partial_rotary < 1))
+        c->partial_rotary = 1.0;
+    c->rotary_dim = (int)(c->head_dim * c->partial_rotary);
     if (!llama)
         c->qk_norm = false;
     /* Gemma's attention options, every layer's (the window is the config's, model.sliding_layers): the scores'

@@ -398,6 +398,9 @@ void ckpt_run_model(struct ckpt_reader *r, const char *path, struct model *m)
     json_t *hd = json_object_get(model, "head_dim");
     mc.head_dim = json_is_integer(hd) ? (int)json_integer_value(hd) : 0;
     mc.qkv_bias = json_is_true(json_object_get(model, "qkv_bias"));
+    mc.partial_rotary = json_is_number(json_object_get(model, "partial_rotary_factor"))
+                            ? json_number_value(json_object_get(model, "partial_rotary_factor"))
+                            : 1.0;
     if (doc)
         config_read_sliding(&mc, doc);
     mc.qk_norm = json_is_true(json_object_get(model, "qk_norm"));

@@ -29,7 +29,8 @@ stored and gathered in 4 bits and dequantized into the compute slot by
 backend_dequant4): Llama fp32 N=2 over NCCL and bf16 N=2 with offload; and
 Phi-3's longrope past original_max_position_embeddings (two rotary tables,
 the rotary's positions offset row by row): fp32 N=2 over NCCL, and bf16 N=1
-packed (each row by its own longest sample).
+packed (each row by its own longest sample), and with a partial rotary (8 of
+10 channels, Phi-4-mini's layout) fp32 N=2 over NCCL.
 The emulated streams are lazy
 (README.md), so a missing synchronisation in the engine or the CUDA code
 changes the losses; the offload cases also run with CUDAEMU_EAGER=1 (every
@@ -85,6 +86,10 @@ GEMMA = {"model": dict(LLAMA["model"], type="gemma", n_layer=3, qk_norm=True, he
 LONGROPE = {"model": dict(LLAMA["model"], rope_scaling={
     "rope_type": "longrope", "original_max_position_embeddings": 16, "attention_factor": 1.2,
     "short_factor": [1.0, 1.3, 1.9, 2.4, 3.1], "long_factor": [2.2, 3.5, 4.1, 5.0, 6.3]})}
+# Phi-4-mini's partial rotary with longrope: 8 of a head's 10 channels turned, 4 factor pairs
+PARTIAL = {"model": dict(LLAMA["model"], partial_rotary_factor=0.8, rope_scaling={
+    "rope_type": "longrope", "original_max_position_embeddings": 16, "attention_factor": 1.2,
+    "short_factor": [1.0, 1.3, 1.9, 2.4], "long_factor": [2.2, 3.5, 4.1, 5.0]})}
 
 def packed_data():
     """A sample file of 60 samples of 3 to 32 tokens, each a prompt then a trained completion, packed."""
@@ -209,14 +214,15 @@ def main():
              ("gemma_bf16_n1", 1, "bf16", {}, BF16_TOL),
              ("gemma_dpo_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
              ("longrope_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL),
-             ("longrope_bf16_n1_packed", 1, "bf16", {}, BF16_TOL))
+             ("longrope_bf16_n1_packed", 1, "bf16", {}, BF16_TOL),
+             ("partial_fp32_n2_nccl", 2, "fp32", {"CUDAEMU_DEVICES": "2"}, FP32_TOL))
     only = sys.argv[1] if len(sys.argv) > 1 else ""  # a substring of the cases to run (all by default)
     for tag, N, dtype, env, tol in cases:
         if only not in tag:
             continue
         extra = OFFLOAD_ACCUM_CKPT if "offload" in tag else LLAMA if tag.startswith("llama") else \
             QWEN if tag.startswith("qwen") else GEMMA if tag.startswith("gemma") else \
-            LONGROPE if tag.startswith("longrope") else None
+            LONGROPE if tag.startswith("longrope") else PARTIAL if tag.startswith("partial") else None
         if "qlora" in tag:
             extra = dict(extra or {}, **LLAMA, quantization={"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
                                                             "bnb_4bit_use_double_quant": True})

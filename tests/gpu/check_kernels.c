@@ -703,13 +703,25 @@ static void check_llama_attention(const struct llama_shape *sh, const int32_t *p
     rope_tables(cos_t, sin_t, T, hs);
     float *d_cos = to_device(cos_t, (size_t)T * (hs / 2) * 4), *d_sin = to_device(sin_t, (size_t)T * (hs / 2) * 4);
     float *qkv = act_round(host_random(nqkv, 1), nqkv), *d_qkv = act_to_device(qkv, nqkv);
-    cpu_rope_forward(qkv, cos_t, sin_t, pos, B, T, NH, NKV, hs);
-    backend_rope_forward(d_qkv, d_cos, d_sin, d_pos, B, T, NH, NKV, hs);
+    /* first over part of each head (a partial rotary, Phi-4-mini's: the first rot channels, the tables' first
+     * rot / 2 columns of a row read at a stride of rot / 2), then over all of it */
+    const int rot = hs / 2 % 2 ? hs / 2 + 1 : hs / 2;
+    float *part = malloc(nqkv * 4), *d_part = act_to_device(qkv, nqkv);
+    memcpy(part, qkv, nqkv * 4);
+    cpu_rope_forward(part, cos_t, sin_t, pos, B, T, NH, NKV, hs, rot);
+    backend_rope_forward(d_part, d_cos, d_sin, d_pos, B, T, NH, NKV, hs, rot);
+    compare_act(named2("rope_forward_partial", v), part, d_part, nqkv, g_tol);
+    cpu_rope_backward(part, cos_t, sin_t, pos, B, T, NH, NKV, hs, rot);
+    backend_rope_backward(d_part, d_cos, d_sin, d_pos, B, T, NH, NKV, hs, rot);
+    compare_act(named2("rope_backward_partial", v), part, d_part, nqkv, g_tol);
+    cpu_rope_forward(qkv, cos_t, sin_t, pos, B, T, NH, NKV, hs, hs);
+    backend_rope_forward(d_qkv, d_cos, d_sin, d_pos, B, T, NH, NKV, hs, hs);
     compare_act(named2("rope_forward", v), qkv, d_qkv, nqkv, g_tol);
     float *grad = act_round(host_random(nqkv, 1), nqkv), *d_grad = act_to_device(grad, nqkv);
-    cpu_rope_backward(grad, cos_t, sin_t, pos, B, T, NH, NKV, hs);
-    backend_rope_backward(d_grad, d_cos, d_sin, d_pos, B, T, NH, NKV, hs);
+    cpu_rope_backward(grad, cos_t, sin_t, pos, B, T, NH, NKV, hs, hs);
+    backend_rope_backward(d_grad, d_cos, d_sin, d_pos, B, T, NH, NKV, hs, hs);
     compare_act(named2("rope_backward", v), grad, d_grad, nqkv, g_tol);
+    cudaFree(d_part), free(part);
 
     /* grouped-query attention on the rotated qkv (both sides from the same rounded values) */
     act_round(qkv, nqkv);

@@ -250,8 +250,8 @@ static void time_llama(const struct shape *sh)
     float *cos_t = device_random((size_t)T * (hs / 2), DTYPE_F32, 1.0f);
     float *sin_t = device_random((size_t)T * (hs / 2), DTYPE_F32, 1.0f);
     const double rope_bytes = 2.0 * a * (double)N * (NH + NKV) * hs;
-    TIME_OP("rope_fwd", rope_bytes, 0, backend_rope_forward(qkv, cos_t, sin_t, NULL, B, T, NH, NKV, hs));
-    TIME_OP("rope_bwd", rope_bytes, 0, backend_rope_backward(dqkv, cos_t, sin_t, NULL, B, T, NH, NKV, hs));
+    TIME_OP("rope_fwd", rope_bytes, 0, backend_rope_forward(qkv, cos_t, sin_t, NULL, B, T, NH, NKV, hs, hs));
+    TIME_OP("rope_bwd", rope_bytes, 0, backend_rope_backward(dqkv, cos_t, sin_t, NULL, B, T, NH, NKV, hs, hs));
 
     /* grouped-query attention (NH / NKV query heads a kv head): the FLOPs of NH heads, as the products are */
     size_t scratch_n = backend_attention_scratch(T, NH) + 1, att_n = backend_attention_saved(B, T, NH) / 4 + 1;

@@ -698,7 +698,7 @@ static void rope_objective(void *ctx, double *out)
 {
     struct rope_case *r = ctx;
     memcpy(out, r->qkv, (size_t)r->B * r->T * (r->NH + 2 * r->NKV) * r->hs * sizeof *out);
-    f64_rope_forward(out, r->cos_table, r->sin_table, r->pos, r->B, r->T, r->NH, r->NKV, r->hs);
+    f64_rope_forward(out, r->cos_table, r->sin_table, r->pos, r->B, r->T, r->NH, r->NKV, r->hs, r->hs);
 }
 
 /* Element c of head `head` of row (b, t) after the rotation, from backend.h's
@@ -755,7 +755,7 @@ static void test_rope(int B, int T, int NH, int NKV, int hs, int packed, uint64_
     check_err("rotate-half formula", kernel, "out", max_rel_err(out, ref, n_qkv, FLOAT_FLOOR), FORMULA_TOL);
     /* the backward rotates dout in place: the gradient of the input */
     double *dqkv = copy_tensor(w, n_qkv);
-    f64_rope_backward(dqkv, cos_table, sin_table, pos, B, T, NH, NKV, hs);
+    f64_rope_backward(dqkv, cos_table, sin_table, pos, B, T, NH, NKV, hs, hs);
 
     struct objective obj = {rope_objective, &r, w, n_qkv};
     double *num_qkv = numeric(r.qkv, n_qkv, &obj);
@@ -763,8 +763,8 @@ static void test_rope(int B, int T, int NH, int NKV, int hs, int packed, uint64_
 
     float *qkv_f = narrow(r.qkv, n_qkv), *dqkv_f = narrow(w, n_qkv);
     float *cos_f = narrow(cos_table, n_table), *sin_f = narrow(sin_table, n_table);
-    backend_rope_forward(qkv_f, cos_f, sin_f, pos, B, T, NH, NKV, hs);
-    backend_rope_backward(dqkv_f, cos_f, sin_f, pos, B, T, NH, NKV, hs);
+    backend_rope_forward(qkv_f, cos_f, sin_f, pos, B, T, NH, NKV, hs, hs);
+    backend_rope_backward(dqkv_f, cos_f, sin_f, pos, B, T, NH, NKV, hs, hs);
     check_float_f(kernel, "out", qkv_f, out, n_qkv);
     check_float_f(kernel, "dqkv", dqkv_f, dqkv, n_qkv);
     double *out_f_wide = increment_f(qkv_f, NULL, n_qkv), *dqkv_f_wide = increment_f(dqkv_f, NULL, n_qkv);

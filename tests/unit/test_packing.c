@@ -213,13 +213,13 @@ static void test_rope(int NH, int NKV, int hs, uint64_t *rng)
     float *x = xmalloc(n_qkv * sizeof *x), *dx = xmalloc(n_qkv * sizeof *dx);
     memcpy(x, qkv, n_qkv * sizeof *x);
     memcpy(dx, dqkv, n_qkv * sizeof *dx);
-    backend_rope_forward(x, cos_t, sin_t, pos, B, T, NH, NKV, hs);
-    backend_rope_backward(dx, cos_t, sin_t, pos, B, T, NH, NKV, hs);
+    backend_rope_forward(x, cos_t, sin_t, pos, B, T, NH, NKV, hs, hs);
+    backend_rope_backward(dx, cos_t, sin_t, pos, B, T, NH, NKV, hs, hs);
     struct error e_fwd = {0, 0}, e_bwd = {0, 0};
     for (int k = 0; k < n_samples; k++) {
         float *x1 = rows_of(qkv, &samples[k], width), *dx1 = rows_of(dqkv, &samples[k], width);
-        backend_rope_forward(x1, cos_t, sin_t, NULL, 1, samples[k].len, NH, NKV, hs);
-        backend_rope_backward(dx1, cos_t, sin_t, NULL, 1, samples[k].len, NH, NKV, hs);
+        backend_rope_forward(x1, cos_t, sin_t, NULL, 1, samples[k].len, NH, NKV, hs, hs);
+        backend_rope_backward(dx1, cos_t, sin_t, NULL, 1, samples[k].len, NH, NKV, hs, hs);
         float *px = rows_of(x, &samples[k], width), *pdx = rows_of(dx, &samples[k], width);
         fold(&e_fwd, px, x1, (size_t)samples[k].len * width);
         fold(&e_bwd, pdx, dx1, (size_t)samples[k].len * width);
@@ -396,7 +396,7 @@ static void test_emulated_bf16(uint64_t *rng)
     /* fp32 on the host */
     float *rot = xmalloc(n_qkv * sizeof *rot), *emb = xmalloc(n_out * sizeof *emb);
     memcpy(rot, qkv, n_qkv * sizeof *rot);
-    backend_rope_forward(rot, cos_t, sin_t, pos, B, T, NH, NKV, hs);
+    backend_rope_forward(rot, cos_t, sin_t, pos, B, T, NH, NKV, hs, hs);
     bf16_round(rot, n_qkv);
     backend_embedding_forward(emb, tokens, wte, wpe, pos, B, T, C);
     /* bf16 on the emulated device, pos in device memory */
@@ -406,7 +406,7 @@ static void test_emulated_bf16(uint64_t *rng)
     float *d_qkv = on_device_bf16(qkv, n_qkv), *d_dout = on_device_bf16(dout, n_out);
     float *d_wte = on_device_bf16(wte, (size_t)V * C), *d_wpe = on_device_bf16(wpe, (size_t)T * C);
     float *d_emb = backend_mem_alloc(SPACE_DEVICE, n_out * 2, "test_packing");
-    backend_rope_forward(d_qkv, d_cos, d_sin, d_pos, B, T, NH, NKV, hs);
+    backend_rope_forward(d_qkv, d_cos, d_sin, d_pos, B, T, NH, NKV, hs, hs);
     check_bf16("packing emulated bf16: rope forward = fp32", d_qkv, rot, n_qkv);
     for (int kernel = CPU_ATTENTION_TILED; kernel <= CPU_ATTENTION_MATERIALIZED; kernel++) {
         backend_cpu_attention_use((enum cpu_attention)kernel);

@@ -405,12 +405,12 @@ static void f32_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
             dweight[c] += partial[(size_t)t * C + c];
 }
 
-/* Rotates the query and key heads of every row of x by +sin (forward) or -sin (backward), token (b, t) by the
- * tables' row pos[b, t] (t without positions). */
+/* Rotates the first rot channels of the query and key heads of every row of x by +sin (forward) or -sin
+ * (backward), token (b, t) by the tables' row pos[b, t] (t without positions). */
 static void rope_rotate(float *x, const float *cos, const float *sin, const int32_t *pos, float sign, int B, int T,
-                        int NH, int NKV, int hs)
+                        int NH, int NKV, int hs, int rot)
 {
-    const int heads = NH + NKV, row = (NH + 2 * NKV) * hs, half = hs / 2;
+    const int heads = NH + NKV, row = (NH + 2 * NKV) * hs, half = rot / 2;
 #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
@@ -429,23 +429,23 @@ static void rope_rotate(float *x, const float *cos, const float *sin, const int3
 }
 
 static void f32_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
-                             int NKV, int hs)
+                             int NKV, int hs, int rot)
 {
     DEVEMU_VIEW(qkv);
     DEVEMU_VIEW(cos);
     DEVEMU_VIEW(sin);
     DEVEMU_VIEW(pos);
-    rope_rotate(qkv, cos, sin, pos, 1.0f, B, T, NH, NKV, hs);
+    rope_rotate(qkv, cos, sin, pos, 1.0f, B, T, NH, NKV, hs, rot);
 }
 
 static void f32_rope_backward(float *dqkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
-                              int NKV, int hs)
+                              int NKV, int hs, int rot)
 {
     DEVEMU_VIEW(dqkv);
     DEVEMU_VIEW(cos);
     DEVEMU_VIEW(sin);
     DEVEMU_VIEW(pos);
-    rope_rotate(dqkv, cos, sin, pos, -1.0f, B, T, NH, NKV, hs);
+    rope_rotate(dqkv, cos, sin, pos, -1.0f, B, T, NH, NKV, hs, rot);
 }
 
 static void f32_swiglu_forward(float *out, const float *gu, int N, int F)
@@ -826,18 +826,27 @@ void backend_rmsnorm_backward(float *dinp, float *dweight, const float *dout, co
     backend_rmsnorm_offset_backward(dinp, dweight, dout, inp, weight, 0.0f, rstd, scratch, N, C);
 }
 
-void backend_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
-                          int NKV, int hs)
+static void rope_check(int hs, int rot)
 {
-    ACT_DISPATCH(act_rope(f32_rope_forward, qkv, cos, sin, pos, B, T, NH, NKV, hs));
-    f32_rope_forward(qkv, cos, sin, pos, B, T, NH, NKV, hs);
+    if (rot < 2 || rot > hs || rot % 2)
+        fail_internal("rotary embedding over %d of a head's %d channels: it takes an even number, 2 to the head size",
+                      rot, hs);
+}
+
+void backend_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
+                          int NKV, int hs, int rot)
+{
+    rope_check(hs, rot);
+    ACT_DISPATCH(act_rope(f32_rope_forward, qkv, cos, sin, pos, B, T, NH, NKV, hs, rot));
+    f32_rope_forward(qkv, cos, sin, pos, B, T, NH, NKV, hs, rot);
 }
 
 void backend_rope_backward(float *dqkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
-                           int NKV, int hs)
+                           int NKV, int hs, int rot)
 {
-    ACT_DISPATCH(act_rope(f32_rope_backward, dqkv, cos, sin, pos, B, T, NH, NKV, hs));
-    f32_rope_backward(dqkv, cos, sin, pos, B, T, NH, NKV, hs);
+    rope_check(hs, rot);
+    ACT_DISPATCH(act_rope(f32_rope_backward, dqkv, cos, sin, pos, B, T, NH, NKV, hs, rot));
+    f32_rope_backward(dqkv, cos, sin, pos, B, T, NH, NKV, hs, rot);
 }
 
 void backend_swiglu_forward(float *out, const float *gu, int N, int F)

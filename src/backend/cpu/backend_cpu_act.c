@@ -248,12 +248,13 @@ void act_rmsnorm_backward(void (*f32)(float *dinp, float *dweight, const float *
 }
 
 void act_rope(void (*f32)(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
-                          int NKV, int hs),
-              float *x, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH, int NKV, int hs)
+                          int NKV, int hs, int rot),
+              float *x, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+              int rot)
 {
     const size_t n = (size_t)B * T * (size_t)(NH + 2 * NKV) * hs;
     float *w = widen(x, n);
-    f32(w, cos, sin, pos, B, T, NH, NKV, hs);
+    f32(w, cos, sin, pos, B, T, NH, NKV, hs, rot);
     narrow(x, w, n);
 }
 

@@ -87,8 +87,9 @@ void act_rmsnorm_backward(void (*f32)(float *dinp, float *dweight, const float *
  * narrowed (backend_cpu_gemma.c's soft-capping and scaling). */
 void act_in_place(void (*f32)(float *x, const void *args), float *x, size_t n, const void *args);
 void act_rope(void (*f32)(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH,
-                          int NKV, int hs),
-              float *x, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH, int NKV, int hs);
+                          int NKV, int hs, int rot),
+              float *x, const float *cos, const float *sin, const int32_t *pos, int B, int T, int NH, int NKV, int hs,
+              int rot);
 void act_swiglu_forward(void (*f32)(float *out, const float *gu, int N, int F), float *out, const float *gu, int N,
                         int F);
 void act_swiglu_backward(void (*f32)(float *dgu, const float *dout, const float *gu, int N, int F), float *dgu,

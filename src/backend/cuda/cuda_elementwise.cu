@@ -101,14 +101,15 @@ extern "C" void backend_zero(float *x, size_t n)
 
 /* ---- rotary position embedding and SwiGLU (Llama) ---------------------------------------------- */
 
-/* Rotate-half rotary embedding in place on the first NH + NKV heads of each (NH + 2 NKV) hs row of x [A]: thread
- * per (row, head, i < hs / 2) rotates the pair (i, i + hs / 2) by the angle of (p, i), p = pos[row] (t without
- * positions); sin_sign -1 rotates back (the backward: the transpose of a rotation is its inverse). */
+/* Rotate-half rotary embedding in place on the first NH + NKV heads of each (NH + 2 NKV) hs row of x [A], over each
+ * head's first rot channels (the others pass through): thread per (row, head, i < rot / 2) rotates the pair
+ * (i, i + rot / 2) by the angle of (p, i), p = pos[row] (t without positions); sin_sign -1 rotates back (the
+ * backward: the transpose of a rotation is its inverse). */
 template <typename A>
 __global__ static void rope_kernel(A *x, const float *cos, const float *sin, const int32_t *pos, float sin_sign,
-                                   int BT, int T, int heads, int width, int hs)
+                                   int BT, int T, int heads, int width, int hs, int rot)
 {
-    const int half = hs / 2;
+    const int half = rot / 2;
     const size_t n = (size_t)BT * heads * half;
     for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n; k += (size_t)gridDim.x * blockDim.x) {
         const int i = (int)(k % half), head = (int)(k / half % heads);
@@ -123,27 +124,26 @@ __global__ static void rope_kernel(A *x, const float *cos, const float *sin, con
 }
 
 static void rope(float *x, const float *cos, const float *sin, const int32_t *pos, float sin_sign, int B, int T, int NH,
-                 int NKV, int hs)
+                 int NKV, int hs, int rot)
 {
-    if (hs % 2)
-        fail_input("rotary embedding: head size %d is odd (rotate-half pairs channel i with i + hs/2; use an even "
-                   "head size)",
-                   hs);
-    const size_t n = (size_t)B * T * (NH + NKV) * (hs / 2);
+    if (rot < 2 || rot > hs || rot % 2)
+        fail_input("rotary embedding over %d of a head's %d channels: it takes an even number, 2 to the head size",
+                   rot, hs);
+    const size_t n = (size_t)B * T * (NH + NKV) * (rot / 2);
     WITH_ACT(rope_kernel<A><<<blocks_for(n, BLOCK), BLOCK, 0, g_stream>>>((A *)x, cos, sin, pos, sin_sign, B * T, T,
-                                                                          NH + NKV, (NH + 2 * NKV) * hs, hs));
+                                                                          NH + NKV, (NH + 2 * NKV) * hs, hs, rot));
 }
 
 extern "C" void backend_rope_forward(float *qkv, const float *cos, const float *sin, const int32_t *pos, int B, int T,
-                                     int NH, int NKV, int hs)
+                                     int NH, int NKV, int hs, int rot)
 {
-    rope(qkv, cos, sin, pos, 1.0f, B, T, NH, NKV, hs);
+    rope(qkv, cos, sin, pos, 1.0f, B, T, NH, NKV, hs, rot);
 }
 
 extern "C" void backend_rope_backward(float *dqkv, const float *cos, const float *sin, const int32_t *pos, int B, int T,
-                                      int NH, int NKV, int hs)
+                                      int NH, int NKV, int hs, int rot)
 {
-    rope(dqkv, cos, sin, pos, -1.0f, B, T, NH, NKV, hs);
+    rope(dqkv, cos, sin, pos, -1.0f, B, T, NH, NKV, hs, rot);
 }
 
 __device__ static float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
