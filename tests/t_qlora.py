@@ -191,14 +191,26 @@ def check_case(name, qtype, double, ranks):
 
 
 
-def q4_shard_bytes(ranks):
+def q4_tensor_bytes(blocks, ranks, double):
+    """One rank's bytes of a weight of `blocks` 64-blocks (zero.h's struct q4_layout): ceil(blocks / N) blocks at 32
+    bytes of codes each, then a 4-byte absmax each, or with double quantization bitsandbytes' nested form: a byte
+    each (padded to 4), an fp32 nested absmax for each group of 256 blocks the rank's blocks touch (the most any
+    rank touches) and the fp32 offset."""
+    per = -(-blocks // ranks)
+    if not double:
+        return per * 36
+    touched = max((min(blocks, (r + 1) * per) - 1) // 256 - r * per // 256 + 1
+                  for r in range(ranks) if r * per < blocks)
+    return per * 32 + -(-per // 4) * 4 + (touched + 1) * 4
+
+
+def q4_shard_bytes(ranks, double=True):
     """A block's shard at N ranks as zero.h's struct q4_layout lays it out: each linear weight in whole 64-blocks of
-    the whole tensor, ceil(blocks / N) per rank at 32 bytes of codes and a 4-byte absmax each; the two norms
-    (the plain part) padded to N * 16 elements, fp32; the shard rounded up to 16 bytes. Also the block's fp32
-    shard without quantization (its padded elements / N x 4)."""
+    the whole tensor (q4_tensor_bytes); the two norms (the plain part) padded to N * 16 elements, fp32; the shard
+    rounded up to 16 bytes. Also the block's fp32 shard without quantization (its padded elements / N x 4)."""
     C, F, KV = HF.hidden_size, HF.intermediate_size, HF.hidden_size // HF.num_attention_heads * HF.num_key_value_heads
     linears = [C * C, KV * C, KV * C, C * C, F * C, F * C, C * F]
-    q4 = sum(-(-(-(-n // 64)) // ranks) * 36 for n in linears)
+    q4 = sum(q4_tensor_bytes(-(-n // 64), ranks, double) for n in linears)
     plain = -(-(2 * C) // (ranks * 16)) * 16
     padded = -(-(sum(linears) + 2 * C) // (ranks * 16)) * ranks * 16
     return -(-(q4 + plain * 4) // 16) * 16, padded // ranks * 4
@@ -244,6 +256,16 @@ def check_storage(ranks):
           f"{step['bytes_allgather']} vs {want} (LoRA {lora['bytes_allgather']})")
     bad = [k for k, v in mem.items() if v["planned"] != v["peak"]]
     check(f"storage.{name}.planned_is_peak", not bad, f"{bad}")
+    if ranks == 2:
+        # double quantization's nested form against fp4.n2's fp32 absmax (the same layout otherwise): each rank's
+        # stored shards shrink by 3 bytes a block, less the nested absmax and offset
+        single = next((r["memory"] for r in (json.loads(line) for line in open(os.path.join(TMP, "fp4.n2.jsonl"))
+                                             if line.strip()) if "memory" in r), {})
+        plain = q4_shard_bytes(ranks, double=False)[0]
+        saved = single.get("parameter shard", {}).get("peak", 0) - mem["parameter shard"]["peak"]
+        check(f"storage.{name}.nested_saves", saved == L * (arena(plain) - arena(q4)) and saved > 0,
+              f"{saved} B less than fp4.n2's shards, want {L * (arena(plain) - arena(q4))}")
+        print(f"# {name}: a block's shard {q4} B with the nested absmax, {plain} B with fp32 absmax", flush=True)
     print(f"# {name}: a block's shard {q4} B in 4 bits (fp32: {f32} B); all-gather {step['bytes_allgather']} B a "
           f"step (LoRA: {lora['bytes_allgather']} B)", flush=True)
 

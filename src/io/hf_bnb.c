@@ -121,7 +121,7 @@ static void read_absmax(struct st_model *st, const struct hf_bnb_weight *w, size
         float *nested = xmalloc((n1 - n0) * sizeof(float));
         st_read_raw(st, w->absmax, nb0, b1 - nb0, qabsmax, NULL, NULL);
         st_read(st, w->nested_absmax, n0, n1 - n0, nested);
-        quant4_nested_dequantize(qabsmax, nested, w->offset, b1 - nb0, absmax);
+        quant4_nested_dequantize(qabsmax, nested, w->offset, nb0, b1 - nb0, absmax);
         free(qabsmax);
         free(nested);
     } else {
@@ -149,18 +149,28 @@ void hf_bnb_read(struct st_model *st, const struct hf_bnb_weight *w, size_t firs
     free(absmax);
 }
 
-void hf_bnb_read_q4(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n, uint8_t *codes,
-                    float *absmax)
+void hf_bnb_read_q4(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n,
+                    const struct quant4_range *out)
 {
+    if (out->qabsmax && !w->nested_absmax)
+        fail_internal("hf_bnb_read_q4: the nested form of a weight stored without double quantization");
+    if (out->qabsmax)
+        *out->offset = w->offset;
     if (n == 0)
         return;
     if (first % QUANT4_BLOCK || first + n > w->numel)
         fail_internal("hf_bnb_read_q4: [%zu, +%zu) is not whole blocks of a %zu-element weight", first, n, w->numel);
     const size_t b0 = first / QUANT4_BLOCK, b1 = b0 + quant4_blocks(n);
-    const size_t nb0 = w->nested_absmax ? b0 / QUANT4_NESTED_BLOCK * QUANT4_NESTED_BLOCK : b0;
-    float *all = xmalloc((b1 - nb0) * sizeof(float));
-    read_absmax(st, w, nb0, b0, b1, all);
-    memcpy(absmax, all + (b0 - nb0), (b1 - b0) * sizeof(float));
-    free(all);
-    st_read_raw(st, w->codes, first / 2, quant4_code_bytes(n), codes, NULL, NULL);
+    if (out->qabsmax) { /* bitsandbytes' nested form, as the files hold it */
+        st_read_raw(st, w->absmax, b0, b1 - b0, out->qabsmax, NULL, NULL);
+        st_read(st, w->nested_absmax, b0 / QUANT4_NESTED_BLOCK, quant4_nested_touched(b0, b1 - b0),
+                out->nested_absmax);
+    } else {
+        const size_t nb0 = w->nested_absmax ? b0 / QUANT4_NESTED_BLOCK * QUANT4_NESTED_BLOCK : b0;
+        float *all = xmalloc((b1 - nb0) * sizeof(float));
+        read_absmax(st, w, nb0, b0, b1, all);
+        memcpy(out->absmax, all + (b0 - nb0), (b1 - b0) * sizeof(float));
+        free(all);
+    }
+    st_read_raw(st, w->codes, first / 2, quant4_code_bytes(n), out->codes, NULL, NULL);
 }

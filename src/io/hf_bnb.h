@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/quant4.h"
 #include "model/model.h"
 #include "safetensors.h"
 
@@ -47,11 +48,13 @@ bool hf_bnb_find(struct st_model *st, const char *name, const struct tensor_desc
 void hf_bnb_read(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n, float *out);
 
 /* Elements [first, first + n) of the weight (first a multiple of 64) as
- * stored: the packed codes copied ((n + 1) / 2 bytes) and the fp32 absmax
- * dequantization uses (with double quantization dequantized from the
- * stored 8-bit maxima and nested statistics), one per block: a 4-bit unit's
- * share (zero/zero_q4.c), never dequantized. */
-void hf_bnb_read_q4(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n, uint8_t *codes,
-                    float *absmax);
+ * stored, into out (core/quant4.h): the packed codes copied ((n + 1) / 2
+ * bytes), and with out->qabsmax (the weight double-quantized) the 8-bit
+ * maxima, the nested blocks they touch and the offset copied; else the fp32
+ * absmax dequantization uses, one per block (dequantized from the nested
+ * form where the files hold it): a 4-bit unit's share (zero/zero_q4.c),
+ * never dequantized. */
+void hf_bnb_read_q4(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n,
+                    const struct quant4_range *out);
 
 #endif
