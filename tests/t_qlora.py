@@ -40,7 +40,9 @@ same whole tensors), fp4 without it at N = 2.
                   quantization section: taken from its config.json) at N = 1
                   and 2, its block weights bit for bit those quantized from the
                   fp32 directory, and the step-1 loss (adapters B = 0) equals
-                  transformers' loss of the 4-bit model within TOL; a quant
+                  transformers' loss of the 4-bit model within TOL; the same
+                  saved with bnb_4bit_quant_storage bfloat16 and float32 (the
+                  packed weight a BF16 / F32 tensor of the same bytes) at N = 2; a quant
                   state whose shape does not match its weight, and directories
                   whose quantization_config is GPTQ, AWQ or GGUF: one line,
                   exit 2
@@ -490,6 +492,7 @@ def check_quantized_dir():
               "the directory's dequantized weights differ from those quantized from the fp32 directory")
         e = rel(dump["loss"], np.array([want_loss]))
         check(f"{name}.loss", e <= TOL, f"{dump['loss']} vs transformers {want_loss}: rel {e:.3e}")
+    check_quant_storage(want_loss)
     # a quant state that does not match its weight's shape
     bad = os.path.join(TMP, "qdir_bad")
     shutil.copytree(qdir, bad)
@@ -507,6 +510,40 @@ def check_quantized_dir():
         conf["quantization_config"] = {"quant_method": method, "bits": 4}
         json.dump(conf, open(os.path.join(other, "config.json"), "w"))
         refuse(f"qdir.{method}", config("qdir_" + method, "nf4", True, base=other), ["quant_method", method])
+
+
+def check_quant_storage(want_loss):
+    """bnb_4bit_quant_storage bfloat16 and float32 (FSDP's setting): the packed codes saved as a BF16 / F32 tensor
+    of the same bytes; shardlm reads them as bytes, the weights and loss of the uint8 directory."""
+    from safetensors import safe_open
+    ref = read_dump(os.path.join(TMP, "nf4_dq.n1.dump"))
+    linear = [k for k in ref if k.startswith("model.layers.") and k.endswith("_proj.weight")]
+    for storage, st_dtype in ((torch.bfloat16, "BF16"), (torch.float32, "F32")):
+        name = f"qdir_{st_dtype.lower()}.n2"
+        q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=torch.float32, bnb_4bit_quant_storage=storage)
+        model = LlamaForCausalLM.from_pretrained(BASE, quantization_config=q, dtype=torch.float32, device_map="cpu",
+                                                 use_kernels=False)
+        qdir = os.path.join(TMP, "qdir_" + st_dtype.lower())
+        model.save_pretrained(qdir)
+        with safe_open(os.path.join(qdir, "model.safetensors"), "pt") as f:
+            dtypes = {f.get_slice(k).get_dtype() for k in f.keys() if k.endswith("_proj.weight")}
+        check(f"{name}.container", dtypes == {st_dtype}, f"the packed weights are {dtypes}, not {st_dtype}")
+        with torch.no_grad():
+            loss = loss_of(model).item()
+        path = config(name, "nf4", True, base=qdir)
+        cfg = json.load(open(path))
+        del cfg["quantization"]
+        cfg["lora"]["init"] = "default"
+        json.dump(cfg, open(path, "w"))
+        dump, _ = train(name, path, 2)
+        if dump is None:
+            continue
+        check(f"{name}.weights", linear and all(np.array_equal(dump[k], ref[k]) for k in linear),
+              "the weights differ from those of the fp32 directory quantized")
+        e, e_uint8 = rel(dump["loss"], np.array([loss])), rel(dump["loss"], np.array([want_loss]))
+        check(f"{name}.loss", e <= TOL and e_uint8 <= TOL,
+              f"{dump['loss']} vs transformers {loss} (uint8 storage {want_loss}): rel {e:.3e}")
 
 
 def inspect_checksum(ck):

@@ -328,8 +328,8 @@ bool hf_source_read_as(void *source, int u, size_t begin, size_t count, enum dty
     struct hf_source *s = source;
     if (model_is_adapter(s->m, u))
         return false;
-    for (int i = 0; i < s->m->units[u].n_tensors; i++)
-        if (s->map[u][i] && (s->map[u][i]->bytes || s->map[u][i]->dtype != dt))
+    for (int i = 0; i < s->m->units[u].n_tensors; i++) /* a 4-bit weight's codes are bytes, whatever their dtype */
+        if (s->map[u][i] && (s->map[u][i]->bytes || s->map[u][i]->dtype != dt || s->bnb[s->map[u][i] - s->st.tensors]))
             return false;
     struct read_ctx r = {s, out, (size_t)dtype_size(dt), landed, ctx, 0};
     walk_range(s, u, begin, count, read_raw, zero_out, &r);

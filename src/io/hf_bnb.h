@@ -3,7 +3,9 @@
  * saved from a BitsAndBytesConfig(load_in_4bit=True) model: for a linear
  * layer's NAME.weight, the files hold (names as transformers 5.25 and
  * bitsandbytes 0.50 write them, tests/t_qlora_dir.py)
- *   NAME.weight                          U8 (ceil(n / 2), 1): the packed codes
+ *   NAME.weight                          U8 (ceil(n / 2), 1): the packed codes; with
+ *                                        bnb_4bit_quant_storage bfloat16, float16 or float32
+ *                                        the same bytes as BF16 / F16 / F32 (ceil(n / 2) / 2 or / 4, 1)
  *   NAME.weight.absmax                   F32 (blocks), or U8 with double quantization
  *   NAME.weight.quant_map                F32 (16): the 4-bit table
  *   NAME.weight.nested_absmax            F32 (nested blocks)   } double
