@@ -33,6 +33,9 @@ same whole tensors), fp4 without it at N = 2.
   resume.bitwise  nf4 at N = 2, 4 steps with a checkpoint every 2: stopped
                   at 2 and resumed (--resume auto), the final adapters equal
                   the uninterrupted run's bit for bit
+  seeded.*        a QLoRA run from the seeded init (no from_pretrained) at
+                  N = 2 with a checkpoint: eval of it at N = 1 and 2 (the base
+                  quantized again, its checksum the run's), the same loss
   qdir.*          the 4-bit model saved by transformers (save_pretrained of the
                   BitsAndBytesConfig model): its files hold NAME.weight,
                   .absmax, .quant_map, .nested_absmax, .nested_quant_map and
@@ -449,6 +452,11 @@ def check_resume():
     check("resume.bitwise", a and all(np.array_equal(res[k], a[k]) for k in a),
           "final adapters differ from the run without a stop")
     # eval of the QLoRA checkpoint: its base quantized again as it is read (the checksum agrees) at any N
+    check_eval_any_n("resume", ck)
+
+
+def check_eval_any_n(name, ck):
+    """`shardlm eval` of checkpoint ck at N = 1 and 2: both run (the base's checksum agrees), the same loss."""
     losses = []
     for n in (1, 2):
         r = subprocess.run(["mpirun", "-q", "-np", str(n), BIN, "eval", ck, "--data", DATA], env=ENV,
@@ -456,9 +464,22 @@ def check_resume():
         m = re.search(r": loss ([0-9.]+) ", r.stdout + r.stderr)
         losses.append(float(m.group(1)) if r.returncode == 0 and m else None)
         if losses[-1] is None:
-            check(f"resume.eval_n{n}", False, f"rc {r.returncode}: {(r.stdout + r.stderr)[-400:]}")
+            check(f"{name}.eval_n{n}", False, f"rc {r.returncode}: {(r.stdout + r.stderr)[-400:]}")
     if None not in losses:
-        check("resume.eval_any_n", abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[0]), f"{losses}")
+        check(f"{name}.eval_any_n", abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[0]), f"{losses}")
+
+
+def check_seeded_eval():
+    """A QLoRA run from the seeded init (no model.from_pretrained): eval of its checkpoint quantizes the same
+    random base again, so the base checksum agrees, at N = 1 and 2 (the run at N = 2)."""
+    ck = os.path.join(TMP, "seeded_ck")
+    path = config("seeded.n2", "nf4", True, steps=2, extra={"checkpoint": {"dir": ck, "every": 2}})
+    cfg = json.load(open(path))
+    cfg["model"] = {"type": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 64, "ffn_dim": 256,
+                    "n_positions": T, "vocab_size": V, "init_seed": 11}
+    json.dump(cfg, open(path, "w"))
+    if train("seeded.n2", path, 2)[1] is not None:
+        check_eval_any_n("seeded", ck)
 
 
 QDIR_KEYS = ["", ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4"]
@@ -625,6 +646,7 @@ def main():
         check_sensitivity(ref_loss)
         check_bf16_offload(ref_loss)
     check_resume()
+    check_seeded_eval()
     check_quantized_dir()
     check_export()
     check_dpo()
