@@ -139,7 +139,7 @@ struct unit_buffer {
 struct unit_role {
     bool trained;            /* false: frozen */
     bool sharded;            /* stage 3 and not persistent: only this rank's shard is stored */
-    bool q4;                 /* a 4-bit unit (struct q4_layout): its shard holds packed codes, absmax and the
+    bool q4;                 /* a 4-bit unit (struct q4_layout): its shard holds packed codes, block maxima and the
                               * plain part; it always takes a compute slot, which acquire dequantizes into */
     bool gather_after_step;  /* stored whole at stages 1-3: the updated slices are all-gathered after each step */
     bool param_nvme;         /* offload_param "nvme": the shard lives in the parameter file (zero_nvme.c), not
