@@ -605,12 +605,21 @@ Q70 = ["--preset", "llama2-70b", "--ranks", "2", "--set", "bf16.enabled=true", "
 def q4_block_sizes(ranks):
     """One Llama-2-70B block at N ranks: (padded elements, a rank's 4-bit shard bytes), from the layout of
     zero.h's struct q4_layout: each linear weight in whole 64-blocks, ceil(blocks / N) per rank, 32 bytes of
-    codes and a 4-byte absmax per block; the two norms (the plain part) padded to N * 16 elements, bf16."""
+    codes and, double-quantized, bitsandbytes' nested form: a byte per block (padded to 4), the fp32 nested
+    absmax of each group of 256 blocks a rank's blocks touch (the most any rank touches) and the fp32 offset;
+    the two norms (the plain part) padded to N * 16 elements, bf16."""
     C, F, KV = 8192, 28672, 1024
     linears = [C * C, KV * C, KV * C, C * C, F * C, F * C, C * F]
     numel = sum(linears) + 2 * C  # every tensor a multiple of 16 elements: no alignment gaps
     padded = -(-numel // (ranks * 16)) * ranks * 16
-    q4 = sum(-(-(n // 64) // ranks) * 36 for n in linears)
+
+    def nested(blocks):
+        per = -(-blocks // ranks)
+        touched = max((min(blocks, (r + 1) * per) - 1) // 256 - r * per // 256 + 1
+                      for r in range(ranks) if r * per < blocks)
+        return per * 32 + -(-per // 4) * 4 + (touched + 1) * 4
+
+    q4 = sum(nested(n // 64) for n in linears)
     plain = -(-(2 * C) // (ranks * 16)) * 16
     return padded, -(-(q4 + plain * 2) // 16) * 16
 
@@ -635,8 +644,9 @@ def check_qlora_70b():
     # the pinned parameter shards: the LoRA plan's with every block's bf16 shard replaced by its 4-bit one
     want = lmem["parameter shard"] - L * arena(padded // 2 * 2) + L * arena(shard)
     check("qlora70b.param_shard", mem["parameter shard"] == want, f"{mem['parameter shard']} vs {want}")
-    # 855638016 quantized weights: 6684672 blocks per rank x 36 bytes, and 8192 norm elements x 2 bytes
-    check("qlora70b.param_shard_bytes", shard == 240664576, f"{shard}")
+    # 855638016 quantized weights: 6684672 blocks per rank x (32 bytes of codes + 1 of qabsmax), 26112 nested
+    # absmax and 7 offsets (fp32), and 8192 norm elements x 2 bytes (fp32 absmax instead: 240664576)
+    check("qlora70b.param_shard_bytes", shard == 220715040, f"{shard}")
     # gathered slots hold the N shards in 4 bits; one compute slot holds a block dequantized to bf16
     # the same slots as LoRA's (the prefetch counts elements), each the two 4-bit shards instead of a bf16 block
     slots = (lmem["gathered units"] - mem["gathered units"]) / (arena(padded * 2) - arena(2 * shard))

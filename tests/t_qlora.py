@@ -33,6 +33,9 @@ same whole tensors), fp4 without it at N = 2.
   resume.bitwise  nf4 at N = 2, 4 steps with a checkpoint every 2: stopped
                   at 2 and resumed (--resume auto), the final adapters equal
                   the uninterrupted run's bit for bit
+  seeded.*        a QLoRA run from the seeded init (no from_pretrained) at
+                  N = 2 with a checkpoint: eval of it at N = 1 and 2 (the base
+                  quantized again, its checksum the run's), the same loss
   qdir.*          the 4-bit model saved by transformers (save_pretrained of the
                   BitsAndBytesConfig model): its files hold NAME.weight,
                   .absmax, .quant_map, .nested_absmax, .nested_quant_map and
@@ -40,7 +43,9 @@ same whole tensors), fp4 without it at N = 2.
                   quantization section: taken from its config.json) at N = 1
                   and 2, its block weights bit for bit those quantized from the
                   fp32 directory, and the step-1 loss (adapters B = 0) equals
-                  transformers' loss of the 4-bit model within TOL; a quant
+                  transformers' loss of the 4-bit model within TOL; the same
+                  saved with bnb_4bit_quant_storage bfloat16 and float32 (the
+                  packed weight a BF16 / F32 tensor of the same bytes) at N = 2; a quant
                   state whose shape does not match its weight, and directories
                   whose quantization_config is GPTQ, AWQ or GGUF: one line,
                   exit 2
@@ -191,14 +196,26 @@ def check_case(name, qtype, double, ranks):
 
 
 
-def q4_shard_bytes(ranks):
+def q4_tensor_bytes(blocks, ranks, double):
+    """One rank's bytes of a weight of `blocks` 64-blocks (zero.h's struct q4_layout): ceil(blocks / N) blocks at 32
+    bytes of codes each, then a 4-byte absmax each, or with double quantization bitsandbytes' nested form: a byte
+    each (padded to 4), an fp32 nested absmax for each group of 256 blocks the rank's blocks touch (the most any
+    rank touches) and the fp32 offset."""
+    per = -(-blocks // ranks)
+    if not double:
+        return per * 36
+    touched = max((min(blocks, (r + 1) * per) - 1) // 256 - r * per // 256 + 1
+                  for r in range(ranks) if r * per < blocks)
+    return per * 32 + -(-per // 4) * 4 + (touched + 1) * 4
+
+
+def q4_shard_bytes(ranks, double=True):
     """A block's shard at N ranks as zero.h's struct q4_layout lays it out: each linear weight in whole 64-blocks of
-    the whole tensor, ceil(blocks / N) per rank at 32 bytes of codes and a 4-byte absmax each; the two norms
-    (the plain part) padded to N * 16 elements, fp32; the shard rounded up to 16 bytes. Also the block's fp32
-    shard without quantization (its padded elements / N x 4)."""
+    the whole tensor (q4_tensor_bytes); the two norms (the plain part) padded to N * 16 elements, fp32; the shard
+    rounded up to 16 bytes. Also the block's fp32 shard without quantization (its padded elements / N x 4)."""
     C, F, KV = HF.hidden_size, HF.intermediate_size, HF.hidden_size // HF.num_attention_heads * HF.num_key_value_heads
     linears = [C * C, KV * C, KV * C, C * C, F * C, F * C, C * F]
-    q4 = sum(-(-(-(-n // 64)) // ranks) * 36 for n in linears)
+    q4 = sum(q4_tensor_bytes(-(-n // 64), ranks, double) for n in linears)
     plain = -(-(2 * C) // (ranks * 16)) * 16
     padded = -(-(sum(linears) + 2 * C) // (ranks * 16)) * ranks * 16
     return -(-(q4 + plain * 4) // 16) * 16, padded // ranks * 4
@@ -244,6 +261,16 @@ def check_storage(ranks):
           f"{step['bytes_allgather']} vs {want} (LoRA {lora['bytes_allgather']})")
     bad = [k for k, v in mem.items() if v["planned"] != v["peak"]]
     check(f"storage.{name}.planned_is_peak", not bad, f"{bad}")
+    if ranks == 2:
+        # double quantization's nested form against fp4.n2's fp32 absmax (the same layout otherwise): each rank's
+        # stored shards shrink by 3 bytes a block, less the nested absmax and offset
+        single = next((r["memory"] for r in (json.loads(line) for line in open(os.path.join(TMP, "fp4.n2.jsonl"))
+                                             if line.strip()) if "memory" in r), {})
+        plain = q4_shard_bytes(ranks, double=False)[0]
+        saved = single.get("parameter shard", {}).get("peak", 0) - mem["parameter shard"]["peak"]
+        check(f"storage.{name}.nested_saves", saved == L * (arena(plain) - arena(q4)) and saved > 0,
+              f"{saved} B less than fp4.n2's shards, want {L * (arena(plain) - arena(q4))}")
+        print(f"# {name}: a block's shard {q4} B with the nested absmax, {plain} B with fp32 absmax", flush=True)
     print(f"# {name}: a block's shard {q4} B in 4 bits (fp32: {f32} B); all-gather {step['bytes_allgather']} B a "
           f"step (LoRA: {lora['bytes_allgather']} B)", flush=True)
 
@@ -425,6 +452,11 @@ def check_resume():
     check("resume.bitwise", a and all(np.array_equal(res[k], a[k]) for k in a),
           "final adapters differ from the run without a stop")
     # eval of the QLoRA checkpoint: its base quantized again as it is read (the checksum agrees) at any N
+    check_eval_any_n("resume", ck)
+
+
+def check_eval_any_n(name, ck):
+    """`shardlm eval` of checkpoint ck at N = 1 and 2: both run (the base's checksum agrees), the same loss."""
     losses = []
     for n in (1, 2):
         r = subprocess.run(["mpirun", "-q", "-np", str(n), BIN, "eval", ck, "--data", DATA], env=ENV,
@@ -432,9 +464,22 @@ def check_resume():
         m = re.search(r": loss ([0-9.]+) ", r.stdout + r.stderr)
         losses.append(float(m.group(1)) if r.returncode == 0 and m else None)
         if losses[-1] is None:
-            check(f"resume.eval_n{n}", False, f"rc {r.returncode}: {(r.stdout + r.stderr)[-400:]}")
+            check(f"{name}.eval_n{n}", False, f"rc {r.returncode}: {(r.stdout + r.stderr)[-400:]}")
     if None not in losses:
-        check("resume.eval_any_n", abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[0]), f"{losses}")
+        check(f"{name}.eval_any_n", abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[0]), f"{losses}")
+
+
+def check_seeded_eval():
+    """A QLoRA run from the seeded init (no model.from_pretrained): eval of its checkpoint quantizes the same
+    random base again, so the base checksum agrees, at N = 1 and 2 (the run at N = 2)."""
+    ck = os.path.join(TMP, "seeded_ck")
+    path = config("seeded.n2", "nf4", True, steps=2, extra={"checkpoint": {"dir": ck, "every": 2}})
+    cfg = json.load(open(path))
+    cfg["model"] = {"type": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 64, "ffn_dim": 256,
+                    "n_positions": T, "vocab_size": V, "init_seed": 11}
+    json.dump(cfg, open(path, "w"))
+    if train("seeded.n2", path, 2)[1] is not None:
+        check_eval_any_n("seeded", ck)
 
 
 QDIR_KEYS = ["", ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", ".quant_state.bitsandbytes__nf4"]
@@ -468,6 +513,7 @@ def check_quantized_dir():
               "the directory's dequantized weights differ from those quantized from the fp32 directory")
         e = rel(dump["loss"], np.array([want_loss]))
         check(f"{name}.loss", e <= TOL, f"{dump['loss']} vs transformers {want_loss}: rel {e:.3e}")
+    check_quant_storage(want_loss)
     # a quant state that does not match its weight's shape
     bad = os.path.join(TMP, "qdir_bad")
     shutil.copytree(qdir, bad)
@@ -485,6 +531,40 @@ def check_quantized_dir():
         conf["quantization_config"] = {"quant_method": method, "bits": 4}
         json.dump(conf, open(os.path.join(other, "config.json"), "w"))
         refuse(f"qdir.{method}", config("qdir_" + method, "nf4", True, base=other), ["quant_method", method])
+
+
+def check_quant_storage(want_loss):
+    """bnb_4bit_quant_storage bfloat16 and float32 (FSDP's setting): the packed codes saved as a BF16 / F32 tensor
+    of the same bytes; shardlm reads them as bytes, the weights and loss of the uint8 directory."""
+    from safetensors import safe_open
+    ref = read_dump(os.path.join(TMP, "nf4_dq.n1.dump"))
+    linear = [k for k in ref if k.startswith("model.layers.") and k.endswith("_proj.weight")]
+    for storage, st_dtype in ((torch.bfloat16, "BF16"), (torch.float32, "F32")):
+        name = f"qdir_{st_dtype.lower()}.n2"
+        q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=torch.float32, bnb_4bit_quant_storage=storage)
+        model = LlamaForCausalLM.from_pretrained(BASE, quantization_config=q, dtype=torch.float32, device_map="cpu",
+                                                 use_kernels=False)
+        qdir = os.path.join(TMP, "qdir_" + st_dtype.lower())
+        model.save_pretrained(qdir)
+        with safe_open(os.path.join(qdir, "model.safetensors"), "pt") as f:
+            dtypes = {f.get_slice(k).get_dtype() for k in f.keys() if k.endswith("_proj.weight")}
+        check(f"{name}.container", dtypes == {st_dtype}, f"the packed weights are {dtypes}, not {st_dtype}")
+        with torch.no_grad():
+            loss = loss_of(model).item()
+        path = config(name, "nf4", True, base=qdir)
+        cfg = json.load(open(path))
+        del cfg["quantization"]
+        cfg["lora"]["init"] = "default"
+        json.dump(cfg, open(path, "w"))
+        dump, _ = train(name, path, 2)
+        if dump is None:
+            continue
+        check(f"{name}.weights", linear and all(np.array_equal(dump[k], ref[k]) for k in linear),
+              "the weights differ from those of the fp32 directory quantized")
+        e, e_uint8 = rel(dump["loss"], np.array([loss])), rel(dump["loss"], np.array([want_loss]))
+        check(f"{name}.loss", e <= TOL and e_uint8 <= TOL,
+              f"{dump['loss']} vs transformers {loss} (uint8 storage {want_loss}): rel {e:.3e}")
 
 
 def inspect_checksum(ck):
@@ -566,6 +646,7 @@ def main():
         check_sensitivity(ref_loss)
         check_bf16_offload(ref_loss)
     check_resume()
+    check_seeded_eval()
     check_quantized_dir()
     check_export()
     check_dpo()

@@ -104,6 +104,7 @@ cases = {
     "compute_dtype": (dict(base, quantization=dict(qlora, bnb_4bit_compute_dtype="float16")),
                       ["bnb_4bit_compute_dtype", "bfloat16"]),
     "storage": (dict(base, quantization=dict(qlora, bnb_4bit_quant_storage="int3")), ["bnb_4bit_quant_storage"]),
+    "storage_number": (dict(base, quantization=dict(qlora, bnb_4bit_quant_storage=8)), ["bnb_4bit_quant_storage"]),
     "skip_modules": (dict(base, quantization=dict(qlora, llm_int8_skip_modules=["q_proj"])),
                      ["llm_int8_skip_modules", "q_proj"]),
     "misspelt": (dict(base, quantization=dict(qlora, bnb_4bit_quant_typ="nf4")), ["did you mean"]),

@@ -457,12 +457,14 @@ void backend_convert(void *dst, enum dtype dst_dt, const void *src, enum dtype s
  * quant4_dequantize: out (n, out_dt) element i = table[code i] * absmax[i / 64],
  * rounded once to out_dt, the codes (n + 1) / 2 bytes, the even element in the
  * high nibble; type is enum quant4_type. With double quantization (qabsmax
- * not NULL) absmax[b] = dynamic[qabsmax[b]] * nested_absmax[b / 256] + offset,
- * the product and the sum rounded apart (quant4_nested_dequantize), and
- * absmax is not read. n elements from the start of a tensor; every pointer in
- * backend memory. */
+ * not NULL) absmax[b] = dynamic[qabsmax[b]] * nested_absmax[(first_block %
+ * 256 + b) / 256] + *offset, the product and the sum rounded apart
+ * (quant4_nested_dequantize), and absmax is not read. n elements from block
+ * first_block of a tensor (a rank's share of whole blocks: nested_absmax
+ * starts at the nested block of first_block); every pointer in backend
+ * memory. */
 void backend_dequant4(void *out, enum dtype out_dt, const uint8_t *codes, const float *absmax, const uint8_t *qabsmax,
-                      const float *nested_absmax, float offset, size_t n, int type);
+                      const float *nested_absmax, const float *offset, size_t first_block, size_t n, int type);
 /* acc (n, fp32) += src (n, dt). On a device, backend_convert and
  * backend_add_to_f32 from device memory into pinned host memory run on a
  * copy stream beside the kernels; every later call still sees the result. */

@@ -849,9 +849,11 @@ int cmd_plan(int argc, char **argv)
     print_settings(&cfg, &o);
     if (cfg.quant.load_in_4bit)
         printf("quantization: the blocks' linear weights in bitsandbytes' %s%s, stored and gathered in 4 bits (packed "
-               "codes and an fp32 absmax per 64), dequantized to %s one unit at a time\n",
+               "codes and %s), dequantized to %s one unit at a time\n",
                quant4_type_name((enum quant4_type)cfg.quant.quant_type),
-               cfg.quant.double_quant ? " (double-quantized)" : "", dtype_name(cfg.dtype));
+               cfg.quant.double_quant ? " (double-quantized)" : "",
+               cfg.quant.double_quant ? "an 8-bit absmax per 64, an fp32 nested absmax per 256 blocks" : "an fp32 absmax per 64",
+               dtype_name(cfg.dtype));
     evaluate(e, &m, &cfg, &o);
     print_dpo(e, &m, &cfg);
     print_plan(e, &m, &cfg, &o);

@@ -334,7 +334,10 @@ static const struct key_spec quant_keys[] = {
      "the dtype the base is dequantized to for compute; must be the run's parameter dtype (`bf16`, `fp16`)"},
     {"bnb_4bit_quant_storage", K_STR, 0, NULL, NULL, "`\"uint8\"`",
      "`\"uint8\"`, `\"bfloat16\"`, `\"float16\"`, `\"float32\"`",
-     "the dtype the packed 4-bit codes are stored as (the same bytes; FSDP setups use the model's dtype)"},
+     "only the container dtype of a directory saved 4-bit: bitsandbytes packs the 4-bit codes into a tensor of this "
+     "dtype (the same bytes; FSDP setups use the model's dtype), and shardlm reads that `weight` as bytes whatever "
+     "its dtype; in memory, in the all-gathers and in checkpoints the codes are bytes either way, so the value "
+     "changes nothing shardlm stores or computes"},
     {"llm_int8_skip_modules", K_ANY, F_NULLABLE, NULL, NULL, "null", "null or `[\"lm_head\"]`",
      "modules left unquantized: the LM head always is"},
     NO_EFFECT("_load_in_4bit", K_BOOL, " (transformers' private copy of load_in_4bit)"),

@@ -352,12 +352,13 @@ void quant4_nested_quantize(const float *absmax, size_t n_absmax, float offset, 
     free(lut);
 }
 
-void quant4_nested_dequantize(const uint8_t *qabsmax, const float *nested_absmax, float offset, size_t n_absmax,
-                              float *absmax)
+void quant4_nested_dequantize(const uint8_t *qabsmax, const float *nested_absmax, float offset, size_t first_block,
+                              size_t n_absmax, float *absmax)
 {
+    const size_t phase = first_block % QUANT4_NESTED_BLOCK;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n_absmax; i++) {
-        const float scaled = dynamic_map[qabsmax[i]] * nested_absmax[i / QUANT4_NESTED_BLOCK];
+        const float scaled = dynamic_map[qabsmax[i]] * nested_absmax[(phase + i) / QUANT4_NESTED_BLOCK];
         absmax[i] = scaled + offset;
     }
 }

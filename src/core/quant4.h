@@ -24,8 +24,9 @@
  * dtype (nearest even).
  *
  * Sharding: every function takes a range that starts on a block boundary of
- * the whole tensor (a multiple of QUANT4_BLOCK elements; for the nested
- * statistics a multiple of QUANT4_NESTED_BLOCK blocks), so a rank that
+ * the whole tensor (a multiple of QUANT4_BLOCK elements; for quantizing the
+ * nested statistics a multiple of QUANT4_NESTED_BLOCK blocks; dequantizing
+ * them takes any range of blocks, with the nested blocks it touches), so a rank that
  * quantizes only its slice writes exactly the bytes bitsandbytes writes for
  * that slice of the whole tensor. Only a range that ends the tensor may have
  * a length that is not a multiple of the block. The offset alone needs every
@@ -90,8 +91,30 @@ float quant4_nested_offset(const float *absmax, size_t n_absmax);
 void quant4_nested_quantize(const float *absmax, size_t n_absmax, float offset, uint8_t *qabsmax,
                             float *nested_absmax);
 
-/* absmax[i] = dynamic[qabsmax[i]] * nested_absmax[i / 256] + offset, in fp32. */
-void quant4_nested_dequantize(const uint8_t *qabsmax, const float *nested_absmax, float offset, size_t n_absmax,
-                              float *absmax);
+/* Nested blocks that blocks [first_block, first_block + n_blocks) of a tensor touch (0 when n_blocks is 0). */
+static inline size_t quant4_nested_touched(size_t first_block, size_t n_blocks)
+{
+    return n_blocks ? (first_block + n_blocks - 1) / QUANT4_NESTED_BLOCK - first_block / QUANT4_NESTED_BLOCK + 1 : 0;
+}
+
+/* The absmax of a tensor's blocks [first_block, first_block + n_absmax), any
+ * range: absmax[i] = dynamic[qabsmax[i]] * nested_absmax[(first_block % 256
+ * + i) / 256] + offset in fp32, the product and the sum rounded apart;
+ * nested_absmax starts at the nested block of first_block. */
+void quant4_nested_dequantize(const uint8_t *qabsmax, const float *nested_absmax, float offset, size_t first_block,
+                              size_t n_absmax, float *absmax);
+
+/* A range of whole blocks of a quantized tensor as stored: a 4-bit unit's
+ * share (zero/zero_q4.c), filled by param_source.read_q4 (zero.h). Without
+ * double quantization the fp32 absmax; with it bitsandbytes' nested form:
+ * the 8-bit qabsmax of each block, the nested_absmax of every nested block
+ * the range touches (quant4_nested_touched) and the tensor's offset. */
+struct quant4_range {
+    uint8_t *codes;       /* (n + 1) / 2 bytes */
+    float *absmax;        /* (blocks) fp32; NULL with double quantization */
+    uint8_t *qabsmax;     /* (blocks), double quantization; else NULL */
+    float *nested_absmax; /* (quant4_nested_touched(first block, blocks)) */
+    float *offset;        /* (1) */
+};
 
 #endif

@@ -60,10 +60,10 @@ static bool quant_read_as(void *ctx, int u, size_t begin, size_t count, enum dty
     return b->inner->read_as(b->inner->ctx, u, begin, count, dt, out, landed, landed_ctx);
 }
 
-static void quant_read_q4(void *ctx, int u, int t, size_t first, size_t n, uint8_t *codes, float *absmax)
+static void quant_read_q4(void *ctx, int u, int t, size_t first, size_t n, const struct quant4_range *out)
 {
     struct session_base *b = ctx;
-    quant_reader_read_q4(&b->reader, u, t, first, n, codes, absmax);
+    quant_reader_read_q4(&b->reader, u, t, first, n, out);
 }
 
 const struct param_source *session_base_source(const struct session *s, const struct param_source *src,

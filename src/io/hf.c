@@ -328,15 +328,15 @@ bool hf_source_read_as(void *source, int u, size_t begin, size_t count, enum dty
     struct hf_source *s = source;
     if (model_is_adapter(s->m, u))
         return false;
-    for (int i = 0; i < s->m->units[u].n_tensors; i++)
-        if (s->map[u][i] && (s->map[u][i]->bytes || s->map[u][i]->dtype != dt))
+    for (int i = 0; i < s->m->units[u].n_tensors; i++) /* a 4-bit weight's codes are bytes, whatever their dtype */
+        if (s->map[u][i] && (s->map[u][i]->bytes || s->map[u][i]->dtype != dt || s->bnb[s->map[u][i] - s->st.tensors]))
             return false;
     struct read_ctx r = {s, out, (size_t)dtype_size(dt), landed, ctx, 0};
     walk_range(s, u, begin, count, read_raw, zero_out, &r);
     return true;
 }
 
-void hf_source_read_q4(void *source, int u, int t, size_t first, size_t n, uint8_t *codes, float *absmax)
+void hf_source_read_q4(void *source, int u, int t, size_t first, size_t n, const struct quant4_range *out)
 {
     struct hf_source *s = source;
     const struct st_tensor *ft = s->map[u][t];
@@ -345,7 +345,11 @@ void hf_source_read_q4(void *source, int u, int t, size_t first, size_t n, uint8
         fail_input("%s: '%s' is not stored in bitsandbytes' 4 bits beside the directory's other linear weights; "
                    "give a directory whose linear weights are all 4-bit, or the unquantized model",
                    s->dir, s->m->units[u].tensors[t].name);
-    hf_bnb_read_q4(&s->st, w, first, n, codes, absmax);
+    if (out->qabsmax && !w->nested_absmax)
+        fail_input("%s: '%s' is stored without double quantization, but config.json's quantization_config has "
+                   "bnb_4bit_use_double_quant true: the directory's files and its config.json disagree",
+                   s->dir, s->m->units[u].tensors[t].name);
+    hf_bnb_read_q4(&s->st, w, first, n, out);
 }
 
 double hf_source_bytes(const struct hf_source *s)

@@ -84,7 +84,7 @@ bool hf_source_read_as(void *source, int u, size_t begin, size_t count, enum dty
                        void (*landed)(void *ctx, size_t elems), void *ctx);
 /* A 4-bit weight's share as the directory stores it (hf_bnb_read_q4): tensor t of unit u, elements
  * [first, first + n); param_source.read_q4 (zero.h). A weight not stored 4-bit is an input error. */
-void hf_source_read_q4(void *source, int u, int t, size_t first, size_t n, uint8_t *codes, float *absmax);
+void hf_source_read_q4(void *source, int u, int t, size_t first, size_t n, const struct quant4_range *out);
 /* Bytes of the file tensors the model reads (buffers and unused tensors not counted). */
 double hf_source_bytes(const struct hf_source *s);
 

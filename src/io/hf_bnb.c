@@ -83,10 +83,12 @@ bool hf_bnb_find(struct st_model *st, const char *name, const struct tensor_desc
                    file, state->name, rows, cols, t->name, t->shape[0], t->shape[1]);
     w->numel = t->numel;
     const size_t blocks = quant4_blocks(w->numel);
+    /* the packed bytes, in the container bnb_4bit_quant_storage names: U8, or BF16 / F16 / F32 viewing the same
+     * bytes (FSDP's setting) */
     w->codes = companion(st, name, "", used);
-    if (!w->codes || !w->codes->bytes || w->codes->numel != quant4_code_bytes(w->numel))
-        fail_input("%s: '%s' should hold %zu packed bytes (U8) for [%lld, %lld]; the files do not match the quant "
-                   "state",
+    if (!w->codes || w->codes->numel * st_elem_size(w->codes) != quant4_code_bytes(w->numel))
+        fail_input("%s: '%s' should hold %zu packed bytes (U8, or that many bytes of BF16, F16 or F32 with "
+                   "bnb_4bit_quant_storage) for [%lld, %lld]; the files do not match the quant state",
                    file, name, quant4_code_bytes(w->numel), rows, cols);
     w->absmax = companion(st, name, ".absmax", used);
     json_t *offset = json_object_get(js, "nested_offset");
@@ -111,6 +113,22 @@ bool hf_bnb_find(struct st_model *st, const char *name, const struct tensor_desc
     return true;
 }
 
+/* Bytes [begin, begin + count) of the packed codes, whatever their container's element size. */
+static void read_code_bytes(struct st_model *st, const struct hf_bnb_weight *w, size_t begin, size_t count,
+                            uint8_t *out)
+{
+    const size_t esize = st_elem_size(w->codes);
+    if (begin % esize == 0 && count % esize == 0) {
+        st_read_raw(st, w->codes, begin / esize, count / esize, out, NULL, NULL);
+        return;
+    }
+    const size_t e0 = begin / esize, e1 = (begin + count + esize - 1) / esize; /* the elements around them */
+    uint8_t *whole = xmalloc((e1 - e0) * esize);
+    st_read_raw(st, w->codes, e0, e1 - e0, whole, NULL, NULL);
+    memcpy(out, whole + (begin - e0 * esize), count);
+    free(whole);
+}
+
 /* The fp32 absmax of blocks [nb0, b1) (nb0 on a nested block's start with double quantization) into absmax. */
 static void read_absmax(struct st_model *st, const struct hf_bnb_weight *w, size_t nb0, size_t b0, size_t b1,
                         float *absmax)
@@ -121,7 +139,7 @@ static void read_absmax(struct st_model *st, const struct hf_bnb_weight *w, size
         float *nested = xmalloc((n1 - n0) * sizeof(float));
         st_read_raw(st, w->absmax, nb0, b1 - nb0, qabsmax, NULL, NULL);
         st_read(st, w->nested_absmax, n0, n1 - n0, nested);
-        quant4_nested_dequantize(qabsmax, nested, w->offset, b1 - nb0, absmax);
+        quant4_nested_dequantize(qabsmax, nested, w->offset, nb0, b1 - nb0, absmax);
         free(qabsmax);
         free(nested);
     } else {
@@ -140,7 +158,7 @@ void hf_bnb_read(struct st_model *st, const struct hf_bnb_weight *w, size_t firs
     float *absmax = xmalloc((b1 - nb0) * sizeof(float));
     read_absmax(st, w, nb0, b0, b1, absmax);
     uint8_t *codes = xmalloc(quant4_code_bytes(e1 - e0));
-    st_read_raw(st, w->codes, e0 / 2, quant4_code_bytes(e1 - e0), codes, NULL, NULL);
+    read_code_bytes(st, w, e0 / 2, quant4_code_bytes(e1 - e0), codes);
     float *values = xmalloc((e1 - e0) * sizeof(float));
     quant4_dequantize((enum quant4_type)w->type, codes, absmax + (b0 - nb0), e1 - e0, values, DTYPE_F32);
     memcpy(out, values + (first - e0), n * sizeof(float));
@@ -149,18 +167,28 @@ void hf_bnb_read(struct st_model *st, const struct hf_bnb_weight *w, size_t firs
     free(absmax);
 }
 
-void hf_bnb_read_q4(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n, uint8_t *codes,
-                    float *absmax)
+void hf_bnb_read_q4(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n,
+                    const struct quant4_range *out)
 {
+    if (out->qabsmax && !w->nested_absmax)
+        fail_internal("hf_bnb_read_q4: the nested form of a weight stored without double quantization");
+    if (out->qabsmax)
+        *out->offset = w->offset;
     if (n == 0)
         return;
     if (first % QUANT4_BLOCK || first + n > w->numel)
         fail_internal("hf_bnb_read_q4: [%zu, +%zu) is not whole blocks of a %zu-element weight", first, n, w->numel);
     const size_t b0 = first / QUANT4_BLOCK, b1 = b0 + quant4_blocks(n);
-    const size_t nb0 = w->nested_absmax ? b0 / QUANT4_NESTED_BLOCK * QUANT4_NESTED_BLOCK : b0;
-    float *all = xmalloc((b1 - nb0) * sizeof(float));
-    read_absmax(st, w, nb0, b0, b1, all);
-    memcpy(absmax, all + (b0 - nb0), (b1 - b0) * sizeof(float));
-    free(all);
-    st_read_raw(st, w->codes, first / 2, quant4_code_bytes(n), codes, NULL, NULL);
+    if (out->qabsmax) { /* bitsandbytes' nested form, as the files hold it */
+        st_read_raw(st, w->absmax, b0, b1 - b0, out->qabsmax, NULL, NULL);
+        st_read(st, w->nested_absmax, b0 / QUANT4_NESTED_BLOCK, quant4_nested_touched(b0, b1 - b0),
+                out->nested_absmax);
+    } else {
+        const size_t nb0 = w->nested_absmax ? b0 / QUANT4_NESTED_BLOCK * QUANT4_NESTED_BLOCK : b0;
+        float *all = xmalloc((b1 - nb0) * sizeof(float));
+        read_absmax(st, w, nb0, b0, b1, all);
+        memcpy(out->absmax, all + (b0 - nb0), (b1 - b0) * sizeof(float));
+        free(all);
+    }
+    read_code_bytes(st, w, first / 2, quant4_code_bytes(n), out->codes);
 }

@@ -3,7 +3,9 @@
  * saved from a BitsAndBytesConfig(load_in_4bit=True) model: for a linear
  * layer's NAME.weight, the files hold (names as transformers 5.25 and
  * bitsandbytes 0.50 write them, tests/t_qlora_dir.py)
- *   NAME.weight                          U8 (ceil(n / 2), 1): the packed codes
+ *   NAME.weight                          U8 (ceil(n / 2), 1): the packed codes; with
+ *                                        bnb_4bit_quant_storage bfloat16, float16 or float32
+ *                                        the same bytes as BF16 / F16 / F32 (ceil(n / 2) / 2 or / 4, 1)
  *   NAME.weight.absmax                   F32 (blocks), or U8 with double quantization
  *   NAME.weight.quant_map                F32 (16): the 4-bit table
  *   NAME.weight.nested_absmax            F32 (nested blocks)   } double
@@ -27,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/quant4.h"
 #include "model/model.h"
 #include "safetensors.h"
 
@@ -47,11 +50,13 @@ bool hf_bnb_find(struct st_model *st, const char *name, const struct tensor_desc
 void hf_bnb_read(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n, float *out);
 
 /* Elements [first, first + n) of the weight (first a multiple of 64) as
- * stored: the packed codes copied ((n + 1) / 2 bytes) and the fp32 absmax
- * dequantization uses (with double quantization dequantized from the
- * stored 8-bit maxima and nested statistics), one per block: a 4-bit unit's
- * share (zero/zero_q4.c), never dequantized. */
-void hf_bnb_read_q4(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n, uint8_t *codes,
-                    float *absmax);
+ * stored, into out (core/quant4.h): the packed codes copied ((n + 1) / 2
+ * bytes), and with out->qabsmax (the weight double-quantized) the 8-bit
+ * maxima, the nested blocks they touch and the offset copied; else the fp32
+ * absmax dequantization uses, one per block (dequantized from the nested
+ * form where the files hold it): a 4-bit unit's share (zero/zero_q4.c),
+ * never dequantized. */
+void hf_bnb_read_q4(struct st_model *st, const struct hf_bnb_weight *w, size_t first, size_t n,
+                    const struct quant4_range *out);
 
 #endif

@@ -64,7 +64,7 @@ static void load_tensor(struct quant_reader *q, int u, int t)
         float *nested_absmax = xmalloc(nested * sizeof(float));
         const float offset = quant4_nested_offset(absmax, blocks);
         quant4_nested_quantize(absmax, blocks, offset, qabsmax, nested_absmax);
-        quant4_nested_dequantize(qabsmax, nested_absmax, offset, blocks, absmax);
+        quant4_nested_dequantize(qabsmax, nested_absmax, offset, 0, blocks, absmax);
         free(qabsmax);
         free(nested_absmax);
     }
@@ -75,8 +75,8 @@ static void load_tensor(struct quant_reader *q, int u, int t)
     q->cached_tensor = t;
 }
 
-void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, size_t n, uint8_t *codes,
-                          float *absmax)
+void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, size_t n,
+                          const struct quant4_range *out)
 {
     const size_t numel = q->m->units[u].tensors[t].numel, blocks = quant4_blocks(numel);
     const int rank = q->comm ? q->comm->rank : 0, world = q->comm ? q->comm->world : 1;
@@ -84,7 +84,7 @@ void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, si
     const size_t want_first = (size_t)rank * per_rank * QUANT4_BLOCK;
     const size_t want_n = want_first >= numel ? 0 : numel - want_first < per_rank * QUANT4_BLOCK
                                                        ? numel - want_first : per_rank * QUANT4_BLOCK;
-    if (!quantized_tensor(q, u, t) || n != want_n || (n && first != want_first))
+    if (!quantized_tensor(q, u, t) || n != want_n || (n && first != want_first) || (out->qabsmax && !q->double_quant))
         fail_internal("quant_reader: unit %d tensor %d elements [%zu, +%zu) are not rank %d's blocks of a quantized "
                       "weight", u, t, first, n, rank);
     free(q->range_values);
@@ -93,7 +93,7 @@ void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, si
     float *mine = xcalloc(per_rank ? per_rank : 1, sizeof *mine); /* this rank's absmax, padded to per_rank */
     if (n) {
         inner_read(q, u, q->m->units[u].tensors[t].offset + first, n, q->range_values);
-        quant4_quantize(q->type, q->range_values, DTYPE_F32, n, codes, mine);
+        quant4_quantize(q->type, q->range_values, DTYPE_F32, n, out->codes, mine);
     }
     if (q->double_quant) { /* the offset and nested blocks run over the whole tensor's absmax */
         float *all = xcalloc((size_t)world * per_rank + 1, sizeof *all);
@@ -104,16 +104,24 @@ void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, si
         uint8_t *qabsmax = xmalloc(blocks);
         float *nested_absmax = xmalloc(quant4_nested_blocks(blocks) * sizeof(float));
         const float offset = quant4_nested_offset(all, blocks);
+        const size_t b0 = first / QUANT4_BLOCK;
         quant4_nested_quantize(all, blocks, offset, qabsmax, nested_absmax);
-        quant4_nested_dequantize(qabsmax, nested_absmax, offset, blocks, all);
-        memcpy(mine, all + first / QUANT4_BLOCK, own * sizeof *mine);
+        quant4_nested_dequantize(qabsmax, nested_absmax, offset, 0, blocks, all);
+        memcpy(mine, all + b0, own * sizeof *mine);
+        if (out->qabsmax) { /* bitsandbytes' nested form of this rank's blocks */
+            memcpy(out->qabsmax, qabsmax + b0, own);
+            memcpy(out->nested_absmax, nested_absmax + b0 / QUANT4_NESTED_BLOCK,
+                   quant4_nested_touched(b0, own) * sizeof(float));
+            *out->offset = offset;
+        }
         free(qabsmax);
         free(nested_absmax);
         free(all);
     }
     if (n) {
-        memcpy(absmax, mine, own * sizeof *absmax);
-        quant4_dequantize(q->type, codes, absmax, n, q->range_values, DTYPE_F32);
+        if (out->absmax)
+            memcpy(out->absmax, mine, own * sizeof *mine);
+        quant4_dequantize(q->type, out->codes, mine, n, q->range_values, DTYPE_F32);
     }
     free(mine);
     q->range_unit = u;

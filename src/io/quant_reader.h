@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
+#include "core/quant4.h"
 #include "core/options.h"
 #include "model/model.h"
 
@@ -49,16 +50,18 @@ void quant_reader_read(void *ctx, int u, size_t begin, size_t count, float *out)
  * for a 4-bit unit (zero/zero_q4.c): of the tensor's B blocks this rank
  * (comm's rank r of N) has [r b, min(B, (r + 1) b)), b = ceil(B / N), its
  * elements [first, first + n) (n may be 0). Only that range is read from
- * the inner reader and quantized: packed codes ((n + 1) / 2 bytes) and the
- * fp32 absmax dequantization uses (one per block); with double quantization
- * the ranks all-gather their blocks' absmax (1/64 of the elements) for the
- * tensor's offset and nested blocks, so every rank must call it for every
- * tensor, in the same order (collective; without comm the range is the
- * whole tensor). Bit for bit the whole tensor's bytes for that range. The
+ * the inner reader and quantized: into out (core/quant4.h) the packed codes
+ * ((n + 1) / 2 bytes) and the fp32 absmax, or with double quantization its
+ * nested form (out->qabsmax not NULL: the blocks' bytes, the nested blocks
+ * they touch, the offset); the ranks all-gather their blocks' absmax (1/64
+ * of the elements) for the tensor's offset and nested blocks, so every rank
+ * must call it for every tensor, in the same order (collective; without
+ * comm the range is the whole tensor). Bit for bit the whole tensor's bytes
+ * for that range. The
  * range's dequantized values are kept: a quant_reader_read of them (the
  * base's checksum) after it reads nothing again. */
-void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, size_t n, uint8_t *codes,
-                          float *absmax);
+void quant_reader_read_q4(struct quant_reader *q, int u, int t, size_t first, size_t n,
+                          const struct quant4_range *out);
 /* Whether unit u holds weights the reader quantizes (a block of the base). */
 bool quant_reader_quantizes(const struct quant_reader *q, int u);
 

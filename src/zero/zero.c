@@ -573,10 +573,10 @@ static bool hashing_read_as(void *ctx, int u, size_t begin, size_t count, enum d
     return true;
 }
 
-static void hashing_read_q4(void *ctx, int u, int t, size_t first, size_t n, uint8_t *codes, float *absmax)
+static void hashing_read_q4(void *ctx, int u, int t, size_t first, size_t n, const struct quant4_range *out)
 {
-    struct base_hash *h = ctx; /* the values were hashed as read (zero_q4_read_shard reads them first) */
-    h->inner->read_q4(h->inner->ctx, u, t, first, n, codes, absmax);
+    struct base_hash *h = ctx; /* the values are hashed as read (zero_q4_read_shard reads them after) */
+    h->inner->read_q4(h->inner->ctx, u, t, first, n, out);
 }
 
 void zero_hash_source(struct base_hash *h, const struct model *m, int u_end, const struct param_source *inner)

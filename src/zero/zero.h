@@ -63,6 +63,7 @@
 #include "backend/arena.h"
 #include "comm/comm.h"
 #include "core/options.h"
+#include "core/quant4.h"
 #include "model/model.h"
 #include "backend/target.h"
 
@@ -138,7 +139,7 @@ struct unit_buffer {
 struct unit_role {
     bool trained;            /* false: frozen */
     bool sharded;            /* stage 3 and not persistent: only this rank's shard is stored */
-    bool q4;                 /* a 4-bit unit (struct q4_layout): its shard holds packed codes, absmax and the
+    bool q4;                 /* a 4-bit unit (struct q4_layout): its shard holds packed codes, block maxima and the
                               * plain part; it always takes a compute slot, which acquire dequantizes into */
     bool gather_after_step;  /* stored whole at stages 1-3: the updated slices are all-gathered after each step */
     bool param_nvme;         /* offload_param "nvme": the shard lives in the parameter file (zero_nvme.c), not
@@ -163,20 +164,26 @@ struct zero_pool {
 };
 
 /* A frozen block of a 4-bit base (quantization.load_in_4bit; zero_q4.c): its
- * linear weights stored and gathered as bitsandbytes' packed codes and fp32
- * absmax, each quantized tensor sharded by whole 64-element blocks of the
- * whole tensor; the rest of the unit (norms, gaps: the "plain" part) in the
- * parameter dtype, sharded by elements. A rank's shard of shard_bytes: for
- * each quantized tensor i, codes (blocks[i] * 32 bytes) then absmax
- * (blocks[i] fp32) at byte at[i]; then plain_elems elements at plain_at.
- * Acquiring the unit dequantizes the N gathered shards into its compute slot
+ * linear weights stored and gathered as bitsandbytes stores them, each
+ * quantized tensor sharded by whole 64-element blocks of the whole tensor;
+ * the rest of the unit (norms, gaps: the "plain" part) in the parameter
+ * dtype, sharded by elements. A rank's shard of shard_bytes: for each
+ * quantized tensor i at byte at[i], codes (blocks[i] * 32 bytes), then
+ * without double quantization the fp32 absmax (blocks[i] fp32); with it
+ * bitsandbytes' nested form: qabsmax (blocks[i] bytes, padded to 4), the
+ * nested_absmax of the nested blocks the rank's blocks touch (nested[i]
+ * fp32 reserved: the most any rank touches) and the tensor's offset (one
+ * fp32); then plain_elems elements at plain_at. Acquiring the unit
+ * dequantizes the N gathered shards into its compute slot
  * (backend_dequant4). n == 0: the unit is stored in the parameter dtype. */
 struct q4_layout {
     int n;                               /* quantized tensors */
     int type;                            /* enum quant4_type */
+    bool double_quant;                   /* the nested form (bnb_4bit_use_double_quant) */
     int tensor[MODEL_MAX_LINEAR];        /* their indices in the unit, in unit order */
     size_t blocks[MODEL_MAX_LINEAR];     /* blocks per rank: ceil(blocks of the tensor / N) (the last rank's
                                           * may be fewer, even none; the bytes are reserved alike) */
+    size_t nested[MODEL_MAX_LINEAR];     /* nested_absmax per rank (double quantization) */
     size_t at[MODEL_MAX_LINEAR];         /* byte offset of the tensor's codes in a shard */
     size_t plain_at, plain_elems;        /* the plain part's byte offset and elements per rank */
     size_t shard_bytes;                  /* one rank's shard, a multiple of 16 */
@@ -283,9 +290,10 @@ struct param_source {
                     void (*landed)(void *landed_ctx, size_t elems), void *landed_ctx);
     void *ctx;
     /* A 4-bit unit's weights (zero_q4.c): tensor t of unit u, its elements [first, first + n) (first a
-     * multiple of 64 of the tensor), as bitsandbytes' packed codes ((n + 1) / 2 bytes) and the fp32 absmax
-     * it dequantizes with (one per block). NULL: the source has none. */
-    void (*read_q4)(void *ctx, int unit, int tensor, size_t first, size_t n, uint8_t *codes, float *absmax);
+     * multiple of 64 of the tensor), as bitsandbytes stores them: the packed codes and, as out asks (its
+     * absmax or its qabsmax not NULL), the fp32 absmax or the double quantization's nested form
+     * (core/quant4.h struct quant4_range). NULL: the source has none. */
+    void (*read_q4)(void *ctx, int unit, int tensor, size_t first, size_t n, const struct quant4_range *out);
 };
 
 /* Lays out the units and, unless dry, carves every buffer out of the arenas

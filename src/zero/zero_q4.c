@@ -5,9 +5,13 @@
  * bitsandbytes quantizes a weight flat, in blocks of 64 from its first
  * element, so each quantized tensor is sharded by whole blocks: of its B
  * blocks rank r holds [r b, min(B, (r + 1) b)), b = ceil(B / N), as packed
- * codes (32 bytes a block) and one fp32 absmax per block (with double
- * quantization the absmax bitsandbytes dequantizes with, so the nested
- * statistics need no alignment to 256 blocks). Everything else of the unit
+ * codes (32 bytes a block) and one fp32 absmax per block, or with double
+ * quantization bitsandbytes' nested form: one byte per block, and beside
+ * them the fp32 nested absmax of every group of 256 blocks the rank's
+ * blocks touch and the tensor's fp32 offset. The ranks' ranges need no
+ * alignment to 256 blocks (a group cut by a rank boundary is carried by both
+ * ranks, one fp32 more each); the values are bitsandbytes' own either way.
+ * Everything else of the unit
  * (norms, alignment gaps) is the "plain" part: the unit's other elements in
  * unit order, padded to N * MODEL_TENSOR_ALIGN and sharded by elements in the
  * parameter dtype, as a whole unit is. A rank's shard is those pieces one
@@ -27,6 +31,35 @@
 
 /* A rank's shard is padded to this many bytes (the all-gather moves fp32 words). */
 #define Q4_SHARD_ALIGN 16
+
+/* One rank's bytes of quantized tensor i: codes, then the absmax or the nested form (a multiple of 4). */
+static size_t q4_tensor_bytes(const struct q4_layout *q, int i)
+{
+    const size_t codes = q->blocks[i] * (QUANT4_BLOCK / 2);
+    if (!q->double_quant)
+        return codes + q->blocks[i] * sizeof(float);
+    return codes + round_up(q->blocks[i], sizeof(float)) + (q->nested[i] + 1) * sizeof(float);
+}
+
+/* Quantized tensor i's pieces in one rank's shard. */
+static struct quant4_range q4_range(const struct q4_layout *q, const uint8_t *shard, int i)
+{
+    uint8_t *codes = (uint8_t *)shard + q->at[i];
+    uint8_t *stats = codes + q->blocks[i] * (QUANT4_BLOCK / 2);
+    if (!q->double_quant)
+        return (struct quant4_range){codes, (float *)stats, NULL, NULL, NULL};
+    float *nested = (float *)(stats + round_up(q->blocks[i], sizeof(float)));
+    return (struct quant4_range){codes, NULL, stats, nested, nested + q->nested[i]};
+}
+
+/* Rank r's elements of quantized tensor i: [*first, *first + return). */
+static size_t q4_rank_elems(const struct q4_layout *q, const struct tensor_desc *td, int i, int r, size_t *first)
+{
+    *first = (size_t)r * q->blocks[i] * QUANT4_BLOCK;
+    if (*first >= td->numel)
+        return 0;
+    return td->numel - *first < q->blocks[i] * QUANT4_BLOCK ? td->numel - *first : q->blocks[i] * QUANT4_BLOCK;
+}
 
 bool zero_q4_unit(const struct model *m, const struct config *cfg, int u, bool sharded)
 {
@@ -48,12 +81,20 @@ void zero_q4_layout(const struct model *m, const struct config *cfg, int u, int 
         for (int i = 0; i < n_linear; i++)
             if (linear[i].tensor == t)
                 q->tensor[q->n++] = t;
+    q->double_quant = cfg->quant.double_quant;
     size_t at = 0, quantized = 0;
     for (int i = 0; i < q->n; i++) {
         const size_t blocks = quant4_blocks(ud->tensors[q->tensor[i]].numel);
         q->blocks[i] = (blocks + (size_t)world - 1) / (size_t)world;
+        q->nested[i] = 0;
+        for (int r = 0; q->double_quant && r < world; r++) { /* the most nested blocks one rank's blocks touch */
+            const size_t first = (size_t)r * q->blocks[i];
+            const size_t own = first >= blocks ? 0 : blocks - first < q->blocks[i] ? blocks - first : q->blocks[i];
+            const size_t touched = quant4_nested_touched(first, own);
+            q->nested[i] = touched > q->nested[i] ? touched : q->nested[i];
+        }
         q->at[i] = at;
-        at += q->blocks[i] * (QUANT4_BLOCK / 2 + sizeof(float));
+        at += q4_tensor_bytes(q, i);
         quantized += ud->tensors[q->tensor[i]].numel;
     }
     q->plain_at = at;
@@ -113,17 +154,14 @@ void zero_q4_read_shard(struct zero *z, const struct param_source *src, int u, f
     memset(shard, 0, q->shard_bytes);
     for (int i = 0; i < q->n; i++) {
         const struct tensor_desc *td = &ud->tensors[q->tensor[i]];
-        const size_t first = (size_t)z->rank * q->blocks[i] * QUANT4_BLOCK;
-        const size_t n = first >= td->numel ? 0
-                         : td->numel - first < q->blocks[i] * QUANT4_BLOCK ? td->numel - first
-                                                                          : q->blocks[i] * QUANT4_BLOCK;
-        uint8_t *codes = shard + q->at[i];
-        float *absmax = (float *)(codes + q->blocks[i] * (QUANT4_BLOCK / 2));
+        size_t first;
+        const size_t n = q4_rank_elems(q, td, i, z->rank, &first);
+        const struct quant4_range range = q4_range(q, shard, i);
         if (!src || !src->read_q4)
             fail_internal("unit %d: a 4-bit unit needs a source of 4-bit weights (session_base_source)", u);
         /* every rank, even one without blocks of the tensor (collective with double quantization); then the
          * values, for the sources that look at them (the base's checksum: read_q4 keeps them) */
-        src->read_q4(src->ctx, u, q->tensor[i], first, n, codes, absmax);
+        src->read_q4(src->ctx, u, q->tensor[i], first, n, &range);
         if (n)
             src->read(src->ctx, u, td->offset + first, n, scratch);
     }
@@ -157,6 +195,21 @@ static void plain_expand_piece(void *ctx, size_t unit_at, size_t plain_at, size_
         backend_convert(dst, e->out_dt, src, e->dt, n);
 }
 
+/* The host's backend_dequant4 (a checkpoint's or an export's gather): n elements from block first_block. */
+static void expand_on_host(const struct q4_layout *q, const struct quant4_range *p, size_t first_block, size_t n,
+                           void *dst, enum dtype out_dt)
+{
+    const size_t blocks = quant4_blocks(n);
+    float *absmax = p->absmax;
+    if (q->double_quant) {
+        absmax = xmalloc(blocks * sizeof *absmax);
+        quant4_nested_dequantize(p->qabsmax, p->nested_absmax, *p->offset, first_block, blocks, absmax);
+    }
+    quant4_dequantize((enum quant4_type)q->type, p->codes, absmax, n, dst, out_dt);
+    if (absmax != p->absmax)
+        free(absmax);
+}
+
 void zero_q4_expand(const struct zero *z, int u, const void *gathered, void *out, enum dtype out_dt, bool host)
 {
     const struct model *m = z->model;
@@ -167,18 +220,17 @@ void zero_q4_expand(const struct zero *z, int u, const void *gathered, void *out
         const uint8_t *shard = (const uint8_t *)gathered + (size_t)r * q->shard_bytes;
         for (int i = 0; i < q->n; i++) {
             const struct tensor_desc *td = &ud->tensors[q->tensor[i]];
-            const size_t first = (size_t)r * q->blocks[i] * QUANT4_BLOCK;
-            if (first >= td->numel)
+            size_t first;
+            const size_t n = q4_rank_elems(q, td, i, r, &first);
+            if (!n)
                 continue;
-            const size_t n = td->numel - first < q->blocks[i] * QUANT4_BLOCK ? td->numel - first
-                                                                            : q->blocks[i] * QUANT4_BLOCK;
-            const uint8_t *codes = shard + q->at[i];
-            const float *absmax = (const float *)(codes + q->blocks[i] * (QUANT4_BLOCK / 2));
+            const struct quant4_range p = q4_range(q, shard, i);
             void *dst = (char *)out + (td->offset + first) * osize;
             if (host)
-                quant4_dequantize((enum quant4_type)q->type, codes, absmax, n, dst, out_dt);
+                expand_on_host(q, &p, first / QUANT4_BLOCK, n, dst, out_dt);
             else
-                backend_dequant4(dst, out_dt, codes, absmax, NULL, NULL, 0.0f, n, q->type);
+                backend_dequant4(dst, out_dt, p.codes, p.absmax, p.qabsmax, p.nested_absmax, p.offset,
+                                 first / QUANT4_BLOCK, n, q->type);
         }
         struct plain_expand e = {out, out_dt, shard + q->plain_at, (size_t)r * q->plain_elems, z->dtype, host};
         plain_pieces(m, u, q, e.pbegin, q->plain_elems, plain_expand_piece, &e);

@@ -1417,8 +1417,9 @@ static void check_lora_kernels(enum dtype dt, double tol, const char *tag, int h
  * against adamw_update on the host: the same bits, for every output dtype
  * and both decay modes; and backend_sum_squares_multi against the sum of the
  * CPU backend's per-range sums. */
-/* bitsandbytes' 4-bit dequantization (backend_dequant4): NF4 and FP4, with and without double quantization, into
- * fp32, bf16 and fp16, an odd length (a short last block, a pad nibble): the device's bytes equal the CPU's. */
+/* bitsandbytes' 4-bit dequantization (backend_dequant4): NF4 and FP4, with and without double quantization (from
+ * a tensor's start and from a block inside a nested block), into fp32, bf16 and fp16, an odd length (a short last
+ * block, a pad nibble): the device's bytes equal the CPU's. */
 static void check_dequant4(void)
 {
     const size_t n = (size_t)QUANT4_BLOCK * (2 * QUANT4_NESTED_BLOCK + 7) + 33, blocks = quant4_blocks(n);
@@ -1434,25 +1435,32 @@ static void check_dequant4(void)
     uint8_t *d_codes = to_device(codes, bytes), *d_qabsmax = to_device(qabsmax, blocks);
     float *d_absmax = to_device(absmax, blocks * 4), *d_nested = to_device(nested, nested_blocks * 4);
     const float offset = 0.0371f;
+    float *d_offset = to_device(&offset, sizeof offset);
     const enum dtype outs[3] = {DTYPE_F32, DTYPE_BF16, DTYPE_F16};
     void *want = malloc(n * 4), *got = malloc(n * 4);
     void *d_out = backend_mem_alloc(SPACE_DEVICE, n * 4, "check_kernels");
+    /* nested: from a tensor's start, and a rank's share that starts 100 blocks into a nested block (its
+     * nested_absmax from that nested block: 3 of them) */
+    const size_t firsts[2] = {0, 3 * QUANT4_NESTED_BLOCK + 100};
     for (int type = 0; type < 2; type++)
-        for (int double_quant = 0; double_quant < 2; double_quant++)
+        for (int variant = 0; variant < 3; variant++)
             for (int o = 0; o < 3; o++) {
+                const bool double_quant = variant > 0;
+                const size_t first = firsts[variant == 2];
                 const size_t out_bytes = n * (size_t)dtype_size(outs[o]);
-                cpu_dequant4(want, outs[o], codes, absmax, double_quant ? qabsmax : NULL, nested, offset, n, type);
-                backend_dequant4(d_out, outs[o], d_codes, d_absmax, double_quant ? d_qabsmax : NULL, d_nested, offset,
-                                 n, type);
+                cpu_dequant4(want, outs[o], codes, absmax, double_quant ? qabsmax : NULL, nested, &offset, first, n,
+                             type);
+                backend_dequant4(d_out, outs[o], d_codes, d_absmax, double_quant ? d_qabsmax : NULL, d_nested, d_offset,
+                                 first, n, type);
                 backend_synchronize();
                 cuda_ok(cudaMemcpy(got, d_out, out_bytes, cudaMemcpyDeviceToHost), "dequant4 result");
                 char name[64];
                 snprintf(name, sizeof name, "dequant4_%s%s_%s", quant4_type_name((enum quant4_type)type),
-                         double_quant ? "_nested" : "", dtype_name(outs[o]));
+                         variant == 2 ? "_nested_phase" : double_quant ? "_nested" : "", dtype_name(outs[o]));
                 check_value(name, memcmp(want, got, out_bytes) == 0, "the device's bytes differ from the CPU's");
             }
     backend_mem_free(SPACE_DEVICE, d_out, n * 4);
-    cudaFree(d_codes), cudaFree(d_qabsmax), cudaFree(d_absmax), cudaFree(d_nested);
+    cudaFree(d_codes), cudaFree(d_qabsmax), cudaFree(d_absmax), cudaFree(d_nested), cudaFree(d_offset);
     free(codes), free(qabsmax), free(absmax), free(nested), free(want), free(got);
 }
 

@@ -116,7 +116,7 @@ static int tool_quantize(char **argv)
         write_all(argv[5], "nested_absmax", q.nested_absmax, quant4_nested_blocks(blocks) * sizeof(float));
         write_all(argv[5], "offset", &q.offset, sizeof(float));
         absmax = xmalloc(blocks * sizeof(float));
-        quant4_nested_dequantize(q.qabsmax, q.nested_absmax, q.offset, blocks, absmax);
+        quant4_nested_dequantize(q.qabsmax, q.nested_absmax, q.offset, 0, blocks, absmax);
     }
     void *deq = xmalloc(n * (size_t)dtype_size(dt) + 1);
     quant4_dequantize((enum quant4_type)type, q.codes, absmax, n, deq, dt);

@@ -81,7 +81,7 @@ void backend_copy_cols(float *dst, int dst_ld, int dst_col, const float *src, in
 }
 
 void backend_dequant4(void *out, enum dtype out_dt, const uint8_t *codes, const float *absmax, const uint8_t *qabsmax,
-                      const float *nested_absmax, float offset, size_t n, int type)
+                      const float *nested_absmax, const float *offset, size_t first_block, size_t n, int type)
 {
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(codes);
@@ -89,9 +89,10 @@ void backend_dequant4(void *out, enum dtype out_dt, const uint8_t *codes, const 
     if (qabsmax) {
         DEVEMU_VIEW(qabsmax);
         DEVEMU_VIEW(nested_absmax);
+        DEVEMU_VIEW(offset);
         const size_t blocks = quant4_blocks(n);
         nested = xmalloc(blocks * sizeof *nested);
-        quant4_nested_dequantize(qabsmax, nested_absmax, offset, blocks, nested);
+        quant4_nested_dequantize(qabsmax, nested_absmax, *offset, first_block, blocks, nested);
         absmax = nested;
     } else {
         DEVEMU_VIEW(absmax);
