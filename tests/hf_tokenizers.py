@@ -87,6 +87,31 @@ QWEN25_TEMPLATE = """{%- if tools %}
 """
 
 # Phi-3-mini-4k-instruct's chat template (its eos_token after the last turn unless a generation prompt follows).
+# A template with Qwen3's rule for reasoning (written here, shorter than Qwen3's own): ChatML; an assistant turn
+# after the last user message is rendered with its <think> block (reasoning_content, or the <think>...</think> that
+# starts its content; empty when none), an earlier one with its content alone, so that a conversation's middle turns
+# render otherwise than the same turn ending a shorter conversation.
+QWEN3_LIKE_TEMPLATE = """{%- set ns = namespace(last_query=-1) %}
+{%- for message in messages %}{%- if message.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}{%- endfor %}
+{%- for message in messages %}
+    {%- if message.role == 'assistant' %}
+        {%- set content = message.content %}
+        {%- set reasoning = message.reasoning_content if message.reasoning_content is defined else '' %}
+        {%- if '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].split('<think>')[-1] %}
+            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query %}
+            {{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content + '<|im_end|>\\n' }}
+        {%- else %}
+            {{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
 PHI3_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + "
                  "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + "
                  "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + "

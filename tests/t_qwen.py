@@ -525,6 +525,11 @@ CHATS = {
                    {"type": "function", "function": {"name": "weather", "arguments": {"city": "Zürich <b>"}}}]},
                {"role": "tool", "content": "22°C"}, {"role": "assistant", "content": "It is 22°C."},
                {"role": "user", "content": "Thanks!"}, {"role": "assistant", "content": "You're welcome."}]],
+    # a multi-turn chat whose middle turns render without the reasoning block the last one has
+    "qwen3": [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"},
+               {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4."}, {"role": "user", "content": "Und 3 + 3?"},
+               {"role": "assistant", "content": "6", "reasoning_content": "three twice"}, {"role": "user", "content": "Danke"},
+               {"role": "assistant", "content": "Bitte."}]],
     "phi3": [[{"role": "user", "content": "Hello, wie geht's? 你好"}, {"role": "assistant", "content": "Gut, danke."}],
              [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"},
               {"role": "assistant", "content": " 4."}, {"role": "user", "content": "And 3 + 3?\n"},
@@ -535,14 +540,15 @@ CHATS = {
 def chat_model(kind, d):
     """d with kind's tokenizer (320 tokens, trained on docs/DESIGN.md) and chat template, saved by transformers."""
     from transformers import PreTrainedTokenizerFast
-    from hf_tokenizers import PHI3_TEMPLATE, QWEN25_TEMPLATE, phi3_tokenizer, qwen2_tokenizer
+    from hf_tokenizers import PHI3_TEMPLATE, QWEN25_TEMPLATE, QWEN3_LIKE_TEMPLATE, phi3_tokenizer, qwen2_tokenizer
     text = [open(os.path.join(ROOT, "docs", "DESIGN.md"), encoding="utf-8").read()]
     out = os.path.join(TMP, f"{kind}_chat")
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(d, out)
-    if kind == "qwen2":
+    if kind in ("qwen2", "qwen3"):
         tok = PreTrainedTokenizerFast(tokenizer_object=qwen2_tokenizer(text, V), eos_token="<|im_end|>",
-                                      pad_token="<|endoftext|>", chat_template=QWEN25_TEMPLATE)
+                                      pad_token="<|endoftext|>",
+                                      chat_template=QWEN25_TEMPLATE if kind == "qwen2" else QWEN3_LIKE_TEMPLATE)
     else:
         tok = PreTrainedTokenizerFast(tokenizer_object=phi3_tokenizer(text, V), bos_token="<s>",
                                       eos_token="<|endoftext|>", unk_token="<unk>", pad_token="<|endoftext|>",
@@ -593,9 +599,13 @@ def check_chat(kind, d):
                 elif cur:
                     runs.append(tok.decode(cur))
                     cur = []
-            turns = [x["content"] for x in m if x["role"] == "assistant"]  # a tool call's content is empty
+            # a tool call's content is empty; a <think> block that starts one is not rendered before the last user turn
+            turns = [x["content"].split("</think>")[-1] for x in m if x["role"] == "assistant"]
             check(f"chat.{kind}.{k}.trained_turns", len(runs) == len(turns) and
                   all(c.strip() in run for c, run in zip(turns, runs)), f"{runs} for {turns}")
+            if kind == "qwen3":  # the middle turns as the whole conversation renders them, the last with its block
+                check(f"chat.{kind}.{k}.trained_text", runs == ["4.<|im_end|>\n", "6<|im_end|>\n",
+                                                              "<think>\n\n</think>\n\nBitte.<|im_end|>\n"], f"{runs}")
     # generate: the rendered prompt through the C tokenizer, then greedy decoding, against transformers (the
     # conversations up to their first assistant turn: the model's context is 128)
     prompts = [m[:next(i for i, x in enumerate(m) if x["role"] == "assistant")] for m in chats]
@@ -1031,7 +1041,7 @@ def main():
     for kind in ("qwen2", "qwen3", "phi3"):
         check_dpo(kind, dirs[kind], pairs, pref)
     check_dpo("phi3", dirs["phi3"], pairs, pref, N=2)
-    for kind in ("qwen2", "phi3"):
+    for kind in ("qwen2", "qwen3", "phi3"):
         check_chat(kind, dirs[kind])
     check_longrope()
     check_partial_rotary()

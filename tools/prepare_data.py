@@ -47,7 +47,11 @@ gets them twice.
     messages[:k+1]: the content and the end-of-turn text the template writes
     after it; where the template ends a conversation with more than a turn's
     end (Phi-3's eos_token after the last <|end|>), a middle turn ends where
-    messages[:k+1]'s rendering leaves the whole one. A token is trained when
+    messages[:k+1]'s rendering leaves the whole one; where that leaves less than
+    the turn's content (Qwen3 writes a <think> block only after the last user
+    message and drops one that starts an earlier turn), the turn is the
+    content it shows (after "</think>") found in the whole rendering, plus the
+    end-of-turn text messages[:k+1]'s rendering writes after it. A token is trained when
     all its characters lie in such a span. The first rendering must be a
     prefix of the whole one and the turn must hold the message's content
     (stripped), else the line is bad.
@@ -166,6 +170,24 @@ PROGRESS_MIN_BYTES = 64 << 20
 PROGRESS_EVERY_S = 0.5
 SHOWN_SKIPS = 10  # --skip-bad prints this many bad lines, then only counts
 MAX_LINE_BYTES = 16 << 20  # a longer line is bad: encoding it would take gigabytes (about 100 bytes a byte)
+
+
+def turn_end(full, before, through, content):
+    """Where the assistant turn that starts at len(before) in the whole conversation FULL ends. THROUGH is the
+    conversation rendered up to that turn: the turn is what FULL and THROUGH share from len(before) on (a template
+    that ends a conversation with more than a turn's end, Phi-3's eos_token after the last <|end|>, thus ends a
+    middle turn at its own end). A template that renders a conversation's last turn otherwise than an earlier one
+    (Qwen3's reasoning block only after the last user message) shares less than the content: then the turn ends
+    after its content in FULL plus as much of the end-of-turn text THROUGH writes after the content as FULL has
+    there. -1 when the content is not there."""
+    end = len(os.path.commonprefix([full, through]))
+    if content in full[len(before):end]:
+        return end
+    at, tail_at = full.find(content, len(before)), through.rfind(content)
+    if not content or at < 0 or tail_at < 0:
+        return -1
+    stop = at + len(content)
+    return stop + len(os.path.commonprefix([full[stop:], through[tail_at + len(content):]]))
 
 
 class BadLine(Exception):
@@ -458,11 +480,12 @@ class SampleBuilder:
                 continue
             before = render(tok, messages[:k], True)
             through = render(tok, messages[:k + 1], False)
-            # a template that ends a conversation with more than the turn's end (Phi-3's eos_token after the last
-            # <|end|>) renders a middle turn as the whole one's start up to that: the turn is what they share
-            end = len(os.path.commonprefix([full, through]))
+            # what the turn shows: reasoning templates (Qwen3's, DeepSeek-R1's) drop a <think> block that starts the
+            # content from the turns before the last user message
+            shown = message["content"].split("</think>")[-1].strip()
+            end = turn_end(full, before, through, shown)
             turn = full[len(before):end]
-            if not (full.startswith(before) and len(before) <= end and message["content"].strip() in turn):
+            if not (full.startswith(before) and len(before) <= end and shown in turn):
                 raise BadLine(f"the chat template does not render messages[:{k}] as the start of the whole "
                               "conversation, so assistant turns cannot be found; use a template that renders "
                               "each turn independently of the later ones")
