@@ -489,10 +489,14 @@ static void read_bytes(const struct st_model *st, const struct st_tensor *t, voi
     struct rawio_file *f = files_get((struct st_files *)&st->data, t->file);
     int e = landed->landed ? rawio_read_landed(f, buf, n, (off_t)at, landed_bytes, landed)
                            : rawio_read(f, buf, n, (off_t)at);
-    if (e)
+    if (e == RAWIO_EOF) /* the header was checked against the file's size when it was opened */
         fail_input("%s: tensor '%s': reading bytes [%llu, %llu): %s: the file changed after it was opened; do not "
                    "modify a model while it is being read", st->paths[t->file], t->name, (unsigned long long)at,
                    (unsigned long long)(at + n), transfer_error(e));
+    if (e)
+        fail_input("%s: tensor '%s': reading bytes [%llu, %llu): %s; check the disk or file system the model is on "
+                   "and run again", st->paths[t->file], t->name, (unsigned long long)at, (unsigned long long)(at + n),
+                   transfer_error(e));
 }
 
 static void check_range(const struct st_tensor *t, size_t begin, size_t count)
