@@ -23,6 +23,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 
 import harness
 from harness import BIN, ENV, alive, check, note, write_shard
@@ -30,6 +31,7 @@ from harness import BIN, ENV, alive, check, note, write_shard
 TMP = harness.scratch_dir("lost_rank")
 COMM_TIMEOUT = 5
 RUN_LIMIT = 180   # the timeout, a 5 s ping and mpirun's teardown, on a loaded machine
+LEFT_GRACE = 30   # seconds a killed rank may take to be gone after mpirun returns
 HOST = socket.gethostname()
 
 
@@ -56,6 +58,11 @@ def run_frozen(phase):
         check(f"{phase}.ends", False, f"still running after {RUN_LIMIT} s: {out[-800:]}")
         return None
     pids = [int(m) for m in re.findall(r"^rank \d+ of 3 \| host \S+ \| pid (\d+)", out, re.M)]
+    # mpirun may return while the kernel still tears down a rank it killed (a sanitizer build's large mappings
+    # take a while): a rank counts as left when it is still there LEFT_GRACE s later
+    deadline = time.time() + LEFT_GRACE
+    while any(alive(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.1)
     left = [pid for pid in pids if alive(pid)]
     if left:
         for pid in left:
