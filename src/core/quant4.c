@@ -216,11 +216,31 @@ void quant4_dequantize(enum quant4_type type, const uint8_t *codes, const float 
         const size_t start = b * QUANT4_BLOCK;
         const size_t end = n - start < QUANT4_BLOCK ? n : start + QUANT4_BLOCK;
         const float scale = absmax[b];
-        for (size_t i = start; i < end; i++) {
-            const uint8_t byte = codes[i / 2];
-            const uint8_t code = (i & 1) ? byte & 0x0f : byte >> 4;
-            store_f32(dst, dt, i, table[code] * scale);
+        /* the block's 16 values, table[code] * scale in fp32 as bitsandbytes multiplies them, each converted
+         * once: then a byte of codes is two lookups (a block starts on a byte, its codes high nibble first) */
+        float lut[16];
+        uint16_t lut16[16];
+        for (int c = 0; c < 16; c++) {
+            lut[c] = table[c] * scale;
+            lut16[c] = dt == DTYPE_F16 ? f32_to_f16(lut[c]) : dt == DTYPE_BF16 ? f32_to_bf16(lut[c]) : 0;
         }
+        const uint8_t *in = codes + start / 2;
+        const size_t pairs = (end - start) / 2;
+        if (dt == DTYPE_F16 || dt == DTYPE_BF16) {
+            uint16_t *o = (uint16_t *)dst + start;
+            for (size_t k = 0; k < pairs; k++) {
+                o[2 * k] = lut16[in[k] >> 4];
+                o[2 * k + 1] = lut16[in[k] & 0x0f];
+            }
+        } else {
+            float *o = (float *)dst + start;
+            for (size_t k = 0; k < pairs; k++) {
+                o[2 * k] = lut[in[k] >> 4];
+                o[2 * k + 1] = lut[in[k] & 0x0f];
+            }
+        }
+        if ((end - start) % 2) /* an odd tensor's last element: the high nibble of its last byte */
+            store_f32(dst, dt, end - 1, lut[in[pairs] >> 4]);
     }
 }
 
