@@ -382,3 +382,18 @@ void quant4_nested_dequantize(const uint8_t *qabsmax, const float *nested_absmax
         absmax[i] = scaled + offset;
     }
 }
+
+void quant4_dequantize_stored(enum quant4_type type, const uint8_t *codes, const float *absmax, const uint8_t *qabsmax,
+                              const float *nested_absmax, float offset, size_t first_block, size_t n, void *dst,
+                              enum dtype dt)
+{
+    float *nested = NULL;
+    if (qabsmax) {
+        const size_t blocks = quant4_blocks(n);
+        nested = xmalloc(blocks * sizeof *nested);
+        quant4_nested_dequantize(qabsmax, nested_absmax, offset, first_block, blocks, nested);
+        absmax = nested;
+    }
+    quant4_dequantize(type, codes, absmax, n, dst, dt);
+    free(nested);
+}

@@ -104,6 +104,13 @@ static inline size_t quant4_nested_touched(size_t first_block, size_t n_blocks)
 void quant4_nested_dequantize(const uint8_t *qabsmax, const float *nested_absmax, float offset, size_t first_block,
                               size_t n_absmax, float *absmax);
 
+/* n elements from block first_block of a tensor into dst (dtype dt) from a range as stored (struct quant4_range
+ * below): codes with the fp32 absmax, or with double quantization (qabsmax non-NULL) with the nested form, whose
+ * absmax it computes first. */
+void quant4_dequantize_stored(enum quant4_type type, const uint8_t *codes, const float *absmax, const uint8_t *qabsmax,
+                              const float *nested_absmax, float offset, size_t first_block, size_t n, void *dst,
+                              enum dtype dt);
+
 /* A range of whole blocks of a quantized tensor as stored: a 4-bit unit's
  * share (zero/zero_q4.c), filled by param_source.read_q4 (zero.h). Without
  * double quantization the fp32 absmax; with it bitsandbytes' nested form:

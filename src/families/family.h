@@ -132,7 +132,7 @@ struct family {
     void (*init)(struct family_acts *a, const struct exec_target *t, struct arena *dev, struct mem_tracker *mem);
     void (*free)(struct family_acts *a);
     /* Optional: set-up of a forward's micro-batch before its first kernel (a->B, T, positions and the cache's
-     * last are set), and the same for its backward. */
+     * last are set); what it sets up serves the backward that follows too. */
     void (*prepare)(struct family_acts *a);
     /* Kernels; unit: the gathered unit (parameters [A]), grad: its gradient buffer ([G]). */
     void (*embed_forward)(struct family_acts *a, const float *unit, float *out);

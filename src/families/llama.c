@@ -219,6 +219,13 @@ void llama_prepare(struct family_acts *fa)
         backend_copy(a->rope_pos, a->rope_pos_host, (size_t)B * T * sizeof(int32_t));
 }
 
+/* The positions the rotary reads: llama_prepare's (longrope's two tables), else the micro-batch's. */
+static const int32_t *rope_positions(const struct family_acts *fa)
+{
+    const struct llama_acts *a = fa->priv;
+    return a->rope_pos ? a->rope_pos : fa->dev_positions;
+}
+
 void llama_free(struct family_acts *fa)
 {
     struct llama_acts *a = fa->priv;
@@ -288,8 +295,8 @@ void llama_attention_forward(struct family_acts *fa, int l, const float *unit, c
         llama_head_norm_forward(&d, ba->qkv, 0, d.NH, P(a->x.q_norm), off, eps, ba->q_pre, ba->q_rstd, a->head_a);
         llama_head_norm_forward(&d, ba->qkv, d.Q, d.NKV, P(a->x.k_norm), off, eps, ba->k_pre, ba->k_rstd, a->head_a);
     }
-    backend_rope_forward(ba->qkv, la->rope_cos, la->rope_sin, a->rope_pos ? a->rope_pos : fa->dev_positions, fa->B,
-                         fa->T, d.NH, d.NKV, d.hs, m->cfg.rotary_dim);
+    backend_rope_forward(ba->qkv, la->rope_cos, la->rope_sin, rope_positions(fa), fa->B, fa->T, d.NH, d.NKV, d.hs,
+                         m->cfg.rotary_dim);
     if (!family_attention_kv(fa, l, ba->atty, ba->qkv, d.NH, d.NKV, d.hs))
         backend_attention_gqa_forward(ba->atty, ba->att, ba->qkv, a->scratch, fa->dev_positions, fa->B, fa->T, d.NH,
                                       d.NKV, d.hs, &fa->attn[l]);
@@ -333,8 +340,8 @@ void llama_attention_backward(struct family_acts *fa, int l, const float *unit, 
 #define G(t) family_grad(fa, grad, u, t)
     backend_attention_gqa_backward(a->dqkv, datty, ba->qkv, ba->att, ba->atty, a->scratch, fa->dev_positions, fa->B, fa->T,
                                    d.NH, d.NKV, d.hs, &fa->attn[l]);
-    backend_rope_backward(a->dqkv, la->rope_cos, la->rope_sin, a->rope_pos ? a->rope_pos : fa->dev_positions, fa->B,
-                          fa->T, d.NH, d.NKV, d.hs, m->cfg.rotary_dim);
+    backend_rope_backward(a->dqkv, la->rope_cos, la->rope_sin, rope_positions(fa), fa->B, fa->T, d.NH, d.NKV, d.hs,
+                          m->cfg.rotary_dim);
     if (a->x.q_norm >= 0) {
         llama_head_norm_backward(&d, a->dqkv, 0, d.NH, P(a->x.q_norm), off, G(a->x.q_norm), ba->q_pre, ba->q_rstd,
                                  a->head_a, a->head_b, a->scratch);

@@ -195,21 +195,6 @@ static void plain_expand_piece(void *ctx, size_t unit_at, size_t plain_at, size_
         backend_convert(dst, e->out_dt, src, e->dt, n);
 }
 
-/* The host's backend_dequant4 (a checkpoint's or an export's gather): n elements from block first_block. */
-static void expand_on_host(const struct q4_layout *q, const struct quant4_range *p, size_t first_block, size_t n,
-                           void *dst, enum dtype out_dt)
-{
-    const size_t blocks = quant4_blocks(n);
-    float *absmax = p->absmax;
-    if (q->double_quant) {
-        absmax = xmalloc(blocks * sizeof *absmax);
-        quant4_nested_dequantize(p->qabsmax, p->nested_absmax, *p->offset, first_block, blocks, absmax);
-    }
-    quant4_dequantize((enum quant4_type)q->type, p->codes, absmax, n, dst, out_dt);
-    if (absmax != p->absmax)
-        free(absmax);
-}
-
 void zero_q4_expand(const struct zero *z, int u, const void *gathered, void *out, enum dtype out_dt, bool host)
 {
     const struct model *m = z->model;
@@ -226,8 +211,9 @@ void zero_q4_expand(const struct zero *z, int u, const void *gathered, void *out
                 continue;
             const struct quant4_range p = q4_range(q, shard, i);
             void *dst = (char *)out + (td->offset + first) * osize;
-            if (host)
-                expand_on_host(q, &p, first / QUANT4_BLOCK, n, dst, out_dt);
+            if (host) /* a checkpoint's or an export's gather: backend_dequant4's work in host memory */
+                quant4_dequantize_stored((enum quant4_type)q->type, p.codes, p.absmax, p.qabsmax, p.nested_absmax,
+                                         p.qabsmax ? *p.offset : 0.0f, first / QUANT4_BLOCK, n, dst, out_dt);
             else
                 backend_dequant4(dst, out_dt, p.codes, p.absmax, p.qabsmax, p.nested_absmax, p.offset,
                                  first / QUANT4_BLOCK, n, q->type);

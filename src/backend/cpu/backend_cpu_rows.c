@@ -85,18 +85,13 @@ void backend_dequant4(void *out, enum dtype out_dt, const uint8_t *codes, const 
 {
     DEVEMU_VIEW(out);
     DEVEMU_VIEW(codes);
-    float *nested = NULL;
     if (qabsmax) {
         DEVEMU_VIEW(qabsmax);
         DEVEMU_VIEW(nested_absmax);
         DEVEMU_VIEW(offset);
-        const size_t blocks = quant4_blocks(n);
-        nested = xmalloc(blocks * sizeof *nested);
-        quant4_nested_dequantize(qabsmax, nested_absmax, *offset, first_block, blocks, nested);
-        absmax = nested;
     } else {
         DEVEMU_VIEW(absmax);
     }
-    quant4_dequantize((enum quant4_type)type, codes, absmax, n, out, out_dt);
-    free(nested);
+    quant4_dequantize_stored((enum quant4_type)type, codes, absmax, qabsmax, nested_absmax, qabsmax ? *offset : 0.0f,
+                             first_block, n, out, out_dt);
 }
